@@ -1,0 +1,711 @@
+/* capsule-agent: PID 1 of every capsule guest. It mounts the pseudo file
+ * systems, finds the virtio-serial port "capsule.agent" and serves the
+ * host over it (docs/protocol.md): runs commands as UID 1000, each in its
+ * own process group with a wall-clock timeout and an output cap, streams
+ * their output back, and on SHUTDOWN syncs and powers the VM off.
+ *
+ * One thread, one poll loop. The host is the only peer; a host that goes
+ * away ends the commands it started. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/reboot.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "util.h"
+
+#define AGENT_VERSION "capsule-agent " CAPSULE_VERSION
+#define TOOL_UID 1000
+#define TOOL_GID 1000
+#define READ_CHUNK (32 * 1024)
+/* Stop reading command output while this much waits for the host. */
+#define OUT_HIGH_WATER (1024 * 1024)
+/* After a command's leader exits, wait this long for its pipes to close
+ * (children it left behind may hold them open). */
+#define DRAIN_GRACE_MS 250
+
+static const char *const base_env[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/work", "USER=user", "LOGNAME=user", "SHELL=/bin/sh",
+	"LANG=C.UTF-8",
+};
+
+struct exec {
+	uint32_t id;	/* 0: free slot */
+	pid_t pid;
+	int out_fd, err_fd, in_fd;
+	struct cap_buf in_pending;
+	bool in_close;	/* host closed stdin: close once pending is written */
+	int64_t start_ms, deadline_ms, exit_ms;
+	uint32_t cap;
+	uint64_t sent;
+	bool truncated, timed_out, exited;
+	int wstatus;
+};
+
+static struct {
+	int port;
+	bool connected;
+	struct cap_buf in, out;
+	struct exec execs[CAP_PROTO_MAX_STREAMS];
+	int sigfd;
+} A = { .port = -1, .sigfd = -1 };
+
+static void logf_(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "capsule-agent: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+}
+
+__attribute__((noreturn)) static void power_off(void)
+{
+	sync();
+	reboot(RB_AUTOBOOT);	/* with reboot=t and -no-reboot, QEMU exits */
+	for (;;)
+		pause();
+}
+
+static void mount_one(const char *src, const char *dst, const char *type,
+		      unsigned long flags, const char *data)
+{
+	mkdir(dst, 0755);
+	if (mount(src, dst, type, flags, data) < 0 && errno != EBUSY)
+		logf_("mount %s on %s: %s", type, dst, strerror(errno));
+}
+
+static void setup_system(void)
+{
+	const unsigned long nsx = MS_NOSUID | MS_NOEXEC | MS_NODEV;
+
+	mount_one("proc", "/proc", "proc", nsx, NULL);
+	mount_one("sysfs", "/sys", "sysfs", nsx, NULL);
+	mount_one("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
+	mount_one("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+		  "gid=5,mode=0620,ptmxmode=0666");
+	mount_one("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	mount_one("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	mount_one("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+	mount_one("cgroup2", "/sys/fs/cgroup", "cgroup2", nsx, NULL);
+
+	/* The kernel gave us /dev/console as 0-2 if the initramfs had it;
+	 * make sure they are open either way. */
+	if (fcntl(2, F_GETFD) < 0) {
+		int fd = open("/dev/console", O_RDWR);
+		if (fd >= 0) {
+			dup2(fd, 0);
+			dup2(fd, 1);
+			dup2(fd, 2);
+			if (fd > 2)
+				close(fd);
+		}
+	}
+	setvbuf(stderr, NULL, _IONBF, 0);
+
+	/* Tool user's home; /work becomes a private disk in later versions. */
+	mkdir("/work", 0755);
+	if (chown("/work", TOOL_UID, TOOL_GID) < 0)
+		logf_("chown /work: %s", strerror(errno));
+	sethostname("capsule", 7);
+}
+
+static bool cmdline_has(const char *word)
+{
+	char *s = NULL;
+	if (cap_read_file("/proc/cmdline", 4096, &s) < 0)
+		return false;
+	bool found = false;
+	for (char *tok = strtok(s, " \n"); tok; tok = strtok(NULL, " \n"))
+		if (strcmp(tok, word) == 0)
+			found = true;
+	free(s);
+	return found;
+}
+
+/* Find /dev/vportNpM whose name is "capsule.agent" (the number moves with
+ * the device order, the name does not). */
+static int open_port(void)
+{
+	for (int attempt = 0; attempt < 500; attempt++) {
+		DIR *d = opendir("/sys/class/virtio-ports");
+		struct dirent *e;
+		while (d && (e = readdir(d))) {
+			if (e->d_name[0] == '.')
+				continue;
+			char path[300], *name = NULL;
+			snprintf(path, sizeof(path), "/sys/class/virtio-ports/%s/name", e->d_name);
+			if (cap_read_file(path, 256, &name) < 0)
+				continue;
+			bool match = strcmp(name, "capsule.agent\n") == 0 ||
+				     strcmp(name, "capsule.agent") == 0;
+			free(name);
+			if (!match)
+				continue;
+			snprintf(path, sizeof(path), "/dev/%s", e->d_name);
+			int fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+			if (fd < 0)
+				logf_("open %s: %s", path, strerror(errno));
+			closedir(d);
+			return fd < 0 ? -errno : fd;
+		}
+		if (d)
+			closedir(d);
+		usleep(10000);
+	}
+	return -ENOENT;
+}
+
+/* --- output to the host --------------------------------------------- */
+
+static void send_error(uint32_t id, int errnum, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	cap_proto_error_encode(&A.out, id, errnum, msg);
+}
+
+/* Send command output within the exec's cap; at the cap, append the
+ * truncation marker once and drop the rest. */
+static void send_output(struct exec *x, enum cap_msg type, const uint8_t *p,
+			size_t n)
+{
+	if (x->truncated)
+		return;
+	if (x->cap && x->sent + n > x->cap) {
+		size_t room = (size_t)(x->cap - x->sent);
+		if (room)
+			cap_proto_put(&A.out, type, x->id, p, room);
+		char marker[96];
+		int m = snprintf(marker, sizeof(marker), CAP_TRUNCATION_MARKER, x->cap);
+		cap_proto_put(&A.out, type, x->id, marker, (size_t)m);
+		x->sent = x->cap;
+		x->truncated = true;
+		return;
+	}
+	if (n)
+		cap_proto_put(&A.out, type, x->id, p, n);
+	x->sent += n;
+}
+
+static void flush_out(void)
+{
+	while (A.connected && cap_buf_used(&A.out) > 0) {
+		ssize_t n = write(A.port, cap_buf_head(&A.out), cap_buf_used(&A.out));
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				logf_("write to host: %s", strerror(errno));
+			return;
+		}
+		cap_buf_consume(&A.out, (size_t)n);
+	}
+}
+
+/* Blocking flush, used before power-off. */
+static void flush_out_wait(int timeout_ms)
+{
+	int64_t end = cap_now_ms() + timeout_ms;
+	while (A.connected && cap_buf_used(&A.out) > 0 && cap_now_ms() < end) {
+		struct pollfd p = { .fd = A.port, .events = POLLOUT };
+		poll(&p, 1, 50);
+		flush_out();
+	}
+}
+
+/* --- commands --------------------------------------------------------- */
+
+static struct exec *exec_find(uint32_t id)
+{
+	if (id == 0)
+		return NULL;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
+		if (A.execs[i].id == id)
+			return &A.execs[i];
+	return NULL;
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+static void exec_release(struct exec *x)
+{
+	close_fd(&x->out_fd);
+	close_fd(&x->err_fd);
+	close_fd(&x->in_fd);
+	cap_buf_fini(&x->in_pending);
+	memset(x, 0, sizeof(*x));
+	x->out_fd = x->err_fd = x->in_fd = -1;
+}
+
+/* Build the command's environment: the base, overridden by the request. */
+static char **make_env(const struct cap_exec_req *req)
+{
+	size_t nb = CAP_ARRAY_SIZE(base_env);
+	char **env = xcalloc(nb + req->envc + 1, sizeof(char *));
+	size_t k = 0;
+	for (size_t i = 0; i < nb; i++) {
+		size_t nl = strcspn(base_env[i], "=") + 1;
+		bool overridden = false;
+		for (uint32_t j = 0; j < req->envc; j++)
+			if (strncmp(req->env[j], base_env[i], nl) == 0)
+				overridden = true;
+		if (!overridden)
+			env[k++] = (char *)base_env[i];
+	}
+	for (uint32_t j = 0; j < req->envc; j++)
+		env[k++] = req->env[j];
+	return env;
+}
+
+struct start_failure {
+	int stage;	/* 0 chdir, 1 exec, 2 credentials */
+	int errnum;
+};
+
+/* In the child: become the tool user in a new process group and exec.
+ * Failures are reported through errfd and end the child with 127. */
+__attribute__((noreturn)) static void child(const struct cap_exec_req *req,
+					     char **env, int in, int out,
+					     int err, int errfd)
+{
+	struct start_failure f = { 2, 0 };
+	sigset_t none;
+
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	signal(SIGPIPE, SIG_DFL);
+	setsid();
+	dup2(in, 0);
+	dup2(out, 1);
+	dup2(err, 2);
+	if (setgroups(0, NULL) < 0 || setgid(TOOL_GID) < 0 ||
+	    setuid(TOOL_UID) < 0) {
+		f.errnum = errno;
+		goto fail;
+	}
+	prctl(PR_SET_PDEATHSIG, 0);
+	const char *cwd = req->cwd && req->cwd[0] ? req->cwd : "/work";
+	if (chdir(cwd) < 0) {
+		f = (struct start_failure){ 0, errno };
+		goto fail;
+	}
+	environ = env;
+	execvp(req->argv[0], req->argv);
+	f = (struct start_failure){ 1, errno };
+fail:
+	if (write(errfd, &f, sizeof(f)) < 0)
+		_exit(126);
+	_exit(127);
+}
+
+static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
+{
+	struct cap_exec_req req;
+	struct cap_err err = { 0 };
+	struct exec *x = NULL;
+
+	if (id == 0 || exec_find(id)) {
+		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
+		return;
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs) && !x; i++)
+		if (A.execs[i].id == 0)
+			x = &A.execs[i];
+	if (!x) {
+		send_error(id, EBUSY, "too many commands running (%d)", CAP_PROTO_MAX_STREAMS);
+		return;
+	}
+	if (cap_proto_exec_decode(p, n, &req, &err) < 0) {
+		send_error(id, EBADMSG, "%s", err.msg);
+		return;
+	}
+
+	int in[2] = { -1, -1 }, out[2] = { -1, -1 }, er[2] = { -1, -1 }, ef[2] = { -1, -1 };
+	if ((req.flags & CAP_EXEC_STDIN ? pipe2(in, O_CLOEXEC)
+					 : (in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC))) < 0 ||
+	    pipe2(out, O_CLOEXEC) < 0 || pipe2(er, O_CLOEXEC) < 0 ||
+	    pipe2(ef, O_CLOEXEC) < 0) {
+		send_error(id, errno, "cannot create pipes: %s", strerror(errno));
+		int fds[] = { in[0], in[1], out[0], out[1], er[0], er[1], ef[0], ef[1] };
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
+			close_fd(&fds[i]);
+		cap_exec_req_fini(&req);
+		return;
+	}
+
+	char **env = make_env(&req);
+	pid_t pid = fork();
+	if (pid == 0)
+		child(&req, env, in[0], out[1], er[1], ef[1]);
+	int fork_errno = errno;
+	free(env);
+	close_fd(&in[0]);
+	close_fd(&out[1]);
+	close_fd(&er[1]);
+	close_fd(&ef[1]);
+
+	struct start_failure f;
+	ssize_t got = pid > 0 ? read(ef[0], &f, sizeof(f)) : -1;
+	close_fd(&ef[0]);
+	if (pid < 0 || got == (ssize_t)sizeof(f)) {
+		int e = pid < 0 ? fork_errno : f.errnum;
+		const char *what = pid < 0 ? "cannot fork" :
+				   f.stage == 0 ? "cannot change to directory" :
+				   f.stage == 1 ? "cannot run" : "cannot switch to the tool user for";
+		const char *arg = f.stage == 0 ? (req.cwd && req.cwd[0] ? req.cwd : "/work") : req.argv[0];
+		char msg[600];
+		int m = snprintf(msg, sizeof(msg), "capsule: %s '%s': %s\n", what,
+				 pid < 0 ? "" : arg, strerror(e));
+		x->id = id;	/* borrow the slot to reuse send_output */
+		x->cap = 0;
+		send_output(x, CAP_MSG_STDERR, (const uint8_t *)msg, (size_t)m);
+		struct cap_exit ex = { .kind = CAP_EXIT_START_FAILED, .value = e };
+		cap_proto_exit_encode(&A.out, id, &ex);
+		close_fd(&in[1]);
+		close_fd(&out[0]);
+		close_fd(&er[0]);
+		exec_release(x);
+		cap_exec_req_fini(&req);
+		return;
+	}
+
+	*x = (struct exec){
+		.id = id, .pid = pid, .out_fd = out[0], .err_fd = er[0],
+		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = req.output_cap,
+	};
+	cap_buf_init(&x->in_pending);
+	x->deadline_ms = req.timeout_ms ? x->start_ms + req.timeout_ms : 0;
+	cap_set_nonblock(x->out_fd, 1);
+	cap_set_nonblock(x->err_fd, 1);
+	if (x->in_fd >= 0)
+		cap_set_nonblock(x->in_fd, 1);
+	cap_exec_req_fini(&req);
+}
+
+static void finish_if_done(struct exec *x, int64_t now)
+{
+	if (!x->exited)
+		return;
+	bool drained = x->out_fd < 0 && x->err_fd < 0;
+	if (!drained && now - x->exit_ms < DRAIN_GRACE_MS)
+		return;
+	struct cap_exit ex = { .duration_ms = (uint32_t)(x->exit_ms - x->start_ms) };
+	if (WIFSIGNALED(x->wstatus)) {
+		ex.kind = CAP_EXIT_SIGNAL;
+		ex.value = WTERMSIG(x->wstatus);
+	} else {
+		ex.kind = CAP_EXIT_CODE;
+		ex.value = WEXITSTATUS(x->wstatus);
+	}
+	if (x->timed_out)
+		ex.flags |= CAP_EXIT_TIMED_OUT;
+	if (x->truncated)
+		ex.flags |= CAP_EXIT_TRUNCATED;
+	cap_proto_exit_encode(&A.out, x->id, &ex);
+	exec_release(x);
+}
+
+static void kill_all_execs(void)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
+		if (A.execs[i].id && !A.execs[i].exited)
+			kill(-A.execs[i].pid, SIGKILL);
+}
+
+static void reap(void)
+{
+	struct signalfd_siginfo si;
+	while (read(A.sigfd, &si, sizeof(si)) > 0)
+		;
+	int status;
+	pid_t pid;
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++) {
+			struct exec *x = &A.execs[i];
+			if (x->id && x->pid == pid && !x->exited) {
+				x->exited = true;
+				x->wstatus = status;
+				x->exit_ms = cap_now_ms();
+			}
+		}
+	}
+}
+
+static void do_shutdown(void)
+{
+	logf_("shutdown requested: stopping commands and syncing");
+	kill_all_execs();
+	kill(-1, SIGKILL);
+	sync();
+	cap_proto_put(&A.out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
+	flush_out_wait(2000);
+	power_off();
+}
+
+static void handle_frame(const struct cap_frame *f)
+{
+	struct exec *x;
+
+	switch (f->type) {
+	case CAP_MSG_EXEC:
+		handle_exec(f->stream, f->payload, f->len);
+		return;
+	case CAP_MSG_STDIN:
+		x = exec_find(f->stream);
+		if (!x || x->in_fd < 0 || x->in_close)
+			return;	/* stdin already closed or command gone: drop */
+		if (f->len == 0)
+			x->in_close = true;
+		else
+			cap_buf_append(&x->in_pending, f->payload, f->len);
+		return;
+	case CAP_MSG_SIGNAL:
+		x = exec_find(f->stream);
+		if (f->len != 4) {
+			send_error(0, EBADMSG, "malformed SIGNAL");
+			return;
+		}
+		uint32_t sig = cap_get_u32(f->payload);
+		if (x && !x->exited && sig >= 1 && sig <= 64)
+			kill(-x->pid, (int)sig);
+		return;
+	case CAP_MSG_SHUTDOWN:
+		do_shutdown();
+		return;
+	default:
+		send_error(0, EPROTO, "host sent %s, which only the agent sends",
+			   cap_msg_name(f->type));
+		return;
+	}
+}
+
+static void read_port(void)
+{
+	for (;;) {
+		uint8_t *p = cap_buf_reserve(&A.in, READ_CHUNK);
+		ssize_t n = read(A.port, p, READ_CHUNK);
+		if (n < 0) {
+			if (errno != EAGAIN && errno != EINTR)
+				logf_("read from host: %s", strerror(errno));
+			break;
+		}
+		if (n == 0)
+			break;
+		cap_buf_commit(&A.in, (size_t)n);
+	}
+	for (;;) {
+		struct cap_frame f;
+		int r = cap_proto_parse(cap_buf_head(&A.in), cap_buf_used(&A.in), &f);
+		if (r == 0)
+			return;
+		if (r < 0) {
+			send_error(0, EPROTO, "malformed frame from host (%s); input discarded",
+				   strerror(-r));
+			A.in.off = A.in.len = 0;
+			return;
+		}
+		handle_frame(&f);
+		cap_buf_consume(&A.in, (size_t)r);
+	}
+}
+
+static void pump_output(struct exec *x, int *fd, enum cap_msg type)
+{
+	uint8_t buf[READ_CHUNK];
+	ssize_t n = read(*fd, buf, sizeof(buf));
+	if (n > 0)
+		send_output(x, type, buf, (size_t)n);
+	else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+		close_fd(fd);
+}
+
+static void pump_stdin(struct exec *x)
+{
+	while (cap_buf_used(&x->in_pending) > 0) {
+		ssize_t n = write(x->in_fd, cap_buf_head(&x->in_pending),
+				  cap_buf_used(&x->in_pending));
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				return;
+			/* The command closed its stdin: drop the rest. */
+			cap_buf_fini(&x->in_pending);
+			close_fd(&x->in_fd);
+			return;
+		}
+		cap_buf_consume(&x->in_pending, (size_t)n);
+	}
+	if (x->in_close)
+		close_fd(&x->in_fd);
+}
+
+/* The host went away: end what it started and drop what it would read. */
+static void host_gone(void)
+{
+	if (A.connected)
+		logf_("host disconnected; ending its commands");
+	A.connected = false;
+	kill_all_execs();
+	A.in.off = A.in.len = 0;
+	A.out.off = A.out.len = 0;
+}
+
+static void serve(void)
+{
+	enum { MAXFD = 2 + 3 * CAP_PROTO_MAX_STREAMS };
+	struct pollfd pfd[MAXFD];
+	struct {
+		struct exec *x;
+		int which;
+	} owner[MAXFD];
+
+	for (;;) {
+		int64_t now = cap_now_ms();
+		int timeout = -1;
+		int n = 0;
+
+		pfd[n++] = (struct pollfd){ .fd = A.sigfd, .events = POLLIN };
+		short pe = POLLIN;
+		if (cap_buf_used(&A.out) > 0)
+			pe |= POLLOUT;
+		pfd[n++] = (struct pollfd){ .fd = A.port, .events = pe };
+		bool backlog = cap_buf_used(&A.out) > OUT_HIGH_WATER;
+
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++) {
+			struct exec *x = &A.execs[i];
+			if (!x->id)
+				continue;
+			if (x->deadline_ms && !x->exited) {
+				if (now >= x->deadline_ms) {
+					x->timed_out = true;
+					x->deadline_ms = 0;
+					kill(-x->pid, SIGKILL);
+				} else {
+					int64_t left = x->deadline_ms - now;
+					if (timeout < 0 || left < timeout)
+						timeout = (int)left;
+				}
+			}
+			if (x->exited) {
+				int64_t left = x->exit_ms + DRAIN_GRACE_MS - now;
+				left = left < 0 ? 0 : left;
+				if (timeout < 0 || left < timeout)
+					timeout = (int)left;
+			}
+			int fds[3] = { x->out_fd, x->err_fd, x->in_fd };
+			for (int k = 0; k < 3; k++) {
+				if (fds[k] < 0)
+					continue;
+				short ev = k < 2 ? (backlog ? 0 : POLLIN)
+						 : (cap_buf_used(&x->in_pending) || x->in_close ? POLLOUT : 0);
+				if (!ev)
+					continue;
+				owner[n].x = x;
+				owner[n].which = k;
+				pfd[n++] = (struct pollfd){ .fd = fds[k], .events = ev };
+			}
+		}
+		/* While the host is not connected the port reports POLLHUP at
+		 * once; poll it gently until the host arrives. */
+		if (!A.connected && (timeout < 0 || timeout > 50))
+			timeout = 50;
+
+		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
+			logf_("poll: %s", strerror(errno));
+			continue;
+		}
+
+		if (pfd[0].revents)
+			reap();
+
+		bool hup = pfd[1].revents & POLLHUP;
+		if (hup && A.connected)
+			host_gone();
+		if (!hup && !A.connected) {
+			A.connected = true;
+			cap_proto_hello_encode(&A.out, AGENT_VERSION);
+		}
+		if (A.connected && (pfd[1].revents & POLLIN))
+			read_port();
+
+		for (int i = 2; i < n; i++) {
+			if (!pfd[i].revents)
+				continue;
+			struct exec *x = owner[i].x;
+			if (!x->id)
+				continue;
+			if (owner[i].which == 0)
+				pump_output(x, &x->out_fd, CAP_MSG_STDOUT);
+			else if (owner[i].which == 1)
+				pump_output(x, &x->err_fd, CAP_MSG_STDERR);
+			else
+				pump_stdin(x);
+		}
+
+		now = cap_now_ms();
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
+			if (A.execs[i].id)
+				finish_if_done(&A.execs[i], now);
+		if (!A.connected) {
+			A.out.off = A.out.len = 0;
+			continue;
+		}
+		flush_out();
+	}
+}
+
+int main(void)
+{
+	if (getpid() != 1) {
+		fprintf(stderr, "capsule-agent: must run as PID 1 inside a capsule VM\n");
+		return 1;
+	}
+	setup_system();
+	if (cmdline_has("capsule.poweroff"))
+		power_off();	/* raw boot benchmark: init reached, stop */
+
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
+		A.execs[i].out_fd = A.execs[i].err_fd = A.execs[i].in_fd = -1;
+	cap_buf_init(&A.in);
+	cap_buf_init(&A.out);
+
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	A.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+
+	A.port = open_port();
+	if (A.port < 0) {
+		logf_("no virtio-serial port named capsule.agent: %s; powering off",
+		      strerror(-A.port));
+		power_off();
+	}
+	logf_("ready (%s, protocol v%d)", AGENT_VERSION, CAP_PROTO_VERSION);
+	serve();
+	return 0;
+}

@@ -1,0 +1,77 @@
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char usage[] =
+	"Usage: capsule COMMAND [OPTIONS]\n"
+	"\n"
+	"Private microVMs for AI agents' tools.\n"
+	"\n"
+	"Commands:\n"
+	"  run       Run a command in a fresh microVM, stream its output, remove the VM\n"
+	"  doctor    Show what capsule found on this host: QEMU, acceleration, cache\n"
+	"  version   Print the version\n"
+	"\n"
+	"Options:\n"
+	"  -h, --help     Show this help (or `capsule COMMAND --help`)\n"
+	"  -V, --version  Print the version\n"
+	"\n"
+	"Environment:\n"
+	"  CAPSULE_ACCEL=auto|kvm|tcg  Acceleration when --accel is not given\n"
+	"  CAPSULE_REQUIRE_KVM=1       Refuse to start VMs without KVM\n"
+	"  CAPSULE_CACHE               Cache directory (default ~/.cache/capsule)\n"
+	"  CAPSULE_KERNEL, CAPSULE_AGENT  Override the guest kernel / agent binary\n"
+	"\n"
+	"Example:\n"
+	"  capsule run -- sh -c 'uname -a; id'\n";
+
+void cap_cli_error(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("capsule: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+int cap_cli_parse_uint(const char *s, unsigned long min, unsigned long max,
+		       unsigned long *out)
+{
+	char *end;
+	if (!s || !*s || *s == '-' || *s == '+')
+		return -EINVAL;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || *end || v < min || v > max)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	const char *cmd = argv[1];
+	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+		fputs(usage, stdout);
+		return 0;
+	}
+	if (strcmp(cmd, "-V") == 0 || strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+		printf("capsule %s (protocol v1)\n", CAPSULE_VERSION);
+		return 0;
+	}
+	if (strcmp(cmd, "run") == 0)
+		return cap_cli_run(argc - 1, argv + 1);
+	if (strcmp(cmd, "doctor") == 0)
+		return cap_cli_doctor(argc - 1, argv + 1);
+	cap_cli_error("unknown command '%s'; see `capsule --help`", cmd);
+	return 2;
+}

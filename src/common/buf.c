@@ -1,0 +1,59 @@
+#include "buf.h"
+
+#include <string.h>
+
+#include "util.h"
+
+void cap_buf_init(struct cap_buf *b) { memset(b, 0, sizeof(*b)); }
+
+void cap_buf_fini(struct cap_buf *b)
+{
+	free(b->owned_data);
+	memset(b, 0, sizeof(*b));
+}
+
+uint8_t *cap_buf_reserve(struct cap_buf *b, size_t n)
+{
+	if (b->off > 0 && b->off == b->len) {
+		b->off = b->len = 0;
+	}
+	if (b->cap - b->len < n) {
+		/* Compact first; grow only when that is not enough. */
+		if (b->off > 0) {
+			memmove(b->owned_data, b->owned_data + b->off,
+				b->len - b->off);
+			b->len -= b->off;
+			b->off = 0;
+		}
+		if (b->cap - b->len < n) {
+			size_t want = b->cap ? b->cap : 4096;
+			while (want - b->len < n)
+				want *= 2;
+			b->owned_data = xrealloc(b->owned_data, want);
+			b->cap = want;
+		}
+	}
+	return b->owned_data + b->len;
+}
+
+void cap_buf_commit(struct cap_buf *b, size_t n)
+{
+	CAP_BUG_ON(b->len + n > b->cap);
+	b->len += n;
+}
+
+void cap_buf_append(struct cap_buf *b, const void *p, size_t n)
+{
+	if (n == 0)
+		return;
+	memcpy(cap_buf_reserve(b, n), p, n);
+	cap_buf_commit(b, n);
+}
+
+void cap_buf_consume(struct cap_buf *b, size_t n)
+{
+	CAP_BUG_ON(n > b->len - b->off);
+	b->off += n;
+	if (b->off == b->len)
+		b->off = b->len = 0;
+}

@@ -1,0 +1,98 @@
+#include "paths.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+char *cap_cache_dir(void)
+{
+	const char *c = getenv("CAPSULE_CACHE");
+	if (c && *c)
+		return xstrdup(c);
+	c = getenv("XDG_CACHE_HOME");
+	if (c && *c == '/')
+		return xasprintf("%s/capsule", c);
+	const char *home = getenv("HOME");
+	return xasprintf("%s/.cache/capsule", home && *home ? home : "/root");
+}
+
+int cap_mkdir_p(const char *path, unsigned mode)
+{
+	_cleanup_free_ char *p = xstrdup(path);
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = '\0';
+		if (mkdir(p, mode) < 0 && errno != EEXIST)
+			return -errno;
+		*s = '/';
+	}
+	if (mkdir(p, mode) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+/* A base for run directories must be a real directory (not a symlink),
+ * owned by us or root, and not writable by others unless sticky. */
+static bool usable_base(const char *base)
+{
+	struct stat st;
+	if (lstat(base, &st) < 0 || !S_ISDIR(st.st_mode))
+		return false;
+	if (st.st_uid != getuid() && st.st_uid != 0)
+		return false;
+	if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))
+		return false;
+	return true;
+}
+
+int cap_make_run_dir(char **out, struct cap_err *err)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	const char *base = xdg && *xdg == '/' && strlen(xdg) < 48 && usable_base(xdg) ? xdg : "/tmp";
+	if (!usable_base(base))
+		return cap_err_set(err, EPERM, "%s is not a safe place for sockets (not a directory we or root own, or writable by others without the sticky bit)", base);
+	char *dir = xasprintf("%s/capsule-XXXXXX", base);
+	if (!mkdtemp(dir)) {
+		int e = errno;
+		free(dir);
+		return cap_err_set(err, e, "cannot create a directory under %s: %s", base, strerror(e));
+	}
+	*out = dir;
+	return 0;
+}
+
+void cap_remove_run_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (d) {
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+				continue;
+			unlinkat(dirfd(d), e->d_name, 0);
+		}
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+char *cap_exe_dir(void)
+{
+	char buf[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return xstrdup(".");
+	buf[n] = '\0';
+	char *slash = strrchr(buf, '/');
+	if (slash)
+		*slash = '\0';
+	return xstrdup(buf[0] ? buf : "/");
+}

@@ -1,0 +1,28 @@
+/* Where capsule keeps things: the cache (kernels, initramfs) and short
+ * private directories for sockets. */
+#ifndef CAP_PATHS_H
+#define CAP_PATHS_H
+
+#include "err.h"
+
+/* $CAPSULE_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/capsule. Returns a
+ * new string the caller frees. The directory is not created. */
+char *cap_cache_dir(void);
+
+/* mkdir -p with mode for the components it creates. 0 or -errno. */
+int cap_mkdir_p(const char *path, unsigned mode);
+
+/* Create a new private (0700) directory for one VM's sockets and logs,
+ * short enough for unix socket paths (sun_path is 108 bytes): under
+ * $XDG_RUNTIME_DIR when that is a directory we own, else under /tmp.
+ * *out is a new string the caller frees. */
+int cap_make_run_dir(char **out, struct cap_err *err);
+
+/* Remove a run directory made by cap_make_run_dir and the plain files
+ * and sockets in it (not recursive beyond one level). */
+void cap_remove_run_dir(const char *dir);
+
+/* Directory of the running executable (from /proc/self/exe); new string. */
+char *cap_exe_dir(void);
+
+#endif

@@ -1,0 +1,83 @@
+/* Small helpers shared by host and guest: allocation that aborts on OOM,
+ * cleanup attributes, full reads and writes. Depends on nothing here. */
+#ifndef CAP_UTIL_H
+#define CAP_UTIL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define CAP_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define CAP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CAP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Abort with file and line when an invariant is broken. */
+#define CAP_BUG_ON(cond)                                                       \
+	do {                                                                   \
+		if (__builtin_expect(!!(cond), 0))                             \
+			cap_bug(__FILE__, __LINE__, #cond);                    \
+	} while (0)
+
+__attribute__((noreturn)) void cap_bug(const char *file, int line,
+				       const char *what);
+
+/* Allocation: these never return NULL; out of memory aborts here. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xstrndup(const char *s, size_t n);
+/* Returns a new string the caller frees. */
+__attribute__((format(printf, 1, 2))) char *xasprintf(const char *fmt, ...);
+
+static inline void cap_freep(void *p) { free(*(void **)p); }
+static inline void cap_closep(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+}
+#define _cleanup_free_ __attribute__((cleanup(cap_freep)))
+#define _cleanup_close_ __attribute__((cleanup(cap_closep)))
+
+/* Write all of buf, retrying on EINTR and short writes. 0 or -errno. */
+int cap_write_all(int fd, const void *buf, size_t len);
+/* Read exactly len bytes. 0, -errno, or -EPIPE on early end of file. */
+int cap_read_exact(int fd, void *buf, size_t len);
+/* Read a whole small file (at most max bytes) into a new NUL-terminated
+ * buffer the caller frees. Returns length or -errno (-EFBIG over max). */
+ssize_t cap_read_file(const char *path, size_t max, char **out);
+
+int cap_set_nonblock(int fd, int on);
+int cap_set_cloexec(int fd);
+
+/* Monotonic clock in milliseconds / nanoseconds. */
+int64_t cap_now_ms(void);
+int64_t cap_now_ns(void);
+
+/* Little-endian encoding helpers for the wire protocol. */
+static inline void cap_put_u16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+static inline void cap_put_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+static inline uint16_t cap_get_u16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t cap_get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) |
+	       ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+#endif

@@ -1,0 +1,82 @@
+/* The engine: starts and controls one hypervisor process per VM. Today
+ * QEMU's microvm machine driven over QMP; the interface is kept narrow so
+ * that another VMM can replace it without touching anything above. */
+#ifndef CAP_ENGINE_H
+#define CAP_ENGINE_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "err.h"
+
+enum cap_accel { CAP_ACCEL_AUTO, CAP_ACCEL_KVM, CAP_ACCEL_TCG };
+
+struct cap_accel_choice {
+	enum cap_accel accel;	/* KVM or TCG, never AUTO */
+	char reason[512];	/* why, in a sentence a user can act on */
+};
+
+/* Parse "auto", "kvm" or "tcg". -EINVAL otherwise. */
+int cap_engine_accel_parse(const char *s, enum cap_accel *out);
+const char *cap_engine_accel_name(enum cap_accel a);
+
+/* Resolve want (AUTO, or KVM/TCG) against this host, per
+ * docs/architecture.md "Acceleration". CAPSULE_ACCEL overrides AUTO;
+ * CAPSULE_REQUIRE_KVM=1 turns AUTO into KVM. Asking for KVM on a host
+ * without usable KVM fails with -ENODEV and the reason in err; nothing
+ * ever falls back to running on the host. */
+int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
+			    struct cap_err *err);
+
+/* "QEMU emulator version 7.2.22 ..." first line, new string; or -errno. */
+int cap_engine_version(char **out, struct cap_err *err);
+
+struct cap_vm_config {
+	const char *kernel;	/* vmlinux with a PVH entry */
+	const char *initrd;
+	const char *dir;	/* existing private directory: sockets, logs */
+	const char *console_log;	/* NULL: <dir>/console.log */
+	unsigned cpus;
+	unsigned memory_mib;
+	enum cap_accel accel;	/* KVM or TCG (resolved) */
+	const char *append_extra;	/* NULL or more kernel arguments */
+	/* Remove the socket files once connected: for one-shot VMs that
+	 * must leave nothing behind even if capsule is killed. */
+	bool unlink_sockets;
+};
+
+struct cap_vm;
+
+/* Start QEMU and connect to its QMP and agent sockets. On success *out
+ * owns the process and both connections; free with cap_vm_free. On
+ * failure nothing is left running and err says what QEMU reported.
+ * The QEMU process gets SIGKILL if this process dies. */
+int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
+		 struct cap_err *err);
+
+/* Connected stream socket to the guest agent's port; owned by vm. */
+int cap_vm_agent_fd(const struct cap_vm *vm);
+/* A pidfd that becomes readable when QEMU exits; owned by vm. */
+int cap_vm_exit_fd(const struct cap_vm *vm);
+pid_t cap_vm_pid(const struct cap_vm *vm);
+
+/* Reap QEMU if it has exited, waiting up to timeout_ms (0: just check).
+ * Returns 1 if it has exited, 0 if still running. */
+int cap_vm_wait(struct cap_vm *vm, int timeout_ms);
+/* Describe how QEMU ended ("exited with status 1"), valid after exit. */
+const char *cap_vm_exit_reason(const struct cap_vm *vm);
+
+/* Ask QEMU to quit through QMP (no guest cooperation). */
+int cap_vm_quit(struct cap_vm *vm);
+/* SIGKILL QEMU and reap it. */
+void cap_vm_kill(struct cap_vm *vm);
+
+/* The last lines of the guest console and of QEMU's own stderr, for error
+ * messages. New string the caller frees (empty when there is nothing). */
+char *cap_vm_logs_tail(const struct cap_vm *vm, int lines);
+
+/* Kill QEMU if still running, close everything and remove the sockets.
+ * The directory itself and the console log stay (the caller owns dir). */
+void cap_vm_free(struct cap_vm *vm);
+
+#endif

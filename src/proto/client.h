@@ -1,0 +1,71 @@
+/* Host side of the agent protocol, without I/O: it turns requests into
+ * frames in an output buffer and bytes received from the guest into
+ * callbacks. Everything the guest sends is treated as hostile: lengths,
+ * types, stream ids and counts are checked and a violation ends the
+ * connection with a message. */
+#ifndef CAP_PROTO_CLIENT_H
+#define CAP_PROTO_CLIENT_H
+
+#include "proto.h"
+
+struct cap_exec_events {
+	/* Output of stream id; fd is 1 (stdout) or 2 (stderr). p is borrowed
+	 * for the duration of the call. */
+	void (*output)(void *ud, uint32_t id, int fd, const uint8_t *p,
+		       size_t n);
+	/* Called once per started exec when it ends. On a normal end ex is
+	 * set and msg is NULL; when the agent rejected the request ex is
+	 * NULL and errnum/msg say why. */
+	void (*done)(void *ud, uint32_t id, const struct cap_exit *ex,
+		     int errnum, const char *msg);
+};
+
+struct cap_client_stream {
+	uint32_t id;	/* 0: free slot */
+	uint32_t cap;	/* output cap asked for, 0 for none */
+	uint64_t out_bytes;
+	bool truncated;	/* the host dropped bytes over the cap */
+	const struct cap_exec_events *ev;
+	void *ud;
+};
+
+struct cap_client {
+	struct cap_buf in;	/* bytes received, not yet a whole frame */
+	struct cap_buf out;	/* frames to send to the guest */
+	bool hello;
+	uint32_t version;
+	char agent_version[128];
+	bool shutdown_acked;
+	uint32_t next_id;
+	unsigned nactive;
+	struct cap_client_stream streams[CAP_PROTO_MAX_STREAMS];
+};
+
+void cap_client_init(struct cap_client *c);
+void cap_client_fini(struct cap_client *c);
+
+/* Feed bytes received from the guest; complete frames are dispatched to
+ * the callbacks of their streams. Returns 0, or a negative errno with err
+ * set when the guest broke the protocol: the caller must then drop the
+ * connection (the client is left in a state where only _fini is valid). */
+int cap_client_feed(struct cap_client *c, const void *data, size_t n,
+		    struct cap_err *err);
+
+/* Queue an exec. ev and ud are borrowed until done() is called. On
+ * success *id is the new stream id. -EBUSY when CAP_PROTO_MAX_STREAMS
+ * execs are running, -ENOTCONN before HELLO, -E2BIG/-EINVAL for a request
+ * that cannot be encoded. */
+int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
+		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		    struct cap_err *err);
+/* Queue stdin bytes for a stream (split into frames); n == 0 closes its
+ * stdin. -ENOENT for a stream that is not open. */
+int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,
+		     size_t n);
+/* Queue a signal for a stream's process group. */
+int cap_client_signal(struct cap_client *c, uint32_t id, int sig);
+/* Queue the shutdown request; shutdown_acked becomes true when the guest
+ * confirms that its file systems are synced. */
+void cap_client_shutdown(struct cap_client *c);
+
+#endif

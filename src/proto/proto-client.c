@@ -1,0 +1,218 @@
+#include "client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util.h"
+
+void cap_client_init(struct cap_client *c)
+{
+	memset(c, 0, sizeof(*c));
+	cap_buf_init(&c->in);
+	cap_buf_init(&c->out);
+	c->next_id = 1;
+}
+
+void cap_client_fini(struct cap_client *c)
+{
+	cap_buf_fini(&c->in);
+	cap_buf_fini(&c->out);
+}
+
+static struct cap_client_stream *find(struct cap_client *c, uint32_t id)
+{
+	if (id == 0)
+		return NULL;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(c->streams); i++)
+		if (c->streams[i].id == id)
+			return &c->streams[i];
+	return NULL;
+}
+
+static void close_stream(struct cap_client *c, struct cap_client_stream *s)
+{
+	memset(s, 0, sizeof(*s));
+	c->nactive--;
+}
+
+/* Deliver output within the cap (plus room for the guest's marker). */
+static void deliver(struct cap_client_stream *s, int fd, const uint8_t *p,
+		    size_t n)
+{
+	if (s->cap) {
+		uint64_t limit = (uint64_t)s->cap + 128;
+		if (s->out_bytes >= limit) {
+			s->truncated = true;
+			return;
+		}
+		if (n > limit - s->out_bytes) {
+			n = (size_t)(limit - s->out_bytes);
+			s->truncated = true;
+		}
+	}
+	s->out_bytes += n;
+	if (n && s->ev->output)
+		s->ev->output(s->ud, s->id, fd, p, n);
+}
+
+static int dispatch(struct cap_client *c, const struct cap_frame *f,
+		    struct cap_err *err)
+{
+	struct cap_client_stream *s;
+
+	if (!c->hello && f->type != CAP_MSG_HELLO)
+		return cap_err_set(err, EPROTO, "agent sent %s before HELLO",
+				   cap_msg_name(f->type));
+	switch (f->type) {
+	case CAP_MSG_HELLO:
+		if (c->hello || f->stream != 0)
+			return cap_err_set(err, EPROTO, "agent sent an unexpected HELLO");
+		if (cap_proto_hello_decode(f->payload, f->len, &c->version,
+					   c->agent_version,
+					   sizeof(c->agent_version)) < 0)
+			return cap_err_set(err, EPROTO, "agent sent a malformed HELLO (%u bytes)", f->len);
+		if (c->version != CAP_PROTO_VERSION)
+			return cap_err_set(err, EPROTONOSUPPORT,
+					   "guest agent speaks protocol v%u, this capsule speaks v%u; rebuild the initramfs with `make`",
+					   c->version, CAP_PROTO_VERSION);
+		c->hello = true;
+		return 0;
+	case CAP_MSG_STDOUT:
+	case CAP_MSG_STDERR:
+		s = find(c, f->stream);
+		if (!s)
+			return cap_err_set(err, EPROTO, "agent sent %s for stream %u, which is not open",
+					   cap_msg_name(f->type), f->stream);
+		deliver(s, f->type == CAP_MSG_STDOUT ? 1 : 2, f->payload, f->len);
+		return 0;
+	case CAP_MSG_EXIT: {
+		struct cap_exit ex;
+		s = find(c, f->stream);
+		if (!s)
+			return cap_err_set(err, EPROTO, "agent sent EXIT for stream %u, which is not open", f->stream);
+		if (cap_proto_exit_decode(f->payload, f->len, &ex) < 0)
+			return cap_err_set(err, EPROTO, "agent sent a malformed EXIT for stream %u", f->stream);
+		if (s->truncated)
+			ex.flags |= CAP_EXIT_TRUNCATED;
+		struct cap_client_stream done = *s;
+		close_stream(c, s);
+		if (done.ev->done)
+			done.ev->done(done.ud, done.id, &ex, 0, NULL);
+		return 0;
+	}
+	case CAP_MSG_ERROR: {
+		int errnum;
+		char msg[256];
+		if (cap_proto_error_decode(f->payload, f->len, &errnum, msg, sizeof(msg)) < 0)
+			return cap_err_set(err, EPROTO, "agent sent a malformed ERROR");
+		if (f->stream == 0)
+			return cap_err_set(err, EPROTO, "agent reported a connection error: %s", msg);
+		s = find(c, f->stream);
+		if (!s)
+			return cap_err_set(err, EPROTO, "agent sent ERROR for stream %u, which is not open", f->stream);
+		struct cap_client_stream done = *s;
+		close_stream(c, s);
+		if (done.ev->done)
+			done.ev->done(done.ud, done.id, NULL,
+				      errnum > 0 && errnum < 4096 ? errnum : EIO, msg);
+		return 0;
+	}
+	case CAP_MSG_SHUTDOWN:
+		if (f->stream != 0 || f->len != 0)
+			return cap_err_set(err, EPROTO, "agent sent a malformed SHUTDOWN");
+		c->shutdown_acked = true;
+		return 0;
+	default:
+		return cap_err_set(err, EPROTO, "agent sent %s, a message only the host may send",
+				   cap_msg_name(f->type));
+	}
+}
+
+int cap_client_feed(struct cap_client *c, const void *data, size_t n,
+		    struct cap_err *err)
+{
+	cap_buf_append(&c->in, data, n);
+	for (;;) {
+		struct cap_frame f;
+		int r = cap_proto_parse(cap_buf_head(&c->in), cap_buf_used(&c->in), &f);
+		if (r == 0)
+			return 0;
+		if (r == -EMSGSIZE)
+			return cap_err_set(err, EPROTO, "agent sent a frame of %u bytes, over the %d-byte limit",
+					   cap_get_u32(cap_buf_head(&c->in)), CAP_PROTO_MAX_PAYLOAD);
+		if (r < 0)
+			return cap_err_set(err, EPROTO, "agent sent a frame with unknown type %u or flags 0x%x",
+					   cap_get_u16(cap_buf_head(&c->in) + 4),
+					   cap_get_u16(cap_buf_head(&c->in) + 6));
+		int d = dispatch(c, &f, err);
+		if (d < 0)
+			return d;
+		cap_buf_consume(&c->in, (size_t)r);
+	}
+}
+
+int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
+		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		    struct cap_err *err)
+{
+	if (!c->hello)
+		return cap_err_set(err, ENOTCONN, "the guest agent has not said HELLO yet");
+	struct cap_client_stream *slot = NULL;
+	for (size_t i = 0; !slot && i < CAP_ARRAY_SIZE(c->streams); i++)
+		if (c->streams[i].id == 0)
+			slot = &c->streams[i];
+	if (!slot)
+		return cap_err_set(err, EBUSY, "%d commands already run in this VM; wait for one to finish",
+				   CAP_PROTO_MAX_STREAMS);
+	uint32_t sid = c->next_id++;
+	if (c->next_id == 0)
+		c->next_id = 1;
+	int r = cap_proto_exec_encode(&c->out, sid, req);
+	if (r == -E2BIG)
+		return cap_err_set(err, E2BIG, "the command line and environment exceed %d bytes",
+				   CAP_PROTO_MAX_PAYLOAD);
+	if (r < 0)
+		return cap_err_set(err, -r, "the command cannot be sent: empty, over %d arguments, or a string holds a NUL byte",
+				   CAP_PROTO_MAX_ARGS);
+	*slot = (struct cap_client_stream){
+		.id = sid, .cap = req->output_cap, .ev = ev, .ud = ud,
+	};
+	c->nactive++;
+	*id = sid;
+	return 0;
+}
+
+int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,
+		     size_t n)
+{
+	if (!find(c, id))
+		return -ENOENT;
+	if (n == 0) {
+		cap_proto_put(&c->out, CAP_MSG_STDIN, id, NULL, 0);
+		return 0;
+	}
+	const uint8_t *q = p;
+	while (n > 0) {
+		size_t k = CAP_MIN(n, (size_t)CAP_PROTO_MAX_PAYLOAD);
+		cap_proto_put(&c->out, CAP_MSG_STDIN, id, q, k);
+		q += k;
+		n -= k;
+	}
+	return 0;
+}
+
+int cap_client_signal(struct cap_client *c, uint32_t id, int sig)
+{
+	if (!find(c, id))
+		return -ENOENT;
+	uint8_t p[4];
+	cap_put_u32(p, (uint32_t)sig);
+	cap_proto_put(&c->out, CAP_MSG_SIGNAL, id, p, sizeof(p));
+	return 0;
+}
+
+void cap_client_shutdown(struct cap_client *c)
+{
+	cap_proto_put(&c->out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
+}

@@ -1,0 +1,329 @@
+#include "proto.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util.h"
+
+static const char *const msg_names[] = {
+	[CAP_MSG_HELLO] = "HELLO",	 [CAP_MSG_EXEC] = "EXEC",
+	[CAP_MSG_STDIN] = "STDIN",	 [CAP_MSG_STDOUT] = "STDOUT",
+	[CAP_MSG_STDERR] = "STDERR",	 [CAP_MSG_EXIT] = "EXIT",
+	[CAP_MSG_SIGNAL] = "SIGNAL",	 [CAP_MSG_SHUTDOWN] = "SHUTDOWN",
+	[CAP_MSG_ERROR] = "ERROR",
+};
+
+const char *cap_msg_name(unsigned type)
+{
+	if (type < CAP_ARRAY_SIZE(msg_names) && msg_names[type])
+		return msg_names[type];
+	return "unknown";
+}
+
+int cap_proto_parse(const uint8_t *buf, size_t n, struct cap_frame *f)
+{
+	if (n < CAP_PROTO_HEADER)
+		return 0;
+	uint32_t len = cap_get_u32(buf);
+	uint16_t type = cap_get_u16(buf + 4);
+	uint16_t flags = cap_get_u16(buf + 6);
+
+	/* Validate the header before waiting for the payload, so that a
+	 * hostile length is refused at once rather than buffered for. */
+	if (len > CAP_PROTO_MAX_PAYLOAD)
+		return -EMSGSIZE;
+	if (type == 0 || type > CAP_MSG_MAX_ || flags != 0)
+		return -EBADMSG;
+	if (n - CAP_PROTO_HEADER < len)
+		return 0;
+	f->type = type;
+	f->flags = flags;
+	f->stream = cap_get_u32(buf + 8);
+	f->len = len;
+	f->payload = buf + CAP_PROTO_HEADER;
+	return (int)(CAP_PROTO_HEADER + len);
+}
+
+static void put_header(uint8_t *h, enum cap_msg type, uint32_t stream,
+		       size_t len)
+{
+	cap_put_u32(h, (uint32_t)len);
+	cap_put_u16(h + 4, (uint16_t)type);
+	cap_put_u16(h + 6, 0);
+	cap_put_u32(h + 8, stream);
+}
+
+void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
+		   const void *payload, size_t len)
+{
+	CAP_BUG_ON(len > CAP_PROTO_MAX_PAYLOAD);
+	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + len);
+	put_header(h, type, stream, len);
+	if (len)
+		memcpy(h + CAP_PROTO_HEADER, payload, len);
+	cap_buf_commit(out, CAP_PROTO_HEADER + len);
+}
+
+/* --- EXEC ------------------------------------------------------------ */
+
+static size_t str_size(const char *s) { return 4 + (s ? strlen(s) : 0); }
+
+static uint8_t *put_str(uint8_t *p, const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+	cap_put_u32(p, (uint32_t)n);
+	if (n)
+		memcpy(p + 4, s, n);
+	return p + 4 + n;
+}
+
+int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
+			  const struct cap_exec_req *req)
+{
+	if (req->argc == 0 || req->argc > CAP_PROTO_MAX_ARGS ||
+	    req->envc > CAP_PROTO_MAX_ARGS)
+		return -EINVAL;
+	size_t size = 4 * 5 + str_size(req->cwd);
+	for (uint32_t i = 0; i < req->argc; i++)
+		size += str_size(req->argv[i]);
+	for (uint32_t i = 0; i < req->envc; i++)
+		size += str_size(req->env[i]);
+	if (size > CAP_PROTO_MAX_PAYLOAD)
+		return -E2BIG;
+
+	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + size);
+	uint8_t *p = h + CAP_PROTO_HEADER;
+	put_header(h, CAP_MSG_EXEC, stream, size);
+	cap_put_u32(p, req->timeout_ms);
+	cap_put_u32(p + 4, req->output_cap);
+	cap_put_u32(p + 8, req->flags);
+	cap_put_u32(p + 12, req->argc);
+	p += 16;
+	for (uint32_t i = 0; i < req->argc; i++)
+		p = put_str(p, req->argv[i]);
+	cap_put_u32(p, req->envc);
+	p += 4;
+	for (uint32_t i = 0; i < req->envc; i++)
+		p = put_str(p, req->env[i]);
+	p = put_str(p, req->cwd);
+	CAP_BUG_ON((size_t)(p - h) != CAP_PROTO_HEADER + size);
+	cap_buf_commit(out, CAP_PROTO_HEADER + size);
+	return 0;
+}
+
+struct reader {
+	const uint8_t *p;
+	size_t left;
+};
+
+static int rd_u32(struct reader *r, uint32_t *v)
+{
+	if (r->left < 4)
+		return -EBADMSG;
+	*v = cap_get_u32(r->p);
+	r->p += 4;
+	r->left -= 4;
+	return 0;
+}
+
+/* Read one length-prefixed string into a new NUL-terminated copy. */
+static int rd_str(struct reader *r, char **out)
+{
+	uint32_t n;
+	if (rd_u32(r, &n) < 0 || n > r->left)
+		return -EBADMSG;
+	if (memchr(r->p, '\0', n))
+		return -EBADMSG;
+	*out = xstrndup((const char *)r->p, n);
+	r->p += n;
+	r->left -= n;
+	return 0;
+}
+
+static void free_strv(char **v, uint32_t n)
+{
+	if (!v)
+		return;
+	for (uint32_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* Read a counted list of strings. The count is checked against the bytes
+ * left (each string takes at least 4) before anything is allocated. */
+static int rd_strv(struct reader *r, uint32_t max, char ***out, uint32_t *count)
+{
+	uint32_t n;
+	if (rd_u32(r, &n) < 0 || n > max || n > r->left / 4)
+		return -EBADMSG;
+	char **v = xcalloc((size_t)n + 1, sizeof(char *));
+	for (uint32_t i = 0; i < n; i++) {
+		if (rd_str(r, &v[i]) < 0) {
+			free_strv(v, i);
+			return -EBADMSG;
+		}
+	}
+	*out = v;
+	*count = n;
+	return 0;
+}
+
+int cap_proto_exec_decode(const uint8_t *p, size_t n,
+			  struct cap_exec_req *out, struct cap_err *err)
+{
+	struct reader r = { p, n };
+	struct cap_exec_req req = { 0 };
+
+	if (rd_u32(&r, &req.timeout_ms) < 0 || rd_u32(&r, &req.output_cap) < 0 ||
+	    rd_u32(&r, &req.flags) < 0)
+		return cap_err_set(err, EBADMSG, "exec request shorter than its fixed fields (%zu bytes)", n);
+	if (req.flags & ~CAP_EXEC_STDIN)
+		return cap_err_set(err, EBADMSG, "exec request has unknown flags 0x%x", req.flags);
+	if (rd_strv(&r, CAP_PROTO_MAX_ARGS, &req.argv, &req.argc) < 0)
+		return cap_err_set(err, EBADMSG, "exec request has a malformed argument list");
+	if (req.argc == 0) {
+		free_strv(req.argv, 0);
+		return cap_err_set(err, EBADMSG, "exec request has no command");
+	}
+	if (rd_strv(&r, CAP_PROTO_MAX_ARGS, &req.env, &req.envc) < 0) {
+		free_strv(req.argv, req.argc);
+		return cap_err_set(err, EBADMSG, "exec request has a malformed environment");
+	}
+	for (uint32_t i = 0; i < req.envc; i++) {
+		if (!strchr(req.env[i], '=') || req.env[i][0] == '=') {
+			int e = cap_err_set(err, EBADMSG, "exec environment entry %u is not NAME=value", i);
+			cap_exec_req_fini(&req);
+			return e;
+		}
+	}
+	if (rd_str(&r, &req.cwd) < 0 || r.left != 0) {
+		cap_exec_req_fini(&req);
+		return cap_err_set(err, EBADMSG, "exec request has a malformed working directory or trailing bytes");
+	}
+	*out = req;
+	return 0;
+}
+
+void cap_exec_req_fini(struct cap_exec_req *req)
+{
+	free_strv(req->argv, req->argc);
+	free_strv(req->env, req->envc);
+	free(req->cwd);
+	memset(req, 0, sizeof(*req));
+}
+
+/* --- EXIT ------------------------------------------------------------ */
+
+void cap_proto_exit_encode(struct cap_buf *out, uint32_t stream,
+			   const struct cap_exit *ex)
+{
+	uint8_t p[12];
+	p[0] = ex->kind;
+	p[1] = ex->flags;
+	cap_put_u16(p + 2, 0);
+	cap_put_u32(p + 4, (uint32_t)ex->value);
+	cap_put_u32(p + 8, ex->duration_ms);
+	cap_proto_put(out, CAP_MSG_EXIT, stream, p, sizeof(p));
+}
+
+int cap_proto_exit_decode(const uint8_t *p, size_t n, struct cap_exit *out)
+{
+	if (n != 12)
+		return -EBADMSG;
+	struct cap_exit ex = {
+		.kind = p[0],
+		.flags = p[1],
+		.value = (int32_t)cap_get_u32(p + 4),
+		.duration_ms = cap_get_u32(p + 8),
+	};
+	if (ex.flags & ~(CAP_EXIT_TIMED_OUT | CAP_EXIT_TRUNCATED))
+		return -EBADMSG;
+	switch (ex.kind) {
+	case CAP_EXIT_CODE:
+		if (ex.value < 0 || ex.value > 255)
+			return -EBADMSG;
+		break;
+	case CAP_EXIT_SIGNAL:
+		if (ex.value < 1 || ex.value > 64)
+			return -EBADMSG;
+		break;
+	case CAP_EXIT_START_FAILED:
+		if (ex.value < 1 || ex.value > 4095)
+			return -EBADMSG;
+		break;
+	default:
+		return -EBADMSG;
+	}
+	*out = ex;
+	return 0;
+}
+
+int cap_exit_status(const struct cap_exit *ex)
+{
+	if (ex->flags & CAP_EXIT_TIMED_OUT)
+		return 124;
+	switch (ex->kind) {
+	case CAP_EXIT_CODE:
+		return ex->value;
+	case CAP_EXIT_SIGNAL:
+		return 128 + ex->value;
+	default:
+		return ex->value == ENOENT ? 127 : 126;
+	}
+}
+
+/* --- HELLO, ERROR ---------------------------------------------------- */
+
+void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version)
+{
+	size_t vn = CAP_MIN(strlen(agent_version), (size_t)CAP_PROTO_MAX_STRING);
+	uint8_t p[8 + CAP_PROTO_MAX_STRING];
+	cap_put_u32(p, CAP_PROTO_VERSION);
+	cap_put_u32(p + 4, 0);
+	memcpy(p + 8, agent_version, vn);
+	cap_proto_put(out, CAP_MSG_HELLO, 0, p, 8 + vn);
+}
+
+/* Copy untrusted text into a bounded C string, replacing control bytes. */
+static void copy_text(char *dst, size_t dlen, const uint8_t *src, size_t n)
+{
+	if (dlen == 0)
+		return;
+	size_t k = CAP_MIN(n, dlen - 1);
+	for (size_t i = 0; i < k; i++) {
+		uint8_t c = src[i];
+		dst[i] = (c < 0x20 && c != '\t') || c == 0x7f ? '?' : (char)c;
+	}
+	dst[k] = '\0';
+}
+
+int cap_proto_hello_decode(const uint8_t *p, size_t n, uint32_t *version,
+			   char *agent_version, size_t vlen)
+{
+	if (n < 8)
+		return -EBADMSG;
+	*version = cap_get_u32(p);
+	copy_text(agent_version, vlen, p + 8, n - 8);
+	return 0;
+}
+
+void cap_proto_error_encode(struct cap_buf *out, uint32_t stream, int errnum,
+			    const char *msg)
+{
+	size_t mn = CAP_MIN(strlen(msg), (size_t)CAP_PROTO_MAX_STRING);
+	uint8_t p[4 + CAP_PROTO_MAX_STRING];
+	cap_put_u32(p, (uint32_t)errnum);
+	memcpy(p + 4, msg, mn);
+	cap_proto_put(out, CAP_MSG_ERROR, stream, p, 4 + mn);
+}
+
+int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
+			   char *msg, size_t mlen)
+{
+	if (n < 4)
+		return -EBADMSG;
+	*errnum = (int)cap_get_u32(p);
+	copy_text(msg, mlen, p + 4, n - 4);
+	return 0;
+}

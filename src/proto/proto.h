@@ -1,0 +1,135 @@
+/* capsule wire protocol v1 between the host and the guest agent, framed
+ * over the virtio-serial port "capsule.agent". docs/protocol.md is the
+ * specification; this header is its C form. Shared by host and guest;
+ * depends on src/common only.
+ *
+ * Every frame: a 12-byte little-endian header
+ *     u32 len     payload length, at most CAP_PROTO_MAX_PAYLOAD
+ *     u16 type    enum cap_msg
+ *     u16 flags   must be 0 in v1
+ *     u32 stream  0 for the connection, else an exec stream chosen by the host
+ * followed by len payload bytes. */
+#ifndef CAP_PROTO_H
+#define CAP_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "err.h"
+
+#define CAP_PROTO_VERSION 1
+#define CAP_PROTO_HEADER 12
+#define CAP_PROTO_MAX_PAYLOAD (64 * 1024)
+/* Limits of one exec request (also bounded by the payload size). */
+#define CAP_PROTO_MAX_ARGS 4096
+#define CAP_PROTO_MAX_STREAMS 64
+#define CAP_PROTO_MAX_STRING 1024
+
+/* Text appended to a stream's output when the output cap was reached. The
+ * number is the cap in bytes. */
+#define CAP_TRUNCATION_MARKER "\n[capsule: output truncated at %u bytes]\n"
+
+enum cap_msg {
+	CAP_MSG_HELLO = 1,	/* g->h, stream 0: u32 version, u32 0, agent version text */
+	CAP_MSG_EXEC = 2,	/* h->g: start a process (struct cap_exec_req) */
+	CAP_MSG_STDIN = 3,	/* h->g: bytes for stdin; empty payload closes it */
+	CAP_MSG_STDOUT = 4,	/* g->h: bytes the process wrote to stdout */
+	CAP_MSG_STDERR = 5,	/* g->h: bytes the process wrote to stderr */
+	CAP_MSG_EXIT = 6,	/* g->h: struct cap_exit; the stream is then closed */
+	CAP_MSG_SIGNAL = 7,	/* h->g: u32 signal for the stream's process group */
+	CAP_MSG_SHUTDOWN = 8,	/* h->g stream 0: sync, unmount, power off; g->h: ack */
+	CAP_MSG_ERROR = 9,	/* g->h: i32 errno, text; stream 0 or a rejected exec */
+	CAP_MSG_MAX_ = CAP_MSG_ERROR,
+};
+
+/* One parsed frame; payload points into the parser's input. */
+struct cap_frame {
+	uint16_t type;
+	uint16_t flags;
+	uint32_t stream;
+	uint32_t len;
+	const uint8_t *payload;
+};
+
+/* Parse one frame from the front of buf[0..n). Returns the number of bytes
+ * the frame occupies (> 0), 0 when more bytes are needed, or -EMSGSIZE for
+ * a length over CAP_PROTO_MAX_PAYLOAD, -EBADMSG for an unknown type or
+ * nonzero flags. Never allocates. */
+int cap_proto_parse(const uint8_t *buf, size_t n, struct cap_frame *f);
+
+/* Append a frame to out. CAP_BUG_ON a payload over the maximum: callers
+ * split data themselves. */
+void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
+		   const void *payload, size_t len);
+
+#define CAP_EXEC_STDIN 0x1u	/* the host will send STDIN frames */
+
+/* An exec request. For encoding, every pointer is borrowed from the
+ * caller. After cap_proto_exec_decode, every pointer is owned by the
+ * struct and released by cap_exec_req_fini. */
+struct cap_exec_req {
+	char **argv;	/* argc strings, NULL-terminated after decode */
+	uint32_t argc;
+	char **env;	/* "NAME=value" strings, NULL-terminated after decode */
+	uint32_t envc;
+	char *cwd;	/* NULL or "" for the agent's default */
+	uint32_t timeout_ms;	/* 0: no timeout */
+	uint32_t output_cap;	/* bytes over stdout+stderr; 0: no cap */
+	uint32_t flags;	/* CAP_EXEC_* */
+};
+
+/* Encode req as an EXEC frame for stream into out. -E2BIG when it does
+ * not fit one frame, -EINVAL for a string with a NUL byte or too many
+ * arguments. out is unchanged on failure. */
+int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
+			  const struct cap_exec_req *req);
+/* Decode an EXEC payload into out (owned; free with cap_exec_req_fini).
+ * Every count is checked against the bytes present before any
+ * allocation. -EBADMSG with a message in err on malformed input; out is
+ * untouched on failure. */
+int cap_proto_exec_decode(const uint8_t *p, size_t n,
+			  struct cap_exec_req *out, struct cap_err *err);
+void cap_exec_req_fini(struct cap_exec_req *req);
+
+enum cap_exit_kind {
+	CAP_EXIT_CODE = 0,	/* value: exit status 0..255 */
+	CAP_EXIT_SIGNAL = 1,	/* value: signal number */
+	CAP_EXIT_START_FAILED = 2,	/* value: errno of the failed start */
+};
+#define CAP_EXIT_TIMED_OUT 0x1u
+#define CAP_EXIT_TRUNCATED 0x2u
+
+struct cap_exit {
+	uint8_t kind;	/* enum cap_exit_kind */
+	uint8_t flags;	/* CAP_EXIT_* */
+	int32_t value;
+	uint32_t duration_ms;
+};
+
+void cap_proto_exit_encode(struct cap_buf *out, uint32_t stream,
+			   const struct cap_exit *ex);
+/* -EBADMSG on a wrong size, unknown kind, or out-of-range value. */
+int cap_proto_exit_decode(const uint8_t *p, size_t n, struct cap_exit *out);
+
+/* Shell-style status: code, 128+signal, 124 for a timeout, 126/127 for a
+ * start failure (permission / not found). */
+int cap_exit_status(const struct cap_exit *ex);
+
+/* HELLO: version and agent version text (copied, NUL-terminated, cut to
+ * vlen-1 bytes). -EBADMSG when shorter than 8 bytes. */
+void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version);
+int cap_proto_hello_decode(const uint8_t *p, size_t n, uint32_t *version,
+			   char *agent_version, size_t vlen);
+
+/* ERROR: errno and a message (copied, NUL-terminated, cut to mlen-1,
+ * non-printable bytes replaced). */
+void cap_proto_error_encode(struct cap_buf *out, uint32_t stream, int errnum,
+			    const char *msg);
+int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
+			   char *msg, size_t mlen);
+
+const char *cap_msg_name(unsigned type);
+
+#endif

@@ -1,0 +1,283 @@
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "paths.h"
+#include "sandbox.h"
+#include "store.h"
+#include "util.h"
+
+struct cap_sandbox {
+	struct cap_vm *vm;
+	struct cap_client client;
+	struct cap_accel_choice accel;
+	char *owned_run_dir;
+	bool dead;	/* VM or agent gone: only free is valid */
+};
+
+void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
+{
+	*o = (struct cap_sandbox_opts){
+		.cpus = 1,
+		.memory_mib = 512,
+		.accel = CAP_ACCEL_AUTO,
+		.boot_timeout_ms = 60000,
+	};
+}
+
+const struct cap_accel_choice *cap_sandbox_accel(const struct cap_sandbox *sb)
+{
+	return &sb->accel;
+}
+
+const char *cap_sandbox_agent_version(const struct cap_sandbox *sb)
+{
+	return sb->client.agent_version;
+}
+
+pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb)
+{
+	return cap_vm_pid(sb->vm);
+}
+
+size_t cap_sandbox_backlog(const struct cap_sandbox *sb)
+{
+	return cap_buf_used(&sb->client.out);
+}
+
+unsigned cap_sandbox_running(const struct cap_sandbox *sb)
+{
+	return sb->client.nactive;
+}
+
+void cap_sandbox_pollfds(const struct cap_sandbox *sb, struct pollfd *pfd)
+{
+	short ev = POLLIN;
+	if (cap_buf_used(&sb->client.out) > 0)
+		ev |= POLLOUT;
+	pfd[0] = (struct pollfd){ .fd = cap_vm_agent_fd(sb->vm), .events = ev };
+	pfd[1] = (struct pollfd){ .fd = cap_vm_exit_fd(sb->vm), .events = POLLIN };
+}
+
+/* The VM is gone or unusable: say why, with the end of its logs. */
+static int dead(struct cap_sandbox *sb, struct cap_err *err, int code,
+		const char *what)
+{
+	sb->dead = true;
+	cap_vm_wait(sb->vm, 100);
+	_cleanup_free_ char *logs = cap_vm_logs_tail(sb->vm, 15);
+	const char *how = cap_vm_wait(sb->vm, 0) ? cap_vm_exit_reason(sb->vm) : "QEMU is still running";
+	return cap_err_set(err, code, "%s (%s)%s%s", what, how, *logs ? "\n" : "", logs);
+}
+
+static int flush(struct cap_sandbox *sb, struct cap_err *err)
+{
+	struct cap_buf *out = &sb->client.out;
+	while (cap_buf_used(out) > 0) {
+		ssize_t n = write(cap_vm_agent_fd(sb->vm), cap_buf_head(out), cap_buf_used(out));
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				return 0;
+			return dead(sb, err, EPIPE, "the guest agent's channel closed");
+		}
+		cap_buf_consume(out, (size_t)n);
+	}
+	return 0;
+}
+
+int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
+			 struct cap_err *err)
+{
+	if (sb->dead)
+		return cap_err_set(err, EPIPE, "the VM has already stopped");
+	if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+		uint8_t buf[65536];
+		ssize_t n = read(cap_vm_agent_fd(sb->vm), buf, sizeof(buf));
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+			return dead(sb, err, EPIPE, "the guest agent's channel closed");
+		if (n > 0) {
+			int r = cap_client_feed(&sb->client, buf, (size_t)n, err);
+			if (r < 0) {
+				sb->dead = true;
+				cap_err_prefix(err, "guest protocol error");
+				return r;
+			}
+		}
+	}
+	if (pfd[1].revents & POLLIN)
+		return dead(sb, err, ECHILD, "the VM stopped unexpectedly");
+	return flush(sb, err);
+}
+
+/* One round of poll + dispatch, waiting at most timeout_ms. */
+static int step(struct cap_sandbox *sb, int timeout_ms, struct cap_err *err)
+{
+	struct pollfd pfd[CAP_SANDBOX_NPOLL];
+	cap_sandbox_pollfds(sb, pfd);
+	int r = poll(pfd, CAP_SANDBOX_NPOLL, timeout_ms);
+	if (r < 0)
+		return errno == EINTR ? 0 : cap_err_set(err, errno, "poll: %s", strerror(errno));
+	return cap_sandbox_dispatch(sb, pfd, err);
+}
+
+int cap_sandbox_wait(struct cap_sandbox *sb, int timeout_ms,
+		     struct cap_err *err)
+{
+	int64_t end = timeout_ms < 0 ? INT64_MAX : cap_now_ms() + timeout_ms;
+	while (sb->client.nactive > 0 || cap_buf_used(&sb->client.out) > 0) {
+		int64_t left = end - cap_now_ms();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		int r = step(sb, timeout_ms < 0 ? -1 : (int)left, err);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int wait_hello(struct cap_sandbox *sb, int timeout_ms,
+		      struct cap_err *err)
+{
+	int64_t end = cap_now_ms() + timeout_ms;
+	while (!sb->client.hello) {
+		int64_t left = end - cap_now_ms();
+		if (left <= 0)
+			return dead(sb, err, ETIMEDOUT, "the guest agent did not answer within the boot timeout");
+		int r = step(sb, (int)left, err);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
+		     struct cap_err *err)
+{
+	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	_cleanup_free_ char *kernel = NULL, *agent = NULL, *initrd = NULL;
+	bool have_kernel, have_agent;
+	int r;
+
+	cap_client_init(&sb->client);
+	if (o->cpus < 1 || o->cpus > 64) {
+		r = cap_err_set(err, EINVAL, "--cpus %u is out of range (1 to 64)", o->cpus);
+		goto fail;
+	}
+	if (o->memory_mib < 64 || o->memory_mib > 65536) {
+		r = cap_err_set(err, EINVAL, "--memory %u MiB is out of range (64 to 65536)", o->memory_mib);
+		goto fail;
+	}
+	if ((r = cap_engine_accel_choose(o->accel, &sb->accel, err)) < 0)
+		goto fail;
+
+	kernel = cap_store_kernel_path(&have_kernel);
+	if (!have_kernel) {
+		r = cap_err_set(err, ENOENT, "the guest kernel %s is missing: build it once with `make kernel` (about 3 to 6 minutes)", kernel);
+		goto fail;
+	}
+	agent = cap_store_agent_path(&have_agent);
+	if (!have_agent) {
+		r = cap_err_set(err, ENOENT, "the guest agent %s is missing: build it with `make` (or set CAPSULE_AGENT)", agent);
+		goto fail;
+	}
+	if ((r = cap_store_initramfs(agent, CAP_BUSYBOX, &initrd, NULL, err)) < 0)
+		goto fail;
+	if ((r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
+		goto fail;
+
+	struct cap_vm_config cfg = {
+		.kernel = kernel,
+		.initrd = initrd,
+		.dir = sb->owned_run_dir,
+		.console_log = o->console_log,
+		.cpus = o->cpus,
+		.memory_mib = o->memory_mib,
+		.accel = sb->accel.accel,
+		.append_extra = o->append_extra,
+		.unlink_sockets = true,
+	};
+	if ((r = cap_vm_start(&cfg, &sb->vm, err)) < 0) {
+		cap_err_prefix(err, "starting the VM");
+		goto fail;
+	}
+	if ((r = cap_set_nonblock(cap_vm_agent_fd(sb->vm), 1)) < 0) {
+		r = cap_err_set(err, -r, "agent socket: %s", strerror(-r));
+		goto fail;
+	}
+	if ((r = wait_hello(sb, o->boot_timeout_ms, err)) < 0) {
+		cap_err_prefix(err, "booting the VM");
+		goto fail;
+	}
+	*out = sb;
+	return 0;
+
+fail:
+	cap_sandbox_free(sb);
+	return r;
+}
+
+int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
+		     const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		     struct cap_err *err)
+{
+	if (sb->dead)
+		return cap_err_set(err, EPIPE, "the VM has stopped");
+	return cap_client_exec(&sb->client, req, ev, ud, id, err);
+}
+
+int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
+		      size_t n)
+{
+	return cap_client_stdin(&sb->client, id, p, n);
+}
+
+int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig)
+{
+	return cap_client_signal(&sb->client, id, sig);
+}
+
+int cap_sandbox_shutdown(struct cap_sandbox *sb, int grace_ms,
+			 struct cap_err *err)
+{
+	if (sb->dead || cap_vm_wait(sb->vm, 0)) {
+		sb->dead = true;
+		return 0;
+	}
+	cap_client_shutdown(&sb->client);
+	int64_t end = cap_now_ms() + grace_ms;
+	struct cap_err ignored;
+	while (!cap_vm_wait(sb->vm, 0)) {
+		int64_t left = end - cap_now_ms();
+		if (left <= 0)
+			break;
+		/* Errors here mean the VM went away, which is the goal. */
+		if (step(sb, (int)left, &ignored) < 0)
+			cap_vm_wait(sb->vm, (int)CAP_MAX(left, 0));
+	}
+	bool acked = sb->client.shutdown_acked;
+	sb->dead = true;
+	if (cap_vm_wait(sb->vm, 0) && acked)
+		return 0;
+	if (!cap_vm_wait(sb->vm, 0)) {
+		cap_vm_quit(sb->vm);
+		if (!cap_vm_wait(sb->vm, 1000))
+			cap_vm_kill(sb->vm);
+	}
+	return cap_err_set(err, ETIMEDOUT, acked ? "the guest synced but did not power off within %d ms; QEMU was stopped"
+					       : "the guest did not confirm a clean shutdown within %d ms; QEMU was stopped",
+			   grace_ms);
+}
+
+void cap_sandbox_free(struct cap_sandbox *sb)
+{
+	if (!sb)
+		return;
+	cap_vm_free(sb->vm);
+	cap_client_fini(&sb->client);
+	if (sb->owned_run_dir)
+		cap_remove_run_dir(sb->owned_run_dir);
+	free(sb->owned_run_dir);
+	free(sb);
+}

@@ -1,0 +1,77 @@
+/* One sandbox: a VM with a connected guest agent. Boot it, run commands
+ * in it (several at once), shut it down. The caller drives I/O with
+ * cap_sandbox_pollfds/cap_sandbox_dispatch inside its own poll loop, or
+ * with cap_sandbox_wait when it has nothing else to wait for. */
+#ifndef CAP_SANDBOX_H
+#define CAP_SANDBOX_H
+
+#include <poll.h>
+#include <stdbool.h>
+
+#include "client.h"
+#include "engine.h"
+#include "err.h"
+
+struct cap_sandbox_opts {
+	unsigned cpus;	/* default 1 */
+	unsigned memory_mib;	/* default 512 */
+	enum cap_accel accel;	/* default AUTO */
+	const char *console_log;	/* NULL: kept in the run dir, removed */
+	int boot_timeout_ms;	/* default 60000 */
+	const char *append_extra;	/* more kernel arguments, or NULL */
+};
+
+void cap_sandbox_opts_init(struct cap_sandbox_opts *o);
+
+struct cap_sandbox;
+
+/* Choose the accelerator, make sure the kernel and initramfs exist, start
+ * the VM and wait until the agent says HELLO. On success *out is owned by
+ * the caller (cap_sandbox_free). On failure nothing is left running or on
+ * disk, and err names the cause with the end of the guest console. */
+int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
+		     struct cap_err *err);
+
+/* The accelerator chosen and why. Borrowed from sb. */
+const struct cap_accel_choice *cap_sandbox_accel(const struct cap_sandbox *sb);
+/* Agent version reported in HELLO. Borrowed from sb. */
+const char *cap_sandbox_agent_version(const struct cap_sandbox *sb);
+/* Process id of the hypervisor, for tests and diagnostics. */
+pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb);
+
+/* Start a command; see cap_client_exec for the callbacks' lifetimes. */
+int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
+		     const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		     struct cap_err *err);
+int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
+		      size_t n);
+int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig);
+/* Bytes queued for the guest and not yet written. */
+size_t cap_sandbox_backlog(const struct cap_sandbox *sb);
+/* Number of commands still running. */
+unsigned cap_sandbox_running(const struct cap_sandbox *sb);
+
+#define CAP_SANDBOX_NPOLL 2
+/* Fill CAP_SANDBOX_NPOLL pollfds for the caller's poll(). */
+void cap_sandbox_pollfds(const struct cap_sandbox *sb, struct pollfd *pfd);
+/* Handle the revents of those pollfds: read and write the agent channel
+ * and run callbacks. -errno with err set when the VM or the agent is gone
+ * or broke the protocol; the sandbox can then only be freed. */
+int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
+			 struct cap_err *err);
+/* Poll and dispatch until no command runs or timeout_ms passes (-1: no
+ * limit). 0 when idle, -ETIMEDOUT, or a dispatch error. */
+int cap_sandbox_wait(struct cap_sandbox *sb, int timeout_ms,
+		     struct cap_err *err);
+
+/* Ask the agent to end all commands, sync and power off; wait up to
+ * grace_ms, then make QEMU quit, then kill it. 0 when the guest confirmed
+ * its file systems were synced, -ETIMEDOUT (err set) when it had to be
+ * forced. The sandbox must still be freed. */
+int cap_sandbox_shutdown(struct cap_sandbox *sb, int grace_ms,
+			 struct cap_err *err);
+
+/* Kill what is still running and remove the run directory. NULL is ok. */
+void cap_sandbox_free(struct cap_sandbox *sb);
+
+#endif

@@ -1,0 +1,255 @@
+/* Pack the guest initramfs: busybox, its applet links, the agent as /init,
+ * a minimal /etc, and the device nodes the kernel wants before devtmpfs.
+ * Written as a newc cpio directly, so that no root, mknod or external
+ * cpio is needed, and every header field (mtime, owner, inode) is fixed:
+ * same inputs, same bytes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "paths.h"
+#include "sha256.h"
+#include "store.h"
+#include "util.h"
+
+/* Bump when the layout below changes, so that cached files are rebuilt. */
+#define LAYOUT_VERSION "capsule-initramfs-1"
+
+static const char passwd[] =
+	"root:x:0:0:root:/root:/bin/sh\n"
+	"user:x:1000:1000:user:/work:/bin/sh\n"
+	"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
+static const char group[] = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
+
+struct cpio {
+	struct cap_buf b;
+	unsigned ino;
+};
+
+static void pad4(struct cpio *c)
+{
+	static const char zero[4];
+	size_t r = cap_buf_used(&c->b) % 4;
+	if (r)
+		cap_buf_append(&c->b, zero, 4 - r);
+}
+
+static void entry(struct cpio *c, const char *name, unsigned mode,
+		  unsigned uid, unsigned gid, const void *data, size_t size,
+		  unsigned rmaj, unsigned rmin)
+{
+	char hdr[128];
+	size_t namesize = strlen(name) + 1;
+	snprintf(hdr, sizeof(hdr),
+		 "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
+		 ++c->ino, mode, uid, gid, 1u, 0u, (unsigned)size, 0u, 0u,
+		 rmaj, rmin, (unsigned)namesize, 0u);
+	cap_buf_append(&c->b, hdr, 110);
+	cap_buf_append(&c->b, name, namesize);
+	pad4(c);
+	cap_buf_append(&c->b, data, size);
+	pad4(c);
+}
+
+static void dir(struct cpio *c, const char *name, unsigned perm)
+{
+	entry(c, name, S_IFDIR | perm, 0, 0, NULL, 0, 0, 0);
+}
+
+static int file(struct cpio *c, const char *name, const char *src,
+		unsigned perm, struct cap_err *err)
+{
+	char *data = NULL;
+	ssize_t n = cap_read_file(src, 64u << 20, &data);
+	if (n < 0)
+		return cap_err_set(err, -n, "cannot read %s: %s", src, strerror((int)-n));
+	entry(c, name, S_IFREG | perm, 0, 0, data, (size_t)n, 0, 0);
+	free(data);
+	return 0;
+}
+
+/* Ask busybox for its applets ("usr/bin/awk" style paths, sorted). */
+static int applets(const char *busybox, char **out, struct cap_err *err)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	pid_t pid = fork();
+	if (pid == 0) {
+		dup2(p[1], 1);
+		execl(busybox, "busybox", "--list-full", (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	struct cap_buf b;
+	cap_buf_init(&b);
+	for (;;) {
+		uint8_t *w = cap_buf_reserve(&b, 4096);
+		ssize_t n = read(p[0], w, 4096);
+		if (n <= 0)
+			break;
+		cap_buf_commit(&b, (size_t)n);
+	}
+	close(p[0]);
+	int status = 0;
+	waitpid(pid, &status, 0);
+	if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || cap_buf_used(&b) == 0) {
+		cap_buf_fini(&b);
+		return cap_err_set(err, ENOEXEC, "`%s --list-full` failed; is busybox-static installed? (scripts/bootstrap.sh)", busybox);
+	}
+	cap_buf_append(&b, "", 1);
+	*out = (char *)b.owned_data;	/* off is 0: nothing was consumed */
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int cap_store_initramfs_write(const char *agent, const char *busybox,
+			      const char *path, struct cap_err *err)
+{
+	struct cpio c = { .ino = 0 };
+	_cleanup_free_ char *list = NULL;
+	_cleanup_free_ char *tmp = NULL;
+	int r;
+
+	if ((r = applets(busybox, &list, err)) < 0)
+		return r;
+	cap_buf_init(&c.b);
+
+	static const char *const dirs[] = {
+		"bin", "dev", "dev/pts", "etc", "proc", "root", "run", "sbin",
+		"sys", "tmp", "usr", "usr/bin", "usr/sbin", "work",
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(dirs); i++)
+		dir(&c, dirs[i], strcmp(dirs[i], "tmp") == 0 ? 01777 :
+				 strcmp(dirs[i], "root") == 0 ? 0700 : 0755);
+	entry(&c, "dev/console", S_IFCHR | 0600, 0, 0, NULL, 0, 5, 1);
+	entry(&c, "dev/null", S_IFCHR | 0666, 0, 0, NULL, 0, 1, 3);
+	entry(&c, "etc/passwd", S_IFREG | 0644, 0, 0, passwd, sizeof(passwd) - 1, 0, 0);
+	entry(&c, "etc/group", S_IFREG | 0644, 0, 0, group, sizeof(group) - 1, 0, 0);
+	if ((r = file(&c, "init", agent, 0755, err)) < 0 ||
+	    (r = file(&c, "bin/busybox", busybox, 0755, err)) < 0)
+		goto out;
+
+	/* Applet links, in sorted order so the archive does not depend on
+	 * the order busybox prints them in. */
+	size_t n = 0, cap = 512;
+	char **names = xmalloc(cap * sizeof(char *));
+	for (char *tok = strtok(list, "\n"); tok; tok = strtok(NULL, "\n")) {
+		while (*tok == '/')
+			tok++;
+		if (!*tok || strcmp(tok, "bin/busybox") == 0)
+			continue;
+		if (n == cap)
+			names = xrealloc(names, (cap *= 2) * sizeof(char *));
+		names[n++] = tok;
+	}
+	qsort(names, n, sizeof(char *), cmp_str);
+	for (size_t i = 0; i < n; i++) {
+		static const char target[] = "/bin/busybox";
+		entry(&c, names[i], S_IFLNK | 0777, 0, 0, target, sizeof(target) - 1, 0, 0);
+	}
+	free(names);
+	entry(&c, "TRAILER!!!", 0, 0, 0, NULL, 0, 0, 0);
+
+	tmp = xasprintf("%s.tmp.%d", path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		r = cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	r = cap_write_all(fd, cap_buf_head(&c.b), cap_buf_used(&c.b));
+	if (r == 0 && fsync(fd) < 0)
+		r = -errno;
+	close(fd);
+	if (r == 0 && rename(tmp, path) < 0)
+		r = -errno;
+	if (r < 0) {
+		unlink(tmp);
+		r = cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r));
+	}
+out:
+	cap_buf_fini(&c.b);
+	return r;
+}
+
+int cap_store_initramfs_path(const char *agent, const char *busybox,
+			     char **out, struct cap_err *err)
+{
+	struct cap_sha256 h;
+	char hex[65];
+	int r;
+
+	cap_sha256_init(&h);
+	cap_sha256_update(&h, LAYOUT_VERSION, sizeof(LAYOUT_VERSION));
+	if ((r = cap_sha256_update_file(&h, agent)) < 0 ||
+	    (r = cap_sha256_update_file(&h, busybox)) < 0) {
+		cap_sha256_final_hex(&h, hex);
+		const char *what = access(agent, R_OK) == 0 ? busybox : agent;
+		return cap_err_set(err, -r, "cannot read %s: %s%s", what, strerror(-r),
+				   what == agent ? " (build it with `make`)" : " (install busybox-static: scripts/bootstrap.sh)");
+	}
+	cap_sha256_final_hex(&h, hex);
+	_cleanup_free_ char *cache = cap_cache_dir();
+	*out = xasprintf("%s/initramfs/%.32s.cpio", cache, hex);
+	return 0;
+}
+
+int cap_store_initramfs(const char *agent, const char *busybox, char **out,
+			bool *built, struct cap_err *err)
+{
+	char *path = NULL;
+	int r = cap_store_initramfs_path(agent, busybox, &path, err);
+	if (r < 0)
+		return r;
+	if (built)
+		*built = false;
+	if (access(path, R_OK) != 0) {
+		_cleanup_free_ char *d = xstrdup(path);
+		*strrchr(d, '/') = '\0';
+		if ((r = cap_mkdir_p(d, 0755)) < 0) {
+			r = cap_err_set(err, -r, "cannot create %s: %s", d, strerror(-r));
+			free(path);
+			return r;
+		}
+		if ((r = cap_store_initramfs_write(agent, busybox, path, err)) < 0) {
+			free(path);
+			return r;
+		}
+		if (built)
+			*built = true;
+	}
+	*out = path;
+	return 0;
+}
+
+static char *artefact(const char *env, const char *fallback, bool *exists)
+{
+	const char *e = getenv(env);
+	char *p = e && *e ? xstrdup(e) : xstrdup(fallback);
+	*exists = access(p, R_OK) == 0;
+	return p;
+}
+
+char *cap_store_kernel_path(bool *exists)
+{
+	_cleanup_free_ char *cache = cap_cache_dir();
+	_cleanup_free_ char *def = xasprintf("%s/vmlinux", cache);
+	return artefact("CAPSULE_KERNEL", def, exists);
+}
+
+char *cap_store_agent_path(bool *exists)
+{
+	_cleanup_free_ char *dir = cap_exe_dir();
+	_cleanup_free_ char *def = xasprintf("%s/capsule-agent", dir);
+	return artefact("CAPSULE_AGENT", def, exists);
+}

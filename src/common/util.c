@@ -108,12 +108,14 @@ ssize_t cap_read_file(const char *path, size_t max, char **out)
 	size_t cap = 4096, len = 0;
 	char *buf = xmalloc(cap + 1);
 	for (;;) {
+		if (len > max) {
+			free(buf);
+			return -EFBIG;
+		}
 		if (len == cap) {
-			if (cap >= max) {
-				free(buf);
-				return -EFBIG;
-			}
-			cap = CAP_MIN(cap * 2, max);
+			/* One byte past max tells a file of exactly max bytes
+			 * from a longer one. */
+			cap = CAP_MIN(cap * 2, max + 1);
 			buf = xrealloc(buf, cap + 1);
 		}
 		ssize_t n = read(fd, buf + len, cap - len);
@@ -127,6 +129,10 @@ ssize_t cap_read_file(const char *path, size_t max, char **out)
 		if (n == 0)
 			break;
 		len += (size_t)n;
+	}
+	if (len > max) {
+		free(buf);
+		return -EFBIG;
 	}
 	buf[len] = '\0';
 	*out = buf;

@@ -1,0 +1,317 @@
+/* Host-side protocol client: demultiplexing, and a hostile guest. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "client.h"
+#include "util.h"
+
+struct seen {
+	struct cap_buf out[3];
+	int done;
+	struct cap_exit ex;
+	bool has_exit;
+	int errnum;
+	char msg[256];
+};
+
+static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	(void)id;
+	struct seen *s = ud;
+	assert_true(fd == 1 || fd == 2);
+	cap_buf_append(&s->out[fd], p, n);
+}
+
+static void on_done(void *ud, uint32_t id, const struct cap_exit *ex,
+		    int errnum, const char *msg)
+{
+	(void)id;
+	struct seen *s = ud;
+	s->done++;
+	s->has_exit = ex != NULL;
+	if (ex)
+		s->ex = *ex;
+	s->errnum = errnum;
+	if (msg)
+		snprintf(s->msg, sizeof(s->msg), "%s", msg);
+}
+
+static const struct cap_exec_events ev = { on_output, on_done };
+
+struct fixture {
+	struct cap_client c;
+	struct seen s;
+	struct cap_buf g;	/* what the fake guest sends */
+};
+
+static int setup(void **state)
+{
+	struct fixture *fx = xcalloc(1, sizeof(*fx));
+	cap_client_init(&fx->c);
+	cap_buf_init(&fx->g);
+	for (int i = 0; i < 3; i++)
+		cap_buf_init(&fx->s.out[i]);
+	*state = fx;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *fx = *state;
+	cap_client_fini(&fx->c);
+	cap_buf_fini(&fx->g);
+	for (int i = 0; i < 3; i++)
+		cap_buf_fini(&fx->s.out[i]);
+	free(fx);
+	return 0;
+}
+
+static int feed(struct fixture *fx, struct cap_err *err)
+{
+	int r = cap_client_feed(&fx->c, cap_buf_head(&fx->g), cap_buf_used(&fx->g), err);
+	fx->g.off = fx->g.len = 0;
+	return r;
+}
+
+static void hello(struct fixture *fx)
+{
+	cap_proto_hello_encode(&fx->g, "test-agent");
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_true(fx->c.hello);
+}
+
+static uint32_t start(struct fixture *fx, uint32_t cap)
+{
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1, .output_cap = cap };
+	uint32_t id = 0;
+	assert_int_equal(cap_client_exec(&fx->c, &req, &ev, &fx->s, &id, NULL), 0);
+	assert_true(id > 0);
+	return id;
+}
+
+static void separates_stdout_stderr_and_exit(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	/* The EXEC frame the host queued decodes back to the request. */
+	struct cap_frame f;
+	assert_true(cap_proto_parse(cap_buf_head(&fx->c.out), cap_buf_used(&fx->c.out), &f) > 0);
+	assert_int_equal(f.type, CAP_MSG_EXEC);
+	assert_int_equal(f.stream, id);
+
+	cap_proto_put(&fx->g, CAP_MSG_STDOUT, id, "out1 ", 5);
+	cap_proto_put(&fx->g, CAP_MSG_STDERR, id, "err", 3);
+	cap_proto_put(&fx->g, CAP_MSG_STDOUT, id, "out2", 4);
+	struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 3 };
+	cap_proto_exit_encode(&fx->g, id, &ex);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_int_equal(cap_buf_used(&fx->s.out[1]), 9);
+	assert_memory_equal(cap_buf_head(&fx->s.out[1]), "out1 out2", 9);
+	assert_memory_equal(cap_buf_head(&fx->s.out[2]), "err", 3);
+	assert_int_equal(fx->s.done, 1);
+	assert_int_equal(fx->s.ex.value, 3);
+	assert_int_equal(fx->c.nactive, 0);
+}
+
+static void byte_by_byte(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	cap_proto_put(&fx->g, CAP_MSG_STDOUT, id, "abc", 3);
+	struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 0 };
+	cap_proto_exit_encode(&fx->g, id, &ex);
+	struct cap_buf all = fx->g;
+	for (size_t i = 0; i < cap_buf_used(&all); i++)
+		assert_int_equal(cap_client_feed(&fx->c, all.owned_data + i, 1, NULL), 0);
+	assert_int_equal(fx->s.done, 1);
+	assert_memory_equal(cap_buf_head(&fx->s.out[1]), "abc", 3);
+}
+
+static void frame_before_hello(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	cap_proto_put(&fx->g, CAP_MSG_STDOUT, 1, "x", 1);
+	assert_int_equal(feed(fx, &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "before HELLO"));
+}
+
+static void version_mismatch(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	uint8_t p[8] = { 0 };
+	cap_put_u32(p, 99);
+	cap_proto_put(&fx->g, CAP_MSG_HELLO, 0, p, 8);
+	assert_int_equal(feed(fx, &err), -EPROTONOSUPPORT);
+	assert_non_null(strstr(err.msg, "v99"));
+}
+
+static void unknown_stream_id(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	cap_proto_put(&fx->g, CAP_MSG_STDOUT, 12345, "x", 1);
+	assert_int_equal(feed(fx, &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "stream 12345"));
+}
+
+static void exit_for_unknown_stream(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	struct cap_exit ex = { .kind = CAP_EXIT_CODE };
+	cap_proto_exit_encode(&fx->g, 77, &ex);
+	assert_int_equal(feed(fx, &err), -EPROTO);
+	assert_int_equal(fx->s.done, 0);
+}
+
+/* A hostile length is refused from the header alone: the client does
+ * not wait for (or buffer) four gigabytes. */
+static void oversized_length_refused_early(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	uint8_t h[CAP_PROTO_HEADER] = { 0 };
+	cap_put_u32(h, 0xfffffff0u);
+	cap_put_u16(h + 4, CAP_MSG_STDOUT);
+	cap_put_u32(h + 8, 1);
+	assert_int_equal(cap_client_feed(&fx->c, h, sizeof(h), &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "limit"));
+	assert_true(fx->c.in.cap < 1024 * 1024);
+}
+
+static void unknown_type(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	uint8_t h[CAP_PROTO_HEADER] = { 0 };
+	cap_put_u16(h + 4, 200);
+	assert_int_equal(cap_client_feed(&fx->c, h, sizeof(h), &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "unknown type 200"));
+}
+
+static void host_only_message_from_guest(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	uint8_t sig[4] = { 9, 0, 0, 0 };
+	cap_proto_put(&fx->g, CAP_MSG_SIGNAL, 1, sig, 4);
+	assert_int_equal(feed(fx, &err), -EPROTO);
+}
+
+/* The host enforces the cap too: a guest that ignores it cannot flood. */
+static void host_enforces_output_cap(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 1000);
+	uint8_t chunk[4096];
+	memset(chunk, 'y', sizeof(chunk));
+	for (int i = 0; i < 50; i++) {
+		cap_proto_put(&fx->g, CAP_MSG_STDOUT, id, chunk, sizeof(chunk));
+		assert_int_equal(feed(fx, NULL), 0);
+	}
+	struct cap_exit ex = { .kind = CAP_EXIT_CODE };
+	cap_proto_exit_encode(&fx->g, id, &ex);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_true(cap_buf_used(&fx->s.out[1]) <= 1000 + 128);
+	assert_true(fx->s.ex.flags & CAP_EXIT_TRUNCATED);
+}
+
+static void rejected_exec(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	cap_proto_error_encode(&fx->g, id, EBUSY, "too many");
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_int_equal(fx->s.done, 1);
+	assert_false(fx->s.has_exit);
+	assert_int_equal(fx->s.errnum, EBUSY);
+	assert_string_equal(fx->s.msg, "too many");
+}
+
+static void too_many_streams(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	for (int i = 0; i < CAP_PROTO_MAX_STREAMS; i++)
+		start(fx, 0);
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1 };
+	uint32_t id;
+	assert_int_equal(cap_client_exec(&fx->c, &req, &ev, &fx->s, &id, &err), -EBUSY);
+}
+
+static void exec_before_hello(void **state)
+{
+	struct fixture *fx = *state;
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1 };
+	uint32_t id;
+	assert_int_equal(cap_client_exec(&fx->c, &req, &ev, &fx->s, &id, NULL), -ENOTCONN);
+}
+
+static void stdin_split_into_frames(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	fx->c.out.off = fx->c.out.len = 0;
+	size_t n = CAP_PROTO_MAX_PAYLOAD * 2 + 10;
+	uint8_t *data = xcalloc(1, n);
+	assert_int_equal(cap_client_stdin(&fx->c, id, data, n), 0);
+	assert_int_equal(cap_client_stdin(&fx->c, id, NULL, 0), 0);
+	assert_int_equal(cap_client_stdin(&fx->c, 999, data, 1), -ENOENT);
+	size_t frames = 0, bytes = 0;
+	struct cap_frame f;
+	int r;
+	while ((r = cap_proto_parse(cap_buf_head(&fx->c.out), cap_buf_used(&fx->c.out), &f)) > 0) {
+		assert_int_equal(f.type, CAP_MSG_STDIN);
+		frames++;
+		bytes += f.len;
+		cap_buf_consume(&fx->c.out, (size_t)r);
+	}
+	assert_int_equal(frames, 4);	/* 3 data frames + the empty EOF frame */
+	assert_int_equal(bytes, n);
+	free(data);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		T(separates_stdout_stderr_and_exit),
+		T(byte_by_byte),
+		T(frame_before_hello),
+		T(version_mismatch),
+		T(unknown_stream_id),
+		T(exit_for_unknown_stream),
+		T(oversized_length_refused_early),
+		T(unknown_type),
+		T(host_only_message_from_guest),
+		T(host_enforces_output_cap),
+		T(rejected_exec),
+		T(too_many_streams),
+		T(exec_before_hello),
+		T(stdin_split_into_frames),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,97 @@
+/* src/common: buffers, errors, small-file reads. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "buf.h"
+#include "err.h"
+#include "sha256.h"
+#include "util.h"
+
+static void buf_append_consume_compact(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	cap_buf_init(&b);
+	for (int i = 0; i < 10000; i++)
+		cap_buf_append(&b, "abcd", 4);
+	assert_int_equal(cap_buf_used(&b), 40000);
+	cap_buf_consume(&b, 39998);
+	assert_memory_equal(cap_buf_head(&b), "cd", 2);
+	size_t cap = b.cap;
+	/* Reserving less than the free space after compaction must not grow. */
+	cap_buf_reserve(&b, cap - 2);
+	assert_int_equal(b.cap, cap);
+	assert_memory_equal(cap_buf_head(&b), "cd", 2);
+	cap_buf_consume(&b, 2);
+	assert_int_equal(cap_buf_used(&b), 0);
+	cap_buf_fini(&b);
+}
+
+static void err_set_and_prefix(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_err_set(&err, ENOENT, "file %s is missing", "/x"), -ENOENT);
+	assert_int_equal(err.code, ENOENT);
+	cap_err_prefix(&err, "starting %d", 1);
+	assert_string_equal(err.msg, "starting 1: file /x is missing");
+	assert_int_equal(cap_err_set(NULL, -EINVAL, "ignored"), -EINVAL);
+
+	/* A long message stays NUL-terminated when prefixed. */
+	char longmsg[2000];
+	memset(longmsg, 'm', sizeof(longmsg) - 1);
+	longmsg[sizeof(longmsg) - 1] = '\0';
+	cap_err_set(&err, EIO, "%s", longmsg);
+	cap_err_prefix(&err, "ctx");
+	assert_int_equal(strlen(err.msg), sizeof(err.msg) - 1);
+	assert_memory_equal(err.msg, "ctx: mmm", 8);
+}
+
+static void read_file_limits(void **state)
+{
+	(void)state;
+	char path[] = "/tmp/capsule-test-XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	char data[10000];
+	memset(data, 'z', sizeof(data));
+	assert_int_equal(cap_write_all(fd, data, sizeof(data)), 0);
+	close(fd);
+	char *s = NULL;
+	assert_int_equal(cap_read_file(path, sizeof(data), &s), (ssize_t)sizeof(data));
+	assert_int_equal(s[sizeof(data)], '\0');
+	free(s);
+	s = NULL;
+	assert_int_equal(cap_read_file(path, 100, &s), -EFBIG);
+	assert_null(s);
+	unlink(path);
+	assert_int_equal(cap_read_file(path, 100, &s), -ENOENT);
+}
+
+static void sha256_known_vector(void **state)
+{
+	(void)state;
+	struct cap_sha256 h;
+	char hex[65];
+	cap_sha256_init(&h);
+	cap_sha256_update(&h, "abc", 3);
+	cap_sha256_final_hex(&h, hex);
+	assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(buf_append_consume_compact),
+		cmocka_unit_test(err_set_and_prefix),
+		cmocka_unit_test(read_file_limits),
+		cmocka_unit_test(sha256_known_vector),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,283 @@
+/* Protocol codec: framing, exec requests, exits, hello and error. Every
+ * malformed input must give a clean error, never a crash or an allocation
+ * of a size the input claims. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "proto.h"
+#include "util.h"
+
+static void frame_roundtrip(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	cap_buf_init(&b);
+	cap_proto_put(&b, CAP_MSG_STDOUT, 7, "hello", 5);
+	assert_int_equal(cap_buf_used(&b), CAP_PROTO_HEADER + 5);
+	assert_int_equal(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f),
+			 CAP_PROTO_HEADER + 5);
+	assert_int_equal(f.type, CAP_MSG_STDOUT);
+	assert_int_equal(f.stream, 7);
+	assert_int_equal(f.len, 5);
+	assert_memory_equal(f.payload, "hello", 5);
+	cap_buf_fini(&b);
+}
+
+static void frame_truncated_needs_more(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	cap_buf_init(&b);
+	cap_proto_put(&b, CAP_MSG_STDERR, 1, "0123456789", 10);
+	for (size_t n = 0; n < cap_buf_used(&b); n++)
+		assert_int_equal(cap_proto_parse(cap_buf_head(&b), n, &f), 0);
+	cap_buf_fini(&b);
+}
+
+static void frame_oversized_length(void **state)
+{
+	(void)state;
+	uint8_t h[CAP_PROTO_HEADER] = { 0 };
+	struct cap_frame f;
+	cap_put_u32(h, CAP_PROTO_MAX_PAYLOAD + 1);
+	cap_put_u16(h + 4, CAP_MSG_STDOUT);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), -EMSGSIZE);
+	cap_put_u32(h, 0xffffffffu);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), -EMSGSIZE);
+	/* Exactly the maximum is fine, and waits for its payload. */
+	cap_put_u32(h, CAP_PROTO_MAX_PAYLOAD);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), 0);
+}
+
+static void frame_unknown_type_and_flags(void **state)
+{
+	(void)state;
+	uint8_t h[CAP_PROTO_HEADER] = { 0 };
+	struct cap_frame f;
+	cap_put_u16(h + 4, 0);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), -EBADMSG);
+	cap_put_u16(h + 4, CAP_MSG_MAX_ + 1);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), -EBADMSG);
+	cap_put_u16(h + 4, 0xffff);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), -EBADMSG);
+	cap_put_u16(h + 4, CAP_MSG_STDOUT);
+	cap_put_u16(h + 6, 1);
+	assert_int_equal(cap_proto_parse(h, sizeof(h), &f), -EBADMSG);
+}
+
+static struct cap_buf encode_sample(void)
+{
+	char *argv[] = { "sh", "-c", "echo hi", NULL };
+	char *env[] = { "A=1", "EMPTY=", NULL };
+	struct cap_exec_req req = {
+		.argv = argv, .argc = 3, .env = env, .envc = 2, .cwd = "/tmp",
+		.timeout_ms = 1500, .output_cap = 4096, .flags = CAP_EXEC_STDIN,
+	};
+	struct cap_buf b;
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_exec_encode(&b, 3, &req), 0);
+	return b;
+}
+
+static void exec_roundtrip(void **state)
+{
+	(void)state;
+	struct cap_buf b = encode_sample();
+	struct cap_frame f;
+	struct cap_exec_req out;
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(f.type, CAP_MSG_EXEC);
+	assert_int_equal(f.stream, 3);
+	assert_int_equal(cap_proto_exec_decode(f.payload, f.len, &out, NULL), 0);
+	assert_int_equal(out.argc, 3);
+	assert_string_equal(out.argv[2], "echo hi");
+	assert_null(out.argv[3]);
+	assert_int_equal(out.envc, 2);
+	assert_string_equal(out.env[1], "EMPTY=");
+	assert_string_equal(out.cwd, "/tmp");
+	assert_int_equal(out.timeout_ms, 1500);
+	assert_int_equal(out.output_cap, 4096);
+	assert_int_equal(out.flags, CAP_EXEC_STDIN);
+	cap_exec_req_fini(&out);
+	cap_buf_fini(&b);
+}
+
+/* Every prefix of a valid payload is refused cleanly. */
+static void exec_truncated_everywhere(void **state)
+{
+	(void)state;
+	struct cap_buf b = encode_sample();
+	const uint8_t *p = cap_buf_head(&b) + CAP_PROTO_HEADER;
+	size_t n = cap_buf_used(&b) - CAP_PROTO_HEADER;
+	for (size_t k = 0; k < n; k++) {
+		struct cap_exec_req out;
+		struct cap_err err = { 0 };
+		assert_int_equal(cap_proto_exec_decode(p, k, &out, &err), -EBADMSG);
+		assert_true(err.msg[0] != '\0');
+	}
+	cap_buf_fini(&b);
+}
+
+static void exec_hostile_counts(void **state)
+{
+	(void)state;
+	uint8_t p[64] = { 0 };
+	struct cap_exec_req out;
+	struct cap_err err = { 0 };
+	/* argc claims four billion strings in a 64-byte payload. */
+	cap_put_u32(p + 12, 0xffffffffu);
+	assert_int_equal(cap_proto_exec_decode(p, sizeof(p), &out, &err), -EBADMSG);
+	/* argc plausible, but a string length runs past the end. */
+	cap_put_u32(p + 12, 1);
+	cap_put_u32(p + 16, 0x7fffffffu);
+	assert_int_equal(cap_proto_exec_decode(p, sizeof(p), &out, &err), -EBADMSG);
+	/* argc of zero: no command. */
+	cap_put_u32(p + 12, 0);
+	assert_int_equal(cap_proto_exec_decode(p, 24, &out, &err), -EBADMSG);
+	/* unknown flag bits */
+	cap_put_u32(p + 8, 0x80);
+	assert_int_equal(cap_proto_exec_decode(p, sizeof(p), &out, &err), -EBADMSG);
+}
+
+static void exec_rejects_nul_env_and_trailing(void **state)
+{
+	(void)state;
+	struct cap_buf b = encode_sample();
+	uint8_t *p = b.owned_data + CAP_PROTO_HEADER;
+	size_t n = cap_buf_used(&b) - CAP_PROTO_HEADER;
+	struct cap_exec_req out;
+	struct cap_err err = { 0 };
+
+	/* "sh" -> "s\0": a NUL inside a string */
+	p[16 + 4 + 1] = '\0';
+	assert_int_equal(cap_proto_exec_decode(p, n, &out, &err), -EBADMSG);
+	p[16 + 4 + 1] = 'h';
+	assert_int_equal(cap_proto_exec_decode(p, n, &out, NULL), 0);
+	cap_exec_req_fini(&out);
+
+	/* trailing garbage after the cwd */
+	uint8_t *q = xmalloc(n + 1);
+	memcpy(q, p, n);
+	q[n] = 'x';
+	assert_int_equal(cap_proto_exec_decode(q, n + 1, &out, &err), -EBADMSG);
+	free(q);
+
+	/* an environment entry without '=' */
+	char *argv[] = { "true", NULL };
+	char *env[] = { "NOEQUALS", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1, .env = env, .envc = 1 };
+	struct cap_buf b2;
+	struct cap_frame f;
+	cap_buf_init(&b2);
+	assert_int_equal(cap_proto_exec_encode(&b2, 1, &req), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b2), cap_buf_used(&b2), &f) > 0);
+	assert_int_equal(cap_proto_exec_decode(f.payload, f.len, &out, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "NAME=value"));
+	cap_buf_fini(&b2);
+	cap_buf_fini(&b);
+}
+
+static void exec_encode_too_big(void **state)
+{
+	(void)state;
+	char *big = xmalloc(CAP_PROTO_MAX_PAYLOAD + 1);
+	memset(big, 'a', CAP_PROTO_MAX_PAYLOAD);
+	big[CAP_PROTO_MAX_PAYLOAD] = '\0';
+	char *argv[] = { "echo", big, NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 2 };
+	struct cap_buf b;
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_exec_encode(&b, 1, &req), -E2BIG);
+	assert_int_equal(cap_buf_used(&b), 0);
+	req.argc = 0;
+	assert_int_equal(cap_proto_exec_encode(&b, 1, &req), -EINVAL);
+	cap_buf_fini(&b);
+	free(big);
+}
+
+static void exit_codec(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	struct cap_exit ex = { .kind = CAP_EXIT_SIGNAL, .value = 9, .flags = CAP_EXIT_TIMED_OUT, .duration_ms = 42 };
+	struct cap_exit out;
+	cap_buf_init(&b);
+	cap_proto_exit_encode(&b, 5, &ex);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_exit_decode(f.payload, f.len, &out), 0);
+	assert_int_equal(out.kind, CAP_EXIT_SIGNAL);
+	assert_int_equal(out.value, 9);
+	assert_int_equal(out.duration_ms, 42);
+	assert_int_equal(cap_exit_status(&out), 124);
+
+	uint8_t bad[12] = { 0 };
+	assert_int_equal(cap_proto_exit_decode(bad, 11, &out), -EBADMSG);
+	bad[0] = 9;	/* unknown kind */
+	assert_int_equal(cap_proto_exit_decode(bad, 12, &out), -EBADMSG);
+	bad[0] = CAP_EXIT_CODE;
+	cap_put_u32(bad + 4, 256);	/* exit code out of range */
+	assert_int_equal(cap_proto_exit_decode(bad, 12, &out), -EBADMSG);
+	bad[0] = CAP_EXIT_SIGNAL;
+	cap_put_u32(bad + 4, 0);
+	assert_int_equal(cap_proto_exit_decode(bad, 12, &out), -EBADMSG);
+	bad[0] = CAP_EXIT_CODE;
+	bad[1] = 0x80;	/* unknown flag */
+	assert_int_equal(cap_proto_exit_decode(bad, 12, &out), -EBADMSG);
+	cap_buf_fini(&b);
+}
+
+static void exit_status_mapping(void **state)
+{
+	(void)state;
+	struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 7 };
+	assert_int_equal(cap_exit_status(&ex), 7);
+	ex = (struct cap_exit){ .kind = CAP_EXIT_SIGNAL, .value = 15 };
+	assert_int_equal(cap_exit_status(&ex), 143);
+	ex = (struct cap_exit){ .kind = CAP_EXIT_START_FAILED, .value = ENOENT };
+	assert_int_equal(cap_exit_status(&ex), 127);
+	ex = (struct cap_exit){ .kind = CAP_EXIT_START_FAILED, .value = EACCES };
+	assert_int_equal(cap_exit_status(&ex), 126);
+}
+
+static void hello_and_error_text_sanitized(void **state)
+{
+	(void)state;
+	uint8_t p[32] = { 0 };
+	char v[8];
+	uint32_t ver;
+	int errnum;
+	cap_put_u32(p, 1);
+	memcpy(p + 8, "ab\x1b[2Jcdefgh", 12);
+	assert_int_equal(cap_proto_hello_decode(p, 20, &ver, v, sizeof(v)), 0);
+	assert_int_equal(ver, 1);
+	assert_string_equal(v, "ab?[2Jc");	/* escape replaced, cut to fit */
+	assert_int_equal(cap_proto_hello_decode(p, 7, &ver, v, sizeof(v)), -EBADMSG);
+	assert_int_equal(cap_proto_error_decode(p, 3, &errnum, v, sizeof(v)), -EBADMSG);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(frame_roundtrip),
+		cmocka_unit_test(frame_truncated_needs_more),
+		cmocka_unit_test(frame_oversized_length),
+		cmocka_unit_test(frame_unknown_type_and_flags),
+		cmocka_unit_test(exec_roundtrip),
+		cmocka_unit_test(exec_truncated_everywhere),
+		cmocka_unit_test(exec_hostile_counts),
+		cmocka_unit_test(exec_rejects_nul_env_and_trailing),
+		cmocka_unit_test(exec_encode_too_big),
+		cmocka_unit_test(exit_codec),
+		cmocka_unit_test(exit_status_mapping),
+		cmocka_unit_test(hello_and_error_text_sanitized),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,34 @@
+# capsule: the two commands a newcomer needs are `make demo` and `make test`.
+# Each target first does whatever set-up is missing: Debian packages
+# (scripts/bootstrap.sh), the Meson build, the guest kernel in the cache.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+
+.PHONY: all bootstrap build kernel demo test bench clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+build: bootstrap
+	@[ -f $(BUILD)/build.ninja ] || meson setup $(BUILD) >/dev/null
+	@ninja -C $(BUILD) >/dev/null
+
+# The guest kernel: built once (minutes), then cached by source version and
+# config hash. The script prints the path of the cached vmlinux.
+kernel: bootstrap
+	@guest/build-kernel.sh >/dev/null
+
+demo: build kernel
+	@scripts/demo.sh $(BUILD)
+
+test: build kernel
+	@tests/run.sh $(BUILD) $(ASAN_BUILD)
+
+bench: build kernel
+	@bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

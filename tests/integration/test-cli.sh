@@ -1,0 +1,128 @@
+#!/bin/sh
+# Black-box tests of the capsule CLI against real VMs. TAP output.
+# Each VM's sockets live under a private XDG_RUNTIME_DIR, so that the test
+# can tell its own QEMU processes and leftovers from anyone else's.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+rt=$(mktemp -d /tmp/ct.XXXXXX)
+export XDG_RUNTIME_DIR="$rt"
+out="$rt/out"
+err="$rt/err"
+n=0
+trap 'pkill -KILL -f "$rt/capsule-" 2>/dev/null; rm -rf "$rt"' EXIT
+
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+	n=$((n + 1))
+	echo "not ok $n - $1"
+	shift
+	for line in "$@"; do echo "# $line"; done
+	[ -s "$err" ] && sed 's/^/# stderr: /' "$err" | head -20
+}
+skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
+check() { # check NAME 'SHELL CONDITION'
+	if eval "$2"; then ok "$1"; else not_ok "$1" "failed: $2"; fi
+}
+# QEMU processes started by this test, and leftovers in the runtime dir.
+ours() { pgrep -f "$rt/capsule-" | wc -l; }
+leftovers() { find "$rt" -mindepth 1 -maxdepth 1 -name 'capsule-*' | wc -l; }
+clean_after() { # clean_after NAME: nothing of ours may remain
+	if [ "$(ours)" -eq 0 ] && [ "$(leftovers)" -eq 0 ]; then ok "$1: no QEMU process or socket left"
+	else not_ok "$1: no QEMU process or socket left" "qemu: $(ours), dirs: $(ls "$rt")"; fi
+}
+
+echo "1..23"
+
+"$capsule" --version >"$out" 2>"$err"
+check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
+"$capsule" --help >"$out" 2>"$err" && "$capsule" run --help >>"$out" 2>>"$err"
+check "--help and run --help" 'grep -q -- '\''--timeout S'\'' "$out"'
+
+"$capsule" run -q -- sh -c 'exit 7' >"$out" 2>"$err"
+rc=$?
+check "exit code 7 passes through" '[ "$rc" -eq 7 ]'
+
+"$capsule" run -q -- sh -c 'echo to-out; echo to-err >&2' >"$out" 2>"$err"
+check "stdout and stderr arrive separately" '[ "$(cat "$out")" = to-out ] && grep -qx to-err "$err"'
+
+"$capsule" run -q -- sh -c 'yes | head -c 1000000' >"$out" 2>"$err"
+size=$(wc -c <"$out")
+marker_len=$(printf '\n[capsule: output truncated at 262144 bytes]\n' | wc -c)
+check "1 MB of output is cut at 256 KiB plus the marker ($size bytes)" '[ "$size" -le $((262144 + marker_len)) ] && [ "$size" -gt 262144 ]'
+check "the truncation marker is visible" 'tail -c 100 "$out" | grep -q "output truncated at 262144 bytes" && grep -q "output cap" "$err"'
+
+start=$(date +%s)
+"$capsule" run -q --timeout 2 -- sleep 100 >"$out" 2>"$err"
+rc=$?
+took=$(( $(date +%s) - start ))
+check "--timeout 2 kills sleep 100 (exit $rc after ${took}s)" '[ "$rc" -eq 124 ] && [ "$took" -lt 20 ]'
+check "the timeout is named in the message" 'grep -q '\''timed out after 2 s'\'' "$err"'
+
+"$capsule" run -q -- sh -c 'kill -9 $$' >"$out" 2>"$err"
+rc=$?
+check "death by signal 9 gives 137" '[ "$rc" -eq 137 ]'
+
+"$capsule" run -q -- no-such-command >"$out" 2>"$err"
+rc=$?
+check "a missing command gives 127 and names it" '[ "$rc" -eq 127 ] && grep -q "no-such-command" "$err"'
+
+printf 'line1\nline2\n' | "$capsule" run -q -- sh -c 'wc -l' >"$out" 2>"$err"
+check "piped stdin is forwarded" 'grep -qx 2 "$out"'
+
+"$capsule" run -q -- sh -c 'id -u' >"$out" 2>"$err"
+check "commands run as UID 1000" 'grep -qx 1000 "$out"'
+
+# Ctrl-C: the command is interrupted and the VM removed.
+"$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &
+pid=$!
+i=0
+while ! grep -q started "$out" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+check "Ctrl-C stops the command (exit $rc)" '[ "$rc" -eq 130 ]'
+clean_after "Ctrl-C"
+
+# SIGKILL of capsule itself: QEMU must not outlive it.
+"$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &
+pid=$!
+i=0
+while ! grep -q started "$out" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+kill -KILL "$pid"
+wait "$pid" 2>/dev/null
+i=0
+while [ "$(ours)" -gt 0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+check "QEMU dies with a SIGKILLed capsule" '[ "$(ours)" -eq 0 ]'
+rm -rf "$rt"/capsule-*	# a SIGKILLed process cannot clean its run dir
+
+# A failed boot: a kernel that is not a kernel.
+printf 'not a kernel' >"$rt/bad-vmlinux"
+CAPSULE_KERNEL="$rt/bad-vmlinux" "$capsule" run -q -- true >"$out" 2>"$err"
+rc=$?
+check "a broken kernel fails with 125 and QEMU's words" '[ "$rc" -eq 125 ] && grep -q "QEMU" "$err"'
+rm -f "$rt/bad-vmlinux"
+clean_after "failed boot"
+
+CAPSULE_KERNEL=/nonexistent/vmlinux "$capsule" run -q -- true >"$out" 2>"$err"
+rc=$?
+check "a missing kernel is named, with what to do" '[ "$rc" -eq 125 ] && grep -q "/nonexistent/vmlinux" "$err" && grep -q "make kernel" "$err"'
+
+"$capsule" run --cpus 0 -- true >"$out" 2>"$err"
+rc=$?
+check "--cpus 0 is refused, naming the option" '[ "$rc" -eq 2 ] && grep -q -- "--cpus '\''0'\''" "$err"'
+
+"$capsule" run >"$out" 2>"$err"
+rc=$?
+check "run without a command is refused" '[ "$rc" -eq 2 ]'
+
+"$capsule" doctor >"$out" 2>"$err"
+if grep -qE '^flags.* (vmx|svm)' /proc/cpuinfo && [ -w /dev/kvm ]; then
+	check "doctor names KVM on a host with hardware virtualization" 'grep -q '\''^accel: *kvm'\'' "$out"'
+	skip "--accel kvm refuses without KVM" "this host has usable KVM"
+else
+	check "doctor names TCG and why KVM was not used" 'grep -q "^accel: *tcg (KVM not used: " "$out" && grep -q "WARNING" "$out"'
+	"$capsule" run --accel kvm -- true >"$out" 2>"$err"
+	rc=$?
+	check "--accel kvm refuses to start without KVM" '[ "$rc" -eq 125 ] && grep -q "asks for KVM" "$err"'
+fi
+clean_after "whole suite"

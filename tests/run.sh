@@ -1,0 +1,67 @@
+#!/bin/sh
+# The one test command (make test): unit tests, the same unit tests under
+# ASan+UBSan, VM integration tests through the library, and black-box CLI
+# tests. Every suite speaks TAP; this script counts and prints one closing
+# line "N passed, N failed, N skipped".
+set -u
+build=${1:-build}
+asan=${2:-build-asan}
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top" || exit 1
+
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+
+# Run one TAP-speaking suite, echo its lines, and append one "P F S" line
+# to $results. A suite that dies before its plan is complete counts the
+# missing tests as failed.
+suite() {
+	name=$1
+	shift
+	echo "# suite: $name"
+	"$@" 2>&1 | awk -v name="$name" -v out="$results" '
+		{ print "    " $0; fflush() }
+		/^1\.\.[0-9]+/ { split($0, a, ".."); plan += a[2] }
+		/^ok [0-9]+/ { if ($0 ~ /# [Ss][Kk][Ii][Pp]/) s++; else p++; seen++ }
+		/^not ok [1-9][0-9]*/ { f++; seen++ }
+		/^not ok 0 / { f++ }
+		END {
+			if (seen < plan) {
+				printf "    not ok - %s: %d planned test(s) never reported (crash?)\n", name, plan - seen
+				f += plan - seen
+			}
+			if (plan == 0 && seen == 0) { print "    not ok - " name ": no tests ran"; f++ }
+			printf "%d %d %d\n", p, f, s >> out
+		}'
+}
+
+export CMOCKA_MESSAGE_OUTPUT=TAP
+for t in proto client common store; do
+	suite "unit/$t" "$build/tests/test-$t"
+done
+
+# The unit suite again under AddressSanitizer and UBSan.
+if [ ! -f "$asan/build.ninja" ]; then
+	meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+fi
+if ninja -C "$asan" >/dev/null; then
+	for t in proto client common store; do
+		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+			suite "asan/$t" "$asan/tests/test-$t"
+	done
+else
+	echo "not ok - the ASan+UBSan build failed" | suite "asan/build" cat
+fi
+
+# Real VMs, TCG on hosts without hardware virtualization.
+export CAPSULE_AGENT="$top/$build/capsule-agent"
+suite "integration/vm" "$build/tests/test-vm"
+suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
+
+awk '{ p += $1; f += $2; s += $3 }
+	END {
+		if (s) printf "%d passed, %d failed, %d skipped\n", p, f, s
+		else printf "%d passed, %d failed\n", p, f
+		exit f > 0
+	}' "$results"

@@ -1,4 +1,6 @@
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +55,24 @@ int cap_cli_parse_uint(const char *s, unsigned long min, unsigned long max,
 	return 0;
 }
 
+/* Descriptors 0-2 may be closed by whoever started us; make sure they are
+ * not, so that no socket or signalfd opened later lands on them. */
+static void guard_stdio(void)
+{
+	for (int fd = 0; fd < 3; fd++) {
+		if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+			continue;
+		int n = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+		if (n >= 0 && n != fd) {
+			dup2(n, fd);
+			close(n);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
+	guard_stdio();
 	if (argc < 2) {
 		fputs(usage, stderr);
 		return 2;

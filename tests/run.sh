@@ -50,6 +50,9 @@ if ninja -C "$asan" >/dev/null; then
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"
 	done
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		suite "asan/fuzz-proto" "$asan/tests/fuzz-proto" 200000
 else
 	echo "not ok - the ASan+UBSan build failed" | suite "asan/build" cat
 fi

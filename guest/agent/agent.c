@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
@@ -53,6 +54,7 @@ struct exec {
 	uint32_t cap;
 	uint64_t sent;
 	bool truncated, timed_out, exited;
+	bool pty;	/* out_fd is a PTY master; in_fd a dup of it */
 	int wstatus;
 };
 
@@ -62,7 +64,9 @@ static struct {
 	struct cap_buf in, out;
 	struct exec execs[CAP_PROTO_MAX_STREAMS];
 	int sigfd;
-} A = { .port = -1, .sigfd = -1 };
+	bool setup_done;
+	int upper_fd;	/* O_PATH of the root's upper disk mount, -1 if none */
+} A = { .port = -1, .sigfd = -1, .upper_fd = -1 };
 
 static void logf_(const char *fmt, ...)
 {
@@ -290,7 +294,7 @@ struct start_failure {
  * Failures are reported through errfd and end the child with 127. */
 __attribute__((noreturn)) static void child(const struct cap_exec_req *req,
 					     char **env, int in, int out,
-					     int err, int errfd)
+					     int err, int errfd, const char *pty)
 {
 	struct start_failure f = { 2, 0 };
 	sigset_t none;
@@ -299,6 +303,16 @@ __attribute__((noreturn)) static void child(const struct cap_exec_req *req,
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	signal(SIGPIPE, SIG_DFL);
 	setsid();
+	if (pty) {
+		/* The session leader opening its terminal makes it the
+		 * controlling one; the tool user owns it, as after login. */
+		int t = open(pty, O_RDWR);
+		if (t < 0 || ioctl(t, TIOCSCTTY, 0) < 0 || fchown(t, TOOL_UID, 5) < 0) {
+			f.errnum = errno;
+			goto fail;
+		}
+		in = out = err = t;
+	}
 	dup2(in, 0);
 	dup2(out, 1);
 	dup2(err, 2);
@@ -345,10 +359,26 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	}
 
 	int in[2] = { -1, -1 }, out[2] = { -1, -1 }, er[2] = { -1, -1 }, ef[2] = { -1, -1 };
-	if ((req.flags & CAP_EXEC_STDIN ? pipe2(in, O_CLOEXEC)
-					 : (in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC))) < 0 ||
-	    pipe2(out, O_CLOEXEC) < 0 || pipe2(er, O_CLOEXEC) < 0 ||
-	    pipe2(ef, O_CLOEXEC) < 0) {
+	char ptyname[64] = "";
+	bool pty = req.flags & CAP_EXEC_PTY;
+	int ok;
+	if (pty) {
+		/* out[0] reads the master, in[1] writes it; the child opens
+		 * the slave by name. */
+		out[0] = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+		struct winsize ws = { .ws_row = req.rows ? req.rows : 24, .ws_col = req.cols ? req.cols : 80 };
+		ok = out[0] >= 0 && grantpt(out[0]) == 0 && unlockpt(out[0]) == 0 &&
+		     ptsname_r(out[0], ptyname, sizeof(ptyname)) == 0 &&
+		     ioctl(out[0], TIOCSWINSZ, &ws) == 0 &&
+		     (in[1] = fcntl(out[0], F_DUPFD_CLOEXEC, 0)) >= 0 &&
+		     pipe2(ef, O_CLOEXEC) == 0;
+	} else {
+		ok = (req.flags & CAP_EXEC_STDIN ? pipe2(in, O_CLOEXEC)
+						 : (in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC))) >= 0 &&
+		     pipe2(out, O_CLOEXEC) == 0 && pipe2(er, O_CLOEXEC) == 0 &&
+		     pipe2(ef, O_CLOEXEC) == 0;
+	}
+	if (!ok) {
 		send_error(id, errno, "cannot create pipes: %s", strerror(errno));
 		int fds[] = { in[0], in[1], out[0], out[1], er[0], er[1], ef[0], ef[1] };
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
@@ -360,7 +390,7 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	char **env = make_env(&req);
 	pid_t pid = fork();
 	if (pid == 0)
-		child(&req, env, in[0], out[1], er[1], ef[1]);
+		child(&req, env, in[0], out[1], er[1], ef[1], pty ? ptyname : NULL);
 	int fork_errno = errno;
 	free(env);
 	close_fd(&in[0]);
@@ -396,11 +426,13 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	*x = (struct exec){
 		.id = id, .pid = pid, .out_fd = out[0], .err_fd = er[0],
 		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = req.output_cap,
+		.pty = pty,
 	};
 	cap_buf_init(&x->in_pending);
 	x->deadline_ms = req.timeout_ms ? x->start_ms + req.timeout_ms : 0;
 	cap_set_nonblock(x->out_fd, 1);
-	cap_set_nonblock(x->err_fd, 1);
+	if (x->err_fd >= 0)
+		cap_set_nonblock(x->err_fd, 1);
 	if (x->in_fd >= 0)
 		cap_set_nonblock(x->in_fd, 1);
 	cap_exec_req_fini(&req);
@@ -460,10 +492,191 @@ static void do_shutdown(void)
 	logf_("shutdown requested: stopping commands and syncing");
 	kill_all_execs();
 	kill(-1, SIGKILL);
+	/* Let the killed processes go, so that no file stays open for
+	 * writing, then unmount the private disks cleanly. */
+	for (int i = 0; i < 50 && waitpid(-1, NULL, WNOHANG) >= 0; i++)
+		usleep(2000);
+	sync();
+	umount2("/source", 0);
+	if (umount2("/work", 0) < 0 && errno != EINVAL && errno != ENOENT)
+		logf_("unmount /work: %s", strerror(errno));
+	if (A.upper_fd >= 0) {
+		char p[64];
+		snprintf(p, sizeof(p), "/proc/self/fd/%d", A.upper_fd);
+		if (mount(NULL, p, NULL, MS_REMOUNT | MS_RDONLY, NULL) < 0)
+			logf_("remount the root's upper disk read-only: %s", strerror(errno));
+	}
 	sync();
 	cap_proto_put(&A.out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
 	flush_out_wait(2000);
 	power_off();
+}
+
+/* --- SETUP: disks and the root file system ---------------------------- */
+
+/* Find /dev/vdX whose virtio-blk serial is serial. */
+static int find_disk(const char *serial, char *dev, size_t len)
+{
+	DIR *d = opendir("/sys/block");
+	struct dirent *e;
+	int r = -ENOENT;
+	while (d && (e = readdir(d))) {
+		if (strncmp(e->d_name, "vd", 2) != 0 || strlen(e->d_name) > 16)
+			continue;
+		char path[300], *s = NULL;
+		snprintf(path, sizeof(path), "/sys/block/%s/serial", e->d_name);
+		if (cap_read_file(path, 256, &s) < 0)
+			continue;
+		s[strcspn(s, "\n")] = '\0';
+		bool match = strcmp(s, serial) == 0;
+		free(s);
+		if (match) {
+			snprintf(dev, len, "/dev/%.16s", e->d_name);
+			r = 0;
+			break;
+		}
+	}
+	if (d)
+		closedir(d);
+	return r;
+}
+
+static int mount_disk(const char *serial, const char *dst, const char *type,
+		      unsigned long flags, char *msg, size_t mlen)
+{
+	char dev[64];
+	if (find_disk(serial, dev, sizeof(dev)) < 0) {
+		snprintf(msg, mlen, "no disk with serial %s", serial);
+		return -ENOENT;
+	}
+	mkdir(dst, 0755);
+	if (mount(dev, dst, type, flags, NULL) < 0) {
+		int e = errno;
+		snprintf(msg, mlen, "cannot mount %s (%s, serial %s) on %s: %s",
+			 dev, type, serial, dst, strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+/* Make sure the tool user has a name in the image's /etc/passwd (the
+ * write lands in the upper layer). */
+static void ensure_tool_user(void)
+{
+	char *s = NULL;
+	if (cap_read_file("/etc/passwd", 1u << 20, &s) < 0)
+		return;
+	bool have = strstr(s, ":x:1000:") != NULL;
+	free(s);
+	if (have)
+		return;
+	FILE *f = fopen("/etc/passwd", "a");
+	if (f) {
+		fputs("user:x:1000:1000:user:/work:/bin/sh\n", f);
+		fclose(f);
+	}
+	f = fopen("/etc/group", "a");
+	if (f) {
+		fputs("user:x:1000:\n", f);
+		fclose(f);
+	}
+}
+
+static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	const char *root = "/";
+	int r;
+
+	if (*s->root_image) {
+		/* Overlay root: the image read-only below, an ext4 disk
+		 * above; then move into it, taking the pseudo file systems
+		 * along. */
+		mkdir("/.capsule", 0700);
+		if ((r = mount_disk(s->root_image, "/.capsule/lower", "erofs", MS_RDONLY, msg, mlen)) < 0)
+			return r;
+		const char *opts = "lowerdir=/.capsule/lower";
+		char buf[256];
+		if (*s->root_upper) {
+			if ((r = mount_disk(s->root_upper, "/.capsule/upper", "ext4", 0, msg, mlen)) < 0)
+				return r;
+			mkdir("/.capsule/upper/data", 0755);
+			mkdir("/.capsule/upper/work", 0755);
+			A.upper_fd = open("/.capsule/upper", O_PATH | O_CLOEXEC);
+			snprintf(buf, sizeof(buf), "lowerdir=/.capsule/lower,upperdir=/.capsule/upper/data,workdir=/.capsule/upper/work");
+			opts = buf;
+		}
+		mkdir("/.capsule/root", 0755);
+		if (mount("overlay", "/.capsule/root", "overlay", 0, opts) < 0) {
+			r = -errno;
+			snprintf(msg, mlen, "cannot mount the overlay root: %s", strerror(-r));
+			return r;
+		}
+		root = "/.capsule/root";
+	}
+
+	char path[256];
+	if (*s->work) {
+		snprintf(path, sizeof(path), "%s/work", root);
+		if ((r = mount_disk(s->work, path, "ext4", MS_NOSUID | MS_NODEV, msg, mlen)) < 0)
+			return r;
+	}
+	if (*s->source) {
+		snprintf(path, sizeof(path), "%s/source", root);
+		if ((r = mount_disk(s->source, path, "erofs",
+				    MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, msg, mlen)) < 0)
+			return r;
+	}
+	if (*s->hostname)
+		sethostname(s->hostname, strlen(s->hostname));
+
+	if (strcmp(root, "/") != 0) {
+		static const char *const moved[] = { "/dev", "/proc", "/sys", "/tmp", "/run" };
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(moved); i++) {
+			snprintf(path, sizeof(path), "%s%s", root, moved[i]);
+			mkdir(path, 0755);
+			if (mount(moved[i], path, NULL, MS_MOVE, NULL) < 0) {
+				r = -errno;
+				snprintf(msg, mlen, "cannot move %s into the new root: %s", moved[i], strerror(-r));
+				return r;
+			}
+		}
+		if (chdir(root) < 0 || mount(".", "/", NULL, MS_MOVE, NULL) < 0 ||
+		    chroot(".") < 0 || chdir("/") < 0) {
+			r = -errno;
+			snprintf(msg, mlen, "cannot switch to the new root: %s", strerror(-r));
+			return r;
+		}
+		ensure_tool_user();
+	}
+	if (*s->work && chown("/work", TOOL_UID, TOOL_GID) < 0)
+		logf_("chown /work: %s", strerror(errno));
+	return 0;
+}
+
+static void handle_setup(const uint8_t *p, size_t n)
+{
+	struct cap_setup s;
+	char msg[512] = "";
+	int r;
+
+	if (A.setup_done) {
+		r = -EALREADY;
+		snprintf(msg, sizeof(msg), "SETUP was already done in this VM");
+	} else if (cap_proto_setup_decode(p, n, &s) < 0) {
+		r = -EBADMSG;
+		snprintf(msg, sizeof(msg), "malformed SETUP");
+	} else {
+		r = do_setup(&s, msg, sizeof(msg));
+		cap_setup_fini(&s);
+		A.setup_done = r == 0;
+	}
+	if (r < 0)
+		logf_("setup failed: %s", msg);
+	uint8_t buf[4 + 512];
+	size_t mn = strlen(msg);
+	cap_put_u32(buf, (uint32_t)-r);
+	memcpy(buf + 4, msg, mn);
+	cap_proto_put(&A.out, CAP_MSG_SETUP, 0, buf, 4 + mn);
 }
 
 static void handle_frame(const struct cap_frame *f)
@@ -492,6 +705,21 @@ static void handle_frame(const struct cap_frame *f)
 		uint32_t sig = cap_get_u32(f->payload);
 		if (x && !x->exited && sig >= 1 && sig <= 64)
 			kill(-x->pid, (int)sig);
+		return;
+	case CAP_MSG_RESIZE:
+		x = exec_find(f->stream);
+		if (f->len != 4) {
+			send_error(0, EBADMSG, "malformed RESIZE");
+			return;
+		}
+		if (x && x->pty && x->out_fd >= 0) {
+			struct winsize ws = { .ws_row = cap_get_u16(f->payload),
+					      .ws_col = cap_get_u16(f->payload + 2) };
+			ioctl(x->out_fd, TIOCSWINSZ, &ws);
+		}
+		return;
+	case CAP_MSG_SETUP:
+		handle_setup(f->payload, f->len);
 		return;
 	case CAP_MSG_SHUTDOWN:
 		do_shutdown();

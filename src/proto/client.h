@@ -36,6 +36,9 @@ struct cap_client {
 	uint32_t version;
 	char agent_version[128];
 	bool shutdown_acked;
+	enum { CAP_SETUP_NONE, CAP_SETUP_PENDING, CAP_SETUP_DONE } setup_state;
+	int setup_errno;	/* with CAP_SETUP_DONE: 0 or why it failed */
+	char setup_msg[256];
 	uint32_t next_id;
 	unsigned nactive;
 	struct cap_client_stream streams[CAP_PROTO_MAX_STREAMS];
@@ -64,6 +67,13 @@ int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,
 		     size_t n);
 /* Queue a signal for a stream's process group. */
 int cap_client_signal(struct cap_client *c, uint32_t id, int sig);
+/* Queue a PTY window size change for a stream. */
+int cap_client_resize(struct cap_client *c, uint32_t id, uint16_t rows,
+		      uint16_t cols);
+/* Queue SETUP (mounts); setup_state becomes DONE when the guest answers,
+ * with setup_errno/setup_msg saying whether it worked. -EINVAL for a
+ * disk name the protocol does not allow. */
+int cap_client_setup(struct cap_client *c, const struct cap_setup *s);
 /* Queue the shutdown request; shutdown_acked becomes true when the guest
  * confirms that its file systems are synced. */
 void cap_client_shutdown(struct cap_client *c);

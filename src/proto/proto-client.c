@@ -118,6 +118,16 @@ static int dispatch(struct cap_client *c, const struct cap_frame *f,
 				      errnum > 0 && errnum < 4096 ? errnum : EIO, msg);
 		return 0;
 	}
+	case CAP_MSG_SETUP: {
+		int errnum;
+		if (f->stream != 0 || c->setup_state != CAP_SETUP_PENDING ||
+		    cap_proto_error_decode(f->payload, f->len, &errnum, c->setup_msg,
+					   sizeof(c->setup_msg)) < 0)
+			return cap_err_set(err, EPROTO, "agent sent an unexpected or malformed SETUP answer");
+		c->setup_errno = errnum >= 0 && errnum < 4096 ? errnum : EIO;
+		c->setup_state = CAP_SETUP_DONE;
+		return 0;
+	}
 	case CAP_MSG_SHUTDOWN:
 		if (f->stream != 0 || f->len != 0)
 			return cap_err_set(err, EPROTO, "agent sent a malformed SHUTDOWN");
@@ -209,6 +219,29 @@ int cap_client_signal(struct cap_client *c, uint32_t id, int sig)
 	uint8_t p[4];
 	cap_put_u32(p, (uint32_t)sig);
 	cap_proto_put(&c->out, CAP_MSG_SIGNAL, id, p, sizeof(p));
+	return 0;
+}
+
+int cap_client_resize(struct cap_client *c, uint32_t id, uint16_t rows,
+		      uint16_t cols)
+{
+	if (!find(c, id))
+		return -ENOENT;
+	uint8_t p[4];
+	cap_put_u16(p, rows);
+	cap_put_u16(p + 2, cols);
+	cap_proto_put(&c->out, CAP_MSG_RESIZE, id, p, sizeof(p));
+	return 0;
+}
+
+int cap_client_setup(struct cap_client *c, const struct cap_setup *s)
+{
+	int r = cap_proto_setup_encode(&c->out, s);
+	if (r < 0)
+		return r;
+	c->setup_state = CAP_SETUP_PENDING;
+	c->setup_errno = 0;
+	c->setup_msg[0] = '\0';
 	return 0;
 }
 

@@ -11,7 +11,8 @@ static const char *const msg_names[] = {
 	[CAP_MSG_STDIN] = "STDIN",	 [CAP_MSG_STDOUT] = "STDOUT",
 	[CAP_MSG_STDERR] = "STDERR",	 [CAP_MSG_EXIT] = "EXIT",
 	[CAP_MSG_SIGNAL] = "SIGNAL",	 [CAP_MSG_SHUTDOWN] = "SHUTDOWN",
-	[CAP_MSG_ERROR] = "ERROR",
+	[CAP_MSG_ERROR] = "ERROR",	 [CAP_MSG_SETUP] = "SETUP",
+	[CAP_MSG_RESIZE] = "RESIZE",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -84,7 +85,7 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 	if (req->argc == 0 || req->argc > CAP_PROTO_MAX_ARGS ||
 	    req->envc > CAP_PROTO_MAX_ARGS)
 		return -EINVAL;
-	size_t size = 4 * 5 + str_size(req->cwd);
+	size_t size = 4 * 6 + str_size(req->cwd);
 	for (uint32_t i = 0; i < req->argc; i++)
 		size += str_size(req->argv[i]);
 	for (uint32_t i = 0; i < req->envc; i++)
@@ -98,8 +99,10 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 	cap_put_u32(p, req->timeout_ms);
 	cap_put_u32(p + 4, req->output_cap);
 	cap_put_u32(p + 8, req->flags);
-	cap_put_u32(p + 12, req->argc);
-	p += 16;
+	cap_put_u16(p + 12, req->rows);
+	cap_put_u16(p + 14, req->cols);
+	cap_put_u32(p + 16, req->argc);
+	p += 20;
 	for (uint32_t i = 0; i < req->argc; i++)
 		p = put_str(p, req->argv[i]);
 	cap_put_u32(p, req->envc);
@@ -175,10 +178,13 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 	struct reader r = { p, n };
 	struct cap_exec_req req = { 0 };
 
+	uint32_t winsize;
 	if (rd_u32(&r, &req.timeout_ms) < 0 || rd_u32(&r, &req.output_cap) < 0 ||
-	    rd_u32(&r, &req.flags) < 0)
+	    rd_u32(&r, &req.flags) < 0 || rd_u32(&r, &winsize) < 0)
 		return cap_err_set(err, EBADMSG, "exec request shorter than its fixed fields (%zu bytes)", n);
-	if (req.flags & ~CAP_EXEC_STDIN)
+	req.rows = (uint16_t)(winsize & 0xffff);
+	req.cols = (uint16_t)(winsize >> 16);
+	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY))
 		return cap_err_set(err, EBADMSG, "exec request has unknown flags 0x%x", req.flags);
 	if (rd_strv(&r, CAP_PROTO_MAX_ARGS, &req.argv, &req.argc) < 0)
 		return cap_err_set(err, EBADMSG, "exec request has a malformed argument list");
@@ -326,4 +332,64 @@ int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
 	*errnum = (int)cap_get_u32(p);
 	copy_text(msg, mlen, p + 4, n - 4);
 	return 0;
+}
+
+/* --- SETUP ----------------------------------------------------------- */
+
+bool cap_proto_valid_name(const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > 20)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
+{
+	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
+	uint8_t p[5 * (4 + 20)];
+	uint8_t *q = p;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
+		if (v[i] && *v[i] && !cap_proto_valid_name(v[i]))
+			return -EINVAL;
+		q = put_str(q, v[i]);
+	}
+	cap_proto_put(out, CAP_MSG_SETUP, 0, p, (size_t)(q - p));
+	return 0;
+}
+
+int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
+{
+	struct reader r = { p, n };
+	char *v[5] = { 0 };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
+		if (rd_str(&r, &v[i]) < 0 || (*v[i] && !cap_proto_valid_name(v[i]))) {
+			for (size_t j = 0; j <= i; j++)
+				free(v[j]);
+			return -EBADMSG;
+		}
+	}
+	if (r.left != 0) {
+		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
+			free(v[j]);
+		return -EBADMSG;
+	}
+	*out = (struct cap_setup){ v[0], v[1], v[2], v[3], v[4] };
+	return 0;
+}
+
+void cap_setup_fini(struct cap_setup *s)
+{
+	free(s->root_image);
+	free(s->root_upper);
+	free(s->work);
+	free(s->source);
+	free(s->hostname);
+	memset(s, 0, sizeof(*s));
 }

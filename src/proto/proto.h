@@ -41,7 +41,9 @@ enum cap_msg {
 	CAP_MSG_SIGNAL = 7,	/* h->g: u32 signal for the stream's process group */
 	CAP_MSG_SHUTDOWN = 8,	/* h->g stream 0: sync, unmount, power off; g->h: ack */
 	CAP_MSG_ERROR = 9,	/* g->h: i32 errno, text; stream 0 or a rejected exec */
-	CAP_MSG_MAX_ = CAP_MSG_ERROR,
+	CAP_MSG_SETUP = 10,	/* h->g stream 0: struct cap_setup; g->h: i32 errno, text */
+	CAP_MSG_RESIZE = 11,	/* h->g: u16 rows, u16 cols of a PTY command */
+	CAP_MSG_MAX_ = CAP_MSG_RESIZE,
 };
 
 /* One parsed frame; payload points into the parser's input. */
@@ -65,6 +67,7 @@ void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
 		   const void *payload, size_t len);
 
 #define CAP_EXEC_STDIN 0x1u	/* the host will send STDIN frames */
+#define CAP_EXEC_PTY 0x2u	/* run on a pseudo-terminal (stdout carries both) */
 
 /* An exec request. For encoding, every pointer is borrowed from the
  * caller. After cap_proto_exec_decode, every pointer is owned by the
@@ -78,6 +81,7 @@ struct cap_exec_req {
 	uint32_t timeout_ms;	/* 0: no timeout */
 	uint32_t output_cap;	/* bytes over stdout+stderr; 0: no cap */
 	uint32_t flags;	/* CAP_EXEC_* */
+	uint16_t rows, cols;	/* initial PTY size with CAP_EXEC_PTY */
 };
 
 /* Encode req as an EXEC frame for stream into out. -E2BIG when it does
@@ -129,6 +133,25 @@ void cap_proto_error_encode(struct cap_buf *out, uint32_t stream, int errnum,
 			    const char *msg);
 int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
 			   char *msg, size_t mlen);
+
+/* SETUP: what the agent mounts before any command runs. Disks are named
+ * by their virtio-blk serial; an empty string means "none". With a root
+ * image the agent builds an overlay root (image lower, ext4 upper) and
+ * moves into it. Strings are borrowed for encoding and owned after
+ * decoding (cap_setup_fini). */
+struct cap_setup {
+	char *root_image;	/* erofs, read-only lower layer */
+	char *root_upper;	/* ext4, writable upper layer */
+	char *work;	/* ext4 mounted at /work, nosuid,nodev */
+	char *source;	/* erofs mounted at /source, ro,noexec,nosuid,nodev */
+	char *hostname;
+};
+int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
+int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);
+void cap_setup_fini(struct cap_setup *s);
+
+/* A disk serial or hostname: 1 to 20 of [A-Za-z0-9._-]. */
+bool cap_proto_valid_name(const char *s);
 
 const char *cap_msg_name(unsigned type);
 

@@ -79,6 +79,7 @@ static struct cap_buf encode_sample(void)
 	struct cap_exec_req req = {
 		.argv = argv, .argc = 3, .env = env, .envc = 2, .cwd = "/tmp",
 		.timeout_ms = 1500, .output_cap = 4096, .flags = CAP_EXEC_STDIN,
+		.rows = 24, .cols = 80,
 	};
 	struct cap_buf b;
 	cap_buf_init(&b);
@@ -105,6 +106,8 @@ static void exec_roundtrip(void **state)
 	assert_int_equal(out.timeout_ms, 1500);
 	assert_int_equal(out.output_cap, 4096);
 	assert_int_equal(out.flags, CAP_EXEC_STDIN);
+	assert_int_equal(out.rows, 24);
+	assert_int_equal(out.cols, 80);
 	cap_exec_req_fini(&out);
 	cap_buf_fini(&b);
 }
@@ -132,15 +135,15 @@ static void exec_hostile_counts(void **state)
 	struct cap_exec_req out;
 	struct cap_err err = { 0 };
 	/* argc claims four billion strings in a 64-byte payload. */
-	cap_put_u32(p + 12, 0xffffffffu);
+	cap_put_u32(p + 16, 0xffffffffu);
 	assert_int_equal(cap_proto_exec_decode(p, sizeof(p), &out, &err), -EBADMSG);
 	/* argc plausible, but a string length runs past the end. */
-	cap_put_u32(p + 12, 1);
-	cap_put_u32(p + 16, 0x7fffffffu);
+	cap_put_u32(p + 16, 1);
+	cap_put_u32(p + 20, 0x7fffffffu);
 	assert_int_equal(cap_proto_exec_decode(p, sizeof(p), &out, &err), -EBADMSG);
 	/* argc of zero: no command. */
-	cap_put_u32(p + 12, 0);
-	assert_int_equal(cap_proto_exec_decode(p, 24, &out, &err), -EBADMSG);
+	cap_put_u32(p + 16, 0);
+	assert_int_equal(cap_proto_exec_decode(p, 28, &out, &err), -EBADMSG);
 	/* unknown flag bits */
 	cap_put_u32(p + 8, 0x80);
 	assert_int_equal(cap_proto_exec_decode(p, sizeof(p), &out, &err), -EBADMSG);
@@ -156,9 +159,9 @@ static void exec_rejects_nul_env_and_trailing(void **state)
 	struct cap_err err = { 0 };
 
 	/* "sh" -> "s\0": a NUL inside a string */
-	p[16 + 4 + 1] = '\0';
+	p[20 + 4 + 1] = '\0';
 	assert_int_equal(cap_proto_exec_decode(p, n, &out, &err), -EBADMSG);
-	p[16 + 4 + 1] = 'h';
+	p[20 + 4 + 1] = 'h';
 	assert_int_equal(cap_proto_exec_decode(p, n, &out, NULL), 0);
 	cap_exec_req_fini(&out);
 
@@ -263,6 +266,31 @@ static void hello_and_error_text_sanitized(void **state)
 	assert_int_equal(cap_proto_error_decode(p, 3, &errnum, v, sizeof(v)), -EBADMSG);
 }
 
+static void setup_codec(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	struct cap_setup in = { .root_image = "capsule-root", .root_upper = "capsule-upper",
+				.work = "capsule-work", .source = "", .hostname = "box-1" };
+	struct cap_setup out;
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_setup_encode(&b, &in), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(f.type, CAP_MSG_SETUP);
+	assert_int_equal(cap_proto_setup_decode(f.payload, f.len, &out), 0);
+	assert_string_equal(out.work, "capsule-work");
+	assert_string_equal(out.source, "");
+	assert_string_equal(out.hostname, "box-1");
+	for (uint32_t k = 0; k < f.len; k++)
+		assert_int_equal(cap_proto_setup_decode(f.payload, k, &out), -EBADMSG);
+	cap_setup_fini(&out);
+	/* Names that could become paths are refused on both sides. */
+	in.work = "../../dev/sda";
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	cap_buf_fini(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -278,6 +306,7 @@ int main(void)
 		cmocka_unit_test(exit_codec),
 		cmocka_unit_test(exit_status_mapping),
 		cmocka_unit_test(hello_and_error_text_sanitized),
+		cmocka_unit_test(setup_codec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,83 @@ char *cap_cache_dir(void)
 		return xasprintf("%s/capsule", c);
 	const char *home = getenv("HOME");
 	return xasprintf("%s/.cache/capsule", home && *home ? home : "/root");
+}
+
+char *cap_home_dir(void)
+{
+	const char *c = getenv("CAPSULE_HOME");
+	if (c && *c)
+		return xstrdup(c);
+	c = getenv("XDG_DATA_HOME");
+	if (c && *c == '/')
+		return xasprintf("%s/capsule", c);
+	const char *home = getenv("HOME");
+	return xasprintf("%s/.local/share/capsule", home && *home ? home : "/root");
+}
+
+int cap_write_file_atomic(const char *path, const void *data, size_t len,
+			  unsigned mode)
+{
+	_cleanup_free_ char *tmp = xasprintf("%s.tmp.%d", path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	if (fd < 0)
+		return -errno;
+	int r = cap_write_all(fd, data, len);
+	if (r == 0 && fsync(fd) < 0)
+		r = -errno;
+	close(fd);
+	if (r == 0 && rename(tmp, path) < 0)
+		r = -errno;
+	if (r < 0) {
+		unlink(tmp);
+		return r;
+	}
+	_cleanup_free_ char *dir = xstrdup(path);
+	char *slash = strrchr(dir, '/');
+	if (slash) {
+		*slash = '\0';
+		int dfd = open(*dir ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd >= 0) {
+			fsync(dfd);
+			close(dfd);
+		}
+	}
+	return 0;
+}
+
+int cap_remove_at(int dfd, const char *name)
+{
+	struct stat st;
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISDIR(st.st_mode))
+		return unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	int r = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		int k = cap_remove_at(dirfd(d), e->d_name);
+		if (k < 0 && r == 0)
+			r = k;
+	}
+	closedir(d);
+	if (unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT && r == 0)
+		r = -errno;
+	return r;
+}
+
+int cap_remove_tree(const char *path)
+{
+	return cap_remove_at(AT_FDCWD, path);
 }
 
 int cap_mkdir_p(const char *path, unsigned mode)

@@ -3,11 +3,28 @@
 #ifndef CAP_PATHS_H
 #define CAP_PATHS_H
 
+#include <stddef.h>
+
 #include "err.h"
 
 /* $CAPSULE_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/capsule. Returns a
  * new string the caller frees. The directory is not created. */
 char *cap_cache_dir(void);
+
+/* $CAPSULE_HOME, else ${XDG_DATA_HOME:-$HOME/.local/share}/capsule: images,
+ * sandboxes, records. New string; not created. */
+char *cap_home_dir(void);
+
+/* Write data to path atomically: a temporary file in the same directory,
+ * fsync, rename, fsync of the directory. 0 or -errno. */
+int cap_write_file_atomic(const char *path, const void *data, size_t len,
+			  unsigned mode);
+
+/* Remove path and everything under it without following symlinks. 0 or
+ * -errno (ENOENT is success). */
+int cap_remove_tree(const char *path);
+/* The same for name relative to the directory dfd. */
+int cap_remove_at(int dfd, const char *name);
 
 /* mkdir -p with mode for the components it creates. 0 or -errno. */
 int cap_mkdir_p(const char *path, unsigned mode);

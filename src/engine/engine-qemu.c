@@ -111,6 +111,20 @@ static void argv_free(struct argv *a)
 	free(a->v);
 }
 
+/* QEMU option values double their commas. New string. */
+static char *esc(const char *s)
+{
+	size_t n = strlen(s), k = 0;
+	char *o = xmalloc(2 * n + 1);
+	for (size_t i = 0; i < n; i++) {
+		o[k++] = s[i];
+		if (s[i] == ',')
+			o[k++] = ',';
+	}
+	o[k] = '\0';
+	return o;
+}
+
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		       const struct cap_vm *vm)
 {
@@ -130,8 +144,9 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	/* Guest RAM in a shared file from the start (docs/architecture.md,
 	 * "Fast start"): a template snapshot will need exactly this. */
 	arg(a, xstrdup("-object"));
+	_cleanup_free_ char *ram = esc(vm->owned_ram_path);
 	arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=on",
-			 cfg->memory_mib, vm->owned_ram_path));
+			 cfg->memory_mib, ram));
 	arg(a, xstrdup("-nodefaults"));
 	arg(a, xstrdup("-no-user-config"));
 	arg(a, xstrdup("-display"));
@@ -148,11 +163,14 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 			 cfg->append_extra ? " " : "",
 			 cfg->append_extra ? cfg->append_extra : ""));
 	arg(a, xstrdup("-serial"));
-	arg(a, xasprintf("file:%s", vm->owned_console));
+	_cleanup_free_ char *con = esc(vm->owned_console);
+	_cleanup_free_ char *qmp = esc(vm->owned_qmp_path);
+	_cleanup_free_ char *ag = esc(vm->owned_agent_path);
+	arg(a, xasprintf("file:%s", con));
 	arg(a, xstrdup("-qmp"));
-	arg(a, xasprintf("unix:%s,server=on,wait=off", vm->owned_qmp_path));
+	arg(a, xasprintf("unix:%s,server=on,wait=off", qmp));
 	arg(a, xstrdup("-chardev"));
-	arg(a, xasprintf("socket,id=agent,path=%s,server=on,wait=off", vm->owned_agent_path));
+	arg(a, xasprintf("socket,id=agent,path=%s,server=on,wait=off", ag));
 	arg(a, xstrdup("-device"));
 	arg(a, xstrdup("virtio-serial-device"));
 	arg(a, xstrdup("-device"));
@@ -161,6 +179,15 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("rng-random,id=rng,filename=/dev/urandom"));
 	arg(a, xstrdup("-device"));
 	arg(a, xstrdup("virtio-rng-device,rng=rng"));
+	for (unsigned i = 0; i < cfg->ndisks; i++) {
+		const struct cap_vm_disk *d = &cfg->disks[i];
+		_cleanup_free_ char *file = esc(d->path);
+		arg(a, xstrdup("-drive"));
+		arg(a, xasprintf("id=disk%u,file=%s,format=raw,if=none,readonly=%s,discard=unmap",
+				 i, file, d->readonly ? "on" : "off"));
+		arg(a, xstrdup("-device"));
+		arg(a, xasprintf("virtio-blk-device,drive=disk%u,serial=%s", i, d->serial));
+	}
 }
 
 static void vm_reap(struct cap_vm *vm, int status)

@@ -31,6 +31,13 @@ int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 /* "QEMU emulator version 7.2.22 ..." first line, new string; or -errno. */
 int cap_engine_version(char **out, struct cap_err *err);
 
+/* A virtio-blk disk; the guest finds it by serial (a cap_proto_valid_name). */
+struct cap_vm_disk {
+	const char *path;
+	const char *serial;
+	bool readonly;
+};
+
 struct cap_vm_config {
 	const char *kernel;	/* vmlinux with a PVH entry */
 	const char *initrd;
@@ -40,6 +47,8 @@ struct cap_vm_config {
 	unsigned memory_mib;
 	enum cap_accel accel;	/* KVM or TCG (resolved) */
 	const char *append_extra;	/* NULL or more kernel arguments */
+	const struct cap_vm_disk *disks;	/* in device order */
+	unsigned ndisks;
 	/* Remove the socket files once connected: for one-shot VMs that
 	 * must leave nothing behind even if capsule is killed. */
 	bool unlink_sockets;

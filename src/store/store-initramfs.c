@@ -16,16 +16,17 @@
 #include "paths.h"
 #include "sha256.h"
 #include "store.h"
+#include "store-internal.h"
 #include "util.h"
 
 /* Bump when the layout below changes, so that cached files are rebuilt. */
 #define LAYOUT_VERSION "capsule-initramfs-1"
 
-static const char passwd[] =
+const char cap_store_passwd[] =
 	"root:x:0:0:root:/root:/bin/sh\n"
 	"user:x:1000:1000:user:/work:/bin/sh\n"
 	"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
-static const char group[] = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
+const char cap_store_group[] = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
 
 struct cpio {
 	struct cap_buf b;
@@ -74,8 +75,8 @@ static int file(struct cpio *c, const char *name, const char *src,
 	return 0;
 }
 
-/* Ask busybox for its applets ("usr/bin/awk" style paths, sorted). */
-static int applets(const char *busybox, char **out, struct cap_err *err)
+/* Ask busybox for its applets ("usr/bin/awk" style paths). */
+int cap_store_busybox_applets(const char *busybox, char **out, struct cap_err *err)
 {
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0)
@@ -121,7 +122,7 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 	_cleanup_free_ char *tmp = NULL;
 	int r;
 
-	if ((r = applets(busybox, &list, err)) < 0)
+	if ((r = cap_store_busybox_applets(busybox, &list, err)) < 0)
 		return r;
 	cap_buf_init(&c.b);
 
@@ -134,8 +135,8 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 				 strcmp(dirs[i], "root") == 0 ? 0700 : 0755);
 	entry(&c, "dev/console", S_IFCHR | 0600, 0, 0, NULL, 0, 5, 1);
 	entry(&c, "dev/null", S_IFCHR | 0666, 0, 0, NULL, 0, 1, 3);
-	entry(&c, "etc/passwd", S_IFREG | 0644, 0, 0, passwd, sizeof(passwd) - 1, 0, 0);
-	entry(&c, "etc/group", S_IFREG | 0644, 0, 0, group, sizeof(group) - 1, 0, 0);
+	entry(&c, "etc/passwd", S_IFREG | 0644, 0, 0, cap_store_passwd, strlen(cap_store_passwd), 0, 0);
+	entry(&c, "etc/group", S_IFREG | 0644, 0, 0, cap_store_group, strlen(cap_store_group), 0, 0);
 	if ((r = file(&c, "init", agent, 0755, err)) < 0 ||
 	    (r = file(&c, "bin/busybox", busybox, 0755, err)) < 0)
 		goto out;

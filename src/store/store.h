@@ -34,4 +34,76 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 
 #define CAP_BUSYBOX "/bin/busybox"
 
+/* --- images: CAPSULE_HOME/images/<hex>/{rootfs.erofs, manifest.json} -- */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proc.h"
+
+struct cap_image {
+	char digest[72];	/* "sha256:<64 hex>" of rootfs.erofs */
+	char *owned_name;	/* NULL when the image has no name */
+	char *owned_path;	/* .../rootfs.erofs */
+	char *owned_source;	/* where it came from, for inspect */
+	uint64_t size;	/* bytes of rootfs.erofs */
+	int64_t created;	/* Unix time */
+};
+void cap_image_fini(struct cap_image *img);
+
+/* An image name: 1 to 64 of [a-z0-9._-], starting with a letter or digit. */
+bool cap_store_image_name_valid(const char *name);
+
+/* Find an image by name or by "sha256:<hex>" (a unique prefix of at least
+ * 12 hex digits is enough). -ENOENT with a message listing what to do. */
+int cap_store_image_find(const char *ref, struct cap_image *out,
+			 struct cap_err *err);
+
+/* Hash rootfs.erofs and compare with the digest it is stored under;
+ * -EBADMSG naming both digests when they differ. */
+int cap_store_image_verify(const struct cap_image *img, struct cap_err *err);
+
+/* All images, sorted by name then digest. *out is an array of n images the
+ * caller frees with cap_image_fini on each and free. */
+int cap_store_image_list(struct cap_image **out, size_t *n,
+			 struct cap_err *err);
+
+/* Turn a directory tree into an image (mkfs.erofs), store it under its
+ * digest, record its manifest and, if name is not NULL, point the name at
+ * it. source describes the origin for inspect. */
+int cap_store_image_from_dir(const char *dir, const char *name,
+			     const char *source, cap_progress_fn progress,
+			     void *ud, struct cap_image *out,
+			     struct cap_err *err);
+
+/* Build a named image: "base" (busybox) or "python" (debootstrap minbase
+ * with python3-minimal from the machine's Debian mirror; needs root). */
+int cap_store_image_build(const char *which, cap_progress_fn progress,
+			  void *ud, struct cap_image *out, struct cap_err *err);
+
+/* Import a directory, a tar archive (plain, gzip, zstd, ...), an OCI image
+ * layout (directory or tar) or a `docker save` archive, applying layer
+ * whiteouts. name may be NULL. */
+int cap_store_image_import(const char *path, const char *name,
+			   cap_progress_fn progress, void *ud,
+			   struct cap_image *out, struct cap_err *err);
+
+/* Callback telling whether an image digest is used by a sandbox. */
+typedef bool (*cap_image_in_use_fn)(void *ud, const char *digest);
+
+/* Remove an image (and names pointing at it). -EBUSY when in_use says a
+ * sandbox uses it. */
+int cap_store_image_remove(const char *ref, cap_image_in_use_fn in_use,
+			   void *ud, struct cap_err *err);
+
+/* Remove every image no sandbox uses; *removed counts them. */
+int cap_store_image_prune(cap_image_in_use_fn in_use, void *ud,
+			  size_t *removed, struct cap_err *err);
+
+/* Apply one image layer (a tar stream libarchive can read) onto root:
+ * whiteouts (.wh.NAME, .wh..wh..opq) first, then the entries. Exposed for
+ * the import test. */
+int cap_store_apply_layer(const char *root, const char *layer,
+			  struct cap_err *err);
+
 #endif

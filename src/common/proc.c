@@ -1,0 +1,95 @@
+#include "proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define TAIL_LINES 8
+
+int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
+	    struct cap_err *err)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	pid_t pid = fork();
+	if (pid < 0) {
+		int e = errno;
+		close(p[0]);
+		close(p[1]);
+		return cap_err_set(err, e, "fork: %s", strerror(e));
+	}
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDONLY);
+		if (null >= 0)
+			dup2(null, 0);
+		dup2(p[1], 1);
+		dup2(p[1], 2);
+		execvp(argv[0], argv);
+		dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	close(p[1]);
+
+	char tail[TAIL_LINES][256] = { { 0 } };
+	int ntail = 0;
+	char line[4096];
+	size_t len = 0;
+	char buf[4096];
+	ssize_t n;
+	for (;;) {
+		n = read(p[0], buf, sizeof(buf));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		for (ssize_t i = 0; i < n; i++) {
+			bool end = buf[i] == '\n' || buf[i] == '\r';
+			if (!end && len < sizeof(line) - 1) {
+				line[len++] = buf[i];
+				continue;
+			}
+			if (!end)
+				continue;
+			line[len] = '\0';
+			if (len) {
+				if (progress)
+					progress(ud, line);
+				snprintf(tail[ntail % TAIL_LINES], sizeof(tail[0]), "%.255s", line);
+				ntail++;
+			}
+			len = 0;
+		}
+	}
+	if (len) {
+		line[len] = '\0';
+		if (progress)
+			progress(ud, line);
+		snprintf(tail[ntail % TAIL_LINES], sizeof(tail[0]), "%.255s", line);
+		ntail++;
+	}
+	close(p[0]);
+	int status;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return 0;
+
+	char out[800] = "";
+	size_t used = 0;
+	int first = ntail > TAIL_LINES ? ntail - TAIL_LINES : 0;
+	for (int i = first; i < ntail && used < sizeof(out) - 1; i++)
+		used += (size_t)snprintf(out + used, sizeof(out) - used, "\n  %s", tail[i % TAIL_LINES]);
+	if (used >= sizeof(out))
+		used = sizeof(out) - 1;
+	if (WIFEXITED(status))
+		return cap_err_set(err, EIO, "%s failed with status %d%s", argv[0],
+				   WEXITSTATUS(status), out);
+	return cap_err_set(err, EIO, "%s was killed by signal %d%s", argv[0],
+			   WTERMSIG(status), out);
+}

@@ -1,0 +1,18 @@
+/* Running a helper program (mkfs.erofs, mke2fs, debootstrap) with its
+ * output turned into progress lines and, on failure, into the error. */
+#ifndef CAP_PROC_H
+#define CAP_PROC_H
+
+#include "err.h"
+
+/* Called for each line the program prints (stdout and stderr merged),
+ * without the newline. line is borrowed for the call. */
+typedef void (*cap_progress_fn)(void *ud, const char *line);
+
+/* Run argv (argv[0] looked up in PATH) with stdin from /dev/null. 0 when
+ * it exits 0; otherwise -errno with err naming the program, how it ended
+ * and its last lines of output. progress may be NULL. */
+int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
+	    struct cap_err *err);
+
+#endif

@@ -1,0 +1,249 @@
+/* Building the named images: "base" (the busybox root capsule boots into
+ * by default) and "python" (Debian minbase with python3-minimal). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "paths.h"
+#include "store-internal.h"
+#include "store.h"
+#include "util.h"
+
+static int put_file(const char *root, const char *rel, const void *data,
+		    size_t len, unsigned mode)
+{
+	_cleanup_free_ char *p = xasprintf("%s/%s", root, rel);
+	_cleanup_close_ int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	if (fd < 0)
+		return -errno;
+	if (fchmod(fd, mode) < 0)
+		return -errno;
+	return cap_write_all(fd, data, len);
+}
+
+static int stage_base(const char *root, struct cap_err *err)
+{
+	static const char *const dirs[] = {
+		"bin", "dev", "etc", "proc", "root", "run", "sbin", "source",
+		"sys", "tmp", "usr", "usr/bin", "usr/sbin", "work",
+	};
+	int r;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(dirs); i++) {
+		_cleanup_free_ char *d = xasprintf("%s/%s", root, dirs[i]);
+		if (mkdir(d, 0755) < 0 && errno != EEXIST)
+			return cap_err_set(err, errno, "mkdir %s: %s", d, strerror(errno));
+	}
+	_cleanup_free_ char *tmp = xasprintf("%s/tmp", root);
+	_cleanup_free_ char *rootdir = xasprintf("%s/root", root);
+	chmod(tmp, 01777);
+	chmod(rootdir, 0700);
+
+	char *bb = NULL;
+	ssize_t n = cap_read_file(CAP_BUSYBOX, 64u << 20, &bb);
+	if (n < 0)
+		return cap_err_set(err, (int)-n, "cannot read %s: %s (install busybox-static)", CAP_BUSYBOX, strerror((int)-n));
+	r = put_file(root, "bin/busybox", bb, (size_t)n, 0755);
+	free(bb);
+	if (r < 0 || (r = put_file(root, "etc/passwd", cap_store_passwd, strlen(cap_store_passwd), 0644)) < 0 ||
+	    (r = put_file(root, "etc/group", cap_store_group, strlen(cap_store_group), 0644)) < 0 ||
+	    (r = put_file(root, "etc/hostname", "capsule\n", 8, 0644)) < 0)
+		return cap_err_set(err, -r, "cannot write into %s: %s", root, strerror(-r));
+
+	_cleanup_free_ char *list = NULL;
+	if ((r = cap_store_busybox_applets(CAP_BUSYBOX, &list, err)) < 0)
+		return r;
+	for (char *tok = strtok(list, "\n"); tok; tok = strtok(NULL, "\n")) {
+		while (*tok == '/')
+			tok++;
+		if (!*tok || strcmp(tok, "bin/busybox") == 0 || strstr(tok, ".."))
+			continue;
+		_cleanup_free_ char *l = xasprintf("%s/%s", root, tok);
+		if (symlink("/bin/busybox", l) < 0 && errno != EEXIST)
+			return cap_err_set(err, errno, "symlink %s: %s", l, strerror(errno));
+	}
+	return 0;
+}
+
+/* Value of field name in one deb822 stanza (first line only), or NULL. */
+static const char *field(const char *stanza, const char *end, const char *name,
+			 char *buf, size_t len)
+{
+	size_t nl = strlen(name);
+	for (const char *p = stanza; p && p < end; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		if (strncmp(p, name, nl) == 0 && p[nl] == ':') {
+			const char *v = p + nl + 1;
+			while (*v == ' ' || *v == '\t')
+				v++;
+			size_t k = strcspn(v, "\n");
+			if (k >= len)
+				k = len - 1;
+			memcpy(buf, v, k);
+			buf[k] = '\0';
+			return buf;
+		}
+	}
+	return NULL;
+}
+
+static bool has_word(const char *list, const char *word)
+{
+	size_t wl = strlen(word);
+	for (const char *p = list; *p;) {
+		p += strspn(p, " \t");
+		size_t k = strcspn(p, " \t");
+		if (k == wl && strncmp(p, word, wl) == 0)
+			return true;
+		p += k;
+	}
+	return false;
+}
+
+/* The first http(s) URI of a "Types: deb" stanza whose Suites name the
+ * release itself (not -updates or -security). */
+static bool deb822_find(const char *text, const char *codename, char **mirror)
+{
+	const char *st = text;
+	while (st && *st) {
+		const char *end = strstr(st, "\n\n");
+		if (!end)
+			end = st + strlen(st);
+		char types[128], uris[512], suites[256];
+		if (field(st, end, "Types", types, sizeof(types)) && has_word(types, "deb") &&
+		    field(st, end, "URIs", uris, sizeof(uris)) &&
+		    field(st, end, "Suites", suites, sizeof(suites)) && has_word(suites, codename) &&
+		    strncmp(uris, "http", 4) == 0) {
+			uris[strcspn(uris, " \t")] = '\0';
+			*mirror = xstrdup(uris);
+			return true;
+		}
+		st = *end ? end + 2 : NULL;
+	}
+	return false;
+}
+
+/* The Debian mirror and suite this machine installs from, read from its
+ * apt sources (never written into the project). */
+static int apt_mirror(char **mirror, char **suite, struct cap_err *err)
+{
+	char *os = NULL;
+	char codename[64] = "";
+	if (cap_read_file("/etc/os-release", 65536, &os) >= 0) {
+		char *p = strstr(os, "VERSION_CODENAME=");
+		if (p)
+			sscanf(p + 17, "%63[a-z]", codename);
+		free(os);
+	}
+	if (!*codename)
+		return cap_err_set(err, ENOENT, "cannot tell the Debian release from /etc/os-release (VERSION_CODENAME)");
+
+	/* deb822 .sources files first, then the one-line format. */
+	DIR *d = opendir("/etc/apt/sources.list.d");
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		size_t l = strlen(e->d_name);
+		if (l < 9 || strcmp(e->d_name + l - 8, ".sources") != 0)
+			continue;
+		_cleanup_free_ char *path = xasprintf("/etc/apt/sources.list.d/%s", e->d_name);
+		_cleanup_free_ char *text = NULL;
+		if (cap_read_file(path, 1u << 20, &text) < 0)
+			continue;
+		if (deb822_find(text, codename, mirror)) {
+			*suite = xstrdup(codename);
+			closedir(d);
+			return 0;
+		}
+	}
+	if (d)
+		closedir(d);
+	char *list = NULL;
+	if (cap_read_file("/etc/apt/sources.list", 1u << 20, &list) >= 0) {
+		for (char *ln = strtok(list, "\n"); ln; ln = strtok(NULL, "\n")) {
+			char uri[512], s[64];
+			if (sscanf(ln, "deb %511s %63s", uri, s) == 2 && uri[0] != '[' &&
+			    strcmp(s, codename) == 0) {
+				*mirror = xstrdup(uri);
+				*suite = xstrdup(codename);
+				free(list);
+				return 0;
+			}
+		}
+		free(list);
+	}
+	return cap_err_set(err, ENOENT, "no Debian mirror for '%s' in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list", codename);
+}
+
+static int stage_python(const char *root, cap_progress_fn progress, void *ud,
+			char **source, struct cap_err *err)
+{
+	_cleanup_free_ char *mirror = NULL, *suite = NULL;
+	int r;
+	if (geteuid() != 0)
+		return cap_err_set(err, EPERM, "building the python image runs debootstrap, which needs root; run `sudo capsule image build python`");
+	if ((r = apt_mirror(&mirror, &suite, err)) < 0)
+		return r;
+	char *argv[] = { "debootstrap", "--variant=minbase", "--include=python3-minimal",
+			 suite, (char *)root, mirror, NULL };
+	if (progress) {
+		char msg[700];
+		snprintf(msg, sizeof(msg), "debootstrap --variant=minbase %s from %s (about a minute)", suite, mirror);
+		progress(ud, msg);
+	}
+	if ((r = cap_run(argv, progress, ud, err)) < 0)
+		return r;
+	/* Package caches are not part of a root file system. */
+	static const char *const caches[] = { "var/cache/apt/archives", "var/lib/apt/lists" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(caches); i++) {
+		_cleanup_free_ char *d = xasprintf("%s/%s", root, caches[i]);
+		DIR *dd = opendir(d);
+		struct dirent *e;
+		while (dd && (e = readdir(dd)))
+			if (e->d_type == DT_REG)
+				unlinkat(dirfd(dd), e->d_name, 0);
+		if (dd)
+			closedir(dd);
+	}
+	static const char *const mnt[] = { "work", "source" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(mnt); i++) {
+		_cleanup_free_ char *d = xasprintf("%s/%s", root, mnt[i]);
+		mkdir(d, 0755);
+	}
+	*source = xasprintf("debootstrap --variant=minbase --include=python3-minimal %s", suite);
+	return 0;
+}
+
+int cap_store_image_build(const char *which, cap_progress_fn progress,
+			  void *ud, struct cap_image *out, struct cap_err *err)
+{
+	bool base = strcmp(which, "base") == 0, python = strcmp(which, "python") == 0;
+	if (!base && !python)
+		return cap_err_set(err, EINVAL, "no recipe for image '%s'; capsule can build 'base' and 'python' (or use `capsule image import`)", which);
+
+	_cleanup_free_ char *images = cap_store_images_dir();
+	int r = cap_mkdir_p(images, 0755);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
+	_cleanup_free_ char *stage = xasprintf("%s/tmp-stage-XXXXXX", images);
+	if (!mkdtemp(stage))
+		return cap_err_set(err, errno, "cannot create a staging directory in %s: %s", images, strerror(errno));
+	chmod(stage, 0755);
+
+	_cleanup_free_ char *source = NULL;
+	if (base) {
+		if (progress)
+			progress(ud, "staging the busybox root");
+		r = stage_base(stage, err);
+		source = xstrdup("capsule image build base (busybox-static)");
+	} else {
+		r = stage_python(stage, progress, ud, &source, err);
+	}
+	if (r == 0)
+		r = cap_store_image_from_dir(stage, which, source, progress, ud, out, err);
+	int k = cap_remove_tree(stage);
+	if (r == 0 && k < 0)
+		r = cap_err_set(err, -k, "cannot remove the staging directory %s: %s", stage, strerror(-k));
+	return r;
+}

@@ -1,0 +1,473 @@
+/* Importing images: a directory, a tar archive, an OCI image layout
+ * (directory or tar) or a `docker save` archive. Layers are applied in
+ * order onto a staging tree with libarchive; whiteouts (.wh.NAME removes
+ * NAME from the layers below, .wh..wh..opq empties its directory) are
+ * applied before the layer's own entries. Nothing is extracted through a
+ * symlink, to an absolute path or above the staging root. */
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "paths.h"
+#include "sha256.h"
+#include "store-internal.h"
+#include "store.h"
+#include "util.h"
+
+#define WH_PREFIX ".wh."
+#define WH_OPAQUE ".wh..wh..opq"
+
+static struct archive *open_archive(const char *path, struct cap_err *err)
+{
+	struct archive *a = archive_read_new();
+	archive_read_support_filter_all(a);
+	archive_read_support_format_tar(a);
+	archive_read_support_format_gnutar(a);
+	if (archive_read_open_filename(a, path, 65536) != ARCHIVE_OK) {
+		cap_err_set(err, EINVAL, "cannot read %s as a tar archive: %s", path, archive_error_string(a));
+		archive_read_free(a);
+		return NULL;
+	}
+	return a;
+}
+
+/* Normalise an entry path: strip "./" and leading "/", refuse "..". Empty
+ * result (the root itself) returns 0 with *out = "". */
+static int clean_path(const char *in, char *out, size_t len)
+{
+	while (in[0] == '.' && in[1] == '/')
+		in += 2;
+	while (*in == '/')
+		in++;
+	if (strcmp(in, ".") == 0)
+		in = "";
+	size_t n = strlen(in);
+	if (n >= len)
+		return -ENAMETOOLONG;
+	memcpy(out, in, n + 1);
+	while (n > 0 && out[n - 1] == '/')
+		out[--n] = '\0';
+	for (char *c = out; *c;) {
+		size_t k = strcspn(c, "/");
+		if (k == 2 && c[0] == '.' && c[1] == '.')
+			return -EINVAL;
+		c += k;
+		if (*c == '/')
+			c++;
+	}
+	return 0;
+}
+
+/* Open the directory rel under root without following any symlink; -1
+ * (errno set) when a component is missing or not a directory. */
+static int open_dir_under(int rootfd, const char *rel)
+{
+	int fd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", rel);
+	for (char *c = strtok(buf, "/"); c && fd >= 0; c = strtok(NULL, "/")) {
+		int n = openat(fd, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		close(fd);
+		fd = n;
+	}
+	return fd;
+}
+
+/* Apply one whiteout entry (path is cleaned, basename starts with .wh.). */
+static int whiteout(int rootfd, const char *path)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	const char *base = slash ? slash + 1 : path;
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 0, path);
+	int dfd = open_dir_under(rootfd, dir);
+	if (dfd < 0)
+		return 0;	/* nothing below to hide */
+	int r = 0;
+	if (strcmp(base, WH_OPAQUE) == 0) {
+		DIR *d = fdopendir(dfd);
+		if (!d) {
+			close(dfd);
+			return -errno;
+		}
+		struct dirent *e;
+		while ((e = readdir(d)))
+			if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+				if (cap_remove_at(dirfd(d), e->d_name) < 0 && r == 0)
+					r = -errno;
+		closedir(d);
+		return r;
+	}
+	const char *victim = base + strlen(WH_PREFIX);
+	if (*victim && strcmp(victim, ".") && strcmp(victim, ".."))
+		r = cap_remove_at(dfd, victim);
+	close(dfd);
+	return r;
+}
+
+static bool is_whiteout(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	return strncmp(slash ? slash + 1 : path, WH_PREFIX, strlen(WH_PREFIX)) == 0;
+}
+
+int cap_store_apply_layer(const char *root, const char *layer,
+			  struct cap_err *err)
+{
+	struct archive *a;
+	struct archive_entry *e;
+	char clean[4096];
+	int r = 0, k;
+
+	_cleanup_close_ int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", root, strerror(errno));
+
+	/* Pass 1: whiteouts hide what the layers below had. */
+	if (!(a = open_archive(layer, err)))
+		return -EINVAL;
+	while ((k = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
+		if (clean_path(archive_entry_pathname(e), clean, sizeof(clean)) < 0) {
+			r = cap_err_set(err, EINVAL, "%s: entry '%s' leaves the root (..) or is too long; refusing the layer",
+					layer, archive_entry_pathname(e));
+			break;
+		}
+		if (*clean && is_whiteout(clean) && (k = whiteout(rootfd, clean)) < 0) {
+			r = cap_err_set(err, -k, "%s: applying whiteout %s: %s", layer, clean, strerror(-k));
+			break;
+		}
+	}
+	if (r == 0 && k != ARCHIVE_EOF)
+		r = cap_err_set(err, EINVAL, "%s is not a readable tar archive: %s", layer, archive_error_string(a));
+	archive_read_free(a);
+	if (r < 0)
+		return r;
+
+	/* Pass 2: the layer's own entries. */
+	if (!(a = open_archive(layer, err)))
+		return -EINVAL;
+	struct archive *w = archive_write_disk_new();
+	int flags = ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+		    ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | ARCHIVE_EXTRACT_PERM |
+		    ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_UNLINK | ARCHIVE_EXTRACT_XATTR;
+	bool root_user = geteuid() == 0;
+	if (root_user)
+		flags |= ARCHIVE_EXTRACT_OWNER;
+	archive_write_disk_set_options(w, flags);
+	archive_write_disk_set_standard_lookup(w);
+	while ((k = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
+		clean_path(archive_entry_pathname(e), clean, sizeof(clean));
+		if (!*clean || is_whiteout(clean))
+			continue;
+		mode_t type = archive_entry_filetype(e);
+		if (!root_user && (type == AE_IFCHR || type == AE_IFBLK))
+			continue;	/* device nodes need root; devtmpfs provides them */
+		_cleanup_free_ char *dst = xasprintf("%s/%s", root, clean);
+		archive_entry_set_pathname(e, dst);
+		const char *hl = archive_entry_hardlink(e);
+		if (hl) {
+			char hclean[4096];
+			if (clean_path(hl, hclean, sizeof(hclean)) < 0) {
+				r = cap_err_set(err, EINVAL, "%s: hard link %s points outside the root", layer, clean);
+				break;
+			}
+			_cleanup_free_ char *hdst = xasprintf("%s/%s", root, hclean);
+			archive_entry_set_hardlink(e, hdst);
+		}
+		if (archive_write_header(w, e) < ARCHIVE_WARN) {
+			r = cap_err_set(err, EIO, "%s: cannot extract %s: %s", layer, clean, archive_error_string(w));
+			break;
+		}
+		const void *buf;
+		size_t size;
+		la_int64_t off;
+		while ((k = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK)
+			if (archive_write_data_block(w, buf, size, off) < ARCHIVE_WARN)
+				break;
+		if (k < ARCHIVE_WARN) {
+			r = cap_err_set(err, EIO, "%s: reading %s: %s", layer, clean, archive_error_string(a));
+			break;
+		}
+		archive_write_finish_entry(w);
+		k = ARCHIVE_OK;
+	}
+	if (r == 0 && k != ARCHIVE_EOF)
+		r = cap_err_set(err, EINVAL, "%s: %s", layer, archive_error_string(a));
+	archive_write_free(w);
+	archive_read_free(a);
+	return r;
+}
+
+/* Does the archive hold a file at top level with this name? */
+static int archive_has(const char *path, const char *const names[], size_t n,
+		       bool *found, struct cap_err *err)
+{
+	struct archive *a = open_archive(path, err);
+	struct archive_entry *e;
+	char clean[4096];
+	int k;
+	if (!a)
+		return -EINVAL;
+	*found = false;
+	while ((k = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
+		if (clean_path(archive_entry_pathname(e), clean, sizeof(clean)) < 0)
+			continue;
+		for (size_t i = 0; i < n; i++)
+			if (strcmp(clean, names[i]) == 0)
+				*found = true;
+	}
+	int r = k == ARCHIVE_EOF ? 0 : cap_err_set(err, EINVAL, "%s: %s", path, archive_error_string(a));
+	archive_read_free(a);
+	return r;
+}
+
+/* A relative path inside an unpacked image archive: refuse escapes. */
+static char *inside(const char *dir, const char *rel, struct cap_err *err)
+{
+	char clean[4096];
+	if (!rel || clean_path(rel, clean, sizeof(clean)) < 0 || !*clean) {
+		cap_err_set(err, EINVAL, "image metadata names a path outside the archive: '%s'", rel ? rel : "(null)");
+		return NULL;
+	}
+	char *p = xasprintf("%s/%s", dir, clean);
+	struct stat st;
+	if (lstat(p, &st) < 0 || !S_ISREG(st.st_mode)) {
+		cap_err_set(err, ENOENT, "image metadata names %s, which is missing or not a file", clean);
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+static char *blob_path(const char *dir, const char *digest, struct cap_err *err)
+{
+	if (!digest || strncmp(digest, "sha256:", 7) != 0 || strlen(digest) != 71 ||
+	    strspn(digest + 7, "0123456789abcdef") != 64) {
+		cap_err_set(err, EINVAL, "unsupported or malformed digest '%s'", digest ? digest : "(null)");
+		return NULL;
+	}
+	_cleanup_free_ char *rel = xasprintf("blobs/sha256/%s", digest + 7);
+	char *p = inside(dir, rel, err);
+	if (!p)
+		return NULL;
+	/* Content addressing means something only if it is checked. */
+	struct cap_sha256 h;
+	char hex[65];
+	cap_sha256_init(&h);
+	int r = cap_sha256_update_file(&h, p);
+	cap_sha256_final_hex(&h, hex);
+	if (r < 0 || strcmp(hex, digest + 7) != 0) {
+		cap_err_set(err, EBADMSG, "blob %s does not match its digest (its bytes hash to sha256:%s)", digest, hex);
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+/* Layers of an OCI layout: index.json -> (index ->) manifest -> layers. */
+static int oci_layers(const char *dir, char ***layers, size_t *n,
+		      struct cap_err *err)
+{
+	_cleanup_free_ char *ipath = xasprintf("%s/index.json", dir);
+	json_t *j = json_load_file(ipath, 0, NULL);
+	int r = 0;
+	for (int depth = 0; j && depth < 3; depth++) {
+		json_t *manifests = json_object_get(j, "manifests");
+		if (!json_is_array(manifests)) {
+			json_t *ls = json_object_get(j, "layers");
+			if (!json_is_array(ls))
+				break;
+			*n = json_array_size(ls);
+			*layers = xcalloc(*n + 1, sizeof(char *));
+			for (size_t i = 0; i < *n; i++) {
+				const char *d = json_string_value(json_object_get(json_array_get(ls, i), "digest"));
+				if (!((*layers)[i] = blob_path(dir, d, err))) {
+					r = -EBADMSG;
+					break;
+				}
+			}
+			json_decref(j);
+			return r;
+		}
+		/* Prefer linux/amd64 when platforms are given. */
+		json_t *pick = json_array_get(manifests, 0);
+		size_t i;
+		json_t *m;
+		json_array_foreach(manifests, i, m) {
+			json_t *pl = json_object_get(m, "platform");
+			const char *os = json_string_value(json_object_get(pl, "os"));
+			const char *arch = json_string_value(json_object_get(pl, "architecture"));
+			if (os && arch && strcmp(os, "linux") == 0 && strcmp(arch, "amd64") == 0) {
+				pick = m;
+				break;
+			}
+		}
+		_cleanup_free_ char *next = blob_path(dir, json_string_value(json_object_get(pick, "digest")), err);
+		json_decref(j);
+		if (!next)
+			return -EBADMSG;
+		j = json_load_file(next, 0, NULL);
+	}
+	json_decref(j);
+	return cap_err_set(err, EBADMSG, "%s: index.json does not lead to an image manifest with layers", dir);
+}
+
+/* Layers of a `docker save` archive: manifest.json[0].Layers. */
+static int docker_layers(const char *dir, char ***layers, size_t *n,
+			 struct cap_err *err)
+{
+	_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", dir);
+	json_t *j = json_load_file(mpath, 0, NULL);
+	json_t *ls = json_object_get(json_array_get(j, 0), "Layers");
+	if (!json_is_array(ls)) {
+		json_decref(j);
+		return cap_err_set(err, EBADMSG, "%s has no Layers list; is this a `docker save` archive?", mpath);
+	}
+	*n = json_array_size(ls);
+	*layers = xcalloc(*n + 1, sizeof(char *));
+	for (size_t i = 0; i < *n; i++) {
+		if (!((*layers)[i] = inside(dir, json_string_value(json_array_get(ls, i)), err))) {
+			json_decref(j);
+			return -EBADMSG;
+		}
+	}
+	json_decref(j);
+	return 0;
+}
+
+static void free_layers(char **layers, size_t n)
+{
+	for (size_t i = 0; layers && i < n; i++)
+		free(layers[i]);
+	free(layers);
+}
+
+/* Apply the layers of an unpacked OCI layout or docker-save directory. */
+static int import_layout(const char *dir, const char *stage, const char *what,
+			 cap_progress_fn progress, void *ud, size_t *nlayers,
+			 struct cap_err *err)
+{
+	char **layers = NULL;
+	size_t n = 0;
+	_cleanup_free_ char *oci = xasprintf("%s/oci-layout", dir);
+	_cleanup_free_ char *index = xasprintf("%s/index.json", dir);
+	int r = access(oci, F_OK) == 0 && access(index, F_OK) == 0
+			? oci_layers(dir, &layers, &n, err)
+			: docker_layers(dir, &layers, &n, err);
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		if (progress) {
+			char msg[128];
+			snprintf(msg, sizeof(msg), "applying layer %zu of %zu (%s)", i + 1, n, what);
+			progress(ud, msg);
+		}
+		r = cap_store_apply_layer(stage, layers[i], err);
+	}
+	free_layers(layers, n);
+	*nlayers = n;
+	return r;
+}
+
+/* Unpack a whole archive (an OCI or docker-save tar) into dir. */
+static int unpack(const char *path, const char *dir, struct cap_err *err)
+{
+	struct archive *a = open_archive(path, err);
+	struct archive_entry *e;
+	char clean[4096];
+	int k, r = 0;
+	if (!a)
+		return -EINVAL;
+	struct archive *w = archive_write_disk_new();
+	archive_write_disk_set_options(w, ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+					      ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
+	while ((k = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
+		mode_t type = archive_entry_filetype(e);
+		if (clean_path(archive_entry_pathname(e), clean, sizeof(clean)) < 0 || !*clean ||
+		    (type != AE_IFREG && type != AE_IFDIR))
+			continue;	/* metadata archives hold files and directories only */
+		_cleanup_free_ char *dst = xasprintf("%s/%s", dir, clean);
+		archive_entry_set_pathname(e, dst);
+		if (archive_write_header(w, e) < ARCHIVE_WARN) {
+			r = cap_err_set(err, EIO, "%s: cannot unpack %s: %s", path, clean, archive_error_string(w));
+			break;
+		}
+		const void *buf;
+		size_t size;
+		la_int64_t off;
+		while ((k = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK)
+			archive_write_data_block(w, buf, size, off);
+		archive_write_finish_entry(w);
+		k = ARCHIVE_OK;
+	}
+	if (r == 0 && k != ARCHIVE_EOF)
+		r = cap_err_set(err, EINVAL, "%s: %s", path, archive_error_string(a));
+	archive_write_free(w);
+	archive_read_free(a);
+	return r;
+}
+
+int cap_store_image_import(const char *path, const char *name,
+			   cap_progress_fn progress, void *ud,
+			   struct cap_image *out, struct cap_err *err)
+{
+	struct stat st;
+	if (stat(path, &st) < 0)
+		return cap_err_set(err, errno, "cannot import %s: %s", path, strerror(errno));
+	if (name && !cap_store_image_name_valid(name))
+		return cap_err_set(err, EINVAL, "image name '%s' is not valid: 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit", name);
+
+	_cleanup_free_ char *images = cap_store_images_dir();
+	int r = cap_mkdir_p(images, 0755);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
+	_cleanup_free_ char *work = xasprintf("%s/tmp-import-XXXXXX", images);
+	if (!mkdtemp(work))
+		return cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
+	_cleanup_free_ char *stage = xasprintf("%s/root", work);
+	_cleanup_free_ char *meta = xasprintf("%s/meta", work);
+	mkdir(stage, 0755);
+	_cleanup_free_ char *source = NULL;
+	size_t nlayers = 0;
+	const char *tree = stage;
+
+	if (S_ISDIR(st.st_mode)) {
+		_cleanup_free_ char *oci = xasprintf("%s/oci-layout", path);
+		if (access(oci, F_OK) == 0) {
+			r = import_layout(path, stage, "OCI layout", progress, ud, &nlayers, err);
+			source = xasprintf("import of %s (OCI layout, %zu layers)", path, nlayers);
+		} else {
+			tree = path;	/* a plain tree converts directly */
+			source = xasprintf("import of directory %s", path);
+		}
+	} else if (S_ISREG(st.st_mode)) {
+		static const char *const markers[] = { "manifest.json", "oci-layout" };
+		bool layout = false;
+		r = archive_has(path, markers, CAP_ARRAY_SIZE(markers), &layout, err);
+		if (r == 0 && layout) {
+			mkdir(meta, 0700);
+			if (progress)
+				progress(ud, "unpacking the image archive");
+			r = unpack(path, meta, err);
+			if (r == 0)
+				r = import_layout(meta, stage, "image archive", progress, ud, &nlayers, err);
+			source = xasprintf("import of %s (image archive, %zu layers)", path, nlayers);
+		} else if (r == 0) {
+			if (progress)
+				progress(ud, "extracting the tar archive");
+			r = cap_store_apply_layer(stage, path, err);
+			source = xasprintf("import of tar archive %s", path);
+		}
+	} else {
+		r = cap_err_set(err, EINVAL, "cannot import %s: not a directory or a file", path);
+	}
+	if (r == 0)
+		r = cap_store_image_from_dir(tree, name, source, progress, ud, out, err);
+	cap_remove_tree(work);
+	return r;
+}

@@ -15,6 +15,12 @@ static const char usage[] =
 	"\n"
 	"Commands:\n"
 	"  run       Run a command in a fresh microVM, stream its output, remove the VM\n"
+	"  create    Create a persistent named sandbox (its own root and /work disks)\n"
+	"  start     Start a sandbox            stop      Stop a sandbox (disks kept)\n"
+	"  exec      Run a command in a sandbox shell     Interactive shell in a sandbox\n"
+	"  ls        List sandboxes             inspect   Show a sandbox\n"
+	"  rm        Delete a sandbox and its disks\n"
+	"  image     Build, import, list and remove images\n"
 	"  doctor    Show what capsule found on this host: QEMU, acceleration, cache\n"
 	"  version   Print the version\n"
 	"\n"
@@ -26,6 +32,7 @@ static const char usage[] =
 	"  CAPSULE_ACCEL=auto|kvm|tcg  Acceleration when --accel is not given\n"
 	"  CAPSULE_REQUIRE_KVM=1       Refuse to start VMs without KVM\n"
 	"  CAPSULE_CACHE               Cache directory (default ~/.cache/capsule)\n"
+	"  CAPSULE_HOME                Images and sandboxes (default ~/.local/share/capsule)\n"
 	"  CAPSULE_KERNEL, CAPSULE_AGENT  Override the guest kernel / agent binary\n"
 	"\n"
 	"Example:\n"
@@ -86,10 +93,19 @@ int main(int argc, char **argv)
 		printf("capsule %s (protocol v1)\n", CAPSULE_VERSION);
 		return 0;
 	}
-	if (strcmp(cmd, "run") == 0)
-		return cap_cli_run(argc - 1, argv + 1);
-	if (strcmp(cmd, "doctor") == 0)
-		return cap_cli_doctor(argc - 1, argv + 1);
+	static const struct {
+		const char *name;
+		int (*fn)(int, char **);
+	} verbs[] = {
+		{ "run", cap_cli_run }, { "doctor", cap_cli_doctor },
+		{ "create", cap_cli_create }, { "start", cap_cli_start },
+		{ "stop", cap_cli_stop }, { "exec", cap_cli_exec },
+		{ "shell", cap_cli_shell }, { "inspect", cap_cli_inspect },
+		{ "rm", cap_cli_rm }, { "ls", cap_cli_ls }, { "image", cap_cli_image },
+	};
+	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+		if (strcmp(cmd, verbs[i].name) == 0)
+			return verbs[i].fn(argc - 1, argv + 1);
 	cap_cli_error("unknown command '%s'; see `capsule --help`", cmd);
 	return 2;
 }

@@ -1,4 +1,6 @@
 #include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,10 +10,11 @@
 #include "util.h"
 
 struct cap_sandbox {
-	struct cap_vm *vm;
+	struct cap_vm *vm;	/* NULL when attached to a shim */
+	int fd;	/* agent channel, or the shim's control socket */
 	struct cap_client client;
 	struct cap_accel_choice accel;
-	char *owned_run_dir;
+	char *owned_run_dir;	/* temporary directory to remove, or NULL */
 	bool dead;	/* VM or agent gone: only free is valid */
 };
 
@@ -37,7 +40,7 @@ const char *cap_sandbox_agent_version(const struct cap_sandbox *sb)
 
 pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb)
 {
-	return cap_vm_pid(sb->vm);
+	return sb->vm ? cap_vm_pid(sb->vm) : -1;
 }
 
 size_t cap_sandbox_backlog(const struct cap_sandbox *sb)
@@ -55,8 +58,8 @@ void cap_sandbox_pollfds(const struct cap_sandbox *sb, struct pollfd *pfd)
 	short ev = POLLIN;
 	if (cap_buf_used(&sb->client.out) > 0)
 		ev |= POLLOUT;
-	pfd[0] = (struct pollfd){ .fd = cap_vm_agent_fd(sb->vm), .events = ev };
-	pfd[1] = (struct pollfd){ .fd = cap_vm_exit_fd(sb->vm), .events = POLLIN };
+	pfd[0] = (struct pollfd){ .fd = sb->fd, .events = ev };
+	pfd[1] = (struct pollfd){ .fd = sb->vm ? cap_vm_exit_fd(sb->vm) : -1, .events = POLLIN };
 }
 
 /* The VM is gone or unusable: say why, with the end of its logs. */
@@ -64,6 +67,8 @@ static int dead(struct cap_sandbox *sb, struct cap_err *err, int code,
 		const char *what)
 {
 	sb->dead = true;
+	if (!sb->vm)
+		return cap_err_set(err, code, "%s (the sandbox's shim closed the connection; see shim.log and console.log in its directory)", what);
 	cap_vm_wait(sb->vm, 100);
 	_cleanup_free_ char *logs = cap_vm_logs_tail(sb->vm, 15);
 	const char *how = cap_vm_wait(sb->vm, 0) ? cap_vm_exit_reason(sb->vm) : "QEMU is still running";
@@ -74,7 +79,7 @@ static int flush(struct cap_sandbox *sb, struct cap_err *err)
 {
 	struct cap_buf *out = &sb->client.out;
 	while (cap_buf_used(out) > 0) {
-		ssize_t n = write(cap_vm_agent_fd(sb->vm), cap_buf_head(out), cap_buf_used(out));
+		ssize_t n = send(sb->fd, cap_buf_head(out), cap_buf_used(out), MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -94,7 +99,7 @@ int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 		return cap_err_set(err, EPIPE, "the VM has already stopped");
 	if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) {
 		uint8_t buf[65536];
-		ssize_t n = read(cap_vm_agent_fd(sb->vm), buf, sizeof(buf));
+		ssize_t n = read(sb->fd, buf, sizeof(buf));
 		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
 			return dead(sb, err, EPIPE, "the guest agent's channel closed");
 		if (n > 0) {
@@ -106,7 +111,7 @@ int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 			}
 		}
 	}
-	if (pfd[1].revents & POLLIN)
+	if (sb->vm && (pfd[1].revents & POLLIN))
 		return dead(sb, err, ECHILD, "the VM stopped unexpectedly");
 	return flush(sb, err);
 }
@@ -144,7 +149,8 @@ static int wait_hello(struct cap_sandbox *sb, int timeout_ms,
 	while (!sb->client.hello) {
 		int64_t left = end - cap_now_ms();
 		if (left <= 0)
-			return dead(sb, err, ETIMEDOUT, "the guest agent did not answer within the boot timeout");
+			return dead(sb, err, ETIMEDOUT, sb->vm ? "the guest agent did not answer within the boot timeout"
+							       : "the sandbox's shim did not answer");
 		int r = step(sb, (int)left, err);
 		if (r < 0)
 			return r;
@@ -152,10 +158,59 @@ static int wait_hello(struct cap_sandbox *sb, int timeout_ms,
 	return 0;
 }
 
+/* Send SETUP and wait for the agent to mount what it names. */
+static int do_setup(struct cap_sandbox *sb, const struct cap_setup *s,
+		    int timeout_ms, struct cap_err *err)
+{
+	if (cap_client_setup(&sb->client, s) < 0)
+		return cap_err_set(err, EINVAL, "a disk serial or hostname is not valid for the protocol");
+	int64_t end = cap_now_ms() + timeout_ms;
+	while (sb->client.setup_state != CAP_SETUP_DONE) {
+		int64_t left = end - cap_now_ms();
+		if (left <= 0)
+			return dead(sb, err, ETIMEDOUT, "the guest agent did not finish mounting its disks in time");
+		int r = step(sb, (int)left, err);
+		if (r < 0)
+			return r;
+	}
+	if (sb->client.setup_errno)
+		return cap_err_set(err, sb->client.setup_errno, "the guest could not mount its disks: %s",
+				   sb->client.setup_msg);
+	return 0;
+}
+
+int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
+		       struct cap_err *err)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(control) >= sizeof(sa.sun_path))
+		return cap_err_set(err, ENAMETOOLONG, "control socket path %s is too long", control);
+	strcpy(sa.sun_path, control);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return cap_err_set(err, errno, "socket: %s", strerror(errno));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return cap_err_set(err, e, "cannot connect to the sandbox at %s: %s", control, strerror(e));
+	}
+	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	sb->fd = fd;
+	cap_client_init(&sb->client);
+	int r = wait_hello(sb, 10000, err);
+	if (r < 0) {
+		cap_sandbox_free(sb);
+		return r;
+	}
+	*out = sb;
+	return 0;
+}
+
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		     struct cap_err *err)
 {
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	sb->fd = -1;
 	_cleanup_free_ char *kernel = NULL, *agent = NULL, *initrd = NULL;
 	bool have_kernel, have_agent;
 	int r;
@@ -184,25 +239,28 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	}
 	if ((r = cap_store_initramfs(agent, CAP_BUSYBOX, &initrd, NULL, err)) < 0)
 		goto fail;
-	if ((r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
+	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
 		goto fail;
 
 	struct cap_vm_config cfg = {
 		.kernel = kernel,
 		.initrd = initrd,
-		.dir = sb->owned_run_dir,
+		.dir = o->dir ? o->dir : sb->owned_run_dir,
+		.disks = o->disks,
+		.ndisks = o->ndisks,
 		.console_log = o->console_log,
 		.cpus = o->cpus,
 		.memory_mib = o->memory_mib,
 		.accel = sb->accel.accel,
 		.append_extra = o->append_extra,
-		.unlink_sockets = true,
+		.unlink_sockets = !o->dir,
 	};
 	if ((r = cap_vm_start(&cfg, &sb->vm, err)) < 0) {
 		cap_err_prefix(err, "starting the VM");
 		goto fail;
 	}
-	if ((r = cap_set_nonblock(cap_vm_agent_fd(sb->vm), 1)) < 0) {
+	sb->fd = cap_vm_agent_fd(sb->vm);
+	if ((r = cap_set_nonblock(sb->fd, 1)) < 0) {
 		r = cap_err_set(err, -r, "agent socket: %s", strerror(-r));
 		goto fail;
 	}
@@ -210,6 +268,8 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		cap_err_prefix(err, "booting the VM");
 		goto fail;
 	}
+	if (o->setup && (r = do_setup(sb, o->setup, 30000, err)) < 0)
+		goto fail;
 	*out = sb;
 	return 0;
 
@@ -238,9 +298,35 @@ int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig)
 	return cap_client_signal(&sb->client, id, sig);
 }
 
+int cap_sandbox_resize(struct cap_sandbox *sb, uint32_t id, uint16_t rows,
+		       uint16_t cols)
+{
+	return cap_client_resize(&sb->client, id, rows, cols);
+}
+
+/* Attached: ask the shim to stop its VM and wait for it to say so. */
+static int shutdown_attached(struct cap_sandbox *sb, int grace_ms,
+			     struct cap_err *err)
+{
+	cap_client_shutdown(&sb->client);
+	int64_t end = cap_now_ms() + grace_ms + 5000;
+	struct cap_err ignored;
+	while (!sb->client.shutdown_acked && !sb->dead) {
+		int64_t left = end - cap_now_ms();
+		if (left <= 0)
+			return cap_err_set(err, ETIMEDOUT, "the sandbox did not confirm that it stopped within %d ms", grace_ms + 5000);
+		if (step(sb, (int)left, &ignored) < 0)
+			break;
+	}
+	sb->dead = true;
+	return 0;
+}
+
 int cap_sandbox_shutdown(struct cap_sandbox *sb, int grace_ms,
 			 struct cap_err *err)
 {
+	if (!sb->vm)
+		return shutdown_attached(sb, grace_ms, err);
 	if (sb->dead || cap_vm_wait(sb->vm, 0)) {
 		sb->dead = true;
 		return 0;
@@ -274,7 +360,10 @@ void cap_sandbox_free(struct cap_sandbox *sb)
 {
 	if (!sb)
 		return;
-	cap_vm_free(sb->vm);
+	if (sb->vm)
+		cap_vm_free(sb->vm);
+	else if (sb->fd >= 0)
+		close(sb->fd);
 	cap_client_fini(&sb->client);
 	if (sb->owned_run_dir)
 		cap_remove_run_dir(sb->owned_run_dir);

@@ -19,6 +19,13 @@ struct cap_sandbox_opts {
 	const char *console_log;	/* NULL: kept in the run dir, removed */
 	int boot_timeout_ms;	/* default 60000 */
 	const char *append_extra;	/* more kernel arguments, or NULL */
+	/* Disks (in device order) and what the agent mounts from them. */
+	const struct cap_vm_disk *disks;
+	unsigned ndisks;
+	const struct cap_setup *setup;	/* NULL: stay on the initramfs root */
+	/* Directory for sockets and logs, kept after free; NULL: a private
+	 * temporary one, removed with the sandbox. */
+	const char *dir;
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o);
@@ -31,6 +38,12 @@ struct cap_sandbox;
  * disk, and err names the cause with the end of the guest console. */
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		     struct cap_err *err);
+
+/* Connect to a running sandbox's shim at its control socket and wait for
+ * its HELLO. The result speaks the same calls as a booted sandbox, except
+ * that cap_sandbox_shutdown asks the shim to stop the VM. */
+int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
+		       struct cap_err *err);
 
 /* The accelerator chosen and why. Borrowed from sb. */
 const struct cap_accel_choice *cap_sandbox_accel(const struct cap_sandbox *sb);
@@ -46,6 +59,8 @@ int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
 int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
 		      size_t n);
 int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig);
+int cap_sandbox_resize(struct cap_sandbox *sb, uint32_t id, uint16_t rows,
+		       uint16_t cols);
 /* Bytes queued for the guest and not yet written. */
 size_t cap_sandbox_backlog(const struct cap_sandbox *sb);
 /* Number of commands still running. */

@@ -29,7 +29,7 @@ static int stage_base(const char *root, struct cap_err *err)
 {
 	static const char *const dirs[] = {
 		"bin", "dev", "etc", "proc", "root", "run", "sbin", "source",
-		"sys", "tmp", "usr", "usr/bin", "usr/sbin", "work",
+		"sys", "tmp", "usr", "usr/bin", "usr/sbin", "var", "var/tmp", "work",
 	};
 	int r;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(dirs); i++) {
@@ -38,8 +38,10 @@ static int stage_base(const char *root, struct cap_err *err)
 			return cap_err_set(err, errno, "mkdir %s: %s", d, strerror(errno));
 	}
 	_cleanup_free_ char *tmp = xasprintf("%s/tmp", root);
+	_cleanup_free_ char *vartmp = xasprintf("%s/var/tmp", root);
 	_cleanup_free_ char *rootdir = xasprintf("%s/root", root);
 	chmod(tmp, 01777);
+	chmod(vartmp, 01777);
 	chmod(rootdir, 0700);
 
 	char *bb = NULL;

@@ -1,0 +1,352 @@
+/* Named sandboxes: create, start, stop, exec, shell, inspect, rm, ls. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "named.h"
+#include "store.h"
+#include "util.h"
+
+/* Parse "-h/--help" or complain about anything else, for verbs that take
+ * only a name. Returns the name, or NULL after printing (*rc set). */
+static const char *one_name(int argc, char **argv, const char *usage, int *rc)
+{
+	if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+		fputs(usage, stdout);
+		*rc = 0;
+		return NULL;
+	}
+	if (argc != 2 || argv[1][0] == '-') {
+		fputs(usage, stderr);
+		*rc = 2;
+		return NULL;
+	}
+	return argv[1];
+}
+
+static int fail(const struct cap_err *err)
+{
+	cap_cli_error("%s", err->msg);
+	return CAP_EXIT_FAILURE;
+}
+
+static const char create_usage[] =
+	"Usage: capsule create NAME [--image IMAGE] [--cpus N] [--memory MIB]\n"
+	"                           [--root-size MIB] [--work-size MIB]\n"
+	"\n"
+	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
+	"sha256:digest, default base) and a private /work disk that keeps its\n"
+	"content until `capsule rm`. The sandbox starts on first use.\n"
+	"Defaults: 1 vCPU, 512 MiB memory, 256 MiB root, 512 MiB /work.\n";
+
+int cap_cli_create(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
+		{ "cpus", required_argument, NULL, CAP_OPT_CPUS },
+		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
+		{ "root-size", required_argument, NULL, CAP_OPT_ROOT_SIZE },
+		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct cap_record rec;
+	struct cap_err err = { 0 };
+	unsigned long v;
+	int c;
+
+	cap_record_init(&rec);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		const char *what = NULL;
+		unsigned *field = NULL;
+		unsigned long lo = 1, hi = 1048576;
+		switch (c) {
+		case CAP_OPT_IMAGE:
+			snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", optarg);
+			continue;
+		case CAP_OPT_CPUS: what = "--cpus"; field = &rec.cpus; hi = 64; break;
+		case CAP_OPT_MEMORY: what = "--memory"; field = &rec.memory_mib; lo = 64; hi = 65536; break;
+		case CAP_OPT_ROOT_SIZE: what = "--root-size"; field = &rec.root_size_mib; lo = 16; break;
+		case CAP_OPT_WORK_SIZE: what = "--work-size"; field = &rec.work_size_mib; lo = 16; break;
+		case 'h':
+			fputs(create_usage, stdout);
+			return 0;
+		default:
+			fputs(create_usage, stderr);
+			return 2;
+		}
+		if (cap_cli_parse_uint(optarg, lo, hi, &v) < 0) {
+			cap_cli_error("%s '%s' is not a number from %lu to %lu", what, optarg, lo, hi);
+			return 2;
+		}
+		*field = (unsigned)v;
+	}
+	if (optind != argc - 1) {
+		fputs(create_usage, stderr);
+		return 2;
+	}
+	if (cap_named_check_name(argv[optind], &err) < 0)
+		return fail(&err);
+	snprintf(rec.name, sizeof(rec.name), "%s", argv[optind]);
+	if (cap_named_create(&rec, NULL, NULL, &err) < 0)
+		return fail(&err);
+	printf("created sandbox %s (image %s, %s)\n", rec.name, rec.image_ref, rec.image);
+	return 0;
+}
+
+static const char start_usage[] =
+	"Usage: capsule start NAME\n\nBoot the sandbox NAME and leave it running.\n";
+
+int cap_cli_start(int argc, char **argv)
+{
+	int rc;
+	const char *name = one_name(argc, argv, start_usage, &rc);
+	struct cap_err err = { 0 };
+	if (!name)
+		return rc;
+	if (cap_named_start(name, &err) < 0)
+		return fail(&err);
+	return 0;
+}
+
+static const char stop_usage[] =
+	"Usage: capsule stop NAME\n\n"
+	"Stop the sandbox NAME: its commands end, the guest syncs and powers off\n"
+	"(QEMU is stopped only after a grace period of 10 s). Disks are kept.\n";
+
+int cap_cli_stop(int argc, char **argv)
+{
+	int rc;
+	const char *name = one_name(argc, argv, stop_usage, &rc);
+	struct cap_err err = { 0 };
+	if (!name)
+		return rc;
+	if (cap_named_stop(name, 10000, &err) < 0)
+		return fail(&err);
+	return 0;
+}
+
+/* Start the sandbox if needed and attach to it. */
+static int attach(const char *name, struct cap_sandbox **sb, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int r;
+	if ((r = cap_named_start(name, err)) < 0 || (r = cap_named_status(name, &st, err)) < 0)
+		return r;
+	return cap_sandbox_attach(st.control, sb, err);
+}
+
+static const char exec_usage[] =
+	"Usage: capsule exec [OPTIONS] NAME -- COMMAND [ARG...]\n"
+	"\n"
+	"Run COMMAND in the sandbox NAME (starting it first if it is stopped),\n"
+	"streaming its output; exits with its exit code as `capsule run` does.\n"
+	"\n"
+	"Options: --timeout S, --output-cap BYTES, -e NAME=VAL, -w DIR, -i, -q\n"
+	"(see `capsule run --help`).\n";
+
+static int exec_or_shell(int argc, char **argv, bool shell)
+{
+	static const struct option opts[] = {
+		{ "timeout", required_argument, NULL, CAP_OPT_TIMEOUT },
+		{ "output-cap", required_argument, NULL, CAP_OPT_OUTPUT_CAP },
+		{ "env", required_argument, NULL, 'e' },
+		{ "workdir", required_argument, NULL, 'w' },
+		{ "interactive", no_argument, NULL, 'i' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	static const char shell_usage[] =
+		"Usage: capsule shell NAME\n\n"
+		"Open an interactive shell (a PTY) in the sandbox NAME, starting it if\n"
+		"needed. The shell's exit code is returned.\n";
+	const char *usage = shell ? shell_usage : exec_usage;
+	struct cap_cli_exec x;
+	struct cap_err err = { 0 };
+	int c, k;
+
+	cap_cli_exec_init(&x);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, shell ? "+h" : "+e:w:iqh", opts, NULL)) != -1) {
+		if (!shell && (k = cap_cli_exec_opt(&x, c, optarg)) != 0) {
+			if (k < 0)
+				return 2;
+			continue;
+		}
+		if (c == 'h') {
+			fputs(usage, stdout);
+			return 0;
+		}
+		fputs(usage, stderr);
+		return 2;
+	}
+	if (optind >= argc || (shell && optind != argc - 1) || (!shell && optind + 1 >= argc)) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	const char *name = argv[optind];
+	static char *shell_argv[] = { "/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi", NULL };
+	if (shell) {
+		x.req.argv = shell_argv;
+		x.req.argc = 3;
+		x.req.timeout_ms = 0;
+		x.req.output_cap = 0;
+		x.pty = true;
+		const char *term = getenv("TERM");
+		static char termvar[128];
+		snprintf(termvar, sizeof(termvar), "TERM=%s", term && *term ? term : "xterm");
+		x.envv[x.req.envc++] = termvar;
+	} else {
+		int first = optind + 1;
+		if (strcmp(argv[first], "--") == 0)
+			first++;
+		if (first >= argc) {
+			cap_cli_error("exec needs a command: capsule exec NAME -- COMMAND [ARG...]");
+			return 2;
+		}
+		x.req.argv = argv + first;
+		x.req.argc = (uint32_t)(argc - first);
+	}
+	struct cap_sandbox *sb = NULL;
+	if (attach(name, &sb, &err) < 0)
+		return fail(&err);
+	int status = cap_cli_stream(sb, &x);
+	cap_sandbox_free(sb);
+	return status;
+}
+
+int cap_cli_exec(int argc, char **argv) { return exec_or_shell(argc, argv, false); }
+int cap_cli_shell(int argc, char **argv) { return exec_or_shell(argc, argv, true); }
+
+static void human(uint64_t bytes, char *buf, size_t len)
+{
+	if (bytes >= (1ull << 30))
+		snprintf(buf, len, "%.1fG", bytes / (double)(1ull << 30));
+	else if (bytes >= (1ull << 20))
+		snprintf(buf, len, "%.1fM", bytes / (double)(1ull << 20));
+	else
+		snprintf(buf, len, "%lluK", (unsigned long long)(bytes >> 10));
+}
+
+static void age(int64_t created, char *buf, size_t len)
+{
+	int64_t s = time(NULL) - created;
+	if (s < 120)
+		snprintf(buf, len, "%llds", (long long)s);
+	else if (s < 7200)
+		snprintf(buf, len, "%lldm", (long long)(s / 60));
+	else if (s < 172800)
+		snprintf(buf, len, "%lldh", (long long)(s / 3600));
+	else
+		snprintf(buf, len, "%lldd", (long long)(s / 86400));
+}
+
+static const char inspect_usage[] =
+	"Usage: capsule inspect NAME\n\nShow the sandbox's settings, state, image and disks.\n";
+
+int cap_cli_inspect(int argc, char **argv)
+{
+	int rc;
+	const char *name = one_name(argc, argv, inspect_usage, &rc);
+	struct cap_err err = { 0 };
+	struct cap_record rec;
+	struct cap_named_status st;
+	if (!name)
+		return rc;
+	if (cap_named_load(name, &rec, &err) < 0 || cap_named_status(name, &st, &err) < 0)
+		return fail(&err);
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	char used[32];
+	human(st.disk_bytes, used, sizeof(used));
+	printf("name:       %s\n", rec.name);
+	printf("state:      %s\n", st.state == CAP_NAMED_RUNNING ? "running" : "stopped");
+	if (st.state == CAP_NAMED_RUNNING)
+		printf("processes:  shim %d, qemu %d\n", (int)st.shim_pid, (int)st.qemu_pid);
+	printf("image:      %s (%s)\n", rec.image_ref, rec.image);
+	printf("cpus:       %u\n", rec.cpus);
+	printf("memory:     %u MiB\n", rec.memory_mib);
+	printf("root disk:  %u MiB (writable layer over the image)\n", rec.root_size_mib);
+	printf("work disk:  %u MiB (/work)\n", rec.work_size_mib);
+	printf("disk use:   %s on the host\n", used);
+	printf("directory:  %s\n", dir);
+	time_t t = (time_t)rec.created;
+	char when[64];
+	strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S %Z", localtime(&t));
+	printf("created:    %s\n", when);
+	return 0;
+}
+
+static const char rm_usage[] =
+	"Usage: capsule rm [--force] NAME\n\n"
+	"Delete the sandbox NAME and its disks. A running sandbox is refused\n"
+	"unless --force, which stops it first. This is the only command that\n"
+	"deletes a sandbox's disks.\n";
+
+int cap_cli_rm(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "force", no_argument, NULL, 'f' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool force = false;
+	struct cap_err err = { 0 };
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
+		if (c == 'f') {
+			force = true;
+		} else if (c == 'h') {
+			fputs(rm_usage, stdout);
+			return 0;
+		} else {
+			fputs(rm_usage, stderr);
+			return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		fputs(rm_usage, stderr);
+		return 2;
+	}
+	if (cap_named_remove(argv[optind], force, &err) < 0)
+		return fail(&err);
+	return 0;
+}
+
+int cap_cli_ls(int argc, char **argv)
+{
+	if (argc > 1) {
+		if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+			puts("Usage: capsule ls\n\nList sandboxes: name, image, state, disk use, age.");
+			return 0;
+		}
+		cap_cli_error("ls takes no arguments");
+		return 2;
+	}
+	char **names;
+	size_t n;
+	cap_named_list(&names, &n);
+	printf("%-24s %-16s %-8s %8s %6s\n", "NAME", "IMAGE", "STATE", "DISK", "AGE");
+	for (size_t i = 0; i < n; i++) {
+		struct cap_record rec;
+		struct cap_named_status st;
+		if (cap_named_load(names[i], &rec, NULL) == 0 && cap_named_status(names[i], &st, NULL) == 0) {
+			char used[32], a[32];
+			human(st.disk_bytes, used, sizeof(used));
+			age(rec.created, a, sizeof(a));
+			printf("%-24s %-16s %-8s %8s %6s\n", rec.name, rec.image_ref,
+			       st.state == CAP_NAMED_RUNNING ? "running" : "stopped", used, a);
+		} else {
+			printf("%-24s %-16s %-8s %8s %6s\n", names[i], "?", "broken", "-", "-");
+		}
+		free(names[i]);
+	}
+	free(names);
+	return 0;
+}

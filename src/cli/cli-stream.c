@@ -1,0 +1,261 @@
+/* Running one command in a sandbox from the terminal: the options shared
+ * by run, exec and shell, and the loop that streams output, forwards
+ * stdin, signals and window size, and reports how the command ended. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "util.h"
+
+void cap_cli_exec_init(struct cap_cli_exec *x)
+{
+	memset(x, 0, sizeof(*x));
+	x->req.timeout_ms = 30000;
+	x->req.output_cap = 256 * 1024;
+	x->req.env = x->envv;
+}
+
+int cap_cli_exec_opt(struct cap_cli_exec *x, int c, const char *arg)
+{
+	unsigned long v;
+	switch (c) {
+	case CAP_OPT_TIMEOUT:
+		if (cap_cli_parse_uint(arg, 0, 86400, &v) < 0) {
+			cap_cli_error("--timeout '%s' is not a number of seconds from 0 to 86400", arg);
+			return -1;
+		}
+		x->req.timeout_ms = (uint32_t)(v * 1000);
+		return 1;
+	case CAP_OPT_OUTPUT_CAP:
+		if (cap_cli_parse_uint(arg, 0, 1u << 30, &v) < 0) {
+			cap_cli_error("--output-cap '%s' is not a number of bytes up to 1073741824", arg);
+			return -1;
+		}
+		x->req.output_cap = (uint32_t)v;
+		return 1;
+	case 'e':
+		if (!strchr(arg, '=') || arg[0] == '=') {
+			cap_cli_error("--env '%s' is not NAME=VALUE", arg);
+			return -1;
+		}
+		if (x->req.envc == CAP_ARRAY_SIZE(x->envv) - 1) {
+			cap_cli_error("too many --env options (at most %zu)", CAP_ARRAY_SIZE(x->envv) - 1);
+			return -1;
+		}
+		x->envv[x->req.envc++] = (char *)arg;
+		return 1;
+	case 'w':
+		x->req.cwd = (char *)arg;
+		return 1;
+	case 'i':
+		x->interactive = true;
+		return 1;
+	case 'q':
+		x->quiet = true;
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+struct stream {
+	struct cap_sandbox *sb;
+	uint32_t id;
+	bool done;
+	struct cap_exit ex;
+	bool rejected;
+	char reject_msg[300];
+	bool stdout_broken;
+};
+
+static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	struct stream *r = ud;
+	if (fd == 1 && r->stdout_broken)
+		return;
+	if (cap_write_all(fd, p, n) == -EPIPE && fd == 1) {
+		/* The reader of our stdout went away (`| head`): tell the
+		 * command the same way a pipe would. */
+		r->stdout_broken = true;
+		cap_sandbox_signal(r->sb, id, SIGPIPE);
+	}
+}
+
+static void on_done(void *ud, uint32_t id, const struct cap_exit *ex,
+		    int errnum, const char *msg)
+{
+	struct stream *r = ud;
+	(void)id;
+	r->done = true;
+	if (ex) {
+		r->ex = *ex;
+	} else {
+		r->rejected = true;
+		snprintf(r->reject_msg, sizeof(r->reject_msg), "%s (%s)", msg, strerror(errnum));
+	}
+}
+
+static const struct cap_exec_events events = { on_output, on_done };
+
+/* Explain how the command ended, where the exit code alone would not. */
+static void report(const struct stream *r, const struct cap_exec_req *req)
+{
+	if (r->ex.flags & CAP_EXIT_TRUNCATED)
+		cap_cli_error("output truncated at %u bytes (the output cap; change it with --output-cap)",
+			      req->output_cap);
+	if (r->ex.flags & CAP_EXIT_TIMED_OUT)
+		cap_cli_error("the command timed out after %u s (--timeout) and was killed with its process group",
+			      req->timeout_ms / 1000);
+	else if (r->ex.kind == CAP_EXIT_SIGNAL && r->ex.value != SIGPIPE && r->ex.value != SIGINT)
+		cap_cli_error("the command was killed by signal %d (%s)", r->ex.value, strsignal(r->ex.value));
+}
+
+/* The terminal's mode before raw mode, restored on every way out. */
+static struct termios saved_tty;
+static bool tty_raw;
+
+static void restore_tty(void)
+{
+	if (tty_raw) {
+		tcsetattr(0, TCSAFLUSH, &saved_tty);
+		tty_raw = false;
+	}
+}
+
+static int make_raw(void)
+{
+	struct termios t;
+	if (tcgetattr(0, &saved_tty) < 0)
+		return -errno;
+	t = saved_tty;
+	cfmakeraw(&t);
+	if (tcsetattr(0, TCSAFLUSH, &t) < 0)
+		return -errno;
+	tty_raw = true;
+	static bool registered;
+	if (!registered) {
+		atexit(restore_tty);
+		registered = true;
+	}
+	return 0;
+}
+
+int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
+{
+	struct cap_exec_req *req = &x->req;
+	bool forward_stdin = x->interactive || x->pty || !isatty(0);
+	if (forward_stdin)
+		req->flags |= CAP_EXEC_STDIN;
+	if (x->pty) {
+		struct winsize ws;
+		req->flags |= CAP_EXEC_PTY;
+		if (ioctl(0, TIOCGWINSZ, &ws) == 0) {
+			req->rows = ws.ws_row;
+			req->cols = ws.ws_col;
+		}
+	}
+
+	/* Signals arrive through a descriptor so that every path, Ctrl-C
+	 * included, goes through the same teardown. */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP);
+	sigaddset(&sigs, SIGQUIT);
+	sigaddset(&sigs, SIGWINCH);
+	sigprocmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+
+	struct stream r = { .sb = sb };
+	struct cap_err err = { 0 };
+	int status = CAP_EXIT_FAILURE;
+	if (cap_sandbox_exec(sb, req, &events, &r, &r.id, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		goto out;
+	}
+	if (x->pty && isatty(0) && make_raw() < 0)
+		cap_cli_error("warning: cannot put the terminal in raw mode: %s", strerror(errno));
+
+	int interrupts = 0;
+	int64_t give_up = 0;
+	bool stdin_open = forward_stdin;
+	while (!r.done) {
+		struct pollfd pfd[CAP_SANDBOX_NPOLL + 2];
+		cap_sandbox_pollfds(sb, pfd);
+		int n = CAP_SANDBOX_NPOLL;
+		pfd[n++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+		int in_slot = -1;
+		if (stdin_open && cap_sandbox_backlog(sb) < (1u << 20)) {
+			in_slot = n;
+			pfd[n++] = (struct pollfd){ .fd = 0, .events = POLLIN };
+		}
+		int timeout = give_up ? (int)CAP_MAX(give_up - cap_now_ms(), 0) : -1;
+		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
+			cap_cli_error("poll: %s", strerror(errno));
+			goto out;
+		}
+		if (give_up && cap_now_ms() >= give_up) {
+			cap_cli_error("the command did not stop; giving up on it");
+			status = 128 + SIGINT;
+			goto out;
+		}
+		if (pfd[CAP_SANDBOX_NPOLL].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+				if (si.ssi_signo == SIGWINCH) {
+					struct winsize ws;
+					if (x->pty && ioctl(0, TIOCGWINSZ, &ws) == 0)
+						cap_sandbox_resize(sb, r.id, ws.ws_row, ws.ws_col);
+					continue;
+				}
+				if (++interrupts > 1) {
+					cap_cli_error("interrupted again; stopping now");
+					status = 128 + (int)si.ssi_signo;
+					goto out;
+				}
+				cap_cli_error("%s: stopping the command (again to stop at once)",
+					      strsignal((int)si.ssi_signo));
+				cap_sandbox_signal(sb, r.id, (int)si.ssi_signo);
+				give_up = cap_now_ms() + 3000;
+			}
+		}
+		if (in_slot >= 0 && pfd[in_slot].revents) {
+			char buf[65536];
+			ssize_t k = read(0, buf, sizeof(buf));
+			if (k > 0) {
+				cap_sandbox_stdin(sb, r.id, buf, (size_t)k);
+			} else if (k == 0 || errno != EINTR) {
+				cap_sandbox_stdin(sb, r.id, NULL, 0);
+				stdin_open = false;
+			}
+		}
+		if (cap_sandbox_dispatch(sb, pfd, &err) < 0) {
+			restore_tty();
+			cap_cli_error("%s", err.msg);
+			goto out;
+		}
+	}
+	restore_tty();
+	if (r.rejected) {
+		cap_cli_error("the guest refused the command: %s", r.reject_msg);
+		goto out;
+	}
+	report(&r, req);
+	status = cap_exit_status(&r.ex);
+out:
+	restore_tty();
+	if (sfd >= 0)
+		close(sfd);
+	sigprocmask(SIG_UNBLOCK, &sigs, NULL);
+	return status;
+}

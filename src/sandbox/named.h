@@ -1,0 +1,85 @@
+/* Named, persistent sandboxes: CAPSULE_HOME/sandboxes/<name>/ holds the
+ * record, the disks and, while it runs, the shim's sockets and logs. A
+ * running sandbox is a shim process (one per sandbox) that owns QEMU and
+ * the agent channel and serves the control socket; clients attach to it
+ * with cap_sandbox_attach. */
+#ifndef CAP_NAMED_H
+#define CAP_NAMED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "proc.h"
+
+#define CAP_NAME_MAX 48
+
+struct cap_record {
+	char name[CAP_NAME_MAX + 1];
+	char image[72];	/* sha256:<hex> the sandbox was created from */
+	char image_ref[80];	/* what the user asked for ("python") */
+	unsigned cpus;
+	unsigned memory_mib;
+	unsigned root_size_mib;
+	unsigned work_size_mib;
+	int64_t created;	/* Unix time */
+};
+
+/* Defaults of DESIGN §5: 1 vCPU, 512 MiB, 256 MiB root, 512 MiB /work. */
+void cap_record_init(struct cap_record *r);
+
+/* Check a sandbox name: 1 to 48 of a-z, 0-9, '_', '-', starting with a
+ * letter or digit, so that it can never leave the sandboxes directory.
+ * -EINVAL with a message stating the rule. */
+int cap_named_check_name(const char *name, struct cap_err *err);
+
+/* CAPSULE_HOME/sandboxes[/name]. New strings. */
+char *cap_named_root(void);
+char *cap_named_dir(const char *name);
+
+/* Create the sandbox: resolve and verify the image (rec->image_ref), make
+ * the directory and both disks, write record.json. Fails with -EEXIST if
+ * the name is taken; on failure nothing is left behind. */
+int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
+		     void *ud, struct cap_err *err);
+
+/* Read record.json. -ENOENT naming the sandbox when it does not exist. */
+int cap_named_load(const char *name, struct cap_record *out,
+		   struct cap_err *err);
+
+/* All sandbox names, sorted; array of n new strings (free each, then v). */
+int cap_named_list(char ***names, size_t *n);
+
+enum cap_named_state { CAP_NAMED_STOPPED, CAP_NAMED_RUNNING };
+struct cap_named_status {
+	enum cap_named_state state;
+	pid_t shim_pid;	/* when running */
+	pid_t qemu_pid;
+	char control[256];	/* control socket path, when running */
+	uint64_t disk_bytes;	/* space the disks use on the host */
+};
+int cap_named_status(const char *name, struct cap_named_status *out,
+		     struct cap_err *err);
+
+/* Start the sandbox's shim (and so its VM) unless it runs already; returns
+ * when the guest is ready for commands. */
+int cap_named_start(const char *name, struct cap_err *err);
+
+/* Ask the shim to stop the VM (agent sync and power-off; after grace_ms
+ * QEMU is made to quit). Stopping a stopped sandbox is not an error. */
+int cap_named_stop(const char *name, int grace_ms, struct cap_err *err);
+
+/* Delete the sandbox and its disks. -EBUSY when it runs and !force; with
+ * force it is stopped first. The only call that deletes disks. */
+int cap_named_remove(const char *name, bool force, struct cap_err *err);
+
+/* Whether any sandbox was created from image digest (for image rm/prune). */
+bool cap_named_uses_image(void *ud, const char *digest);
+
+/* The shim itself: boot the VM, serve the control socket until told to
+ * stop. Writes "ok\n" or an error message to ready_fd once the guest is
+ * ready (or failed), then closes it. Returns when the VM has stopped. */
+int cap_named_shim(const char *name, int ready_fd, struct cap_err *err);
+
+#endif

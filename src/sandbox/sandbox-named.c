@@ -1,0 +1,379 @@
+/* Named sandboxes on disk: records, disks, state, start/stop/remove. */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "named.h"
+#include "sandbox.h"
+#include "paths.h"
+#include "store.h"
+#include "util.h"
+
+void cap_record_init(struct cap_record *r)
+{
+	*r = (struct cap_record){
+		.cpus = 1, .memory_mib = 512, .root_size_mib = 256, .work_size_mib = 512,
+	};
+	snprintf(r->image_ref, sizeof(r->image_ref), "base");
+}
+
+int cap_named_check_name(const char *name, struct cap_err *err)
+{
+	size_t n = strlen(name);
+	bool ok = n >= 1 && n <= CAP_NAME_MAX &&
+		  (islower((unsigned char)name[0]) || isdigit((unsigned char)name[0]));
+	for (size_t i = 0; ok && i < n; i++)
+		ok = islower((unsigned char)name[i]) || isdigit((unsigned char)name[i]) ||
+		     name[i] == '-' || name[i] == '_';
+	if (!ok)
+		return cap_err_set(err, EINVAL, "'%s' is not a valid sandbox name: use 1 to %d characters of a-z, 0-9, '-' and '_', starting with a letter or digit",
+				   name, CAP_NAME_MAX);
+	return 0;
+}
+
+char *cap_named_root(void)
+{
+	_cleanup_free_ char *home = cap_home_dir();
+	return xasprintf("%s/sandboxes", home);
+}
+
+char *cap_named_dir(const char *name)
+{
+	_cleanup_free_ char *root = cap_named_root();
+	return xasprintf("%s/%s", root, name);
+}
+
+static char *in_dir(const char *name, const char *file)
+{
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	return xasprintf("%s/%s", dir, file);
+}
+
+static int make_disk(const char *path, unsigned mib, bool tool_owned,
+		     const char *label, struct cap_err *err)
+{
+	char size[32], owner[64];
+	snprintf(size, sizeof(size), "%uM", mib);
+	snprintf(owner, sizeof(owner), "root_owner=%d:%d", tool_owned ? 1000 : 0, tool_owned ? 1000 : 0);
+	/* No reserved blocks: the whole size is the sandbox's quota. */
+	char *argv[] = { "mke2fs", "-q", "-F", "-t", "ext4", "-m", "0", "-L", (char *)label,
+			 "-E", owner, (char *)path, size, NULL };
+	int r = cap_run(argv, NULL, NULL, err);
+	if (r < 0)
+		cap_err_prefix(err, "creating disk %s", path);
+	return r;
+}
+
+static int write_record(const struct cap_record *rec, struct cap_err *err)
+{
+	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:I}",
+			      "schema", 1, "name", rec->name, "image", rec->image,
+			      "image_ref", rec->image_ref, "cpus", rec->cpus,
+			      "memory_mib", rec->memory_mib, "root_size_mib", rec->root_size_mib,
+			      "work_size_mib", rec->work_size_mib, "created", (json_int_t)rec->created);
+	char *text = json_dumps(j, JSON_INDENT(2));
+	json_decref(j);
+	_cleanup_free_ char *path = in_dir(rec->name, "record.json");
+	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
+	free(text);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r));
+	return 0;
+}
+
+int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
+		     void *ud, struct cap_err *err)
+{
+	int r;
+	if ((r = cap_named_check_name(rec->name, err)) < 0)
+		return r;
+	if (rec->cpus < 1 || rec->cpus > 64)
+		return cap_err_set(err, EINVAL, "--cpus %u is out of range (1 to 64)", rec->cpus);
+	if (rec->memory_mib < 64 || rec->memory_mib > 65536)
+		return cap_err_set(err, EINVAL, "--memory %u MiB is out of range (64 to 65536)", rec->memory_mib);
+	if (rec->root_size_mib < 16 || rec->root_size_mib > 1048576)
+		return cap_err_set(err, EINVAL, "--root-size %u MiB is out of range (16 to 1048576)", rec->root_size_mib);
+	if (rec->work_size_mib < 16 || rec->work_size_mib > 1048576)
+		return cap_err_set(err, EINVAL, "--work-size %u MiB is out of range (16 to 1048576)", rec->work_size_mib);
+
+	struct cap_image img;
+	if ((r = cap_store_image_find(rec->image_ref, &img, err)) < 0)
+		return r;
+	r = cap_store_image_verify(&img, err);
+	snprintf(rec->image, sizeof(rec->image), "%s", img.digest);
+	cap_image_fini(&img);
+	if (r < 0)
+		return r;
+
+	_cleanup_free_ char *root = cap_named_root();
+	_cleanup_free_ char *dir = cap_named_dir(rec->name);
+	if ((r = cap_mkdir_p(root, 0700)) < 0)
+		return cap_err_set(err, -r, "cannot create %s: %s", root, strerror(-r));
+	if (mkdir(dir, 0700) < 0) {
+		if (errno == EEXIST)
+			return cap_err_set(err, EEXIST, "a sandbox named '%s' already exists (%s); pick another name or `capsule rm %s`",
+					   rec->name, dir, rec->name);
+		return cap_err_set(err, errno, "cannot create %s: %s", dir, strerror(errno));
+	}
+	_cleanup_free_ char *upper = in_dir(rec->name, "root-upper.ext4");
+	_cleanup_free_ char *work = in_dir(rec->name, "private.ext4");
+	rec->created = time(NULL);
+	if (progress)
+		progress(ud, "creating the root and /work disks");
+	if ((r = make_disk(upper, rec->root_size_mib, false, "root-upper", err)) < 0 ||
+	    (r = make_disk(work, rec->work_size_mib, true, "work", err)) < 0 ||
+	    (r = write_record(rec, err)) < 0) {
+		cap_remove_tree(dir);	/* only what this call just made */
+		return r;
+	}
+	return 0;
+}
+
+int cap_named_load(const char *name, struct cap_record *out,
+		   struct cap_err *err)
+{
+	int r;
+	if ((r = cap_named_check_name(name, err)) < 0)
+		return r;
+	_cleanup_free_ char *path = in_dir(name, "record.json");
+	json_error_t je;
+	json_t *j = json_load_file(path, 0, &je);
+	if (!j) {
+		if (access(path, F_OK) != 0)
+			return cap_err_set(err, ENOENT, "no sandbox named '%s'; `capsule ls` lists them, `capsule create %s` makes it",
+					   name, name);
+		return cap_err_set(err, EBADMSG, "%s is unreadable: %s", path, je.text);
+	}
+	cap_record_init(out);
+	const char *s;
+	snprintf(out->name, sizeof(out->name), "%s", name);
+	if ((s = json_string_value(json_object_get(j, "image"))))
+		snprintf(out->image, sizeof(out->image), "%s", s);
+	if ((s = json_string_value(json_object_get(j, "image_ref"))))
+		snprintf(out->image_ref, sizeof(out->image_ref), "%s", s);
+	out->cpus = (unsigned)json_integer_value(json_object_get(j, "cpus"));
+	out->memory_mib = (unsigned)json_integer_value(json_object_get(j, "memory_mib"));
+	out->root_size_mib = (unsigned)json_integer_value(json_object_get(j, "root_size_mib"));
+	out->work_size_mib = (unsigned)json_integer_value(json_object_get(j, "work_size_mib"));
+	out->created = json_integer_value(json_object_get(j, "created"));
+	json_decref(j);
+	if (strncmp(out->image, "sha256:", 7) != 0 || out->cpus < 1 || out->memory_mib < 64)
+		return cap_err_set(err, EBADMSG, "%s lacks a valid image digest, cpus or memory", path);
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int cap_named_list(char ***names, size_t *n)
+{
+	_cleanup_free_ char *root = cap_named_root();
+	DIR *d = opendir(root);
+	size_t cap = 8, k = 0;
+	char **v = xcalloc(cap, sizeof(char *));
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (cap_named_check_name(e->d_name, NULL) < 0)
+			continue;
+		if (k == cap)
+			v = xrealloc(v, (cap *= 2) * sizeof(char *));
+		v[k++] = xstrdup(e->d_name);
+	}
+	if (d)
+		closedir(d);
+	qsort(v, k, sizeof(char *), cmp_str);
+	*names = v;
+	*n = k;
+	return 0;
+}
+
+static uint64_t used_bytes(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+}
+
+int cap_named_status(const char *name, struct cap_named_status *out,
+		     struct cap_err *err)
+{
+	struct cap_record rec;
+	int r = cap_named_load(name, &rec, err);
+	if (r < 0)
+		return r;
+	memset(out, 0, sizeof(*out));
+	_cleanup_free_ char *upper = in_dir(name, "root-upper.ext4");
+	_cleanup_free_ char *work = in_dir(name, "private.ext4");
+	out->disk_bytes = used_bytes(upper) + used_bytes(work);
+
+	/* The shim holds shim.lock for its whole life: a lock we cannot take
+	 * means a live shim, whatever files a crash may have left. */
+	_cleanup_free_ char *lock = in_dir(name, "shim.lock");
+	_cleanup_close_ int fd = open(lock, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || flock(fd, LOCK_SH | LOCK_NB) == 0) {
+		out->state = CAP_NAMED_STOPPED;
+		return 0;
+	}
+	out->state = CAP_NAMED_RUNNING;
+	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
+	json_t *j = json_load_file(rt, 0, NULL);
+	if (j) {
+		out->shim_pid = (pid_t)json_integer_value(json_object_get(j, "shim_pid"));
+		out->qemu_pid = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
+		const char *c = json_string_value(json_object_get(j, "control"));
+		snprintf(out->control, sizeof(out->control), "%s", c ? c : "");
+		json_decref(j);
+	}
+	return 0;
+}
+
+int cap_named_start(const char *name, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int r = cap_named_status(name, &st, err);
+	if (r < 0)
+		return r;
+	if (st.state == CAP_NAMED_RUNNING)
+		return 0;
+
+	int ready[2];
+	if (pipe2(ready, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	_cleanup_free_ char *log = in_dir(name, "shim.log");
+	pid_t pid = fork();
+	if (pid < 0) {
+		int e = errno;
+		close(ready[0]);
+		close(ready[1]);
+		return cap_err_set(err, e, "fork: %s", strerror(e));
+	}
+	if (pid == 0) {
+		/* Detach twice so that the shim belongs to no terminal and
+		 * no caller, then run it with only its own descriptors. */
+		setsid();
+		if (fork() != 0)
+			_exit(0);
+		close(ready[0]);
+		/* Keep only the ready pipe (as fd 3) of what the caller had. */
+		if (ready[1] != 3) {
+			dup2(ready[1], 3);
+			close(ready[1]);
+			ready[1] = 3;
+		}
+		syscall(SYS_close_range, 4U, ~0U, 0U);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		for (int s = 1; s < NSIG; s++)
+			signal(s, SIG_DFL);
+		umask(077);
+		int null = open("/dev/null", O_RDWR);
+		int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+		if (null >= 0 && out >= 0) {
+			dup2(null, 0);
+			dup2(out, 1);
+			dup2(out, 2);
+		}
+		struct cap_err serr = { 0 };
+		int k = cap_named_shim(name, ready[1], &serr);
+		if (k < 0)
+			fprintf(stderr, "capsule shim %s: %s\n", name, serr.msg);
+		_exit(k < 0 ? 1 : 0);
+	}
+	close(ready[1]);
+	waitpid(pid, NULL, 0);
+	char msg[sizeof(err->msg)];
+	size_t len = 0;
+	ssize_t n;
+	while (len < sizeof(msg) - 1 && (n = read(ready[0], msg + len, sizeof(msg) - 1 - len)) != 0) {
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		len += (size_t)n;
+	}
+	msg[len] = '\0';
+	close(ready[0]);
+	if (strcmp(msg, "ok\n") == 0)
+		return 0;
+	if (len == 0)
+		return cap_err_set(err, EIO, "sandbox '%s' did not start and said nothing; see %s", name, log);
+	return cap_err_set(err, EIO, "sandbox '%s' did not start: %s", name, msg);
+}
+
+static bool alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0; }
+
+int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int r = cap_named_status(name, &st, err);
+	if (r < 0 || st.state == CAP_NAMED_STOPPED)
+		return r;
+	struct cap_sandbox *sb = NULL;
+	struct cap_err aerr = { 0 };
+	if (*st.control && cap_sandbox_attach(st.control, &sb, &aerr) == 0) {
+		cap_sandbox_shutdown(sb, grace_ms, &aerr);
+		cap_sandbox_free(sb);
+	}
+	/* Wait for the shim to go; if it does not, kill it (its QEMU dies
+	 * with it) — disks are never touched here. */
+	int64_t end = cap_now_ms() + grace_ms + 5000;
+	while (alive(st.shim_pid) && cap_now_ms() < end)
+		usleep(20000);
+	if (alive(st.shim_pid)) {
+		kill(st.shim_pid, SIGKILL);
+		usleep(100000);
+	}
+	if (cap_named_status(name, &st, err) == 0 && st.state == CAP_NAMED_RUNNING)
+		return cap_err_set(err, EBUSY, "sandbox '%s' is still running (shim pid %d) after being stopped", name, (int)st.shim_pid);
+	return 0;
+}
+
+int cap_named_remove(const char *name, bool force, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int r = cap_named_status(name, &st, err);
+	if (r < 0)
+		return r;
+	if (st.state == CAP_NAMED_RUNNING) {
+		if (!force)
+			return cap_err_set(err, EBUSY, "sandbox '%s' is running; stop it first (`capsule stop %s`) or use `capsule rm --force %s`",
+					   name, name, name);
+		if ((r = cap_named_stop(name, 5000, err)) < 0)
+			return r;
+	}
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	if ((r = cap_remove_tree(dir)) < 0)
+		return cap_err_set(err, -r, "cannot remove %s: %s", dir, strerror(-r));
+	return 0;
+}
+
+bool cap_named_uses_image(void *ud, const char *digest)
+{
+	(void)ud;
+	char **names;
+	size_t n;
+	bool used = false;
+	cap_named_list(&names, &n);
+	for (size_t i = 0; i < n; i++) {
+		struct cap_record rec;
+		if (!used && cap_named_load(names[i], &rec, NULL) == 0 && strcmp(rec.image, digest) == 0)
+			used = true;
+		free(names[i]);
+	}
+	free(names);
+	return used;
+}

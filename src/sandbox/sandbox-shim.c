@@ -1,0 +1,428 @@
+/* The shim: one process per running named sandbox. It owns QEMU and the
+ * agent channel and serves the control socket, where clients speak the
+ * same framed protocol as the agent does (docs/protocol.md): the shim
+ * says HELLO, maps each client's stream ids onto the agent's, and relays.
+ * A client that disconnects has its commands killed. SHUTDOWN (or
+ * SIGTERM) stops the VM cleanly and ends the shim. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "named.h"
+#include "paths.h"
+#include "sandbox.h"
+#include "store.h"
+#include "util.h"
+
+#define MAX_CONNS 32
+#define CONN_OUT_LIMIT (16u << 20)
+
+struct conn {
+	int fd;	/* -1: free */
+	struct cap_buf in, out;
+};
+
+struct route {
+	struct conn *conn;	/* NULL once the client went away */
+	uint32_t cid;	/* the client's stream id */
+	uint32_t aid;	/* the agent's stream id, 0 while unused */
+	bool used;
+};
+
+struct shim {
+	struct cap_sandbox *sb;
+	struct conn conns[MAX_CONNS];
+	struct route routes[CAP_PROTO_MAX_STREAMS];
+	bool stop;
+	struct conn *stop_requester;
+};
+
+static struct route *route_by_client(struct shim *s, struct conn *c, uint32_t cid)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes); i++)
+		if (s->routes[i].used && s->routes[i].conn == c && s->routes[i].cid == cid)
+			return &s->routes[i];
+	return NULL;
+}
+
+static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	struct route *r = ud;
+	(void)id;
+	if (!r->conn)
+		return;
+	cap_proto_put(&r->conn->out, fd == 1 ? CAP_MSG_STDOUT : CAP_MSG_STDERR, r->cid, p, n);
+}
+
+static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum,
+		    const char *msg)
+{
+	struct route *r = ud;
+	(void)id;
+	if (r->conn) {
+		if (ex)
+			cap_proto_exit_encode(&r->conn->out, r->cid, ex);
+		else
+			cap_proto_error_encode(&r->conn->out, r->cid, errnum, msg);
+	}
+	memset(r, 0, sizeof(*r));
+}
+
+static const struct cap_exec_events events = { on_output, on_done };
+
+static void conn_close(struct shim *s, struct conn *c)
+{
+	/* Commands of a client that went away are cancelled. */
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes); i++) {
+		struct route *r = &s->routes[i];
+		if (r->used && r->conn == c) {
+			r->conn = NULL;
+			cap_sandbox_signal(s->sb, r->aid, SIGKILL);
+		}
+	}
+	if (s->stop_requester == c)
+		s->stop_requester = NULL;
+	close(c->fd);
+	cap_buf_fini(&c->in);
+	cap_buf_fini(&c->out);
+	c->fd = -1;
+}
+
+static void client_exec(struct shim *s, struct conn *c, const struct cap_frame *f)
+{
+	struct cap_exec_req req;
+	struct cap_err err = { 0 };
+	if (f->stream == 0 || route_by_client(s, c, f->stream)) {
+		cap_proto_error_encode(&c->out, f->stream, EINVAL, "stream id is zero or already in use");
+		return;
+	}
+	if (cap_proto_exec_decode(f->payload, f->len, &req, &err) < 0) {
+		cap_proto_error_encode(&c->out, f->stream, EBADMSG, err.msg);
+		return;
+	}
+	struct route *r = NULL;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes) && !r; i++)
+		if (!s->routes[i].used)
+			r = &s->routes[i];
+	if (!r) {
+		cap_proto_error_encode(&c->out, f->stream, EBUSY, "too many commands running in this sandbox");
+	} else {
+		*r = (struct route){ .conn = c, .cid = f->stream, .used = true };
+		if (cap_sandbox_exec(s->sb, &req, &events, r, &r->aid, &err) < 0) {
+			memset(r, 0, sizeof(*r));
+			cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
+		}
+	}
+	cap_exec_req_fini(&req);
+}
+
+/* Handle one frame from a client; false when the client broke the
+ * protocol and must be dropped. */
+static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame *f)
+{
+	struct route *r;
+	switch (f->type) {
+	case CAP_MSG_EXEC:
+		client_exec(s, c, f);
+		return true;
+	case CAP_MSG_STDIN:
+		if ((r = route_by_client(s, c, f->stream)))
+			cap_sandbox_stdin(s->sb, r->aid, f->len ? f->payload : NULL, f->len);
+		return true;
+	case CAP_MSG_SIGNAL:
+		if (f->len != 4)
+			return false;
+		if ((r = route_by_client(s, c, f->stream)))
+			cap_sandbox_signal(s->sb, r->aid, (int)cap_get_u32(f->payload));
+		return true;
+	case CAP_MSG_RESIZE:
+		if (f->len != 4)
+			return false;
+		if ((r = route_by_client(s, c, f->stream)))
+			cap_sandbox_resize(s->sb, r->aid, cap_get_u16(f->payload), cap_get_u16(f->payload + 2));
+		return true;
+	case CAP_MSG_SHUTDOWN:
+		s->stop = true;
+		s->stop_requester = c;
+		return true;
+	default:
+		cap_proto_error_encode(&c->out, 0, EPROTO, "unexpected message on the control socket");
+		return false;
+	}
+}
+
+static void client_read(struct shim *s, struct conn *c)
+{
+	uint8_t *p = cap_buf_reserve(&c->in, 65536);
+	ssize_t n = read(c->fd, p, 65536);
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+		conn_close(s, c);
+		return;
+	}
+	if (n < 0)
+		return;
+	cap_buf_commit(&c->in, (size_t)n);
+	for (;;) {
+		struct cap_frame f;
+		int k = cap_proto_parse(cap_buf_head(&c->in), cap_buf_used(&c->in), &f);
+		if (k == 0)
+			return;
+		if (k < 0 || !client_frame(s, c, &f)) {
+			conn_close(s, c);
+			return;
+		}
+		cap_buf_consume(&c->in, (size_t)k);
+	}
+}
+
+static void client_flush(struct shim *s, struct conn *c)
+{
+	while (cap_buf_used(&c->out) > 0) {
+		ssize_t n = send(c->fd, cap_buf_head(&c->out), cap_buf_used(&c->out), MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				conn_close(s, c);
+			return;
+		}
+		cap_buf_consume(&c->out, (size_t)n);
+	}
+}
+
+static int listen_on(const char *path, struct cap_err *err)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return cap_err_set(err, ENAMETOOLONG, "control socket path %s is too long", path);
+	strcpy(sa.sun_path, path);
+	unlink(path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return cap_err_set(err, errno, "socket: %s", strerror(errno));
+	mode_t old = umask(077);
+	int r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (r < 0 || chmod(path, 0600) < 0 || listen(fd, 16) < 0) {
+		int e = errno;
+		close(fd);
+		return cap_err_set(err, e, "cannot listen on %s: %s", path, strerror(e));
+	}
+	return fd;
+}
+
+static void report_ready(int *fd, const char *msg)
+{
+	if (*fd < 0)
+		return;
+	cap_write_all(*fd, msg, strlen(msg));
+	close(*fd);
+	*fd = -1;
+}
+
+static void serve(struct shim *s, int lfd, int sfd)
+{
+	enum { FIXED = CAP_SANDBOX_NPOLL + 2 };
+	struct pollfd pfd[FIXED + MAX_CONNS];
+	struct conn *owner[FIXED + MAX_CONNS];
+	struct cap_err err = { 0 };
+
+	while (!s->stop) {
+		cap_sandbox_pollfds(s->sb, pfd);
+		int n = CAP_SANDBOX_NPOLL;
+		pfd[n++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+		pfd[n++] = (struct pollfd){ .fd = lfd, .events = POLLIN };
+		for (int i = 0; i < MAX_CONNS; i++) {
+			struct conn *c = &s->conns[i];
+			if (c->fd < 0)
+				continue;
+			owner[n] = c;
+			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)(POLLIN | (cap_buf_used(&c->out) ? POLLOUT : 0)) };
+		}
+		if (poll(pfd, (nfds_t)n, -1) < 0 && errno != EINTR)
+			break;
+		if (cap_sandbox_dispatch(s->sb, pfd, &err) < 0) {
+			fprintf(stderr, "capsule shim: %s\n", err.msg);
+			return;
+		}
+		if (pfd[CAP_SANDBOX_NPOLL].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof(si)) == sizeof(si))
+				s->stop = true;
+		}
+		if (pfd[CAP_SANDBOX_NPOLL + 1].revents & POLLIN) {
+			int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			struct conn *c = NULL;
+			for (int i = 0; cfd >= 0 && i < MAX_CONNS && !c; i++)
+				if (s->conns[i].fd < 0)
+					c = &s->conns[i];
+			if (c) {
+				c->fd = cfd;
+				cap_buf_init(&c->in);
+				cap_buf_init(&c->out);
+				cap_proto_hello_encode(&c->out, cap_sandbox_agent_version(s->sb));
+			} else if (cfd >= 0) {
+				close(cfd);	/* full: the client sees EOF */
+			}
+		}
+		for (int i = FIXED; i < n; i++) {
+			struct conn *c = owner[i];
+			if (c->fd < 0 || !pfd[i].revents)
+				continue;
+			if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
+				client_read(s, c);
+		}
+		for (int i = 0; i < MAX_CONNS; i++) {
+			struct conn *c = &s->conns[i];
+			if (c->fd < 0)
+				continue;
+			client_flush(s, c);
+			if (c->fd >= 0 && cap_buf_used(&c->out) > CONN_OUT_LIMIT)
+				conn_close(s, c);	/* not reading: cut it loose */
+		}
+	}
+}
+
+static int write_runtime(const char *dir, const char *control, pid_t qemu,
+			 struct cap_err *err)
+{
+	json_t *j = json_pack("{s:i, s:i, s:s}", "shim_pid", (int)getpid(),
+			      "qemu_pid", (int)qemu, "control", control);
+	char *text = json_dumps(j, JSON_INDENT(2));
+	json_decref(j);
+	_cleanup_free_ char *path = xasprintf("%s/runtime.json", dir);
+	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
+	free(text);
+	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
+}
+
+int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
+{
+	struct cap_record rec;
+	struct cap_image img = { 0 };
+	struct shim s = { 0 };
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	_cleanup_free_ char *lockp = xasprintf("%s/shim.lock", dir);
+	_cleanup_free_ char *runtime = xasprintf("%s/runtime.json", dir);
+	_cleanup_free_ char *console = xasprintf("%s/console.log", dir);
+	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
+	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
+	_cleanup_free_ char *rundir = NULL, *control = NULL;
+	int lock = -1, lfd = -1, sfd = -1, r;
+
+	for (int i = 0; i < MAX_CONNS; i++)
+		s.conns[i].fd = -1;
+	if ((r = cap_named_load(name, &rec, err)) < 0)
+		goto out;
+	lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
+		r = cap_err_set(err, EBUSY, "sandbox '%s' is already running (%s is locked)", name, lockp);
+		goto out;
+	}
+	if ((r = cap_store_image_find(rec.image, &img, err)) < 0 ||
+	    (r = cap_store_image_verify(&img, err)) < 0)
+		goto out;
+
+	/* Sockets next to the disks when the path fits sun_path, else in a
+	 * private short directory (docs/architecture.md, "Storage"). */
+	const char *sockdir = dir;
+	if (strlen(dir) + sizeof("/control.sock") > 100) {
+		if ((r = cap_make_run_dir(&rundir, err)) < 0)
+			goto out;
+		sockdir = rundir;
+	}
+	control = xasprintf("%s/control.sock", sockdir);
+
+	struct cap_vm_disk disks[] = {
+		{ img.owned_path, "capsule-root", true },
+		{ upper, "capsule-upper", false },
+		{ work, "capsule-work", false },
+	};
+	char host[21];
+	snprintf(host, sizeof(host), "%s", name);
+	struct cap_setup setup = {
+		.root_image = "capsule-root", .root_upper = "capsule-upper",
+		.work = "capsule-work", .source = "",
+		.hostname = cap_proto_valid_name(host) ? host : "capsule",
+	};
+	struct cap_sandbox_opts o;
+	cap_sandbox_opts_init(&o);
+	o.cpus = rec.cpus;
+	o.memory_mib = rec.memory_mib;
+	o.console_log = console;
+	o.dir = sockdir;
+	o.disks = disks;
+	o.ndisks = CAP_ARRAY_SIZE(disks);
+	o.setup = &setup;
+
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	sigprocmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+
+	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
+		goto out;
+	if ((lfd = listen_on(control, err)) < 0) {
+		r = lfd;
+		goto out;
+	}
+	if ((r = write_runtime(dir, control, cap_sandbox_vmm_pid(s.sb), err)) < 0)
+		goto out;
+	fprintf(stderr, "capsule shim %s: running (QEMU pid %d, %s)\n", name,
+		(int)cap_sandbox_vmm_pid(s.sb), control);
+	report_ready(&ready_fd, "ok\n");
+
+	serve(&s, lfd, sfd);
+
+	/* Stop: refuse new clients, stop the VM, then confirm to whoever
+	 * asked once QEMU is gone. */
+	close(lfd);
+	lfd = -1;
+	unlink(control);
+	struct cap_err serr = { 0 };
+	if (cap_sandbox_shutdown(s.sb, 10000, &serr) < 0)
+		fprintf(stderr, "capsule shim %s: %s\n", name, serr.msg);
+	if (s.stop_requester && s.stop_requester->fd >= 0) {
+		cap_proto_put(&s.stop_requester->out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
+		cap_set_nonblock(s.stop_requester->fd, 0);
+		client_flush(&s, s.stop_requester);
+	}
+	fprintf(stderr, "capsule shim %s: stopped\n", name);
+	r = 0;
+out:
+	if (r < 0) {
+		char msg[sizeof(err->msg) + 2];
+		snprintf(msg, sizeof(msg), "%s\n", err->msg);
+		report_ready(&ready_fd, msg);
+	}
+	for (int i = 0; i < MAX_CONNS; i++)
+		if (s.conns[i].fd >= 0)
+			conn_close(&s, &s.conns[i]);
+	cap_sandbox_free(s.sb);
+	if (lfd >= 0) {
+		close(lfd);
+		unlink(control);
+	}
+	if (sfd >= 0)
+		close(sfd);
+	unlink(runtime);
+	if (rundir)
+		cap_remove_run_dir(rundir);
+	cap_image_fini(&img);
+	if (lock >= 0)
+		close(lock);	/* releases the lock last */
+	return r;
+}

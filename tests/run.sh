@@ -61,6 +61,7 @@ fi
 export CAPSULE_AGENT="$top/$build/capsule-agent"
 suite "integration/vm" "$build/tests/test-vm"
 suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
+suite "integration/sandbox" tests/integration/test-sandbox.sh "$build/capsule"
 
 awk '{ p += $1; f += $2; s += $3 }
 	END {

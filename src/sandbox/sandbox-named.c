@@ -314,8 +314,6 @@ int cap_named_start(const char *name, struct cap_err *err)
 	return cap_err_set(err, EIO, "sandbox '%s' did not start: %s", name, msg);
 }
 
-static bool alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0; }
-
 int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
 {
 	struct cap_named_status st;
@@ -328,14 +326,18 @@ int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
 		cap_sandbox_shutdown(sb, grace_ms, &aerr);
 		cap_sandbox_free(sb);
 	}
-	/* Wait for the shim to go; if it does not, kill it (its QEMU dies
-	 * with it) — disks are never touched here. */
+	/* Wait for the shim to go (its lock is released when it exits,
+	 * zombie or not); if it does not, kill it (its QEMU dies with it).
+	 * Disks are never touched here. */
 	int64_t end = cap_now_ms() + grace_ms + 5000;
-	while (alive(st.shim_pid) && cap_now_ms() < end)
-		usleep(20000);
-	if (alive(st.shim_pid)) {
+	while (cap_now_ms() < end && cap_named_status(name, &st, NULL) == 0 &&
+	       st.state == CAP_NAMED_RUNNING)
+		usleep(10000);
+	if (st.state == CAP_NAMED_RUNNING && st.shim_pid > 0) {
 		kill(st.shim_pid, SIGKILL);
-		usleep(100000);
+		for (int i = 0; i < 100 && cap_named_status(name, &st, NULL) == 0 &&
+				st.state == CAP_NAMED_RUNNING; i++)
+			usleep(10000);
 	}
 	if (cap_named_status(name, &st, err) == 0 && st.state == CAP_NAMED_RUNNING)
 		return cap_err_set(err, EBUSY, "sandbox '%s' is still running (shim pid %d) after being stopped", name, (int)st.shim_pid);

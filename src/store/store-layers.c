@@ -150,9 +150,16 @@ int cap_store_apply_layer(const char *root, const char *layer,
 	if (r < 0)
 		return r;
 
-	/* Pass 2: the layer's own entries. */
+	/* Pass 2: the layer's own entries, extracted with paths relative to
+	 * the staging root (our cwd for the duration), so that libarchive's
+	 * checks see only paths inside it. */
 	if (!(a = open_archive(layer, err)))
 		return -EINVAL;
+	_cleanup_close_ int cwd = open(".", O_PATH | O_CLOEXEC);
+	if (cwd < 0 || fchdir(rootfd) < 0) {
+		archive_read_free(a);
+		return cap_err_set(err, errno, "cannot enter %s: %s", root, strerror(errno));
+	}
 	struct archive *w = archive_write_disk_new();
 	int flags = ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
 		    ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | ARCHIVE_EXTRACT_PERM |
@@ -169,17 +176,15 @@ int cap_store_apply_layer(const char *root, const char *layer,
 		mode_t type = archive_entry_filetype(e);
 		if (!root_user && (type == AE_IFCHR || type == AE_IFBLK))
 			continue;	/* device nodes need root; devtmpfs provides them */
-		_cleanup_free_ char *dst = xasprintf("%s/%s", root, clean);
-		archive_entry_set_pathname(e, dst);
+		archive_entry_set_pathname(e, clean);
 		const char *hl = archive_entry_hardlink(e);
 		if (hl) {
 			char hclean[4096];
-			if (clean_path(hl, hclean, sizeof(hclean)) < 0) {
+			if (clean_path(hl, hclean, sizeof(hclean)) < 0 || !*hclean) {
 				r = cap_err_set(err, EINVAL, "%s: hard link %s points outside the root", layer, clean);
 				break;
 			}
-			_cleanup_free_ char *hdst = xasprintf("%s/%s", root, hclean);
-			archive_entry_set_hardlink(e, hdst);
+			archive_entry_set_hardlink(e, hclean);
 		}
 		if (archive_write_header(w, e) < ARCHIVE_WARN) {
 			r = cap_err_set(err, EIO, "%s: cannot extract %s: %s", layer, clean, archive_error_string(w));
@@ -202,6 +207,8 @@ int cap_store_apply_layer(const char *root, const char *layer,
 		r = cap_err_set(err, EINVAL, "%s: %s", layer, archive_error_string(a));
 	archive_write_free(w);
 	archive_read_free(a);
+	if (fchdir(cwd) < 0 && r == 0)
+		r = cap_err_set(err, errno, "cannot return to the working directory: %s", strerror(errno));
 	return r;
 }
 
@@ -383,6 +390,11 @@ static int unpack(const char *path, const char *dir, struct cap_err *err)
 	int k, r = 0;
 	if (!a)
 		return -EINVAL;
+	_cleanup_close_ int cwd = open(".", O_PATH | O_CLOEXEC);
+	if (cwd < 0 || chdir(dir) < 0) {
+		archive_read_free(a);
+		return cap_err_set(err, errno, "cannot enter %s: %s", dir, strerror(errno));
+	}
 	struct archive *w = archive_write_disk_new();
 	archive_write_disk_set_options(w, ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
 					      ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
@@ -391,8 +403,7 @@ static int unpack(const char *path, const char *dir, struct cap_err *err)
 		if (clean_path(archive_entry_pathname(e), clean, sizeof(clean)) < 0 || !*clean ||
 		    (type != AE_IFREG && type != AE_IFDIR))
 			continue;	/* metadata archives hold files and directories only */
-		_cleanup_free_ char *dst = xasprintf("%s/%s", dir, clean);
-		archive_entry_set_pathname(e, dst);
+		archive_entry_set_pathname(e, clean);
 		if (archive_write_header(w, e) < ARCHIVE_WARN) {
 			r = cap_err_set(err, EIO, "%s: cannot unpack %s: %s", path, clean, archive_error_string(w));
 			break;
@@ -409,6 +420,8 @@ static int unpack(const char *path, const char *dir, struct cap_err *err)
 		r = cap_err_set(err, EINVAL, "%s: %s", path, archive_error_string(a));
 	archive_write_free(w);
 	archive_read_free(a);
+	if (fchdir(cwd) < 0 && r == 0)
+		r = cap_err_set(err, errno, "cannot return to the working directory: %s", strerror(errno));
 	return r;
 }
 

@@ -4,32 +4,7 @@
 # can tell its own QEMU processes and leftovers from anyone else's.
 set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-rt=$(mktemp -d /tmp/ct.XXXXXX)
-export XDG_RUNTIME_DIR="$rt"
-out="$rt/out"
-err="$rt/err"
-n=0
-trap 'pkill -KILL -f "$rt/capsule-" 2>/dev/null; rm -rf "$rt"' EXIT
-
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() {
-	n=$((n + 1))
-	echo "not ok $n - $1"
-	shift
-	for line in "$@"; do echo "# $line"; done
-	[ -s "$err" ] && sed 's/^/# stderr: /' "$err" | head -20
-}
-skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
-check() { # check NAME 'SHELL CONDITION'
-	if eval "$2"; then ok "$1"; else not_ok "$1" "failed: $2"; fi
-}
-# QEMU processes started by this test, and leftovers in the runtime dir.
-ours() { pgrep -f "$rt/capsule-" | wc -l; }
-leftovers() { find "$rt" -mindepth 1 -maxdepth 1 -name 'capsule-*' | wc -l; }
-clean_after() { # clean_after NAME: nothing of ours may remain
-	if [ "$(ours)" -eq 0 ] && [ "$(leftovers)" -eq 0 ]; then ok "$1: no QEMU process or socket left"
-	else not_ok "$1: no QEMU process or socket left" "qemu: $(ours), dirs: $(ls "$rt")"; fi
-}
+. "$(dirname "$0")/lib.sh"
 
 echo "1..23"
 
@@ -75,8 +50,7 @@ check "commands run as UID 1000" 'grep -qx 1000 "$out"'
 # Ctrl-C: the command is interrupted and the VM removed.
 "$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &
 pid=$!
-i=0
-while ! grep -q started "$out" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for 'grep -q started "$out" 2>/dev/null'
 kill -INT "$pid"
 wait "$pid"
 rc=$?
@@ -86,12 +60,10 @@ clean_after "Ctrl-C"
 # SIGKILL of capsule itself: QEMU must not outlive it.
 "$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &
 pid=$!
-i=0
-while ! grep -q started "$out" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for 'grep -q started "$out" 2>/dev/null'
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
-i=0
-while [ "$(ours)" -gt 0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for '[ "$(ours)" -eq 0 ]' 50
 check "QEMU dies with a SIGKILLed capsule" '[ "$(ours)" -eq 0 ]'
 rm -rf "$rt"/capsule-*	# a SIGKILLed process cannot clean its run dir
 

@@ -1,0 +1,46 @@
+# Shared helpers for the black-box shell suites (TAP output). Source after
+# setting $capsule. Each suite gets a private runtime directory (sockets of
+# one-shot VMs) and a private CAPSULE_HOME, so it can tell its own QEMU
+# processes and leftovers from anyone else's, and cleans both up on exit.
+rt=$(mktemp -d /tmp/ct.XXXXXX)
+export XDG_RUNTIME_DIR="$rt"
+export CAPSULE_HOME="$rt/home"
+out="$rt/out"
+err="$rt/err"
+n=0
+cleanup() {
+	for d in "$CAPSULE_HOME"/sandboxes/*/; do
+		[ -f "$d/runtime.json" ] && pkill -KILL -f "$d" 2>/dev/null
+	done
+	pkill -KILL -f "$rt/" 2>/dev/null
+	sleep 0.2
+	rm -rf "$rt"
+}
+trap cleanup EXIT
+
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+	n=$((n + 1))
+	echo "not ok $n - $1"
+	shift
+	for line in "$@"; do echo "# $line"; done
+	[ -s "$out" ] && sed 's/^/# stdout: /' "$out" | head -10
+	[ -s "$err" ] && sed 's/^/# stderr: /' "$err" | head -20
+}
+skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
+check() { # check NAME 'SHELL CONDITION'
+	if eval "$2"; then ok "$1"; else not_ok "$1" "failed: $2"; fi
+}
+# QEMU processes started by this suite, and leftovers in its runtime dir.
+ours() { pgrep -f "qemu-system.*$rt/" | wc -l; }
+leftovers() { find "$rt" -mindepth 1 -maxdepth 1 -name 'capsule-*' | wc -l; }
+clean_after() { # clean_after NAME: nothing of ours may remain
+	if [ "$(ours)" -eq 0 ] && [ "$(leftovers)" -eq 0 ]; then ok "$1: no QEMU process or socket left"
+	else not_ok "$1: no QEMU process or socket left" "qemu: $(ours), dirs: $(ls "$rt")"; fi
+}
+# wait_for 'CONDITION' [TENTHS]: poll until true, at most TENTHS/10 s.
+wait_for() {
+	i=0
+	while ! eval "$1" && [ $i -lt "${2:-300}" ]; do sleep 0.1; i=$((i + 1)); done
+	eval "$1"
+}

@@ -1,0 +1,185 @@
+#!/bin/sh
+# Black-box tests of images and named sandboxes: persistence, quotas,
+# imports with whiteouts, bad input, the interactive shell. TAP output.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+. "$(dirname "$0")/lib.sh"
+c() { "$capsule" "$@"; }
+sbdir() { echo "$CAPSULE_HOME/sandboxes/$1"; }
+state() { c ls | awk -v n="$1" '$1 == n { print $3 }'; }
+qemu_pid() { c inspect "$1" | sed -n 's/^processes: *shim [0-9]*, qemu \([0-9]*\)/\1/p'; }
+
+echo "1..41"
+
+# --- images ----------------------------------------------------------------
+c image build base >"$out" 2>"$err"
+check "image build base" 'grep -q "^built base sha256:[0-9a-f]\{64\}" "$out"'
+c image ls >"$out" 2>"$err"
+check "image ls lists base" 'grep -q "^base  *sha256:" "$out"'
+base_digest=$(c image inspect base | sed -n 's/^digest: *//p')
+c image inspect "${base_digest%${base_digest#sha256:????????????}}" >"$out" 2>"$err"
+check "an image is found by a 12-digit digest prefix" 'grep -q "verified: yes" "$out"'
+
+# --- a named sandbox --------------------------------------------------------
+c create p >"$out" 2>"$err"
+check "create p" 'grep -q "created sandbox p" "$out" && [ -f "$(sbdir p)/private.ext4" ] && [ -f "$(sbdir p)/root-upper.ext4" ]'
+check "a new sandbox is stopped" '[ "$(state p)" = stopped ]'
+c exec p -- sh -c 'echo keep > /work/a' >"$out" 2>"$err"
+rc=$?
+check "exec on a stopped sandbox starts it" '[ "$rc" -eq 0 ] && [ "$(state p)" = running ]'
+c exec p -- sh -c 'stat -c %u /work; grep " /work " /proc/mounts' >"$out" 2>"$err"
+check "/work is owned by UID 1000 and mounted nosuid,nodev" 'head -1 "$out" | grep -qx 1000 && grep -q "nosuid,nodev" "$out"'
+c exec p -- sh -c 'head -c 1048576 /dev/urandom > /work/r; md5sum /work/r' >"$out" 2>"$err"
+sum=$(cut -d" " -f1 "$out")
+c stop p >"$out" 2>"$err"
+check "stop p" '[ $? -eq 0 ] && [ "$(state p)" = stopped ]'
+check "stop leaves no QEMU" '[ "$(ours)" -eq 0 ]'
+c start p >"$out" 2>"$err"
+check "start p" '[ "$(state p)" = running ]'
+c exec p -- sh -c 'cat /work/a; md5sum /work/r' >"$out" 2>"$err"
+check "/work bytes survive stop and start" 'head -1 "$out" | grep -qx keep && grep -q "^$sum " "$out"'
+
+# SIGKILL of QEMU: what was synced survives, and the disk still mounts.
+c exec p -- sh -c 'echo synced > /work/s; sync' >"$out" 2>"$err"
+pid=$(qemu_pid p)
+kill -KILL "$pid"
+wait_for '[ "$(state p)" = stopped ]' 100
+check "a killed QEMU leaves the sandbox stopped" '[ "$(state p)" = stopped ]'
+c exec p -- sh -c 'cat /work/s /work/a' >"$out" 2>"$err"
+check "synced data survives SIGKILL of QEMU and the disk mounts" '[ "$(cat "$out")" = "$(printf "synced\nkeep")" ]'
+
+# --- quotas -------------------------------------------------------------------
+c exec p -- sh -c 'dd if=/dev/zero of=/work/big bs=1M count=600' >"$out" 2>"$err"
+rc=$?
+check "filling /work gives ENOSPC in the guest" '[ "$rc" -ne 0 ] && grep -q "No space left on device" "$err"'
+check "the host file of /work stays at its 512 MiB size" '[ "$(stat -c %s "$(sbdir p)/private.ext4")" -eq 536870912 ] && [ $(( $(stat -c %b "$(sbdir p)/private.ext4") * 512 )) -le 536870912 ]'
+c exec p -- true >"$out" 2>"$err"
+check "the sandbox still answers after ENOSPC" '[ $? -eq 0 ]'
+c exec p -- sh -c 'rm /work/big; dd if=/dev/zero of=/var/tmp/big bs=1M count=400' >"$out" 2>"$err"
+rc=$?
+check "filling the root layer gives ENOSPC in the guest" '[ "$rc" -ne 0 ] && grep -q "No space left on device" "$err"'
+check "the host file of the root layer stays at 256 MiB" '[ "$(stat -c %s "$(sbdir p)/root-upper.ext4")" -eq 268435456 ]'
+c exec p -- sh -c 'rm -f /var/tmp/big; cat /work/a' >"$out" 2>"$err"
+check "the sandbox works after the root layer filled up" 'grep -qx keep "$out"'
+
+# --- the interactive shell, in tmux ---------------------------------------------
+if command -v tmux >/dev/null; then
+	sock="$rt/tmux"
+	tmux -S "$sock" new-session -d -x 100 -y 30 "stty -g > $rt/stty-before; $capsule shell p; echo rc=\$? > $rt/shell-rc; stty -g > $rt/stty-after; sleep 30"
+	wait_for 'tmux -S "$sock" capture-pane -p | grep -q "[$#] *$"' 150
+	tmux -S "$sock" send-keys 'echo $((6*7)); stty size' Enter
+	wait_for 'tmux -S "$sock" capture-pane -p | grep -q "^30 100"' 100
+	check "shell: a PTY with the window size of the terminal" 'tmux -S "$sock" capture-pane -p | grep -q "^42" && tmux -S "$sock" capture-pane -p | grep -q "^30 100"'
+	tmux -S "$sock" resize-window -x 120 -y 40 2>/dev/null || tmux -S "$sock" resize-pane -x 120 -y 40
+	sleep 0.5
+	tmux -S "$sock" send-keys 'stty size' Enter
+	wait_for 'tmux -S "$sock" capture-pane -p | grep -q "^40 120"' 100
+	check "shell: a resize reaches the guest" 'tmux -S "$sock" capture-pane -p | grep -q "^40 120"'
+	tmux -S "$sock" send-keys 'exit 3' Enter
+	wait_for '[ -s "$rt/shell-rc" ] && [ -s "$rt/stty-after" ]' 100
+	check "shell: the exit code comes back" 'grep -qx "rc=3" "$rt/shell-rc"'
+	check "shell: the terminal mode is restored" 'cmp -s "$rt/stty-before" "$rt/stty-after"'
+	tmux -S "$sock" kill-server 2>/dev/null
+else
+	for t in "PTY size" "resize" "exit code" "terminal restored"; do skip "shell: $t" "tmux is not installed"; done
+fi
+
+# --- removal ----------------------------------------------------------------
+c rm p >"$out" 2>"$err"
+rc=$?
+check "rm refuses a running sandbox without --force" '[ "$rc" -ne 0 ] && grep -q -- "--force" "$err" && [ -f "$(sbdir p)/private.ext4" ]'
+c rm --force p >"$out" 2>"$err"
+check "rm --force removes it" '[ $? -eq 0 ] && [ ! -e "$(sbdir p)" ] && [ "$(ours)" -eq 0 ]'
+
+# --- bad input: clear errors, nothing deleted ------------------------------------
+c create ../x >"$out" 2>"$err"
+rc=$?
+check "a name like ../x is refused, naming the rule" '[ "$rc" -ne 0 ] && grep -q "not a valid sandbox name" "$err" && [ ! -e "$CAPSULE_HOME/x" ]'
+c exec nosuch -- true >"$out" 2>"$err"
+rc=$?
+check "an unknown sandbox is named" '[ "$rc" -ne 0 ] && grep -q "no sandbox named '\''nosuch'\''" "$err"'
+c create q --image nosuch >"$out" 2>"$err"
+rc=$?
+check "a missing image is named and nothing is created" '[ "$rc" -ne 0 ] && grep -q "no image named '\''nosuch'\''" "$err" && [ ! -e "$(sbdir q)" ]'
+
+# A corrupt image is refused before boot, naming both digests.
+mkdir -p "$rt/tree/bin" && cp /bin/busybox "$rt/tree/bin/" && ln -s busybox "$rt/tree/bin/sh"
+c image import "$rt/tree" --name corrupt >"$out" 2>"$err"
+c create k --image corrupt >"$out" 2>"$err"
+img=$(c image inspect corrupt | sed -n 's/^file: *//p')
+digest=$(c image inspect corrupt | sed -n 's/^digest: *//p')
+printf 'X' | dd of="$img" bs=1 seek=2000 conv=notrunc 2>/dev/null
+c exec k -- true >"$out" 2>"$err"
+rc=$?
+check "a corrupt image is refused before boot, naming both digests" '[ "$rc" -ne 0 ] && grep -q "$digest" "$err" && [ "$(grep -o "sha256:[0-9a-f]\{64\}" "$err" | sort -u | wc -l)" -ge 2 ] && [ "$(ours)" -eq 0 ]'
+check "the refused sandbox keeps its disks" '[ -f "$(sbdir k)/private.ext4" ]'
+c image rm corrupt >"$out" 2>"$err"
+check "image rm refuses an image a sandbox uses" '[ $? -ne 0 ] && grep -q "used by a sandbox" "$err"'
+c rm k >/dev/null 2>&1
+
+# --- import: OCI layout with whiteouts, docker save, tar -----------------------
+L="$rt/layers"
+mkdir -p "$L/l1/bin" "$L/l1/a" "$L/l1/b/x" "$L/l1/c" "$L/l2/a" "$L/l2/b" "$L/l2/d"
+cp /bin/busybox "$L/l1/bin/" && ln -s busybox "$L/l1/bin/sh"
+echo keep >"$L/l1/a/keep"; echo gone >"$L/l1/a/gone"; echo 1 >"$L/l1/b/x/1"; echo f >"$L/l1/c/file"
+: >"$L/l2/a/.wh.gone"; : >"$L/l2/b/.wh..wh..opq"; echo new >"$L/l2/b/new"; echo added >"$L/l2/d/added"
+tar -C "$L/l1" -czf "$L/layer1.tar.gz" . && tar -C "$L/l2" --zstd -cf "$L/layer2.tar.zst" .
+oci="$rt/oci"
+mkdir -p "$oci/blobs/sha256"
+blob() { h=$(sha256sum "$1" | cut -d" " -f1); cp "$1" "$oci/blobs/sha256/$h"; echo "$h"; }
+h1=$(blob "$L/layer1.tar.gz"); h2=$(blob "$L/layer2.tar.zst")
+printf '{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}' >"$L/config.json"
+hc=$(blob "$L/config.json")
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%d},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%d},{"mediaType":"application/vnd.oci.image.layer.v1.tar+zstd","digest":"sha256:%s","size":%d}]}' \
+	"$hc" "$(stat -c %s "$L/config.json")" "$h1" "$(stat -c %s "$L/layer1.tar.gz")" "$h2" "$(stat -c %s "$L/layer2.tar.zst")" >"$L/manifest.json"
+hm=$(blob "$L/manifest.json")
+printf '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
+printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%d,"platform":{"architecture":"amd64","os":"linux"}}]}' \
+	"$hm" "$(stat -c %s "$L/manifest.json")" >"$oci/index.json"
+expected="/a /a/keep /b /b/new /c /c/file /d /d/added"
+tree() { c exec "$1" -- /bin/busybox sh -c 'cd / && /bin/busybox find a b c d | /bin/busybox sort | /bin/busybox sed "s|^|/|" | /bin/busybox tr "\n" " "'; }
+
+c image import "$oci" --name oci-dir >"$out" 2>"$err"
+c create o1 --image oci-dir >/dev/null 2>&1
+check "OCI layout import applies file and opaque whiteouts" '[ "$(tree o1) " = "$expected " ] || [ "$(tree o1)" = "$expected " ]'
+tar -C "$oci" -cf "$rt/oci.tar" .
+c image import "$rt/oci.tar" --name oci-tar >"$out" 2>"$err"
+check "an OCI layout in a tar imports to the same image" '[ "$(c image inspect oci-tar | sed -n "s/^digest: *//p")" = "$(c image inspect oci-dir | sed -n "s/^digest: *//p")" ]'
+ds="$rt/dsave"
+mkdir -p "$ds/l1" "$ds/l2"
+gzip -dc "$L/layer1.tar.gz" >"$ds/l1/layer.tar" && zstd -q -dc "$L/layer2.tar.zst" >"$ds/l2/layer.tar"
+printf '[{"Config":"c.json","RepoTags":["t:latest"],"Layers":["l1/layer.tar","l2/layer.tar"]}]' >"$ds/manifest.json"
+cp "$L/config.json" "$ds/c.json"
+tar -C "$ds" -cf "$rt/dsave.tar" .
+c image import "$rt/dsave.tar" --name dsave >"$out" 2>"$err"
+check "a docker save archive imports to the same tree" '[ "$(c image inspect dsave | sed -n "s/^digest: *//p")" = "$(c image inspect oci-dir | sed -n "s/^digest: *//p")" ]'
+tar -C "$L/l1" -cf "$rt/plain.tar" .
+c image import "$rt/plain.tar" --name plain >"$out" 2>"$err"
+c create o2 --image plain >/dev/null 2>&1
+check "a plain tar imports as a root tree" '[ "$(c exec o2 -- /bin/busybox cat /a/gone)" = gone ]'
+printf 'not an archive' >"$rt/junk.tar"
+c image import "$rt/junk.tar" --name junk >"$out" 2>"$err"
+check "a file that is not an archive is refused, named" '[ $? -ne 0 ] && grep -q "junk.tar" "$err"'
+rm -f "$oci/blobs/sha256/$h2"
+printf 'tampered' >"$oci/blobs/sha256/$h2"
+c image import "$oci" --name tampered >"$out" 2>"$err"
+check "a layer blob that does not match its digest is refused" '[ $? -ne 0 ] && grep -q "does not match its digest" "$err"'
+c rm --force o1 >/dev/null 2>&1; c rm --force o2 >/dev/null 2>&1
+c image prune >"$out" 2>"$err"
+check "prune removes unused images" 'grep -q "removed" "$out" && ! c image inspect oci-dir >/dev/null 2>&1'
+
+# --- the python image ----------------------------------------------------------
+c image build python >"$out" 2>"$err"
+rc=$?
+if [ "$rc" -eq 0 ]; then
+	c create py --image python >/dev/null 2>&1
+	c exec py -- python3 -c 'print(6*7)' >"$out" 2>"$err"
+	check "python image: python3 prints 42" 'grep -qx 42 "$out"'
+	c image prune >"$out" 2>"$err"
+	check "prune keeps an image a sandbox uses" 'c image inspect python >/dev/null 2>&1'
+	c rm --force py >/dev/null 2>&1
+else
+	not_ok "python image: python3 prints 42" "image build python failed (exit $rc)"
+	not_ok "prune keeps an image a sandbox uses" "no python image"
+fi
+clean_after "sandbox suite"

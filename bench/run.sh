@@ -50,6 +50,51 @@ vm_p50=$(awk '$1 == "vm_exec" { print $2 }' /tmp/capsule-bench-e.$$)
 vm_p99=$(awk '$1 == "vm_exec" { print $3 }' /tmp/capsule-bench-e.$$)
 rm -f /tmp/capsule-bench-e.$$
 
+# (c) named sandboxes: restart of a stopped sandbox to its first result,
+# against a fresh one-shot VM; (d) image conversion against mkfs.erofs.
+bench_home=$(mktemp -d /tmp/capsule-bench.XXXXXX)
+trap 'CAPSULE_HOME="$bench_home/home" "$capsule" rm --force b >/dev/null 2>&1 || true; rm -rf "$bench_home"' EXIT
+export CAPSULE_HOME="$bench_home/home"
+"$capsule" image build base >/dev/null 2>&1
+"$capsule" create b >/dev/null
+echo "bench: $runs restarts of a stopped sandbox, alternating with fresh runs..." >&2
+: >"$bench_home/a"
+: >"$bench_home/b"
+i=0
+while [ $i -lt "$runs" ]; do
+	"$capsule" stop b
+	t=$(now_ns); "$capsule" exec b -- true; echo $(( $(now_ns) - t )) >>"$bench_home/a"
+	t=$(now_ns); "$capsule" run -q -- true; echo $(( $(now_ns) - t )) >>"$bench_home/b"
+	i=$((i + 1))
+done
+"$capsule" rm --force b >/dev/null
+restart=$(median <"$bench_home/a")
+fresh=$(median <"$bench_home/b")
+
+echo "bench: building the python image (debootstrap, about a minute)..." >&2
+conv_runs=${BENCH_CONV_RUNS:-5}
+if "$capsule" image build python >/dev/null 2>&1; then
+	pyimg=$("$capsule" image inspect python | sed -n 's/^file: *//p')
+	fsck.erofs --extract="$bench_home/tree" "$pyimg" >/dev/null 2>&1
+	echo "bench: $conv_runs conversions of the python tree, alternating with mkfs.erofs..." >&2
+	: >"$bench_home/c"
+	: >"$bench_home/d"
+	i=0
+	while [ $i -lt "$conv_runs" ]; do
+		"$capsule" image rm python-bench >/dev/null 2>&1 || true
+		t=$(now_ns); "$capsule" image import "$bench_home/tree" --name python-bench >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$bench_home/c"
+		t=$(now_ns); mkfs.erofs --quiet -T0 "$bench_home/raw.erofs" "$bench_home/tree" >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$bench_home/d"
+		rm -f "$bench_home/raw.erofs"
+		i=$((i + 1))
+	done
+	convert=$(median <"$bench_home/c")
+	mkfs=$(median <"$bench_home/d")
+else
+	convert=0
+	mkfs=0
+fi
+unset CAPSULE_HOME
+
 printf '\ncapsule bench: accel %s, %s, %d cold runs, %d warm execs\n\n' \
 	"$accel" "$(qemu-system-x86_64 --version | head -1 | sed 's/QEMU emulator //')" "$runs" "$execs"
 printf '%-44s %12s %12s %8s\n' "measure" "capsule" "baseline" "ratio"
@@ -60,3 +105,8 @@ awk -v v="$vm_p50" -v h="$host_p50" 'BEGIN {
 	printf "%-44s %10.0fus %10.0fus %7.1fx\n", "(b) warm exec `true` p50 vs host fork+exec", v, h, v / h }'
 awk -v v="$vm_p99" -v h="$host_p99" 'BEGIN {
 	printf "%-44s %10.0fus %10.0fus %7.1fx\n", "(b) warm exec `true` p99 vs host fork+exec", v, h, v / h }'
+awk -v a="$restart" -v b="$fresh" 'BEGIN {
+	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(c) restart stopped sandbox+exec vs run true", a / 1e6, b / 1e6, a / b }'
+awk -v a="$convert" -v b="$mkfs" 'BEGIN {
+	if (b > 0) printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(d) python image import vs mkfs.erofs alone", a / 1e6, b / 1e6, a / b
+	else printf "%-44s %12s %12s %8s\n", "(d) python image import vs mkfs.erofs alone", "failed", "-", "-" }'

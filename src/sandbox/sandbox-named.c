@@ -239,6 +239,26 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 	return 0;
 }
 
+/* Another process started the shim: wait until it serves (runtime.json
+ * names its control socket) or gives up (its lock goes away). */
+static int wait_serving(const char *name, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int64_t end = cap_now_ms() + 120000;
+	while (cap_now_ms() < end) {
+		int r = cap_named_status(name, &st, err);
+		if (r < 0)
+			return r;
+		if (st.state == CAP_NAMED_STOPPED)
+			return cap_err_set(err, EIO, "sandbox '%s' was being started by another process, which failed; see %s/shim.log",
+					   name, cap_named_dir(name));
+		if (st.control[0])
+			return 0;
+		usleep(20000);
+	}
+	return cap_err_set(err, ETIMEDOUT, "sandbox '%s' is starting but did not become ready in 120 s", name);
+}
+
 int cap_named_start(const char *name, struct cap_err *err)
 {
 	struct cap_named_status st;
@@ -246,7 +266,7 @@ int cap_named_start(const char *name, struct cap_err *err)
 	if (r < 0)
 		return r;
 	if (st.state == CAP_NAMED_RUNNING)
-		return 0;
+		return wait_serving(name, err);
 
 	int ready[2];
 	if (pipe2(ready, O_CLOEXEC) < 0)
@@ -309,6 +329,8 @@ int cap_named_start(const char *name, struct cap_err *err)
 	close(ready[0]);
 	if (strcmp(msg, "ok\n") == 0)
 		return 0;
+	if (strcmp(msg, "busy\n") == 0)
+		return wait_serving(name, err);	/* lost a race with another start */
 	if (len == 0)
 		return cap_err_set(err, EIO, "sandbox '%s' did not start and said nothing; see %s", name, log);
 	return cap_err_set(err, EIO, "sandbox '%s' did not start: %s", name, msg);

@@ -318,6 +318,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
 	_cleanup_free_ char *rundir = NULL, *control = NULL;
 	int lock = -1, lfd = -1, sfd = -1, r;
+	bool owner = false;
 
 	for (int i = 0; i < MAX_CONNS; i++)
 		s.conns[i].fd = -1;
@@ -325,9 +326,13 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 		goto out;
 	lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
-		r = cap_err_set(err, EBUSY, "sandbox '%s' is already running (%s is locked)", name, lockp);
+		/* Another start won the race; its caller and ours both wait
+		 * for that shim. */
+		report_ready(&ready_fd, "busy\n");
+		r = 0;
 		goto out;
 	}
+	owner = true;
 	if ((r = cap_store_image_find(rec.image, &img, err)) < 0 ||
 	    (r = cap_store_image_verify(&img, err)) < 0)
 		goto out;
@@ -418,7 +423,8 @@ out:
 	}
 	if (sfd >= 0)
 		close(sfd);
-	unlink(runtime);
+	if (owner)	/* only the lock holder's files are ours to remove */
+		unlink(runtime);
 	if (rundir)
 		cap_remove_run_dir(rundir);
 	cap_image_fini(&img);

@@ -9,7 +9,7 @@ sbdir() { echo "$CAPSULE_HOME/sandboxes/$1"; }
 state() { c ls | awk -v n="$1" '$1 == n { print $3 }'; }
 qemu_pid() { c inspect "$1" | sed -n 's/^processes: *shim [0-9]*, qemu \([0-9]*\)/\1/p'; }
 
-echo "1..41"
+echo "1..42"
 
 # --- images ----------------------------------------------------------------
 c image build base >"$out" 2>"$err"
@@ -83,6 +83,12 @@ if command -v tmux >/dev/null; then
 else
 	for t in "PTY size" "resize" "exit code" "terminal restored"; do skip "shell: $t" "tmux is not installed"; done
 fi
+
+# Three commands at once on a stopped sandbox: one start wins, all run.
+c stop p >/dev/null 2>&1
+for i in 1 2 3; do c exec p -- sh -c "echo run-$i" >"$rt/par-$i" 2>&1 & done
+wait
+check "concurrent execs on a stopped sandbox all run in one VM" 'grep -qx run-1 "$rt/par-1" && grep -qx run-2 "$rt/par-2" && grep -qx run-3 "$rt/par-3" && [ "$(pgrep -f "qemu-system.*$(sbdir p)" | wc -l)" -eq 1 ]'
 
 # --- removal ----------------------------------------------------------------
 c rm p >"$out" 2>"$err"

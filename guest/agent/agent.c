@@ -122,6 +122,9 @@ static void setup_system(void)
 	}
 	setvbuf(stderr, NULL, _IONBF, 0);
 
+	/* The initramfs root comes up world-writable; it is not the tool
+	 * user's to write. */
+	chmod("/", 0755);
 	/* Tool user's home; /work becomes a private disk in later versions. */
 	mkdir("/work", 0755);
 	if (chown("/work", TOOL_UID, TOOL_GID) < 0)

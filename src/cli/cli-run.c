@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "paths.h"
 #include "sandbox.h"
+#include "store.h"
 #include "util.h"
 
 static const char usage[] =
@@ -30,6 +32,8 @@ static const char usage[] =
 	"  -e, --env NAME=VAL  Set an environment variable (repeatable)\n"
 	"  -w, --workdir DIR   Working directory in the guest (default /work)\n"
 	"  -i, --interactive   Forward standard input even from a terminal\n"
+	"  --source DIR        Mount a validated read-only copy of DIR at /source\n"
+	"                      (see `capsule create --help` for the rules)\n"
 	"  --console-log FILE  Keep the guest's serial console in FILE\n"
 	"  -q, --quiet         Do not print the acceleration note\n"
 	"  -h, --help          Show this help\n";
@@ -43,6 +47,7 @@ int cap_cli_run(int argc, char **argv)
 		{ "output-cap", required_argument, NULL, CAP_OPT_OUTPUT_CAP },
 		{ "accel", required_argument, NULL, CAP_OPT_ACCEL },
 		{ "console-log", required_argument, NULL, CAP_OPT_CONSOLE },
+		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "env", required_argument, NULL, 'e' },
 		{ "workdir", required_argument, NULL, 'w' },
 		{ "interactive", no_argument, NULL, 'i' },
@@ -52,6 +57,7 @@ int cap_cli_run(int argc, char **argv)
 	};
 	struct cap_sandbox_opts so;
 	struct cap_cli_exec x;
+	const char *source = NULL;
 	unsigned long v;
 	int c, k;
 
@@ -87,6 +93,9 @@ int cap_cli_run(int argc, char **argv)
 		case CAP_OPT_CONSOLE:
 			so.console_log = optarg;
 			break;
+		case CAP_OPT_SOURCE:
+			source = optarg;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 0;
@@ -104,7 +113,37 @@ int cap_cli_run(int argc, char **argv)
 
 	struct cap_sandbox *sb = NULL;
 	struct cap_err err = { 0 };
-	if (cap_sandbox_boot(&so, &sb, &err) < 0) {
+	_cleanup_free_ char *projdir = NULL, *projimg = NULL;
+	struct cap_vm_disk disk;
+	struct cap_setup setup = { .root_image = "", .root_upper = "", .work = "",
+				   .source = "capsule-source", .hostname = "" };
+	if (source) {
+		/* The projection lives only until QEMU has opened it. */
+		struct cap_projection_limits lim;
+		struct cap_projection_info info;
+		_cleanup_free_ char *cache = cap_cache_dir();
+		_cleanup_free_ char *tmp = xasprintf("%s/tmp", cache);
+		projdir = xasprintf("%s/run-XXXXXX", tmp);
+		if (cap_mkdir_p(tmp, 0700) < 0 || !mkdtemp(projdir)) {
+			cap_cli_error("cannot create a directory under %s: %s", tmp, strerror(errno));
+			return CAP_EXIT_FAILURE;
+		}
+		projimg = xasprintf("%s/source.erofs", projdir);
+		if (cap_projection_limits_init(&lim, &err) < 0 ||
+		    cap_projection_build(source, &lim, projimg, &info, &err) < 0) {
+			cap_remove_tree(projdir);
+			cap_cli_error("%s", err.msg);
+			return CAP_EXIT_FAILURE;
+		}
+		disk = (struct cap_vm_disk){ projimg, "capsule-source", true };
+		so.disks = &disk;
+		so.ndisks = 1;
+		so.setup = &setup;
+	}
+	int booted = cap_sandbox_boot(&so, &sb, &err);
+	if (projdir)
+		cap_remove_tree(projdir);
+	if (booted < 0) {
 		cap_cli_error("%s", err.msg);
 		return CAP_EXIT_FAILURE;
 	}

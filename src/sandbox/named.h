@@ -24,6 +24,12 @@ struct cap_record {
 	unsigned root_size_mib;
 	unsigned work_size_mib;
 	int64_t created;	/* Unix time */
+	/* Public data projected at /source: the host directory ("" for none)
+	 * and what the last projection of it held. */
+	char source[4096];
+	char source_fp[65];
+	uint64_t source_entries;
+	uint64_t source_bytes;
 };
 
 /* Defaults of DESIGN §5: 1 vCPU, 512 MiB, 256 MiB root, 512 MiB /work. */
@@ -43,6 +49,14 @@ char *cap_named_dir(const char *name);
  * the name is taken; on failure nothing is left behind. */
 int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		     void *ud, struct cap_err *err);
+
+/* Before a call: if the sandbox projects public data, fingerprint the
+ * host tree; when it changed, stop the sandbox, rebuild the projection
+ * and record it (the next start mounts the new one, with the same /work).
+ * *changed tells whether that happened. A tree that breaks the rules
+ * fails here, with the sandbox and its disks untouched. */
+int cap_named_refresh_source(const char *name, bool *changed,
+			     struct cap_err *err);
 
 /* Read record.json. -ENOENT naming the sandbox when it does not exist. */
 int cap_named_load(const char *name, struct cap_record *out,

@@ -82,6 +82,11 @@ static int write_record(const struct cap_record *rec, struct cap_err *err)
 			      "image_ref", rec->image_ref, "cpus", rec->cpus,
 			      "memory_mib", rec->memory_mib, "root_size_mib", rec->root_size_mib,
 			      "work_size_mib", rec->work_size_mib, "created", (json_int_t)rec->created);
+	if (rec->source[0])
+		json_object_set_new(j, "source", json_pack("{s:s, s:s, s:I, s:I}", "path", rec->source,
+							    "fingerprint", rec->source_fp,
+							    "entries", (json_int_t)rec->source_entries,
+							    "bytes", (json_int_t)rec->source_bytes));
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
 	_cleanup_free_ char *path = in_dir(rec->name, "record.json");
@@ -89,6 +94,61 @@ static int write_record(const struct cap_record *rec, struct cap_err *err)
 	free(text);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r));
+	return 0;
+}
+
+/* Build source.erofs from rec->source (or an empty tree, so that every
+ * sandbox has the same devices) and note what it holds in rec. */
+static int project(struct cap_record *rec, cap_progress_fn progress, void *ud,
+		   struct cap_err *err)
+{
+	struct cap_projection_limits lim;
+	struct cap_projection_info info;
+	_cleanup_free_ char *img = in_dir(rec->name, "source.erofs");
+	int r = cap_projection_limits_init(&lim, err);
+	if (r < 0)
+		return r;
+	if (!rec->source[0]) {
+		_cleanup_free_ char *empty = in_dir(rec->name, "empty-XXXXXX");
+		if (!mkdtemp(empty))
+			return cap_err_set(err, errno, "cannot create %s: %s", empty, strerror(errno));
+		r = cap_projection_build(empty, &lim, img, &info, err);
+		rmdir(empty);
+		return r;
+	}
+	if (progress)
+		progress(ud, "copying the public data into its read-only image");
+	if ((r = cap_projection_build(rec->source, &lim, img, &info, err)) < 0)
+		return r;
+	snprintf(rec->source_fp, sizeof(rec->source_fp), "%s", info.fingerprint);
+	rec->source_entries = info.entries;
+	rec->source_bytes = info.bytes;
+	return 0;
+}
+
+int cap_named_refresh_source(const char *name, bool *changed,
+			     struct cap_err *err)
+{
+	struct cap_record rec;
+	struct cap_projection_limits lim;
+	struct cap_projection_info info;
+	int r;
+	*changed = false;
+	if ((r = cap_named_load(name, &rec, err)) < 0)
+		return r;
+	_cleanup_free_ char *img = in_dir(name, "source.erofs");
+	if (!rec.source[0])	/* the empty projection, made if missing */
+		return access(img, R_OK) == 0 ? 0 : project(&rec, NULL, NULL, err);
+	if ((r = cap_projection_limits_init(&lim, err)) < 0 ||
+	    (r = cap_projection_scan(rec.source, &lim, &info, err)) < 0)
+		return r;
+	if (strcmp(info.fingerprint, rec.source_fp) == 0 && access(img, R_OK) == 0)
+		return 0;
+	/* Changed: the running VM has the old image open; stop it first. */
+	if ((r = cap_named_stop(name, 10000, err)) < 0 || (r = project(&rec, NULL, NULL, err)) < 0 ||
+	    (r = write_record(&rec, err)) < 0)
+		return r;
+	*changed = true;
 	return 0;
 }
 
@@ -107,6 +167,13 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	if (rec->work_size_mib < 16 || rec->work_size_mib > 1048576)
 		return cap_err_set(err, EINVAL, "--work-size %u MiB is out of range (16 to 1048576)", rec->work_size_mib);
 
+	if (rec->source[0]) {
+		char real[4096];
+		struct stat sst;
+		if (!realpath(rec->source, real) || stat(real, &sst) < 0 || !S_ISDIR(sst.st_mode))
+			return cap_err_set(err, ENOTDIR, "--source %s is not a directory", rec->source);
+		snprintf(rec->source, sizeof(rec->source), "%s", real);
+	}
 	struct cap_image img;
 	if ((r = cap_store_image_find(rec->image_ref, &img, err)) < 0)
 		return r;
@@ -133,6 +200,7 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		progress(ud, "creating the root and /work disks");
 	if ((r = make_disk(upper, rec->root_size_mib, false, "root-upper", err)) < 0 ||
 	    (r = make_disk(work, rec->work_size_mib, true, "work", err)) < 0 ||
+	    (r = project(rec, progress, ud, err)) < 0 ||
 	    (r = write_record(rec, err)) < 0) {
 		cap_remove_tree(dir);	/* only what this call just made */
 		return r;
@@ -167,6 +235,15 @@ int cap_named_load(const char *name, struct cap_record *out,
 	out->root_size_mib = (unsigned)json_integer_value(json_object_get(j, "root_size_mib"));
 	out->work_size_mib = (unsigned)json_integer_value(json_object_get(j, "work_size_mib"));
 	out->created = json_integer_value(json_object_get(j, "created"));
+	json_t *src = json_object_get(j, "source");
+	if (json_is_object(src)) {
+		if ((s = json_string_value(json_object_get(src, "path"))))
+			snprintf(out->source, sizeof(out->source), "%s", s);
+		if ((s = json_string_value(json_object_get(src, "fingerprint"))))
+			snprintf(out->source_fp, sizeof(out->source_fp), "%s", s);
+		out->source_entries = (uint64_t)json_integer_value(json_object_get(src, "entries"));
+		out->source_bytes = (uint64_t)json_integer_value(json_object_get(src, "bytes"));
+	}
 	json_decref(j);
 	if (strncmp(out->image, "sha256:", 7) != 0 || out->cpus < 1 || out->memory_mib < 64)
 		return cap_err_set(err, EBADMSG, "%s lacks a valid image digest, cpus or memory", path);

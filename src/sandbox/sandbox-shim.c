@@ -316,6 +316,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *console = xasprintf("%s/console.log", dir);
 	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
 	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
+	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
 	_cleanup_free_ char *rundir = NULL, *control = NULL;
 	int lock = -1, lfd = -1, sfd = -1, r;
 	bool owner = false;
@@ -351,12 +352,13 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 		{ img.owned_path, "capsule-root", true },
 		{ upper, "capsule-upper", false },
 		{ work, "capsule-work", false },
+		{ source, "capsule-source", true },
 	};
 	char host[21];
 	snprintf(host, sizeof(host), "%s", name);
 	struct cap_setup setup = {
 		.root_image = "capsule-root", .root_upper = "capsule-upper",
-		.work = "capsule-work", .source = "",
+		.work = "capsule-work", .source = "capsule-source",
 		.hostname = cap_proto_valid_name(host) ? host : "capsule",
 	};
 	struct cap_sandbox_opts o;

@@ -106,4 +106,41 @@ int cap_store_image_prune(cap_image_in_use_fn in_use, void *ud,
 int cap_store_apply_layer(const char *root, const char *layer,
 			  struct cap_err *err);
 
+/* --- public data projections ------------------------------------------ */
+
+/* Caps on a projected tree; every number is a setting. */
+struct cap_projection_limits {
+	uint64_t max_bytes;	/* file data, default 512 MiB */
+	uint64_t max_entries;	/* files and directories, default 100000 */
+};
+
+/* Defaults, overridden by CAPSULE_SOURCE_MAX_BYTES / _MAX_ENTRIES. -EINVAL
+ * (err names the variable) for a value that is not a number. */
+int cap_projection_limits_init(struct cap_projection_limits *l,
+			       struct cap_err *err);
+
+struct cap_projection_info {
+	char fingerprint[65];	/* SHA-256 over every entry's path and metadata */
+	uint64_t entries;
+	uint64_t bytes;
+};
+
+/* Walk and validate the tree at dir without reading file contents: the
+ * cheap check done before each call. Entries named node_modules (any
+ * case) are skipped and never entered. Symlinks, hard-linked files,
+ * devices, FIFOs, sockets and nested mount points fail with -EPERM, err
+ * naming the path and the rule; a cap exceeded fails with -EFBIG naming
+ * the cap and the measured size. */
+int cap_projection_scan(const char *dir, const struct cap_projection_limits *l,
+			struct cap_projection_info *out, struct cap_err *err);
+
+/* Validate, then copy the tree into a private staging directory (every
+ * entry opened relative to its already-opened parent with O_NOFOLLOW, its
+ * fstat checked against what was validated), then make an erofs image at
+ * path (written to a temporary name and renamed). -ESTALE when the tree
+ * changed under the copy. */
+int cap_projection_build(const char *dir, const struct cap_projection_limits *l,
+			 const char *path, struct cap_projection_info *out,
+			 struct cap_err *err);
+
 #endif

@@ -95,6 +95,39 @@ else
 fi
 unset CAPSULE_HOME
 
+# (e) public data: fingerprint of an unchanged 10000-file tree against a
+# walk that stats every entry (du -s); projection build against cp -a.
+echo "bench: a 10000-file tree: fingerprints and projection builds..." >&2
+tree="$bench_home/pub"
+d=0
+while [ $d -lt 100 ]; do
+	mkdir -p "$tree/d$d"
+	f=0
+	while [ $f -lt 100 ]; do
+		head -c 1024 /dev/urandom >"$tree/d$d/f$f"
+		f=$((f + 1))
+	done
+	d=$((d + 1))
+done
+: >"$bench_home/e"; : >"$bench_home/f"; : >"$bench_home/g"; : >"$bench_home/h"
+i=0
+while [ $i -lt "$runs" ]; do
+	t=$(now_ns); "$capsule" source check "$tree" >/dev/null; echo $(( $(now_ns) - t )) >>"$bench_home/e"
+	t=$(now_ns); du -s "$tree" >/dev/null; echo $(( $(now_ns) - t )) >>"$bench_home/f"
+	i=$((i + 1))
+done
+i=0
+while [ $i -lt "$conv_runs" ]; do
+	rm -f "$bench_home/pub.erofs"; rm -rf "$bench_home/pub-copy"; sync
+	t=$(now_ns); "$capsule" source build "$tree" "$bench_home/pub.erofs" >/dev/null; echo $(( $(now_ns) - t )) >>"$bench_home/g"
+	t=$(now_ns); cp -a "$tree" "$bench_home/pub-copy"; echo $(( $(now_ns) - t )) >>"$bench_home/h"
+	i=$((i + 1))
+done
+fp=$(median <"$bench_home/e")
+du=$(median <"$bench_home/f")
+pbuild=$(median <"$bench_home/g")
+cpa=$(median <"$bench_home/h")
+
 printf '\ncapsule bench: accel %s, %s, %d cold runs, %d warm execs\n\n' \
 	"$accel" "$(qemu-system-x86_64 --version | head -1 | sed 's/QEMU emulator //')" "$runs" "$execs"
 printf '%-44s %12s %12s %8s\n' "measure" "capsule" "baseline" "ratio"
@@ -110,3 +143,7 @@ awk -v a="$restart" -v b="$fresh" 'BEGIN {
 awk -v a="$convert" -v b="$mkfs" 'BEGIN {
 	if (b > 0) printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(d) python image import vs mkfs.erofs alone", a / 1e6, b / 1e6, a / b
 	else printf "%-44s %12s %12s %8s\n", "(d) python image import vs mkfs.erofs alone", "failed", "-", "-" }'
+awk -v a="$fp" -v b="$du" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(e) fingerprint, 10000 files, vs du -s", a / 1e6, b / 1e6, a / b }'
+awk -v a="$pbuild" -v b="$cpa" 'BEGIN {
+	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(e) projection build, 10000 files, vs cp -a", a / 1e6, b / 1e6, a / b }'

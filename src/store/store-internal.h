@@ -15,4 +15,14 @@ extern const char cap_store_group[];
 /* CAPSULE_HOME/images, new string. */
 char *cap_store_images_dir(void);
 
+struct cap_projection_limits;
+struct cap_projection_info;
+/* cap_projection_build with a call between validation and copy, so that
+ * tests can change the tree exactly there. */
+int cap_projection_build_hook(const char *dir,
+			      const struct cap_projection_limits *l,
+			      const char *path, struct cap_projection_info *out,
+			      void (*after_scan)(void *ud), void *ud,
+			      struct cap_err *err);
+
 #endif

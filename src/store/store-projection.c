@@ -22,6 +22,7 @@
 #include "paths.h"
 #include "proc.h"
 #include "sha256.h"
+#include "store-internal.h"
 #include "store.h"
 #include "util.h"
 
@@ -352,6 +353,14 @@ int cap_projection_build(const char *dir, const struct cap_projection_limits *l,
 			 const char *path, struct cap_projection_info *out,
 			 struct cap_err *err)
 {
+	return cap_projection_build_hook(dir, l, path, out, NULL, NULL, err);
+}
+
+int cap_projection_build_hook(const char *dir, const struct cap_projection_limits *l,
+			      const char *path, struct cap_projection_info *out,
+			      void (*after_scan)(void *ud), void *ud,
+			      struct cap_err *err)
+{
 	struct walk w = { .lim = l, .err = err, .keep = true };
 	_cleanup_free_ char *stage = xasprintf("%s.stage-XXXXXX", path);
 	_cleanup_free_ char *tmp = xasprintf("%s.tmp", path);
@@ -361,6 +370,8 @@ int cap_projection_build(const char *dir, const struct cap_projection_limits *l,
 
 	if (r < 0)
 		goto out;
+	if (after_scan)
+		after_scan(ud);
 	if (!mkdtemp(stage)) {
 		r = cap_err_set(err, errno, "cannot create a staging directory next to %s: %s", path, strerror(errno));
 		goto out;

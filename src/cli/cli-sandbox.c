@@ -378,3 +378,21 @@ int cap_cli_ls(int argc, char **argv)
 	free(names);
 	return 0;
 }
+
+/* capsule shim --ready-fd=N NAME: internal, started by `start` (and by the
+ * controller) to own one running sandbox. Not for people. */
+int cap_cli_shim(int argc, char **argv)
+{
+	unsigned long fd;
+	if (argc != 3 || strncmp(argv[1], "--ready-fd=", 11) != 0 ||
+	    cap_cli_parse_uint(argv[1] + 11, 3, 1024, &fd) < 0) {
+		cap_cli_error("shim is internal: capsule starts it itself (see `capsule start`)");
+		return 2;
+	}
+	struct cap_err err = { 0 };
+	if (cap_named_shim(argv[2], (int)fd, &err) < 0) {
+		fprintf(stderr, "capsule shim %s: %s\n", argv[2], err.msg);
+		return 1;
+	}
+	return 0;
+}

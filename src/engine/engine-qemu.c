@@ -329,6 +329,16 @@ static int qmp_handshake(struct cap_vm *vm, struct cap_err *err)
 	return qmp_execute(vm, "qmp_capabilities", err);
 }
 
+int cap_vm_pause(struct cap_vm *vm, struct cap_err *err)
+{
+	return qmp_execute(vm, "stop", err);
+}
+
+int cap_vm_resume(struct cap_vm *vm, struct cap_err *err)
+{
+	return qmp_execute(vm, "cont", err);
+}
+
 int cap_vm_quit(struct cap_vm *vm)
 {
 	if (vm->exited || vm->qmp_fd < 0)

@@ -75,6 +75,10 @@ int cap_vm_wait(struct cap_vm *vm, int timeout_ms);
 /* Describe how QEMU ended ("exited with status 1"), valid after exit. */
 const char *cap_vm_exit_reason(const struct cap_vm *vm);
 
+/* Freeze / continue the guest through QMP (memory kept). 0 or -errno. */
+int cap_vm_pause(struct cap_vm *vm, struct cap_err *err);
+int cap_vm_resume(struct cap_vm *vm, struct cap_err *err);
+
 /* Ask QEMU to quit through QMP (no guest cooperation). */
 int cap_vm_quit(struct cap_vm *vm);
 /* SIGKILL QEMU and reap it. */

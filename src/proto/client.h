@@ -39,6 +39,9 @@ struct cap_client {
 	enum { CAP_SETUP_NONE, CAP_SETUP_PENDING, CAP_SETUP_DONE } setup_state;
 	int setup_errno;	/* with CAP_SETUP_DONE: 0 or why it failed */
 	char setup_msg[256];
+	/* PAUSE/RESUME sent to a shim and not answered yet, and the answer. */
+	unsigned vm_ops_pending;
+	int vm_op_errno;
 	uint32_t next_id;
 	unsigned nactive;
 	struct cap_client_stream streams[CAP_PROTO_MAX_STREAMS];
@@ -74,6 +77,9 @@ int cap_client_resize(struct cap_client *c, uint32_t id, uint16_t rows,
  * with setup_errno/setup_msg saying whether it worked. -EINVAL for a
  * disk name the protocol does not allow. */
 int cap_client_setup(struct cap_client *c, const struct cap_setup *s);
+/* Queue PAUSE or RESUME (control socket of a shim only); vm_ops_pending
+ * counts them until the shim answers. */
+void cap_client_vm_op(struct cap_client *c, enum cap_msg op);
 /* Queue the shutdown request; shutdown_acked becomes true when the guest
  * confirms that its file systems are synced. */
 void cap_client_shutdown(struct cap_client *c);

@@ -128,6 +128,17 @@ static int dispatch(struct cap_client *c, const struct cap_frame *f,
 		c->setup_state = CAP_SETUP_DONE;
 		return 0;
 	}
+	case CAP_MSG_PAUSE:
+	case CAP_MSG_RESUME: {
+		int errnum;
+		char msg[256];
+		if (f->stream != 0 || c->vm_ops_pending == 0 ||
+		    cap_proto_error_decode(f->payload, f->len, &errnum, msg, sizeof(msg)) < 0)
+			return cap_err_set(err, EPROTO, "unexpected or malformed %s answer", cap_msg_name(f->type));
+		c->vm_ops_pending--;
+		c->vm_op_errno = errnum;
+		return 0;
+	}
 	case CAP_MSG_SHUTDOWN:
 		if (f->stream != 0 || f->len != 0)
 			return cap_err_set(err, EPROTO, "agent sent a malformed SHUTDOWN");
@@ -243,6 +254,13 @@ int cap_client_setup(struct cap_client *c, const struct cap_setup *s)
 	c->setup_errno = 0;
 	c->setup_msg[0] = '\0';
 	return 0;
+}
+
+void cap_client_vm_op(struct cap_client *c, enum cap_msg op)
+{
+	CAP_BUG_ON(op != CAP_MSG_PAUSE && op != CAP_MSG_RESUME);
+	cap_proto_put(&c->out, op, 0, NULL, 0);
+	c->vm_ops_pending++;
 }
 
 void cap_client_shutdown(struct cap_client *c)

@@ -12,7 +12,8 @@ static const char *const msg_names[] = {
 	[CAP_MSG_STDERR] = "STDERR",	 [CAP_MSG_EXIT] = "EXIT",
 	[CAP_MSG_SIGNAL] = "SIGNAL",	 [CAP_MSG_SHUTDOWN] = "SHUTDOWN",
 	[CAP_MSG_ERROR] = "ERROR",	 [CAP_MSG_SETUP] = "SETUP",
-	[CAP_MSG_RESIZE] = "RESIZE",
+	[CAP_MSG_RESIZE] = "RESIZE",	 [CAP_MSG_PAUSE] = "PAUSE",
+	[CAP_MSG_RESUME] = "RESUME",
 };
 
 const char *cap_msg_name(unsigned type)

@@ -43,7 +43,9 @@ enum cap_msg {
 	CAP_MSG_ERROR = 9,	/* g->h: i32 errno, text; stream 0 or a rejected exec */
 	CAP_MSG_SETUP = 10,	/* h->g stream 0: struct cap_setup; g->h: i32 errno, text */
 	CAP_MSG_RESIZE = 11,	/* h->g: u16 rows, u16 cols of a PTY command */
-	CAP_MSG_MAX_ = CAP_MSG_RESIZE,
+	CAP_MSG_PAUSE = 12,	/* client->shim stream 0: freeze the VM; shim->client: i32 errno, text */
+	CAP_MSG_RESUME = 13,	/* client->shim stream 0: continue it; same answer */
+	CAP_MSG_MAX_ = CAP_MSG_RESUME,
 };
 
 /* One parsed frame; payload points into the parser's input. */

@@ -65,7 +65,7 @@ int cap_named_load(const char *name, struct cap_record *out,
 /* All sandbox names, sorted; array of n new strings (free each, then v). */
 int cap_named_list(char ***names, size_t *n);
 
-enum cap_named_state { CAP_NAMED_STOPPED, CAP_NAMED_RUNNING };
+enum cap_named_state { CAP_NAMED_STOPPED, CAP_NAMED_RUNNING, CAP_NAMED_PAUSED };
 struct cap_named_status {
 	enum cap_named_state state;
 	pid_t shim_pid;	/* when running */
@@ -79,6 +79,13 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 /* Start the sandbox's shim (and so its VM) unless it runs already; returns
  * when the guest is ready for commands. */
 int cap_named_start(const char *name, struct cap_err *err);
+
+/* The same in two steps, for callers with their own poll loop: _begin
+ * forks the shim and returns a descriptor that becomes readable when it
+ * is ready (or 0 with *fd = -1 when the sandbox already runs); _end reads
+ * the outcome and closes fd. */
+int cap_named_start_begin(const char *name, int *fd, struct cap_err *err);
+int cap_named_start_end(const char *name, int fd, struct cap_err *err);
 
 /* Ask the shim to stop the VM (agent sync and power-off; after grace_ms
  * QEMU is made to quit). Stopping a stopped sandbox is not an error. */

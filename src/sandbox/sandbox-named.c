@@ -307,6 +307,8 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
 	json_t *j = json_load_file(rt, 0, NULL);
 	if (j) {
+		if (json_is_true(json_object_get(j, "paused")))
+			out->state = CAP_NAMED_PAUSED;
 		out->shim_pid = (pid_t)json_integer_value(json_object_get(j, "shim_pid"));
 		out->qemu_pid = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
 		const char *c = json_string_value(json_object_get(j, "control"));
@@ -314,6 +316,21 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 		json_decref(j);
 	}
 	return 0;
+}
+
+/* The capsule executable that runs shims: $CAPSULE_BIN, else capsule next
+ * to the running executable, else the running executable itself. */
+static char *shim_exe(void)
+{
+	const char *env = getenv("CAPSULE_BIN");
+	if (env && *env)
+		return xstrdup(env);
+	_cleanup_free_ char *dir = cap_exe_dir();
+	char *p = xasprintf("%s/capsule", dir);
+	if (access(p, X_OK) == 0)
+		return p;
+	free(p);
+	return xstrdup("/proc/self/exe");
 }
 
 /* Another process started the shim: wait until it serves (runtime.json
@@ -326,9 +343,11 @@ static int wait_serving(const char *name, struct cap_err *err)
 		int r = cap_named_status(name, &st, err);
 		if (r < 0)
 			return r;
-		if (st.state == CAP_NAMED_STOPPED)
+		if (st.state == CAP_NAMED_STOPPED) {
+			_cleanup_free_ char *dir = cap_named_dir(name);
 			return cap_err_set(err, EIO, "sandbox '%s' was being started by another process, which failed; see %s/shim.log",
-					   name, cap_named_dir(name));
+					   name, dir);
+		}
 		if (st.control[0])
 			return 0;
 		usleep(20000);
@@ -338,12 +357,24 @@ static int wait_serving(const char *name, struct cap_err *err)
 
 int cap_named_start(const char *name, struct cap_err *err)
 {
-	struct cap_named_status st;
-	int r = cap_named_status(name, &st, err);
+	int fd;
+	int r = cap_named_start_begin(name, &fd, err);
 	if (r < 0)
 		return r;
-	if (st.state == CAP_NAMED_RUNNING)
+	if (fd < 0)
 		return wait_serving(name, err);
+	return cap_named_start_end(name, fd, err);
+}
+
+int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int r = cap_named_status(name, &st, err);
+	*fd = -1;
+	if (r < 0)
+		return r;
+	if (st.state != CAP_NAMED_STOPPED)
+		return 0;
 
 	int ready[2];
 	if (pipe2(ready, O_CLOEXEC) < 0)
@@ -383,18 +414,30 @@ int cap_named_start(const char *name, struct cap_err *err)
 			dup2(out, 1);
 			dup2(out, 2);
 		}
-		struct cap_err serr = { 0 };
-		int k = cap_named_shim(name, ready[1], &serr);
-		if (k < 0)
-			fprintf(stderr, "capsule shim %s: %s\n", name, serr.msg);
-		_exit(k < 0 ? 1 : 0);
+		if (null > 3)
+			close(null);
+		if (out > 3)
+			close(out);
+		/* A fresh process image: the shim carries nothing of its
+		 * caller (a controller's memory holds other identities). */
+		_cleanup_free_ char *exe = shim_exe();
+		execl(exe, "capsule", "shim", "--ready-fd=3", name, (char *)NULL);
+		dprintf(3, "cannot run the shim %s: %s\n", exe, strerror(errno));
+		_exit(127);
 	}
 	close(ready[1]);
-	waitpid(pid, NULL, 0);
+	waitpid(pid, NULL, 0);	/* the first child exits at once */
+	*fd = ready[0];
+	return 0;
+}
+
+int cap_named_start_end(const char *name, int fd, struct cap_err *err)
+{
+	_cleanup_free_ char *log = in_dir(name, "shim.log");
 	char msg[sizeof(err->msg)];
 	size_t len = 0;
 	ssize_t n;
-	while (len < sizeof(msg) - 1 && (n = read(ready[0], msg + len, sizeof(msg) - 1 - len)) != 0) {
+	while (len < sizeof(msg) - 1 && (n = read(fd, msg + len, sizeof(msg) - 1 - len)) != 0) {
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -403,7 +446,7 @@ int cap_named_start(const char *name, struct cap_err *err)
 		len += (size_t)n;
 	}
 	msg[len] = '\0';
-	close(ready[0]);
+	close(fd);
 	if (strcmp(msg, "ok\n") == 0)
 		return 0;
 	if (strcmp(msg, "busy\n") == 0)

@@ -40,6 +40,9 @@ struct route {
 
 struct shim {
 	struct cap_sandbox *sb;
+	bool paused;
+	const char *dir;	/* sandbox directory, for runtime.json */
+	const char *control;
 	struct conn conns[MAX_CONNS];
 	struct route routes[CAP_PROTO_MAX_STREAMS];
 	bool stop;
@@ -97,6 +100,35 @@ static void conn_close(struct shim *s, struct conn *c)
 	c->fd = -1;
 }
 
+static int write_runtime(const char *dir, const char *control, pid_t qemu,
+			 bool paused, struct cap_err *err);
+
+/* Freeze or continue the VM and record it; 0 or -errno with err. */
+static int set_paused(struct shim *s, bool pause, struct cap_err *err)
+{
+	if (s->paused == pause)
+		return 0;
+	if (pause && cap_sandbox_running(s->sb) > 0)
+		return cap_err_set(err, EBUSY, "commands are running; a busy sandbox is not paused");
+	int r = cap_sandbox_pause(s->sb, pause, err);
+	if (r < 0)
+		return r;
+	s->paused = pause;
+	write_runtime(s->dir, s->control, cap_sandbox_vmm_pid(s->sb), pause, NULL);
+	return 0;
+}
+
+static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
+{
+	struct cap_err err = { 0 };
+	int r = set_paused(s, op == CAP_MSG_PAUSE, &err);
+	uint8_t buf[4 + 256];
+	size_t mn = r < 0 ? CAP_MIN(strlen(err.msg), (size_t)256) : 0;
+	cap_put_u32(buf, (uint32_t)(r < 0 ? -r : 0));
+	memcpy(buf + 4, err.msg, mn);
+	cap_proto_put(&c->out, op, 0, buf, 4 + mn);
+}
+
 static void client_exec(struct shim *s, struct conn *c, const struct cap_frame *f)
 {
 	struct cap_exec_req req;
@@ -107,6 +139,12 @@ static void client_exec(struct shim *s, struct conn *c, const struct cap_frame *
 	}
 	if (cap_proto_exec_decode(f->payload, f->len, &req, &err) < 0) {
 		cap_proto_error_encode(&c->out, f->stream, EBADMSG, err.msg);
+		return;
+	}
+	/* Work for a paused VM wakes it. */
+	if (s->paused && set_paused(s, false, &err) < 0) {
+		cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
+		cap_exec_req_fini(&req);
 		return;
 	}
 	struct route *r = NULL;
@@ -149,6 +187,12 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 			return false;
 		if ((r = route_by_client(s, c, f->stream)))
 			cap_sandbox_resize(s->sb, r->aid, cap_get_u16(f->payload), cap_get_u16(f->payload + 2));
+		return true;
+	case CAP_MSG_PAUSE:
+	case CAP_MSG_RESUME:
+		if (f->stream != 0 || f->len != 0)
+			return false;
+		vm_op(s, c, (enum cap_msg)f->type);
 		return true;
 	case CAP_MSG_SHUTDOWN:
 		s->stop = true;
@@ -293,10 +337,10 @@ static void serve(struct shim *s, int lfd, int sfd)
 }
 
 static int write_runtime(const char *dir, const char *control, pid_t qemu,
-			 struct cap_err *err)
+			 bool paused, struct cap_err *err)
 {
-	json_t *j = json_pack("{s:i, s:i, s:s}", "shim_pid", (int)getpid(),
-			      "qemu_pid", (int)qemu, "control", control);
+	json_t *j = json_pack("{s:i, s:i, s:s, s:b}", "shim_pid", (int)getpid(),
+			      "qemu_pid", (int)qemu, "control", control, "paused", paused);
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
 	_cleanup_free_ char *path = xasprintf("%s/runtime.json", dir);
@@ -386,7 +430,9 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 		r = lfd;
 		goto out;
 	}
-	if ((r = write_runtime(dir, control, cap_sandbox_vmm_pid(s.sb), err)) < 0)
+	s.dir = dir;
+	s.control = control;
+	if ((r = write_runtime(dir, control, cap_sandbox_vmm_pid(s.sb), false, err)) < 0)
 		goto out;
 	fprintf(stderr, "capsule shim %s: running (QEMU pid %d, %s)\n", name,
 		(int)cap_sandbox_vmm_pid(s.sb), control);
@@ -400,6 +446,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	lfd = -1;
 	unlink(control);
 	struct cap_err serr = { 0 };
+	if (s.paused)
+		set_paused(&s, false, &serr);	/* the agent must run to sync */
 	if (cap_sandbox_shutdown(s.sb, 10000, &serr) < 0)
 		fprintf(stderr, "capsule shim %s: %s\n", name, serr.msg);
 	if (s.stop_requester && s.stop_requester->fd >= 0) {

@@ -43,6 +43,33 @@ pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb)
 	return sb->vm ? cap_vm_pid(sb->vm) : -1;
 }
 
+int cap_sandbox_pause(struct cap_sandbox *sb, bool pause, struct cap_err *err)
+{
+	if (!sb->vm)
+		return cap_err_set(err, EINVAL, "only the owner of a VM can pause it");
+	return pause ? cap_vm_pause(sb->vm, err) : cap_vm_resume(sb->vm, err);
+}
+
+void cap_sandbox_vm_op(struct cap_sandbox *sb, bool pause)
+{
+	cap_client_vm_op(&sb->client, pause ? CAP_MSG_PAUSE : CAP_MSG_RESUME);
+}
+
+unsigned cap_sandbox_vm_op_pending(const struct cap_sandbox *sb)
+{
+	return sb->client.vm_ops_pending;
+}
+
+void cap_sandbox_stop_async(struct cap_sandbox *sb)
+{
+	cap_client_shutdown(&sb->client);
+}
+
+bool cap_sandbox_is_dead(const struct cap_sandbox *sb)
+{
+	return sb->dead || sb->client.shutdown_acked;
+}
+
 size_t cap_sandbox_backlog(const struct cap_sandbox *sb)
 {
 	return cap_buf_used(&sb->client.out);

@@ -63,6 +63,16 @@ int cap_sandbox_resize(struct cap_sandbox *sb, uint32_t id, uint16_t rows,
 		       uint16_t cols);
 /* Bytes queued for the guest and not yet written. */
 size_t cap_sandbox_backlog(const struct cap_sandbox *sb);
+/* Freeze or continue an owned VM (not an attachment). */
+int cap_sandbox_pause(struct cap_sandbox *sb, bool pause, struct cap_err *err);
+/* Ask an attached shim to pause or resume its VM; the answer arrives
+ * through dispatch (cap_sandbox_vm_op_pending drops to 0). */
+void cap_sandbox_vm_op(struct cap_sandbox *sb, bool pause);
+unsigned cap_sandbox_vm_op_pending(const struct cap_sandbox *sb);
+/* Ask an attached shim to stop its VM without waiting; the sandbox is
+ * dead (dispatch fails) once the shim has stopped it. */
+void cap_sandbox_stop_async(struct cap_sandbox *sb);
+bool cap_sandbox_is_dead(const struct cap_sandbox *sb);
 /* Number of commands still running. */
 unsigned cap_sandbox_running(const struct cap_sandbox *sb);
 

@@ -1,0 +1,109 @@
+/* capsule serve: the controller behind a JSON-RPC 2.0 unix socket. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "controller.h"
+
+static const char usage[] =
+	"Usage: capsule serve [OPTIONS]\n"
+	"\n"
+	"Serve JSON-RPC 2.0 (one message per line) on a unix socket for a trusted\n"
+	"orchestrator: every call names an identity {agent, peer}; each identity\n"
+	"gets its own sandbox, created on its first tool call, paused when idle,\n"
+	"stopped later, restarted with its disks on the next call. See docs/serve.md.\n"
+	"SIGTERM or SIGINT stops every VM and exits.\n"
+	"\n"
+	"Options:\n"
+	"  --socket PATH       Socket (default $CAPSULE_HOME/serve.sock), mode 0600\n"
+	"  --image IMAGE       Image of new sandboxes (default base)\n"
+	"  --source DIR        Public data projected at /source in every sandbox\n"
+	"  --idle-pause S      Pause a VM S seconds after its last call (default 30)\n"
+	"  --idle-stop S       Stop it S seconds after its last call (default 600)\n"
+	"  --capacity N        Resident VMs, paused ones included (default 4)\n"
+	"  --stop-grace S      Seconds a stopping guest gets to sync (default 10)\n"
+	"  --test-clock        Lifecycle time moves only by the _test.advance method\n";
+
+static int seconds(const char *opt, const char *arg, double *out)
+{
+	char *end;
+	double v = strtod(arg, &end);
+	if (*end || v < 0 || v > 86400 * 365) {
+		cap_cli_error("%s '%s' is not a number of seconds", opt, arg);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int cap_cli_serve(int argc, char **argv)
+{
+	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK };
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, O_SOCKET },
+		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
+		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
+		{ "idle-pause", required_argument, NULL, O_PAUSE },
+		{ "idle-stop", required_argument, NULL, O_STOP },
+		{ "capacity", required_argument, NULL, O_CAP },
+		{ "stop-grace", required_argument, NULL, O_GRACE },
+		{ "test-clock", no_argument, NULL, O_CLOCK },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct cap_controller_cfg cfg;
+	struct cap_err err = { 0 };
+	unsigned long v;
+	double s;
+	int c;
+
+	cap_controller_cfg_init(&cfg);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case O_SOCKET: cfg.socket_path = optarg; break;
+		case CAP_OPT_IMAGE: cfg.image = optarg; break;
+		case CAP_OPT_SOURCE: cfg.source = optarg; break;
+		case O_PAUSE:
+			if (seconds("--idle-pause", optarg, &s) < 0)
+				return 2;
+			cfg.lc.idle_pause_ms = (int64_t)(s * 1000);
+			break;
+		case O_STOP:
+			if (seconds("--idle-stop", optarg, &s) < 0)
+				return 2;
+			cfg.lc.idle_stop_ms = (int64_t)(s * 1000);
+			break;
+		case O_GRACE:
+			if (seconds("--stop-grace", optarg, &s) < 0)
+				return 2;
+			cfg.stop_grace_ms = (int)(s * 1000);
+			break;
+		case O_CAP:
+			if (cap_cli_parse_uint(optarg, 1, 256, &v) < 0) {
+				cap_cli_error("--capacity '%s' is not a number from 1 to 256", optarg);
+				return 2;
+			}
+			cfg.lc.capacity = (unsigned)v;
+			break;
+		case O_CLOCK: cfg.manual_clock = true; break;
+		case 'h':
+			fputs(usage, stdout);
+			return 0;
+		default:
+			fputs(usage, stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	if (cap_controller_run(&cfg, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return CAP_EXIT_FAILURE;
+	}
+	return 0;
+}

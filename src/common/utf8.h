@@ -1,0 +1,19 @@
+/* UTF-8 checks for text that crosses into JSON. */
+#ifndef CAP_UTF8_H
+#define CAP_UTF8_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Length of the valid UTF-8 sequence at p (1 to 4), or 0 if invalid
+ * (overlong forms, surrogates and code points over U+10FFFF included). */
+size_t cap_utf8_seq(const unsigned char *p, size_t n);
+
+/* Whether p[0..n) is entirely valid UTF-8. */
+bool cap_utf8_valid(const char *p, size_t n);
+
+/* A new NUL-terminated copy of p[0..n) with each invalid byte replaced by
+ * U+FFFD; *out_len gets its length. */
+char *cap_utf8_sanitize(const char *p, size_t n, size_t *out_len);
+
+#endif

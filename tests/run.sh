@@ -63,6 +63,7 @@ suite "integration/vm" "$build/tests/test-vm"
 suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
 suite "integration/sandbox" tests/integration/test-sandbox.sh "$build/capsule"
 suite "integration/source" tests/integration/test-source.sh "$build/capsule"
+suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 
 awk '{ p += $1; f += $2; s += $3 }
 	END {

@@ -285,8 +285,9 @@ int cap_cli_inspect(int argc, char **argv)
 	char used[32];
 	human(st.disk_bytes, used, sizeof(used));
 	printf("name:       %s\n", rec.name);
-	printf("state:      %s\n", st.state == CAP_NAMED_RUNNING ? "running" : "stopped");
-	if (st.state == CAP_NAMED_RUNNING)
+	printf("state:      %s\n", st.state == CAP_NAMED_RUNNING ? "running" :
+				    st.state == CAP_NAMED_PAUSED ? "paused" : "stopped");
+	if (st.state != CAP_NAMED_STOPPED)
 		printf("processes:  shim %d, qemu %d\n", (int)st.shim_pid, (int)st.qemu_pid);
 	printf("image:      %s (%s)\n", rec.image_ref, rec.image);
 	printf("cpus:       %u\n", rec.cpus);
@@ -369,7 +370,8 @@ int cap_cli_ls(int argc, char **argv)
 			human(st.disk_bytes, used, sizeof(used));
 			age(rec.created, a, sizeof(a));
 			printf("%-24s %-16s %-8s %8s %6s\n", rec.name, rec.image_ref,
-			       st.state == CAP_NAMED_RUNNING ? "running" : "stopped", used, a);
+			       st.state == CAP_NAMED_RUNNING ? "running" :
+			       st.state == CAP_NAMED_PAUSED ? "paused" : "stopped", used, a);
 		} else {
 			printf("%-24s %-16s %-8s %8s %6s\n", names[i], "?", "broken", "-", "-");
 		}

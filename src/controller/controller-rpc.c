@@ -381,9 +381,11 @@ int rpc_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max)
 
 void rpc_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to)
 {
-	for (int i = from; i < to; i++)
-		if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
-			conn_read(c, owner[i]);
+	for (int i = from; i < to; i++) {
+		struct conn *k = owner[i];
+		if (!k->closing && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
+			conn_read(c, k);
+	}
 }
 
 void rpc_flush(struct ctl *c)

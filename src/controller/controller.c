@@ -774,7 +774,10 @@ int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err
 					continue;
 				fprintf(stderr, "capsule serve: %s: stopping every sandbox\n", strsignal((int)si.ssi_signo));
 				c.shutting_down = true;
-				rpc_close_all(&c);
+				/* Closed at the end of this round: pfd still
+				 * points at them. */
+				for (struct conn *k = c.conns; k; k = k->next)
+					k->closing = true;
 				for (struct ident *i = c.idents; i; i = i->next)
 					if (cap_vm_state_resident(i->lc.state))
 						ctl_begin_stop(&c, i);

@@ -149,11 +149,11 @@ awk -v a="$convert" -v b="$mkfs" 'BEGIN {
 	else printf "%-44s %12s %12s %8s\n", "(d) python image import vs mkfs.erofs alone", "failed", "-", "-" }'
 awk -v a="$fp" -v b="$du" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(e) fingerprint, 10000 files, vs du -s", a / 1e6, b / 1e6, a / b }'
+awk -v a="$pbuild" -v b="$cpa" 'BEGIN {
+	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(e) projection build, 10000 files, vs cp -a", a / 1e6, b / 1e6, a / b }'
 awk -v a="$(serve_row resume 2)" -v b="$(serve_row resume 3)" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(f) serve: resume from pause vs warm call", a, b, a / b }'
 awk -v a="$(serve_row restart 2)" -v b="$(serve_row restart 3)" 'BEGIN {
 	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(f) serve: restart stopped vs fresh identity", a, b, a / b }'
 awk -v a="$(serve_row throughput 2)" -v b="$(serve_row throughput 3)" 'BEGIN {
 	printf "%-44s %8.0f/s %10.0f/s %7.2fx\n", "(f) serve: 4 identities at once vs 1, calls", a, b, a / b }'
-awk -v a="$pbuild" -v b="$cpa" 'BEGIN {
-	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(e) projection build, 10000 files, vs cp -a", a / 1e6, b / 1e6, a / b }'

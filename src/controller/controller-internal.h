@@ -25,6 +25,7 @@ enum {
 };
 
 #define READ_MAX (2u << 20)
+#define LIST_MAX 500
 #define RPC_LINE_MAX (4u << 20)
 
 struct conn {
@@ -35,9 +36,10 @@ struct conn {
 	struct conn *next;
 };
 
-enum call_kind { CALL_EXEC, CALL_READ, CALL_STOP, CALL_REMOVE };
+enum call_kind { CALL_EXEC, CALL_FILE, CALL_STOP, CALL_REMOVE };
 
 struct ident;
+struct ctl;
 
 struct call {
 	enum call_kind kind;
@@ -47,7 +49,16 @@ struct call {
 	struct cap_exec_req req;	/* owned strings */
 	char *stdin_data;
 	size_t stdin_len;
-	char path[4200];	/* read_file: what was asked, for messages */
+	/* CALL_FILE: the operation (root and path point into the fields
+	 * below, data into stdin_data). */
+	struct cap_file_req file;
+	char root[16];
+	char path[4200];
+	/* How the answer is sent: NULL for a JSON-RPC reply on conn; a front
+	 * end may turn results into its own form (MCP tool results). */
+	void (*reply)(struct ctl *c, struct call *k, json_t *result, int code,
+		      const char *msg, json_t *data);
+	void *front;	/* the front end's own state for this call */
 	uint32_t stream;
 	bool cancelled;
 	struct cap_buf out, err;
@@ -92,6 +103,10 @@ bool ctl_cancel(struct ctl *c, struct call *k, bool reply);
 void ctl_conn_gone(struct ctl *c, struct conn *conn);
 void ctl_begin_stop(struct ctl *c, struct ident *i);
 void call_free(struct call *k);
+struct call *ctl_new_call(enum call_kind kind, struct conn *conn, json_t *id);
+/* Make k a FILE operation (strings and data are copied into k). */
+void ctl_file_call(struct call *k, enum cap_file_op op, const char *root,
+		   const char *path, const void *data, size_t len);
 
 int rpc_listen(struct ctl *c, const char *path, struct cap_err *err);
 void rpc_accept(struct ctl *c);

@@ -137,17 +137,6 @@ static struct ident *identity(struct ctl *c, struct conn *k, json_t *id, json_t 
 	return i;
 }
 
-static struct call *new_call(enum call_kind kind, struct conn *k, json_t *id)
-{
-	struct call *call = xcalloc(1, sizeof(*call));
-	call->kind = kind;
-	call->conn = k;
-	call->id = id ? json_incref(id) : NULL;
-	cap_buf_init(&call->out);
-	cap_buf_init(&call->err);
-	return call;
-}
-
 static void m_exec(struct ctl *c, struct conn *k, json_t *id, json_t *params)
 {
 	json_t *argv = json_object_get(params, "argv");
@@ -171,7 +160,7 @@ static void m_exec(struct ctl *c, struct conn *k, json_t *id, json_t *params)
 	if (!i)
 		return;
 
-	struct call *call = new_call(CALL_EXEC, k, id);
+	struct call *call = ctl_new_call(CALL_EXEC, k, id);
 	call->req.argv = xcalloc(n + 1, sizeof(char *));
 	for (size_t a = 0; a < n; a++)
 		call->req.argv[a] = xstrdup(json_string_value(json_array_get(argv, a)));
@@ -225,16 +214,8 @@ static void m_read_file(struct ctl *c, struct conn *k, json_t *id, json_t *param
 	struct ident *i = identity(c, k, id, params, true);
 	if (!i)
 		return;
-	struct call *call = new_call(CALL_READ, k, id);
-	snprintf(call->path, sizeof(call->path), "%s", path);
-	call->req.argv = xcalloc(4, sizeof(char *));
-	call->req.argv[0] = xstrdup("cat");
-	call->req.argv[1] = xstrdup("--");
-	call->req.argv[2] = xasprintf("%s/%s", pub ? "/source" : "/work", path);
-	call->req.argc = 3;
-	call->req.env = xcalloc(1, sizeof(char *));
-	call->req.timeout_ms = 30000;
-	call->req.output_cap = READ_MAX + 1;
+	struct call *call = ctl_new_call(CALL_FILE, k, id);
+	ctl_file_call(call, CAP_FILE_READ, pub ? "/source" : "/work", path, NULL, 0);
 	ctl_enqueue(c, i, call);
 }
 
@@ -276,7 +257,7 @@ static void m_stop_remove(struct ctl *c, struct conn *k, json_t *id, json_t *par
 		return;
 	if (i->lc.state == CAP_VM_NONE)
 		return rpc_reply(c, k, id, json_pack("{s:s, s:s}", "sandbox", i->name, "state", "none"), 0, NULL, NULL);
-	ctl_enqueue(c, i, new_call(remove ? CALL_REMOVE : CALL_STOP, k, id));
+	ctl_enqueue(c, i, ctl_new_call(remove ? CALL_REMOVE : CALL_STOP, k, id));
 }
 
 static void m_cancel(struct ctl *c, struct conn *k, json_t *id, json_t *params)

@@ -136,11 +136,41 @@ void call_free(struct call *k)
 	free(k);
 }
 
+struct call *ctl_new_call(enum call_kind kind, struct conn *conn, json_t *id)
+{
+	struct call *k = xcalloc(1, sizeof(*k));
+	k->kind = kind;
+	k->conn = conn;
+	k->id = id ? json_incref(id) : NULL;
+	cap_buf_init(&k->out);
+	cap_buf_init(&k->err);
+	return k;
+}
+
+void ctl_file_call(struct call *k, enum cap_file_op op, const char *root,
+		   const char *path, const void *data, size_t len)
+{
+	snprintf(k->root, sizeof(k->root), "%s", root);
+	snprintf(k->path, sizeof(k->path), "%s", path);
+	if (len) {
+		k->stdin_data = xmalloc(len);
+		memcpy(k->stdin_data, data, len);
+		k->stdin_len = len;
+	}
+	k->file = (struct cap_file_req){
+		.op = op, .limit = READ_MAX, .limit_entries = LIST_MAX,
+		.root = k->root, .path = k->path,
+		.data = (const uint8_t *)k->stdin_data, .len = len,
+	};
+}
+
 /* Answer a call (if its client is still there) and free it. */
 static void finish(struct ctl *c, struct call *k, json_t *result, int code,
 		   const char *msg, json_t *data)
 {
-	if (k->conn && k->id)
+	if (k->reply)
+		k->reply(c, k, result, code, msg, data);
+	else if (k->conn && k->id)
 		rpc_reply(c, k->conn, k->id, result, code, msg, data);
 	else {
 		json_decref(result);
@@ -188,6 +218,66 @@ static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 	cap_buf_append(fd == 1 ? &k->out : &k->err, p, n);
 }
 
+/* Parse the agent's listing lines into [{name, type, size?}]. */
+static json_t *parse_listing(struct cap_buf *b)
+{
+	json_t *a = json_array();
+	size_t n;
+	char *text = cap_utf8_sanitize((const char *)cap_buf_head(b), cap_buf_used(b), &n);
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		const char *type = line[0] == 'd' ? "directory" : line[0] == 'f' ? "file" :
+				   line[0] == 'l' ? "symlink" : "other";
+		char *name = line + 2;
+		json_t *e = json_pack("{s:s}", "type", type);
+		if (line[0] == 'f') {
+			char *sp = strchr(name, ' ');
+			if (!sp)
+				continue;
+			*sp = '\0';
+			json_object_set_new(e, "size", json_integer(strtoll(name, NULL, 10)));
+			name = sp + 1;
+		}
+		json_object_set_new(e, "name", json_string(name));
+		json_array_append_new(a, e);
+	}
+	free(text);
+	return a;
+}
+
+static void file_done(struct ctl *c, struct ident *i, struct call *k,
+		      const struct cap_exit *ex)
+{
+	if (ex->kind != CAP_EXIT_CODE) {
+		size_t n;
+		char *why = cap_utf8_sanitize((const char *)cap_buf_head(&k->err),
+					      CAP_MIN(cap_buf_used(&k->err), (size_t)800), &n);
+		while (n > 0 && why[n - 1] == '\n')
+			why[--n] = '\0';
+		active_done(c, i, NULL, RPC_TOOL, *why ? why : "the file operation failed",
+			    json_pack("{s:i}", "errno", ex->value));
+		free(why);
+		return;
+	}
+	if (k->file.op == CAP_FILE_WRITE) {
+		active_done(c, i, json_pack("{s:s, s:s, s:I}", "sandbox", i->name, "path", k->path,
+					    "bytes", (json_int_t)k->file.len), 0, NULL, NULL);
+		return;
+	}
+	if (ex->value == 1) {
+		active_done(c, i, json_pack("{s:s, s:s, s:o, s:b}", "sandbox", i->name, "kind", "directory",
+					    "entries", parse_listing(&k->out),
+					    "truncated", (ex->flags & CAP_EXIT_TRUNCATED) != 0), 0, NULL, NULL);
+		return;
+	}
+	if (!cap_utf8_valid((const char *)cap_buf_head(&k->out), cap_buf_used(&k->out))) {
+		active_done(c, i, NULL, RPC_TOOL, "the file is not UTF-8 text; read_file reads text only",
+			    NULL);
+		return;
+	}
+	active_done(c, i, json_pack("{s:s, s:s, s:s%}", "sandbox", i->name, "kind", "file", "content",
+				    (const char *)cap_buf_head(&k->out), cap_buf_used(&k->out)), 0, NULL, NULL);
+}
+
 static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum,
 		    const char *msg)
 {
@@ -203,21 +293,8 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 		active_done(c, i, NULL, RPC_SANDBOX, msg, json_pack("{s:i}", "errno", errnum));
 		return;
 	}
-	if (k->kind == CALL_READ) {
-		if (ex->kind != CAP_EXIT_CODE || ex->value != 0) {
-			char m[1024];
-			size_t n = CAP_MIN(cap_buf_used(&k->err), (size_t)300);
-			snprintf(m, sizeof(m), "cannot read %.600s: %.*s", k->path, (int)n,
-				 (const char *)cap_buf_head(&k->err));
-			active_done(c, i, NULL, RPC_TOOL, m, NULL);
-		} else if (cap_buf_used(&k->out) > READ_MAX) {
-			active_done(c, i, NULL, RPC_TOOL, "the file is over 2 MiB; read_file refuses larger files", NULL);
-		} else if (!cap_utf8_valid((const char *)cap_buf_head(&k->out), cap_buf_used(&k->out))) {
-			active_done(c, i, NULL, RPC_TOOL, "the file is not UTF-8 text", NULL);
-		} else {
-			active_done(c, i, json_pack("{s:s, s:o}", "sandbox", i->name, "content", text_json(&k->out)),
-				    0, NULL, NULL);
-		}
+	if (k->kind == CALL_FILE) {
+		file_done(c, i, k, ex);
 		return;
 	}
 	json_t *r = json_pack("{s:s, s:o, s:o, s:b, s:b, s:o, s:o, s:i}", "sandbox", i->name,
@@ -386,11 +463,14 @@ static void start_call(struct ctl *c, struct ident *i, struct call *k)
 		cap_sandbox_vm_op(i->sb, false);
 		i->lc.state = CAP_VM_RUNNING;
 	}
-	if (cap_sandbox_exec(i->sb, &k->req, &events, k, &k->stream, &err) < 0) {
-		active_done(c, i, NULL, RPC_SANDBOX, err.msg, NULL);
+	int r = k->kind == CALL_FILE
+			? cap_sandbox_file(i->sb, &k->file, READ_MAX + LIST_MAX * 700 + 4096, &events, k, &k->stream, &err)
+			: cap_sandbox_exec(i->sb, &k->req, &events, k, &k->stream, &err);
+	if (r < 0) {
+		active_done(c, i, NULL, err.code == EINVAL ? RPC_TOOL : RPC_SANDBOX, err.msg, NULL);
 		return;
 	}
-	if (k->stdin_data) {
+	if (k->stdin_data && k->kind == CALL_EXEC) {
 		cap_sandbox_stdin(i->sb, k->stream, k->stdin_data, k->stdin_len);
 		cap_sandbox_stdin(i->sb, k->stream, NULL, 0);
 	}
@@ -406,7 +486,7 @@ static void pump(struct ctl *c, struct ident *i)
 	switch (i->lc.state) {
 	case CAP_VM_RUNNING:
 	case CAP_VM_PAUSED:
-		if (k->kind == CALL_EXEC || k->kind == CALL_READ) {
+		if (k->kind == CALL_EXEC || k->kind == CALL_FILE) {
 			/* Public data changed? Then restart before the call. */
 			bool changed = false;
 			if (cap_named_refresh_source(i->name, &changed, &err) < 0) {

@@ -64,6 +64,11 @@ int cap_client_feed(struct cap_client *c, const void *data, size_t n,
 int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
 		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
 		    struct cap_err *err);
+/* Queue a FILE operation; like cap_client_exec (the answer arrives as
+ * output and done). cap bounds what the host accepts back. */
+int cap_client_file(struct cap_client *c, const struct cap_file_req *req,
+		    uint32_t cap, const struct cap_exec_events *ev, void *ud,
+		    uint32_t *id, struct cap_err *err);
 /* Queue stdin bytes for a stream (split into frames); n == 0 closes its
  * stdin. -ENOENT for a stream that is not open. */
 int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,

@@ -173,22 +173,47 @@ int cap_client_feed(struct cap_client *c, const void *data, size_t n,
 	}
 }
 
-int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
-		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
-		    struct cap_err *err)
+/* A free stream slot and a new id, or NULL with *rc = -errno (err set). */
+static struct cap_client_stream *new_stream(struct cap_client *c, uint32_t *sid,
+					    int *rc, struct cap_err *err)
 {
-	if (!c->hello)
-		return cap_err_set(err, ENOTCONN, "the guest agent has not said HELLO yet");
+	if (!c->hello) {
+		*rc = cap_err_set(err, ENOTCONN, "the guest agent has not said HELLO yet");
+		return NULL;
+	}
 	struct cap_client_stream *slot = NULL;
 	for (size_t i = 0; !slot && i < CAP_ARRAY_SIZE(c->streams); i++)
 		if (c->streams[i].id == 0)
 			slot = &c->streams[i];
-	if (!slot)
-		return cap_err_set(err, EBUSY, "%d commands already run in this VM; wait for one to finish",
-				   CAP_PROTO_MAX_STREAMS);
-	uint32_t sid = c->next_id++;
+	if (!slot) {
+		*rc = cap_err_set(err, EBUSY, "%d commands already run in this VM; wait for one to finish",
+				  CAP_PROTO_MAX_STREAMS);
+		return NULL;
+	}
+	*sid = c->next_id++;
 	if (c->next_id == 0)
 		c->next_id = 1;
+	return slot;
+}
+
+static void open_stream(struct cap_client *c, struct cap_client_stream *slot,
+			uint32_t sid, uint32_t cap, const struct cap_exec_events *ev,
+			void *ud, uint32_t *id)
+{
+	*slot = (struct cap_client_stream){ .id = sid, .cap = cap, .ev = ev, .ud = ud };
+	c->nactive++;
+	*id = sid;
+}
+
+int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
+		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		    struct cap_err *err)
+{
+	uint32_t sid;
+	int rc;
+	struct cap_client_stream *slot = new_stream(c, &sid, &rc, err);
+	if (!slot)
+		return rc;
 	int r = cap_proto_exec_encode(&c->out, sid, req);
 	if (r == -E2BIG)
 		return cap_err_set(err, E2BIG, "the command line and environment exceed %d bytes",
@@ -196,11 +221,26 @@ int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
 	if (r < 0)
 		return cap_err_set(err, -r, "the command cannot be sent: empty, over %d arguments, or a string holds a NUL byte",
 				   CAP_PROTO_MAX_ARGS);
-	*slot = (struct cap_client_stream){
-		.id = sid, .cap = req->output_cap, .ev = ev, .ud = ud,
-	};
-	c->nactive++;
-	*id = sid;
+	open_stream(c, slot, sid, req->output_cap, ev, ud, id);
+	return 0;
+}
+
+int cap_client_file(struct cap_client *c, const struct cap_file_req *req,
+		    uint32_t cap, const struct cap_exec_events *ev, void *ud,
+		    uint32_t *id, struct cap_err *err)
+{
+	uint32_t sid;
+	int rc;
+	struct cap_client_stream *slot = new_stream(c, &sid, &rc, err);
+	if (!slot)
+		return rc;
+	int r = cap_proto_file_encode(&c->out, sid, req);
+	if (r == -E2BIG)
+		return cap_err_set(err, E2BIG, "the file operation exceeds %d bytes", CAP_PROTO_MAX_PAYLOAD);
+	if (r < 0)
+		return cap_err_set(err, EINVAL, "path '%s' is not allowed: it must be relative to its root, without '..'",
+				   req->path);
+	open_stream(c, slot, sid, cap, ev, ud, id);
 	return 0;
 }
 

@@ -13,7 +13,7 @@ static const char *const msg_names[] = {
 	[CAP_MSG_SIGNAL] = "SIGNAL",	 [CAP_MSG_SHUTDOWN] = "SHUTDOWN",
 	[CAP_MSG_ERROR] = "ERROR",	 [CAP_MSG_SETUP] = "SETUP",
 	[CAP_MSG_RESIZE] = "RESIZE",	 [CAP_MSG_PAUSE] = "PAUSE",
-	[CAP_MSG_RESUME] = "RESUME",
+	[CAP_MSG_RESUME] = "RESUME",	 [CAP_MSG_FILE] = "FILE",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -393,4 +393,82 @@ void cap_setup_fini(struct cap_setup *s)
 	free(s->source);
 	free(s->hostname);
 	memset(s, 0, sizeof(*s));
+}
+
+/* --- FILE ------------------------------------------------------------ */
+
+bool cap_proto_file_path_ok(const char *path)
+{
+	size_t n = strlen(path);
+	if (n > 4096 || path[0] == '/')
+		return false;
+	for (const char *c = path; *c;) {
+		size_t k = strcspn(c, "/");
+		if (k == 2 && c[0] == '.' && c[1] == '.')
+			return false;
+		c += k;
+		if (*c == '/')
+			c++;
+	}
+	return true;
+}
+
+static bool file_root_ok(const char *root)
+{
+	return strcmp(root, "/source") == 0 || strcmp(root, "/work") == 0;
+}
+
+int cap_proto_file_encode(struct cap_buf *out, uint32_t stream,
+			  const struct cap_file_req *req)
+{
+	if (!file_root_ok(req->root) || !cap_proto_file_path_ok(req->path) ||
+	    req->op < CAP_FILE_READ || req->op > CAP_FILE_WRITE)
+		return -EINVAL;
+	size_t size = 12 + str_size(req->root) + str_size(req->path) + req->len;
+	if (size > CAP_PROTO_MAX_PAYLOAD)
+		return -E2BIG;
+	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + size);
+	uint8_t *p = h + CAP_PROTO_HEADER;
+	put_header(h, CAP_MSG_FILE, stream, size);
+	cap_put_u32(p, req->op);
+	cap_put_u32(p + 4, req->limit);
+	cap_put_u32(p + 8, req->limit_entries);
+	p = put_str(p + 12, req->root);
+	p = put_str(p, req->path);
+	if (req->len)
+		memcpy(p, req->data, req->len);
+	cap_buf_commit(out, CAP_PROTO_HEADER + size);
+	return 0;
+}
+
+static int rd_str_into(struct reader *r, char *buf, size_t len)
+{
+	uint32_t n;
+	if (rd_u32(r, &n) < 0 || n > r->left || n >= len || memchr(r->p, '\0', n))
+		return -EBADMSG;
+	memcpy(buf, r->p, n);
+	buf[n] = '\0';
+	r->p += n;
+	r->left -= n;
+	return 0;
+}
+
+int cap_proto_file_decode(const uint8_t *p, size_t n, struct cap_file_req *out,
+			  char *root, size_t rlen, char *path, size_t plen)
+{
+	struct reader r = { p, n };
+	struct cap_file_req req = { 0 };
+	if (rd_u32(&r, &req.op) < 0 || rd_u32(&r, &req.limit) < 0 ||
+	    rd_u32(&r, &req.limit_entries) < 0 || rd_str_into(&r, root, rlen) < 0 ||
+	    rd_str_into(&r, path, plen) < 0)
+		return -EBADMSG;
+	if (req.op < CAP_FILE_READ || req.op > CAP_FILE_WRITE || !file_root_ok(root) ||
+	    !cap_proto_file_path_ok(path))
+		return -EBADMSG;
+	req.root = root;
+	req.path = path;
+	req.data = r.p;
+	req.len = r.left;
+	*out = req;
+	return 0;
 }

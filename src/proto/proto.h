@@ -45,7 +45,8 @@ enum cap_msg {
 	CAP_MSG_RESIZE = 11,	/* h->g: u16 rows, u16 cols of a PTY command */
 	CAP_MSG_PAUSE = 12,	/* client->shim stream 0: freeze the VM; shim->client: i32 errno, text */
 	CAP_MSG_RESUME = 13,	/* client->shim stream 0: continue it; same answer */
-	CAP_MSG_MAX_ = CAP_MSG_RESUME,
+	CAP_MSG_FILE = 14,	/* h->g: a file operation (struct cap_file_req) on a new stream */
+	CAP_MSG_MAX_ = CAP_MSG_FILE,
 };
 
 /* One parsed frame; payload points into the parser's input. */
@@ -135,6 +136,34 @@ void cap_proto_error_encode(struct cap_buf *out, uint32_t stream, int errnum,
 			    const char *msg);
 int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
 			   char *msg, size_t mlen);
+
+/* FILE: read, list or write one path inside /source or /work, resolved by
+ * the agent with openat2(RESOLVE_BENEATH) as the tool user. The answer is
+ * STDOUT frames, then EXIT: code 0 for a file's bytes, code 1 for a
+ * directory listing ("d NAME", "f SIZE NAME", "l NAME" or "o NAME" lines,
+ * sorted; TRUNCATED when more than limit entries), START_FAILED with an
+ * errno and a STDERR line naming the path and the rule otherwise. */
+enum cap_file_op { CAP_FILE_READ = 1, CAP_FILE_LIST = 2, CAP_FILE_WRITE = 3 };
+
+struct cap_file_req {
+	uint32_t op;	/* enum cap_file_op */
+	uint32_t limit;	/* READ: largest file in bytes; LIST/READ of a dir: entries */
+	uint32_t limit_entries;
+	const char *root;	/* "/source" or "/work" */
+	const char *path;	/* relative, no ".." component; "" for the root */
+	const uint8_t *data;	/* WRITE: the content */
+	size_t len;
+};
+
+/* Encode a FILE frame; -E2BIG over one frame, -EINVAL for a bad root or
+ * path. Decode points into p (nothing allocated); -EBADMSG when malformed. */
+int cap_proto_file_encode(struct cap_buf *out, uint32_t stream,
+			  const struct cap_file_req *req);
+int cap_proto_file_decode(const uint8_t *p, size_t n, struct cap_file_req *out,
+			  char *root, size_t rlen, char *path, size_t plen);
+/* Whether a path is acceptable for FILE: relative, no NUL, no ".."
+ * component, at most 4096 bytes. */
+bool cap_proto_file_path_ok(const char *path);
 
 /* SETUP: what the agent mounts before any command runs. Disks are named
  * by their virtio-blk serial; an empty string means "none". With a root

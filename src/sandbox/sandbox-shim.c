@@ -163,6 +163,41 @@ static void client_exec(struct shim *s, struct conn *c, const struct cap_frame *
 	cap_exec_req_fini(&req);
 }
 
+static void client_file(struct shim *s, struct conn *c, const struct cap_frame *f)
+{
+	struct cap_file_req req;
+	struct cap_err err = { 0 };
+	char root[16], path[4100];
+	if (f->stream == 0 || route_by_client(s, c, f->stream)) {
+		cap_proto_error_encode(&c->out, f->stream, EINVAL, "stream id is zero or already in use");
+		return;
+	}
+	if (cap_proto_file_decode(f->payload, f->len, &req, root, sizeof(root), path, sizeof(path)) < 0) {
+		cap_proto_error_encode(&c->out, f->stream, EBADMSG, "malformed FILE request");
+		return;
+	}
+	if (s->paused && set_paused(s, false, &err) < 0) {
+		cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
+		return;
+	}
+	struct route *r = NULL;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes) && !r; i++)
+		if (!s->routes[i].used)
+			r = &s->routes[i];
+	if (!r) {
+		cap_proto_error_encode(&c->out, f->stream, EBUSY, "too many operations running in this sandbox");
+		return;
+	}
+	*r = (struct route){ .conn = c, .cid = f->stream, .used = true };
+	/* What the agent may send back: the file, or a listing (a line of at
+	 * most ~600 bytes per entry). */
+	uint64_t cap = CAP_MAX((uint64_t)req.limit, (uint64_t)req.limit_entries * 700) + 4096;
+	if (cap_sandbox_file(s->sb, &req, (uint32_t)CAP_MIN(cap, (uint64_t)UINT32_MAX), &events, r, &r->aid, &err) < 0) {
+		memset(r, 0, sizeof(*r));
+		cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
+	}
+}
+
 /* Handle one frame from a client; false when the client broke the
  * protocol and must be dropped. */
 static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame *f)
@@ -171,6 +206,9 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 	switch (f->type) {
 	case CAP_MSG_EXEC:
 		client_exec(s, c, f);
+		return true;
+	case CAP_MSG_FILE:
+		client_file(s, c, f);
 		return true;
 	case CAP_MSG_STDIN:
 		if ((r = route_by_client(s, c, f->stream)))

@@ -314,6 +314,15 @@ int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
 	return cap_client_exec(&sb->client, req, ev, ud, id, err);
 }
 
+int cap_sandbox_file(struct cap_sandbox *sb, const struct cap_file_req *req,
+		     uint32_t cap, const struct cap_exec_events *ev, void *ud,
+		     uint32_t *id, struct cap_err *err)
+{
+	if (sb->dead)
+		return cap_err_set(err, EPIPE, "the VM has stopped");
+	return cap_client_file(&sb->client, req, cap, ev, ud, id, err);
+}
+
 int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
 		      size_t n)
 {

@@ -56,6 +56,11 @@ pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb);
 int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
 		     const struct cap_exec_events *ev, void *ud, uint32_t *id,
 		     struct cap_err *err);
+/* Read, list or write a path inside /source or /work (docs/protocol.md,
+ * FILE); answered through ev like an exec. cap bounds the answer. */
+int cap_sandbox_file(struct cap_sandbox *sb, const struct cap_file_req *req,
+		     uint32_t cap, const struct cap_exec_events *ev, void *ud,
+		     uint32_t *id, struct cap_err *err);
 int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
 		      size_t n);
 int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig);

@@ -81,8 +81,25 @@ struct ident {
 	struct ident *next;
 };
 
+/* A front end: how requests come in and answers go out. */
+struct ctl_frontend {
+	const char *name;	/* "serve", "mcp": for log lines */
+	int (*setup)(struct ctl *c, struct cap_err *err);
+	/* Add its descriptors from pfd[n], at most up to max; returns the new n. */
+	int (*pollfds)(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max);
+	void (*step)(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to);
+	void (*flush)(struct ctl *c);
+	void (*shutdown)(struct ctl *c);	/* stop taking requests */
+	void (*teardown)(struct ctl *c);	/* release everything */
+};
+
+extern const struct ctl_frontend ctl_rpc_frontend;
+
 struct ctl {
 	struct cap_controller_cfg cfg;
+	const struct ctl_frontend *fe;
+	void *fe_state;
+	bool frontend_done;	/* the front end has no more clients (MCP: stdin closed) */
 	char *home;
 	char *socket_path;
 	int listen_fd, signal_fd, lock_fd;
@@ -108,12 +125,9 @@ struct call *ctl_new_call(enum call_kind kind, struct conn *conn, json_t *id);
 void ctl_file_call(struct call *k, enum cap_file_op op, const char *root,
 		   const char *path, const void *data, size_t len);
 
-int rpc_listen(struct ctl *c, const char *path, struct cap_err *err);
-void rpc_accept(struct ctl *c);
-int rpc_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max);
-void rpc_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to);
-void rpc_flush(struct ctl *c);
-void rpc_close_all(struct ctl *c);
+/* Run the controller with a front end until shutdown. */
+int ctl_run(const struct cap_controller_cfg *cfg, const struct ctl_frontend *fe,
+	    void *fe_state, struct cap_err *err);
 /* Send a result (code 0) or an error; takes ownership of result and data. */
 void rpc_reply(struct ctl *c, struct conn *conn, json_t *id, json_t *result,
 	       int code, const char *msg, json_t *data);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,7 +15,7 @@
 #include "controller-internal.h"
 #include "util.h"
 
-int rpc_listen(struct ctl *c, const char *path, struct cap_err *err)
+static int rpc_listen(struct ctl *c, const char *path, struct cap_err *err)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -38,7 +39,7 @@ int rpc_listen(struct ctl *c, const char *path, struct cap_err *err)
 	return 0;
 }
 
-void rpc_accept(struct ctl *c)
+static void rpc_accept(struct ctl *c)
 {
 	for (;;) {
 		int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -67,7 +68,7 @@ static void conn_free(struct ctl *c, struct conn *k)
 	free(k);
 }
 
-void rpc_close_all(struct ctl *c)
+static void rpc_close_all(struct ctl *c)
 {
 	while (c->conns)
 		conn_free(c, c->conns);
@@ -351,8 +352,10 @@ static void conn_read(struct ctl *c, struct conn *k)
 	}
 }
 
-int rpc_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max)
+static int rpc_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max)
 {
+	owner[n] = NULL;	/* the listening socket */
+	pfd[n++] = (struct pollfd){ .fd = c->shutting_down ? -1 : c->listen_fd, .events = POLLIN };
 	for (struct conn *k = c->conns; k && n < max; k = k->next) {
 		owner[n] = k;
 		pfd[n++] = (struct pollfd){ .fd = k->fd, .events = (short)(POLLIN | (cap_buf_used(&k->out) ? POLLOUT : 0)) };
@@ -360,16 +363,21 @@ int rpc_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max)
 	return n;
 }
 
-void rpc_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to)
+static void rpc_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to)
 {
 	for (int i = from; i < to; i++) {
 		struct conn *k = owner[i];
+		if (!k) {
+			if (pfd[i].revents)
+				rpc_accept(c);
+			continue;
+		}
 		if (!k->closing && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
 			conn_read(c, k);
 	}
 }
 
-void rpc_flush(struct ctl *c)
+static void rpc_flush(struct ctl *c)
 {
 	struct conn *k = c->conns, *next;
 	for (; k; k = next) {
@@ -386,4 +394,52 @@ void rpc_flush(struct ctl *c)
 		if (k->closing)
 			conn_free(c, k);
 	}
+}
+
+static int rpc_setup(struct ctl *c, struct cap_err *err)
+{
+	_cleanup_free_ char *path = c->cfg.socket_path ? xstrdup(c->cfg.socket_path)
+						       : xasprintf("%s/serve.sock", c->home);
+	_cleanup_free_ char *lockp = xasprintf("%s.lock", path);
+	/* One server per socket: the lock, not the socket file, says so. */
+	c->lock_fd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (c->lock_fd < 0 || flock(c->lock_fd, LOCK_EX | LOCK_NB) < 0)
+		return cap_err_set(err, EBUSY, "another capsule serve is using %s (%s is locked)", path, lockp);
+	int r = rpc_listen(c, path, err);
+	if (r == 0)
+		fprintf(stderr, "capsule serve: listening on %s\n", path);
+	return r;
+}
+
+static void rpc_shutdown(struct ctl *c)
+{
+	/* Closed at the end of this round: the poll set still points at them. */
+	for (struct conn *k = c->conns; k; k = k->next)
+		k->closing = true;
+}
+
+static void rpc_teardown(struct ctl *c)
+{
+	rpc_close_all(c);
+	if (c->listen_fd >= 0) {
+		close(c->listen_fd);
+		unlink(c->socket_path);
+	}
+	free(c->socket_path);
+	c->socket_path = NULL;
+}
+
+const struct ctl_frontend ctl_rpc_frontend = {
+	.name = "serve",
+	.setup = rpc_setup,
+	.pollfds = rpc_pollfds,
+	.step = rpc_step,
+	.flush = rpc_flush,
+	.shutdown = rpc_shutdown,
+	.teardown = rpc_teardown,
+};
+
+int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err)
+{
+	return ctl_run(cfg, &ctl_rpc_frontend, NULL, err);
 }

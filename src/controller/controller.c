@@ -660,7 +660,8 @@ static void recover(struct ctl *c)
 	DIR *da = opendir(ws);
 	struct dirent *a;
 	while (da && (a = readdir(da))) {
-		if (!cap_controller_id_valid(a->d_name))
+		if (!cap_controller_id_valid(a->d_name) ||
+		    (c->cfg.recover_agent && strcmp(a->d_name, c->cfg.recover_agent) != 0))
 			continue;
 		_cleanup_free_ char *adir = xasprintf("%s/%s", ws, a->d_name);
 		DIR *dp = opendir(adir);
@@ -776,10 +777,24 @@ static bool any_resident(struct ctl *c)
 	return false;
 }
 
-int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err)
+/* Every VM is asked to stop; the loop ends when none is resident. */
+static void begin_shutdown(struct ctl *c, const char *why)
 {
-	struct ctl c = { .cfg = *cfg, .listen_fd = -1, .signal_fd = -1, .lock_fd = -1 };
-	_cleanup_free_ char *path = NULL, *lockp = NULL;
+	if (c->shutting_down)
+		return;
+	fprintf(stderr, "capsule %s: %s: stopping every sandbox\n", c->fe->name, why);
+	c->shutting_down = true;
+	c->fe->shutdown(c);
+	for (struct ident *i = c->idents; i; i = i->next)
+		if (cap_vm_state_resident(i->lc.state))
+			ctl_begin_stop(c, i);
+}
+
+int ctl_run(const struct cap_controller_cfg *cfg, const struct ctl_frontend *fe,
+	    void *fe_state, struct cap_err *err)
+{
+	struct ctl c = { .cfg = *cfg, .fe = fe, .fe_state = fe_state,
+			 .listen_fd = -1, .signal_fd = -1, .lock_fd = -1 };
 	int r;
 
 	c.home = cap_home_dir();
@@ -787,14 +802,7 @@ int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err
 		r = cap_err_set(err, -r, "cannot create %s: %s", c.home, strerror(-r));
 		goto out;
 	}
-	path = cfg->socket_path ? xstrdup(cfg->socket_path) : xasprintf("%s/serve.sock", c.home);
-	lockp = xasprintf("%s.lock", path);
-	c.lock_fd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (c.lock_fd < 0 || flock(c.lock_fd, LOCK_EX | LOCK_NB) < 0) {
-		r = cap_err_set(err, EBUSY, "another capsule serve is using %s (%s is locked)", path, lockp);
-		goto out;
-	}
-	if ((r = rpc_listen(&c, path, err)) < 0)
+	if ((r = fe->setup(&c, err)) < 0)
 		goto out;
 
 	sigset_t sigs;
@@ -807,9 +815,9 @@ int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err
 	c.signal_fd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
 
 	recover(&c);
-	fprintf(stderr, "capsule serve: listening on %s (capacity %u, idle pause %lld ms, idle stop %lld ms%s)\n",
-		path, cfg->lc.capacity, (long long)cfg->lc.idle_pause_ms, (long long)cfg->lc.idle_stop_ms,
-		cfg->manual_clock ? ", manual clock" : "");
+	fprintf(stderr, "capsule %s: ready (capacity %u, idle pause %lld ms, idle stop %lld ms%s)\n",
+		fe->name, cfg->lc.capacity, (long long)cfg->lc.idle_pause_ms,
+		(long long)cfg->lc.idle_stop_ms, cfg->manual_clock ? ", manual clock" : "");
 
 	for (;;) {
 		while (c.kick) {
@@ -817,6 +825,8 @@ int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err
 			for (struct ident *i = c.idents; i; i = i->next)
 				pump(&c, i);
 		}
+		if (c.frontend_done)
+			begin_shutdown(&c, "the client went away");
 		if (!c.shutting_down)
 			lifecycle(&c);
 		stop_overdue(&c);
@@ -828,8 +838,8 @@ int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err
 		static void *owner[MAXP];
 		int n = 0;
 		pfd[n++] = (struct pollfd){ .fd = c.signal_fd, .events = POLLIN };
-		pfd[n++] = (struct pollfd){ .fd = c.shutting_down ? -1 : c.listen_fd, .events = POLLIN };
-		n = rpc_pollfds(&c, pfd, owner, n, MAXP);
+		int first_fe = n;
+		n = fe->pollfds(&c, pfd, owner, n, MAXP - 2 * 512);
 		int first_ident = n;
 		for (struct ident *i = c.idents; i && n + CAP_SANDBOX_NPOLL <= MAXP; i = i->next) {
 			owner[n] = i;
@@ -849,37 +859,19 @@ int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err
 		}
 		if (pfd[0].revents) {
 			struct signalfd_siginfo si;
-			while (read(c.signal_fd, &si, sizeof(si)) == sizeof(si)) {
-				if (c.shutting_down)
-					continue;
-				fprintf(stderr, "capsule serve: %s: stopping every sandbox\n", strsignal((int)si.ssi_signo));
-				c.shutting_down = true;
-				/* Closed at the end of this round: pfd still
-				 * points at them. */
-				for (struct conn *k = c.conns; k; k = k->next)
-					k->closing = true;
-				for (struct ident *i = c.idents; i; i = i->next)
-					if (cap_vm_state_resident(i->lc.state))
-						ctl_begin_stop(&c, i);
-			}
+			while (read(c.signal_fd, &si, sizeof(si)) == sizeof(si))
+				begin_shutdown(&c, strsignal((int)si.ssi_signo));
 		}
-		if (pfd[1].revents)
-			rpc_accept(&c);
-		rpc_step(&c, pfd, owner, 2, first_ident);
+		fe->step(&c, pfd, owner, first_fe, first_ident);
 		for (int k = first_ident; k < n; k += CAP_SANDBOX_NPOLL)
 			if (pfd[k].revents || pfd[k + 1].revents)
 				step_ident(&c, owner[k], &pfd[k]);
-		rpc_flush(&c);
+		fe->flush(&c);
 	}
-	fprintf(stderr, "capsule serve: every sandbox stopped; bye\n");
+	fprintf(stderr, "capsule %s: every sandbox stopped; bye\n", fe->name);
 	r = 0;
 out:
-	rpc_close_all(&c);
-	if (c.listen_fd >= 0) {
-		close(c.listen_fd);
-		unlink(c.socket_path);
-	}
-	free(c.socket_path);
+	fe->teardown(&c);
 	while (c.idents) {
 		struct ident *i = c.idents;
 		c.idents = i->next;

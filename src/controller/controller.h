@@ -20,6 +20,8 @@ struct cap_controller_cfg {
 	/* A clock that moves only through the `_test.advance` method, so
 	 * that tests drive real transitions without waiting. */
 	bool manual_clock;
+	/* Take back only this agent's sandboxes at start (NULL: all). */
+	const char *recover_agent;
 };
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c);

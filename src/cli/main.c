@@ -23,6 +23,7 @@ static const char usage[] =
 	"  image     Build, import, list and remove images\n"
 	"  source    Check or build a public data projection by hand\n"
 	"  serve     Serve per-identity sandboxes over JSON-RPC on a unix socket\n"
+	"  mcp       Model Context Protocol server on stdio (bounded file tools)\n"
 	"  doctor    Show what capsule found on this host: QEMU, acceleration, cache\n"
 	"  version   Print the version\n"
 	"\n"
@@ -105,7 +106,7 @@ int main(int argc, char **argv)
 		{ "shell", cap_cli_shell }, { "inspect", cap_cli_inspect },
 		{ "rm", cap_cli_rm }, { "ls", cap_cli_ls }, { "image", cap_cli_image },
 		{ "source", cap_cli_source }, { "serve", cap_cli_serve },
-		{ "shim", cap_cli_shim },
+		{ "shim", cap_cli_shim }, { "mcp", cap_cli_mcp },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

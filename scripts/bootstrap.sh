@@ -19,23 +19,39 @@ for p in $PACKAGES; do
 	fi
 done
 
-if [ -z "$missing" ]; then
-	exit 0
+need_node=""
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	need_node=" nodejs npm"
 fi
-
-echo "bootstrap: installing:$missing"
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
+if [ "$(id -u)" -ne 0 ] && [ -n "$missing$need_node" ]; then
 	if command -v sudo >/dev/null 2>&1; then
 		SUDO="sudo"
 	else
-		echo "bootstrap: these Debian packages are missing:$missing" >&2
+		echo "bootstrap: these Debian packages are missing:$missing$need_node" >&2
 		echo "bootstrap: run this script as root, or install them with apt-get" >&2
 		exit 1
 	fi
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -q --no-install-recommends $missing
-echo "bootstrap: done"
+if [ -n "$missing" ]; then
+	echo "bootstrap: installing:$missing"
+	$SUDO apt-get update -q
+	# shellcheck disable=SC2086
+	$SUDO apt-get install -y -q --no-install-recommends $missing
+	echo "bootstrap: done"
+fi
+
+# The MCP client test drives `capsule mcp` with the official TypeScript SDK
+# from the npm registry (a test dependency, pinned in tests/mcp). Node.js
+# and npm come from Debian when the machine has none.
+if [ -n "$need_node" ]; then
+	echo "bootstrap: installing nodejs npm"
+	$SUDO apt-get update -q
+	$SUDO apt-get install -y -q --no-install-recommends nodejs npm
+fi
+top=$(cd "$(dirname "$0")/.." && pwd)
+if [ ! -f "$top/tests/mcp/node_modules/@modelcontextprotocol/sdk/package.json" ]; then
+	echo "bootstrap: npm ci in tests/mcp (the MCP SDK for the client test)"
+	(cd "$top/tests/mcp" && npm ci --no-audit --no-fund --loglevel=error)
+fi

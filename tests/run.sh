@@ -64,6 +64,9 @@ suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
 suite "integration/sandbox" tests/integration/test-sandbox.sh "$build/capsule"
 suite "integration/source" tests/integration/test-source.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
+suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
+CAPSULE_BIN_UNDER_TEST="$build/capsule" \
+	suite "integration/mcp-sdk" node --test --test-reporter=tap tests/mcp/sdk.test.mjs
 
 awk '{ p += $1; f += $2; s += $3 }
 	END {

@@ -1,0 +1,48 @@
+#!/bin/sh
+# Raw protocol abuse of `capsule mcp` from the shell: each misuse gets the
+# right JSON-RPC error and the server stays up; initialize + tools/list
+# start no VM; stdout carries protocol messages only. TAP output.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+. "$(dirname "$0")/lib.sh"
+mkdir -p "$rt/pub"
+echo hi >"$rt/pub/a.txt"
+
+init='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"1"}}}'
+ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
+# resp ID: the response line with that id
+resp() { grep "\"id\":$1[,}]" "$out"; }
+mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
+
+echo "1..12"
+
+{ printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
+check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
+
+{ echo "$init"; printf '{"jsonrpc": "2.0", "id": 2, "method": \n'; ping 3; } | mcp
+check "malformed JSON gets -32700 and the server stays up" 'grep -q "\"code\":-32700" "$out" && resp 3 | grep -q "\"result\":{}"'
+
+{ echo "$init"; head -c 10485760 /dev/zero | tr '\0' 'x'; echo; ping 4; } | mcp
+check "a 10 MiB line gets -32600 and the server stays up" 'grep -q "\"code\":-32600" "$out" && grep -q "over 4194304 bytes" "$out" && resp 4 | grep -q "\"result\":{}"'
+
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","id":5,"method":"resources/list"}'; ping 6; } | mcp
+check "an unknown method gets -32601" 'resp 5 | grep -q "\"code\":-32601" && resp 6 | grep -q "\"result\":{}"'
+
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"nope","arguments":{}}}' \
+	'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"read_file","arguments":{}}}'; } | mcp
+check "an unknown tool and missing arguments get -32602" 'resp 9 | grep -q "\"code\":-32602" && resp 10 | grep -q "\"code\":-32602"'
+
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","method":"notifications/initialized"}' '{"jsonrpc":"2.0","id":2,"method":"tools/list"}'; } | mcp
+check "initialize negotiates the version the client asked for" 'resp 1 | grep -q "\"protocolVersion\":\"2025-06-18\""'
+check "tools/list lists read_file with its schema and annotations" 'resp 2 | grep -q "\"name\":\"read_file\"" && resp 2 | grep -q "\"inputSchema\"" && resp 2 | grep -q "\"readOnlyHint\":true"'
+check "initialize and tools/list start no VM" '[ "$(ours)" -eq 0 ] && [ ! -d "$CAPSULE_HOME/sandboxes" ]'
+
+printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"old","version":"1"}}}' | mcp
+check "an unsupported version is answered with the server's own" 'resp 1 | grep -q "\"protocolVersion\":\"2025-11-25\""'
+
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"../../etc/passwd"}}}'; } | mcp
+check "read_file ../../etc/passwd is a tool error naming the rule" 'resp 11 | grep -q "\"isError\":true" && resp 11 | grep -q "climbs out of its root"'
+check "stdout holds only JSON-RPC messages, one per line" 'python3 -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" "$out"'
+
+"$capsule" mcp --peer p1 </dev/null >"$out" 2>"$err"
+check "no agent identity: refused with a message, nothing on stdout" '[ $? -ne 0 ] && grep -q "agent identity is required" "$err" && [ ! -s "$out" ]'

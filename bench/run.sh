@@ -157,7 +157,7 @@ awk -v a="$(serve_row resume 2)" -v b="$(serve_row resume 3)" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(f) serve: resume from pause vs warm call", a, b, a / b }'
 awk -v a="$(serve_row restart 2)" -v b="$(serve_row restart 3)" 'BEGIN {
 	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(f) serve: restart stopped vs fresh identity", a, b, a / b }'
-awk -v a="$(serve_row read_file 2)" -v b="$(serve_row read_file 3)" 'BEGIN {
-	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(g) mcp read_file 100 KiB vs capsule exec cat", a, b, a / b }'
 awk -v a="$(serve_row throughput 2)" -v b="$(serve_row throughput 3)" 'BEGIN {
 	printf "%-44s %8.0f/s %10.0f/s %7.2fx\n", "(f) serve: 4 identities at once vs 1, calls", a, b, a / b }'
+awk -v a="$(serve_row read_file 2)" -v b="$(serve_row read_file 3)" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(g) mcp read_file 100 KiB vs capsule exec cat", a, b, a / b }'

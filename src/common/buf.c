@@ -57,3 +57,29 @@ void cap_buf_consume(struct cap_buf *b, size_t n)
 	if (b->off == b->len)
 		b->off = b->len = 0;
 }
+
+void cap_buf_lines(struct cap_buf *b, size_t max, bool *discarding,
+		   void (*line)(void *ud, const char *p, size_t n),
+		   void (*too_long)(void *ud), void *ud)
+{
+	for (;;) {
+		const char *head = (const char *)cap_buf_head(b);
+		size_t used = cap_buf_used(b);
+		const char *nl = memchr(head, '\n', used);
+		if (!nl) {
+			if (used > max) {
+				if (!*discarding)
+					too_long(ud);
+				*discarding = true;
+				cap_buf_consume(b, used);
+			}
+			return;
+		}
+		size_t len = (size_t)(nl - head);
+		if (*discarding)
+			*discarding = false;
+		else if (len > 0 && !(len == 1 && head[0] == '\r'))
+			line(ud, head, len);
+		cap_buf_consume(b, len + 1);
+	}
+}

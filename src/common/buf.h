@@ -3,6 +3,7 @@
 #ifndef CAP_BUF_H
 #define CAP_BUF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,5 +30,13 @@ static inline const uint8_t *cap_buf_head(const struct cap_buf *b)
 {
 	return b->owned_data + b->off;
 }
+
+/* Take the complete lines off the front of b, calling line(ud, p, n) for
+ * each non-empty one (without its newline). A line longer than max is
+ * dropped up to its newline, with one call of too_long(ud); *discarding
+ * carries that state between calls. */
+void cap_buf_lines(struct cap_buf *b, size_t max, bool *discarding,
+		   void (*line)(void *ud, const char *p, size_t n),
+		   void (*too_long)(void *ud), void *ud);
 
 #endif

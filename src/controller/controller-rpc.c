@@ -13,27 +13,14 @@
 #include <unistd.h>
 
 #include "controller-internal.h"
+#include "sock.h"
 #include "util.h"
 
 static int rpc_listen(struct ctl *c, const char *path, struct cap_err *err)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return cap_err_set(err, ENAMETOOLONG, "socket path %s is longer than %zu bytes; pass a shorter --socket",
-				   path, sizeof(sa.sun_path) - 1);
-	strcpy(sa.sun_path, path);
-	unlink(path);	/* we hold the lock: any socket file here is stale */
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int fd = cap_unix_listen(path, err);	/* we hold the lock: a socket file there is stale */
 	if (fd < 0)
-		return cap_err_set(err, errno, "socket: %s", strerror(errno));
-	mode_t old = umask(077);
-	int r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	umask(old);
-	if (r < 0 || chmod(path, 0600) < 0 || listen(fd, 64) < 0) {
-		int e = errno;
-		close(fd);
-		return cap_err_set(err, e, "cannot listen on %s: %s", path, strerror(e));
-	}
+		return fd;
 	c->listen_fd = fd;
 	c->socket_path = xstrdup(path);
 	return 0;
@@ -318,6 +305,23 @@ static void handle(struct ctl *c, struct conn *k, const char *line, size_t len)
 	json_decref(m);
 }
 
+struct line_ctx {
+	struct ctl *c;
+	struct conn *k;
+};
+
+static void on_line(void *ud, const char *p, size_t n)
+{
+	struct line_ctx *lc = ud;
+	handle(lc->c, lc->k, p, n);
+}
+
+static void on_too_long(void *ud)
+{
+	struct line_ctx *lc = ud;
+	error_to(lc->k, NULL, RPC_INVALID, "request line over %u bytes", RPC_LINE_MAX);
+}
+
 static void conn_read(struct ctl *c, struct conn *k)
 {
 	uint8_t *p = cap_buf_reserve(&k->in, 65536);
@@ -329,27 +333,8 @@ static void conn_read(struct ctl *c, struct conn *k)
 	if (n < 0)
 		return;
 	cap_buf_commit(&k->in, (size_t)n);
-	for (;;) {
-		const char *head = (const char *)cap_buf_head(&k->in);
-		size_t used = cap_buf_used(&k->in);
-		const char *nl = memchr(head, '\n', used);
-		if (!nl) {
-			if (used > RPC_LINE_MAX) {
-				/* Too long: answer once, then skip to the next line. */
-				if (!k->discarding)
-					error_to(k, NULL, RPC_INVALID, "request line over %u bytes", RPC_LINE_MAX);
-				k->discarding = true;
-				cap_buf_consume(&k->in, used);
-			}
-			return;
-		}
-		size_t len = (size_t)(nl - head);
-		if (k->discarding)
-			k->discarding = false;
-		else if (len > 0 && !(len == 1 && head[0] == '\r'))
-			handle(c, k, head, len);
-		cap_buf_consume(&k->in, len + 1);
-	}
+	struct line_ctx lc = { c, k };
+	cap_buf_lines(&k->in, RPC_LINE_MAX, &k->discarding, on_line, on_too_long, &lc);
 }
 
 static int rpc_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max)

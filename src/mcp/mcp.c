@@ -690,6 +690,23 @@ static int mcp_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, i
 	return n;
 }
 
+struct line_ctx {
+	struct ctl *c;
+	struct mcp *m;
+};
+
+static void on_line(void *ud, const char *p, size_t n)
+{
+	struct line_ctx *lc = ud;
+	handle(lc->c, lc->m, p, n);
+}
+
+static void on_too_long(void *ud)
+{
+	struct line_ctx *lc = ud;
+	error_to(lc->m, NULL, RPC_INVALID, "message line over %u bytes; it was dropped", LINE_MAX_BYTES);
+}
+
 static void mcp_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to)
 {
 	struct mcp *m = c->fe_state;
@@ -706,26 +723,8 @@ static void mcp_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, 
 	if (n < 0)
 		return;
 	cap_buf_commit(&m->in, (size_t)n);
-	for (;;) {
-		const char *head = (const char *)cap_buf_head(&m->in);
-		size_t used = cap_buf_used(&m->in);
-		const char *nl = memchr(head, '\n', used);
-		if (!nl) {
-			if (used > LINE_MAX_BYTES) {
-				if (!m->discarding)
-					error_to(m, NULL, RPC_INVALID, "message line over %u bytes; it was dropped", LINE_MAX_BYTES);
-				m->discarding = true;
-				cap_buf_consume(&m->in, used);
-			}
-			return;
-		}
-		size_t len = (size_t)(nl - head);
-		if (m->discarding)
-			m->discarding = false;
-		else if (len > 0 && !(len == 1 && head[0] == '\r'))
-			handle(c, m, head, len);
-		cap_buf_consume(&m->in, len + 1);
-	}
+	struct line_ctx lc = { c, m };
+	cap_buf_lines(&m->in, LINE_MAX_BYTES, &m->discarding, on_line, on_too_long, &lc);
 }
 
 static void mcp_flush(struct ctl *c)

@@ -20,6 +20,7 @@
 #include "named.h"
 #include "paths.h"
 #include "sandbox.h"
+#include "sock.h"
 #include "store.h"
 #include "util.h"
 
@@ -129,73 +130,73 @@ static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
 	cap_proto_put(&c->out, op, 0, buf, 4 + mn);
 }
 
+/* Check a client's new stream id, wake a paused VM and take a route for
+ * the stream; NULL, with the error already sent to the client, when any
+ * of that fails. */
+static struct route *route_open(struct shim *s, struct conn *c, uint32_t cid)
+{
+	struct cap_err err = { 0 };
+	if (cid == 0 || route_by_client(s, c, cid)) {
+		cap_proto_error_encode(&c->out, cid, EINVAL, "stream id is zero or already in use");
+		return NULL;
+	}
+	/* Work for a paused VM wakes it. */
+	if (s->paused && set_paused(s, false, &err) < 0) {
+		cap_proto_error_encode(&c->out, cid, err.code ? err.code : EIO, err.msg);
+		return NULL;
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes); i++) {
+		struct route *r = &s->routes[i];
+		if (!r->used) {
+			*r = (struct route){ .conn = c, .cid = cid, .used = true };
+			return r;
+		}
+	}
+	cap_proto_error_encode(&c->out, cid, EBUSY, "too many commands running in this sandbox");
+	return NULL;
+}
+
+/* The agent refused or could not take the stream: release the route. */
+static void route_failed(struct conn *c, struct route *r, const struct cap_err *err)
+{
+	cap_proto_error_encode(&c->out, r->cid, err->code ? err->code : EIO, err->msg);
+	memset(r, 0, sizeof(*r));
+}
+
 static void client_exec(struct shim *s, struct conn *c, const struct cap_frame *f)
 {
 	struct cap_exec_req req;
 	struct cap_err err = { 0 };
-	if (f->stream == 0 || route_by_client(s, c, f->stream)) {
-		cap_proto_error_encode(&c->out, f->stream, EINVAL, "stream id is zero or already in use");
+	struct route *r = route_open(s, c, f->stream);
+	if (!r)
 		return;
-	}
 	if (cap_proto_exec_decode(f->payload, f->len, &req, &err) < 0) {
-		cap_proto_error_encode(&c->out, f->stream, EBADMSG, err.msg);
+		err.code = EBADMSG;
+		route_failed(c, r, &err);
 		return;
 	}
-	/* Work for a paused VM wakes it. */
-	if (s->paused && set_paused(s, false, &err) < 0) {
-		cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
-		cap_exec_req_fini(&req);
-		return;
-	}
-	struct route *r = NULL;
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes) && !r; i++)
-		if (!s->routes[i].used)
-			r = &s->routes[i];
-	if (!r) {
-		cap_proto_error_encode(&c->out, f->stream, EBUSY, "too many commands running in this sandbox");
-	} else {
-		*r = (struct route){ .conn = c, .cid = f->stream, .used = true };
-		if (cap_sandbox_exec(s->sb, &req, &events, r, &r->aid, &err) < 0) {
-			memset(r, 0, sizeof(*r));
-			cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
-		}
-	}
+	if (cap_sandbox_exec(s->sb, &req, &events, r, &r->aid, &err) < 0)
+		route_failed(c, r, &err);
 	cap_exec_req_fini(&req);
 }
 
 static void client_file(struct shim *s, struct conn *c, const struct cap_frame *f)
 {
 	struct cap_file_req req;
-	struct cap_err err = { 0 };
+	struct cap_err err = { .code = EBADMSG, .msg = "malformed FILE request" };
 	char root[16], path[4100];
-	if (f->stream == 0 || route_by_client(s, c, f->stream)) {
-		cap_proto_error_encode(&c->out, f->stream, EINVAL, "stream id is zero or already in use");
+	struct route *r = route_open(s, c, f->stream);
+	if (!r)
 		return;
-	}
 	if (cap_proto_file_decode(f->payload, f->len, &req, root, sizeof(root), path, sizeof(path)) < 0) {
-		cap_proto_error_encode(&c->out, f->stream, EBADMSG, "malformed FILE request");
+		route_failed(c, r, &err);
 		return;
 	}
-	if (s->paused && set_paused(s, false, &err) < 0) {
-		cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
-		return;
-	}
-	struct route *r = NULL;
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes) && !r; i++)
-		if (!s->routes[i].used)
-			r = &s->routes[i];
-	if (!r) {
-		cap_proto_error_encode(&c->out, f->stream, EBUSY, "too many operations running in this sandbox");
-		return;
-	}
-	*r = (struct route){ .conn = c, .cid = f->stream, .used = true };
 	/* What the agent may send back: the file, or a listing (a line of at
 	 * most ~600 bytes per entry). */
 	uint64_t cap = CAP_MAX((uint64_t)req.limit, (uint64_t)req.limit_entries * 700) + 4096;
-	if (cap_sandbox_file(s->sb, &req, (uint32_t)CAP_MIN(cap, (uint64_t)UINT32_MAX), &events, r, &r->aid, &err) < 0) {
-		memset(r, 0, sizeof(*r));
-		cap_proto_error_encode(&c->out, f->stream, err.code ? err.code : EIO, err.msg);
-	}
+	if (cap_sandbox_file(s->sb, &req, (uint32_t)CAP_MIN(cap, (uint64_t)UINT32_MAX), &events, r, &r->aid, &err) < 0)
+		route_failed(c, r, &err);
 }
 
 /* Handle one frame from a client; false when the client broke the
@@ -279,27 +280,6 @@ static void client_flush(struct shim *s, struct conn *c)
 		}
 		cap_buf_consume(&c->out, (size_t)n);
 	}
-}
-
-static int listen_on(const char *path, struct cap_err *err)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return cap_err_set(err, ENAMETOOLONG, "control socket path %s is too long", path);
-	strcpy(sa.sun_path, path);
-	unlink(path);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0)
-		return cap_err_set(err, errno, "socket: %s", strerror(errno));
-	mode_t old = umask(077);
-	int r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	umask(old);
-	if (r < 0 || chmod(path, 0600) < 0 || listen(fd, 16) < 0) {
-		int e = errno;
-		close(fd);
-		return cap_err_set(err, e, "cannot listen on %s: %s", path, strerror(e));
-	}
-	return fd;
 }
 
 static void report_ready(int *fd, const char *msg)
@@ -464,7 +444,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 
 	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
 		goto out;
-	if ((lfd = listen_on(control, err)) < 0) {
+	if ((lfd = cap_unix_listen(control, err)) < 0) {
 		r = lfd;
 		goto out;
 	}

@@ -15,7 +15,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/fs.h>
 #include <linux/openat2.h>
+#include <linux/random.h>
 #include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -547,6 +549,17 @@ static int find_disk(const char *serial, char *dev, size_t len)
 	return r;
 }
 
+/* Drop cached blocks of a disk: a restored guest may have read the
+ * template's placeholder at the same place. */
+static void flush_disk(const char *dev)
+{
+	int fd = open(dev, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ioctl(fd, BLKFLSBUF, 0);
+		close(fd);
+	}
+}
+
 static int mount_disk(const char *serial, const char *dst, const char *type,
 		      unsigned long flags, char *msg, size_t mlen)
 {
@@ -556,6 +569,7 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 		return -ENOENT;
 	}
 	mkdir(dst, 0755);
+	flush_disk(dev);
 	if (mount(dev, dst, type, flags, NULL) < 0) {
 		int e = errno;
 		snprintf(msg, mlen, "cannot mount %s (%s, serial %s) on %s: %s",
@@ -588,11 +602,32 @@ static void ensure_tool_user(void)
 	}
 }
 
+/* A VM restored from a template shares its random state and its clock
+ * with every other clone: take the host's. */
+static void fresh_start(const struct cap_setup *s)
+{
+	struct timespec ts = { .tv_sec = s->realtime_ns / 1000000000, .tv_nsec = s->realtime_ns % 1000000000 };
+	if (s->realtime_ns > 0 && clock_settime(CLOCK_REALTIME, &ts) < 0)
+		logf_("cannot set the clock: %s", strerror(errno));
+	struct {
+		int entropy_count;
+		int buf_size;
+		uint8_t buf[sizeof(s->seed)];
+	} e = { (int)sizeof(s->seed) * 8, (int)sizeof(s->seed), { 0 } };
+	memcpy(e.buf, s->seed, sizeof(s->seed));
+	int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || ioctl(fd, RNDADDENTROPY, &e) < 0 || ioctl(fd, RNDRESEEDCRNG) < 0)
+		logf_("cannot seed the random pool: %s", strerror(errno));
+	if (fd >= 0)
+		close(fd);
+}
+
 static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 {
 	const char *root = "/";
 	int r;
 
+	fresh_start(s);
 	if (*s->root_image) {
 		/* Overlay root: the image read-only below, an ext4 disk
 		 * above; then move into it, taking the pseudo file systems
@@ -894,6 +929,13 @@ static void handle_frame(const struct cap_frame *f)
 	struct exec *x;
 
 	switch (f->type) {
+	case CAP_MSG_HELLO:
+		/* A host opening a session; what an earlier one started ends
+		 * (a VM restored from a template may not have seen it go). */
+		kill_all_execs();
+		A.out.off = A.out.len = 0;
+		cap_proto_hello_encode(&A.out, AGENT_VERSION);
+		return;
 	case CAP_MSG_EXEC:
 		handle_exec(f->stream, f->payload, f->len);
 		return;
@@ -1085,10 +1127,8 @@ static void serve(void)
 		bool hup = pfd[1].revents & POLLHUP;
 		if (hup && A.connected)
 			host_gone();
-		if (!hup && !A.connected) {
-			A.connected = true;
-			cap_proto_hello_encode(&A.out, AGENT_VERSION);
-		}
+		if (!hup && !A.connected)
+			A.connected = true;	/* the host speaks first: HELLO */
 		if (A.connected && (pfd[1].revents & POLLIN))
 			read_port();
 

@@ -135,7 +135,7 @@ int cap_cli_run(int argc, char **argv)
 			cap_cli_error("%s", err.msg);
 			return CAP_EXIT_FAILURE;
 		}
-		disk = (struct cap_vm_disk){ projimg, "capsule-source", true };
+		disk = (struct cap_vm_disk){ projimg, "capsule-source", true, true };
 		so.disks = &disk;
 		so.ndisks = 1;
 		so.setup = &setup;
@@ -147,6 +147,10 @@ int cap_cli_run(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		return CAP_EXIT_FAILURE;
 	}
+	/* A template that could not be used is worth one line: the run goes
+	 * on, cold-booted. */
+	if (strncmp(cap_sandbox_boot_note(sb), "cold boot (", 11) == 0)
+		cap_cli_error("%s", cap_sandbox_boot_note(sb));
 	const struct cap_accel_choice *ac = cap_sandbox_accel(sb);
 	if (!x.quiet && ac->accel == CAP_ACCEL_TCG)
 		cap_cli_error("using TCG software emulation (%s); not a security boundary, see `capsule doctor`",

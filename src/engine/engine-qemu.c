@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "sock.h"
 #include "util.h"
 
 #define QEMU "qemu-system-x86_64"
@@ -35,6 +36,7 @@ struct cap_vm {
 	char *owned_qmp_path;
 	char *owned_agent_path;
 	char *owned_ram_path;
+	bool keep_ram;	/* a template's RAM file: not ours to remove */
 };
 
 int cap_vm_agent_fd(const struct cap_vm *vm) { return vm->agent_fd; }
@@ -147,6 +149,10 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	_cleanup_free_ char *ram = esc(vm->owned_ram_path);
 	arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=on",
 			 cfg->memory_mib, ram));
+	if (cfg->restore_state) {
+		arg(a, xstrdup("-incoming"));
+		arg(a, xstrdup("defer"));
+	}
 	arg(a, xstrdup("-nodefaults"));
 	arg(a, xstrdup("-no-user-config"));
 	arg(a, xstrdup("-display"));
@@ -289,11 +295,28 @@ static int qmp_read(struct cap_vm *vm, char *buf, size_t len)
 	return -EMSGSIZE;
 }
 
+static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **ret,
+		    struct cap_err *err);
+
 /* Send one QMP command and wait for its return, skipping events. */
 static int qmp_execute(struct cap_vm *vm, const char *cmd, struct cap_err *err)
 {
+	return qmp_call(vm, cmd, NULL, NULL, err);
+}
+
+/* The same with arguments (owned by the call) and the "return" value
+ * (*ret, owned by the caller, when ret is not NULL). */
+static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **ret,
+		    struct cap_err *err)
+{
 	char line[8192];
-	char *req = xasprintf("{\"execute\":\"%s\"}\n", cmd);
+	json_t *m = json_pack("{s:s}", "execute", cmd);
+	if (args)
+		json_object_set_new(m, "arguments", args);
+	char *text = json_dumps(m, JSON_COMPACT);
+	json_decref(m);
+	char *req = xasprintf("%s\n", text);
+	free(text);
 	int r = cap_write_all(vm->qmp_fd, req, strlen(req));
 	free(req);
 	if (r < 0)
@@ -304,7 +327,10 @@ static int qmp_execute(struct cap_vm *vm, const char *cmd, struct cap_err *err)
 		json_t *j = json_loads(line, 0, NULL);
 		if (!j)
 			return cap_err_set(err, EPROTO, "QMP %s: unparsable answer", cmd);
-		bool ret = json_object_get(j, "return") != NULL;
+		json_t *rv = json_object_get(j, "return");
+		bool done = rv != NULL;
+		if (done && ret)
+			*ret = json_incref(rv);
 		json_t *e = json_object_get(j, "error");
 		if (e) {
 			const char *desc = json_string_value(json_object_get(e, "desc"));
@@ -313,7 +339,7 @@ static int qmp_execute(struct cap_vm *vm, const char *cmd, struct cap_err *err)
 			return r;
 		}
 		json_decref(j);
-		if (ret)
+		if (done)
 			return 0;
 	}
 }
@@ -327,6 +353,144 @@ static int qmp_handshake(struct cap_vm *vm, struct cap_err *err)
 	if (!strstr(line, "\"QMP\""))
 		return cap_err_set(err, EPROTO, "QMP greeting not recognised");
 	return qmp_execute(vm, "qmp_capabilities", err);
+}
+
+static int ignore_shared(struct cap_vm *vm, struct cap_err *err)
+{
+	return qmp_call(vm, "migrate-set-capabilities",
+			json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 1),
+			NULL, err);
+}
+
+/* Wait until the migration in either direction has completed. */
+static int migration_done(struct cap_vm *vm, int timeout_ms, struct cap_err *err)
+{
+	int64_t end = cap_now_ms() + timeout_ms;
+	for (;;) {
+		json_t *ret = NULL;
+		int r = qmp_call(vm, "query-migrate", NULL, &ret, err);
+		if (r < 0)
+			return r;
+		const char *st = json_string_value(json_object_get(ret, "status"));
+		char status[32];
+		snprintf(status, sizeof(status), "%s", st ? st : "none");
+		const char *why = json_string_value(json_object_get(ret, "error-desc"));
+		char desc[256];
+		snprintf(desc, sizeof(desc), "%s", why ? why : "");
+		json_decref(ret);
+		if (strcmp(status, "completed") == 0)
+			return 0;
+		if (strcmp(status, "failed") == 0 || strcmp(status, "cancelled") == 0)
+			return cap_err_set(err, EIO, "migration %s%s%s", status, *desc ? ": " : "", desc);
+		if (cap_now_ms() > end)
+			return cap_err_set(err, ETIMEDOUT, "migration did not complete in %d ms (status %s)", timeout_ms, status);
+		usleep(1000);
+	}
+}
+
+int cap_vm_save(struct cap_vm *vm, const char *state_path, struct cap_err *err)
+{
+	_cleanup_free_ char *sock = xasprintf("%s/save.sock", vm->owned_dir);
+	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
+	int r, lfd = -1, cfd = -1, out = -1;
+
+	if ((r = qmp_execute(vm, "stop", err)) < 0 || (r = ignore_shared(vm, err)) < 0)
+		return r;
+	if ((lfd = cap_unix_listen(sock, err)) < 0)
+		return lfd;
+	_cleanup_free_ char *uri = xasprintf("unix:%s", sock);
+	if ((r = qmp_call(vm, "migrate", json_pack("{s:s}", "uri", uri), NULL, err)) < 0)
+		goto out;
+	struct pollfd p = { .fd = lfd, .events = POLLIN };
+	if (poll(&p, 1, 10000) <= 0 || (cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+		r = cap_err_set(err, ETIMEDOUT, "QEMU did not send its state");
+		goto out;
+	}
+	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (out < 0) {
+		r = cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	char buf[65536];
+	ssize_t n;
+	while ((n = read(cfd, buf, sizeof(buf))) > 0)
+		if ((r = cap_write_all(out, buf, (size_t)n)) < 0) {
+			r = cap_err_set(err, -r, "cannot write %s: %s", tmp, strerror(-r));
+			goto out;
+		}
+	if ((r = migration_done(vm, 10000, err)) < 0)
+		goto out;
+	if (fsync(out) < 0 || rename(tmp, state_path) < 0)
+		r = cap_err_set(err, errno, "cannot store %s: %s", state_path, strerror(errno));
+out:
+	if (out >= 0)
+		close(out);
+	if (cfd >= 0)
+		close(cfd);
+	close(lfd);
+	unlink(sock);
+	unlink(tmp);
+	return r;
+}
+
+/* Feed a saved state into a QEMU started with -incoming defer. */
+static int restore(struct cap_vm *vm, const char *state, struct cap_err *err)
+{
+	_cleanup_free_ char *sock = xasprintf("%s/incoming.sock", vm->owned_dir);
+	_cleanup_free_ char *uri = xasprintf("unix:%s", sock);
+	_cleanup_close_ int in = open(state, O_RDONLY | O_CLOEXEC);
+	int r, fd = -1;
+	if (in < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", state, strerror(errno));
+	if ((r = ignore_shared(vm, err)) < 0 ||
+	    (r = qmp_call(vm, "migrate-incoming", json_pack("{s:s}", "uri", uri), NULL, err)) < 0 ||
+	    (r = connect_unix(sock, vm, &fd, err)) < 0)
+		return r;
+	char buf[65536];
+	ssize_t n;
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		if (cap_write_all(fd, buf, (size_t)n) < 0)
+			break;	/* QEMU gave up on it: the status says why */
+	close(fd);
+	unlink(sock);
+	if ((r = migration_done(vm, 10000, err)) < 0)
+		return r;
+	return qmp_execute(vm, "cont", err);
+}
+
+/* Copy only the allocated parts of a RAM file (a guest touches a fraction
+ * of its memory), leaving holes elsewhere. */
+static int clone_ram(const char *src, const char *dst, struct cap_err *err)
+{
+	_cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC);
+	_cleanup_close_ int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	struct stat st;
+	if (in < 0 || out < 0 || fstat(in, &st) < 0 || ftruncate(out, st.st_size) < 0)
+		return cap_err_set(err, errno, "cannot clone %s: %s", src, strerror(errno));
+	off_t pos = 0;
+	char *buf = xmalloc(1 << 20);
+	int r = 0;
+	for (;;) {
+		off_t data = lseek(in, pos, SEEK_DATA);
+		if (data < 0)
+			break;	/* ENXIO: no data after pos */
+		off_t hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0)
+			hole = st.st_size;
+		for (off_t off = data; off < hole;) {
+			size_t k = (size_t)CAP_MIN((off_t)(1 << 20), hole - off);
+			ssize_t n = pread(in, buf, k, off);
+			if (n <= 0 || pwrite(out, buf, (size_t)n, off) != n) {
+				r = cap_err_set(err, errno ? errno : EIO, "cannot clone %s: %s", src, strerror(errno ? errno : EIO));
+				goto done;
+			}
+			off += n;
+		}
+		pos = hole;
+	}
+done:
+	free(buf);
+	return r;
 }
 
 int cap_vm_pause(struct cap_vm *vm, struct cap_err *err)
@@ -396,7 +560,8 @@ void cap_vm_free(struct cap_vm *vm)
 	vm_close(vm);
 	unlink(vm->owned_qmp_path);
 	unlink(vm->owned_agent_path);
-	unlink(vm->owned_ram_path);
+	if (!vm->keep_ram)
+		unlink(vm->owned_ram_path);
 	unlink(vm->owned_qemu_log);
 	free(vm->owned_dir);
 	free(vm->owned_console);
@@ -450,10 +615,12 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	_cleanup_close_ int ur = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
 	if (ur < 0 || cap_read_exact(ur, rnd, sizeof(rnd)) < 0)
 		memset(rnd, 0, sizeof(rnd));
-	vm->owned_ram_path = xasprintf("/dev/shm/capsule-%d-%02x%02x%02x%02x%02x%02x.ram",
-				       (int)getpid(), (uint8_t)rnd[0], (uint8_t)rnd[1],
-				       (uint8_t)rnd[2], (uint8_t)rnd[3], (uint8_t)rnd[4],
-				       (uint8_t)rnd[5]);
+	vm->keep_ram = cfg->ram_file != NULL;
+	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file)
+		: xasprintf("/dev/shm/capsule-%d-%02x%02x%02x%02x%02x%02x.ram",
+			    (int)getpid(), (uint8_t)rnd[0], (uint8_t)rnd[1],
+			    (uint8_t)rnd[2], (uint8_t)rnd[3], (uint8_t)rnd[4],
+			    (uint8_t)rnd[5]);
 
 	if (access(cfg->kernel, R_OK) != 0) {
 		r = cap_err_set(err, ENOENT, "guest kernel %s is missing: build it with `make kernel` (guest/build-kernel.sh)", cfg->kernel);
@@ -464,6 +631,8 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		goto fail;
 	}
 
+	if (cfg->restore_state && (r = clone_ram(cfg->restore_ram, vm->owned_ram_path, err)) < 0)
+		goto fail;
 	build_argv(&a, cfg, vm);
 	pid_t parent = getpid();
 	vm->pid = fork();
@@ -481,11 +650,13 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 
 	if ((r = connect_unix(vm->owned_qmp_path, vm, &vm->qmp_fd, err)) < 0 ||
 	    (r = qmp_handshake(vm, err)) < 0 ||
+	    (cfg->restore_state && (r = restore(vm, cfg->restore_state, err)) < 0) ||
 	    (r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
 		goto fail;
-	/* QEMU has mapped guest RAM by now; the name is no longer needed and
-	 * must not outlive the VM. */
-	unlink(vm->owned_ram_path);
+	/* QEMU has mapped guest RAM by now; a private name is no longer
+	 * needed and must not outlive the VM. */
+	if (!vm->keep_ram)
+		unlink(vm->owned_ram_path);
 	if (cfg->unlink_sockets) {
 		unlink(vm->owned_qmp_path);
 		unlink(vm->owned_agent_path);

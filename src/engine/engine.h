@@ -36,6 +36,9 @@ struct cap_vm_disk {
 	const char *path;
 	const char *serial;
 	bool readonly;
+	/* A disk of its own per sandbox (not shared like an image): a
+	 * template holds an empty placeholder in its slot. */
+	bool per_sandbox;
 };
 
 struct cap_vm_config {
@@ -52,6 +55,13 @@ struct cap_vm_config {
 	/* Remove the socket files once connected: for one-shot VMs that
 	 * must leave nothing behind even if capsule is killed. */
 	bool unlink_sockets;
+	/* Guest RAM: NULL for a private file under /dev/shm, unlinked as
+	 * soon as QEMU has mapped it; else this file, kept (a template's). */
+	const char *ram_file;
+	/* Restore instead of booting: device state saved by cap_vm_save, and
+	 * the RAM file saved with it (cloned, never changed). */
+	const char *restore_state;
+	const char *restore_ram;
 };
 
 struct cap_vm;
@@ -78,6 +88,11 @@ const char *cap_vm_exit_reason(const struct cap_vm *vm);
 /* Freeze / continue the guest through QMP (memory kept). 0 or -errno. */
 int cap_vm_pause(struct cap_vm *vm, struct cap_err *err);
 int cap_vm_resume(struct cap_vm *vm, struct cap_err *err);
+
+/* Stop the guest and save its device state to state_path (RAM stays in
+ * the shared RAM file, which must be a kept one: cfg.ram_file). The VM is
+ * left paused. */
+int cap_vm_save(struct cap_vm *vm, const char *state_path, struct cap_err *err);
 
 /* Ask QEMU to quit through QMP (no guest cooperation). */
 int cap_vm_quit(struct cap_vm *vm);

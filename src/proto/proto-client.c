@@ -12,6 +12,8 @@ void cap_client_init(struct cap_client *c)
 	cap_buf_init(&c->in);
 	cap_buf_init(&c->out);
 	c->next_id = 1;
+	/* The host speaks first; the peer answers with its own HELLO. */
+	cap_proto_hello_encode(&c->out, "capsule host " CAPSULE_VERSION);
 }
 
 void cap_client_fini(struct cap_client *c)

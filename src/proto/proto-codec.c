@@ -354,13 +354,17 @@ bool cap_proto_valid_name(const char *s)
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
-	uint8_t p[5 * (4 + 20)];
+	uint8_t p[5 * (4 + 20) + 8 + sizeof(s->seed)];
 	uint8_t *q = p;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
 		if (v[i] && *v[i] && !cap_proto_valid_name(v[i]))
 			return -EINVAL;
 		q = put_str(q, v[i]);
 	}
+	cap_put_u32(q, (uint32_t)((uint64_t)s->realtime_ns & 0xffffffffu));
+	cap_put_u32(q + 4, (uint32_t)((uint64_t)s->realtime_ns >> 32));
+	memcpy(q + 8, s->seed, sizeof(s->seed));
+	q += 8 + sizeof(s->seed);
 	cap_proto_put(out, CAP_MSG_SETUP, 0, p, (size_t)(q - p));
 	return 0;
 }
@@ -376,12 +380,15 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 			return -EBADMSG;
 		}
 	}
-	if (r.left != 0) {
+	uint32_t lo, hi;
+	if (rd_u32(&r, &lo) < 0 || rd_u32(&r, &hi) < 0 || r.left != sizeof(out->seed)) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
 	}
-	*out = (struct cap_setup){ v[0], v[1], v[2], v[3], v[4] };
+	*out = (struct cap_setup){ v[0], v[1], v[2], v[3], v[4],
+				   (int64_t)(((uint64_t)hi << 32) | lo), { 0 } };
+	memcpy(out->seed, r.p, sizeof(out->seed));
 	return 0;
 }
 

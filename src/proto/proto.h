@@ -32,7 +32,7 @@
 #define CAP_TRUNCATION_MARKER "\n[capsule: output truncated at %u bytes]\n"
 
 enum cap_msg {
-	CAP_MSG_HELLO = 1,	/* g->h, stream 0: u32 version, u32 0, agent version text */
+	CAP_MSG_HELLO = 1,	/* both ways, stream 0: u32 version, u32 0, version text; the host first */
 	CAP_MSG_EXEC = 2,	/* h->g: start a process (struct cap_exec_req) */
 	CAP_MSG_STDIN = 3,	/* h->g: bytes for stdin; empty payload closes it */
 	CAP_MSG_STDOUT = 4,	/* g->h: bytes the process wrote to stdout */
@@ -124,7 +124,7 @@ int cap_proto_exit_decode(const uint8_t *p, size_t n, struct cap_exit *out);
  * start failure (permission / not found). */
 int cap_exit_status(const struct cap_exit *ex);
 
-/* HELLO: version and agent version text (copied, NUL-terminated, cut to
+/* HELLO: version and the sender's version text (copied, NUL-terminated, cut to
  * vlen-1 bytes). -EBADMSG when shorter than 8 bytes. */
 void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version);
 int cap_proto_hello_decode(const uint8_t *p, size_t n, uint32_t *version,
@@ -176,6 +176,8 @@ struct cap_setup {
 	char *work;	/* ext4 mounted at /work, nosuid,nodev */
 	char *source;	/* erofs mounted at /source, ro,noexec,nosuid,nodev */
 	char *hostname;
+	int64_t realtime_ns;	/* the host's wall clock, set in the guest */
+	uint8_t seed[32];	/* fresh entropy, credited to the guest's pool */
 };
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);

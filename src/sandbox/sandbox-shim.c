@@ -205,6 +205,9 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 {
 	struct route *r;
 	switch (f->type) {
+	case CAP_MSG_HELLO:
+		cap_proto_hello_encode(&c->out, cap_sandbox_agent_version(s->sb));
+		return true;
 	case CAP_MSG_EXEC:
 		client_exec(s, c, f);
 		return true;
@@ -331,7 +334,6 @@ static void serve(struct shim *s, int lfd, int sfd)
 				c->fd = cfd;
 				cap_buf_init(&c->in);
 				cap_buf_init(&c->out);
-				cap_proto_hello_encode(&c->out, cap_sandbox_agent_version(s->sb));
 			} else if (cfd >= 0) {
 				close(cfd);	/* full: the client sees EOF */
 			}
@@ -411,10 +413,10 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	control = xasprintf("%s/control.sock", sockdir);
 
 	struct cap_vm_disk disks[] = {
-		{ img.owned_path, "capsule-root", true },
-		{ upper, "capsule-upper", false },
-		{ work, "capsule-work", false },
-		{ source, "capsule-source", true },
+		{ img.owned_path, "capsule-root", true, false },
+		{ upper, "capsule-upper", false, true },
+		{ work, "capsule-work", false, true },
+		{ source, "capsule-source", true, true },
 	};
 	char host[21];
 	snprintf(host, sizeof(host), "%s", name);

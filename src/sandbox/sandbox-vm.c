@@ -1,10 +1,13 @@
 #include <errno.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <sys/un.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "paths.h"
+#include "sandbox-internal.h"
 #include "sandbox.h"
 #include "store.h"
 #include "util.h"
@@ -16,6 +19,8 @@ struct cap_sandbox {
 	struct cap_accel_choice accel;
 	char *owned_run_dir;	/* temporary directory to remove, or NULL */
 	bool dead;	/* VM or agent gone: only free is valid */
+	bool restored;	/* from a template */
+	char boot_note[512];
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
@@ -25,6 +30,7 @@ void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
 		.memory_mib = 512,
 		.accel = CAP_ACCEL_AUTO,
 		.boot_timeout_ms = 60000,
+		.use_template = true,
 	};
 }
 
@@ -186,9 +192,18 @@ static int wait_hello(struct cap_sandbox *sb, int timeout_ms,
 }
 
 /* Send SETUP and wait for the agent to mount what it names. */
-static int do_setup(struct cap_sandbox *sb, const struct cap_setup *s,
+static int do_setup(struct cap_sandbox *sb, const struct cap_setup *in,
 		    int timeout_ms, struct cap_err *err)
 {
+	/* Every boot gets the host's clock and fresh entropy: a VM restored
+	 * from a template has the template's. */
+	struct cap_setup setup = *in;
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	setup.realtime_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+	if (getrandom(setup.seed, sizeof(setup.seed), 0) != (ssize_t)sizeof(setup.seed))
+		return cap_err_set(err, EIO, "getrandom: %s", strerror(errno));
+	const struct cap_setup *s = &setup;
 	if (cap_client_setup(&sb->client, s) < 0)
 		return cap_err_set(err, EINVAL, "a disk serial or hostname is not valid for the protocol");
 	int64_t end = cap_now_ms() + timeout_ms;
@@ -233,74 +248,150 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	return 0;
 }
 
-int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
-		     struct cap_err *err)
+/* Start QEMU with cfg and wait for the agent's HELLO. On failure the VM
+ * is gone and sb can start again. */
+static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
+		    int timeout_ms, struct cap_err *err)
 {
-	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
-	sb->fd = -1;
-	_cleanup_free_ char *kernel = NULL, *agent = NULL, *initrd = NULL;
+	int r;
+	if ((r = cap_vm_start(cfg, &sb->vm, err)) < 0) {
+		cap_err_prefix(err, "starting the VM");
+		return r;
+	}
+	sb->fd = cap_vm_agent_fd(sb->vm);
+	if ((r = cap_set_nonblock(sb->fd, 1)) < 0)
+		r = cap_err_set(err, -r, "agent socket: %s", strerror(-r));
+	else if ((r = wait_hello(sb, timeout_ms, err)) < 0)
+		cap_err_prefix(err, "booting the VM");
+	if (r < 0) {
+		cap_vm_free(sb->vm);
+		sb->vm = NULL;
+		sb->fd = -1;
+		sb->dead = false;
+		cap_client_fini(&sb->client);
+		cap_client_init(&sb->client);
+	}
+	return r;
+}
+
+int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *cfg,
+			struct cap_accel_choice *accel, char **kernel, char **initrd,
+			struct cap_err *err)
+{
+	_cleanup_free_ char *agent = NULL;
 	bool have_kernel, have_agent;
 	int r;
 
-	cap_client_init(&sb->client);
-	if (o->cpus < 1 || o->cpus > 64) {
-		r = cap_err_set(err, EINVAL, "--cpus %u is out of range (1 to 64)", o->cpus);
-		goto fail;
-	}
-	if (o->memory_mib < 64 || o->memory_mib > 65536) {
-		r = cap_err_set(err, EINVAL, "--memory %u MiB is out of range (64 to 65536)", o->memory_mib);
-		goto fail;
-	}
-	if ((r = cap_engine_accel_choose(o->accel, &sb->accel, err)) < 0)
-		goto fail;
-
-	kernel = cap_store_kernel_path(&have_kernel);
-	if (!have_kernel) {
-		r = cap_err_set(err, ENOENT, "the guest kernel %s is missing: build it once with `make kernel` (about 3 to 6 minutes)", kernel);
-		goto fail;
-	}
+	if (o->cpus < 1 || o->cpus > 64)
+		return cap_err_set(err, EINVAL, "--cpus %u is out of range (1 to 64)", o->cpus);
+	if (o->memory_mib < 64 || o->memory_mib > 65536)
+		return cap_err_set(err, EINVAL, "--memory %u MiB is out of range (64 to 65536)", o->memory_mib);
+	if ((r = cap_engine_accel_choose(o->accel, accel, err)) < 0)
+		return r;
+	*kernel = cap_store_kernel_path(&have_kernel);
+	if (!have_kernel)
+		return cap_err_set(err, ENOENT, "the guest kernel %s is missing: build it once with `make kernel` (about 3 to 6 minutes)", *kernel);
 	agent = cap_store_agent_path(&have_agent);
-	if (!have_agent) {
-		r = cap_err_set(err, ENOENT, "the guest agent %s is missing: build it with `make` (or set CAPSULE_AGENT)", agent);
-		goto fail;
-	}
-	if ((r = cap_store_initramfs(agent, CAP_BUSYBOX, &initrd, NULL, err)) < 0)
-		goto fail;
-	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
-		goto fail;
-
-	struct cap_vm_config cfg = {
-		.kernel = kernel,
-		.initrd = initrd,
-		.dir = o->dir ? o->dir : sb->owned_run_dir,
+	if (!have_agent)
+		return cap_err_set(err, ENOENT, "the guest agent %s is missing: build it with `make` (or set CAPSULE_AGENT)", agent);
+	if ((r = cap_store_initramfs(agent, CAP_BUSYBOX, initrd, NULL, err)) < 0)
+		return r;
+	*cfg = (struct cap_vm_config){
+		.kernel = *kernel,
+		.initrd = *initrd,
 		.disks = o->disks,
 		.ndisks = o->ndisks,
 		.console_log = o->console_log,
 		.cpus = o->cpus,
 		.memory_mib = o->memory_mib,
-		.accel = sb->accel.accel,
+		.accel = accel->accel,
 		.append_extra = o->append_extra,
 		.unlink_sockets = !o->dir,
 	};
-	if ((r = cap_vm_start(&cfg, &sb->vm, err)) < 0) {
-		cap_err_prefix(err, "starting the VM");
+	return 0;
+}
+
+static bool templates_enabled(const struct cap_sandbox_opts *o)
+{
+	const char *env = getenv("CAPSULE_TEMPLATES");
+	return o->use_template && !(env && strcmp(env, "0") == 0);
+}
+
+int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
+		     struct cap_err *err)
+{
+	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	_cleanup_free_ char *kernel = NULL, *initrd = NULL;
+	struct cap_vm_config cfg;
+	int r;
+
+	sb->fd = -1;
+	cap_client_init(&sb->client);
+	if ((r = cap_sandbox_prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
 		goto fail;
-	}
-	sb->fd = cap_vm_agent_fd(sb->vm);
-	if ((r = cap_set_nonblock(sb->fd, 1)) < 0) {
-		r = cap_err_set(err, -r, "agent socket: %s", strerror(-r));
+	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
 		goto fail;
+	cfg.dir = o->dir ? o->dir : sb->owned_run_dir;
+
+	snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot");
+	if (templates_enabled(o)) {
+		/* A template restore, and whatever goes wrong with it, a cold
+		 * boot: never worse than booting. */
+		struct cap_err terr = { 0 };
+		char key[65] = "";
+		_cleanup_free_ char *tdir = NULL;
+		if (cap_template_for(o, &cfg, key, &tdir, &terr) == 0) {
+			_cleanup_free_ char *state = xasprintf("%s/state", tdir);
+			_cleanup_free_ char *ram = xasprintf("%s/ram", tdir);
+			struct cap_vm_config rc = cfg;
+			rc.restore_state = state;
+			rc.restore_ram = ram;
+			if (start_vm(sb, &rc, o->boot_timeout_ms, &terr) == 0) {
+				sb->restored = true;
+				snprintf(sb->boot_note, sizeof(sb->boot_note), "restored from template %.16s", key);
+			} else {
+				cap_template_discard(tdir);	/* rebuilt on next use */
+			}
+		}
+		if (!sb->restored)
+			snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot (template %.16s unusable: %.400s)",
+				 *key ? key : "-", terr.msg);
 	}
-	if ((r = wait_hello(sb, o->boot_timeout_ms, err)) < 0) {
-		cap_err_prefix(err, "booting the VM");
+	if (!sb->restored && (r = start_vm(sb, &cfg, o->boot_timeout_ms, err)) < 0)
 		goto fail;
-	}
-	if (o->setup && (r = do_setup(sb, o->setup, 30000, err)) < 0)
+	/* Always SETUP, if only for the clock and the entropy. */
+	static const struct cap_setup none = { "", "", "", "", "", 0, { 0 } };
+	if ((r = do_setup(sb, o->setup ? o->setup : &none, 30000, err)) < 0)
 		goto fail;
 	*out = sb;
 	return 0;
 
 fail:
+	cap_sandbox_free(sb);
+	return r;
+}
+
+const char *cap_sandbox_boot_note(const struct cap_sandbox *sb)
+{
+	return sb->boot_note;
+}
+
+bool cap_sandbox_restored(const struct cap_sandbox *sb)
+{
+	return sb->restored;
+}
+
+/* For the template builder: boot cfg, wait for HELLO, save the device
+ * state to state, stop. */
+int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
+			 const char *state, struct cap_err *err)
+{
+	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	sb->fd = -1;
+	cap_client_init(&sb->client);
+	int r = start_vm(sb, cfg, timeout_ms, err);
+	if (r == 0)
+		r = cap_vm_save(sb->vm, state, err);
 	cap_sandbox_free(sb);
 	return r;
 }

@@ -26,7 +26,29 @@ struct cap_sandbox_opts {
 	/* Directory for sockets and logs, kept after free; NULL: a private
 	 * temporary one, removed with the sandbox. */
 	const char *dir;
+	/* Start by restoring a template snapshot (built on first use) rather
+	 * than booting; any problem with it falls back to a cold boot. On by
+	 * default; CAPSULE_TEMPLATES=0 turns it off. */
+	bool use_template;
 };
+
+/* Templates: CAPSULE_HOME/templates/<key>/{state, ram, meta.json}, one per
+ * combination of kernel, initramfs, QEMU, accelerator, vCPUs, memory and
+ * device layout (images included). */
+struct cap_template_info {
+	char key[65];
+	char *owned_dir;
+	char *owned_desc;	/* what it was made for */
+	int64_t created;
+	uint64_t state_bytes, ram_bytes;	/* on disk */
+};
+void cap_template_info_fini(struct cap_template_info *t);
+int cap_template_list(struct cap_template_info **out, size_t *n);
+/* Make sure the template for these options exists (boots once if not). */
+int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,
+			struct cap_err *err);
+/* Remove every template (they are rebuilt on demand). */
+int cap_template_prune(size_t *removed, struct cap_err *err);
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o);
 
@@ -44,6 +66,12 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
  * that cap_sandbox_shutdown asks the shim to stop the VM. */
 int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 		       struct cap_err *err);
+
+/* How the VM started: "restored from template KEY", "cold boot", or
+ * "cold boot (template KEY unusable: WHY)". Borrowed from sb. */
+const char *cap_sandbox_boot_note(const struct cap_sandbox *sb);
+/* Whether the VM was restored from a template. */
+bool cap_sandbox_restored(const struct cap_sandbox *sb);
 
 /* The accelerator chosen and why. Borrowed from sb. */
 const struct cap_accel_choice *cap_sandbox_accel(const struct cap_sandbox *sb);

@@ -1,0 +1,280 @@
+/* Template snapshots: a VM booted once to the point where the agent is
+ * ready and nothing is mounted, saved as QEMU device state plus its RAM
+ * file, and restored for every new VM of the same shape instead of a boot
+ * (DESIGN §8). Per-sandbox disks sit in the template's slots as sparse
+ * placeholders of PLACEHOLDER_BYTES; a restored guest sees that capacity
+ * and uses only what the real disk's file system declares, so one template
+ * serves every disk size. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "paths.h"
+#include "sandbox-internal.h"
+#include "sha256.h"
+#include "util.h"
+
+#define LAYOUT "capsule-template-v1"
+#define PLACEHOLDER_BYTES (1ull << 40)	/* 1 TiB, sparse */
+
+static char *templates_dir(void)
+{
+	_cleanup_free_ char *home = cap_home_dir();
+	return xasprintf("%s/templates", home);
+}
+
+/* Identity of a file for the key: real path, size, mtime. */
+static void hash_file_id(struct cap_sha256 *h, const char *what, const char *path)
+{
+	char real[PATH_MAX], line[PATH_MAX + 128];
+	struct stat st = { 0 };
+	if (!realpath(path, real))
+		snprintf(real, sizeof(real), "%s", path);
+	stat(real, &st);
+	int n = snprintf(line, sizeof(line), "%s=%s:%lld:%lld.%09ld\n", what, real, (long long)st.st_size,
+			 (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+	cap_sha256_update(h, line, (size_t)n);
+}
+
+/* The QEMU binary that will run, found on PATH. */
+static char *qemu_binary(void)
+{
+	const char *path = getenv("PATH");
+	_cleanup_free_ char *copy = xstrdup(path ? path : "/usr/bin:/bin");
+	for (char *save = NULL, *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+		char *p = xasprintf("%s/qemu-system-x86_64", d);
+		if (access(p, X_OK) == 0)
+			return p;
+		free(p);
+	}
+	return xstrdup("qemu-system-x86_64");
+}
+
+/* Everything that shapes a VM's saved state goes into the key. */
+static void template_key(const struct cap_vm_config *cfg, char key[65])
+{
+	struct cap_sha256 h;
+	char line[512];
+	int n;
+	_cleanup_free_ char *qemu = qemu_binary();
+
+	cap_sha256_init(&h);
+	n = snprintf(line, sizeof(line), "%s placeholder=%llu\n", LAYOUT, PLACEHOLDER_BYTES);
+	cap_sha256_update(&h, line, (size_t)n);
+	hash_file_id(&h, "qemu", qemu);
+	hash_file_id(&h, "kernel", cfg->kernel);
+	hash_file_id(&h, "initrd", cfg->initrd);
+	n = snprintf(line, sizeof(line), "accel=%s cpus=%u mem=%u append=%s\n", cap_engine_accel_name(cfg->accel),
+		     cfg->cpus, cfg->memory_mib, cfg->append_extra ? cfg->append_extra : "");
+	cap_sha256_update(&h, line, (size_t)n);
+	for (unsigned i = 0; i < cfg->ndisks; i++) {
+		const struct cap_vm_disk *d = &cfg->disks[i];
+		n = snprintf(line, sizeof(line), "disk%u=%s:%s:%s\n", i, d->serial, d->readonly ? "ro" : "rw",
+			     d->per_sandbox ? "own" : "shared");
+		cap_sha256_update(&h, line, (size_t)n);
+		if (!d->per_sandbox)
+			hash_file_id(&h, "shared", d->path);
+	}
+	cap_sha256_final_hex(&h, key);
+}
+
+void cap_template_discard(const char *dir)
+{
+	cap_remove_tree(dir);
+}
+
+static int make_placeholder(const char *path, struct cap_err *err)
+{
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)PLACEHOLDER_BYTES) < 0)
+		return cap_err_set(err, errno, "cannot create placeholder %s: %s", path, strerror(errno));
+	return 0;
+}
+
+/* Boot once with placeholders and save: into a temporary directory that
+ * becomes templates/<key> only when complete. */
+static int build(const struct cap_sandbox_opts *o, const struct cap_vm_config *base,
+		 const char *key, const char *final, struct cap_err *err)
+{
+	_cleanup_free_ char *root = templates_dir();
+	_cleanup_free_ char *tmp = xasprintf("%s/tmp-XXXXXX", root);
+	_cleanup_free_ char *rundir = NULL;
+	_cleanup_free_ char *ram = NULL, *state = NULL, *console = NULL, *meta = NULL;
+	struct cap_vm_disk disks[16];
+	char *names[16] = { 0 };
+	int r;
+
+	if (base->ndisks > CAP_ARRAY_SIZE(disks))
+		return cap_err_set(err, E2BIG, "too many disks for a template");
+	if ((r = cap_mkdir_p(root, 0700)) < 0)
+		return cap_err_set(err, -r, "cannot create %s: %s", root, strerror(-r));
+	if (!mkdtemp(tmp))
+		return cap_err_set(err, errno, "cannot create a directory in %s: %s", root, strerror(errno));
+	ram = xasprintf("%s/ram", tmp);
+	state = xasprintf("%s/state", tmp);
+	console = xasprintf("%s/console.log", tmp);
+	meta = xasprintf("%s/meta.json", tmp);
+	for (unsigned i = 0; i < base->ndisks; i++) {
+		disks[i] = base->disks[i];
+		if (!disks[i].per_sandbox)
+			continue;
+		names[i] = xasprintf("%s/placeholder%u", tmp, i);
+		disks[i].path = names[i];
+		if ((r = make_placeholder(names[i], err)) < 0)
+			goto out;
+	}
+	if ((r = cap_make_run_dir(&rundir, err)) < 0)
+		goto out;
+	struct cap_vm_config cfg = *base;
+	cfg.disks = disks;
+	cfg.dir = rundir;
+	cfg.console_log = console;
+	cfg.ram_file = ram;
+	cfg.unlink_sockets = true;
+	if ((r = cap_sandbox_snapshot(&cfg, o->boot_timeout_ms, state, err)) < 0) {
+		cap_err_prefix(err, "building template %.16s", key);
+		goto out;
+	}
+	for (unsigned i = 0; i < base->ndisks; i++)
+		if (names[i])
+			unlink(names[i]);
+
+	char desc[512];
+	size_t used = (size_t)snprintf(desc, sizeof(desc), "%u vCPU, %u MiB, %s", cfg.cpus, cfg.memory_mib,
+				       cap_engine_accel_name(cfg.accel));
+	for (unsigned i = 0; i < base->ndisks && used < sizeof(desc); i++)
+		used += (size_t)snprintf(desc + used, sizeof(desc) - used, ", %s%s", base->disks[i].serial,
+					 base->disks[i].per_sandbox ? "" : " (shared)");
+	json_t *m = json_pack("{s:i, s:s, s:s, s:I}", "schema", 1, "key", key, "desc", desc,
+			      "created", (json_int_t)time(NULL));
+	char *text = json_dumps(m, JSON_INDENT(2));
+	json_decref(m);
+	r = cap_write_file_atomic(meta, text, strlen(text), 0600);
+	free(text);
+	if (r < 0) {
+		r = cap_err_set(err, -r, "cannot write %s: %s", meta, strerror(-r));
+		goto out;
+	}
+	if (rename(tmp, final) < 0 && errno != ENOTEMPTY && errno != EEXIST) {
+		r = cap_err_set(err, errno, "cannot store template %s: %s", final, strerror(errno));
+		goto out;
+	}
+out:
+	cap_remove_tree(tmp);	/* gone if renamed; a loser of a race cleans up */
+	if (rundir)
+		cap_remove_run_dir(rundir);
+	for (unsigned i = 0; i < CAP_ARRAY_SIZE(names); i++)
+		free(names[i]);
+	return r;
+}
+
+int cap_template_for(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
+		     char key[65], char **dir, struct cap_err *err)
+{
+	_cleanup_free_ char *root = templates_dir();
+	template_key(cfg, key);
+	char *final = xasprintf("%s/%s", root, key);
+	_cleanup_free_ char *state = xasprintf("%s/state", final);
+	_cleanup_free_ char *ram = xasprintf("%s/ram", final);
+	if (access(state, R_OK) != 0 || access(ram, R_OK) != 0) {
+		cap_remove_tree(final);	/* incomplete: start over */
+		int r = build(o, cfg, key, final, err);
+		if (r < 0) {
+			free(final);
+			return r;
+		}
+	}
+	*dir = final;
+	return 0;
+}
+
+int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,
+			struct cap_err *err)
+{
+	struct cap_vm_config cfg;
+	struct cap_accel_choice accel;
+	_cleanup_free_ char *kernel = NULL, *initrd = NULL, *dir = NULL;
+	int r = cap_sandbox_prepare(o, &cfg, &accel, &kernel, &initrd, err);
+	if (r < 0)
+		return r;
+	return cap_template_for(o, &cfg, key_out, &dir, err);
+}
+
+void cap_template_info_fini(struct cap_template_info *t)
+{
+	free(t->owned_dir);
+	free(t->owned_desc);
+	memset(t, 0, sizeof(*t));
+}
+
+static uint64_t used(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+}
+
+int cap_template_list(struct cap_template_info **out, size_t *n)
+{
+	_cleanup_free_ char *root = templates_dir();
+	DIR *d = opendir(root);
+	size_t cap = 8, k = 0;
+	struct cap_template_info *v = xcalloc(cap, sizeof(*v));
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (strlen(e->d_name) != 64)
+			continue;
+		_cleanup_free_ char *dir = xasprintf("%s/%s", root, e->d_name);
+		_cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
+		json_t *j = json_load_file(meta, 0, NULL);
+		if (!j)
+			continue;
+		if (k == cap)
+			v = xrealloc(v, (cap *= 2) * sizeof(*v));
+		const char *desc = json_string_value(json_object_get(j, "desc"));
+		_cleanup_free_ char *state = xasprintf("%s/state", dir);
+		_cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+		v[k] = (struct cap_template_info){
+			.owned_dir = xstrdup(dir), .owned_desc = xstrdup(desc ? desc : ""),
+			.created = json_integer_value(json_object_get(j, "created")),
+			.state_bytes = used(state), .ram_bytes = used(ram),
+		};
+		snprintf(v[k].key, sizeof(v[k].key), "%s", e->d_name);
+		k++;
+		json_decref(j);
+	}
+	if (d)
+		closedir(d);
+	*out = v;
+	*n = k;
+	return 0;
+}
+
+int cap_template_prune(size_t *removed, struct cap_err *err)
+{
+	_cleanup_free_ char *root = templates_dir();
+	DIR *d = opendir(root);
+	struct dirent *e;
+	*removed = 0;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		_cleanup_free_ char *dir = xasprintf("%s/%s", root, e->d_name);
+		int r = cap_remove_tree(dir);
+		if (r < 0) {
+			closedir(d);
+			return cap_err_set(err, -r, "cannot remove %s: %s", dir, strerror(-r));
+		}
+		(*removed)++;
+	}
+	if (d)
+		closedir(d);
+	return 0;
+}

@@ -59,10 +59,14 @@ fi
 
 # Real VMs, TCG on hosts without hardware virtualization.
 export CAPSULE_AGENT="$top/$build/capsule-agent"
-suite "integration/vm" "$build/tests/test-vm"
+vmhome=$(mktemp -d /tmp/cv.XXXXXX)
+CAPSULE_HOME="$vmhome" suite "integration/vm-restored" "$build/tests/test-vm"
+CAPSULE_HOME="$vmhome" CAPSULE_TEMPLATES=0 suite "integration/vm-cold" "$build/tests/test-vm"
+rm -rf "$vmhome"
 suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
 suite "integration/sandbox" tests/integration/test-sandbox.sh "$build/capsule"
 suite "integration/source" tests/integration/test-source.sh "$build/capsule"
+suite "integration/template" tests/integration/test-template.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \

@@ -36,6 +36,7 @@ static const char usage[] =
 	"                      (see `capsule create --help` for the rules)\n"
 	"  --console-log FILE  Keep the guest's serial console in FILE\n"
 	"  -q, --quiet         Do not print the acceleration note\n"
+	"  -v, --verbose       Say how the VM started (template restore or cold boot)\n"
 	"  -h, --help          Show this help\n";
 
 int cap_cli_run(int argc, char **argv)
@@ -52,19 +53,21 @@ int cap_cli_run(int argc, char **argv)
 		{ "workdir", required_argument, NULL, 'w' },
 		{ "interactive", no_argument, NULL, 'i' },
 		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct cap_sandbox_opts so;
 	struct cap_cli_exec x;
 	const char *source = NULL;
+	bool verbose = false;
 	unsigned long v;
 	int c, k;
 
 	cap_sandbox_opts_init(&so);
 	cap_cli_exec_init(&x);
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "+e:w:iqh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "+e:w:iqvh", opts, NULL)) != -1) {
 		if ((k = cap_cli_exec_opt(&x, c, optarg)) < 0)
 			return 2;
 		if (k > 0)
@@ -95,6 +98,9 @@ int cap_cli_run(int argc, char **argv)
 			break;
 		case CAP_OPT_SOURCE:
 			source = optarg;
+			break;
+		case 'v':
+			verbose = true;
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -149,7 +155,7 @@ int cap_cli_run(int argc, char **argv)
 	}
 	/* A template that could not be used is worth one line: the run goes
 	 * on, cold-booted. */
-	if (strncmp(cap_sandbox_boot_note(sb), "cold boot (", 11) == 0)
+	if (verbose || strncmp(cap_sandbox_boot_note(sb), "cold boot (", 11) == 0)
 		cap_cli_error("%s", cap_sandbox_boot_note(sb));
 	const struct cap_accel_choice *ac = cap_sandbox_accel(sb);
 	if (!x.quiet && ac->accel == CAP_ACCEL_TCG)

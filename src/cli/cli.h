@@ -24,6 +24,7 @@ int cap_cli_source(int argc, char **argv);
 int cap_cli_serve(int argc, char **argv);
 int cap_cli_shim(int argc, char **argv);
 int cap_cli_mcp(int argc, char **argv);
+int cap_cli_template(int argc, char **argv);
 
 /* Options shared by the verbs that run a command. */
 enum {

@@ -21,6 +21,7 @@ static const char usage[] =
 	"  ls        List sandboxes             inspect   Show a sandbox\n"
 	"  rm        Delete a sandbox and its disks\n"
 	"  image     Build, import, list and remove images\n"
+	"  template  List, build and prune the snapshots new VMs start from\n"
 	"  source    Check or build a public data projection by hand\n"
 	"  serve     Serve per-identity sandboxes over JSON-RPC on a unix socket\n"
 	"  mcp       Model Context Protocol server on stdio (bounded file tools)\n"
@@ -37,6 +38,7 @@ static const char usage[] =
 	"  CAPSULE_CACHE               Cache directory (default ~/.cache/capsule)\n"
 	"  CAPSULE_HOME                Images and sandboxes (default ~/.local/share/capsule)\n"
 	"  CAPSULE_KERNEL, CAPSULE_AGENT  Override the guest kernel / agent binary\n"
+	"  CAPSULE_TEMPLATES=0         Always cold-boot (no template snapshots)\n"
 	"\n"
 	"Example:\n"
 	"  capsule run -- sh -c 'uname -a; id'\n";
@@ -107,6 +109,7 @@ int main(int argc, char **argv)
 		{ "rm", cap_cli_rm }, { "ls", cap_cli_ls }, { "image", cap_cli_image },
 		{ "source", cap_cli_source }, { "serve", cap_cli_serve },
 		{ "shim", cap_cli_shim }, { "mcp", cap_cli_mcp },
+		{ "template", cap_cli_template },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

@@ -454,8 +454,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.control = control;
 	if ((r = write_runtime(dir, control, cap_sandbox_vmm_pid(s.sb), false, err)) < 0)
 		goto out;
-	fprintf(stderr, "capsule shim %s: running (QEMU pid %d, %s)\n", name,
-		(int)cap_sandbox_vmm_pid(s.sb), control);
+	fprintf(stderr, "capsule shim %s: running (QEMU pid %d, %s; %s)\n", name,
+		(int)cap_sandbox_vmm_pid(s.sb), control, cap_sandbox_boot_note(s.sb));
 	report_ready(&ready_fd, "ok\n");
 
 	serve(&s, lfd, sfd);

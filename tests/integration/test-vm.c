@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -127,6 +128,18 @@ static int group_teardown(void **state)
 		return -1;
 	}
 	return 0;
+}
+
+/* The suite runs twice: restored from a template, and cold-booted
+ * (CAPSULE_TEMPLATES=0); every check below holds for both. */
+static void started_as_asked(void **state)
+{
+	(void)state;
+	const char *t = getenv("CAPSULE_TEMPLATES");
+	bool want = !(t && strcmp(t, "0") == 0);
+	if (cap_sandbox_restored(sb) != want)
+		fail_msg("wanted %s, got: %s", want ? "a template restore" : "a cold boot",
+			 cap_sandbox_boot_note(sb));
 }
 
 static void stdout_stderr_separated(void **state)
@@ -281,6 +294,7 @@ static void signal_forwarded_to_group(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(started_as_asked),
 		cmocka_unit_test(stdout_stderr_separated),
 		cmocka_unit_test(exit_code_propagated),
 		cmocka_unit_test(signal_propagated),

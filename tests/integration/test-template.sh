@@ -1,0 +1,59 @@
+#!/bin/sh
+# Template snapshots: new VMs are restored instead of booted, get their
+# own entropy and the host's clock, any disk size works, a changed input
+# makes a new template, and a broken template falls back to a cold boot.
+# TAP output.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+. "$(dirname "$0")/lib.sh"
+c() { "$capsule" "$@"; }
+count() { c template ls | tail -n +2 | wc -l; }
+
+echo "1..15"
+
+check "no template before the first VM" '[ "$(count)" -eq 0 ]'
+c run -q -v -- echo one >"$out" 2>"$err"
+check "the first run builds a template and starts from it" 'grep -qx one "$out" && grep -q "restored from template" "$err" && [ "$(count)" -eq 1 ]'
+c run -q -v -- echo two >"$out" 2>"$err"
+check "the next run restores the same template" 'grep -qx two "$out" && grep -q "restored from template" "$err" && [ "$(count)" -eq 1 ]'
+
+a=$(c run -q -- sh -c 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n"')
+b=$(c run -q -- sh -c 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n"')
+check "two VMs restored from one template draw different random bytes" '[ ${#a} -eq 64 ] && [ "$a" != "$b" ]'
+guest=$(c run -q -- date +%s)
+host=$(date +%s)
+check "the restored guest's clock is within 2 s of the host's ($guest vs $host)" '[ $((host - guest)) -le 2 ] && [ $((guest - host)) -le 2 ]'
+
+CAPSULE_TEMPLATES=0 c run -q -v -- true >"$out" 2>"$err"
+check "CAPSULE_TEMPLATES=0 cold-boots" 'grep -q "^capsule: cold boot$" "$err"'
+
+state=$(ls "$CAPSULE_HOME"/templates/*/state)
+truncate -s 1000 "$state"
+c run -q -v -- echo fine >"$out" 2>"$err"
+rc=$?
+check "a truncated template: the run still succeeds, cold-booted, and says so" '[ "$rc" -eq 0 ] && grep -qx fine "$out" && grep -q "cold boot (template .* unusable" "$err"'
+c run -q -v -- true >"$out" 2>"$err"
+check "the broken template is rebuilt on the next run" 'grep -q "restored from template" "$err" && [ "$(count)" -eq 1 ]'
+
+cp "$(readlink -f "${XDG_CACHE_HOME:-$HOME/.cache}/capsule/vmlinux")" "$rt/vmlinux"
+CAPSULE_KERNEL="$rt/vmlinux" c run -q -v -- true >"$out" 2>"$err"
+check "another kernel makes another template" 'grep -q "restored from template" "$err" && [ "$(count)" -eq 2 ]'
+
+# Named sandboxes: the image is part of the shape; disk sizes are not.
+c image build base >/dev/null 2>&1
+c create s1 >/dev/null && c exec s1 -- sh -c 'echo ok > /work/f' >"$out" 2>"$err"
+check "a named sandbox starts from its image's template" 'grep -q "restored from template" "$CAPSULE_HOME/sandboxes/s1/shim.log" && [ "$(count)" -eq 3 ]'
+c stop s1 && c exec s1 -- cat /work/f >"$out" 2>"$err"
+check "its /work survives a stop and a restored start" 'grep -qx ok "$out"'
+mkdir -p "$rt/tree/bin" && cp /bin/busybox "$rt/tree/bin/" && ln -s busybox "$rt/tree/bin/sh" && echo x >"$rt/tree/marker"
+c image import "$rt/tree" --name other >/dev/null 2>&1
+c create s2 --image other >/dev/null && c exec s2 -- /bin/busybox cat /marker >"$out" 2>"$err"
+check "another image makes another template" 'grep -qx x "$out" && [ "$(count)" -eq 4 ]'
+c create s3 --work-size 64 >/dev/null
+c exec s3 -- sh -c 'df -m /work | tail -1' >"$out" 2>"$err"
+size=$(awk '{ print $2 }' "$out")
+check "a restored sandbox with a 64 MiB /work sees its own size ($size MiB)" '[ "$size" -gt 40 ] && [ "$size" -le 64 ] && [ "$(count)" -eq 4 ]'
+c exec s3 -- sh -c 'dd if=/dev/zero of=/work/big bs=1M count=100' >"$out" 2>"$err"
+check "and its quota: ENOSPC at 64 MiB" 'grep -q "No space left on device" "$err"'
+for s in s1 s2 s3; do c rm --force $s >/dev/null 2>&1; done
+clean_after "template suite"

@@ -146,9 +146,13 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	/* Guest RAM in a shared file from the start (docs/architecture.md,
 	 * "Fast start"): a template snapshot will need exactly this. */
 	arg(a, xstrdup("-object"));
-	_cleanup_free_ char *ram = esc(vm->owned_ram_path);
-	arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=on",
-			 cfg->memory_mib, ram));
+	/* A restored VM maps the template's RAM file privately: pages are
+	 * shared with the template until the guest writes them, nothing is
+	 * copied up front, and the template is never changed. */
+	bool private_ram = cfg->restore_state != NULL;
+	_cleanup_free_ char *ram = esc(private_ram ? cfg->restore_ram : vm->owned_ram_path);
+	arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=%s",
+			 cfg->memory_mib, ram, private_ram ? "off" : "on"));
 	if (cfg->restore_state) {
 		arg(a, xstrdup("-incoming"));
 		arg(a, xstrdup("defer"));
@@ -262,7 +266,7 @@ static int connect_unix(const char *path, struct cap_vm *vm, int *out,
 			return cap_err_set(err, ECHILD, "%s before its socket %s was ready", vm->exit_reason, path);
 		if ((e != ENOENT && e != ECONNREFUSED) || cap_now_ms() > end)
 			return cap_err_set(err, e, "cannot connect to %s: %s", path, strerror(e));
-		usleep(5000);
+		usleep(1000);
 	}
 }
 
@@ -433,7 +437,8 @@ out:
 	return r;
 }
 
-/* Feed a saved state into a QEMU started with -incoming defer. */
+/* Feed a saved state into a QEMU started with -incoming defer; the guest
+ * stays paused until `cont`. */
 static int restore(struct cap_vm *vm, const char *state, struct cap_err *err)
 {
 	_cleanup_free_ char *sock = xasprintf("%s/incoming.sock", vm->owned_dir);
@@ -453,44 +458,7 @@ static int restore(struct cap_vm *vm, const char *state, struct cap_err *err)
 			break;	/* QEMU gave up on it: the status says why */
 	close(fd);
 	unlink(sock);
-	if ((r = migration_done(vm, 10000, err)) < 0)
-		return r;
-	return qmp_execute(vm, "cont", err);
-}
-
-/* Copy only the allocated parts of a RAM file (a guest touches a fraction
- * of its memory), leaving holes elsewhere. */
-static int clone_ram(const char *src, const char *dst, struct cap_err *err)
-{
-	_cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC);
-	_cleanup_close_ int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	struct stat st;
-	if (in < 0 || out < 0 || fstat(in, &st) < 0 || ftruncate(out, st.st_size) < 0)
-		return cap_err_set(err, errno, "cannot clone %s: %s", src, strerror(errno));
-	off_t pos = 0;
-	char *buf = xmalloc(1 << 20);
-	int r = 0;
-	for (;;) {
-		off_t data = lseek(in, pos, SEEK_DATA);
-		if (data < 0)
-			break;	/* ENXIO: no data after pos */
-		off_t hole = lseek(in, data, SEEK_HOLE);
-		if (hole < 0)
-			hole = st.st_size;
-		for (off_t off = data; off < hole;) {
-			size_t k = (size_t)CAP_MIN((off_t)(1 << 20), hole - off);
-			ssize_t n = pread(in, buf, k, off);
-			if (n <= 0 || pwrite(out, buf, (size_t)n, off) != n) {
-				r = cap_err_set(err, errno ? errno : EIO, "cannot clone %s: %s", src, strerror(errno ? errno : EIO));
-				goto done;
-			}
-			off += n;
-		}
-		pos = hole;
-	}
-done:
-	free(buf);
-	return r;
+	return migration_done(vm, 10000, err);
 }
 
 int cap_vm_pause(struct cap_vm *vm, struct cap_err *err)
@@ -631,8 +599,6 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		goto fail;
 	}
 
-	if (cfg->restore_state && (r = clone_ram(cfg->restore_ram, vm->owned_ram_path, err)) < 0)
-		goto fail;
 	build_argv(&a, cfg, vm);
 	pid_t parent = getpid();
 	vm->pid = fork();
@@ -652,6 +618,10 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	    (r = qmp_handshake(vm, err)) < 0 ||
 	    (cfg->restore_state && (r = restore(vm, cfg->restore_state, err)) < 0) ||
 	    (r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
+		goto fail;
+	/* A restored guest runs only once the agent's channel is connected,
+	 * so it never sees its host missing. */
+	if (cfg->restore_state && (r = qmp_execute(vm, "cont", err)) < 0)
 		goto fail;
 	/* QEMU has mapped guest RAM by now; a private name is no longer
 	 * needed and must not outlive the VM. */

@@ -59,7 +59,7 @@ struct cap_vm_config {
 	 * soon as QEMU has mapped it; else this file, kept (a template's). */
 	const char *ram_file;
 	/* Restore instead of booting: device state saved by cap_vm_save, and
-	 * the RAM file saved with it (cloned, never changed). */
+	 * the RAM file saved with it (mapped privately: never changed). */
 	const char *restore_state;
 	const char *restore_ram;
 };

@@ -191,21 +191,25 @@ static int wait_hello(struct cap_sandbox *sb, int timeout_ms,
 	return 0;
 }
 
-/* Send SETUP and wait for the agent to mount what it names. */
-static int do_setup(struct cap_sandbox *sb, const struct cap_setup *in,
-		    int timeout_ms, struct cap_err *err)
+/* Queue SETUP, with the host's clock and fresh entropy (a VM restored
+ * from a template has the template's). */
+static int queue_setup(struct cap_sandbox *sb, const struct cap_setup *in,
+		       struct cap_err *err)
 {
-	/* Every boot gets the host's clock and fresh entropy: a VM restored
-	 * from a template has the template's. */
 	struct cap_setup setup = *in;
 	struct timespec now;
 	clock_gettime(CLOCK_REALTIME, &now);
 	setup.realtime_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
 	if (getrandom(setup.seed, sizeof(setup.seed), 0) != (ssize_t)sizeof(setup.seed))
 		return cap_err_set(err, EIO, "getrandom: %s", strerror(errno));
-	const struct cap_setup *s = &setup;
-	if (cap_client_setup(&sb->client, s) < 0)
+	if (cap_client_setup(&sb->client, &setup) < 0)
 		return cap_err_set(err, EINVAL, "a disk serial or hostname is not valid for the protocol");
+	return 0;
+}
+
+/* Wait for the agent to have mounted what SETUP names. */
+static int wait_setup(struct cap_sandbox *sb, int timeout_ms, struct cap_err *err)
+{
 	int64_t end = cap_now_ms() + timeout_ms;
 	while (sb->client.setup_state != CAP_SETUP_DONE) {
 		int64_t left = end - cap_now_ms();
@@ -248,14 +252,19 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	return 0;
 }
 
-/* Start QEMU with cfg and wait for the agent's HELLO. On failure the VM
- * is gone and sb can start again. */
+/* Start QEMU with cfg and wait for the agent's HELLO; with setup, send it
+ * right behind our HELLO (one round trip fewer) and wait for it too. On
+ * failure the VM is gone and sb can start again. */
 static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
-		    int timeout_ms, struct cap_err *err)
+		    const struct cap_setup *setup, int timeout_ms, struct cap_err *err)
 {
 	int r;
+	if (setup && (r = queue_setup(sb, setup, err)) < 0)
+		return r;
 	if ((r = cap_vm_start(cfg, &sb->vm, err)) < 0) {
 		cap_err_prefix(err, "starting the VM");
+		cap_client_fini(&sb->client);
+		cap_client_init(&sb->client);
 		return r;
 	}
 	sb->fd = cap_vm_agent_fd(sb->vm);
@@ -263,6 +272,8 @@ static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 		r = cap_err_set(err, -r, "agent socket: %s", strerror(-r));
 	else if ((r = wait_hello(sb, timeout_ms, err)) < 0)
 		cap_err_prefix(err, "booting the VM");
+	else if (setup)
+		r = wait_setup(sb, 30000, err);
 	if (r < 0) {
 		cap_vm_free(sb->vm);
 		sb->vm = NULL;
@@ -333,6 +344,9 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		goto fail;
 	cfg.dir = o->dir ? o->dir : sb->owned_run_dir;
 
+	/* Always SETUP, if only for the clock and the entropy. */
+	static const struct cap_setup none = { "", "", "", "", "", 0, { 0 } };
+	const struct cap_setup *setup = o->setup ? o->setup : &none;
 	snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot");
 	if (templates_enabled(o)) {
 		/* A template restore, and whatever goes wrong with it, a cold
@@ -346,7 +360,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 			struct cap_vm_config rc = cfg;
 			rc.restore_state = state;
 			rc.restore_ram = ram;
-			if (start_vm(sb, &rc, o->boot_timeout_ms, &terr) == 0) {
+			if (start_vm(sb, &rc, setup, o->boot_timeout_ms, &terr) == 0) {
 				sb->restored = true;
 				snprintf(sb->boot_note, sizeof(sb->boot_note), "restored from template %.16s", key);
 			} else {
@@ -357,11 +371,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 			snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot (template %.16s unusable: %.400s)",
 				 *key ? key : "-", terr.msg);
 	}
-	if (!sb->restored && (r = start_vm(sb, &cfg, o->boot_timeout_ms, err)) < 0)
-		goto fail;
-	/* Always SETUP, if only for the clock and the entropy. */
-	static const struct cap_setup none = { "", "", "", "", "", 0, { 0 } };
-	if ((r = do_setup(sb, o->setup ? o->setup : &none, 30000, err)) < 0)
+	if (!sb->restored && (r = start_vm(sb, &cfg, setup, o->boot_timeout_ms, err)) < 0)
 		goto fail;
 	*out = sb;
 	return 0;
@@ -389,7 +399,7 @@ int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	sb->fd = -1;
 	cap_client_init(&sb->client);
-	int r = start_vm(sb, cfg, timeout_ms, err);
+	int r = start_vm(sb, cfg, NULL, timeout_ms, err);
 	if (r == 0)
 		r = cap_vm_save(sb->vm, state, err);
 	cap_sandbox_free(sb);

@@ -134,6 +134,19 @@ echo "bench: capsule mcp: read_file of 100 KiB..." >&2
 python3 "$top/bench/bench-mcp.py" "$capsule" 10 >>"$bench_home/serve"
 serve_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/serve"; }
 
+# (h) templates: new sandbox to first result, restored against cold boot
+# (in-process, medians), and against gVisor's `runsc do true`.
+echo "bench: new sandboxes: template restore, cold boot, runsc do true..." >&2
+"$top/$build/bench/bench-start" 10 >"$bench_home/start"
+start_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start"; }
+: >"$bench_home/runsc"
+i=0
+while [ $i -lt 10 ]; do
+	t=$(now_ns); runsc --network=none do true >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$bench_home/runsc"
+	i=$((i + 1))
+done
+runsc_ms=$(median <"$bench_home/runsc" | awk '{ print $1 / 1e6 }')
+
 printf '\ncapsule bench: accel %s, %s, %d cold runs, %d warm execs\n\n' \
 	"$accel" "$(qemu-system-x86_64 --version | head -1 | sed 's/QEMU emulator //')" "$runs" "$execs"
 printf '%-44s %12s %12s %8s\n' "measure" "capsule" "baseline" "ratio"
@@ -157,6 +170,12 @@ awk -v a="$(serve_row resume 2)" -v b="$(serve_row resume 3)" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(f) serve: resume from pause vs warm call", a, b, a / b }'
 awk -v a="$(serve_row restart 2)" -v b="$(serve_row restart 3)" 'BEGIN {
 	printf "%-44s %10.0fms %10.0fms %7.2fx\n", "(f) serve: restart stopped vs fresh identity", a, b, a / b }'
+awk -v a="$(start_row restore)" -v b="$(start_row cold)" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox to result: template vs cold", a, b, a / b }'
+awk -v a="$(start_row restore)" -v b="$runsc_ms" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox: template vs runsc do true", a, b, a / b }'
+awk -v a="$(start_row pss_restore)" -v b="$(start_row pss_cold)" 'BEGIN {
+	printf "%-44s %8.1fMiB %8.1fMiB %7.2fx\n", "(h) idle QEMU PSS: restored vs cold-booted", a / 1024, b / 1024, a / b }'
 awk -v a="$(serve_row throughput 2)" -v b="$(serve_row throughput 3)" 'BEGIN {
 	printf "%-44s %8.0f/s %10.0f/s %7.2fx\n", "(f) serve: 4 identities at once vs 1, calls", a, b, a / b }'
 awk -v a="$(serve_row read_file 2)" -v b="$(serve_row read_file 3)" 'BEGIN {

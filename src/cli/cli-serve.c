@@ -24,6 +24,8 @@ static const char usage[] =
 	"  --idle-stop S       Stop it S seconds after its last call (default 600)\n"
 	"  --capacity N        Resident VMs, paused ones included (default 4)\n"
 	"  --stop-grace S      Seconds a stopping guest gets to sync (default 10)\n"
+	"  --warm-pool N       Keep N started sandboxes ready for new identities\n"
+	"                      (they count against --capacity; default 0, off)\n"
 	"  --test-clock        Lifecycle time moves only by the _test.advance method\n";
 
 static int seconds(const char *opt, const char *arg, double *out)
@@ -40,7 +42,7 @@ static int seconds(const char *opt, const char *arg, double *out)
 
 int cap_cli_serve(int argc, char **argv)
 {
-	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK };
+	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
@@ -50,6 +52,7 @@ int cap_cli_serve(int argc, char **argv)
 		{ "capacity", required_argument, NULL, O_CAP },
 		{ "stop-grace", required_argument, NULL, O_GRACE },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
+		{ "warm-pool", required_argument, NULL, O_POOL },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -89,6 +92,13 @@ int cap_cli_serve(int argc, char **argv)
 			cfg.lc.capacity = (unsigned)v;
 			break;
 		case O_CLOCK: cfg.manual_clock = true; break;
+		case O_POOL:
+			if (cap_cli_parse_uint(optarg, 0, 64, &v) < 0) {
+				cap_cli_error("--warm-pool '%s' is not a number from 0 to 64", optarg);
+				return 2;
+			}
+			cfg.warm_pool = (unsigned)v;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 0;

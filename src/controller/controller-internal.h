@@ -72,6 +72,7 @@ struct ident {
 	char name[CAP_NAME_MAX + 1];
 	struct cap_lc lc;
 	struct cap_sandbox *sb;	/* attached while running, paused, stopping */
+	bool pool;	/* a warm-pool VM: no identity yet (agent and peer empty) */
 	int ready_fd;	/* while starting */
 	pid_t shim_pid;
 	bool stop_after_start;

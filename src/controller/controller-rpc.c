@@ -232,10 +232,18 @@ static void m_status(struct ctl *c, struct conn *k, json_t *id, json_t *params)
 static void m_list(struct ctl *c, struct conn *k, json_t *id)
 {
 	json_t *a = json_array();
-	for (struct ident *i = c->idents; i; i = i->next)
-		if (i->lc.state != CAP_VM_NONE)
+	int ready = 0, members = 0;
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (i->pool) {
+			members++;
+			ready += i->sb && (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED);
+		} else if (i->lc.state != CAP_VM_NONE) {
 			json_array_append_new(a, describe(i, ctl_now(c)));
-	rpc_reply(c, k, id, json_pack("{s:o, s:i}", "sandboxes", a, "capacity", c->cfg.lc.capacity), 0, NULL, NULL);
+		}
+	}
+	rpc_reply(c, k, id, json_pack("{s:o, s:i, s:{s:i, s:i, s:i}}", "sandboxes", a, "capacity", c->cfg.lc.capacity,
+				      "warm_pool", "size", (int)c->cfg.warm_pool, "members", members, "ready", ready),
+		  0, NULL, NULL);
 }
 
 static void m_stop_remove(struct ctl *c, struct conn *k, json_t *id, json_t *params, bool remove)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -76,21 +77,35 @@ static char *record_path(const struct ctl *c, const char *agent, const char *pee
 struct ident *ctl_find(struct ctl *c, const char *agent, const char *peer)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
-		if (strcmp(i->agent, agent) == 0 && strcmp(i->peer, peer) == 0)
+		if (!i->pool && strcmp(i->agent, agent) == 0 && strcmp(i->peer, peer) == 0)
 			return i;
 	return NULL;
 }
+
+static struct ident *ident_new(struct ctl *c, const char *agent, const char *peer);
 
 /* An identity known to this controller, made on first use (no VM yet). */
 struct ident *ctl_ident(struct ctl *c, const char *agent, const char *peer)
 {
 	struct ident *i = ctl_find(c, agent, peer);
-	if (i)
-		return i;
-	i = xcalloc(1, sizeof(*i));
+	return i ? i : ident_new(c, agent, peer);
+}
+
+static struct ident *ident_new(struct ctl *c, const char *agent, const char *peer)
+{
+	struct ident *i = xcalloc(1, sizeof(*i));
 	snprintf(i->agent, sizeof(i->agent), "%s", agent);
 	snprintf(i->peer, sizeof(i->peer), "%s", peer);
-	sandbox_name(agent, peer, i->name);
+	/* The recorded sandbox if there is one (a warm-pool VM it was given),
+	 * else the name derived from the identity. */
+	_cleanup_free_ char *rp = record_path(c, agent, peer);
+	json_t *j = *agent ? json_load_file(rp, 0, NULL) : NULL;
+	const char *recorded = json_string_value(json_object_get(j, "sandbox"));
+	if (recorded && cap_named_check_name(recorded, NULL) == 0)
+		snprintf(i->name, sizeof(i->name), "%s", recorded);
+	else
+		sandbox_name(agent, peer, i->name);
+	json_decref(j);
 	i->lc.state = CAP_VM_NONE;
 	i->ready_fd = -1;
 	i->ctl = c;
@@ -476,6 +491,98 @@ static void start_call(struct ctl *c, struct ident *i, struct call *k)
 	}
 }
 
+/* --- the warm pool ---------------------------------------------------------- */
+
+static unsigned count_resident(struct ctl *c)
+{
+	unsigned n = 0;
+	for (struct ident *i = c->idents; i; i = i->next)
+		n += cap_vm_state_resident(i->lc.state);
+	return n;
+}
+
+static struct ident *pool_ready(struct ctl *c)
+{
+	for (struct ident *i = c->idents; i; i = i->next)
+		if (i->pool && i->sb && (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED))
+			return i;
+	return NULL;
+}
+
+static void unlink_ident(struct ctl *c, struct ident *x)
+{
+	for (struct ident **p = &c->idents; *p; p = &(*p)->next)
+		if (*p == x) {
+			*p = x->next;
+			return;
+		}
+}
+
+/* Give identity i (which has no sandbox) the ready pool VM p. */
+static int take_from_pool(struct ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
+{
+	char old[sizeof(i->name)];
+	memcpy(old, i->name, sizeof(old));
+	snprintf(i->name, sizeof(i->name), "%s", p->name);
+	int r = write_workspace(c, i, err);	/* the mapping is the assignment */
+	if (r < 0) {
+		memcpy(i->name, old, sizeof(old));
+		return r;
+	}
+	i->sb = p->sb;
+	i->shim_pid = p->shim_pid;
+	i->lc.state = p->lc.state;
+	i->lc.idle_since = ctl_now(c);
+	unlink_ident(c, p);
+	free(p);
+	fprintf(stderr, "capsule %s: %s/%s gets warm sandbox %s\n", c->fe->name, i->agent, i->peer, i->name);
+	return 0;
+}
+
+static int begin_start(struct ctl *c, struct ident *i, struct cap_err *err);
+
+/* Keep cfg.warm_pool sandboxes starting or ready, within capacity. */
+static void pool_fill(struct ctl *c)
+{
+	if (c->shutting_down || !c->cfg.warm_pool)
+		return;
+	unsigned members = 0;
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (!i->pool)
+			continue;
+		members++;
+		if (i->lc.state == CAP_VM_STOPPED && count_resident(c) < c->cfg.lc.capacity) {
+			struct cap_err err = { 0 };
+			if (begin_start(c, i, &err) < 0)
+				fprintf(stderr, "capsule %s: warm sandbox %s: %s\n", c->fe->name, i->name, err.msg);
+		}
+	}
+	while (members < c->cfg.warm_pool && count_resident(c) < c->cfg.lc.capacity) {
+		uint8_t rnd[8];
+		struct cap_err err = { 0 };
+		struct cap_record rec;
+		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+			return;
+		struct ident *i = ident_new(c, "", "");
+		i->pool = true;
+		snprintf(i->name, sizeof(i->name), "pool-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
+			 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+		cap_record_init(&rec);
+		snprintf(rec.name, sizeof(rec.name), "%s", i->name);
+		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", c->cfg.image);
+		if (c->cfg.source)
+			snprintf(rec.source, sizeof(rec.source), "%s", c->cfg.source);
+		if (cap_named_create(&rec, NULL, NULL, &err) < 0 || (i->lc.state = CAP_VM_STOPPED,
+								      begin_start(c, i, &err)) < 0) {
+			fprintf(stderr, "capsule %s: cannot prepare a warm sandbox: %s\n", c->fe->name, err.msg);
+			unlink_ident(c, i);
+			free(i);
+			return;
+		}
+		members++;
+	}
+}
+
 /* Move one identity's queue forward as far as its VM allows. */
 static void pump(struct ctl *c, struct ident *i)
 {
@@ -508,6 +615,13 @@ static void pump(struct ctl *c, struct ident *i)
 	case CAP_VM_STOPPED:
 		if (k->kind == CALL_STOP || k->kind == CALL_REMOVE) {
 			start_call(c, i, k);
+			return;
+		}
+		struct ident *warm;
+		if (i->lc.state == CAP_VM_NONE && (warm = pool_ready(c)) &&
+		    cap_named_load(i->name, &(struct cap_record){ 0 }, NULL) < 0 &&
+		    take_from_pool(c, i, warm, &err) == 0) {
+			c->kick = true;	/* running now: the call starts next round */
 			return;
 		}
 		switch (make_room(c, i)) {
@@ -693,6 +807,33 @@ static void recover(struct ctl *c)
 	}
 	if (da)
 		closedir(da);
+
+	/* Warm-pool sandboxes nobody was given: members again. */
+	char **names;
+	size_t n;
+	cap_named_list(&names, &n);
+	for (size_t k = 0; k < n; k++) {
+		bool taken = strncmp(names[k], "pool-", 5) != 0;
+		for (struct ident *i = c->idents; i && !taken; i = i->next)
+			taken = strcmp(i->name, names[k]) == 0;
+		if (!taken && c->cfg.warm_pool) {
+			struct ident *i = ident_new(c, "", "");
+			struct cap_named_status st;
+			struct cap_err err = { 0 };
+			i->pool = true;
+			snprintf(i->name, sizeof(i->name), "%s", names[k]);
+			i->lc.idle_since = ctl_now(c);
+			if (cap_named_status(i->name, &st, &err) == 0 && st.state != CAP_NAMED_STOPPED &&
+			    attach(i, &err) == 0) {
+				fprintf(stderr, "capsule %s: reattached warm sandbox %s\n", c->fe->name, i->name);
+			} else {
+				clean_leftovers(i->name);
+				i->lc.state = CAP_VM_STOPPED;
+			}
+		}
+		free(names[k]);
+	}
+	free(names);
 }
 
 /* --- the loop ------------------------------------------------------------------- */
@@ -702,6 +843,8 @@ static void lifecycle(struct ctl *c)
 {
 	int64_t now = ctl_now(c);
 	for (struct ident *i = c->idents; i; i = i->next) {
+		if (i->pool)
+			continue;	/* kept ready, not idle */
 		switch (cap_lc_due(&i->lc, &c->cfg.lc, now)) {
 		case CAP_LC_PAUSE:
 			if (i->sb) {
@@ -827,6 +970,7 @@ int ctl_run(const struct cap_controller_cfg *cfg, const struct ctl_frontend *fe,
 		}
 		if (c.frontend_done)
 			begin_shutdown(&c, "the client went away");
+		pool_fill(&c);
 		if (!c.shutting_down)
 			lifecycle(&c);
 		stop_overdue(&c);

@@ -20,6 +20,9 @@ struct cap_controller_cfg {
 	/* A clock that moves only through the `_test.advance` method, so
 	 * that tests drive real transitions without waiting. */
 	bool manual_clock;
+	/* Warm pool: this many started sandboxes kept ready for identities
+	 * that have none yet; they count against capacity. 0: off. */
+	unsigned warm_pool;
 	/* Take back only this agent's sandboxes at start (NULL: all). */
 	const char *recover_agent;
 };

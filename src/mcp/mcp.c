@@ -109,7 +109,7 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 		return cap_err_set(err, EINVAL, "%s: %s (line %d)", path, je.text, je.line);
 	static const char *const top[] = { "agent", "peer", "image", "source", "tools", "limits", "lifecycle", NULL };
 	static const char *const lim[] = { "read_max_bytes", "read_max_chars", "read_max_lines", "run_timeout_s", NULL };
-	static const char *const life[] = { "idle_pause_s", "idle_stop_s", "capacity", NULL };
+	static const char *const life[] = { "idle_pause_s", "idle_stop_s", "capacity", "warm_pool", NULL };
 	int r = 0;
 	uint64_t v;
 	json_t *tools = json_object_get(j, "tools");
@@ -172,6 +172,9 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 		v = c->ctl.lc.capacity;
 		if (r == 0 && (r = cfg_uint(lc, "capacity", "lifecycle", 256, &v, err)) == 0)
 			c->ctl.lc.capacity = (unsigned)(v ? v : 1);
+		v = c->ctl.warm_pool;
+		if (r == 0 && (r = cfg_uint(lc, "warm_pool", "lifecycle", 64, &v, err)) == 0)
+			c->ctl.warm_pool = (unsigned)v;
 	}
 	json_decref(j);
 	if (r < 0)

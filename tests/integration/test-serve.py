@@ -110,7 +110,7 @@ def cleanup():
 
 
 def main():
-    print("1..36", flush=True)
+    print("1..41", flush=True)
     subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
 
     # --- identities -----------------------------------------------------------
@@ -306,6 +306,34 @@ def main():
        f"real clock: stopped after {t_stop:.1f} s (setting {stop} s)")
     r = exec_(c, "p1", "cat /work/w")
     ok(r.get("result", {}).get("stdout") == "wall\n", "real clock: the next call answers with /work intact", r)
+    c.close()
+    ok(s.term() == 0 and qemu_count() == 0, "no QEMU left after the real-time run")
+
+    # --- warm pool -----------------------------------------------------------------
+    s = Server("--test-clock", "--warm-pool", "1", "--capacity", "3")
+    c = s.client()
+    deadline = time.time() + 60
+    while time.time() < deadline and c.call("list")["result"]["warm_pool"]["ready"] < 1:
+        time.sleep(0.1)
+    wp = c.call("list")["result"]["warm_pool"]
+    ok(wp == {"size": 1, "members": 1, "ready": 1} and qemu_count() == 1,
+       "a warm pool of 1 keeps one VM started before any call", wp)
+    r = exec_(c, "w1", "echo warm > /work/w; hostname")
+    got = r.get("result", {}).get("sandbox", "")
+    ok(got.startswith("pool-") and r["result"]["exit_code"] == 0,
+       "a new identity is given the warm VM", r)
+    deadline = time.time() + 60
+    while time.time() < deadline and c.call("list")["result"]["warm_pool"]["ready"] < 1:
+        time.sleep(0.1)
+    ok(c.call("list")["result"]["warm_pool"]["ready"] == 1 and qemu_count() == 2,
+       "the pool refills; pool VMs count as resident")
+    c.close()
+    s.term()
+    s = Server("--test-clock", "--warm-pool", "1", "--capacity", "3")
+    c = s.client()
+    r = exec_(c, "w1", "cat /work/w")
+    ok(r.get("result", {}).get("sandbox") == got and r["result"]["stdout"] == "warm\n",
+       "after a restart the identity keeps the sandbox it was given", r)
     c.close()
     ok(s.term() == 0 and qemu_count() == 0, "no QEMU left at the end")
 

@@ -161,8 +161,11 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("-no-user-config"));
 	arg(a, xstrdup("-display"));
 	arg(a, xstrdup("none"));
+	/* QEMU's seccomp filter, with everything it can refuse refused:
+	 * obsolete calls, setuid and friends, fork/exec, and scheduler or
+	 * resource changes. */
 	arg(a, xstrdup("-sandbox"));
-	arg(a, xstrdup("on"));
+	arg(a, xstrdup("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
 	arg(a, xstrdup("-no-reboot"));
 	arg(a, xstrdup("-kernel"));
 	arg(a, xstrdup(cfg->kernel));

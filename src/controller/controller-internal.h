@@ -107,6 +107,7 @@ struct ctl {
 	int64_t clock_offset;	/* manual clock: added to the real one */
 	bool shutting_down;
 	bool kick;	/* some queue may move */
+	int64_t pool_retry_at;	/* real ms: warm-pool starts failed, wait till then */
 	struct conn *conns;
 	struct ident *idents;
 };

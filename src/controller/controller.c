@@ -412,6 +412,10 @@ static void start_finished(struct ctl *c, struct ident *i)
 	i->ready_fd = -1;
 	if (cap_named_start_end(i->name, fd, &err) < 0 || attach(i, &err) < 0) {
 		i->lc.state = CAP_VM_STOPPED;
+		if (i->pool) {	/* do not retry in a tight loop */
+			fprintf(stderr, "capsule %s: warm sandbox %s did not start: %s\n", c->fe->name, i->name, err.msg);
+			c->pool_retry_at = cap_now_ms() + 30000;
+		}
 		/* Everything queued for it fails with the reason. */
 		while (i->queue) {
 			struct call *k = i->queue;
@@ -544,7 +548,7 @@ static int begin_start(struct ctl *c, struct ident *i, struct cap_err *err);
 /* Keep cfg.warm_pool sandboxes starting or ready, within capacity. */
 static void pool_fill(struct ctl *c)
 {
-	if (c->shutting_down || !c->cfg.warm_pool)
+	if (c->shutting_down || !c->cfg.warm_pool || cap_now_ms() < c->pool_retry_at)
 		return;
 	unsigned members = 0;
 	for (struct ident *i = c->idents; i; i = i->next) {
@@ -553,8 +557,11 @@ static void pool_fill(struct ctl *c)
 		members++;
 		if (i->lc.state == CAP_VM_STOPPED && count_resident(c) < c->cfg.lc.capacity) {
 			struct cap_err err = { 0 };
-			if (begin_start(c, i, &err) < 0)
+			if (begin_start(c, i, &err) < 0) {
 				fprintf(stderr, "capsule %s: warm sandbox %s: %s\n", c->fe->name, i->name, err.msg);
+				c->pool_retry_at = cap_now_ms() + 30000;
+				return;
+			}
 		}
 	}
 	while (members < c->cfg.warm_pool && count_resident(c) < c->cfg.lc.capacity) {
@@ -577,6 +584,7 @@ static void pool_fill(struct ctl *c)
 			fprintf(stderr, "capsule %s: cannot prepare a warm sandbox: %s\n", c->fe->name, err.msg);
 			unlink_ident(c, i);
 			free(i);
+			c->pool_retry_at = cap_now_ms() + 30000;
 			return;
 		}
 		members++;

@@ -367,9 +367,14 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 				cap_template_discard(tdir);	/* rebuilt on next use */
 			}
 		}
-		if (!sb->restored)
+		if (!sb->restored) {
+			/* One line, whatever QEMU said. */
+			for (char *p = terr.msg; *p; p++)
+				if (*p == '\n')
+					*p = ';';
 			snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot (template %.16s unusable: %.400s)",
 				 *key ? key : "-", terr.msg);
+		}
 	}
 	if (!sb->restored && (r = start_vm(sb, &cfg, setup, o->boot_timeout_ms, err)) < 0)
 		goto fail;

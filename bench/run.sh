@@ -137,7 +137,7 @@ serve_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/serve"; }
 # (h) templates: new sandbox to first result, restored against cold boot
 # (in-process, medians), and against gVisor's `runsc do true`.
 echo "bench: new sandboxes: template restore, cold boot, runsc do true..." >&2
-"$top/$build/bench/bench-start" 10 >"$bench_home/start"
+"$top/$build/bench/bench-start" 15 >"$bench_home/start"
 start_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start"; }
 : >"$bench_home/runsc"
 i=0

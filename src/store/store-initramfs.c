@@ -119,7 +119,6 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 {
 	struct cpio c = { .ino = 0 };
 	_cleanup_free_ char *list = NULL;
-	_cleanup_free_ char *tmp = NULL;
 	int r;
 
 	if ((r = cap_store_busybox_applets(busybox, &list, err)) < 0)
@@ -162,22 +161,9 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 	free(names);
 	entry(&c, "TRAILER!!!", 0, 0, 0, NULL, 0, 0, 0);
 
-	tmp = xasprintf("%s.tmp.%d", path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		r = cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
-		goto out;
-	}
-	r = cap_write_all(fd, cap_buf_head(&c.b), cap_buf_used(&c.b));
-	if (r == 0 && fsync(fd) < 0)
-		r = -errno;
-	close(fd);
-	if (r == 0 && rename(tmp, path) < 0)
-		r = -errno;
-	if (r < 0) {
-		unlink(tmp);
+	r = cap_write_file_atomic(path, cap_buf_head(&c.b), cap_buf_used(&c.b), 0644);
+	if (r < 0)
 		r = cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r));
-	}
 out:
 	cap_buf_fini(&c.b);
 	return r;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -551,6 +552,11 @@ __attribute__((noreturn)) static void exec_qemu(char **argv, const char *log,
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(127);
+	/* Nothing QEMU execs could gain privileges, and a crash leaves no
+	 * core file with guest memory in it. */
+	prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+	struct rlimit nocore = { 0, 0 };
+	setrlimit(RLIMIT_CORE, &nocore);
 	int null = open("/dev/null", O_RDONLY);
 	int out = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 	if (null < 0 || out < 0)

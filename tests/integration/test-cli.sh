@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..23"
+echo "1..25"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -56,6 +56,18 @@ wait "$pid"
 rc=$?
 check "Ctrl-C stops the command (exit $rc)" '[ "$rc" -eq 130 ]'
 clean_after "Ctrl-C"
+
+# QEMU runs confined by what capsule sets before exec: seccomp filter
+# mode, no new privileges, no core dumps.
+"$capsule" run -q -- sh -c 'echo started; sleep 5' >"$out" 2>"$err" &
+pid=$!
+wait_for 'grep -q started "$out" 2>/dev/null'
+qpid=$(pgrep -f "qemu-system.*$rt/capsule-" | head -1)
+status=$(cat /proc/"$qpid"/status 2>/dev/null)
+limits=$(cat /proc/"$qpid"/limits 2>/dev/null)
+check "QEMU runs with seccomp (mode 2) and no_new_privs" 'echo "$status" | grep -q "^Seccomp:[[:space:]]*2" && echo "$status" | grep -q "^NoNewPrivs:[[:space:]]*1"'
+check "QEMU may not dump core" 'echo "$limits" | grep -q "^Max core file size *0 *0 "'
+wait "$pid"
 
 # SIGKILL of capsule itself: QEMU must not outlive it.
 "$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &

@@ -126,7 +126,7 @@ int cap_cli_start(int argc, char **argv)
 	bool changed;
 	if (!name)
 		return rc;
-	if (cap_named_refresh_source(name, &changed, &err) < 0 || cap_named_start(name, &err) < 0)
+	if (cap_named_refresh_source(name, &changed, NULL, &err) < 0 || cap_named_start(name, &err) < 0)
 		return fail(&err);
 	return 0;
 }
@@ -155,7 +155,7 @@ static int attach(const char *name, struct cap_sandbox **sb, struct cap_err *err
 	struct cap_named_status st;
 	bool changed;
 	int r;
-	if ((r = cap_named_refresh_source(name, &changed, err)) < 0 ||
+	if ((r = cap_named_refresh_source(name, &changed, NULL, err)) < 0 ||
 	    (r = cap_named_start(name, err)) < 0 || (r = cap_named_status(name, &st, err)) < 0)
 		return r;
 	return cap_sandbox_attach(st.control, sb, err);

@@ -165,16 +165,9 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 
 	/* Signals arrive through a descriptor so that every path, Ctrl-C
 	 * included, goes through the same teardown. */
+	static const int handled[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH };
 	sigset_t sigs;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGTERM);
-	sigaddset(&sigs, SIGHUP);
-	sigaddset(&sigs, SIGQUIT);
-	sigaddset(&sigs, SIGWINCH);
-	sigprocmask(SIG_BLOCK, &sigs, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+	int sfd = cap_signalfd(handled, CAP_ARRAY_SIZE(handled), &sigs);
 
 	struct stream r = { .sb = sb };
 	struct cap_err err = { 0 };

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -154,6 +156,18 @@ int cap_set_cloexec(int fd)
 	if (fl < 0)
 		return -errno;
 	return fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0 ? -errno : 0;
+}
+
+int cap_signalfd(const int *sigs, size_t n, void *set)
+{
+	sigset_t *s = set;
+	sigemptyset(s);
+	for (size_t i = 0; i < n; i++)
+		sigaddset(s, sigs[i]);
+	sigprocmask(SIG_BLOCK, s, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int fd = signalfd(-1, s, SFD_CLOEXEC | SFD_NONBLOCK);
+	return fd < 0 ? -errno : fd;
 }
 
 int64_t cap_now_ns(void)

@@ -53,6 +53,11 @@ ssize_t cap_read_file(const char *path, size_t max, char **out);
 int cap_set_nonblock(int fd, int on);
 int cap_set_cloexec(int fd);
 
+/* Block the n signals in sigs (their set is written to *set), ignore
+ * SIGPIPE, and return a non-blocking close-on-exec signalfd for them, so
+ * that a poll loop handles signals like any other event. -errno on error. */
+int cap_signalfd(const int *sigs, size_t n, void *set);
+
 /* Monotonic clock in milliseconds / nanoseconds. */
 int64_t cap_now_ms(void);
 int64_t cap_now_ns(void);

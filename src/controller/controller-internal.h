@@ -73,6 +73,7 @@ struct ident {
 	struct cap_lc lc;
 	struct cap_sandbox *sb;	/* attached while running, paused, stopping */
 	bool pool;	/* a warm-pool VM: no identity yet (agent and peer empty) */
+	bool no_source;	/* its sandbox projects no public data: nothing to refresh */
 	int ready_fd;	/* while starting */
 	pid_t shim_pid;
 	bool stop_after_start;

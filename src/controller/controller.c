@@ -395,8 +395,10 @@ static int begin_start(struct ctl *c, struct ident *i, struct cap_err *err)
 		i->lc.state = CAP_VM_STOPPED;
 	}
 	bool changed;
-	if ((r = cap_named_refresh_source(i->name, &changed, err)) < 0)
+	bool has_source;
+	if ((r = cap_named_refresh_source(i->name, &changed, &has_source, err)) < 0)
 		return r;
+	i->no_source = !has_source;
 	if ((r = cap_named_start_begin(i->name, &i->ready_fd, err)) < 0)
 		return r;
 	if (i->ready_fd < 0)	/* already running (another client started it) */
@@ -444,7 +446,7 @@ static struct ident *ident_at(struct ctl *c, size_t idx)
 }
 
 /* Capacity: -1 room, 0 waiting for an eviction, -2 full of busy VMs. */
-static int make_room(struct ctl *c, struct ident *want)
+static int make_room(struct ctl *c)
 {
 	const struct cap_lc *v[512];
 	size_t n = 0;
@@ -453,7 +455,6 @@ static int make_room(struct ctl *c, struct ident *want)
 		v[n++] = &i->lc;
 		stopping |= i->lc.state == CAP_VM_STOPPING;
 	}
-	(void)want;
 	int k = cap_lc_make_room(v, n, &c->cfg.lc);
 	if (k >= 0) {
 		struct ident *victim = ident_at(c, (size_t)k);
@@ -601,15 +602,16 @@ static void pump(struct ctl *c, struct ident *i)
 	switch (i->lc.state) {
 	case CAP_VM_RUNNING:
 	case CAP_VM_PAUSED:
-		if (k->kind == CALL_EXEC || k->kind == CALL_FILE) {
+		if ((k->kind == CALL_EXEC || k->kind == CALL_FILE) && !i->no_source) {
 			/* Public data changed? Then restart before the call. */
-			bool changed = false;
-			if (cap_named_refresh_source(i->name, &changed, &err) < 0) {
+			bool changed = false, has_source;
+			if (cap_named_refresh_source(i->name, &changed, &has_source, &err) < 0) {
 				unlink_call(i, k);
 				finish(c, k, NULL, RPC_SANDBOX, err.msg, NULL);
 				c->kick = true;
 				return;
 			}
+			i->no_source = !has_source;
 			if (changed) {
 				detach(i);
 				i->lc.state = CAP_VM_STOPPED;
@@ -632,7 +634,7 @@ static void pump(struct ctl *c, struct ident *i)
 			c->kick = true;	/* running now: the call starts next round */
 			return;
 		}
-		switch (make_room(c, i)) {
+		switch (make_room(c)) {
 		case -1:
 			break;
 		case 0:
@@ -956,14 +958,9 @@ int ctl_run(const struct cap_controller_cfg *cfg, const struct ctl_frontend *fe,
 	if ((r = fe->setup(&c, err)) < 0)
 		goto out;
 
+	static const int stops[] = { SIGTERM, SIGINT, SIGHUP };
 	sigset_t sigs;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGTERM);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGHUP);
-	sigprocmask(SIG_BLOCK, &sigs, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	c.signal_fd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+	c.signal_fd = cap_signalfd(stops, CAP_ARRAY_SIZE(stops), &sigs);
 
 	recover(&c);
 	fprintf(stderr, "capsule %s: ready (capacity %u, idle pause %lld ms, idle stop %lld ms%s)\n",

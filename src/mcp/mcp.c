@@ -424,9 +424,8 @@ static void tool_reply(struct ctl *c, struct call *k, json_t *result, int code,
 	k->front = NULL;
 }
 
-static json_t *schema_path(bool optional)
+static json_t *schema_path(void)
 {
-	(void)optional;
 	return json_pack("{s:s, s:s}", "type", "string", "description",
 			 "Path relative to the root, without '..' (for example docs/readme.md)");
 }
@@ -444,7 +443,7 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 			 cfg->read_max_bytes, cfg->read_max_lines, cfg->read_max_chars, LIST_MAX);
 		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:o, s:o, s:{s:s, s:i, s:s}, s:{s:s, s:i, s:i, s:s}}, s:[s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "read_file", "title", "Read file", "description", desc,
-			"inputSchema", "type", "object", "properties", "path", schema_path(false), "root", root,
+			"inputSchema", "type", "object", "properties", "path", schema_path(), "root", root,
 			"offset", "type", "integer", "minimum", 1, "description", "First line to return (1-based, default 1)",
 			"limit", "type", "integer", "minimum", 1, "maximum", (int)cfg->read_max_lines,
 			"description", "Most lines to return",
@@ -454,7 +453,7 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:o, s:o}, s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "list_directory", "title", "List directory",
 			"description", "List a directory of the public data or your workspace (up to 500 entries; directories end with /).",
-			"inputSchema", "type", "object", "properties", "path", schema_path(true), "root", root,
+			"inputSchema", "type", "object", "properties", "path", schema_path(), "root", root,
 			"additionalProperties", 0,
 			"annotations", "readOnlyHint", 1, "destructiveHint", 0, "idempotentHint", 1, "openWorldHint", 0);
 	case CAP_TOOL_WRITE_FILE:
@@ -462,7 +461,7 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:o, s:{s:s, s:s}}, s:[s, s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "write_file", "title", "Write file",
 			"description", "Create or replace a UTF-8 text file (up to 60000 bytes) in your private workspace /work.",
-			"inputSchema", "type", "object", "properties", "path", schema_path(false),
+			"inputSchema", "type", "object", "properties", "path", schema_path(),
 			"content", "type", "string", "description", "The whole new content",
 			"required", "path", "content", "additionalProperties", 0,
 			"annotations", "readOnlyHint", 0, "destructiveHint", 1, "idempotentHint", 1, "openWorldHint", 0);

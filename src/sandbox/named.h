@@ -53,9 +53,11 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 /* Before a call: if the sandbox projects public data, fingerprint the
  * host tree; when it changed, stop the sandbox, rebuild the projection
  * and record it (the next start mounts the new one, with the same /work).
- * *changed tells whether that happened. A tree that breaks the rules
- * fails here, with the sandbox and its disks untouched. */
-int cap_named_refresh_source(const char *name, bool *changed,
+ * *changed tells whether that happened; *has_source (may be NULL) whether
+ * the sandbox projects anything at all (it never changes afterwards). A
+ * tree that breaks the rules fails here, with the sandbox and its disks
+ * untouched. */
+int cap_named_refresh_source(const char *name, bool *changed, bool *has_source,
 			     struct cap_err *err);
 
 /* Read record.json. -ENOENT naming the sandbox when it does not exist. */

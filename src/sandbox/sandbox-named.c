@@ -126,7 +126,7 @@ static int project(struct cap_record *rec, cap_progress_fn progress, void *ud,
 	return 0;
 }
 
-int cap_named_refresh_source(const char *name, bool *changed,
+int cap_named_refresh_source(const char *name, bool *changed, bool *has_source,
 			     struct cap_err *err)
 {
 	struct cap_record rec;
@@ -137,6 +137,8 @@ int cap_named_refresh_source(const char *name, bool *changed,
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		return r;
 	_cleanup_free_ char *img = in_dir(name, "source.erofs");
+	if (has_source)
+		*has_source = rec.source[0] != '\0';
 	if (!rec.source[0])	/* the empty projection, made if missing */
 		return access(img, R_OK) == 0 ? 0 : project(&rec, NULL, NULL, err);
 	if ((r = cap_projection_limits_init(&lim, err)) < 0 ||

@@ -435,14 +435,9 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	o.ndisks = CAP_ARRAY_SIZE(disks);
 	o.setup = &setup;
 
+	static const int stops[] = { SIGTERM, SIGINT, SIGHUP };
 	sigset_t sigs;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGTERM);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGHUP);
-	sigprocmask(SIG_BLOCK, &sigs, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+	sfd = cap_signalfd(stops, CAP_ARRAY_SIZE(stops), &sigs);
 
 	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
 		goto out;

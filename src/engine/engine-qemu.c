@@ -6,16 +6,14 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine.h"
+#include "jail.h"
 #include "sock.h"
 #include "util.h"
 
@@ -36,9 +34,14 @@ struct cap_vm {
 	char *owned_qemu_log;
 	char *owned_qmp_path;
 	char *owned_agent_path;
-	char *owned_ram_path;
-	bool keep_ram;	/* a template's RAM file: not ours to remove */
+	char *owned_ram_path;	/* a template's RAM file being built, or NULL */
+	struct cap_jail *jail;
 };
+
+/* Descriptors QEMU gets, in this order, from 3 up (docs/architecture.md,
+ * "The jail": QEMU opens no host path of its own). */
+enum { FD_QMP, FD_AGENT, FD_CONSOLE, FD_DISK0 };
+#define FD_NUM(i) (3 + (i))
 
 int cap_vm_agent_fd(const struct cap_vm *vm) { return vm->agent_fd; }
 int cap_vm_exit_fd(const struct cap_vm *vm) { return vm->pidfd; }
@@ -128,32 +131,49 @@ static char *esc(const char *s)
 	return o;
 }
 
+/* The incoming state's descriptor number, when restoring. */
+static unsigned state_slot(const struct cap_vm_config *cfg)
+{
+	return FD_DISK0 + cfg->ndisks;
+}
+
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		       const struct cap_vm *vm)
 {
 	bool kvm = cfg->accel == CAP_ACCEL_KVM;
+	bool jailed = cap_jail_confined(vm->jail);
 
 	arg(a, xstrdup(QEMU));
 	arg(a, xstrdup("-M"));
 	arg(a, xstrdup("microvm,acpi=off,memory-backend=ram"));
 	arg(a, xstrdup("-accel"));
-	arg(a, xstrdup(kvm ? "kvm" : "tcg"));
+	/* TCG's translation cache is bounded so that QEMU stays under its
+	 * cgroup's memory ceiling (guest RAM + a fixed overhead). */
+	arg(a, xstrdup(kvm ? "kvm" : "tcg,tb-size=128"));
 	arg(a, xstrdup("-cpu"));
 	arg(a, xstrdup(kvm ? "host" : "max"));
 	arg(a, xstrdup("-smp"));
 	arg(a, xasprintf("%u", cfg->cpus));
 	arg(a, xstrdup("-m"));
 	arg(a, xasprintf("%uM", cfg->memory_mib));
-	/* Guest RAM in a shared file from the start (docs/architecture.md,
-	 * "Fast start"): a template snapshot will need exactly this. */
 	arg(a, xstrdup("-object"));
-	/* A restored VM maps the template's RAM file privately: pages are
-	 * shared with the template until the guest writes them, nothing is
-	 * copied up front, and the template is never changed. */
-	bool private_ram = cfg->restore_state != NULL;
-	_cleanup_free_ char *ram = esc(private_ram ? cfg->restore_ram : vm->owned_ram_path);
-	arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=%s",
-			 cfg->memory_mib, ram, private_ram ? "off" : "on"));
+	if (cfg->restore_state && !jailed) {
+		/* Unconfined, a restored VM maps the template's RAM file
+		 * privately: pages are shared with the template until the
+		 * guest writes them, and the template is never changed. */
+		_cleanup_free_ char *ram = esc(cfg->restore_ram);
+		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=off",
+				 cfg->memory_mib, ram));
+	} else if (cfg->restore_state || vm->owned_ram_path) {
+		/* A template being built shares its RAM file; a confined
+		 * restore gets the jail's own copy of the template's (QEMU
+		 * 7.2 opens a RAM file read-write even to map it privately). */
+		_cleanup_free_ char *ram = esc(jailed ? CAP_JAIL_RAM : vm->owned_ram_path);
+		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=on",
+				 cfg->memory_mib, ram));
+	} else {
+		arg(a, xasprintf("memory-backend-memfd,id=ram,size=%uM,share=on", cfg->memory_mib));
+	}
 	if (cfg->restore_state) {
 		arg(a, xstrdup("-incoming"));
 		arg(a, xstrdup("defer"));
@@ -169,22 +189,26 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
 	arg(a, xstrdup("-no-reboot"));
 	arg(a, xstrdup("-kernel"));
-	arg(a, xstrdup(cfg->kernel));
+	arg(a, xstrdup(jailed ? CAP_JAIL_KERNEL : cfg->kernel));
 	arg(a, xstrdup("-initrd"));
-	arg(a, xstrdup(cfg->initrd));
+	arg(a, xstrdup(jailed ? CAP_JAIL_INITRD : cfg->initrd));
 	arg(a, xstrdup("-append"));
 	arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s",
 			 cfg->append_extra ? " " : "",
 			 cfg->append_extra ? cfg->append_extra : ""));
-	arg(a, xstrdup("-serial"));
-	_cleanup_free_ char *con = esc(vm->owned_console);
-	_cleanup_free_ char *qmp = esc(vm->owned_qmp_path);
-	_cleanup_free_ char *ag = esc(vm->owned_agent_path);
-	arg(a, xasprintf("file:%s", con));
-	arg(a, xstrdup("-qmp"));
-	arg(a, xasprintf("unix:%s,server=on,wait=off", qmp));
+	/* Descriptor sets: set N+1 holds descriptor slot N. */
+	arg(a, xstrdup("-add-fd"));
+	arg(a, xasprintf("fd=%d,set=%d", FD_NUM(FD_CONSOLE), FD_CONSOLE + 1));
 	arg(a, xstrdup("-chardev"));
-	arg(a, xasprintf("socket,id=agent,path=%s,server=on,wait=off", ag));
+	arg(a, xasprintf("file,id=console,path=/dev/fdset/%d", FD_CONSOLE + 1));
+	arg(a, xstrdup("-serial"));
+	arg(a, xstrdup("chardev:console"));
+	arg(a, xstrdup("-chardev"));
+	arg(a, xasprintf("socket,id=qmp,fd=%d,server=on,wait=off", FD_NUM(FD_QMP)));
+	arg(a, xstrdup("-mon"));
+	arg(a, xstrdup("chardev=qmp,mode=control"));
+	arg(a, xstrdup("-chardev"));
+	arg(a, xasprintf("socket,id=agent,fd=%d,server=on,wait=off", FD_NUM(FD_AGENT)));
 	arg(a, xstrdup("-device"));
 	arg(a, xstrdup("virtio-serial-device"));
 	arg(a, xstrdup("-device"));
@@ -195,10 +219,12 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("virtio-rng-device,rng=rng"));
 	for (unsigned i = 0; i < cfg->ndisks; i++) {
 		const struct cap_vm_disk *d = &cfg->disks[i];
-		_cleanup_free_ char *file = esc(d->path);
+		int slot = FD_DISK0 + (int)i;
+		arg(a, xstrdup("-add-fd"));
+		arg(a, xasprintf("fd=%d,set=%d", FD_NUM(slot), slot + 1));
 		arg(a, xstrdup("-drive"));
-		arg(a, xasprintf("id=disk%u,file=%s,format=raw,if=none,readonly=%s,discard=unmap",
-				 i, file, d->readonly ? "on" : "off"));
+		arg(a, xasprintf("id=disk%u,file=/dev/fdset/%d,format=raw,if=none,readonly=%s,discard=unmap",
+				 i, slot + 1, d->readonly ? "on" : "off"));
 		arg(a, xstrdup("-device"));
 		arg(a, xasprintf("virtio-blk-device,drive=disk%u,serial=%s", i, d->serial));
 	}
@@ -275,10 +301,10 @@ static int connect_unix(const char *path, struct cap_vm *vm, int *out,
 }
 
 /* Read one newline-terminated QMP message into buf. */
-static int qmp_read(struct cap_vm *vm, char *buf, size_t len)
+static int qmp_read(struct cap_vm *vm, char *buf, size_t len, int timeout_ms)
 {
 	size_t n = 0;
-	int64_t end = cap_now_ms() + QMP_TIMEOUT_MS;
+	int64_t end = cap_now_ms() + timeout_ms;
 	while (n < len - 1) {
 		struct pollfd p = { .fd = vm->qmp_fd, .events = POLLIN };
 		int left = (int)(end - cap_now_ms());
@@ -303,19 +329,53 @@ static int qmp_read(struct cap_vm *vm, char *buf, size_t len)
 	return -EMSGSIZE;
 }
 
-static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **ret,
-		    struct cap_err *err);
+static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
+		       json_t **ret, int fd, struct cap_err *err);
 
 /* Send one QMP command and wait for its return, skipping events. */
 static int qmp_execute(struct cap_vm *vm, const char *cmd, struct cap_err *err)
 {
-	return qmp_call(vm, cmd, NULL, NULL, err);
+	return qmp_call_fd(vm, cmd, NULL, NULL, -1, err);
 }
 
 /* The same with arguments (owned by the call) and the "return" value
  * (*ret, owned by the caller, when ret is not NULL). */
 static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **ret,
 		    struct cap_err *err)
+{
+	return qmp_call_fd(vm, cmd, args, ret, -1, err);
+}
+
+/* Write a QMP request, with descriptor fd attached when fd >= 0 (for
+ * `getfd`). 0 or -errno. */
+static int qmp_send(struct cap_vm *vm, const char *req, int fd)
+{
+	if (fd < 0)
+		return cap_write_all(vm->qmp_fd, req, strlen(req));
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct iovec iov = { (void *)req, strlen(req) };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	ssize_t n;
+	while ((n = sendmsg(vm->qmp_fd, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+		;
+	if (n < 0)
+		return -errno;
+	/* The descriptor went with the first byte; the rest is plain. */
+	return (size_t)n < iov.iov_len ? cap_write_all(vm->qmp_fd, req + n, iov.iov_len - (size_t)n) : 0;
+}
+
+static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
+		       json_t **ret, int fd, struct cap_err *err)
 {
 	char line[8192];
 	json_t *m = json_pack("{s:s}", "execute", cmd);
@@ -325,12 +385,12 @@ static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **r
 	json_decref(m);
 	char *req = xasprintf("%s\n", text);
 	free(text);
-	int r = cap_write_all(vm->qmp_fd, req, strlen(req));
+	int r = qmp_send(vm, req, fd);
 	free(req);
 	if (r < 0)
 		return cap_err_set(err, -r, "QMP %s: %s", cmd, strerror(-r));
 	for (;;) {
-		if ((r = qmp_read(vm, line, sizeof(line))) < 0)
+		if ((r = qmp_read(vm, line, sizeof(line), QMP_TIMEOUT_MS)) < 0)
 			return cap_err_set(err, -r, "QMP %s: no answer: %s", cmd, strerror(-r));
 		json_t *j = json_loads(line, 0, NULL);
 		if (!j)
@@ -355,9 +415,12 @@ static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **r
 static int qmp_handshake(struct cap_vm *vm, struct cap_err *err)
 {
 	char line[8192];
-	int r = qmp_read(vm, line, sizeof(line));
+	/* The socket was listening before QEMU started: the greeting comes
+	 * once QEMU has set the machine up. */
+	int r = qmp_read(vm, line, sizeof(line), CONNECT_TIMEOUT_MS);
 	if (r < 0)
-		return cap_err_set(err, -r, "QMP greeting: %s", strerror(-r));
+		return cap_err_set(err, -r, "QMP greeting: %s", r == -EPIPE || r == -ECONNRESET
+				   ? "QEMU closed its monitor" : strerror(-r));
 	if (!strstr(line, "\"QMP\""))
 		return cap_err_set(err, EPROTO, "QMP greeting not recognised");
 	return qmp_execute(vm, "qmp_capabilities", err);
@@ -398,70 +461,37 @@ static int migration_done(struct cap_vm *vm, int timeout_ms, struct cap_err *err
 
 int cap_vm_save(struct cap_vm *vm, const char *state_path, struct cap_err *err)
 {
-	_cleanup_free_ char *sock = xasprintf("%s/save.sock", vm->owned_dir);
 	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
-	int r, lfd = -1, cfd = -1, out = -1;
+	int r;
 
 	if ((r = qmp_execute(vm, "stop", err)) < 0 || (r = ignore_shared(vm, err)) < 0)
 		return r;
-	if ((lfd = cap_unix_listen(sock, err)) < 0)
-		return lfd;
-	_cleanup_free_ char *uri = xasprintf("unix:%s", sock);
-	if ((r = qmp_call(vm, "migrate", json_pack("{s:s}", "uri", uri), NULL, err)) < 0)
-		goto out;
-	struct pollfd p = { .fd = lfd, .events = POLLIN };
-	if (poll(&p, 1, 10000) <= 0 || (cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
-		r = cap_err_set(err, ETIMEDOUT, "QEMU did not send its state");
-		goto out;
-	}
-	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (out < 0) {
-		r = cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
-		goto out;
-	}
-	char buf[65536];
-	ssize_t n;
-	while ((n = read(cfd, buf, sizeof(buf))) > 0)
-		if ((r = cap_write_all(out, buf, (size_t)n)) < 0) {
-			r = cap_err_set(err, -r, "cannot write %s: %s", tmp, strerror(-r));
-			goto out;
-		}
-	if ((r = migration_done(vm, 10000, err)) < 0)
+	/* QEMU writes the state straight into a file we open: it sees no
+	 * path of ours. */
+	int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (out < 0)
+		return cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
+	if ((r = qmp_call_fd(vm, "getfd", json_pack("{s:s}", "fdname", "capsule-save"), NULL, out, err)) < 0 ||
+	    (r = qmp_call(vm, "migrate", json_pack("{s:s}", "uri", "fd:capsule-save"), NULL, err)) < 0 ||
+	    (r = migration_done(vm, 10000, err)) < 0)
 		goto out;
 	if (fsync(out) < 0 || rename(tmp, state_path) < 0)
 		r = cap_err_set(err, errno, "cannot store %s: %s", state_path, strerror(errno));
 out:
-	if (out >= 0)
-		close(out);
-	if (cfd >= 0)
-		close(cfd);
-	close(lfd);
-	unlink(sock);
+	close(out);
 	unlink(tmp);
 	return r;
 }
 
-/* Feed a saved state into a QEMU started with -incoming defer; the guest
- * stays paused until `cont`. */
-static int restore(struct cap_vm *vm, const char *state, struct cap_err *err)
+/* Feed the saved state (passed to QEMU as a descriptor at start) into a
+ * QEMU started with -incoming defer; the guest stays paused until `cont`. */
+static int restore(struct cap_vm *vm, const struct cap_vm_config *cfg, struct cap_err *err)
 {
-	_cleanup_free_ char *sock = xasprintf("%s/incoming.sock", vm->owned_dir);
-	_cleanup_free_ char *uri = xasprintf("unix:%s", sock);
-	_cleanup_close_ int in = open(state, O_RDONLY | O_CLOEXEC);
-	int r, fd = -1;
-	if (in < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", state, strerror(errno));
+	_cleanup_free_ char *uri = xasprintf("fd:%d", FD_NUM(state_slot(cfg)));
+	int r;
 	if ((r = ignore_shared(vm, err)) < 0 ||
-	    (r = qmp_call(vm, "migrate-incoming", json_pack("{s:s}", "uri", uri), NULL, err)) < 0 ||
-	    (r = connect_unix(sock, vm, &fd, err)) < 0)
+	    (r = qmp_call(vm, "migrate-incoming", json_pack("{s:s}", "uri", uri), NULL, err)) < 0)
 		return r;
-	char buf[65536];
-	ssize_t n;
-	while ((n = read(in, buf, sizeof(buf))) > 0)
-		if (cap_write_all(fd, buf, (size_t)n) < 0)
-			break;	/* QEMU gave up on it: the status says why */
-	close(fd);
-	unlink(sock);
 	return migration_done(vm, 10000, err);
 }
 
@@ -530,10 +560,11 @@ void cap_vm_free(struct cap_vm *vm)
 		return;
 	cap_vm_kill(vm);
 	vm_close(vm);
+	/* QEMU is reaped: its namespaces, and with them the jail's mounts,
+	 * are gone; the cgroups and the slot go now. */
+	cap_jail_free(vm->jail);
 	unlink(vm->owned_qmp_path);
 	unlink(vm->owned_agent_path);
-	if (!vm->keep_ram)
-		unlink(vm->owned_ram_path);
 	unlink(vm->owned_qemu_log);
 	free(vm->owned_dir);
 	free(vm->owned_console);
@@ -544,33 +575,39 @@ void cap_vm_free(struct cap_vm *vm)
 	free(vm);
 }
 
-/* In the child: QEMU gets no descriptor but stdio, its own log for
- * stdout/stderr, and dies with us. */
-__attribute__((noreturn)) static void exec_qemu(char **argv, const char *log,
-						 pid_t parent)
+const char *cap_vm_jail_note(const struct cap_vm *vm)
 {
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != parent)
-		_exit(127);
-	/* Nothing QEMU execs could gain privileges, and a crash leaves no
-	 * core file with guest memory in it. */
-	prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-	struct rlimit nocore = { 0, 0 };
-	setrlimit(RLIMIT_CORE, &nocore);
-	int null = open("/dev/null", O_RDONLY);
-	int out = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (null < 0 || out < 0)
-		_exit(127);
-	dup2(null, 0);
-	dup2(out, 1);
-	dup2(out, 2);
-	syscall(SYS_close_range, 3U, ~0U, 0U);
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
-	execvp(argv[0], argv);
-	dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
-	_exit(127);
+	return vm->jail ? cap_jail_note(vm->jail) : "";
+}
+
+/* Open what QEMU is handed as descriptors, in FD_* order, counting them
+ * in *count as they open. 0, or -errno with err naming the file. */
+static int open_fds(const struct cap_vm_config *cfg, struct cap_vm *vm, int *fds,
+		    unsigned *count, struct cap_err *err)
+{
+	unsigned *n = count;
+	int fd;
+	if ((fd = cap_unix_listen(vm->owned_qmp_path, err)) < 0)
+		return fd;
+	fds[(*n)++] = fd;
+	if ((fd = cap_unix_listen(vm->owned_agent_path, err)) < 0)
+		return fd;
+	fds[(*n)++] = fd;
+	if ((fd = open(vm->owned_console, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
+		return cap_err_set(err, errno, "cannot create %s: %s", vm->owned_console, strerror(errno));
+	fds[(*n)++] = fd;
+	for (unsigned i = 0; i < cfg->ndisks; i++) {
+		const struct cap_vm_disk *d = &cfg->disks[i];
+		if ((fd = open(d->path, (d->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC)) < 0)
+			return cap_err_set(err, errno, "cannot open disk %s (%s): %s", d->path, d->serial, strerror(errno));
+		fds[(*n)++] = fd;
+	}
+	if (cfg->restore_state) {
+		if ((fd = open(cfg->restore_state, O_RDONLY | O_CLOEXEC)) < 0)
+			return cap_err_set(err, errno, "cannot open %s: %s", cfg->restore_state, strerror(errno));
+		fds[(*n)++] = fd;
+	}
+	return 0;
 }
 
 int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
@@ -578,7 +615,8 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 {
 	struct cap_vm *vm = xcalloc(1, sizeof(*vm));
 	struct argv a = { 0 };
-	char rnd[8];
+	unsigned maxfds = FD_DISK0 + cfg->ndisks + 1, nfds = 0;
+	int fds[maxfds], logfd = -1;
 	int r;
 
 	vm->pid = -1;
@@ -589,15 +627,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->owned_qemu_log = xasprintf("%s/qemu.log", cfg->dir);
 	vm->owned_qmp_path = xasprintf("%s/qmp.sock", cfg->dir);
 	vm->owned_agent_path = xasprintf("%s/agent.sock", cfg->dir);
-	_cleanup_close_ int ur = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-	if (ur < 0 || cap_read_exact(ur, rnd, sizeof(rnd)) < 0)
-		memset(rnd, 0, sizeof(rnd));
-	vm->keep_ram = cfg->ram_file != NULL;
-	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file)
-		: xasprintf("/dev/shm/capsule-%d-%02x%02x%02x%02x%02x%02x.ram",
-			    (int)getpid(), (uint8_t)rnd[0], (uint8_t)rnd[1],
-			    (uint8_t)rnd[2], (uint8_t)rnd[3], (uint8_t)rnd[4],
-			    (uint8_t)rnd[5]);
+	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file) : NULL;
 
 	if (access(cfg->kernel, R_OK) != 0) {
 		r = cap_err_set(err, ENOENT, "guest kernel %s is missing: build it with `make kernel` (guest/build-kernel.sh)", cfg->kernel);
@@ -607,35 +637,46 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		r = cap_err_set(err, ENOENT, "initramfs %s is missing", cfg->initrd);
 		goto fail;
 	}
+	struct cap_jail_spec js = {
+		.kernel = cfg->kernel,
+		.initrd = cfg->initrd,
+		.kvm = cfg->accel == CAP_ACCEL_KVM,
+		.memory_mib = cfg->memory_mib,
+		.cpus = cfg->cpus,
+		.ram_bind = cfg->ram_file,
+		.ram_copy = cfg->restore_state ? cfg->restore_ram : NULL,
+	};
+	if ((r = cap_jail_new(&js, &vm->jail, err)) < 0)
+		goto fail;
+	if ((r = open_fds(cfg, vm, fds, &nfds, err)) < 0)
+		goto fail;
+	if ((logfd = open(vm->owned_qemu_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+		r = cap_err_set(err, errno, "cannot create %s: %s", vm->owned_qemu_log, strerror(errno));
+		goto fail;
+	}
 
 	build_argv(&a, cfg, vm);
-	pid_t parent = getpid();
-	vm->pid = fork();
+	vm->pid = cap_jail_spawn(vm->jail, a.v, logfd, fds, nfds, &vm->pidfd, err);
 	if (vm->pid < 0) {
-		r = cap_err_set(err, errno, "fork: %s", strerror(errno));
+		r = vm->pid;
 		goto fail;
 	}
-	if (vm->pid == 0)
-		exec_qemu(a.v, vm->owned_qemu_log, parent);
-	vm->pidfd = (int)syscall(SYS_pidfd_open, vm->pid, 0);
-	if (vm->pidfd < 0) {
-		r = cap_err_set(err, errno, "pidfd_open: %s (Linux 5.3 or newer is needed)", strerror(errno));
-		goto fail;
-	}
+	/* QEMU holds its own copies now. */
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	nfds = 0;
+	close(logfd);
+	logfd = -1;
 
 	if ((r = connect_unix(vm->owned_qmp_path, vm, &vm->qmp_fd, err)) < 0 ||
 	    (r = qmp_handshake(vm, err)) < 0 ||
-	    (cfg->restore_state && (r = restore(vm, cfg->restore_state, err)) < 0) ||
+	    (cfg->restore_state && (r = restore(vm, cfg, err)) < 0) ||
 	    (r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
 		goto fail;
 	/* A restored guest runs only once the agent's channel is connected,
 	 * so it never sees its host missing. */
 	if (cfg->restore_state && (r = qmp_execute(vm, "cont", err)) < 0)
 		goto fail;
-	/* QEMU has mapped guest RAM by now; a private name is no longer
-	 * needed and must not outlive the VM. */
-	if (!vm->keep_ram)
-		unlink(vm->owned_ram_path);
 	if (cfg->unlink_sockets) {
 		unlink(vm->owned_qmp_path);
 		unlink(vm->owned_agent_path);
@@ -645,6 +686,10 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	return 0;
 
 fail:
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	if (logfd >= 0)
+		close(logfd);
 	if (vm->pid > 0) {
 		cap_vm_wait(vm, 200);
 		cap_vm_kill(vm);

@@ -55,8 +55,8 @@ struct cap_vm_config {
 	/* Remove the socket files once connected: for one-shot VMs that
 	 * must leave nothing behind even if capsule is killed. */
 	bool unlink_sockets;
-	/* Guest RAM: NULL for a private file under /dev/shm, unlinked as
-	 * soon as QEMU has mapped it; else this file, kept (a template's). */
+	/* Guest RAM: NULL for an anonymous memfd; else this file, shared and
+	 * kept (a template's, being built). */
 	const char *ram_file;
 	/* Restore instead of booting: device state saved by cap_vm_save, and
 	 * the RAM file saved with it (mapped privately: never changed). */
@@ -78,6 +78,10 @@ int cap_vm_agent_fd(const struct cap_vm *vm);
 /* A pidfd that becomes readable when QEMU exits; owned by vm. */
 int cap_vm_exit_fd(const struct cap_vm *vm);
 pid_t cap_vm_pid(const struct cap_vm *vm);
+
+/* The jail protections this host could not give this VM ("" when none):
+ * each named with the reason. Borrowed. */
+const char *cap_vm_jail_note(const struct cap_vm *vm);
 
 /* Reap QEMU if it has exited, waiting up to timeout_ms (0: just check).
  * Returns 1 if it has exited, 0 if still running. */

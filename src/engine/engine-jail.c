@@ -1,0 +1,975 @@
+/* The jail around each QEMU (jail.h; docs/architecture.md, "The jail"). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <linux/magic.h>
+#include <linux/sched.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "jail.h"
+#include "paths.h"
+#include "proc.h"
+#include "util.h"
+
+#define RUN_DIR "/run/capsule/jail"
+#define ROOT_MNT RUN_DIR "/root"
+#define SLOTS 4096
+#define UID_BASE 1900000000u
+/* QEMU's own memory on top of the guest's: TCG's translation cache
+ * (bounded by the engine), device state, page cache of the disks. */
+#define OVERHEAD_MIB 256
+#define NOFILE 4096
+#define NPROC 256
+#define NS_FLAGS (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
+
+static const char *const v1_controllers[] = { "memory", "pids", "cpu" };
+
+struct cgroups {
+	int version;		/* 1 or 2; 0: none usable */
+	char root[160];		/* where the hierarchies are mounted */
+	char parent[64];	/* our folder in each hierarchy */
+	char why[480];		/* why none is usable */
+};
+
+struct cap_jail {
+	bool confined;		/* namespaces + private root + own user */
+	int slot;		/* -1: none */
+	int lock_fd;		/* holds the slot */
+	uid_t uid;
+	gid_t gid;
+	gid_t kvm_gid;		/* extra group for /dev/kvm, or (gid_t)-1 */
+	char *owned_cg[3];	/* cgroup folders, NULL when none */
+	int cg_version;
+	char *owned_ram_bind;
+	char *owned_ram_copy;
+	char *owned_kernel;
+	char *owned_initrd;
+	bool kvm;
+	char note[512];
+};
+
+static bool env_is(const char *name, const char *value)
+{
+	const char *v = getenv(name);
+	return v && strcmp(v, value) == 0;
+}
+
+static uid_t uid_base(void)
+{
+	const char *v = getenv("CAPSULE_JAIL_UID_BASE");
+	if (v && *v) {
+		char *end;
+		unsigned long b = strtoul(v, &end, 10);
+		if (!*end && b >= 1000 && b <= 4000000000ul)
+			return (uid_t)b;
+	}
+	return UID_BASE;
+}
+
+static int write_str(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int r = cap_write_all(fd, s, strlen(s));
+	close(fd);
+	return r;
+}
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+	char buf[PATH_MAX];
+	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+		return -ENAMETOOLONG;
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, mode) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	if (mkdir(buf, mode) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+/* ---- cgroups ---------------------------------------------------------- */
+
+static void cg_detect(struct cgroups *cg)
+{
+	const char *root = getenv("CAPSULE_CGROUP_ROOT");
+	const char *parent = getenv("CAPSULE_CGROUP_PARENT");
+	snprintf(cg->root, sizeof(cg->root), "%.159s", root && *root ? root : "/sys/fs/cgroup");
+	snprintf(cg->parent, sizeof(cg->parent), "%.63s", parent && *parent ? parent : "capsule");
+	cg->version = 0;
+	struct statfs sf;
+	if (statfs(cg->root, &sf) < 0) {
+		snprintf(cg->why, sizeof(cg->why), "%s: %s", cg->root, strerror(errno));
+		return;
+	}
+	if (sf.f_type == CGROUP2_SUPER_MAGIC) {
+		char path[PATH_MAX + 32], *ctl = NULL;
+		snprintf(path, sizeof(path), "%s/cgroup.controllers", cg->root);
+		if (cap_read_file(path, 4096, &ctl) < 0 || !strstr(ctl, "memory") ||
+		    !strstr(ctl, "pids") || !strstr(ctl, "cpu")) {
+			snprintf(cg->why, sizeof(cg->why), "cgroup v2 at %s lacks the memory, pids or cpu controller", cg->root);
+			free(ctl);
+			return;
+		}
+		free(ctl);
+		cg->version = 2;
+		return;
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(v1_controllers); i++) {
+		char path[PATH_MAX + 32];
+		snprintf(path, sizeof(path), "%s/%s", cg->root, v1_controllers[i]);
+		if (statfs(path, &sf) < 0 || sf.f_type != CGROUP_SUPER_MAGIC) {
+			snprintf(cg->why, sizeof(cg->why), "%s is not a cgroup v2 file system and %.200s is not a cgroup v1 hierarchy",
+				 cg->root, path);
+			return;
+		}
+	}
+	cg->version = 1;
+}
+
+/* The folders of slot name ("vm-3") in each hierarchy; returns how many. */
+static unsigned cg_dirs(const struct cgroups *cg, const char *name, char *out[3])
+{
+	if (cg->version == 2) {
+		out[0] = xasprintf("%s/%s/%s", cg->root, cg->parent, name);
+		return 1;
+	}
+	for (unsigned i = 0; i < 3; i++)
+		out[i] = xasprintf("%s/%s/%s/%s", cg->root, v1_controllers[i], cg->parent, name);
+	return 3;
+}
+
+/* Kill whatever is left in dir and remove it. 0, or -errno. */
+static int cg_remove(const char *dir)
+{
+	char *procs = NULL;
+	_cleanup_free_ char *path = xasprintf("%s/cgroup.procs", dir);
+	if (cap_read_file(path, 1 << 20, &procs) < 0) {
+		free(procs);
+		return access(dir, F_OK) == 0 ? -EIO : 0;
+	}
+	for (char *p = procs; *p;) {
+		long pid = strtol(p, &p, 10);
+		if (pid > 0)
+			kill((pid_t)pid, SIGKILL);
+		while (*p == '\n')
+			p++;
+	}
+	free(procs);
+	for (int i = 0; i < 200; i++) {
+		if (rmdir(dir) == 0 || errno == ENOENT)
+			return 0;
+		if (errno != EBUSY)
+			return -errno;
+		usleep(5000);
+	}
+	return -EBUSY;
+}
+
+/* Make sure the parent folders exist (and, on v2, hand the controllers
+ * down to them). */
+static int cg_parents(const struct cgroups *cg, struct cap_err *err)
+{
+	if (cg->version == 2) {
+		char p[PATH_MAX + 160];
+		snprintf(p, sizeof(p), "%s/%s", cg->root, cg->parent);
+		if (mkdir(p, 0755) < 0 && errno != EEXIST)
+			return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
+		char sub[PATH_MAX + 200];
+		snprintf(sub, sizeof(sub), "%s/cgroup.subtree_control", cg->root);
+		write_str(sub, "+memory +pids +cpu");
+		snprintf(sub, sizeof(sub), "%s/cgroup.subtree_control", p);
+		if (write_str(sub, "+memory +pids +cpu") < 0)
+			return cap_err_set(err, errno, "cannot enable the memory, pids and cpu controllers in %s: %s",
+					   sub, strerror(errno));
+		return 0;
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(v1_controllers); i++) {
+		char p[PATH_MAX + 160];
+		snprintf(p, sizeof(p), "%s/%s/%s", cg->root, v1_controllers[i], cg->parent);
+		if (mkdir(p, 0755) < 0 && errno != EEXIST)
+			return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
+	}
+	return 0;
+}
+
+static int cg_limit(const char *dir, const char *file, unsigned long long v,
+		    bool optional, struct cap_err *err)
+{
+	char path[PATH_MAX + 64], val[32];
+	snprintf(path, sizeof(path), "%s/%s", dir, file);
+	snprintf(val, sizeof(val), "%llu", v);
+	if (optional && access(path, F_OK) != 0)
+		return 0;
+	int r = write_str(path, val);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot set %s to %s: %s", path, val, strerror(-r));
+	return 0;
+}
+
+static int cg_create(const struct cgroups *cg, const char *name,
+		     const struct cap_jail_spec *spec, char *out[3],
+		     struct cap_err *err)
+{
+	unsigned long long mem = ((unsigned long long)spec->memory_mib + OVERHEAD_MIB) << 20;
+	unsigned pids = 128 + 2 * spec->cpus;
+	unsigned n = cg_dirs(cg, name, out), i;
+	int r;
+	if ((r = cg_parents(cg, err)) < 0)
+		return r;
+	for (i = 0; i < n; i++) {
+		cg_remove(out[i]);	/* a leftover of this slot */
+		if (mkdir(out[i], 0755) < 0)
+			return cap_err_set(err, errno, "cannot create cgroup %s: %s", out[i], strerror(errno));
+	}
+	if (cg->version == 2) {
+		if ((r = cg_limit(out[0], "memory.max", mem, false, err)) < 0 ||
+		    (r = cg_limit(out[0], "memory.swap.max", 0, true, err)) < 0 ||
+		    (r = cg_limit(out[0], "pids.max", pids, false, err)) < 0 ||
+		    (r = cg_limit(out[0], "cpu.weight", CAP_MIN(100u * spec->cpus, 10000u), false, err)) < 0)
+			return r;
+		return 0;
+	}
+	if ((r = cg_limit(out[0], "memory.limit_in_bytes", mem, false, err)) < 0 ||
+	    (r = cg_limit(out[0], "memory.memsw.limit_in_bytes", mem, true, err)) < 0 ||
+	    (r = cg_limit(out[1], "pids.max", pids, false, err)) < 0 ||
+	    (r = cg_limit(out[2], "cpu.shares", 1024ull * spec->cpus, false, err)) < 0)
+		return r;
+	return 0;
+}
+
+/* ---- what goes into the root ----------------------------------------- */
+
+static char *find_in_path(const char *name)
+{
+	const char *path = getenv("PATH");
+	_cleanup_free_ char *copy = xstrdup(path && *path ? path : "/usr/bin:/bin");
+	char *save = NULL;
+	for (char *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+		_cleanup_free_ char *p = xasprintf("%s/%s", d, name);
+		if (access(p, X_OK) == 0)
+			return realpath(p, NULL);
+	}
+	return NULL;
+}
+
+struct lines {
+	char **v;
+	size_t n;
+};
+
+static void lines_add(struct lines *l, const char *s)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (strcmp(l->v[i], s) == 0)
+			return;
+	l->v = xrealloc(l->v, (l->n + 1) * sizeof(char *));
+	l->v[l->n++] = xstrdup(s);
+}
+
+static void lines_free(struct lines *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+	l->v = NULL;
+	l->n = 0;
+}
+
+/* ldd's answer, one path per line ("libz.so.1 => /lib/.../libz.so.1"). */
+static void ldd_line(void *ud, const char *line)
+{
+	struct lines *l = ud;
+	const char *p = strstr(line, "=> ");
+	p = p ? p + 3 : line;
+	while (*p == ' ' || *p == '\t')
+		p++;
+	if (*p != '/')
+		return;
+	size_t n = strcspn(p, " ");
+	_cleanup_free_ char *path = xstrndup(p, n);
+	lines_add(l, path);
+}
+
+/* QEMU's TCG accelerator is a loadable module in Debian's build. */
+static const char *const modules[] = {
+	"/usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so",
+};
+/* The microvm machine's firmware (Debian names it qboot.rom) and the
+ * option ROM that boots a PVH kernel. */
+static const char *const firmware[] = {
+	"/usr/share/qemu/bios-microvm.bin",
+	"/usr/share/qemu/qboot.rom",
+	"/usr/share/qemu/pvh.bin",
+};
+
+/* The files QEMU needs, as paths valid both on the host and in the jail:
+ * the binary, its libraries and loader, its modules and firmware. ldd
+ * costs ~35 ms, so the list is cached, keyed by the files it was made
+ * from. */
+static int qemu_files(const char *qemu, struct lines *out, struct cap_err *err)
+{
+	struct stat st;
+	/* Bump with the lists above. */
+	unsigned long long key = 1469598103934665603ull + 2;
+	const char *keyed[1 + CAP_ARRAY_SIZE(modules)] = { qemu };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(modules); i++)
+		keyed[i + 1] = modules[i];
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(keyed); i++) {
+		if (stat(keyed[i], &st) < 0)
+			continue;
+		unsigned long long parts[] = { st.st_dev, st.st_ino, (unsigned long long)st.st_size,
+					       (unsigned long long)st.st_mtim.tv_sec, (unsigned long long)st.st_mtim.tv_nsec };
+		for (size_t k = 0; k < CAP_ARRAY_SIZE(parts); k++)
+			key = (key ^ parts[k]) * 1099511628211ull;
+	}
+	_cleanup_free_ char *cache = cap_cache_dir();
+	_cleanup_free_ char *dir = xasprintf("%s/jail", cache);
+	_cleanup_free_ char *file = xasprintf("%s/qemu-files-%016llx", dir, key);
+	char *text = NULL;
+	if (cap_read_file(file, 1 << 20, &text) > 0) {
+		char *save = NULL;
+		for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+			if (*l == '/')
+				lines_add(out, l);
+		free(text);
+		if (out->n > 1)
+			return 0;
+		lines_free(out);
+	}
+	free(text);
+
+	lines_add(out, qemu);
+	char *argv[] = { "ldd", (char *)qemu, NULL };
+	struct cap_err lerr = { 0 };
+	if (cap_run(argv, ldd_line, out, &lerr) < 0) {
+		lines_free(out);
+		return cap_err_set(err, lerr.code ? lerr.code : EIO, "cannot list the libraries of %s: %s", qemu, lerr.msg);
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(modules); i++) {
+		if (access(modules[i], R_OK) != 0)
+			continue;
+		lines_add(out, modules[i]);
+		char *margv[] = { "ldd", (char *)modules[i], NULL };
+		cap_run(margv, ldd_line, out, NULL);
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(firmware); i++)
+		if (access(firmware[i], R_OK) == 0)
+			lines_add(out, firmware[i]);
+	size_t len = 0;
+	for (size_t i = 0; i < out->n; i++)
+		len += strlen(out->v[i]) + 1;
+	_cleanup_free_ char *list = xmalloc(len + 1);
+	char *p = list;
+	for (size_t i = 0; i < out->n; i++)
+		p += sprintf(p, "%s\n", out->v[i]);
+	if (mkdir_p(dir, 0755) == 0)
+		cap_write_file_atomic(file, list, len, 0644);
+	return 0;
+}
+
+/* ---- slots ------------------------------------------------------------ */
+
+/* Try to hold slot n: an open descriptor holding its lock, or -1. */
+static int slot_try(int n)
+{
+	char path[64];
+	snprintf(path, sizeof(path), RUN_DIR "/slot-%d", n);
+	int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* ---- probing ---------------------------------------------------------- */
+
+static int probe_child(void *arg)
+{
+	(void)arg;
+	return 0;
+}
+
+/* Can we make the namespaces? 0 or -errno. */
+static int probe_namespaces(void)
+{
+	struct clone_args ca = { .flags = NS_FLAGS, .exit_signal = SIGCHLD };
+	long pid = syscall(SYS_clone3, &ca, sizeof(ca));
+	if (pid < 0)
+		return -errno;
+	if (pid == 0)
+		_exit(probe_child(NULL));
+	int st;
+	while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
+}
+
+static int probe_cgroups(const struct cgroups *cg, char *detail, size_t len)
+{
+	if (cg->version == 0) {
+		snprintf(detail, len, "%.300s", cg->why);
+		return -ENODEV;
+	}
+	struct cap_err err = { 0 };
+	char name[48];
+	snprintf(name, sizeof(name), "probe-%d", (int)getpid());
+	char *dirs[3] = { NULL, NULL, NULL };
+	unsigned n = cg_dirs(cg, name, dirs);
+	int r = cg_parents(cg, &err);
+	for (unsigned i = 0; i < n; i++) {
+		if (r == 0 && mkdir(dirs[i], 0755) < 0)
+			r = cap_err_set(&err, errno, "cannot create cgroup %s: %s", dirs[i], strerror(errno));
+		rmdir(dirs[i]);
+		free(dirs[i]);
+	}
+	if (r < 0) {
+		snprintf(detail, len, "%.300s", err.msg);
+		return r;
+	}
+	if (cg->version == 2)
+		snprintf(detail, len, "cgroup v2 %s/%s/vm-N: memory.max = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.weight 100 per vCPU",
+			 cg->root, cg->parent, OVERHEAD_MIB);
+	else
+		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%s/vm-N: memory limit = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.shares 1024 per vCPU",
+			 cg->root, cg->parent, OVERHEAD_MIB);
+	return 0;
+}
+
+int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
+{
+	static const char *const names[CAP_JAIL_NCHECKS] = {
+		"namespaces", "private root", "unprivileged user", "cgroup limits", "seccomp", "no_new_privs, rlimits",
+	};
+	for (int i = 0; i < CAP_JAIL_NCHECKS; i++) {
+		c[i].name = names[i];
+		c[i].active = false;
+		c[i].detail[0] = '\0';
+	}
+	bool off = env_is("CAPSULE_JAIL", "0");
+	int ns = off ? -EPERM : probe_namespaces();
+	const char *why_off = "the jail is off (CAPSULE_JAIL=0, a debug setting)";
+	char why_ns[200];
+	snprintf(why_ns, sizeof(why_ns), "cannot create namespaces: %s (the jail needs capsule to run as root)", strerror(-ns));
+
+	if (off)
+		snprintf(c[0].detail, sizeof(c[0].detail), "%s", why_off);
+	else if (ns < 0)
+		snprintf(c[0].detail, sizeof(c[0].detail), "%s", why_ns);
+	else {
+		c[0].active = true;
+		snprintf(c[0].detail, sizeof(c[0].detail), "new mount, PID, IPC, UTS and network namespaces (network: loopback only)");
+	}
+
+	if (!c[0].active) {
+		snprintf(c[1].detail, sizeof(c[1].detail), "%s", c[0].detail);
+	} else if (mkdir_p(ROOT_MNT, 0755) < 0) {
+		snprintf(c[1].detail, sizeof(c[1].detail), "cannot create %s: %s", ROOT_MNT, strerror(errno));
+	} else {
+		_cleanup_free_ char *qemu = find_in_path("qemu-system-x86_64");
+		struct lines files = { 0 };
+		struct cap_err err = { 0 };
+		if (!qemu)
+			snprintf(c[1].detail, sizeof(c[1].detail), "qemu-system-x86_64 is not in PATH");
+		else if (qemu_files(qemu, &files, &err) < 0)
+			snprintf(c[1].detail, sizeof(c[1].detail), "%.300s", err.msg);
+		else {
+			c[1].active = true;
+			snprintf(c[1].detail, sizeof(c[1].detail), "pivot_root into a tmpfs holding %zu QEMU files (binary, libraries, firmware), the kernel, the initramfs and the VM's RAM; disks and sockets passed as descriptors",
+				 files.n);
+		}
+		lines_free(&files);
+	}
+
+	if (!c[0].active)
+		snprintf(c[2].detail, sizeof(c[2].detail), "%s", c[0].detail);
+	else if (geteuid() != 0)
+		snprintf(c[2].detail, sizeof(c[2].detail), "capsule is not root: it cannot switch QEMU to a user of its own");
+	else {
+		c[2].active = true;
+		snprintf(c[2].detail, sizeof(c[2].detail), "UID and GID %u + slot, one per running VM (%d slots, locks in %s)",
+			 (unsigned)uid_base(), SLOTS, RUN_DIR);
+	}
+
+	struct cgroups cg;
+	cg_detect(&cg);
+	if (off)
+		snprintf(c[3].detail, sizeof(c[3].detail), "%s", why_off);
+	else if (geteuid() != 0)
+		snprintf(c[3].detail, sizeof(c[3].detail), "capsule is not root: it cannot create cgroups");
+	else
+		c[3].active = probe_cgroups(&cg, c[3].detail, sizeof(c[3].detail)) == 0;
+
+	c[4].active = prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0;
+	snprintf(c[4].detail, sizeof(c[4].detail), c[4].active
+		 ? "QEMU -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+		 : "this kernel has no seccomp");
+	c[5].active = true;
+	snprintf(c[5].detail, sizeof(c[5].detail), "no_new_privs; RLIMIT_CORE 0, RLIMIT_NOFILE %d, RLIMIT_NPROC %d; every other descriptor closed",
+		 NOFILE, NPROC);
+
+	int missing = 0;
+	for (int i = 0; i < CAP_JAIL_NCHECKS; i++)
+		missing += !c[i].active;
+	return missing;
+}
+
+/* ---- one jail --------------------------------------------------------- */
+
+bool cap_jail_confined(const struct cap_jail *j) { return j->confined; }
+const char *cap_jail_note(const struct cap_jail *j) { return j->note; }
+
+int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
+		 struct cap_err *err)
+{
+	/* The host does not change under us: probe once per process. */
+	static struct cap_jail_check checks[CAP_JAIL_NCHECKS];
+	static int missing = -1;
+	if (missing < 0)
+		missing = cap_jail_probe(checks);
+
+	struct cap_jail *j = xcalloc(1, sizeof(*j));
+	j->slot = -1;
+	j->lock_fd = -1;
+	j->kvm_gid = (gid_t)-1;
+	j->kvm = spec->kvm;
+	j->owned_kernel = xstrdup(spec->kernel);
+	j->owned_initrd = xstrdup(spec->initrd);
+	j->owned_ram_bind = spec->ram_bind ? xstrdup(spec->ram_bind) : NULL;
+	j->owned_ram_copy = spec->ram_copy ? xstrdup(spec->ram_copy) : NULL;
+	int r;
+
+	size_t used = 0;
+	for (int i = 0; i < CAP_JAIL_NCHECKS; i++) {
+		if (checks[i].active)
+			continue;
+		used += (size_t)snprintf(j->note + used, used < sizeof(j->note) ? sizeof(j->note) - used : 0,
+					 "%s%s (%s)", used ? "; " : "", checks[i].name, checks[i].detail);
+		if (used >= sizeof(j->note))
+			used = sizeof(j->note) - 1;
+	}
+	if (missing > 0 && env_is("CAPSULE_REQUIRE_JAIL", "1")) {
+		r = cap_err_set(err, EPERM, "CAPSULE_REQUIRE_JAIL=1 and this host cannot confine QEMU fully: missing %s; `capsule doctor` lists each protection",
+				j->note);
+		goto fail;
+	}
+	j->confined = checks[0].active && checks[1].active && checks[2].active;
+	if (!j->confined) {
+		*out = j;
+		return 0;
+	}
+	for (int n = 0; n < SLOTS && j->lock_fd < 0; n++)
+		if ((j->lock_fd = slot_try(n)) >= 0)
+			j->slot = n;
+	if (j->lock_fd < 0) {
+		r = cap_err_set(err, EAGAIN, "all %d jail slots in %s are taken: too many VMs are running", SLOTS, RUN_DIR);
+		goto fail;
+	}
+	j->uid = uid_base() + (uid_t)j->slot;
+	j->gid = (gid_t)j->uid;
+	struct stat st;
+	if (spec->kvm && stat("/dev/kvm", &st) == 0)
+		j->kvm_gid = st.st_gid;
+	if (checks[3].active) {
+		struct cgroups cg;
+		char name[32];
+		cg_detect(&cg);
+		j->cg_version = cg.version;
+		snprintf(name, sizeof(name), "vm-%d", j->slot);
+		if ((r = cg_create(&cg, name, spec, j->owned_cg, err)) < 0)
+			goto fail;
+	}
+	*out = j;
+	return 0;
+fail:
+	cap_jail_free(j);
+	return r;
+}
+
+void cap_jail_free(struct cap_jail *j)
+{
+	if (!j)
+		return;
+	for (int i = 0; i < 3; i++) {
+		if (j->owned_cg[i])
+			cg_remove(j->owned_cg[i]);
+		free(j->owned_cg[i]);
+	}
+	if (j->confined && j->owned_ram_bind)
+		if (chown(j->owned_ram_bind, 0, 0) < 0 && errno != ENOENT)
+			(void)0;	/* a template being built: discarded anyway */
+	if (j->lock_fd >= 0)
+		close(j->lock_fd);
+	free(j->owned_ram_bind);
+	free(j->owned_ram_copy);
+	free(j->owned_kernel);
+	free(j->owned_initrd);
+	free(j);
+}
+
+int cap_jail_sweep(void (*found)(void *ud, const char *what), void *ud)
+{
+	struct cgroups cg;
+	cg_detect(&cg);
+	if (cg.version == 0 || geteuid() != 0)
+		return 0;
+	if (mkdir_p(RUN_DIR, 0755) < 0)
+		return 0;
+	_cleanup_free_ char *parent = cg.version == 2 ? xasprintf("%s/%s", cg.root, cg.parent)
+						      : xasprintf("%s/memory/%s", cg.root, cg.parent);
+	DIR *d = opendir(parent);
+	if (!d)
+		return 0;
+	int removed = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		int n;
+		char tail;
+		if (sscanf(e->d_name, "vm-%d%c", &n, &tail) != 1 || n < 0 || n >= SLOTS)
+			continue;
+		int fd = slot_try(n);
+		if (fd < 0)
+			continue;	/* a live VM holds it */
+		char *dirs[3] = { NULL, NULL, NULL };
+		unsigned k = cg_dirs(&cg, e->d_name, dirs);
+		int r = 0;
+		for (unsigned i = 0; i < k; i++) {
+			int q = cg_remove(dirs[i]);
+			if (q < 0)
+				r = q;
+			free(dirs[i]);
+		}
+		close(fd);
+		char what[160];
+		snprintf(what, sizeof(what), "%.32s: leftover jail cgroups %s", e->d_name,
+			 r == 0 ? "removed" : "could not be removed");
+		if (found)
+			found(ud, what);
+		removed += r == 0;
+	}
+	closedir(d);
+	return removed;
+}
+
+/* ---- the child -------------------------------------------------------- */
+
+struct child {
+	const struct cap_jail *j;
+	const char *qemu;
+	char *const *argv;
+	int errfd, logfd, nullfd, ramfd;
+	const int *fds;
+	unsigned n;
+	const struct lines *files;
+};
+
+__attribute__((noreturn)) static void die(const struct child *c, const char *what, int e)
+{
+	char msg[512];
+	int len = snprintf(msg, sizeof(msg), "%s: %s", what, strerror(e));
+	if (write(c->errfd, msg, (size_t)CAP_MIN(len, (int)sizeof(msg) - 1)) < 0)
+		(void)0;
+	_exit(127);
+}
+
+static void parent_alive(const struct child *c)
+{
+	struct pollfd p = { .fd = c->errfd, .events = POLLOUT };
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLERR))
+		_exit(127);
+}
+
+/* Bind host file src at dst in the new root, read-only unless rw. */
+static void bind_file(const struct child *c, const char *src, const char *dst,
+		      unsigned long flags)
+{
+	char path[PATH_MAX + 64], what[PATH_MAX + 64];
+	snprintf(path, sizeof(path), ROOT_MNT "%s", dst);
+	char *slash = strrchr(path, '/');
+	*slash = '\0';
+	int r = mkdir_p(path, 0755);
+	*slash = '/';
+	if (r < 0) {
+		snprintf(what, sizeof(what), "creating %s in the jail", dst);
+		die(c, what, -r);
+	}
+	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+	if (fd >= 0)
+		close(fd);
+	if (mount(src, path, NULL, MS_BIND, NULL) < 0 ||
+	    mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | flags, NULL) < 0) {
+		snprintf(what, sizeof(what), "binding %s at %s in the jail", src, dst);
+		die(c, what, errno);
+	}
+}
+
+/* Copy the data parts of a sparse file; holes stay holes. sendfile
+ * copies once, in the kernel. */
+static int copy_sparse(int in, int out)
+{
+	off_t end = lseek(in, 0, SEEK_END);
+	if (end < 0 || ftruncate(out, end) < 0)
+		return -errno;
+	for (off_t off = 0; off < end;) {
+		off_t data = lseek(in, off, SEEK_DATA);
+		if (data < 0)
+			return errno == ENXIO ? 0 : -errno;
+		off_t hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0 || lseek(out, data, SEEK_SET) < 0)
+			return -errno;
+		for (off = data; off < hole;) {
+			ssize_t k = sendfile(out, in, &off, (size_t)(hole - off));
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0)
+				return k < 0 ? -errno : -EIO;
+		}
+	}
+	return 0;
+}
+
+static void build_root(const struct child *c)
+{
+	const struct cap_jail *j = c->j;
+	unsigned long ro = MS_RDONLY | MS_NOSUID | MS_NODEV;
+	char opts[128];
+
+	/* Nothing we mount here reaches the host, nothing of the host's
+	 * later mounts reaches us. */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die(c, "making mounts private", errno);
+	if (mount("capsule-jail", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV,
+		  "size=1m,nr_inodes=1024,mode=0755") < 0)
+		die(c, "mounting the jail's root", errno);
+	for (size_t i = 0; i < c->files->n; i++)
+		bind_file(c, c->files->v[i], c->files->v[i], ro);
+	bind_file(c, j->owned_kernel, CAP_JAIL_KERNEL, ro | MS_NOEXEC);
+	bind_file(c, j->owned_initrd, CAP_JAIL_INITRD, ro | MS_NOEXEC);
+	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
+	bind_file(c, "/dev/urandom", "/dev/urandom", MS_RDONLY | MS_NOSUID | MS_NOEXEC);
+	if (j->kvm)
+		bind_file(c, "/dev/kvm", "/dev/kvm", MS_NOSUID | MS_NOEXEC);
+
+	if (j->owned_ram_bind) {
+		int fd = open(j->owned_ram_bind, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fd < 0 || fchown(fd, j->uid, j->gid) < 0)
+			die(c, "preparing the RAM file", errno);
+		close(fd);
+		bind_file(c, j->owned_ram_bind, CAP_JAIL_RAM, MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	} else if (c->ramfd >= 0) {
+		char dir[PATH_MAX], file[PATH_MAX];
+		snprintf(dir, sizeof(dir), ROOT_MNT "/mem");
+		snprintf(file, sizeof(file), ROOT_MNT "%s", CAP_JAIL_RAM);
+		struct stat st;
+		if (fstat(c->ramfd, &st) < 0)
+			die(c, "reading the template's RAM", errno);
+		snprintf(opts, sizeof(opts), "size=%lldk,nr_inodes=4,mode=0700,uid=%u,gid=%u,huge=within_size",
+			 (long long)(st.st_size + 1023) / 1024 + 4, (unsigned)j->uid, (unsigned)j->gid);
+		if (mkdir(dir, 0700) < 0 ||
+		    mount("capsule-ram", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
+			die(c, "mounting the RAM tmpfs", errno);
+		int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0)
+			die(c, "creating the RAM file", errno);
+		int r = copy_sparse(c->ramfd, fd);
+		if (r < 0)
+			die(c, "copying the template's RAM", -r);
+		if (fchown(fd, j->uid, j->gid) < 0)
+			die(c, "handing over the RAM file", errno);
+		close(fd);
+	}
+
+	if (sethostname("capsule", 7) < 0)
+		die(c, "setting the host name", errno);
+	if (chdir(ROOT_MNT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+		die(c, "pivot_root into the jail", errno);
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+		die(c, "making the jail's root read-only", errno);
+}
+
+/* Move fds[0..n) (and the slot lock after them) to 3, 4, ... and close
+ * everything else but errfd. */
+static void place_fds(struct child *c)
+{
+	int hi = 3 + (int)c->n + 64;
+	int tmp[c->n + 1];
+	unsigned total = c->n + (c->j->lock_fd >= 0 ? 1 : 0);
+	for (unsigned i = 0; i < total; i++) {
+		int src = i < c->n ? c->fds[i] : c->j->lock_fd;
+		if ((tmp[i] = fcntl(src, F_DUPFD_CLOEXEC, hi)) < 0)
+			die(c, "passing descriptors", errno);
+	}
+	int efd = fcntl(c->errfd, F_DUPFD_CLOEXEC, hi + 64);
+	if (efd < 0)
+		die(c, "passing descriptors", errno);
+	c->errfd = efd;
+	if (dup2(c->nullfd, 0) < 0 || dup2(c->logfd, 1) < 0 || dup2(c->logfd, 2) < 0)
+		die(c, "setting up stdio", errno);
+	for (unsigned i = 0; i < total; i++)
+		if (dup2(tmp[i], 3 + (int)i) < 0)
+			die(c, "passing descriptors", errno);
+	syscall(SYS_close_range, 3U + total, (unsigned)efd - 1, 0U);
+	syscall(SYS_close_range, (unsigned)efd + 1, ~0U, 0U);
+}
+
+__attribute__((noreturn)) static void child_main(struct child *c)
+{
+	const struct cap_jail *j = c->j;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	parent_alive(c);
+	for (int i = 0; i < 3; i++) {
+		if (!j->owned_cg[i])
+			continue;
+		char path[PATH_MAX + 32], what[PATH_MAX + 64];
+		/* v1's per-thread file: moving only the current thread
+		 * skips the global lock (and its RCU grace period) that
+		 * moving a whole process takes; we are single-threaded. */
+		snprintf(path, sizeof(path), "%s/%s", j->owned_cg[i], j->cg_version == 1 ? "tasks" : "cgroup.procs");
+		int r = write_str(path, "0");
+		if (r < 0) {
+			snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[i]);
+			die(c, what, -r);
+		}
+	}
+	if (j->confined)
+		build_root(c);
+
+	struct rlimit lim[][2] = {
+		{ { RLIMIT_CORE, 0 }, { 0, 0 } },
+		{ { RLIMIT_NOFILE, 0 }, { NOFILE, NOFILE } },
+		{ { RLIMIT_NPROC, 0 }, { NPROC, NPROC } },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(lim); i++) {
+		if (i == 2 && !j->confined)
+			continue;	/* per user: only meaningful for a user of its own */
+		if (setrlimit((int)lim[i][0].rlim_cur, &lim[i][1]) < 0)
+			die(c, "setting rlimits", errno);
+	}
+	if (j->confined) {
+		gid_t groups[1] = { j->kvm_gid };
+		if (setgroups(j->kvm_gid != (gid_t)-1 ? 1 : 0, groups) < 0 ||
+		    setresgid(j->gid, j->gid, j->gid) < 0 || setresuid(j->uid, j->uid, j->uid) < 0)
+			die(c, "switching to the jail's user", errno);
+		/* A change of credentials clears the parent-death signal. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		parent_alive(c);
+	}
+	/* Nothing QEMU execs could gain privileges. */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		die(c, "setting no_new_privs", errno);
+	place_fds(c);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	char *envp[] = { NULL };
+	execve(c->qemu, c->argv, envp);
+	die(c, c->qemu, errno);
+}
+
+pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
+		     const int *fds, unsigned n, int *pidfd,
+		     struct cap_err *err)
+{
+	_cleanup_free_ char *qemu = find_in_path(argv[0]);
+	struct lines files = { 0 };
+	_cleanup_close_ int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	_cleanup_close_ int ramfd = -1;
+	int ep[2] = { -1, -1 }, r;
+	pid_t pid = -1;
+
+	if (!qemu)
+		return cap_err_set(err, ENOENT, "%s is not installed (in PATH); run scripts/bootstrap.sh", argv[0]);
+	if (nullfd < 0)
+		return cap_err_set(err, errno, "/dev/null: %s", strerror(errno));
+	if (j->confined) {
+		if ((r = mkdir_p(ROOT_MNT, 0755)) < 0)
+			return cap_err_set(err, -r, "cannot create %s: %s", ROOT_MNT, strerror(-r));
+		if ((r = qemu_files(qemu, &files, err)) < 0)
+			return r;
+		if (j->owned_ram_copy && (ramfd = open(j->owned_ram_copy, O_RDONLY | O_CLOEXEC)) < 0) {
+			r = cap_err_set(err, errno, "cannot open %s: %s", j->owned_ram_copy, strerror(errno));
+			goto out;
+		}
+	}
+	if (pipe2(ep, O_CLOEXEC) < 0) {
+		r = cap_err_set(err, errno, "pipe: %s", strerror(errno));
+		goto out;
+	}
+	struct clone_args ca = {
+		.flags = CLONE_PIDFD | (j->confined ? NS_FLAGS : 0),
+		.pidfd = (uint64_t)(uintptr_t)pidfd,
+		.exit_signal = SIGCHLD,
+	};
+	int64_t t0 = cap_now_ms();
+	pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
+	if (pid < 0) {
+		r = cap_err_set(err, errno, "cannot start QEMU in its jail (clone3): %s", strerror(errno));
+		goto out;
+	}
+	if (pid == 0) {
+		close(ep[0]);
+		struct child c = { j, qemu, argv, ep[1], logfd, nullfd, ramfd, fds, n, &files };
+		child_main(&c);
+	}
+	close(ep[1]);
+	ep[1] = -1;
+	/* The child reports a failed step on the pipe; end of file means
+	 * QEMU is running. */
+	char msg[512];
+	ssize_t len = 0, k;
+	while ((k = read(ep[0], msg + len, sizeof(msg) - 1 - (size_t)len)) != 0) {
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			break;
+		len += k;
+		if ((size_t)len >= sizeof(msg) - 1)
+			break;
+	}
+	msg[len] = '\0';
+	if (len > 0) {
+		int st;
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+			;
+		close(*pidfd);
+		*pidfd = -1;
+		r = cap_err_set(err, EPERM, "cannot confine QEMU: %s", msg);
+		pid = -1;
+		goto out;
+	}
+	r = 0;
+out:
+	if (ep[0] >= 0)
+		close(ep[0]);
+	if (ep[1] >= 0)
+		close(ep[1]);
+	lines_free(&files);
+	return r < 0 ? r : pid;
+}

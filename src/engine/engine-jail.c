@@ -927,7 +927,6 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		.pidfd = (uint64_t)(uintptr_t)pidfd,
 		.exit_signal = SIGCHLD,
 	};
-	int64_t t0 = cap_now_ms();
 	pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
 	if (pid < 0) {
 		r = cap_err_set(err, errno, "cannot start QEMU in its jail (clone3): %s", strerror(errno));

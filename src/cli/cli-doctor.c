@@ -16,8 +16,9 @@ static const char usage[] =
 	"Usage: capsule doctor\n"
 	"\n"
 	"Print the QEMU version, the acceleration capsule would use and why, and\n"
-	"whether the guest kernel, agent and initramfs are ready. Exits 1 when\n"
-	"something needed to start a VM is missing.\n";
+	"each protection of the jail QEMU runs in (active, or missing and why),\n"
+	"and whether the guest kernel, agent and initramfs are ready. Exits 1\n"
+	"when something needed to start a VM is missing.\n";
 
 int cap_cli_doctor(int argc, char **argv)
 {
@@ -53,6 +54,19 @@ int cap_cli_doctor(int argc, char **argv)
 			       "            Case\"). Fine for development; on production hosts use KVM and set\n"
 			       "            CAPSULE_REQUIRE_KVM=1 so that capsule refuses to start without it.\n");
 	}
+
+	/* The jail: each protection, active or missing and why. */
+	struct cap_jail_check jc[CAP_JAIL_NCHECKS];
+	int missing = cap_jail_probe(jc);
+	const char *req = getenv("CAPSULE_REQUIRE_JAIL");
+	bool require = req && strcmp(req, "1") == 0;
+	printf("jail:       %s\n", missing == 0 ? "every QEMU runs confined (docs/architecture.md, \"The jail\")"
+	       : require ? "REFUSED: CAPSULE_REQUIRE_JAIL=1 and protections are missing; no VM will start"
+	       : "WARNING: protections are missing; VMs start without them (set CAPSULE_REQUIRE_JAIL=1 to refuse)");
+	for (int i = 0; i < CAP_JAIL_NCHECKS; i++)
+		printf("  %-22s %s: %s\n", jc[i].name, jc[i].active ? "active" : "MISSING", jc[i].detail);
+	if (missing && require)
+		problems++;
 
 	_cleanup_free_ char *cache = cap_cache_dir();
 	printf("cache:      %s\n", cache);

@@ -157,6 +157,10 @@ int cap_cli_run(int argc, char **argv)
 	 * on, cold-booted. */
 	if (verbose || strncmp(cap_sandbox_boot_note(sb), "cold boot (", 11) == 0)
 		cap_cli_error("%s", cap_sandbox_boot_note(sb));
+	/* A jail this host cannot give in full is never silent. */
+	if (*cap_sandbox_jail_note(sb))
+		cap_cli_error("warning: QEMU runs without: %s; set CAPSULE_REQUIRE_JAIL=1 to refuse instead",
+			      cap_sandbox_jail_note(sb));
 	const struct cap_accel_choice *ac = cap_sandbox_accel(sb);
 	if (!x.quiet && ac->accel == CAP_ACCEL_TCG)
 		cap_cli_error("using TCG software emulation (%s); not a security boundary, see `capsule doctor`",

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "controller-internal.h"
+#include "engine.h"
 #include "named.h"
 #include "paths.h"
 #include "sha256.h"
@@ -776,10 +777,18 @@ static void clean_leftovers(const char *name)
 	unlink(sock);
 }
 
+static void jail_found(void *ud, const char *what)
+{
+	(void)ud;
+	fprintf(stderr, "capsule serve: %s\n", what);
+}
+
 /* Find the identities a previous controller recorded and take their
- * sandboxes back: live shims are reattached, dead ones cleaned up. */
+ * sandboxes back: live shims are reattached, dead ones cleaned up, and
+ * jails whose owner died removed. */
 static void recover(struct ctl *c)
 {
+	cap_jail_sweep(jail_found, NULL);
 	_cleanup_free_ char *ws = xasprintf("%s/workspaces", c->home);
 	DIR *da = opendir(ws);
 	struct dirent *a;

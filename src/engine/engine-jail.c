@@ -583,6 +583,7 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		*out = j;
 		return 0;
 	}
+	cap_jail_sweep(NULL, NULL);	/* cgroups of owners that died */
 	for (int n = 0; n < SLOTS && j->lock_fd < 0; n++)
 		if ((j->lock_fd = slot_try(n)) >= 0)
 			j->slot = n;

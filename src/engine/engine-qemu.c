@@ -144,6 +144,9 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	bool jailed = cap_jail_confined(vm->jail);
 
 	arg(a, xstrdup(QEMU));
+	/* Its directory names the VM in `ps` (and for recovery). */
+	arg(a, xstrdup("-name"));
+	arg(a, esc(cfg->dir));
 	arg(a, xstrdup("-M"));
 	arg(a, xstrdup("microvm,acpi=off,memory-backend=ram"));
 	arg(a, xstrdup("-accel"));

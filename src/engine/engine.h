@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "err.h"
+#include "jail.h"	/* cap_jail_probe and cap_jail_sweep are public */
 
 enum cap_accel { CAP_ACCEL_AUTO, CAP_ACCEL_KVM, CAP_ACCEL_TCG };
 

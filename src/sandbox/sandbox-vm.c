@@ -391,6 +391,11 @@ const char *cap_sandbox_boot_note(const struct cap_sandbox *sb)
 	return sb->boot_note;
 }
 
+const char *cap_sandbox_jail_note(const struct cap_sandbox *sb)
+{
+	return sb->vm ? cap_vm_jail_note(sb->vm) : "";
+}
+
 bool cap_sandbox_restored(const struct cap_sandbox *sb)
 {
 	return sb->restored;

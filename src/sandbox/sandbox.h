@@ -70,6 +70,9 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 /* How the VM started: "restored from template KEY", "cold boot", or
  * "cold boot (template KEY unusable: WHY)". Borrowed from sb. */
 const char *cap_sandbox_boot_note(const struct cap_sandbox *sb);
+/* The jail protections this host could not give the VM, "" when none
+ * (borrowed; see `capsule doctor`). */
+const char *cap_sandbox_jail_note(const struct cap_sandbox *sb);
 /* Whether the VM was restored from a template. */
 bool cap_sandbox_restored(const struct cap_sandbox *sb);
 

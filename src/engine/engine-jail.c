@@ -859,8 +859,10 @@ __attribute__((noreturn)) static void child_main(struct child *c)
 			die(c, what, -r);
 		}
 	}
-	if (j->confined)
+	if (j->confined) {
+		umask(022);	/* the jail's user must traverse what we make */
 		build_root(c);
+	}
 
 	struct rlimit lim[][2] = {
 		{ { RLIMIT_CORE, 0 }, { 0, 0 } },

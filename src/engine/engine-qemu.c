@@ -256,6 +256,8 @@ int cap_vm_wait(struct cap_vm *vm, int timeout_ms)
 		       poll(&p, 1, left) < 0 && errno == EINTR)
 			;
 	}
+	if (vm->pid <= 0)
+		return 1;	/* never started: waitpid(-1) would reap another child */
 	int status;
 	pid_t r = waitpid(vm->pid, &status, WNOHANG);
 	if (r == vm->pid) {
@@ -267,7 +269,8 @@ int cap_vm_wait(struct cap_vm *vm, int timeout_ms)
 
 void cap_vm_kill(struct cap_vm *vm)
 {
-	if (vm->exited)
+	/* Never kill(-1): that would be every process we may signal. */
+	if (vm->exited || vm->pid <= 0)
 		return;
 	kill(vm->pid, SIGKILL);
 	int status;
@@ -659,11 +662,12 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	}
 
 	build_argv(&a, cfg, vm);
-	vm->pid = cap_jail_spawn(vm->jail, a.v, logfd, fds, nfds, &vm->pidfd, err);
-	if (vm->pid < 0) {
-		r = vm->pid;
+	pid_t pid = cap_jail_spawn(vm->jail, a.v, logfd, fds, nfds, &vm->pidfd, err);
+	if (pid < 0) {
+		r = pid;
 		goto fail;
 	}
+	vm->pid = pid;
 	/* QEMU holds its own copies now. */
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);

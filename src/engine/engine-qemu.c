@@ -131,10 +131,21 @@ static char *esc(const char *s)
 	return o;
 }
 
-/* The incoming state's descriptor number, when restoring. */
+/* After the disks: the incoming state when restoring, then a read-only
+ * twin of each writable disk (QEMU reopens a disk read-only while nothing
+ * needs to write it, and a descriptor set must hold a descriptor of each
+ * access mode it will be asked for). */
 static unsigned state_slot(const struct cap_vm_config *cfg)
 {
 	return FD_DISK0 + cfg->ndisks;
+}
+
+static unsigned twin_slot(const struct cap_vm_config *cfg, unsigned disk)
+{
+	unsigned k = state_slot(cfg) + (cfg->restore_state ? 1 : 0);
+	for (unsigned i = 0; i < disk; i++)
+		k += !cfg->disks[i].readonly;
+	return k;
 }
 
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
@@ -225,6 +236,10 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		int slot = FD_DISK0 + (int)i;
 		arg(a, xstrdup("-add-fd"));
 		arg(a, xasprintf("fd=%d,set=%d", FD_NUM(slot), slot + 1));
+		if (!d->readonly) {
+			arg(a, xstrdup("-add-fd"));
+			arg(a, xasprintf("fd=%d,set=%d", FD_NUM(twin_slot(cfg, i)), slot + 1));
+		}
 		arg(a, xstrdup("-drive"));
 		arg(a, xasprintf("id=disk%u,file=/dev/fdset/%d,format=raw,if=none,readonly=%s,discard=unmap",
 				 i, slot + 1, d->readonly ? "on" : "off"));
@@ -613,6 +628,14 @@ static int open_fds(const struct cap_vm_config *cfg, struct cap_vm *vm, int *fds
 			return cap_err_set(err, errno, "cannot open %s: %s", cfg->restore_state, strerror(errno));
 		fds[(*n)++] = fd;
 	}
+	for (unsigned i = 0; i < cfg->ndisks; i++) {
+		const struct cap_vm_disk *d = &cfg->disks[i];
+		if (d->readonly)
+			continue;
+		if ((fd = open(d->path, O_RDONLY | O_CLOEXEC)) < 0)
+			return cap_err_set(err, errno, "cannot open disk %s (%s): %s", d->path, d->serial, strerror(errno));
+		fds[(*n)++] = fd;
+	}
 	return 0;
 }
 
@@ -621,7 +644,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 {
 	struct cap_vm *vm = xcalloc(1, sizeof(*vm));
 	struct argv a = { 0 };
-	unsigned maxfds = FD_DISK0 + cfg->ndisks + 1, nfds = 0;
+	unsigned maxfds = FD_DISK0 + 2 * cfg->ndisks + 1, nfds = 0;
 	int fds[maxfds], logfd = -1;
 	int r;
 

@@ -1,0 +1,134 @@
+#!/bin/sh
+# The jail around every QEMU, checked from the host against running
+# sandboxes: its user, namespaces, seccomp mode, root, descriptors and
+# cgroup limits (each printed as a comment); a guest that runs out of
+# memory; two sandboxes that cannot reach each other's disks; teardown and
+# the recovery of leftover jails; a host that cannot give a protection.
+# TAP output.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+. "$(dirname "$0")/lib.sh"
+c() { "$capsule" "$@"; }
+sbdir() { echo "$CAPSULE_HOME/sandboxes/$1"; }
+procs() { c inspect "$1" | sed -n 's/^processes: *shim \([0-9]*\), qemu \([0-9]*\)/\1 \2/p'; }
+qemu_pid() { procs "$1" | cut -d' ' -f2; }
+shim_pid() { procs "$1" | cut -d' ' -f1; }
+status() { awk -v k="$1:" '$1 == k { print $2 }' "/proc/$2/status"; }
+say() { sed 's/^/#   /'; }
+v2=false
+[ -f /sys/fs/cgroup/cgroup.controllers ] && v2=true
+# cgdir PID CONTROLLER: the folder of PID's cgroup for that controller.
+cgdir() {
+	if $v2; then echo "/sys/fs/cgroup$(sed -n 's/^0:://p' "/proc/$1/cgroup")"
+	else echo "/sys/fs/cgroup/$2$(awk -F: -v c="$2" '$2 ~ "(^|,)" c "(,|$)" { print $3 }' "/proc/$1/cgroup")"; fi
+}
+cgread() { # cgread PID V1-CONTROLLER V1-FILE V2-FILE
+	if $v2; then cat "$(cgdir "$1" memory)/$4"; else cat "$(cgdir "$1" "$2")/$3"; fi
+}
+
+echo "1..25"
+
+c doctor >"$out" 2>"$err"
+sed -n '/^jail:/,/^cache:/p' "$out" | sed '$d' | say
+check "doctor lists six protections, each active here" '[ "$(grep -c "^  .* active: " "$out")" -eq 6 ] && ! grep -q MISSING "$out"'
+
+c create j1 --memory 256 >"$out" 2>"$err" && c create j2 >>"$out" 2>>"$err"
+c exec j1 -- true >"$out" 2>"$err" && c exec j2 -- true >>"$out" 2>>"$err"
+p1=$(qemu_pid j1)
+p2=$(qemu_pid j2)
+check "two sandboxes run (QEMU $p1 and $p2)" '[ -n "$p1" ] && [ -n "$p2" ] && [ -d "/proc/$p1" ] && [ -d "/proc/$p2" ]'
+
+u1=$(status Uid "$p1"); g1=$(status Gid "$p1"); u2=$(status Uid "$p2")
+echo "# QEMU $p1: uid $u1 gid $g1; QEMU $p2: uid $u2"
+check "QEMU runs as an unprivileged user of its own, not 0 (uid $u1, $u2)" '[ "$u1" -ne 0 ] && [ "$g1" -ne 0 ] && [ "$u2" -ne 0 ] && [ "$u1" != "$u2" ]'
+
+differ=0
+for ns in mnt pid ipc uts net; do
+	a=$(readlink "/proc/$p1/ns/$ns"); b=$(readlink "/proc/self/ns/$ns")
+	echo "# namespace $ns: QEMU $a, host $b"
+	[ -n "$a" ] && [ "$a" != "$b" ] && differ=$((differ + 1))
+done
+check "its mnt, pid, ipc, uts and net namespaces differ from the host's" '[ "$differ" -eq 5 ]'
+nspid=$(awk '$1 == "NSpid:" { print $NF }' "/proc/$p1/status")
+check "it is PID 1 of its own PID namespace" '[ "$nspid" = 1 ]'
+ifaces=$(awk -F: 'NR > 2 { gsub(/ /, "", $1); print $1 }' "/proc/$p1/net/dev" | tr '\n' ' ')
+echo "# network interfaces: $ifaces"
+check "its network namespace has loopback only" '[ "$ifaces" = "lo " ]'
+
+echo "# Seccomp: $(status Seccomp "$p1"), NoNewPrivs: $(status NoNewPrivs "$p1")"
+check "seccomp filter mode (2) and no_new_privs" '[ "$(status Seccomp "$p1")" = 2 ] && [ "$(status NoNewPrivs "$p1")" = 1 ]'
+
+find "/proc/$p1/root/" -mindepth 1 ! -type d | sed "s|^/proc/$p1/root||" | sort >"$rt/root-list"
+echo "# root of QEMU $p1 ($(wc -l <"$rt/root-list") files):"
+sed 's|/[^/]*\.so[.0-9]*$|/*.so|' "$rt/root-list" | uniq -c | say
+stray=$(grep -Ev '^(/usr/bin/qemu-system-x86_64|/lib64/ld-linux-x86-64\.so\.2|/lib/x86_64-linux-gnu/[^/]+|/usr/lib/x86_64-linux-gnu/qemu/[^/]+\.so|/usr/share/qemu/[^/]+|/dev/(null|urandom|kvm)|/vm/(vmlinux|initrd)|/mem/ram)$' "$rt/root-list")
+check "its root holds only QEMU, its libraries and firmware, the kernel, the initramfs, /dev/null, /dev/urandom and its RAM" '[ -z "$stray" ]'
+check "its root holds no sandbox's disks, no state directory, no home" '! grep -Eq "ext4|erofs|sandboxes|/home|/root" "$rt/root-list" && [ ! -e "/proc/$p1/root$CAPSULE_HOME" ] && [ ! -e "/proc/$p1/root$(sbdir j2)" ] && [ ! -e "/proc/$p1/root/etc" ]'
+check "its root is read-only" '! touch "/proc/$p1/root/x" 2>/dev/null && ! mkdir "/proc/$p1/root/vm/x" 2>/dev/null'
+
+ls -l "/proc/$p1/fd" | awk 'NR > 1 { print $NF }' | sort -u >"$rt/fds"
+echo "# descriptors of QEMU $p1: $(grep -c . "$rt/fds") distinct targets"
+grep '^/' "$rt/fds" | say
+check "its descriptors reach its own files only: nothing of j2, nothing inherited" '! grep -q "$(sbdir j2)" "$rt/fds" && [ -z "$(grep "^/" "$rt/fds" | grep -Ev "^($(sbdir j1)/|$CAPSULE_HOME/images/|/dev/(null|urandom|kvm)$|/mem/ram$|/run/capsule/jail/slot-)")" ]'
+
+mem=$(cgread "$p1" memory memory.limit_in_bytes memory.max)
+pids=$(cgread "$p1" pids pids.max pids.max)
+cpu=$(cgread "$p1" cpu cpu.shares cpu.weight)
+echo "# cgroup $(cgdir "$p1" memory): memory $mem, pids $pids, cpu $cpu"
+check "its cgroup caps memory at guest RAM + 256 MiB, PIDs at 130, and sets a CPU weight" '[ "$mem" = $(((256 + 256) * 1048576)) ] && [ "$pids" = 130 ] && [ -n "$cpu" ]'
+check "another sandbox gets another cgroup" '[ "$(cgdir "$p1" memory)" != "$(cgdir "$p2" memory)" ]'
+
+# Each QEMU's user may not open the other's disk, nor its own by path: it
+# holds its own as descriptors, and the other's is not in its root.
+setpriv --reuid="$u1" --regid="$g1" --clear-groups head -c 1 "$(sbdir j2)/private.ext4" >/dev/null 2>"$err"
+r1=$?
+setpriv --reuid="$u2" --regid="$u2" --clear-groups head -c 1 "$(sbdir j1)/private.ext4" >/dev/null 2>>"$err"
+r2=$?
+check "two sandboxes' QEMU users cannot open each other's disks" '[ "$r1" -ne 0 ] && [ "$r2" -ne 0 ] && [ "$(grep -c "Permission denied" "$err")" -eq 2 ]'
+
+# A guest process allocating four times the guest's RAM.
+c exec j1 -- sh -c 'x=$(head -c 1000000000 /dev/zero | tr "\0" x); echo survived ${#x}' >"$out" 2>"$err"
+rc=$?
+echo "# guest allocation of 1 GB in 256 MiB: exit $rc"
+check "a guest process allocating far beyond its RAM is killed inside the guest" '[ "$rc" -ne 0 ] && ! grep -q survived "$out"'
+c exec j1 -- echo alive >"$out" 2>"$err"
+check "the same QEMU goes on serving it" '[ "$(qemu_pid j1)" = "$p1" ] && grep -qx alive "$out"'
+peak=$(cgread "$p1" memory memory.max_usage_in_bytes memory.peak 2>/dev/null || echo 0)
+echo "# QEMU $p1 peak memory $peak of $mem"
+check "QEMU stayed under its ceiling and the other sandbox is unaffected" '[ "$peak" -le "$mem" ] && c exec j2 -- true'
+
+cg1=$(cgdir "$p1" memory)
+c stop j1 >"$out" 2>"$err"
+check "stop removes the jail's cgroup and keeps the disks" '[ ! -d "$cg1" ] && [ -f "$(sbdir j1)/private.ext4" ] && [ -f "$(sbdir j1)/root-upper.ext4" ]'
+
+# A shim killed outright: its QEMU dies with it and the cgroup is left
+# behind, until a controller starts and recovers.
+cg2=$(cgdir "$p2" memory)
+kill -KILL "$(shim_pid j2)"
+wait_for '[ ! -d "/proc/$p2" ]' 100
+check "a killed shim leaves its jail's cgroup behind" '[ ! -d "/proc/$p2" ] && [ -d "$cg2" ]'
+c serve --socket "$rt/serve.sock" >"$rt/serve.out" 2>"$rt/serve.err" &
+spid=$!
+wait_for '[ ! -d "$cg2" ]' 100
+kill -TERM "$spid"
+wait "$spid"
+sed 's/^/# serve: /' "$rt/serve.err"
+check "capsule serve removes leftover jails when it starts, and says so" '[ ! -d "$cg2" ] && grep -q "leftover jail cgroups removed" "$rt/serve.err" && [ -f "$(sbdir j2)/private.ext4" ]'
+
+# A host that cannot give a protection (here: no cgroup file system where
+# capsule is told to look).
+CAPSULE_CGROUP_ROOT="$rt" c doctor >"$out" 2>"$err"
+rc=$?
+check "doctor names a missing protection and why" '[ "$rc" -eq 0 ] && grep -q "cgroup limits .*MISSING: $rt is not a cgroup" "$out" && grep -q "WARNING: protections are missing" "$out"'
+CAPSULE_CGROUP_ROOT="$rt" CAPSULE_REQUIRE_JAIL=1 c doctor >"$out" 2>"$err"
+rc=$?
+check "with CAPSULE_REQUIRE_JAIL=1, doctor says VMs are refused (exit $rc)" '[ "$rc" -eq 1 ] && grep -q "REFUSED" "$out"'
+CAPSULE_CGROUP_ROOT="$rt" c run -q -- echo ran >"$out" 2>"$err"
+check "a VM started without a protection says so on stderr" 'grep -qx ran "$out" && grep -q "warning: QEMU runs without: cgroup limits" "$err"'
+CAPSULE_CGROUP_ROOT="$rt" CAPSULE_REQUIRE_JAIL=1 c run -q -- echo ran >"$out" 2>"$err"
+rc=$?
+check "with CAPSULE_REQUIRE_JAIL=1 it refuses to start instead (exit $rc)" '[ "$rc" -eq 125 ] && ! grep -q ran "$out" && grep -q "CAPSULE_REQUIRE_JAIL=1 .*cgroup limits" "$err"'
+
+c rm --force j1 >/dev/null 2>&1
+c rm --force j2 >/dev/null 2>&1
+clean_after "whole suite"

@@ -139,6 +139,10 @@ serve_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/serve"; }
 echo "bench: new sandboxes: template restore, cold boot, runsc do true..." >&2
 "$top/$build/bench/bench-start" 15 >"$bench_home/start"
 start_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start"; }
+# (i) the jail's cost: the same, with the jail off (a debug setting).
+echo "bench: new sandboxes without the jail (CAPSULE_JAIL=0)..." >&2
+CAPSULE_JAIL=0 "$top/$build/bench/bench-start" 15 >"$bench_home/start-nojail"
+nojail_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start-nojail"; }
 : >"$bench_home/runsc"
 i=0
 while [ $i -lt 10 ]; do
@@ -176,6 +180,10 @@ awk -v a="$(start_row restore)" -v b="$runsc_ms" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox: template vs runsc do true", a, b, a / b }'
 awk -v a="$(start_row pss_restore)" -v b="$(start_row pss_cold)" 'BEGIN {
 	printf "%-44s %8.1fMiB %8.1fMiB %7.2fx\n", "(h) idle QEMU PSS: restored vs cold-booted", a / 1024, b / 1024, a / b }'
+awk -v a="$(start_row restore)" -v b="$(nojail_row restore)" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(i) new sandbox (template): jail vs no jail", a, b, a / b }'
+awk -v a="$(start_row cold)" -v b="$(nojail_row cold)" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(i) new sandbox (cold boot): jail vs no jail", a, b, a / b }'
 awk -v a="$(serve_row throughput 2)" -v b="$(serve_row throughput 3)" 'BEGIN {
 	printf "%-44s %8.0f/s %10.0f/s %7.2fx\n", "(f) serve: 4 identities at once vs 1, calls", a, b, a / b }'
 awk -v a="$(serve_row read_file 2)" -v b="$(serve_row read_file 3)" 'BEGIN {

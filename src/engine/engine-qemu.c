@@ -510,7 +510,8 @@ static int restore(struct cap_vm *vm, const struct cap_vm_config *cfg, struct ca
 {
 	_cleanup_free_ char *uri = xasprintf("fd:%d", FD_NUM(state_slot(cfg)));
 	int r;
-	if ((r = ignore_shared(vm, err)) < 0 ||
+	if ((r = cap_jail_ready(vm->jail, err)) < 0 ||
+	    (r = ignore_shared(vm, err)) < 0 ||
 	    (r = qmp_call(vm, "migrate-incoming", json_pack("{s:s}", "uri", uri), NULL, err)) < 0)
 		return r;
 	return migration_done(vm, 10000, err);

@@ -71,6 +71,11 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		     const int *fds, unsigned n, int *pidfd,
 		     struct cap_err *err);
 
+/* Wait until the jail's RAM copy (spec.ram_copy) is complete: QEMU must
+ * not read guest RAM before (a restore's device state does). 0, or
+ * -errno with err saying what failed. Nothing to wait for: 0. */
+int cap_jail_ready(struct cap_jail *j, struct cap_err *err);
+
 /* Remove the jail once its process has been reaped: cgroups removed, a
  * bound RAM file given back to root, the slot released. NULL is fine. */
 void cap_jail_free(struct cap_jail *j);

@@ -267,6 +267,32 @@ static void age(int64_t created, char *buf, size_t len)
 		snprintf(buf, len, "%lldd", (long long)(s / 86400));
 }
 
+/* Where a running QEMU is confined, read from /proc: its user and its
+ * memory cgroup. Prints nothing when it cannot tell. */
+static void print_jail(pid_t qemu)
+{
+	char path[64], *status = NULL, *cg = NULL;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)qemu);
+	if (cap_read_file(path, 1 << 16, &status) < 0) {
+		free(status);
+		return;
+	}
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)qemu);
+	if (cap_read_file(path, 1 << 16, &cg) < 0) {
+		free(cg);
+		cg = xstrdup("");
+	}
+	const char *uid = strstr(status, "\nUid:\t");
+	const char *mem = strstr(cg, ":memory:");
+	if (!mem)
+		mem = strstr(cg, "0::");
+	if (uid)
+		printf("jail:       uid %.*s, cgroup %.*s\n", (int)strcspn(uid + 6, "\t\n"), uid + 6,
+		       mem ? (int)strcspn(mem + 1, "\n") : 1, mem ? mem + 1 : "-");
+	free(status);
+	free(cg);
+}
+
 static const char inspect_usage[] =
 	"Usage: capsule inspect NAME\n\nShow the sandbox's settings, state, image and disks.\n";
 
@@ -287,8 +313,10 @@ int cap_cli_inspect(int argc, char **argv)
 	printf("name:       %s\n", rec.name);
 	printf("state:      %s\n", st.state == CAP_NAMED_RUNNING ? "running" :
 				    st.state == CAP_NAMED_PAUSED ? "paused" : "stopped");
-	if (st.state != CAP_NAMED_STOPPED)
+	if (st.state != CAP_NAMED_STOPPED) {
 		printf("processes:  shim %d, qemu %d\n", (int)st.shim_pid, (int)st.qemu_pid);
+		print_jail(st.qemu_pid);
+	}
 	printf("image:      %s (%s)\n", rec.image_ref, rec.image);
 	printf("cpus:       %u\n", rec.cpus);
 	printf("memory:     %u MiB\n", rec.memory_mib);

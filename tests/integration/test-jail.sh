@@ -26,7 +26,7 @@ cgread() { # cgread PID V1-CONTROLLER V1-FILE V2-FILE
 	if $v2; then cat "$(cgdir "$1" memory)/$4"; else cat "$(cgdir "$1" "$2")/$3"; fi
 }
 
-echo "1..25"
+echo "1..26"
 
 c doctor >"$out" 2>"$err"
 sed -n '/^jail:/,/^cache:/p' "$out" | sed '$d' | say
@@ -42,6 +42,8 @@ check "two sandboxes run (QEMU $p1 and $p2)" '[ -n "$p1" ] && [ -n "$p2" ] && [ 
 u1=$(status Uid "$p1"); g1=$(status Gid "$p1"); u2=$(status Uid "$p2")
 echo "# QEMU $p1: uid $u1 gid $g1; QEMU $p2: uid $u2"
 check "QEMU runs as an unprivileged user of its own, not 0 (uid $u1, $u2)" '[ "$u1" -ne 0 ] && [ "$g1" -ne 0 ] && [ "$u2" -ne 0 ] && [ "$u1" != "$u2" ]'
+c inspect j1 >"$out" 2>"$err"
+check "inspect shows the jail's user and cgroup" 'grep -q "^jail: *uid $u1, cgroup .*capsule/vm-[0-9]*$" "$out"'
 
 differ=0
 for ns in mnt pid ipc uts net; do

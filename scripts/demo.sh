@@ -24,5 +24,25 @@ set +e
 echo "exit code: $?"
 set -e
 echo
-left=$(pgrep -c -f 'qemu-system-x86_64 -M microvm' || true)
+echo "== the jail: QEMU seen from the host while a command runs"
+demo_rt=$(mktemp -d /tmp/capsule-demo.XXXXXX)
+XDG_RUNTIME_DIR="$demo_rt" "$capsule" run -q -- sleep 3 &
+bg=$!
+qemu=""
+i=0
+while [ -z "$qemu" ] && [ $i -lt 100 ]; do
+	qemu=$(pgrep -f "qemu-system-x86_64 -name $demo_rt/" | head -1)
+	sleep 0.1
+	i=$((i + 1))
+done
+if [ -n "$qemu" ] && [ -r "/proc/$qemu/status" ]; then
+	awk '$1 ~ /^(Uid|NSpid|Seccomp|NoNewPrivs):$/ { printf "%s %s  ", $1, $NF } END { print "" }' "/proc/$qemu/status"
+	echo "cgroup: $(grep -m1 ':memory:' "/proc/$qemu/cgroup" || grep -m1 '^0::' "/proc/$qemu/cgroup")"
+	echo "its root: $(find "/proc/$qemu/root/" -mindepth 1 ! -type d 2>/dev/null | wc -l) files:" \
+		"$(find "/proc/$qemu/root/" -mindepth 1 ! -type d ! -name '*.so*' 2>/dev/null | sed "s|^/proc/$qemu/root||" | sort | tr '\n' ' ')+ libraries"
+fi
+wait "$bg" || true
+rm -rf "$demo_rt"
+echo
+left=$(pgrep -c -f 'qemu-system-x86_64 -name .* -M microvm' || true)
 echo "== QEMU processes left running: $left"

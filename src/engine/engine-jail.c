@@ -93,24 +93,6 @@ static int write_str(const char *path, const char *s)
 	return r;
 }
 
-static int mkdir_p(const char *path, mode_t mode)
-{
-	char buf[PATH_MAX];
-	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
-		return -ENAMETOOLONG;
-	for (char *p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(buf, mode) < 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	if (mkdir(buf, mode) < 0 && errno != EEXIST)
-		return -errno;
-	return 0;
-}
-
 /* ---- cgroups ---------------------------------------------------------- */
 
 static void cg_detect(struct cgroups *cg)
@@ -390,7 +372,7 @@ static int qemu_files(const char *qemu, struct lines *out, struct cap_err *err)
 	char *p = list;
 	for (size_t i = 0; i < out->n; i++)
 		p += sprintf(p, "%s\n", out->v[i]);
-	if (mkdir_p(dir, 0755) == 0)
+	if (cap_mkdir_p(dir, 0755) == 0)
 		cap_write_file_atomic(file, list, len, 0644);
 	return 0;
 }
@@ -487,7 +469,7 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 
 	if (!c[0].active) {
 		snprintf(c[1].detail, sizeof(c[1].detail), "%s", c[0].detail);
-	} else if (mkdir_p(ROOT_MNT, 0755) < 0) {
+	} else if (cap_mkdir_p(ROOT_MNT, 0755) < 0) {
 		snprintf(c[1].detail, sizeof(c[1].detail), "cannot create %s: %s", ROOT_MNT, strerror(errno));
 	} else {
 		_cleanup_free_ char *qemu = find_in_path("qemu-system-x86_64");
@@ -644,7 +626,7 @@ int cap_jail_sweep(void (*found)(void *ud, const char *what), void *ud)
 	cg_detect(&cg);
 	if (cg.version == 0 || geteuid() != 0)
 		return 0;
-	if (mkdir_p(RUN_DIR, 0755) < 0)
+	if (cap_mkdir_p(RUN_DIR, 0755) < 0)
 		return 0;
 	_cleanup_free_ char *parent = cg.version == 2 ? xasprintf("%s/%s", cg.root, cg.parent)
 						      : xasprintf("%s/memory/%s", cg.root, cg.parent);
@@ -718,7 +700,7 @@ static void bind_file(const struct child *c, const char *src, const char *dst,
 	snprintf(path, sizeof(path), ROOT_MNT "%s", dst);
 	char *slash = strrchr(path, '/');
 	*slash = '\0';
-	int r = mkdir_p(path, 0755);
+	int r = cap_mkdir_p(path, 0755);
 	*slash = '/';
 	if (r < 0) {
 		snprintf(what, sizeof(what), "creating %s in the jail", dst);
@@ -963,7 +945,7 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 	if (nullfd < 0)
 		return cap_err_set(err, errno, "/dev/null: %s", strerror(errno));
 	if (j->confined) {
-		if ((r = mkdir_p(ROOT_MNT, 0755)) < 0)
+		if ((r = cap_mkdir_p(ROOT_MNT, 0755)) < 0)
 			return cap_err_set(err, -r, "cannot create %s: %s", ROOT_MNT, strerror(-r));
 		if ((r = qemu_files(qemu, &files, err)) < 0)
 			return r;

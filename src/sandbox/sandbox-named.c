@@ -368,6 +368,15 @@ int cap_named_start(const char *name, struct cap_err *err)
 	return cap_named_start_end(name, fd, err);
 }
 
+/* Whether a running sandbox's shim is serving: between taking its lock
+ * and listening, or from its stop (the socket goes first) to its exit, a
+ * shim holds the lock but cannot be attached to. */
+static bool serving(const struct cap_named_status *st)
+{
+	struct stat sb;
+	return st->control[0] && stat(st->control, &sb) == 0 && S_ISSOCK(sb.st_mode);
+}
+
 int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 {
 	struct cap_named_status st;
@@ -375,6 +384,15 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 	*fd = -1;
 	if (r < 0)
 		return r;
+	/* A shim starting or exiting: wait until it serves or is gone. */
+	for (int i = 0; st.state != CAP_NAMED_STOPPED && !serving(&st); i++) {
+		if (i == 1000)
+			return cap_err_set(err, EBUSY, "sandbox '%s' has been starting or stopping for 10 s (see its shim.log); try again",
+					   name);
+		usleep(10000);
+		if ((r = cap_named_status(name, &st, err)) < 0)
+			return r;
+	}
 	if (st.state != CAP_NAMED_STOPPED)
 		return 0;
 

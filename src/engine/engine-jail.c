@@ -467,10 +467,11 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 		snprintf(c[0].detail, sizeof(c[0].detail), "new mount, PID, IPC, UTS and network namespaces (network: loopback only)");
 	}
 
+	int mk = c[0].active ? cap_mkdir_p(ROOT_MNT, 0755) : 0;
 	if (!c[0].active) {
 		snprintf(c[1].detail, sizeof(c[1].detail), "%s", c[0].detail);
-	} else if (cap_mkdir_p(ROOT_MNT, 0755) < 0) {
-		snprintf(c[1].detail, sizeof(c[1].detail), "cannot create %s: %s", ROOT_MNT, strerror(errno));
+	} else if (mk < 0) {
+		snprintf(c[1].detail, sizeof(c[1].detail), "cannot create %s: %s", ROOT_MNT, strerror(-mk));
 	} else {
 		_cleanup_free_ char *qemu = find_in_path("qemu-system-x86_64");
 		struct lines files = { 0 };

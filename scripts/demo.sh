@@ -31,7 +31,7 @@ bg=$!
 qemu=""
 i=0
 while [ -z "$qemu" ] && [ $i -lt 100 ]; do
-	qemu=$(pgrep -f "qemu-system-x86_64 -name $demo_rt/" | head -1)
+	qemu=$(pgrep -f "qemu-system-x86_64 -name guest=$demo_rt/" | head -1)
 	sleep 0.1
 	i=$((i + 1))
 done

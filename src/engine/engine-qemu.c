@@ -156,8 +156,9 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 
 	arg(a, xstrdup(QEMU));
 	/* Its directory names the VM in `ps` (and for recovery). */
+	_cleanup_free_ char *name = esc(cfg->dir);
 	arg(a, xstrdup("-name"));
-	arg(a, esc(cfg->dir));
+	arg(a, xasprintf("guest=%s", name));
 	arg(a, xstrdup("-M"));
 	arg(a, xstrdup("microvm,acpi=off,memory-backend=ram"));
 	arg(a, xstrdup("-accel"));

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,18 @@
 #include "util.h"
 
 #define TAIL_LINES 8
+
+char *cap_find_program(const char *name)
+{
+	const char *path = getenv("PATH");
+	_cleanup_free_ char *copy = xstrdup(path && *path ? path : "/usr/bin:/bin");
+	for (char *save = NULL, *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+		_cleanup_free_ char *p = xasprintf("%s/%s", d, name);
+		if (access(p, X_OK) == 0)
+			return realpath(p, NULL);
+	}
+	return NULL;
+}
 
 int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 	    struct cap_err *err)

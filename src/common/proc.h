@@ -15,4 +15,8 @@ typedef void (*cap_progress_fn)(void *ud, const char *line);
 int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 	    struct cap_err *err);
 
+/* The program name would run as, looked up in PATH like execvp: its
+ * real path, a new string; NULL when it is not there. */
+char *cap_find_program(const char *name);
+
 #endif

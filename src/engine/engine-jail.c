@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <linux/magic.h>
 #include <linux/sched.h>
 #include <poll.h>
@@ -245,19 +246,6 @@ static int cg_create(const struct cgroups *cg, const char *name,
 
 /* ---- what goes into the root ----------------------------------------- */
 
-static char *find_in_path(const char *name)
-{
-	const char *path = getenv("PATH");
-	_cleanup_free_ char *copy = xstrdup(path && *path ? path : "/usr/bin:/bin");
-	char *save = NULL;
-	for (char *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-		_cleanup_free_ char *p = xasprintf("%s/%s", d, name);
-		if (access(p, X_OK) == 0)
-			return realpath(p, NULL);
-	}
-	return NULL;
-}
-
 struct lines {
 	char **v;
 	size_t n;
@@ -473,7 +461,7 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 	} else if (mk < 0) {
 		snprintf(c[1].detail, sizeof(c[1].detail), "cannot create %s: %s", ROOT_MNT, strerror(-mk));
 	} else {
-		_cleanup_free_ char *qemu = find_in_path("qemu-system-x86_64");
+		_cleanup_free_ char *qemu = cap_find_program("qemu-system-x86_64");
 		struct lines files = { 0 };
 		struct cap_err err = { 0 };
 		if (!qemu)
@@ -526,15 +514,30 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 bool cap_jail_confined(const struct cap_jail *j) { return j->confined; }
 const char *cap_jail_note(const struct cap_jail *j) { return j->note; }
 
+/* Whether this process may make namespaces and switch users: what the
+ * jail needs (doctor's probe tries it for real; a VM start only asks). */
+static bool may_confine(void)
+{
+	struct __user_cap_header_struct h = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct d[2];
+	if (syscall(SYS_capget, &h, d) < 0)
+		return false;
+	const int need[] = { CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(need); i++)
+		if (!(d[need[i] / 32].effective & (1u << (need[i] % 32))))
+			return false;
+	return true;
+}
+
+static void note_missing(struct cap_jail *j, const char *what, const char *why)
+{
+	size_t used = strlen(j->note);
+	snprintf(j->note + used, sizeof(j->note) - used, "%s%s (%s)", used ? "; " : "", what, why);
+}
+
 int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		 struct cap_err *err)
 {
-	/* The host does not change under us: probe once per process. */
-	static struct cap_jail_check checks[CAP_JAIL_NCHECKS];
-	static int missing = -1;
-	if (missing < 0)
-		missing = cap_jail_probe(checks);
-
 	struct cap_jail *j = xcalloc(1, sizeof(*j));
 	j->slot = -1;
 	j->lock_fd = -1;
@@ -547,25 +550,16 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	j->owned_ram_copy = spec->ram_copy ? xstrdup(spec->ram_copy) : NULL;
 	int r;
 
-	size_t used = 0;
-	for (int i = 0; i < CAP_JAIL_NCHECKS; i++) {
-		if (checks[i].active)
-			continue;
-		used += (size_t)snprintf(j->note + used, used < sizeof(j->note) ? sizeof(j->note) - used : 0,
-					 "%s%s (%s)", used ? "; " : "", checks[i].name, checks[i].detail);
-		if (used >= sizeof(j->note))
-			used = sizeof(j->note) - 1;
-	}
-	if (missing > 0 && env_is("CAPSULE_REQUIRE_JAIL", "1")) {
-		r = cap_err_set(err, EPERM, "CAPSULE_REQUIRE_JAIL=1 and this host cannot confine QEMU fully: missing %s; `capsule doctor` lists each protection",
-				j->note);
-		goto fail;
-	}
-	j->confined = checks[0].active && checks[1].active && checks[2].active;
-	if (!j->confined) {
-		*out = j;
-		return 0;
-	}
+	if (env_is("CAPSULE_JAIL", "0"))
+		note_missing(j, "the jail", "CAPSULE_JAIL=0, a debug setting");
+	else if (!may_confine())
+		note_missing(j, "namespaces, private root, unprivileged user, cgroup limits",
+			     "capsule lacks CAP_SYS_ADMIN, CAP_SETUID or CAP_SETGID: the jail needs root");
+	else
+		j->confined = true;
+	if (!j->confined)
+		goto done;
+
 	cap_jail_sweep(NULL, NULL);	/* cgroups of owners that died */
 	for (int n = 0; n < SLOTS && j->lock_fd < 0; n++)
 		if ((j->lock_fd = slot_try(n)) >= 0)
@@ -579,14 +573,31 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	struct stat st;
 	if (spec->kvm && stat("/dev/kvm", &st) == 0)
 		j->kvm_gid = st.st_gid;
-	if (checks[3].active) {
-		struct cgroups cg;
+	/* No usable cgroups: the VM runs without limits, and says so. */
+	struct cgroups cg;
+	cg_detect(&cg);
+	j->cg_version = cg.version;
+	if (cg.version == 0) {
+		note_missing(j, "cgroup limits", cg.why);
+	} else {
 		char name[32];
-		cg_detect(&cg);
-		j->cg_version = cg.version;
+		struct cap_err cerr = { 0 };
 		snprintf(name, sizeof(name), "vm-%d", j->slot);
-		if ((r = cg_create(&cg, name, spec, j->owned_cg, err)) < 0)
-			goto fail;
+		if (cg_create(&cg, name, spec, j->owned_cg, &cerr) < 0) {
+			note_missing(j, "cgroup limits", cerr.msg);
+			for (int i = 0; i < 3; i++) {
+				if (j->owned_cg[i])
+					cg_remove(j->owned_cg[i]);
+				free(j->owned_cg[i]);
+				j->owned_cg[i] = NULL;
+			}
+		}
+	}
+done:
+	if (*j->note && env_is("CAPSULE_REQUIRE_JAIL", "1")) {
+		r = cap_err_set(err, EPERM, "CAPSULE_REQUIRE_JAIL=1 and this host cannot confine QEMU fully: missing %s; `capsule doctor` lists each protection",
+				j->note);
+		goto fail;
 	}
 	*out = j;
 	return 0;
@@ -934,7 +945,7 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		     const int *fds, unsigned n, int *pidfd,
 		     struct cap_err *err)
 {
-	_cleanup_free_ char *qemu = find_in_path(argv[0]);
+	_cleanup_free_ char *qemu = cap_find_program(argv[0]);
 	struct lines files = { 0 };
 	_cleanup_close_ int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	_cleanup_close_ int ramfd = -1;

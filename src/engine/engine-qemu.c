@@ -14,6 +14,7 @@
 
 #include "engine.h"
 #include "jail.h"
+#include "proc.h"
 #include "sock.h"
 #include "util.h"
 
@@ -48,49 +49,21 @@ int cap_vm_exit_fd(const struct cap_vm *vm) { return vm->pidfd; }
 pid_t cap_vm_pid(const struct cap_vm *vm) { return vm->pid; }
 const char *cap_vm_exit_reason(const struct cap_vm *vm) { return vm->exit_reason; }
 
-static int run_capture(char *const argv[], char **out)
+static void first_line(void *ud, const char *line)
 {
-	int p[2];
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -errno;
-	pid_t pid = fork();
-	if (pid < 0) {
-		int e = errno;
-		close(p[0]);
-		close(p[1]);
-		return -e;
-	}
-	if (pid == 0) {
-		dup2(p[1], 1);
-		int null = open("/dev/null", O_WRONLY);
-		if (null >= 0)
-			dup2(null, 2);
-		execvp(argv[0], argv);
-		_exit(127);
-	}
-	close(p[1]);
-	char buf[4096];
-	size_t len = 0;
-	ssize_t n;
-	while (len < sizeof(buf) - 1 && (n = read(p[0], buf + len, sizeof(buf) - 1 - len)) > 0)
-		len += (size_t)n;
-	buf[len] = '\0';
-	close(p[0]);
-	int st;
-	waitpid(pid, &st, 0);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-		return -ENOEXEC;
-	*out = xstrdup(buf);
-	return 0;
+	char **out = ud;
+	if (!*out)
+		*out = xstrdup(line);
 }
 
 int cap_engine_version(char **out, struct cap_err *err)
 {
 	char *argv[] = { QEMU, "--version", NULL };
 	char *s = NULL;
-	if (run_capture(argv, &s) < 0)
+	if (cap_run(argv, first_line, &s, NULL) < 0 || !s) {
+		free(s);
 		return cap_err_set(err, ENOENT, "%s --version failed; install qemu-system-x86 (scripts/bootstrap.sh)", QEMU);
-	s[strcspn(s, "\n")] = '\0';
+	}
 	*out = s;
 	return 0;
 }
@@ -603,42 +576,52 @@ const char *cap_vm_jail_note(const struct cap_vm *vm)
 	return vm->jail ? cap_jail_note(vm->jail) : "";
 }
 
-/* Open what QEMU is handed as descriptors, in FD_* order, counting them
- * in *count as they open. 0, or -errno with err naming the file. */
-static int open_fds(const struct cap_vm_config *cfg, struct cap_vm *vm, int *fds,
-		    unsigned *count, struct cap_err *err)
+/* How many descriptors QEMU is handed: the twins come last. */
+static unsigned fd_count(const struct cap_vm_config *cfg)
 {
-	unsigned *n = count;
-	int fd;
-	if ((fd = cap_unix_listen(vm->owned_qmp_path, err)) < 0)
-		return fd;
-	fds[(*n)++] = fd;
-	if ((fd = cap_unix_listen(vm->owned_agent_path, err)) < 0)
-		return fd;
-	fds[(*n)++] = fd;
-	if ((fd = open(vm->owned_console, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
+	return twin_slot(cfg, cfg->ndisks);
+}
+
+static int open_disk(const struct cap_vm_disk *d, int flags, struct cap_err *err)
+{
+	int fd = open(d->path, flags | O_CLOEXEC);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot open disk %s (%s): %s", d->path, d->serial, strerror(errno));
+	return fd;
+}
+
+/* Open what QEMU is handed, each in its slot of fds (fd_count of them,
+ * all -1 on entry). 0, or -errno with err naming the file; what was
+ * opened stays in fds for the caller to close. */
+static int open_fds(const struct cap_vm_config *cfg, struct cap_vm *vm, int *fds,
+		    struct cap_err *err)
+{
+	if ((fds[FD_QMP] = cap_unix_listen(vm->owned_qmp_path, err)) < 0)
+		return fds[FD_QMP];
+	if ((fds[FD_AGENT] = cap_unix_listen(vm->owned_agent_path, err)) < 0)
+		return fds[FD_AGENT];
+	if ((fds[FD_CONSOLE] = open(vm->owned_console, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
 		return cap_err_set(err, errno, "cannot create %s: %s", vm->owned_console, strerror(errno));
-	fds[(*n)++] = fd;
 	for (unsigned i = 0; i < cfg->ndisks; i++) {
 		const struct cap_vm_disk *d = &cfg->disks[i];
-		if ((fd = open(d->path, (d->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC)) < 0)
-			return cap_err_set(err, errno, "cannot open disk %s (%s): %s", d->path, d->serial, strerror(errno));
-		fds[(*n)++] = fd;
+		if ((fds[FD_DISK0 + i] = open_disk(d, d->readonly ? O_RDONLY : O_RDWR, err)) < 0)
+			return fds[FD_DISK0 + i];
+		if (!d->readonly && (fds[twin_slot(cfg, i)] = open_disk(d, O_RDONLY, err)) < 0)
+			return fds[twin_slot(cfg, i)];
 	}
-	if (cfg->restore_state) {
-		if ((fd = open(cfg->restore_state, O_RDONLY | O_CLOEXEC)) < 0)
-			return cap_err_set(err, errno, "cannot open %s: %s", cfg->restore_state, strerror(errno));
-		fds[(*n)++] = fd;
-	}
-	for (unsigned i = 0; i < cfg->ndisks; i++) {
-		const struct cap_vm_disk *d = &cfg->disks[i];
-		if (d->readonly)
-			continue;
-		if ((fd = open(d->path, O_RDONLY | O_CLOEXEC)) < 0)
-			return cap_err_set(err, errno, "cannot open disk %s (%s): %s", d->path, d->serial, strerror(errno));
-		fds[(*n)++] = fd;
-	}
+	if (cfg->restore_state &&
+	    (fds[state_slot(cfg)] = open(cfg->restore_state, O_RDONLY | O_CLOEXEC)) < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", cfg->restore_state, strerror(errno));
 	return 0;
+}
+
+static void close_fds(int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (fds[i] >= 0) {
+			close(fds[i]);
+			fds[i] = -1;
+		}
 }
 
 int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
@@ -646,8 +629,10 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 {
 	struct cap_vm *vm = xcalloc(1, sizeof(*vm));
 	struct argv a = { 0 };
-	unsigned maxfds = FD_DISK0 + 2 * cfg->ndisks + 1, nfds = 0;
-	int fds[maxfds], logfd = -1;
+	unsigned nfds = fd_count(cfg);
+	int fds[nfds], logfd = -1;
+	for (unsigned i = 0; i < nfds; i++)
+		fds[i] = -1;
 	int r;
 
 	vm->pid = -1;
@@ -679,7 +664,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	};
 	if ((r = cap_jail_new(&js, &vm->jail, err)) < 0)
 		goto fail;
-	if ((r = open_fds(cfg, vm, fds, &nfds, err)) < 0)
+	if ((r = open_fds(cfg, vm, fds, err)) < 0)
 		goto fail;
 	if ((logfd = open(vm->owned_qemu_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		r = cap_err_set(err, errno, "cannot create %s: %s", vm->owned_qemu_log, strerror(errno));
@@ -694,9 +679,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	}
 	vm->pid = pid;
 	/* QEMU holds its own copies now. */
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
-	nfds = 0;
+	close_fds(fds, nfds);
 	close(logfd);
 	logfd = -1;
 
@@ -718,8 +701,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	return 0;
 
 fail:
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
+	close_fds(fds, nfds);
 	if (logfd >= 0)
 		close(logfd);
 	if (vm->pid > 0) {

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "paths.h"
+#include "proc.h"
 #include "sandbox-internal.h"
 #include "sha256.h"
 #include "util.h"
@@ -44,27 +45,15 @@ static void hash_file_id(struct cap_sha256 *h, const char *what, const char *pat
 	cap_sha256_update(h, line, (size_t)n);
 }
 
-/* The QEMU binary that will run, found on PATH. */
-static char *qemu_binary(void)
-{
-	const char *path = getenv("PATH");
-	_cleanup_free_ char *copy = xstrdup(path ? path : "/usr/bin:/bin");
-	for (char *save = NULL, *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-		char *p = xasprintf("%s/qemu-system-x86_64", d);
-		if (access(p, X_OK) == 0)
-			return p;
-		free(p);
-	}
-	return xstrdup("qemu-system-x86_64");
-}
-
 /* Everything that shapes a VM's saved state goes into the key. */
 static void template_key(const struct cap_vm_config *cfg, char key[65])
 {
 	struct cap_sha256 h;
 	char line[512];
 	int n;
-	_cleanup_free_ char *qemu = qemu_binary();
+	/* The QEMU binary that will run. */
+	_cleanup_free_ char *found = cap_find_program("qemu-system-x86_64");
+	const char *qemu = found ? found : "qemu-system-x86_64";
 
 	cap_sha256_init(&h);
 	n = snprintf(line, sizeof(line), "%s placeholder=%llu\n", LAYOUT, PLACEHOLDER_BYTES);

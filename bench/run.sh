@@ -143,6 +143,16 @@ start_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start"; }
 echo "bench: new sandboxes without the jail (CAPSULE_JAIL=0)..." >&2
 CAPSULE_JAIL=0 "$top/$build/bench/bench-start" 15 >"$bench_home/start-nojail"
 nojail_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start-nojail"; }
+# ... and per process, teardown included: `capsule run -- true`, alternating.
+: >"$bench_home/run-jail"; : >"$bench_home/run-nojail"
+i=0
+while [ $i -lt 15 ]; do
+	t=$(now_ns); "$capsule" run -q -- true >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$bench_home/run-jail"
+	t=$(now_ns); CAPSULE_JAIL=0 "$capsule" run -q -- true >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$bench_home/run-nojail"
+	i=$((i + 1))
+done
+run_jail=$(median <"$bench_home/run-jail")
+run_nojail=$(median <"$bench_home/run-nojail")
 : >"$bench_home/runsc"
 i=0
 while [ $i -lt 10 ]; do
@@ -184,6 +194,8 @@ awk -v a="$(start_row restore)" -v b="$(nojail_row restore)" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(i) new sandbox (template): jail vs no jail", a, b, a / b }'
 awk -v a="$(start_row cold)" -v b="$(nojail_row cold)" 'BEGIN {
 	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(i) new sandbox (cold boot): jail vs no jail", a, b, a / b }'
+awk -v a="$run_jail" -v b="$run_nojail" 'BEGIN {
+	printf "%-44s %10.1fms %10.1fms %7.2fx\n", "(i) capsule run -- true: jail vs no jail", a / 1e6, b / 1e6, a / b }'
 awk -v a="$(serve_row throughput 2)" -v b="$(serve_row throughput 3)" 'BEGIN {
 	printf "%-44s %8.0f/s %10.0f/s %7.2fx\n", "(f) serve: 4 identities at once vs 1, calls", a, b, a / b }'
 awk -v a="$(serve_row read_file 2)" -v b="$(serve_row read_file 3)" 'BEGIN {

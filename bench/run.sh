@@ -136,13 +136,12 @@ serve_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/serve"; }
 
 # (h) templates: new sandbox to first result, restored against cold boot
 # (in-process, medians), and against gVisor's `runsc do true`.
-echo "bench: new sandboxes: template restore, cold boot, runsc do true..." >&2
+echo "bench: new sandboxes: template restore, cold boot, each with and without the jail; runsc do true..." >&2
 "$top/$build/bench/bench-start" 15 >"$bench_home/start"
 start_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start"; }
-# (i) the jail's cost: the same, with the jail off (a debug setting).
-echo "bench: new sandboxes without the jail (CAPSULE_JAIL=0)..." >&2
-CAPSULE_JAIL=0 "$top/$build/bench/bench-start" 15 >"$bench_home/start-nojail"
-nojail_row() { awk -v k="$1" '$1 == k { print $2 }' "$bench_home/start-nojail"; }
+# (i) the jail's cost: bench-start also ran each with the jail off (a
+# debug setting), interleaved.
+nojail_row() { start_row "$1_nojail"; }
 # ... and per process, teardown included: `capsule run -- true`, alternating.
 : >"$bench_home/run-jail"; : >"$bench_home/run-nojail"
 i=0

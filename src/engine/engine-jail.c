@@ -834,25 +834,37 @@ static void place_fds(struct child *c)
 	syscall(SYS_close_range, (unsigned)efd + 1, ~0U, 0U);
 }
 
+/* Move the calling process, single-threaded, into the jail's cgroups.
+ * On v1 through the per-thread file: moving only the current thread
+ * skips the global lock (and its RCU grace period) that moving a whole
+ * process takes. 0, or -errno with *failed the index that failed. */
+static int join_cgroups(const struct cap_jail *j, int *failed)
+{
+	for (int i = 0; i < 3; i++) {
+		char path[PATH_MAX + 32];
+		if (!j->owned_cg[i])
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", j->owned_cg[i], j->cg_version == 1 ? "tasks" : "cgroup.procs");
+		int r = write_str(path, "0");
+		if (r < 0) {
+			*failed = i;
+			return r;
+		}
+	}
+	return 0;
+}
+
 __attribute__((noreturn)) static void child_main(struct child *c)
 {
 	const struct cap_jail *j = c->j;
 
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	parent_alive(c);
-	for (int i = 0; i < 3; i++) {
-		if (!j->owned_cg[i])
-			continue;
-		char path[PATH_MAX + 32], what[PATH_MAX + 64];
-		/* v1's per-thread file: moving only the current thread
-		 * skips the global lock (and its RCU grace period) that
-		 * moving a whole process takes; we are single-threaded. */
-		snprintf(path, sizeof(path), "%s/%s", j->owned_cg[i], j->cg_version == 1 ? "tasks" : "cgroup.procs");
-		int r = write_str(path, "0");
-		if (r < 0) {
-			snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[i]);
-			die(c, what, -r);
-		}
+	int failed = 0, r = join_cgroups(j, &failed);
+	if (r < 0) {
+		char what[PATH_MAX + 64];
+		snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[failed]);
+		die(c, what, -r);
 	}
 	if (j->confined) {
 		umask(022);	/* the jail's user must traverse what we make */
@@ -907,14 +919,9 @@ static int start_copier(struct cap_jail *j, pid_t qemu, int ramfd, struct cap_er
 		return 0;
 	}
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	for (int i = 0; i < 3; i++) {
-		char procs[PATH_MAX + 32];
-		if (!j->owned_cg[i])
-			continue;
-		snprintf(procs, sizeof(procs), "%s/%s", j->owned_cg[i], j->cg_version == 1 ? "tasks" : "cgroup.procs");
-		if (write_str(procs, "0") < 0)
-			_exit(10);
-	}
+	int failed = 0;
+	if (join_cgroups(j, &failed) < 0)
+		_exit(10);
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
 	if (fd < 0)
 		_exit(11);

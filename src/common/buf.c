@@ -78,6 +78,8 @@ void cap_buf_lines(struct cap_buf *b, size_t max, bool *discarding,
 		size_t len = (size_t)(nl - head);
 		if (*discarding)
 			*discarding = false;
+		else if (len > max)	/* arrived whole, with its newline */
+			too_long(ud);
 		else if (len > 0 && !(len == 1 && head[0] == '\r'))
 			line(ud, head, len);
 		cap_buf_consume(b, len + 1);

@@ -26,6 +26,10 @@ void cap_log(enum cap_log_level level, const char *fmt, ...)
 
 void cap_log_stderr(void *ud, enum cap_log_level level, const char *line)
 {
+	const char *name = ud;
 	(void)level;
-	fprintf(stderr, "capsule %s: %s\n", ud ? (const char *)ud : "", line);
+	if (name && *name)
+		fprintf(stderr, "capsule %s: %s\n", name, line);
+	else
+		fprintf(stderr, "capsule: %s\n", line);
 }

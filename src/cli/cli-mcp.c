@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "log.h"
 #include "mcp.h"
 #include "util.h"
 
@@ -111,6 +112,7 @@ int cap_cli_mcp(int argc, char **argv)
 		}
 	}
 	rc = 0;
+	cap_log_set(cap_log_stderr, "mcp");
 	if (cap_mcp_run(&cfg, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		rc = CAP_EXIT_FAILURE;

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "controller.h"
 #include "named.h"
+#include "serve.h"
 #include "store.h"
 #include "util.h"
 
@@ -131,17 +133,72 @@ int cap_cli_start(int argc, char **argv)
 	return 0;
 }
 
+/* A sandbox a running controller owns (capsule serve's or mcp's) is
+ * changed only through it, so that its view stays true: refused without
+ * --force, sent to it with. 1 when handled (rc set), 0 when no controller
+ * owns name. */
+static int through_owner(const char *name, const char *verb, const char *method, bool force,
+			 int *rc)
+{
+	struct cap_ctl_holder h;
+	struct cap_err err = { 0 };
+	int owned = cap_ctl_owner_of(name, &h);
+	if (owned <= 0)
+		return 0;
+	if (!force) {
+		cap_cli_error("sandbox '%s' belongs to capsule %s (pid %d%s%s), which runs it for an identity; "
+			      "`capsule %s --force %s` asks that controller to %s it, or use its %s method",
+			      name, h.frontend, (int)h.pid, h.socket[0] ? ", socket " : "", h.socket, verb, name,
+			      verb, method);
+		*rc = CAP_EXIT_FAILURE;
+		return 1;
+	}
+	json_t *res = NULL;
+	if (!h.socket[0])
+		cap_err_set(&err, ENOTCONN, "capsule %s (pid %d) owns sandbox '%s' and listens on no socket; stop that controller first",
+			    h.frontend, (int)h.pid, name);
+	else
+		cap_rpc_call(h.socket, method, json_pack("{s:s}", "sandbox", name), 120000, &res, &err);
+	json_decref(res);
+	*rc = err.code ? fail(&err) : 0;
+	return 1;
+}
+
 static const char stop_usage[] =
-	"Usage: capsule stop NAME\n\n"
+	"Usage: capsule stop [--force] NAME\n\n"
 	"Stop the sandbox NAME: its commands end, the guest syncs and powers off\n"
-	"(QEMU is stopped only after a grace period of 10 s). Disks are kept.\n";
+	"(QEMU is stopped only after a grace period of 10 s). Disks are kept.\n"
+	"A sandbox that a running controller (capsule serve or mcp) owns is\n"
+	"stopped only with --force, through that controller.\n";
 
 int cap_cli_stop(int argc, char **argv)
 {
-	int rc;
-	const char *name = one_name(argc, argv, stop_usage, &rc);
+	static const struct option opts[] = {
+		{ "force", no_argument, NULL, 'f' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool force = false;
 	struct cap_err err = { 0 };
-	if (!name)
+	int c, rc;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
+		if (c == 'f') {
+			force = true;
+		} else if (c == 'h') {
+			fputs(stop_usage, stdout);
+			return 0;
+		} else {
+			fputs(stop_usage, stderr);
+			return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		fputs(stop_usage, stderr);
+		return 2;
+	}
+	const char *name = argv[optind];
+	if (through_owner(name, "stop", "stop", force, &rc))
 		return rc;
 	if (cap_named_stop(name, 10000, &err) < 0)
 		return fail(&err);
@@ -343,7 +400,8 @@ static const char rm_usage[] =
 	"Usage: capsule rm [--force] NAME\n\n"
 	"Delete the sandbox NAME and its disks. A running sandbox is refused\n"
 	"unless --force, which stops it first. This is the only command that\n"
-	"deletes a sandbox's disks.\n";
+	"deletes a sandbox's disks. A sandbox that a running controller (capsule\n"
+	"serve or mcp) owns is removed only with --force, through that controller.\n";
 
 int cap_cli_rm(int argc, char **argv)
 {
@@ -371,6 +429,9 @@ int cap_cli_rm(int argc, char **argv)
 		fputs(rm_usage, stderr);
 		return 2;
 	}
+	int rc;
+	if (through_owner(argv[optind], "remove", "remove", force, &rc))
+		return rc;
 	if (cap_named_remove(argv[optind], force, &err) < 0)
 		return fail(&err);
 	return 0;

@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "controller.h"
+#include "log.h"
+#include "serve.h"
 
 static const char usage[] =
 	"Usage: capsule serve [OPTIONS]\n"
@@ -57,6 +58,7 @@ int cap_cli_serve(int argc, char **argv)
 		{ 0 },
 	};
 	struct cap_controller_cfg cfg;
+	const char *socket_path = NULL;
 	struct cap_err err = { 0 };
 	unsigned long v;
 	double s;
@@ -66,7 +68,7 @@ int cap_cli_serve(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
-		case O_SOCKET: cfg.socket_path = optarg; break;
+		case O_SOCKET: socket_path = optarg; break;
 		case CAP_OPT_IMAGE: cfg.image = optarg; break;
 		case CAP_OPT_SOURCE: cfg.source = optarg; break;
 		case O_PAUSE:
@@ -111,7 +113,8 @@ int cap_cli_serve(int argc, char **argv)
 		fputs(usage, stderr);
 		return 2;
 	}
-	if (cap_controller_run(&cfg, &err) < 0) {
+	cap_log_set(cap_log_stderr, "serve");
+	if (cap_serve_run(&cfg, socket_path, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		return CAP_EXIT_FAILURE;
 	}

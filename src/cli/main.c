@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "log.h"
 
 static const char usage[] =
 	"Usage: capsule COMMAND [OPTIONS]\n"
@@ -85,6 +86,7 @@ static void guard_stdio(void)
 int main(int argc, char **argv)
 {
 	guard_stdio();
+	cap_log_set(cap_log_stderr, NULL);	/* front ends name themselves */
 	if (argc < 2) {
 		fputs(usage, stderr);
 		return 2;

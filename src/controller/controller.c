@@ -1,12 +1,11 @@
-/* The controller: identities, their queues of calls, the idle lifecycle,
- * capacity, shutdown and recovery. One thread, one poll loop; sandboxes
- * are named sandboxes run by their shims (src/sandbox), attached over
- * their control sockets, so a controller that dies leaves them running for
- * the next one to reattach. */
-#include <dirent.h>
+/* The controller core: identities, their queues of calls, the idle
+ * lifecycle, capacity, shutdown and recovery. One thread, one poll loop
+ * that never waits on one identity: slow work runs in jobs (child
+ * processes of the backend) and everything else is a request whose
+ * answer the loop picks up. Sandboxes are run by their shims, which
+ * outlive the controller, so a new controller reattaches them. */
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -14,18 +13,12 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "controller-internal.h"
 #include "engine.h"
-#include "named.h"
 #include "paths.h"
 #include "sha256.h"
-#include "utf8.h"
 #include "util.h"
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c)
@@ -34,6 +27,7 @@ void cap_controller_cfg_init(struct cap_controller_cfg *c)
 	cap_lifecycle_cfg_init(&c->lc);
 	c->image = "base";
 	c->stop_grace_ms = 10000;
+	c->frontend = "serve";
 }
 
 bool cap_controller_id_valid(const char *s)
@@ -50,12 +44,182 @@ bool cap_controller_id_valid(const char *s)
 	return true;
 }
 
-int64_t ctl_now(const struct ctl *c)
+/* --- state ------------------------------------------------------------------ */
+
+struct cap_ctl_fe {
+	const struct cap_ctl_frontend_ops *ops;
+	void *fe;
+	struct cap_ctl_fe *next;
+};
+
+struct ident;
+
+struct cap_ctl_call {
+	enum cap_ctl_kind kind;
+	struct cap_ctl_fe *fe;
+	void *tag;
+	struct ident *ident;
+	struct cap_exec_req req;	/* owned strings */
+	uint8_t *owned_stdin;
+	size_t stdin_len;
+	struct cap_file_req file;	/* root, path and data point into the fields below */
+	char root[16];
+	char *owned_path;
+	uint8_t *owned_data;
+	uint32_t stream;
+	bool cancelled;
+	struct cap_buf out, err;
+	struct cap_ctl_call *next;
+};
+
+enum vm_op { OP_NONE, OP_PAUSE, OP_RESUME };
+
+struct ident {
+	struct cap_ctl *ctl;
+	char agent[65], peer[65];
+	char name[CAP_NAME_MAX + 1];
+	struct cap_lc lc;
+	void *vm;	/* attached while running, paused, stopping */
+	bool pool;	/* a warm-pool VM: no identity yet (agent and peer empty) */
+	int source;	/* whether it projects public data: -1 not known yet */
+	bool checked;	/* its public data was checked for the call at the queue's head */
+	bool job;	/* a job runs for it (job_kind, job_fd, job_pid) */
+	enum cap_ctl_job job_kind;
+	int job_fd;
+	pid_t job_pid;
+	enum vm_op op;	/* asked of the shim, not answered yet */
+	bool stop_after_start;
+	int64_t stop_deadline;	/* real ms */
+	/* A remove waiting for the shim to finish exiting (real ms). */
+	int64_t remove_retry_at, remove_deadline;
+	struct cap_ctl_call *queue;
+	struct cap_ctl_call *active;
+	struct ident *next;
+};
+
+enum slot_kind { SLOT_SIGNAL, SLOT_FE, SLOT_VM, SLOT_JOB };
+
+struct slot {
+	enum slot_kind kind;
+	void *p;	/* SLOT_FE: the front end; else the identity */
+	void *tag;
+};
+
+struct cap_ctl_poll {
+	struct pollfd *pfd;
+	struct slot *slot;
+	size_t n, cap;
+	struct cap_ctl_fe *fe;	/* whose descriptors are being added */
+};
+
+struct cap_ctl {
+	struct cap_controller_cfg cfg;
+	const struct cap_ctl_backend *be;
+	void *bud;
+	char *home;
+	int lock_fd, signal_fd;
+	int64_t manual_now;	/* the manual clock */
+	bool shutting_down;
+	bool kick;	/* some queue may move */
+	int64_t pool_retry_at;	/* real ms: warm-pool starts failed, wait till then */
+	struct cap_ctl_fe *fes;
+	struct ident *idents;
+	struct cap_ctl_poll poll;
+};
+
+const struct cap_controller_cfg *cap_ctl_cfg(const struct cap_ctl *c)
 {
-	return cap_now_ms() + c->clock_offset;
+	return &c->cfg;
 }
 
-/* --- identities ---------------------------------------------------------- */
+const char *cap_ctl_home(const struct cap_ctl *c)
+{
+	return c->home;
+}
+
+int64_t cap_ctl_now(const struct cap_ctl *c)
+{
+	return c->cfg.manual_clock ? c->manual_now : cap_now_ms();
+}
+
+int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now)
+{
+	if (!c->cfg.manual_clock)
+		return -EPERM;
+	c->manual_now += ms;
+	c->kick = true;
+	*now = c->manual_now;
+	return 0;
+}
+
+/* --- the home lock ------------------------------------------------------------- */
+
+static char *lock_path(const char *home)
+{
+	return xasprintf("%s/controller.lock", home);
+}
+
+static void read_holder(int fd, struct cap_ctl_holder *out)
+{
+	char text[512];
+	ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+	memset(out, 0, sizeof(*out));
+	text[n > 0 ? n : 0] = '\0';
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		if (strncmp(line, "pid ", 4) == 0)
+			out->pid = (pid_t)strtol(line + 4, NULL, 10);
+		else if (strncmp(line, "frontend ", 9) == 0)
+			snprintf(out->frontend, sizeof(out->frontend), "%s", line + 9);
+		else if (strncmp(line, "socket ", 7) == 0)
+			snprintf(out->socket, sizeof(out->socket), "%s", line + 7);
+	}
+}
+
+int cap_ctl_holder(struct cap_ctl_holder *out)
+{
+	_cleanup_free_ char *home = cap_home_dir();
+	_cleanup_free_ char *path = lock_path(home);
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (flock(fd, LOCK_SH | LOCK_NB) == 0)
+		return 0;	/* nobody holds it (closing fd drops ours) */
+	if (errno != EWOULDBLOCK)
+		return -errno;
+	/* The holder writes its details right after taking the lock. */
+	for (int i = 0; i < 50; i++) {
+		read_holder(fd, out);
+		if (out->pid > 0)
+			break;
+		usleep(10000);
+	}
+	return 1;
+}
+
+static int take_lock(struct cap_ctl *c, struct cap_err *err)
+{
+	_cleanup_free_ char *path = lock_path(c->home);
+	c->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (c->lock_fd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
+	if (flock(c->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+		struct cap_ctl_holder h;
+		read_holder(c->lock_fd, &h);
+		return cap_err_set(err, EBUSY,
+				   "another controller owns %s: capsule %s, pid %d%s%s. One controller per CAPSULE_HOME: use that one (capsule mcp becomes its client by itself), stop it, or give this one another CAPSULE_HOME",
+				   c->home, h.frontend[0] ? h.frontend : "serve or mcp", (int)h.pid,
+				   h.socket[0] ? ", socket " : "", h.socket);
+	}
+	char text[512];
+	int n = snprintf(text, sizeof(text), "pid %d\nfrontend %s\nsocket %s\n", (int)getpid(),
+			 c->cfg.frontend ? c->cfg.frontend : "serve",
+			 c->cfg.socket_path ? c->cfg.socket_path : "");
+	if (ftruncate(c->lock_fd, 0) < 0 || pwrite(c->lock_fd, text, (size_t)n, 0) != n)
+		return cap_err_set(err, errno, "cannot write %s: %s", path, strerror(errno));
+	return 0;
+}
+
+/* --- identities ---------------------------------------------------------------- */
 
 /* The sandbox of an identity is named by a hash of it: stable, short, and
  * never derived from anything a model writes. */
@@ -70,12 +234,16 @@ static void sandbox_name(const char *agent, const char *peer, char out[CAP_NAME_
 	snprintf(out, CAP_NAME_MAX + 1, "v-%.20s", hex);
 }
 
-static char *record_path(const struct ctl *c, const char *agent, const char *peer)
+/* The sandbox an identity has or will have: the recorded one (a warm-pool
+ * VM it was given), else the name derived from it. */
+static void name_of(struct cap_ctl *c, const char *agent, const char *peer,
+		    char out[CAP_NAME_MAX + 1])
 {
-	return xasprintf("%s/workspaces/%s/%s/record.json", c->home, agent, peer);
+	if (ctl_ws_read(c->home, agent, peer, out) < 0)
+		sandbox_name(agent, peer, out);
 }
 
-struct ident *ctl_find(struct ctl *c, const char *agent, const char *peer)
+static struct ident *find(struct cap_ctl *c, const char *agent, const char *peer)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
 		if (!i->pool && strcmp(i->agent, agent) == 0 && strcmp(i->peer, peer) == 0)
@@ -83,439 +251,42 @@ struct ident *ctl_find(struct ctl *c, const char *agent, const char *peer)
 	return NULL;
 }
 
-static struct ident *ident_new(struct ctl *c, const char *agent, const char *peer);
-
-/* An identity known to this controller, made on first use (no VM yet). */
-struct ident *ctl_ident(struct ctl *c, const char *agent, const char *peer)
-{
-	struct ident *i = ctl_find(c, agent, peer);
-	return i ? i : ident_new(c, agent, peer);
-}
-
-static struct ident *ident_new(struct ctl *c, const char *agent, const char *peer)
+static struct ident *ident_new(struct cap_ctl *c, const char *agent, const char *peer,
+			       const char *name)
 {
 	struct ident *i = xcalloc(1, sizeof(*i));
 	snprintf(i->agent, sizeof(i->agent), "%s", agent);
 	snprintf(i->peer, sizeof(i->peer), "%s", peer);
-	/* The recorded sandbox if there is one (a warm-pool VM it was given),
-	 * else the name derived from the identity. */
-	_cleanup_free_ char *rp = record_path(c, agent, peer);
-	json_t *j = *agent ? json_load_file(rp, 0, NULL) : NULL;
-	const char *recorded = json_string_value(json_object_get(j, "sandbox"));
-	if (recorded && cap_named_check_name(recorded, NULL) == 0)
-		snprintf(i->name, sizeof(i->name), "%s", recorded);
-	else
-		sandbox_name(agent, peer, i->name);
-	json_decref(j);
-	i->lc.state = CAP_VM_NONE;
-	i->ready_fd = -1;
+	snprintf(i->name, sizeof(i->name), "%s", name);
 	i->ctl = c;
+	i->lc.state = CAP_VM_NONE;
+	i->lc.idle_since = cap_ctl_now(c);
+	i->source = -1;
+	i->job_fd = -1;
 	i->next = c->idents;
 	c->idents = i;
 	return i;
 }
 
-static int write_workspace(struct ctl *c, struct ident *i, struct cap_err *err)
+/* In memory while it has a VM, work or a job; otherwise only on disk. */
+static struct ident *ident_get(struct cap_ctl *c, const char *agent, const char *peer)
 {
-	_cleanup_free_ char *path = record_path(c, i->agent, i->peer);
-	_cleanup_free_ char *dir = xstrdup(path);
-	*strrchr(dir, '/') = '\0';
-	int r = cap_mkdir_p(dir, 0700);
-	if (r < 0)
-		return cap_err_set(err, -r, "cannot create %s: %s", dir, strerror(-r));
-	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:I}", "schema", 1, "agent", i->agent,
-			      "peer", i->peer, "sandbox", i->name, "created", (json_int_t)time(NULL));
-	char *text = json_dumps(j, JSON_INDENT(2));
-	json_decref(j);
-	r = cap_write_file_atomic(path, text, strlen(text), 0600);
-	free(text);
-	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
-}
-
-/* --- calls ----------------------------------------------------------------- */
-
-void call_free(struct call *k)
-{
-	if (!k)
-		return;
-	json_decref(k->id);
-	for (uint32_t a = 0; a < k->req.argc; a++)
-		free(k->req.argv[a]);
-	free(k->req.argv);
-	for (uint32_t a = 0; a < k->req.envc; a++)
-		free(k->req.env[a]);
-	free(k->req.env);
-	free(k->req.cwd);
-	free(k->stdin_data);
-	cap_buf_fini(&k->out);
-	cap_buf_fini(&k->err);
-	free(k);
-}
-
-struct call *ctl_new_call(enum call_kind kind, struct conn *conn, json_t *id)
-{
-	struct call *k = xcalloc(1, sizeof(*k));
-	k->kind = kind;
-	k->conn = conn;
-	k->id = id ? json_incref(id) : NULL;
-	cap_buf_init(&k->out);
-	cap_buf_init(&k->err);
-	return k;
-}
-
-void ctl_file_call(struct call *k, enum cap_file_op op, const char *root,
-		   const char *path, const void *data, size_t len)
-{
-	snprintf(k->root, sizeof(k->root), "%s", root);
-	snprintf(k->path, sizeof(k->path), "%s", path);
-	if (len) {
-		k->stdin_data = xmalloc(len);
-		memcpy(k->stdin_data, data, len);
-		k->stdin_len = len;
+	struct ident *i = find(c, agent, peer);
+	if (i)
+		return i;
+	char name[CAP_NAME_MAX + 1];
+	enum cap_vm_state st;
+	bool serving, has_source;
+	name_of(c, agent, peer, name);
+	i = ident_new(c, agent, peer, name);
+	if (c->be->state(c->bud, name, &st, &serving, &has_source) == 0) {
+		i->lc.state = CAP_VM_STOPPED;	/* running ones are in memory already */
+		i->source = has_source;
 	}
-	k->file = (struct cap_file_req){
-		.op = op, .limit = READ_MAX, .limit_entries = LIST_MAX,
-		.root = k->root, .path = k->path,
-		.data = (const uint8_t *)k->stdin_data, .len = len,
-	};
-}
-
-/* Answer a call (if its client is still there) and free it. */
-static void finish(struct ctl *c, struct call *k, json_t *result, int code,
-		   const char *msg, json_t *data)
-{
-	if (k->reply)
-		k->reply(c, k, result, code, msg, data);
-	else if (k->conn && k->id)
-		rpc_reply(c, k->conn, k->id, result, code, msg, data);
-	else {
-		json_decref(result);
-		json_decref(data);
-	}
-	call_free(k);
-}
-
-static void unlink_call(struct ident *i, struct call *k)
-{
-	for (struct call **p = &i->queue; *p; p = &(*p)->next)
-		if (*p == k) {
-			*p = k->next;
-			i->lc.queued--;
-			return;
-		}
-}
-
-static json_t *text_json(struct cap_buf *b)
-{
-	size_t n;
-	char *s = cap_utf8_sanitize((const char *)cap_buf_head(b), cap_buf_used(b), &n);
-	json_t *j = json_stringn(s, n);
-	free(s);
-	return j;
-}
-
-/* The active call ended (or failed): answer it and move the queue on. */
-static void active_done(struct ctl *c, struct ident *i, json_t *result, int code,
-			const char *msg, json_t *data)
-{
-	struct call *k = i->active;
-	i->active = NULL;
-	i->lc.active = 0;
-	i->lc.idle_since = ctl_now(c);
-	if (k)
-		finish(c, k, result, code, msg, data);
-	c->kick = true;
-}
-
-static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
-{
-	struct call *k = ud;
-	(void)id;
-	cap_buf_append(fd == 1 ? &k->out : &k->err, p, n);
-}
-
-/* Parse the agent's listing lines into [{name, type, size?}]. */
-static json_t *parse_listing(struct cap_buf *b)
-{
-	json_t *a = json_array();
-	size_t n;
-	char *text = cap_utf8_sanitize((const char *)cap_buf_head(b), cap_buf_used(b), &n);
-	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		const char *type = line[0] == 'd' ? "directory" : line[0] == 'f' ? "file" :
-				   line[0] == 'l' ? "symlink" : "other";
-		char *name = line + 2;
-		json_t *e = json_pack("{s:s}", "type", type);
-		if (line[0] == 'f') {
-			char *sp = strchr(name, ' ');
-			if (!sp)
-				continue;
-			*sp = '\0';
-			json_object_set_new(e, "size", json_integer(strtoll(name, NULL, 10)));
-			name = sp + 1;
-		}
-		json_object_set_new(e, "name", json_string(name));
-		json_array_append_new(a, e);
-	}
-	free(text);
-	return a;
-}
-
-static void file_done(struct ctl *c, struct ident *i, struct call *k,
-		      const struct cap_exit *ex)
-{
-	if (ex->kind != CAP_EXIT_CODE) {
-		size_t n;
-		char *why = cap_utf8_sanitize((const char *)cap_buf_head(&k->err),
-					      CAP_MIN(cap_buf_used(&k->err), (size_t)800), &n);
-		while (n > 0 && why[n - 1] == '\n')
-			why[--n] = '\0';
-		active_done(c, i, NULL, RPC_TOOL, *why ? why : "the file operation failed",
-			    json_pack("{s:i}", "errno", ex->value));
-		free(why);
-		return;
-	}
-	if (k->file.op == CAP_FILE_WRITE) {
-		active_done(c, i, json_pack("{s:s, s:s, s:I}", "sandbox", i->name, "path", k->path,
-					    "bytes", (json_int_t)k->file.len), 0, NULL, NULL);
-		return;
-	}
-	if (ex->value == 1) {
-		active_done(c, i, json_pack("{s:s, s:s, s:o, s:b}", "sandbox", i->name, "kind", "directory",
-					    "entries", parse_listing(&k->out),
-					    "truncated", (ex->flags & CAP_EXIT_TRUNCATED) != 0), 0, NULL, NULL);
-		return;
-	}
-	if (!cap_utf8_valid((const char *)cap_buf_head(&k->out), cap_buf_used(&k->out))) {
-		active_done(c, i, NULL, RPC_TOOL, "the file is not UTF-8 text; read_file reads text only",
-			    NULL);
-		return;
-	}
-	active_done(c, i, json_pack("{s:s, s:s, s:s%}", "sandbox", i->name, "kind", "file", "content",
-				    (const char *)cap_buf_head(&k->out), cap_buf_used(&k->out)), 0, NULL, NULL);
-}
-
-static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum,
-		    const char *msg)
-{
-	struct call *k = ud;
-	struct ident *i = k->ident;
-	struct ctl *c = i->ctl;
-	(void)id;
-	if (k->cancelled) {
-		active_done(c, i, NULL, RPC_CANCELLED, "request cancelled", NULL);
-		return;
-	}
-	if (!ex) {
-		active_done(c, i, NULL, RPC_SANDBOX, msg, json_pack("{s:i}", "errno", errnum));
-		return;
-	}
-	if (k->kind == CALL_FILE) {
-		file_done(c, i, k, ex);
-		return;
-	}
-	json_t *r = json_pack("{s:s, s:o, s:o, s:b, s:b, s:o, s:o, s:i}", "sandbox", i->name,
-			      "exit_code", ex->kind == CAP_EXIT_SIGNAL ? json_null() : json_integer(cap_exit_status(ex)),
-			      "signal", ex->kind == CAP_EXIT_SIGNAL ? json_integer(ex->value) : json_null(),
-			      "timed_out", (ex->flags & CAP_EXIT_TIMED_OUT) != 0,
-			      "truncated", (ex->flags & CAP_EXIT_TRUNCATED) != 0,
-			      "stdout", text_json(&k->out), "stderr", text_json(&k->err),
-			      "duration_ms", (int)ex->duration_ms);
-	active_done(c, i, r, 0, NULL, NULL);
-}
-
-static const struct cap_exec_events events = { on_output, on_done };
-
-/* --- the VM of an identity -------------------------------------------------- */
-
-static void detach(struct ident *i)
-{
-	cap_sandbox_free(i->sb);
-	i->sb = NULL;
-}
-
-/* The VM went away under a call (crash, kill): fail what was running. */
-static void vm_lost(struct ctl *c, struct ident *i, const char *why)
-{
-	fprintf(stderr, "capsule serve: sandbox %s (%s/%s): %s\n", i->name, i->agent, i->peer, why);
-	detach(i);
-	i->lc.state = CAP_VM_STOPPED;
-	if (i->active && i->active->kind != CALL_STOP && i->active->kind != CALL_REMOVE)
-		active_done(c, i, NULL, RPC_SANDBOX, why, NULL);
-	c->kick = true;
-}
-
-void ctl_begin_stop(struct ctl *c, struct ident *i)
-{
-	if (i->lc.state == CAP_VM_STARTING) {
-		i->stop_after_start = true;
-		return;
-	}
-	if (!i->sb) {
-		i->lc.state = CAP_VM_STOPPED;
-		return;
-	}
-	cap_sandbox_stop_async(i->sb);
-	i->lc.state = CAP_VM_STOPPING;
-	i->stop_deadline = cap_now_ms() + c->cfg.stop_grace_ms + 5000;
-}
-
-/* Attach to the running shim of i. */
-static int attach(struct ident *i, struct cap_err *err)
-{
-	struct cap_named_status st;
-	int r = cap_named_status(i->name, &st, err);
-	if (r < 0)
-		return r;
-	if (st.state == CAP_NAMED_STOPPED)
-		return cap_err_set(err, ECHILD, "the sandbox stopped while starting; see its shim.log");
-	if ((r = cap_sandbox_attach(st.control, &i->sb, err)) < 0)
-		return r;
-	i->shim_pid = st.shim_pid;
-	i->lc.state = st.state == CAP_NAMED_PAUSED ? CAP_VM_PAUSED : CAP_VM_RUNNING;
-	return 0;
-}
-
-/* Make sure the identity has a sandbox and begin starting it. Returns 0
- * when starting or started, or -errno with err. */
-static int begin_start(struct ctl *c, struct ident *i, struct cap_err *err)
-{
-	int r;
-	if (i->lc.state == CAP_VM_NONE) {
-		struct cap_record rec;
-		if (cap_named_load(i->name, &rec, NULL) < 0) {
-			cap_record_init(&rec);
-			snprintf(rec.name, sizeof(rec.name), "%s", i->name);
-			snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", c->cfg.image);
-			if (c->cfg.source)
-				snprintf(rec.source, sizeof(rec.source), "%s", c->cfg.source);
-			/* The mapping first: a crash after it leaves a known
-			 * sandbox, never an orphan disk. */
-			if ((r = write_workspace(c, i, err)) < 0 || (r = cap_named_create(&rec, NULL, NULL, err)) < 0)
-				return r;
-		}
-		i->lc.state = CAP_VM_STOPPED;
-	}
-	bool changed;
-	bool has_source;
-	if ((r = cap_named_refresh_source(i->name, &changed, &has_source, err)) < 0)
-		return r;
-	i->no_source = !has_source;
-	if ((r = cap_named_start_begin(i->name, &i->ready_fd, err)) < 0)
-		return r;
-	if (i->ready_fd < 0)	/* already running (another client started it) */
-		return attach(i, err);
-	i->lc.state = CAP_VM_STARTING;
-	return 0;
-}
-
-static void start_finished(struct ctl *c, struct ident *i)
-{
-	struct cap_err err = { 0 };
-	int fd = i->ready_fd;
-	i->ready_fd = -1;
-	if (cap_named_start_end(i->name, fd, &err) < 0 || attach(i, &err) < 0) {
-		i->lc.state = CAP_VM_STOPPED;
-		if (i->pool) {	/* do not retry in a tight loop */
-			fprintf(stderr, "capsule %s: warm sandbox %s did not start: %s\n", c->fe->name, i->name, err.msg);
-			c->pool_retry_at = cap_now_ms() + 30000;
-		}
-		/* Everything queued for it fails with the reason. */
-		while (i->queue) {
-			struct call *k = i->queue;
-			unlink_call(i, k);
-			finish(c, k, NULL, RPC_SANDBOX, err.msg, NULL);
-		}
-		i->lc.idle_since = ctl_now(c);
-		return;
-	}
-	i->lc.idle_since = ctl_now(c);
-	if (i->stop_after_start) {
-		i->stop_after_start = false;
-		ctl_begin_stop(c, i);
-	}
-	c->kick = true;
-}
-
-/* --- running the queue ------------------------------------------------------- */
-
-static struct ident *ident_at(struct ctl *c, size_t idx)
-{
-	struct ident *i = c->idents;
-	while (idx-- && i)
-		i = i->next;
 	return i;
 }
 
-/* Capacity: -1 room, 0 waiting for an eviction, -2 full of busy VMs. */
-static int make_room(struct ctl *c)
-{
-	const struct cap_lc *v[512];
-	size_t n = 0;
-	bool stopping = false;
-	for (struct ident *i = c->idents; i && n < CAP_ARRAY_SIZE(v); i = i->next) {
-		v[n++] = &i->lc;
-		stopping |= i->lc.state == CAP_VM_STOPPING;
-	}
-	int k = cap_lc_make_room(v, n, &c->cfg.lc);
-	if (k >= 0) {
-		struct ident *victim = ident_at(c, (size_t)k);
-		fprintf(stderr, "capsule serve: at capacity (%u); stopping %s, idle the longest\n",
-			c->cfg.lc.capacity, victim->name);
-		ctl_begin_stop(c, victim);
-		return 0;
-	}
-	if (k == -2 && stopping)
-		return 0;	/* an eviction is under way: wait for it */
-	return k;
-}
-
-static void start_call(struct ctl *c, struct ident *i, struct call *k)
-{
-	struct cap_err err = { 0 };
-	unlink_call(i, k);
-	i->active = k;
-	i->lc.active = 1;
-	k->start_ms = cap_now_ms();
-	if (k->kind == CALL_STOP || k->kind == CALL_REMOVE) {
-		ctl_begin_stop(c, i);
-		return;	/* finished when the VM is gone (ctl_step) */
-	}
-	if (i->lc.state == CAP_VM_PAUSED) {
-		cap_sandbox_vm_op(i->sb, false);
-		i->lc.state = CAP_VM_RUNNING;
-	}
-	int r = k->kind == CALL_FILE
-			? cap_sandbox_file(i->sb, &k->file, READ_MAX + LIST_MAX * 700 + 4096, &events, k, &k->stream, &err)
-			: cap_sandbox_exec(i->sb, &k->req, &events, k, &k->stream, &err);
-	if (r < 0) {
-		active_done(c, i, NULL, err.code == EINVAL ? RPC_TOOL : RPC_SANDBOX, err.msg, NULL);
-		return;
-	}
-	if (k->stdin_data && k->kind == CALL_EXEC) {
-		cap_sandbox_stdin(i->sb, k->stream, k->stdin_data, k->stdin_len);
-		cap_sandbox_stdin(i->sb, k->stream, NULL, 0);
-	}
-}
-
-/* --- the warm pool ---------------------------------------------------------- */
-
-static unsigned count_resident(struct ctl *c)
-{
-	unsigned n = 0;
-	for (struct ident *i = c->idents; i; i = i->next)
-		n += cap_vm_state_resident(i->lc.state);
-	return n;
-}
-
-static struct ident *pool_ready(struct ctl *c)
-{
-	for (struct ident *i = c->idents; i; i = i->next)
-		if (i->pool && i->sb && (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED))
-			return i;
-	return NULL;
-}
-
-static void unlink_ident(struct ctl *c, struct ident *x)
+static void unlink_ident(struct cap_ctl *c, struct ident *x)
 {
 	for (struct ident **p = &c->idents; *p; p = &(*p)->next)
 		if (*p == x) {
@@ -524,31 +295,536 @@ static void unlink_ident(struct ctl *c, struct ident *x)
 		}
 }
 
-/* Give identity i (which has no sandbox) the ready pool VM p. */
-static int take_from_pool(struct ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
+static bool idle_and_down(const struct ident *i)
 {
-	char old[sizeof(i->name)];
-	memcpy(old, i->name, sizeof(old));
-	snprintf(i->name, sizeof(i->name), "%s", p->name);
-	int r = write_workspace(c, i, err);	/* the mapping is the assignment */
-	if (r < 0) {
-		memcpy(i->name, old, sizeof(old));
-		return r;
+	return !i->pool && (i->lc.state == CAP_VM_NONE || i->lc.state == CAP_VM_STOPPED) &&
+	       !i->queue && !i->active && !i->job && !i->vm && !i->remove_retry_at;
+}
+
+/* Identities with nothing resident and nothing to do live on disk only. */
+static void sweep(struct cap_ctl *c)
+{
+	for (struct ident **p = &c->idents; *p;) {
+		struct ident *i = *p;
+		if (idle_and_down(i)) {
+			*p = i->next;
+			free(i);
+		} else {
+			p = &i->next;
+		}
 	}
-	i->sb = p->sb;
-	i->shim_pid = p->shim_pid;
-	i->lc.state = p->lc.state;
-	i->lc.idle_since = ctl_now(c);
-	unlink_ident(c, p);
-	free(p);
-	fprintf(stderr, "capsule %s: %s/%s gets warm sandbox %s\n", c->fe->name, i->agent, i->peer, i->name);
+}
+
+/* --- calls ------------------------------------------------------------------------ */
+
+static void call_free(struct cap_ctl_call *k)
+{
+	if (!k)
+		return;
+	for (uint32_t a = 0; a < k->req.argc; a++)
+		free(k->req.argv[a]);
+	free(k->req.argv);
+	for (uint32_t a = 0; a < k->req.envc; a++)
+		free(k->req.env[a]);
+	free(k->req.env);
+	free(k->req.cwd);
+	free(k->owned_stdin);
+	free(k->owned_path);
+	free(k->owned_data);
+	cap_buf_fini(&k->out);
+	cap_buf_fini(&k->err);
+	free(k);
+}
+
+static uint8_t *dup_bytes(const void *p, size_t n)
+{
+	uint8_t *d = xmalloc(n ? n : 1);
+	if (n)
+		memcpy(d, p, n);
+	return d;
+}
+
+static struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl_fe *fe, void *tag)
+{
+	struct cap_ctl_call *k = xcalloc(1, sizeof(*k));
+	k->kind = r->kind;
+	k->fe = fe;
+	k->tag = tag;
+	cap_buf_init(&k->out);
+	cap_buf_init(&k->err);
+	if (r->kind == CAP_CTL_EXEC) {
+		const struct cap_exec_req *e = r->exec;
+		k->req = *e;
+		k->req.argv = xcalloc(e->argc + 1, sizeof(char *));
+		for (uint32_t a = 0; a < e->argc; a++)
+			k->req.argv[a] = xstrdup(e->argv[a]);
+		k->req.env = xcalloc(e->envc + 1, sizeof(char *));
+		for (uint32_t a = 0; a < e->envc; a++)
+			k->req.env[a] = xstrdup(e->env[a]);
+		k->req.cwd = e->cwd ? xstrdup(e->cwd) : NULL;
+		if (r->stdin_data) {
+			k->owned_stdin = dup_bytes(r->stdin_data, r->stdin_len);
+			k->stdin_len = r->stdin_len;
+			k->req.flags |= CAP_EXEC_STDIN;
+		}
+	} else if (r->kind == CAP_CTL_FILE) {
+		snprintf(k->root, sizeof(k->root), "%s", r->root);
+		k->owned_path = xstrdup(r->path);
+		k->owned_data = dup_bytes(r->data, r->len);
+		k->file = (struct cap_file_req){
+			.op = r->op, .limit = r->limit ? r->limit : CAP_CTL_READ_MAX,
+			.limit_entries = CAP_CTL_LIST_MAX, .root = k->root, .path = k->owned_path,
+			.data = k->owned_data, .len = r->len,
+		};
+	}
+	return k;
+}
+
+/* Hand the result to the call's front end and free the call. */
+static void deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r)
+{
+	r->kind = k->kind;
+	if (k->ident && !r->sandbox)
+		r->sandbox = k->ident->name;
+	k->fe->ops->done(k->fe->fe, c, k->tag, r);
+	call_free(k);
+}
+
+static void fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
+		 const char *msg, int errnum)
+{
+	struct cap_ctl_result r = { .code = code, .msg = msg, .errnum = errnum };
+	deliver(c, k, &r);
+}
+
+static void unqueue(struct ident *i, struct cap_ctl_call *k)
+{
+	for (struct cap_ctl_call **p = &i->queue; *p; p = &(*p)->next)
+		if (*p == k) {
+			*p = k->next;
+			i->lc.queued--;
+			return;
+		}
+}
+
+/* Fail everything queued for i with msg. */
+static void fail_queue(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code, const char *msg)
+{
+	while (i->queue) {
+		struct cap_ctl_call *k = i->queue;
+		unqueue(i, k);
+		fail(c, k, code, msg, 0);
+	}
+}
+
+/* The active call ended: answer it and move the queue on. */
+static void active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_result *r)
+{
+	struct cap_ctl_call *k = i->active;
+	i->active = NULL;
+	i->lc.active = 0;
+	i->lc.idle_since = cap_ctl_now(c);
+	c->kick = true;
+	if (k)
+		deliver(c, k, r);
+}
+
+static void active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code,
+			const char *msg, int errnum)
+{
+	struct cap_ctl_result r = { .code = code, .msg = msg, .errnum = errnum };
+	active_done(c, i, &r);
+}
+
+static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	struct cap_ctl_call *k = ud;
+	(void)id;
+	cap_buf_append(fd == 1 ? &k->out : &k->err, p, n);
+}
+
+/* The agent's listing lines ("d name", "f SIZE name", "l name") into
+ * entries pointing into the text (which is modified). */
+static struct cap_ctl_entry *parse_listing(char *text, size_t len, size_t *n)
+{
+	size_t cap = 16, k = 0;
+	struct cap_ctl_entry *v = xcalloc(cap, sizeof(*v));
+	char *end = text + len;
+	for (char *line = text; line < end;) {
+		char *nl = memchr(line, '\n', (size_t)(end - line));
+		if (nl)
+			*nl = '\0';
+		else
+			end[0] = '\0';	/* text has room for it (cap_buf) */
+		if (line[0] && line[1] == ' ') {
+			struct cap_ctl_entry e = { .type = strchr("dfl", line[0]) ? line[0] : 'o', .name = line + 2 };
+			bool ok = true;
+			if (line[0] == 'f') {
+				char *sp = strchr(line + 2, ' ');
+				ok = sp != NULL;
+				if (ok) {
+					*sp = '\0';
+					e.size = strtoull(line + 2, NULL, 10);
+					e.name = sp + 1;
+				}
+			}
+			if (ok) {
+				if (k == cap)
+					v = xrealloc(v, (cap *= 2) * sizeof(*v));
+				v[k++] = e;
+			}
+		}
+		if (!nl)
+			break;
+		line = nl + 1;
+	}
+	*n = k;
+	return v;
+}
+
+static void file_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k,
+		      const struct cap_exit *ex)
+{
+	struct cap_ctl_result r = { .exit = *ex };
+	if (ex->kind != CAP_EXIT_CODE) {
+		/* The agent's message, without trailing newlines. */
+		size_t n = CAP_MIN(cap_buf_used(&k->err), (size_t)800);
+		char why[801];
+		memcpy(why, cap_buf_head(&k->err), n);
+		while (n > 0 && why[n - 1] == '\n')
+			n--;
+		why[n] = '\0';
+		active_fail(c, i, CAP_CTL_ETOOL, *why ? why : "the file operation failed", ex->value);
+		return;
+	}
+	if (k->file.op == CAP_FILE_WRITE) {
+		r.written = k->file.len;
+		active_done(c, i, &r);
+		return;
+	}
+	if (ex->value == 1) {	/* a directory */
+		cap_buf_append(&k->out, "", 1);	/* room for a terminator */
+		size_t len = cap_buf_used(&k->out) - 1;
+		struct cap_ctl_entry *v = parse_listing((char *)cap_buf_head(&k->out), len, &r.nentries);
+		r.is_dir = true;
+		r.entries = v;
+		r.entries_truncated = (ex->flags & CAP_EXIT_TRUNCATED) != 0;
+		active_done(c, i, &r);
+		free(v);
+		return;
+	}
+	r.content = cap_buf_head(&k->out);
+	r.content_len = cap_buf_used(&k->out);
+	active_done(c, i, &r);
+}
+
+static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
+{
+	struct cap_ctl_call *k = ud;
+	struct ident *i = k->ident;
+	struct cap_ctl *c = i->ctl;
+	(void)id;
+	if (k->cancelled) {
+		active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
+		return;
+	}
+	if (!ex) {
+		active_fail(c, i, CAP_CTL_ESANDBOX, msg, errnum);
+		return;
+	}
+	if (k->kind == CAP_CTL_FILE) {
+		file_done(c, i, k, ex);
+		return;
+	}
+	struct cap_ctl_result r = {
+		.exit = *ex,
+		.out = cap_buf_head(&k->out), .out_len = cap_buf_used(&k->out),
+		.err = cap_buf_head(&k->err), .err_len = cap_buf_used(&k->err),
+	};
+	active_done(c, i, &r);
+}
+
+static const struct cap_exec_events events = { on_output, on_done };
+
+/* --- the VM of an identity ----------------------------------------------------- */
+
+static void detach(struct cap_ctl *c, struct ident *i)
+{
+	if (i->vm)
+		c->be->vm_free(i->vm);
+	i->vm = NULL;
+	i->op = OP_NONE;
+}
+
+static int attach(struct cap_ctl *c, struct ident *i, struct cap_err *err)
+{
+	bool paused;
+	int r = c->be->attach(c->bud, i->name, &i->vm, &paused, err);
+	if (r < 0)
+		return r;
+	i->lc.state = paused ? CAP_VM_PAUSED : CAP_VM_RUNNING;
 	return 0;
 }
 
-static int begin_start(struct ctl *c, struct ident *i, struct cap_err *err);
+static void begin_stop(struct cap_ctl *c, struct ident *i)
+{
+	switch (i->lc.state) {
+	case CAP_VM_STARTING:
+		i->stop_after_start = true;
+		return;
+	case CAP_VM_RUNNING:
+	case CAP_VM_PAUSED:
+		if (i->vm) {
+			c->be->stop(i->vm);
+			i->op = OP_NONE;	/* an answer to a pause no longer matters */
+			i->lc.state = CAP_VM_STOPPING;
+			i->stop_deadline = cap_now_ms() + c->cfg.stop_grace_ms + 5000;
+			return;
+		}
+		i->lc.state = CAP_VM_STOPPED;
+		return;
+	default:
+		return;
+	}
+}
+
+/* Remove i's sandbox (stopped) and its mapping. */
+static int remove_sandbox(struct cap_ctl *c, struct ident *i, struct cap_err *err)
+{
+	enum cap_vm_state st;
+	bool serving, has_source;
+	if (c->be->state(c->bud, i->name, &st, &serving, &has_source) == 0) {
+		int r = c->be->remove(c->bud, i->name, err);
+		if (r < 0)
+			return r;
+	}
+	ctl_ws_remove(c->home, i->agent, i->peer);
+	i->lc.state = CAP_VM_NONE;
+	cap_log(CAP_LOG_INFO, "removed %s (%s/%s) and its disks", i->name, i->agent, i->peer);
+	return 0;
+}
+
+/* The active remove: delete the sandbox once its shim has exited (it
+ * may still be closing up when its VM is already gone). */
+static void try_remove(struct cap_ctl *c, struct ident *i)
+{
+	struct cap_err err = { 0 };
+	i->remove_retry_at = 0;
+	int r = remove_sandbox(c, i, &err);
+	if (r == -EBUSY && cap_now_ms() < i->remove_deadline) {
+		i->remove_retry_at = cap_now_ms() + 20;
+		return;
+	}
+	if (r < 0) {
+		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+		return;
+	}
+	struct cap_ctl_result res = { .state = "removed" };
+	active_done(c, i, &res);
+}
+
+/* The VM of i is gone after a stop: finish a stop or remove under way. */
+static void stopped(struct cap_ctl *c, struct ident *i)
+{
+	detach(c, i);
+	i->lc.state = CAP_VM_STOPPED;
+	i->lc.idle_since = cap_ctl_now(c);
+	c->kick = true;
+	struct cap_ctl_call *k = i->active;
+	if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
+		active_fail(c, i, CAP_CTL_ESANDBOX, "the sandbox was stopped while the call ran", 0);
+	} else if (k && k->kind == CAP_CTL_STOP) {
+		struct cap_ctl_result r = { .state = "stopped" };
+		active_done(c, i, &r);
+	} else if (k && k->kind == CAP_CTL_REMOVE) {
+		i->remove_deadline = cap_now_ms() + 10000;
+		try_remove(c, i);
+	}
+}
+
+/* The VM went away unasked (crash, kill, a stop by the source check). */
+static void vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
+{
+	bool expected = i->job && i->job_kind == CAP_CTL_JOB_CHECK;
+	if (!expected)
+		cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s) went away: %s", i->name, i->agent, i->peer, why);
+	detach(c, i);
+	i->lc.state = CAP_VM_STOPPED;
+	i->lc.idle_since = cap_ctl_now(c);
+	if (i->active)
+		active_fail(c, i, CAP_CTL_ESANDBOX, why, 0);
+	c->kick = true;
+}
+
+/* --- jobs ----------------------------------------------------------------------------- */
+
+static int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool create,
+		     struct cap_err *err)
+{
+	struct cap_ctl_job_req j = {
+		.kind = kind, .name = i->name, .create = create,
+		.image = c->cfg.image, .source = c->cfg.source,
+	};
+	int r = c->be->job_begin(c->bud, &j, &i->job_fd, &i->job_pid, err);
+	if (r < 0)
+		return r;
+	i->job = true;
+	i->job_kind = kind;
+	return 0;
+}
+
+/* Start i's sandbox: create it first when it has none (the mapping is
+ * written first: a crash after it leaves a known sandbox, never an orphan
+ * disk), refresh its public data, start its shim. */
+static int begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
+{
+	int r;
+	if (i->lc.state == CAP_VM_NONE && !i->pool &&
+	    (r = ctl_ws_write(c->home, i->agent, i->peer, i->name, err)) < 0)
+		return r;
+	if ((r = begin_job(c, i, CAP_CTL_JOB_START, true, err)) < 0)
+		return r;
+	i->lc.state = CAP_VM_STARTING;
+	return 0;
+}
+
+static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_job_out *out)
+{
+	struct cap_err err = { 0 };
+	i->lc.idle_since = cap_ctl_now(c);
+	if (out->r == 0)
+		i->source = out->has_source;
+	if (out->r < 0 || attach(c, i, &err) < 0) {
+		const char *why = out->r < 0 ? out->msg : err.msg;
+		i->lc.state = CAP_VM_STOPPED;
+		i->stop_after_start = false;
+		if (i->pool) {	/* do not retry in a tight loop */
+			cap_log(CAP_LOG_WARN, "warm sandbox %s did not start: %s", i->name, why);
+			c->pool_retry_at = cap_now_ms() + 30000;
+		} else {
+			cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s) did not start: %s", i->name, i->agent, i->peer, why);
+		}
+		fail_queue(c, i, CAP_CTL_ESANDBOX, why);
+		return;
+	}
+	i->checked = true;	/* the start refreshed the public data */
+	if (i->stop_after_start || c->shutting_down) {
+		i->stop_after_start = false;
+		begin_stop(c, i);
+	}
+}
+
+static void check_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_job_out *out)
+{
+	if (out->r < 0) {
+		/* The tree broke a rule (or vanished): the call fails, the
+		 * sandbox and its disks are untouched. */
+		i->checked = false;
+		if (i->queue) {
+			struct cap_ctl_call *k = i->queue;
+			unqueue(i, k);
+			fail(c, k, CAP_CTL_ESANDBOX, out->msg, -out->r);
+		}
+		return;
+	}
+	i->source = out->has_source;
+	if (out->changed) {
+		/* The job stopped the VM to rebuild its public data: start
+		 * again with the same disks. */
+		cap_log(CAP_LOG_INFO, "public data of %s changed: restarted with the new copy", i->name);
+		detach(c, i);
+		i->lc.state = CAP_VM_STOPPED;
+		i->checked = false;
+		return;
+	}
+	i->checked = true;
+}
+
+static void job_finished(struct cap_ctl *c, struct ident *i)
+{
+	struct cap_ctl_job_out out;
+	c->be->job_end(c->bud, i->job_fd, i->job_pid, &out);
+	i->job = false;
+	i->job_fd = -1;
+	i->job_pid = 0;
+	c->kick = true;
+	if (i->job_kind == CAP_CTL_JOB_START)
+		start_done(c, i, &out);
+	else
+		check_done(c, i, &out);
+}
+
+/* --- capacity and the warm pool ---------------------------------------------------- */
+
+static unsigned count_resident(struct cap_ctl *c)
+{
+	unsigned n = 0;
+	for (struct ident *i = c->idents; i; i = i->next)
+		n += cap_vm_state_resident(i->lc.state);
+	return n;
+}
+
+/* -1 room, 0 waiting for an eviction, -2 full of busy VMs. */
+static int make_room(struct cap_ctl *c)
+{
+	size_t n = 0, cap = 16;
+	const struct cap_lc **v = xmalloc(cap * sizeof(*v));
+	struct ident **who = xmalloc(cap * sizeof(*who));
+	bool stopping = false;
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (n == cap) {
+			cap *= 2;
+			v = xrealloc(v, cap * sizeof(*v));
+			who = xrealloc(who, cap * sizeof(*who));
+		}
+		who[n] = i;
+		v[n++] = &i->lc;
+		stopping |= i->lc.state == CAP_VM_STOPPING;
+	}
+	int k = cap_lc_make_room(v, n, &c->cfg.lc);
+	int r = k;
+	if (k >= 0) {
+		cap_log(CAP_LOG_INFO, "at capacity (%u); stopping %s, idle the longest", c->cfg.lc.capacity,
+			who[k]->name);
+		begin_stop(c, who[k]);
+		r = 0;
+	} else if (k == -2 && stopping) {
+		r = 0;	/* an eviction is under way: wait for it */
+	}
+	free(v);
+	free(who);
+	return r;
+}
+
+static struct ident *pool_ready(struct cap_ctl *c)
+{
+	for (struct ident *i = c->idents; i; i = i->next)
+		if (i->pool && i->vm && !i->job && i->op == OP_NONE &&
+		    (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED))
+			return i;
+	return NULL;
+}
+
+/* Give identity i (which has no sandbox) the ready pool VM p. */
+static int take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
+{
+	int r = ctl_ws_write(c->home, i->agent, i->peer, p->name, err);	/* the mapping is the assignment */
+	if (r < 0)
+		return r;
+	snprintf(i->name, sizeof(i->name), "%s", p->name);
+	i->vm = p->vm;
+	i->lc.state = p->lc.state;
+	i->lc.idle_since = cap_ctl_now(c);
+	i->source = p->source;
+	i->checked = true;
+	unlink_ident(c, p);
+	free(p);
+	cap_log(CAP_LOG_INFO, "%s/%s gets warm sandbox %s", i->agent, i->peer, i->name);
+	return 0;
+}
 
 /* Keep cfg.warm_pool sandboxes starting or ready, within capacity. */
-static void pool_fill(struct ctl *c)
+static void pool_fill(struct cap_ctl *c)
 {
 	if (c->shutting_down || !c->cfg.warm_pool || cap_now_ms() < c->pool_retry_at)
 		return;
@@ -557,10 +833,10 @@ static void pool_fill(struct ctl *c)
 		if (!i->pool)
 			continue;
 		members++;
-		if (i->lc.state == CAP_VM_STOPPED && count_resident(c) < c->cfg.lc.capacity) {
+		if (i->lc.state == CAP_VM_STOPPED && !i->job && count_resident(c) < c->cfg.lc.capacity) {
 			struct cap_err err = { 0 };
 			if (begin_start(c, i, &err) < 0) {
-				fprintf(stderr, "capsule %s: warm sandbox %s: %s\n", c->fe->name, i->name, err.msg);
+				cap_log(CAP_LOG_WARN, "warm sandbox %s: %s", i->name, err.msg);
 				c->pool_retry_at = cap_now_ms() + 30000;
 				return;
 			}
@@ -568,22 +844,16 @@ static void pool_fill(struct ctl *c)
 	}
 	while (members < c->cfg.warm_pool && count_resident(c) < c->cfg.lc.capacity) {
 		uint8_t rnd[8];
+		char name[CAP_NAME_MAX + 1];
 		struct cap_err err = { 0 };
-		struct cap_record rec;
 		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
 			return;
-		struct ident *i = ident_new(c, "", "");
+		snprintf(name, sizeof(name), "pool-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
+			 rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+		struct ident *i = ident_new(c, "", "", name);
 		i->pool = true;
-		snprintf(i->name, sizeof(i->name), "pool-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
-			 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-		cap_record_init(&rec);
-		snprintf(rec.name, sizeof(rec.name), "%s", i->name);
-		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", c->cfg.image);
-		if (c->cfg.source)
-			snprintf(rec.source, sizeof(rec.source), "%s", c->cfg.source);
-		if (cap_named_create(&rec, NULL, NULL, &err) < 0 || (i->lc.state = CAP_VM_STOPPED,
-								      begin_start(c, i, &err)) < 0) {
-			fprintf(stderr, "capsule %s: cannot prepare a warm sandbox: %s\n", c->fe->name, err.msg);
+		if (begin_start(c, i, &err) < 0) {
+			cap_log(CAP_LOG_WARN, "cannot prepare a warm sandbox: %s", err.msg);
 			unlink_ident(c, i);
 			free(i);
 			c->pool_retry_at = cap_now_ms() + 30000;
@@ -593,44 +863,96 @@ static void pool_fill(struct ctl *c)
 	}
 }
 
-/* Move one identity's queue forward as far as its VM allows. */
-static void pump(struct ctl *c, struct ident *i)
+/* --- running the queue --------------------------------------------------------------- */
+
+static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 {
 	struct cap_err err = { 0 };
-	if (i->active || !i->queue)
+	unqueue(i, k);
+	i->active = k;
+	i->lc.active = 1;
+	i->checked = false;	/* the next call checks the public data again */
+	if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE) {
+		begin_stop(c, i);
+		return;	/* finished when the VM is gone (stopped) */
+	}
+	int r = k->kind == CAP_CTL_FILE
+			? c->be->file(i->vm, &k->file, k->file.limit + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
+				      &k->stream, &err)
+			: c->be->exec(i->vm, &k->req, &events, k, &k->stream, &err);
+	if (r < 0) {
+		active_fail(c, i, err.code == EINVAL ? CAP_CTL_ETOOL : CAP_CTL_ESANDBOX, err.msg, err.code);
 		return;
-	struct call *k = i->queue;
+	}
+	if (k->owned_stdin && k->kind == CAP_CTL_EXEC) {
+		c->be->input(i->vm, k->stream, k->owned_stdin, k->stdin_len);
+		c->be->input(i->vm, k->stream, NULL, 0);
+	}
+}
+
+/* A stop or remove of an identity whose VM is not resident ends at once
+ * (a remove as soon as a shim that is still exiting is gone). */
+static void end_down(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
+{
+	c->kick = true;
+	if (k->kind == CAP_CTL_REMOVE && i->lc.state != CAP_VM_NONE) {
+		unqueue(i, k);
+		i->active = k;
+		i->lc.active = 1;
+		i->remove_deadline = cap_now_ms() + 10000;
+		try_remove(c, i);
+		return;
+	}
+	unqueue(i, k);
+	if (k->kind == CAP_CTL_REMOVE)
+		ctl_ws_remove(c->home, i->agent, i->peer);
+	struct cap_ctl_result r = { .state = i->lc.state == CAP_VM_NONE ? "none" : "stopped" };
+	deliver(c, k, &r);
+}
+
+/* Move one identity's queue forward as far as its VM allows. */
+static void pump(struct cap_ctl *c, struct ident *i)
+{
+	struct cap_err err = { 0 };
+	if (i->active || !i->queue || i->job || i->op != OP_NONE)
+		return;
+	struct cap_ctl_call *k = i->queue;
+	bool tool = k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE;
 	switch (i->lc.state) {
 	case CAP_VM_RUNNING:
 	case CAP_VM_PAUSED:
-		if ((k->kind == CALL_EXEC || k->kind == CALL_FILE) && !i->no_source) {
-			/* Public data changed? Then restart before the call. */
-			bool changed = false, has_source;
-			if (cap_named_refresh_source(i->name, &changed, &has_source, &err) < 0) {
-				unlink_call(i, k);
-				finish(c, k, NULL, RPC_SANDBOX, err.msg, NULL);
+		if (tool && i->source != 0 && !i->checked) {
+			/* Public data changed? Checked (and rebuilt) in a job. */
+			if (begin_job(c, i, CAP_CTL_JOB_CHECK, false, &err) < 0) {
+				unqueue(i, k);
+				fail(c, k, CAP_CTL_ESANDBOX, err.msg, err.code);
 				c->kick = true;
-				return;
 			}
-			i->no_source = !has_source;
-			if (changed) {
-				detach(i);
-				i->lc.state = CAP_VM_STOPPED;
-				c->kick = true;
-				return;
-			}
+			return;
+		}
+		if (tool && i->lc.state == CAP_VM_PAUSED) {
+			c->be->vm_op(i->vm, false);	/* answered in step_vm */
+			i->op = OP_RESUME;
+			return;
 		}
 		start_call(c, i, k);
 		return;
 	case CAP_VM_NONE:
 	case CAP_VM_STOPPED:
-		if (k->kind == CALL_STOP || k->kind == CALL_REMOVE) {
-			start_call(c, i, k);
+		if (!tool) {
+			end_down(c, i, k);
+			return;
+		}
+		if (c->shutting_down) {
+			unqueue(i, k);
+			fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
 			return;
 		}
 		struct ident *warm;
+		enum cap_vm_state st;
+		bool serving, has_source;
 		if (i->lc.state == CAP_VM_NONE && (warm = pool_ready(c)) &&
-		    cap_named_load(i->name, &(struct cap_record){ 0 }, NULL) < 0 &&
+		    c->be->state(c->bud, i->name, &st, &serving, &has_source) == -ENOENT &&
 		    take_from_pool(c, i, warm, &err) == 0) {
 			c->kick = true;	/* running now: the call starts next round */
 			return;
@@ -641,16 +963,14 @@ static void pump(struct ctl *c, struct ident *i)
 		case 0:
 			return;	/* wait for the eviction */
 		default:
-			unlink_call(i, k);
-			finish(c, k, NULL, RPC_CAPACITY,
-			       "every sandbox slot is busy with running calls; retry later",
-			       json_pack("{s:b, s:i}", "retryable", 1, "capacity", c->cfg.lc.capacity));
+			unqueue(i, k);
+			fail(c, k, CAP_CTL_ECAPACITY, "every sandbox slot is busy with running calls; retry later", 0);
 			c->kick = true;
 			return;
 		}
 		if (begin_start(c, i, &err) < 0) {
-			unlink_call(i, k);
-			finish(c, k, NULL, RPC_SANDBOX, err.msg, NULL);
+			unqueue(i, k);
+			fail(c, k, CAP_CTL_ESANDBOX, err.msg, err.code);
 			c->kick = true;
 		}
 		return;
@@ -659,220 +979,267 @@ static void pump(struct ctl *c, struct ident *i)
 	}
 }
 
-/* The VM of i is gone after a stop: finish a stop/remove call. */
-static void stopped(struct ctl *c, struct ident *i)
+/* The shim answered a pause or resume. */
+static void op_answered(struct cap_ctl *c, struct ident *i, int result)
 {
-	detach(i);
-	i->lc.state = CAP_VM_STOPPED;
-	i->lc.idle_since = ctl_now(c);
-	struct call *k = i->active;
-	if (k && k->kind == CALL_STOP) {
-		active_done(c, i, json_pack("{s:s, s:s}", "sandbox", i->name, "state", "stopped"), 0, NULL, NULL);
-	} else if (k && k->kind == CALL_REMOVE) {
-		struct cap_err err = { 0 };
-		if (cap_named_remove(i->name, true, &err) < 0) {
-			active_done(c, i, NULL, RPC_SANDBOX, err.msg, NULL);
-		} else {
-			_cleanup_free_ char *rec = record_path(c, i->agent, i->peer);
-			unlink(rec);
-			i->lc.state = CAP_VM_NONE;
-			active_done(c, i, json_pack("{s:s, s:s}", "sandbox", i->name, "state", "removed"), 0, NULL, NULL);
-		}
-	}
+	enum vm_op op = i->op;
+	i->op = OP_NONE;
 	c->kick = true;
-}
-
-/* --- cancellation ------------------------------------------------------------ */
-
-bool ctl_cancel(struct ctl *c, struct call *k, bool reply)
-{
-	struct ident *i = k->ident;
-	if (i->active == k) {
-		if (k->kind == CALL_STOP || k->kind == CALL_REMOVE)
-			return false;	/* a stop is not taken back */
-		k->cancelled = true;
-		if (!reply)
-			k->conn = NULL;
-		if (i->sb)
-			cap_sandbox_signal(i->sb, k->stream, SIGKILL);
-		return true;
+	if (result == 0) {
+		i->lc.state = op == OP_PAUSE ? CAP_VM_PAUSED : CAP_VM_RUNNING;
+		return;
 	}
-	unlink_call(i, k);
-	if (!reply)
-		k->conn = NULL;
-	finish(c, k, NULL, RPC_CANCELLED, "request cancelled", NULL);
-	c->kick = true;
-	return true;
-}
-
-struct call *ctl_find_call(struct ctl *c, struct conn *conn, json_t *id)
-{
-	for (struct ident *i = c->idents; i; i = i->next) {
-		if (i->active && i->active->conn == conn && json_equal(i->active->id, id))
-			return i->active;
-		for (struct call *k = i->queue; k; k = k->next)
-			if (k->conn == conn && json_equal(k->id, id))
-				return k;
+	if (op == OP_PAUSE) {
+		/* Refused (commands still run in it): try again after another
+		 * idle period. */
+		cap_log(CAP_LOG_INFO, "%s was not paused: %s", i->name, strerror(-result));
+		i->lc.idle_since = cap_ctl_now(c);
+		return;
 	}
-	return NULL;
-}
-
-void ctl_conn_gone(struct ctl *c, struct conn *conn)
-{
-	for (struct ident *i = c->idents; i; i = i->next) {
-		struct call *k = i->queue, *next;
-		for (; k; k = next) {
-			next = k->next;
-			if (k->conn == conn)
-				ctl_cancel(c, k, false);
-		}
-		if (i->active && i->active->conn == conn && !ctl_cancel(c, i->active, false))
-			i->active->conn = NULL;
+	cap_log(CAP_LOG_WARN, "%s could not be resumed: %s", i->name, strerror(-result));
+	if (i->queue) {
+		struct cap_ctl_call *k = i->queue;
+		unqueue(i, k);
+		fail(c, k, CAP_CTL_ESANDBOX, "the sandbox could not be resumed; see its shim.log", -result);
 	}
 }
 
-void ctl_enqueue(struct ctl *c, struct ident *i, struct call *k)
+/* --- submitting, cancelling, asking ------------------------------------------------ */
+
+struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
+				    const char *agent, const char *peer,
+				    const struct cap_ctl_req *req, void *tag)
 {
+	struct cap_ctl_call *k = call_new(req, fe, tag);
+	if (c->shutting_down) {
+		fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
+		return NULL;
+	}
+	struct ident *i = ident_get(c, agent, peer);
 	k->ident = i;
-	struct call **p = &i->queue;
+	struct cap_ctl_call **p = &i->queue;
 	while (*p)
 		p = &(*p)->next;
 	*p = k;
 	i->lc.queued++;
 	c->kick = true;
+	return k;
 }
 
-/* --- recovery ------------------------------------------------------------------ */
-
-/* Leftovers of a sandbox whose shim is gone: a QEMU that survived it (it
- * should not, it has PDEATHSIG) and stale runtime files. Disks stay. */
-static void clean_leftovers(const char *name)
+bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k)
 {
-	_cleanup_free_ char *dir = cap_named_dir(name);
-	_cleanup_free_ char *rt = xasprintf("%s/runtime.json", dir);
-	json_t *j = json_load_file(rt, 0, NULL);
-	if (j) {
-		pid_t qemu = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
-		const char *control = json_string_value(json_object_get(j, "control"));
-		char cmd[8192] = "";
-		_cleanup_free_ char *procp = xasprintf("/proc/%d/cmdline", (int)qemu);
-		int fd = qemu > 0 ? open(procp, O_RDONLY | O_CLOEXEC) : -1;
-		if (fd >= 0) {
-			ssize_t n = read(fd, cmd, sizeof(cmd) - 1);
-			close(fd);
-			for (ssize_t k = 0; k < n; k++)
-				if (cmd[k] == '\0')
-					cmd[k] = ' ';
-			if (n > 0 && strstr(cmd, dir)) {
-				fprintf(stderr, "capsule serve: killing QEMU %d left by a dead shim of %s\n", (int)qemu, name);
-				kill(qemu, SIGKILL);
-			}
-		}
-		if (control)
-			unlink(control);
-		json_decref(j);
-		unlink(rt);
+	struct ident *i = k->ident;
+	if (i->active == k) {
+		if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE)
+			return false;	/* a stop is not taken back */
+		k->cancelled = true;
+		if (i->vm)
+			c->be->signal(i->vm, k->stream, SIGKILL);
+		return true;
 	}
-	_cleanup_free_ char *sock = xasprintf("%s/control.sock", dir);
-	unlink(sock);
+	unqueue(i, k);
+	fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
+	c->kick = true;
+	return true;
+}
+
+static void fill_status(struct cap_ctl *c, const struct ident *i, struct cap_ctl_status *out)
+{
+	snprintf(out->agent, sizeof(out->agent), "%s", i->agent);
+	snprintf(out->peer, sizeof(out->peer), "%s", i->peer);
+	snprintf(out->sandbox, sizeof(out->sandbox), "%s", i->lc.state == CAP_VM_NONE ? "" : i->name);
+	out->state = i->lc.state;
+	out->active = i->lc.active;
+	out->queued = i->lc.queued;
+	out->idle_ms = i->lc.active ? 0 : cap_ctl_now(c) - i->lc.idle_since;
+}
+
+/* The state of a sandbox no identity in memory has: from its shim. */
+static void disk_status(struct cap_ctl *c, const char *agent, const char *peer, const char *name,
+			struct cap_ctl_status *out)
+{
+	bool serving, has_source;
+	memset(out, 0, sizeof(*out));
+	snprintf(out->agent, sizeof(out->agent), "%s", agent);
+	snprintf(out->peer, sizeof(out->peer), "%s", peer);
+	out->idle_ms = -1;
+	if (c->be->state(c->bud, name, &out->state, &serving, &has_source) < 0) {
+		out->state = CAP_VM_NONE;
+		return;
+	}
+	snprintf(out->sandbox, sizeof(out->sandbox), "%s", name);
+}
+
+void cap_ctl_status(struct cap_ctl *c, const char *agent, const char *peer,
+		    struct cap_ctl_status *out)
+{
+	struct ident *i = find(c, agent, peer);
+	if (i) {
+		fill_status(c, i, out);
+		return;
+	}
+	char name[CAP_NAME_MAX + 1];
+	name_of(c, agent, peer, name);
+	disk_status(c, agent, peer, name, out);
+}
+
+struct list_ctx {
+	struct cap_ctl *c;
+	void (*each)(void *ud, const struct cap_ctl_status *s);
+	void *ud;
+};
+
+static void list_one(void *ud, const char *agent, const char *peer, const char *sandbox)
+{
+	struct list_ctx *l = ud;
+	struct cap_ctl_status s;
+	if (find(l->c, agent, peer))
+		return;	/* listed from memory */
+	disk_status(l->c, agent, peer, sandbox, &s);
+	if (s.state != CAP_VM_NONE)
+		l->each(l->ud, &s);
+}
+
+void cap_ctl_list(struct cap_ctl *c, void (*each)(void *ud, const struct cap_ctl_status *s),
+		  void *ud, struct cap_ctl_pool_info *pool)
+{
+	struct cap_ctl_pool_info p = { .size = c->cfg.warm_pool };
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (i->pool) {
+			p.members++;
+			p.ready += i->vm && (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED);
+		} else if (i->lc.state != CAP_VM_NONE) {
+			struct cap_ctl_status s;
+			fill_status(c, i, &s);
+			each(ud, &s);
+		}
+	}
+	struct list_ctx l = { c, each, ud };
+	ctl_ws_each(c->home, list_one, &l);
+	if (pool)
+		*pool = p;
+}
+
+struct owner_ctx {
+	const char *sandbox;
+	char *agent, *peer;
+	bool found;
+};
+
+static void owner_one(void *ud, const char *agent, const char *peer, const char *sandbox)
+{
+	struct owner_ctx *o = ud;
+	if (!o->found && strcmp(sandbox, o->sandbox) == 0) {
+		snprintf(o->agent, 65, "%s", agent);
+		snprintf(o->peer, 65, "%s", peer);
+		o->found = true;
+	}
+}
+
+int cap_ctl_identity_of(struct cap_ctl *c, const char *sandbox, char agent[65], char peer[65])
+{
+	for (struct ident *i = c->idents; i; i = i->next)
+		if (!i->pool && strcmp(i->name, sandbox) == 0 && i->lc.state != CAP_VM_NONE) {
+			snprintf(agent, 65, "%s", i->agent);
+			snprintf(peer, 65, "%s", i->peer);
+			return 0;
+		}
+	struct owner_ctx o = { sandbox, agent, peer, false };
+	ctl_ws_each(c->home, owner_one, &o);
+	return o.found ? 0 : -ENOENT;
+}
+
+/* --- recovery -------------------------------------------------------------------------- */
+
+/* Take back a sandbox a predecessor ran: a serving shim is reattached, a
+ * starting one waited for (in a job), a dead one's leftovers cleaned. */
+static void recover_one(struct cap_ctl *c, const char *agent, const char *peer, const char *name,
+			bool pool)
+{
+	enum cap_vm_state st;
+	bool serving, has_source;
+	struct cap_err err = { 0 };
+	if (c->be->state(c->bud, name, &st, &serving, &has_source) < 0)
+		return;	/* a mapping whose sandbox was never made */
+	if (st == CAP_VM_STOPPED) {
+		c->be->reap(c->bud, name);
+		if (!pool)
+			return;	/* on disk only, until a call needs it */
+	}
+	struct ident *i = ident_new(c, agent, peer, name);
+	i->pool = pool;
+	i->source = has_source;
+	i->lc.state = CAP_VM_STOPPED;
+	if (st == CAP_VM_STOPPED)
+		return;
+	if (serving && attach(c, i, &err) == 0) {
+		cap_log(CAP_LOG_INFO, "reattached %s (%s%s%s, %s)", name, pool ? "warm pool" : agent,
+			pool ? "" : "/", peer, cap_vm_state_name(i->lc.state));
+		return;
+	}
+	/* Its shim is starting (a controller died while starting it) or
+	 * exiting: a start job waits for it, or starts it again. */
+	if (begin_job(c, i, CAP_CTL_JOB_START, false, &err) < 0) {
+		cap_log(CAP_LOG_WARN, "cannot take back %s: %s", name, err.msg);
+		return;
+	}
+	i->lc.state = CAP_VM_STARTING;
+	cap_log(CAP_LOG_INFO, "%s (%s/%s) is starting; waiting for it", name, agent, peer);
+}
+
+static void recover_ws(void *ud, const char *agent, const char *peer, const char *sandbox)
+{
+	recover_one(ud, agent, peer, sandbox, false);
 }
 
 static void jail_found(void *ud, const char *what)
 {
 	(void)ud;
-	fprintf(stderr, "capsule serve: %s\n", what);
+	cap_log(CAP_LOG_INFO, "%s", what);
 }
 
-/* Find the identities a previous controller recorded and take their
- * sandboxes back: live shims are reattached, dead ones cleaned up, and
- * jails whose owner died removed. */
-static void recover(struct ctl *c)
+static void recover(struct cap_ctl *c)
 {
-	cap_jail_sweep(jail_found, NULL);
-	_cleanup_free_ char *ws = xasprintf("%s/workspaces", c->home);
-	DIR *da = opendir(ws);
-	struct dirent *a;
-	while (da && (a = readdir(da))) {
-		if (!cap_controller_id_valid(a->d_name) ||
-		    (c->cfg.recover_agent && strcmp(a->d_name, c->cfg.recover_agent) != 0))
-			continue;
-		_cleanup_free_ char *adir = xasprintf("%s/%s", ws, a->d_name);
-		DIR *dp = opendir(adir);
-		struct dirent *p;
-		while (dp && (p = readdir(dp))) {
-			if (!cap_controller_id_valid(p->d_name))
-				continue;
-			struct ident *i = ctl_ident(c, a->d_name, p->d_name);
-			struct cap_named_status st;
-			struct cap_err err = { 0 };
-			if (cap_named_status(i->name, &st, &err) < 0) {
-				i->lc.state = CAP_VM_NONE;	/* mapping without sandbox */
-				continue;
-			}
-			i->lc.idle_since = ctl_now(c);
-			if (st.state == CAP_NAMED_STOPPED) {
-				clean_leftovers(i->name);
-				i->lc.state = CAP_VM_STOPPED;
-			} else if (attach(i, &err) < 0) {
-				fprintf(stderr, "capsule serve: cannot reattach %s: %s\n", i->name, err.msg);
-				i->lc.state = CAP_VM_STOPPED;
-			} else {
-				fprintf(stderr, "capsule serve: reattached %s (%s/%s, %s)\n", i->name, i->agent,
-					i->peer, cap_vm_state_name(i->lc.state));
-			}
-		}
-		if (dp)
-			closedir(dp);
-	}
-	if (da)
-		closedir(da);
+	if (c->be == &ctl_named_backend)
+		cap_jail_sweep(jail_found, NULL);
+	ctl_ws_each(c->home, recover_ws, c);
 
 	/* Warm-pool sandboxes nobody was given: members again. */
 	char **names;
 	size_t n;
+	if (c->be != &ctl_named_backend)
+		return;
 	cap_named_list(&names, &n);
 	for (size_t k = 0; k < n; k++) {
 		bool taken = strncmp(names[k], "pool-", 5) != 0;
-		for (struct ident *i = c->idents; i && !taken; i = i->next)
-			taken = strcmp(i->name, names[k]) == 0;
-		if (!taken && c->cfg.warm_pool) {
-			struct ident *i = ident_new(c, "", "");
-			struct cap_named_status st;
-			struct cap_err err = { 0 };
-			i->pool = true;
-			snprintf(i->name, sizeof(i->name), "%s", names[k]);
-			i->lc.idle_since = ctl_now(c);
-			if (cap_named_status(i->name, &st, &err) == 0 && st.state != CAP_NAMED_STOPPED &&
-			    attach(i, &err) == 0) {
-				fprintf(stderr, "capsule %s: reattached warm sandbox %s\n", c->fe->name, i->name);
-			} else {
-				clean_leftovers(i->name);
-				i->lc.state = CAP_VM_STOPPED;
-			}
-		}
+		char agent[65], peer[65];
+		if (!taken)
+			taken = cap_ctl_identity_of(c, names[k], agent, peer) == 0;
+		if (!taken && c->cfg.warm_pool)
+			recover_one(c, "", "", names[k], true);
 		free(names[k]);
 	}
 	free(names);
 }
 
-/* --- the loop ------------------------------------------------------------------- */
+/* --- the loop ------------------------------------------------------------------------------ */
 
 /* Lifecycle transitions due now. */
-static void lifecycle(struct ctl *c)
+static void lifecycle(struct cap_ctl *c)
 {
-	int64_t now = ctl_now(c);
+	int64_t now = cap_ctl_now(c);
 	for (struct ident *i = c->idents; i; i = i->next) {
-		if (i->pool)
-			continue;	/* kept ready, not idle */
+		if (i->pool || i->job || i->op != OP_NONE)
+			continue;	/* pool VMs are kept ready, not idle */
 		switch (cap_lc_due(&i->lc, &c->cfg.lc, now)) {
 		case CAP_LC_PAUSE:
-			if (i->sb) {
-				cap_sandbox_vm_op(i->sb, true);
-				i->lc.state = CAP_VM_PAUSED;
+			if (i->vm && i->lc.state == CAP_VM_RUNNING) {
+				c->be->vm_op(i->vm, true);	/* PAUSED once the shim says so */
+				i->op = OP_PAUSE;
 			}
 			break;
 		case CAP_LC_STOP:
-			ctl_begin_stop(c, i);
+			begin_stop(c, i);
 			break;
 		case CAP_LC_NONE:
 			break;
@@ -880,174 +1247,303 @@ static void lifecycle(struct ctl *c)
 	}
 }
 
-static int next_timeout(struct ctl *c)
+static void retry_removes(struct cap_ctl *c)
 {
-	int64_t next = INT64_MAX, now = ctl_now(c), real = cap_now_ms();
-	for (struct ident *i = c->idents; i; i = i->next) {
-		int64_t t = cap_lc_next(&i->lc, &c->cfg.lc);
-		if (t < next)
-			next = t;
-		if (i->lc.state == CAP_VM_STOPPING && i->stop_deadline - real + now < next)
-			next = i->stop_deadline - real + now;
-	}
-	if (next == INT64_MAX)
-		return -1;
-	if (c->cfg.manual_clock)
-		return 1000;	/* the clock moves only when told; look again soon */
-	return next <= now ? 0 : (int)CAP_MIN(next - now, (int64_t)60000);
-}
-
-static void step_ident(struct ctl *c, struct ident *i, const struct pollfd *pfd)
-{
-	if (i->lc.state == CAP_VM_STARTING) {
-		if (pfd[0].revents)
-			start_finished(c, i);
-		return;
-	}
-	if (!i->sb)
-		return;
-	struct cap_err err = { 0 };
-	int r = cap_sandbox_dispatch(i->sb, pfd, &err);
-	if (i->lc.state == CAP_VM_STOPPING) {
-		if (r < 0 || cap_sandbox_is_dead(i->sb))
-			stopped(c, i);
-		return;
-	}
-	if (r < 0)
-		vm_lost(c, i, err.msg);
+	int64_t real = cap_now_ms();
+	for (struct ident *i = c->idents; i; i = i->next)
+		if (i->remove_retry_at && real >= i->remove_retry_at)
+			try_remove(c, i);
 }
 
 /* Stopping takes too long: kill the shim (its QEMU dies with it). */
-static void stop_overdue(struct ctl *c)
+static void stop_overdue(struct cap_ctl *c)
 {
 	int64_t real = cap_now_ms();
 	for (struct ident *i = c->idents; i; i = i->next) {
 		if (i->lc.state != CAP_VM_STOPPING || real < i->stop_deadline)
 			continue;
-		fprintf(stderr, "capsule serve: %s did not stop in time; killing its shim\n", i->name);
-		if (i->shim_pid > 0)
-			kill(i->shim_pid, SIGKILL);
+		cap_log(CAP_LOG_WARN, "%s did not stop in time; killing its shim", i->name);
+		c->be->kill(c->bud, i->name);
 		stopped(c, i);
 	}
 }
 
-static bool any_resident(struct ctl *c)
+static int next_timeout(struct cap_ctl *c)
+{
+	int64_t real = cap_now_ms(), next = INT64_MAX;
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (!c->cfg.manual_clock) {
+			int64_t t = cap_lc_next(&i->lc, &c->cfg.lc);
+			if (t != INT64_MAX && t < next)
+				next = t;
+		}
+		if (i->lc.state == CAP_VM_STOPPING && i->stop_deadline < next)
+			next = i->stop_deadline;
+		if (i->remove_retry_at && i->remove_retry_at < next)
+			next = i->remove_retry_at;
+	}
+	if (c->cfg.warm_pool && c->pool_retry_at > real && c->pool_retry_at < next)
+		next = c->pool_retry_at;
+	if (next == INT64_MAX)
+		return -1;
+	return next <= real ? 0 : (int)CAP_MIN(next - real, (int64_t)60000);
+}
+
+static bool busy(struct cap_ctl *c)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
-		if (cap_vm_state_resident(i->lc.state))
+		if (cap_vm_state_resident(i->lc.state) || i->job)
 			return true;
 	return false;
 }
 
-/* Every VM is asked to stop; the loop ends when none is resident. */
-static void begin_shutdown(struct ctl *c, const char *why)
+void cap_ctl_shutdown(struct cap_ctl *c, const char *why)
 {
 	if (c->shutting_down)
 		return;
-	fprintf(stderr, "capsule %s: %s: stopping every sandbox\n", c->fe->name, why);
+	cap_log(CAP_LOG_INFO, "%s: stopping every sandbox", why);
 	c->shutting_down = true;
-	c->fe->shutdown(c);
-	for (struct ident *i = c->idents; i; i = i->next)
+	for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
+		if (f->ops->shutdown)
+			f->ops->shutdown(f->fe, c);
+	for (struct ident *i = c->idents; i; i = i->next) {
+		fail_queue(c, i, CAP_CTL_ESANDBOX, "the controller is shutting down");
 		if (cap_vm_state_resident(i->lc.state))
-			ctl_begin_stop(c, i);
+			begin_stop(c, i);
+	}
+	c->kick = true;
 }
 
-int ctl_run(const struct cap_controller_cfg *cfg, const struct ctl_frontend *fe,
-	    void *fe_state, struct cap_err *err)
+void cap_ctl_poll_add(struct cap_ctl_poll *p, int fd, short events, void *tag)
 {
-	struct ctl c = { .cfg = *cfg, .fe = fe, .fe_state = fe_state,
-			 .listen_fd = -1, .signal_fd = -1, .lock_fd = -1 };
-	int r;
-
-	c.home = cap_home_dir();
-	if ((r = cap_mkdir_p(c.home, 0700)) < 0) {
-		r = cap_err_set(err, -r, "cannot create %s: %s", c.home, strerror(-r));
-		goto out;
+	if (p->n == p->cap) {
+		p->cap = p->cap ? p->cap * 2 : 64;
+		p->pfd = xrealloc(p->pfd, p->cap * sizeof(*p->pfd));
+		p->slot = xrealloc(p->slot, p->cap * sizeof(*p->slot));
 	}
-	if ((r = fe->setup(&c, err)) < 0)
-		goto out;
+	p->pfd[p->n] = (struct pollfd){ .fd = fd, .events = events };
+	p->slot[p->n] = (struct slot){ SLOT_FE, p->fe, tag };
+	p->n++;
+}
 
+static void add_slot(struct cap_ctl_poll *p, int fd, short events, enum slot_kind kind, void *ptr)
+{
+	cap_ctl_poll_add(p, fd, events, NULL);
+	p->slot[p->n - 1] = (struct slot){ kind, ptr, NULL };
+}
+
+static void step_vm(struct cap_ctl *c, struct ident *i, const struct pollfd *pfd)
+{
+	struct cap_err err = { 0 };
+	if (!i->vm)
+		return;
+	int r = c->be->dispatch(i->vm, pfd, &err);
+	if (i->lc.state == CAP_VM_STOPPING) {
+		if (r < 0 || c->be->dead(i->vm))
+			stopped(c, i);
+		return;
+	}
+	if (r < 0) {
+		vm_lost(c, i, err.msg);
+		return;
+	}
+	int result;
+	if (i->op != OP_NONE && c->be->vm_op_done(i->vm, &result))
+		op_answered(c, i, result);
+}
+
+void cap_ctl_start(struct cap_ctl *c)
+{
+	recover(c);
+	cap_log(CAP_LOG_INFO, "ready (capacity %u, idle pause %lld ms, idle stop %lld ms%s)",
+		c->cfg.lc.capacity, (long long)c->cfg.lc.idle_pause_ms, (long long)c->cfg.lc.idle_stop_ms,
+		c->cfg.manual_clock ? ", manual clock" : "");
+}
+
+int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
+{
+	struct cap_ctl_poll *p = &c->poll;
+	for (;;) {
+		while (c->kick) {
+			c->kick = false;
+			for (struct ident *i = c->idents; i; i = i->next)
+				pump(c, i);
+		}
+		pool_fill(c);
+		if (!c->shutting_down)
+			lifecycle(c);
+		stop_overdue(c);
+		retry_removes(c);
+		sweep(c);
+		if (!c->kick)
+			break;
+	}
+	if (c->shutting_down && !busy(c)) {
+		for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
+			if (f->ops->flush)
+				f->ops->flush(f->fe, c);
+		return 0;
+	}
+
+	p->n = 0;
+	add_slot(p, c->signal_fd, POLLIN, SLOT_SIGNAL, NULL);
+	for (struct cap_ctl_fe *f = c->fes; f; f = f->next) {
+		p->fe = f;
+		f->ops->pollfds(f->fe, c, p);
+	}
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (i->job)
+			add_slot(p, i->job_fd, POLLIN, SLOT_JOB, i);
+		if (i->vm) {
+			struct pollfd v[CAP_CTL_VM_NPOLL];
+			c->be->pollfds(i->vm, v);
+			for (int k = 0; k < CAP_CTL_VM_NPOLL; k++)
+				add_slot(p, v[k].fd, v[k].events, SLOT_VM, i);
+		}
+	}
+	int timeout = next_timeout(c);
+	if (max_wait_ms >= 0 && (timeout < 0 || timeout > max_wait_ms))
+		timeout = max_wait_ms;
+	if (poll(p->pfd, (nfds_t)p->n, timeout) < 0 && errno != EINTR)
+		return cap_err_set(err, errno, "poll: %s", strerror(errno));
+	for (size_t k = 0; k < p->n; k++) {
+		struct slot *s = &p->slot[k];
+		short rev = p->pfd[k].revents;
+		if (s->kind == SLOT_VM) {
+			/* Both of a VM's descriptors go to it at once. */
+			struct ident *i = s->p;
+			if (rev || p->pfd[k + 1].revents)
+				step_vm(c, i, &p->pfd[k]);
+			k += CAP_CTL_VM_NPOLL - 1;
+			continue;
+		}
+		if (!rev)
+			continue;
+		if (s->kind == SLOT_SIGNAL) {
+			struct signalfd_siginfo si;
+			while (read(c->signal_fd, &si, sizeof(si)) == sizeof(si))
+				cap_ctl_shutdown(c, strsignal((int)si.ssi_signo));
+		} else if (s->kind == SLOT_FE) {
+			struct cap_ctl_fe *f = s->p;
+			f->ops->ready(f->fe, c, s->tag, rev);
+		} else if (s->kind == SLOT_JOB) {
+			job_finished(c, s->p);
+		}
+	}
+	for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
+		if (f->ops->flush)
+			f->ops->flush(f->fe, c);
+	return 1;
+}
+
+int cap_ctl_run(struct cap_ctl *c, struct cap_err *err)
+{
+	int r;
+	cap_ctl_start(c);
+	while ((r = cap_ctl_step(c, -1, err)) > 0)
+		;
+	if (r == 0)
+		cap_log(CAP_LOG_INFO, "every sandbox stopped; bye");
+	return r;
+}
+
+int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out, struct cap_err *err)
+{
+	struct cap_ctl *c = xcalloc(1, sizeof(*c));
+	int r;
+	c->cfg = *cfg;
+	c->be = cfg->backend ? cfg->backend : &ctl_named_backend;
+	c->bud = cfg->backend_ud;
+	c->lock_fd = c->signal_fd = -1;
+	c->manual_now = cap_now_ms();
+	c->home = cap_home_dir();
+	if ((r = cap_mkdir_p(c->home, 0700)) < 0) {
+		r = cap_err_set(err, -r, "cannot create %s: %s", c->home, strerror(-r));
+		goto fail;
+	}
+	if ((r = take_lock(c, err)) < 0)
+		goto fail;
 	static const int stops[] = { SIGTERM, SIGINT, SIGHUP };
 	sigset_t sigs;
-	c.signal_fd = cap_signalfd(stops, CAP_ARRAY_SIZE(stops), &sigs);
-
-	recover(&c);
-	fprintf(stderr, "capsule %s: ready (capacity %u, idle pause %lld ms, idle stop %lld ms%s)\n",
-		fe->name, cfg->lc.capacity, (long long)cfg->lc.idle_pause_ms,
-		(long long)cfg->lc.idle_stop_ms, cfg->manual_clock ? ", manual clock" : "");
-
-	for (;;) {
-		while (c.kick) {
-			c.kick = false;
-			for (struct ident *i = c.idents; i; i = i->next)
-				pump(&c, i);
-		}
-		if (c.frontend_done)
-			begin_shutdown(&c, "the client went away");
-		pool_fill(&c);
-		if (!c.shutting_down)
-			lifecycle(&c);
-		stop_overdue(&c);
-		if (c.shutting_down && !any_resident(&c))
-			break;
-
-		enum { MAXP = 4096 };
-		static struct pollfd pfd[MAXP];
-		static void *owner[MAXP];
-		int n = 0;
-		pfd[n++] = (struct pollfd){ .fd = c.signal_fd, .events = POLLIN };
-		int first_fe = n;
-		n = fe->pollfds(&c, pfd, owner, n, MAXP - 2 * 512);
-		int first_ident = n;
-		for (struct ident *i = c.idents; i && n + CAP_SANDBOX_NPOLL <= MAXP; i = i->next) {
-			owner[n] = i;
-			if (i->lc.state == CAP_VM_STARTING) {
-				pfd[n] = (struct pollfd){ .fd = i->ready_fd, .events = POLLIN };
-				pfd[n + 1] = (struct pollfd){ .fd = -1 };
-			} else if (i->sb) {
-				cap_sandbox_pollfds(i->sb, &pfd[n]);
-			} else {
-				pfd[n] = pfd[n + 1] = (struct pollfd){ .fd = -1 };
-			}
-			n += CAP_SANDBOX_NPOLL;
-		}
-		if (poll(pfd, (nfds_t)n, next_timeout(&c)) < 0 && errno != EINTR) {
-			r = cap_err_set(err, errno, "poll: %s", strerror(errno));
-			break;
-		}
-		if (pfd[0].revents) {
-			struct signalfd_siginfo si;
-			while (read(c.signal_fd, &si, sizeof(si)) == sizeof(si))
-				begin_shutdown(&c, strsignal((int)si.ssi_signo));
-		}
-		fe->step(&c, pfd, owner, first_fe, first_ident);
-		for (int k = first_ident; k < n; k += CAP_SANDBOX_NPOLL)
-			if (pfd[k].revents || pfd[k + 1].revents)
-				step_ident(&c, owner[k], &pfd[k]);
-		fe->flush(&c);
+	c->signal_fd = cap_signalfd(stops, CAP_ARRAY_SIZE(stops), &sigs);
+	if (c->signal_fd < 0) {
+		r = cap_err_set(err, errno, "signalfd: %s", strerror(errno));
+		goto fail;
 	}
-	fprintf(stderr, "capsule %s: every sandbox stopped; bye\n", fe->name);
-	r = 0;
-out:
-	fe->teardown(&c);
-	while (c.idents) {
-		struct ident *i = c.idents;
-		c.idents = i->next;
-		detach(i);
-		if (i->ready_fd >= 0)
-			close(i->ready_fd);
+	*out = c;
+	return 0;
+fail:
+	cap_ctl_free(c);
+	return r;
+}
+
+struct cap_ctl_fe *cap_ctl_add_frontend(struct cap_ctl *c, const struct cap_ctl_frontend_ops *ops,
+					void *fe)
+{
+	struct cap_ctl_fe *f = xcalloc(1, sizeof(*f));
+	f->ops = ops;
+	f->fe = fe;
+	struct cap_ctl_fe **p = &c->fes;
+	while (*p)
+		p = &(*p)->next;
+	*p = f;
+	return f;
+}
+
+void cap_ctl_free(struct cap_ctl *c)
+{
+	if (!c)
+		return;
+	while (c->idents) {
+		struct ident *i = c->idents;
+		c->idents = i->next;
+		detach(c, i);
+		if (i->job)
+			close(i->job_fd);	/* the child finishes on its own */
 		while (i->queue) {
-			struct call *k = i->queue;
+			struct cap_ctl_call *k = i->queue;
 			i->queue = k->next;
 			call_free(k);
 		}
 		call_free(i->active);
 		free(i);
 	}
-	if (c.signal_fd >= 0)
-		close(c.signal_fd);
-	if (c.lock_fd >= 0)
-		close(c.lock_fd);
-	free(c.home);
-	return r;
+	while (c->fes) {
+		struct cap_ctl_fe *f = c->fes;
+		c->fes = f->next;
+		free(f);
+	}
+	free(c->poll.pfd);
+	free(c->poll.slot);
+	if (c->signal_fd >= 0)
+		close(c->signal_fd);
+	if (c->lock_fd >= 0)
+		close(c->lock_fd);
+	free(c->home);
+	free(c);
+}
+
+struct mapped_ctx {
+	const char *sandbox;
+	bool found;
+};
+
+static void mapped_one(void *ud, const char *agent, const char *peer, const char *sandbox)
+{
+	struct mapped_ctx *m = ud;
+	(void)agent, (void)peer;
+	m->found |= strcmp(sandbox, m->sandbox) == 0;
+}
+
+int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out)
+{
+	int held = cap_ctl_holder(out);
+	if (held <= 0)
+		return held;
+	if (strncmp(sandbox, "pool-", 5) == 0)
+		return 1;
+	_cleanup_free_ char *home = cap_home_dir();
+	struct mapped_ctx m = { sandbox, false };
+	ctl_ws_each(home, mapped_one, &m);
+	return m.found;
 }

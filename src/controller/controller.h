@@ -1,40 +1,279 @@
-/* The controller behind `capsule serve`: maps identities (agent, peer) to
- * named sandboxes, creates them lazily, runs each identity's calls one at a
- * time in arrival order, keeps the idle lifecycle and the capacity of
- * DESIGN §5, and recovers what a crashed predecessor left. Its front end
- * is JSON-RPC 2.0 over a unix socket (docs/serve.md). */
+/* The controller core: maps identities (agent, peer) to named sandboxes,
+ * creates them lazily, runs each identity's calls one at a time in arrival
+ * order, keeps the idle lifecycle and the capacity of DESIGN §5, and
+ * recovers what a crashed predecessor left. One per CAPSULE_HOME, held by
+ * a lock for its whole life.
+ *
+ * The core speaks no JSON: front ends (the JSON-RPC socket of `capsule
+ * serve`, MCP on stdio) submit typed requests and get typed results back
+ * through their ops; each builds its own wire format. The core never
+ * blocks its loop on one identity's work: creating a sandbox, checking
+ * and rebuilding its public data and starting its shim run in a child
+ * process (a job); stops and pause/resume are requests answered later. */
 #ifndef CAP_CONTROLLER_H
 #define CAP_CONTROLLER_H
 
+#include <poll.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "err.h"
 #include "lifecycle.h"
+#include "client.h"
+
+struct cap_ctl_backend;
 
 struct cap_controller_cfg {
 	struct cap_lifecycle_cfg lc;
-	const char *socket_path;	/* NULL: CAPSULE_HOME/serve.sock */
 	const char *image;	/* image of new sandboxes, default "base" */
 	const char *source;	/* public data for new sandboxes, or NULL */
 	int stop_grace_ms;	/* default 10000 */
-	/* A clock that moves only through the `_test.advance` method, so
-	 * that tests drive real transitions without waiting. */
+	/* A clock that moves only through cap_ctl_advance, so that tests
+	 * drive real transitions without waiting. */
 	bool manual_clock;
 	/* Warm pool: this many started sandboxes kept ready for identities
 	 * that have none yet; they count against capacity. 0: off. */
 	unsigned warm_pool;
-	/* Take back only this agent's sandboxes at start (NULL: all). */
-	const char *recover_agent;
+	/* What the lock file says of the holder (for other front ends and
+	 * the CLI): its front end's name and socket (NULL: none). */
+	const char *frontend;
+	const char *socket_path;
+	/* Sandboxes: NULL for the real ones (named sandboxes and their
+	 * shims); tests give a fake. Borrowed for the controller's life. */
+	const struct cap_ctl_backend *backend;
+	void *backend_ud;
 };
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c);
 
-/* Serve until SIGTERM or SIGINT, then stop every VM and return 0. Fails
- * before serving (bad socket path, another server on it) with err set. */
-int cap_controller_run(const struct cap_controller_cfg *cfg, struct cap_err *err);
-
 /* Whether an identity part is acceptable: 1 to 64 of [A-Za-z0-9._@+=:-],
  * not starting with '.'. */
 bool cap_controller_id_valid(const char *s);
+
+/* --- the owner of a home ------------------------------------------------ */
+
+struct cap_ctl_holder {
+	pid_t pid;
+	char frontend[32];	/* "serve", "mcp" */
+	char socket[256];	/* "" when it listens on none */
+};
+
+/* Whether a controller holds CAPSULE_HOME's lock: 1 with *out filled, 0
+ * when none does, -errno on an unreadable home. */
+int cap_ctl_holder(struct cap_ctl_holder *out);
+
+/* Whether a running controller owns the sandbox (an identity's or a warm
+ * pool's): 1 with *out naming it, 0 when none does, -errno. */
+int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out);
+
+/* --- requests and results ------------------------------------------------ */
+
+enum cap_ctl_kind { CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE };
+
+enum cap_ctl_code {
+	CAP_CTL_OK,
+	CAP_CTL_ESANDBOX,	/* the sandbox failed (could not start, died) */
+	CAP_CTL_ECAPACITY,	/* every slot busy with running calls: retry */
+	CAP_CTL_ETOOL,	/* the tool refused (file too big, unreadable...) */
+	CAP_CTL_ECANCELLED,
+};
+
+#define CAP_CTL_READ_MAX (2u << 20)
+#define CAP_CTL_LIST_MAX 500
+
+/* A request; everything is borrowed for the call of cap_ctl_submit, which
+ * copies what it keeps. */
+struct cap_ctl_req {
+	enum cap_ctl_kind kind;
+	const struct cap_exec_req *exec;	/* EXEC */
+	const void *stdin_data;	/* EXEC: all of stdin, or NULL */
+	size_t stdin_len;
+	enum cap_file_op op;	/* FILE */
+	const char *root;	/* "/source" or "/work" */
+	const char *path;	/* relative, checked by the front end */
+	const void *data;	/* WRITE */
+	size_t len;
+	uint32_t limit;	/* READ: most bytes (0: CAP_CTL_READ_MAX) */
+};
+
+struct cap_ctl_entry {
+	char type;	/* 'd' directory, 'f' file, 'l' symlink, 'o' other */
+	uint64_t size;	/* files */
+	const char *name;
+};
+
+/* What a call came to; borrowed for the done() call only. */
+struct cap_ctl_result {
+	enum cap_ctl_code code;
+	const char *msg;	/* on error: what happened and what to do */
+	int errnum;	/* on error, when one applies; else 0 */
+	const char *sandbox;	/* the identity's sandbox, when known */
+	enum cap_ctl_kind kind;
+	/* EXEC (and the answer of a failed FILE: its exit) */
+	struct cap_exit exit;
+	const uint8_t *out, *err;	/* raw bytes, not sanitized */
+	size_t out_len, err_len;
+	/* FILE */
+	bool is_dir;
+	const uint8_t *content;	/* READ of a file: raw bytes */
+	size_t content_len;
+	const struct cap_ctl_entry *entries;	/* READ/LIST of a directory */
+	size_t nentries;
+	bool entries_truncated;
+	uint64_t written;	/* WRITE */
+	/* STOP, REMOVE: "stopped", "removed", "none" */
+	const char *state;
+};
+
+struct cap_ctl_status {
+	char agent[65], peer[65];
+	char sandbox[64];	/* "" for none */
+	enum cap_vm_state state;
+	unsigned active, queued;
+	int64_t idle_ms;	/* -1 when unknown (not resident) */
+};
+
+struct cap_ctl_pool_info {
+	unsigned size, members, ready;
+};
+
+/* --- front ends -------------------------------------------------------------- */
+
+struct cap_ctl;
+struct cap_ctl_fe;	/* a registered front end */
+struct cap_ctl_call;	/* a submitted call, until its done() */
+struct cap_ctl_poll;	/* the descriptors of one round of the loop */
+
+/* Watch fd this round; tag comes back to ready(). */
+void cap_ctl_poll_add(struct cap_ctl_poll *p, int fd, short events, void *tag);
+
+struct cap_ctl_frontend_ops {
+	const char *name;	/* "serve", "mcp": for log lines */
+	/* Add this round's descriptors. */
+	void (*pollfds)(void *fe, struct cap_ctl *c, struct cap_ctl_poll *p);
+	void (*ready)(void *fe, struct cap_ctl *c, void *tag, short revents);
+	/* End of a round: write what is queued. */
+	void (*flush)(void *fe, struct cap_ctl *c);
+	/* Every submitted call ends here exactly once, cancelled or not. r
+	 * and what it points to are borrowed for the call. */
+	void (*done)(void *fe, struct cap_ctl *c, void *tag,
+		     const struct cap_ctl_result *r);
+	/* The controller is shutting down: take no new requests. */
+	void (*shutdown)(void *fe, struct cap_ctl *c);
+};
+
+/* Take CAPSULE_HOME's lock and set up; -EBUSY naming the holder when
+ * another controller has it. *out is owned by the caller (cap_ctl_free). */
+int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out,
+		struct cap_err *err);
+/* Register a front end; ops and fe are borrowed for the controller's life. */
+struct cap_ctl_fe *cap_ctl_add_frontend(struct cap_ctl *c,
+					const struct cap_ctl_frontend_ops *ops,
+					void *fe);
+/* Recover what a predecessor left, then serve until SIGTERM, SIGINT or
+ * cap_ctl_shutdown; then stop every VM and return 0. */
+int cap_ctl_run(struct cap_ctl *c, struct cap_err *err);
+/* cap_ctl_run in parts, for callers that drive the loop themselves (unit
+ * tests): _start recovers; _step runs one round, waiting at most
+ * max_wait_ms (-1: until something happens), and returns 1 while serving,
+ * 0 once shut down with every VM stopped, -errno on a poll failure. */
+void cap_ctl_start(struct cap_ctl *c);
+int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err);
+/* Ask the loop to stop every VM and return (a front end lost its client). */
+void cap_ctl_shutdown(struct cap_ctl *c, const char *why);
+/* Release the lock and everything; NULL is ok. */
+void cap_ctl_free(struct cap_ctl *c);
+
+const struct cap_controller_cfg *cap_ctl_cfg(const struct cap_ctl *c);
+const char *cap_ctl_home(const struct cap_ctl *c);
+
+/* Queue a call for (agent, peer), both valid (the front end checks).
+ * The result reaches fe's done() with tag, later or (for errors found at
+ * once) before this returns. The handle is valid until then. */
+struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
+				    const char *agent, const char *peer,
+				    const struct cap_ctl_req *req, void *tag);
+/* Cancel a call: a queued one ends at once, a running one's process group
+ * is killed and it ends when the guest says so (ECANCELLED either way). A
+ * stop or remove under way is not taken back: false. */
+bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k);
+
+/* The state of an identity; creates nothing. */
+void cap_ctl_status(struct cap_ctl *c, const char *agent, const char *peer,
+		    struct cap_ctl_status *out);
+/* Every identity with a sandbox, resident or not; pool may be NULL. */
+void cap_ctl_list(struct cap_ctl *c,
+		  void (*each)(void *ud, const struct cap_ctl_status *s),
+		  void *ud, struct cap_ctl_pool_info *pool);
+/* The identity a sandbox belongs to: 0, -ENOENT (none: unknown sandbox or
+ * an unassigned warm-pool one). */
+int cap_ctl_identity_of(struct cap_ctl *c, const char *sandbox,
+			char agent[65], char peer[65]);
+/* The manual clock: move it by ms. -EPERM without manual_clock. */
+int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now);
+/* The lifecycle clock (ms). */
+int64_t cap_ctl_now(const struct cap_ctl *c);
+
+/* --- sandboxes, behind a table (the real one drives named sandboxes;
+ * unit tests give a fake) ----------------------------------------------------- */
+
+/* A job runs in a child process (the real backend forks): make the
+ * sandbox if it does not exist, bring its public data up to date, start
+ * its shim; or only check whether the public data changed (a changed one
+ * stops the VM and is rebuilt). */
+enum cap_ctl_job { CAP_CTL_JOB_START, CAP_CTL_JOB_CHECK };
+
+struct cap_ctl_job_req {
+	enum cap_ctl_job kind;
+	const char *name;
+	bool create;	/* START: create it first when missing */
+	const char *image, *source;	/* of a new sandbox */
+};
+
+struct cap_ctl_job_out {
+	int r;	/* 0 or -errno, with msg */
+	char msg[1024];
+	bool changed;	/* CHECK: the public data changed (the VM was stopped) */
+	bool has_source;	/* whether the sandbox projects public data */
+};
+
+#define CAP_CTL_VM_NPOLL 2
+
+struct cap_ctl_backend {
+	int (*job_begin)(void *ud, const struct cap_ctl_job_req *j, int *fd,
+			 pid_t *pid, struct cap_err *err);
+	/* fd became readable: collect the outcome, close fd, reap pid. */
+	void (*job_end)(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out);
+	/* What the sandbox is doing: -ENOENT when it does not exist. */
+	int (*state)(void *ud, const char *name, enum cap_vm_state *st,
+		     bool *serving, bool *has_source);
+	/* Attach to a serving shim; *vm is owned by the caller (vm_free). */
+	int (*attach)(void *ud, const char *name, void **vm, bool *paused,
+		      struct cap_err *err);
+	/* Leftovers of a dead shim: cleaned; disks stay. */
+	void (*reap)(void *ud, const char *name);
+	/* Delete a stopped sandbox and its disks. */
+	int (*remove)(void *ud, const char *name, struct cap_err *err);
+	/* Kill the shim of a sandbox that would not stop. */
+	void (*kill)(void *ud, const char *name);
+
+	int (*exec)(void *vm, const struct cap_exec_req *req,
+		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		    struct cap_err *err);
+	int (*file)(void *vm, const struct cap_file_req *req, uint32_t cap,
+		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		    struct cap_err *err);
+	int (*input)(void *vm, uint32_t id, const void *p, size_t n);
+	int (*signal)(void *vm, uint32_t id, int sig);
+	/* Ask to pause or resume; vm_op_done says when the shim answered. */
+	void (*vm_op)(void *vm, bool pause);
+	bool (*vm_op_done)(void *vm, int *result);
+	void (*stop)(void *vm);
+	bool (*dead)(void *vm);
+	void (*pollfds)(void *vm, struct pollfd *pfd);	/* CAP_CTL_VM_NPOLL */
+	int (*dispatch)(void *vm, const struct pollfd *pfd, struct cap_err *err);
+	void (*vm_free)(void *vm);
+};
 
 #endif

@@ -1,21 +1,29 @@
-/* The MCP front end of the controller: JSON-RPC 2.0 on stdin/stdout, one
- * message per line. stdout carries protocol messages only; logs go to
- * stderr. Tools run in the sandbox of the identity (configured agent,
- * peer from --peer or from the orchestrator's _meta), through the same
- * calls as `capsule serve`. */
+/* The MCP front end: JSON-RPC 2.0 on stdin/stdout, one message per line.
+ * stdout carries protocol messages only; logs go to stderr. Tools run in
+ * the sandbox of the identity (configured agent, peer from --peer or from
+ * the orchestrator's _meta). One controller owns a home: when one runs
+ * (capsule serve, or another capsule mcp), this is its client over its
+ * socket; otherwise this process runs it, and listens on the home's
+ * socket so that other front ends can join. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
-#include "controller-internal.h"
+#include "jsonrpc.h"
+#include "log.h"
 #include "mcp.h"
+#include "paths.h"
+#include "serve.h"
 #include "utf8.h"
 #include "util.h"
 
-#define LINE_MAX_BYTES (4u << 20)
 #define WRITE_MAX 60000	/* one FILE frame */
 #define PEER_META "capsule/peer"
 
@@ -45,7 +53,7 @@ void cap_mcp_cfg_init(struct cap_mcp_cfg *c)
 	memset(c, 0, sizeof(*c));
 	cap_controller_cfg_init(&c->ctl);
 	c->tools[CAP_TOOL_READ_FILE] = true;
-	c->read_max_bytes = READ_MAX;
+	c->read_max_bytes = CAP_CTL_READ_MAX;
 	c->read_max_chars = 32000;
 	c->read_max_lines = 500;
 	c->run_timeout_s = 30;
@@ -184,21 +192,39 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 
 /* --- the server ------------------------------------------------------------------ */
 
+struct mcp_call;
+
 struct mcp {
 	struct cap_mcp_cfg *cfg;
-	struct cap_buf in, out;
-	struct conn stdio;	/* stands for the one client of the calls */
+	struct cap_rpc_reader in;	/* stdin */
+	struct cap_buf out;	/* stdout */
 	bool initialized;
-	bool discarding;
 	bool eof;
+	struct mcp_call *calls;	/* tool calls not answered yet */
+	/* Local: this process runs the controller. */
+	struct cap_ctl *ctl;
+	struct cap_ctl_fe *fe;
+	/* Remote: the home's controller runs in another process (capsule
+	 * serve, or another capsule mcp); this one is its client. */
+	int srv_fd;
+	struct cap_ctl_holder holder;
+	struct cap_rpc_reader srv_in;
+	struct cap_buf srv_out;
+	long long next_rid;
 };
 
 /* What a tool call needs to turn the controller's answer into a result. */
 struct mcp_call {
+	json_t *id;	/* the MCP request's */
+	bool gone;	/* cancelled by the client: no answer */
 	enum cap_mcp_tool tool;
+	enum cap_ctl_kind kind;
 	uint64_t offset;	/* first line or entry, 1-based */
 	uint32_t limit;	/* lines or entries */
 	char shown[4300];	/* the path as the model sees it, /source/... */
+	struct cap_ctl_call *call;	/* local */
+	long long rid;	/* remote: the request's id on the server's socket */
+	struct mcp_call *next;
 };
 
 static void send_msg(struct mcp *m, json_t *msg)
@@ -329,9 +355,9 @@ static json_t *window(struct mcp *m, const struct mcp_call *mc, const char *s, s
 	return j;
 }
 
-static json_t *listing(const struct mcp_call *mc, json_t *entries, bool more)
+static json_t *listing(const struct mcp_call *mc, const struct cap_ctl_entry *v, size_t total,
+		       bool more)
 {
-	size_t total = json_array_size(entries);
 	struct cap_buf b;
 	cap_buf_init(&b);
 	char line[700];
@@ -339,89 +365,102 @@ static json_t *listing(const struct mcp_call *mc, json_t *entries, bool more)
 	cap_buf_append(&b, line, (size_t)k);
 	size_t shown = 0;
 	for (size_t i = mc->offset ? mc->offset - 1 : 0; i < total && shown < mc->limit; i++, shown++) {
-		json_t *e = json_array_get(entries, i);
-		const char *name = json_string_value(json_object_get(e, "name"));
-		const char *type = json_string_value(json_object_get(e, "type"));
-		if (strcmp(type, "directory") == 0)
-			k = snprintf(line, sizeof(line), "%s/\n", name);
-		else if (strcmp(type, "file") == 0)
-			k = snprintf(line, sizeof(line), "%s\t%lld bytes\n", name,
-				     (long long)json_integer_value(json_object_get(e, "size")));
+		const struct cap_ctl_entry *e = &v[i];
+		if (e->type == 'd')
+			k = snprintf(line, sizeof(line), "%s/\n", e->name);
+		else if (e->type == 'f')
+			k = snprintf(line, sizeof(line), "%s\t%llu bytes\n", e->name, (unsigned long long)e->size);
 		else
-			k = snprintf(line, sizeof(line), "%s\t(%s)\n", name, type);
+			k = snprintf(line, sizeof(line), "%s\t(%s)\n", e->name, e->type == 'l' ? "symlink" : "other");
 		cap_buf_append(&b, line, (size_t)CAP_MIN(k, (int)sizeof(line) - 1));
 	}
 	if (more || (mc->offset ? mc->offset - 1 : 0) + shown < total) {
 		k = snprintf(line, sizeof(line), "[capsule: truncated: %zu entries shown%s; the listing stops at %u entries]\n",
-			     shown, more ? ", the directory has more" : "", LIST_MAX);
+			     shown, more ? ", the directory has more" : "", CAP_CTL_LIST_MAX);
 		cap_buf_append(&b, line, (size_t)k);
 	}
-	json_t *j = json_stringn((const char *)cap_buf_head(&b), cap_buf_used(&b));
+	size_t n;
+	char *text = cap_utf8_sanitize((const char *)cap_buf_head(&b), cap_buf_used(&b), &n);
+	json_t *j = json_stringn(text, n);
+	free(text);
 	cap_buf_fini(&b);
 	return j;
 }
 
-/* The controller answered a tool call: make it an MCP tool result. */
-static void tool_reply(struct ctl *c, struct call *k, json_t *result, int code,
-		       const char *msg, json_t *data)
+static json_t *sanitized(const uint8_t *p, size_t n)
 {
-	struct mcp *m = c->fe_state;
-	struct mcp_call *mc = k->front;
-	json_decref(data);
-	if (!k->conn || !k->id) {	/* cancelled by the client: no answer */
-		json_decref(result);
+	size_t len;
+	char *s = cap_utf8_sanitize((const char *)p, n, &len);
+	json_t *j = json_stringn(s, len);
+	free(s);
+	return j;
+}
+
+static void unlink_call(struct mcp *m, struct mcp_call *mc)
+{
+	for (struct mcp_call **p = &m->calls; *p; p = &(*p)->next)
+		if (*p == mc) {
+			*p = mc->next;
+			return;
+		}
+}
+
+/* The controller answered a tool call: make it an MCP tool result. */
+static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result *r)
+{
+	unlink_call(m, mc);
+	if (mc->gone) {
+		json_decref(mc->id);
 		free(mc);
-		k->front = NULL;
 		return;
 	}
-	if (code != 0) {
-		tool_error(m, k->id, "%s%s", msg ? msg : "the tool failed",
-			   code == RPC_CAPACITY ? " (every sandbox is busy; try again shortly)" : "");
+	json_t *id = mc->id;
+	if (r->code != CAP_CTL_OK) {
+		tool_error(m, id, "%s%s", r->msg ? r->msg : "the tool failed",
+			   r->code == CAP_CTL_ECAPACITY ? " (every sandbox is busy; try again shortly)" : "");
 	} else if (mc->tool == CAP_TOOL_RUN_COMMAND) {
-		json_t *ec = json_object_get(result, "exit_code");
-		bool timed = json_is_true(json_object_get(result, "timed_out"));
+		const struct cap_exit *ex = &r->exit;
+		bool timed = (ex->flags & CAP_EXIT_TIMED_OUT) != 0;
+		bool code = ex->kind != CAP_EXIT_SIGNAL;
+		int status = code ? cap_exit_status(ex) : 0;
 		char head[200];
 		if (timed)
 			snprintf(head, sizeof(head), "timed out after %u s; the command was killed\n", m->cfg->run_timeout_s);
-		else if (json_is_integer(ec))
-			snprintf(head, sizeof(head), "exit code %lld\n", (long long)json_integer_value(ec));
+		else if (code)
+			snprintf(head, sizeof(head), "exit code %d\n", status);
 		else
-			snprintf(head, sizeof(head), "killed by signal %lld\n",
-				 (long long)json_integer_value(json_object_get(result, "signal")));
-		char *text = xasprintf("%s--- stdout ---\n%s--- stderr ---\n%s%s", head,
-				       json_string_value(json_object_get(result, "stdout")),
-				       json_string_value(json_object_get(result, "stderr")),
-				       json_is_true(json_object_get(result, "truncated")) ? "[capsule: output truncated at 256 KiB]\n" : "");
-		json_t *r = text_result(text, timed || !json_is_integer(ec) || json_integer_value(ec) != 0);
+			snprintf(head, sizeof(head), "killed by signal %d\n", (int)ex->value);
+		json_t *out = sanitized(r->out, r->out_len), *err = sanitized(r->err, r->err_len);
+		char *text = xasprintf("%s--- stdout ---\n%s--- stderr ---\n%s%s", head, json_string_value(out),
+				       json_string_value(err),
+				       (ex->flags & CAP_EXIT_TRUNCATED) ? "[capsule: output truncated at 256 KiB]\n" : "");
+		json_t *res = text_result(text, timed || !code || status != 0);
 		free(text);
-		json_object_set_new(r, "structuredContent", json_pack("{s:O, s:O, s:O, s:O, s:O}",
-			"exit_code", ec, "signal", json_object_get(result, "signal"),
-			"timed_out", json_object_get(result, "timed_out"),
-			"stdout", json_object_get(result, "stdout"), "stderr", json_object_get(result, "stderr")));
-		result_to(m, k->id, r);
+		json_object_set_new(res, "structuredContent", json_pack("{s:o, s:o, s:b, s:o, s:o}",
+			"exit_code", code ? json_integer(status) : json_null(),
+			"signal", code ? json_null() : json_integer(ex->value), "timed_out", timed,
+			"stdout", out, "stderr", err));
+		result_to(m, id, res);
 	} else if (mc->tool == CAP_TOOL_WRITE_FILE) {
 		char text[4500];
-		snprintf(text, sizeof(text), "wrote %lld bytes to %s",
-			 (long long)json_integer_value(json_object_get(result, "bytes")), mc->shown);
-		result_to(m, k->id, text_result(text, false));
+		snprintf(text, sizeof(text), "wrote %llu bytes to %s", (unsigned long long)r->written, mc->shown);
+		result_to(m, id, text_result(text, false));
 	} else {
-		const char *kind = json_string_value(json_object_get(result, "kind"));
 		bool is_error = false;
 		json_t *text;
-		if (kind && strcmp(kind, "directory") == 0)
-			text = listing(mc, json_object_get(result, "entries"),
-				       json_is_true(json_object_get(result, "truncated")));
+		if (r->is_dir)
+			text = listing(mc, r->entries, r->nentries, r->entries_truncated);
 		else if (mc->tool == CAP_TOOL_LIST_DIRECTORY)
 			text = json_string("not a directory"), is_error = true;
+		else if (!cap_utf8_valid((const char *)r->content, r->content_len))
+			text = json_string("the file is not UTF-8 text; read_file reads text only"), is_error = true;
 		else
-			text = window(m, mc, json_string_value(json_object_get(result, "content")),
-				      json_string_length(json_object_get(result, "content")), &is_error);
-		result_to(m, k->id, json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", text,
-					       "isError", is_error));
+			text = window(m, mc, (const char *)r->content, r->content_len, &is_error);
+		result_to(m, id, json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", text,
+					   "isError", is_error));
 	}
-	json_decref(result);
+	json_decref(mc->id);
 	free(mc);
-	k->front = NULL;
 }
 
 static json_t *schema_path(void)
@@ -440,7 +479,7 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 	case CAP_TOOL_READ_FILE:
 		snprintf(desc, sizeof(desc),
 			 "Read a UTF-8 text file (at most %u bytes) from the public data or your workspace. Returns at most %u lines and %u characters per call; when truncated, the text ends with a note giving the offset to continue from. On a directory, lists up to %u entries.",
-			 cfg->read_max_bytes, cfg->read_max_lines, cfg->read_max_chars, LIST_MAX);
+			 cfg->read_max_bytes, cfg->read_max_lines, cfg->read_max_chars, CAP_CTL_LIST_MAX);
 		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:o, s:o, s:{s:s, s:i, s:s}, s:{s:s, s:i, s:i, s:s}}, s:[s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "read_file", "title", "Read file", "description", desc,
 			"inputSchema", "type", "object", "properties", "path", schema_path(), "root", root,
@@ -504,26 +543,62 @@ static const char *path_problem(const char *path)
 	return NULL;
 }
 
-static void tools_call(struct ctl *c, struct mcp *m, json_t *id, json_t *params)
+/* --- reaching the controller ---------------------------------------------------- */
+
+static void remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+			const struct cap_ctl_req *req);
+
+/* Hand a tool call to the controller: this process's, or the home's
+ * controller over its socket. mc is on m->calls until tool_reply. */
+static void submit(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+		   const struct cap_ctl_req *req)
+{
+	mc->kind = req->kind;
+	mc->next = m->calls;
+	m->calls = mc;
+	if (m->ctl)
+		mc->call = cap_ctl_submit(m->ctl, m->fe, agent, peer, req, mc);	/* may end at once */
+	else
+		remote_send(m, mc, agent, peer, req);
+}
+
+static void cancel(struct mcp *m, json_t *request_id)
+{
+	for (struct mcp_call *mc = m->calls; mc; mc = mc->next) {
+		if (mc->gone || !json_equal(mc->id, request_id))
+			continue;
+		mc->gone = true;
+		if (m->ctl && mc->call)
+			cap_ctl_cancel(m->ctl, mc->call);	/* may free mc */
+		else if (!m->ctl)
+			cap_rpc_put_request(&m->srv_out, m->next_rid++, "cancel",
+					    json_pack("{s:I}", "id", (json_int_t)mc->rid));
+		return;
+	}
+}
+
+/* --- MCP --------------------------------------------------------------------------- */
+
+static void tools_call(struct mcp *m, json_t *id, json_t *params)
 {
 	const char *name = json_string_value(json_object_get(params, "name"));
 	json_t *args = json_object_get(params, "arguments");
 	enum cap_mcp_tool t;
 	if (!name || cap_mcp_tool_parse(name, &t) < 0 || !m->cfg->tools[t])
-		return error_to(m, id, RPC_PARAMS, "unknown tool '%s'; tools/list names the tools this server offers",
+		return error_to(m, id, CAP_RPC_PARAMS, "unknown tool '%s'; tools/list names the tools this server offers",
 				name ? name : "(none)");
 	if (args && !json_is_object(args))
-		return error_to(m, id, RPC_PARAMS, "tools/call arguments must be an object");
+		return error_to(m, id, CAP_RPC_PARAMS, "tools/call arguments must be an object");
 	/* The peer: fixed by --peer, or set by the orchestrator in _meta;
 	 * never taken from the arguments a model writes. */
 	const char *peer = m->cfg->owned_peer;
 	if (!peer)
 		peer = json_string_value(json_object_get(json_object_get(params, "_meta"), PEER_META));
 	if (!peer)
-		return error_to(m, id, RPC_PARAMS, "no peer identity: start capsule mcp with --peer, or have the orchestrator set params._meta[\"%s\"]",
+		return error_to(m, id, CAP_RPC_PARAMS, "no peer identity: start capsule mcp with --peer, or have the orchestrator set params._meta[\"%s\"]",
 				PEER_META);
 	if (!cap_controller_id_valid(peer))
-		return error_to(m, id, RPC_PARAMS, "peer identity '%s' is not valid (1 to 64 of A-Z a-z 0-9 . _ @ + = : -)", peer);
+		return error_to(m, id, CAP_RPC_PARAMS, "peer identity '%s' is not valid (1 to 64 of A-Z a-z 0-9 . _ @ + = : -)", peer);
 
 	struct mcp_call *mc = xcalloc(1, sizeof(*mc));
 	mc->tool = t;
@@ -539,11 +614,11 @@ static void tools_call(struct ctl *c, struct mcp *m, json_t *id, json_t *params)
 			path = "";
 		if (!path) {
 			free(mc);
-			return error_to(m, id, RPC_PARAMS, "%s needs a \"path\" string argument", name);
+			return error_to(m, id, CAP_RPC_PARAMS, "%s needs a \"path\" string argument", name);
 		}
 		if (root && strcmp(root, "public") != 0 && strcmp(root, "workspace") != 0) {
 			free(mc);
-			return error_to(m, id, RPC_PARAMS, "root must be \"public\" or \"workspace\", not '%s'", root);
+			return error_to(m, id, CAP_RPC_PARAMS, "root must be \"public\" or \"workspace\", not '%s'", root);
 		}
 		snprintf(mc->shown, sizeof(mc->shown), "%s/%s", workspace ? "/work" : "/source", path);
 		problem = path_problem(path);
@@ -551,7 +626,7 @@ static void tools_call(struct ctl *c, struct mcp *m, json_t *id, json_t *params)
 	if ((v = json_object_get(args, "offset"))) {
 		if (!json_is_integer(v) || json_integer_value(v) < 1) {
 			free(mc);
-			return error_to(m, id, RPC_PARAMS, "offset must be an integer from 1");
+			return error_to(m, id, CAP_RPC_PARAMS, "offset must be an integer from 1");
 		}
 		mc->offset = (uint64_t)json_integer_value(v);
 	}
@@ -559,7 +634,7 @@ static void tools_call(struct ctl *c, struct mcp *m, json_t *id, json_t *params)
 		if (!json_is_integer(v) || json_integer_value(v) < 1 ||
 		    json_integer_value(v) > (json_int_t)m->cfg->read_max_lines) {
 			free(mc);
-			return error_to(m, id, RPC_PARAMS, "limit must be an integer from 1 to %u", m->cfg->read_max_lines);
+			return error_to(m, id, CAP_RPC_PARAMS, "limit must be an integer from 1 to %u", m->cfg->read_max_lines);
 		}
 		mc->limit = (uint32_t)json_integer_value(v);
 	}
@@ -568,47 +643,51 @@ static void tools_call(struct ctl *c, struct mcp *m, json_t *id, json_t *params)
 		free(mc);
 		return;
 	}
+	mc->id = json_incref(id);
 
-	struct call *k;
+	struct cap_ctl_req req = { .kind = CAP_CTL_FILE };
 	if (t == CAP_TOOL_RUN_COMMAND) {
 		const char *cmd = json_string_value(json_object_get(args, "command"));
 		json_t *to = json_object_get(args, "timeout");
 		if (!cmd || (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 3600))) {
+			json_decref(mc->id);
 			free(mc);
-			return error_to(m, id, RPC_PARAMS, "run_command needs \"command\" (a string) and an optional \"timeout\" from 1 to 3600");
+			return error_to(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string) and an optional \"timeout\" from 1 to 3600");
 		}
-		k = ctl_new_call(CALL_EXEC, &m->stdio, id);
-		k->req.argv = xcalloc(4, sizeof(char *));
-		k->req.argv[0] = xstrdup("/bin/sh");
-		k->req.argv[1] = xstrdup("-c");
-		k->req.argv[2] = xstrdup(cmd);
-		k->req.argc = 3;
-		k->req.env = xcalloc(1, sizeof(char *));
-		k->req.timeout_ms = (uint32_t)(to ? json_integer_value(to) : m->cfg->run_timeout_s) * 1000;
-		k->req.output_cap = 256 * 1024;
-	} else if (t == CAP_TOOL_WRITE_FILE) {
+		const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
+		char *env[] = { NULL };
+		struct cap_exec_req x = {
+			.argv = (char **)argv, .argc = 3, .env = env,
+			.timeout_ms = (uint32_t)(to ? json_integer_value(to) : m->cfg->run_timeout_s) * 1000,
+			.output_cap = 256 * 1024,
+		};
+		req = (struct cap_ctl_req){ .kind = CAP_CTL_EXEC, .exec = &x };
+		submit(m, mc, m->cfg->owned_agent, peer, &req);
+		return;
+	}
+	if (t == CAP_TOOL_WRITE_FILE) {
 		json_t *content = json_object_get(args, "content");
-		if (!json_is_string(content)) {
-			free(mc);
-			return error_to(m, id, RPC_PARAMS, "write_file needs a \"content\" string");
-		}
-		if (json_string_length(content) > WRITE_MAX) {
-			tool_error(m, id, "content is %zu bytes; write_file takes at most %u bytes per call",
-				   json_string_length(content), WRITE_MAX);
+		if (!json_is_string(content) || json_string_length(content) > WRITE_MAX) {
+			if (!json_is_string(content))
+				error_to(m, id, CAP_RPC_PARAMS, "write_file needs a \"content\" string");
+			else
+				tool_error(m, id, "content is %zu bytes; write_file takes at most %u bytes per call",
+					   json_string_length(content), WRITE_MAX);
+			json_decref(mc->id);
 			free(mc);
 			return;
 		}
-		k = ctl_new_call(CALL_FILE, &m->stdio, id);
-		ctl_file_call(k, CAP_FILE_WRITE, "/work", path, json_string_value(content), json_string_length(content));
+		req.op = CAP_FILE_WRITE;
+		req.root = "/work";
+		req.data = json_string_value(content);
+		req.len = json_string_length(content);
 	} else {
-		k = ctl_new_call(CALL_FILE, &m->stdio, id);
-		ctl_file_call(k, t == CAP_TOOL_LIST_DIRECTORY ? CAP_FILE_LIST : CAP_FILE_READ,
-			      workspace ? "/work" : "/source", path, NULL, 0);
-		k->file.limit = m->cfg->read_max_bytes;
+		req.op = t == CAP_TOOL_LIST_DIRECTORY ? CAP_FILE_LIST : CAP_FILE_READ;
+		req.root = workspace ? "/work" : "/source";
+		req.limit = m->cfg->read_max_bytes;
 	}
-	k->reply = tool_reply;
-	k->front = mc;
-	ctl_enqueue(c, ctl_ident(c, m->cfg->owned_agent, peer), k);
+	req.path = path;
+	submit(m, mc, m->cfg->owned_agent, peer, &req);
 }
 
 static void initialize(struct mcp *m, json_t *id, json_t *params)
@@ -626,145 +705,297 @@ static void initialize(struct mcp *m, json_t *id, json_t *params)
 		"Tools run in your private sandbox (a microVM). Paths are relative: root \"public\" is the read-only public data (/source), root \"workspace\" your private /work."));
 }
 
-static void handle(struct ctl *c, struct mcp *m, const char *line, size_t len)
+static void handle(struct mcp *m, const char *line, size_t len)
 {
-	json_error_t je;
-	json_t *msg = json_loadb(line, len, 0, &je);
-	if (!msg)
-		return error_to(m, NULL, RPC_PARSE, "parse error: %s (column %d)", je.text, je.column);
-	json_t *id = json_object_get(msg, "id");
-	const char *method = json_string_value(json_object_get(msg, "method"));
-	json_t *params = json_object_get(msg, "params");
-	if (!json_is_object(msg) || !json_is_string(json_object_get(msg, "jsonrpc")) ||
-	    strcmp(json_string_value(json_object_get(msg, "jsonrpc")), "2.0") != 0 ||
-	    (id && !json_is_string(id) && !json_is_integer(id)) || (params && !json_is_object(params))) {
-		error_to(m, json_is_object(msg) && (json_is_string(id) || json_is_integer(id)) ? id : NULL, RPC_INVALID,
-			 "not a JSON-RPC 2.0 message (one object per line, jsonrpc \"2.0\")");
-		json_decref(msg);
+	struct cap_rpc_msg msg;
+	json_t *bad_id;
+	char text[600];
+	int code = cap_rpc_parse(line, len, &msg, &bad_id, text, sizeof(text));
+	if (code != 0) {
+		error_to(m, bad_id, code, "%s", text);
+		cap_rpc_msg_fini(&msg);
 		return;
 	}
+	const char *method = msg.method;
+	json_t *id = msg.id;
+	json_t *params = msg.params;
 	if (!method) {	/* a response to us: we send no requests; ignore */
-		json_decref(msg);
-		return;
-	}
-	if (!id) {	/* notifications */
-		if (strcmp(method, "notifications/cancelled") == 0) {
-			struct call *k = ctl_find_call(c, &m->stdio, json_object_get(params, "requestId"));
-			if (k)
-				ctl_cancel(c, k, false);
-		}
-		json_decref(msg);
-		return;
-	}
-	if (strcmp(method, "initialize") == 0)
+	} else if (!id) {	/* notifications */
+		if (strcmp(method, "notifications/cancelled") == 0)
+			cancel(m, json_object_get(params, "requestId"));
+	} else if (strcmp(method, "initialize") == 0) {
 		initialize(m, id, params);
-	else if (strcmp(method, "ping") == 0)
+	} else if (strcmp(method, "ping") == 0) {
 		result_to(m, id, json_object());
-	else if (!m->initialized)
-		error_to(m, id, RPC_INVALID, "the server is not initialized: send initialize first");
-	else if (strcmp(method, "tools/list") == 0)
+	} else if (!m->initialized) {
+		error_to(m, id, CAP_RPC_INVALID, "the server is not initialized: send initialize first");
+	} else if (strcmp(method, "tools/list") == 0) {
 		tools_list(m, id);
-	else if (strcmp(method, "tools/call") == 0)
-		tools_call(c, m, id, params);
-	else
-		error_to(m, id, RPC_METHOD, "method '%s' not found", method);
-	json_decref(msg);
+	} else if (strcmp(method, "tools/call") == 0) {
+		tools_call(m, id, params);
+	} else {
+		error_to(m, id, CAP_RPC_METHOD, "method '%s' not found", method);
+	}
+	cap_rpc_msg_fini(&msg);
 }
-
-static int mcp_setup(struct ctl *c, struct cap_err *err)
-{
-	(void)err;
-	struct mcp *m = c->fe_state;
-	cap_set_nonblock(0, 1);
-	cap_set_nonblock(1, 1);
-	m->stdio.fd = -1;
-	return 0;
-}
-
-static int mcp_pollfds(struct ctl *c, struct pollfd *pfd, void **owner, int n, int max)
-{
-	struct mcp *m = c->fe_state;
-	(void)max;
-	owner[n] = NULL;
-	pfd[n++] = (struct pollfd){ .fd = m->eof || c->shutting_down ? -1 : 0, .events = POLLIN };
-	owner[n] = NULL;
-	pfd[n++] = (struct pollfd){ .fd = cap_buf_used(&m->out) ? 1 : -1, .events = POLLOUT };
-	return n;
-}
-
-struct line_ctx {
-	struct ctl *c;
-	struct mcp *m;
-};
 
 static void on_line(void *ud, const char *p, size_t n)
 {
-	struct line_ctx *lc = ud;
-	handle(lc->c, lc->m, p, n);
+	handle(ud, p, n);
 }
 
 static void on_too_long(void *ud)
 {
-	struct line_ctx *lc = ud;
-	error_to(lc->m, NULL, RPC_INVALID, "message line over %u bytes; it was dropped", LINE_MAX_BYTES);
+	error_to(ud, NULL, CAP_RPC_INVALID, "message line over %u bytes; it was dropped", CAP_RPC_LINE_MAX);
 }
 
-static void mcp_step(struct ctl *c, struct pollfd *pfd, void **owner, int from, int to)
+/* Read stdin; false at its end. */
+static bool read_stdin(struct mcp *m)
 {
-	struct mcp *m = c->fe_state;
-	(void)owner, (void)to;
-	if (!pfd[from].revents)
-		return;
-	uint8_t *p = cap_buf_reserve(&m->in, 65536);
-	ssize_t n = read(0, p, 65536);
-	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+	if (cap_rpc_read(&m->in, 0, on_line, on_too_long, m) == 0)
 		m->eof = true;
-		c->frontend_done = true;
-		return;
-	}
-	if (n < 0)
-		return;
-	cap_buf_commit(&m->in, (size_t)n);
-	struct line_ctx lc = { c, m };
-	cap_buf_lines(&m->in, LINE_MAX_BYTES, &m->discarding, on_line, on_too_long, &lc);
+	return !m->eof;
 }
 
-static void mcp_flush(struct ctl *c)
+/* Write stdout; false when nobody reads it any more. */
+static bool write_stdout(struct mcp *m)
 {
-	struct mcp *m = c->fe_state;
-	while (cap_buf_used(&m->out) > 0) {
-		ssize_t n = write(1, cap_buf_head(&m->out), cap_buf_used(&m->out));
-		if (n < 0) {
-			if (errno == EPIPE) {	/* nobody reads: we are done */
-				m->out.off = m->out.len = 0;
-				c->frontend_done = true;
-			}
-			return;
-		}
-		cap_buf_consume(&m->out, (size_t)n);
+	if (cap_rpc_flush(&m->out, 1) < 0) {
+		m->out.off = m->out.len = 0;
+		return false;
+	}
+	return true;
+}
+
+/* --- local: this process runs the controller ------------------------------------------ */
+
+static void fe_pollfds(void *fe, struct cap_ctl *c, struct cap_ctl_poll *p)
+{
+	struct mcp *m = fe;
+	(void)c;
+	if (!m->eof)
+		cap_ctl_poll_add(p, 0, POLLIN, NULL);
+	if (cap_buf_used(&m->out))
+		cap_ctl_poll_add(p, 1, POLLOUT, NULL);
+}
+
+static void fe_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
+{
+	struct mcp *m = fe;
+	(void)tag;
+	if (!(revents & (POLLIN | POLLHUP | POLLERR)) || m->eof)
+		return;
+	if (!read_stdin(m))
+		cap_ctl_shutdown(c, "the MCP client closed stdin");
+}
+
+static void fe_flush(void *fe, struct cap_ctl *c)
+{
+	struct mcp *m = fe;
+	if (!write_stdout(m) && !m->eof) {
+		m->eof = true;
+		cap_ctl_shutdown(c, "the MCP client stopped reading");
 	}
 }
 
-static void mcp_shutdown(struct ctl *c)
+static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl_result *r)
 {
 	(void)c;
+	tool_reply(fe, tag, r);
 }
 
-static void mcp_teardown(struct ctl *c)
-{
-	cap_set_nonblock(1, 0);
-	mcp_flush(c);
-}
-
-static const struct ctl_frontend mcp_frontend = {
+static const struct cap_ctl_frontend_ops mcp_ops = {
 	.name = "mcp",
-	.setup = mcp_setup,
-	.pollfds = mcp_pollfds,
-	.step = mcp_step,
-	.flush = mcp_flush,
-	.shutdown = mcp_shutdown,
-	.teardown = mcp_teardown,
+	.pollfds = fe_pollfds,
+	.ready = fe_ready,
+	.flush = fe_flush,
+	.done = fe_done,
 };
+
+static int run_local(struct mcp *m, struct cap_err *err)
+{
+	struct cap_rpc_server *srv = NULL;
+	_cleanup_free_ char *home = cap_home_dir();
+	_cleanup_free_ char *sock = xasprintf("%s/serve.sock", home);
+	struct cap_controller_cfg *cfg = &m->cfg->ctl;
+	cfg->frontend = "mcp";
+	cfg->socket_path = sock;
+	int r = cap_ctl_new(cfg, &m->ctl, err);
+	if (r < 0)
+		return r;
+	m->fe = cap_ctl_add_frontend(m->ctl, &mcp_ops, m);
+	/* Other front ends (another capsule mcp, the CLI) reach this
+	 * controller through the home's socket. */
+	struct cap_err serr = { 0 };
+	if (strlen(sock) < 100 && cap_rpc_server_new(m->ctl, sock, &srv, &serr) < 0)
+		cap_log(CAP_LOG_WARN, "other front ends cannot join this controller: %s", serr.msg);
+	r = cap_ctl_run(m->ctl, err);
+	cap_ctl_free(m->ctl);
+	m->ctl = NULL;
+	cap_rpc_server_free(srv);
+	return r;
+}
+
+/* --- remote: the home's controller runs elsewhere ---------------------------------------- */
+
+static json_t *identity_json(const char *agent, const char *peer)
+{
+	return json_pack("{s:s, s:s}", "agent", agent, "peer", peer);
+}
+
+static void remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+			const struct cap_ctl_req *req)
+{
+	json_t *params;
+	const char *method;
+	if (req->kind == CAP_CTL_EXEC) {
+		json_t *argv = json_array();
+		for (uint32_t a = 0; a < req->exec->argc; a++)
+			json_array_append_new(argv, json_string(req->exec->argv[a]));
+		params = json_pack("{s:o, s:o, s:f}", "identity", identity_json(agent, peer), "argv", argv,
+				   "timeout", req->exec->timeout_ms / 1000.0);
+		method = "exec";
+	} else {
+		params = json_pack("{s:o, s:s, s:s}", "identity", identity_json(agent, peer), "root",
+				   strcmp(req->root, "/work") == 0 ? "workspace" : "public", "path", req->path);
+		if (req->op == CAP_FILE_WRITE) {
+			json_object_set_new(params, "content", json_stringn(req->data, req->len));
+			method = "write_file";
+		} else if (req->op == CAP_FILE_LIST) {
+			method = "list_directory";
+		} else {
+			json_object_set_new(params, "max_bytes", json_integer(req->limit));
+			method = "read_file";
+		}
+	}
+	mc->rid = m->next_rid++;
+	cap_rpc_put_request(&m->srv_out, mc->rid, method, params);
+}
+
+static void on_answer(void *ud, const char *p, size_t n)
+{
+	struct mcp *m = ud;
+	struct cap_rpc_msg msg;
+	json_t *bad;
+	char text[600];
+	if (cap_rpc_parse(p, n, &msg, &bad, text, sizeof(text)) != 0 || msg.method ||
+	    !json_is_integer(msg.id)) {
+		cap_rpc_msg_fini(&msg);
+		return;	/* answers to cancels, or nothing of ours */
+	}
+	long long rid = json_integer_value(msg.id);
+	for (struct mcp_call *mc = m->calls; mc; mc = mc->next) {
+		if (mc->rid != rid)
+			continue;
+		struct cap_ctl_result r;
+		void *owned;
+		cap_rpc_result_parse(msg.owned_root, mc->kind, &r, &owned);
+		tool_reply(m, mc, &r);
+		free(owned);
+		break;
+	}
+	cap_rpc_msg_fini(&msg);
+}
+
+static void on_answer_too_long(void *ud)
+{
+	(void)ud;
+	cap_log(CAP_LOG_WARN, "the controller sent a line over %u bytes; dropped", CAP_RPC_LINE_MAX);
+}
+
+static int connect_to(const char *path, struct cap_err *err)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return cap_err_set(err, ENAMETOOLONG, "the controller's socket path %s is too long", path);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		return cap_err_set(err, e, "cannot connect to the controller's socket %s: %s", path, strerror(e));
+	}
+	return fd;
+}
+
+/* The server decides image, public data and lifecycle: refuse settings
+ * that it would silently override. */
+static int check_server(struct mcp *m, struct cap_err *err)
+{
+	json_t *info = NULL;
+	int r = cap_rpc_call(m->holder.socket, "info", NULL, 10000, &info, err);
+	if (r < 0)
+		return r;
+	const char *source = json_string_value(json_object_get(info, "source"));
+	const char *image = json_string_value(json_object_get(info, "image"));
+	char want[4096] = "";
+	if (m->cfg->owned_source && !realpath(m->cfg->owned_source, want))
+		snprintf(want, sizeof(want), "%s", m->cfg->owned_source);
+	if (m->cfg->owned_source && (!source || strcmp(source, want) != 0))
+		r = cap_err_set(err, EINVAL,
+				"capsule %s (pid %d) owns this CAPSULE_HOME and serves %s%s; capsule mcp --source %s cannot change that. Start it without --source, give that server --source, or use another CAPSULE_HOME",
+				m->holder.frontend, (int)m->holder.pid, source ? "the public data " : "no public data",
+				source ? source : "", m->cfg->owned_source);
+	else if (m->cfg->owned_image && image && strcmp(image, m->cfg->owned_image) != 0)
+		r = cap_err_set(err, EINVAL,
+				"capsule %s (pid %d) owns this CAPSULE_HOME and makes sandboxes from image %s; capsule mcp --image %s cannot change that",
+				m->holder.frontend, (int)m->holder.pid, image, m->cfg->owned_image);
+	json_decref(info);
+	return r;
+}
+
+static int run_remote(struct mcp *m, struct cap_err *err)
+{
+	int r = check_server(m, err);
+	if (r < 0)
+		return r;
+	if ((m->srv_fd = connect_to(m->holder.socket, err)) < 0)
+		return m->srv_fd;
+	cap_set_nonblock(m->srv_fd, 1);
+	cap_log(CAP_LOG_INFO, "using the controller of capsule %s (pid %d) at %s", m->holder.frontend,
+		(int)m->holder.pid, m->holder.socket);
+	static const int stops[] = { SIGTERM, SIGINT, SIGHUP };
+	sigset_t sigs;
+	int sfd = cap_signalfd(stops, CAP_ARRAY_SIZE(stops), &sigs);
+	bool lost = false;
+	while (!m->eof && !lost) {
+		struct pollfd p[4] = {
+			{ .fd = 0, .events = POLLIN },
+			{ .fd = m->srv_fd, .events = (short)(POLLIN | (cap_buf_used(&m->srv_out) ? POLLOUT : 0)) },
+			{ .fd = cap_buf_used(&m->out) ? 1 : -1, .events = POLLOUT },
+			{ .fd = sfd, .events = POLLIN },
+		};
+		if (poll(p, 4, -1) < 0 && errno != EINTR)
+			break;
+		if (p[3].revents)
+			break;
+		if (p[0].revents)
+			read_stdin(m);
+		if (p[1].revents & (POLLIN | POLLHUP | POLLERR))
+			lost = cap_rpc_read(&m->srv_in, m->srv_fd, on_answer, on_answer_too_long, m) == 0;
+		if (cap_rpc_flush(&m->srv_out, m->srv_fd) < 0)
+			lost = true;
+		if (!write_stdout(m))
+			break;
+	}
+	if (lost) {
+		cap_log(CAP_LOG_WARN, "the controller (capsule %s, pid %d) went away", m->holder.frontend,
+			(int)m->holder.pid);
+		struct cap_ctl_result res = { .code = CAP_CTL_ESANDBOX,
+					      .msg = "the capsule controller this server used went away; restart capsule mcp" };
+		while (m->calls)
+			tool_reply(m, m->calls, &res);
+		cap_set_nonblock(1, 0);
+		write_stdout(m);
+		r = cap_err_set(err, EPIPE, "the controller (capsule %s, pid %d) went away", m->holder.frontend,
+				(int)m->holder.pid);
+	}
+	/* Calls still running stay with the server: their sandboxes are its. */
+	if (sfd >= 0)
+		close(sfd);
+	return r;
+}
 
 int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 {
@@ -772,16 +1003,45 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		return cap_err_set(err, EINVAL, "an agent identity is required (--agent NAME or \"agent\" in the configuration file; 1 to 64 of A-Z a-z 0-9 . _ @ + = : -)");
 	if (cfg->owned_peer && !cap_controller_id_valid(cfg->owned_peer))
 		return cap_err_set(err, EINVAL, "--peer '%s' is not a valid identity part", cfg->owned_peer);
-	struct mcp m = { .cfg = cfg };
-	cap_buf_init(&m.in);
+	struct mcp m = { .cfg = cfg, .srv_fd = -1, .next_rid = 1 };
+	cap_rpc_reader_init(&m.in);
+	cap_rpc_reader_init(&m.srv_in);
 	cap_buf_init(&m.out);
-	cfg->ctl.recover_agent = cfg->owned_agent;
+	cap_buf_init(&m.srv_out);
 	if (cfg->owned_image)
 		cfg->ctl.image = cfg->owned_image;
 	if (cfg->owned_source)
 		cfg->ctl.source = cfg->owned_source;
-	int r = ctl_run(&cfg->ctl, &mcp_frontend, &m, err);
-	cap_buf_fini(&m.in);
+	cap_set_nonblock(0, 1);
+	cap_set_nonblock(1, 1);
+	/* One controller per home: join the one that runs, else be it. */
+	int r = -EBUSY;
+	for (int tries = 0; tries < 3 && r == -EBUSY; tries++) {
+		int held = cap_ctl_holder(&m.holder);
+		if (held < 0) {
+			r = cap_err_set(err, -held, "cannot read the home's controller lock: %s", strerror(-held));
+		} else if (held == 1 && m.holder.socket[0]) {
+			r = run_remote(&m, err);
+		} else if (held == 1) {
+			r = cap_err_set(err, EBUSY, "capsule %s (pid %d) owns this CAPSULE_HOME and listens on no socket; stop it or use another CAPSULE_HOME",
+					m.holder.frontend, (int)m.holder.pid);
+		} else {
+			r = run_local(&m, err);	/* -EBUSY: lost a race to another controller */
+		}
+	}
+	cap_set_nonblock(1, 0);
+	write_stdout(&m);
+	while (m.calls) {
+		struct mcp_call *mc = m.calls;
+		m.calls = mc->next;
+		json_decref(mc->id);
+		free(mc);
+	}
+	if (m.srv_fd >= 0)
+		close(m.srv_fd);
+	cap_rpc_reader_fini(&m.in);
+	cap_rpc_reader_fini(&m.srv_in);
 	cap_buf_fini(&m.out);
+	cap_buf_fini(&m.srv_out);
 	return r;
 }

@@ -66,6 +66,11 @@ unsigned cap_sandbox_vm_op_pending(const struct cap_sandbox *sb)
 	return sb->client.vm_ops_pending;
 }
 
+int cap_sandbox_vm_op_result(const struct cap_sandbox *sb)
+{
+	return -sb->client.vm_op_errno;
+}
+
 void cap_sandbox_stop_async(struct cap_sandbox *sb)
 {
 	cap_client_shutdown(&sb->client);

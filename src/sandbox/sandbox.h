@@ -105,6 +105,8 @@ int cap_sandbox_pause(struct cap_sandbox *sb, bool pause, struct cap_err *err);
  * through dispatch (cap_sandbox_vm_op_pending drops to 0). */
 void cap_sandbox_vm_op(struct cap_sandbox *sb, bool pause);
 unsigned cap_sandbox_vm_op_pending(const struct cap_sandbox *sb);
+/* The shim's answer to the last one: 0, or -errno (-EBUSY: commands run). */
+int cap_sandbox_vm_op_result(const struct cap_sandbox *sb);
 /* Ask an attached shim to stop its VM without waiting; the sandbox is
  * dead (dispatch fails) once the shim has stopped it. */
 void cap_sandbox_stop_async(struct cap_sandbox *sb);

@@ -1,0 +1,288 @@
+/* The controller's real backend: named sandboxes run by their shims
+ * (src/sandbox). Work that can take seconds (mke2fs, copying public data,
+ * booting) runs in a child process so that the controller's loop never
+ * waits on one identity; the child reports on a pipe and exits. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "controller-internal.h"
+#include "named.h"
+#include "sandbox.h"
+#include "util.h"
+
+/* How long a start job waits for a shim that another process is starting
+ * (or that a dead controller left starting). */
+#define START_WAIT_MS 120000
+
+static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *out)
+{
+	struct cap_err err = { 0 };
+	struct cap_record rec;
+	int r = 0;
+	if (j->create && cap_named_load(j->name, &rec, NULL) < 0) {
+		cap_record_init(&rec);
+		snprintf(rec.name, sizeof(rec.name), "%s", j->name);
+		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", j->image);
+		if (j->source)
+			snprintf(rec.source, sizeof(rec.source), "%s", j->source);
+		r = cap_named_create(&rec, NULL, NULL, &err);
+	}
+	bool changed;
+	if (r == 0)
+		r = cap_named_refresh_source(j->name, &changed, &out->has_source, &err);
+	int64_t end = cap_now_ms() + START_WAIT_MS;
+	while (r == 0) {
+		r = cap_named_start(j->name, &err);
+		/* A shim starting or exiting: wait for it, within bounds. */
+		if (r != -EBUSY || cap_now_ms() >= end)
+			break;
+		usleep(100000);
+		r = 0;
+	}
+	out->r = r;
+	if (r < 0)
+		snprintf(out->msg, sizeof(out->msg), "%s", err.msg);
+}
+
+static void run_check(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *out)
+{
+	struct cap_err err = { 0 };
+	out->r = cap_named_refresh_source(j->name, &out->changed, &out->has_source, &err);
+	if (out->r < 0)
+		snprintf(out->msg, sizeof(out->msg), "%s", err.msg);
+}
+
+static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *pid,
+		     struct cap_err *err)
+{
+	int p[2];
+	(void)ud;
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	pid_t child = fork();
+	if (child < 0) {
+		int e = errno;
+		close(p[0]);
+		close(p[1]);
+		return cap_err_set(err, e, "fork: %s", strerror(e));
+	}
+	if (child == 0) {
+		/* Keep nothing of the controller's: not its home lock (a
+		 * controller started after this one dies must get it), not
+		 * the MCP client's stdio. */
+		if (p[1] != 3) {
+			dup2(p[1], 3);
+			close(p[1]);
+			p[1] = 3;
+		}
+		syscall(SYS_close_range, 4U, ~0U, 0U);
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (null >= 0) {
+			dup2(null, 0);
+			dup2(null, 1);
+			close(null);
+		}
+		struct cap_ctl_job_out out = { 0 };
+		cap_log_set(NULL, NULL);	/* the parent logs the outcome */
+		if (j->kind == CAP_CTL_JOB_START)
+			run_start(j, &out);
+		else
+			run_check(j, &out);
+		ssize_t n = write(p[1], &out, sizeof(out));
+		_exit(n == (ssize_t)sizeof(out) ? 0 : 1);
+	}
+	close(p[1]);
+	*fd = p[0];
+	*pid = child;
+	return 0;
+}
+
+static void job_end(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out)
+{
+	(void)ud;
+	size_t got = 0;
+	memset(out, 0, sizeof(*out));
+	while (got < sizeof(*out)) {
+		ssize_t n = read(fd, (char *)out + got, sizeof(*out) - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	close(fd);
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (got != sizeof(*out)) {
+		memset(out, 0, sizeof(*out));
+		out->r = -EIO;
+		snprintf(out->msg, sizeof(out->msg), "the controller's worker process died (%s %d) before it reported",
+			 WIFSIGNALED(status) ? "signal" : "status",
+			 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+	}
+	out->msg[sizeof(out->msg) - 1] = '\0';
+}
+
+static int state(void *ud, const char *name, enum cap_vm_state *st, bool *serving,
+		 bool *has_source)
+{
+	struct cap_named_status s;
+	struct cap_record rec;
+	(void)ud;
+	int r = cap_named_status(name, &s, NULL);
+	if (r < 0)
+		return r;
+	*has_source = cap_named_load(name, &rec, NULL) == 0 && rec.source[0];
+	*serving = false;
+	switch (s.state) {
+	case CAP_NAMED_STOPPED:
+		*st = CAP_VM_STOPPED;
+		return 0;
+	case CAP_NAMED_PAUSED:
+		*st = CAP_VM_PAUSED;
+		break;
+	case CAP_NAMED_RUNNING:
+		*st = CAP_VM_RUNNING;
+		break;
+	}
+	struct stat sb;
+	*serving = s.control[0] && stat(s.control, &sb) == 0 && S_ISSOCK(sb.st_mode);
+	return 0;
+}
+
+static int attach(void *ud, const char *name, void **vm, bool *paused, struct cap_err *err)
+{
+	struct cap_named_status st;
+	struct cap_sandbox *sb;
+	(void)ud;
+	int r = cap_named_status(name, &st, err);
+	if (r < 0)
+		return r;
+	if (st.state == CAP_NAMED_STOPPED || !st.control[0])
+		return cap_err_set(err, ECHILD, "sandbox %s has no serving shim (it stopped or is still starting); see its shim.log",
+				   name);
+	if ((r = cap_sandbox_attach(st.control, &sb, err)) < 0)
+		return r;
+	*vm = sb;
+	*paused = st.state == CAP_NAMED_PAUSED;
+	return 0;
+}
+
+static void reap(void *ud, const char *name)
+{
+	struct cap_err err = { 0 };
+	(void)ud;
+	if (cap_named_reap(name, &err) < 0 && err.code != EBUSY)
+		cap_log(CAP_LOG_WARN, "cannot clean up after the dead shim of %s: %s", name, err.msg);
+}
+
+static int remove_(void *ud, const char *name, struct cap_err *err)
+{
+	(void)ud;
+	return cap_named_remove(name, false, err);
+}
+
+static void kill_(void *ud, const char *name)
+{
+	struct cap_named_status st;
+	(void)ud;
+	if (cap_named_status(name, &st, NULL) == 0 && st.state != CAP_NAMED_STOPPED && st.shim_pid > 0)
+		kill(st.shim_pid, SIGKILL);	/* its QEMU dies with it (PDEATHSIG) */
+}
+
+static int exec_(void *vm, const struct cap_exec_req *req, const struct cap_exec_events *ev,
+		 void *ud, uint32_t *id, struct cap_err *err)
+{
+	return cap_sandbox_exec(vm, req, ev, ud, id, err);
+}
+
+static int file_(void *vm, const struct cap_file_req *req, uint32_t cap,
+		 const struct cap_exec_events *ev, void *ud, uint32_t *id, struct cap_err *err)
+{
+	return cap_sandbox_file(vm, req, cap, ev, ud, id, err);
+}
+
+static int input(void *vm, uint32_t id, const void *p, size_t n)
+{
+	return cap_sandbox_stdin(vm, id, p, n);
+}
+
+static int signal_(void *vm, uint32_t id, int sig)
+{
+	return cap_sandbox_signal(vm, id, sig);
+}
+
+static void vm_op(void *vm, bool pause)
+{
+	cap_sandbox_vm_op(vm, pause);
+}
+
+static bool vm_op_done(void *vm, int *result)
+{
+	if (cap_sandbox_vm_op_pending(vm) > 0)
+		return false;
+	*result = cap_sandbox_vm_op_result(vm);
+	return true;
+}
+
+static void stop(void *vm)
+{
+	cap_sandbox_stop_async(vm);
+}
+
+static bool dead(void *vm)
+{
+	return cap_sandbox_is_dead(vm);
+}
+
+static void pollfds(void *vm, struct pollfd *pfd)
+{
+	cap_sandbox_pollfds(vm, pfd);
+}
+
+static int dispatch(void *vm, const struct pollfd *pfd, struct cap_err *err)
+{
+	return cap_sandbox_dispatch(vm, pfd, err);
+}
+
+static void vm_free(void *vm)
+{
+	cap_sandbox_free(vm);
+}
+
+_Static_assert(CAP_CTL_VM_NPOLL == CAP_SANDBOX_NPOLL, "one poll layout");
+
+const struct cap_ctl_backend ctl_named_backend = {
+	.job_begin = job_begin,
+	.job_end = job_end,
+	.state = state,
+	.attach = attach,
+	.reap = reap,
+	.remove = remove_,
+	.kill = kill_,
+	.exec = exec_,
+	.file = file_,
+	.input = input,
+	.signal = signal_,
+	.vm_op = vm_op,
+	.vm_op_done = vm_op_done,
+	.stop = stop,
+	.dead = dead,
+	.pollfds = pollfds,
+	.dispatch = dispatch,
+	.vm_free = vm_free,
+};
+/* TEMP-WEAK-REAP */
+__attribute__((weak)) int cap_named_reap(const char *name, struct cap_err *err)
+{
+	(void)name, (void)err;
+	return 0;
+}

@@ -1,0 +1,38 @@
+/* The JSON-RPC 2.0 front end of the controller (docs/serve.md): a unix
+ * socket, one message per line. It builds and reads the JSON; the core
+ * behind it deals in typed requests and results. Also the client side of
+ * the same protocol, for the front ends and CLI verbs that reach a
+ * controller running in another process. */
+#ifndef CAP_SERVE_H
+#define CAP_SERVE_H
+
+#include <jansson.h>
+
+#include "controller.h"
+#include "err.h"
+
+/* `capsule serve`: take the home, listen on socket_path (NULL:
+ * CAPSULE_HOME/serve.sock), serve until SIGTERM or SIGINT. */
+int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path,
+		  struct cap_err *err);
+
+struct cap_rpc_server;
+/* Listen on path for controller c (one server per socket path: a lock
+ * file beside it); *out is owned by the caller and freed after c's loop. */
+int cap_rpc_server_new(struct cap_ctl *c, const char *path,
+		       struct cap_rpc_server **out, struct cap_err *err);
+void cap_rpc_server_free(struct cap_rpc_server *s);
+
+/* The typed result of an answer to a tool method (exec, read_file,
+ * list_directory, write_file, stop, remove): strings and entries point
+ * into answer (borrowed) and into *owned (free() it after use). */
+void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind,
+			  struct cap_ctl_result *out, void **owned);
+
+/* One request and its answer, synchronously (the CLI): connect to socket,
+ * send method with params (stolen), wait up to timeout_ms. The result is
+ * a new reference; a JSON-RPC error becomes -EIO with its message. */
+int cap_rpc_call(const char *socket, const char *method, json_t *params,
+		 int timeout_ms, json_t **result, struct cap_err *err);
+
+#endif

@@ -620,7 +620,10 @@ int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, struc
 	struct cap_ctl *c = NULL;
 	struct cap_rpc_server *s = NULL;
 	_cleanup_free_ char *home = cap_home_dir();
-	_cleanup_free_ char *path = socket_path ? xstrdup(socket_path) : xasprintf("%s/serve.sock", home);
+	char cwd[4096];
+	_cleanup_free_ char *path = !socket_path ? xasprintf("%s/serve.sock", home)
+			: socket_path[0] == '/' || !getcwd(cwd, sizeof(cwd)) ? xstrdup(socket_path)
+			: xasprintf("%s/%s", cwd, socket_path);	/* others find it by this name */
 	cfg->frontend = "serve";
 	cfg->socket_path = path;
 	int r = cap_ctl_new(cfg, &c, err);

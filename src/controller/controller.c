@@ -196,6 +196,17 @@ int cap_ctl_holder(struct cap_ctl_holder *out)
 	return 1;
 }
 
+/* What others read of the holder: pid, front end, socket. */
+static int write_holder(struct cap_ctl *c, const char *socket, struct cap_err *err)
+{
+	char text[512];
+	int n = snprintf(text, sizeof(text), "pid %d\nfrontend %s\nsocket %s\n", (int)getpid(),
+			 c->cfg.frontend ? c->cfg.frontend : "serve", socket ? socket : "");
+	if (ftruncate(c->lock_fd, 0) < 0 || pwrite(c->lock_fd, text, (size_t)n, 0) != n)
+		return cap_err_set(err, errno, "cannot write %s/controller.lock: %s", c->home, strerror(errno));
+	return 0;
+}
+
 static int take_lock(struct cap_ctl *c, struct cap_err *err)
 {
 	_cleanup_free_ char *path = lock_path(c->home);
@@ -210,13 +221,12 @@ static int take_lock(struct cap_ctl *c, struct cap_err *err)
 				   c->home, h.frontend[0] ? h.frontend : "serve or mcp", (int)h.pid,
 				   h.socket[0] ? ", socket " : "", h.socket);
 	}
-	char text[512];
-	int n = snprintf(text, sizeof(text), "pid %d\nfrontend %s\nsocket %s\n", (int)getpid(),
-			 c->cfg.frontend ? c->cfg.frontend : "serve",
-			 c->cfg.socket_path ? c->cfg.socket_path : "");
-	if (ftruncate(c->lock_fd, 0) < 0 || pwrite(c->lock_fd, text, (size_t)n, 0) != n)
-		return cap_err_set(err, errno, "cannot write %s: %s", path, strerror(errno));
-	return 0;
+	return write_holder(c, c->cfg.socket_path, err);
+}
+
+int cap_ctl_set_socket(struct cap_ctl *c, const char *path, struct cap_err *err)
+{
+	return write_holder(c, path, err);
 }
 
 /* --- identities ---------------------------------------------------------------- */

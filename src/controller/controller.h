@@ -167,6 +167,9 @@ struct cap_ctl_frontend_ops {
  * another controller has it. *out is owned by the caller (cap_ctl_free). */
 int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out,
 		struct cap_err *err);
+/* Name the socket other front ends reach this controller by (NULL: none)
+ * in the home's lock file. */
+int cap_ctl_set_socket(struct cap_ctl *c, const char *path, struct cap_err *err);
 /* Register a front end; ops and fe are borrowed for the controller's life. */
 struct cap_ctl_fe *cap_ctl_add_frontend(struct cap_ctl *c,
 					const struct cap_ctl_frontend_ops *ops,

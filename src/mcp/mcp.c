@@ -819,7 +819,7 @@ static int run_local(struct mcp *m, struct cap_err *err)
 	_cleanup_free_ char *sock = xasprintf("%s/serve.sock", home);
 	struct cap_controller_cfg *cfg = &m->cfg->ctl;
 	cfg->frontend = "mcp";
-	cfg->socket_path = sock;
+	cfg->socket_path = NULL;
 	int r = cap_ctl_new(cfg, &m->ctl, err);
 	if (r < 0)
 		return r;
@@ -827,7 +827,9 @@ static int run_local(struct mcp *m, struct cap_err *err)
 	/* Other front ends (another capsule mcp, the CLI) reach this
 	 * controller through the home's socket. */
 	struct cap_err serr = { 0 };
-	if (strlen(sock) < 100 && cap_rpc_server_new(m->ctl, sock, &srv, &serr) < 0)
+	if (strlen(sock) >= 100)
+		cap_log(CAP_LOG_WARN, "other front ends cannot join this controller: %s is too long for a socket", sock);
+	else if (cap_rpc_server_new(m->ctl, sock, &srv, &serr) < 0 || cap_ctl_set_socket(m->ctl, sock, &serr) < 0)
 		cap_log(CAP_LOG_WARN, "other front ends cannot join this controller: %s", serr.msg);
 	r = cap_ctl_run(m->ctl, err);
 	cap_ctl_free(m->ctl);

@@ -43,7 +43,11 @@ int cap_write_file_atomic(const char *path, const void *data, size_t len,
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
 	if (fd < 0)
 		return -errno;
-	int r = cap_write_all(fd, data, len);
+	/* The mode asked for, whatever the umask: a shim runs under 077,
+	 * and an initramfs it builds must stay readable by the jail. */
+	int r = fchmod(fd, mode) < 0 ? -errno : 0;
+	if (r == 0)
+		r = cap_write_all(fd, data, len);
 	if (r == 0 && fsync(fd) < 0)
 		r = -errno;
 	close(fd);

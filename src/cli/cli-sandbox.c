@@ -137,8 +137,8 @@ int cap_cli_start(int argc, char **argv)
  * changed only through it, so that its view stays true: refused without
  * --force, sent to it with. 1 when handled (rc set), 0 when no controller
  * owns name. */
-static int through_owner(const char *name, const char *verb, const char *method, bool force,
-			 int *rc)
+static int through_owner(const char *name, const char *cmd, const char *verb, const char *method,
+			 bool force, int *rc)
 {
 	struct cap_ctl_holder h;
 	struct cap_err err = { 0 };
@@ -147,8 +147,8 @@ static int through_owner(const char *name, const char *verb, const char *method,
 		return 0;
 	if (!force) {
 		cap_cli_error("sandbox '%s' belongs to capsule %s (pid %d%s%s), which runs it for an identity; "
-			      "`capsule %s --force %s` asks that controller to %s it, or use its %s method",
-			      name, h.frontend, (int)h.pid, h.socket[0] ? ", socket " : "", h.socket, verb, name,
+			      "`capsule %s --force %s` asks that controller to %s it (or use its %s method)",
+			      name, h.frontend, (int)h.pid, h.socket[0] ? ", socket " : "", h.socket, cmd, name,
 			      verb, method);
 		*rc = CAP_EXIT_FAILURE;
 		return 1;
@@ -198,7 +198,7 @@ int cap_cli_stop(int argc, char **argv)
 		return 2;
 	}
 	const char *name = argv[optind];
-	if (through_owner(name, "stop", "stop", force, &rc))
+	if (through_owner(name, "stop", "stop", "stop", force, &rc))
 		return rc;
 	if (cap_named_stop(name, 10000, &err) < 0)
 		return fail(&err);
@@ -430,7 +430,7 @@ int cap_cli_rm(int argc, char **argv)
 		return 2;
 	}
 	int rc;
-	if (through_owner(argv[optind], "remove", "remove", force, &rc))
+	if (through_owner(argv[optind], "rm", "remove", "remove", force, &rc))
 		return rc;
 	if (cap_named_remove(argv[optind], force, &err) < 0)
 		return fail(&err);

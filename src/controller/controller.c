@@ -90,6 +90,9 @@ struct ident {
 	enum vm_op op;	/* asked of the shim, not answered yet */
 	bool stop_after_start;
 	int64_t stop_deadline;	/* real ms */
+	/* Stopping: the VM is gone, the shim is still exiting (real ms). */
+	int64_t exit_wait_until;
+	bool killed;	/* its shim was killed for not stopping in time */
 	/* A remove waiting for the shim to finish exiting (real ms). */
 	int64_t remove_retry_at, remove_deadline;
 	struct cap_ctl_call *queue;
@@ -122,6 +125,7 @@ struct cap_ctl {
 	bool shutting_down;
 	bool kick;	/* some queue may move */
 	int64_t pool_retry_at;	/* real ms: warm-pool starts failed, wait till then */
+	uint64_t seq;	/* orders idle_since updates (cap_lc.seq) */
 	struct cap_ctl_fe *fes;
 	struct ident *idents;
 	struct cap_ctl_poll poll;
@@ -150,6 +154,13 @@ int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now)
 	c->kick = true;
 	*now = c->manual_now;
 	return 0;
+}
+
+/* i is idle from now on. */
+static void set_idle(struct cap_ctl *c, struct cap_lc *lc)
+{
+	lc->idle_since = cap_ctl_now(c);
+	lc->seq = ++c->seq;
 }
 
 /* --- the home lock ------------------------------------------------------------- */
@@ -270,7 +281,7 @@ static struct ident *ident_new(struct cap_ctl *c, const char *agent, const char 
 	snprintf(i->name, sizeof(i->name), "%s", name);
 	i->ctl = c;
 	i->lc.state = CAP_VM_NONE;
-	i->lc.idle_since = cap_ctl_now(c);
+	set_idle(c, &i->lc);
 	i->source = -1;
 	i->job_fd = -1;
 	i->next = c->idents;
@@ -308,7 +319,8 @@ static void unlink_ident(struct cap_ctl *c, struct ident *x)
 static bool idle_and_down(const struct ident *i)
 {
 	return !i->pool && (i->lc.state == CAP_VM_NONE || i->lc.state == CAP_VM_STOPPED) &&
-	       !i->queue && !i->active && !i->job && !i->vm && !i->remove_retry_at;
+	       !i->queue && !i->active && !i->job && !i->vm && !i->remove_retry_at &&
+	       !i->exit_wait_until;
 }
 
 /* Identities with nothing resident and nothing to do live on disk only. */
@@ -433,7 +445,7 @@ static void active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_resul
 	struct cap_ctl_call *k = i->active;
 	i->active = NULL;
 	i->lc.active = 0;
-	i->lc.idle_since = cap_ctl_now(c);
+	set_idle(c, &i->lc);
 	c->kick = true;
 	if (k)
 		deliver(c, k, r);
@@ -638,7 +650,7 @@ static void stopped(struct cap_ctl *c, struct ident *i)
 {
 	detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
-	i->lc.idle_since = cap_ctl_now(c);
+	set_idle(c, &i->lc);
 	c->kick = true;
 	struct cap_ctl_call *k = i->active;
 	if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
@@ -652,6 +664,16 @@ static void stopped(struct cap_ctl *c, struct ident *i)
 	}
 }
 
+/* A stopping VM is gone: its shim exits next (it reaps QEMU, then lets go
+ * of its lock); stopped once it has, so that nothing sees a stopped
+ * sandbox whose shim still runs. */
+static void vm_down(struct cap_ctl *c, struct ident *i)
+{
+	detach(c, i);
+	i->exit_wait_until = cap_now_ms() + 10000;
+	c->kick = true;
+}
+
 /* The VM went away unasked (crash, kill, a stop by the source check). */
 static void vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
 {
@@ -660,7 +682,7 @@ static void vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
 		cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s) went away: %s", i->name, i->agent, i->peer, why);
 	detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
-	i->lc.idle_since = cap_ctl_now(c);
+	set_idle(c, &i->lc);
 	if (i->active)
 		active_fail(c, i, CAP_CTL_ESANDBOX, why, 0);
 	c->kick = true;
@@ -701,7 +723,7 @@ static int begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_job_out *out)
 {
 	struct cap_err err = { 0 };
-	i->lc.idle_since = cap_ctl_now(c);
+	set_idle(c, &i->lc);
 	if (out->r == 0)
 		i->source = out->has_source;
 	if (out->r < 0 || attach(c, i, &err) < 0) {
@@ -793,7 +815,9 @@ static int make_room(struct cap_ctl *c)
 	}
 	int k = cap_lc_make_room(v, n, &c->cfg.lc);
 	int r = k;
-	if (k >= 0) {
+	if (k >= 0 && stopping) {
+		r = 0;	/* a slot is being freed already: wait for it */
+	} else if (k >= 0) {
 		cap_log(CAP_LOG_INFO, "at capacity (%u); stopping %s, idle the longest", c->cfg.lc.capacity,
 			who[k]->name);
 		begin_stop(c, who[k]);
@@ -824,7 +848,7 @@ static int take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, s
 	snprintf(i->name, sizeof(i->name), "%s", p->name);
 	i->vm = p->vm;
 	i->lc.state = p->lc.state;
-	i->lc.idle_since = cap_ctl_now(c);
+	set_idle(c, &i->lc);
 	i->source = p->source;
 	i->checked = true;
 	unlink_ident(c, p);
@@ -1003,7 +1027,7 @@ static void op_answered(struct cap_ctl *c, struct ident *i, int result)
 		/* Refused (commands still run in it): try again after another
 		 * idle period. */
 		cap_log(CAP_LOG_INFO, "%s was not paused: %s", i->name, strerror(-result));
-		i->lc.idle_since = cap_ctl_now(c);
+		set_idle(c, &i->lc);
 		return;
 	}
 	cap_log(CAP_LOG_WARN, "%s could not be resumed: %s", i->name, strerror(-result));
@@ -1270,10 +1294,38 @@ static void stop_overdue(struct cap_ctl *c)
 {
 	int64_t real = cap_now_ms();
 	for (struct ident *i = c->idents; i; i = i->next) {
-		if (i->lc.state != CAP_VM_STOPPING || real < i->stop_deadline)
+		if (i->lc.state != CAP_VM_STOPPING || i->killed || i->exit_wait_until || real < i->stop_deadline)
 			continue;
 		cap_log(CAP_LOG_WARN, "%s did not stop in time; killing its shim", i->name);
 		c->be->kill(c->bud, i->name);
+		i->killed = true;
+		vm_down(c, i);
+	}
+}
+
+/* Stopping VMs whose shims are exiting: stopped once they are gone. */
+static void check_exits(struct cap_ctl *c)
+{
+	int64_t real = cap_now_ms();
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (!i->exit_wait_until)
+			continue;
+		enum cap_vm_state st;
+		bool serving, has_source;
+		bool gone = c->be->state(c->bud, i->name, &st, &serving, &has_source) < 0 || st == CAP_VM_STOPPED;
+		if (!gone && real < i->exit_wait_until)
+			continue;
+		if (!gone && !i->killed) {
+			cap_log(CAP_LOG_WARN, "the shim of %s did not exit after stopping its VM; killing it", i->name);
+			c->be->kill(c->bud, i->name);
+			i->killed = true;
+			i->exit_wait_until = real + 2000;
+			continue;
+		}
+		if (!gone)
+			cap_log(CAP_LOG_WARN, "the shim of %s is still there after SIGKILL; taken as stopped", i->name);
+		i->exit_wait_until = 0;
+		i->killed = false;
 		stopped(c, i);
 	}
 }
@@ -1291,6 +1343,8 @@ static int next_timeout(struct cap_ctl *c)
 			next = i->stop_deadline;
 		if (i->remove_retry_at && i->remove_retry_at < next)
 			next = i->remove_retry_at;
+		if (i->exit_wait_until && real + 20 < next)
+			next = real + 20;	/* look again soon */
 	}
 	if (c->cfg.warm_pool && c->pool_retry_at > real && c->pool_retry_at < next)
 		next = c->pool_retry_at;
@@ -1350,7 +1404,7 @@ static void step_vm(struct cap_ctl *c, struct ident *i, const struct pollfd *pfd
 	int r = c->be->dispatch(i->vm, pfd, &err);
 	if (i->lc.state == CAP_VM_STOPPING) {
 		if (r < 0 || c->be->dead(i->vm))
-			stopped(c, i);
+			vm_down(c, i);
 		return;
 	}
 	if (r < 0) {
@@ -1383,6 +1437,7 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 		if (!c->shutting_down)
 			lifecycle(c);
 		stop_overdue(c);
+		check_exits(c);
 		retry_removes(c);
 		sweep(c);
 		if (!c->kick)

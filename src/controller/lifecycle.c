@@ -63,7 +63,8 @@ int cap_lc_make_room(const struct cap_lc *const *v, size_t n,
 		resident++;
 		if (busy(v[i]) || v[i]->state == CAP_VM_STARTING || v[i]->state == CAP_VM_STOPPING)
 			continue;
-		if (victim < 0 || v[i]->idle_since < v[victim]->idle_since)
+		if (victim < 0 || v[i]->idle_since < v[victim]->idle_since ||
+		    (v[i]->idle_since == v[victim]->idle_since && v[i]->seq < v[victim]->seq))
 			victim = (int)i;
 	}
 	if (resident < c->capacity)

@@ -37,6 +37,9 @@ struct cap_lc {
 	unsigned active;	/* calls running */
 	unsigned queued;	/* calls waiting */
 	int64_t idle_since;	/* when the last call finished (clock ms) */
+	/* Order of that event among equal idle_since values (a clock that
+	 * stands still, as under --test-clock): larger is later. */
+	uint64_t seq;
 };
 
 enum cap_lc_action { CAP_LC_NONE, CAP_LC_PAUSE, CAP_LC_STOP };
@@ -52,7 +55,7 @@ int64_t cap_lc_next(const struct cap_lc *s, const struct cap_lifecycle_cfg *c);
 
 /* Make room for one more resident VM among v[0..n): returns -1 when
  * there is room; otherwise the index of the idle resident VM idle the
- * longest (to stop early), or -2 when every resident VM is busy (or
+ * longest (ties: the one whose last call ended first) (to stop early), or -2 when every resident VM is busy (or
  * already stopping), which the caller reports as a retryable error. */
 int cap_lc_make_room(const struct cap_lc *const *v, size_t n,
 		     const struct cap_lifecycle_cfg *c);

@@ -1,0 +1,1847 @@
+/* The controller core against a fake sandbox backend and two fake front
+ * ends: lifecycle transitions, queueing, capacity and eviction, cancel,
+ * pause and resume answered by the shim, shutdown, the home lock and
+ * recovery. Nothing happens in the fake until a test says so (a job
+ * reports, a command ends, the shim answers, a VM dies), and time moves
+ * only through the manual clock, so every transition is driven, never
+ * waited for. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "controller-internal.h"
+#include "controller.h"
+#include "util.h"
+
+/* --- the fake backend ------------------------------------------------------------ */
+
+#define MAX_SB 16
+#define MAX_JOBS 32
+#define MAX_STREAMS 16
+#define MAX_STARTED 64
+
+struct fvm;
+
+/* A sandbox on the fake's "disk": what state() answers. */
+struct fsb {
+	char name[CAP_NAME_MAX + 1];
+	bool exists;
+	enum cap_vm_state st;	/* STOPPED, RUNNING or PAUSED */
+	bool serving, has_source;
+	bool start_unserved;	/* a START job succeeds, but no shim serves it */
+	struct fvm *vm;	/* attached, or NULL */
+};
+
+struct fjob {
+	enum cap_ctl_job kind;
+	char name[CAP_NAME_MAX + 1];
+	bool create;
+	int rfd;	/* the core's: job_end closes it */
+	int wfd;	/* the fake's, until the job reports */
+	bool reported, ended;
+	struct cap_ctl_job_out out;
+};
+
+/* An exec or file stream; dispatch ends it once the test scheduled it. */
+struct fstream {
+	uint32_t id;
+	bool file;
+	uint32_t op;	/* file */
+	char what[64];	/* exec: argv[0]; file: path */
+	const struct cap_exec_events *ev;
+	void *ud;
+	bool open;	/* done() not delivered yet */
+	bool due;	/* deliver what follows at the next dispatch */
+	char out[128], err[128];
+	struct cap_exit exit;
+	int signalled;	/* the last signal sent to it, 0 for none */
+	char in[64];	/* stdin received */
+	bool in_closed;
+};
+
+struct fvm {
+	struct fake *f;
+	struct fsb *sb;
+	int efd;	/* readable: dispatch has something to deliver */
+	struct fstream s[MAX_STREAMS];
+	unsigned ns;
+	uint32_t next_id;
+	bool op_pending, op_pause;	/* asked, not answered */
+	bool op_answered;	/* the answer is there for vm_op_done */
+	int op_result;
+	bool stopping, dead, lost;
+};
+
+struct fake {
+	struct fsb sb[MAX_SB];
+	unsigned nsb;
+	struct fjob jobs[MAX_JOBS];
+	unsigned njobs;
+	/* argv[0] (or path) of every call started, in order */
+	char started[MAX_STARTED][64];
+	unsigned nstarted;
+	unsigned attaches, reaps, removes, kills, stops, pauses, resumes, signals;
+	char reaped[CAP_NAME_MAX + 1], removed[CAP_NAME_MAX + 1];
+	char stopped[MAX_SB][CAP_NAME_MAX + 1];	/* in the order stop() came */
+	int exec_fails;	/* exec answers -exec_fails when set */
+	int remove_busy;	/* remove answers -EBUSY this many times */
+	bool die_on_stop;	/* a stopped VM is dead at once */
+	char bad[256];	/* a broken contract the fake saw */
+};
+
+static void bad(struct fake *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void bad(struct fake *f, const char *fmt, ...)
+{
+	va_list ap;
+	if (f->bad[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(f->bad, sizeof(f->bad), fmt, ap);
+	va_end(ap);
+}
+
+static struct fsb *sb_find(struct fake *f, const char *name)
+{
+	for (unsigned k = 0; k < f->nsb; k++)
+		if (strcmp(f->sb[k].name, name) == 0)
+			return &f->sb[k];
+	return NULL;
+}
+
+static struct fsb *sb_get(struct fake *f, const char *name)
+{
+	struct fsb *s = sb_find(f, name);
+	if (s)
+		return s;
+	if (f->nsb == MAX_SB) {
+		bad(f, "too many fake sandboxes");
+		return &f->sb[0];
+	}
+	s = &f->sb[f->nsb++];
+	snprintf(s->name, sizeof(s->name), "%s", name);
+	s->st = CAP_VM_STOPPED;
+	return s;
+}
+
+static void vm_kick(struct fvm *v)
+{
+	uint64_t one = 1;
+	if (write(v->efd, &one, sizeof(one)) != sizeof(one))
+		bad(v->f, "eventfd write: %s", strerror(errno));
+}
+
+static void vm_die(struct fvm *v)
+{
+	v->dead = true;
+	v->sb->st = CAP_VM_STOPPED;
+	v->sb->serving = false;
+	vm_kick(v);
+}
+
+/* The shim crashes: its connection breaks. */
+static void vm_lose(struct fvm *v)
+{
+	v->lost = true;
+	v->sb->st = CAP_VM_STOPPED;
+	v->sb->serving = false;
+	vm_kick(v);
+}
+
+static int f_job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *pid,
+		       struct cap_err *err)
+{
+	struct fake *f = ud;
+	int p[2];
+	if (f->njobs == MAX_JOBS)
+		return cap_err_set(err, EAGAIN, "the fake ran out of jobs");
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	struct fjob *x = &f->jobs[f->njobs++];
+	memset(x, 0, sizeof(*x));
+	x->kind = j->kind;
+	snprintf(x->name, sizeof(x->name), "%s", j->name);
+	x->create = j->create;
+	x->rfd = p[0];
+	x->wfd = p[1];
+	*fd = p[0];
+	*pid = 0;	/* no child: nothing to reap */
+	return 0;
+}
+
+static void f_job_end(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out)
+{
+	struct fake *f = ud;
+	struct fjob *x = NULL;
+	for (unsigned k = 0; k < f->njobs; k++)
+		if (f->jobs[k].rfd == fd && !f->jobs[k].ended)
+			x = &f->jobs[k];
+	memset(out, 0, sizeof(*out));
+	if (!x || !x->reported || pid != 0) {
+		bad(f, "job_end(fd %d, pid %d) of no reported job", fd, (int)pid);
+		out->r = -EIO;
+		close(fd);
+		return;
+	}
+	*out = x->out;
+	x->ended = true;
+	close(fd);
+}
+
+static int f_state(void *ud, const char *name, enum cap_vm_state *st, bool *serving,
+		   bool *has_source)
+{
+	struct fsb *s = sb_find(ud, name);
+	if (!s || !s->exists)
+		return -ENOENT;
+	*st = s->st;
+	*serving = s->serving;
+	*has_source = s->has_source;
+	return 0;
+}
+
+static int f_attach(void *ud, const char *name, void **vm, bool *paused, struct cap_err *err)
+{
+	struct fake *f = ud;
+	struct fsb *s = sb_find(f, name);
+	f->attaches++;
+	if (!s || !s->exists || !s->serving || s->st == CAP_VM_STOPPED)
+		return cap_err_set(err, ECHILD, "sandbox %s has no serving shim (fake)", name);
+	if (s->vm) {
+		bad(f, "%s attached twice", name);
+		return cap_err_set(err, EBUSY, "attached twice");
+	}
+	struct fvm *v = xcalloc(1, sizeof(*v));
+	v->f = f;
+	v->sb = s;
+	v->next_id = 1;
+	v->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (v->efd < 0) {
+		free(v);
+		return cap_err_set(err, errno, "eventfd: %s", strerror(errno));
+	}
+	s->vm = v;
+	*vm = v;
+	*paused = s->st == CAP_VM_PAUSED;
+	return 0;
+}
+
+static void f_reap(void *ud, const char *name)
+{
+	struct fake *f = ud;
+	f->reaps++;
+	snprintf(f->reaped, sizeof(f->reaped), "%s", name);
+}
+
+static int f_remove(void *ud, const char *name, struct cap_err *err)
+{
+	struct fake *f = ud;
+	struct fsb *s = sb_find(f, name);
+	if (f->remove_busy > 0) {
+		f->remove_busy--;
+		return cap_err_set(err, EBUSY, "the shim of %s is still exiting (fake)", name);
+	}
+	f->removes++;
+	snprintf(f->removed, sizeof(f->removed), "%s", name);
+	if (!s || !s->exists)
+		return cap_err_set(err, ENOENT, "no sandbox %s", name);
+	if (s->vm || s->st != CAP_VM_STOPPED)
+		bad(f, "remove of %s, which is not stopped", name);
+	s->exists = false;
+	return 0;
+}
+
+static void f_kill(void *ud, const char *name)
+{
+	struct fake *f = ud;
+	struct fsb *s = sb_find(f, name);
+	f->kills++;
+	if (s && s->vm)
+		vm_die(s->vm);
+}
+
+static struct fstream *stream_new(struct fvm *v, bool file, const char *what,
+				  const struct cap_exec_events *ev, void *ud, uint32_t *id)
+{
+	struct fake *f = v->f;
+	if (v->ns == MAX_STREAMS || f->nstarted == MAX_STARTED) {
+		bad(f, "too many streams");
+		return NULL;
+	}
+	if (v->stopping || v->dead || v->op_pending || v->sb->st != CAP_VM_RUNNING)
+		bad(f, "a call started on %s while it is %s%s", v->sb->name,
+		    v->stopping ? "stopping" : cap_vm_state_name(v->sb->st),
+		    v->op_pending ? " with a pause/resume unanswered" : "");
+	struct fstream *s = &v->s[v->ns++];
+	memset(s, 0, sizeof(*s));
+	s->id = v->next_id++;
+	s->file = file;
+	snprintf(s->what, sizeof(s->what), "%s", what);
+	s->ev = ev;
+	s->ud = ud;
+	s->open = true;
+	snprintf(f->started[f->nstarted++], sizeof(f->started[0]), "%s", what);
+	*id = s->id;
+	return s;
+}
+
+static int f_exec(void *vm, const struct cap_exec_req *req, const struct cap_exec_events *ev,
+		  void *ud, uint32_t *id, struct cap_err *err)
+{
+	struct fvm *v = vm;
+	if (v->f->exec_fails)
+		return cap_err_set(err, v->f->exec_fails, "the agent refused the command (fake)");
+	if (!stream_new(v, false, req->argc ? req->argv[0] : "", ev, ud, id))
+		return cap_err_set(err, EMFILE, "too many streams");
+	return 0;
+}
+
+static int f_file(void *vm, const struct cap_file_req *req, uint32_t cap,
+		  const struct cap_exec_events *ev, void *ud, uint32_t *id, struct cap_err *err)
+{
+	struct fvm *v = vm;
+	(void)cap;
+	struct fstream *s = stream_new(v, true, req->path, ev, ud, id);
+	if (!s)
+		return cap_err_set(err, EMFILE, "too many streams");
+	s->op = req->op;
+	return 0;
+}
+
+static struct fstream *stream_by_id(struct fvm *v, uint32_t id)
+{
+	for (unsigned k = 0; k < v->ns; k++)
+		if (v->s[k].id == id && v->s[k].open)
+			return &v->s[k];
+	return NULL;
+}
+
+static int f_input(void *vm, uint32_t id, const void *p, size_t n)
+{
+	struct fvm *v = vm;
+	struct fstream *s = stream_by_id(v, id);
+	if (!s)
+		return -ENOENT;
+	if (n == 0)
+		s->in_closed = true;
+	else
+		snprintf(s->in + strlen(s->in), sizeof(s->in) - strlen(s->in), "%.*s", (int)n,
+			 (const char *)p);
+	return 0;
+}
+
+static int f_signal(void *vm, uint32_t id, int sig)
+{
+	struct fvm *v = vm;
+	struct fstream *s = stream_by_id(v, id);
+	v->f->signals++;
+	if (!s)
+		return -ENOENT;
+	s->signalled = sig;
+	return 0;
+}
+
+static void f_vm_op(void *vm, bool pause)
+{
+	struct fvm *v = vm;
+	if (v->op_pending)
+		bad(v->f, "a second pause/resume of %s before the first was answered", v->sb->name);
+	v->op_pending = true;
+	v->op_pause = pause;
+	if (pause)
+		v->f->pauses++;
+	else
+		v->f->resumes++;
+}
+
+static bool f_vm_op_done(void *vm, int *result)
+{
+	struct fvm *v = vm;
+	if (!v->op_answered)
+		return false;
+	*result = v->op_result;
+	v->op_answered = false;
+	v->op_pending = false;
+	return true;
+}
+
+static void f_stop(void *vm)
+{
+	struct fvm *v = vm;
+	struct fake *f = v->f;
+	if (v->stopping)
+		bad(f, "%s stopped twice", v->sb->name);
+	v->stopping = true;
+	if (f->stops < MAX_SB)
+		snprintf(f->stopped[f->stops], sizeof(f->stopped[0]), "%s", v->sb->name);
+	f->stops++;
+	if (f->die_on_stop)
+		vm_die(v);
+}
+
+static bool f_dead(void *vm)
+{
+	return ((struct fvm *)vm)->dead;
+}
+
+static void f_pollfds(void *vm, struct pollfd *pfd)
+{
+	struct fvm *v = vm;
+	pfd[0] = (struct pollfd){ .fd = v->efd, .events = POLLIN };
+	pfd[1] = (struct pollfd){ .fd = -1 };
+}
+
+/* Deliver what the test scheduled: output, then done(). */
+static int f_dispatch(void *vm, const struct pollfd *pfd, struct cap_err *err)
+{
+	struct fvm *v = vm;
+	uint64_t n;
+	(void)pfd;
+	if (read(v->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		bad(v->f, "eventfd read: %s", strerror(errno));
+	if (v->lost)
+		return cap_err_set(err, EPIPE, "the shim of %s hung up (fake)", v->sb->name);
+	for (unsigned k = 0; k < v->ns; k++) {
+		struct fstream *s = &v->s[k];
+		if (!s->open || !s->due)
+			continue;
+		s->open = s->due = false;
+		if (s->out[0])
+			s->ev->output(s->ud, s->id, 1, (const uint8_t *)s->out, strlen(s->out));
+		if (s->err[0])
+			s->ev->output(s->ud, s->id, 2, (const uint8_t *)s->err, strlen(s->err));
+		s->ev->done(s->ud, s->id, &s->exit, 0, NULL);
+	}
+	return 0;
+}
+
+static void f_vm_free(void *vm)
+{
+	struct fvm *v = vm;
+	if (v->sb->vm == v)
+		v->sb->vm = NULL;
+	close(v->efd);
+	free(v);
+}
+
+static const struct cap_ctl_backend fake_backend = {
+	.job_begin = f_job_begin,
+	.job_end = f_job_end,
+	.state = f_state,
+	.attach = f_attach,
+	.reap = f_reap,
+	.remove = f_remove,
+	.kill = f_kill,
+	.exec = f_exec,
+	.file = f_file,
+	.input = f_input,
+	.signal = f_signal,
+	.vm_op = f_vm_op,
+	.vm_op_done = f_vm_op_done,
+	.stop = f_stop,
+	.dead = f_dead,
+	.pollfds = f_pollfds,
+	.dispatch = f_dispatch,
+	.vm_free = f_vm_free,
+};
+
+/* --- the fake front ends ------------------------------------------------------------ */
+
+#define MAX_GOT 64
+
+/* One done() as the front end saw it. */
+struct got {
+	intptr_t tag;
+	enum cap_ctl_code code;
+	enum cap_ctl_kind kind;
+	int errnum;
+	char msg[256];
+	char state[16];
+	char sandbox[64];
+	struct cap_exit exit;
+	char out[128], err[128];
+	char content[128];
+	bool is_dir;
+	size_t nentries;
+	char entries[128];	/* "f:name:size d:name " */
+	uint64_t written;
+};
+
+struct ffe {
+	int id;
+	struct cap_ctl_fe *h;
+	struct got got[MAX_GOT];
+	unsigned ngot;
+	unsigned shutdowns, flushes, readies;
+	/* Its "socket": a byte on it makes ready() submit the inbox call,
+	 * as a real front end submits what a client sent. */
+	int pipe[2];
+	struct {
+		char agent[16], what[16];
+		intptr_t tag;
+	} inbox;
+	char bad[256];
+};
+
+static struct cap_ctl_call *submit_exec(struct cap_ctl *c, struct ffe *e, const char *agent,
+					const char *what, intptr_t tag)
+{
+	char *argv[] = { (char *)what, NULL };
+	struct cap_exec_req x = { .argv = argv, .argc = 1 };
+	struct cap_ctl_req r = { .kind = CAP_CTL_EXEC, .exec = &x };
+	return cap_ctl_submit(c, e->h, agent, "p", &r, (void *)tag);
+}
+
+static void fe_pollfds(void *fe, struct cap_ctl *c, struct cap_ctl_poll *p)
+{
+	struct ffe *e = fe;
+	(void)c;
+	cap_ctl_poll_add(p, e->pipe[0], POLLIN, &e->inbox);
+}
+
+static void fe_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
+{
+	struct ffe *e = fe;
+	char b;
+	e->readies++;
+	if (tag != &e->inbox || !(revents & POLLIN) || read(e->pipe[0], &b, 1) != 1) {
+		snprintf(e->bad, sizeof(e->bad), "ready() with tag %p, revents %#x", tag, revents);
+		return;
+	}
+	submit_exec(c, e, e->inbox.agent, e->inbox.what, e->inbox.tag);
+}
+
+static void fe_flush(void *fe, struct cap_ctl *c)
+{
+	(void)c;
+	((struct ffe *)fe)->flushes++;
+}
+
+static void copy_bytes(char *dst, size_t cap, const void *p, size_t n)
+{
+	n = n < cap - 1 ? n : cap - 1;
+	if (n)
+		memcpy(dst, p, n);
+	dst[n] = '\0';
+}
+
+static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl_result *r)
+{
+	struct ffe *e = fe;
+	(void)c;
+	if (e->ngot == MAX_GOT) {
+		snprintf(e->bad, sizeof(e->bad), "too many results");
+		return;
+	}
+	struct got *g = &e->got[e->ngot++];
+	memset(g, 0, sizeof(*g));
+	g->tag = (intptr_t)tag;
+	g->code = r->code;
+	g->kind = r->kind;
+	g->errnum = r->errnum;
+	g->exit = r->exit;
+	g->is_dir = r->is_dir;
+	g->nentries = r->nentries;
+	g->written = r->written;
+	snprintf(g->msg, sizeof(g->msg), "%s", r->msg ? r->msg : "");
+	snprintf(g->state, sizeof(g->state), "%s", r->state ? r->state : "");
+	snprintf(g->sandbox, sizeof(g->sandbox), "%s", r->sandbox ? r->sandbox : "");
+	copy_bytes(g->out, sizeof(g->out), r->out, r->out_len);
+	copy_bytes(g->err, sizeof(g->err), r->err, r->err_len);
+	copy_bytes(g->content, sizeof(g->content), r->content, r->content_len);
+	for (size_t k = 0; k < r->nentries; k++) {
+		size_t used = strlen(g->entries);
+		snprintf(g->entries + used, sizeof(g->entries) - used, "%c:%s:%llu ", r->entries[k].type,
+			 r->entries[k].name, (unsigned long long)r->entries[k].size);
+	}
+}
+
+static void fe_shutdown(void *fe, struct cap_ctl *c)
+{
+	(void)c;
+	((struct ffe *)fe)->shutdowns++;
+}
+
+static const struct cap_ctl_frontend_ops fe_ops = {
+	.name = "test",
+	.pollfds = fe_pollfds,
+	.ready = fe_ready,
+	.flush = fe_flush,
+	.done = fe_done,
+	.shutdown = fe_shutdown,
+};
+
+/* The one result with tag (NULL when none); a second one fails the test
+ * at the caller's line. */
+static const struct got *got_at(const struct ffe *e, intptr_t tag, const char *file, int line)
+{
+	const struct got *g = NULL;
+	for (unsigned k = 0; k < e->ngot; k++) {
+		if (e->got[k].tag != tag)
+			continue;
+		if (g) {
+			print_error("front end %d: call %ld answered twice\n", e->id, (long)tag);
+			_fail(file, line);
+		}
+		g = &e->got[k];
+	}
+	return g;
+}
+
+/* The result with tag, which must be there. */
+static const struct got *must_get_at(const struct ffe *e, intptr_t tag, const char *file,
+				     int line)
+{
+	const struct got *g = got_at(e, tag, file, line);
+	if (!g) {
+		print_error("front end %d: call %ld has no result\n", e->id, (long)tag);
+		_fail(file, line);
+	}
+	return g;
+}
+
+#define got(e, tag) got_at(e, tag, __FILE__, __LINE__)
+#define must_get(e, tag) must_get_at(e, tag, __FILE__, __LINE__)
+
+/* --- the fixture ------------------------------------------------------------------- */
+
+struct t {
+	char home[64];
+	struct fake f;
+	struct ffe fe1, fe2;
+	struct cap_controller_cfg cfg;
+	struct cap_ctl *c;
+};
+
+static char logbuf[16384];
+
+static void log_sink(void *ud, enum cap_log_level level, const char *line)
+{
+	size_t used = strlen(logbuf);
+	(void)ud, (void)level;
+	if (getenv("CAP_TEST_LOG"))
+		fprintf(stderr, "# log: %s\n", line);
+	if (used + strlen(line) + 2 < sizeof(logbuf))
+		snprintf(logbuf + used, sizeof(logbuf) - used, "%s\n", line);
+}
+
+static int setup(void **state)
+{
+	struct t *t = xcalloc(1, sizeof(*t));
+	snprintf(t->home, sizeof(t->home), "/tmp/capsule-test-controller.XXXXXX");
+	if (!mkdtemp(t->home)) {
+		free(t);
+		return -1;
+	}
+	setenv("CAPSULE_HOME", t->home, 1);
+	logbuf[0] = '\0';
+	cap_log_set(log_sink, NULL);
+	cap_controller_cfg_init(&t->cfg);
+	t->cfg.manual_clock = true;
+	t->cfg.lc.idle_pause_ms = 1000;
+	t->cfg.lc.idle_stop_ms = 60000;
+	t->cfg.lc.capacity = 4;
+	t->cfg.backend = &fake_backend;
+	t->cfg.backend_ud = &t->f;
+	t->fe1.id = 1;
+	t->fe2.id = 2;
+	if (pipe2(t->fe1.pipe, O_CLOEXEC) < 0 || pipe2(t->fe2.pipe, O_CLOEXEC) < 0)
+		return -1;
+	*state = t;
+	return 0;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	remove(path);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct t *t = *state;
+	cap_ctl_free(t->c);	/* frees every attached fake VM */
+	for (unsigned k = 0; k < t->f.njobs; k++)
+		if (!t->f.jobs[k].reported)
+			close(t->f.jobs[k].wfd);
+	for (unsigned k = 0; k < t->f.nsb; k++)
+		if (t->f.sb[k].vm)
+			f_vm_free(t->f.sb[k].vm);
+	close(t->fe1.pipe[0]);
+	close(t->fe1.pipe[1]);
+	close(t->fe2.pipe[0]);
+	close(t->fe2.pipe[1]);
+	nftw(t->home, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	cap_log_set(NULL, NULL);
+	unsetenv("CAPSULE_HOME");
+	free(t);
+	return 0;
+}
+
+/* Make the controller of t->cfg, with both front ends, and recover. */
+static void open_ctl(struct t *t)
+{
+	struct cap_err err = { 0 };
+	int r = cap_ctl_new(&t->cfg, &t->c, &err);
+	if (r < 0)
+		fail_msg("cap_ctl_new: %s", err.msg);
+	t->fe1.h = cap_ctl_add_frontend(t->c, &fe_ops, &t->fe1);
+	t->fe2.h = cap_ctl_add_frontend(t->c, &fe_ops, &t->fe2);
+	cap_ctl_start(t->c);
+}
+
+/* One round of the loop, waiting at most wait_ms; 1 serving, 0 done. */
+static int step_wait(struct t *t, int wait_ms)
+{
+	struct cap_err err = { 0 };
+	int r = cap_ctl_step(t->c, wait_ms, &err);
+	if (r < 0)
+		fail_msg("cap_ctl_step: %s", err.msg);
+	if (t->f.bad[0])
+		fail_msg("fake backend: %s", t->f.bad);
+	if (t->fe1.bad[0] || t->fe2.bad[0])
+		fail_msg("fake front end: %s%s", t->fe1.bad, t->fe2.bad);
+	return r;
+}
+
+static int step(struct t *t)
+{
+	return step_wait(t, 0);
+}
+
+/* Run rounds until cond holds, at most 100 (each waits at most wait_ms,
+ * for the loop's own real-time timers). */
+#define UNTIL_WAIT(t, wait_ms, cond)                                                            \
+	do {                                                                                    \
+		int n_ = 0;                                                                     \
+		while (!(cond)) {                                                               \
+			if (++n_ > 100)                                                         \
+				fail_msg("%s:%d: never came true: %s", __FILE__, __LINE__, #cond); \
+			step_wait(t, wait_ms);                                                  \
+		}                                                                               \
+	} while (0)
+#define UNTIL(t, cond) UNTIL_WAIT(t, 0, cond)
+
+/* A few rounds with nothing for the test to wait for: what must not
+ * happen yet has its chance to happen. */
+static void settle(struct t *t)
+{
+	for (int k = 0; k < 5; k++)
+		step(t);
+}
+
+static void advance(struct t *t, int64_t ms)
+{
+	int64_t now;
+	assert_int_equal(cap_ctl_advance(t->c, ms, &now), 0);
+}
+
+static struct cap_ctl_status status(struct t *t, const char *agent)
+{
+	struct cap_ctl_status s;
+	cap_ctl_status(t->c, agent, "p", &s);
+	return s;
+}
+
+static const char *state_of(struct t *t, const char *agent)
+{
+	return cap_vm_state_name(status(t, agent).state);
+}
+
+struct nm {
+	char s[64];
+};
+
+/* The sandbox of an identity, which must have one. */
+static struct nm sbname(struct t *t, const char *agent)
+{
+	struct nm n;
+	struct cap_ctl_status s = status(t, agent);
+	if (!s.sandbox[0])
+		fail_msg("%s/p has no sandbox (state %s)", agent, cap_vm_state_name(s.state));
+	snprintf(n.s, sizeof(n.s), "%s", s.sandbox);
+	return n;
+}
+
+static struct fsb *sb_of(struct t *t, const char *agent)
+{
+	struct fsb *s = sb_find(&t->f, sbname(t, agent).s);
+	if (!s)
+		fail_msg("the fake has no sandbox for %s", agent);
+	return s;
+}
+
+static struct fvm *vm_of(struct t *t, const char *agent)
+{
+	struct fvm *v = sb_of(t, agent)->vm;
+	if (!v)
+		fail_msg("%s/p has no attached VM", agent);
+	return v;
+}
+
+/* A sandbox that exists already, mapped to agent/p by its record. */
+static struct fsb *premade(struct t *t, const char *agent, const char *name,
+			   enum cap_vm_state st, bool serving, bool has_source)
+{
+	struct cap_err err = { 0 };
+	if (ctl_ws_write(t->home, agent, "p", name, &err) < 0)
+		fail_msg("ctl_ws_write: %s", err.msg);
+	struct fsb *s = sb_get(&t->f, name);
+	s->exists = true;
+	s->st = st;
+	s->serving = serving;
+	s->has_source = has_source;
+	return s;
+}
+
+/* The job under way for agent's sandbox. */
+static struct fjob *job_of(struct t *t, const char *agent)
+{
+	struct nm n = sbname(t, agent);
+	for (unsigned k = t->f.njobs; k-- > 0;)
+		if (strcmp(t->f.jobs[k].name, n.s) == 0 && !t->f.jobs[k].reported)
+			return &t->f.jobs[k];
+	fail_msg("no job under way for %s (%s)", agent, n.s);
+	return NULL;
+}
+
+/* Job x reports r (and, for a successful START, its shim serves). */
+static void report(struct t *t, struct fjob *x, int r, const char *msg, bool has_source,
+		   bool changed)
+{
+	struct fsb *s = sb_get(&t->f, x->name);
+	x->out.r = r;
+	snprintf(x->out.msg, sizeof(x->out.msg), "%s", msg);
+	x->out.has_source = has_source;
+	x->out.changed = changed;
+	if (r == 0) {
+		s->has_source = has_source;
+		if (x->kind == CAP_CTL_JOB_START) {
+			s->exists = true;
+			s->st = CAP_VM_RUNNING;
+			s->serving = !s->start_unserved;
+		} else if (changed) {
+			/* The real job stops the VM to rebuild the public data:
+			 * the shim hangs up. */
+			s->st = CAP_VM_STOPPED;
+			s->serving = false;
+			if (s->vm) {
+				s->vm->lost = true;
+				vm_kick(s->vm);
+			}
+		}
+	}
+	assert_int_equal(write(x->wfd, "x", 1), 1);
+	close(x->wfd);
+	x->wfd = -1;
+	x->reported = true;
+}
+
+static void job_report(struct t *t, const char *agent, int r, const char *msg, bool has_source,
+		       bool changed)
+{
+	report(t, job_of(t, agent), r, msg, has_source, changed);
+}
+
+/* The open stream of agent's VM (exactly one). */
+static struct fstream *stream_of(struct t *t, const char *agent)
+{
+	struct fvm *v = vm_of(t, agent);
+	struct fstream *found = NULL;
+	for (unsigned k = 0; k < v->ns; k++)
+		if (v->s[k].open && !v->s[k].due) {
+			if (found)
+				fail_msg("%s has more than one call running", agent);
+			found = &v->s[k];
+		}
+	if (!found)
+		fail_msg("%s has no call running", agent);
+	return found;
+}
+
+/* The running call of agent ends as ex, with stdout out and stderr errtext. */
+static void finish_as(struct t *t, const char *agent, struct cap_exit ex, const char *out,
+		      const char *errtext)
+{
+	struct fstream *s = stream_of(t, agent);
+	s->exit = ex;
+	snprintf(s->out, sizeof(s->out), "%s", out);
+	snprintf(s->err, sizeof(s->err), "%s", errtext);
+	s->due = true;
+	vm_kick(vm_of(t, agent));
+}
+
+static void finish(struct t *t, const char *agent, int code, const char *out)
+{
+	finish_as(t, agent, (struct cap_exit){ .kind = CAP_EXIT_CODE, .value = code }, out, "");
+}
+
+/* The shim answers the pause or resume asked of agent's VM. */
+static void answer(struct t *t, const char *agent, int result)
+{
+	struct fvm *v = vm_of(t, agent);
+	if (!v->op_pending)
+		fail_msg("no pause or resume was asked of %s", agent);
+	v->op_answered = true;
+	v->op_result = result;
+	if (result == 0)
+		v->sb->st = v->op_pause ? CAP_VM_PAUSED : CAP_VM_RUNNING;
+	vm_kick(v);
+}
+
+/* agent gets a running VM and one finished call (tag): the common start. */
+static void run_one(struct t *t, const char *agent, intptr_t tag)
+{
+	unsigned jobs = t->f.njobs;
+	unsigned before = t->fe1.ngot;
+	assert_non_null(submit_exec(t->c, &t->fe1, agent, agent, tag));
+	UNTIL(t, t->f.njobs == jobs + 1 || status(t, agent).active == 1);
+	if (t->f.njobs == jobs + 1) {
+		job_report(t, agent, 0, "", false, false);
+		UNTIL(t, status(t, agent).active == 1);
+	}
+	finish(t, agent, 0, "ok\n");
+	UNTIL(t, t->fe1.ngot == before + 1);
+	assert_int_equal(must_get(&t->fe1, tag)->code, CAP_CTL_OK);
+}
+
+/* --- 1. first call --------------------------------------------------------------- */
+
+static void first_call_starts_the_sandbox(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "hello", 1));
+	UNTIL(t, t->f.njobs == 1);
+	struct fjob *j = &t->f.jobs[0];
+	assert_int_equal(j->kind, CAP_CTL_JOB_START);
+	assert_true(j->create);
+	assert_string_equal(j->name, sbname(t, "a").s);
+	assert_string_equal(state_of(t, "a"), "starting");
+	assert_int_equal(status(t, "a").queued, 1);
+
+	/* Nothing runs before the job reports. */
+	settle(t);
+	assert_int_equal(t->f.nstarted, 0);
+	assert_int_equal(t->f.attaches, 0);
+	assert_int_equal(t->fe1.ngot, 0);
+	assert_string_equal(state_of(t, "a"), "starting");
+
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 1);
+	assert_int_equal(t->f.attaches, 1);
+	assert_string_equal(t->f.started[0], "hello");
+	assert_string_equal(state_of(t, "a"), "running");
+	assert_int_equal(status(t, "a").active, 1);
+	assert_int_equal(status(t, "a").queued, 0);
+	assert_int_equal(t->f.njobs, 1);	/* no public data: no check */
+
+	finish(t, "a", 3, "hi\n");
+	UNTIL(t, t->fe1.ngot == 1);
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_int_equal(g->code, CAP_CTL_OK);
+	assert_int_equal(g->kind, CAP_CTL_EXEC);
+	assert_int_equal(g->exit.kind, CAP_EXIT_CODE);
+	assert_int_equal(g->exit.value, 3);
+	assert_string_equal(g->out, "hi\n");
+	assert_string_equal(g->sandbox, sbname(t, "a").s);
+	assert_int_equal(t->fe2.ngot, 0);
+
+	/* The mapping was written: the sandbox belongs to a/p. */
+	char agent[65], peer[65];
+	assert_int_equal(cap_ctl_identity_of(t->c, sbname(t, "a").s, agent, peer), 0);
+	assert_string_equal(agent, "a");
+	assert_string_equal(peer, "p");
+	assert_string_equal(state_of(t, "a"), "running");
+	assert_int_equal(status(t, "a").active, 0);
+}
+
+/* --- 2. queueing ------------------------------------------------------------------- */
+
+static void one_identity_in_order_two_concurrently(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "a1", 1));
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "a2", 2));
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "a3", 3));
+	assert_non_null(submit_exec(t->c, &t->fe2, "b", "b1", 11));
+	UNTIL(t, t->f.njobs == 2);	/* one start each, side by side */
+	assert_string_equal(state_of(t, "a"), "starting");
+	assert_string_equal(state_of(t, "b"), "starting");
+	job_report(t, "b", 0, "", false, false);
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 2);
+	settle(t);
+	assert_int_equal(t->f.nstarted, 2);	/* a2 waits for a1 */
+	assert_int_equal(status(t, "a").active, 1);
+	assert_int_equal(status(t, "a").queued, 2);
+	assert_int_equal(status(t, "b").active, 1);
+	assert_string_equal(stream_of(t, "a")->what, "a1");
+	assert_string_equal(stream_of(t, "b")->what, "b1");
+
+	finish(t, "a", 0, "1");
+	UNTIL(t, t->f.nstarted == 3);
+	assert_string_equal(t->f.started[2], "a2");
+	assert_non_null(must_get(&t->fe1, 1));
+	assert_null(got(&t->fe1, 2));
+	assert_null(got(&t->fe2, 11));	/* b1 still runs, beside a2 */
+	assert_string_equal(stream_of(t, "b")->what, "b1");
+
+	finish(t, "b", 0, "b");
+	finish(t, "a", 0, "2");
+	UNTIL(t, t->f.nstarted == 4);
+	assert_string_equal(t->f.started[3], "a3");
+	finish(t, "a", 0, "3");
+	UNTIL(t, t->fe1.ngot == 3);
+	for (intptr_t k = 1; k <= 3; k++) {
+		const struct got *g = must_get(&t->fe1, k);
+		char want[2] = { (char)('0' + k), '\0' };
+		assert_int_equal(g->code, CAP_CTL_OK);
+		assert_string_equal(g->out, want);
+		assert_int_equal(t->fe1.got[k - 1].tag, k);	/* answered in order */
+	}
+	assert_int_equal(must_get(&t->fe2, 11)->code, CAP_CTL_OK);
+	assert_int_equal(t->f.njobs, 2);
+}
+
+/* A call the shim refuses at once ends alone (ETOOL for a bad request,
+ * ESANDBOX otherwise); the queue moves on. */
+static void refused_call_ends_alone(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	t->f.exec_fails = EINVAL;
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "bad", 2));
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_ETOOL);
+	t->f.exec_fails = EIO;
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "broken", 3));
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_ESANDBOX);
+	assert_string_equal(must_get(&t->fe1, 3)->msg, "the agent refused the command (fake)");
+	t->f.exec_fails = 0;
+	char *argv[] = { "good", NULL };
+	struct cap_exec_req x = { .argv = argv, .argc = 1 };
+	struct cap_ctl_req r = { .kind = CAP_CTL_EXEC, .exec = &x, .stdin_data = "input", .stdin_len = 5 };
+	assert_non_null(cap_ctl_submit(t->c, t->fe1.h, "a", "p", &r, (void *)4));
+	UNTIL(t, status(t, "a").active == 1);
+	assert_string_equal(stream_of(t, "a")->in, "input");	/* all of stdin, then closed */
+	assert_true(stream_of(t, "a")->in_closed);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 4));
+	assert_int_equal(must_get(&t->fe1, 4)->code, CAP_CTL_OK);
+}
+
+/* --- 3, 4, 5. pause and resume, answered by the shim -------------------------------- */
+
+static void idle_pause_waits_for_the_shim(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	advance(t, 999);
+	settle(t);
+	assert_int_equal(t->f.pauses, 0);
+	advance(t, 1);
+	UNTIL(t, t->f.pauses == 1);
+	assert_true(vm_of(t, "a")->op_pause);
+	settle(t);
+	assert_string_equal(state_of(t, "a"), "running");	/* not before the shim says so */
+	answer(t, "a", 0);
+	UNTIL(t, status(t, "a").state == CAP_VM_PAUSED);
+	assert_int_equal(t->f.pauses, 1);
+	assert_int_equal(t->f.resumes, 0);
+	assert_int_equal(status(t, "a").idle_ms, 1000);
+}
+
+static void pause_refused_stays_running(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	advance(t, 1000);
+	UNTIL(t, t->f.pauses == 1);
+	answer(t, "a", -EBUSY);
+	UNTIL(t, !vm_of(t, "a")->op_pending);
+	settle(t);
+	assert_string_equal(state_of(t, "a"), "running");
+	assert_int_equal(t->f.pauses, 1);	/* not asked again at once */
+	/* Another idle period, another try. */
+	advance(t, 999);
+	settle(t);
+	assert_int_equal(t->f.pauses, 1);
+	advance(t, 1);
+	UNTIL(t, t->f.pauses == 2);
+	answer(t, "a", 0);
+	UNTIL(t, status(t, "a").state == CAP_VM_PAUSED);
+}
+
+/* Idle a's VM until the shim has paused it. */
+static void to_paused(struct t *t, const char *agent)
+{
+	unsigned pauses = t->f.pauses;
+	advance(t, t->cfg.lc.idle_pause_ms);
+	UNTIL(t, t->f.pauses == pauses + 1);
+	answer(t, agent, 0);
+	UNTIL(t, status(t, agent).state == CAP_VM_PAUSED);
+}
+
+static void call_to_paused_vm_resumes_first(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	to_paused(t, "a");
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "two", 2));
+	UNTIL(t, t->f.resumes == 1);
+	assert_false(vm_of(t, "a")->op_pause);
+	settle(t);
+	assert_int_equal(t->f.nstarted, 1);	/* waits for the shim */
+	assert_string_equal(state_of(t, "a"), "paused");
+	assert_int_equal(status(t, "a").queued, 1);
+	answer(t, "a", 0);
+	UNTIL(t, t->f.nstarted == 2);
+	assert_string_equal(t->f.started[1], "two");
+	assert_string_equal(state_of(t, "a"), "running");
+	finish(t, "a", 0, "2");
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_OK);
+
+	/* A resume the shim refuses fails the call; the VM stays paused. */
+	to_paused(t, "a");
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "three", 3));
+	UNTIL(t, t->f.resumes == 2);
+	answer(t, "a", -EIO);
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_ESANDBOX);
+	assert_int_equal(must_get(&t->fe1, 3)->errnum, EIO);
+	assert_int_equal(t->f.nstarted, 2);
+	assert_string_equal(state_of(t, "a"), "paused");
+}
+
+/* --- 6. idle stop -------------------------------------------------------------------- */
+
+static void idle_stop_frees_the_identity(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	to_paused(t, "a");
+	struct nm name = sbname(t, "a");
+	advance(t, t->cfg.lc.idle_stop_ms - t->cfg.lc.idle_pause_ms - 1);
+	settle(t);
+	assert_int_equal(t->f.stops, 0);
+	advance(t, 1);
+	UNTIL(t, t->f.stops == 1);
+	assert_string_equal(t->f.stopped[0], name.s);
+	assert_string_equal(state_of(t, "a"), "stopping");
+	settle(t);
+	assert_string_equal(state_of(t, "a"), "stopping");	/* until the VM is gone */
+	vm_die(vm_of(t, "a"));
+	/* Out of memory (idle_ms unknown): the state comes from the backend. */
+	UNTIL(t, status(t, "a").idle_ms == -1);
+	struct cap_ctl_status s = status(t, "a");
+	assert_string_equal(cap_vm_state_name(s.state), "stopped");
+	assert_string_equal(s.sandbox, name.s);
+	assert_int_equal(s.active + s.queued, 0);
+	assert_null(sb_find(&t->f, name.s)->vm);	/* detached, freed */
+	assert_int_equal(t->f.kills, 0);
+
+	/* A new call starts it again (the same sandbox). */
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "again", 2));
+	UNTIL(t, t->f.njobs == 2);
+	assert_string_equal(t->f.jobs[1].name, name.s);
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 2);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_OK);
+}
+
+/* --- 7. capacity --------------------------------------------------------------------- */
+
+static void capacity_evicts_the_idle_longest(void **state)
+{
+	struct t *t = *state;
+	t->cfg.lc.capacity = 2;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	advance(t, 10);
+	run_one(t, "b", 2);
+	advance(t, 10);
+	struct nm a = sbname(t, "a");
+	assert_non_null(submit_exec(t->c, &t->fe1, "c", "c1", 3));
+	UNTIL(t, t->f.stops == 1);
+	assert_string_equal(t->f.stopped[0], a.s);	/* a: idle 20 ms, b: 10 */
+	assert_string_equal(state_of(t, "a"), "stopping");
+	assert_string_equal(state_of(t, "b"), "running");
+	assert_int_equal(status(t, "c").queued, 1);
+	assert_int_equal(t->f.njobs, 2);	/* c waits for the slot */
+	assert_non_null(strstr(logbuf, "at capacity (2); stopping"));
+	vm_die(vm_of(t, "a"));
+	UNTIL(t, t->f.njobs == 3);
+	assert_string_equal(state_of(t, "c"), "starting");
+	job_report(t, "c", 0, "", false, false);
+	UNTIL(t, status(t, "c").active == 1);
+	finish(t, "c", 0, "");
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_OK);
+	assert_int_equal(t->f.stops, 1);
+	assert_string_equal(state_of(t, "b"), "running");
+	assert_string_equal(state_of(t, "a"), "stopped");
+}
+
+/* While one eviction is under way, the loop moving on (the clock, other
+ * calls) must not evict a second VM for the same newcomer. With a clock
+ * that stands still, the VM whose last call ended first goes. */
+static void one_eviction_per_newcomer(void **state)
+{
+	struct t *t = *state;
+	t->cfg.lc.capacity = 2;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	run_one(t, "b", 2);
+	struct nm a = sbname(t, "a");
+	assert_int_equal(status(t, "a").idle_ms, status(t, "b").idle_ms);
+	assert_non_null(submit_exec(t->c, &t->fe1, "c", "c1", 3));
+	UNTIL(t, t->f.stops == 1);
+	assert_string_equal(t->f.stopped[0], a.s);
+	advance(t, 1);	/* the loop runs the queues again */
+	settle(t);
+	assert_int_equal(t->f.stops, 1);
+	assert_string_equal(state_of(t, "b"), "running");
+	vm_die(vm_of(t, "a"));
+	UNTIL(t, t->f.njobs == 3);
+	assert_string_equal(state_of(t, "b"), "running");
+}
+
+static void capacity_full_of_busy_fails_at_once(void **state)
+{
+	struct t *t = *state;
+	t->cfg.lc.capacity = 2;
+	open_ctl(t);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "a1", 1));
+	assert_non_null(submit_exec(t->c, &t->fe1, "b", "b1", 2));
+	UNTIL(t, t->f.njobs == 2);
+	job_report(t, "a", 0, "", false, false);
+	job_report(t, "b", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 2);
+	assert_non_null(submit_exec(t->c, &t->fe1, "c", "c1", 3));
+	step(t);	/* one round */
+	const struct got *g = must_get(&t->fe1, 3);
+	assert_int_equal(g->code, CAP_CTL_ECAPACITY);
+	assert_int_equal(t->f.stops, 0);
+	assert_int_equal(t->f.njobs, 2);
+	assert_string_equal(state_of(t, "c"), "none");
+	/* The busy ones are untouched. */
+	finish(t, "a", 0, "");
+	finish(t, "b", 0, "");
+	UNTIL(t, t->fe1.ngot == 3);
+	assert_int_equal(must_get(&t->fe1, 1)->code, CAP_CTL_OK);
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_OK);
+}
+
+/* --- 8. cancel ----------------------------------------------------------------------- */
+
+static void cancel_queued_and_running(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	struct cap_ctl_call *k1 = submit_exec(t->c, &t->fe1, "a", "one", 1);
+	struct cap_ctl_call *k2 = submit_exec(t->c, &t->fe1, "a", "two", 2);
+	struct cap_ctl_call *k3 = submit_exec(t->c, &t->fe1, "a", "three", 3);
+	UNTIL(t, t->f.njobs == 1);
+	/* Queued behind the start: ends at once, before cancel returns. */
+	assert_true(cap_ctl_cancel(t->c, k3));
+	assert_int_equal(t->fe1.ngot, 1);
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_ECANCELLED);
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 1);
+	/* Queued behind a running call. */
+	assert_true(cap_ctl_cancel(t->c, k2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_ECANCELLED);
+	assert_int_equal(status(t, "a").queued, 0);
+	/* Running: killed, and it ends when the guest says so. */
+	struct fstream *s = stream_of(t, "a");
+	assert_true(cap_ctl_cancel(t->c, k1));
+	assert_int_equal(s->signalled, SIGKILL);
+	settle(t);
+	assert_null(got(&t->fe1, 1));
+	assert_int_equal(status(t, "a").active, 1);
+	finish_as(t, "a", (struct cap_exit){ .kind = CAP_EXIT_SIGNAL, .value = SIGKILL }, "partial", "");
+	UNTIL(t, got(&t->fe1, 1));
+	assert_int_equal(must_get(&t->fe1, 1)->code, CAP_CTL_ECANCELLED);
+	assert_int_equal(t->fe1.ngot, 3);
+	assert_int_equal(t->f.nstarted, 1);	/* two and three never ran */
+	assert_int_equal(status(t, "a").active, 0);
+
+	/* A stop under way is not taken back. */
+	struct cap_ctl_req r = { .kind = CAP_CTL_STOP };
+	struct cap_ctl_call *ks = cap_ctl_submit(t->c, t->fe1.h, "a", "p", &r, (void *)4);
+	UNTIL(t, t->f.stops == 1);
+	assert_false(cap_ctl_cancel(t->c, ks));
+	vm_die(vm_of(t, "a"));
+	UNTIL(t, got(&t->fe1, 4));
+	assert_int_equal(must_get(&t->fe1, 4)->code, CAP_CTL_OK);
+	assert_string_equal(must_get(&t->fe1, 4)->state, "stopped");
+}
+
+/* --- 9. stop and remove of a stopped identity -------------------------------------- */
+
+static struct cap_ctl_call *submit_kind(struct t *t, enum cap_ctl_kind kind, const char *agent,
+					intptr_t tag)
+{
+	struct cap_ctl_req r = { .kind = kind };
+	return cap_ctl_submit(t->c, t->fe1.h, agent, "p", &r, (void *)tag);
+}
+
+static void stop_and_remove_of_stopped(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	premade(t, "s1", "t-stopped-1", CAP_VM_STOPPED, false, false);
+	premade(t, "s2", "t-stopped-2", CAP_VM_STOPPED, false, false);
+	assert_string_equal(state_of(t, "s1"), "stopped");
+
+	submit_kind(t, CAP_CTL_REMOVE, "s1", 1);
+	UNTIL(t, got(&t->fe1, 1));
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_int_equal(g->code, CAP_CTL_OK);
+	assert_int_equal(g->kind, CAP_CTL_REMOVE);
+	assert_string_equal(g->state, "removed");
+	assert_int_equal(t->f.removes, 1);
+	assert_string_equal(t->f.removed, "t-stopped-1");
+	assert_false(sb_find(&t->f, "t-stopped-1")->exists);
+	char agent[65], peer[65];
+	assert_int_equal(cap_ctl_identity_of(t->c, "t-stopped-1", agent, peer), -ENOENT);
+	assert_string_equal(state_of(t, "s1"), "none");
+
+	submit_kind(t, CAP_CTL_STOP, "s2", 2);
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_OK);
+	assert_int_equal(must_get(&t->fe1, 2)->kind, CAP_CTL_STOP);
+	assert_string_equal(must_get(&t->fe1, 2)->state, "stopped");
+	assert_string_equal(state_of(t, "s2"), "stopped");
+
+	/* An identity that never had a sandbox. */
+	submit_kind(t, CAP_CTL_STOP, "nobody", 3);
+	submit_kind(t, CAP_CTL_REMOVE, "nobody", 4);
+	UNTIL(t, t->fe1.ngot == 4);
+	assert_string_equal(must_get(&t->fe1, 3)->state, "none");
+	assert_string_equal(must_get(&t->fe1, 4)->state, "none");
+
+	/* Nothing was started or stopped for any of it. */
+	assert_int_equal(t->f.njobs, 0);
+	assert_int_equal(t->f.attaches, 0);
+	assert_int_equal(t->f.stops, 0);
+	assert_int_equal(t->f.removes, 1);
+}
+
+static void remove_of_a_running_identity(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	struct nm name = sbname(t, "a");
+	t->f.remove_busy = 1;	/* the shim is still exiting at first */
+	struct cap_ctl_call *k = submit_kind(t, CAP_CTL_REMOVE, "a", 2);
+	UNTIL(t, t->f.stops == 1);
+	assert_false(cap_ctl_cancel(t->c, k));	/* not taken back */
+	vm_die(vm_of(t, "a"));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 2));
+	assert_string_equal(must_get(&t->fe1, 2)->state, "removed");
+	assert_int_equal(t->f.removes, 1);
+	assert_false(sb_find(&t->f, name.s)->exists);
+	assert_string_equal(state_of(t, "a"), "none");
+}
+
+/* A VM that is gone is stopped only once its shim has exited too. */
+static void stopped_once_the_shim_has_exited(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	submit_kind(t, CAP_CTL_STOP, "a", 2);
+	UNTIL(t, t->f.stops == 1);
+	struct fsb *s = sb_of(t, "a");
+	s->vm->dead = true;	/* QEMU is gone; the shim still runs */
+	vm_kick(s->vm);
+	UNTIL(t, s->vm == NULL);	/* let go of */
+	settle(t);
+	assert_string_equal(state_of(t, "a"), "stopping");
+	assert_null(got(&t->fe1, 2));
+	assert_int_equal(t->f.kills, 0);
+	s->st = CAP_VM_STOPPED;	/* the shim exits */
+	s->serving = false;
+	UNTIL(t, got(&t->fe1, 2));
+	assert_string_equal(must_get(&t->fe1, 2)->state, "stopped");
+	assert_string_equal(state_of(t, "a"), "stopped");
+}
+
+/* --- 10. a start that fails ----------------------------------------------------------- */
+
+static void failed_start_fails_the_queue(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	const char *why = "cannot create the disk: no space left on device; free some space";
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "one", 1));
+	assert_non_null(submit_exec(t->c, &t->fe2, "a", "two", 2));
+	UNTIL(t, t->f.njobs == 1);
+	job_report(t, "a", -ENOSPC, why, false, false);
+	UNTIL(t, t->fe1.ngot == 1 && t->fe2.ngot == 1);
+	assert_int_equal(must_get(&t->fe1, 1)->code, CAP_CTL_ESANDBOX);
+	assert_string_equal(must_get(&t->fe1, 1)->msg, why);
+	assert_int_equal(must_get(&t->fe2, 2)->code, CAP_CTL_ESANDBOX);
+	assert_string_equal(must_get(&t->fe2, 2)->msg, why);
+	assert_int_equal(t->f.nstarted, 0);
+	assert_int_equal(t->f.attaches, 0);
+	assert_false(cap_vm_state_resident(status(t, "a").state));
+
+	/* The job succeeds but no shim serves: attach fails, so does the call. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "three", 3));
+	UNTIL(t, t->f.njobs == 2);
+	sb_of(t, "a")->start_unserved = true;
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_ESANDBOX);
+	assert_non_null(strstr(must_get(&t->fe1, 3)->msg, "no serving shim"));
+	assert_int_equal(t->f.nstarted, 0);
+	assert_false(cap_vm_state_resident(status(t, "a").state));
+}
+
+/* --- 11. public data checked before each call ---------------------------------------- */
+
+static void changed_public_data_restarts_first(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	premade(t, "s", "t-src", CAP_VM_STOPPED, false, true);
+	assert_non_null(submit_exec(t->c, &t->fe1, "s", "one", 1));
+	UNTIL(t, t->f.njobs == 1);
+	assert_int_equal(t->f.jobs[0].kind, CAP_CTL_JOB_START);
+	job_report(t, "s", 0, "", true, false);
+	/* The start refreshed the data: the first call needs no check. */
+	UNTIL(t, t->f.nstarted == 1);
+	assert_int_equal(t->f.njobs, 1);
+	finish(t, "s", 0, "");
+	UNTIL(t, got(&t->fe1, 1));
+
+	/* Unchanged: the call runs after the check. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "s", "two", 2));
+	UNTIL(t, t->f.njobs == 2);
+	assert_int_equal(t->f.jobs[1].kind, CAP_CTL_JOB_CHECK);
+	assert_false(t->f.jobs[1].create);
+	assert_string_equal(t->f.jobs[1].name, "t-src");
+	settle(t);
+	assert_int_equal(t->f.nstarted, 1);
+	job_report(t, "s", 0, "", true, false);
+	UNTIL(t, t->f.nstarted == 2);
+	finish(t, "s", 0, "");
+	UNTIL(t, got(&t->fe1, 2));
+
+	/* Changed: the job stopped the VM; it starts again, then the call. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "s", "three", 3));
+	UNTIL(t, t->f.njobs == 3);
+	assert_int_equal(t->f.jobs[2].kind, CAP_CTL_JOB_CHECK);
+	job_report(t, "s", 0, "", true, true);
+	UNTIL(t, t->f.njobs == 4);
+	assert_int_equal(t->f.jobs[3].kind, CAP_CTL_JOB_START);
+	assert_string_equal(state_of(t, "s"), "starting");
+	assert_null(sb_find(&t->f, "t-src")->vm);	/* detached */
+	assert_int_equal(t->f.nstarted, 2);
+	assert_null(strstr(logbuf, "went away"));	/* expected, not a warning */
+	job_report(t, "s", 0, "", true, false);
+	UNTIL(t, t->f.nstarted == 3);
+	assert_int_equal(t->f.attaches, 2);
+	assert_string_equal(t->f.started[2], "three");
+	finish(t, "s", 0, "3");
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_OK);
+
+	/* A check that fails fails that call only. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "s", "four", 4));
+	UNTIL(t, t->f.njobs == 5);
+	job_report(t, "s", -ELOOP, "the public data has a symlink loop at x/y", true, false);
+	UNTIL(t, got(&t->fe1, 4));
+	assert_int_equal(must_get(&t->fe1, 4)->code, CAP_CTL_ESANDBOX);
+	assert_string_equal(must_get(&t->fe1, 4)->msg, "the public data has a symlink loop at x/y");
+	assert_string_equal(state_of(t, "s"), "running");
+}
+
+/* --- 12. one controller per home ------------------------------------------------------ */
+
+static void second_controller_is_refused(void **state)
+{
+	struct t *t = *state;
+	t->cfg.socket_path = "/tmp/capsule-test.sock";
+	open_ctl(t);
+	struct cap_ctl *c2 = NULL;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_ctl_new(&t->cfg, &c2, &err), -EBUSY);
+	assert_null(c2);
+	assert_int_equal(err.code, EBUSY);
+	char pid[32];
+	snprintf(pid, sizeof(pid), "pid %d", (int)getpid());
+	if (!strstr(err.msg, pid) || !strstr(err.msg, t->home))
+		fail_msg("the refusal names neither the holder's %s nor the home: %s", pid, err.msg);
+
+	struct cap_ctl_holder h;
+	assert_int_equal(cap_ctl_holder(&h), 1);
+	assert_int_equal(h.pid, getpid());
+	assert_string_equal(h.frontend, "serve");
+	assert_string_equal(h.socket, "/tmp/capsule-test.sock");
+
+	cap_ctl_free(t->c);
+	t->c = NULL;
+	assert_int_equal(cap_ctl_holder(&h), 0);
+	assert_int_equal(cap_ctl_new(&t->cfg, &t->c, &err), 0);
+}
+
+/* --- 13. shutdown ------------------------------------------------------------------------- */
+
+static void shutdown_fails_queued_and_stops_vms(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);	/* a: running, idle */
+	run_one(t, "b", 2);
+	assert_non_null(submit_exec(t->c, &t->fe1, "b", "b-long", 3));	/* b: busy */
+	assert_non_null(submit_exec(t->c, &t->fe1, "b", "b-queued", 4));
+	UNTIL(t, status(t, "b").active == 1);
+	assert_non_null(submit_exec(t->c, &t->fe2, "c", "c-queued", 5));	/* c: starting */
+	UNTIL(t, t->f.njobs == 3);
+
+	cap_ctl_shutdown(t->c, "test");
+	assert_int_equal(t->fe1.shutdowns, 1);
+	assert_int_equal(t->fe2.shutdowns, 1);
+	assert_int_equal(must_get(&t->fe1, 4)->code, CAP_CTL_ESANDBOX);
+	assert_int_equal(must_get(&t->fe2, 5)->code, CAP_CTL_ESANDBOX);
+	assert_null(got(&t->fe1, 3));	/* ends with its VM */
+	assert_int_equal(t->f.stops, 2);
+	assert_string_equal(state_of(t, "a"), "stopping");
+	assert_string_equal(state_of(t, "b"), "stopping");
+	assert_string_equal(state_of(t, "c"), "starting");
+
+	/* No new calls. */
+	assert_null(submit_exec(t->c, &t->fe1, "d", "late", 6));
+	assert_int_equal(must_get(&t->fe1, 6)->code, CAP_CTL_ESANDBOX);
+	assert_int_equal(must_get(&t->fe1, 6)->errnum, ESHUTDOWN);
+
+	assert_int_equal(step(t), 1);
+	vm_die(vm_of(t, "a"));
+	vm_die(vm_of(t, "b"));
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_ESANDBOX);
+	settle(t);
+	assert_int_equal(step(t), 1);	/* c still starting */
+	t->f.die_on_stop = true;
+	job_report(t, "c", 0, "", false, false);	/* started: stopped at once */
+	UNTIL(t, t->f.stops == 3);
+	UNTIL(t, step(t) == 0);
+	assert_string_equal(state_of(t, "a"), "stopped");
+	assert_string_equal(state_of(t, "b"), "stopped");
+	assert_string_equal(state_of(t, "c"), "stopped");
+	assert_int_equal(t->f.nstarted, 3);	/* a, b, b-long */
+	assert_int_equal(t->fe1.ngot + t->fe2.ngot, 6);
+}
+
+/* SIGTERM (read on the controller's signalfd) shuts down like
+ * cap_ctl_shutdown. */
+static void sigterm_shuts_down(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	t->f.die_on_stop = true;
+	assert_int_equal(raise(SIGTERM), 0);	/* blocked: it waits on the signalfd */
+	UNTIL(t, t->fe1.shutdowns == 1);
+	assert_int_equal(t->fe2.shutdowns, 1);
+	assert_int_equal(t->f.stops, 1);
+	UNTIL(t, step(t) == 0);
+	assert_string_equal(state_of(t, "a"), "stopped");
+}
+
+/* A remove waiting for a shim to finish exiting is answered before the
+ * loop says it is done. */
+static void shutdown_waits_for_a_remove(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	t->f.remove_busy = 1;
+	submit_kind(t, CAP_CTL_REMOVE, "a", 2);
+	UNTIL(t, t->f.stops == 1);
+	vm_die(vm_of(t, "a"));
+	UNTIL(t, sb_of(t, "a")->vm == NULL);	/* stopped; the remove retries */
+	cap_ctl_shutdown(t->c, "test");
+	int n = 0;
+	while (step_wait(t, 50) != 0 && ++n < 100)
+		;
+	const struct got *g = must_get(&t->fe1, 2);
+	assert_string_equal(g->state, "removed");
+}
+
+/* A VM that goes away unasked fails its running call; the next call
+ * starts it again. */
+static void lost_vm_fails_the_running_call(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "two", 2));
+	UNTIL(t, status(t, "a").active == 1);
+	vm_lose(vm_of(t, "a"));
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_ESANDBOX);
+	assert_non_null(strstr(must_get(&t->fe1, 2)->msg, "hung up"));
+	assert_non_null(strstr(logbuf, "went away"));
+	assert_string_equal(state_of(t, "a"), "stopped");
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "three", 3));
+	UNTIL(t, t->f.njobs == 2);
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 3);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_OK);
+}
+
+/* A call that comes while a pause is asked waits for the answer, then
+ * resumes (the fake fails the test on a second request before the first
+ * is answered, or on a call started on a VM that is not running). */
+static void call_during_a_pause_waits_for_the_answer(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	advance(t, 1000);
+	UNTIL(t, t->f.pauses == 1);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "two", 2));
+	settle(t);
+	assert_int_equal(t->f.nstarted, 1);
+	assert_int_equal(t->f.resumes, 0);
+	answer(t, "a", 0);
+	UNTIL(t, t->f.resumes == 1);
+	assert_int_equal(t->f.nstarted, 1);
+	answer(t, "a", 0);
+	UNTIL(t, t->f.nstarted == 2);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_OK);
+
+	/* Refused instead: the call runs on the running VM. */
+	advance(t, 1000);
+	UNTIL(t, t->f.pauses == 2);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "three", 3));
+	settle(t);
+	answer(t, "a", -EBUSY);
+	UNTIL(t, t->f.nstarted == 3);
+	assert_int_equal(t->f.resumes, 1);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 3));
+}
+
+static void count_one(void *ud, const struct cap_ctl_status *s)
+{
+	(void)s;
+	(*(unsigned *)ud)++;
+}
+
+static void warm_pool_hands_over_a_started_vm(void **state)
+{
+	struct t *t = *state;
+	t->cfg.warm_pool = 1;
+	open_ctl(t);
+	UNTIL(t, t->f.njobs == 1);
+	struct fjob *pool = &t->f.jobs[0];
+	assert_int_equal(strncmp(pool->name, "pool-", 5), 0);
+	assert_true(pool->create);
+	struct cap_ctl_pool_info info;
+	unsigned listed = 0;
+	cap_ctl_list(t->c, count_one, &listed, &info);
+	assert_int_equal(listed, 0);	/* pool VMs belong to no identity */
+	assert_int_equal(info.members, 1);
+	assert_int_equal(info.ready, 0);
+	report(t, pool, 0, "", false, false);
+	UNTIL(t, t->f.attaches == 1);
+	cap_ctl_list(t->c, count_one, &listed, &info);
+	assert_int_equal(info.ready, 1);
+	char name[CAP_NAME_MAX + 1];
+	snprintf(name, sizeof(name), "%s", pool->name);
+
+	/* The new identity gets it: no start of its own, no second attach. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "one", 1));
+	UNTIL(t, t->f.nstarted == 1);
+	assert_string_equal(sbname(t, "a").s, name);
+	assert_int_equal(t->f.attaches, 1);
+	char agent[65], peer[65];
+	assert_int_equal(cap_ctl_identity_of(t->c, name, agent, peer), 0);
+	assert_string_equal(agent, "a");
+	/* And the pool fills again. */
+	UNTIL(t, t->f.njobs == 2);
+	assert_int_equal(strncmp(t->f.jobs[1].name, "pool-", 5), 0);
+	assert_string_not_equal(t->f.jobs[1].name, name);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 1));
+	assert_int_equal(must_get(&t->fe1, 1)->code, CAP_CTL_OK);
+}
+
+/* --- two front ends ---------------------------------------------------------------------- */
+
+static void results_go_to_the_submitting_front_end(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "from-1", 1));
+	/* fe2's client sends a call on its socket. */
+	snprintf(t->fe2.inbox.agent, sizeof(t->fe2.inbox.agent), "a");
+	snprintf(t->fe2.inbox.what, sizeof(t->fe2.inbox.what), "from-2");
+	t->fe2.inbox.tag = 2;
+	assert_int_equal(write(t->fe2.pipe[1], "r", 1), 1);
+	UNTIL(t, t->fe2.readies == 1);
+	assert_int_equal(t->fe1.readies, 0);
+	assert_int_equal(status(t, "a").queued, 2);
+	UNTIL(t, t->f.njobs == 1);
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 1);
+	finish(t, "a", 0, "one");
+	UNTIL(t, t->f.nstarted == 2);
+	finish(t, "a", 0, "two");
+	UNTIL(t, t->fe2.ngot == 1);
+	assert_int_equal(t->fe1.ngot, 1);
+	assert_string_equal(must_get(&t->fe1, 1)->out, "one");
+	assert_string_equal(must_get(&t->fe2, 2)->out, "two");
+	assert_null(got(&t->fe1, 2));
+	assert_null(got(&t->fe2, 1));
+	assert_true(t->fe1.flushes > 0 && t->fe2.flushes > 0);
+}
+
+/* --- file calls ------------------------------------------------------------------------- */
+
+static struct cap_ctl_call *submit_file(struct t *t, enum cap_file_op op, const char *path,
+					const char *data, intptr_t tag)
+{
+	struct cap_ctl_req r = {
+		.kind = CAP_CTL_FILE, .op = op, .root = "/work", .path = path,
+		.data = data, .len = data ? strlen(data) : 0,
+	};
+	return cap_ctl_submit(t->c, t->fe1.h, "a", "p", &r, (void *)tag);
+}
+
+static void file_calls_give_typed_results(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	submit_file(t, CAP_FILE_READ, "notes.txt", NULL, 2);
+	UNTIL(t, status(t, "a").active == 1);
+	assert_int_equal(stream_of(t, "a")->op, CAP_FILE_READ);
+	finish(t, "a", 0, "file body");
+	UNTIL(t, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->kind, CAP_CTL_FILE);
+	assert_false(must_get(&t->fe1, 2)->is_dir);
+	assert_string_equal(must_get(&t->fe1, 2)->content, "file body");
+
+	submit_file(t, CAP_FILE_LIST, "", NULL, 3);
+	UNTIL(t, status(t, "a").active == 1);
+	finish(t, "a", 1, "d src\nf 12 a b.txt\nl link\n");
+	UNTIL(t, got(&t->fe1, 3));
+	assert_true(must_get(&t->fe1, 3)->is_dir);
+	assert_int_equal(must_get(&t->fe1, 3)->nentries, 3);
+	assert_string_equal(must_get(&t->fe1, 3)->entries, "d:src:0 f:a b.txt:12 l:link:0 ");
+
+	submit_file(t, CAP_FILE_WRITE, "out.txt", "12345", 4);
+	UNTIL(t, status(t, "a").active == 1);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 4));
+	assert_int_equal(must_get(&t->fe1, 4)->written, 5);
+
+	submit_file(t, CAP_FILE_READ, "big", NULL, 5);
+	UNTIL(t, status(t, "a").active == 1);
+	finish_as(t, "a", (struct cap_exit){ .kind = CAP_EXIT_START_FAILED, .value = EFBIG }, "",
+		  "big is larger than the limit; read less\n\n");
+	UNTIL(t, got(&t->fe1, 5));
+	assert_int_equal(must_get(&t->fe1, 5)->code, CAP_CTL_ETOOL);
+	assert_string_equal(must_get(&t->fe1, 5)->msg, "big is larger than the limit; read less");
+	assert_int_equal(must_get(&t->fe1, 5)->errnum, EFBIG);
+}
+
+/* --- recovery ----------------------------------------------------------------------------- */
+
+static void recovery_reattaches_and_reaps(void **state)
+{
+	struct t *t = *state;
+	premade(t, "live", "t-live", CAP_VM_RUNNING, true, false);
+	premade(t, "dead", "t-dead", CAP_VM_STOPPED, false, false);
+	premade(t, "boot", "t-boot", CAP_VM_RUNNING, false, false);	/* shim starting */
+	open_ctl(t);
+	assert_int_equal(t->f.attaches, 1);
+	assert_int_equal(t->f.reaps, 1);
+	assert_string_equal(t->f.reaped, "t-dead");
+	assert_int_equal(t->f.njobs, 1);
+	assert_string_equal(t->f.jobs[0].name, "t-boot");
+	assert_int_equal(t->f.jobs[0].kind, CAP_CTL_JOB_START);
+	assert_false(t->f.jobs[0].create);
+	assert_string_equal(state_of(t, "live"), "running");
+	assert_true(status(t, "live").idle_ms >= 0);	/* in memory */
+	assert_string_equal(state_of(t, "dead"), "stopped");
+	assert_string_equal(state_of(t, "boot"), "starting");
+
+	/* The reattached VM takes calls at once. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "live", "x", 1));
+	UNTIL(t, t->f.nstarted == 1);
+	assert_int_equal(t->f.njobs, 1);
+	finish(t, "live", 0, "");
+	UNTIL(t, got(&t->fe1, 1));
+	job_report(t, "boot", 0, "", false, false);
+	UNTIL(t, status(t, "boot").state == CAP_VM_RUNNING);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(first_call_starts_the_sandbox, setup, teardown),
+		cmocka_unit_test_setup_teardown(one_identity_in_order_two_concurrently, setup, teardown),
+		cmocka_unit_test_setup_teardown(refused_call_ends_alone, setup, teardown),
+		cmocka_unit_test_setup_teardown(idle_pause_waits_for_the_shim, setup, teardown),
+		cmocka_unit_test_setup_teardown(pause_refused_stays_running, setup, teardown),
+		cmocka_unit_test_setup_teardown(call_to_paused_vm_resumes_first, setup, teardown),
+		cmocka_unit_test_setup_teardown(idle_stop_frees_the_identity, setup, teardown),
+		cmocka_unit_test_setup_teardown(capacity_evicts_the_idle_longest, setup, teardown),
+		cmocka_unit_test_setup_teardown(one_eviction_per_newcomer, setup, teardown),
+		cmocka_unit_test_setup_teardown(capacity_full_of_busy_fails_at_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(cancel_queued_and_running, setup, teardown),
+		cmocka_unit_test_setup_teardown(stop_and_remove_of_stopped, setup, teardown),
+		cmocka_unit_test_setup_teardown(remove_of_a_running_identity, setup, teardown),
+		cmocka_unit_test_setup_teardown(stopped_once_the_shim_has_exited, setup, teardown),
+		cmocka_unit_test_setup_teardown(failed_start_fails_the_queue, setup, teardown),
+		cmocka_unit_test_setup_teardown(changed_public_data_restarts_first, setup, teardown),
+		cmocka_unit_test_setup_teardown(second_controller_is_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(shutdown_fails_queued_and_stops_vms, setup, teardown),
+		cmocka_unit_test_setup_teardown(sigterm_shuts_down, setup, teardown),
+		cmocka_unit_test_setup_teardown(shutdown_waits_for_a_remove, setup, teardown),
+		cmocka_unit_test_setup_teardown(lost_vm_fails_the_running_call, setup, teardown),
+		cmocka_unit_test_setup_teardown(call_during_a_pause_waits_for_the_answer, setup, teardown),
+		cmocka_unit_test_setup_teardown(warm_pool_hands_over_a_started_vm, setup, teardown),
+		cmocka_unit_test_setup_teardown(results_go_to_the_submitting_front_end, setup, teardown),
+		cmocka_unit_test_setup_teardown(file_calls_give_typed_results, setup, teardown),
+		cmocka_unit_test_setup_teardown(recovery_reattaches_and_reaps, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -654,7 +654,10 @@ static void stopped(struct cap_ctl *c, struct ident *i)
 	c->kick = true;
 	struct cap_ctl_call *k = i->active;
 	if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
-		active_fail(c, i, CAP_CTL_ESANDBOX, "the sandbox was stopped while the call ran", 0);
+		if (k->cancelled)
+			active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
+		else
+			active_fail(c, i, CAP_CTL_ESANDBOX, "the sandbox was stopped while the call ran", 0);
 	} else if (k && k->kind == CAP_CTL_STOP) {
 		struct cap_ctl_result r = { .state = "stopped" };
 		active_done(c, i, &r);
@@ -683,7 +686,9 @@ static void vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
 	detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
 	set_idle(c, &i->lc);
-	if (i->active)
+	if (i->active && i->active->cancelled)
+		active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
+	else if (i->active)
 		active_fail(c, i, CAP_CTL_ESANDBOX, why, 0);
 	c->kick = true;
 }
@@ -1356,7 +1361,7 @@ static int next_timeout(struct cap_ctl *c)
 static bool busy(struct cap_ctl *c)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
-		if (cap_vm_state_resident(i->lc.state) || i->job)
+		if (cap_vm_state_resident(i->lc.state) || i->job || i->remove_retry_at)
 			return true;
 	return false;
 }

@@ -36,7 +36,7 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-for t in proto client common store projection lifecycle controller; do
+for t in proto client common store projection lifecycle jsonrpc controller; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
 
@@ -45,14 +45,22 @@ if [ ! -f "$asan/build.ninja" ]; then
 	meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
 if ninja -C "$asan" >/dev/null; then
-	for t in proto client common store projection lifecycle controller; do
+	for t in proto client common store projection lifecycle jsonrpc controller; do
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"
 	done
+	# The fuzz drivers, seeded and bounded: iterations sized for under
+	# ~30 s each on a 2-core machine.
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		suite "asan/fuzz-proto" "$asan/tests/fuzz-proto" 200000
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		suite "asan/fuzz-rpc" "$asan/tests/fuzz-rpc" 8000
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		suite "asan/fuzz-projection" "$asan/tests/fuzz-projection" 1000
 else
 	echo "not ok - the ASan+UBSan build failed" | suite "asan/build" cat
 fi

@@ -58,26 +58,34 @@ void cap_buf_consume(struct cap_buf *b, size_t n)
 		b->off = b->len = 0;
 }
 
-void cap_buf_lines(struct cap_buf *b, size_t max, bool *discarding,
+void cap_buf_lines(struct cap_buf *b, size_t max, struct cap_lines *st,
 		   void (*line)(void *ud, const char *p, size_t n),
 		   void (*too_long)(void *ud), void *ud)
 {
 	for (;;) {
-		const char *head = (const char *)cap_buf_head(b);
 		size_t used = cap_buf_used(b);
-		const char *nl = memchr(head, '\n', used);
+		if (used == 0) {
+			st->scanned = 0;
+			return;
+		}
+		const char *head = (const char *)cap_buf_head(b);
+		size_t from = CAP_MIN(st->scanned, used);
+		const char *nl = memchr(head + from, '\n', used - from);
 		if (!nl) {
+			st->scanned = used;
 			if (used > max) {
-				if (!*discarding)
+				if (!st->discarding)
 					too_long(ud);
-				*discarding = true;
+				st->discarding = true;
 				cap_buf_consume(b, used);
+				st->scanned = 0;
 			}
 			return;
 		}
 		size_t len = (size_t)(nl - head);
-		if (*discarding)
-			*discarding = false;
+		st->scanned = 0;
+		if (st->discarding)
+			st->discarding = false;
 		else if (len > max)	/* arrived whole, with its newline */
 			too_long(ud);
 		else if (len > 0 && !(len == 1 && head[0] == '\r'))

@@ -31,11 +31,17 @@ static inline const uint8_t *cap_buf_head(const struct cap_buf *b)
 	return b->owned_data + b->off;
 }
 
+/* Where cap_buf_lines is in a stream of lines, between calls. */
+struct cap_lines {
+	bool discarding;	/* skipping the rest of an oversized line */
+	size_t scanned;	/* bytes at the head already known to hold no newline */
+};
+
 /* Take the complete lines off the front of b, calling line(ud, p, n) for
  * each non-empty one (without its newline). A line longer than max is
- * dropped up to its newline, with one call of too_long(ud); *discarding
- * carries that state between calls. */
-void cap_buf_lines(struct cap_buf *b, size_t max, bool *discarding,
+ * dropped up to its newline, with one call of too_long(ud). Bytes are
+ * looked at once however the line arrives (st carries that). */
+void cap_buf_lines(struct cap_buf *b, size_t max, struct cap_lines *st,
 		   void (*line)(void *ud, const char *p, size_t n),
 		   void (*too_long)(void *ud), void *ud);
 

@@ -1,4 +1,6 @@
 #include "jsonrpc.h"
+#include "utf8.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +20,10 @@ int cap_rpc_parse(const char *line, size_t n, struct cap_rpc_msg *m,
 	json_error_t je;
 	memset(m, 0, sizeof(*m));
 	*bad_id = NULL;
+	if (memchr(line, '\0', n)) {	/* jansson would skip it between tokens */
+		snprintf(msg, msgsz, "parse error: the line holds a NUL byte");
+		return CAP_RPC_PARSE;
+	}
 	json_t *root = json_loadb(line, n, JSON_REJECT_DUPLICATES, &je);
 	if (!root) {
 		snprintf(msg, msgsz, "parse error: %s (column %d)", je.text, je.column);
@@ -79,14 +85,25 @@ void cap_rpc_msg_fini(struct cap_rpc_msg *m)
 	memset(m, 0, sizeof(*m));
 }
 
+json_t *cap_json_text(const char *s)
+{
+	size_t n;
+	char *clean = cap_utf8_sanitize(s, strlen(s), &n);
+	json_t *j = json_stringn(clean, n);
+	free(clean);
+	return j;
+}
+
 static void put(struct cap_buf *out, json_t *msg)
 {
+	/* Every string in it is valid UTF-8: a message that could not be
+	 * built is a bug, never a silent non-answer. */
+	CAP_BUG_ON(!msg);
 	char *text = json_dumps(msg, JSON_COMPACT);
-	if (text) {
-		cap_buf_append(out, text, strlen(text));
-		cap_buf_append(out, "\n", 1);
-		free(text);
-	}
+	CAP_BUG_ON(!text);
+	cap_buf_append(out, text, strlen(text));
+	cap_buf_append(out, "\n", 1);
+	free(text);
 	json_decref(msg);
 }
 
@@ -99,7 +116,7 @@ void cap_rpc_put_result(struct cap_buf *out, json_t *id, json_t *result)
 void cap_rpc_put_error(struct cap_buf *out, json_t *id, int code,
 		       const char *msg, json_t *data)
 {
-	json_t *e = json_pack("{s:i, s:s}", "code", code, "message", msg ? msg : "error");
+	json_t *e = json_pack("{s:i, s:o}", "code", code, "message", cap_json_text(msg ? msg : "error"));
 	if (data)
 		json_object_set_new(e, "data", data);
 	put(out, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id ? id : json_null(), "error", e));
@@ -119,7 +136,7 @@ void cap_rpc_put_request(struct cap_buf *out, long long id, const char *method,
 void cap_rpc_reader_init(struct cap_rpc_reader *r)
 {
 	cap_buf_init(&r->in);
-	r->discarding = false;
+	r->st = (struct cap_lines){ 0 };
 }
 
 void cap_rpc_reader_fini(struct cap_rpc_reader *r)
@@ -131,8 +148,10 @@ void cap_rpc_feed(struct cap_rpc_reader *r, const void *p, size_t n,
 		  void (*line)(void *ud, const char *p, size_t n),
 		  void (*too_long)(void *ud), void *ud)
 {
+	if (n == 0)
+		return;
 	cap_buf_append(&r->in, p, n);
-	cap_buf_lines(&r->in, CAP_RPC_LINE_MAX, &r->discarding, line, too_long, ud);
+	cap_buf_lines(&r->in, CAP_RPC_LINE_MAX, &r->st, line, too_long, ud);
 }
 
 int cap_rpc_read(struct cap_rpc_reader *r, int fd,
@@ -146,7 +165,7 @@ int cap_rpc_read(struct cap_rpc_reader *r, int fd,
 	if (n < 0)
 		return errno == EAGAIN || errno == EINTR ? -EAGAIN : 0;
 	cap_buf_commit(&r->in, (size_t)n);
-	cap_buf_lines(&r->in, CAP_RPC_LINE_MAX, &r->discarding, line, too_long, ud);
+	cap_buf_lines(&r->in, CAP_RPC_LINE_MAX, &r->st, line, too_long, ud);
 	return 1;
 }
 

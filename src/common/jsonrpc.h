@@ -37,13 +37,17 @@ struct cap_rpc_msg {
 	json_t *error;
 };
 
+/* A JSON string of text, its invalid UTF-8 (a message cut mid-character,
+ * a parser's quote of the input) turned into U+FFFD. */
+json_t *cap_json_text(const char *s);
+
 /* Parse one line. 0 with *m filled, or a JSON-RPC error code (negative)
  * with a message in msg and, when the line had a usable id, *bad_id set
  * (borrowed from a root kept in m->owned_root; NULL otherwise: the reply
  * goes to id null). Requests need "jsonrpc": "2.0", a string method, an
  * id that is a string, an integer or absent, and object params; a
  * response needs an id and exactly one of result and error. Batches are
- * refused. */
+ * refused, and so is a line holding a NUL byte. */
 int cap_rpc_parse(const char *line, size_t n, struct cap_rpc_msg *m,
 		  json_t **bad_id, char *msg, size_t msgsz);
 void cap_rpc_msg_fini(struct cap_rpc_msg *m);
@@ -60,7 +64,7 @@ void cap_rpc_put_request(struct cap_buf *out, long long id,
 /* Reading lines of at most CAP_RPC_LINE_MAX bytes from a descriptor. */
 struct cap_rpc_reader {
 	struct cap_buf in;
-	bool discarding;	/* skipping the rest of an oversized line */
+	struct cap_lines st;
 };
 void cap_rpc_reader_init(struct cap_rpc_reader *r);
 void cap_rpc_reader_fini(struct cap_rpc_reader *r);

@@ -227,20 +227,9 @@ struct mcp_call {
 	struct mcp_call *next;
 };
 
-static void send_msg(struct mcp *m, json_t *msg)
-{
-	char *text = json_dumps(msg, JSON_COMPACT);
-	if (text) {
-		cap_buf_append(&m->out, text, strlen(text));
-		cap_buf_append(&m->out, "\n", 1);
-		free(text);
-	}
-	json_decref(msg);
-}
-
 static void result_to(struct mcp *m, json_t *id, json_t *result)
 {
-	send_msg(m, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+	cap_rpc_put_result(&m->out, id, result);
 }
 
 static void error_to(struct mcp *m, json_t *id, int code, const char *fmt, ...)
@@ -252,13 +241,13 @@ static void error_to(struct mcp *m, json_t *id, int code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	send_msg(m, json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(),
-			      "error", "code", code, "message", msg));
+	cap_rpc_put_error(&m->out, id, code, msg, NULL);
 }
 
 static json_t *text_result(const char *text, bool is_error)
 {
-	return json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", text, "isError", is_error);
+	return json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", cap_json_text(text),
+			 "isError", is_error);
 }
 
 static void tool_error(struct mcp *m, json_t *id, const char *fmt, ...)

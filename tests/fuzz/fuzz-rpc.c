@@ -333,7 +333,9 @@ static void check_line(const char *p, size_t n)
 	cur_line_n = n;
 
 	json_error_t je;
-	json_t *root = json_loadb(p, n, JSON_REJECT_DUPLICATES, &je);
+	/* A NUL byte anywhere makes the line a parse error (jansson would
+	 * skip it between tokens). */
+	json_t *root = memchr(p, '\0', n) ? NULL : json_loadb(p, n, JSON_REJECT_DUPLICATES, &je);
 	json_t *want_bad;
 	int want = expected(root, &want_bad);
 	if (rc != want) {
@@ -431,7 +433,7 @@ static void run(const uint8_t *s, size_t n, size_t max, const size_t *cuts,
 
 	struct cap_rpc_reader r;
 	struct cap_buf b;
-	bool discarding = false;
+	struct cap_lines st = { 0 };
 	cap_rpc_reader_init(&r);
 	cap_buf_init(&b);
 	size_t off = 0, i = 0;
@@ -442,7 +444,7 @@ static void run(const uint8_t *s, size_t n, size_t max, const size_t *cuts,
 			cap_rpc_feed(&r, s + off, c, on_line, on_too_long, &k);
 		else {
 			cap_buf_append(&b, s + off, c);
-			cap_buf_lines(&b, max, &discarding, on_line, on_too_long, &k);
+			cap_buf_lines(&b, max, &st, on_line, on_too_long, &k);
 		}
 		off += c;
 	}

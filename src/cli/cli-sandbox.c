@@ -480,6 +480,10 @@ int cap_cli_shim(int argc, char **argv)
 		cap_cli_error("shim is internal: capsule starts it itself (see `capsule start`)");
 		return 2;
 	}
+	/* shim.log reads "capsule shim NAME: ..."; the sink keeps who. */
+	static char who[sizeof("shim ") + CAP_NAME_MAX];
+	snprintf(who, sizeof(who), "shim %s", argv[2]);
+	cap_log_set(cap_log_stderr, who);
 	struct cap_err err = { 0 };
 	if (cap_named_shim(argv[2], (int)fd, &err) < 0) {
 		fprintf(stderr, "capsule shim %s: %s\n", argv[2], err.msg);

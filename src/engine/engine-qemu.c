@@ -33,6 +33,7 @@ struct cap_vm {
 	char *owned_dir;
 	char *owned_console;
 	char *owned_qemu_log;
+	bool keep_qemu_log;	/* the caller's file (cfg.qemu_log), not ours */
 	char *owned_qmp_path;
 	char *owned_agent_path;
 	char *owned_ram_path;	/* a template's RAM file being built, or NULL */
@@ -561,7 +562,8 @@ void cap_vm_free(struct cap_vm *vm)
 	cap_jail_free(vm->jail);
 	unlink(vm->owned_qmp_path);
 	unlink(vm->owned_agent_path);
-	unlink(vm->owned_qemu_log);
+	if (!vm->keep_qemu_log)
+		unlink(vm->owned_qemu_log);
 	free(vm->owned_dir);
 	free(vm->owned_console);
 	free(vm->owned_qemu_log);
@@ -569,6 +571,51 @@ void cap_vm_free(struct cap_vm *vm)
 	free(vm->owned_agent_path);
 	free(vm->owned_ram_path);
 	free(vm);
+}
+
+/* Whether pid runs QEMU with -name guest=<dir> (as build_argv names it). */
+static bool is_vm_of(pid_t pid, const char *dir)
+{
+	char buf[16384];
+	size_t n = 0;
+	ssize_t k;
+	_cleanup_free_ char *path = xasprintf("/proc/%d/cmdline", (int)pid);
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	while (n < sizeof(buf) - 1 && (k = read(fd, buf + n, sizeof(buf) - 1 - n)) != 0) {
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return false;
+		}
+		n += (size_t)k;
+	}
+	buf[n] = '\0';	/* a zombie's is empty */
+	const char *prog = strrchr(buf, '/');
+	if (n == 0 || strcmp(prog ? prog + 1 : buf, QEMU) != 0)
+		return false;
+	_cleanup_free_ char *name = esc(dir);
+	_cleanup_free_ char *want = xasprintf("guest=%s", name);
+	for (size_t i = strlen(buf) + 1; i < n; i += strlen(buf + i) + 1)
+		if (strcmp(buf + i, want) == 0)
+			return true;
+	return false;
+}
+
+int cap_vm_kill_orphan(pid_t pid, const char *dir)
+{
+	if (pid <= 0 || !is_vm_of(pid, dir))
+		return 0;
+	if (kill(pid, SIGKILL) < 0)
+		return errno == ESRCH ? 0 : -errno;
+	/* Not our child: whoever inherited it reaps it. */
+	for (int i = 0; i < 200; i++) {
+		if (!is_vm_of(pid, dir))
+			return 1;
+		usleep(10000);
+	}
+	return -ETIMEDOUT;
 }
 
 const char *cap_vm_jail_note(const struct cap_vm *vm)
@@ -640,7 +687,8 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->owned_dir = xstrdup(cfg->dir);
 	vm->owned_console = cfg->console_log ? xstrdup(cfg->console_log)
 					     : xasprintf("%s/console.log", cfg->dir);
-	vm->owned_qemu_log = xasprintf("%s/qemu.log", cfg->dir);
+	vm->owned_qemu_log = cfg->qemu_log ? xstrdup(cfg->qemu_log) : xasprintf("%s/qemu.log", cfg->dir);
+	vm->keep_qemu_log = cfg->qemu_log != NULL;
 	vm->owned_qmp_path = xasprintf("%s/qmp.sock", cfg->dir);
 	vm->owned_agent_path = xasprintf("%s/agent.sock", cfg->dir);
 	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file) : NULL;

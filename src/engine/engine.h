@@ -47,14 +47,16 @@ struct cap_vm_config {
 	const char *initrd;
 	const char *dir;	/* existing private directory: sockets, logs */
 	const char *console_log;	/* NULL: <dir>/console.log */
+	const char *qemu_log;	/* NULL: <dir>/qemu.log, removed with the VM; else this file, kept */
 	unsigned cpus;
 	unsigned memory_mib;
 	enum cap_accel accel;	/* KVM or TCG (resolved) */
 	const char *append_extra;	/* NULL or more kernel arguments */
 	const struct cap_vm_disk *disks;	/* in device order */
 	unsigned ndisks;
-	/* Remove the socket files once connected: for one-shot VMs that
-	 * must leave nothing behind even if capsule is killed. */
+	/* Remove the socket files once connected, so that nothing is left
+	 * behind even if this process is killed (nothing connects to them
+	 * later: the VM is reached only through cap_vm_agent_fd and QMP). */
 	bool unlink_sockets;
 	/* Guest RAM: NULL for an anonymous memfd; else this file, shared and
 	 * kept (a template's, being built). */
@@ -108,8 +110,16 @@ void cap_vm_kill(struct cap_vm *vm);
  * messages. New string the caller frees (empty when there is nothing). */
 char *cap_vm_logs_tail(const struct cap_vm *vm, int lines);
 
-/* Kill QEMU if still running, close everything and remove the sockets.
- * The directory itself and the console log stay (the caller owns dir). */
+/* After the death of a VM's owner: if process pid still is the hypervisor
+ * of a VM started with cfg.dir = dir (a recorded pid may have been reused
+ * since), SIGKILL it and wait up to 2 s for it to be gone. 1 when it was
+ * killed, 0 when pid is no such process, -errno when it could not be
+ * killed or did not go. */
+int cap_vm_kill_orphan(pid_t pid, const char *dir);
+
+/* Kill QEMU if still running, close everything and remove the sockets
+ * and <dir>/qemu.log. The directory itself, the console log and a
+ * cfg.qemu_log stay (the caller owns them). */
 void cap_vm_free(struct cap_vm *vm);
 
 #endif

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "err.h"
+#include "log.h"	/* the shim and cap_named_reap report through cap_log */
 #include "proc.h"
 
 #define CAP_NAME_MAX 48
@@ -78,8 +79,9 @@ struct cap_named_status {
 int cap_named_status(const char *name, struct cap_named_status *out,
 		     struct cap_err *err);
 
-/* Start the sandbox's shim (and so its VM) unless it runs already; returns
- * when the guest is ready for commands. */
+/* Start the sandbox's shim (and so its VM) unless it runs already, after
+ * cleaning up what a dead shim left (cap_named_reap); returns when the
+ * guest is ready for commands. */
 int cap_named_start(const char *name, struct cap_err *err);
 
 /* The same in two steps, for callers with their own poll loop: _begin
@@ -90,8 +92,18 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err);
 int cap_named_start_end(const char *name, int fd, struct cap_err *err);
 
 /* Ask the shim to stop the VM (agent sync and power-off; after grace_ms
- * QEMU is made to quit). Stopping a stopped sandbox is not an error. */
+ * QEMU is made to quit), then clean up what a shim that had to be killed
+ * left (cap_named_reap). Stopping a stopped sandbox is not an error. */
 int cap_named_stop(const char *name, int grace_ms, struct cap_err *err);
+
+/* Clean up after a shim that died (cap_named_status says STOPPED): kill a
+ * VM that survived it, remove runtime.json, the control socket it names
+ * and the short run directory holding that socket, and the socket files
+ * in the sandbox directory. Disks, the record and logs are never touched.
+ * What it did goes to cap_log (INFO). 0, also when there was nothing to
+ * do; -EBUSY (err set) when a shim is alive or starting; -errno (err set)
+ * when a surviving VM could not be killed. */
+int cap_named_reap(const char *name, struct cap_err *err);
 
 /* Delete the sandbox and its disks. -EBUSY when it runs and !force; with
  * force it is stopped first. The only call that deletes disks. */

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "named.h"
 #include "sandbox.h"
 #include "paths.h"
@@ -320,6 +321,112 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 	return 0;
 }
 
+/* Take the lock a shim holds for its whole life, retrying for a moment
+ * (cap_named_status holds it shared for an instant). The descriptor, or
+ * -1 when a shim (or another reaper) has it. */
+static int lock_shim(const char *lockp)
+{
+	int fd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	for (int i = 0; fd >= 0 && i < 50; i++) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			return fd;
+		usleep(2000);
+	}
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+/* The directory a dead shim's control socket was in, when it is one we
+ * may clean: the sandbox directory, or a run directory made by
+ * cap_make_run_dir (<base>/capsule-XXXXXX, a real 0700 directory of
+ * ours). New string, or NULL. */
+static char *control_dir(const char *control, const char *dir, bool *run_dir)
+{
+	struct stat st;
+	char *d = xstrdup(control);
+	char *slash = strrchr(d, '/');
+	*run_dir = false;
+	if (d[0] != '/' || !slash || slash == d || strcmp(slash, "/control.sock") != 0)
+		goto no;
+	*slash = '\0';
+	if (strcmp(d, dir) == 0)
+		return d;
+	const char *base = strrchr(d, '/') + 1;
+	if (strncmp(base, "capsule-", 8) != 0 || strlen(base) != 14 ||
+	    lstat(d, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 07777) != 0700)
+		goto no;
+	*run_dir = true;
+	return d;
+no:
+	free(d);
+	return NULL;
+}
+
+/* Remove file from the sandbox directory; when it was there, add its
+ * name to the list (for the log). */
+static void unlink_noted(const char *name, const char *file, char *list, size_t size)
+{
+	_cleanup_free_ char *p = in_dir(name, file);
+	size_t used = strlen(list);
+	if (unlink(p) == 0)
+		snprintf(list + used, size - used, "%s%s", used ? ", " : "", file);
+}
+
+int cap_named_reap(const char *name, struct cap_err *err)
+{
+	int r;
+	if ((r = cap_named_check_name(name, err)) < 0)
+		return r;
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	_cleanup_free_ char *lockp = in_dir(name, "shim.lock");
+	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
+	if (access(dir, F_OK) != 0)
+		return 0;	/* no sandbox, nothing left */
+	/* Holding the shim's lock, we know no shim runs, and none can start
+	 * and write its files while we remove the old ones. */
+	_cleanup_close_ int lock = lock_shim(lockp);
+	if (lock < 0)
+		return cap_err_set(err, EBUSY, "sandbox '%s' is running or starting (its shim holds %s); stop it first (`capsule stop %s`)",
+				   name, lockp, name);
+
+	pid_t vmm = 0;
+	_cleanup_free_ char *sockdir = NULL;
+	bool run_dir = false;
+	json_t *j = json_load_file(rt, 0, NULL);
+	if (j) {
+		vmm = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
+		const char *c = json_string_value(json_object_get(j, "control"));
+		if (c && (sockdir = control_dir(c, dir, &run_dir)) && run_dir)
+			unlink(c);
+		json_decref(j);
+	}
+	/* The sockets first (whoever looks meanwhile finds none to try),
+	 * runtime.json once its VM is surely gone. */
+	char removed[256] = "";
+	static const char *const socks[] = { "control.sock", "agent.sock", "qmp.sock" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(socks); i++)
+		unlink_noted(name, socks[i], removed, sizeof(removed));
+	/* The VM, if it outlived its shim (it has PDEATHSIG, so only if that
+	 * failed), is named by the directory of its sockets. */
+	r = cap_vm_kill_orphan(vmm, sockdir ? sockdir : dir);
+	if (r > 0)
+		cap_log(CAP_LOG_INFO, "sandbox %s: killed VM process %d left running by its dead shim", name, (int)vmm);
+	if (r >= 0)
+		unlink_noted(name, "runtime.json", removed, sizeof(removed));
+	if (*removed)
+		cap_log(CAP_LOG_INFO, "sandbox %s: removed %s left by its dead shim", name, removed);
+	if (r < 0)
+		return cap_err_set(err, -r, "the VM process %d of sandbox '%s' outlived its shim and could not be killed: %s",
+				   (int)vmm, name, strerror(-r));
+	if (run_dir) {
+		cap_remove_run_dir(sockdir);
+		cap_log(CAP_LOG_INFO, "sandbox %s: removed its dead shim's run directory %s", name, sockdir);
+	}
+	return 0;
+}
+
 /* The capsule executable that runs shims: $CAPSULE_BIN, else capsule next
  * to the running executable, else the running executable itself. */
 static char *shim_exe(void)
@@ -384,8 +491,20 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 	*fd = -1;
 	if (r < 0)
 		return r;
-	/* A shim starting or exiting: wait until it serves or is gone. */
-	for (int i = 0; st.state != CAP_NAMED_STOPPED && !serving(&st); i++) {
+	/* A shim starting or exiting: wait until it serves or is gone. Once
+	 * stopped, clean up what a dead shim left; a shim that takes the lock
+	 * meanwhile (a concurrent start) makes that fail with EBUSY, and we
+	 * wait for it instead. */
+	for (int i = 0;; i++) {
+		if (st.state != CAP_NAMED_STOPPED && serving(&st))
+			return 0;
+		struct cap_err rerr = { 0 };
+		if (st.state == CAP_NAMED_STOPPED) {
+			if ((r = cap_named_reap(name, &rerr)) == 0)
+				break;
+			if (r != -EBUSY)
+				return cap_err_set(err, rerr.code, "%s", rerr.msg);
+		}
 		if (i == 1000)
 			return cap_err_set(err, EBUSY, "sandbox '%s' has been starting or stopping for 10 s (see its shim.log); try again",
 					   name);
@@ -393,8 +512,6 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 		if ((r = cap_named_status(name, &st, err)) < 0)
 			return r;
 	}
-	if (st.state != CAP_NAMED_STOPPED)
-		return 0;
 
 	int ready[2];
 	if (pipe2(ready, O_CLOEXEC) < 0)
@@ -476,12 +593,26 @@ int cap_named_start_end(const char *name, int fd, struct cap_err *err)
 	return cap_err_set(err, EIO, "sandbox '%s' did not start: %s", name, msg);
 }
 
+/* For stop and remove: a shim that had to be killed (or crashed) leaves
+ * files and maybe its VM. One that started again meanwhile is not ours
+ * to judge (0). */
+static int reap_stopped(const char *name, struct cap_err *err)
+{
+	struct cap_err rerr = { 0 };
+	int r = cap_named_reap(name, &rerr);
+	if (r < 0 && r != -EBUSY)
+		return cap_err_set(err, rerr.code, "%s", rerr.msg);
+	return 0;
+}
+
 int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
 {
 	struct cap_named_status st;
 	int r = cap_named_status(name, &st, err);
-	if (r < 0 || st.state == CAP_NAMED_STOPPED)
+	if (r < 0)
 		return r;
+	if (st.state == CAP_NAMED_STOPPED)
+		return reap_stopped(name, err);
 	struct cap_sandbox *sb = NULL;
 	struct cap_err aerr = { 0 };
 	if (*st.control && cap_sandbox_attach(st.control, &sb, &aerr) == 0) {
@@ -493,17 +624,17 @@ int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
 	 * Disks are never touched here. */
 	int64_t end = cap_now_ms() + grace_ms + 5000;
 	while (cap_now_ms() < end && cap_named_status(name, &st, NULL) == 0 &&
-	       st.state == CAP_NAMED_RUNNING)
+	       st.state != CAP_NAMED_STOPPED)
 		usleep(10000);
-	if (st.state == CAP_NAMED_RUNNING && st.shim_pid > 0) {
+	if (st.state != CAP_NAMED_STOPPED && st.shim_pid > 0) {
 		kill(st.shim_pid, SIGKILL);
 		for (int i = 0; i < 100 && cap_named_status(name, &st, NULL) == 0 &&
-				st.state == CAP_NAMED_RUNNING; i++)
+				st.state != CAP_NAMED_STOPPED; i++)
 			usleep(10000);
 	}
-	if (cap_named_status(name, &st, err) == 0 && st.state == CAP_NAMED_RUNNING)
+	if (cap_named_status(name, &st, err) == 0 && st.state != CAP_NAMED_STOPPED)
 		return cap_err_set(err, EBUSY, "sandbox '%s' is still running (shim pid %d) after being stopped", name, (int)st.shim_pid);
-	return 0;
+	return reap_stopped(name, err);
 }
 
 int cap_named_remove(const char *name, bool force, struct cap_err *err)
@@ -512,12 +643,16 @@ int cap_named_remove(const char *name, bool force, struct cap_err *err)
 	int r = cap_named_status(name, &st, err);
 	if (r < 0)
 		return r;
-	if (st.state == CAP_NAMED_RUNNING) {
+	/* Paused is running too: its QEMU has the disks open. */
+	if (st.state != CAP_NAMED_STOPPED) {
 		if (!force)
-			return cap_err_set(err, EBUSY, "sandbox '%s' is running; stop it first (`capsule stop %s`) or use `capsule rm --force %s`",
-					   name, name, name);
+			return cap_err_set(err, EBUSY, "sandbox '%s' is %s; stop it first (`capsule stop %s`) or use `capsule rm --force %s`",
+					   name, st.state == CAP_NAMED_PAUSED ? "paused (its VM still runs)" : "running",
+					   name, name);
 		if ((r = cap_named_stop(name, 5000, err)) < 0)
 			return r;
+	} else if ((r = cap_named_reap(name, err)) < 0) {
+		return r;	/* a shim started meanwhile, or a VM outlived its shim */
 	}
 	_cleanup_free_ char *dir = cap_named_dir(name);
 	if ((r = cap_remove_tree(dir)) < 0)

@@ -17,6 +17,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "named.h"
 #include "paths.h"
 #include "sandbox.h"
@@ -316,7 +317,7 @@ static void serve(struct shim *s, int lfd, int sfd)
 		if (poll(pfd, (nfds_t)n, -1) < 0 && errno != EINTR)
 			break;
 		if (cap_sandbox_dispatch(s->sb, pfd, &err) < 0) {
-			fprintf(stderr, "capsule shim: %s\n", err.msg);
+			cap_log(CAP_LOG_ERROR, "%s", err.msg);
 			return;
 		}
 		if (pfd[CAP_SANDBOX_NPOLL].revents) {
@@ -378,6 +379,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *lockp = xasprintf("%s/shim.lock", dir);
 	_cleanup_free_ char *runtime = xasprintf("%s/runtime.json", dir);
 	_cleanup_free_ char *console = xasprintf("%s/console.log", dir);
+	_cleanup_free_ char *qemu_log = xasprintf("%s/qemu.log", dir);
 	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
 	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
 	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
@@ -390,7 +392,15 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		goto out;
 	lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
+	/* cap_named_reap holds the lock for a moment while it cleans up
+	 * after a dead shim: retry briefly before giving up. */
+	bool locked = false;
+	for (int i = 0; lock >= 0 && i < 50; i++) {
+		if ((locked = flock(lock, LOCK_EX | LOCK_NB) == 0))
+			break;
+		usleep(2000);
+	}
+	if (!locked) {
 		/* Another start won the race; its caller and ours both wait
 		 * for that shim. */
 		report_ready(&ready_fd, "busy\n");
@@ -429,7 +439,10 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	cap_sandbox_opts_init(&o);
 	o.cpus = rec.cpus;
 	o.memory_mib = rec.memory_mib;
+	/* Both logs next to the disks, kept after stop, wherever the
+	 * sockets are. */
 	o.console_log = console;
+	o.qemu_log = qemu_log;
 	o.dir = sockdir;
 	o.disks = disks;
 	o.ndisks = CAP_ARRAY_SIZE(disks);
@@ -449,8 +462,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.control = control;
 	if ((r = write_runtime(dir, control, cap_sandbox_vmm_pid(s.sb), false, err)) < 0)
 		goto out;
-	fprintf(stderr, "capsule shim %s: running (QEMU pid %d, %s; %s)\n", name,
-		(int)cap_sandbox_vmm_pid(s.sb), control, cap_sandbox_boot_note(s.sb));
+	cap_log(CAP_LOG_INFO, "running (QEMU pid %d, %s; %s)", (int)cap_sandbox_vmm_pid(s.sb),
+		control, cap_sandbox_boot_note(s.sb));
 	report_ready(&ready_fd, "ok\n");
 
 	serve(&s, lfd, sfd);
@@ -464,13 +477,13 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	if (s.paused)
 		set_paused(&s, false, &serr);	/* the agent must run to sync */
 	if (cap_sandbox_shutdown(s.sb, 10000, &serr) < 0)
-		fprintf(stderr, "capsule shim %s: %s\n", name, serr.msg);
+		cap_log(CAP_LOG_WARN, "%s", serr.msg);
 	if (s.stop_requester && s.stop_requester->fd >= 0) {
 		cap_proto_put(&s.stop_requester->out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
 		cap_set_nonblock(s.stop_requester->fd, 0);
 		client_flush(&s, s.stop_requester);
 	}
-	fprintf(stderr, "capsule shim %s: stopped\n", name);
+	cap_log(CAP_LOG_INFO, "stopped");
 	r = 0;
 out:
 	if (r < 0) {

@@ -322,7 +322,9 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 		.memory_mib = o->memory_mib,
 		.accel = accel->accel,
 		.append_extra = o->append_extra,
-		.unlink_sockets = !o->dir,
+		/* Nothing connects to QEMU's sockets later, and files of a
+		 * killed process would be left behind: unlink them at once. */
+		.unlink_sockets = true,
 	};
 	return 0;
 }
@@ -348,6 +350,10 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
 		goto fail;
 	cfg.dir = o->dir ? o->dir : sb->owned_run_dir;
+	/* Not in the template's configuration: the VM that builds one logs
+	 * in its own run directory, never in a sandbox's file. */
+	struct cap_vm_config tcfg = cfg;
+	cfg.qemu_log = o->qemu_log;
 
 	/* Always SETUP, if only for the clock and the entropy. */
 	static const struct cap_setup none = { "", "", "", "", "", 0, { 0 } };
@@ -359,7 +365,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		struct cap_err terr = { 0 };
 		char key[65] = "";
 		_cleanup_free_ char *tdir = NULL;
-		if (cap_template_for(o, &cfg, key, &tdir, &terr) == 0) {
+		if (cap_template_for(o, &tcfg, key, &tdir, &terr) == 0) {
 			_cleanup_free_ char *state = xasprintf("%s/state", tdir);
 			_cleanup_free_ char *ram = xasprintf("%s/ram", tdir);
 			struct cap_vm_config rc = cfg;

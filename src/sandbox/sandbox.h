@@ -17,14 +17,16 @@ struct cap_sandbox_opts {
 	unsigned memory_mib;	/* default 512 */
 	enum cap_accel accel;	/* default AUTO */
 	const char *console_log;	/* NULL: kept in the run dir, removed */
+	const char *qemu_log;	/* NULL: <dir>/qemu.log, removed with the VM; else this file, kept */
 	int boot_timeout_ms;	/* default 60000 */
 	const char *append_extra;	/* more kernel arguments, or NULL */
 	/* Disks (in device order) and what the agent mounts from them. */
 	const struct cap_vm_disk *disks;
 	unsigned ndisks;
 	const struct cap_setup *setup;	/* NULL: stay on the initramfs root */
-	/* Directory for sockets and logs, kept after free; NULL: a private
-	 * temporary one, removed with the sandbox. */
+	/* Directory for QEMU's sockets (unlinked once connected) and the
+	 * logs not named above; the caller's, kept after free. NULL: a
+	 * private temporary one, removed with the sandbox. */
 	const char *dir;
 	/* Start by restoring a template snapshot (built on first use) rather
 	 * than booting; any problem with it falls back to a cold boot. On by

@@ -8,8 +8,27 @@ c() { "$capsule" "$@"; }
 sbdir() { echo "$CAPSULE_HOME/sandboxes/$1"; }
 state() { c ls | awk -v n="$1" '$1 == n { print $3 }'; }
 qemu_pid() { c inspect "$1" | sed -n 's/^processes: *shim [0-9]*, qemu \([0-9]*\)/\1/p'; }
+# rtv DIR KEY: a value from the sandbox's runtime.json
+rtv() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1/runtime.json" "$2" 2>/dev/null; }
+# pause_vm CONTROL: ask the shim to pause its VM; prints the errno it answers
+pause_vm() {
+	python3 - "$1" <<'EOF'
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(struct.pack("<IHHI", 0, 12, 0, 0))  # PAUSE, stream 0, empty
+buf = b""
+while len(buf) < 16:
+    d = s.recv(4096)
+    if not d:
+        break
+    buf += d
+ok = len(buf) >= 16 and struct.unpack_from("<H", buf, 4)[0] == 12
+print(struct.unpack_from("<i", buf, 12)[0] if ok else "no answer")
+EOF
+}
 
-echo "1..42"
+echo "1..47"
 
 # --- images ----------------------------------------------------------------
 c image build base >"$out" 2>"$err"
@@ -38,6 +57,7 @@ c start p >"$out" 2>"$err"
 check "start p" '[ "$(state p)" = running ]'
 c exec p -- sh -c 'cat /work/a; md5sum /work/r' >"$out" 2>"$err"
 check "/work bytes survive stop and start" 'head -1 "$out" | grep -qx keep && grep -q "^$sum " "$out"'
+check "a running sandbox's directory holds no agent.sock or qmp.sock" '[ -S "$(sbdir p)/control.sock" ] && [ ! -e "$(sbdir p)/agent.sock" ] && [ ! -e "$(sbdir p)/qmp.sock" ]'
 
 # SIGKILL of QEMU: what was synced survives, and the disk still mounts.
 c exec p -- sh -c 'echo synced > /work/s; sync' >"$out" 2>"$err"
@@ -94,8 +114,39 @@ check "concurrent execs on a stopped sandbox all run in one VM" 'grep -qx run-1 
 c rm p >"$out" 2>"$err"
 rc=$?
 check "rm refuses a running sandbox without --force" '[ "$rc" -ne 0 ] && grep -q -- "--force" "$err" && [ -f "$(sbdir p)/private.ext4" ]'
+# Paused, its VM still has the disks open: rm refuses it just the same.
+answer=$(pause_vm "$(rtv "$(sbdir p)" control)")
+c rm p >"$out" 2>"$err"
+rc=$?
+check "rm refuses a paused sandbox without --force" '[ "$answer" = 0 ] && [ "$rc" -ne 0 ] && grep -q -- "--force" "$err" && [ -f "$(sbdir p)/private.ext4" ] && [ "$(state p)" = paused ]'
 c rm --force p >"$out" 2>"$err"
 check "rm --force removes it" '[ $? -eq 0 ] && [ ! -e "$(sbdir p)" ] && [ "$(ours)" -eq 0 ]'
+
+# --- a sandbox directory too deep for sun_path; a crashed shim -------------------
+# Its sockets go to a short run directory; its logs stay next to the disks.
+long="$rt/h$(printf '%0100d' 0)"
+mkdir -p "$long" "$CAPSULE_HOME/templates"
+ln -s "$CAPSULE_HOME/images" "$long/images"
+ln -s "$CAPSULE_HOME/templates" "$long/templates"
+cl() { CAPSULE_HOME="$long" "$capsule" "$@"; }
+lg="$long/sandboxes/lg"
+cl create lg >"$out" 2>"$err" && cl start lg >"$out" 2>"$err"
+run1=$(dirname "$(rtv "$lg" control)")
+cl stop lg >"$out" 2>"$err"
+check "deep sandbox: console.log and qemu.log stay next to the disks after stop" '[ "${run1#"$rt"/capsule-}" != "$run1" ] && [ ! -e "$run1" ] && [ -f "$lg/console.log" ] && [ -f "$lg/qemu.log" ]'
+
+# kill -9 of the shim and its QEMU; the next start cleans up after them.
+cl exec lg -- sh -c 'echo kept > /work/k; sync' >"$out" 2>"$err"
+shim1=$(rtv "$lg" shim_pid); qemu1=$(rtv "$lg" qemu_pid); run1=$(dirname "$(rtv "$lg" control)")
+kill -KILL "$shim1" "$qemu1"
+wait_for '! kill -0 "$shim1" 2>/dev/null && ! kill -0 "$qemu1" 2>/dev/null' 50
+cl start lg >"$out" 2>"$err"
+rc=$?
+shim2=$(rtv "$lg" shim_pid); run2=$(dirname "$(rtv "$lg" control)")
+check "after kill -9 of shim and QEMU, start works and nothing of the dead shim is left" '[ "$rc" -eq 0 ] && [ -n "$shim2" ] && [ "$shim2" != "$shim1" ] && kill -0 "$shim2" && [ "$run2" != "$run1" ] && [ ! -e "$run1" ] && [ -S "$run2/control.sock" ] && [ "$(leftovers)" -eq 1 ]'
+cl exec lg -- cat /work/k >"$out" 2>"$err"
+check "the disks and /work survive the crash" 'grep -qx kept "$out" && [ -f "$lg/private.ext4" ] && [ -f "$lg/root-upper.ext4" ]'
+cl rm --force lg >"$out" 2>"$err"
 
 # --- bad input: clear errors, nothing deleted ------------------------------------
 c create ../x >"$out" 2>"$err"

@@ -5,6 +5,14 @@
 set -eu
 build=${1:-build}
 capsule="$build/capsule"
+# The demo's VMs keep their sockets in run directories under
+# $XDG_RUNTIME_DIR, and QEMU is named after its directory (-name
+# guest=DIR): a private one tells the demo's QEMU processes from anyone
+# else's (tests running at the same time, other CAPSULE_HOMEs).
+demo_rt=$(mktemp -d /tmp/capsule-demo.XXXXXX)
+trap 'rm -rf "$demo_rt"' EXIT
+export XDG_RUNTIME_DIR="$demo_rt"
+ours() { pgrep "$@" -f "qemu-system-x86_64 -name guest=$demo_rt/"; }
 
 echo "== capsule doctor"
 "$capsule" doctor || true
@@ -25,13 +33,12 @@ echo "exit code: $?"
 set -e
 echo
 echo "== the jail: QEMU seen from the host while a command runs"
-demo_rt=$(mktemp -d /tmp/capsule-demo.XXXXXX)
-XDG_RUNTIME_DIR="$demo_rt" "$capsule" run -q -- sleep 3 &
+"$capsule" run -q -- sleep 3 &
 bg=$!
 qemu=""
 i=0
 while [ -z "$qemu" ] && [ $i -lt 100 ]; do
-	qemu=$(pgrep -f "qemu-system-x86_64 -name guest=$demo_rt/" | head -1)
+	qemu=$(ours | head -1)
 	sleep 0.1
 	i=$((i + 1))
 done
@@ -42,7 +49,6 @@ if [ -n "$qemu" ] && [ -r "/proc/$qemu/status" ]; then
 		"$(find "/proc/$qemu/root/" -mindepth 1 ! -type d ! -name '*.so*' 2>/dev/null | sed "s|^/proc/$qemu/root||" | sort | tr '\n' ' ')+ libraries"
 fi
 wait "$bg" || true
-rm -rf "$demo_rt"
 echo
-left=$(pgrep -c -f 'qemu-system-x86_64 -name .* -M microvm' || true)
+left=$(ours -c || true)
 echo "== QEMU processes left running: $left"

@@ -8,7 +8,6 @@
 #include "named.h"
 
 extern const struct cap_ctl_backend ctl_named_backend;
-int cap_named_reap(const char *name, struct cap_err *err); /* TEMP */
 
 /* workspaces/<agent>/<peer>/record.json: identity → sandbox name. */
 int ctl_ws_write(const char *home, const char *agent, const char *peer,

@@ -280,9 +280,3 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.dispatch = dispatch,
 	.vm_free = vm_free,
 };
-/* TEMP-WEAK-REAP */
-__attribute__((weak)) int cap_named_reap(const char *name, struct cap_err *err)
-{
-	(void)name, (void)err;
-	return 0;
-}

@@ -105,6 +105,24 @@ int cap_remove_tree(const char *path)
 	return cap_remove_at(AT_FDCWD, path);
 }
 
+int cap_clear_dir(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	int r = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		int k = cap_remove_at(dirfd(d), e->d_name);
+		if (k < 0 && r == 0)
+			r = k;
+	}
+	closedir(d);
+	return r;
+}
+
 int cap_mkdir_p(const char *path, unsigned mode)
 {
 	_cleanup_free_ char *p = xstrdup(path);

@@ -23,6 +23,8 @@ int cap_write_file_atomic(const char *path, const void *data, size_t len,
 /* Remove path and everything under it without following symlinks. 0 or
  * -errno (ENOENT is success). */
 int cap_remove_tree(const char *path);
+/* Remove everything inside the directory path, keeping it. */
+int cap_clear_dir(const char *path);
 /* The same for name relative to the directory dfd. */
 int cap_remove_at(int dfd, const char *name);
 

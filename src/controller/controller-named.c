@@ -33,6 +33,13 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		if (j->source)
 			snprintf(rec.source, sizeof(rec.source), "%s", j->source);
 		r = cap_named_create(&rec, NULL, NULL, &err);
+		/* Another process is making it (a job a dead controller left):
+		 * wait for it to be complete. */
+		int64_t end = cap_now_ms() + START_WAIT_MS;
+		while (r == -EINPROGRESS && cap_now_ms() < end) {
+			usleep(100000);
+			r = cap_named_load(j->name, &rec, NULL) == 0 ? 0 : cap_named_create(&rec, NULL, NULL, &err);
+		}
 	}
 	bool changed;
 	if (r == 0)

@@ -190,11 +190,28 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	_cleanup_free_ char *dir = cap_named_dir(rec->name);
 	if ((r = cap_mkdir_p(root, 0700)) < 0)
 		return cap_err_set(err, -r, "cannot create %s: %s", root, strerror(-r));
-	if (mkdir(dir, 0700) < 0) {
-		if (errno == EEXIST)
+	_cleanup_free_ char *recp = in_dir(rec->name, "record.json");
+	bool made = mkdir(dir, 0700) == 0;
+	if (!made && errno != EEXIST)
+		return cap_err_set(err, errno, "cannot create %s: %s", dir, strerror(errno));
+	/* The directory's lock is held while it is being made: record.json,
+	 * written last, says it is complete. */
+	_cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", dir, strerror(errno));
+	if (flock(dfd, LOCK_EX | (made ? 0 : LOCK_NB)) < 0)
+		return cap_err_set(err, EINPROGRESS, "sandbox '%s' is being created by another process; try again in a moment",
+				   rec->name);
+	if (!made) {
+		if (access(recp, F_OK) == 0)
 			return cap_err_set(err, EEXIST, "a sandbox named '%s' already exists (%s); pick another name or `capsule rm %s`",
 					   rec->name, dir, rec->name);
-		return cap_err_set(err, errno, "cannot create %s: %s", dir, strerror(errno));
+		/* Never complete, never used by a guest: what a creation that
+		 * was killed left. Made again from scratch. */
+		cap_log(CAP_LOG_WARN, "%s holds the remains of an interrupted creation (no record.json); making it again",
+			dir);
+		if ((r = cap_clear_dir(dir)) < 0)
+			return cap_err_set(err, -r, "cannot clear %s: %s", dir, strerror(-r));
 	}
 	_cleanup_free_ char *upper = in_dir(rec->name, "root-upper.ext4");
 	_cleanup_free_ char *work = in_dir(rec->name, "private.ext4");

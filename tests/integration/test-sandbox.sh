@@ -28,7 +28,7 @@ print(struct.unpack_from("<i", buf, 12)[0] if ok else "no answer")
 EOF
 }
 
-echo "1..47"
+echo "1..49"
 
 # --- images ----------------------------------------------------------------
 c image build base >"$out" 2>"$err"
@@ -43,6 +43,21 @@ check "an image is found by a 12-digit digest prefix" 'grep -q "verified: yes" "
 c create p >"$out" 2>"$err"
 check "create p" 'grep -q "created sandbox p" "$out" && [ -f "$(sbdir p)/private.ext4" ] && [ -f "$(sbdir p)/root-upper.ext4" ]'
 check "a new sandbox is stopped" '[ "$(state p)" = stopped ]'
+# What a creation killed half-way leaves (no record.json) is made again;
+# one being made by another process (its directory locked) is not touched.
+mkdir -p "$(sbdir half)" && echo partial > "$(sbdir half)/private.ext4"
+c create half >"$out" 2>"$err"
+check "create over the remains of an interrupted creation makes it again" \
+	'grep -q "created sandbox half" "$out" && grep -q "interrupted creation" "$err" && [ "$(state half)" = stopped ] && [ "$(stat -c %s "$(sbdir half)/private.ext4")" -gt 1000 ]'
+c rm half >/dev/null 2>&1
+mkdir -p "$(sbdir busy)"
+flock "$(sbdir busy)" sleep 3 &
+sleep 0.3
+c create busy >"$out" 2>"$err"
+check "create of a sandbox another process is making is refused, nothing removed" \
+	'grep -q "being created by another process" "$err" && [ -d "$(sbdir busy)" ]'
+wait
+rm -rf "$(sbdir busy)"
 c exec p -- sh -c 'echo keep > /work/a' >"$out" 2>"$err"
 rc=$?
 check "exec on a stopped sandbox starts it" '[ "$rc" -eq 0 ] && [ "$(state p)" = running ]'

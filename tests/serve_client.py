@@ -4,7 +4,16 @@ a unix socket). As a program:
 
     serve_client.py SOCKET METHOD '{"identity": {"agent": "a", "peer": "p1"}, ...}'
 
-prints the response. As a module: Client(path).call(method, params)."""
+prints the response. As a module: Client(path).call(method, params) returns
+the response (a dict with "result" or "error"); it raises socket.timeout
+when the server says nothing for `timeout` seconds, EOFError when it closes
+the connection.
+
+An error whose id is null answers a line the server could not read as a
+request (not JSON, over 4 MiB): the client cannot tell which request that
+was, so wait() and call() return it to whoever is waiting (the usual case:
+one request in flight) instead of waiting forever for an answer that will
+not come."""
 import json
 import socket
 import sys
@@ -30,6 +39,13 @@ class Client:
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
         return id
 
+    def notify(self, method, params=None):
+        """Send a notification (no id): the server must not answer it."""
+        msg = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+
     def send_raw(self, data):
         self.sock.sendall(data)
 
@@ -44,9 +60,12 @@ class Client:
         return json.loads(line)
 
     def wait(self, id):
-        """The response to request id (others are kept for later)."""
+        """The response to request id (others are kept for later), or an
+        error with id null (see above) if one comes first."""
         while id not in self.pending:
             m = self.read()
+            if m.get("id") is None and "error" in m:
+                return m
             self.pending[m.get("id")] = m
         return self.pending.pop(id)
 

@@ -14,7 +14,7 @@ ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
 resp() { grep "\"id\":$1[,}]" "$out"; }
 mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
 
-echo "1..12"
+echo "1..13"
 
 { printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
 check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
@@ -43,6 +43,17 @@ check "an unsupported version is answered with the server's own" 'resp 1 | grep 
 { echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"../../etc/passwd"}}}'; } | mcp
 check "read_file ../../etc/passwd is a tool error naming the rule" 'resp 11 | grep -q "\"isError\":true" && resp 11 | grep -q "climbs out of its root"'
 check "stdout holds only JSON-RPC messages, one per line" 'python3 -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" "$out"'
+
+# Alone on its home (no capsule serve), mcp runs its own VM, and stops it
+# when stdin closes. stdin stays open until the answer is there.
+printf '%s\n' '{"tools": {"run_command": true}}' >"$rt/run.json"
+"$capsule" image build base >/dev/null 2>&1
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
+	'{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"echo standalone; cat /source/a.txt"}}}'
+	wait_for 'resp 12 >/dev/null' 900; } |
+	"$capsule" mcp --agent a --peer p1 --source "$rt/pub" --config "$rt/run.json" 2>"$err" >"$out"
+check "without a capsule serve, mcp runs its own VM and stops it when stdin closes" \
+	'resp 12 | grep -q "standalone\\\\nhi\\\\n" && [ "$(ours)" -eq 0 ]'
 
 "$capsule" mcp --peer p1 </dev/null >"$out" 2>"$err"
 check "no agent identity: refused with a message, nothing on stdout" '[ $? -ne 0 ] && grep -q "agent identity is required" "$err" && [ ! -s "$out" ]'

@@ -85,13 +85,18 @@ void cap_rpc_msg_fini(struct cap_rpc_msg *m)
 	memset(m, 0, sizeof(*m));
 }
 
-json_t *cap_json_text(const char *s)
+json_t *cap_json_textn(const void *p, size_t n)
 {
-	size_t n;
-	char *clean = cap_utf8_sanitize(s, strlen(s), &n);
-	json_t *j = json_stringn(clean, n);
+	size_t len;
+	char *clean = cap_utf8_sanitize(p, n, &len);
+	json_t *j = json_stringn(clean, len);
 	free(clean);
 	return j;
+}
+
+json_t *cap_json_text(const char *s)
+{
+	return cap_json_textn(s, strlen(s));
 }
 
 static void put(struct cap_buf *out, json_t *msg)

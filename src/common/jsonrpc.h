@@ -40,6 +40,7 @@ struct cap_rpc_msg {
 /* A JSON string of text, its invalid UTF-8 (a message cut mid-character,
  * a parser's quote of the input) turned into U+FFFD. */
 json_t *cap_json_text(const char *s);
+json_t *cap_json_textn(const void *p, size_t n);
 
 /* Parse one line. 0 with *m filled, or a JSON-RPC error code (negative)
  * with a message in msg and, when the line had a usable id, *bad_id set

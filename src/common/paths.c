@@ -70,6 +70,22 @@ int cap_write_file_atomic(const char *path, const void *data, size_t len,
 	return 0;
 }
 
+/* Remove what the directory d holds; closes d. */
+static int clear(DIR *d)
+{
+	int r = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		int k = cap_remove_at(dirfd(d), e->d_name);
+		if (k < 0 && r == 0)
+			r = k;
+	}
+	closedir(d);
+	return r;
+}
+
 int cap_remove_at(int dfd, const char *name)
 {
 	struct stat st;
@@ -85,16 +101,7 @@ int cap_remove_at(int dfd, const char *name)
 		close(fd);
 		return -errno;
 	}
-	int r = 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		int k = cap_remove_at(dirfd(d), e->d_name);
-		if (k < 0 && r == 0)
-			r = k;
-	}
-	closedir(d);
+	int r = clear(d);
 	if (unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT && r == 0)
 		r = -errno;
 	return r;
@@ -108,19 +115,7 @@ int cap_remove_tree(const char *path)
 int cap_clear_dir(const char *path)
 {
 	DIR *d = opendir(path);
-	if (!d)
-		return -errno;
-	int r = 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		int k = cap_remove_at(dirfd(d), e->d_name);
-		if (k < 0 && r == 0)
-			r = k;
-	}
-	closedir(d);
-	return r;
+	return d ? clear(d) : -errno;
 }
 
 int cap_mkdir_p(const char *path, unsigned mode)

@@ -108,15 +108,6 @@ static void result_to(struct conn *k, json_t *id, json_t *result)
 
 /* --- results --------------------------------------------------------------------- */
 
-static json_t *text_json(const uint8_t *p, size_t n)
-{
-	size_t len;
-	char *s = cap_utf8_sanitize((const char *)p, n, &len);
-	json_t *j = json_stringn(s, len);
-	free(s);
-	return j;
-}
-
 static const char *type_name(char t)
 {
 	return t == 'd' ? "directory" : t == 'f' ? "file" : t == 'l' ? "symlink" : "other";
@@ -156,7 +147,7 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 				"signal", ex->kind == CAP_EXIT_SIGNAL ? json_integer(ex->value) : json_null(),
 				"timed_out", (ex->flags & CAP_EXIT_TIMED_OUT) != 0,
 				"truncated", (ex->flags & CAP_EXIT_TRUNCATED) != 0,
-				"stdout", text_json(r->out, r->out_len), "stderr", text_json(r->err, r->err_len),
+				"stdout", cap_json_textn(r->out, r->out_len), "stderr", cap_json_textn(r->err, r->err_len),
 				"duration_ms", (int)ex->duration_ms);
 		break;
 	case CAP_CTL_FILE:
@@ -167,7 +158,7 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 			json_t *a = json_array();
 			for (size_t e = 0; e < r->nentries; e++) {
 				json_t *o = json_pack("{s:s, s:o}", "type", type_name(r->entries[e].type),
-						      "name", text_json((const uint8_t *)r->entries[e].name,
+						      "name", cap_json_textn((const uint8_t *)r->entries[e].name,
 									strlen(r->entries[e].name)));
 				if (r->entries[e].type == 'f')
 					json_object_set_new(o, "size", json_integer((json_int_t)r->entries[e].size));

@@ -368,20 +368,8 @@ static json_t *listing(const struct mcp_call *mc, const struct cap_ctl_entry *v,
 			     shown, more ? ", the directory has more" : "", CAP_CTL_LIST_MAX);
 		cap_buf_append(&b, line, (size_t)k);
 	}
-	size_t n;
-	char *text = cap_utf8_sanitize((const char *)cap_buf_head(&b), cap_buf_used(&b), &n);
-	json_t *j = json_stringn(text, n);
-	free(text);
+	json_t *j = cap_json_textn(cap_buf_head(&b), cap_buf_used(&b));
 	cap_buf_fini(&b);
-	return j;
-}
-
-static json_t *sanitized(const uint8_t *p, size_t n)
-{
-	size_t len;
-	char *s = cap_utf8_sanitize((const char *)p, n, &len);
-	json_t *j = json_stringn(s, len);
-	free(s);
 	return j;
 }
 
@@ -419,7 +407,7 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 			snprintf(head, sizeof(head), "exit code %d\n", status);
 		else
 			snprintf(head, sizeof(head), "killed by signal %d\n", (int)ex->value);
-		json_t *out = sanitized(r->out, r->out_len), *err = sanitized(r->err, r->err_len);
+		json_t *out = cap_json_textn(r->out, r->out_len), *err = cap_json_textn(r->err, r->err_len);
 		char *text = xasprintf("%s--- stdout ---\n%s--- stderr ---\n%s%s", head, json_string_value(out),
 				       json_string_value(err),
 				       (ex->flags & CAP_EXIT_TRUNCATED) ? "[capsule: output truncated at 256 KiB]\n" : "");

@@ -21,6 +21,7 @@
 #include "util.h"
 
 #define WRITE_MAX 60000	/* one FILE frame */
+#define MAX_CONNS 512	/* connections at once; more are told so and closed */
 
 struct conn;
 
@@ -50,7 +51,9 @@ struct cap_rpc_server {
 	char *path;
 	int listen_fd, lock_fd;
 	bool stopped;	/* shutting down: no new connections or requests */
+	int spare_fd;	/* held for refusing a connection when out of descriptors */
 	struct conn *conns;
+	int nconns;
 };
 
 static const struct cap_ctl_frontend_ops rpc_ops;
@@ -81,6 +84,7 @@ static void conn_free(struct cap_rpc_server *s, struct conn *k)
 	cap_rpc_reader_fini(&k->rd);
 	cap_buf_fini(&k->out);
 	free(k);
+	s->nconns--;
 }
 
 static void error_to(struct conn *k, json_t *id, int code, const char *fmt, ...)
@@ -509,12 +513,37 @@ static void rpc_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
 	if (!k) {
 		int fd;
 		while ((fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+			if (s->nconns >= MAX_CONNS) {
+				/* Said, not silently dropped: the client learns why. */
+				struct cap_buf b;
+				char msg[200];
+				cap_buf_init(&b);
+				snprintf(msg, sizeof(msg), "the controller serves at most %d connections at once; close one and retry",
+					 MAX_CONNS);
+				cap_rpc_put_error(&b, NULL, CAP_RPC_SANDBOX, msg, json_pack("{s:b}", "retryable", 1));
+				cap_rpc_flush(&b, fd);
+				cap_buf_fini(&b);
+				close(fd);
+				continue;
+			}
 			k = xcalloc(1, sizeof(*k));
 			k->fd = fd;
 			cap_rpc_reader_init(&k->rd);
 			cap_buf_init(&k->out);
 			k->next = s->conns;
 			s->conns = k;
+			s->nconns++;
+		}
+		if ((errno == EMFILE || errno == ENFILE) && s->spare_fd >= 0) {
+			/* Out of descriptors: the pending connection would wake
+			 * poll at once for ever. Take it with the spare
+			 * descriptor and close it: the client sees it refused. */
+			cap_log(CAP_LOG_WARN, "refused a connection: %s", strerror(errno));
+			close(s->spare_fd);
+			fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+			if (fd >= 0)
+				close(fd);
+			s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 		}
 		return;
 	}
@@ -561,6 +590,7 @@ int cap_rpc_server_new(struct cap_ctl *c, const char *path, struct cap_rpc_serve
 	_cleanup_free_ char *lockp = xasprintf("%s.lock", path);
 	s->ctl = c;
 	s->listen_fd = -1;
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->path = xstrdup(path);
 	/* One server per socket (two homes could name the same one). */
 	s->lock_fd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -602,6 +632,8 @@ void cap_rpc_server_free(struct cap_rpc_server *s)
 	}
 	if (s->lock_fd >= 0)
 		close(s->lock_fd);
+	if (s->spare_fd >= 0)
+		close(s->spare_fd);
 	free(s->path);
 	free(s);
 }

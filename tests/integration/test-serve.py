@@ -32,7 +32,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 65
+PLAN = 66
 
 n = 0
 failed = 0
@@ -468,6 +468,23 @@ def main():
     ok(m.get("id") == 77 and m.get("error", {}).get("code") != -32600,
        "a line of exactly 4 MiB of valid JSON is not refused as too long", m)
     cl.close()
+    # The connection limit is said, not a silent drop or a stall.
+    many = []
+    for _ in range(512):
+        many.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        many[-1].connect(SOCK)
+    extra = Client(SOCK, timeout=10)
+    try:
+        over = extra.read()
+    except (EOFError, OSError) as e:
+        over = repr(e)
+    extra.close()
+    for k in many:
+        k.close()
+    after = c.call("status", {"identity": ident("p1")})
+    ok(isinstance(over, dict) and over.get("error", {}).get("data", {}).get("retryable") is True and
+       "512" in over["error"]["message"] and after.get("result", {}).get("state") == "running",
+       "connection 513 is told the limit of 512 and closed; the server keeps serving", [over, after])
 
     # --- capacity ------------------------------------------------------------------------------
     exec_(c, "p3", "true")

@@ -235,7 +235,7 @@ static void submit(struct cap_rpc_server *s, struct conn *k, json_t *id, const c
 		snprintf(p->path, sizeof(p->path), "%s", path);
 	p->next = k->calls;
 	k->calls = p;
-	p->call = cap_ctl_submit(s->ctl, s->fe, agent, peer, req, p);	/* may end at once */
+	p->call = cap_ctl_submit(s->ctl, s->fe, agent, peer, req, p);
 }
 
 static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)

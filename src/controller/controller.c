@@ -1049,11 +1049,9 @@ struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
 				    const char *agent, const char *peer,
 				    const struct cap_ctl_req *req, void *tag)
 {
+	/* Never answered from in here: the caller stores the handle first.
+	 * During a shutdown the loop fails it (pump). */
 	struct cap_ctl_call *k = call_new(req, fe, tag);
-	if (c->shutting_down) {
-		fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
-		return NULL;
-	}
 	struct ident *i = ident_get(c, agent, peer);
 	k->ident = i;
 	struct cap_ctl_call **p = &i->queue;
@@ -1361,7 +1359,7 @@ static int next_timeout(struct cap_ctl *c)
 static bool busy(struct cap_ctl *c)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
-		if (cap_vm_state_resident(i->lc.state) || i->job || i->remove_retry_at)
+		if (cap_vm_state_resident(i->lc.state) || i->job || i->remove_retry_at || i->queue)
 			return true;
 	return false;
 }

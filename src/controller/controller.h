@@ -192,8 +192,8 @@ const struct cap_controller_cfg *cap_ctl_cfg(const struct cap_ctl *c);
 const char *cap_ctl_home(const struct cap_ctl *c);
 
 /* Queue a call for (agent, peer), both valid (the front end checks).
- * The result reaches fe's done() with tag, later or (for errors found at
- * once) before this returns. The handle is valid until then. */
+ * The result reaches fe's done() with tag, always later (never from
+ * inside this call). The handle is valid until then. */
 struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
 				    const char *agent, const char *peer,
 				    const struct cap_ctl_req *req, void *tag);

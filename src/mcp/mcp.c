@@ -534,7 +534,7 @@ static void submit(struct mcp *m, struct mcp_call *mc, const char *agent, const 
 	mc->next = m->calls;
 	m->calls = mc;
 	if (m->ctl)
-		mc->call = cap_ctl_submit(m->ctl, m->fe, agent, peer, req, mc);	/* may end at once */
+		mc->call = cap_ctl_submit(m->ctl, m->fe, agent, peer, req, mc);
 	else
 		remote_send(m, mc, agent, peer, req);
 }

@@ -114,8 +114,9 @@ static void put(struct cap_buf *out, json_t *msg)
 
 void cap_rpc_put_result(struct cap_buf *out, json_t *id, json_t *result)
 {
+	CAP_BUG_ON(!result);	/* a result that could not be built */
 	put(out, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id ? id : json_null(),
-			   "result", result ? result : json_object()));
+			   "result", result));
 }
 
 void cap_rpc_put_error(struct cap_buf *out, json_t *id, int code,
@@ -142,6 +143,7 @@ void cap_rpc_reader_init(struct cap_rpc_reader *r)
 {
 	cap_buf_init(&r->in);
 	r->st = (struct cap_lines){ 0 };
+	r->max = 0;
 }
 
 void cap_rpc_reader_fini(struct cap_rpc_reader *r)
@@ -156,7 +158,7 @@ void cap_rpc_feed(struct cap_rpc_reader *r, const void *p, size_t n,
 	if (n == 0)
 		return;
 	cap_buf_append(&r->in, p, n);
-	cap_buf_lines(&r->in, CAP_RPC_LINE_MAX, &r->st, line, too_long, ud);
+	cap_buf_lines(&r->in, r->max ? r->max : CAP_RPC_LINE_MAX, &r->st, line, too_long, ud);
 }
 
 int cap_rpc_read(struct cap_rpc_reader *r, int fd,
@@ -170,7 +172,7 @@ int cap_rpc_read(struct cap_rpc_reader *r, int fd,
 	if (n < 0)
 		return errno == EAGAIN || errno == EINTR ? -EAGAIN : 0;
 	cap_buf_commit(&r->in, (size_t)n);
-	cap_buf_lines(&r->in, CAP_RPC_LINE_MAX, &r->st, line, too_long, ud);
+	cap_buf_lines(&r->in, r->max ? r->max : CAP_RPC_LINE_MAX, &r->st, line, too_long, ud);
 	return 1;
 }
 

@@ -62,10 +62,13 @@ void cap_rpc_put_error(struct cap_buf *out, json_t *id, int code,
 void cap_rpc_put_request(struct cap_buf *out, long long id,
 			 const char *method, json_t *params);
 
-/* Reading lines of at most CAP_RPC_LINE_MAX bytes from a descriptor. */
+/* Reading lines (of at most CAP_RPC_LINE_MAX bytes) from a descriptor. */
 struct cap_rpc_reader {
 	struct cap_buf in;
 	struct cap_lines st;
+	/* The longest line taken; 0 (set by _init): CAP_RPC_LINE_MAX. A
+	 * client reading a trusted server's answers sets more. */
+	size_t max;
 };
 void cap_rpc_reader_init(struct cap_rpc_reader *r);
 void cap_rpc_reader_fini(struct cap_rpc_reader *r);

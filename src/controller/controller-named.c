@@ -58,6 +58,30 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		snprintf(out->msg, sizeof(out->msg), "%s", err.msg);
 }
 
+static void run_wait(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *out)
+{
+	struct cap_named_status st;
+	struct cap_err err = { 0 };
+	int64_t end = cap_now_ms() + START_WAIT_MS;
+	for (;;) {
+		int r = cap_named_status(j->name, &st, &err);
+		struct stat sb;
+		if (r < 0 || st.state == CAP_NAMED_STOPPED) {
+			out->stopped = true;	/* exited, or never got going */
+			return;
+		}
+		if (st.control[0] && stat(st.control, &sb) == 0 && S_ISSOCK(sb.st_mode))
+			return;	/* serving */
+		if (cap_now_ms() >= end) {
+			out->r = -ETIMEDOUT;
+			snprintf(out->msg, sizeof(out->msg), "sandbox %s has been starting or stopping for %d s; see its shim.log",
+				 j->name, START_WAIT_MS / 1000);
+			return;
+		}
+		usleep(50000);
+	}
+}
+
 static void run_check(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *out)
 {
 	struct cap_err err = { 0 };
@@ -96,10 +120,18 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 			dup2(null, 1);
 			close(null);
 		}
+		/* What the tools it runs (mke2fs, mkfs.erofs) expect: no
+		 * blocked signals, SIGPIPE at its default. Its log lines go to
+		 * the controller's stderr, under the same name. */
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		signal(SIGPIPE, SIG_DFL);
 		struct cap_ctl_job_out out = { 0 };
-		cap_log_set(NULL, NULL);	/* the parent logs the outcome */
 		if (j->kind == CAP_CTL_JOB_START)
 			run_start(j, &out);
+		else if (j->kind == CAP_CTL_JOB_WAIT)
+			run_wait(j, &out);
 		else
 			run_check(j, &out);
 		ssize_t n = write(p[1], &out, sizeof(out));

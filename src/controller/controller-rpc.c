@@ -648,9 +648,10 @@ int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, struc
 			: socket_path[0] == '/' || !getcwd(cwd, sizeof(cwd)) ? xstrdup(socket_path)
 			: xasprintf("%s/%s", cwd, socket_path);	/* others find it by this name */
 	cfg->frontend = "serve";
-	cfg->socket_path = path;
+	cfg->socket_path = NULL;	/* named once it listens */
 	int r = cap_ctl_new(cfg, &c, err);
-	if (r == 0 && (r = cap_rpc_server_new(c, path, &s, err)) == 0) {
+	if (r == 0 && (r = cap_rpc_server_new(c, path, &s, err)) == 0 &&
+	    (r = cap_ctl_set_socket(c, path, err)) == 0) {
 		cap_log(CAP_LOG_INFO, "listening on %s", path);
 		r = cap_ctl_run(c, err);
 	}
@@ -765,7 +766,7 @@ int cap_rpc_call(const char *socket_path, const char *method, json_t *params, in
 	cap_buf_init(&in);
 	int64_t end = cap_now_ms() + timeout_ms;
 	const uint8_t *nl = NULL;
-	while (r == 0 && !(nl = memchr(cap_buf_head(&in), '\n', cap_buf_used(&in)))) {
+	while (r == 0 && !(cap_buf_used(&in) && (nl = memchr(cap_buf_head(&in), '\n', cap_buf_used(&in))))) {
 		int64_t left = end - cap_now_ms();
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		if (left <= 0 || poll(&p, 1, (int)left) == 0) {

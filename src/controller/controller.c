@@ -289,6 +289,9 @@ static struct ident *ident_new(struct cap_ctl *c, const char *agent, const char 
 	return i;
 }
 
+static int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool create,
+		     struct cap_err *err);
+
 /* In memory while it has a VM, work or a job; otherwise only on disk. */
 static struct ident *ident_get(struct cap_ctl *c, const char *agent, const char *peer)
 {
@@ -301,8 +304,13 @@ static struct ident *ident_get(struct cap_ctl *c, const char *agent, const char 
 	name_of(c, agent, peer, name);
 	i = ident_new(c, agent, peer, name);
 	if (c->be->state(c->bud, name, &st, &serving, &has_source) == 0) {
-		i->lc.state = CAP_VM_STOPPED;	/* running ones are in memory already */
+		i->lc.state = CAP_VM_STOPPED;
 		i->source = has_source;
+		struct cap_err err = { 0 };
+		/* Running though not ours yet (started by `capsule start`, or
+		 * its attachment failed): take it over, never report it stopped. */
+		if (st != CAP_VM_STOPPED && begin_job(c, i, CAP_CTL_JOB_WAIT, false, &err) == 0)
+			i->lc.state = CAP_VM_STARTING;
 	}
 	return i;
 }
@@ -535,7 +543,7 @@ static void file_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k
 		free(v);
 		return;
 	}
-	r.content = cap_buf_head(&k->out);
+	r.content = cap_buf_used(&k->out) ? cap_buf_head(&k->out) : (const uint8_t *)"";
 	r.content_len = cap_buf_used(&k->out);
 	active_done(c, i, &r);
 }
@@ -560,8 +568,10 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	}
 	struct cap_ctl_result r = {
 		.exit = *ex,
-		.out = cap_buf_head(&k->out), .out_len = cap_buf_used(&k->out),
-		.err = cap_buf_head(&k->err), .err_len = cap_buf_used(&k->err),
+		.out = cap_buf_used(&k->out) ? cap_buf_head(&k->out) : (const uint8_t *)"",
+		.out_len = cap_buf_used(&k->out),
+		.err = cap_buf_used(&k->err) ? cap_buf_head(&k->err) : (const uint8_t *)"",
+		.err_len = cap_buf_used(&k->err),
 	};
 	active_done(c, i, &r);
 }
@@ -731,8 +741,26 @@ static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 	set_idle(c, &i->lc);
 	if (out->r == 0)
 		i->source = out->has_source;
-	if (out->r < 0 || attach(c, i, &err) < 0) {
-		const char *why = out->r < 0 ? out->msg : err.msg;
+	if (out->r == 0 && out->stopped) {
+		/* Recovery waited for a shim that was exiting: it is gone. */
+		i->lc.state = CAP_VM_STOPPED;
+		i->stop_after_start = false;
+		return;
+	}
+	if (out->r == 0 && attach(c, i, &err) < 0) {
+		/* The shim runs and serves, but would not take us: never leave
+		 * it running unowned. Stop it (its disks stay). */
+		cap_log(CAP_LOG_WARN, "sandbox %s started but cannot be attached (%s); stopping its shim", i->name,
+			err.msg);
+		c->be->kill(c->bud, i->name);
+		i->lc.state = CAP_VM_STOPPING;
+		i->killed = true;
+		i->exit_wait_until = cap_now_ms() + 10000;
+		fail_queue(c, i, CAP_CTL_ESANDBOX, err.msg);
+		return;
+	}
+	if (out->r < 0) {
+		const char *why = out->msg;
 		i->lc.state = CAP_VM_STOPPED;
 		i->stop_after_start = false;
 		if (i->pool) {	/* do not retry in a tight loop */
@@ -757,8 +785,8 @@ static void check_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		/* The tree broke a rule (or vanished): the call fails, the
 		 * sandbox and its disks are untouched. */
 		i->checked = false;
-		if (i->queue) {
-			struct cap_ctl_call *k = i->queue;
+		struct cap_ctl_call *k = i->queue;
+		if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
 			unqueue(i, k);
 			fail(c, k, CAP_CTL_ESANDBOX, out->msg, -out->r);
 		}
@@ -785,10 +813,10 @@ static void job_finished(struct cap_ctl *c, struct ident *i)
 	i->job_fd = -1;
 	i->job_pid = 0;
 	c->kick = true;
-	if (i->job_kind == CAP_CTL_JOB_START)
-		start_done(c, i, &out);
-	else
+	if (i->job_kind == CAP_CTL_JOB_CHECK)
 		check_done(c, i, &out);
+	else
+		start_done(c, i, &out);
 }
 
 /* --- capacity and the warm pool ---------------------------------------------------- */
@@ -953,6 +981,16 @@ static void end_down(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 static void pump(struct cap_ctl *c, struct ident *i)
 {
 	struct cap_err err = { 0 };
+	if (c->shutting_down) {
+		/* Tool calls are refused at once, whatever the VM is doing. */
+		for (struct cap_ctl_call *k = i->queue, *next; k; k = next) {
+			next = k->next;
+			if (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE) {
+				unqueue(i, k);
+				fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
+			}
+		}
+	}
 	if (i->active || !i->queue || i->job || i->op != OP_NONE)
 		return;
 	struct cap_ctl_call *k = i->queue;
@@ -1215,8 +1253,9 @@ static void recover_one(struct cap_ctl *c, const char *agent, const char *peer, 
 		return;
 	}
 	/* Its shim is starting (a controller died while starting it) or
-	 * exiting: a start job waits for it, or starts it again. */
-	if (begin_job(c, i, CAP_CTL_JOB_START, false, &err) < 0) {
+	 * exiting (while stopping it): a job waits to see which; it never
+	 * starts one again. */
+	if (begin_job(c, i, CAP_CTL_JOB_WAIT, false, &err) < 0) {
 		cap_log(CAP_LOG_WARN, "cannot take back %s: %s", name, err.msg);
 		return;
 	}
@@ -1608,8 +1647,6 @@ int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out)
 	int held = cap_ctl_holder(out);
 	if (held <= 0)
 		return held;
-	if (strncmp(sandbox, "pool-", 5) == 0)
-		return 1;
 	_cleanup_free_ char *home = cap_home_dir();
 	struct mapped_ctx m = { sandbox, false };
 	ctl_ws_each(home, mapped_one, &m);

@@ -225,7 +225,13 @@ int64_t cap_ctl_now(const struct cap_ctl *c);
  * sandbox if it does not exist, bring its public data up to date, start
  * its shim; or only check whether the public data changed (a changed one
  * stops the VM and is rebuilt). */
-enum cap_ctl_job { CAP_CTL_JOB_START, CAP_CTL_JOB_CHECK };
+enum cap_ctl_job {
+	CAP_CTL_JOB_START,
+	CAP_CTL_JOB_CHECK,
+	/* Wait for a shim that is starting or exiting to serve or go
+	 * (recovery); never starts one. */
+	CAP_CTL_JOB_WAIT,
+};
 
 struct cap_ctl_job_req {
 	enum cap_ctl_job kind;
@@ -238,6 +244,7 @@ struct cap_ctl_job_out {
 	int r;	/* 0 or -errno, with msg */
 	char msg[1024];
 	bool changed;	/* CHECK: the public data changed (the VM was stopped) */
+	bool stopped;	/* WAIT: the shim went away instead of serving */
 	bool has_source;	/* whether the sandbox projects public data */
 };
 

@@ -211,6 +211,7 @@ struct mcp {
 	struct cap_rpc_reader srv_in;
 	struct cap_buf srv_out;
 	long long next_rid;
+	bool srv_broken;	/* an answer was lost: give up on the server */
 };
 
 /* What a tool call needs to turn the controller's answer into a result. */
@@ -626,10 +627,11 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 	if (t == CAP_TOOL_RUN_COMMAND) {
 		const char *cmd = json_string_value(json_object_get(args, "command"));
 		json_t *to = json_object_get(args, "timeout");
-		if (!cmd || (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 3600))) {
+		if (!cmd || strlen(cmd) > (1u << 20) ||
+		    (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 3600))) {
 			json_decref(mc->id);
 			free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string) and an optional \"timeout\" from 1 to 3600");
+			return error_to(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string of at most 1 MiB) and an optional \"timeout\" from 1 to 3600");
 		}
 		const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
 		char *env[] = { NULL };
@@ -857,8 +859,15 @@ static void on_answer(void *ud, const char *p, size_t n)
 	struct cap_rpc_msg msg;
 	json_t *bad;
 	char text[600];
-	if (cap_rpc_parse(p, n, &msg, &bad, text, sizeof(text)) != 0 || msg.method ||
-	    !json_is_integer(msg.id)) {
+	int code = cap_rpc_parse(p, n, &msg, &bad, text, sizeof(text));
+	if (code == 0 && !msg.method && json_is_null(msg.id)) {
+		/* The server refused a line of ours it could not read: which
+		 * call it was is unknown, so none can be trusted to end. */
+		cap_log(CAP_LOG_WARN, "the controller refused a request: %s",
+			json_string_value(json_object_get(msg.error, "message")));
+		m->srv_broken = true;
+	}
+	if (code != 0 || msg.method || !json_is_integer(msg.id)) {
 		cap_rpc_msg_fini(&msg);
 		return;	/* answers to cancels, or nothing of ours */
 	}
@@ -878,8 +887,9 @@ static void on_answer(void *ud, const char *p, size_t n)
 
 static void on_answer_too_long(void *ud)
 {
-	(void)ud;
-	cap_log(CAP_LOG_WARN, "the controller sent a line over %u bytes; dropped", CAP_RPC_LINE_MAX);
+	struct mcp *m = ud;
+	cap_log(CAP_LOG_WARN, "the controller sent an answer over %zu bytes", m->srv_in.max);
+	m->srv_broken = true;	/* an answer lost: its call would never end */
 }
 
 static int connect_to(const char *path, struct cap_err *err)
@@ -952,7 +962,8 @@ static int run_remote(struct mcp *m, struct cap_err *err)
 		if (p[0].revents)
 			read_stdin(m);
 		if (p[1].revents & (POLLIN | POLLHUP | POLLERR))
-			lost = cap_rpc_read(&m->srv_in, m->srv_fd, on_answer, on_answer_too_long, m) == 0;
+			lost = cap_rpc_read(&m->srv_in, m->srv_fd, on_answer, on_answer_too_long, m) == 0 ||
+			       m->srv_broken;
 		if (cap_rpc_flush(&m->srv_out, m->srv_fd) < 0)
 			lost = true;
 		if (!write_stdout(m))
@@ -985,6 +996,8 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 	struct mcp m = { .cfg = cfg, .srv_fd = -1, .next_rid = 1 };
 	cap_rpc_reader_init(&m.in);
 	cap_rpc_reader_init(&m.srv_in);
+	/* The server's answers: a 64 MiB read, every byte escaped (6x). */
+	m.srv_in.max = (size_t)6 * (64u << 20) + (1u << 20);
 	cap_buf_init(&m.out);
 	cap_buf_init(&m.srv_out);
 	if (cfg->owned_image)

@@ -202,10 +202,12 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	if (flock(dfd, LOCK_EX | (made ? 0 : LOCK_NB)) < 0)
 		return cap_err_set(err, EINPROGRESS, "sandbox '%s' is being created by another process; try again in a moment",
 				   rec->name);
+	/* Complete, even if this call made the directory: another creator
+	 * may have taken it over between our mkdir and our lock. */
+	if (access(recp, F_OK) == 0)
+		return cap_err_set(err, EEXIST, "a sandbox named '%s' already exists (%s); pick another name or `capsule rm %s`",
+				   rec->name, dir, rec->name);
 	if (!made) {
-		if (access(recp, F_OK) == 0)
-			return cap_err_set(err, EEXIST, "a sandbox named '%s' already exists (%s); pick another name or `capsule rm %s`",
-					   rec->name, dir, rec->name);
 		/* Never complete, never used by a guest: what a creation that
 		 * was killed left. Made again from scratch. */
 		cap_log(CAP_LOG_WARN, "%s holds the remains of an interrupted creation (no record.json); making it again",

@@ -271,6 +271,10 @@ static void f_kill(void *ud, const char *name)
 	f->kills++;
 	if (s && s->vm)
 		vm_die(s->vm);
+	if (s) {	/* the shim is gone, and its QEMU with it */
+		s->st = CAP_VM_STOPPED;
+		s->serving = false;
+	}
 }
 
 static struct fstream *stream_new(struct fvm *v, bool file, const char *what,
@@ -830,7 +834,7 @@ static void report(struct t *t, struct fjob *x, int r, const char *msg, bool has
 	x->out.changed = changed;
 	if (r == 0) {
 		s->has_source = has_source;
-		if (x->kind == CAP_CTL_JOB_START) {
+		if (x->kind == CAP_CTL_JOB_START || x->kind == CAP_CTL_JOB_WAIT) {
 			s->exists = true;
 			s->st = CAP_VM_RUNNING;
 			s->serving = !s->start_unserved;
@@ -1414,7 +1418,8 @@ static void failed_start_fails_the_queue(void **state)
 	assert_int_equal(t->f.attaches, 0);
 	assert_false(cap_vm_state_resident(status(t, "a").state));
 
-	/* The job succeeds but no shim serves: attach fails, so does the call. */
+	/* The job succeeds but the shim cannot be attached: the call fails,
+	 * and the shim is stopped rather than left running unowned. */
 	assert_non_null(submit_exec(t->c, &t->fe1, "a", "three", 3));
 	UNTIL(t, t->f.njobs == 2);
 	sb_of(t, "a")->start_unserved = true;
@@ -1423,7 +1428,8 @@ static void failed_start_fails_the_queue(void **state)
 	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_ESANDBOX);
 	assert_non_null(strstr(must_get(&t->fe1, 3)->msg, "no serving shim"));
 	assert_int_equal(t->f.nstarted, 0);
-	assert_false(cap_vm_state_resident(status(t, "a").state));
+	assert_int_equal(t->f.kills, 1);
+	UNTIL(t, !cap_vm_state_resident(status(t, "a").state));
 }
 
 /* --- 11. public data checked before each call ---------------------------------------- */
@@ -1798,7 +1804,7 @@ static void recovery_reattaches_and_reaps(void **state)
 	assert_string_equal(t->f.reaped, "t-dead");
 	assert_int_equal(t->f.njobs, 1);
 	assert_string_equal(t->f.jobs[0].name, "t-boot");
-	assert_int_equal(t->f.jobs[0].kind, CAP_CTL_JOB_START);
+	assert_int_equal(t->f.jobs[0].kind, CAP_CTL_JOB_WAIT);	/* waits, never starts */
 	assert_false(t->f.jobs[0].create);
 	assert_string_equal(state_of(t, "live"), "running");
 	assert_true(status(t, "live").idle_ms >= 0);	/* in memory */

@@ -222,6 +222,7 @@ struct mcp_call {
 	enum cap_ctl_kind kind;
 	uint64_t offset;	/* first line or entry, 1-based */
 	uint32_t limit;	/* lines or entries */
+	uint32_t timeout_s;	/* run_command */
 	char shown[4300];	/* the path as the model sees it, /source/... */
 	struct cap_ctl_call *call;	/* local */
 	long long rid;	/* remote: the request's id on the server's socket */
@@ -403,7 +404,7 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 		int status = code ? cap_exit_status(ex) : 0;
 		char head[200];
 		if (timed)
-			snprintf(head, sizeof(head), "timed out after %u s; the command was killed\n", m->cfg->run_timeout_s);
+			snprintf(head, sizeof(head), "timed out after %u s; the command was killed\n", mc->timeout_s);
 		else if (code)
 			snprintf(head, sizeof(head), "exit code %d\n", status);
 		else
@@ -585,6 +586,10 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 	json_t *v;
 	const char *path = json_string_value(json_object_get(args, "path"));
 	const char *root = json_string_value(json_object_get(args, "root"));
+	if (t == CAP_TOOL_WRITE_FILE && root && strcmp(root, "workspace") != 0) {
+		free(mc);
+		return error_to(m, id, CAP_RPC_PARAMS, "write_file writes to your workspace (/work) only; root \"%s\" cannot be written", root);
+	}
 	bool workspace = (root && strcmp(root, "workspace") == 0) || t == CAP_TOOL_WRITE_FILE;
 	const char *problem = NULL;
 	if (t != CAP_TOOL_RUN_COMMAND) {
@@ -633,11 +638,12 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 			free(mc);
 			return error_to(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string of at most 1 MiB) and an optional \"timeout\" from 1 to 3600");
 		}
+		mc->timeout_s = (uint32_t)(to ? json_integer_value(to) : m->cfg->run_timeout_s);
 		const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
 		char *env[] = { NULL };
 		struct cap_exec_req x = {
 			.argv = (char **)argv, .argc = 3, .env = env,
-			.timeout_ms = (uint32_t)(to ? json_integer_value(to) : m->cfg->run_timeout_s) * 1000,
+			.timeout_ms = mc->timeout_s * 1000,
 			.output_cap = 256 * 1024,
 		};
 		req = (struct cap_ctl_req){ .kind = CAP_CTL_EXEC, .exec = &x };

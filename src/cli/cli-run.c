@@ -2,11 +2,13 @@
  * VM removed on every path (normal end, failure, Ctrl-C, SIGTERM). */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "named.h"
 #include "paths.h"
 #include "sandbox.h"
 #include "store.h"
@@ -18,12 +20,16 @@ static const char usage[] =
 	"Boot a fresh microVM, run COMMAND in it as UID 1000, stream its stdout and\n"
 	"stderr as they are produced, then stop and remove the VM. Exits with the\n"
 	"command's exit code (128+N when killed by signal N, 124 on timeout, 125 when\n"
-	"capsule itself fails, 126/127 when the command cannot run or is not found).\n"
+	"capsule itself fails, 126/127 when the command cannot run or is not found,\n"
+	"2 for a usage error such as a size out of bounds).\n"
 	"Standard input is forwarded when it is not a terminal, or with -i.\n"
 	"\n"
 	"Options:\n"
-	"  --cpus N            Virtual CPUs (default 1)\n"
-	"  --memory MIB        Guest memory in MiB (default 512)\n"
+	"  --cpus N            Virtual CPUs, 1 to 16 and at most the host's online\n"
+	"                      CPUs (default 1)\n"
+	"  --memory MIB        Guest memory in MiB, 128 up to the host's less a reserve\n"
+	"                      (the larger of 512 MiB and a tenth; default 512)\n"
+	"  --force-size        Allow more vCPUs or memory than the host has\n"
 	"  --timeout S         Wall-clock limit in seconds, 0 for none (default 30);\n"
 	"                      the whole process group is killed when it expires\n"
 	"  --output-cap BYTES  Limit on stdout+stderr (default 262144); the rest is\n"
@@ -49,6 +55,7 @@ int cap_cli_run(int argc, char **argv)
 		{ "accel", required_argument, NULL, CAP_OPT_ACCEL },
 		{ "console-log", required_argument, NULL, CAP_OPT_CONSOLE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
+		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
 		{ "env", required_argument, NULL, 'e' },
 		{ "workdir", required_argument, NULL, 'w' },
 		{ "interactive", no_argument, NULL, 'i' },
@@ -60,7 +67,7 @@ int cap_cli_run(int argc, char **argv)
 	struct cap_sandbox_opts so;
 	struct cap_cli_exec x;
 	const char *source = NULL;
-	bool verbose = false;
+	bool verbose = false, force_size = false;
 	unsigned long v;
 	int c, k;
 
@@ -73,19 +80,23 @@ int cap_cli_run(int argc, char **argv)
 		if (k > 0)
 			continue;
 		switch (c) {
+		/* The bounds are the library's (cap_named_check_size). */
 		case CAP_OPT_CPUS:
-			if (cap_cli_parse_uint(optarg, 1, 64, &v) < 0) {
-				cap_cli_error("--cpus '%s' is not a number from 1 to 64", optarg);
-				return 2;
+			if (cap_cli_parse_uint(optarg, 0, UINT_MAX, &v) < 0) {
+				cap_cli_error("--cpus '%s' is not a number", optarg);
+				return CAP_EXIT_USAGE;
 			}
 			so.cpus = (unsigned)v;
 			break;
 		case CAP_OPT_MEMORY:
-			if (cap_cli_parse_uint(optarg, 64, 65536, &v) < 0) {
-				cap_cli_error("--memory '%s' is not a size in MiB from 64 to 65536", optarg);
-				return 2;
+			if (cap_cli_parse_uint(optarg, 0, UINT_MAX, &v) < 0) {
+				cap_cli_error("--memory '%s' is not a size in MiB", optarg);
+				return CAP_EXIT_USAGE;
 			}
 			so.memory_mib = (unsigned)v;
+			break;
+		case CAP_OPT_FORCE_SIZE:
+			force_size = true;
 			break;
 		case CAP_OPT_ACCEL:
 			if (cap_engine_accel_parse(optarg, &so.accel) < 0) {
@@ -119,6 +130,10 @@ int cap_cli_run(int argc, char **argv)
 
 	struct cap_sandbox *sb = NULL;
 	struct cap_err err = { 0 };
+	if (cap_named_check_size(so.cpus, so.memory_mib, 0, 0, force_size, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
+	}
 	_cleanup_free_ char *projdir = NULL, *projimg = NULL;
 	struct cap_vm_disk disk;
 	struct cap_setup setup = { .root_image = "", .root_upper = "", .work = "",

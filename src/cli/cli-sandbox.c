@@ -1,6 +1,7 @@
 /* Named sandboxes: create, start, stop, exec, shell, inspect, rm, ls. */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -39,6 +40,7 @@ static int fail(const struct cap_err *err)
 static const char create_usage[] =
 	"Usage: capsule create NAME [--image IMAGE] [--source DIR] [--cpus N]\n"
 	"                           [--memory MIB] [--root-size MIB] [--work-size MIB]\n"
+	"                           [--force-size]\n"
 	"\n"
 	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
 	"sha256:digest, default base) and a private /work disk that keeps its\n"
@@ -48,7 +50,12 @@ static const char create_usage[] =
 	"changed. node_modules entries are left out; symlinks, hard links,\n"
 	"devices, FIFOs, sockets and nested mounts are refused. Caps: 512 MiB and\n"
 	"100000 entries (CAPSULE_SOURCE_MAX_BYTES, CAPSULE_SOURCE_MAX_ENTRIES).\n"
-	"Defaults: 1 vCPU, 512 MiB memory, 256 MiB root, 512 MiB /work.\n";
+	"Defaults: 1 vCPU, 512 MiB memory, 256 MiB root, 512 MiB /work.\n"
+	"Bounds: 1 to 16 vCPUs and at most the host's online CPUs; 128 MiB of\n"
+	"memory up to the host's less a reserve (the larger of 512 MiB and a\n"
+	"tenth); disks of 16 MiB to 1 TiB, together at most the space free where\n"
+	"CAPSULE_HOME is (they are sparse). --force-size lifts the host's bounds.\n"
+	"A value out of bounds exits 2, naming the value and the bound.\n";
 
 int cap_cli_create(int argc, char **argv)
 {
@@ -59,6 +66,7 @@ int cap_cli_create(int argc, char **argv)
 		{ "root-size", required_argument, NULL, CAP_OPT_ROOT_SIZE },
 		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
+		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -72,7 +80,6 @@ int cap_cli_create(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		const char *what = NULL;
 		unsigned *field = NULL;
-		unsigned long lo = 1, hi = 1048576;
 		switch (c) {
 		case CAP_OPT_IMAGE:
 			snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", optarg);
@@ -84,10 +91,14 @@ int cap_cli_create(int argc, char **argv)
 			}
 			snprintf(rec.source, sizeof(rec.source), "%s", optarg);
 			continue;
-		case CAP_OPT_CPUS: what = "--cpus"; field = &rec.cpus; hi = 64; break;
-		case CAP_OPT_MEMORY: what = "--memory"; field = &rec.memory_mib; lo = 64; hi = 65536; break;
-		case CAP_OPT_ROOT_SIZE: what = "--root-size"; field = &rec.root_size_mib; lo = 16; break;
-		case CAP_OPT_WORK_SIZE: what = "--work-size"; field = &rec.work_size_mib; lo = 16; break;
+		case CAP_OPT_FORCE_SIZE:
+			rec.force_size = true;
+			continue;
+		/* The bounds are the library's (cap_named_check_size). */
+		case CAP_OPT_CPUS: what = "--cpus"; field = &rec.cpus; break;
+		case CAP_OPT_MEMORY: what = "--memory"; field = &rec.memory_mib; break;
+		case CAP_OPT_ROOT_SIZE: what = "--root-size"; field = &rec.root_size_mib; break;
+		case CAP_OPT_WORK_SIZE: what = "--work-size"; field = &rec.work_size_mib; break;
 		case 'h':
 			fputs(create_usage, stdout);
 			return 0;
@@ -95,9 +106,9 @@ int cap_cli_create(int argc, char **argv)
 			fputs(create_usage, stderr);
 			return 2;
 		}
-		if (cap_cli_parse_uint(optarg, lo, hi, &v) < 0) {
-			cap_cli_error("%s '%s' is not a number from %lu to %lu", what, optarg, lo, hi);
-			return 2;
+		if (cap_cli_parse_uint(optarg, 0, UINT_MAX, &v) < 0) {
+			cap_cli_error("%s '%s' is not a number", what, optarg);
+			return CAP_EXIT_USAGE;
 		}
 		*field = (unsigned)v;
 	}
@@ -105,11 +116,11 @@ int cap_cli_create(int argc, char **argv)
 		fputs(create_usage, stderr);
 		return 2;
 	}
-	if (cap_named_check_name(argv[optind], &err) < 0)
-		return fail(&err);
 	snprintf(rec.name, sizeof(rec.name), "%s", argv[optind]);
-	if (cap_named_create(&rec, NULL, NULL, &err) < 0)
-		return fail(&err);
+	if (cap_named_check_name(argv[optind], &err) < 0 || cap_named_create(&rec, NULL, NULL, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return err.code == EINVAL || err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
+	}
 	printf("created sandbox %s (image %s, %s)\n", rec.name, rec.image_ref, rec.image);
 	if (rec.source[0])
 		printf("public data: %s, %llu entries, %llu bytes\n", rec.source,

@@ -31,7 +31,12 @@ enum {
 	CAP_OPT_TIMEOUT = 256, CAP_OPT_OUTPUT_CAP, CAP_OPT_CPUS, CAP_OPT_MEMORY,
 	CAP_OPT_ACCEL, CAP_OPT_CONSOLE, CAP_OPT_IMAGE, CAP_OPT_ROOT_SIZE,
 	CAP_OPT_WORK_SIZE, CAP_OPT_FORCE, CAP_OPT_NAME, CAP_OPT_SOURCE,
+	CAP_OPT_FORCE_SIZE,
 };
+
+/* Exit code of a usage error: a bad option or value, a size out of its
+ * bounds (the library's -EINVAL and -ERANGE for what was asked). */
+#define CAP_EXIT_USAGE 2
 
 struct cap_cli_exec {
 	struct cap_exec_req req;	/* argv borrowed from main's argv */

@@ -31,10 +31,34 @@ struct cap_record {
 	char source_fp[65];
 	uint64_t source_entries;
 	uint64_t source_bytes;
+	/* For cap_named_create only, never recorded: lift the host bounds
+	 * of cap_named_check_size. */
+	bool force_size;
 };
 
 /* Defaults of DESIGN §5: 1 vCPU, 512 MiB, 256 MiB root, 512 MiB /work. */
 void cap_record_init(struct cap_record *r);
+
+/* Size bounds. Fixed: 1 to 16 vCPUs, 128 MiB to 1 TiB of memory, disks
+ * of 16 MiB to 1 TiB. The host's, lifted by force: vCPUs up to its online
+ * CPUs; memory up to its MemTotal less a reserve of the larger of 512 MiB
+ * and a tenth of it; the two disks together up to the space free (to an
+ * unprivileged user) on the file system holding CAPSULE_HOME — they are
+ * sparse, but a guest may fill them, and a full host disk is what stops
+ * every sandbox's writes. */
+#define CAP_CPUS_MAX 16
+#define CAP_MEMORY_MIN_MIB 128
+#define CAP_MEMORY_MAX_MIB 1048576
+#define CAP_MEMORY_RESERVE_MIB 512
+#define CAP_DISK_MIN_MIB 16
+#define CAP_DISK_MAX_MIB 1048576
+
+/* Check a sandbox's sizes against those bounds (root_mib and work_mib 0:
+ * no disks, as for capsule run). -ERANGE with err naming the value, the
+ * bound and --force-size where it helps; -errno (err set) when the host
+ * cannot be measured. */
+int cap_named_check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
+			 unsigned work_mib, bool force, struct cap_err *err);
 
 /* Check a sandbox name: 1 to 48 of a-z, 0-9, '_', '-', starting with a
  * letter or digit, so that it can never leave the sandboxes directory.
@@ -45,9 +69,11 @@ int cap_named_check_name(const char *name, struct cap_err *err);
 char *cap_named_root(void);
 char *cap_named_dir(const char *name);
 
-/* Create the sandbox: resolve and verify the image (rec->image_ref), make
- * the directory and both disks, write record.json. Fails with -EEXIST if
- * the name is taken; on failure nothing is left behind. */
+/* Create the sandbox: check its name (-EINVAL) and sizes
+ * (cap_named_check_size with rec->force_size: -ERANGE), resolve and verify
+ * the image (rec->image_ref), make the directory and both disks (0600),
+ * write record.json. Fails with -EEXIST if the name is taken; on failure
+ * nothing is left behind. */
 int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		     void *ud, struct cap_err *err);
 

@@ -3,13 +3,16 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,12 +64,77 @@ static char *in_dir(const char *name, const char *file)
 	return xasprintf("%s/%s", dir, file);
 }
 
+/* MiB free to an unprivileged user on the file system holding path, or
+ * its nearest existing parent (CAPSULE_HOME may not exist yet). */
+static int free_mib(const char *path, uint64_t *out)
+{
+	_cleanup_free_ char *p = xstrdup(path);
+	struct statvfs vfs;
+	while (statvfs(p, &vfs) < 0) {
+		char *slash = strrchr(p, '/');
+		if (errno != ENOENT || !slash || slash == p)
+			return -errno;
+		*slash = '\0';
+	}
+	*out = (uint64_t)vfs.f_bavail * vfs.f_frsize >> 20;
+	return 0;
+}
+
+int cap_named_check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
+			 unsigned work_mib, bool force, struct cap_err *err)
+{
+	if (cpus < 1 || cpus > CAP_CPUS_MAX)
+		return cap_err_set(err, ERANGE, "--cpus %u is out of range: 1 to %d vCPUs", cpus, CAP_CPUS_MAX);
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	if (!force && online > 0 && cpus > (unsigned long)online)
+		return cap_err_set(err, ERANGE, "--cpus %u is more than this host's %ld online CPUs; ask for at most %ld, or add --force-size to overcommit",
+				   cpus, online, online);
+	if (memory_mib < CAP_MEMORY_MIN_MIB || memory_mib > CAP_MEMORY_MAX_MIB)
+		return cap_err_set(err, ERANGE, "--memory %u MiB is out of range: %d to %d MiB", memory_mib,
+				   CAP_MEMORY_MIN_MIB, CAP_MEMORY_MAX_MIB);
+	struct sysinfo si;
+	if (!force && sysinfo(&si) == 0) {
+		uint64_t total = (uint64_t)si.totalram * si.mem_unit >> 20;
+		uint64_t reserve = CAP_MAX((uint64_t)CAP_MEMORY_RESERVE_MIB, total / 10);
+		uint64_t most = total > reserve ? total - reserve : 0;
+		if (memory_mib > most)
+			return cap_err_set(err, ERANGE, "--memory %u MiB is more than this host can give: at most %" PRIu64 " MiB (its %" PRIu64 " MiB less a reserve of %" PRIu64 " MiB, the larger of %d MiB and a tenth); ask for less, or add --force-size",
+					   memory_mib, most, total, reserve, CAP_MEMORY_RESERVE_MIB);
+	}
+	if (!root_mib && !work_mib)
+		return 0;
+	if (root_mib < CAP_DISK_MIN_MIB || root_mib > CAP_DISK_MAX_MIB)
+		return cap_err_set(err, ERANGE, "--root-size %u MiB is out of range: %d to %d MiB", root_mib,
+				   CAP_DISK_MIN_MIB, CAP_DISK_MAX_MIB);
+	if (work_mib < CAP_DISK_MIN_MIB || work_mib > CAP_DISK_MAX_MIB)
+		return cap_err_set(err, ERANGE, "--work-size %u MiB is out of range: %d to %d MiB", work_mib,
+				   CAP_DISK_MIN_MIB, CAP_DISK_MAX_MIB);
+	if (force)
+		return 0;
+	_cleanup_free_ char *home = cap_home_dir();
+	uint64_t avail = 0;
+	int r = free_mib(home, &avail);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot tell the free space of %s: %s", home, strerror(-r));
+	uint64_t want = (uint64_t)root_mib + work_mib;
+	if (want > avail)
+		return cap_err_set(err, ERANGE, "--root-size %u MiB and --work-size %u MiB (%" PRIu64 " MiB together) are more than the %" PRIu64 " MiB free on the file system holding %s; the disks are sparse, but a guest that fills them would fill it: ask for less, free space, or add --force-size",
+				   root_mib, work_mib, want, avail, home);
+	return 0;
+}
+
 static int make_disk(const char *path, unsigned mib, bool tool_owned,
 		     const char *label, struct cap_err *err)
 {
 	char size[32], owner[64];
 	snprintf(size, sizeof(size), "%uM", mib);
 	snprintf(owner, sizeof(owner), "root_owner=%d:%d", tool_owned ? 1000 : 0, tool_owned ? 1000 : 0);
+	/* Made 0600 first (mke2fs keeps the mode of a file it is given):
+	 * only its owner reads a disk; the jail hands QEMU a descriptor. */
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot create disk %s: %s", path, strerror(errno));
+	close(fd);
 	/* No reserved blocks: the whole size is the sandbox's quota. */
 	char *argv[] = { "mke2fs", "-q", "-F", "-t", "ext4", "-m", "0", "-L", (char *)label,
 			 "-E", owner, (char *)path, size, NULL };
@@ -161,14 +229,9 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	int r;
 	if ((r = cap_named_check_name(rec->name, err)) < 0)
 		return r;
-	if (rec->cpus < 1 || rec->cpus > 64)
-		return cap_err_set(err, EINVAL, "--cpus %u is out of range (1 to 64)", rec->cpus);
-	if (rec->memory_mib < 64 || rec->memory_mib > 65536)
-		return cap_err_set(err, EINVAL, "--memory %u MiB is out of range (64 to 65536)", rec->memory_mib);
-	if (rec->root_size_mib < 16 || rec->root_size_mib > 1048576)
-		return cap_err_set(err, EINVAL, "--root-size %u MiB is out of range (16 to 1048576)", rec->root_size_mib);
-	if (rec->work_size_mib < 16 || rec->work_size_mib > 1048576)
-		return cap_err_set(err, EINVAL, "--work-size %u MiB is out of range (16 to 1048576)", rec->work_size_mib);
+	if ((r = cap_named_check_size(rec->cpus, rec->memory_mib, rec->root_size_mib,
+				      rec->work_size_mib, rec->force_size, err)) < 0)
+		return r;
 
 	if (rec->source[0]) {
 		char real[4096];

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,7 @@ struct walk {
 	const struct cap_projection_limits *lim;
 	struct cap_sha256 hash;
 	uint64_t entries, bytes;
+	size_t longest;	/* bytes of the longest path seen */
 	dev_t rootdev;
 	bool keep;	/* record entries for a copy */
 	struct seen *v;
@@ -136,9 +138,44 @@ static const char *kind(mode_t m)
 	}
 }
 
-/* Check one entry against the rules; count it and feed the fingerprint. */
-static int admit(struct walk *w, const char *rel, const struct stat *st)
+/* rel as a message shows it: whole when short, else its start and its
+ * end around the number of bytes left out (buf holds the result). */
+static const char *shown(const char *rel, char *buf, size_t size)
 {
+	size_t n = strlen(rel);
+	if (n <= 300)
+		return rel;
+	snprintf(buf, size, "%.100s[... %zu bytes ...]%s", rel, n - 200, rel + n - 100);
+	return buf;
+}
+
+/* The shape limits of the image builder (store.h): a name, a path, a
+ * depth it cannot take is refused here, so that what the scan passes
+ * builds. */
+static int shape(struct walk *w, const char *rel, size_t name_len, unsigned depth)
+{
+	char buf[256];
+	size_t len = strlen(rel);
+	if (name_len > CAP_PROJECTION_NAME_MAX)
+		return cap_err_set(w->err, ENAMETOOLONG, "public data %s has a name of %zu bytes, over the limit of %d bytes (the erofs image builder cuts longer names); rename it",
+				   shown(rel, buf, sizeof(buf)), name_len, CAP_PROJECTION_NAME_MAX);
+	if (len > CAP_PROJECTION_PATH_MAX)
+		return cap_err_set(w->err, ENAMETOOLONG, "public data %s is a path of %zu bytes, over the limit of %d bytes (the erofs image builder cannot take longer ones); shorten it",
+				   shown(rel, buf, sizeof(buf)), len, CAP_PROJECTION_PATH_MAX);
+	if (depth > CAP_PROJECTION_DEPTH_MAX)
+		return cap_err_set(w->err, ENAMETOOLONG, "public data %s is %u levels deep, over the limit of %d levels; flatten the tree",
+				   shown(rel, buf, sizeof(buf)), depth, CAP_PROJECTION_DEPTH_MAX);
+	w->longest = CAP_MAX(w->longest, len);
+	return 0;
+}
+
+/* Check one entry against the rules; count it and feed the fingerprint. */
+static int admit(struct walk *w, const char *rel, size_t name_len, unsigned depth,
+		 const struct stat *st)
+{
+	int r = shape(w, rel, name_len, depth);
+	if (r < 0)
+		return r;
 	if (S_ISREG(st->st_mode)) {
 		if (st->st_nlink > 1)
 			return cap_err_set(w->err, EPERM, "public data %s is a hard-linked file (%ju links); hard links are not allowed in public data: copy the file instead",
@@ -173,7 +210,7 @@ static char *join(const char *rel, const char *name)
 	return *rel ? xasprintf("%s/%s", rel, name) : xstrdup(name);
 }
 
-static int scan_dir(struct walk *w, int dfd, const char *rel)
+static int scan_dir(struct walk *w, int dfd, const char *rel, unsigned depth)
 {
 	char **names;
 	size_t n;
@@ -189,7 +226,7 @@ static int scan_dir(struct walk *w, int dfd, const char *rel)
 			r = cap_err_set(w->err, errno, "cannot read public data %s: %s", path, strerror(errno));
 			break;
 		}
-		if ((r = admit(w, path, &st)) < 0)
+		if ((r = admit(w, path, strlen(names[i]), depth + 1, &st)) < 0)
 			break;
 		if (!S_ISDIR(st.st_mode))
 			continue;
@@ -202,7 +239,7 @@ static int scan_dir(struct walk *w, int dfd, const char *rel)
 				close(cfd);
 			break;
 		}
-		r = scan_dir(w, cfd, path);
+		r = scan_dir(w, cfd, path, depth + 1);
 		close(cfd);
 	}
 	free_names(names, n);
@@ -229,7 +266,7 @@ static int scan(const char *dir, struct walk *w, struct cap_projection_info *out
 	if (fd < 0)
 		return fd;
 	cap_sha256_init(&w->hash);
-	int r = scan_dir(w, fd, "");
+	int r = scan_dir(w, fd, "", 0);
 	close(fd);
 	cap_sha256_final_hex(&w->hash, out->fingerprint);
 	if (r < 0)
@@ -378,6 +415,17 @@ int cap_projection_build_hook(const char *dir, const struct cap_projection_limit
 	}
 	staged = true;
 	chmod(stage, 0755);
+	/* mkfs.erofs takes the staged copy by its real path, which with the
+	 * longest path in the tree must stay within 4095 bytes. */
+	char real[PATH_MAX];
+	size_t slen = realpath(stage, real) ? strlen(real) : PATH_MAX;
+	if (slen + 1 + w.longest > CAP_PROJECTION_BUILD_PATH_MAX) {
+		char buf[256];
+		r = cap_err_set(err, ENAMETOOLONG, "cannot make the public data image: its staging directory's real path (%zu bytes) and the longest path in the public data (%zu bytes) are more than the %d bytes the erofs image builder takes; use a shorter CAPSULE_HOME or destination (within %d bytes every tree that passes the check fits): %s",
+				slen, w.longest, CAP_PROJECTION_BUILD_PATH_MAX,
+				CAP_PROJECTION_BUILD_PATH_MAX - 1 - CAP_PROJECTION_PATH_MAX, shown(stage, buf, sizeof(buf)));
+		goto out;
+	}
 	sfd = open(stage, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if ((rootfd = open_root(dir, &w, err)) < 0) {
 		r = rootfd;
@@ -393,6 +441,16 @@ int cap_projection_build_hook(const char *dir, const struct cap_projection_limit
 		r = changed(&w, w.v[w.next].rel, "it disappeared after validation");
 		goto out;
 	}
+	/* Made 0600 before mkfs.erofs writes it (it keeps the mode): like
+	 * every disk of a sandbox, readable by its owner only. */
+	int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (tfd < 0 || fchmod(tfd, 0600) < 0) {
+		r = cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
+		if (tfd >= 0)
+			close(tfd);
+		goto out;
+	}
+	close(tfd);
 	char *argv[] = { "mkfs.erofs", "--quiet", "-T0", "-U00000000-0000-0000-0000-000000000000",
 			 "--all-root", "-x-1", tmp, stage, NULL };
 	if ((r = cap_run(argv, NULL, NULL, err)) < 0) {

@@ -119,6 +119,19 @@ struct cap_projection_limits {
 int cap_projection_limits_init(struct cap_projection_limits *l,
 			       struct cap_err *err);
 
+/* The shape of a tree the erofs image builder (mkfs.erofs 1.5, Debian 12)
+ * takes, measured: it cuts names to 254 bytes (a 255-byte name then fails
+ * with "No such file or directory"); it aborts ("buffer overflow
+ * detected") on a staged file whose real path is over 4095 bytes; it
+ * recurses with about 4.3 KiB of stack per level (a segfault at ~1960
+ * levels with 8 MiB of stack, ~470 with 2 MiB), and the copy holds two
+ * descriptors per level. A path of at most 3072 bytes leaves 1022 for the
+ * staging directory and keeps /source/PATH within PATH_MAX in the guest. */
+#define CAP_PROJECTION_NAME_MAX 254	/* bytes of one name */
+#define CAP_PROJECTION_PATH_MAX 3072	/* bytes of a path below the tree's top */
+#define CAP_PROJECTION_DEPTH_MAX 128	/* names in a path */
+#define CAP_PROJECTION_BUILD_PATH_MAX 4095	/* staging directory + "/" + path */
+
 struct cap_projection_info {
 	char fingerprint[65];	/* SHA-256 over every entry's path and metadata */
 	uint64_t entries;
@@ -127,18 +140,24 @@ struct cap_projection_info {
 
 /* Walk and validate the tree at dir without reading file contents: the
  * cheap check done before each call. Entries named node_modules (any
- * case) are skipped and never entered. Symlinks, hard-linked files,
- * devices, FIFOs, sockets and nested mount points fail with -EPERM, err
- * naming the path and the rule; a cap exceeded fails with -EFBIG naming
- * the cap and the measured size. */
+ * case) are skipped and never entered. Each entry, in walk order, is
+ * checked first against the shape limits above (-ENAMETOOLONG, err naming
+ * the path, shortened when long, the measure and the limit), then against
+ * the rules: symlinks, hard-linked files, devices, FIFOs, sockets and
+ * nested mount points fail with -EPERM, err naming the path and the rule.
+ * A cap exceeded fails with -EFBIG naming the cap and the measured size.
+ * A tree the scan passes builds, given a staging directory whose real
+ * path is within 4095 - 1 - CAP_PROJECTION_PATH_MAX bytes. */
 int cap_projection_scan(const char *dir, const struct cap_projection_limits *l,
 			struct cap_projection_info *out, struct cap_err *err);
 
-/* Validate, then copy the tree into a private staging directory (every
- * entry opened relative to its already-opened parent with O_NOFOLLOW, its
- * fstat checked against what was validated), then make an erofs image at
- * path (written to a temporary name and renamed). -ESTALE when the tree
- * changed under the copy. */
+/* Validate, then copy the tree into a private staging directory next to
+ * path (every entry opened relative to its already-opened parent with
+ * O_NOFOLLOW, its fstat checked against what was validated), then make an
+ * erofs image at path, mode 0600 (written to a temporary name and
+ * renamed). -ESTALE when the tree changed under the copy; -ENAMETOOLONG
+ * when the staging directory's real path and the tree's longest path are
+ * more than CAP_PROJECTION_BUILD_PATH_MAX bytes together. */
 int cap_projection_build(const char *dir, const struct cap_projection_limits *l,
 			 const char *path, struct cap_projection_info *out,
 			 struct cap_err *err);

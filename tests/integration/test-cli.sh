@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..25"
+echo "1..42"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -91,9 +91,58 @@ CAPSULE_KERNEL=/nonexistent/vmlinux "$capsule" run -q -- true >"$out" 2>"$err"
 rc=$?
 check "a missing kernel is named, with what to do" '[ "$rc" -eq 125 ] && grep -q "/nonexistent/vmlinux" "$err" && grep -q "make kernel" "$err"'
 
-"$capsule" run --cpus 0 -- true >"$out" 2>"$err"
+# Sizes: refused at request time with exit 2, naming the value and the
+# bound, on run and create alike; --force-size lifts the host's bounds.
+ncpu=$(getconf _NPROCESSORS_ONLN)
+total=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
+reserve=$((total / 10 > 512 ? total / 10 : 512))
+most=$((total - reserve))
+avail=$(df -Pm "$rt" | awk 'NR == 2 { print $4 }')
+"$capsule" image build base >/dev/null 2>&1
+refused() { # refused VERB 'OPTIONS' 'MESSAGE'
+	if [ "$1" = run ]; then "$capsule" run -q $2 -- true >"$out" 2>"$err"
+	else "$capsule" create sz $2 >"$out" 2>"$err"; fi
+	rc=$? want=$3
+	check "$1 $2 is refused with exit 2 ($rc), naming the value and the bound" '[ "$rc" -eq 2 ] && grep -qF -- "$want" "$err" && [ ! -e "$CAPSULE_HOME/sandboxes/sz" ]'
+}
+for verb in run create; do
+	refused $verb "--cpus 0" "--cpus 0 is out of range: 1 to 16 vCPUs"
+	refused $verb "--cpus 17" "--cpus 17 is out of range: 1 to 16 vCPUs"
+	if [ "$ncpu" -lt 16 ]; then
+		refused $verb "--cpus $((ncpu + 1))" "--cpus $((ncpu + 1)) is more than this host's $ncpu online CPUs"
+	else
+		skip "$verb --cpus above the host's CPUs is refused" "this host has 16 CPUs or more"
+	fi
+	refused $verb "--memory 127" "--memory 127 MiB is out of range: 128 to 1048576 MiB"
+	refused $verb "--memory $((most + 1))" "--memory $((most + 1)) MiB is more than this host can give: at most $most MiB (its $total MiB less a reserve of $reserve MiB"
+done
+refused create "--root-size 15" "--root-size 15 MiB is out of range: 16 to 1048576 MiB"
+refused create "--work-size 1048577" "--work-size 1048577 MiB is out of range: 16 to 1048576 MiB"
+if [ "$avail" -lt $((1048576 - 1024)) ]; then
+	refused create "--work-size $((avail + 1024))" "--work-size $((avail + 1024)) MiB ($((avail + 1024 + 256)) MiB together) are more than the"
+else
+	skip "create --work-size above the free space is refused" "more than 1 TiB free"
+fi
+"$capsule" create sz --memory "$most" >"$out" 2>"$err"
 rc=$?
-check "--cpus 0 is refused, naming the option" '[ "$rc" -eq 2 ] && grep -q -- "--cpus '\''0'\''" "$err"'
+check "create --memory $most, the host's bound itself, is accepted" '[ "$rc" -eq 0 ]'
+"$capsule" rm sz >/dev/null 2>&1
+if [ "$ncpu" -lt 16 ]; then
+	"$capsule" run -q --force-size --cpus $((ncpu + 1)) -- nproc >"$out" 2>"$err"
+	check "run --force-size --cpus $((ncpu + 1)) boots a guest with $((ncpu + 1)) vCPUs" 'grep -qx $((ncpu + 1)) "$out"'
+	"$capsule" create sz --force-size --cpus $((ncpu + 1)) >"$out" 2>"$err"
+	check "create --force-size --cpus $((ncpu + 1)) is accepted" '[ $? -eq 0 ] && grep -q "created sandbox sz" "$out"'
+else
+	skip "run --force-size above the host's CPUs" "this host has 16 CPUs or more"
+	"$capsule" create sz >"$out" 2>"$err"
+	skip "create --force-size above the host's CPUs" "this host has 16 CPUs or more"
+fi
+# A sandbox's disks are its owner's only; QEMU gets descriptors from the jail.
+modes=$(cd "$CAPSULE_HOME/sandboxes/sz" && stat -c '%a %n' root-upper.ext4 private.ext4 source.erofs | tr '\n' ' ')
+check "a created sandbox's disk files are 0600 ($modes)" '[ "$modes" = "600 root-upper.ext4 600 private.ext4 600 source.erofs " ]'
+"$capsule" exec sz -- true >"$out" 2>"$err"
+check "a sandbox with 0600 disks starts and runs a command" '[ $? -eq 0 ]'
+"$capsule" rm --force sz >/dev/null 2>&1
 
 "$capsule" run >"$out" 2>"$err"
 rc=$?

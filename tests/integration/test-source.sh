@@ -17,7 +17,7 @@ mkfifo "$pub/node_modules/x/pipe"
 mkdir "$pub/node_modules/locked" && chmod 000 "$pub/node_modules/locked"
 echo y >"$pub/sub/Node_Modules/y/file"
 
-echo "1..27"
+echo "1..37"
 
 c run -q --source "$pub" -- cat /source/a.txt /source/sub/deep/b.txt >"$out" 2>"$err"
 check "the projection is readable at /source" '[ "$(cat "$out")" = "$(printf "hi\ndeep")" ]'
@@ -66,10 +66,50 @@ check "a tree one entry over the cap is refused, naming both" '[ $? -eq 125 ] &&
 CAPSULE_SOURCE_MAX_ENTRIES=$entries c run -q --source "$pub" -- true >"$out" 2>"$err"
 check "a tree exactly at the cap is accepted" '[ $? -eq 0 ]'
 
+# What the erofs image builder cannot take is refused by `source check`
+# (the walk the build uses), naming the path and the limit: names over 254
+# bytes, paths over 3072 bytes, more than 128 levels. The limits
+# themselves build. (A 256-byte name cannot exist on Linux: NAME_MAX.)
+rep() { printf "%${2}s" "" | tr ' ' "$1"; }
+longpath() { # longpath CHAR LEN: a relative path of exactly LEN bytes
+	p="" left=$2
+	while [ "$left" -gt 201 ]; do p="$p$(rep "$1" 200)/"; left=$((left - 201)); done
+	echo "$p$(rep "$1" "$left")"
+}
+shape="$rt/shape"
+shapecheck() { # shapecheck LABEL 'MAKE' 'MESSAGE'
+	rm -rf "$shape" && mkdir -p "$shape" && (cd "$shape" && eval "$2")
+	c source check "$shape" >"$out" 2>"$err"
+	rc=$? want=$3
+	check "$1 is refused by source check (exit $rc), naming the path and the limit" '[ "$rc" -eq 125 ] && grep -qF -- "$want" "$err"'
+}
+n255=$(rep n 255)
+shapecheck "a 255-byte file name" 'mkdir sub && touch "sub/$n255"' "public data sub/$n255 has a name of 255 bytes, over the limit of 254 bytes"
+shapecheck "a 255-byte directory name" 'mkdir -p "$n255/x"' "public data $n255 has a name of 255 bytes, over the limit of 254 bytes"
+p3073=$(longpath p 3073)
+shapecheck "a path of 3073 bytes" 'mkdir -p "${p3073%/*}" && touch "$p3073"' "is a path of 3073 bytes, over the limit of 3072 bytes"
+check "the long path is shown shortened, its start and its end" 'grep -qF "public data $(rep p 100)[... 2873 bytes ...]" "$err" && grep -qF "$(echo "$p3073" | tail -c 101) is a path" "$err"'
+d129=$(printf 'd/%.0s' $(seq 128))f
+shapecheck "a file 129 levels deep" 'mkdir -p "${d129%/*}" && touch "$d129"' "is 129 levels deep, over the limit of 128 levels"
+
+# The longest of each: a 254-byte name, a 3072-byte path, 128 levels.
+p3072=$(longpath q 3072)
+d128=$(printf 'e/%.0s' $(seq 127))f
+rm -rf "$shape" && mkdir -p "$shape/${p3072%/*}" "$shape/${d128%/*}" && touch "$shape/$(rep n 254)" && echo longest >"$shape/$p3072" && touch "$shape/$d128"
+c source check "$shape" >"$out" 2>"$err" && c source build "$shape" "$rt/shape.erofs" >>"$out" 2>>"$err"
+rc=$?
+check "the longest name, path and depth pass source check and build (exit $rc), the image 0600" '[ "$rc" -eq 0 ] && [ "$(stat -c %a "$rt/shape.erofs")" = 600 ]'
+c run -q --source "$shape" -- cat "/source/$p3072" >"$out" 2>"$err"
+check "the guest reads the file at the longest path, /source/<3072 bytes>" 'grep -qx longest "$out"'
+rm -rf "$shape" "$rt/shape.erofs"
+
 # A named sandbox: host changes show up on the next call, /work intact.
 c image build base >/dev/null 2>&1
 c create s --source "$pub" >"$out" 2>"$err"
 check "create --source" 'grep -q "public data: $pub" "$out"'
+modes() { (cd "$CAPSULE_HOME/sandboxes/s" && stat -c '%a %n' root-upper.ext4 private.ext4 source.erofs | tr '\n' ' '); }
+m=$(modes)
+check "its disk files are 0600 ($m)" '[ "$m" = "600 root-upper.ext4 600 private.ext4 600 source.erofs " ]'
 c exec s -- sh -c 'cat /source/a.txt; echo mine > /work/w' >"$out" 2>"$err"
 pid1=$(c inspect s | sed -n 's/^processes: .*qemu \([0-9]*\)/\1/p')
 fp1=$(c inspect s | sed -n 's/^projection: .*fingerprint \([0-9a-f]*\)/\1/p')
@@ -81,6 +121,8 @@ c exec s -- sh -c 'cat /source/a.txt; cat /work/w' >"$out" 2>"$err"
 check "a host change shows up on the next call, /work intact" '[ "$(cat "$out")" = "$(printf "hi again\nmine")" ]'
 fp2=$(c inspect s | sed -n 's/^projection: .*fingerprint \([0-9a-f]*\)/\1/p')
 check "inspect shows the new fingerprint" '[ -n "$fp1" ] && [ "$fp1" != "$fp2" ]'
+m=$(modes)
+check "the rebuilt source.erofs is 0600 too ($m)" '[ "$m" = "600 root-upper.ext4 600 private.ext4 600 source.erofs " ]'
 ln -s /etc/passwd "$pub/sub/new-link"
 c exec s -- true >"$out" 2>"$err"
 check "a tree that breaks a rule fails the call, naming the path" '[ $? -ne 0 ] && grep -q "sub/new-link" "$err" && [ -f "$CAPSULE_HOME/sandboxes/s/private.ext4" ]'

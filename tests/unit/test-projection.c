@@ -159,6 +159,113 @@ static void build_makes_an_image(void **state)
 	assert_int_equal(info.entries, 4);
 }
 
+/* A relative path of exactly len bytes made of names of at most comp
+ * bytes (letters from first on), under pub/; its last name becomes a
+ * file. New string. */
+static char *long_path(size_t len, size_t comp, char first)
+{
+	char *rel = xmalloc(len + 1);
+	size_t at = 0;
+	for (int k = 0; at < len; k++) {
+		size_t n = CAP_MIN(comp, len - at);
+		if (len - at - n == 1)	/* no room for "/" and a name */
+			n--;
+		memset(rel + at, first + k % 20, n);
+		at += n;
+		if (at < len)
+			rel[at++] = '/';
+	}
+	rel[len] = '\0';
+	_cleanup_free_ char *in = xasprintf("pub/%s", rel);
+	put(in, "x");
+	return rel;
+}
+
+static void remove_under_pub(const char *rel)
+{
+	_cleanup_free_ char *first = xstrndup(rel, strcspn(rel, "/"));
+	_cleanup_free_ char *p = xasprintf("%s/pub/%s", top, first);
+	assert_int_equal(cap_remove_tree(p), 0);
+}
+
+/* What mkfs.erofs cannot take is refused by the scan, naming the path
+ * and the limit; the limit itself passes. */
+static void scan_refuses_what_the_image_cannot_hold(void **state)
+{
+	(void)state;
+	struct cap_projection_info info;
+	struct cap_err err = { 0 };
+	struct cap_projection_limits saved = lim;
+	lim.max_entries = 1000;	/* the deep trees below */
+	char name[256];
+	memset(name, 'n', 255);
+	name[255] = '\0';
+	_cleanup_free_ char *file255 = xasprintf("pub/sub/%s", name);
+	put(file255, "x");
+	assert_int_equal(scan(&info, &err), -ENAMETOOLONG);
+	assert_non_null(strstr(err.msg, file255 + 4));
+	assert_non_null(strstr(err.msg, "a name of 255 bytes, over the limit of 254 bytes"));
+	_cleanup_free_ char *p = at(file255);
+	unlink(p);
+	name[254] = '\0';
+	_cleanup_free_ char *dir254 = xasprintf("pub/%s/x", name);
+	put(dir254, "x");
+	assert_int_equal(scan(&info, &err), 0);
+	remove_under_pub(name);
+
+	_cleanup_free_ char *longest = long_path(CAP_PROJECTION_PATH_MAX, 200, 'a');
+	assert_int_equal(scan(&info, &err), 0);
+	remove_under_pub(longest);
+	_cleanup_free_ char *over = long_path(CAP_PROJECTION_PATH_MAX + 1, 200, 'a');
+	assert_int_equal(scan(&info, &err), -ENAMETOOLONG);
+	assert_non_null(strstr(err.msg, "a path of 3073 bytes, over the limit of 3072 bytes"));
+	assert_non_null(strstr(err.msg, "[... "));	/* shortened */
+	assert_true(strncmp(err.msg, "public data aaaa", 16) == 0);
+	remove_under_pub(over);
+
+	_cleanup_free_ char *deepest = long_path(2 * CAP_PROJECTION_DEPTH_MAX - 1, 1, 'a');
+	assert_int_equal(scan(&info, &err), 0);
+	remove_under_pub(deepest);
+	_cleanup_free_ char *deeper = long_path(2 * CAP_PROJECTION_DEPTH_MAX + 1, 1, 'a');
+	assert_int_equal(scan(&info, &err), -ENAMETOOLONG);
+	assert_non_null(strstr(err.msg, "is 129 levels deep, over the limit of 128 levels"));
+	lim = saved;
+}
+
+/* The longest name and path the scan passes build; the image is 0600; a
+ * staging directory too long for the tree is named before mkfs.erofs. */
+static void build_takes_what_the_scan_passes(void **state)
+{
+	(void)state;
+	struct cap_projection_info info;
+	struct cap_err err = { 0 };
+	char name[255];
+	memset(name, 'n', 254);
+	name[254] = '\0';
+	_cleanup_free_ char *file254 = xasprintf("pub/%s", name);
+	put(file254, "x");
+	_cleanup_free_ char *longest = long_path(CAP_PROJECTION_PATH_MAX, 200, 'a');
+	_cleanup_free_ char *pub = at("pub"), *img = at("out.erofs");
+	mode_t old = umask(022);
+	int r = cap_projection_build(pub, &lim, img, &info, &err);
+	umask(old);
+	assert_int_equal(r, 0);
+	struct stat st;
+	assert_int_equal(stat(img, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0600);
+
+	/* Destination deep enough that its staging path and the tree's
+	 * longest path are over 4095 bytes together. */
+	_cleanup_free_ char *deep = long_path(1100, 200, 'D');
+	remove_under_pub(deep);
+	_cleanup_free_ char *dest = xasprintf("%s/dest/%s", top, deep);
+	assert_int_equal(cap_mkdir_p(dest, 0755), 0);
+	_cleanup_free_ char *img2 = xasprintf("%s/out.erofs", dest);
+	assert_int_equal(cap_projection_build(pub, &lim, img2, &info, &err), -ENAMETOOLONG);
+	assert_non_null(strstr(err.msg, "the erofs image builder takes"));
+	assert_int_equal(access(img2, F_OK), -1);
+}
+
 /* Swaps done between validation and copy. */
 static void swap_file_for_symlink(void *ud)
 {
@@ -208,6 +315,8 @@ int main(void)
 		T(caps_name_the_cap_and_the_size),
 		T(fingerprint_follows_changes_only),
 		T(build_makes_an_image),
+		T(scan_refuses_what_the_image_cannot_hold),
+		T(build_takes_what_the_scan_passes),
 		T(copy_refuses_what_changed_after_validation),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "buf.h"
 #include "engine.h"
 #include "jail.h"
 #include "proc.h"
@@ -26,7 +27,11 @@ struct cap_vm {
 	pid_t pid;
 	int pidfd;
 	int qmp_fd;
+	struct cap_buf qmp_in;	/* bytes of QMP read, not yet a whole line */
+	bool qmp_gone;	/* the monitor closed: no more events */
 	int agent_fd;
+	unsigned io_errors;	/* BLOCK_IO_ERROR events not yet taken */
+	struct cap_vm_io_error io_last;	/* the latest of them */
 	bool exited;
 	int wstatus;
 	char exit_reason[128];
@@ -46,6 +51,7 @@ enum { FD_QMP, FD_AGENT, FD_CONSOLE, FD_DISK0 };
 #define FD_NUM(i) (3 + (i))
 
 int cap_vm_agent_fd(const struct cap_vm *vm) { return vm->agent_fd; }
+int cap_vm_event_fd(const struct cap_vm *vm) { return vm->qmp_gone ? -1 : vm->qmp_fd; }
 int cap_vm_exit_fd(const struct cap_vm *vm) { return vm->pidfd; }
 pid_t cap_vm_pid(const struct cap_vm *vm) { return vm->pid; }
 const char *cap_vm_exit_reason(const struct cap_vm *vm) { return vm->exit_reason; }
@@ -215,8 +221,13 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 			arg(a, xstrdup("-add-fd"));
 			arg(a, xasprintf("fd=%d,set=%d", FD_NUM(twin_slot(cfg, i)), slot + 1));
 		}
+		/* Errors are reported to the guest, never a reason to stop
+		 * it: QEMU's default for writes stops the VM on ENOSPC, which
+		 * froze a sandbox whose host disk filled up (the shim hears of
+		 * each error through QMP, cap_vm_io_errors). */
 		arg(a, xstrdup("-drive"));
-		arg(a, xasprintf("id=disk%u,file=/dev/fdset/%d,format=raw,if=none,readonly=%s,discard=unmap",
+		arg(a, xasprintf("id=disk%u,file=/dev/fdset/%d,format=raw,if=none,readonly=%s,discard=unmap,"
+				 "werror=report,rerror=report",
 				 i, slot + 1, d->readonly ? "on" : "off"));
 		arg(a, xstrdup("-device"));
 		arg(a, xasprintf("virtio-blk-device,drive=disk%u,serial=%s", i, d->serial));
@@ -296,33 +307,100 @@ static int connect_unix(const char *path, struct cap_vm *vm, int *out,
 	}
 }
 
-/* Read one newline-terminated QMP message into buf. */
+/* Read one newline-terminated QMP message into buf, waiting up to
+ * timeout_ms (0: only what has arrived). Reads in chunks: what follows
+ * the line stays in vm->qmp_in for the next call. */
 static int qmp_read(struct cap_vm *vm, char *buf, size_t len, int timeout_ms)
 {
-	size_t n = 0;
 	int64_t end = cap_now_ms() + timeout_ms;
-	while (n < len - 1) {
+	for (;;) {
+		const uint8_t *h = cap_buf_head(&vm->qmp_in);
+		size_t used = cap_buf_used(&vm->qmp_in);
+		const uint8_t *nl = used ? memchr(h, '\n', used) : NULL;
+		if (nl || used >= len) {
+			size_t n = nl ? (size_t)(nl - h) : used;
+			bool fits = n < len;
+			if (fits) {
+				memcpy(buf, h, n);
+				buf[n] = '\0';
+			}
+			cap_buf_consume(&vm->qmp_in, nl ? n + 1 : n);
+			return fits ? 0 : -EMSGSIZE;
+		}
+		if (vm->qmp_gone)
+			return -EPIPE;
 		struct pollfd p = { .fd = vm->qmp_fd, .events = POLLIN };
-		int left = (int)(end - cap_now_ms());
-		if (left <= 0)
-			return -ETIMEDOUT;
+		int left = (int)CAP_MAX(end - cap_now_ms(), (int64_t)0);
 		int r = poll(&p, 1, left);
 		if (r < 0 && errno != EINTR)
 			return -errno;
+		if (r == 0 && left == 0)
+			return -ETIMEDOUT;
 		if (r <= 0)
 			continue;
-		ssize_t k = read(vm->qmp_fd, buf + n, 1);
-		if (k < 0 && errno == EINTR)
+		uint8_t *w = cap_buf_reserve(&vm->qmp_in, 4096);
+		ssize_t k = read(vm->qmp_fd, w, 4096);
+		if (k < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
-		if (k <= 0)
+		if (k <= 0) {
+			vm->qmp_gone = true;
 			return k < 0 ? -errno : -EPIPE;
-		if (buf[n] == '\n') {
-			buf[n] = '\0';
-			return 0;
 		}
-		n++;
+		cap_buf_commit(&vm->qmp_in, (size_t)k);
 	}
-	return -EMSGSIZE;
+}
+
+/* An event from QEMU: a disk's I/O error is counted and kept (the
+ * latest) for cap_vm_io_errors; the rest does not concern us. */
+static void qmp_event(struct cap_vm *vm, json_t *j)
+{
+	const char *ev = json_string_value(json_object_get(j, "event"));
+	json_t *d = json_object_get(j, "data");
+	if (!ev || strcmp(ev, "BLOCK_IO_ERROR") != 0 || !json_is_object(d))
+		return;
+	const char *dev = json_string_value(json_object_get(d, "device"));
+	const char *op = json_string_value(json_object_get(d, "operation"));
+	const char *why = json_string_value(json_object_get(d, "reason"));
+	unsigned disk;
+	char end;
+	/* build_argv names the drives disk<index>. */
+	if (!dev || sscanf(dev, "disk%u%c", &disk, &end) != 1)
+		return;
+	vm->io_errors++;
+	vm->io_last = (struct cap_vm_io_error){
+		.disk = disk,
+		.write = op && strcmp(op, "write") == 0,
+		/* QEMU sets "nospace" only for drives that may stop on
+		 * errors; ours report, so its reason (strerror in
+		 * QEMU's C locale) tells. */
+		.nospace = json_is_true(json_object_get(d, "nospace")) ||
+			   (why && strcmp(why, "No space left on device") == 0),
+	};
+	snprintf(vm->io_last.reason, sizeof(vm->io_last.reason), "%s", why ? why : "I/O error");
+}
+
+int cap_vm_io_errors(struct cap_vm *vm, struct cap_vm_io_error *last)
+{
+	char line[8192];
+	int r = 0;
+	while (vm->qmp_fd >= 0 && (r = qmp_read(vm, line, sizeof(line), 0)) != -ETIMEDOUT) {
+		if (r == -EMSGSIZE)
+			continue;
+		if (r < 0)
+			break;
+		json_t *j = json_loads(line, 0, NULL);
+		if (j)
+			qmp_event(vm, j);
+		json_decref(j);
+		r = 0;
+	}
+	unsigned n = vm->io_errors;
+	if (n > 0)
+		*last = vm->io_last;
+	vm->io_errors = 0;
+	if (n == 0 && r < 0 && r != -ETIMEDOUT)
+		return r;
+	return (int)CAP_MIN(n, (unsigned)INT32_MAX);
 }
 
 static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
@@ -391,6 +469,11 @@ static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
 		json_t *j = json_loads(line, 0, NULL);
 		if (!j)
 			return cap_err_set(err, EPROTO, "QMP %s: unparsable answer", cmd);
+		if (json_object_get(j, "event")) {
+			qmp_event(vm, j);	/* kept for cap_vm_io_errors */
+			json_decref(j);
+			continue;
+		}
 		json_t *rv = json_object_get(j, "return");
 		bool done = rv != NULL;
 		if (done && ret)
@@ -570,6 +653,7 @@ void cap_vm_free(struct cap_vm *vm)
 	free(vm->owned_qmp_path);
 	free(vm->owned_agent_path);
 	free(vm->owned_ram_path);
+	cap_buf_fini(&vm->qmp_in);
 	free(vm);
 }
 
@@ -684,6 +768,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 
 	vm->pid = -1;
 	vm->pidfd = vm->qmp_fd = vm->agent_fd = -1;
+	cap_buf_init(&vm->qmp_in);
 	vm->owned_dir = xstrdup(cfg->dir);
 	vm->owned_console = cfg->console_log ? xstrdup(cfg->console_log)
 					     : xasprintf("%s/console.log", cfg->dir);

@@ -76,6 +76,27 @@ struct cap_vm;
 int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		 struct cap_err *err);
 
+/* An I/O error on a disk that QEMU passed to the guest (QMP
+ * BLOCK_IO_ERROR). Every disk's policy is to report errors to the guest,
+ * never to stop the VM: a full host file system becomes ENOSPC/EIO in the
+ * guest, not a frozen sandbox. */
+struct cap_vm_io_error {
+	unsigned disk;	/* index in cfg.disks */
+	bool write;	/* a write failed (else a read) */
+	bool nospace;	/* the host's file system holding the disk is full */
+	char reason[128];	/* QEMU's words ("No space left on device") */
+};
+
+/* A descriptor that becomes readable when QEMU has events for us, for the
+ * caller's poll (then call cap_vm_io_errors); -1 once QEMU's monitor has
+ * closed. Owned by vm. */
+int cap_vm_event_fd(const struct cap_vm *vm);
+/* Take the disk I/O errors QEMU reported since the last call, without
+ * waiting (events that arrived during other QMP calls are kept for it):
+ * their number, 0 when none, with the latest in *last; -errno when the
+ * monitor is gone and nothing was pending. */
+int cap_vm_io_errors(struct cap_vm *vm, struct cap_vm_io_error *last);
+
 /* Connected stream socket to the guest agent's port; owned by vm. */
 int cap_vm_agent_fd(const struct cap_vm *vm);
 /* A pidfd that becomes readable when QEMU exits; owned by vm. */

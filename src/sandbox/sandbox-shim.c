@@ -11,10 +11,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -25,30 +28,64 @@
 #include "store.h"
 #include "util.h"
 
-#define MAX_CONNS 32
+/* Clients served at once; the next one is told "too many clients (N)".
+ * Within it, the only bound is the shim's descriptors (RLIMIT_NOFILE,
+ * raised to its hard limit at start). */
+#define MAX_CLIENTS 4096
 #define CONN_OUT_LIMIT (16u << 20)
+/* Free space on the host's file system of a disk that failed to write,
+ * below which the VM is not restarted to recover it. */
+#define RECOVER_FREE_MIB 16
 
 struct conn {
-	int fd;	/* -1: free */
+	int fd;	/* -1: closed, freed at the end of the loop's round */
 	struct cap_buf in, out;
 };
 
+struct shim;
+
 struct route {
+	struct shim *shim;
 	struct conn *conn;	/* NULL once the client went away */
 	uint32_t cid;	/* the client's stream id */
 	uint32_t aid;	/* the agent's stream id, 0 while unused */
+	uint64_t io_seen;	/* the shim's io_count when the stream opened */
+	bool tell_io;	/* its stderr ends with the latest I/O error anyway */
 	bool used;
+};
+
+/* The latest disk I/O error QEMU passed to the guest. */
+struct io_note {
+	struct cap_vm_io_error e;
+	time_t time;
+	char what[768];	/* one sentence naming the disk and the cause */
 };
 
 struct shim {
 	struct cap_sandbox *sb;
+	const struct cap_sandbox_opts *opts;	/* what sb was booted with */
 	bool paused;
 	const char *dir;	/* sandbox directory, for runtime.json */
 	const char *control;
-	struct conn conns[MAX_CONNS];
+	const struct cap_vm_disk *disks;	/* the VM's, by device index */
+	unsigned ndisks;
+	struct conn **conns;	/* owned, each and the array */
+	size_t nconns, conns_cap;
+	int spare_fd;	/* given up to refuse a client when out of descriptors */
 	struct route routes[CAP_PROTO_MAX_STREAMS];
 	bool stop;
 	struct conn *stop_requester;
+	uint64_t io_count;	/* disk I/O errors seen since start */
+	struct io_note io;	/* the latest, when io_count > 0 */
+	/* A write to a writable disk failed: the guest's file system on it
+	 * may have aborted its journal and be read-only until remounted. */
+	bool disk_failed;
+	uint64_t io_logged;	/* io_count at the last line in shim.log */
+	int64_t io_log_ms;	/* when that line was written */
+	bool runtime_stale;	/* runtime.json lacks the latest (its disk was full) */
+	int64_t runtime_try_ms;
+	uint64_t refused;	/* clients refused since the last line about it */
+	int64_t refused_log_ms;
 };
 
 static struct route *route_by_client(struct shim *s, struct conn *c, uint32_t cid)
@@ -73,6 +110,13 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 {
 	struct route *r = ud;
 	(void)id;
+	if (r->conn && (r->shim->io_count != r->io_seen || r->tell_io)) {
+		/* The command may have got ENOSPC or EIO from a disk of ours:
+		 * its stderr says which and why, the last line it gets. */
+		_cleanup_free_ char *line = xasprintf("capsule: %s\n", r->shim->io.what);
+		cap_proto_put(&r->conn->out, CAP_MSG_STDERR, r->cid, line,
+			      CAP_MIN(strlen(line), (size_t)CAP_PROTO_MAX_PAYLOAD));
+	}
 	if (r->conn) {
 		if (ex)
 			cap_proto_exit_encode(&r->conn->out, r->cid, ex);
@@ -102,8 +146,21 @@ static void conn_close(struct shim *s, struct conn *c)
 	c->fd = -1;
 }
 
-static int write_runtime(const char *dir, const char *control, pid_t qemu,
-			 bool paused, struct cap_err *err);
+/* Free the closed connections (not during a round of the loop, which
+ * may still name them). */
+static void conns_sweep(struct shim *s)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < s->nconns; i++) {
+		if (s->conns[i]->fd >= 0)
+			s->conns[k++] = s->conns[i];
+		else
+			free(s->conns[i]);
+	}
+	s->nconns = k;
+}
+
+static int write_runtime(const struct shim *s, struct cap_err *err);
 
 /* Freeze or continue the VM and record it; 0 or -errno with err. */
 static int set_paused(struct shim *s, bool pause, struct cap_err *err)
@@ -116,7 +173,7 @@ static int set_paused(struct shim *s, bool pause, struct cap_err *err)
 	if (r < 0)
 		return r;
 	s->paused = pause;
-	write_runtime(s->dir, s->control, cap_sandbox_vmm_pid(s->sb), pause, NULL);
+	write_runtime(s, NULL);
 	return 0;
 }
 
@@ -129,6 +186,46 @@ static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
 	cap_put_u32(buf, (uint32_t)(r < 0 ? -r : 0));
 	memcpy(buf + 4, err.msg, mn);
 	cap_proto_put(&c->out, op, 0, buf, 4 + mn);
+}
+
+static void write_runtime_log(struct shim *s);
+
+/* After a failed write the guest's file system may be read-only (ext4
+ * aborts its journal): before the next command of an idle sandbox, once
+ * the host has space again, restart the VM with the same disks, which
+ * mounts them afresh. false when it stays as it is (a command runs,
+ * space is still short: that command is told). A VM that fails to boot
+ * again ends the shim: the sandbox is stopped, and the next start tries
+ * again. */
+static bool recover_disks(struct shim *s)
+{
+	if (!s->disk_failed || cap_sandbox_running(s->sb) > 0)
+		return false;
+	const struct cap_vm_disk *d = &s->disks[CAP_MIN(s->io.e.disk, s->ndisks - 1)];
+	struct statvfs sv;
+	uint64_t free_mib = statvfs(d->path, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize >> 20 : 0;
+	if (free_mib < RECOVER_FREE_MIB) {
+		cap_log(CAP_LOG_WARN, "not restarting the VM after its I/O errors: the host's disk holding %s has %llu MiB free (%d needed)",
+			d->path, (unsigned long long)free_mib, RECOVER_FREE_MIB);
+		return false;
+	}
+	cap_log(CAP_LOG_INFO, "restarting the VM to remount its disks after I/O errors (%llu MiB free again on the host's disk holding %s)",
+		(unsigned long long)free_mib, d->path);
+	struct cap_err err = { 0 };
+	if (cap_sandbox_shutdown(s->sb, 10000, &err) < 0)
+		cap_log(CAP_LOG_WARN, "%s", err.msg);
+	cap_sandbox_free(s->sb);
+	s->sb = NULL;
+	s->disk_failed = false;
+	if (cap_sandbox_boot(s->opts, &s->sb, &err) < 0) {
+		cap_log(CAP_LOG_ERROR, "the VM did not start again: %s", err.msg);
+		s->stop = true;
+		return false;
+	}
+	cap_log(CAP_LOG_INFO, "running again (QEMU pid %d; %s)", (int)cap_sandbox_vmm_pid(s->sb),
+		cap_sandbox_boot_note(s->sb));
+	write_runtime_log(s);
+	return true;
 }
 
 /* Check a client's new stream id, wake a paused VM and take a route for
@@ -146,10 +243,15 @@ static struct route *route_open(struct shim *s, struct conn *c, uint32_t cid)
 		cap_proto_error_encode(&c->out, cid, err.code ? err.code : EIO, err.msg);
 		return NULL;
 	}
+	if (s->disk_failed && !recover_disks(s) && !s->sb) {
+		cap_proto_error_encode(&c->out, cid, EIO, "the sandbox's VM could not be restarted after I/O errors on its disks; see shim.log");
+		return NULL;
+	}
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(s->routes); i++) {
 		struct route *r = &s->routes[i];
 		if (!r->used) {
-			*r = (struct route){ .conn = c, .cid = cid, .used = true };
+			*r = (struct route){ .shim = s, .conn = c, .cid = cid, .io_seen = s->io_count,
+					     .tell_io = s->disk_failed, .used = true };
 			return r;
 		}
 	}
@@ -205,6 +307,8 @@ static void client_file(struct shim *s, struct conn *c, const struct cap_frame *
 static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame *f)
 {
 	struct route *r;
+	if (!s->sb)
+		return false;	/* its VM did not start again: the shim ends */
 	switch (f->type) {
 	case CAP_MSG_HELLO:
 		cap_proto_hello_encode(&c->out, cap_sandbox_agent_version(s->sb));
@@ -295,79 +399,241 @@ static void report_ready(int *fd, const char *msg)
 	*fd = -1;
 }
 
+/* What a disk is to the guest, by its serial (cap_named_shim's disks). */
+static const char *disk_role(const char *serial)
+{
+	static const struct { const char *serial, *role; } roles[] = {
+		{ "capsule-work", "/work" },
+		{ "capsule-upper", "the root file system's writable layer" },
+		{ "capsule-root", "the image" },
+		{ "capsule-source", "/source" },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(roles); i++)
+		if (strcmp(serial, roles[i].serial) == 0)
+			return roles[i].role;
+	return serial;
+}
+
+/* Take the disk I/O errors QEMU reported: keep the latest for runtime.json
+ * and for the stderr of the commands that were running, and say it in
+ * shim.log (at once for a new episode, then at most every 5 s, counted). */
+static void take_io_errors(struct shim *s)
+{
+	struct cap_vm_io_error e;
+	int n = cap_sandbox_io_errors(s->sb, &e);
+	if (n <= 0)
+		return;
+	const struct cap_vm_disk *d = e.disk < s->ndisks ? &s->disks[e.disk] : NULL;
+	const char *serial = d ? d->serial : "unknown";
+	const char *path = d ? d->path : "?";
+	bool same = s->io_count > 0 && s->io.e.disk == e.disk && s->io.e.nospace == e.nospace;
+	s->io_count += (uint64_t)n;
+	s->io.e = e;
+	s->io.time = time(NULL);
+	if (e.nospace)
+		snprintf(s->io.what, sizeof(s->io.what),
+			 "I/O error on %s (disk %s): no space left on the host's disk holding %s; "
+			 "the guest got ENOSPC/EIO. Free space there, then retry",
+			 disk_role(serial), serial, path);
+	else
+		snprintf(s->io.what, sizeof(s->io.what), "I/O error on %s (disk %s): the host failed to %s %s: %s",
+			 disk_role(serial), serial, e.write ? "write" : "read", path, e.reason);
+	s->runtime_stale = true;
+	if (e.write && d && !d->readonly)
+		s->disk_failed = true;
+	int64_t now = cap_now_ms();
+	if (!same || now - s->io_log_ms >= 5000) {
+		cap_log(CAP_LOG_WARN, "%s (%llu I/O error(s) since the last report)", s->io.what,
+			(unsigned long long)(s->io_count - s->io_logged));
+		s->io_logged = s->io_count;
+		s->io_log_ms = now;
+	}
+}
+
+/* runtime.json carries the latest I/O error: written when it happens, and
+ * again (at most once a second) while that fails, as it does when the
+ * full disk is the one holding the sandbox's directory. */
+static void update_runtime(struct shim *s)
+{
+	int64_t now = cap_now_ms();
+	if (!s->runtime_stale || now - s->runtime_try_ms < 1000)
+		return;
+	s->runtime_try_ms = now;
+	if (write_runtime(s, NULL) == 0)
+		s->runtime_stale = false;
+}
+
+/* Refuse a client, saying why in an ERROR on stream 0 (what
+ * cap_sandbox_attach reports), and log it at most once a second. */
+static void refuse(struct shim *s, int fd, int errnum, const char *why)
+{
+	struct cap_buf b;
+	char msg[256];
+	snprintf(msg, sizeof(msg), "too many clients (%zu): %s", s->nconns, why);
+	cap_buf_init(&b);
+	cap_proto_error_encode(&b, 0, errnum, msg);
+	/* A new socket's buffer is empty: this small frame fits. */
+	(void)send(fd, cap_buf_head(&b), cap_buf_used(&b), MSG_NOSIGNAL | MSG_DONTWAIT);
+	cap_buf_fini(&b);
+	close(fd);
+	s->refused++;
+	int64_t now = cap_now_ms();
+	if (now - s->refused_log_ms >= 1000) {
+		cap_log(CAP_LOG_WARN, "refused %llu client(s): %s", (unsigned long long)s->refused, msg);
+		s->refused = 0;
+		s->refused_log_ms = now;
+	}
+}
+
+/* Take the pending connections: each becomes a client, or is refused with
+ * the reason when the shim is at MAX_CLIENTS or out of descriptors. */
+static void accept_clients(struct shim *s, int lfd)
+{
+	for (;;) {
+		int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (cfd < 0) {
+			if ((errno == EMFILE || errno == ENFILE) && s->spare_fd >= 0) {
+				/* Out of descriptors, the pending client would wake
+				 * poll for ever: take it with the spare one to say
+				 * so, then hold a spare again. */
+				int e = errno;
+				close(s->spare_fd);
+				s->spare_fd = -1;
+				cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+				if (cfd >= 0) {
+					char why[160];
+					snprintf(why, sizeof(why), "the shim is out of file descriptors (%s); retry when some have finished",
+						 strerror(e));
+					refuse(s, cfd, e, why);
+				}
+				s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+			}
+			return;
+		}
+		if (s->nconns >= MAX_CLIENTS) {
+			char why[160];
+			snprintf(why, sizeof(why), "a sandbox serves at most %d at once; retry when some have finished",
+				 MAX_CLIENTS);
+			refuse(s, cfd, EUSERS, why);
+			continue;
+		}
+		if (s->nconns == s->conns_cap) {
+			s->conns_cap = s->conns_cap ? 2 * s->conns_cap : 16;
+			s->conns = xrealloc(s->conns, s->conns_cap * sizeof(*s->conns));
+		}
+		struct conn *c = xcalloc(1, sizeof(*c));
+		c->fd = cfd;
+		cap_buf_init(&c->in);
+		cap_buf_init(&c->out);
+		s->conns[s->nconns++] = c;
+	}
+}
+
 static void serve(struct shim *s, int lfd, int sfd)
 {
-	enum { FIXED = CAP_SANDBOX_NPOLL + 2 };
-	struct pollfd pfd[FIXED + MAX_CONNS];
-	struct conn *owner[FIXED + MAX_CONNS];
+	enum { SIG = CAP_SANDBOX_NPOLL, LISTEN, EVENTS, FIXED };
+	struct pollfd *pfd = NULL;
+	struct conn **owner = NULL;
+	size_t cap = 0;
 	struct cap_err err = { 0 };
 
 	while (!s->stop) {
+		if (cap < FIXED + s->nconns) {
+			cap = FIXED + s->nconns + 16;
+			pfd = xrealloc(pfd, cap * sizeof(*pfd));
+			owner = xrealloc(owner, cap * sizeof(*owner));
+		}
 		cap_sandbox_pollfds(s->sb, pfd);
-		int n = CAP_SANDBOX_NPOLL;
-		pfd[n++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
-		pfd[n++] = (struct pollfd){ .fd = lfd, .events = POLLIN };
-		for (int i = 0; i < MAX_CONNS; i++) {
-			struct conn *c = &s->conns[i];
-			if (c->fd < 0)
-				continue;
+		pfd[SIG] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+		pfd[LISTEN] = (struct pollfd){ .fd = lfd, .events = POLLIN };
+		pfd[EVENTS] = (struct pollfd){ .fd = cap_sandbox_event_fd(s->sb), .events = POLLIN };
+		size_t n = FIXED;
+		for (size_t i = 0; i < s->nconns; i++) {
+			struct conn *c = s->conns[i];
 			owner[n] = c;
 			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)(POLLIN | (cap_buf_used(&c->out) ? POLLOUT : 0)) };
 		}
-		if (poll(pfd, (nfds_t)n, -1) < 0 && errno != EINTR)
+		if (poll(pfd, (nfds_t)n, s->runtime_stale ? 1000 : -1) < 0 && errno != EINTR)
 			break;
+		/* Before the agent's news: QEMU reported an I/O error before
+		 * the guest saw it, so a command's end finds it recorded. */
+		take_io_errors(s);
 		if (cap_sandbox_dispatch(s->sb, pfd, &err) < 0) {
 			cap_log(CAP_LOG_ERROR, "%s", err.msg);
-			return;
+			break;
 		}
-		if (pfd[CAP_SANDBOX_NPOLL].revents) {
+		if (pfd[SIG].revents) {
 			struct signalfd_siginfo si;
 			while (read(sfd, &si, sizeof(si)) == sizeof(si))
 				s->stop = true;
 		}
-		if (pfd[CAP_SANDBOX_NPOLL + 1].revents & POLLIN) {
-			int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-			struct conn *c = NULL;
-			for (int i = 0; cfd >= 0 && i < MAX_CONNS && !c; i++)
-				if (s->conns[i].fd < 0)
-					c = &s->conns[i];
-			if (c) {
-				c->fd = cfd;
-				cap_buf_init(&c->in);
-				cap_buf_init(&c->out);
-			} else if (cfd >= 0) {
-				close(cfd);	/* full: the client sees EOF */
-			}
-		}
-		for (int i = FIXED; i < n; i++) {
+		if (pfd[LISTEN].revents & POLLIN)
+			accept_clients(s, lfd);
+		for (size_t i = FIXED; i < n; i++) {
 			struct conn *c = owner[i];
 			if (c->fd < 0 || !pfd[i].revents)
 				continue;
 			if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
 				client_read(s, c);
 		}
-		for (int i = 0; i < MAX_CONNS; i++) {
-			struct conn *c = &s->conns[i];
+		if (!s->sb)
+			break;
+		/* Events that came in during a pause or resume of this round. */
+		take_io_errors(s);
+		for (size_t i = 0; i < s->nconns; i++) {
+			struct conn *c = s->conns[i];
 			if (c->fd < 0)
 				continue;
 			client_flush(s, c);
 			if (c->fd >= 0 && cap_buf_used(&c->out) > CONN_OUT_LIMIT)
 				conn_close(s, c);	/* not reading: cut it loose */
 		}
+		conns_sweep(s);
+		update_runtime(s);
+	}
+	free(pfd);
+	free(owner);
+}
+
+static void write_runtime_log(struct shim *s)
+{
+	struct cap_err err = { 0 };
+	if (write_runtime(s, &err) < 0) {
+		cap_log(CAP_LOG_WARN, "%s", err.msg);
+		s->runtime_stale = true;
 	}
 }
 
-static int write_runtime(const char *dir, const char *control, pid_t qemu,
-			 bool paused, struct cap_err *err)
+static int write_runtime(const struct shim *s, struct cap_err *err)
 {
 	json_t *j = json_pack("{s:i, s:i, s:s, s:b}", "shim_pid", (int)getpid(),
-			      "qemu_pid", (int)qemu, "control", control, "paused", paused);
+			      "qemu_pid", s->sb ? (int)cap_sandbox_vmm_pid(s->sb) : -1, "control", s->control,
+			      "paused", s->paused);
+	if (s->io_count > 0) {
+		const struct cap_vm_io_error *e = &s->io.e;
+		const struct cap_vm_disk *d = e->disk < s->ndisks ? &s->disks[e->disk] : NULL;
+		json_object_set_new(j, "io_error", json_pack("{s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:I, s:I}",
+			"disk", d ? disk_role(d->serial) : "unknown", "serial", d ? d->serial : "unknown",
+			"path", d ? d->path : "", "operation", e->write ? "write" : "read",
+			"nospace", e->nospace, "reason", e->reason, "message", s->io.what,
+			"time", (json_int_t)s->io.time, "count", (json_int_t)s->io_count));
+	}
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
-	_cleanup_free_ char *path = xasprintf("%s/runtime.json", dir);
+	_cleanup_free_ char *path = xasprintf("%s/runtime.json", s->dir);
 	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
 	free(text);
 	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
+}
+
+/* As many clients as descriptors allow: the soft limit up to the hard. */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
 }
 
 int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
@@ -387,8 +653,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	int lock = -1, lfd = -1, sfd = -1, r;
 	bool owner = false;
 
-	for (int i = 0; i < MAX_CONNS; i++)
-		s.conns[i].fd = -1;
+	s.spare_fd = -1;
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		goto out;
 	lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -460,7 +725,12 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	}
 	s.dir = dir;
 	s.control = control;
-	if ((r = write_runtime(dir, control, cap_sandbox_vmm_pid(s.sb), false, err)) < 0)
+	s.opts = &o;
+	s.disks = disks;
+	s.ndisks = CAP_ARRAY_SIZE(disks);
+	raise_nofile();
+	s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if ((r = write_runtime(&s, err)) < 0)
 		goto out;
 	cap_log(CAP_LOG_INFO, "running (QEMU pid %d, %s; %s)", (int)cap_sandbox_vmm_pid(s.sb),
 		control, cap_sandbox_boot_note(s.sb));
@@ -474,10 +744,13 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	lfd = -1;
 	unlink(control);
 	struct cap_err serr = { 0 };
-	if (s.paused)
+	if (s.sb && s.paused)
 		set_paused(&s, false, &serr);	/* the agent must run to sync */
-	if (cap_sandbox_shutdown(s.sb, 10000, &serr) < 0)
+	if (s.sb && cap_sandbox_shutdown(s.sb, 10000, &serr) < 0)
 		cap_log(CAP_LOG_WARN, "%s", serr.msg);
+	for (size_t i = 0; i < s.nconns; i++)
+		if (s.conns[i]->fd >= 0)
+			client_flush(&s, s.conns[i]);	/* answers of the last round */
 	if (s.stop_requester && s.stop_requester->fd >= 0) {
 		cap_proto_put(&s.stop_requester->out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
 		cap_set_nonblock(s.stop_requester->fd, 0);
@@ -491,9 +764,13 @@ out:
 		snprintf(msg, sizeof(msg), "%s\n", err->msg);
 		report_ready(&ready_fd, msg);
 	}
-	for (int i = 0; i < MAX_CONNS; i++)
-		if (s.conns[i].fd >= 0)
-			conn_close(&s, &s.conns[i]);
+	for (size_t i = 0; i < s.nconns; i++)
+		if (s.conns[i]->fd >= 0)
+			conn_close(&s, s.conns[i]);
+	conns_sweep(&s);
+	free(s.conns);
+	if (s.spare_fd >= 0)
+		close(s.spare_fd);
 	cap_sandbox_free(s.sb);
 	if (lfd >= 0) {
 		close(lfd);

@@ -130,6 +130,34 @@ static int flush(struct cap_sandbox *sb, struct cap_err *err)
 	return 0;
 }
 
+/* A shim that cannot take one more client says why in an ERROR on
+ * stream 0 instead of its HELLO ("too many clients (N)"): that, not a
+ * protocol error, is the answer. */
+static bool refused(struct cap_sandbox *sb, const uint8_t *buf, size_t n,
+		    struct cap_err *err)
+{
+	struct cap_frame f;
+	int errnum;
+	char msg[256];
+	if (cap_proto_parse(buf, n, &f) <= 0 || f.type != CAP_MSG_ERROR || f.stream != 0 ||
+	    cap_proto_error_decode(f.payload, f.len, &errnum, msg, sizeof(msg)) < 0)
+		return false;
+	sb->dead = true;
+	cap_err_set(err, errnum > 0 && errnum < 4096 ? errnum : EAGAIN,
+		    "the sandbox's shim refused the connection: %s", msg);
+	return true;
+}
+
+int cap_sandbox_event_fd(const struct cap_sandbox *sb)
+{
+	return sb->vm && !sb->dead ? cap_vm_event_fd(sb->vm) : -1;
+}
+
+int cap_sandbox_io_errors(struct cap_sandbox *sb, struct cap_vm_io_error *last)
+{
+	return sb->vm ? cap_vm_io_errors(sb->vm, last) : 0;
+}
+
 int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 			 struct cap_err *err)
 {
@@ -140,6 +168,8 @@ int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 		ssize_t n = read(sb->fd, buf, sizeof(buf));
 		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
 			return dead(sb, err, EPIPE, "the guest agent's channel closed");
+		if (n > 0 && !sb->vm && !sb->client.hello && refused(sb, buf, (size_t)n, err))
+			return -err->code;
 		if (n > 0) {
 			int r = cap_client_feed(&sb->client, buf, (size_t)n, err);
 			if (r < 0) {

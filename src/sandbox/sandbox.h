@@ -129,6 +129,15 @@ int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 int cap_sandbox_wait(struct cap_sandbox *sb, int timeout_ms,
 		     struct cap_err *err);
 
+/* The hypervisor's event descriptor for the caller's poll (-1 when
+ * attached to a shim, or once the VM is gone); when it is readable, and
+ * after any pause or resume, call cap_sandbox_io_errors. */
+int cap_sandbox_event_fd(const struct cap_sandbox *sb);
+/* Disk I/O errors passed to the guest since the last call, without
+ * waiting: their number (0 when none, or attached), the latest in *last
+ * (its disk an index of the opts' disks); -errno once the VM is gone. */
+int cap_sandbox_io_errors(struct cap_sandbox *sb, struct cap_vm_io_error *last);
+
 /* Ask the agent to end all commands, sync and power off; wait up to
  * grace_ms, then make QEMU quit, then kill it. 0 when the guest confirmed
  * its file systems were synced, -ETIMEDOUT (err set) when it had to be

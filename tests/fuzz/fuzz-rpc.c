@@ -280,7 +280,7 @@ static void reencode(const struct cap_rpc_msg *m, int rc, json_t *bad_id, const 
 		cap_rpc_msg_fini(&back);
 	} else if (m->method) {
 		json_t *id = m->id;
-		cap_rpc_put_result(&out, id, cut_below(2) ? json_string(m->method) : NULL);
+		cap_rpc_put_result(&out, id, cut_below(2) ? json_string(m->method) : json_object());
 		one_reply(&out, "cap_rpc_put_result", id, false, &back);
 		CHECK(back.result && !back.error, "the result reply has no result");
 		cap_rpc_msg_fini(&back);

@@ -181,7 +181,9 @@ int cap_cli_run(int argc, char **argv)
 		cap_cli_error("using TCG software emulation (%s); not a security boundary, see `capsule doctor`",
 			      ac->reason);
 	int status = cap_cli_stream(sb, &x);
-	if (status != CAP_EXIT_FAILURE && cap_sandbox_shutdown(sb, 5000, &err) < 0)
+	if (x.gave_up)
+		cap_cli_error("destroying the VM (a one-shot VM keeps nothing)");
+	else if (status != CAP_EXIT_FAILURE && cap_sandbox_shutdown(sb, 5000, &err) < 0)
 		cap_cli_error("warning: %s", err.msg);
 	cap_sandbox_free(sb);
 	return status;

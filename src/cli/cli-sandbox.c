@@ -306,6 +306,14 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 		return fail(&err);
 	int status = cap_cli_stream(sb, &x);
 	cap_sandbox_free(sb);
+	if (x.gave_up) {
+		/* Its guest no longer answers: a stop would wait on it for
+		 * nothing. Its VM is killed; its disks stay. */
+		cap_cli_error("stopping sandbox '%s' (its VM is killed, its disks stay); the next command starts it again",
+			      name);
+		if (cap_named_kill(name, &err) < 0)
+			cap_cli_error("%s", err.msg);
+	}
 	return status;
 }
 

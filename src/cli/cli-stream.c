@@ -181,6 +181,9 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 
 	int interrupts = 0;
 	int64_t give_up = 0;
+	/* The host's own deadline: the guest is not trusted to end what it
+	 * was told to end. */
+	int64_t deadline = req->timeout_ms ? cap_now_ms() + req->timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS : 0;
 	bool stdin_open = forward_stdin;
 	while (!r.done) {
 		struct pollfd pfd[CAP_SANDBOX_NPOLL + 2];
@@ -192,9 +195,18 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 			in_slot = n;
 			pfd[n++] = (struct pollfd){ .fd = 0, .events = POLLIN };
 		}
-		int timeout = give_up ? (int)CAP_MAX(give_up - cap_now_ms(), 0) : -1;
+		int64_t wake = give_up && (!deadline || give_up < deadline) ? give_up : deadline;
+		int timeout = wake ? (int)CAP_MAX(wake - cap_now_ms(), 0) : -1;
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
 			cap_cli_error("poll: %s", strerror(errno));
+			goto out;
+		}
+		if (deadline && cap_now_ms() >= deadline) {
+			restore_tty();
+			cap_cli_error("the command timed out after %u s (--timeout) and the guest did not end it within %d s more; giving up on this VM",
+				      req->timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
+			x->gave_up = true;
+			status = 124;
 			goto out;
 		}
 		if (give_up && cap_now_ms() >= give_up) {

@@ -44,6 +44,10 @@ struct cap_cli_exec {
 	bool interactive;	/* forward stdin even from a terminal */
 	bool quiet;
 	bool pty;
+	/* Set by cap_cli_stream: the guest did not end the command within
+	 * its timeout plus CAP_SANDBOX_EXEC_GRACE_MS; the VM is not to be
+	 * trusted with another command. */
+	bool gave_up;
 };
 
 void cap_cli_exec_init(struct cap_cli_exec *x);

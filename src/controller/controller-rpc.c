@@ -153,6 +153,8 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 				"truncated", (ex->flags & CAP_EXIT_TRUNCATED) != 0,
 				"stdout", cap_json_textn(r->out, r->out_len), "stderr", cap_json_textn(r->err, r->err_len),
 				"duration_ms", (int)ex->duration_ms);
+		if (r->note)
+			json_object_set_new(res, "note", cap_json_text(r->note));
 		break;
 	case CAP_CTL_FILE:
 		if (p->op == CAP_FILE_WRITE) {
@@ -697,6 +699,7 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 		out->exit.flags = (json_is_true(json_object_get(res, "timed_out")) ? CAP_EXIT_TIMED_OUT : 0) |
 				  (json_is_true(json_object_get(res, "truncated")) ? CAP_EXIT_TRUNCATED : 0);
 		out->exit.duration_ms = (uint32_t)json_integer_value(json_object_get(res, "duration_ms"));
+		out->note = json_string_value(json_object_get(res, "note"));
 		out->out = (const uint8_t *)json_string_value(json_object_get(res, "stdout"));
 		out->out_len = json_string_length(json_object_get(res, "stdout"));
 		out->err = (const uint8_t *)json_string_value(json_object_get(res, "stderr"));

@@ -68,6 +68,11 @@ struct cap_ctl_call {
 	uint8_t *owned_data;
 	uint32_t stream;
 	bool cancelled;
+	/* Answered by the host's deadline while the guest still holds the
+	 * stream: kept (on ident->abandoned) until the guest or its VM lets
+	 * go of it, since the VM's callbacks still point here. */
+	bool abandoned;
+	int64_t deadline;	/* real ms: the timeout plus the grace; 0: none */
 	struct cap_buf out, err;
 	struct cap_ctl_call *next;
 };
@@ -97,6 +102,7 @@ struct ident {
 	int64_t remove_retry_at, remove_deadline;
 	struct cap_ctl_call *queue;
 	struct cap_ctl_call *active;
+	struct cap_ctl_call *abandoned;
 	struct ident *next;
 };
 
@@ -470,7 +476,8 @@ static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 {
 	struct cap_ctl_call *k = ud;
 	(void)id;
-	cap_buf_append(fd == 1 ? &k->out : &k->err, p, n);
+	if (!k->abandoned)
+		cap_buf_append(fd == 1 ? &k->out : &k->err, p, n);
 }
 
 /* The agent's listing lines ("d name", "f SIZE name", "l name") into
@@ -554,6 +561,15 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	struct ident *i = k->ident;
 	struct cap_ctl *c = i->ctl;
 	(void)id;
+	if (k->abandoned) {	/* answered already: the guest let go at last */
+		for (struct cap_ctl_call **p = &i->abandoned; *p; p = &(*p)->next)
+			if (*p == k) {
+				*p = k->next;
+				break;
+			}
+		call_free(k);
+		return;
+	}
 	if (k->cancelled) {
 		active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
 		return;
@@ -580,12 +596,22 @@ static const struct cap_exec_events events = { on_output, on_done };
 
 /* --- the VM of an identity ----------------------------------------------------- */
 
+static void free_abandoned(struct ident *i)
+{
+	while (i->abandoned) {
+		struct cap_ctl_call *k = i->abandoned;
+		i->abandoned = k->next;
+		call_free(k);
+	}
+}
+
 static void detach(struct cap_ctl *c, struct ident *i)
 {
 	if (i->vm)
-		c->be->vm_free(i->vm);
+		c->be->vm_free(i->vm);	/* no callback reaches a call after this */
 	i->vm = NULL;
 	i->op = OP_NONE;
+	free_abandoned(i);
 }
 
 static int attach(struct cap_ctl *c, struct ident *i, struct cap_err *err)
@@ -943,6 +969,8 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 		begin_stop(c, i);
 		return;	/* finished when the VM is gone (stopped) */
 	}
+	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms)
+		k->deadline = cap_now_ms() + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
 	int r = k->kind == CAP_CTL_FILE
 			? c->be->file(i->vm, &k->file, k->file.limit + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
 				      &k->stream, &err)
@@ -1323,6 +1351,49 @@ static void lifecycle(struct cap_ctl *c)
 	}
 }
 
+/* A command the guest did not end within its timeout plus the grace:
+ * answered now as timed out, and its sandbox stopped (the disks stay;
+ * the next call starts it again). The guest is not trusted to end what
+ * it was told to. */
+static void deadlines(struct cap_ctl *c)
+{
+	int64_t real = cap_now_ms();
+	for (struct ident *i = c->idents; i; i = i->next) {
+		struct cap_ctl_call *k = i->active;
+		if (!k || !k->deadline || real < k->deadline || k->abandoned)
+			continue;
+		char note[200];
+		snprintf(note, sizeof(note),
+			 "the guest did not end the command within its timeout (%u s) and %d s more; its VM was killed (disks kept) and starts again on the next call",
+			 k->req.timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
+		cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s): %s", i->name, i->agent, i->peer, note);
+		struct cap_ctl_result r = {
+			.exit = { .kind = CAP_EXIT_SIGNAL, .value = SIGKILL, .flags = CAP_EXIT_TIMED_OUT,
+				  .duration_ms = (uint32_t)(real - (k->deadline - k->req.timeout_ms - CAP_SANDBOX_EXEC_GRACE_MS)) },
+			.out = cap_buf_used(&k->out) ? cap_buf_head(&k->out) : (const uint8_t *)"",
+			.out_len = cap_buf_used(&k->out),
+			.err = cap_buf_used(&k->err) ? cap_buf_head(&k->err) : (const uint8_t *)"",
+			.err_len = cap_buf_used(&k->err),
+			.note = note,
+			.kind = k->kind,
+			.sandbox = i->name,
+		};
+		k->fe->ops->done(k->fe->fe, c, k->tag, &r);
+		k->abandoned = true;
+		k->next = i->abandoned;
+		i->abandoned = k;
+		i->active = NULL;
+		i->lc.active = 0;
+		set_idle(c, &i->lc);
+		/* The guest no longer answers: asking it to stop would wait
+		 * on it for nothing. Its shim is killed; its disks stay. */
+		c->be->kill(c->bud, i->name);
+		i->killed = true;
+		i->lc.state = CAP_VM_STOPPING;
+		vm_down(c, i);
+	}
+}
+
 static void retry_removes(struct cap_ctl *c)
 {
 	int64_t real = cap_now_ms();
@@ -1387,6 +1458,8 @@ static int next_timeout(struct cap_ctl *c)
 			next = i->remove_retry_at;
 		if (i->exit_wait_until && real + 20 < next)
 			next = real + 20;	/* look again soon */
+		if (i->active && i->active->deadline && !i->active->abandoned && i->active->deadline < next)
+			next = i->active->deadline;
 	}
 	if (c->cfg.warm_pool && c->pool_retry_at > real && c->pool_retry_at < next)
 		next = c->pool_retry_at;
@@ -1478,6 +1551,7 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 		pool_fill(c);
 		if (!c->shutting_down)
 			lifecycle(c);
+		deadlines(c);
 		stop_overdue(c);
 		check_exits(c);
 		retry_removes(c);
@@ -1613,6 +1687,7 @@ void cap_ctl_free(struct cap_ctl *c)
 			call_free(k);
 		}
 		call_free(i->active);
+		free_abandoned(i);
 		free(i);
 	}
 	while (c->fes) {

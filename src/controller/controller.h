@@ -124,6 +124,9 @@ struct cap_ctl_result {
 	uint64_t written;	/* WRITE */
 	/* STOP, REMOVE: "stopped", "removed", "none" */
 	const char *state;
+	/* What the host did beyond the guest's answer (a command the guest
+	 * did not end in time), or NULL. */
+	const char *note;
 };
 
 struct cap_ctl_status {

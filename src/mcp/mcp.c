@@ -410,9 +410,10 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 		else
 			snprintf(head, sizeof(head), "killed by signal %d\n", (int)ex->value);
 		json_t *out = cap_json_textn(r->out, r->out_len), *err = cap_json_textn(r->err, r->err_len);
-		char *text = xasprintf("%s--- stdout ---\n%s--- stderr ---\n%s%s", head, json_string_value(out),
+		char *text = xasprintf("%s--- stdout ---\n%s--- stderr ---\n%s%s%s%s%s", head, json_string_value(out),
 				       json_string_value(err),
-				       (ex->flags & CAP_EXIT_TRUNCATED) ? "[capsule: output truncated at 256 KiB]\n" : "");
+				       (ex->flags & CAP_EXIT_TRUNCATED) ? "[capsule: output truncated at 256 KiB]\n" : "",
+				       r->note ? "[capsule: " : "", r->note ? r->note : "", r->note ? "]\n" : "");
 		json_t *res = text_result(text, timed || !code || status != 0);
 		free(text);
 		json_object_set_new(res, "structuredContent", json_pack("{s:o, s:o, s:b, s:o, s:o}",

@@ -8,6 +8,10 @@
 
 #include "proto.h"
 
+/* After a command's timeout, how long the host waits for the guest to
+ * report its end before it gives up on the guest (and on its VM). */
+#define CAP_SANDBOX_EXEC_GRACE_MS 5000
+
 struct cap_exec_events {
 	/* Output of stream id; fd is 1 (stdout) or 2 (stderr). p is borrowed
 	 * for the duration of the call. */

@@ -131,6 +131,12 @@ int cap_named_stop(const char *name, int grace_ms, struct cap_err *err);
  * when a surviving VM could not be killed. */
 int cap_named_reap(const char *name, struct cap_err *err);
 
+/* Kill the sandbox's shim (its QEMU dies with it) without asking its
+ * guest: for a guest that no longer answers. Waits up to 2 s for the
+ * shim to be gone, then cleans up after it. Disks stay; what the guest
+ * had not written out is lost. */
+int cap_named_kill(const char *name, struct cap_err *err);
+
 /* Delete the sandbox and its disks. -EBUSY when it runs and !force; with
  * force it is stopped first. The only call that deletes disks. */
 int cap_named_remove(const char *name, bool force, struct cap_err *err);

@@ -758,3 +758,19 @@ bool cap_named_uses_image(void *ud, const char *digest)
 	free(names);
 	return used;
 }
+
+int cap_named_kill(const char *name, struct cap_err *err)
+{
+	struct cap_named_status st;
+	int r = cap_named_status(name, &st, err);
+	if (r < 0 || st.state == CAP_NAMED_STOPPED)
+		return r;
+	if (st.shim_pid > 0)
+		kill(st.shim_pid, SIGKILL);
+	for (int i = 0; i < 200 && cap_named_status(name, &st, NULL) == 0 && st.state != CAP_NAMED_STOPPED; i++)
+		usleep(10000);
+	if (st.state != CAP_NAMED_STOPPED)
+		return cap_err_set(err, EBUSY, "sandbox '%s': its shim (pid %d) is still there after SIGKILL", name,
+				   (int)st.shim_pid);
+	return cap_named_reap(name, err);
+}

@@ -28,7 +28,7 @@ print(struct.unpack_from("<i", buf, 12)[0] if ok else "no answer")
 EOF
 }
 
-echo "1..49"
+echo "1..51"
 
 # --- images ----------------------------------------------------------------
 c image build base >"$out" 2>"$err"
@@ -124,6 +124,23 @@ c stop p >/dev/null 2>&1
 for i in 1 2 3; do c exec p -- sh -c "echo run-$i" >"$rt/par-$i" 2>&1 & done
 wait
 check "concurrent execs on a stopped sandbox all run in one VM" 'grep -qx run-1 "$rt/par-1" && grep -qx run-2 "$rt/par-2" && grep -qx run-3 "$rt/par-3" && [ "$(pgrep -f "qemu-system.*$(sbdir p)" | wc -l)" -eq 1 ]'
+
+# A guest that does not end a command on time (frozen here: its QEMU
+# stopped with SIGSTOP) is given up on at the timeout plus 5 s: exit 124
+# on time, its VM killed, its disks kept.
+c exec p -- sh -c 'echo kept > /work/dl; sync' >/dev/null 2>&1
+t0=$(date +%s%N)
+c exec --timeout 2 p -- sh -c 'echo started; exec sleep 60' >"$out" 2>"$err" &
+dl=$!
+wait_for 'grep -q started "$out"' 20
+kill -STOP "$(rtv "$(sbdir p)" qemu_pid)"
+wait $dl
+rc=$?
+took=$((($(date +%s%N) - t0) / 1000000))
+check "a command the guest does not end is given up on at its timeout + 5 s (exit 124, ${took} ms)" \
+	'[ "$rc" -eq 124 ] && [ "$took" -lt 9500 ] && grep -q "did not end it within 5 s more" "$err" && grep -q "stopping sandbox" "$err" && [ "$(state p)" = stopped ]'
+c exec p -- cat /work/dl >"$out" 2>"$err"
+check "that sandbox is stopped, then starts again with its disks" '[ $? -eq 0 ] && grep -qx kept "$out"'
 
 # --- removal ----------------------------------------------------------------
 c rm p >"$out" 2>"$err"

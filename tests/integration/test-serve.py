@@ -33,7 +33,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 66
+PLAN = 68
 
 n = 0
 failed = 0
@@ -486,6 +486,26 @@ def main():
     ok(isinstance(over, dict) and over.get("error", {}).get("data", {}).get("retryable") is True and
        "512" in over["error"]["message"] and after.get("result", {}).get("state") == "running",
        "connection 513 is told the limit of 512 and closed; the server keeps serving", [over, after])
+
+    # A guest that does not end a command on time (its QEMU frozen with
+    # SIGSTOP) is given up on by the host at the timeout plus 5 s: the
+    # call answers timed out, on time, saying why; the VM is killed, the
+    # disks kept, and the next call starts it again.
+    exec_(c, "p1", "echo frozen-ok > /work/f; sync")
+    name_f = status(c, "p1").get("sandbox")
+    t0 = time.time()
+    fid = c.send("exec", {"identity": ident("p1"), "argv": ["sh", "-c", "exec sleep 60"], "timeout": 2})
+    wait_active(c, "p1")
+    qpid = json.load(open(os.path.join(HOME, "sandboxes", name_f, "runtime.json")))["qemu_pid"]
+    os.kill(qpid, signal.SIGSTOP)
+    fr = wait_answer(c, fid, 20)
+    took = time.time() - t0
+    res = fr.get("result", {})
+    ok(res.get("timed_out") is True and took < 9.5 and "did not end the command" in res.get("note", ""),
+       f"a command the guest does not end answers timed out at its timeout + 5 s ({took:.1f} s)", fr)
+    r = exec_(c, "p1", "cat /work/f", timeout=60)
+    ok(r.get("result", {}).get("stdout") == "frozen-ok\n",
+       "its VM was killed and the next call starts it again with its disks", r)
 
     # --- capacity ------------------------------------------------------------------------------
     exec_(c, "p3", "true")

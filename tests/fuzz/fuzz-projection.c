@@ -19,8 +19,8 @@
  *   cap_projection_build when mkfs.erofs is installed: same verdict, same
  *   fingerprint, no staging left behind, and the image, extracted with
  *   fsck.erofs, holds exactly the files and directories of the model with
- *   their contents. Accepted trees that mkfs.erofs 1.5 cannot take (a
- *   255-byte name, a path past PATH_MAX) are counted, not built.
+ *   their contents. What the image cannot hold (a name over 254 bytes, a
+ *   path over 3072, more than 128 levels) is refused by the scan itself.
  * Trees are made under $TMPDIR, else /dev/shm, else /tmp, and removed.
  *
  * Built two ways, as fuzz-proto is: as a libFuzzer target

@@ -73,6 +73,7 @@ CAPSULE_HOME="$vmhome" CAPSULE_TEMPLATES=0 suite "integration/vm-cold" "$build/t
 rm -rf "$vmhome"
 suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
 suite "integration/sandbox" tests/integration/test-sandbox.sh "$build/capsule"
+suite "integration/contain" tests/integration/test-contain.sh "$build/capsule"
 suite "integration/disk" tests/integration/test-disk.sh "$build/capsule"
 suite "integration/source" tests/integration/test-source.sh "$build/capsule"
 suite "integration/template" tests/integration/test-template.sh "$build/capsule"

@@ -1,8 +1,9 @@
 /* capsule-agent: PID 1 of every capsule guest. It mounts the pseudo file
  * systems, finds the virtio-serial port "capsule.agent" and serves the
  * host over it (docs/protocol.md): runs commands as UID 1000, each in its
- * own process group with a wall-clock timeout and an output cap, streams
- * their output back, and on SHUTDOWN syncs and powers the VM off.
+ * own process group and cgroup with a wall-clock timeout, a pids.max and
+ * an output cap, streams their output back, kills whatever a command
+ * left behind when it ends, and on SHUTDOWN syncs and powers the VM off.
  *
  * One thread, one poll loop. The host is the only peer; a host that goes
  * away ends the commands it started. */
@@ -11,6 +12,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,6 +44,14 @@
 /* After a command's leader exits, wait this long for its pipes to close
  * (children it left behind may hold them open). */
 #define DRAIN_GRACE_MS 250
+/* After a command's cgroup is killed, wait at most this long for it to
+ * empty before sending EXIT (so the next command sees none of it); after
+ * that EXIT goes anyway and the cgroup is removed later. */
+#define CG_EMPTY_WAIT_MS 2000
+/* Cgroups killed but not yet removed, across all commands. */
+#define CG_PENDING_MAX 256
+/* Kill a cgroup that has not emptied again after this long. */
+#define CG_REKILL_MS 200
 
 static const char *const base_env[] = {
 	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -61,6 +71,8 @@ struct exec {
 	bool truncated, timed_out, exited;
 	bool pty;	/* out_fd is a PTY master; in_fd a dup of it */
 	int wstatus;
+	char cg[24];	/* its cgroup under /sys/fs/cgroup, "" once removed */
+	int64_t cg_kill_ms;	/* when it was last killed, 0: not yet */
 };
 
 static struct {
@@ -71,7 +83,12 @@ static struct {
 	int sigfd;
 	bool setup_done;
 	int upper_fd;	/* O_PATH of the root's upper disk mount, -1 if none */
-} A = { .port = -1, .sigfd = -1, .upper_fd = -1 };
+	int cg_fd;	/* /sys/fs/cgroup with +pids for children; -1: no containment */
+	uint64_t cg_seq;	/* names cmd-<seq>, never reused in one boot */
+	char cg_pending[CG_PENDING_MAX][24];	/* killed, to be removed */
+	size_t cg_npending;
+	int64_t cg_kill_ms;	/* last time the pending ones were killed again */
+} A = { .port = -1, .sigfd = -1, .upper_fd = -1, .cg_fd = -1 };
 
 static void logf_(const char *fmt, ...)
 {
@@ -244,6 +261,122 @@ static void flush_out_wait(int timeout_ms)
 	}
 }
 
+/* --- cgroups: one per command ----------------------------------------- */
+
+static int write_at(int dirfd, const char *name, const char *text)
+{
+	int fd = openat(dirfd, name, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int r = cap_write_all(fd, text, strlen(text));
+	close(fd);
+	return r;
+}
+
+/* Run the agent ahead of every command: a fork bomb's hundreds of
+ * runnable processes otherwise starve its poll loop for many seconds (the
+ * timeout fires late, EXIT and the next EXEC wait). Real-time priority 1
+ * wakes it at once; it sleeps in poll between events, and the kernel's
+ * real-time throttling keeps 5% of the CPU for others. Its children start
+ * as ordinary processes (SCHED_RESET_ON_FORK). */
+static void setup_priority(void)
+{
+	struct sched_param sp = { .sched_priority = 1 };
+	if (sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) < 0)
+		logf_("cannot take real-time priority: %s; a fork bomb may delay "
+		      "timeouts", strerror(errno));
+}
+
+/* Enable the pids controller for the root's children. The agent stays in
+ * the root cgroup, which is exempt from the no-internal-processes rule,
+ * so it is never limited or killed with a command. Without it, commands
+ * run uncontained (process groups only), which the log says. */
+static void setup_cgroups(void)
+{
+	int fd = open("/sys/fs/cgroup", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int r = fd < 0 ? -errno : write_at(fd, "cgroup.subtree_control", "+pids");
+	if (r < 0) {
+		logf_("cannot enable the pids controller in /sys/fs/cgroup: %s; "
+		      "commands will not be contained", strerror(-r));
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	A.cg_fd = fd;
+}
+
+/* Make a new cgroup for one command with its pids.max; its name goes to
+ * name and an open directory fd (for the child to enter) to *dirfd. */
+static int cg_create(uint32_t pids_max, char *name, size_t len, int *dirfd)
+{
+	char num[16];
+	int r;
+
+	snprintf(name, len, "cmd-%llu", (unsigned long long)++A.cg_seq);
+	if (mkdirat(A.cg_fd, name, 0755) < 0)
+		return -errno;
+	int fd = openat(A.cg_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	snprintf(num, sizeof(num), "%u", pids_max ? pids_max : CAP_EXEC_PIDS_MAX_DEFAULT);
+	r = fd < 0 ? -errno : write_at(fd, "pids.max", num);
+	if (r < 0) {
+		if (fd >= 0)
+			close(fd);
+		unlinkat(A.cg_fd, name, AT_REMOVEDIR);
+		return r;
+	}
+	*dirfd = fd;
+	return 0;
+}
+
+/* SIGKILL every process in the cgroup. A process in the middle of fork
+ * can still slip through (its child joins the cgroup after the walk), so
+ * a cgroup that does not empty is killed again (CG_REKILL_MS). */
+static void cg_kill(const char *name)
+{
+	char path[48];
+	snprintf(path, sizeof(path), "%s/cgroup.kill", name);
+	int r = write_at(A.cg_fd, path, "1");
+	if (r < 0 && r != -ENOENT)
+		logf_("cannot kill cgroup %s: %s", name, strerror(-r));
+}
+
+/* Remove a killed cgroup: 0 when gone, -EBUSY while processes remain. */
+static int cg_remove(const char *name)
+{
+	if (unlinkat(A.cg_fd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		return -errno;
+	return 0;
+}
+
+/* Remove it now if it is empty, else keep trying from the loop. */
+static void cg_dispose(const char *name)
+{
+	if (cg_remove(name) == 0)
+		return;
+	if (A.cg_npending == CG_PENDING_MAX) {
+		logf_("too many cgroups waiting to be removed; leaving %s", name);
+		return;
+	}
+	snprintf(A.cg_pending[A.cg_npending++], sizeof(A.cg_pending[0]), "%s", name);
+}
+
+/* Retry the removal of killed cgroups, killing them again meanwhile. */
+static void cg_sweep(int64_t now)
+{
+	bool rekill = now - A.cg_kill_ms >= CG_REKILL_MS;
+	if (rekill)
+		A.cg_kill_ms = now;
+	for (size_t i = 0; i < A.cg_npending;) {
+		if (cg_remove(A.cg_pending[i]) == 0) {
+			memmove(A.cg_pending[i], A.cg_pending[--A.cg_npending], sizeof(A.cg_pending[0]));
+			continue;
+		}
+		if (rekill)
+			cg_kill(A.cg_pending[i]);
+		i++;
+	}
+}
+
 /* --- commands --------------------------------------------------------- */
 
 static struct exec *exec_find(uint32_t id)
@@ -254,6 +387,16 @@ static struct exec *exec_find(uint32_t id)
 		if (A.execs[i].id == id)
 			return &A.execs[i];
 	return NULL;
+}
+
+/* End a command: its whole cgroup, or its process group without one. */
+static void exec_kill(struct exec *x)
+{
+	if (x->cg[0]) {
+		cg_kill(x->cg);
+		x->cg_kill_ms = cap_now_ms();
+	} else if (!x->exited)
+		kill(-x->pid, SIGKILL);
 }
 
 static void close_fd(int *fd)
@@ -294,19 +437,25 @@ static char **make_env(const struct cap_exec_req *req)
 }
 
 struct start_failure {
-	int stage;	/* 0 chdir, 1 exec, 2 credentials */
+	int stage;	/* 0 chdir, 1 exec, 2 credentials, 3 cgroup */
 	int errnum;
 };
 
-/* In the child: become the tool user in a new process group and exec.
- * Failures are reported through errfd and end the child with 127. */
+/* In the child: enter the command's cgroup (before anything can fork),
+ * become the tool user in a new process group and exec. Failures are
+ * reported through errfd and end the child with 127. */
 __attribute__((noreturn)) static void child(const struct cap_exec_req *req,
 					     char **env, int in, int out,
-					     int err, int errfd, const char *pty)
+					     int err, int errfd, const char *pty,
+					     int cgfd)
 {
 	struct start_failure f = { 2, 0 };
 	sigset_t none;
 
+	if (cgfd >= 0 && (f.errnum = -write_at(cgfd, "cgroup.procs", "0")) != 0) {
+		f.stage = 3;
+		goto fail;
+	}
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	signal(SIGPIPE, SIG_DFL);
@@ -395,11 +544,22 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		return;
 	}
 
+	char cg[24] = "";
+	int cgfd = -1;
+	if (A.cg_fd >= 0 && (ok = cg_create(req.pids_max, cg, sizeof(cg), &cgfd)) < 0) {
+		send_error(id, -ok, "cannot create the command's cgroup %s: %s", cg, strerror(-ok));
+		int fds[] = { in[0], in[1], out[0], out[1], er[0], er[1], ef[0], ef[1] };
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
+			close_fd(&fds[i]);
+		cap_exec_req_fini(&req);
+		return;
+	}
 	char **env = make_env(&req);
 	pid_t pid = fork();
 	if (pid == 0)
-		child(&req, env, in[0], out[1], er[1], ef[1], pty ? ptyname : NULL);
+		child(&req, env, in[0], out[1], er[1], ef[1], pty ? ptyname : NULL, cgfd);
 	int fork_errno = errno;
+	close_fd(&cgfd);
 	free(env);
 	close_fd(&in[0]);
 	close_fd(&out[1]);
@@ -413,7 +573,8 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		int e = pid < 0 ? fork_errno : f.errnum;
 		const char *what = pid < 0 ? "cannot fork" :
 				   f.stage == 0 ? "cannot change to directory" :
-				   f.stage == 1 ? "cannot run" : "cannot switch to the tool user for";
+				   f.stage == 1 ? "cannot run" :
+				   f.stage == 3 ? "cannot enter the cgroup for" : "cannot switch to the tool user for";
 		const char *arg = f.stage == 0 ? (req.cwd && req.cwd[0] ? req.cwd : "/work") : req.argv[0];
 		char msg[600];
 		int m = snprintf(msg, sizeof(msg), "capsule: %s '%s': %s\n", what,
@@ -428,6 +589,10 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		close_fd(&er[0]);
 		exec_release(x);
 		cap_exec_req_fini(&req);
+		if (cg[0]) {
+			cg_kill(cg);
+			cg_dispose(cg);
+		}
 		return;
 	}
 
@@ -436,6 +601,7 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = req.output_cap,
 		.pty = pty,
 	};
+	memcpy(x->cg, cg, sizeof(cg));
 	cap_buf_init(&x->in_pending);
 	x->deadline_ms = req.timeout_ms ? x->start_ms + req.timeout_ms : 0;
 	cap_set_nonblock(x->out_fd, 1);
@@ -453,6 +619,19 @@ static void finish_if_done(struct exec *x, int64_t now)
 	bool drained = x->out_fd < 0 && x->err_fd < 0;
 	if (!drained && now - x->exit_ms < DRAIN_GRACE_MS)
 		return;
+	/* Its cgroup was killed when the leader exited: report the end once
+	 * nothing of it runs, or after CG_EMPTY_WAIT_MS regardless. */
+	if (x->cg[0]) {
+		if (cg_remove(x->cg) == 0) {
+			x->cg[0] = '\0';
+		} else {
+			if (now - x->cg_kill_ms >= CG_REKILL_MS)
+				exec_kill(x);
+			if (now - x->exit_ms < CG_EMPTY_WAIT_MS)
+				return;
+			cg_dispose(x->cg);
+		}
+	}
 	struct cap_exit ex = { .duration_ms = (uint32_t)(x->exit_ms - x->start_ms) };
 	if (WIFSIGNALED(x->wstatus)) {
 		ex.kind = CAP_EXIT_SIGNAL;
@@ -472,8 +651,8 @@ static void finish_if_done(struct exec *x, int64_t now)
 static void kill_all_execs(void)
 {
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
-		if (A.execs[i].id && !A.execs[i].exited)
-			kill(-A.execs[i].pid, SIGKILL);
+		if (A.execs[i].id)
+			exec_kill(&A.execs[i]);
 }
 
 static void reap(void)
@@ -490,6 +669,8 @@ static void reap(void)
 				x->exited = true;
 				x->wstatus = status;
 				x->exit_ms = cap_now_ms();
+				/* Nothing it started outlives it. */
+				exec_kill(x);
 			}
 		}
 	}
@@ -958,7 +1139,9 @@ static void handle_frame(const struct cap_frame *f)
 			return;
 		}
 		uint32_t sig = cap_get_u32(f->payload);
-		if (x && !x->exited && sig >= 1 && sig <= 64)
+		if (x && !x->exited && sig == SIGKILL)
+			exec_kill(x);
+		else if (x && !x->exited && sig >= 1 && sig <= 64)
 			kill(-x->pid, (int)sig);
 		return;
 	case CAP_MSG_RESIZE:
@@ -1085,7 +1268,7 @@ static void serve(void)
 				if (now >= x->deadline_ms) {
 					x->timed_out = true;
 					x->deadline_ms = 0;
-					kill(-x->pid, SIGKILL);
+					exec_kill(x);
 				} else {
 					int64_t left = x->deadline_ms - now;
 					if (timeout < 0 || left < timeout)
@@ -1095,6 +1278,8 @@ static void serve(void)
 			if (x->exited) {
 				int64_t left = x->exit_ms + DRAIN_GRACE_MS - now;
 				left = left < 0 ? 0 : left;
+				if (x->cg[0])
+					left = 10;	/* check again whether its cgroup emptied */
 				if (timeout < 0 || left < timeout)
 					timeout = (int)left;
 			}
@@ -1115,6 +1300,8 @@ static void serve(void)
 		 * once; poll it gently until the host arrives. */
 		if (!A.connected && (timeout < 0 || timeout > 50))
 			timeout = 50;
+		if (A.cg_npending && (timeout < 0 || timeout > CG_REKILL_MS))
+			timeout = CG_REKILL_MS;
 
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
 			logf_("poll: %s", strerror(errno));
@@ -1150,6 +1337,8 @@ static void serve(void)
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
 			if (A.execs[i].id)
 				finish_if_done(&A.execs[i], now);
+		if (A.cg_npending)
+			cg_sweep(now);
 		if (!A.connected) {
 			A.out.off = A.out.len = 0;
 			continue;
@@ -1167,6 +1356,8 @@ int main(void)
 	setup_system();
 	if (cmdline_has("capsule.poweroff"))
 		power_off();	/* raw boot benchmark: init reached, stop */
+	setup_cgroups();
+	setup_priority();
 
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
 		A.execs[i].out_fd = A.execs[i].err_fd = A.execs[i].in_fd = -1;

@@ -86,7 +86,7 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 	if (req->argc == 0 || req->argc > CAP_PROTO_MAX_ARGS ||
 	    req->envc > CAP_PROTO_MAX_ARGS)
 		return -EINVAL;
-	size_t size = 4 * 6 + str_size(req->cwd);
+	size_t size = 4 * 6 + str_size(req->cwd) + (req->pids_max ? 4 : 0);
 	for (uint32_t i = 0; i < req->argc; i++)
 		size += str_size(req->argv[i]);
 	for (uint32_t i = 0; i < req->envc; i++)
@@ -111,6 +111,10 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 	for (uint32_t i = 0; i < req->envc; i++)
 		p = put_str(p, req->env[i]);
 	p = put_str(p, req->cwd);
+	if (req->pids_max) {
+		cap_put_u32(p, req->pids_max);
+		p += 4;
+	}
 	CAP_BUG_ON((size_t)(p - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
 	return 0;
@@ -204,7 +208,8 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 			return e;
 		}
 	}
-	if (rd_str(&r, &req.cwd) < 0 || r.left != 0) {
+	if (rd_str(&r, &req.cwd) < 0 || (r.left == 4 && rd_u32(&r, &req.pids_max) < 0) ||
+	    r.left != 0) {
 		cap_exec_req_fini(&req);
 		return cap_err_set(err, EBADMSG, "exec request has a malformed working directory or trailing bytes");
 	}

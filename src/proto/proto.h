@@ -85,7 +85,15 @@ struct cap_exec_req {
 	uint32_t output_cap;	/* bytes over stdout+stderr; 0: no cap */
 	uint32_t flags;	/* CAP_EXEC_* */
 	uint16_t rows, cols;	/* initial PTY size with CAP_EXEC_PTY */
+	uint32_t pids_max;	/* the command's cgroup pids.max; 0: the agent's
+				 * default (CAP_EXEC_PIDS_MAX_DEFAULT). An
+				 * optional trailing field: sent only when
+				 * nonzero, so older agents still parse the
+				 * requests of hosts that leave it 0. */
 };
+
+/* The agent's pids.max for a command whose request leaves pids_max 0. */
+#define CAP_EXEC_PIDS_MAX_DEFAULT 1024u
 
 /* Encode req as an EXEC frame for stream into out. -E2BIG when it does
  * not fit one frame, -EINVAL for a string with a NUL byte or too many

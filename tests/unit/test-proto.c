@@ -112,6 +112,37 @@ static void exec_roundtrip(void **state)
 	cap_buf_fini(&b);
 }
 
+/* pids_max is an optional trailing u32: absent when 0 (what older agents
+ * parse), present otherwise; any other number of trailing bytes is
+ * refused. */
+static void exec_pids_max_optional(void **state)
+{
+	(void)state;
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1, .pids_max = 77 };
+	struct cap_buf b0 = encode_sample(), b;
+	struct cap_frame f0, f;
+	struct cap_exec_req out;
+	struct cap_err err = { 0 };
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_exec_encode(&b, 1, &req), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_exec_decode(f.payload, f.len, &out, NULL), 0);
+	assert_int_equal(out.pids_max, 77);
+	cap_exec_req_fini(&out);
+	for (size_t cut = 1; cut < 4; cut++)
+		assert_int_equal(cap_proto_exec_decode(f.payload, f.len - cut, &out, &err), -EBADMSG);
+	assert_int_equal(cap_proto_exec_decode(f.payload, f.len - 4, &out, NULL), 0);
+	assert_int_equal(out.pids_max, 0);
+	cap_exec_req_fini(&out);
+	assert_true(cap_proto_parse(cap_buf_head(&b0), cap_buf_used(&b0), &f0) > 0);
+	assert_int_equal(cap_proto_exec_decode(f0.payload, f0.len, &out, NULL), 0);
+	assert_int_equal(out.pids_max, 0);
+	cap_exec_req_fini(&out);
+	cap_buf_fini(&b);
+	cap_buf_fini(&b0);
+}
+
 /* Every prefix of a valid payload is refused cleanly. */
 static void exec_truncated_everywhere(void **state)
 {
@@ -303,6 +334,7 @@ int main(void)
 		cmocka_unit_test(exec_hostile_counts),
 		cmocka_unit_test(exec_rejects_nul_env_and_trailing),
 		cmocka_unit_test(exec_encode_too_big),
+		cmocka_unit_test(exec_pids_max_optional),
 		cmocka_unit_test(exit_codec),
 		cmocka_unit_test(exit_status_mapping),
 		cmocka_unit_test(hello_and_error_text_sanitized),

@@ -34,6 +34,8 @@ static const char usage[] =
 	"                      the whole process group is killed when it expires\n"
 	"  --output-cap BYTES  Limit on stdout+stderr (default 262144); the rest is\n"
 	"                      dropped after a truncation marker\n"
+	"  --pids-max N        Processes the command and what it starts may have at\n"
+	"                      once (its cgroup's pids.max; default 1024)\n"
 	"  --accel MODE        auto, kvm or tcg (default auto; see `capsule doctor`)\n"
 	"  -e, --env NAME=VAL  Set an environment variable (repeatable)\n"
 	"  -w, --workdir DIR   Working directory in the guest (default /work)\n"
@@ -52,6 +54,7 @@ int cap_cli_run(int argc, char **argv)
 		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
 		{ "timeout", required_argument, NULL, CAP_OPT_TIMEOUT },
 		{ "output-cap", required_argument, NULL, CAP_OPT_OUTPUT_CAP },
+		{ "pids-max", required_argument, NULL, CAP_OPT_PIDS_MAX },
 		{ "accel", required_argument, NULL, CAP_OPT_ACCEL },
 		{ "console-log", required_argument, NULL, CAP_OPT_CONSOLE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },

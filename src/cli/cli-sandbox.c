@@ -235,7 +235,7 @@ static const char exec_usage[] =
 	"Run COMMAND in the sandbox NAME (starting it first if it is stopped),\n"
 	"streaming its output; exits with its exit code as `capsule run` does.\n"
 	"\n"
-	"Options: --timeout S, --output-cap BYTES, -e NAME=VAL, -w DIR, -i, -q\n"
+	"Options: --timeout S, --output-cap BYTES, --pids-max N, -e NAME=VAL, -w DIR, -i, -q\n"
 	"(see `capsule run --help`).\n";
 
 static int exec_or_shell(int argc, char **argv, bool shell)
@@ -243,6 +243,7 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 	static const struct option opts[] = {
 		{ "timeout", required_argument, NULL, CAP_OPT_TIMEOUT },
 		{ "output-cap", required_argument, NULL, CAP_OPT_OUTPUT_CAP },
+		{ "pids-max", required_argument, NULL, CAP_OPT_PIDS_MAX },
 		{ "env", required_argument, NULL, 'e' },
 		{ "workdir", required_argument, NULL, 'w' },
 		{ "interactive", no_argument, NULL, 'i' },

@@ -34,6 +34,13 @@ int cap_cli_exec_opt(struct cap_cli_exec *x, int c, const char *arg)
 		}
 		x->req.timeout_ms = (uint32_t)(v * 1000);
 		return 1;
+	case CAP_OPT_PIDS_MAX:
+		if (cap_cli_parse_uint(arg, 1, 1u << 22, &v) < 0) {
+			cap_cli_error("--pids-max '%s' is not a number of processes from 1 to 4194304", arg);
+			return -1;
+		}
+		x->req.pids_max = (uint32_t)v;
+		return 1;
 	case CAP_OPT_OUTPUT_CAP:
 		if (cap_cli_parse_uint(arg, 0, 1u << 30, &v) < 0) {
 			cap_cli_error("--output-cap '%s' is not a number of bytes up to 1073741824", arg);

@@ -247,6 +247,7 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	json_t *cwd = json_object_get(params, "cwd");
 	json_t *timeout = json_object_get(params, "timeout");
 	json_t *in = json_object_get(params, "stdin");
+	json_t *pids = json_object_get(params, "pids_max");
 	size_t n = json_array_size(argv);
 	const char *agent, *peer;
 	if (!json_is_array(argv) || n == 0 || n > CAP_PROTO_MAX_ARGS)
@@ -254,6 +255,8 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	if ((env && !json_is_object(env)) || (cwd && !json_is_string(cwd)) ||
 	    (in && !json_is_string(in)) || (timeout && !json_is_number(timeout)))
 		return error_to(k, id, CAP_RPC_PARAMS, "env must be an object of strings, cwd and stdin strings, timeout a number of seconds");
+	if (pids && (!json_is_integer(pids) || json_integer_value(pids) < 1 || json_integer_value(pids) > (1 << 22)))
+		return error_to(k, id, CAP_RPC_PARAMS, "pids_max must be an integer from 1 to %d", 1 << 22);
 	double t = timeout ? json_number_value(timeout) : 30;
 	if (t < 0 || t > 86400)
 		return error_to(k, id, CAP_RPC_PARAMS, "timeout %g is out of range (0 to 86400 seconds)", t);
@@ -280,6 +283,7 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 		.argv = (char **)av, .argc = (uint32_t)n, .env = ev, .envc = envc,
 		.cwd = cwd ? (char *)json_string_value(cwd) : NULL,
 		.timeout_ms = (uint32_t)(t * 1000), .output_cap = 256 * 1024,
+		.pids_max = pids ? (uint32_t)json_integer_value(pids) : 0,
 	};
 	struct cap_ctl_req req = { .kind = CAP_CTL_EXEC, .exec = &x };
 	if (in) {

@@ -14,7 +14,7 @@ ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
 resp() { grep "\"id\":$1[,}]" "$out"; }
 mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
 
-echo "1..15"
+echo "1..16"
 
 { printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
 check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
@@ -61,12 +61,16 @@ printf '%s\n' '{"tools": {"run_command": true, "write_file": true}}' >"$rt/rw.js
 { echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
 	'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"write_file","arguments":{"path":"w.txt","root":"public","content":"x"}}}' \
 	'{"jsonrpc":"2.0","id":14,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"sleep 20","timeout":1}}}'
-	wait_for 'resp 14 >/dev/null' 900; } |
+	wait_for 'resp 14 >/dev/null' 900
+	printf '%s\n' '{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"f(){ f|f& }; f 2>/dev/null; sleep 100","timeout":3}}}'
+	wait_for 'resp 15 >/dev/null' 300; } |
 	"$capsule" mcp --agent a --peer p1 --source "$rt/pub" --config "$rt/rw.json" 2>"$err" >"$out"
 check "write_file with root public is refused, naming the rule" \
 	'resp 13 | grep -q "\"code\":-32602" && resp 13 | grep -q "workspace (/work) only"'
 check "run_command with timeout 1 says it timed out after 1 s" \
 	'resp 14 | grep -q "timed out after 1 s" && resp 14 | grep -q "\"timed_out\":true"'
+check "a fork bomb in run_command with timeout 3 ends on time" \
+	'resp 15 | grep -q "timed out after 3 s" && resp 15 | grep -q "\"timed_out\":true"'
 
 "$capsule" mcp --peer p1 </dev/null >"$out" 2>"$err"
 check "no agent identity: refused with a message, nothing on stdout" '[ $? -ne 0 ] && grep -q "agent identity is required" "$err" && [ ! -s "$out" ]'

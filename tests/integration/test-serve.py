@@ -33,7 +33,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 68
+PLAN = 71
 
 n = 0
 failed = 0
@@ -506,6 +506,22 @@ def main():
     r = exec_(c, "p1", "cat /work/f", timeout=60)
     ok(r.get("result", {}).get("stdout") == "frozen-ok\n",
        "its VM was killed and the next call starts it again with its disks", r)
+
+    # Contained in the guest: a fork bomb with a setsid escapee ends on
+    # time and leaves nothing behind for the next call; pids_max is the
+    # command's own.
+    t0 = time.time()
+    bid = c.send("exec", {"identity": ident("p2"), "timeout": 5, "argv": [
+        "sh", "-c", "setsid sleep 1000 & f(){ f|f& }; f 2>/dev/null; sleep 100"]})
+    br = wait_answer(c, bid, 60)
+    took = time.time() - t0
+    ok(br.get("result", {}).get("timed_out") is True and took < 12,
+       f"a fork bomb with timeout 5 answers timed out in {took:.1f} s", br)
+    r = exec_(c, "p2", "ps -o pid,args | grep -c '[s]leep 1000'", timeout=60)
+    ok(r.get("result", {}).get("stdout") == "0\n", "nothing it started is left for the next call", r)
+    r = call(c, "exec", {"identity": ident("p2"), "pids_max": 7, "argv": [
+        "sh", "-c", "cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/pids.max"]}, 60)
+    ok(r.get("result", {}).get("stdout") == "7\n", "pids_max sets the command's cgroup pids.max", r)
 
     # --- capacity ------------------------------------------------------------------------------
     exec_(c, "p3", "true")

@@ -61,17 +61,19 @@ t exec k -- ps -o pid,args >"$out" 2>"$err"
 check "exec: a command whose client was killed leaves nothing behind" \
 	'[ "$(left "sleep 100[02]")" -eq 0 ] && grep -q "ps -o" "$out"'
 
-# (b) fork bombs, three in a row, each ended on time by its timeout.
+# (b) fork bombs, ten in a row, each ended on time: within its timeout
+# plus the host's grace (5 s), the promise whoever keeps it (the guest, as
+# measured here, ends them within about 1.5 s of the timeout).
 times=""
 bad=0
-for i in 1 2 3; do
+for i in 1 2 3 4 5 6 7 8 9 10; do
 	s=$(now)
 	t exec --timeout 5 k -- sh -c "$BOMB" >"$out" 2>"$err"
 	rc=$? ms=$(($(now) - s))
 	times="$times ${ms}ms"
-	[ "$rc" -eq 124 ] && [ "$ms" -lt 8000 ] || bad=$((bad + 1))
+	[ "$rc" -eq 124 ] && [ "$ms" -lt 10500 ] || bad=$((bad + 1))
 done
-check "exec: 3 fork bombs with --timeout 5 each end with 124 within 5 s + 3 s (${times# })" '[ "$bad" -eq 0 ]'
+check "exec: 10 fork bombs with --timeout 5 each end with 124 within 5 s + 5 s (${times# })" '[ "$bad" -eq 0 ]'
 t exec k -- sh -c 'echo ok; ls /tmp/same-vm; ps -o user,pid,args | grep -c "^ *user" ; ls /sys/fs/cgroup | grep -c "^cmd-"' >"$out" 2>"$err"
 check "exec: after the bombs the same VM answers, with no process or cgroup left" \
 	'[ "$(sed -n 1p "$out")" = ok ] && [ "$(sed -n 2p "$out")" = /tmp/same-vm ] && [ "$(sed -n 3p "$out")" -le 3 ] && [ "$(sed -n 4p "$out")" -eq 1 ]'

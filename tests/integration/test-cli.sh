@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..42"
+echo "1..44"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -56,6 +56,20 @@ wait "$pid"
 rc=$?
 check "Ctrl-C stops the command (exit $rc)" '[ "$rc" -eq 130 ]'
 clean_after "Ctrl-C"
+
+# A guest that does not end a command on time (its QEMU frozen with
+# SIGSTOP) is given up on at the timeout + 5 s and its VM destroyed.
+timeout -s KILL 30 "$capsule" run -q --timeout 2 -- sh -c 'echo started; exec sleep 100' >"$out" 2>"$err" &
+pid=$!
+wait_for 'grep -q started "$out" 2>/dev/null'
+s0=$(date +%s%N)
+kill -STOP $(pgrep -f "qemu-system.*$rt/capsule-")
+wait "$pid"
+rc=$?
+ms=$((($(date +%s%N) - s0) / 1000000))
+check "run: a frozen guest is given up on at the timeout + 5 s (exit $rc after $ms ms)" \
+	'[ "$rc" -eq 124 ] && [ "$ms" -lt 8000 ] && grep -q "did not end it within 5 s more" "$err" && grep -q "destroying the VM" "$err"'
+clean_after "a frozen guest"
 
 # QEMU runs confined by what capsule sets before exec: seccomp filter
 # mode, no new privileges, no core dumps.

@@ -182,33 +182,43 @@ static const char stop_usage[] =
 	"A sandbox that a running controller (capsule serve or mcp) owns is\n"
 	"stopped only with --force, through that controller.\n";
 
-int cap_cli_stop(int argc, char **argv)
+/* Parse "[--force] NAME" (and -h): the name, or NULL after printing
+ * with *rc set. */
+static const char *forced_name(int argc, char **argv, const char *usage, bool *force, int *rc)
 {
 	static const struct option opts[] = {
 		{ "force", no_argument, NULL, 'f' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	bool force = false;
-	struct cap_err err = { 0 };
-	int c, rc;
+	int c;
+	*force = false;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
 		if (c == 'f') {
-			force = true;
-		} else if (c == 'h') {
-			fputs(stop_usage, stdout);
-			return 0;
+			*force = true;
 		} else {
-			fputs(stop_usage, stderr);
-			return 2;
+			fputs(usage, c == 'h' ? stdout : stderr);
+			*rc = c == 'h' ? 0 : 2;
+			return NULL;
 		}
 	}
 	if (optind != argc - 1) {
-		fputs(stop_usage, stderr);
-		return 2;
+		fputs(usage, stderr);
+		*rc = 2;
+		return NULL;
 	}
-	const char *name = argv[optind];
+	return argv[optind];
+}
+
+int cap_cli_stop(int argc, char **argv)
+{
+	struct cap_err err = { 0 };
+	bool force;
+	int rc;
+	const char *name = forced_name(argc, argv, stop_usage, &force, &rc);
+	if (!name)
+		return rc;
 	if (through_owner(name, "stop", "stop", "stop", force, &rc))
 		return rc;
 	if (cap_named_stop(name, 10000, &err) < 0)
@@ -425,34 +435,15 @@ static const char rm_usage[] =
 
 int cap_cli_rm(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "force", no_argument, NULL, 'f' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	bool force = false;
 	struct cap_err err = { 0 };
-	int c;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
-		if (c == 'f') {
-			force = true;
-		} else if (c == 'h') {
-			fputs(rm_usage, stdout);
-			return 0;
-		} else {
-			fputs(rm_usage, stderr);
-			return 2;
-		}
-	}
-	if (optind != argc - 1) {
-		fputs(rm_usage, stderr);
-		return 2;
-	}
+	bool force;
 	int rc;
-	if (through_owner(argv[optind], "rm", "remove", "remove", force, &rc))
+	const char *name = forced_name(argc, argv, rm_usage, &force, &rc);
+	if (!name)
 		return rc;
-	if (cap_named_remove(argv[optind], force, &err) < 0)
+	if (through_owner(name, "rm", "remove", "remove", force, &rc))
+		return rc;
+	if (cap_named_remove(name, force, &err) < 0)
 		return fail(&err);
 	return 0;
 }

@@ -340,6 +340,31 @@ static void cg_kill(const char *name)
 		logf_("cannot kill cgroup %s: %s", name, strerror(-r));
 }
 
+/* fork() straight into the cgroup cgfd (clone3 CLONE_INTO_CGROUP, Linux
+ * 5.7): moving a process in afterwards by cgroup.procs waits for an RCU
+ * grace period, milliseconds on every command. *placed says whether it
+ * happened; on an older kernel it is a plain fork and the child moves
+ * itself. The agent has one thread, so a raw clone3 is as safe as fork. */
+static pid_t fork_into(int cgfd, bool *placed)
+{
+	struct {
+		uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls,
+			set_tid, set_tid_size, cgroup;
+	} args = { .flags = 0x200000000ULL /* CLONE_INTO_CGROUP */, .exit_signal = SIGCHLD,
+		   .cgroup = (uint64_t)cgfd };
+	*placed = false;
+	if (cgfd >= 0) {
+		long r = syscall(SYS_clone3, &args, sizeof(args));
+		if (r >= 0) {
+			*placed = true;
+			return (pid_t)r;
+		}
+		if (errno != ENOSYS && errno != E2BIG && errno != EINVAL)
+			return -1;
+	}
+	return fork();
+}
+
 /* Remove a killed cgroup: 0 when gone, -EBUSY while processes remain. */
 static int cg_remove(const char *name)
 {
@@ -555,9 +580,10 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		return;
 	}
 	char **env = make_env(&req);
-	pid_t pid = fork();
+	bool placed;
+	pid_t pid = fork_into(cgfd, &placed);
 	if (pid == 0)
-		child(&req, env, in[0], out[1], er[1], ef[1], pty ? ptyname : NULL, cgfd);
+		child(&req, env, in[0], out[1], er[1], ef[1], pty ? ptyname : NULL, placed ? -1 : cgfd);
 	int fork_errno = errno;
 	close_fd(&cgfd);
 	free(env);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -105,4 +106,13 @@ int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 				   WEXITSTATUS(status), out);
 	return cap_err_set(err, EIO, "%s was killed by signal %d%s", argv[0],
 			   WTERMSIG(status), out);
+}
+
+void cap_child_keep_fd3(int fd)
+{
+	if (fd != 3) {
+		dup2(fd, 3);
+		close(fd);
+	}
+	syscall(SYS_close_range, 4U, ~0U, 0U);
 }

@@ -19,4 +19,8 @@ int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
  * real path, a new string; NULL when it is not there. */
 char *cap_find_program(const char *name);
 
+/* In a child that is to carry nothing of its parent: make fd its
+ * descriptor 3 and close every descriptor above (0 to 2 are left alone). */
+void cap_child_keep_fd3(int fd);
+
 #endif

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -108,12 +107,7 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 		/* Keep nothing of the controller's: not its home lock (a
 		 * controller started after this one dies must get it), not
 		 * the MCP client's stdio. */
-		if (p[1] != 3) {
-			dup2(p[1], 3);
-			close(p[1]);
-			p[1] = 3;
-		}
-		syscall(SYS_close_range, 4U, ~0U, 0U);
+		cap_child_keep_fd3(p[1]);
 		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 		if (null >= 0) {
 			dup2(null, 0);
@@ -134,7 +128,7 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 			run_wait(j, &out);
 		else
 			run_check(j, &out);
-		ssize_t n = write(p[1], &out, sizeof(out));
+		ssize_t n = write(3, &out, sizeof(out));
 		_exit(n == (ssize_t)sizeof(out) ? 0 : 1);
 	}
 	close(p[1]);
@@ -174,12 +168,11 @@ static int state(void *ud, const char *name, enum cap_vm_state *st, bool *servin
 		 bool *has_source)
 {
 	struct cap_named_status s;
-	struct cap_record rec;
 	(void)ud;
 	int r = cap_named_status(name, &s, NULL);
 	if (r < 0)
 		return r;
-	*has_source = cap_named_load(name, &rec, NULL) == 0 && rec.source[0];
+	*has_source = s.has_source;
 	*serving = false;
 	switch (s.state) {
 	case CAP_NAMED_STOPPED:

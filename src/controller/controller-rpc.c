@@ -27,7 +27,6 @@ struct conn;
 
 /* A call submitted for a connection; the tag the core gives back. */
 struct pending {
-	struct cap_rpc_server *srv;
 	struct conn *conn;	/* NULL once the client went away */
 	json_t *id;	/* NULL for a notification: no answer */
 	char path[4200];	/* FILE: as asked */
@@ -229,7 +228,6 @@ static void submit(struct cap_rpc_server *s, struct conn *k, json_t *id, const c
 		   const char *peer, const struct cap_ctl_req *req, const char *path)
 {
 	struct pending *p = xcalloc(1, sizeof(*p));
-	p->srv = s;
 	p->conn = k;
 	p->id = id ? json_incref(id) : NULL;
 	p->op = req->op;

@@ -472,6 +472,12 @@ static void active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code co
 	active_done(c, i, &r);
 }
 
+/* What a buffer holds, "" when empty (its head is NULL then). */
+static const uint8_t *bytes(const struct cap_buf *b)
+{
+	return cap_buf_used(b) ? cap_buf_head(b) : (const uint8_t *)"";
+}
+
 static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 {
 	struct cap_ctl_call *k = ud;
@@ -550,7 +556,7 @@ static void file_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k
 		free(v);
 		return;
 	}
-	r.content = cap_buf_used(&k->out) ? cap_buf_head(&k->out) : (const uint8_t *)"";
+	r.content = bytes(&k->out);
 	r.content_len = cap_buf_used(&k->out);
 	active_done(c, i, &r);
 }
@@ -584,9 +590,9 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	}
 	struct cap_ctl_result r = {
 		.exit = *ex,
-		.out = cap_buf_used(&k->out) ? cap_buf_head(&k->out) : (const uint8_t *)"",
+		.out = bytes(&k->out),
 		.out_len = cap_buf_used(&k->out),
-		.err = cap_buf_used(&k->err) ? cap_buf_head(&k->err) : (const uint8_t *)"",
+		.err = bytes(&k->err),
 		.err_len = cap_buf_used(&k->err),
 	};
 	active_done(c, i, &r);
@@ -1370,9 +1376,9 @@ static void deadlines(struct cap_ctl *c)
 		struct cap_ctl_result r = {
 			.exit = { .kind = CAP_EXIT_SIGNAL, .value = SIGKILL, .flags = CAP_EXIT_TIMED_OUT,
 				  .duration_ms = (uint32_t)(real - (k->deadline - k->req.timeout_ms - CAP_SANDBOX_EXEC_GRACE_MS)) },
-			.out = cap_buf_used(&k->out) ? cap_buf_head(&k->out) : (const uint8_t *)"",
+			.out = bytes(&k->out),
 			.out_len = cap_buf_used(&k->out),
-			.err = cap_buf_used(&k->err) ? cap_buf_head(&k->err) : (const uint8_t *)"",
+			.err = bytes(&k->err),
 			.err_len = cap_buf_used(&k->err),
 			.note = note,
 			.kind = k->kind,

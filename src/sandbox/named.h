@@ -101,6 +101,7 @@ struct cap_named_status {
 	pid_t qemu_pid;
 	char control[256];	/* control socket path, when running */
 	uint64_t disk_bytes;	/* space the disks use on the host */
+	bool has_source;	/* it projects public data at /source */
 };
 int cap_named_status(const char *name, struct cap_named_status *out,
 		     struct cap_err *err);

@@ -11,7 +11,6 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -379,6 +378,7 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 	_cleanup_free_ char *upper = in_dir(name, "root-upper.ext4");
 	_cleanup_free_ char *work = in_dir(name, "private.ext4");
 	out->disk_bytes = used_bytes(upper) + used_bytes(work);
+	out->has_source = rec.source[0] != '\0';
 
 	/* The shim holds shim.lock for its whole life: a lock we cannot take
 	 * means a live shim, whatever files a crash may have left. */
@@ -614,12 +614,7 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 			_exit(0);
 		close(ready[0]);
 		/* Keep only the ready pipe (as fd 3) of what the caller had. */
-		if (ready[1] != 3) {
-			dup2(ready[1], 3);
-			close(ready[1]);
-			ready[1] = 3;
-		}
-		syscall(SYS_close_range, 4U, ~0U, 0U);
+		cap_child_keep_fd3(ready[1]);
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);

@@ -10,6 +10,7 @@ PACKAGES="
   qemu-system-x86 busybox-static cpio gzip e2fsprogs erofs-utils debootstrap
   linux-source-6.1 bc bison flex libelf-dev xz-utils
   python3 procps util-linux tmux zstd runsc
+  libnftables-dev libmnl-dev iproute2 nftables wget
 "
 
 missing=""

@@ -5,6 +5,7 @@
 #define CAP_ENGINE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "err.h"
@@ -42,6 +43,41 @@ struct cap_vm_disk {
 	bool per_sandbox;
 };
 
+/* A NIC under a network policy (DESIGN §9, docs/network.md): a
+ * virtio-net device on QEMU's user-mode stack inside the jail's network
+ * namespace, which has no uplink (lo only, route "local 0.0.0.0/0 dev lo").
+ * nftables rules installed before QEMU starts, default drop, matched on
+ * QEMU's UID: TCP to a denied range is reset, 127.0.0.1:CAP_NET_PROXY_PORT
+ * and every other TCP connection is redirected to the policy process's
+ * listener, UDP to 127.0.0.1:53 reaches its DNS socket, anything else is
+ * dropped. QEMU's DNS goes to 127.0.0.1:53. */
+struct cap_vm_net_fds {
+	int tcp_listen;	/* 127.0.0.1:<any> in the VM's namespace, listening, nonblocking */
+	int dns;	/* UDP 127.0.0.1:53 in the VM's namespace */
+	int connector;	/* see cap_netd_config.connector */
+	int control;	/* the policy process's end of cap_vm_net_control_fd */
+};
+
+struct cap_vm_net {
+	/* Guest TCP ports QEMU forwards from 127.0.0.2:<same port> in the
+	 * VM's namespace (hostfwd), for published ports. */
+	const uint16_t *forward;
+	unsigned nforward;
+	/* Ranges [lo, hi] (host order) refused in the kernel with a TCP
+	 * reset (cap_net_denied_ranges). */
+	const uint32_t (*deny)[2];
+	unsigned ndeny;
+	/* The policy process, forked once the namespace and its rules exist
+	 * and before QEMU starts; it runs as an unprivileged user of its own,
+	 * in the VM's cgroups, with no_new_privs and rlimits, holding only
+	 * fds' descriptors, keep[0..nkeep) and 0-2; its return value is its
+	 * exit code. NULL: none (a template being built: nothing gets out). */
+	int (*policy_main)(void *ud, const struct cap_vm_net_fds *fds);
+	void *policy_ud;
+	const int *keep;
+	unsigned nkeep;
+};
+
 struct cap_vm_config {
 	const char *kernel;	/* vmlinux with a PVH entry */
 	const char *initrd;
@@ -54,6 +90,9 @@ struct cap_vm_config {
 	const char *append_extra;	/* NULL or more kernel arguments */
 	const struct cap_vm_disk *disks;	/* in device order */
 	unsigned ndisks;
+	/* NULL: no NIC at all. A VM with one has it after its disks, so a
+	 * template's layout is "disks, then the NIC". */
+	const struct cap_vm_net *net;
 	/* Remove the socket files once connected, so that nothing is left
 	 * behind even if this process is killed (nothing connects to them
 	 * later: the VM is reached only through cap_vm_agent_fd and QMP). */
@@ -102,6 +141,19 @@ int cap_vm_agent_fd(const struct cap_vm *vm);
 /* A pidfd that becomes readable when QEMU exits; owned by vm. */
 int cap_vm_exit_fd(const struct cap_vm *vm);
 pid_t cap_vm_pid(const struct cap_vm *vm);
+
+/* The owner's end of the policy process's control channel (lines of
+ * cap_netd_config.control), -1 without a NIC; owned by vm. */
+int cap_vm_net_control_fd(const struct cap_vm *vm);
+/* The policy process, -1 without one. */
+pid_t cap_vm_net_pid(const struct cap_vm *vm);
+/* Replace the ranges refused in the kernel (a policy change). */
+int cap_vm_net_deny(struct cap_vm *vm, const uint32_t (*deny)[2], unsigned n,
+		    struct cap_err *err);
+/* Start (add) or stop forwarding guest TCP port from 127.0.0.2:port in
+ * the VM's namespace (auto-publish). Adding one already forwarded is 0. */
+int cap_vm_net_forward(struct cap_vm *vm, uint16_t port, bool add,
+		       struct cap_err *err);
 
 /* The jail protections this host could not give this VM ("" when none):
  * each named with the reason. Borrowed. */

@@ -43,6 +43,12 @@ struct cap_client {
 	enum { CAP_SETUP_NONE, CAP_SETUP_PENDING, CAP_SETUP_DONE } setup_state;
 	int setup_errno;	/* with CAP_SETUP_DONE: 0 or why it failed */
 	char setup_msg[256];
+	/* The guest's TCP listeners (LISTENERS, auto-publish): the latest
+	 * set, and whether it changed since the owner last looked (the owner
+	 * clears the flag). */
+	uint16_t *listeners;
+	uint32_t nlisteners;
+	bool listeners_changed;
 	/* PAUSE/RESUME sent to a shim and not answered yet, and the answer. */
 	unsigned vm_ops_pending;
 	int vm_op_errno;

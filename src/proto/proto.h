@@ -46,7 +46,8 @@ enum cap_msg {
 	CAP_MSG_PAUSE = 12,	/* client->shim stream 0: freeze the VM; shim->client: i32 errno, text */
 	CAP_MSG_RESUME = 13,	/* client->shim stream 0: continue it; same answer */
 	CAP_MSG_FILE = 14,	/* h->g: a file operation (struct cap_file_req) on a new stream */
-	CAP_MSG_MAX_ = CAP_MSG_FILE,
+	CAP_MSG_LISTENERS = 15,	/* g->h stream 0: u32 n, n x u16 TCP ports listened on (auto-publish) */
+	CAP_MSG_MAX_ = CAP_MSG_LISTENERS,
 };
 
 /* One parsed frame; payload points into the parser's input. */
@@ -186,10 +187,32 @@ struct cap_setup {
 	char *hostname;
 	int64_t realtime_ns;	/* the host's wall clock, set in the guest */
 	uint8_t seed[32];	/* fresh entropy, credited to the guest's pool */
+	/* Network (docs/network.md), all 0 without a NIC: eth0 gets
+	 * net_addr/net_prefix and a default route via net_gateway, set over
+	 * netlink (no DHCP); /etc/resolv.conf names net_dns; /etc/hosts maps
+	 * host.capsule.internal to the gateway (both root's, 0644). With
+	 * proxy_port, every command's environment gets HTTP_PROXY,
+	 * HTTPS_PROXY (and lowercase) = http://GATEWAY:PORT and NO_PROXY =
+	 * localhost,127.0.0.1 unless the request sets them. Addresses in host
+	 * byte order. */
+	uint32_t net_addr, net_gateway, net_dns;
+	uint8_t net_prefix;
+	uint16_t proxy_port;
+	/* Report TCP listeners on 0.0.0.0 or 127.0.0.1 with
+	 * CAP_MSG_LISTENERS whenever their set changes (the first time right
+	 * after SETUP); a port listened on 127.0.0.1 only is relayed from
+	 * net_addr so that QEMU's forward reaches it. */
+	bool auto_publish;
 };
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);
 void cap_setup_fini(struct cap_setup *s);
+
+/* LISTENERS: at most this many ports, sorted, no duplicates. */
+#define CAP_PROTO_MAX_LISTENERS 1024
+int cap_proto_listeners_encode(struct cap_buf *out, const uint16_t *ports, uint32_t n);
+/* *ports is new (free it); -EBADMSG when malformed or unsorted. */
+int cap_proto_listeners_decode(const uint8_t *p, size_t n, uint16_t **ports, uint32_t *count);
 
 /* A disk serial or hostname: 1 to 20 of [A-Za-z0-9._-]. */
 bool cap_proto_valid_name(const char *s);

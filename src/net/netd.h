@@ -1,0 +1,75 @@
+/* The policy process of one sandbox with a network (DESIGN §9,
+ * docs/network.md). The engine forks it once the VM's network namespace
+ * and its nftables rules exist, confines it (its own unprivileged user,
+ * the VM's cgroup, no_new_privs, rlimits, only the descriptors below) and
+ * calls cap_netd_main through the sandbox layer. It lives in the
+ * namespace capsule runs in: every connection it dials out starts there.
+ *
+ * It serves, until its control descriptor closes:
+ *  - TCP connections of the guest, redirected by nftables to tcp_listen:
+ *    the original destination (SO_ORIGINAL_DST) decides (cap_net_decide,
+ *    with the name this process answered for that address over DNS);
+ *    127.0.0.1:CAP_NET_PROXY_PORT is the HTTP proxy (CONNECT and
+ *    absolute-form requests, one request per connection, targets with
+ *    control characters or whitespace refused); every other 127.0.0.0/8
+ *    destination is the host (the gateway). A TLS ClientHello whose SNI
+ *    holds control characters or whitespace ends the connection before
+ *    anything is forwarded. It dials out itself (nonblocking), re-checking
+ *    every address it dials; through the host's proxy by CONNECT when one
+ *    is configured and NO_PROXY does not exempt the target, never
+ *    falling back to a direct dial.
+ *  - DNS queries on dns: names outside the policy get NXDOMAIN; allowed
+ *    ones are forwarded to the host's resolver (the first nameserver of
+ *    resolv_conf), and the A records of the answer are remembered
+ *    (address → name, until their TTL, at least 60 s) for later decisions.
+ *  - Published ports: connections accepted on publish_fds (and on the
+ *    listeners that "publish" control lines add) are joined to the guest
+ *    through the connector.
+ *
+ * Every refused connection or query is one line on log_fd, with the rule
+ * that refused it:
+ *   "refused tcp 198.51.100.7:80: no rule allows 198.51.100.7:80"
+ *   "refused dns evil.example: no rule names it"
+ * Errors dialing out ("cannot reach 203.0.113.10:80: Connection refused",
+ * "upstream proxy 10.9.9.9:3128 unreachable: ...") are logged too. */
+#ifndef CAP_NET_NETD_H
+#define CAP_NET_NETD_H
+
+#include <stdint.h>
+
+#include "policy.h"
+
+struct cap_netd_config {
+	const char *name;	/* the sandbox's, for log lines */
+	const struct cap_net_policy *policy;	/* initial policy (copied) */
+	int tcp_listen;	/* listening, in the VM's namespace, nonblocking */
+	int dns;	/* UDP bound to 127.0.0.1:53 in the VM's namespace */
+	/* Unix stream socket to the connector, a helper inside the VM's
+	 * namespace: write a u16 port (little-endian); it answers one byte
+	 * (0 or an errno) with, on 0, a socket connected to 127.0.0.2:port
+	 * (QEMU's forward of that guest port) as SCM_RIGHTS. */
+	int connector;
+	/* From the sandbox's owner, one line per change; end of file: exit.
+	 *   "policy WORD WORD ...\n"  replace the policy (cap_net_policy_words
+	 *                             form, space-separated; "policy\n" for an
+	 *                             empty one); applies to new connections
+	 *   "publish BIND HOST_PORT GUEST_PORT\n"  listen on BIND:HOST_PORT
+	 *                             (auto-publish) and join it to GUEST_PORT
+	 *   "unpublish HOST_PORT\n"   stop listening there
+	 * A line it cannot apply is logged and ignored. */
+	int control;
+	/* Listening sockets on the host, one per policy->publish entry in
+	 * order (bound by the owner, who may bind privileged ports). */
+	const int *publish_fds;
+	unsigned npublish;
+	int log_fd;
+	const char *resolv_conf;	/* NULL: /etc/resolv.conf */
+	/* The host's proxy settings (the owner's environment), NULL when unset. */
+	const char *https_proxy, *http_proxy, *all_proxy, *no_proxy;
+};
+
+/* Serve until control closes. Returns the exit code for the process: 0
+ * after a clean end, 1 after a fatal error (logged). */
+int cap_netd_main(const struct cap_netd_config *c);
+
+#endif

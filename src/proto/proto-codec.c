@@ -391,8 +391,9 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 			free(v[j]);
 		return -EBADMSG;
 	}
-	*out = (struct cap_setup){ v[0], v[1], v[2], v[3], v[4],
-				   (int64_t)(((uint64_t)hi << 32) | lo), { 0 } };
+	*out = (struct cap_setup){ .root_image = v[0], .root_upper = v[1], .work = v[2],
+				   .source = v[3], .hostname = v[4],
+				   .realtime_ns = (int64_t)(((uint64_t)hi << 32) | lo) };
 	memcpy(out->seed, r.p, sizeof(out->seed));
 	return 0;
 }

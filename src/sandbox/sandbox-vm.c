@@ -386,7 +386,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	cfg.qemu_log = o->qemu_log;
 
 	/* Always SETUP, if only for the clock and the entropy. */
-	static const struct cap_setup none = { "", "", "", "", "", 0, { 0 } };
+	static const struct cap_setup none = { .root_image = "", .root_upper = "", .work = "", .source = "", .hostname = "" };
 	const struct cap_setup *setup = o->setup ? o->setup : &none;
 	snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot");
 	if (templates_enabled(o)) {

@@ -1,0 +1,2 @@
+/* dns: see dns.h (being written). */
+#include "policy.h"

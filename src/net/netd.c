@@ -1,0 +1,2 @@
+/* netd: see netd.h (being written). */
+#include "policy.h"

@@ -1,0 +1,2 @@
+/* policy: see policy.h (being written). */
+#include "policy.h"

@@ -1,0 +1,2 @@
+/* sniff: see sniff.h (being written). */
+#include "policy.h"

@@ -27,14 +27,18 @@
  *    through the connector.
  *
  * Every refused connection or query is one line on log_fd, with the rule
- * that refused it:
- *   "refused tcp 198.51.100.7:80: no rule allows 198.51.100.7:80"
- *   "refused dns evil.example: no rule names it"
- * Errors dialing out ("cannot reach 203.0.113.10:80: Connection refused",
- * "upstream proxy 10.9.9.9:3128 unreachable: ...") are logged too. */
+ * that refused it, always in this form:
+ *   "capsule net: refused tcp 198.51.100.7:80: no rule allows 198.51.100.7:80"
+ *   "capsule net: refused dns evil.example: no rule names it"
+ *   "capsule net: refused proxy CONNECT \"a\r\nb:80\": control character in the target"
+ * Errors dialing out ("capsule net: cannot reach 203.0.113.10:80:
+ * Connection refused", "capsule net: upstream proxy 10.9.9.9:3128
+ * unreachable: ...") are logged too. Nothing allowed is logged unless
+ * verbose. */
 #ifndef CAP_NET_NETD_H
 #define CAP_NET_NETD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "policy.h"
@@ -63,6 +67,7 @@ struct cap_netd_config {
 	const int *publish_fds;
 	unsigned npublish;
 	int log_fd;
+	bool verbose;	/* also log each allowed connection and its route */
 	const char *resolv_conf;	/* NULL: /etc/resolv.conf */
 	/* The host's proxy settings (the owner's environment), NULL when unset. */
 	const char *https_proxy, *http_proxy, *all_proxy, *no_proxy;

@@ -56,7 +56,7 @@ struct cap_net_publish {
 	uint16_t guest_port;
 };
 
-#define CAP_NET_MAX_RULES 256
+#define CAP_NET_MAX_RULES 64
 #define CAP_NET_MAX_PUBLISH 64
 
 struct cap_net_policy {

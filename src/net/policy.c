@@ -1,2 +1,831 @@
-/* policy: see policy.h (being written). */
+/* A sandbox's network policy: the flag parsers, the address classifier
+ * and the per-connection decision (policy.h). Pure: no I/O. */
 #include "policy.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* The address space in order, one group per span (policy.h). */
+static const struct span {
+	uint32_t lo, hi;
+	enum cap_net_group g;
+} spans[] = {
+	{ 0x00000000u, 0x00ffffffu, CAP_NET_RESERVED },	/* 0.0.0.0/8 */
+	{ 0x01000000u, 0x09ffffffu, CAP_NET_PUBLIC },
+	{ 0x0a000000u, 0x0affffffu, CAP_NET_LAN },		/* 10.0.0.0/8 */
+	{ 0x0b000000u, 0x643fffffu, CAP_NET_PUBLIC },
+	{ 0x64400000u, 0x647fffffu, CAP_NET_LAN },		/* 100.64.0.0/10 */
+	{ 0x64800000u, 0x7effffffu, CAP_NET_PUBLIC },
+	{ 0x7f000000u, 0x7fffffffu, CAP_NET_HOST },		/* 127.0.0.0/8 */
+	{ 0x80000000u, 0xa9fdffffu, CAP_NET_PUBLIC },
+	{ 0xa9fe0000u, 0xa9feffffu, CAP_NET_LINKLOCAL },	/* 169.254.0.0/16 */
+	{ 0xa9ff0000u, 0xac0fffffu, CAP_NET_PUBLIC },
+	{ 0xac100000u, 0xac1fffffu, CAP_NET_LAN },		/* 172.16.0.0/12 */
+	{ 0xac200000u, 0xc0a7ffffu, CAP_NET_PUBLIC },
+	{ 0xc0a80000u, 0xc0a8ffffu, CAP_NET_LAN },		/* 192.168.0.0/16 */
+	{ 0xc0a90000u, 0xdfffffffu, CAP_NET_PUBLIC },
+	{ 0xe0000000u, 0xffffffffu, CAP_NET_RESERVED },	/* 224/4, 240/4 */
+};
+
+#define LINKLOCAL_LO 0xa9fe0000u
+#define LINKLOCAL_HI 0xa9feffffu
+#define LOOPBACK 0x7f000001u
+#define ANY_ADDR 0x00000000u
+
+/* A DNS name without its trailing dot, and one label (RFC 1035). */
+#define NAME_MAX_LEN 253
+#define LABEL_MAX_LEN 63
+
+void cap_net_policy_init(struct cap_net_policy *p)
+{
+	memset(p, 0, sizeof(*p));
+}
+
+enum cap_net_group cap_net_classify(uint32_t addr)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(spans); i++)
+		if (addr <= spans[i].hi)
+			return spans[i].g;
+	CAP_BUG_ON(1);
+	return CAP_NET_RESERVED;
+}
+
+const char *cap_net_group_name(enum cap_net_group g)
+{
+	static const char *const names[] = {
+		[CAP_NET_PUBLIC] = "public", [CAP_NET_LAN] = "lan",
+		[CAP_NET_HOST] = "host", [CAP_NET_LINKLOCAL] = "link-local",
+		[CAP_NET_RESERVED] = "reserved",
+	};
+	return (unsigned)g < CAP_ARRAY_SIZE(names) ? names[g] : "unknown";
+}
+
+const char *cap_net_addr_str(uint32_t addr, char buf[16])
+{
+	snprintf(buf, 16, "%u.%u.%u.%u", addr >> 24, (addr >> 16) & 0xff,
+		 (addr >> 8) & 0xff, addr & 0xff);
+	return buf;
+}
+
+/* A decimal number of 1 to maxdigits digits without a leading zero
+ * (except "0" itself) in s[0..len), at most max. */
+static bool parse_num(const char *s, size_t len, size_t maxdigits, uint32_t max,
+		      uint32_t *out)
+{
+	uint32_t v = 0;
+
+	if (len == 0 || len > maxdigits || (len > 1 && s[0] == '0'))
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+		v = v * 10 + (uint32_t)(s[i] - '0');
+	}
+	if (v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* Strict dotted quad in s[0..len). */
+static bool parse_addr(const char *s, size_t len, uint32_t *out)
+{
+	uint32_t a = 0;
+	size_t start = 0;
+	unsigned parts = 0;
+
+	for (size_t i = 0; i <= len; i++) {
+		if (i < len && s[i] != '.')
+			continue;
+		uint32_t octet;
+		if (parts == 4 || !parse_num(s + start, i - start, 3, 255, &octet))
+			return false;
+		a = a << 8 | octet;
+		parts++;
+		start = i + 1;
+	}
+	if (parts != 4)
+		return false;
+	*out = a;
+	return true;
+}
+
+bool cap_net_addr_parse(const char *s, uint32_t *out)
+{
+	return s && parse_addr(s, strlen(s), out);
+}
+
+static bool parse_port(const char *s, size_t len, uint16_t *out)
+{
+	uint32_t v;
+
+	if (!parse_num(s, len, 5, 65535, &v) || v == 0)
+		return false;
+	*out = (uint16_t)v;
+	return true;
+}
+
+static bool name_char(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	       (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+}
+
+/* One trailing dot (the root) is accepted: "example.com." is a name. */
+bool cap_net_valid_name(const char *name, size_t len)
+{
+	size_t label = 0;
+
+	if (!name)
+		return false;
+	if (len > 1 && name[len - 1] == '.')
+		len--;
+	if (len == 0 || len > NAME_MAX_LEN)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		if (!name_char((unsigned char)name[i]))
+			return false;
+		if (name[i] != '.') {
+			if (++label > LABEL_MAX_LEN)
+				return false;
+			continue;
+		}
+		if (label == 0)
+			return false;
+		label = 0;
+	}
+	return label > 0;
+}
+
+/* name lowercased and without its trailing dot into out, if valid. */
+static bool norm_name(const char *name, char out[NAME_MAX_LEN + 1])
+{
+	size_t len = strnlen(name, NAME_MAX_LEN + 2);
+
+	if (!cap_net_valid_name(name, len))
+		return false;
+	if (name[len - 1] == '.')
+		len--;
+	for (size_t i = 0; i < len; i++) {
+		char c = name[i];
+		out[i] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+	}
+	out[len] = '\0';
+	return true;
+}
+
+/* s for an error message: quoted, non-printable bytes as \xNN, long
+ * ones cut with "...". */
+static const char *quote(const char *s, char *buf, size_t size)
+{
+	size_t o = 0;
+
+	CAP_BUG_ON(size < 16);
+	buf[o++] = '"';
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (o + 8 >= size) {
+			memcpy(buf + o, "...", 3);
+			o += 3;
+			break;
+		}
+		if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\')
+			o += (size_t)snprintf(buf + o, size - o, "\\x%02x", c);
+		else
+			buf[o++] = (char)c;
+	}
+	buf[o++] = '"';
+	buf[o] = '\0';
+	return buf;
+}
+
+/* What is wrong with the bytes of a flag's value, or NULL. */
+static const char *bad_bytes(const char *s)
+{
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c <= 0x20 || c == 0x7f)
+			return "it contains whitespace or a control character; write it without them";
+		if (c >= 0x80)
+			return "it contains non-ASCII characters; write an international name in its "
+			       "xn-- (punycode) form";
+	}
+	return NULL;
+}
+
+static uint32_t prefix_mask(unsigned prefix)
+{
+	return prefix == 0 ? 0 : 0xffffffffu << (32 - prefix);
+}
+
+static uint32_t rule_hi(const struct cap_net_rule *r)
+{
+	return r->addr | ~prefix_mask(r->prefix);
+}
+
+static bool inside(uint32_t lo, uint32_t hi, uint32_t span_lo, uint32_t span_hi)
+{
+	return lo >= span_lo && hi <= span_hi;
+}
+
+/* Validate and fold a DNS name of a rule (s[0..len), no "*.") into out;
+ * on failure a reason in *why. */
+static bool rule_name(const char *s, size_t len, char out[NAME_MAX_LEN + 1],
+		      const char **why)
+{
+	size_t start = 0;
+
+	if (len > 1 && s[len - 1] == '.')
+		len--;
+	if (len > NAME_MAX_LEN) {
+		*why = "the name is longer than 253 characters";
+		return false;
+	}
+	for (size_t i = 0; i <= len; i++) {
+		if (i < len && s[i] != '.') {
+			if (!name_char((unsigned char)s[i])) {
+				*why = "a DNS name holds only letters, digits, '-', '_' and '.'";
+				return false;
+			}
+			continue;
+		}
+		size_t l = i - start;
+		if (l == 0) {
+			*why = "it has an empty label (\"..\", or a dot at the start); "
+			       "write the name as example.com";
+			return false;
+		}
+		if (l > LABEL_MAX_LEN) {
+			*why = "a label is longer than 63 characters";
+			return false;
+		}
+		if (s[start] == '-' || s[i - 1] == '-') {
+			*why = "a label cannot begin or end with '-'";
+			return false;
+		}
+		start = i + 1;
+	}
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		out[i] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+	}
+	out[len] = '\0';
+	return true;
+}
+
+/* Digits and dots with at least one digit: meant as an address. */
+static bool all_digits_dots(const char *s, size_t len)
+{
+	bool digit = false;
+
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] >= '0' && s[i] <= '9')
+			digit = true;
+		else if (s[i] != '.')
+			return false;
+	}
+	return digit;
+}
+
+static int parse_rule(const char *text, struct cap_net_rule *r, struct cap_err *err)
+{
+	char q[160], net[16];
+	const char *why, *colon, *slash;
+	size_t len, hlen;
+
+	if (!text || !*text)
+		return cap_err_set(err, EINVAL,
+				   "--allow-egress needs a RULE: an IPv4 address, A.B.C.D/N, "
+				   "HOST or *.DOMAIN, each optionally :PORT");
+	quote(text, q, sizeof(q));
+	len = strlen(text);
+	if (len >= sizeof(r->text))
+		return cap_err_set(err, EINVAL,
+				   "--allow-egress %s: too long (a name is at most 253 characters)", q);
+	if ((why = bad_bytes(text)))
+		return cap_err_set(err, EINVAL, "--allow-egress %s: %s", q, why);
+	if (text[0] == '[' || (strchr(text, ':') && strchr(text, ':') != strrchr(text, ':')))
+		return cap_err_set(err, EINVAL,
+				   "--allow-egress %s: IPv6 is not supported (the sandbox's network "
+				   "is IPv4 only); write an IPv4 address or a name", q);
+
+	memcpy(r->text, text, len + 1);
+	hlen = len;
+	colon = strchr(text, ':');
+	if (colon) {
+		hlen = (size_t)(colon - text);
+		if (!parse_port(colon + 1, strlen(colon + 1), &r->port))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: the port must be a number from 1 to "
+					   "65535 without leading zeros (like example.com:443)", q);
+		if (hlen == 0)
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: no address or name before the port "
+					   "(like 203.0.113.10%s)", q, colon);
+	}
+
+	if (hlen == 1 && text[0] == '*')
+		return cap_err_set(err, EINVAL,
+				   "--allow-egress %s: a wildcard over every name; use "
+				   "--allow-public to open every public address", q);
+	if (hlen > 2 && text[0] == '*' && text[1] == '.') {
+		r->kind = CAP_NET_RULE_DOMAIN;
+		if (memchr(text + 2, '*', hlen - 2))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: '*' may only be the whole first label "
+					   "(like *.example.com)", q);
+		if (all_digits_dots(text + 2, hlen - 2))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: a wildcard needs a DNS name after \"*.\"; "
+					   "for addresses write a CIDR like 10.0.0.0/8", q);
+		if (!rule_name(text + 2, hlen - 2, r->name, &why))
+			return cap_err_set(err, EINVAL, "--allow-egress %s: %s", q, why);
+		if (!strchr(r->name, '.'))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: too broad (a wildcard over a whole "
+					   "top-level domain); use --allow-public to open every public "
+					   "address, or name a domain like *.example.com", q);
+		return 0;
+	}
+	if (memchr(text, '*', hlen))
+		return cap_err_set(err, EINVAL,
+				   "--allow-egress %s: '*' may only be the whole first label "
+				   "(like *.example.com)", q);
+
+	slash = memchr(text, '/', hlen);
+	if (slash || all_digits_dots(text, hlen)) {
+		size_t alen = slash ? (size_t)(slash - text) : hlen;
+		uint32_t prefix = 32;
+		r->kind = CAP_NET_RULE_CIDR;
+		if (!parse_addr(text, alen, &r->addr))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: not an IPv4 address (write four numbers "
+					   "0-255 without leading zeros, like 203.0.113.10 or "
+					   "10.0.0.0/8)", q);
+		if (slash && !parse_num(slash + 1, hlen - alen - 1, 2, 32, &prefix))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: the prefix length after '/' must be a "
+					   "number from 0 to 32 (like 10.0.0.0/8)", q);
+		r->prefix = prefix;
+		if (r->addr & ~prefix_mask(r->prefix))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: host bits are set; write the network "
+					   "address %s/%u",
+					   q, cap_net_addr_str(r->addr & prefix_mask(r->prefix), net),
+					   r->prefix);
+		uint32_t hi = rule_hi(r);
+		if (inside(r->addr, hi, 0x00000000u, 0x00ffffffu) ||
+		    inside(r->addr, hi, 0xe0000000u, 0xffffffffu))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: reserved (0.0.0.0/8, multicast "
+					   "224.0.0.0/4, 240.0.0.0/4): never reachable", q);
+		if (inside(r->addr, hi, 0x7f000000u, 0x7fffffffu))
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress %s: 127.0.0.0/8 is the host's loopback; "
+					   "--allow-host opens it (through the gateway 10.0.2.2, "
+					   CAP_NET_HOST_NAME ")", q);
+		return 0;
+	}
+
+	r->kind = CAP_NET_RULE_HOST;
+	if (!rule_name(text, hlen, r->name, &why))
+		return cap_err_set(err, EINVAL, "--allow-egress %s: %s", q, why);
+	if (!strcmp(r->name, CAP_NET_HOST_NAME))
+		return cap_err_set(err, EINVAL,
+				   "--allow-egress %s: the host is opened by --allow-host", q);
+	return 0;
+}
+
+int cap_net_rule_add(struct cap_net_policy *p, const char *text, struct cap_err *err)
+{
+	struct cap_net_rule r;
+	int rc;
+
+	memset(&r, 0, sizeof(r));
+	rc = parse_rule(text, &r, err);
+	if (rc < 0)
+		return rc;
+	if (p->nrules >= CAP_NET_MAX_RULES)
+		return cap_err_set(err, E2BIG,
+				   "--allow-egress: more than %d rules; cover several with a "
+				   "CIDR or *.DOMAIN", CAP_NET_MAX_RULES);
+	p->rules[p->nrules++] = r;
+	p->enabled = true;
+	return 0;
+}
+
+int cap_net_publish_add(struct cap_net_policy *p, const char *text, struct cap_err *err)
+{
+	static const char form[] =
+		"write [BIND:]HOST_PORT:GUEST_PORT, like 8080:80 or 0.0.0.0:8080:80";
+	struct cap_net_publish pub = { .bind = LOOPBACK };
+	const char *part[3], *why;
+	size_t plen[3], n = 0;
+	char q[160], b[16];
+
+	if (!text || !*text)
+		return cap_err_set(err, EINVAL, "--publish needs a value: %s", form);
+	quote(text, q, sizeof(q));
+	if ((why = bad_bytes(text)))
+		return cap_err_set(err, EINVAL, "--publish %s: %s", q, why);
+	for (const char *s = text;; n++) {
+		const char *c = strchr(s, ':');
+		if (n == 3)
+			return cap_err_set(err, EINVAL, "--publish %s: %s (IPv6 is not supported)",
+					   q, form);
+		part[n] = s;
+		plen[n] = c ? (size_t)(c - s) : strlen(s);
+		if (!c) {
+			n++;
+			break;
+		}
+		s = c + 1;
+	}
+	if (n < 2)
+		return cap_err_set(err, EINVAL, "--publish %s: %s", q, form);
+	if (n == 3 && !parse_addr(part[0], plen[0], &pub.bind))
+		return cap_err_set(err, EINVAL,
+				   "--publish %s: BIND must be an IPv4 address like 127.0.0.1 or "
+				   "0.0.0.0; %s", q, form);
+	if (!parse_port(part[n - 2], plen[n - 2], &pub.host_port) ||
+	    !parse_port(part[n - 1], plen[n - 1], &pub.guest_port))
+		return cap_err_set(err, EINVAL,
+				   "--publish %s: ports are numbers from 1 to 65535 without "
+				   "leading zeros; %s", q, form);
+	for (unsigned i = 0; i < p->npublish; i++) {
+		const struct cap_net_publish *o = &p->publish[i];
+		if (o->host_port != pub.host_port ||
+		    (o->bind != pub.bind && o->bind != ANY_ADDR && pub.bind != ANY_ADDR))
+			continue;
+		return cap_err_set(err, EINVAL,
+				   "--publish %s: host port %s:%u is already published (to guest "
+				   "port %u); choose another HOST_PORT",
+				   q, cap_net_addr_str(o->bind, b), o->host_port, o->guest_port);
+	}
+	if (p->npublish >= CAP_NET_MAX_PUBLISH)
+		return cap_err_set(err, E2BIG, "--publish: more than %d published ports",
+				   CAP_NET_MAX_PUBLISH);
+	p->publish[p->npublish++] = pub;
+	p->enabled = true;
+	return 0;
+}
+
+int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
+			 const char *value, struct cap_err *err)
+{
+	static const struct {
+		const char *name;
+		size_t off;
+	} bools[] = {
+		{ "allow-public", offsetof(struct cap_net_policy, allow_public) },
+		{ "allow-lan", offsetof(struct cap_net_policy, allow_lan) },
+		{ "allow-host", offsetof(struct cap_net_policy, allow_host) },
+		{ "auto-publish", offsetof(struct cap_net_policy, auto_publish) },
+	};
+	char name[32], q[160];
+	const char *eq;
+	size_t len;
+
+	if (!flag)
+		return cap_err_set(err, EINVAL, "no network flag given");
+	/* The words form "allow-egress=RULE" arrives as one string. */
+	eq = value ? NULL : strchr(flag, '=');
+	len = eq ? (size_t)(eq - flag) : strlen(flag);
+	if (len >= sizeof(name))
+		return cap_err_set(err, EINVAL,
+				   "unknown network flag %s (known: allow-egress, allow-public, "
+				   "allow-lan, allow-host, publish, auto-publish)",
+				   quote(flag, q, sizeof(q)));
+	memcpy(name, flag, len);
+	name[len] = '\0';
+	if (eq)
+		value = eq + 1;
+
+	if (!strcmp(name, "allow-egress")) {
+		if (!value)
+			return cap_err_set(err, EINVAL,
+					   "--allow-egress needs a RULE: an IPv4 address, A.B.C.D/N, "
+					   "HOST or *.DOMAIN, each optionally :PORT");
+		return cap_net_rule_add(p, value, err);
+	}
+	if (!strcmp(name, "publish")) {
+		if (!value)
+			return cap_err_set(err, EINVAL,
+					   "--publish needs [BIND:]HOST_PORT:GUEST_PORT");
+		return cap_net_publish_add(p, value, err);
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bools); i++) {
+		if (strcmp(name, bools[i].name))
+			continue;
+		if (value)
+			return cap_err_set(err, EINVAL, "--%s takes no value (got %s)", name,
+					   quote(value, q, sizeof(q)));
+		*(bool *)((char *)p + bools[i].off) = true;
+		p->enabled = true;
+		return 0;
+	}
+	return cap_err_set(err, EINVAL,
+			   "unknown network flag %s (known: allow-egress, allow-public, "
+			   "allow-lan, allow-host, publish, auto-publish)",
+			   quote(name, q, sizeof(q)));
+}
+
+void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)
+{
+	size_t k = 0, max = 4 + p->nrules + p->npublish;
+	char **w = xcalloc(max, sizeof(*w));
+	char b[16];
+
+	if (p->enabled) {
+		if (p->allow_public)
+			w[k++] = xstrdup("allow-public");
+		if (p->allow_lan)
+			w[k++] = xstrdup("allow-lan");
+		if (p->allow_host)
+			w[k++] = xstrdup("allow-host");
+		if (p->auto_publish)
+			w[k++] = xstrdup("auto-publish");
+		for (unsigned i = 0; i < p->nrules; i++)
+			w[k++] = xasprintf("allow-egress=%s", p->rules[i].text);
+		for (unsigned i = 0; i < p->npublish; i++)
+			w[k++] = xasprintf("publish=%s:%u:%u",
+					   cap_net_addr_str(p->publish[i].bind, b),
+					   p->publish[i].host_port, p->publish[i].guest_port);
+	}
+	*v = w;
+	*n = k;
+}
+
+char *cap_net_policy_describe(const struct cap_net_policy *p)
+{
+	char **w;
+	size_t n, len = 1;
+	char *out, *o;
+
+	if (!p->enabled)
+		return xstrdup("none (no network interface)");
+	cap_net_policy_words(p, &w, &n);
+	if (n == 0) {
+		free(w);
+		return xstrdup("a network interface with nothing allowed");
+	}
+	for (size_t i = 0; i < n; i++)
+		len += strlen(w[i]) + 3;
+	out = o = xmalloc(len);
+	for (size_t i = 0; i < n; i++) {
+		char *eq = strchr(w[i], '=');
+		if (eq)
+			*eq = ' ';
+		o += sprintf(o, "%s--%s", i ? " " : "", w[i]);
+		free(w[i]);
+	}
+	free(w);
+	return out;
+}
+
+static bool group_open(const struct cap_net_policy *p, enum cap_net_group g)
+{
+	switch (g) {
+	case CAP_NET_PUBLIC:
+		return p->allow_public;
+	case CAP_NET_LAN:
+		return p->allow_lan;
+	case CAP_NET_HOST:
+		return p->allow_host;
+	case CAP_NET_LINKLOCAL:
+	case CAP_NET_RESERVED:
+		break;
+	}
+	return false;
+}
+
+static const char *group_flag(enum cap_net_group g)
+{
+	return g == CAP_NET_PUBLIC ? "--allow-public" :
+	       g == CAP_NET_LAN    ? "--allow-lan" :
+				     "--allow-host";
+}
+
+static bool is_name_rule(const struct cap_net_rule *r)
+{
+	return r->kind == CAP_NET_RULE_HOST || r->kind == CAP_NET_RULE_DOMAIN;
+}
+
+/* Whether CIDR rule r opens addr, of group g, on some port: link-local
+ * only when the rule lies inside 169.254.0.0/16, the host and reserved
+ * ranges never. */
+static bool cidr_opens(const struct cap_net_rule *r, uint32_t addr, enum cap_net_group g)
+{
+	if (r->kind != CAP_NET_RULE_CIDR || (addr & prefix_mask(r->prefix)) != r->addr)
+		return false;
+	switch (g) {
+	case CAP_NET_PUBLIC:
+	case CAP_NET_LAN:
+		return true;
+	case CAP_NET_LINKLOCAL:
+		return inside(r->addr, rule_hi(r), LINKLOCAL_LO, LINKLOCAL_HI);
+	case CAP_NET_HOST:
+	case CAP_NET_RESERVED:
+		break;
+	}
+	return false;
+}
+
+/* Whether name rule r matches the folded name. */
+static bool name_matches(const struct cap_net_rule *r, const char *name)
+{
+	size_t nl, rl;
+
+	if (r->kind == CAP_NET_RULE_HOST)
+		return !strcmp(r->name, name);
+	if (r->kind != CAP_NET_RULE_DOMAIN)
+		return false;
+	nl = strlen(name);
+	rl = strlen(r->name);
+	return nl > rl + 1 && name[nl - rl - 1] == '.' && !strcmp(name + nl - rl, r->name);
+}
+
+static bool port_ok(const struct cap_net_rule *r, uint16_t port)
+{
+	return r->port == 0 || r->port == port;
+}
+
+__attribute__((format(printf, 3, 4))) static void
+verdict(struct cap_net_verdict *v, bool allow, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(v->rule, sizeof(v->rule), fmt, ap);
+	va_end(ap);
+	v->allow = allow;
+}
+
+void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port,
+		    const char *name, struct cap_net_verdict *v)
+{
+	enum cap_net_group g = cap_net_classify(addr);
+	const struct cap_net_rule *named = NULL, *other_port = NULL;
+	char a[16], n[NAME_MAX_LEN + 1];
+	bool have_name = name && norm_name(name, n);
+
+	cap_net_addr_str(addr, a);
+	if (g == CAP_NET_RESERVED) {
+		verdict(v, false, "%s is reserved/multicast: never reachable", a);
+		return;
+	}
+	for (unsigned i = 0; i < p->nrules; i++) {
+		const struct cap_net_rule *r = &p->rules[i];
+		if (port_ok(r, port) && cidr_opens(r, addr, g)) {
+			verdict(v, true, "--allow-egress %s", r->text);
+			return;
+		}
+	}
+	if (group_open(p, g)) {
+		verdict(v, true, "%s", group_flag(g));
+		return;
+	}
+	for (unsigned i = 0; have_name && i < p->nrules; i++) {
+		const struct cap_net_rule *r = &p->rules[i];
+		if (!is_name_rule(r) || !name_matches(r, n))
+			continue;
+		if (port_ok(r, port)) {
+			named = r;
+			break;
+		}
+		other_port = other_port ? other_port : r;
+	}
+	if (named && g == CAP_NET_PUBLIC) {
+		verdict(v, true, "--allow-egress %s (name %s)", named->text, n);
+		return;
+	}
+	if (named) {
+		verdict(v, false,
+			"%s resolves to %s (%s), which the policy does not open "
+			"(DNS rebinding guard)", n, a, cap_net_group_name(g));
+		return;
+	}
+	switch (g) {
+	case CAP_NET_LINKLOCAL:
+		verdict(v, false,
+			"%s is link-local/cloud metadata: denied unless named exactly "
+			"by --allow-egress", a);
+		return;
+	case CAP_NET_HOST:
+		verdict(v, false,
+			"the host (gateway) is closed: --allow-host opens the host's "
+			"loopback services");
+		return;
+	case CAP_NET_LAN:
+		verdict(v, false,
+			"%s is a LAN address: --allow-lan opens the private ranges", a);
+		return;
+	case CAP_NET_PUBLIC:
+	case CAP_NET_RESERVED:
+		break;
+	}
+	if (other_port)
+		verdict(v, false,
+			"no rule allows %s:%u (name %s): --allow-egress %s opens port "
+			"%u only", a, port, n, other_port->text, other_port->port);
+	else if (have_name)
+		verdict(v, false,
+			"no rule allows %s:%u (name %s; add --allow-egress %s or %s "
+			"to open it)", a, port, n, n, a);
+	else
+		verdict(v, false,
+			"no rule allows %s:%u (add --allow-egress %s to open it)", a,
+			port, a);
+}
+
+void cap_net_decide_name(const struct cap_net_policy *p, const char *name,
+			 struct cap_net_verdict *v)
+{
+	char n[NAME_MAX_LEN + 1];
+
+	if (!name || !norm_name(name, n)) {
+		verdict(v, false, "not a valid DNS name");
+		return;
+	}
+	if (p->allow_public) {
+		verdict(v, true, "--allow-public");
+		return;
+	}
+	for (unsigned i = 0; i < p->nrules; i++) {
+		if (name_matches(&p->rules[i], n)) {
+			verdict(v, true, "--allow-egress %s", p->rules[i].text);
+			return;
+		}
+	}
+	verdict(v, false, "no rule names it (add --allow-egress %s to open it)", n);
+}
+
+/* Whether some port and name would make cap_net_decide allow addr: the
+ * same steps, with the port and name chosen to suit. */
+static bool openable(const struct cap_net_policy *p, uint32_t addr)
+{
+	enum cap_net_group g = cap_net_classify(addr);
+
+	if (g == CAP_NET_RESERVED)
+		return false;
+	if (group_open(p, g))
+		return true;
+	for (unsigned i = 0; i < p->nrules; i++) {
+		if (cidr_opens(&p->rules[i], addr, g))
+			return true;
+		if (g == CAP_NET_PUBLIC && is_name_rule(&p->rules[i]))
+			return true;
+	}
+	return false;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Every span and rule boundary cuts the address space into pieces on
+ * which openable() is constant, so testing one address per piece is exact. */
+size_t cap_net_denied_ranges(const struct cap_net_policy *p, uint32_t (*out)[2], size_t max)
+{
+	uint64_t cut[CAP_ARRAY_SIZE(spans) + 2 * CAP_NET_MAX_RULES + 1];
+	size_t ncut = 0, nout = 0, u = 0;
+	bool in_deny = false;
+	uint32_t deny_lo = 0;
+
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(spans); i++)
+		cut[ncut++] = spans[i].lo;
+	for (unsigned i = 0; i < p->nrules && i < CAP_NET_MAX_RULES; i++) {
+		if (p->rules[i].kind != CAP_NET_RULE_CIDR)
+			continue;
+		cut[ncut++] = p->rules[i].addr;
+		cut[ncut++] = (uint64_t)rule_hi(&p->rules[i]) + 1;
+	}
+	qsort(cut, ncut, sizeof(cut[0]), cmp_u64);
+	for (size_t i = 0; i < ncut; i++)
+		if ((u == 0 || cut[i] != cut[u - 1]) && cut[i] <= 0xffffffffu)
+			cut[u++] = cut[i];
+	cut[u] = 1ull << 32;
+
+	for (size_t i = 0; i < u; i++) {
+		bool deny = !openable(p, (uint32_t)cut[i]);
+		if (deny && !in_deny)
+			deny_lo = (uint32_t)cut[i];
+		if (!deny && in_deny && nout < max) {
+			out[nout][0] = deny_lo;
+			out[nout++][1] = (uint32_t)(cut[i] - 1);
+		}
+		in_deny = deny;
+	}
+	if (in_deny && nout < max) {
+		out[nout][0] = deny_lo;
+		out[nout++][1] = 0xffffffffu;
+	}
+	return nout;
+}

@@ -20,6 +20,9 @@ void cap_client_fini(struct cap_client *c)
 {
 	cap_buf_fini(&c->in);
 	cap_buf_fini(&c->out);
+	free(c->listeners);
+	c->listeners = NULL;
+	c->nlisteners = 0;
 }
 
 static struct cap_client_stream *find(struct cap_client *c, uint32_t id)
@@ -139,6 +142,18 @@ static int dispatch(struct cap_client *c, const struct cap_frame *f,
 			return cap_err_set(err, EPROTO, "unexpected or malformed %s answer", cap_msg_name(f->type));
 		c->vm_ops_pending--;
 		c->vm_op_errno = errnum;
+		return 0;
+	}
+	case CAP_MSG_LISTENERS: {
+		uint16_t *ports;
+		uint32_t n;
+		if (f->stream != 0 || cap_proto_listeners_decode(f->payload, f->len, &ports, &n) < 0)
+			return cap_err_set(err, EPROTO, "agent sent a malformed LISTENERS (%u bytes on stream %u)",
+					   f->len, f->stream);
+		free(c->listeners);
+		c->listeners = ports;
+		c->nlisteners = n;
+		c->listeners_changed = true;
 		return 0;
 	}
 	case CAP_MSG_SHUTDOWN:

@@ -14,6 +14,7 @@ static const char *const msg_names[] = {
 	[CAP_MSG_ERROR] = "ERROR",	 [CAP_MSG_SETUP] = "SETUP",
 	[CAP_MSG_RESIZE] = "RESIZE",	 [CAP_MSG_PAUSE] = "PAUSE",
 	[CAP_MSG_RESUME] = "RESUME",	 [CAP_MSG_FILE] = "FILE",
+	[CAP_MSG_LISTENERS] = "LISTENERS",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -356,11 +357,17 @@ bool cap_proto_valid_name(const char *s)
 	return true;
 }
 
+/* The network fields after the seed: u32 addr, u32 gateway, u32 dns,
+ * u8 prefix, u16 proxy_port, u8 auto_publish. */
+#define SETUP_NET_SIZE 16
+
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
-	uint8_t p[5 * (4 + 20) + 8 + sizeof(s->seed)];
+	uint8_t p[5 * (4 + 20) + 8 + sizeof(s->seed) + SETUP_NET_SIZE];
 	uint8_t *q = p;
+	if (s->net_prefix > 32)
+		return -EINVAL;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
 		if (v[i] && *v[i] && !cap_proto_valid_name(v[i]))
 			return -EINVAL;
@@ -370,6 +377,13 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 	cap_put_u32(q + 4, (uint32_t)((uint64_t)s->realtime_ns >> 32));
 	memcpy(q + 8, s->seed, sizeof(s->seed));
 	q += 8 + sizeof(s->seed);
+	cap_put_u32(q, s->net_addr);
+	cap_put_u32(q + 4, s->net_gateway);
+	cap_put_u32(q + 8, s->net_dns);
+	q[12] = s->net_prefix;
+	cap_put_u16(q + 13, s->proxy_port);
+	q[15] = s->auto_publish ? 1 : 0;
+	q += SETUP_NET_SIZE;
 	cap_proto_put(out, CAP_MSG_SETUP, 0, p, (size_t)(q - p));
 	return 0;
 }
@@ -386,14 +400,24 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 		}
 	}
 	uint32_t lo, hi;
-	if (rd_u32(&r, &lo) < 0 || rd_u32(&r, &hi) < 0 || r.left != sizeof(out->seed)) {
+	const uint8_t *net = NULL;
+	if (rd_u32(&r, &lo) == 0 && rd_u32(&r, &hi) == 0 &&
+	    r.left == sizeof(out->seed) + SETUP_NET_SIZE)
+		net = r.p + sizeof(out->seed);
+	if (!net || net[12] > 32 || net[15] > 1) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
 	}
 	*out = (struct cap_setup){ .root_image = v[0], .root_upper = v[1], .work = v[2],
 				   .source = v[3], .hostname = v[4],
-				   .realtime_ns = (int64_t)(((uint64_t)hi << 32) | lo) };
+				   .realtime_ns = (int64_t)(((uint64_t)hi << 32) | lo),
+				   .net_addr = cap_get_u32(net),
+				   .net_gateway = cap_get_u32(net + 4),
+				   .net_dns = cap_get_u32(net + 8),
+				   .net_prefix = net[12],
+				   .proxy_port = cap_get_u16(net + 13),
+				   .auto_publish = net[15] == 1 };
 	memcpy(out->seed, r.p, sizeof(out->seed));
 	return 0;
 }
@@ -406,6 +430,52 @@ void cap_setup_fini(struct cap_setup *s)
 	free(s->source);
 	free(s->hostname);
 	memset(s, 0, sizeof(*s));
+}
+
+/* --- LISTENERS ------------------------------------------------------- */
+
+/* Ports acceptable in LISTENERS: nonzero and strictly increasing. */
+static bool ports_ok(const uint16_t *ports, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ports[i] == 0 || (i > 0 && ports[i] <= ports[i - 1]))
+			return false;
+	return true;
+}
+
+int cap_proto_listeners_encode(struct cap_buf *out, const uint16_t *ports, uint32_t n)
+{
+	if (n > CAP_PROTO_MAX_LISTENERS || !ports_ok(ports, n))
+		return -EINVAL;
+	size_t size = 4 + 2 * (size_t)n;
+	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + size);
+	uint8_t *p = h + CAP_PROTO_HEADER;
+	put_header(h, CAP_MSG_LISTENERS, 0, size);
+	cap_put_u32(p, n);
+	for (uint32_t i = 0; i < n; i++)
+		cap_put_u16(p + 4 + 2 * i, ports[i]);
+	cap_buf_commit(out, CAP_PROTO_HEADER + size);
+	return 0;
+}
+
+int cap_proto_listeners_decode(const uint8_t *p, size_t n, uint16_t **ports, uint32_t *count)
+{
+	if (n < 4)
+		return -EBADMSG;
+	uint32_t k = cap_get_u32(p);
+	if (k > CAP_PROTO_MAX_LISTENERS || n != 4 + 2 * (size_t)k)
+		return -EBADMSG;
+	/* One element even for an empty set: a non-NULL result to free. */
+	uint16_t *v = xmalloc(sizeof(uint16_t) * (k ? k : 1));
+	for (uint32_t i = 0; i < k; i++)
+		v[i] = cap_get_u16(p + 4 + 2 * i);
+	if (!ports_ok(v, k)) {
+		free(v);
+		return -EBADMSG;
+	}
+	*ports = v;
+	*count = k;
+	return 0;
 }
 
 /* --- FILE ------------------------------------------------------------ */

@@ -1,6 +1,6 @@
 /* Fuzz target for the protocol decoder: the host-side client fed arbitrary
- * guest bytes (after a valid HELLO, with a few open streams), and the exec
- * request decoder fed arbitrary payloads.
+ * guest bytes (after a valid HELLO, with a few open streams), and the exec,
+ * SETUP and LISTENERS decoders fed arbitrary payloads.
  *
  * Built two ways: with clang -fsanitize=fuzzer as a libFuzzer target
  * (LLVMFuzzerTestOneInput), and, without clang, as a standalone driver
@@ -57,6 +57,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct cap_exec_req out;
 	if (cap_proto_exec_decode(data, size, &out, &err) == 0)
 		cap_exec_req_fini(&out);
+
+	struct cap_setup setup;
+	if (cap_proto_setup_decode(data, size, &setup) == 0) {
+		if (setup.net_prefix > 32 || setup.hostname == NULL)
+			abort();
+		cap_setup_fini(&setup);
+	}
+
+	uint16_t *ports;
+	uint32_t n;
+	if (cap_proto_listeners_decode(data, size, &ports, &n) == 0) {
+		/* What the decoder accepts, the encoder takes back unchanged. */
+		struct cap_buf again;
+		cap_buf_init(&again);
+		if (n > CAP_PROTO_MAX_LISTENERS || cap_proto_listeners_encode(&again, ports, n) < 0 ||
+		    cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
+		free(ports);
+	}
 	return 0;
 }
 
@@ -69,6 +90,24 @@ static uint32_t next(void)
 	rng ^= rng >> 7;
 	rng ^= rng << 17;
 	return (uint32_t)rng;
+}
+
+/* Mutate buf[0..len) in place, 1 to 8 times; returns the new length (>= 1). */
+static size_t mutate(uint8_t *buf, size_t len)
+{
+	int muts = 1 + (int)(next() % 8);
+	for (int m = 0; m < muts; m++) {
+		switch (next() % 4) {
+		case 0: buf[next() % len] = (uint8_t)next(); break;
+		case 1: buf[next() % len] ^= (uint8_t)(1u << (next() % 8)); break;
+		case 2: len = 1 + next() % len; break;	/* truncate */
+		case 3:
+			if (len >= 4)
+				cap_put_u32(buf + next() % (len - 3), next());
+			break;
+		}
+	}
+	return len;
 }
 
 int main(int argc, char **argv)
@@ -85,29 +124,44 @@ int main(int argc, char **argv)
 	char *env[] = { "A=B", NULL };
 	struct cap_exec_req req = { .argv = eargv, .argc = 3, .env = env, .envc = 1, .cwd = "/" };
 	cap_proto_exec_encode(&seed, 4, &req);
+	const uint16_t ports[] = { 22, 80, 8080 };
+	cap_proto_listeners_encode(&seed, ports, 3);
+	cap_proto_listeners_encode(&seed, NULL, 0);
+	struct cap_setup setup = { .root_image = "root", .hostname = "h", .net_addr = 0x0a00020f,
+				   .net_gateway = 0x0a000202, .net_dns = 0x0a000203,
+				   .net_prefix = 24, .proxy_port = 3128, .auto_publish = true };
+	cap_proto_setup_encode(&seed, &setup);
 
+	/* Where each seed frame's payload starts, and its length. */
+	struct {
+		size_t off, len;
+	} frames[16];
+	size_t nframes = 0;
+	const uint8_t *all = cap_buf_head(&seed);
 	size_t n = cap_buf_used(&seed);
+	for (size_t off = 0; off < n && nframes < CAP_ARRAY_SIZE(frames);) {
+		struct cap_frame f;
+		int r = cap_proto_parse(all + off, n - off, &f);
+		if (r <= 0)
+			abort();
+		frames[nframes].off = off + CAP_PROTO_HEADER;
+		frames[nframes++].len = f.len;
+		off += (size_t)r;
+	}
+
 	uint8_t *buf = xmalloc(n + 64);
 	for (long i = 0; i < iters; i++) {
-		memcpy(buf, cap_buf_head(&seed), n);
-		size_t len = n;
-		int muts = 1 + (int)(next() % 8);
-		for (int m = 0; m < muts; m++) {
-			switch (next() % 4) {
-			case 0: buf[next() % len] = (uint8_t)next(); break;
-			case 1: buf[next() % len] ^= (uint8_t)(1u << (next() % 8)); break;
-			case 2: len = 1 + next() % len; break;	/* truncate */
-			case 3: cap_put_u32(buf + (next() % (len > 4 ? len - 4 : 1)), next()); break;
-			}
-		}
-		LLVMFuzzerTestOneInput(buf, len);
-		/* The exec decoder on the payload part alone. */
-		if (len > CAP_PROTO_HEADER)
-			LLVMFuzzerTestOneInput(buf + CAP_PROTO_HEADER, len - CAP_PROTO_HEADER);
+		/* The whole stream of frames through the client. */
+		memcpy(buf, all, n);
+		LLVMFuzzerTestOneInput(buf, mutate(buf, n));
+		/* One frame's payload alone through the payload decoders. */
+		size_t k = (size_t)i % nframes;
+		memcpy(buf, all + frames[k].off, frames[k].len);
+		LLVMFuzzerTestOneInput(buf, frames[k].len ? mutate(buf, frames[k].len) : 0);
 	}
 	free(buf);
 	cap_buf_fini(&seed);
-	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec decoder without a crash\n", iters);
+	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP and LISTENERS decoders without a crash\n", iters);
 	return 0;
 }
 #endif

@@ -296,6 +296,96 @@ static void stdin_split_into_frames(void **state)
 	free(data);
 }
 
+static void listeners_replace_the_set(void **state)
+{
+	struct fixture *fx = *state;
+	const uint16_t a[] = { 8000, 8080 }, b[] = { 3000 };
+	hello(fx);
+	assert_null(fx->c.listeners);
+	assert_false(fx->c.listeners_changed);
+	assert_int_equal(cap_proto_listeners_encode(&fx->g, NULL, 0), 0);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_true(fx->c.listeners_changed);
+	assert_int_equal(fx->c.nlisteners, 0);
+	fx->c.listeners_changed = false;
+	assert_int_equal(cap_proto_listeners_encode(&fx->g, a, 2), 0);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_true(fx->c.listeners_changed);
+	assert_int_equal(fx->c.nlisteners, 2);
+	assert_memory_equal(fx->c.listeners, a, sizeof(a));
+	/* Two sets in one read: the latest wins, the first is freed (ASan
+	 * says if not). */
+	fx->c.listeners_changed = false;
+	assert_int_equal(cap_proto_listeners_encode(&fx->g, a, 1), 0);
+	assert_int_equal(cap_proto_listeners_encode(&fx->g, b, 1), 0);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_true(fx->c.listeners_changed);
+	assert_int_equal(fx->c.nlisteners, 1);
+	assert_int_equal(fx->c.listeners[0], 3000);
+	/* cap_client_fini (teardown) frees the last set. */
+}
+
+/* Send a raw LISTENERS frame: n, then k ports as given, on stream. */
+static void raw_listeners(struct fixture *fx, uint32_t stream, uint32_t n,
+			  const uint16_t *ports, uint32_t k)
+{
+	uint8_t p[64];
+	assert_true(4 + 2 * (size_t)k <= sizeof(p));
+	cap_put_u32(p, n);
+	for (uint32_t i = 0; i < k; i++)
+		cap_put_u16(p + 4 + 2 * i, ports[i]);
+	cap_proto_put(&fx->g, CAP_MSG_LISTENERS, stream, p, 4 + 2 * (size_t)k);
+}
+
+static void listeners_malformed_is_a_protocol_error(void **state)
+{
+	const uint16_t ok[] = { 80, 443 }, unsorted[] = { 443, 80 }, dup[] = { 80, 80 },
+		       zero[] = { 0 };
+	struct {
+		uint32_t stream, n;
+		const uint16_t *ports;
+		uint32_t k;
+	} cases[] = {
+		{ 1, 2, ok, 2 },	/* not stream 0 */
+		{ 0, 3, ok, 2 },	/* count over the bytes */
+		{ 0, 1, ok, 2 },	/* trailing bytes */
+		{ 0, 2, unsorted, 2 },
+		{ 0, 2, dup, 2 },
+		{ 0, 1, zero, 1 },
+		{ 0, 0xffffffffu, NULL, 0 },
+	};
+	(void)state;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(cases); i++) {
+		void *st;
+		setup(&st);
+		struct fixture *fx = st;
+		hello(fx);
+		raw_listeners(fx, cases[i].stream, cases[i].n, cases[i].ports, cases[i].k);
+		struct cap_err err = { 0 };
+		assert_int_equal(feed(fx, &err), -EPROTO);
+		assert_non_null(strstr(err.msg, "LISTENERS"));
+		assert_null(fx->c.listeners);
+		assert_false(fx->c.listeners_changed);
+		teardown(&st);
+	}
+	/* Shorter than the count itself. */
+	void *st;
+	setup(&st);
+	struct fixture *fx = st;
+	hello(fx);
+	cap_proto_put(&fx->g, CAP_MSG_LISTENERS, 0, "\0\0", 2);
+	assert_int_equal(feed(fx, NULL), -EPROTO);
+	teardown(&st);
+}
+
+static void listeners_before_hello(void **state)
+{
+	struct fixture *fx = *state;
+	assert_int_equal(cap_proto_listeners_encode(&fx->g, NULL, 0), 0);
+	assert_int_equal(feed(fx, NULL), -EPROTO);
+	assert_false(fx->c.listeners_changed);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -315,6 +405,9 @@ int main(void)
 		T(too_many_streams),
 		T(exec_before_hello),
 		T(stdin_split_into_frames),
+		T(listeners_replace_the_set),
+		T(listeners_malformed_is_a_protocol_error),
+		T(listeners_before_hello),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

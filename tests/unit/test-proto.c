@@ -322,6 +322,150 @@ static void setup_codec(void **state)
 	cap_buf_fini(&b);
 }
 
+static void setup_network_fields(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	struct cap_setup in = { .root_image = "", .root_upper = "", .work = "", .source = "",
+				.hostname = "", .net_addr = 0x0a00020f, .net_gateway = 0x0a000202,
+				.net_dns = 0x0a000203, .net_prefix = 24, .proxy_port = 3128,
+				.auto_publish = true };
+	struct cap_setup out;
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_setup_encode(&b, &in), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_setup_decode(f.payload, f.len, &out), 0);
+	assert_int_equal(out.net_addr, 0x0a00020f);
+	assert_int_equal(out.net_gateway, 0x0a000202);
+	assert_int_equal(out.net_dns, 0x0a000203);
+	assert_int_equal(out.net_prefix, 24);
+	assert_int_equal(out.proxy_port, 3128);
+	assert_true(out.auto_publish);
+	cap_setup_fini(&out);
+
+	/* The fields sit at the end: ..., u8 prefix, u16 proxy_port, u8
+	 * auto_publish. Bad values are refused, each alone. */
+	uint8_t buf[256];
+	size_t n = f.len;
+	assert_true(n <= sizeof(buf));
+	memcpy(buf, f.payload, n);
+	assert_int_equal(buf[n - 4], 24);
+	assert_int_equal(cap_get_u16(buf + n - 3), 3128);
+	assert_int_equal(buf[n - 1], 1);
+	buf[n - 4] = 32;
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	assert_int_equal(out.net_prefix, 32);
+	cap_setup_fini(&out);
+	buf[n - 4] = 33;
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	buf[n - 4] = 0xff;
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	buf[n - 4] = 24;
+	buf[n - 1] = 2;
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	buf[n - 1] = 0;
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	assert_false(out.auto_publish);
+	cap_setup_fini(&out);
+	/* Exact length: one byte more or less is refused. */
+	buf[n] = 0;
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), -EBADMSG);
+	assert_int_equal(cap_proto_setup_decode(buf, n - 1, &out), -EBADMSG);
+	/* Without a network every field is 0. */
+	struct cap_setup none = { .hostname = "h" };
+	b.off = b.len = 0;
+	assert_int_equal(cap_proto_setup_encode(&b, &none), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_setup_decode(f.payload, f.len, &out), 0);
+	assert_int_equal(out.net_addr | out.net_gateway | out.net_dns | out.net_prefix | out.proxy_port, 0);
+	assert_false(out.auto_publish);
+	cap_setup_fini(&out);
+	/* The encoder refuses a prefix the decoder would refuse. */
+	in.net_prefix = 33;
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	cap_buf_fini(&b);
+}
+
+static size_t listeners_frame(uint8_t *buf, uint32_t n, const uint16_t *ports, uint32_t k)
+{
+	cap_put_u32(buf, n);
+	for (uint32_t i = 0; i < k; i++)
+		cap_put_u16(buf + 4 + 2 * i, ports[i]);
+	return 4 + 2 * (size_t)k;
+}
+
+static void listeners_codec(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	uint16_t *got;
+	uint32_t n;
+	const uint16_t ports[] = { 22, 3000, 8080, 65535 };
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_listeners_encode(&b, ports, 4), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(f.type, CAP_MSG_LISTENERS);
+	assert_int_equal(f.stream, 0);
+	assert_int_equal(f.len, 4 + 2 * 4);
+	assert_int_equal(cap_proto_listeners_decode(f.payload, f.len, &got, &n), 0);
+	assert_int_equal(n, 4);
+	assert_memory_equal(got, ports, sizeof(ports));
+	free(got);
+	for (uint32_t k = 0; k < f.len; k++)
+		assert_int_equal(cap_proto_listeners_decode(f.payload, k, &got, &n), -EBADMSG);
+
+	/* The empty set. */
+	b.off = b.len = 0;
+	assert_int_equal(cap_proto_listeners_encode(&b, NULL, 0), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_listeners_decode(f.payload, f.len, &got, &n), 0);
+	assert_int_equal(n, 0);
+	assert_non_null(got);
+	free(got);
+
+	/* The largest set. */
+	uint16_t many[CAP_PROTO_MAX_LISTENERS + 1];
+	for (uint32_t i = 0; i < CAP_ARRAY_SIZE(many); i++)
+		many[i] = (uint16_t)(1 + i);
+	b.off = b.len = 0;
+	assert_int_equal(cap_proto_listeners_encode(&b, many, CAP_PROTO_MAX_LISTENERS), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_listeners_decode(f.payload, f.len, &got, &n), 0);
+	assert_int_equal(n, CAP_PROTO_MAX_LISTENERS);
+	free(got);
+	assert_int_equal(cap_proto_listeners_encode(&b, many, CAP_PROTO_MAX_LISTENERS + 1), -EINVAL);
+	cap_buf_fini(&b);
+
+	/* Malformed payloads. */
+	uint8_t buf[4 + 2 * (CAP_PROTO_MAX_LISTENERS + 1) + 2];
+	size_t len = listeners_frame(buf, CAP_PROTO_MAX_LISTENERS + 1, many, CAP_PROTO_MAX_LISTENERS + 1);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);	/* too many */
+	len = listeners_frame(buf, 0xffffffffu, NULL, 0);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);	/* hostile count */
+	len = listeners_frame(buf, 3, ports, 2);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);	/* short */
+	len = listeners_frame(buf, 2, ports, 3);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);	/* trailing */
+	assert_int_equal(cap_proto_listeners_decode(buf, len - 1, &got, &n), -EBADMSG);	/* odd */
+	const uint16_t unsorted[] = { 80, 22 }, dup[] = { 80, 80 }, zero[] = { 0, 80 };
+	len = listeners_frame(buf, 2, unsorted, 2);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);
+	len = listeners_frame(buf, 2, dup, 2);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);
+	len = listeners_frame(buf, 2, zero, 2);
+	assert_int_equal(cap_proto_listeners_decode(buf, len, &got, &n), -EBADMSG);
+	/* The encoder refuses what the decoder would. */
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_listeners_encode(&b, unsorted, 2), -EINVAL);
+	assert_int_equal(cap_proto_listeners_encode(&b, dup, 2), -EINVAL);
+	assert_int_equal(cap_proto_listeners_encode(&b, zero, 2), -EINVAL);
+	assert_int_equal(cap_buf_used(&b), 0);
+	cap_buf_fini(&b);
+	assert_string_equal(cap_msg_name(CAP_MSG_LISTENERS), "LISTENERS");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -339,6 +483,8 @@ int main(void)
 		cmocka_unit_test(exit_status_mapping),
 		cmocka_unit_test(hello_and_error_text_sanitized),
 		cmocka_unit_test(setup_codec),
+		cmocka_unit_test(setup_network_fields),
+		cmocka_unit_test(listeners_codec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,8 +44,12 @@ static const char usage[] =
 	"                      (see `capsule create --help` for the rules)\n"
 	"  --console-log FILE  Keep the guest's serial console in FILE\n"
 	"  -q, --quiet         Do not print the acceleration note\n"
-	"  -v, --verbose       Say how the VM started (template restore or cold boot)\n"
-	"  -h, --help          Show this help\n";
+	"  -v, --verbose       Say how the VM started (template restore or cold boot),\n"
+	"                      its network policy and route, and each connection\n"
+	"  -h, --help          Show this help\n"
+	"\n"
+	CAP_CLI_NET_HELP
+	"  Refused connections are logged on stderr (\"capsule net: refused ...\").\n";
 
 int cap_cli_run(int argc, char **argv)
 {
@@ -59,6 +63,7 @@ int cap_cli_run(int argc, char **argv)
 		{ "console-log", required_argument, NULL, CAP_OPT_CONSOLE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
+		CAP_CLI_NET_OPTS,
 		{ "env", required_argument, NULL, 'e' },
 		{ "workdir", required_argument, NULL, 'w' },
 		{ "interactive", no_argument, NULL, 'i' },
@@ -69,6 +74,8 @@ int cap_cli_run(int argc, char **argv)
 	};
 	struct cap_sandbox_opts so;
 	struct cap_cli_exec x;
+	static struct cap_sandbox_spec spec;	/* large: not on the stack */
+	struct cap_net_policy *net = xmalloc(sizeof(*net));
 	const char *source = NULL;
 	bool verbose = false, force_size = false;
 	unsigned long v;
@@ -76,10 +83,13 @@ int cap_cli_run(int argc, char **argv)
 
 	cap_sandbox_opts_init(&so);
 	cap_cli_exec_init(&x);
+	cap_net_policy_init(net);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "+e:w:iqvh", opts, NULL)) != -1) {
-		if ((k = cap_cli_exec_opt(&x, c, optarg)) < 0)
+		if ((k = cap_cli_exec_opt(&x, c, optarg)) < 0 || (k == 0 && (k = cap_cli_net_opt(net, c, optarg)) < 0)) {
+			free(net);
 			return 2;
+		}
 		if (k > 0)
 			continue;
 		switch (c) {
@@ -117,14 +127,17 @@ int cap_cli_run(int argc, char **argv)
 			verbose = true;
 			break;
 		case 'h':
+			free(net);
 			fputs(usage, stdout);
 			return 0;
 		default:
+			free(net);
 			fputs(usage, stderr);
 			return 2;
 		}
 	}
 	if (optind >= argc) {
+		free(net);
 		cap_cli_error("run needs a command: capsule run [OPTIONS] -- COMMAND [ARG...]");
 		return 2;
 	}
@@ -134,13 +147,11 @@ int cap_cli_run(int argc, char **argv)
 	struct cap_sandbox *sb = NULL;
 	struct cap_err err = { 0 };
 	if (cap_named_check_size(so.cpus, so.memory_mib, 0, 0, force_size, &err) < 0) {
+		free(net);
 		cap_cli_error("%s", err.msg);
 		return err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
 	}
 	_cleanup_free_ char *projdir = NULL, *projimg = NULL;
-	struct cap_vm_disk disk;
-	struct cap_setup setup = { .root_image = "", .root_upper = "", .work = "",
-				   .source = "capsule-source", .hostname = "" };
 	if (source) {
 		/* The projection lives only until QEMU has opened it. */
 		struct cap_projection_limits lim;
@@ -156,13 +167,21 @@ int cap_cli_run(int argc, char **argv)
 		if (cap_projection_limits_init(&lim, &err) < 0 ||
 		    cap_projection_build(source, &lim, projimg, &info, &err) < 0) {
 			cap_remove_tree(projdir);
+			free(net);
 			cap_cli_error("%s", err.msg);
 			return CAP_EXIT_FAILURE;
 		}
-		disk = (struct cap_vm_disk){ projimg, "capsule-source", true, true };
-		so.disks = &disk;
-		so.ndisks = 1;
-		so.setup = &setup;
+	}
+	cap_sandbox_spec_oneshot(&spec, projimg);
+	cap_sandbox_spec_network(&spec, net);
+	free(net);
+	so.spec = &spec;
+	so.net_verbose = verbose;
+	if (verbose) {
+		_cleanup_free_ char *d = cap_net_policy_describe(&spec.net);
+		cap_cli_error("network: %s", d);
+		if (spec.net.enabled)
+			cap_cli_error("network route: %s", cap_cli_net_route());
 	}
 	int booted = cap_sandbox_boot(&so, &sb, &err);
 	if (projdir)

@@ -40,7 +40,7 @@ static int fail(const struct cap_err *err)
 static const char create_usage[] =
 	"Usage: capsule create NAME [--image IMAGE] [--source DIR] [--cpus N]\n"
 	"                           [--memory MIB] [--root-size MIB] [--work-size MIB]\n"
-	"                           [--force-size]\n"
+	"                           [--force-size] [NETWORK FLAGS]\n"
 	"\n"
 	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
 	"sha256:digest, default base) and a private /work disk that keeps its\n"
@@ -55,7 +55,10 @@ static const char create_usage[] =
 	"memory up to the host's less a reserve (the larger of 512 MiB and a\n"
 	"tenth); disks of 16 MiB to 1 TiB, together at most the space free where\n"
 	"CAPSULE_HOME is (they are sparse). --force-size lifts the host's bounds.\n"
-	"A value out of bounds exits 2, naming the value and the bound.\n";
+	"A value out of bounds exits 2, naming the value and the bound.\n"
+	"The network policy is recorded; `capsule net set NAME` changes it.\n"
+	"\n"
+	CAP_CLI_NET_HELP;
 
 int cap_cli_create(int argc, char **argv)
 {
@@ -67,19 +70,26 @@ int cap_cli_create(int argc, char **argv)
 		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
+		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct cap_record rec;
 	struct cap_err err = { 0 };
+	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
 	unsigned long v;
-	int c;
+	int c, k;
 
 	cap_record_init(&rec);
+	cap_net_policy_init(net);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		const char *what = NULL;
 		unsigned *field = NULL;
+		if ((k = cap_cli_net_opt(net, c, optarg)) < 0)
+			return CAP_EXIT_USAGE;
+		if (k > 0)
+			continue;
 		switch (c) {
 		case CAP_OPT_IMAGE:
 			snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", optarg);
@@ -117,6 +127,10 @@ int cap_cli_create(int argc, char **argv)
 		return 2;
 	}
 	snprintf(rec.name, sizeof(rec.name), "%s", argv[optind]);
+	if (cap_record_set_net(&rec, net, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return CAP_EXIT_USAGE;
+	}
 	if (cap_named_check_name(argv[optind], &err) < 0 || cap_named_create(&rec, NULL, NULL, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		return err.code == EINVAL || err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
@@ -125,6 +139,10 @@ int cap_cli_create(int argc, char **argv)
 	if (rec.source[0])
 		printf("public data: %s, %llu entries, %llu bytes\n", rec.source,
 		       (unsigned long long)rec.source_entries, (unsigned long long)rec.source_bytes);
+	if (net->enabled) {
+		_cleanup_free_ char *d = cap_net_policy_describe(net);
+		printf("network: %s\n", d);
+	}
 	return 0;
 }
 
@@ -418,6 +436,13 @@ int cap_cli_inspect(int argc, char **argv)
 	} else {
 		printf("source:     none (/source is empty)\n");
 	}
+	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
+	if (cap_record_net(&rec, net, &err) < 0)
+		return fail(&err);
+	_cleanup_free_ char *policy = cap_net_policy_describe(net);
+	printf("network:    %s\n", policy);
+	if (net->enabled)
+		printf("route:      %s\n", cap_cli_net_route());
 	printf("directory:  %s\n", dir);
 	time_t t = (time_t)rec.created;
 	char when[64];

@@ -32,7 +32,47 @@ enum {
 	CAP_OPT_ACCEL, CAP_OPT_CONSOLE, CAP_OPT_IMAGE, CAP_OPT_ROOT_SIZE,
 	CAP_OPT_WORK_SIZE, CAP_OPT_FORCE, CAP_OPT_NAME, CAP_OPT_SOURCE,
 	CAP_OPT_FORCE_SIZE, CAP_OPT_PIDS_MAX,
+	/* The network flags (cap_cli_net_opt). */
+	CAP_OPT_ALLOW_EGRESS, CAP_OPT_ALLOW_PUBLIC, CAP_OPT_ALLOW_LAN,
+	CAP_OPT_ALLOW_HOST, CAP_OPT_PUBLISH, CAP_OPT_AUTO_PUBLISH,
 };
+
+/* The network flags as getopt_long entries, for a verb's option table:
+ * CAP_CLI_NET_OPTS, in the middle of it. */
+#define CAP_CLI_NET_OPTS \
+	{ "allow-egress", required_argument, NULL, CAP_OPT_ALLOW_EGRESS }, \
+	{ "allow-public", no_argument, NULL, CAP_OPT_ALLOW_PUBLIC }, \
+	{ "allow-lan", no_argument, NULL, CAP_OPT_ALLOW_LAN }, \
+	{ "allow-host", no_argument, NULL, CAP_OPT_ALLOW_HOST }, \
+	{ "publish", required_argument, NULL, CAP_OPT_PUBLISH }, \
+	{ "auto-publish", no_argument, NULL, CAP_OPT_AUTO_PUBLISH }
+
+/* Their help lines, the same on every verb. */
+#define CAP_CLI_NET_HELP \
+	"Network (none by default: no network interface; see docs/network.md):\n" \
+	"  --allow-egress RULE Open IPv4 address or CIDR, HOST or *.DOMAIN, each\n" \
+	"                      optionally :PORT (repeatable)\n" \
+	"  --allow-public      Open every public address\n" \
+	"  --allow-lan         Open the private ranges (10/8, 172.16/12, 192.168/16,\n" \
+	"                      100.64/10): the guest can reach your LAN\n" \
+	"  --allow-host        Open the host's loopback services at\n" \
+	"                      host.capsule.internal: anything bound to the host's\n" \
+	"                      127.0.0.1 becomes reachable from the guest\n" \
+	"  --publish [BIND:]HOST_PORT:GUEST_PORT\n" \
+	"                      Forward a host TCP port (BIND default 127.0.0.1) to\n" \
+	"                      the guest (repeatable)\n" \
+	"  --auto-publish      Mirror the guest's TCP listeners to the same port on\n" \
+	"                      the host's 127.0.0.1 as they come and go\n" \
+	"  Link-local and cloud metadata (169.254.0.0/16) and loopback stay closed\n" \
+	"  unless named exactly by --allow-egress.\n"
+
+/* Handle one getopt result of the network flags into p: 1 handled, 0 not
+ * ours, -1 bad value (already reported, naming it). */
+int cap_cli_net_opt(struct cap_net_policy *p, int c, const char *arg);
+/* How allowed connections leave this host: "direct", or "through the
+ * upstream proxy http://... (NO_PROXY: ...)" from the environment. */
+const char *cap_cli_net_route(void);
+int cap_cli_net(int argc, char **argv);
 
 /* Exit code of a usage error: a bad option or value, a size out of its
  * bounds (the library's -EINVAL and -ERANGE for what was asked). */

@@ -21,6 +21,7 @@ static const char usage[] =
 	"  exec      Run a command in a sandbox shell     Interactive shell in a sandbox\n"
 	"  ls        List sandboxes             inspect   Show a sandbox\n"
 	"  rm        Delete a sandbox and its disks\n"
+	"  net       Show or change a sandbox's network policy, read its log\n"
 	"  image     Build, import, list and remove images\n"
 	"  template  List, build and prune the snapshots new VMs start from\n"
 	"  source    Check or build a public data projection by hand\n"
@@ -111,7 +112,7 @@ int main(int argc, char **argv)
 		{ "rm", cap_cli_rm }, { "ls", cap_cli_ls }, { "image", cap_cli_image },
 		{ "source", cap_cli_source }, { "serve", cap_cli_serve },
 		{ "shim", cap_cli_shim }, { "mcp", cap_cli_mcp },
-		{ "template", cap_cli_template },
+		{ "template", cap_cli_template }, { "net", cap_cli_net },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

@@ -67,6 +67,10 @@ struct cap_vm_net {
 	 * reset (cap_net_denied_ranges). */
 	const uint32_t (*deny)[2];
 	unsigned ndeny;
+	/* The guest's HTTP proxy at the gateway (CAP_NET_PROXY_PORT): QEMU's
+	 * connections to 127.0.0.1:proxy_port go to the policy process even
+	 * when 127.0.0.0/8 is denied. */
+	uint16_t proxy_port;
 	/* The policy process, forked once the namespace and its rules exist
 	 * and before QEMU starts; it runs as an unprivileged user of its own,
 	 * in the VM's cgroups, with no_new_privs and rlimits, holding only

@@ -31,6 +31,9 @@ struct cap_record {
 	char source_fp[65];
 	uint64_t source_entries;
 	uint64_t source_bytes;
+	/* The network policy (docs/network.md) in cap_net_policy_words form,
+	 * space-separated; "" for none (no NIC). cap_record_net reads it. */
+	char net[4096];
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;
@@ -38,6 +41,23 @@ struct cap_record {
 
 /* Defaults of DESIGN §5: 1 vCPU, 512 MiB, 256 MiB root, 512 MiB /work. */
 void cap_record_init(struct cap_record *r);
+
+struct cap_net_policy;
+/* The record's network policy. -EBADMSG (err naming the word) when a
+ * recorded word does not parse. */
+int cap_record_net(const struct cap_record *r, struct cap_net_policy *out,
+		   struct cap_err *err);
+/* Put p into the record. -E2BIG when it does not fit. */
+int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
+		       struct cap_err *err);
+
+/* Replace a sandbox's network policy in its record. When it runs with a
+ * NIC, its shim applies the new one to new connections without a
+ * restart (this call waits up to 5 s for it to confirm); when it runs
+ * without one, or gains or loses its NIC, the change applies at the next
+ * start: *restart_needed says so. */
+int cap_named_set_network(const char *name, const struct cap_net_policy *p,
+			  bool *restart_needed, struct cap_err *err);
 
 /* Size bounds. Fixed: 1 to 16 vCPUs, 128 MiB to 1 TiB of memory, disks
  * of 16 MiB to 1 TiB. The host's, lifted by force: vCPUs up to its online

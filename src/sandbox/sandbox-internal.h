@@ -21,4 +21,24 @@ void cap_template_discard(const char *dir);
 int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
 			 const char *state, struct cap_err *err);
 
+/* The owner's side of a sandbox's NIC (sandbox-net.c). */
+struct cap_sandbox_net;
+/* For o->spec's policy: bind the published ports on the host, compute
+ * the denied ranges; the engine's part is cap_sandbox_net_vm. */
+int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net **out,
+			struct cap_err *err);
+const struct cap_vm_net *cap_sandbox_net_vm(const struct cap_sandbox_net *n);
+/* The NIC of a template being built: the same device, nothing gets out. */
+const struct cap_vm_net *cap_sandbox_net_template(void);
+void cap_sandbox_net_free(struct cap_sandbox_net *n);
+/* Replace the policy of a running VM: the kernel's denied ranges, then
+ * the policy process's rules (new connections). Published ports and the
+ * NIC stay as they were. */
+int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
+			       const struct cap_net_policy *p, struct cap_err *err);
+/* The guest's listeners changed: forward the new ones to the same port
+ * on the host's 127.0.0.1, stop forwarding the gone ones (auto-publish). */
+int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,
+			      const uint16_t *ports, uint32_t nports, struct cap_err *err);
+
 #endif

@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "named.h"
+#include "policy.h"
 #include "sandbox.h"
 #include "paths.h"
 #include "store.h"
@@ -155,6 +156,14 @@ static int write_record(const struct cap_record *rec, struct cap_err *err)
 							    "fingerprint", rec->source_fp,
 							    "entries", (json_int_t)rec->source_entries,
 							    "bytes", (json_int_t)rec->source_bytes));
+	if (rec->net[0]) {
+		json_t *words = json_array();
+		char buf[sizeof(rec->net)], *save = NULL;
+		snprintf(buf, sizeof(buf), "%s", rec->net);
+		for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save))
+			json_array_append_new(words, json_string(w));
+		json_object_set_new(j, "network", words);
+	}
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
 	_cleanup_free_ char *path = in_dir(rec->name, "record.json");
@@ -328,10 +337,65 @@ int cap_named_load(const char *name, struct cap_record *out,
 		out->source_entries = (uint64_t)json_integer_value(json_object_get(src, "entries"));
 		out->source_bytes = (uint64_t)json_integer_value(json_object_get(src, "bytes"));
 	}
+	json_t *net = json_object_get(j, "network");
+	size_t i, used = 0;
+	json_t *w;
+	json_array_foreach(net, i, w) {
+		const char *word = json_string_value(w);
+		if (!word || strchr(word, ' ') ||
+		    used + strlen(word) + 2 > sizeof(out->net)) {
+			json_decref(j);
+			return cap_err_set(err, EBADMSG, "%s: \"network\" must be a list of flags without spaces", path);
+		}
+		used += (size_t)snprintf(out->net + used, sizeof(out->net) - used, "%s%s", used ? " " : "", word);
+	}
 	json_decref(j);
 	if (strncmp(out->image, "sha256:", 7) != 0 || out->cpus < 1 || out->memory_mib < 64)
 		return cap_err_set(err, EBADMSG, "%s lacks a valid image digest, cpus or memory", path);
+	struct cap_net_policy *check = xmalloc(sizeof(*check));
+	r = cap_record_net(out, check, err);
+	free(check);
+	if (r < 0)
+		cap_err_prefix(err, "%s", path);
+	return r;
+}
+
+int cap_record_net(const struct cap_record *r, struct cap_net_policy *out,
+		   struct cap_err *err)
+{
+	char buf[sizeof(r->net)], *save = NULL;
+	cap_net_policy_init(out);
+	snprintf(buf, sizeof(buf), "%s", r->net);
+	for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+		char *eq = strchr(w, '=');
+		if (eq)
+			*eq = '\0';
+		int k = cap_net_policy_apply(out, w, eq ? eq + 1 : NULL, err);
+		if (k < 0)
+			return cap_err_set(err, EBADMSG, "recorded network flag '%s' is not valid: %s", w, err->msg);
+	}
 	return 0;
+}
+
+int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
+		       struct cap_err *err)
+{
+	char **words = NULL;
+	size_t n = 0, used = 0;
+	int ret = 0;
+	char buf[sizeof(r->net)] = "";
+	cap_net_policy_words(p, &words, &n);
+	for (size_t i = 0; i < n; i++) {
+		if (ret == 0 && used + strlen(words[i]) + 2 > sizeof(buf))
+			ret = cap_err_set(err, E2BIG, "the network policy is too long to record (over %zu bytes)", sizeof(buf) - 1);
+		if (ret == 0)
+			used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%s", used ? " " : "", words[i]);
+		free(words[i]);
+	}
+	free(words);
+	if (ret == 0)
+		memcpy(r->net, buf, sizeof(buf));
+	return ret;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -768,4 +832,47 @@ int cap_named_kill(const char *name, struct cap_err *err)
 		return cap_err_set(err, EBUSY, "sandbox '%s': its shim (pid %d) is still there after SIGKILL", name,
 				   (int)st.shim_pid);
 	return cap_named_reap(name, err);
+}
+
+/* runtime.json's "network": the policy a running shim has in force. */
+static bool shim_has_network(const char *name, const char *words)
+{
+	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
+	json_t *j = json_load_file(rt, 0, NULL);
+	const char *s = j ? json_string_value(json_object_get(j, "network")) : NULL;
+	bool same = s && strcmp(s, words) == 0;
+	json_decref(j);
+	return same;
+}
+
+int cap_named_set_network(const char *name, const struct cap_net_policy *p,
+			  bool *restart_needed, struct cap_err *err)
+{
+	struct cap_record rec;
+	struct cap_named_status st;
+	int r;
+	*restart_needed = false;
+	if ((r = cap_named_load(name, &rec, err)) < 0)
+		return r;
+	bool had_nic = rec.net[0] != '\0';
+	if ((r = cap_record_set_net(&rec, p, err)) < 0 || (r = write_record(&rec, err)) < 0)
+		return r;
+	if ((r = cap_named_status(name, &st, err)) < 0)
+		return r;
+	if (st.state == CAP_NAMED_STOPPED)
+		return 0;
+	if (!had_nic || !p->enabled) {
+		*restart_needed = true;
+		return 0;
+	}
+	if (kill(st.shim_pid, SIGUSR1) < 0)
+		return cap_err_set(err, errno, "cannot reach sandbox '%s''s shim (pid %d): %s; the new policy applies at its next start",
+				   name, (int)st.shim_pid, strerror(errno));
+	for (int i = 0; i < 250; i++) {
+		if (shim_has_network(name, rec.net))
+			return 0;
+		usleep(20000);
+	}
+	return cap_err_set(err, ETIMEDOUT, "sandbox '%s' did not confirm its new network policy within 5 s; see shim.log in its directory",
+			   name);
 }

@@ -86,6 +86,8 @@ struct shim {
 	int64_t runtime_try_ms;
 	uint64_t refused;	/* clients refused since the last line about it */
 	int64_t refused_log_ms;
+	const char *name;
+	char net_words[4096];	/* the network policy in force (record form) */
 };
 
 static struct route *route_by_client(struct shim *s, struct conn *c, uint32_t cid)
@@ -189,6 +191,30 @@ static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
 }
 
 static void write_runtime_log(struct shim *s);
+
+/* SIGUSR1 (cap_named_set_network): the record's network policy applies
+ * to new connections now; runtime.json says which one is in force. */
+static void reload_network(struct shim *s)
+{
+	struct cap_record rec;
+	struct cap_err err = { 0 };
+	struct cap_net_policy *p = xmalloc(sizeof(*p));
+	if (cap_named_load(s->name, &rec, &err) < 0 || cap_record_net(&rec, p, &err) < 0) {
+		cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
+	} else if (strcmp(rec.net, s->net_words) == 0) {
+		write_runtime_log(s);
+	} else if (!p->enabled) {
+		cap_log(CAP_LOG_WARN, "network policy not changed: the new one has no network interface, which takes a restart");
+	} else if (cap_sandbox_set_network(s->sb, p, &err) < 0) {
+		cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
+	} else {
+		snprintf(s->net_words, sizeof(s->net_words), "%s", rec.net);
+		_cleanup_free_ char *d = cap_net_policy_describe(p);
+		cap_log(CAP_LOG_INFO, "network policy now: %s", d);
+		write_runtime_log(s);
+	}
+	free(p);
+}
 
 /* After a failed write the guest's file system may be read-only (ext4
  * aborts its journal): before the next command of an idle sandbox, once
@@ -399,21 +425,6 @@ static void report_ready(int *fd, const char *msg)
 	*fd = -1;
 }
 
-/* What a disk is to the guest, by its serial (cap_named_shim's disks). */
-static const char *disk_role(const char *serial)
-{
-	static const struct { const char *serial, *role; } roles[] = {
-		{ "capsule-work", "/work" },
-		{ "capsule-upper", "the root file system's writable layer" },
-		{ "capsule-root", "the image" },
-		{ "capsule-source", "/source" },
-	};
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(roles); i++)
-		if (strcmp(serial, roles[i].serial) == 0)
-			return roles[i].role;
-	return serial;
-}
-
 /* Take the disk I/O errors QEMU reported: keep the latest for runtime.json
  * and for the stderr of the commands that were running, and say it in
  * shim.log (at once for a new episode, then at most every 5 s, counted). */
@@ -434,10 +445,10 @@ static void take_io_errors(struct shim *s)
 		snprintf(s->io.what, sizeof(s->io.what),
 			 "I/O error on %s (disk %s): no space left on the host's disk holding %s; "
 			 "the guest got ENOSPC/EIO. Free space there, then retry",
-			 disk_role(serial), serial, path);
+			 cap_sandbox_disk_role(serial), serial, path);
 	else
 		snprintf(s->io.what, sizeof(s->io.what), "I/O error on %s (disk %s): the host failed to %s %s: %s",
-			 disk_role(serial), serial, e.write ? "write" : "read", path, e.reason);
+			 cap_sandbox_disk_role(serial), serial, e.write ? "write" : "read", path, e.reason);
 	s->runtime_stale = true;
 	if (e.write && d && !d->readonly)
 		s->disk_failed = true;
@@ -564,8 +575,12 @@ static void serve(struct shim *s, int lfd, int sfd)
 		}
 		if (pfd[SIG].revents) {
 			struct signalfd_siginfo si;
-			while (read(sfd, &si, sizeof(si)) == sizeof(si))
-				s->stop = true;
+			while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+				if (si.ssi_signo == SIGUSR1)
+					reload_network(s);
+				else
+					s->stop = true;
+			}
 		}
 		if (pfd[LISTEN].revents & POLLIN)
 			accept_clients(s, lfd);
@@ -609,11 +624,16 @@ static int write_runtime(const struct shim *s, struct cap_err *err)
 	json_t *j = json_pack("{s:i, s:i, s:s, s:b}", "shim_pid", (int)getpid(),
 			      "qemu_pid", s->sb ? (int)cap_sandbox_vmm_pid(s->sb) : -1, "control", s->control,
 			      "paused", s->paused);
+	pid_t netd = s->sb ? cap_sandbox_net_pid(s->sb) : -1;
+	if (netd > 0) {
+		json_object_set_new(j, "netd_pid", json_integer(netd));
+		json_object_set_new(j, "network", json_string(s->net_words));
+	}
 	if (s->io_count > 0) {
 		const struct cap_vm_io_error *e = &s->io.e;
 		const struct cap_vm_disk *d = e->disk < s->ndisks ? &s->disks[e->disk] : NULL;
 		json_object_set_new(j, "io_error", json_pack("{s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:I, s:I}",
-			"disk", d ? disk_role(d->serial) : "unknown", "serial", d ? d->serial : "unknown",
+			"disk", d ? cap_sandbox_disk_role(d->serial) : "unknown", "serial", d ? d->serial : "unknown",
 			"path", d ? d->path : "", "operation", e->write ? "write" : "read",
 			"nospace", e->nospace, "reason", e->reason, "message", s->io.what,
 			"time", (json_int_t)s->io.time, "count", (json_int_t)s->io_count));
@@ -649,8 +669,11 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
 	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
 	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
+	_cleanup_free_ char *netlog_path = xasprintf("%s/net.log", dir);
 	_cleanup_free_ char *rundir = NULL, *control = NULL;
-	int lock = -1, lfd = -1, sfd = -1, r;
+	_cleanup_free_ struct cap_sandbox_spec *spec = NULL;
+	_cleanup_free_ struct cap_net_policy *net = NULL;
+	int lock = -1, lfd = -1, sfd = -1, netlog = -1, r;
 	bool owner = false;
 
 	s.spare_fd = -1;
@@ -687,19 +710,18 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	}
 	control = xasprintf("%s/control.sock", sockdir);
 
-	struct cap_vm_disk disks[] = {
-		{ img.owned_path, "capsule-root", true, false },
-		{ upper, "capsule-upper", false, true },
-		{ work, "capsule-work", false, true },
-		{ source, "capsule-source", true, true },
-	};
-	char host[21];
-	snprintf(host, sizeof(host), "%s", name);
-	struct cap_setup setup = {
-		.root_image = "capsule-root", .root_upper = "capsule-upper",
-		.work = "capsule-work", .source = "capsule-source",
-		.hostname = cap_proto_valid_name(host) ? host : "capsule",
-	};
+	/* The spec is large: on the heap. */
+	spec = xmalloc(sizeof(*spec));
+	net = xmalloc(sizeof(*net));
+	if ((r = cap_record_net(&rec, net, err)) < 0)
+		goto out;
+	cap_sandbox_spec_named(spec, img.owned_path, upper, work, source, name);
+	cap_sandbox_spec_network(spec, net);
+	snprintf(s.net_words, sizeof(s.net_words), "%s", rec.net);
+	if (net->enabled && (netlog = open(netlog_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
+		r = cap_err_set(err, errno, "cannot open %s: %s", netlog_path, strerror(errno));
+		goto out;
+	}
 	struct cap_sandbox_opts o;
 	cap_sandbox_opts_init(&o);
 	o.cpus = rec.cpus;
@@ -709,11 +731,11 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	o.console_log = console;
 	o.qemu_log = qemu_log;
 	o.dir = sockdir;
-	o.disks = disks;
-	o.ndisks = CAP_ARRAY_SIZE(disks);
-	o.setup = &setup;
+	o.spec = spec;
+	o.name = name;
+	o.net_log_fd = netlog;
 
-	static const int stops[] = { SIGTERM, SIGINT, SIGHUP };
+	static const int stops[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1 };
 	sigset_t sigs;
 	sfd = cap_signalfd(stops, CAP_ARRAY_SIZE(stops), &sigs);
 
@@ -726,8 +748,9 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.dir = dir;
 	s.control = control;
 	s.opts = &o;
-	s.disks = disks;
-	s.ndisks = CAP_ARRAY_SIZE(disks);
+	s.name = name;
+	s.disks = spec->disks;
+	s.ndisks = spec->ndisks;
 	raise_nofile();
 	s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if ((r = write_runtime(&s, err)) < 0)
@@ -782,6 +805,8 @@ out:
 		unlink(runtime);
 	if (rundir)
 		cap_remove_run_dir(rundir);
+	if (netlog >= 0)
+		close(netlog);
 	cap_image_fini(&img);
 	if (lock >= 0)
 		close(lock);	/* releases the lock last */

@@ -48,7 +48,8 @@ static void hash_file_id(struct cap_sha256 *h, const char *what, const char *pat
 }
 
 /* Everything that shapes a VM's saved state goes into the key. */
-static void template_key(const struct cap_vm_config *cfg, char key[65])
+static void template_key(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
+			 char key[65])
 {
 	struct cap_sha256 h;
 	char line[512];
@@ -66,14 +67,16 @@ static void template_key(const struct cap_vm_config *cfg, char key[65])
 	n = snprintf(line, sizeof(line), "accel=%s cpus=%u mem=%u append=%s\n", cap_engine_accel_name(cfg->accel),
 		     cfg->cpus, cfg->memory_mib, cfg->append_extra ? cfg->append_extra : "");
 	cap_sha256_update(&h, line, (size_t)n);
-	for (unsigned i = 0; i < cfg->ndisks; i++) {
-		const struct cap_vm_disk *d = &cfg->disks[i];
-		n = snprintf(line, sizeof(line), "disk%u=%s:%s:%s\n", i, d->serial, d->readonly ? "ro" : "rw",
-			     d->per_sandbox ? "own" : "shared");
-		cap_sha256_update(&h, line, (size_t)n);
-		if (!d->per_sandbox)
-			hash_file_id(&h, "shared", d->path);
-	}
+	/* The sandbox's shape (disks, NIC), and the files it shares. */
+	struct cap_sandbox_spec bare;
+	cap_sandbox_spec_init(&bare);
+	char shape[512];
+	cap_sandbox_spec_shape(o->spec ? o->spec : &bare, shape, sizeof(shape));
+	n = snprintf(line, sizeof(line), "shape=%s\n", shape);
+	cap_sha256_update(&h, line, (size_t)n);
+	for (unsigned i = 0; i < cfg->ndisks; i++)
+		if (!cfg->disks[i].per_sandbox)
+			hash_file_id(&h, "shared", cfg->disks[i].path);
 	cap_sha256_final_hex(&h, key);
 }
 
@@ -194,6 +197,8 @@ static int build(const struct cap_sandbox_opts *o, const struct cap_vm_config *b
 	for (unsigned i = 0; i < base->ndisks && used < sizeof(desc); i++)
 		used += (size_t)snprintf(desc + used, sizeof(desc) - used, ", %s%s", base->disks[i].serial,
 					 base->disks[i].per_sandbox ? "" : " (shared)");
+	if (base->net && used < sizeof(desc))
+		snprintf(desc + used, sizeof(desc) - used, ", NIC");
 	json_t *m = json_pack("{s:i, s:s, s:s, s:I}", "schema", 1, "key", key, "desc", desc,
 			      "created", (json_int_t)time(NULL));
 	char *text = json_dumps(m, JSON_INDENT(2));
@@ -221,7 +226,7 @@ int cap_template_for(const struct cap_sandbox_opts *o, const struct cap_vm_confi
 		     char key[65], char **dir, struct cap_err *err)
 {
 	_cleanup_free_ char *root = templates_dir();
-	template_key(cfg, key);
+	template_key(o, cfg, key);
 	char *final = xasprintf("%s/%s", root, key);
 	_cleanup_free_ char *state = xasprintf("%s/state", final);
 	_cleanup_free_ char *ram = xasprintf("%s/ram", final);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "log.h"
 #include "paths.h"
 #include "sandbox-internal.h"
 #include "sandbox.h"
@@ -21,6 +22,7 @@ struct cap_sandbox {
 	bool dead;	/* VM or agent gone: only free is valid */
 	bool restored;	/* from a template */
 	char boot_note[512];
+	struct cap_sandbox_net *net;	/* owner of a VM with a NIC, else NULL */
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
@@ -28,6 +30,7 @@ void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
 	*o = (struct cap_sandbox_opts){
 		.cpus = 1,
 		.memory_mib = 512,
+		.net_log_fd = -1,
 		.accel = CAP_ACCEL_AUTO,
 		.boot_timeout_ms = 60000,
 		.use_template = true,
@@ -177,6 +180,13 @@ int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 				cap_err_prefix(err, "guest protocol error");
 				return r;
 			}
+		}
+		if (sb->net && sb->vm && sb->client.listeners_changed) {
+			struct cap_err nerr = { 0 };
+			sb->client.listeners_changed = false;
+			if (cap_sandbox_net_listeners(sb->net, sb->vm, sb->client.listeners,
+						      sb->client.nlisteners, &nerr) < 0)
+				cap_log(CAP_LOG_WARN, "auto-publish: %s", nerr.msg);
 		}
 	}
 	if (sb->vm && (pfd[1].revents & POLLIN))
@@ -345,8 +355,8 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 	*cfg = (struct cap_vm_config){
 		.kernel = *kernel,
 		.initrd = *initrd,
-		.disks = o->disks,
-		.ndisks = o->ndisks,
+		.disks = o->spec ? o->spec->disks : NULL,
+		.ndisks = o->spec ? o->spec->ndisks : 0,
 		.console_log = o->console_log,
 		.cpus = o->cpus,
 		.memory_mib = o->memory_mib,
@@ -384,10 +394,17 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	 * in its own run directory, never in a sandbox's file. */
 	struct cap_vm_config tcfg = cfg;
 	cfg.qemu_log = o->qemu_log;
+	if (o->spec && o->spec->net.enabled) {
+		if ((r = cap_sandbox_net_new(o, &sb->net, err)) < 0)
+			goto fail;
+		cfg.net = cap_sandbox_net_vm(sb->net);
+		tcfg.net = cap_sandbox_net_template();
+	}
 
 	/* Always SETUP, if only for the clock and the entropy. */
-	static const struct cap_setup none = { .root_image = "", .root_upper = "", .work = "", .source = "", .hostname = "" };
-	const struct cap_setup *setup = o->setup ? o->setup : &none;
+	struct cap_sandbox_spec bare;
+	cap_sandbox_spec_init(&bare);
+	const struct cap_setup *setup = o->spec ? &o->spec->setup : &bare.setup;
 	snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot");
 	if (templates_enabled(o)) {
 		/* A template restore, and whatever goes wrong with it, a cold
@@ -435,6 +452,21 @@ const char *cap_sandbox_boot_note(const struct cap_sandbox *sb)
 const char *cap_sandbox_jail_note(const struct cap_sandbox *sb)
 {
 	return sb->vm ? cap_vm_jail_note(sb->vm) : "";
+}
+
+int cap_sandbox_set_network(struct cap_sandbox *sb, const struct cap_net_policy *p,
+			    struct cap_err *err)
+{
+	if (!sb->vm)
+		return cap_err_set(err, EINVAL, "only the owner of a VM can change its network policy");
+	if (!sb->net)
+		return cap_err_set(err, EOPNOTSUPP, "the VM was started without a network interface: the new policy takes effect at its next start");
+	return cap_sandbox_net_set_policy(sb->net, sb->vm, p, err);
+}
+
+pid_t cap_sandbox_net_pid(const struct cap_sandbox *sb)
+{
+	return sb->vm ? cap_vm_net_pid(sb->vm) : -1;
 }
 
 bool cap_sandbox_restored(const struct cap_sandbox *sb)
@@ -552,6 +584,7 @@ void cap_sandbox_free(struct cap_sandbox *sb)
 		cap_vm_free(sb->vm);
 	else if (sb->fd >= 0)
 		close(sb->fd);
+	cap_sandbox_net_free(sb->net);
 	cap_client_fini(&sb->client);
 	if (sb->owned_run_dir)
 		cap_remove_run_dir(sb->owned_run_dir);

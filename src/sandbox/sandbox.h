@@ -11,6 +11,42 @@
 #include "client.h"
 #include "engine.h"
 #include "err.h"
+#include "policy.h"
+
+/* What one sandbox is made of, built in one place (sandbox-spec.c) for
+ * every path that starts a VM: the device layout (disks in order, then
+ * the NIC when the network policy has one), what SETUP tells the agent,
+ * and the network policy. A template's key is derived from its shape
+ * (cap_sandbox_spec_shape), so two paths that build the same sandbox
+ * share templates, and a NIC is part of the shape. */
+#define CAP_SPEC_MAX_DISKS 4
+struct cap_sandbox_spec {
+	struct cap_vm_disk disks[CAP_SPEC_MAX_DISKS];
+	unsigned ndisks;
+	struct cap_setup setup;	/* its strings point into the spec or are static */
+	char hostname[21];
+	struct cap_net_policy net;	/* net.enabled: a NIC */
+};
+
+/* The bare initramfs root: no disk, no NIC. */
+void cap_sandbox_spec_init(struct cap_sandbox_spec *s);
+/* A named sandbox: the image (shared, read-only) as the root's lower
+ * layer, its writable upper layer, /work and /source, in that order.
+ * Paths are borrowed; hostname is used when it is a valid one. */
+void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
+			    const char *upper, const char *work,
+			    const char *source, const char *hostname);
+/* A one-shot VM (capsule run) on the initramfs root, with /source from
+ * source_image when it is not NULL. */
+void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image);
+/* Give the sandbox this network policy (copied): a NIC when p->enabled,
+ * eth0 and the proxy in SETUP. */
+void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_policy *p);
+/* The shape, for the template key: serials, modes and ownership of the
+ * disks in order, then "nic" when there is one. Never the paths. */
+void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t len);
+/* What a disk is to the guest, by its serial ("/work", "the image"). */
+const char *cap_sandbox_disk_role(const char *serial);
 
 struct cap_sandbox_opts {
 	unsigned cpus;	/* default 1 */
@@ -20,10 +56,15 @@ struct cap_sandbox_opts {
 	const char *qemu_log;	/* NULL: <dir>/qemu.log, removed with the VM; else this file, kept */
 	int boot_timeout_ms;	/* default 60000 */
 	const char *append_extra;	/* more kernel arguments, or NULL */
-	/* Disks (in device order) and what the agent mounts from them. */
-	const struct cap_vm_disk *disks;
-	unsigned ndisks;
-	const struct cap_setup *setup;	/* NULL: stay on the initramfs root */
+	/* Disks, NIC and what the agent sets up (borrowed). NULL: the bare
+	 * initramfs root, no disk, no NIC. */
+	const struct cap_sandbox_spec *spec;
+	/* With a NIC: the sandbox's name for the policy process's log lines,
+	 * where they go (-1: stderr) and whether allowed connections are
+	 * logged too. */
+	const char *name;
+	int net_log_fd;
+	bool net_verbose;
 	/* Directory for QEMU's sockets (unlinked once connected) and the
 	 * logs not named above; the caller's, kept after free. NULL: a
 	 * private temporary one, removed with the sandbox. */
@@ -75,6 +116,13 @@ const char *cap_sandbox_boot_note(const struct cap_sandbox *sb);
 /* The jail protections this host could not give the VM, "" when none
  * (borrowed; see `capsule doctor`). */
 const char *cap_sandbox_jail_note(const struct cap_sandbox *sb);
+/* Replace the network policy of an owned VM started with a NIC: new
+ * connections follow it (docs/network.md). -EOPNOTSUPP without a NIC
+ * (the new policy applies at the next start). */
+int cap_sandbox_set_network(struct cap_sandbox *sb, const struct cap_net_policy *p,
+			    struct cap_err *err);
+/* The policy process of an owned VM with a NIC, else -1. */
+pid_t cap_sandbox_net_pid(const struct cap_sandbox *sb);
 /* Whether the VM was restored from a template. */
 bool cap_sandbox_restored(const struct cap_sandbox *sb);
 

@@ -1,0 +1,245 @@
+/* A sandbox's NIC from the owner's side (docs/network.md): what the
+ * engine needs to start it (the denied ranges, the published ports bound
+ * on the host, the policy process), policy changes while it runs, and
+ * auto-publish of the guest's listeners. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "netd.h"
+#include "sandbox-internal.h"
+#include "util.h"
+
+#define MAX_DENY (2 * CAP_NET_MAX_RULES + 16)
+#define MAX_AUTO 256
+
+struct cap_sandbox_net {
+	struct cap_net_policy policy;	/* in force */
+	char name[64];
+	int log_fd;	/* -1: stderr */
+	bool verbose;
+	int publish_fds[CAP_NET_MAX_PUBLISH];
+	unsigned npublish;
+	uint16_t forward[CAP_NET_MAX_PUBLISH];	/* distinct guest ports */
+	unsigned nforward;
+	uint32_t deny[MAX_DENY][2];
+	int keep[CAP_NET_MAX_PUBLISH + 1];
+	struct cap_vm_net vmnet;
+	uint16_t autos[MAX_AUTO];	/* guest ports auto-published now */
+	unsigned nauto;
+};
+
+/* Runs in the policy process (forked and confined by the engine). */
+static int policy_main(void *ud, const struct cap_vm_net_fds *fds)
+{
+	const struct cap_sandbox_net *n = ud;
+	struct cap_netd_config c = {
+		.name = n->name,
+		.policy = &n->policy,
+		.tcp_listen = fds->tcp_listen,
+		.dns = fds->dns,
+		.connector = fds->connector,
+		.control = fds->control,
+		.publish_fds = n->publish_fds,
+		.npublish = n->npublish,
+		.log_fd = n->log_fd >= 0 ? n->log_fd : STDERR_FILENO,
+		.verbose = n->verbose,
+		.https_proxy = getenv("HTTPS_PROXY") ? getenv("HTTPS_PROXY") : getenv("https_proxy"),
+		.http_proxy = getenv("HTTP_PROXY") ? getenv("HTTP_PROXY") : getenv("http_proxy"),
+		.all_proxy = getenv("ALL_PROXY") ? getenv("ALL_PROXY") : getenv("all_proxy"),
+		.no_proxy = getenv("NO_PROXY") ? getenv("NO_PROXY") : getenv("no_proxy"),
+	};
+	return cap_netd_main(&c);
+}
+
+static int bind_publish(const struct cap_net_publish *p, struct cap_err *err)
+{
+	char a[16];
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(p->host_port),
+				  .sin_addr.s_addr = htonl(p->bind) };
+	int one = 1;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return cap_err_set(err, errno, "socket: %s", strerror(errno));
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 128) < 0) {
+		int e = errno;
+		close(fd);
+		return cap_err_set(err, e, "cannot publish %s:%u (--publish %s:%u:%u): %s%s",
+				   cap_net_addr_str(p->bind, a), p->host_port, a, p->host_port, p->guest_port,
+				   strerror(e), e == EADDRINUSE ? "; choose another host port" : "");
+	}
+	return fd;
+}
+
+static void compute_deny(struct cap_sandbox_net *n)
+{
+	n->vmnet.ndeny = (unsigned)cap_net_denied_ranges(&n->policy, n->deny, MAX_DENY);
+	n->vmnet.deny = (const uint32_t (*)[2])n->deny;
+}
+
+int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net **out,
+			struct cap_err *err)
+{
+	const struct cap_net_policy *p = &o->spec->net;
+	struct cap_sandbox_net *n = xcalloc(1, sizeof(*n));
+	n->policy = *p;
+	snprintf(n->name, sizeof(n->name), "%s", o->name ? o->name : "run");
+	n->log_fd = o->net_log_fd;
+	n->verbose = o->net_verbose;
+	for (unsigned i = 0; i < p->npublish; i++) {
+		int fd = bind_publish(&p->publish[i], err);
+		if (fd < 0) {
+			cap_sandbox_net_free(n);
+			return fd;
+		}
+		n->publish_fds[n->npublish++] = fd;
+		n->keep[i] = fd;
+		bool seen = false;
+		for (unsigned k = 0; k < n->nforward; k++)
+			seen |= n->forward[k] == p->publish[i].guest_port;
+		if (!seen)
+			n->forward[n->nforward++] = p->publish[i].guest_port;
+	}
+	unsigned nkeep = n->npublish;
+	if (n->log_fd >= 0)
+		n->keep[nkeep++] = n->log_fd;
+	compute_deny(n);
+	n->vmnet.forward = n->forward;
+	n->vmnet.nforward = n->nforward;
+	n->vmnet.policy_main = policy_main;
+	n->vmnet.policy_ud = n;
+	n->vmnet.keep = n->keep;
+	n->vmnet.nkeep = nkeep;
+	n->vmnet.proxy_port = CAP_NET_PROXY_PORT;
+	*out = n;
+	return 0;
+}
+
+const struct cap_vm_net *cap_sandbox_net_vm(const struct cap_sandbox_net *n)
+{
+	return &n->vmnet;
+}
+
+/* The template's NIC: same device, nothing gets out, no policy process. */
+const struct cap_vm_net *cap_sandbox_net_template(void)
+{
+	static const uint32_t all[1][2] = { { 0, UINT32_MAX } };
+	static const struct cap_vm_net t = { .deny = all, .ndeny = 1, .proxy_port = CAP_NET_PROXY_PORT };
+	return &t;
+}
+
+void cap_sandbox_net_free(struct cap_sandbox_net *n)
+{
+	if (!n)
+		return;
+	for (unsigned i = 0; i < n->npublish; i++)
+		close(n->publish_fds[i]);
+	free(n);
+}
+
+/* One line to the policy process; it reads them in order. */
+static int tell(struct cap_vm *vm, const char *line, struct cap_err *err)
+{
+	int fd = cap_vm_net_control_fd(vm);
+	if (fd < 0)
+		return cap_err_set(err, ENOTCONN, "the sandbox has no policy process");
+	if (cap_write_all(fd, line, strlen(line)) < 0)
+		return cap_err_set(err, EPIPE, "the sandbox's policy process is gone (its connections fail): %s",
+				   strerror(errno));
+	return 0;
+}
+
+int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
+			       const struct cap_net_policy *p, struct cap_err *err)
+{
+	char **words = NULL;
+	size_t nw = 0;
+	struct cap_net_policy old = n->policy;
+	n->policy = *p;
+	/* Publishing and the NIC itself are fixed for the VM's life. */
+	n->policy.enabled = true;
+	memcpy(n->policy.publish, old.publish, sizeof(old.publish));
+	n->policy.npublish = old.npublish;
+	n->policy.auto_publish = old.auto_publish;
+	compute_deny(n);
+	int r = cap_vm_net_deny(vm, n->vmnet.deny, n->vmnet.ndeny, err);
+	if (r == 0) {
+		cap_net_policy_words(&n->policy, &words, &nw);
+		size_t len = 8;
+		for (size_t i = 0; i < nw; i++)
+			len += strlen(words[i]) + 1;
+		char *line = xmalloc(len + 1);
+		size_t used = (size_t)snprintf(line, len + 1, "policy");
+		for (size_t i = 0; i < nw; i++)
+			used += (size_t)snprintf(line + used, len + 1 - used, " %s", words[i]);
+		snprintf(line + used, len + 1 - used, "\n");
+		r = tell(vm, line, err);
+		free(line);
+		for (size_t i = 0; i < nw; i++)
+			free(words[i]);
+		free(words);
+	}
+	if (r < 0) {
+		n->policy = old;
+		compute_deny(n);
+	}
+	return r;
+}
+
+static bool has(const uint16_t *v, unsigned n, uint16_t port)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (v[i] == port)
+			return true;
+	return false;
+}
+
+int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,
+			      const uint16_t *ports, uint32_t nports, struct cap_err *err)
+{
+	char line[64];
+	int r = 0;
+	if (!n->policy.auto_publish)
+		return 0;
+	/* Gone first, so a port can come back. */
+	for (unsigned i = 0; i < n->nauto;) {
+		if (has(ports, nports, n->autos[i])) {
+			i++;
+			continue;
+		}
+		snprintf(line, sizeof(line), "unpublish %u\n", n->autos[i]);
+		if (!has(n->forward, n->nforward, n->autos[i]))
+			cap_vm_net_forward(vm, n->autos[i], false, NULL);
+		if (tell(vm, line, err) < 0)
+			r = -err->code;
+		n->autos[i] = n->autos[--n->nauto];
+	}
+	for (uint32_t i = 0; i < nports; i++) {
+		uint16_t p = ports[i];
+		if (has(n->autos, n->nauto, p))
+			continue;
+		/* A port published explicitly keeps its own host port. */
+		bool explicit = false;
+		for (unsigned k = 0; k < n->policy.npublish; k++)
+			explicit |= n->policy.publish[k].guest_port == p || n->policy.publish[k].host_port == p;
+		if (explicit || n->nauto >= MAX_AUTO)
+			continue;
+		if (cap_vm_net_forward(vm, p, true, err) < 0) {
+			r = -err->code;
+			continue;
+		}
+		snprintf(line, sizeof(line), "publish 127.0.0.1 %u %u\n", p, p);
+		if (tell(vm, line, err) < 0) {
+			r = -err->code;
+			continue;
+		}
+		n->autos[n->nauto++] = p;
+	}
+	return r;
+}

@@ -1,0 +1,100 @@
+/* The one place that says what a sandbox is made of (sandbox.h, struct
+ * cap_sandbox_spec): disk serials and order, SETUP, the NIC. */
+#include <stdio.h>
+#include <string.h>
+
+#include "sandbox.h"
+#include "util.h"
+
+/* The guest finds each disk by its serial (docs/protocol.md, SETUP). */
+#define SERIAL_ROOT "capsule-root"
+#define SERIAL_UPPER "capsule-upper"
+#define SERIAL_WORK "capsule-work"
+#define SERIAL_SOURCE "capsule-source"
+
+void cap_sandbox_spec_init(struct cap_sandbox_spec *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->setup = (struct cap_setup){ .root_image = "", .root_upper = "", .work = "",
+				       .source = "", .hostname = s->hostname };
+	cap_net_policy_init(&s->net);
+}
+
+static void add_disk(struct cap_sandbox_spec *s, const char *path, const char *serial,
+		     bool readonly, bool per_sandbox)
+{
+	CAP_BUG_ON(s->ndisks >= CAP_SPEC_MAX_DISKS);
+	s->disks[s->ndisks++] = (struct cap_vm_disk){ path, serial, readonly, per_sandbox };
+}
+
+void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
+			    const char *upper, const char *work,
+			    const char *source, const char *hostname)
+{
+	cap_sandbox_spec_init(s);
+	add_disk(s, image, SERIAL_ROOT, true, false);
+	add_disk(s, upper, SERIAL_UPPER, false, true);
+	add_disk(s, work, SERIAL_WORK, false, true);
+	add_disk(s, source, SERIAL_SOURCE, true, true);
+	s->setup.root_image = SERIAL_ROOT;
+	s->setup.root_upper = SERIAL_UPPER;
+	s->setup.work = SERIAL_WORK;
+	s->setup.source = SERIAL_SOURCE;
+	snprintf(s->hostname, sizeof(s->hostname), "%s", hostname ? hostname : "");
+	if (!cap_proto_valid_name(s->hostname))
+		snprintf(s->hostname, sizeof(s->hostname), "capsule");
+}
+
+void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image)
+{
+	cap_sandbox_spec_init(s);
+	if (source_image) {
+		add_disk(s, source_image, SERIAL_SOURCE, true, true);
+		s->setup.source = SERIAL_SOURCE;
+	}
+}
+
+void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_policy *p)
+{
+	s->net = *p;
+	if (!p->enabled) {
+		s->setup.net_addr = s->setup.net_gateway = s->setup.net_dns = 0;
+		s->setup.net_prefix = 0;
+		s->setup.proxy_port = 0;
+		s->setup.auto_publish = false;
+		return;
+	}
+	s->setup.net_addr = CAP_NET_GUEST_ADDR;
+	s->setup.net_prefix = CAP_NET_PREFIX;
+	s->setup.net_gateway = CAP_NET_GATEWAY;
+	s->setup.net_dns = CAP_NET_DNS;
+	s->setup.proxy_port = CAP_NET_PROXY_PORT;
+	s->setup.auto_publish = p->auto_publish;
+}
+
+void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (unsigned i = 0; i < s->ndisks && used < len; i++) {
+		const struct cap_vm_disk *d = &s->disks[i];
+		used += (size_t)snprintf(buf + used, len - used, "disk%u=%s:%s:%s ", i, d->serial,
+					 d->readonly ? "ro" : "rw", d->per_sandbox ? "own" : "shared");
+	}
+	if (used < len)
+		snprintf(buf + used, len - used, "%s", s->net.enabled ? "nic" : "no-nic");
+}
+
+const char *cap_sandbox_disk_role(const char *serial)
+{
+	static const struct { const char *serial, *role; } roles[] = {
+		{ SERIAL_WORK, "/work" },
+		{ SERIAL_UPPER, "the root file system's writable layer" },
+		{ SERIAL_ROOT, "the image" },
+		{ SERIAL_SOURCE, "/source" },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(roles); i++)
+		if (strcmp(serial, roles[i].serial) == 0)
+			return roles[i].role;
+	return serial;
+}

@@ -30,7 +30,11 @@ static const char usage[] =
 	"  --idle-pause S     Pause an idle VM after S seconds (default 30)\n"
 	"  --idle-stop S      Stop it after S seconds (default 600)\n"
 	"  --capacity N       Resident VMs (default 4)\n"
-	"  --test-clock       Lifecycle time moves only by _test.advance (tests)\n";
+	"  --test-clock       Lifecycle time moves only by _test.advance (tests)\n"
+	"\n"
+	CAP_CLI_NET_HELP
+	"  Flags replace the configuration's \"network\" as a whole. Refusals go to\n"
+	"  each sandbox's net.log.\n";
 
 int cap_cli_mcp(int argc, char **argv)
 {
@@ -47,12 +51,15 @@ int cap_cli_mcp(int argc, char **argv)
 		{ "idle-stop", required_argument, NULL, O_STOP },
 		{ "capacity", required_argument, NULL, O_CAP },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
+		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct cap_mcp_cfg cfg;
 	struct cap_err err = { 0 };
-	int c, rc = 2;
+	struct cap_net_policy *net = xmalloc(sizeof(*net));
+	bool net_flags = false;
+	int c, k, rc = 2;
 
 	cap_mcp_cfg_init(&cfg);
 	/* The file first, so that flags override it. */
@@ -108,8 +115,19 @@ int cap_cli_mcp(int argc, char **argv)
 			cfg.ctl.lc.capacity = (unsigned)v;
 			break;
 		case O_CLOCK: cfg.ctl.manual_clock = true; break;
-		default: break;
+		default:
+			if (!net_flags)
+				cap_net_policy_init(net);
+			if ((k = cap_cli_net_opt(net, c, optarg)) < 0)
+				goto out;
+			net_flags |= k > 0;
+			break;
 		}
+	}
+	if (net_flags) {
+		free(cfg.owned_network);
+		cfg.owned_network = net;
+		net = NULL;
 	}
 	rc = 0;
 	cap_log_set(cap_log_stderr, "mcp");
@@ -121,6 +139,7 @@ int cap_cli_mcp(int argc, char **argv)
 usage:
 	fputs(usage, stderr);
 out:
+	free(net);
 	cap_mcp_cfg_fini(&cfg);
 	return rc;
 }

@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "log.h"
 #include "serve.h"
+#include "util.h"
 
 static const char usage[] =
 	"Usage: capsule serve [OPTIONS]\n"
@@ -27,7 +28,11 @@ static const char usage[] =
 	"  --stop-grace S      Seconds a stopping guest gets to sync (default 10)\n"
 	"  --warm-pool N       Keep N started sandboxes ready for new identities\n"
 	"                      (they count against --capacity; default 0, off)\n"
-	"  --test-clock        Lifecycle time moves only by the _test.advance method\n";
+	"  --test-clock        Lifecycle time moves only by the _test.advance method\n"
+	"\n"
+	CAP_CLI_NET_HELP
+	"  The policy is every sandbox's: one made under another follows it from\n"
+	"  its next start. Refusals go to each sandbox's net.log.\n";
 
 static int seconds(const char *opt, const char *arg, double *out)
 {
@@ -54,19 +59,26 @@ int cap_cli_serve(int argc, char **argv)
 		{ "stop-grace", required_argument, NULL, O_GRACE },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
 		{ "warm-pool", required_argument, NULL, O_POOL },
+		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct cap_controller_cfg cfg;
 	const char *socket_path = NULL;
 	struct cap_err err = { 0 };
+	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
 	unsigned long v;
 	double s;
-	int c;
+	int c, k;
 
 	cap_controller_cfg_init(&cfg);
+	cap_net_policy_init(net);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if ((k = cap_cli_net_opt(net, c, optarg)) < 0)
+			return 2;
+		if (k > 0)
+			continue;
 		switch (c) {
 		case O_SOCKET: socket_path = optarg; break;
 		case CAP_OPT_IMAGE: cfg.image = optarg; break;
@@ -113,6 +125,8 @@ int cap_cli_serve(int argc, char **argv)
 		fputs(usage, stderr);
 		return 2;
 	}
+	if (net->enabled)
+		cfg.network = net;
 	cap_log_set(cap_log_stderr, "serve");
 	if (cap_serve_run(&cfg, socket_path, &err) < 0) {
 		cap_cli_error("%s", err.msg);

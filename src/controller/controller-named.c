@@ -31,7 +31,9 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", j->image);
 		if (j->source)
 			snprintf(rec.source, sizeof(rec.source), "%s", j->source);
-		r = cap_named_create(&rec, NULL, NULL, &err);
+		r = j->network ? cap_record_set_net(&rec, j->network, &err) : 0;
+		if (r == 0)
+			r = cap_named_create(&rec, NULL, NULL, &err);
 		/* Another process is making it (a job a dead controller left):
 		 * wait for it to be complete. */
 		int64_t end = cap_now_ms() + START_WAIT_MS;
@@ -39,6 +41,19 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 			usleep(100000);
 			r = cap_named_load(j->name, &rec, NULL) == 0 ? 0 : cap_named_create(&rec, NULL, NULL, &err);
 		}
+	}
+	/* The server's policy is every sandbox's: one made under another
+	 * follows it from this start on. */
+	if (r == 0 && j->network) {
+		struct cap_record now;
+		struct cap_record want;
+		bool restart;
+		cap_record_init(&want);
+		r = cap_named_load(j->name, &now, &err);
+		if (r == 0)
+			r = cap_record_set_net(&want, j->network, &err);
+		if (r == 0 && strcmp(now.net, want.net) != 0)
+			r = cap_named_set_network(j->name, j->network, &restart, &err);
 	}
 	bool changed;
 	if (r == 0)

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 
 #include "controller-internal.h"
 #include "jsonrpc.h"
+#include "policy.h"
 #include "paths.h"
 #include "serve.h"
 #include "sock.h"
@@ -384,6 +386,18 @@ static void m_info(struct cap_rpc_server *s, struct conn *k, json_t *id)
 			      "idle_stop_ms", (json_int_t)cfg->lc.idle_stop_ms, "warm_pool", (int)cfg->warm_pool,
 			      "manual_clock", cfg->manual_clock);
 	json_object_set_new(j, "source", cfg->source ? json_string(cfg->source) : json_null());
+	json_t *net = json_array();
+	if (cfg->network) {
+		char **words = NULL;
+		size_t n = 0;
+		cap_net_policy_words(cfg->network, &words, &n);
+		for (size_t i = 0; i < n; i++) {
+			json_array_append_new(net, json_string(words[i]));
+			free(words[i]);
+		}
+		free(words);
+	}
+	json_object_set_new(j, "network", net);
 	result_to(k, id, j);
 }
 

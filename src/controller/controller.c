@@ -742,7 +742,7 @@ static int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, 
 {
 	struct cap_ctl_job_req j = {
 		.kind = kind, .name = i->name, .create = create,
-		.image = c->cfg.image, .source = c->cfg.source,
+		.image = c->cfg.image, .source = c->cfg.source, .network = c->cfg.network,
 	};
 	int r = c->be->job_begin(c->bud, &j, &i->job_fd, &i->job_pid, err);
 	if (r < 0)

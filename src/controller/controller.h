@@ -24,10 +24,16 @@
 
 struct cap_ctl_backend;
 
+struct cap_net_policy;
+
 struct cap_controller_cfg {
 	struct cap_lifecycle_cfg lc;
 	const char *image;	/* image of new sandboxes, default "base" */
 	const char *source;	/* public data for new sandboxes, or NULL */
+	/* The network policy of every sandbox (docs/network.md), or NULL
+	 * for none: recorded when a sandbox is made, and again at a start
+	 * when the sandbox's record says otherwise. Borrowed. */
+	const struct cap_net_policy *network;
 	int stop_grace_ms;	/* default 10000 */
 	/* A clock that moves only through cap_ctl_advance, so that tests
 	 * drive real transitions without waiting. */
@@ -241,6 +247,7 @@ struct cap_ctl_job_req {
 	const char *name;
 	bool create;	/* START: create it first when missing */
 	const char *image, *source;	/* of a new sandbox */
+	const struct cap_net_policy *network;	/* of every sandbox, NULL: none */
 };
 
 struct cap_ctl_job_out {

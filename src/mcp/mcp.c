@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "jsonrpc.h"
+#include "policy.h"
 #include "log.h"
 #include "mcp.h"
 #include "paths.h"
@@ -65,6 +66,7 @@ void cap_mcp_cfg_fini(struct cap_mcp_cfg *c)
 	free(c->owned_peer);
 	free(c->owned_image);
 	free(c->owned_source);
+	free(c->owned_network);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -109,13 +111,66 @@ static int only_keys(json_t *o, const char *where, const char *const *keys, stru
 	return 0;
 }
 
+/* "network": {"allow_egress": [RULE...], "allow_public": bool,
+ * "allow_lan": bool, "allow_host": bool, "publish": ["[BIND:]H:G"...],
+ * "auto_publish": bool} (docs/network.md). */
+static int cfg_network(struct cap_mcp_cfg *c, json_t *o, struct cap_err *err)
+{
+	static const char *const keys[] = { "allow_egress", "allow_public", "allow_lan", "allow_host",
+					    "publish", "auto_publish", NULL };
+	if (!json_is_object(o))
+		return cap_err_set(err, EINVAL, "\"network\" must be an object (docs/network.md)");
+	int r = only_keys(o, "network", keys, err);
+	struct cap_net_policy *p = xmalloc(sizeof(*p));
+	cap_net_policy_init(p);
+	for (size_t i = 0; r == 0 && keys[i]; i++) {
+		json_t *v = json_object_get(o, keys[i]);
+		bool list = strcmp(keys[i], "allow_egress") == 0 || strcmp(keys[i], "publish") == 0;
+		char flag[32];
+		snprintf(flag, sizeof(flag), "%s", keys[i]);
+		for (char *q = flag; *q; q++)
+			if (*q == '_')
+				*q = '-';
+		if (!v)
+			continue;
+		if (list != json_is_array(v) || (!list && !json_is_boolean(v))) {
+			r = cap_err_set(err, EINVAL, "network.%s must be %s", keys[i],
+					list ? "a list of strings" : "true or false");
+			break;
+		}
+		if (!list) {
+			if (json_is_true(v))
+				r = cap_net_policy_apply(p, flag, NULL, err);
+			continue;
+		}
+		size_t k;
+		json_t *e;
+		json_array_foreach(v, k, e) {
+			if (!json_is_string(e))
+				r = cap_err_set(err, EINVAL, "network.%s[%zu] must be a string", keys[i], k);
+			else if ((r = cap_net_policy_apply(p, flag, json_string_value(e), err)) < 0)
+				cap_err_prefix(err, "network.%s[%zu]", keys[i], k);
+			if (r < 0)
+				break;
+		}
+	}
+	if (r < 0) {
+		free(p);
+		return r;
+	}
+	free(c->owned_network);
+	c->owned_network = p;
+	return 0;
+}
+
 int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *err)
 {
 	json_error_t je;
 	json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!j)
 		return cap_err_set(err, EINVAL, "%s: %s (line %d)", path, je.text, je.line);
-	static const char *const top[] = { "agent", "peer", "image", "source", "tools", "limits", "lifecycle", NULL };
+	static const char *const top[] = { "agent", "peer", "image", "source", "tools", "limits", "lifecycle",
+					   "network", NULL };
 	static const char *const lim[] = { "read_max_bytes", "read_max_chars", "read_max_lines", "run_timeout_s", NULL };
 	static const char *const life[] = { "idle_pause_s", "idle_stop_s", "capacity", "warm_pool", NULL };
 	int r = 0;
@@ -135,6 +190,8 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 		r = cfg_str(j, "image", &c->owned_image, err);
 	if (r == 0)
 		r = cfg_str(j, "source", &c->owned_source, err);
+	if (r == 0 && json_object_get(j, "network"))
+		r = cfg_network(c, json_object_get(j, "network"), err);
 	if (r == 0 && tools) {
 		const char *k;
 		json_t *val;
@@ -1011,6 +1068,8 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		cfg->ctl.image = cfg->owned_image;
 	if (cfg->owned_source)
 		cfg->ctl.source = cfg->owned_source;
+	if (cfg->owned_network && cfg->owned_network->enabled)
+		cfg->ctl.network = cfg->owned_network;
 	cap_set_nonblock(0, 1);
 	cap_set_nonblock(1, 1);
 	/* One controller per home: join the one that runs, else be it. */

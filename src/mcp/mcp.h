@@ -23,6 +23,7 @@ struct cap_mcp_cfg {
 	uint32_t run_timeout_s;	/* 30 */
 	char *owned_image;
 	char *owned_source;
+	struct cap_net_policy *owned_network;	/* NULL: no network */
 };
 
 void cap_mcp_cfg_init(struct cap_mcp_cfg *c);

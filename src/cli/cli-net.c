@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "controller.h"
 #include "named.h"
 #include "util.h"
 
@@ -119,6 +120,13 @@ static int set(const char *name, int argc, char **argv)
 		cap_cli_error(none ? "net set: --none takes no other flag"
 				   : "net set: give the new policy's flags, or --none for no network");
 		return CAP_EXIT_USAGE;
+	}
+	/* A controller's sandboxes follow its one policy. */
+	struct cap_ctl_holder h;
+	if (cap_ctl_owner_of(name, &h) > 0) {
+		cap_cli_error("sandbox '%s' belongs to capsule %s (pid %d), whose network policy every sandbox it runs follows; change that server's --allow-*/--publish flags (or its configuration's \"network\") instead",
+			      name, h.frontend, (int)h.pid);
+		return CAP_EXIT_FAILURE;
 	}
 	if (cap_named_set_network(name, p, &restart, &err) < 0) {
 		cap_cli_error("%s", err.msg);

@@ -37,6 +37,7 @@
 #define OVERHEAD_MIB 256
 #define NOFILE 4096
 #define NPROC 256
+#define HELPER_NPROC 16
 #define NS_FLAGS (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
 
 static const char *const v1_controllers[] = { "memory", "pids", "cpu" };
@@ -62,6 +63,7 @@ struct cap_jail {
 	char *owned_kernel;
 	char *owned_initrd;
 	pid_t copier;		/* filling the jail's RAM copy, or -1 */
+	int netns;		/* QEMU's network namespace (borrowed), or -1: a new one */
 	bool kvm;
 	char note[512];
 };
@@ -513,6 +515,14 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 
 bool cap_jail_confined(const struct cap_jail *j) { return j->confined; }
 const char *cap_jail_note(const struct cap_jail *j) { return j->note; }
+uid_t cap_jail_uid(const struct cap_jail *j) { return j->uid; }
+uid_t cap_jail_helper_uid(const struct cap_jail *j) { return j->uid + CAP_JAIL_HELPER_OFFSET; }
+
+void cap_jail_set_netns(struct cap_jail *j, int netns)
+{
+	CAP_BUG_ON(!j->confined);
+	j->netns = netns;
+}
 
 /* Whether this process may make namespaces and switch users: what the
  * jail needs (doctor's probe tries it for real; a VM start only asks). */
@@ -542,6 +552,7 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	j->slot = -1;
 	j->lock_fd = -1;
 	j->copier = -1;
+	j->netns = -1;
 	j->kvm_gid = (gid_t)-1;
 	j->kvm = spec->kvm;
 	j->owned_kernel = xstrdup(spec->kernel);
@@ -800,6 +811,18 @@ static void build_root(const struct child *c)
 		close(fd);
 	}
 
+	/* QEMU's user networking sends the guest's DNS queries to the first
+	 * nameserver here: the policy process's socket in the namespace. */
+	if (j->netns >= 0) {
+		static const char resolv[] = "nameserver 127.0.0.1\n";
+		int fd = -1;
+		if ((mkdir(ROOT_MNT "/etc", 0755) < 0 && errno != EEXIST) ||
+		    (fd = open(ROOT_MNT "/etc/resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0 ||
+		    cap_write_all(fd, resolv, sizeof(resolv) - 1) < 0)
+			die(c, "writing /etc/resolv.conf in the jail", errno);
+		close(fd);
+	}
+
 	if (sethostname("capsule", 7) < 0)
 		die(c, "setting the host name", errno);
 	if (chdir(ROOT_MNT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
@@ -860,6 +883,8 @@ __attribute__((noreturn)) static void child_main(struct child *c)
 
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	parent_alive(c);
+	if (j->confined && j->netns >= 0 && setns(j->netns, CLONE_NEWNET) < 0)
+		die(c, "joining the VM's network namespace", errno);
 	int failed = 0, r = join_cgroups(j, &failed);
 	if (r < 0) {
 		char what[PATH_MAX + 64];
@@ -948,6 +973,138 @@ int cap_jail_ready(struct cap_jail *j, struct cap_err *err)
 			   code >= 10 && code <= 12 ? what[code - 10] : "the copier was killed; it");
 }
 
+/* ---- helpers of a VM ------------------------------------------------ */
+
+static int cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+/* Close every descriptor but the n in keep. */
+static void keep_only(int *keep, unsigned n)
+{
+	qsort(keep, n, sizeof(int), cmp_int);
+	unsigned from = 0;
+	for (unsigned i = 0; i < n; i++) {
+		if ((unsigned)keep[i] > from)
+			syscall(SYS_close_range, from, (unsigned)keep[i] - 1, 0U);
+		from = (unsigned)keep[i] + 1;
+	}
+	syscall(SYS_close_range, from, ~0U, 0U);
+}
+
+/* The helper's side: confine itself, report a failed step on c->errfd
+ * (closing it means ready), then run fn. */
+__attribute__((noreturn)) static void helper_main(struct child *c, int netns,
+						  const int *keep, unsigned nkeep,
+						  int (*fn)(void *ud), void *ud)
+{
+	const struct cap_jail *j = c->j;
+	uid_t uid = cap_jail_helper_uid(j);
+	gid_t gid = (gid_t)uid;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	parent_alive(c);
+	if (netns >= 0 && setns(netns, CLONE_NEWNET) < 0)
+		die(c, "joining the VM's network namespace", errno);
+	int failed = 0, r = join_cgroups(j, &failed);
+	if (r < 0) {
+		char what[PATH_MAX + 64];
+		snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[failed]);
+		die(c, what, -r);
+	}
+	struct rlimit lim[][2] = {
+		{ { RLIMIT_CORE, 0 }, { 0, 0 } },
+		{ { RLIMIT_NOFILE, 0 }, { NOFILE, NOFILE } },
+		{ { RLIMIT_NPROC, 0 }, { HELPER_NPROC, HELPER_NPROC } },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(lim); i++)
+		if (setrlimit((int)lim[i][0].rlim_cur, &lim[i][1]) < 0)
+			die(c, "setting rlimits", errno);
+	if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0)
+		die(c, "switching to the jail's helper user", errno);
+	/* A change of credentials clears the parent-death signal. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	parent_alive(c);
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		die(c, "setting no_new_privs", errno);
+	/* The owner's handlers and mask are its own business. */
+	struct sigaction dfl = { .sa_handler = SIG_DFL }, ign = { .sa_handler = SIG_IGN };
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			sigaction(sig, sig == SIGPIPE ? &ign : &dfl, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+
+	int kept[nkeep + 4];
+	for (unsigned i = 0; i < nkeep; i++)
+		kept[i] = keep[i];
+	kept[nkeep] = 0;
+	kept[nkeep + 1] = 1;
+	kept[nkeep + 2] = 2;
+	kept[nkeep + 3] = c->errfd;
+	keep_only(kept, nkeep + 4);
+	close(c->errfd);	/* ready */
+	_exit(fn(ud));
+}
+
+pid_t cap_jail_helper(struct cap_jail *j, int netns, const int *keep,
+		      unsigned nkeep, int (*fn)(void *ud), void *ud,
+		      int *pidfd, struct cap_err *err)
+{
+	CAP_BUG_ON(!j->confined);
+	if (nkeep > NOFILE)
+		return cap_err_set(err, EINVAL, "a VM's helper cannot keep %u descriptors (at most %d)", nkeep, NOFILE);
+	for (unsigned i = 0; i < nkeep; i++)
+		if (keep[i] < 0 || fcntl(keep[i], F_GETFD) < 0)
+			return cap_err_set(err, EBADF, "descriptor %d given to a VM's helper is not open", keep[i]);
+	int ep[2];
+	if (pipe2(ep, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	pid_t pid = fork();
+	if (pid < 0) {
+		int e = errno;
+		close(ep[0]);
+		close(ep[1]);
+		return cap_err_set(err, e, "cannot start a helper of the VM (fork): %s", strerror(e));
+	}
+	if (pid == 0) {
+		close(ep[0]);
+		struct child c = { .j = j, .errfd = ep[1], .logfd = -1, .nullfd = -1, .ramfd = -1 };
+		helper_main(&c, netns, keep, nkeep, fn, ud);
+	}
+	close(ep[1]);
+	/* Our child, not reaped yet: its pid cannot have been reused. */
+	int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	int e = pfd < 0 ? errno : 0;
+	char msg[512];
+	ssize_t len = 0, k;
+	while (pfd >= 0 && (k = read(ep[0], msg + len, sizeof(msg) - 1 - (size_t)len)) != 0) {
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			break;
+		len += k;
+		if ((size_t)len >= sizeof(msg) - 1)
+			break;
+	}
+	close(ep[0]);
+	msg[len] = '\0';
+	if (pfd < 0 || len > 0) {
+		kill(pid, SIGKILL);
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		if (pfd < 0)
+			return cap_err_set(err, e, "pidfd_open: %s", strerror(e));
+		close(pfd);
+		return cap_err_set(err, EPERM, "cannot confine a helper of the VM: %s", msg);
+	}
+	*pidfd = pfd;
+	return pid;
+}
+
 pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		     const int *fds, unsigned n, int *pidfd,
 		     struct cap_err *err)
@@ -978,7 +1135,7 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		goto out;
 	}
 	struct clone_args ca = {
-		.flags = CLONE_PIDFD | (j->confined ? NS_FLAGS : 0),
+		.flags = CLONE_PIDFD | (!j->confined ? 0 : j->netns >= 0 ? NS_FLAGS & ~CLONE_NEWNET : NS_FLAGS),
 		.pidfd = (uint64_t)(uintptr_t)pidfd,
 		.exit_signal = SIGCHLD,
 	};

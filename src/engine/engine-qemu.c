@@ -43,6 +43,9 @@ struct cap_vm {
 	char *owned_agent_path;
 	char *owned_ram_path;	/* a template's RAM file being built, or NULL */
 	struct cap_jail *jail;
+	struct cap_jail_net *net;	/* a VM with a NIC: its namespace and policy process */
+	uint16_t *owned_forwards;	/* guest ports QEMU forwards (hostfwd) */
+	unsigned nforwards;
 };
 
 /* Descriptors QEMU gets, in this order, from 3 up (docs/architecture.md,
@@ -232,6 +235,24 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		arg(a, xstrdup("-device"));
 		arg(a, xasprintf("virtio-blk-device,drive=disk%u,serial=%s", i, d->serial));
 	}
+	/* The NIC after the disks: a template's layout is "disks, then NIC". */
+	if (cfg->net) {
+		struct cap_buf nd;
+		cap_buf_init(&nd);
+		const char *base = "user,id=net0,ipv6=off";
+		cap_buf_append(&nd, base, strlen(base));
+		for (unsigned i = 0; i < vm->nforwards; i++) {
+			char fwd[64];
+			int n = snprintf(fwd, sizeof(fwd), ",hostfwd=tcp:127.0.0.2:%u-:%u",
+					 vm->owned_forwards[i], vm->owned_forwards[i]);
+			cap_buf_append(&nd, fwd, (size_t)n);
+		}
+		arg(a, xstrdup("-netdev"));
+		arg(a, xstrndup((const char *)cap_buf_head(&nd), cap_buf_used(&nd)));
+		cap_buf_fini(&nd);
+		arg(a, xstrdup("-device"));
+		arg(a, xstrdup("virtio-net-device,netdev=net0"));
+	}
 }
 
 static void vm_reap(struct cap_vm *vm, int status)
@@ -270,6 +291,9 @@ int cap_vm_wait(struct cap_vm *vm, int timeout_ms)
 
 void cap_vm_kill(struct cap_vm *vm)
 {
+	/* The policy process and the connector go with QEMU. */
+	if (vm->net)
+		cap_jail_net_stop(vm->net);
 	/* Never kill(-1): that would be every process we may signal. */
 	if (vm->exited || vm->pid <= 0)
 		return;
@@ -640,8 +664,9 @@ void cap_vm_free(struct cap_vm *vm)
 		return;
 	cap_vm_kill(vm);
 	vm_close(vm);
-	/* QEMU is reaped: its namespaces, and with them the jail's mounts,
-	 * are gone; the cgroups and the slot go now. */
+	/* QEMU and the VM's helpers are reaped: their namespaces, and with
+	 * them the jail's mounts, are gone; the cgroups and the slot go now. */
+	cap_jail_net_free(vm->net);
 	cap_jail_free(vm->jail);
 	unlink(vm->owned_qmp_path);
 	unlink(vm->owned_agent_path);
@@ -653,6 +678,7 @@ void cap_vm_free(struct cap_vm *vm)
 	free(vm->owned_qmp_path);
 	free(vm->owned_agent_path);
 	free(vm->owned_ram_path);
+	free(vm->owned_forwards);
 	cap_buf_fini(&vm->qmp_in);
 	free(vm);
 }
@@ -700,6 +726,77 @@ int cap_vm_kill_orphan(pid_t pid, const char *dir)
 		usleep(10000);
 	}
 	return -ETIMEDOUT;
+}
+
+int cap_vm_net_control_fd(const struct cap_vm *vm)
+{
+	return vm->net ? cap_jail_net_control_fd(vm->net) : -1;
+}
+
+pid_t cap_vm_net_pid(const struct cap_vm *vm)
+{
+	return vm->net ? cap_jail_net_pid(vm->net) : -1;
+}
+
+int cap_vm_net_deny(struct cap_vm *vm, const uint32_t (*deny)[2], unsigned n,
+		    struct cap_err *err)
+{
+	if (!vm->net)
+		return cap_err_set(err, ENODEV, "this VM has no network interface");
+	return cap_jail_net_deny(vm->net, deny, n, err);
+}
+
+static int forward_index(const struct cap_vm *vm, uint16_t port)
+{
+	for (unsigned i = 0; i < vm->nforwards; i++)
+		if (vm->owned_forwards[i] == port)
+			return (int)i;
+	return -1;
+}
+
+/* A monitor command through QMP: QEMU answers errors as text. */
+static int hmp(struct cap_vm *vm, const char *cmd, struct cap_err *err)
+{
+	json_t *ret = NULL;
+	int r = qmp_call(vm, "human-monitor-command", json_pack("{s:s}", "command-line", cmd), &ret, err);
+	if (r < 0)
+		return r;
+	const char *said = json_string_value(ret);
+	if (said && *said) {
+		char msg[300];
+		snprintf(msg, sizeof(msg), "%s", said);
+		msg[strcspn(msg, "\r\n")] = '\0';
+		r = cap_err_set(err, EIO, "QEMU refused \"%s\": %s", cmd, msg);
+	}
+	json_decref(ret);
+	return r;
+}
+
+int cap_vm_net_forward(struct cap_vm *vm, uint16_t port, bool add,
+		       struct cap_err *err)
+{
+	if (!vm->net)
+		return cap_err_set(err, ENODEV, "this VM has no network interface");
+	if (port == 0)
+		return cap_err_set(err, EINVAL, "port 0 cannot be forwarded");
+	int i = forward_index(vm, port);
+	if (add == (i >= 0))
+		return 0;
+	char cmd[80];
+	if (add)
+		snprintf(cmd, sizeof(cmd), "hostfwd_add net0 tcp:127.0.0.2:%u-:%u", port, port);
+	else
+		snprintf(cmd, sizeof(cmd), "hostfwd_remove net0 tcp:127.0.0.2:%u", port);
+	int r = hmp(vm, cmd, err);
+	if (r < 0)
+		return r;
+	if (add) {
+		vm->owned_forwards = xrealloc(vm->owned_forwards, (vm->nforwards + 1) * sizeof(uint16_t));
+		vm->owned_forwards[vm->nforwards++] = port;
+	} else {
+		vm->owned_forwards[i] = vm->owned_forwards[--vm->nforwards];
+	}
+	return 0;
 }
 
 const char *cap_vm_jail_note(const struct cap_vm *vm)
@@ -797,6 +894,23 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	};
 	if ((r = cap_jail_new(&js, &vm->jail, err)) < 0)
 		goto fail;
+	if (cfg->net) {
+		/* Its namespace, rules and policy process exist before QEMU. */
+		if ((r = cap_jail_net_new(vm->jail, cfg->net, &vm->net, err)) < 0)
+			goto fail;
+		cap_jail_set_netns(vm->jail, cap_jail_net_ns(vm->net));
+		for (unsigned i = 0; i < cfg->net->nforward; i++) {
+			uint16_t port = cfg->net->forward[i];
+			if (port == 0) {
+				r = cap_err_set(err, EINVAL, "port 0 cannot be forwarded");
+				goto fail;
+			}
+			if (forward_index(vm, port) >= 0)
+				continue;
+			vm->owned_forwards = xrealloc(vm->owned_forwards, (vm->nforwards + 1) * sizeof(uint16_t));
+			vm->owned_forwards[vm->nforwards++] = port;
+		}
+	}
 	if ((r = open_fds(cfg, vm, fds, err)) < 0)
 		goto fail;
 	if ((logfd = open(vm->owned_qemu_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {

@@ -7,6 +7,7 @@
 #define CAP_JAIL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "err.h"
@@ -71,6 +72,35 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		     const int *fds, unsigned n, int *pidfd,
 		     struct cap_err *err);
 
+/* The jail's users. QEMU runs as UID = GID = base + slot (base
+ * 1900000000, or CAPSULE_JAIL_UID_BASE; slots 0-4095); the VM's helpers
+ * (its policy process and connector) as base + CAP_JAIL_HELPER_OFFSET +
+ * slot, a range no QEMU's UID ever falls in, so that nftables rules
+ * matching QEMU's UID never match them. Meaningful only when confined. */
+#define CAP_JAIL_HELPER_OFFSET 1000000u
+uid_t cap_jail_uid(const struct cap_jail *j);
+uid_t cap_jail_helper_uid(const struct cap_jail *j);
+
+/* Have cap_jail_spawn put QEMU in network namespace netns (prepared by
+ * cap_jail_net_new) instead of a new empty one, with an /etc/resolv.conf
+ * naming 127.0.0.1 in its root. netns is borrowed: it must stay open
+ * until cap_jail_spawn has returned. A confined jail only. */
+void cap_jail_set_netns(struct cap_jail *j, int netns);
+
+/* Fork a helper of this VM: in the caller's namespaces but the network
+ * one, which is netns when netns >= 0; in the jail's cgroups (it counts
+ * against the VM's budget); as the jail's helper user (setgroups 0);
+ * with no_new_privs, RLIMIT_CORE 0, RLIMIT_NOFILE 4096, RLIMIT_NPROC 16,
+ * SIGKILL when this thread dies, signals at their defaults (SIGPIPE
+ * ignored) and none blocked; holding only descriptors 0-2 and
+ * keep[0..nkeep), each under its own number. It then exits with
+ * the value of fn(ud) (_exit: nothing of the caller runs after it).
+ * Returns its pid, with a pidfd for it in *pidfd (the caller closes it
+ * and reaps the child), or -errno with err saying which step failed. */
+pid_t cap_jail_helper(struct cap_jail *j, int netns, const int *keep,
+		      unsigned nkeep, int (*fn)(void *ud), void *ud,
+		      int *pidfd, struct cap_err *err);
+
 /* Wait until the jail's RAM copy (spec.ram_copy) is complete: QEMU must
  * not read guest RAM before (a restore's device state does). 0, or
  * -errno with err saying what failed. Nothing to wait for: 0. */
@@ -79,6 +109,38 @@ int cap_jail_ready(struct cap_jail *j, struct cap_err *err);
 /* Remove the jail once its process has been reaped: cgroups removed, a
  * bound RAM file given back to root, the slot released. NULL is fine. */
 void cap_jail_free(struct cap_jail *j);
+
+/* ---- the network of a VM with a NIC (engine-net.c) -------------------
+ * A network namespace with loopback only (route "local 0.0.0.0/0 dev
+ * lo", ping sockets closed to QEMU's group, every port bindable in it so
+ * that QEMU can forward low guest ports) and the nftables rules of
+ * engine.h's struct cap_vm_net matched on QEMU's UID; when cfg has a
+ * policy_main, its listeners, the connector and the policy process. */
+struct cap_vm_net;
+struct cap_jail_net;
+
+/* Set it all up for the VM jailed in j (which must be confined: a
+ * network policy is enforced by the jail; -EPERM otherwise). cfg is
+ * borrowed for the call. *out is owned by the caller: cap_jail_net_free
+ * before cap_jail_free. The calling thread's own network namespace is
+ * the same on return. */
+int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
+		     struct cap_jail_net **out, struct cap_err *err);
+/* The namespace, for cap_jail_set_netns. Owned by n. */
+int cap_jail_net_ns(const struct cap_jail_net *n);
+/* The owner's end of the policy process's control socket, -1 without a
+ * policy process; owned by n. */
+int cap_jail_net_control_fd(const struct cap_jail_net *n);
+/* The policy process, -1 without one. */
+pid_t cap_jail_net_pid(const struct cap_jail_net *n);
+/* Replace the ranges [lo, hi] (host order; any order, overlaps merged)
+ * refused with a TCP reset, in one nftables transaction. */
+int cap_jail_net_deny(struct cap_jail_net *n, const uint32_t (*deny)[2],
+		      unsigned ndeny, struct cap_err *err);
+/* SIGKILL the policy process and the connector and reap them. */
+void cap_jail_net_stop(struct cap_jail_net *n);
+/* Stop, then close everything. NULL is fine. */
+void cap_jail_net_free(struct cap_jail_net *n);
 
 /* Remove jails left by VMs whose owner died (a crashed controller or
  * shim): cgroups of free slots, processes in them killed. Calls found for

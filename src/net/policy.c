@@ -478,15 +478,8 @@ int cap_net_publish_add(struct cap_net_policy *p, const char *text, struct cap_e
 int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 			 const char *value, struct cap_err *err)
 {
-	static const struct {
-		const char *name;
-		size_t off;
-	} bools[] = {
-		{ "allow-public", offsetof(struct cap_net_policy, allow_public) },
-		{ "allow-lan", offsetof(struct cap_net_policy, allow_lan) },
-		{ "allow-host", offsetof(struct cap_net_policy, allow_host) },
-		{ "auto-publish", offsetof(struct cap_net_policy, auto_publish) },
-	};
+	static const char known[] = "known: allow-egress, allow-public, allow-lan, "
+				    "allow-host, publish, auto-publish";
 	char name[32], q[160];
 	const char *eq;
 	size_t len;
@@ -497,10 +490,8 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 	eq = value ? NULL : strchr(flag, '=');
 	len = eq ? (size_t)(eq - flag) : strlen(flag);
 	if (len >= sizeof(name))
-		return cap_err_set(err, EINVAL,
-				   "unknown network flag %s (known: allow-egress, allow-public, "
-				   "allow-lan, allow-host, publish, auto-publish)",
-				   quote(flag, q, sizeof(q)));
+		return cap_err_set(err, EINVAL, "unknown network flag %s (%s)",
+				   quote(flag, q, sizeof(q)), known);
 	memcpy(name, flag, len);
 	name[len] = '\0';
 	if (eq)
@@ -519,20 +510,21 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 					   "--publish needs [BIND:]HOST_PORT:GUEST_PORT");
 		return cap_net_publish_add(p, value, err);
 	}
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(bools); i++) {
-		if (strcmp(name, bools[i].name))
-			continue;
-		if (value)
-			return cap_err_set(err, EINVAL, "--%s takes no value (got %s)", name,
-					   quote(value, q, sizeof(q)));
-		*(bool *)((char *)p + bools[i].off) = true;
+	bool *on = !strcmp(name, "allow-public") ? &p->allow_public :
+		   !strcmp(name, "allow-lan")    ? &p->allow_lan :
+		   !strcmp(name, "allow-host")   ? &p->allow_host :
+		   !strcmp(name, "auto-publish") ? &p->auto_publish :
+		                                   NULL;
+	if (on && value)
+		return cap_err_set(err, EINVAL, "--%s takes no value (got %s)", name,
+				   quote(value, q, sizeof(q)));
+	if (on) {
+		*on = true;
 		p->enabled = true;
 		return 0;
 	}
-	return cap_err_set(err, EINVAL,
-			   "unknown network flag %s (known: allow-egress, allow-public, "
-			   "allow-lan, allow-host, publish, auto-publish)",
-			   quote(name, q, sizeof(q)));
+	return cap_err_set(err, EINVAL, "unknown network flag %s (%s)",
+			   quote(name, q, sizeof(q)), known);
 }
 
 void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)

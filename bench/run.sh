@@ -160,6 +160,13 @@ while [ $i -lt 10 ]; do
 done
 runsc_ms=$(median <"$bench_home/runsc" | awk '{ print $1 / 1e6 }')
 
+# (j) the network under a policy: the same client through the policy
+# process and from the host's namespace; a new sandbox with and without
+# a NIC (bench/bench-net.sh builds its own fake internet).
+echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." >&2
+"$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
+net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
+
 printf '\ncapsule bench: accel %s, %s, %d cold runs, %d warm execs\n\n' \
 	"$accel" "$(qemu-system-x86_64 --version | head -1 | sed 's/QEMU emulator //')" "$runs" "$execs"
 printf '%-59s %12s %12s %8s\n' "measure" "capsule" "baseline" "ratio"
@@ -201,3 +208,11 @@ awk -v a="$(serve_row refresh 2)" -v b="$(serve_row refresh 3)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(f) serve: exec while another refreshes 10000 files vs idle", a, b, a / b }'
 awk -v a="$(serve_row read_file 2)" -v b="$(serve_row read_file 3)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(g) mcp read_file 100 KiB vs capsule exec cat", a, b, a / b }'
+awk -v a="$(net_row connect 2)" -v b="$(net_row connect 3)" 'BEGIN {
+	printf "%-59s %10.0fus %10.0fus %7.2fx\n", "(j) TCP connect+first byte: via policy vs host ns", a, b, a / b }'
+awk -v a="$(net_row fetch 2)" -v b="$(net_row fetch 3)" 'BEGIN {
+	printf "%-59s %8.1fMB/s %8.1fMB/s %7.2fx\n", "(j) 10 MB download: via policy vs host ns", a, b, a / b }'
+awk -v a="$(net_row guest_fetch 2)" -v b="$(net_row guest_fetch 3)" 'BEGIN {
+	printf "%-59s %8.1fMB/s %8.1fMB/s %7.2fx\n", "(j) 10 MB wget: in the guest (exec incl.) vs host ns", a, b, a / b }'
+awk -v a="$(net_row start 2)" -v b="$(net_row start 3)" 'BEGIN {
+	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(j) capsule run -- true: with a NIC vs without", a / 1e6, b / 1e6, a / b }'

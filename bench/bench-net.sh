@@ -1,0 +1,80 @@
+#!/bin/sh
+# make bench, row (j): the network under a policy, measured against the
+# same client in the host's namespace, in one run. Like the tests, it
+# builds its own internet: a namespace holding 203.0.113.10 on its lo, and
+# a namespace for capsule whose only link goes there (DESIGN §9). Prints
+# "key value baseline" lines for bench/run.sh.
+#   bench-net.sh CAPSULE RUNS
+set -eu
+capsule=$1
+runs=${2:-7}
+top=$(cd "$(dirname "$0")/.." && pwd)
+py="$top/bench/bench-net.py"
+inet=capbinet-$$
+cns=capbns-$$
+home=$(mktemp -d /tmp/capsule-bnet.XXXXXX)
+now_ns() { date +%s%N; }
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+cleanup() {
+	ip netns exec "$cns" env CAPSULE_HOME="$home" "$capsule" rm --force bn >/dev/null 2>&1 || true
+	[ -n "${srv:-}" ] && kill "$srv" 2>/dev/null
+	ip netns del "$cns" 2>/dev/null || true
+	ip netns del "$inet" 2>/dev/null || true
+	rm -rf "$home"
+}
+trap cleanup EXIT
+
+ip netns add "$inet"
+ip netns add "$cns"
+ip -n "$inet" link set lo up
+ip -n "$cns" link set lo up
+ip -n "$inet" addr add 203.0.113.10/32 dev lo
+ip link add "bv$$" netns "$cns" type veth peer name "bi$$" netns "$inet"
+ip -n "$cns" addr add 192.0.2.1/30 dev "bv$$"
+ip -n "$inet" addr add 192.0.2.2/30 dev "bi$$"
+ip -n "$cns" link set "bv$$" up
+ip -n "$inet" link set "bi$$" up
+ip -n "$cns" route add 203.0.113.0/24 via 192.0.2.2
+ip netns exec "$inet" python3 "$py" serve 203.0.113.10 &
+srv=$!
+in_cns() { ip netns exec "$cns" env CAPSULE_HOME="$home" "$@"; }
+i=0
+until in_cns python3 "$py" connect 203.0.113.10 1 >/dev/null 2>&1; do
+	i=$((i + 1)); [ $i -lt 50 ] || { echo "bench-net: the fake internet did not come up" >&2; exit 1; }
+	sleep 0.1
+done
+
+in_cns "$capsule" image build base >/dev/null 2>&1
+in_cns "$capsule" create bn --allow-egress 203.0.113.10 >/dev/null
+in_cns "$capsule" start bn
+qpid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["qemu_pid"])' "$home/sandboxes/bn/runtime.json")
+quid=$(awk '/^Uid:/ { print $2 }' "/proc/$qpid/status")
+# The same client, once in the host's namespace, once as QEMU's user in
+# QEMU's namespace, where nftables hands it to the policy process.
+as_qemu() { nsenter -t "$qpid" -n setpriv --reuid="$quid" --regid="$quid" --clear-groups "$@"; }
+
+echo "connect $(as_qemu python3 "$py" connect 203.0.113.10 200) $(in_cns python3 "$py" connect 203.0.113.10 200)"
+echo "fetch $(as_qemu python3 "$py" fetch 203.0.113.10 "$runs") $(in_cns python3 "$py" fetch 203.0.113.10 "$runs")"
+
+# From the guest: busybox wget of 10 MB, against the host's busybox wget.
+: >"$home/g"; : >"$home/h"
+i=0
+while [ $i -lt "$runs" ]; do
+	t=$(now_ns); in_cns "$capsule" exec bn -- wget -q -O /dev/null http://203.0.113.10/10mb; echo $(( $(now_ns) - t )) >>"$home/g"
+	t=$(now_ns); in_cns busybox wget -q -O /dev/null http://203.0.113.10/10mb; echo $(( $(now_ns) - t )) >>"$home/h"
+	i=$((i + 1))
+done
+echo "guest_fetch $(median <"$home/g" | awk '{ print 10e6 / ($1 / 1e9) / 1e6 }') $(median <"$home/h" | awk '{ print 10e6 / ($1 / 1e9) / 1e6 }')"
+in_cns "$capsule" rm --force bn >/dev/null
+
+# New sandbox to first result, with a NIC and without, alternating.
+: >"$home/a"; : >"$home/b"
+in_cns "$capsule" run -q --allow-egress 203.0.113.10 -- true >/dev/null 2>&1	# its template
+i=0
+while [ $i -lt "$runs" ]; do
+	t=$(now_ns); in_cns "$capsule" run -q --allow-egress 203.0.113.10 -- true >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$home/a"
+	t=$(now_ns); in_cns "$capsule" run -q -- true >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$home/b"
+	i=$((i + 1))
+done
+echo "start $(median <"$home/a") $(median <"$home/b")"

@@ -63,8 +63,8 @@ enum {
 	"                      the guest (repeatable)\n" \
 	"  --auto-publish      Mirror the guest's TCP listeners to the same port on\n" \
 	"                      the host's 127.0.0.1 as they come and go\n" \
-	"  Link-local and cloud metadata (169.254.0.0/16) and loopback stay closed\n" \
-	"  unless named exactly by --allow-egress.\n"
+	"  Link-local and cloud metadata (169.254.0.0/16) stay closed unless named\n" \
+	"  exactly by --allow-egress; the host's loopback opens only with --allow-host.\n"
 
 /* Handle one getopt result of the network flags into p: 1 handled, 0 not
  * ours, -1 bad value (already reported, naming it). */

@@ -1,0 +1,403 @@
+/* Unit tests of the sandbox spec (src/sandbox/sandbox-spec.c): disks in
+ * order with their serials, what SETUP says, the network part and the
+ * shape a template key is derived from; and the record's network policy
+ * (cap_record_set_net / cap_record_net in sandbox-named.c). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "named.h"
+#include "policy.h"
+#include "sandbox.h"
+
+static struct cap_sandbox_spec *new_spec(void)
+{
+	struct cap_sandbox_spec *s = malloc(sizeof(*s));
+	assert_non_null(s);
+	return s;
+}
+
+static struct cap_net_policy *new_policy(void)
+{
+	struct cap_net_policy *p = malloc(sizeof(*p));
+	assert_non_null(p);
+	cap_net_policy_init(p);
+	return p;
+}
+
+/* A policy from flag words ("allow-lan", "allow-egress=10.0.0.0/8"). */
+static struct cap_net_policy *policy_of(const char *const *words)
+{
+	struct cap_net_policy *p = new_policy();
+	struct cap_err err = { 0 };
+
+	for (; *words; words++) {
+		char flag[64];
+		const char *eq = strchr(*words, '=');
+		size_t n = eq ? (size_t)(eq - *words) : strlen(*words);
+		assert_true(n < sizeof(flag));
+		memcpy(flag, *words, n);
+		flag[n] = '\0';
+		if (cap_net_policy_apply(p, flag, eq ? eq + 1 : NULL, &err) < 0)
+			fail_msg("applying %s: %s", *words, err.msg);
+	}
+	return p;
+}
+
+static void shape_of(const struct cap_sandbox_spec *s, char *buf, size_t len)
+{
+	cap_sandbox_spec_shape(s, buf, len);
+	assert_true(strlen(buf) < len - 1);	/* not cut short */
+}
+
+static void test_init(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *s = new_spec();
+	char shape[512];
+
+	cap_sandbox_spec_init(s);
+	assert_int_equal(s->ndisks, 0);
+	assert_false(s->net.enabled);
+	assert_string_equal(s->setup.root_image, "");
+	assert_string_equal(s->setup.root_upper, "");
+	assert_string_equal(s->setup.work, "");
+	assert_string_equal(s->setup.source, "");
+	assert_ptr_equal(s->setup.hostname, s->hostname);
+	assert_int_equal(s->setup.net_addr, 0);
+	assert_int_equal(s->setup.proxy_port, 0);
+	shape_of(s, shape, sizeof(shape));
+	assert_string_equal(shape, "no-nic");
+	free(s);
+}
+
+static void test_named(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *s = new_spec();
+	static const struct { const char *path, *serial; bool ro, own; } want[] = {
+		{ "/h/images/x.erofs", "capsule-root", true, false },
+		{ "/h/sb/a/root-upper.ext4", "capsule-upper", false, true },
+		{ "/h/sb/a/private.ext4", "capsule-work", false, true },
+		{ "/h/sb/a/source.erofs", "capsule-source", true, true },
+	};
+
+	cap_sandbox_spec_named(s, want[0].path, want[1].path, want[2].path, want[3].path, "box-1");
+	assert_int_equal(s->ndisks, 4);
+	for (unsigned i = 0; i < 4; i++) {
+		assert_string_equal(s->disks[i].path, want[i].path);
+		assert_string_equal(s->disks[i].serial, want[i].serial);
+		assert_int_equal(s->disks[i].readonly, want[i].ro);
+		assert_int_equal(s->disks[i].per_sandbox, want[i].own);
+	}
+	/* SETUP names the disks by the serials the guest finds them by. */
+	assert_string_equal(s->setup.root_image, "capsule-root");
+	assert_string_equal(s->setup.root_upper, "capsule-upper");
+	assert_string_equal(s->setup.work, "capsule-work");
+	assert_string_equal(s->setup.source, "capsule-source");
+	assert_string_equal(s->setup.hostname, "box-1");
+	assert_false(s->net.enabled);
+	assert_int_equal(s->setup.net_addr, 0);
+
+	/* A name that is not a valid host name is not used as one. */
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", "bad name!");
+	assert_string_equal(s->setup.hostname, "capsule");
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", NULL);
+	assert_string_equal(s->setup.hostname, "capsule");
+	free(s);
+}
+
+static void test_oneshot(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *s = new_spec();
+
+	cap_sandbox_spec_oneshot(s, NULL);
+	assert_int_equal(s->ndisks, 0);
+	assert_string_equal(s->setup.source, "");
+	assert_string_equal(s->setup.root_image, "");
+	assert_string_equal(s->setup.work, "");
+
+	cap_sandbox_spec_oneshot(s, "/tmp/src.erofs");
+	assert_int_equal(s->ndisks, 1);
+	assert_string_equal(s->disks[0].path, "/tmp/src.erofs");
+	assert_string_equal(s->disks[0].serial, "capsule-source");
+	assert_true(s->disks[0].readonly);
+	assert_true(s->disks[0].per_sandbox);
+	assert_string_equal(s->setup.source, "capsule-source");
+	assert_string_equal(s->setup.root_image, "");
+	assert_false(s->net.enabled);
+	free(s);
+}
+
+static void test_network(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *s = new_spec();
+	static const char *const words[] = { "allow-egress=203.0.113.10", "allow-lan",
+					     "publish=127.0.0.1:18080:80", NULL };
+	struct cap_net_policy *p = policy_of(words);
+
+	cap_sandbox_spec_oneshot(s, NULL);
+	cap_sandbox_spec_network(s, p);
+	assert_true(s->net.enabled);
+	assert_true(s->net.allow_lan);
+	assert_int_equal(s->net.nrules, 1);
+	assert_string_equal(s->net.rules[0].text, "203.0.113.10");
+	assert_int_equal(s->net.npublish, 1);
+	assert_int_equal(s->net.publish[0].host_port, 18080);
+	assert_int_equal(s->net.publish[0].guest_port, 80);
+	assert_int_equal(s->setup.net_addr, 0x0a00020f);	/* 10.0.2.15 */
+	assert_int_equal(s->setup.net_prefix, 24);
+	assert_int_equal(s->setup.net_gateway, 0x0a000202);	/* 10.0.2.2 */
+	assert_int_equal(s->setup.net_dns, 0x0a000203);	/* 10.0.2.3 */
+	assert_int_equal(s->setup.proxy_port, 3128);
+	assert_false(s->setup.auto_publish);
+	/* The policy is copied: the caller's may go away. */
+	p->allow_lan = false;
+	assert_true(s->net.allow_lan);
+
+	/* auto_publish mirrors the policy. */
+	assert_int_equal(cap_net_policy_apply(p, "auto-publish", NULL, NULL), 0);
+	cap_sandbox_spec_network(s, p);
+	assert_true(s->setup.auto_publish);
+
+	/* A policy without a NIC clears every network field again. */
+	cap_net_policy_init(p);
+	cap_sandbox_spec_network(s, p);
+	assert_false(s->net.enabled);
+	assert_int_equal(s->setup.net_addr, 0);
+	assert_int_equal(s->setup.net_prefix, 0);
+	assert_int_equal(s->setup.net_gateway, 0);
+	assert_int_equal(s->setup.net_dns, 0);
+	assert_int_equal(s->setup.proxy_port, 0);
+	assert_false(s->setup.auto_publish);
+
+	/* The network part leaves the disks and their SETUP names alone. */
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", "n");
+	cap_net_policy_apply(p, "allow-public", NULL, NULL);
+	cap_sandbox_spec_network(s, p);
+	assert_int_equal(s->ndisks, 4);
+	assert_string_equal(s->setup.work, "capsule-work");
+	assert_string_equal(s->setup.hostname, "n");
+	free(p);
+	free(s);
+}
+
+static void test_shape(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *a = new_spec(), *b = new_spec();
+	struct cap_net_policy *p = new_policy();
+	char sa[512], sb[512];
+
+	/* Different paths, same layout: the same shape, which names no path. */
+	cap_sandbox_spec_named(a, "/h/images/one.erofs", "/h/a/u", "/h/a/w", "/h/a/s", "a");
+	cap_sandbox_spec_named(b, "/h/images/two.erofs", "/h/b/u", "/h/b/w", "/h/b/s", "b");
+	shape_of(a, sa, sizeof(sa));
+	shape_of(b, sb, sizeof(sb));
+	assert_string_equal(sa, sb);
+	assert_null(strstr(sa, "/h/"));
+	assert_string_equal(sa, "disk0=capsule-root:ro:shared disk1=capsule-upper:rw:own "
+				"disk2=capsule-work:rw:own disk3=capsule-source:ro:own no-nic");
+
+	/* A NIC is part of the shape; what the policy opens is not. */
+	cap_net_policy_apply(p, "allow-lan", NULL, NULL);
+	cap_sandbox_spec_network(a, p);
+	shape_of(a, sa, sizeof(sa));
+	assert_string_not_equal(sa, sb);
+	assert_non_null(strstr(sa, " nic"));
+	assert_null(strstr(sa, "no-nic"));
+	cap_net_policy_init(p);
+	cap_net_policy_apply(p, "allow-egress", "203.0.113.10:443", NULL);
+	cap_net_policy_apply(p, "publish", "18080:80", NULL);
+	cap_sandbox_spec_network(b, p);
+	shape_of(b, sb, sizeof(sb));
+	assert_string_equal(sa, sb);
+
+	/* One-shot: with and without /source differ; paths do not matter. */
+	cap_sandbox_spec_oneshot(a, NULL);
+	cap_sandbox_spec_oneshot(b, "/tmp/one.erofs");
+	shape_of(a, sa, sizeof(sa));
+	shape_of(b, sb, sizeof(sb));
+	assert_string_equal(sa, "no-nic");
+	assert_string_equal(sb, "disk0=capsule-source:ro:own no-nic");
+	cap_sandbox_spec_oneshot(a, "/tmp/two.erofs");
+	shape_of(a, sa, sizeof(sa));
+	assert_string_equal(sa, sb);
+	cap_sandbox_spec_network(a, p);
+	shape_of(a, sa, sizeof(sa));
+	assert_string_equal(sa, "disk0=capsule-source:ro:own nic");
+
+	/* A short buffer is cut, still terminated. */
+	cap_sandbox_spec_named(a, "i", "u", "w", "s", "a");
+	cap_sandbox_spec_shape(a, sa, 8);
+	assert_int_equal(strlen(sa), 7);
+	free(p);
+	free(a);
+	free(b);
+}
+
+static void test_disk_role(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *s = new_spec();
+
+	assert_string_equal(cap_sandbox_disk_role("capsule-work"), "/work");
+	assert_string_equal(cap_sandbox_disk_role("capsule-source"), "/source");
+	assert_string_equal(cap_sandbox_disk_role("capsule-root"), "the image");
+	assert_string_equal(cap_sandbox_disk_role("capsule-upper"),
+			    "the root file system's writable layer");
+	/* Unknown: the serial itself. */
+	assert_string_equal(cap_sandbox_disk_role("other"), "other");
+	/* Every disk a spec makes has a role of its own. */
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", "a");
+	for (unsigned i = 0; i < s->ndisks; i++)
+		assert_string_not_equal(cap_sandbox_disk_role(s->disks[i].serial), s->disks[i].serial);
+	free(s);
+}
+
+static void test_record_net(void **state)
+{
+	(void)state;
+	struct cap_record *r = malloc(sizeof(*r));
+	struct cap_net_policy *back = new_policy();
+	static const char *const words[] = { "allow-egress=203.0.113.10", "allow-egress=*.example.com:443",
+					     "allow-lan", "publish=127.0.0.1:18080:80", "auto-publish",
+					     NULL };
+	struct cap_net_policy *p = policy_of(words);
+	struct cap_err err = { 0 };
+	assert_non_null(r);
+
+	/* No policy: nothing recorded, and it reads back as no NIC. */
+	cap_record_init(r);
+	assert_string_equal(r->net, "");
+	back->enabled = true;
+	assert_int_equal(cap_record_net(r, back, &err), 0);
+	assert_false(back->enabled);
+
+	assert_int_equal(cap_record_set_net(r, p, &err), 0);
+	assert_non_null(strstr(r->net, "allow-egress=203.0.113.10"));
+	assert_non_null(strstr(r->net, "allow-egress=*.example.com:443"));
+	assert_non_null(strstr(r->net, "allow-lan"));
+	assert_non_null(strstr(r->net, "publish=127.0.0.1:18080:80"));
+	assert_non_null(strstr(r->net, "auto-publish"));
+	assert_int_equal(cap_record_net(r, back, &err), 0);
+	assert_true(back->enabled);
+	assert_true(back->allow_lan);
+	assert_false(back->allow_public);
+	assert_false(back->allow_host);
+	assert_true(back->auto_publish);
+	assert_int_equal(back->nrules, 2);
+	assert_string_equal(back->rules[0].text, "203.0.113.10");
+	assert_string_equal(back->rules[1].text, "*.example.com:443");
+	assert_int_equal(back->rules[1].kind, CAP_NET_RULE_DOMAIN);
+	assert_int_equal(back->rules[1].port, 443);
+	assert_int_equal(back->npublish, 1);
+	assert_int_equal(back->publish[0].bind, 0x7f000001);
+	assert_int_equal(back->publish[0].host_port, 18080);
+	assert_int_equal(back->publish[0].guest_port, 80);
+	/* The description of both is the same line. */
+	char *d1 = cap_net_policy_describe(p), *d2 = cap_net_policy_describe(back);
+	assert_string_equal(d1, d2);
+	free(d1);
+	free(d2);
+
+	/* Setting no NIC empties it again. */
+	cap_net_policy_init(p);
+	assert_int_equal(cap_record_set_net(r, p, &err), 0);
+	assert_string_equal(r->net, "");
+	free(p);
+	free(back);
+	free(r);
+}
+
+static void test_record_net_too_long(void **state)
+{
+	(void)state;
+	struct cap_record *r = malloc(sizeof(*r));
+	struct cap_net_policy *p = new_policy(), *back = new_policy();
+	struct cap_err err = { 0 };
+	char rule[300], label[64];
+	assert_non_null(r);
+
+	/* 64 rules of ~250 bytes each: far over the record's 4096. */
+	memset(label, 'a', 60);
+	label[60] = '\0';
+	for (unsigned i = 0; i < CAP_NET_MAX_RULES; i++) {
+		snprintf(rule, sizeof(rule), "h%u.%s.%s.%s.example.com", i, label, label, label);
+		if (cap_net_rule_add(p, rule, &err) < 0)
+			fail_msg("adding %s: %s", rule, err.msg);
+	}
+	cap_record_init(r);
+	snprintf(r->net, sizeof(r->net), "allow-lan");
+	assert_int_equal(cap_record_set_net(r, p, &err), -E2BIG);
+	assert_int_equal(err.code, E2BIG);
+	assert_non_null(strstr(err.msg, "too long"));
+	/* The record keeps what it had. */
+	assert_string_equal(r->net, "allow-lan");
+
+	/* Just what fits is kept whole. */
+	cap_net_policy_init(p);
+	for (unsigned i = 0; i < 12; i++) {
+		snprintf(rule, sizeof(rule), "h%u.%s.%s.%s.example.com", i, label, label, label);
+		assert_int_equal(cap_net_rule_add(p, rule, &err), 0);
+	}
+	assert_int_equal(cap_record_set_net(r, p, &err), 0);
+	assert_int_equal(cap_record_net(r, back, &err), 0);
+	assert_int_equal(back->nrules, 12);
+	free(p);
+	free(back);
+	free(r);
+}
+
+static void test_record_net_bad_word(void **state)
+{
+	(void)state;
+	struct cap_record *r = malloc(sizeof(*r));
+	struct cap_net_policy *back = new_policy();
+	struct cap_err err = { 0 };
+	static const char *const bad[] = { "allow-egress=1.2.3.4/33", "bogus", "allow-egress",
+					   "publish=99999:80", "allow-lan allow-egress=*" };
+	assert_non_null(r);
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cap_record_init(r);
+		snprintf(r->net, sizeof(r->net), "%s", bad[i]);
+		memset(&err, 0, sizeof(err));
+		assert_int_equal(cap_record_net(r, back, &err), -EBADMSG);
+		assert_int_equal(err.code, EBADMSG);
+		if (!strstr(err.msg, "recorded network flag"))
+			fail_msg("%s: %s", bad[i], err.msg);
+	}
+	/* The message names the word at fault and why. */
+	cap_record_init(r);
+	snprintf(r->net, sizeof(r->net), "allow-lan allow-egress=1.2.3.4/33");
+	assert_int_equal(cap_record_net(r, back, &err), -EBADMSG);
+	if (!strstr(err.msg, "allow-egress") || !strstr(err.msg, "1.2.3.4/33"))
+		fail_msg("does not name the word: %s", err.msg);
+	free(back);
+	free(r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_init),
+		cmocka_unit_test(test_named),
+		cmocka_unit_test(test_oneshot),
+		cmocka_unit_test(test_network),
+		cmocka_unit_test(test_shape),
+		cmocka_unit_test(test_disk_role),
+		cmocka_unit_test(test_record_net),
+		cmocka_unit_test(test_record_net_too_long),
+		cmocka_unit_test(test_record_net_bad_word),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

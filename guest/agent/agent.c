@@ -4,6 +4,8 @@
  * own process group and cgroup with a wall-clock timeout, a pids.max and
  * an output cap, streams their output back, kills whatever a command
  * left behind when it ends, and on SHUTDOWN syncs and powers the VM off.
+ * With a NIC it configures the guest's network (agent-net.c) and may
+ * report and relay TCP listeners (agent-publish.c).
  *
  * One thread, one poll loop. The host is the only peer; a host that goes
  * away ends the commands it started. */
@@ -32,12 +34,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent.h"
 #include "proto.h"
 #include "util.h"
 
 #define AGENT_VERSION "capsule-agent " CAPSULE_VERSION
-#define TOOL_UID 1000
-#define TOOL_GID 1000
 #define READ_CHUNK (32 * 1024)
 /* Stop reading command output while this much waits for the host. */
 #define OUT_HIGH_WATER (1024 * 1024)
@@ -90,7 +91,7 @@ static struct {
 	int64_t cg_kill_ms;	/* last time the pending ones were killed again */
 } A = { .port = -1, .sigfd = -1, .upper_fd = -1, .cg_fd = -1 };
 
-static void logf_(const char *fmt, ...)
+void agent_log(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -113,7 +114,7 @@ static void mount_one(const char *src, const char *dst, const char *type,
 {
 	mkdir(dst, 0755);
 	if (mount(src, dst, type, flags, data) < 0 && errno != EBUSY)
-		logf_("mount %s on %s: %s", type, dst, strerror(errno));
+		agent_log("mount %s on %s: %s", type, dst, strerror(errno));
 }
 
 static void setup_system(void)
@@ -150,7 +151,7 @@ static void setup_system(void)
 	/* Tool user's home; /work becomes a private disk in later versions. */
 	mkdir("/work", 0755);
 	if (chown("/work", TOOL_UID, TOOL_GID) < 0)
-		logf_("chown /work: %s", strerror(errno));
+		agent_log("chown /work: %s", strerror(errno));
 	sethostname("capsule", 7);
 }
 
@@ -189,7 +190,7 @@ static int open_port(void)
 			snprintf(path, sizeof(path), "/dev/%s", e->d_name);
 			int fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
 			if (fd < 0)
-				logf_("open %s: %s", path, strerror(errno));
+				agent_log("open %s: %s", path, strerror(errno));
 			closedir(d);
 			return fd < 0 ? -errno : fd;
 		}
@@ -243,7 +244,7 @@ static void flush_out(void)
 			if (errno == EINTR)
 				continue;
 			if (errno != EAGAIN)
-				logf_("write to host: %s", strerror(errno));
+				agent_log("write to host: %s", strerror(errno));
 			return;
 		}
 		cap_buf_consume(&A.out, (size_t)n);
@@ -283,7 +284,7 @@ static void setup_priority(void)
 {
 	struct sched_param sp = { .sched_priority = 1 };
 	if (sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) < 0)
-		logf_("cannot take real-time priority: %s; a fork bomb may delay "
+		agent_log("cannot take real-time priority: %s; a fork bomb may delay "
 		      "timeouts", strerror(errno));
 }
 
@@ -296,7 +297,7 @@ static void setup_cgroups(void)
 	int fd = open("/sys/fs/cgroup", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	int r = fd < 0 ? -errno : write_at(fd, "cgroup.subtree_control", "+pids");
 	if (r < 0) {
-		logf_("cannot enable the pids controller in /sys/fs/cgroup: %s; "
+		agent_log("cannot enable the pids controller in /sys/fs/cgroup: %s; "
 		      "commands will not be contained", strerror(-r));
 		if (fd >= 0)
 			close(fd);
@@ -337,7 +338,7 @@ static void cg_kill(const char *name)
 	snprintf(path, sizeof(path), "%s/cgroup.kill", name);
 	int r = write_at(A.cg_fd, path, "1");
 	if (r < 0 && r != -ENOENT)
-		logf_("cannot kill cgroup %s: %s", name, strerror(-r));
+		agent_log("cannot kill cgroup %s: %s", name, strerror(-r));
 }
 
 /* fork() straight into the cgroup cgfd (clone3 CLONE_INTO_CGROUP, Linux
@@ -379,7 +380,7 @@ static void cg_dispose(const char *name)
 	if (cg_remove(name) == 0)
 		return;
 	if (A.cg_npending == CG_PENDING_MAX) {
-		logf_("too many cgroups waiting to be removed; leaving %s", name);
+		agent_log("too many cgroups waiting to be removed; leaving %s", name);
 		return;
 	}
 	snprintf(A.cg_pending[A.cg_npending++], sizeof(A.cg_pending[0]), "%s", name);
@@ -441,21 +442,34 @@ static void exec_release(struct exec *x)
 	x->out_fd = x->err_fd = x->in_fd = -1;
 }
 
-/* Build the command's environment: the base, overridden by the request. */
-static char **make_env(const struct cap_exec_req *req)
+/* Add the defaults in list to env[*k] unless the request sets the same
+ * variable itself. */
+static void env_defaults(char **env, size_t *k, const char *const *list, size_t n,
+			 const struct cap_exec_req *req)
 {
-	size_t nb = CAP_ARRAY_SIZE(base_env);
-	char **env = xcalloc(nb + req->envc + 1, sizeof(char *));
-	size_t k = 0;
-	for (size_t i = 0; i < nb; i++) {
-		size_t nl = strcspn(base_env[i], "=") + 1;
+	for (size_t i = 0; i < n; i++) {
+		size_t nl = strcspn(list[i], "=") + 1;
 		bool overridden = false;
 		for (uint32_t j = 0; j < req->envc; j++)
-			if (strncmp(req->env[j], base_env[i], nl) == 0)
+			if (strncmp(req->env[j], list[i], nl) == 0)
 				overridden = true;
 		if (!overridden)
-			env[k++] = (char *)base_env[i];
+			env[(*k)++] = (char *)list[i];
 	}
+}
+
+/* Build the command's environment: the base and the network's proxy
+ * variables, each overridden by the request. */
+static char **make_env(const struct cap_exec_req *req)
+{
+	const char *const *net = agent_net_env();
+	size_t nb = CAP_ARRAY_SIZE(base_env), nn = 0;
+	while (net[nn])
+		nn++;
+	char **env = xcalloc(nb + nn + req->envc + 1, sizeof(char *));
+	size_t k = 0;
+	env_defaults(env, &k, base_env, nb, req);
+	env_defaults(env, &k, net, nn, req);
 	for (uint32_t j = 0; j < req->envc; j++)
 		env[k++] = req->env[j];
 	return env;
@@ -689,6 +703,8 @@ static void reap(void)
 	int status;
 	pid_t pid;
 	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		if (agent_publish_reaped(pid, status))
+			continue;
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++) {
 			struct exec *x = &A.execs[i];
 			if (x->id && x->pid == pid && !x->exited) {
@@ -704,7 +720,7 @@ static void reap(void)
 
 static void do_shutdown(void)
 {
-	logf_("shutdown requested: stopping commands and syncing");
+	agent_log("shutdown requested: stopping commands and syncing");
 	kill_all_execs();
 	kill(-1, SIGKILL);
 	/* Let the killed processes go, so that no file stays open for
@@ -714,12 +730,12 @@ static void do_shutdown(void)
 	sync();
 	umount2("/source", 0);
 	if (umount2("/work", 0) < 0 && errno != EINVAL && errno != ENOENT)
-		logf_("unmount /work: %s", strerror(errno));
+		agent_log("unmount /work: %s", strerror(errno));
 	if (A.upper_fd >= 0) {
 		char p[64];
 		snprintf(p, sizeof(p), "/proc/self/fd/%d", A.upper_fd);
 		if (mount(NULL, p, NULL, MS_REMOUNT | MS_RDONLY, NULL) < 0)
-			logf_("remount the root's upper disk read-only: %s", strerror(errno));
+			agent_log("remount the root's upper disk read-only: %s", strerror(errno));
 	}
 	sync();
 	cap_proto_put(&A.out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
@@ -815,7 +831,7 @@ static void fresh_start(const struct cap_setup *s)
 {
 	struct timespec ts = { .tv_sec = s->realtime_ns / 1000000000, .tv_nsec = s->realtime_ns % 1000000000 };
 	if (s->realtime_ns > 0 && clock_settime(CLOCK_REALTIME, &ts) < 0)
-		logf_("cannot set the clock: %s", strerror(errno));
+		agent_log("cannot set the clock: %s", strerror(errno));
 	struct {
 		int entropy_count;
 		int buf_size;
@@ -824,7 +840,7 @@ static void fresh_start(const struct cap_setup *s)
 	memcpy(e.buf, s->seed, sizeof(s->seed));
 	int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || ioctl(fd, RNDADDENTROPY, &e) < 0 || ioctl(fd, RNDRESEEDCRNG) < 0)
-		logf_("cannot seed the random pool: %s", strerror(errno));
+		agent_log("cannot seed the random pool: %s", strerror(errno));
 	if (fd >= 0)
 		close(fd);
 }
@@ -897,7 +913,10 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		ensure_tool_user();
 	}
 	if (*s->work && chown("/work", TOOL_UID, TOOL_GID) < 0)
-		logf_("chown /work: %s", strerror(errno));
+		agent_log("chown /work: %s", strerror(errno));
+	/* In the final root, so that /etc's files are the ones commands see. */
+	if (s->net_addr && (r = agent_net_setup(s, msg, mlen)) < 0)
+		return r;
 	return 0;
 }
 
@@ -915,11 +934,13 @@ static void handle_setup(const uint8_t *p, size_t n)
 		snprintf(msg, sizeof(msg), "malformed SETUP");
 	} else {
 		r = do_setup(&s, msg, sizeof(msg));
-		cap_setup_fini(&s);
 		A.setup_done = r == 0;
+		if (r == 0 && s.net_addr && s.auto_publish)
+			agent_publish_start(s.net_addr);
+		cap_setup_fini(&s);
 	}
 	if (r < 0)
-		logf_("setup failed: %s", msg);
+		agent_log("setup failed: %s", msg);
 	uint8_t buf[4 + 512];
 	size_t mn = strlen(msg);
 	cap_put_u32(buf, (uint32_t)-r);
@@ -1142,6 +1163,7 @@ static void handle_frame(const struct cap_frame *f)
 		kill_all_execs();
 		A.out.off = A.out.len = 0;
 		cap_proto_hello_encode(&A.out, AGENT_VERSION);
+		agent_publish_resend();
 		return;
 	case CAP_MSG_EXEC:
 		handle_exec(f->stream, f->payload, f->len);
@@ -1202,7 +1224,7 @@ static void read_port(void)
 		ssize_t n = read(A.port, p, READ_CHUNK);
 		if (n < 0) {
 			if (errno != EAGAIN && errno != EINTR)
-				logf_("read from host: %s", strerror(errno));
+				agent_log("read from host: %s", strerror(errno));
 			break;
 		}
 		if (n == 0)
@@ -1258,7 +1280,7 @@ static void pump_stdin(struct exec *x)
 static void host_gone(void)
 {
 	if (A.connected)
-		logf_("host disconnected; ending its commands");
+		agent_log("host disconnected; ending its commands");
 	A.connected = false;
 	kill_all_execs();
 	A.in.off = A.in.len = 0;
@@ -1328,9 +1350,12 @@ static void serve(void)
 			timeout = 50;
 		if (A.cg_npending && (timeout < 0 || timeout > CG_REKILL_MS))
 			timeout = CG_REKILL_MS;
+		int pt = agent_publish_timeout(now);
+		if (pt >= 0 && (timeout < 0 || pt < timeout))
+			timeout = pt;
 
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
-			logf_("poll: %s", strerror(errno));
+			agent_log("poll: %s", strerror(errno));
 			continue;
 		}
 
@@ -1365,6 +1390,7 @@ static void serve(void)
 				finish_if_done(&A.execs[i], now);
 		if (A.cg_npending)
 			cg_sweep(now);
+		agent_publish_tick(now, &A.out);
 		if (!A.connected) {
 			A.out.off = A.out.len = 0;
 			continue;
@@ -1399,11 +1425,11 @@ int main(void)
 
 	A.port = open_port();
 	if (A.port < 0) {
-		logf_("no virtio-serial port named capsule.agent: %s; powering off",
+		agent_log("no virtio-serial port named capsule.agent: %s; powering off",
 		      strerror(-A.port));
 		power_off();
 	}
-	logf_("ready (%s, protocol v%d)", AGENT_VERSION, CAP_PROTO_VERSION);
+	agent_log("ready (%s, protocol v%d)", AGENT_VERSION, CAP_PROTO_VERSION);
 	serve();
 	return 0;
 }

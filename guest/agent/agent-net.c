@@ -1,0 +1,395 @@
+/* The guest's side of a NIC under a policy (docs/protocol.md, "Network"):
+ * the interface set up over rtnetlink (no DHCP client, no external tool),
+ * /etc/resolv.conf and /etc/hosts written as root's, and the proxy
+ * variables every command gets. Nothing here depends on IPv6 or packet
+ * sockets: the guest kernel has neither. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <net/if_arp.h>
+#include <stdio.h>
+#include <string.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "util.h"
+
+/* --- rtnetlink ------------------------------------------------------- */
+
+struct nl {
+	int fd;
+	uint32_t seq;
+};
+
+/* One request: the header, the family's fixed part and its attributes. */
+struct nl_req {
+	struct nlmsghdr h;
+	union {
+		struct ifinfomsg link;
+		struct ifaddrmsg addr;
+		struct rtmsg route;
+	};
+	uint8_t attrs[128];
+};
+
+static int nl_open(struct nl *nl)
+{
+	nl->seq = 0;
+	nl->fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+	if (nl->fd < 0)
+		return -errno;
+	/* The kernel answers a route request while sending it; the timeout
+	 * only bounds a kernel that would not. */
+	struct timeval tv = { .tv_sec = 2 };
+	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
+	if (setsockopt(nl->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    bind(nl->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(nl->fd);
+		nl->fd = -1;
+		return -e;
+	}
+	return 0;
+}
+
+static void nl_req_init(struct nl_req *r, uint16_t type, uint16_t flags, size_t fixed)
+{
+	memset(r, 0, sizeof(*r));
+	r->h.nlmsg_len = (uint32_t)NLMSG_LENGTH(fixed);
+	r->h.nlmsg_type = type;
+	r->h.nlmsg_flags = (uint16_t)(NLM_F_REQUEST | flags);
+}
+
+static void nl_attr(struct nl_req *r, uint16_t type, const void *data, size_t len)
+{
+	size_t off = NLMSG_ALIGN(r->h.nlmsg_len);
+	size_t alen = RTA_LENGTH(len);
+	CAP_BUG_ON(off + RTA_ALIGN(alen) > sizeof(*r));
+	struct rtattr *a = (struct rtattr *)((uint8_t *)r + off);
+	a->rta_type = type;
+	a->rta_len = (unsigned short)alen;
+	memcpy(RTA_DATA(a), data, len);
+	r->h.nlmsg_len = (uint32_t)(off + RTA_ALIGN(alen));
+}
+
+static int nl_send(struct nl *nl, struct nl_req *r)
+{
+	struct sockaddr_nl to = { .nl_family = AF_NETLINK };
+	r->h.nlmsg_seq = ++nl->seq;
+	for (;;) {
+		ssize_t n = sendto(nl->fd, r, r->h.nlmsg_len, 0, (struct sockaddr *)&to, sizeof(to));
+		if (n >= 0)
+			return n == (ssize_t)r->h.nlmsg_len ? 0 : -EIO;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+/* Receive the answers to the last request, calling each(ud, msg) for
+ * every data message, until its ACK (0 or the kernel's -errno) or, for a
+ * dump, NLMSG_DONE. */
+static int nl_recv(struct nl *nl, void (*each)(void *ud, const struct nlmsghdr *h), void *ud)
+{
+	/* Large enough for a link message with every statistic. */
+	static uint8_t buf[32768] __attribute__((aligned(NLMSG_ALIGNTO)));
+	for (;;) {
+		ssize_t n = recv(nl->fd, buf, sizeof(buf), 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+		if (n == 0)
+			return -EIO;
+		size_t left = (size_t)n;
+		for (const struct nlmsghdr *h = (const struct nlmsghdr *)buf; NLMSG_OK(h, left);
+		     h = NLMSG_NEXT(h, left)) {
+			if (h->nlmsg_seq != nl->seq)
+				continue;	/* an answer to nothing of ours */
+			if (h->nlmsg_type == NLMSG_DONE)
+				return 0;
+			if (h->nlmsg_type == NLMSG_ERROR) {
+				if (h->nlmsg_len < NLMSG_LENGTH(sizeof(struct nlmsgerr)))
+					return -EIO;
+				const struct nlmsgerr *e = NLMSG_DATA(h);
+				return e->error;	/* 0: the ACK */
+			}
+			if (each)
+				each(ud, h);
+		}
+	}
+}
+
+/* Send a change and wait for its ACK. */
+static int nl_talk(struct nl *nl, struct nl_req *r)
+{
+	r->h.nlmsg_flags |= NLM_F_ACK;
+	int e = nl_send(nl, r);
+	return e < 0 ? e : nl_recv(nl, NULL, NULL);
+}
+
+struct links {
+	int lo, eth, first_ether;
+	char eth_name[IF_NAMESIZE], first_name[IF_NAMESIZE];
+};
+
+static void each_link(void *ud, const struct nlmsghdr *h)
+{
+	struct links *l = ud;
+	if (h->nlmsg_type != RTM_NEWLINK || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct ifinfomsg)))
+		return;
+	const struct ifinfomsg *ifi = NLMSG_DATA(h);
+	char name[IF_NAMESIZE] = "";
+	size_t alen = h->nlmsg_len - NLMSG_LENGTH(sizeof(*ifi));
+	for (const struct rtattr *a = IFLA_RTA(ifi); RTA_OK(a, alen); a = RTA_NEXT(a, alen)) {
+		if (a->rta_type == IFLA_IFNAME) {
+			size_t k = CAP_MIN(RTA_PAYLOAD(a), sizeof(name) - 1);
+			memcpy(name, RTA_DATA(a), k);
+			name[k] = '\0';
+		}
+	}
+	if (ifi->ifi_flags & IFF_LOOPBACK) {
+		if (l->lo <= 0)
+			l->lo = ifi->ifi_index;
+		return;
+	}
+	if (strcmp(name, "eth0") == 0) {
+		l->eth = ifi->ifi_index;
+		snprintf(l->eth_name, sizeof(l->eth_name), "%s", name);
+	} else if (ifi->ifi_type == ARPHRD_ETHER && l->first_ether <= 0) {
+		l->first_ether = ifi->ifi_index;
+		snprintf(l->first_name, sizeof(l->first_name), "%s", name);
+	}
+}
+
+static int find_links(struct nl *nl, struct links *l)
+{
+	struct nl_req r;
+	nl_req_init(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
+	r.link.ifi_family = AF_UNSPEC;
+	int e = nl_send(nl, &r);
+	return e < 0 ? e : nl_recv(nl, each_link, l);
+}
+
+static int link_up(struct nl *nl, int ifindex)
+{
+	struct nl_req r;
+	nl_req_init(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
+	r.link = (struct ifinfomsg){ .ifi_family = AF_UNSPEC, .ifi_index = ifindex,
+				     .ifi_flags = IFF_UP, .ifi_change = IFF_UP };
+	return nl_talk(nl, &r);
+}
+
+static int add_address(struct nl *nl, int ifindex, uint32_t addr, uint8_t prefix)
+{
+	struct nl_req r;
+	uint32_t be = htonl(addr);
+	nl_req_init(&r, RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, sizeof(struct ifaddrmsg));
+	r.addr = (struct ifaddrmsg){ .ifa_family = AF_INET, .ifa_prefixlen = prefix,
+				     .ifa_scope = RT_SCOPE_UNIVERSE, .ifa_index = (uint32_t)ifindex };
+	nl_attr(&r, IFA_LOCAL, &be, sizeof(be));
+	nl_attr(&r, IFA_ADDRESS, &be, sizeof(be));
+	if (prefix < 31) {
+		uint32_t bcast = htonl(addr | (prefix ? 0xffffffffu >> prefix : 0xffffffffu));
+		nl_attr(&r, IFA_BROADCAST, &bcast, sizeof(bcast));
+	}
+	return nl_talk(nl, &r);
+}
+
+static int add_default_route(struct nl *nl, int ifindex, uint32_t gateway)
+{
+	struct nl_req r;
+	uint32_t be = htonl(gateway), oif = (uint32_t)ifindex;
+	nl_req_init(&r, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, sizeof(struct rtmsg));
+	r.route = (struct rtmsg){ .rtm_family = AF_INET, .rtm_table = RT_TABLE_MAIN,
+				  .rtm_protocol = RTPROT_BOOT, .rtm_scope = RT_SCOPE_UNIVERSE,
+				  .rtm_type = RTN_UNICAST };
+	nl_attr(&r, RTA_GATEWAY, &be, sizeof(be));
+	nl_attr(&r, RTA_OIF, &oif, sizeof(oif));
+	return nl_talk(nl, &r);
+}
+
+static const char *ip(uint32_t addr, char *buf)
+{
+	struct in_addr a = { htonl(addr) };
+	return inet_ntop(AF_INET, &a, buf, INET_ADDRSTRLEN);
+}
+
+/* lo up; the Ethernet interface addressed, up, and the default route. */
+static int configure_links(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	struct nl nl;
+	struct links l = { 0 };
+	char a[INET_ADDRSTRLEN], g[INET_ADDRSTRLEN];
+	int e = nl_open(&nl);
+	if (e < 0) {
+		snprintf(msg, mlen, "cannot open a netlink socket: %s", strerror(-e));
+		return e;
+	}
+	if ((e = find_links(&nl, &l)) < 0) {
+		snprintf(msg, mlen, "cannot list the network interfaces: %s", strerror(-e));
+		goto out;
+	}
+	int eth = l.eth > 0 ? l.eth : l.first_ether;
+	const char *name = l.eth > 0 ? l.eth_name : l.first_name;
+	if (eth <= 0) {
+		e = -ENODEV;
+		snprintf(msg, mlen, "no Ethernet interface in the guest (is the VM's NIC missing?)");
+		goto out;
+	}
+	if (l.lo > 0 && (e = link_up(&nl, l.lo)) < 0) {
+		snprintf(msg, mlen, "cannot bring lo up: %s", strerror(-e));
+		goto out;
+	}
+	if ((e = add_address(&nl, eth, s->net_addr, s->net_prefix)) < 0) {
+		snprintf(msg, mlen, "cannot add address %s/%u to %s: %s", ip(s->net_addr, a),
+			 s->net_prefix, name, strerror(-e));
+		goto out;
+	}
+	if ((e = link_up(&nl, eth)) < 0) {
+		snprintf(msg, mlen, "cannot bring %s up: %s", name, strerror(-e));
+		goto out;
+	}
+	if ((e = add_default_route(&nl, eth, s->net_gateway)) < 0) {
+		snprintf(msg, mlen, "cannot add the default route via %s on %s: %s",
+			 ip(s->net_gateway, g), name, strerror(-e));
+		goto out;
+	}
+	e = 0;
+out:
+	close(nl.fd);
+	return e;
+}
+
+/* --- /etc ------------------------------------------------------------ */
+
+/* Open a directory that must be root's and writable by root alone
+ * (fixed if it is not: an image may come with anything). */
+static int open_root_dir(const char *path, char *msg, size_t mlen)
+{
+	struct stat st;
+	if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+		int e = errno;
+		snprintf(msg, mlen, "cannot create %s: %s", path, strerror(e));
+		return -e;
+	}
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		snprintf(msg, mlen, "cannot open %s: %s", path,
+			 e == ELOOP || e == ENOTDIR ? "not a directory" : strerror(e));
+		return -e;
+	}
+	if (fstat(fd, &st) < 0 || ((st.st_uid != 0 || st.st_gid != 0) && fchown(fd, 0, 0) < 0) ||
+	    ((st.st_mode & 022) && fchmod(fd, st.st_mode & 07755) < 0)) {
+		int e = errno;
+		close(fd);
+		snprintf(msg, mlen, "cannot make %s root's: %s", path, strerror(e));
+		return -e;
+	}
+	return fd;
+}
+
+/* Replace dir/name with text, root's and 0644: a temporary file renamed
+ * over it, so a symbolic link there is replaced, never followed. */
+static int write_root_file(int dirfd, const char *shown, const char *name, const char *text,
+			   char *msg, size_t mlen)
+{
+	char tmp[64];
+	snprintf(tmp, sizeof(tmp), ".%s.capsule-new", name);
+	unlinkat(dirfd, tmp, 0);
+	int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+	int e = fd < 0 ? -errno : cap_write_all(fd, text, strlen(text));
+	if (e == 0 && (fchown(fd, 0, 0) < 0 || fchmod(fd, 0644) < 0))
+		e = -errno;
+	if (fd >= 0 && close(fd) < 0 && e == 0)
+		e = -errno;
+	if (e == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
+		e = -errno;
+	if (e < 0) {
+		unlinkat(dirfd, tmp, 0);
+		snprintf(msg, mlen, "cannot write %s: %s", shown, strerror(-e));
+	}
+	return e;
+}
+
+static int write_etc(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	char a[INET_ADDRSTRLEN], g[INET_ADDRSTRLEN], d[INET_ADDRSTRLEN];
+	char host[65] = "capsule";
+	char resolv[128], hosts[256];
+
+	/* "/" too: whoever may write it could move /etc aside. */
+	int rootfd = open_root_dir("/", msg, mlen);
+	if (rootfd < 0)
+		return rootfd;
+	close(rootfd);
+	int etc = open_root_dir("/etc", msg, mlen);
+	if (etc < 0)
+		return etc;
+	if (gethostname(host, sizeof(host) - 1) < 0)
+		snprintf(host, sizeof(host), "capsule");
+	if (s->net_dns)
+		snprintf(resolv, sizeof(resolv), "nameserver %s\n", ip(s->net_dns, d));
+	else
+		snprintf(resolv, sizeof(resolv), "# capsule: no name server\n");
+	snprintf(hosts, sizeof(hosts),
+		 "127.0.0.1\tlocalhost\n%s\thost.capsule.internal\n%s\t%s\n",
+		 ip(s->net_gateway, g), ip(s->net_addr, a), host);
+	int e = write_root_file(etc, "/etc/resolv.conf", "resolv.conf", resolv, msg, mlen);
+	if (e == 0)
+		e = write_root_file(etc, "/etc/hosts", "hosts", hosts, msg, mlen);
+	close(etc);
+	return e;
+}
+
+/* --- the commands' environment ----------------------------------------- */
+
+static struct {
+	char vars[6][64];
+	const char *env[7];	/* into vars, NULL-terminated */
+} E;
+
+static void set_proxy_env(const struct cap_setup *s)
+{
+	static const char *const names[] = { "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+					     "https_proxy", "NO_PROXY", "no_proxy" };
+	char g[INET_ADDRSTRLEN];
+	size_t k = 0;
+	memset(&E, 0, sizeof(E));
+	if (!s->proxy_port)
+		return;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(names); i++) {
+		if (i < 4)
+			snprintf(E.vars[i], sizeof(E.vars[i]), "%s=http://%s:%u", names[i],
+				 ip(s->net_gateway, g), s->proxy_port);
+		else
+			snprintf(E.vars[i], sizeof(E.vars[i]), "%s=localhost,127.0.0.1,::1", names[i]);
+		E.env[k++] = E.vars[i];
+	}
+}
+
+const char *const *agent_net_env(void)
+{
+	return E.env;
+}
+
+int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	char a[INET_ADDRSTRLEN];
+	if (!s->net_gateway) {
+		snprintf(msg, mlen, "SETUP gives the address %s but no gateway", ip(s->net_addr, a));
+		return -EINVAL;
+	}
+	int e = configure_links(s, msg, mlen);
+	if (e == 0)
+		e = write_etc(s, msg, mlen);
+	if (e == 0)
+		set_proxy_env(s);
+	return e;
+}

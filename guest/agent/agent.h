@@ -1,0 +1,55 @@
+/* What the parts of capsule-agent (PID 1 of the guest) share. agent.c is
+ * the loop and the commands; agent-net.c configures a NIC under a policy;
+ * agent-publish.c reports listeners and relays loopback-only ones. */
+#ifndef CAP_AGENT_H
+#define CAP_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "buf.h"
+#include "proto.h"
+
+#define TOOL_UID 1000
+#define TOOL_GID 1000
+/* The relays' user: not the tool user, whose commands could otherwise
+ * signal or trace them (`kill -9 -1`). */
+#define RELAY_UID 65534
+#define RELAY_GID 65534
+
+/* A line on the console, "capsule-agent: " first. */
+void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* --- agent-net.c --- */
+
+/* Configure the guest's side of the NIC that SETUP describes (s->net_addr
+ * != 0): lo and the Ethernet interface over rtnetlink, a default route,
+ * /etc/resolv.conf and /etc/hosts, and the proxy variables commands get.
+ * Run in the final root. On failure returns -errno with msg naming the
+ * step. */
+int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen);
+/* The "NAME=value" strings every command gets from the network (the
+ * proxy variables), NULL-terminated; empty without a proxy. Static
+ * storage, valid until the next agent_net_setup. */
+const char *const *agent_net_env(void);
+
+/* --- agent-publish.c --- */
+
+/* Start reporting the guest's TCP listeners (auto-publish) and relaying
+ * loopback-only ones from addr (host order); the first set goes out at
+ * the next agent_publish_tick. */
+void agent_publish_start(uint32_t addr);
+/* Milliseconds until agent_publish_tick has work, -1 when not publishing
+ * (the loop must not wake for it). */
+int agent_publish_timeout(int64_t now);
+/* When a scan is due: read /proc/net/tcp, start and stop relays, and
+ * queue LISTENERS on out when the set differs from the last one sent. */
+void agent_publish_tick(int64_t now, struct cap_buf *out);
+/* A new host session: send the current set at once, changed or not. */
+void agent_publish_resend(void);
+/* A child was reaped; true when it was a relay. */
+bool agent_publish_reaped(pid_t pid, int status);
+
+#endif

@@ -217,8 +217,13 @@ static bool conn_pump(struct conn *c, bool *reset)
 static void relay_accept(int lfd, uint16_t port, struct conn **slot)
 {
 	int a = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-	if (a < 0)
+	if (a < 0) {
+		/* Out of descriptors or memory: the connection stays in the
+		 * backlog and the socket readable; wait instead of spinning. */
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+			usleep(100 * 1000);
 		return;
+	}
 	struct conn *c = xcalloc(1, sizeof(*c));
 	c->fd[0] = a;
 	c->fd[1] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

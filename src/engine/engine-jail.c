@@ -484,8 +484,8 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 		snprintf(c[2].detail, sizeof(c[2].detail), "capsule is not root: it cannot switch QEMU to a user of its own");
 	else {
 		c[2].active = true;
-		snprintf(c[2].detail, sizeof(c[2].detail), "UID and GID %u + slot, one per running VM (%d slots, locks in %s)",
-			 (unsigned)uid_base(), SLOTS, RUN_DIR);
+		snprintf(c[2].detail, sizeof(c[2].detail), "UID and GID %u + slot, one per running VM (%d slots, locks in %s); a VM's policy process %u + slot",
+			 (unsigned)uid_base(), SLOTS, RUN_DIR, (unsigned)uid_base() + CAP_JAIL_HELPER_OFFSET);
 	}
 
 	struct cgroups cg;

@@ -53,8 +53,8 @@ struct cap_vm_disk {
  * dropped. QEMU's DNS goes to 127.0.0.1:53. */
 struct cap_vm_net_fds {
 	int tcp_listen;	/* 127.0.0.1:<any> in the VM's namespace, listening, nonblocking */
-	int dns;	/* UDP 127.0.0.1:53 in the VM's namespace */
-	int connector;	/* see cap_netd_config.connector */
+	int dns;	/* UDP 127.0.0.1:53 in the VM's namespace, nonblocking */
+	int connector;	/* see cap_netd_config.connector; the sockets it passes are nonblocking */
 	int control;	/* the policy process's end of cap_vm_net_control_fd */
 };
 

@@ -120,9 +120,29 @@ ok "a new deny set applies to the next connection" '[[ $ans == *"refused"* ]]'
 
 # --- teardown ---
 echo quit >&"${DEV[1]}"
+IFS= read -r -t 60 bye <&"${DEV[0]}"
 wait "$dev" 2>/dev/null
+echo "# $bye"
+ok "the owner has the descriptors it had before the VM, in its own network namespace" '[[ $bye =~ fds\ before=([0-9]+)\ after=([0-9]+)\ netns\ unchanged ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ]'
+
 ok "QEMU, the policy process and the connector are gone" '! [ -d /proc/$qemu ] && ! [ -d /proc/$pol ] && { [ -z "$conn" ] || ! [ -d /proc/$conn ]; }'
 grep -v "^tcp \|^dns " "$log" | sed 's/^/# log: /'
+
+# --- a template with a NIC, restored with other forwards ---
+t=$(mktemp -d /tmp/engine-dev-template.XXXXXX)
+ans=$("$b/engine-dev" "$log" template "$t" 2>&1)
+ok "a template build has the NIC, everything denied, no policy process" '[[ $ans == SAVED\ policy=-1* ]] && grep -q "elements = { 0.0.0.0/0 }" <<<"$ans" && ! grep -q redirect <<<"$ans"'
+: >"$log"
+ans=$(printf '%s\n' "guest echo | nc -w 5 203.0.113.10 80" "bg echo from-restored | nc -l -p 8080" "guest sleep 2" "ctl dial 8080" "guest sleep 2" quit |
+	"$b/engine-dev" "$log" restore "$t" 2>&1)
+ok "restored with a forward the template lacked, it reaches the policy and is reached" '[[ $ans == *"policy saw 203.0.113.10:80"* ]] && grep -q "^dial 8080: from-restored" "$log"'
+rm -rf "$t"
+
+# --- without a NIC, and without the jail ---
+ans=$(printf '%s\n' "guest ls /sys/class/net" quit | "$b/engine-dev" "$log" nonet 2>&1)
+ok "a VM without a NIC has none and no policy process" '[[ $ans == *"policy=-1"* ]] && [[ $ans == *$'"'"'\nlo\nexit 0'"'"'* ]]'
+ans=$(echo quit | CAPSULE_JAIL=0 "$b/engine-dev" "$log" 2>&1)
+ok "a NIC without the jail is refused" '[[ $ans == *"a network policy needs the jail"* ]]'
 rm -f "$log"
 echo "1..$n"
 [ "$fails" = 0 ]

@@ -17,7 +17,12 @@
  * writes "hello guest\n" and logs the first line answered. All of it, and
  * its own credentials and descriptors at start, is logged to LOG.
  *
- * Usage: engine-dev LOG [nonet]   (CAPSULE_AGENT names the agent) */
+ * Usage: engine-dev LOG [nonet | template DIR | restore DIR]
+ * (CAPSULE_AGENT names the agent). "template" boots as a template build
+ * does (NIC, no policy process, everything denied), saves DIR/state and
+ * DIR/ram and exits; "restore" starts from them. At the end it prints
+ * whether the process's descriptors and network namespace are as they
+ * were before the VM. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -284,6 +289,23 @@ static int parse_range(const char *s, uint32_t out[2])
 	return 0;
 }
 
+static int count_fds(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	while (d && readdir(d))
+		n++;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+static void ns_of_thread(char out[64])
+{
+	ssize_t n = readlink("/proc/thread-self/ns/net", out, 63);
+	out[n > 0 ? n : 0] = '\0';
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -291,6 +313,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	bool nonet = argc > 2 && strcmp(argv[2], "nonet") == 0;
+	const char *tdir = argc > 3 ? argv[3] : NULL;
+	bool template = tdir && strcmp(argv[2], "template") == 0;
+	bool restore = tdir && strcmp(argv[2], "restore") == 0;
+	char ns_before[64], ns_after[64];
+	ns_of_thread(ns_before);
 	int lfd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 	if (lfd < 0) {
 		perror(argv[1]);
@@ -322,12 +349,19 @@ int main(int argc, char **argv)
 		.forward = fwd, .nforward = 1, .deny = deny, .ndeny = 3, .proxy_port = 3128,
 		.policy_main = policy, .policy_ud = &lfd, .keep = keep, .nkeep = 1,
 	};
-	if (getenv("ENGINE_DEV_NOPOLICY"))
-		net.policy_main = NULL;
+	static const uint32_t all[][2] = { { 0, 0xffffffffu } };
+	if (template) {
+		net = (struct cap_vm_net){ .deny = all, .ndeny = 1, .proxy_port = 3128 };
+	}
+	_cleanup_free_ char *ram = tdir ? xasprintf("%s/ram", tdir) : NULL;
+	_cleanup_free_ char *state = tdir ? xasprintf("%s/state", tdir) : NULL;
 	struct cap_vm_config cfg = {
 		.kernel = kernel, .initrd = initrd, .dir = dir, .cpus = 1, .memory_mib = 256,
 		.accel = CAP_ACCEL_TCG, .net = nonet ? NULL : &net, .unlink_sockets = true,
+		.ram_file = template ? ram : NULL,
+		.restore_state = restore ? state : NULL, .restore_ram = restore ? ram : NULL,
 	};
+	int fds_before = count_fds();
 	int64_t t0 = cap_now_ms();
 	if (cap_vm_start(&cfg, &vm, &err) < 0) {
 		printf("ERR start: %s\n", err.msg);
@@ -340,6 +374,21 @@ int main(int argc, char **argv)
 			printf("ERR no hello\n");
 			return 1;
 		}
+	if (template) {
+		int r = cap_vm_save(vm, state, &err);
+		printf("%s policy=%d rules:\n", r < 0 ? err.msg : "SAVED", (int)cap_vm_net_pid(vm));
+		char *cmd = xasprintf("nsenter -t %d -n nft list ruleset", (int)cap_vm_pid(vm));
+		if (system(cmd) != 0)
+			printf("nft failed\n");
+		free(cmd);
+		cap_vm_free(vm);
+		cap_client_fini(&cl);
+		char *console = xasprintf("%s/console.log", dir);
+		unlink(console);
+		free(console);
+		rmdir(dir);
+		return r < 0;
+	}
 	struct cap_setup s = {
 		.root_image = "", .root_upper = "", .work = "", .source = "", .hostname = "dev",
 		.net_addr = nonet ? 0 : 0x0a00020fu, .net_gateway = nonet ? 0 : 0x0a000202u,
@@ -417,6 +466,8 @@ int main(int argc, char **argv)
 	free(console);
 	rmdir(dir);
 	free(initrd);
-	printf("BYE\n");
+	ns_of_thread(ns_after);
+	printf("BYE fds before=%d after=%d netns %s\n", fds_before, count_fds(), strcmp(ns_before, ns_after) == 0 ? "unchanged" : "CHANGED");
+	close(lfd);
 	return 0;
 }

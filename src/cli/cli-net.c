@@ -25,8 +25,9 @@ int cap_cli_net_opt(struct cap_net_policy *p, int c, const char *arg)
 		if (flags[i].opt != c)
 			continue;
 		struct cap_err err = { 0 };
+		/* The policy's messages quote the flag and its value. */
 		if (cap_net_policy_apply(p, flags[i].flag, arg, &err) < 0) {
-			cap_cli_error("--%s: %s", flags[i].flag, err.msg);
+			cap_cli_error("%s", err.msg);
 			return -1;
 		}
 		return 1;
@@ -116,14 +117,24 @@ static int set(const char *name, int argc, char **argv)
 		fputs(usage, c == 'h' ? stdout : stderr);
 		return c == 'h' ? 0 : CAP_EXIT_USAGE;
 	}
-	if (optind != argc || none == any) {
+	if (optind != argc) {
+		cap_cli_error("net set: unexpected argument '%s' (give NAME, then the flags)", argv[optind]);
+		return CAP_EXIT_USAGE;
+	}
+	if (none == any) {
 		cap_cli_error(none ? "net set: --none takes no other flag"
 				   : "net set: give the new policy's flags, or --none for no network");
 		return CAP_EXIT_USAGE;
 	}
 	/* A controller's sandboxes follow its one policy. */
 	struct cap_ctl_holder h;
-	if (cap_ctl_owner_of(name, &h) > 0) {
+	int owned = cap_ctl_owner_of(name, &h);
+	if (owned < 0) {
+		cap_cli_error("cannot tell whether a capsule serve or mcp owns sandbox '%s': %s", name,
+			      strerror(-owned));
+		return CAP_EXIT_FAILURE;
+	}
+	if (owned > 0) {
 		cap_cli_error("sandbox '%s' belongs to capsule %s (pid %d), whose network policy every sandbox it runs follows; change that server's --allow-*/--publish flags (or its configuration's \"network\") instead",
 			      name, h.frontend, (int)h.pid);
 		return CAP_EXIT_FAILURE;
@@ -161,7 +172,16 @@ static int show_log(const char *name)
 	while ((n = read(fd, buf, sizeof(buf))) > 0)
 		if (fwrite(buf, 1, (size_t)n, stdout) != (size_t)n)
 			break;
+	int rerr = n < 0 ? errno : 0;
 	close(fd);
+	if (rerr) {
+		cap_cli_error("cannot read %s: %s", path, strerror(rerr));
+		return CAP_EXIT_FAILURE;
+	}
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		cap_cli_error("cannot write the log of %s: %s", name, strerror(errno));
+		return CAP_EXIT_FAILURE;
+	}
 	return 0;
 }
 
@@ -171,21 +191,30 @@ int cap_cli_net(int argc, char **argv)
 		fputs(usage, stdout);
 		return 0;
 	}
-	if (argc < 3) {
+	if (argc < 2) {
 		fputs(usage, stderr);
 		return CAP_EXIT_USAGE;
 	}
-	const char *what = argv[1], *name = argv[2];
+	const char *what = argv[1];
+	if (strcmp(what, "set") != 0 && strcmp(what, "show") != 0 && strcmp(what, "log") != 0) {
+		cap_cli_error("net: unknown subcommand '%s' (show, set or log; capsule net --help)", what);
+		return CAP_EXIT_USAGE;
+	}
+	if (argc >= 3 && (strcmp(argv[2], "-h") == 0 || strcmp(argv[2], "--help") == 0)) {
+		fputs(usage, stdout);
+		return 0;
+	}
+	if (argc < 3 || argv[2][0] == '-') {
+		cap_cli_error("net %s needs the sandbox's NAME first: capsule net %s NAME%s", what, what,
+			      strcmp(what, "set") == 0 ? " [--none | NETWORK FLAGS...]" : "");
+		return CAP_EXIT_USAGE;
+	}
+	const char *name = argv[2];
 	if (strcmp(what, "set") == 0)
 		return set(name, argc - 2, argv + 2);
 	if (argc != 3) {
-		fputs(usage, stderr);
+		cap_cli_error("net %s takes only NAME (got '%s' after it)", what, argv[3]);
 		return CAP_EXIT_USAGE;
 	}
-	if (strcmp(what, "show") == 0)
-		return show(name);
-	if (strcmp(what, "log") == 0)
-		return show_log(name);
-	cap_cli_error("net: unknown subcommand '%s' (show, set or log)", what);
-	return CAP_EXIT_USAGE;
+	return strcmp(what, "show") == 0 ? show(name) : show_log(name);
 }

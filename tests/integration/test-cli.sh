@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..44"
+echo "1..96"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -157,6 +157,153 @@ check "a created sandbox's disk files are 0600 ($modes)" '[ "$modes" = "600 root
 "$capsule" exec sz -- true >"$out" 2>"$err"
 check "a sandbox with 0600 disks starts and runs a command" '[ $? -eq 0 ]'
 "$capsule" rm --force sz >/dev/null 2>&1
+
+
+# Network flags (docs/network.md): a bad value is refused when the flag is
+# parsed, with exit 2 and a message quoting it, on every verb that takes
+# them; serve and mcp exit before they listen. No VM boots here. The
+# route printed is "direct" unless the environment names a proxy.
+unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
+"$capsule" create n0 >/dev/null 2>&1
+rec0=$(cat "$CAPSULE_HOME/sandboxes/n0/record.json")
+net_refused() { # net_refused VERB FLAG VALUE
+	verb=$1 flag=$2 value=$3
+	rm -f "$CAPSULE_HOME/serve.sock" "$rt/n.sock"
+	case $verb in
+	run) timeout 60 "$capsule" run -q "$flag" "$value" -- true ;;
+	create) timeout 60 "$capsule" create nx "$flag" "$value" ;;
+	net-set) timeout 60 "$capsule" net set n0 "$flag" "$value" ;;
+	serve) timeout 20 "$capsule" serve --socket "$rt/n.sock" "$flag" "$value" ;;
+	mcp) timeout 20 "$capsule" mcp --agent a "$flag" "$value" </dev/null ;;
+	esac >"$out" 2>"$err"
+	rc=$?
+	check "$verb $flag '$value' is refused at parse time with exit 2 ($rc), quoting it" \
+		'[ "$rc" -eq 2 ] && grep -qF -- "$flag \"$value\"" "$err" && [ "$(ours)" -eq 0 ] &&
+		 [ ! -e "$CAPSULE_HOME/sandboxes/nx" ] && [ ! -e "$rt/n.sock" ] &&
+		 [ ! -e "$CAPSULE_HOME/serve.sock" ] && [ ! -s "$out" ] &&
+		 [ "$(cat "$CAPSULE_HOME/sandboxes/n0/record.json")" = "$rec0" ]'
+}
+for verb in run create net-set serve mcp; do
+	net_refused $verb --allow-egress 'bad rule'
+	net_refused $verb --allow-egress 1.2.3.4/33
+	net_refused $verb --allow-egress '*'
+	net_refused $verb --publish 99999:80
+	net_refused $verb --publish 8080
+done
+check "the refusals say what to write instead" \
+	'"$capsule" run --allow-egress "*" -- true 2>&1 | grep -q -- "--allow-public" &&
+	 "$capsule" run --allow-egress 1.2.3.4/33 -- true 2>&1 | grep -q "0 to 32" &&
+	 "$capsule" run --publish 8080 -- true 2>&1 | grep -q "HOST_PORT:GUEST_PORT"'
+for verb in run create serve mcp net; do
+	"$capsule" $verb --help >"$out" 2>"$err"
+	rc=$?
+	check "$verb --help lists the network flags" '[ "$rc" -eq 0 ] &&
+		(for f in --allow-egress --allow-public --allow-lan --allow-host --publish --auto-publish; do
+			grep -q -- "^ *$f" "$out" || exit 1
+		done)'
+done
+
+"$capsule" net >"$out" 2>"$err"
+rc=$?
+check "net without arguments prints its usage, exit 2 ($rc)" '[ "$rc" -eq 2 ] && grep -q "Usage: capsule net" "$err"'
+"$capsule" net bogus x >"$out" 2>"$err"
+rc=$?
+check "net bogus x: exit 2 ($rc) naming the subcommand" '[ "$rc" -eq 2 ] && grep -q "bogus" "$err"'
+"$capsule" net show nosuch >"$out" 2>"$err"
+rc=$?
+check "net show nosuch: exit 125 ($rc) naming the sandbox" '[ "$rc" -eq 125 ] && grep -q "nosuch" "$err"'
+"$capsule" net log nosuch >"$out" 2>"$err"
+rc=$?
+check "net log nosuch: exit 125 ($rc) naming the sandbox" '[ "$rc" -eq 125 ] && grep -q "nosuch" "$err"'
+"$capsule" net set n0 >"$out" 2>"$err"
+rc=$?
+check "net set without a flag is refused with exit 2 ($rc)" '[ "$rc" -eq 2 ] && grep -q -- "--none" "$err"'
+"$capsule" net set --allow-lan >"$out" 2>"$err"
+rc=$?
+check "net set without NAME is refused with exit 2 ($rc), asking for it" '[ "$rc" -eq 2 ] && grep -q "NAME" "$err"'
+"$capsule" net set n0 extra --allow-lan >"$out" 2>"$err"
+rc=$?
+check "net set with a stray argument is refused with exit 2 ($rc), naming it" '[ "$rc" -eq 2 ] && grep -q "extra" "$err"'
+
+# The policy is recorded with a named sandbox: record.json, net show,
+# inspect; net set replaces it; --none removes it.
+record() { cat "$CAPSULE_HOME/sandboxes/$1/record.json"; }
+# words NAME: the record's "network" list, one word a line ("-" when absent)
+words() {
+	python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print("\n".join(r["network"]) if "network" in r else "-")' "$CAPSULE_HOME/sandboxes/$1/record.json"
+}
+"$capsule" create n1 --allow-egress 203.0.113.10 --allow-egress '*.example.com:443' --allow-lan \
+	--publish 127.0.0.1:18080:80 >"$out" 2>"$err"
+rc=$?
+want1='allow-lan
+allow-egress=203.0.113.10
+allow-egress=*.example.com:443
+publish=127.0.0.1:18080:80'
+policy1='--allow-lan --allow-egress 203.0.113.10 --allow-egress *.example.com:443 --publish 127.0.0.1:18080:80'
+check "create with network flags records them as words ($(words n1 | tr '\n' ' '))" \
+	'[ "$rc" -eq 0 ] && [ "$(words n1)" = "$want1" ] && grep -qxF "network: $policy1" "$out"'
+"$capsule" net show n1 >"$out" 2>"$err"
+rc=$?
+check "net show prints the policy and the route" \
+	'[ "$rc" -eq 0 ] && grep -qxF "network: $policy1" "$out" && grep -q "^route: *direct" "$out"'
+env HTTPS_PROXY=http://proxy.invalid:3128 NO_PROXY=.internal.example "$capsule" net show n1 >"$out" 2>"$err"
+check "net show names the host's upstream proxy and NO_PROXY in the route" \
+	'grep -q "^route: .*http://proxy.invalid:3128 (HTTPS_PROXY)" "$out" && grep -q "NO_PROXY bypass: .internal.example" "$out"'
+"$capsule" inspect n1 >"$out" 2>"$err"
+rc=$?
+check "inspect prints the policy and the route" \
+	'[ "$rc" -eq 0 ] && grep -qxF "network:    $policy1" "$out" && grep -q "^route: *direct" "$out"'
+"$capsule" net set n1 --allow-public >"$out" 2>"$err"
+rc=$?
+check "net set --allow-public replaces the whole policy" \
+	'[ "$rc" -eq 0 ] && [ "$(words n1)" = allow-public ] && grep -qx "network: --allow-public" "$out" &&
+	 "$capsule" net show n1 | grep -qx "network: --allow-public"'
+"$capsule" net set n1 --none --allow-lan >"$out" 2>"$err"
+rc=$?
+check "net set with both --none and a flag: exit 2 ($rc), record unchanged" \
+	'[ "$rc" -eq 2 ] && grep -q -- "--none" "$err" && [ "$(words n1)" = allow-public ]'
+"$capsule" net set n1 --none >"$out" 2>"$err"
+rc=$?
+check "net set --none removes the policy (no network key)" \
+	'[ "$rc" -eq 0 ] && [ "$(words n1)" = - ] && ! record n1 | grep -q "\"network\"" &&
+	 "$capsule" inspect n1 | grep -qx "network: *none (no network interface)" &&
+	 ! "$capsule" inspect n1 | grep -q "^route:"'
+"$capsule" net log n1 >"$out" 2>"$err"
+rc=$?
+check "net log on a sandbox with no log prints nothing, exit 0" '[ "$rc" -eq 0 ] && [ ! -s "$out" ] && [ ! -s "$err" ]'
+check "a sandbox created without network flags records no network" \
+	'[ "$(words n0)" = - ] && "$capsule" net show n0 | grep -qx "network: none (no network interface)"'
+# A record edited by hand to hold a bad word: inspect fails naming the
+# file and the word, and so does every verb that reads it.
+f1=$CAPSULE_HOME/sandboxes/n1/record.json
+python3 -c 'import json, sys
+r = json.load(open(sys.argv[1])); r["network"] = ["allow-lan", "allow-egress=1.2.3.4/33"]
+json.dump(r, open(sys.argv[1], "w"))' "$f1"
+"$capsule" inspect n1 >"$out" 2>"$err"
+rc=$?
+check "inspect of a record with a bad network word fails ($rc), naming the file and the word" \
+	'[ "$rc" -eq 125 ] && grep -qF "$f1" "$err" && grep -qF "allow-egress" "$err" && grep -qF "1.2.3.4/33" "$err" &&
+	 [ "$(grep -c "recorded network flag" "$err")" -eq 1 ]'
+"$capsule" net show n1 >"$out" 2>"$err"
+rc=$?
+check "net show of it fails too ($rc), naming the file" '[ "$rc" -eq 125 ] && grep -qF "$f1" "$err"'
+python3 -c 'import json, sys
+r = json.load(open(sys.argv[1])); r["network"] = ["allow-lan", "bogus"]
+json.dump(r, open(sys.argv[1], "w"))' "$f1"
+"$capsule" inspect n1 >"$out" 2>"$err"
+rc=$?
+check "an unknown recorded word fails ($rc), naming it" '[ "$rc" -eq 125 ] && grep -qF "$f1" "$err" && grep -q "bogus" "$err"'
+python3 -c 'import json, sys
+r = json.load(open(sys.argv[1])); r["network"] = "allow-lan"
+json.dump(r, open(sys.argv[1], "w"))' "$f1"
+"$capsule" inspect n1 >"$out" 2>"$err"
+rc=$?
+check "a recorded \"network\" that is not a list fails ($rc), naming the file" '[ "$rc" -eq 125 ] && grep -qF "$f1" "$err" && grep -q "network" "$err"'
+"$capsule" rm n1 >/dev/null 2>&1
+"$capsule" rm n0 >/dev/null 2>&1
+check "the network checks booted no VM" '[ "$(ours)" -eq 0 ]'
 
 "$capsule" run >"$out" 2>"$err"
 rc=$?

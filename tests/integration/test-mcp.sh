@@ -14,7 +14,7 @@ ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
 resp() { grep "\"id\":$1[,}]" "$out"; }
 mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
 
-echo "1..16"
+echo "1..27"
 
 { printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
 check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
@@ -74,3 +74,56 @@ check "a fork bomb in run_command with timeout 3 ends on time" \
 
 "$capsule" mcp --peer p1 </dev/null >"$out" 2>"$err"
 check "no agent identity: refused with a message, nothing on stdout" '[ $? -ne 0 ] && grep -q "agent identity is required" "$err" && [ ! -s "$out" ]'
+
+# The network policy (docs/network.md): "network" in --config, flags
+# replacing it as a whole. Alone on its home, mcp runs the controller and
+# listens on the home's socket, whose "info" reports the policy: no VM.
+client=$(cd "$(dirname "$0")/.." && pwd)/serve_client.py
+# mcp_info ARGS...: start mcp with ARGS, print the home controller's info
+# "network" as one line of JSON (or "none: WHY"), then close its stdin.
+mcp_info() {
+	rm -f "$rt/in" "$CAPSULE_HOME/serve.sock"
+	mkfifo "$rt/in"
+	"$capsule" mcp --agent a "$@" <"$rt/in" >"$out" 2>"$err" &
+	mpid=$!
+	exec 3>"$rt/in"
+	if wait_for '[ -S "$CAPSULE_HOME/serve.sock" ]' 100; then
+		timeout 20 python3 "$client" "$CAPSULE_HOME/serve.sock" info |
+			python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["result"]["network"]))' 2>&1
+	else
+		echo "none: no socket"
+	fi
+	exec 3>&-
+	wait "$mpid"
+}
+nsb() { ls "$CAPSULE_HOME/sandboxes" 2>/dev/null | wc -l; }
+sb_before=$(nsb)
+printf '%s\n' '{"network": {"allow_egress": ["203.0.113.10"], "allow_lan": true}}' >"$rt/net.json"
+got=$(mcp_info --config "$rt/net.json")
+check "--config \"network\" is accepted and is the controller's policy ($got)" \
+	'[ "$got" = "[\"allow-lan\", \"allow-egress=203.0.113.10\"]" ]'
+got=$(mcp_info --config "$rt/net.json" --allow-public)
+check "a network flag replaces the configuration's \"network\" as a whole ($got)" '[ "$got" = "[\"allow-public\"]" ]'
+got=$(mcp_info)
+check "without a policy the controller reports none ($got)" '[ "$got" = "[]" ]'
+printf '%s\n' '{"network": {"allow_public": false}}' >"$rt/off.json"
+got=$(mcp_info --config "$rt/off.json")
+check "a \"network\" that opens nothing is no network ($got)" '[ "$got" = "[]" ]'
+check "reading the policy booted no VM and made no sandbox" '[ "$(ours)" -eq 0 ] && [ "$(nsb)" -eq "$sb_before" ]'
+
+# bad_config 'JSON' 'MESSAGE': refused at start with exit 2, naming the key.
+bad_config() {
+	printf '%s\n' "$1" >"$rt/bad.json"
+	rm -f "$CAPSULE_HOME/serve.sock"
+	timeout 20 "$capsule" mcp --agent a --config "$rt/bad.json" </dev/null >"$out" 2>"$err"
+	rc=$? want=$2
+	check "--config $1 is refused (exit $rc) naming it" \
+		'[ "$rc" -eq 2 ] && grep -qF -- "$want" "$err" && grep -qF "$rt/bad.json" "$err" && [ ! -s "$out" ] &&
+		 [ ! -e "$CAPSULE_HOME/serve.sock" ]'
+}
+bad_config '{"network": {"allow_egress": "x"}}' 'network.allow_egress must be a list of strings'
+bad_config '{"network": {"allow_lan": "yes"}}' 'network.allow_lan must be true or false'
+bad_config '{"network": {"publish": [1]}}' 'network.publish[0] must be a string'
+bad_config '{"network": {"bogus": 1}}' 'network.bogus'
+bad_config '{"network": {"allow_egress": ["203.0.113.10", "1.2.3.4/33"]}}' 'network.allow_egress[1]: --allow-egress "1.2.3.4/33"'
+bad_config '{"network": ["allow-lan"]}' '"network" must be an object'

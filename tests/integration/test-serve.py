@@ -33,7 +33,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 71
+PLAN = 78
 
 n = 0
 failed = 0
@@ -319,6 +319,8 @@ def main():
     r2 = call(c, "list")
     ok(r["result"]["state"] == "none" and r2["result"]["sandboxes"] == [] and qemu_count() == 0,
        "status and list alone start no VM", r)
+    r = call(c, "info")
+    ok(r.get("result", {}).get("network") == [], "info reports no network policy by default", r)
 
     r = exec_(c, "p1", "echo hello; id -u; echo secret > /work/secret")
     res = r.get("result", {})
@@ -332,6 +334,13 @@ def main():
        "a second call reuses the same sandbox and VM", r)
     st = status(c, "p1")
     ok(st["sandbox"] == name1 and st["state"] == "running", "status names the sandbox, running", st)
+    # The server's sandboxes follow its one policy: capsule net set refuses
+    # them, naming the server (docs/network.md).
+    rec_before = open(os.path.join(sbdir(name1), "record.json")).read()
+    rc, out, err = run_cli("net", "set", name1, "--allow-lan")
+    ok(rc not in (0, "timeout") and "capsule serve" in err and str(s.proc.pid) in err and
+       open(os.path.join(sbdir(name1), "record.json")).read() == rec_before,
+       "capsule net set of a sandbox owned by capsule serve is refused, naming it", [rc, err])
 
     # Peer separation: B sees nothing of A, and cannot name A's sandbox.
     r = exec_(c, "p2", "cat /work/secret", sandbox=name1, cwd="/work")
@@ -831,6 +840,53 @@ def main():
     r = exec_(c, "w1", "cat /work/w")
     ok(r.get("result", {}).get("sandbox") == got and r["result"]["stdout"] == "warm\n",
        "after a restart the identity keeps the sandbox it was given", r)
+    c.close()
+    s.term()
+    network_policy()
+
+
+def record_network(name):
+    """The "network" words of a sandbox's record, None without the key."""
+    try:
+        return json.load(open(os.path.join(sbdir(name), "record.json"))).get("network")
+    except (OSError, ValueError) as e:
+        return repr(e)
+
+
+def network_policy():
+    """One policy for the server's sandboxes: info reports it, a sandbox
+    made under it records it, and one made under another takes the
+    server's at its next start (docs/network.md)."""
+    s = Server("--test-clock", "--allow-egress", "203.0.113.10", "--allow-lan")
+    c = s.client()
+    r = call(c, "info")
+    ok(r.get("result", {}).get("network") == ["allow-lan", "allow-egress=203.0.113.10"],
+       "info reports the server's network policy as words", r)
+    r = exec_(c, "net1", "echo with-nic")
+    name = r.get("result", {}).get("sandbox") or sandbox_name("net1")
+    NAMES.add(name)
+    ok(record_network(name) == ["allow-lan", "allow-egress=203.0.113.10"],
+       "a sandbox serve creates records the server's policy", [record_network(name), r])
+    ok(r.get("result", {}).get("stdout") == "with-nic\n", "a sandbox with a NIC runs the call", r)
+    call(c, "stop", {"identity": ident("net1")}, 60)
+    c.close()
+    s.term()
+    # Another server's policy is taken at the next start.
+    s = Server("--test-clock", "--allow-public")
+    c = s.client()
+    r = exec_(c, "net1", "true")
+    ok(record_network(name) == ["allow-public"],
+       "after a stop, the next start under another server's policy records that policy",
+       [record_network(name), r])
+    call(c, "stop", {"identity": ident("net1")}, 60)
+    c.close()
+    s.term()
+    # ... and a server without one takes the NIC away.
+    s = Server("--test-clock")
+    c = s.client()
+    r = exec_(c, "net1", "true")
+    ok(record_network(name) is None and r.get("result", {}).get("exit_code") == 0,
+       "the next start under a server without a policy records none", [record_network(name), r])
     c.close()
     ok(s.term() == 0 and qemu_count() == 0, "no QEMU left at the end")
 

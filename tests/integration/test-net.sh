@@ -1,0 +1,444 @@
+#!/bin/sh
+# Network under a policy (issue 14, docs/network.md), black-box through the
+# CLI, against a fake internet this suite builds and checks first (DESIGN
+# §9: no packet beyond loopback and the namespaces it creates):
+#
+#   INET   a network namespace holding the servers of tests/net/fakenet.py
+#          on addresses put on its lo: 203.0.113.10 and .11 (allowed),
+#          198.51.100.7 (denied), 10.1.2.3 (LAN), 169.254.169.254
+#          (metadata), DNS on 203.0.113.53, an upstream CONNECT proxy on
+#          203.0.113.99:3128; nftables counters on its input hook count
+#          what arrives for the denied addresses, non-DNS UDP, ICMP echo,
+#          other protocols, and what comes straight from CAPNS to the
+#          allowed servers.
+#   CAPNS  where capsule runs: its only link is a veth to INET
+#          (192.0.2.1/30 here, 192.0.2.2/30 there) with routes to the test
+#          prefixes only, and its resolver is the fake DNS. capsule runs in
+#          it through a holder process (CAPNS's network, a mount namespace
+#          of its own with /etc/resolv.conf bound over, the host's /sys so
+#          the jail keeps its cgroups: `ip netns exec` remounts /sys).
+#
+# Few VMs: five `capsule run` (each case about run), one named sandbox
+# "web" for most cases, one "bare" without network. TAP output.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+tests=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/lib.sh"
+fake="$tests/net/fakenet.py"
+py=/usr/bin/python3
+[ -x "$py" ] || py=$(command -v python3)
+# The host's proxy settings must not leak into the policy process.
+unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
+
+plan=62
+echo "1..$plan"
+skip_all() {
+	while [ "$n" -lt "$plan" ]; do skip "network suite" "$1"; done
+	exit 0
+}
+fail_all() {
+	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); echo "not ok $n - network suite: $1"; done
+	exit 1
+}
+[ "$(id -u)" -eq 0 ] || skip_all "not root: network namespaces need CAP_SYS_ADMIN"
+for tool in ip nft nsenter unshare setpriv curl wget busybox; do
+	command -v "$tool" >/dev/null || skip_all "$tool is not installed"
+done
+
+inet=capinet-$$
+capns=capns-$$
+third=capx-$$
+vi=cni$$	# INET's end of the veth
+vc=cnc$$	# CAPNS's end
+logs="$rt/fakenet"
+mkdir -p "$logs"
+holder=
+sandboxes=
+
+teardown() {
+	for s in $sandboxes; do timeout 30 "$capsule" rm -f "$s" >/dev/null 2>&1; done
+	# Everything in our namespaces is ours: the servers, the policy
+	# processes, the shims, the holder.
+	for ns in "$capns" "$inet" "$third"; do
+		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+	done
+	[ -n "$holder" ] && kill -KILL "$holder" 2>/dev/null
+	for ns in "$capns" "$inet" "$third"; do ip netns del "$ns" 2>/dev/null; done
+	rm -rf "/etc/netns/$capns"
+}
+trap 'teardown; cleanup' EXIT
+trap 'exit 130' INT TERM HUP PIPE
+
+in_inet() { ip netns exec "$inet" "$@"; }
+# Plain tools in CAPNS, as any process there would run.
+in_capns() { ip netns exec "$capns" "$@"; }
+# capsule's place: CAPNS's network, the fake resolver, the host's /sys.
+cn() { nsenter -t "$holder" -m -n -- "$@"; }
+c() { cn "$capsule" "$@"; }
+counter() { in_inet nft list counter inet capnet "cnt_$1" 2>/dev/null | sed -n 's/.*packets \([0-9]*\) .*/\1/p'; }
+counters() { for k in denied lan meta udp icmp other direct10 direct11; do printf '%s=%s ' "$k" "$(counter $k)"; done; }
+zero() { for k in "$@"; do [ "$(counter "$k")" = 0 ] || return 1; done; }
+reset_counters() { in_inet nft reset counters table inet capnet >/dev/null; }
+lines() { cat "$1" 2>/dev/null | wc -l; }
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+# --- the fake internet -------------------------------------------------------
+setup() {
+	ip netns add "$inet" && ip netns add "$capns" && ip netns add "$third" || return 1
+	ip -n "$inet" link set lo up && ip -n "$capns" link set lo up || return 1
+	ip link add "$vc" type veth peer name "$vi" || return 1
+	ip link set "$vc" netns "$capns" && ip link set "$vi" netns "$inet" || return 1
+	ip -n "$capns" addr add 192.0.2.1/30 dev "$vc" && ip -n "$capns" link set "$vc" up || return 1
+	ip -n "$inet" addr add 192.0.2.2/30 dev "$vi" && ip -n "$inet" link set "$vi" up || return 1
+	for a in 203.0.113.10 203.0.113.11 203.0.113.53 203.0.113.99 198.51.100.7 10.1.2.3 169.254.169.254; do
+		ip -n "$inet" addr add "$a/32" dev lo || return 1
+	done
+	for p in 203.0.113.0/24 198.51.100.0/24 10.1.2.0/24 169.254.169.254/32; do
+		ip -n "$capns" route add "$p" via 192.0.2.2 || return 1
+	done
+	in_inet nft -f - <<EOF || return 1
+table inet capnet {
+	counter cnt_denied {}
+	counter cnt_lan {}
+	counter cnt_meta {}
+	counter cnt_udp {}
+	counter cnt_icmp {}
+	counter cnt_other {}
+	counter cnt_direct10 {}
+	counter cnt_direct11 {}
+	chain input {
+		type filter hook input priority 0; policy accept;
+		ip daddr 198.51.100.7 counter name "cnt_denied"
+		ip daddr 10.1.2.3 counter name "cnt_lan"
+		ip daddr 169.254.169.254 counter name "cnt_meta"
+		iifname "$vi" meta l4proto udp udp dport != 53 counter name "cnt_udp"
+		iifname "$vi" icmp type echo-request counter name "cnt_icmp"
+		iifname "$vi" meta nfproto ipv4 meta l4proto != { tcp, udp, icmp } counter name "cnt_other"
+		iifname "$vi" ip daddr 203.0.113.10 counter name "cnt_direct10"
+		iifname "$vi" ip daddr 203.0.113.11 counter name "cnt_direct11"
+	}
+}
+EOF
+	mkdir -p "/etc/netns/$capns" && echo "nameserver 203.0.113.53" >"/etc/netns/$capns/resolv.conf" || return 1
+	ip netns exec "$inet" "$py" "$fake" serve "$logs" >"$logs/serve.out" 2>&1 &
+	wait_for '[ -s "$logs/ready" ]' 100 || return 1
+	nsenter --net="/run/netns/$capns" unshare --mount --propagation slave \
+		sh -c "mount --bind /etc/netns/$capns/resolv.conf /etc/resolv.conf && exec sleep 100000" &
+	holder=$!
+	wait_for 'grep -q 203.0.113.53 "/proc/$holder/root/etc/resolv.conf" 2>/dev/null' 50
+}
+if ! setup >"$out" 2>"$err"; then
+	not_ok "the fake internet is set up" "ip netns, veth, nftables or the servers failed"
+	fail_all "the fake internet could not be set up (see above)"
+fi
+ok "the fake internet is set up ($inet, $capns)"
+
+: >"$out"
+for a in 203.0.113.10 203.0.113.11 198.51.100.7 10.1.2.3 169.254.169.254; do
+	in_capns curl -s -m 5 "http://$a/" >>"$out" 2>>"$err"
+done
+in_capns wget -q -T 5 -O- http://203.0.113.10/x >>"$out" 2>>"$err"
+check "fake internet: every HTTP server answers from CAPNS (curl, wget)" \
+	'[ "$(cat "$out")" = "$(printf "hello from %s\n" 203.0.113.10 203.0.113.11 198.51.100.7 10.1.2.3 169.254.169.254 203.0.113.10)" ] && grep -q "GET /x host=203.0.113.10 from 192.0.2.1" "$logs/http-203.0.113.10.log"'
+in_capns "$py" -c 'import socket; s = socket.create_connection(("203.0.113.10", 443), 5); s.sendall(b"abc"); print(s.recv(100).decode().strip())' >"$out" 2>"$err"
+check "fake internet: the recorder on 203.0.113.10:443 counts the bytes it gets" \
+	'grep -q "recorded 3 bytes" "$out" && grep -q "from 192.0.2.1 bytes 3 first 616263" "$logs/tls-203.0.113.10.log"'
+{
+	in_capns "$py" "$fake" resolve 203.0.113.53 allowed.test
+	in_capns "$py" "$fake" resolve 203.0.113.53 rebind.test
+	in_capns "$py" "$fake" resolve 203.0.113.53 nope.test
+	in_capns getent hosts other.test
+} >"$out" 2>"$err"
+check "fake internet: DNS answers the table, NXDOMAIN otherwise, and is CAPNS's resolver" \
+	'[ "$(sed -n 1,3p "$out")" = "$(printf "203.0.113.10\n10.1.2.3\nNXDOMAIN")" ] && sed -n 4p "$out" | grep -q "^203.0.113.11 *other.test"'
+in_capns curl -s -m 5 -p -x http://203.0.113.99:3128 http://203.0.113.11/ >"$out" 2>"$err"
+check "fake internet: the upstream proxy relays a CONNECT and logs its target" \
+	'grep -qx "hello from 203.0.113.11" "$out" && grep -q "^CONNECT 203.0.113.11:80 from 192.0.2.1 -> 200" "$logs/proxy.log"'
+in_capns "$py" "$fake" udp 203.0.113.10 9999
+in_capns busybox ping -c 1 -W 2 203.0.113.10 >/dev/null 2>&1
+before=$(counters)
+echo "# counters after the checks above: $before"
+reset_counters
+echo "# counters after a reset: $(counters)"
+counted() { for k in denied lan meta udp icmp direct10 direct11; do echo " $before" | grep -q " $k=[1-9]" || return 1; done; }
+check "fake internet: its counters count (denied, LAN, metadata, UDP, ICMP, direct) and reset to 0" \
+	'counted && zero denied lan meta udp icmp other direct10 direct11'
+{
+	ip -n "$capns" route get 8.8.8.8
+	ip -n "$inet" route get 8.8.8.8
+	in_capns "$py" "$fake" get 203.0.113.200 80 1
+	ip netns exec "$third" "$py" "$fake" get 203.0.113.10 80 1
+} >"$out" 2>"$err"
+check "fake internet: closed (no route beyond it from CAPNS or INET; nothing else answers; a fresh namespace reaches nothing)" \
+	'[ "$(grep -c "Network is unreachable" "$err")" -eq 2 ] && grep -q "^cannot get 203.0.113.200:80" "$out" && grep -q "^cannot get 203.0.113.10:80: .*unreachable" "$out" && [ "$(ip -n "$capns" -o link | wc -l)" -eq 2 ] && [ "$(ip -n "$inet" -o link | wc -l)" -eq 2 ]'
+cn sh -c 'cat /etc/resolv.conf; ls /sys/fs/cgroup; ip -o link' >"$out" 2>"$err"
+check "capsule's place: CAPNS's network, the fake resolver, the host's cgroups" \
+	'grep -qx "nameserver 203.0.113.53" "$out" && [ -n "$(ls /sys/fs/cgroup)" ] && [ "$(ls /sys/fs/cgroup | head -1)" = "$(sed -n 2p "$out")" ] && grep -q "$vc" "$out"'
+reset_counters
+
+# --- capsule run -------------------------------------------------------------
+c image build base >"$out" 2>"$err"
+check "image build base" 'grep -q "^built base" "$out"'
+
+h10=$(lines "$logs/http-203.0.113.10.log")
+c run --allow-egress 203.0.113.10 -- wget -qO- http://203.0.113.10/ >"$out" 2>"$err"
+rc=$?
+check "run --allow-egress 203.0.113.10 -- wget -qO- http://203.0.113.10/ prints the page (exit $rc)" \
+	'[ "$rc" -eq 0 ] && grep -qx "hello from 203.0.113.10" "$out"'
+check "that request came from CAPNS, through the policy process" \
+	'[ "$(tail -n +$((h10 + 1)) "$logs/http-203.0.113.10.log")" = "GET / host=203.0.113.10 from 192.0.2.1" ]'
+
+c run -- sh -c 'wget -q -T 5 -O- http://203.0.113.10/; echo "wget=$?"; cat /proc/net/dev; ls /sys/class/net' >"$out" 2>"$err"
+check "run without a network flag: wget fails with \"network unreachable\"" \
+	'grep -qx "wget=1" "$out" && grep -qi "network is unreachable\|network unreachable" "$err" && ! grep -q "hello from" "$out"'
+check "run without a network flag: the guest has lo only" \
+	'grep -q "^ *lo:" "$out" && [ "$(grep -c "^ *[a-z0-9]*:" "$out")" -eq 1 ] && grep -qx lo "$out" && ! grep -q eth0 "$out"'
+
+reset_counters
+c run -v --allow-egress 203.0.113.10 -- sh -c \
+	't0=$(date +%s); wget -q -T 15 -O- http://198.51.100.7/; echo "wget=$? took=$(($(date +%s) - t0))"' >"$out" 2>"$err"
+took=$(sed -n 's/.*took=\([0-9]*\).*/\1/p' "$out")
+echo "# counters: $(counters)"
+check "run: a denied CIDR fails fast (${took:-?} s in the guest), not a hang" \
+	'grep -q "wget=1" "$out" && [ -n "$took" ] && [ "$took" -lt 10 ]'
+check "run: stderr says capsule net: refused tcp 198.51.100.7:80 with the rule" \
+	'grep -q "^capsule net: refused tcp 198.51.100.7:80: ." "$err"'
+check "run: the fake internet counted 0 packets for 198.51.100.7" 'grep -q "wget=" "$out" && zero denied'
+check "run -v prints the policy and the route" \
+	'grep -q "network: .*--allow-egress 203.0.113.10" "$err" && grep -qi "direct" "$err"'
+
+# An upstream proxy in capsule's environment: allowed traffic goes through
+# it by CONNECT, never straight; one that does not answer is an error.
+reset_counters
+h10=$(lines "$logs/http-203.0.113.10.log")
+p0=$(lines "$logs/proxy.log")
+cn env HTTPS_PROXY=http://203.0.113.99:3128 "$capsule" run --allow-egress 203.0.113.10 -- \
+	wget -qO- http://203.0.113.10/ >"$out" 2>"$err"
+check "upstream proxy: an allowed connection goes through it (its log has CONNECT 203.0.113.10:80)" \
+	'grep -qx "hello from 203.0.113.10" "$out" && tail -n +$((p0 + 1)) "$logs/proxy.log" | grep -q "^CONNECT 203.0.113.10:80 from 192.0.2.1 -> 200"'
+check "upstream proxy: nothing went to 203.0.113.10 straight from CAPNS" \
+	'grep -qx "hello from 203.0.113.10" "$out" && zero direct10 && [ "$(tail -n +$((h10 + 1)) "$logs/http-203.0.113.10.log" | grep -c "from 192.0.2.1$")" -eq 0 ]'
+h10=$(lines "$logs/http-203.0.113.10.log")
+cn env HTTPS_PROXY=http://203.0.113.98:3128 "$capsule" run --allow-egress 203.0.113.10 -- \
+	sh -c 'wget -q -T 20 -O- http://203.0.113.10/; echo "wget=$?"' >"$out" 2>"$err"
+check "upstream proxy unreachable: the connection fails and the host log names the proxy" \
+	'grep -qx "wget=1" "$out" && grep -q "^capsule net: .*203.0.113.98:3128" "$err"'
+check "upstream proxy unreachable: no direct fallback (0 packets, no request at 203.0.113.10)" \
+	'grep -q "wget=" "$out" && zero direct10 && [ "$(lines "$logs/http-203.0.113.10.log")" -eq "$h10" ]'
+
+# --- one named sandbox for most cases ---------------------------------------------
+web=web
+sandboxes="$web"
+wlog="$CAPSULE_HOME/sandboxes/$web/net.log"
+# g SCRIPT: run SCRIPT in web's guest, bounded (a hang is a failure, not a stall)
+g() { c exec --timeout 60 "$web" -- sh -c "$1" >"$out" 2>"$err"; }
+mark() { m=$(lines "$wlog"); }
+newlog() { tail -n +$((m + 1)) "$wlog" 2>/dev/null; }
+# logged PATTERN: a line since the mark matches, within 3 s.
+logged() { wait_for 'newlog | grep -q "$1"' 30; }
+rtv() { $py -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$CAPSULE_HOME/sandboxes/$1/runtime.json" "$2" 2>/dev/null; }
+reset_counters
+
+c create "$web" --allow-egress 203.0.113.10 --allow-egress allowed.test --allow-egress rebind.test \
+	--publish 127.0.0.1:18080:8080 --auto-publish >"$out" 2>"$err" && c start "$web" >>"$out" 2>>"$err"
+check "create and start a named sandbox with a policy" '[ -n "$(rtv "$web" qemu_pid)" ] && [ -n "$(rtv "$web" netd_pid)" ]'
+c inspect "$web" >"$out" 2>"$err"
+check "inspect shows the network line" \
+	'grep -q "^network: *--allow-egress 203.0.113.10 --allow-egress allowed.test --allow-egress rebind.test" "$out" && grep -q "^network: .*--publish 127.0.0.1:18080:8080" "$out" && grep -q "^network: .*--auto-publish" "$out"'
+g 'ip -o -4 addr show eth0; ip route; cat /etc/resolv.conf; cat /etc/hosts; env; ls -ln /etc/resolv.conf /etc/hosts; echo x >>/etc/resolv.conf && echo resolv-writable; echo x >>/etc/hosts && echo hosts-writable'
+check "guest: eth0 10.0.2.15/24, default via 10.0.2.2" 'grep -q "eth0 *inet 10.0.2.15/24" "$out" && grep -q "^default via 10.0.2.2" "$out"'
+check "guest: DNS 10.0.2.3, host.capsule.internal is 10.0.2.2, both files root's and not writable" \
+	'grep -qx "nameserver 10.0.2.3" "$out" && grep -q "^10.0.2.2[[:space:]]*host.capsule.internal" "$out" && [ "$(grep -c "^-.* 0 *0 .* /etc/\(resolv.conf\|hosts\)$" "$out")" -eq 2 ] && ! grep -q writable "$out"'
+check "guest: HTTP_PROXY, HTTPS_PROXY and NO_PROXY in commands' environment, at the gateway's port 3128" \
+	'grep -q "^HTTP_PROXY=http://\(10.0.2.2\|host.capsule.internal\):3128" "$out" && grep -q "^HTTPS_PROXY=http://\(10.0.2.2\|host.capsule.internal\):3128" "$out" && grep -q "^NO_PROXY=" "$out"'
+g 'wget -qO- http://203.0.113.10/'
+check "exec: an allowed address answers" 'grep -qx "hello from 203.0.113.10" "$out"'
+
+mark
+t0=$(date +%s%N)
+g 'wget -q -T 15 -O- http://198.51.100.7/; echo "wget=$?"'
+took=$(ms_since "$t0")
+check "exec: a denied CIDR fails fast (${took} ms for the whole exec)" 'grep -qx "wget=1" "$out" && [ "$took" -lt 10000 ]'
+check "exec: logged in net.log with the rule, 0 packets counted" \
+	'logged "^capsule net: refused tcp 198.51.100.7:80: ." && zero denied'
+
+mark
+g 'wget -q -T 15 -O- http://10.1.2.3/; echo "wget=$?"'
+check "LAN without --allow-lan: refused, logged, 0 packets for 10.1.2.3" \
+	'grep -qx "wget=1" "$out" && logged "^capsule net: refused tcp 10.1.2.3:80: ." && zero lan'
+
+ip netns exec "$capns" "$py" "$fake" http "$logs" 127.0.0.1 18099 "hello from the host" >/dev/null 2>&1 &
+hostsrv=$!
+wait_for 'in_capns "$py" "$fake" connect 127.0.0.1 18099 >/dev/null' 50
+mark
+g 'wget -q -T 15 -O- http://host.capsule.internal:18099/; echo "wget=$?"; wget -q -T 15 -O- http://10.0.2.2:18099/; echo "wget=$?"'
+check "host without --allow-host: host.capsule.internal and 10.0.2.2 refused, logged, the host service got nothing" \
+	'[ "$(grep -c "^wget=1$" "$out")" -eq 2 ] && logged "^capsule net: refused tcp .*:18099: ." && [ ! -s "$logs/http-127.0.0.1.log" ]'
+
+reset_counters
+d0=$(lines "$logs/dns.log")
+g 'tftp -g -r probe -l /tmp/probe 203.0.113.10 9999 2>&1 & sleep 3; kill $! 2>/dev/null
+   nslookup directcheck.test 203.0.113.53 2>&1 | tail -2
+   ping -c 1 -W 2 203.0.113.10 2>&1; echo "ping=$?"'
+sed 's/^/# guest: /' "$out"
+check "non-DNS UDP, DNS to another server and ICMP never leave (UDP, ICMP, other: 0 packets; the DNS server saw nothing)" \
+	'grep -q "^ping=" "$out" && ! grep -qx "ping=0" "$out" && zero udp icmp other && ! tail -n +$((d0 + 1)) "$logs/dns.log" | grep -q directcheck'
+
+mark
+g 'nslookup other.test 2>&1; echo "nslookup=$?"; wget -q -T 15 -O- http://other.test/; echo "wget=$?"'
+check "DNS: a name outside the policy is NXDOMAIN and wget by it fails" \
+	'grep -q "NXDOMAIN" "$out" && ! grep -q "203.0.113.11" "$out" && grep -qx "wget=1" "$out" && logged "^capsule net: refused dns other.test: ."'
+g 'nslookup allowed.test; wget -qO- http://allowed.test/'
+check "DNS: an allowed name resolves and wget by name works" 'grep -q "203.0.113.10" "$out" && grep -qx "hello from 203.0.113.10" "$out"'
+
+reset_counters
+mark
+g 'nslookup rebind.test; wget -q -T 15 -O- http://rebind.test/; echo "wget=$?"'
+check "DNS rebinding: rebind.test resolves to 10.1.2.3, the connection is refused at dial, logged, 0 packets" \
+	'grep -q "10.1.2.3" "$out" && grep -qx "wget=1" "$out" && logged "^capsule net: refused tcp 10.1.2.3:80: ." && zero lan'
+
+g 'http_proxy=http://10.0.2.2:3128 wget -qO- http://203.0.113.10/proxied'
+check "proxy: wget through http_proxy=10.0.2.2:3128 to an allowed address works" \
+	'grep -qx "hello from 203.0.113.10" "$out" && grep -q "GET /proxied " "$logs/http-203.0.113.10.log"'
+reset_counters
+mark
+g "printf 'GET http://198.51.100.7/ HTTP/1.1\\r\\nHost: 198.51.100.7\\r\\n\\r\\n' | timeout 20 nc 10.0.2.2 3128"
+check "proxy: an absolute-form request to a denied host gets 403, logged, 0 packets" \
+	'head -1 "$out" | grep -q "^HTTP/1.[01] 403" && logged "refused .*198.51.100.7" && zero denied'
+h10=$(lines "$logs/http-203.0.113.10.log")
+mark
+g "printf 'CONNECT 203.0.113.10:80\\r\\nX: y HTTP/1.1\\r\\n\\r\\n' | timeout 20 nc 10.0.2.2 3128; echo; printf 'CONNECT 203.0.113.10:80\\rX HTTP/1.1\\r\\n\\r\\n' | timeout 20 nc 10.0.2.2 3128"
+check "proxy: CONNECT targets with CR/LF are refused with 400 and logged; the target got nothing" \
+	'[ "$(grep -c "^HTTP/1.[01] 400" "$out")" -eq 2 ] && logged "^capsule net: refused proxy" && [ "$(lines "$logs/http-203.0.113.10.log")" -eq "$h10" ]'
+g "(printf 'CONNECT 203.0.113.10:80 HTTP/1.1\\r\\nHost: 203.0.113.10:80\\r\\n\\r\\n'; sleep 2; printf 'GET /tunnel HTTP/1.0\\r\\nHost: 203.0.113.10\\r\\n\\r\\n') | timeout 20 nc 10.0.2.2 3128"
+check "proxy: a CONNECT to an allowed target is tunnelled" \
+	'head -1 "$out" | grep -q "^HTTP/1.[01] 200" && grep -q "hello from 203.0.113.10" "$out" && grep -q "GET /tunnel " "$logs/http-203.0.113.10.log"'
+
+t10=$(lines "$logs/tls-203.0.113.10.log")
+g "printf '$($py "$fake" clienthello ok.test)' | timeout 20 nc 203.0.113.10 443"
+check "TLS: a ClientHello with a clean SNI reaches 203.0.113.10:443 whole (70 bytes)" \
+	'grep -q "recorded 70 bytes" "$out" && tail -n +$((t10 + 1)) "$logs/tls-203.0.113.10.log" | grep -q "bytes 70 first 16030100"'
+t10=$(lines "$logs/tls-203.0.113.10.log")
+mark
+g "printf '$($py "$fake" clienthello 'a\r\nb.test')' | timeout 20 nc 203.0.113.10 443; echo nc=\$?"
+check "TLS: an SNI with control characters: the server gets nothing, the host log has the refusal" \
+	'! grep -q recorded "$out" && [ "$(tail -n +$((t10 + 1)) "$logs/tls-203.0.113.10.log" | grep -vc " bytes 0 ")" -eq 0 ] && logged "^capsule net: refused .*203.0.113.10:443"'
+
+# --- published ports -----------------------------------------------------------------
+c exec "$web" -- sh -c 'mkdir -p /tmp/www && echo "published file" > /tmp/www/file' >/dev/null 2>&1
+c exec "$web" -- httpd -f -p 8080 -h /tmp/www >"$rt/httpd8080" 2>&1 &
+wait_for 'c exec "$web" -- sh -c "netstat -ltn | grep -q :8080"' 100
+in_capns wget -q -T 10 -O- http://127.0.0.1:18080/file >"$out" 2>"$err"
+check "--publish 127.0.0.1:18080:8080 reaches a guest web server from the host" 'grep -qx "published file" "$out"'
+
+c exec "$web" -- sh -c 'echo $$ > /tmp/h18181; exec httpd -f -p 18181 -h /tmp/www' >"$rt/httpd18181" 2>&1 &
+t0=$(date +%s%N)
+wait_for 'in_capns wget -q -T 2 -O- http://127.0.0.1:18181/file >"$out" 2>"$err"' 150
+took=$(ms_since "$t0")
+up18181=$(cat "$out")
+check "--auto-publish: a listener started after boot is reachable on the host's 127.0.0.1:18181 (${took} ms)" \
+	'grep -qx "published file" "$out"'
+c exec "$web" -- sh -c 'echo $$ > /tmp/h18282; exec httpd -f -p 127.0.0.1:18282 -h /tmp/www' >"$rt/httpd18282" 2>&1 &
+wait_for 'in_capns wget -q -T 2 -O- http://127.0.0.1:18282/file >"$out" 2>"$err"' 150
+up18282=$(cat "$out")
+check "--auto-publish: a guest listener on 127.0.0.1 only is mirrored too" 'grep -qx "published file" "$out"'
+c exec "$web" -- sh -c 'kill $(cat /tmp/h18181) $(cat /tmp/h18282)' >/dev/null 2>&1
+t0=$(date +%s%N)
+wait_for '[ -n "$up18181$up18282" ] && ! in_capns "$py" "$fake" connect 127.0.0.1 18181 1 >/dev/null && ! in_capns "$py" "$fake" connect 127.0.0.1 18282 1 >/dev/null' 150
+took=$(ms_since "$t0")
+check "--auto-publish: when the listeners stop, the host ports close (${took} ms)" \
+	'[ -n "$up18181$up18282" ] && ! in_capns "$py" "$fake" connect 127.0.0.1 18181 1 >/dev/null && ! in_capns "$py" "$fake" connect 127.0.0.1 18282 1 >/dev/null'
+
+# --- the log and the jail ------------------------------------------------------------
+c net log "$web" >"$out" 2>"$err"
+check "net log shows the sandbox's refusals (its net.log)" \
+	'grep -q "^capsule net: refused tcp 198.51.100.7:80: " "$out" && grep -q "^capsule net: refused tcp 10.1.2.3:80: " "$out" && grep -q "^capsule net: refused dns other.test: " "$out" && cmp -s "$out" "$wlog"'
+
+qpid=$(rtv "$web" qemu_pid)
+quid=$(awk '$1 == "Uid:" { print $2 }' "/proc/$qpid/status" 2>/dev/null)
+qgid=$(awk '$1 == "Gid:" { print $2 }' "/proc/$qpid/status" 2>/dev/null)
+nsenter -t "$qpid" -n ip -o link >"$out" 2>"$err"
+sed 's/^/# QEMU namespace: /' "$out"
+check "QEMU's network namespace has lo only" '[ "$(wc -l <"$out")" -eq 1 ] && grep -q "^1: lo:" "$out"'
+reset_counters
+h11=$(lines "$logs/http-203.0.113.11.log")
+as_qemu() { nsenter -t "$qpid" -n setpriv --reuid="$quid" --regid="$qgid" --clear-groups "$py" "$@"; }
+{
+	as_qemu "$fake" get 203.0.113.11 80 2
+	as_qemu "$fake" get 198.51.100.7 80 2
+	as_qemu "$fake" udp 203.0.113.10 9999
+	nsenter -t "$qpid" -n "$py" "$fake" get 203.0.113.10 80 2
+} >"$out" 2>"$err"
+sed 's/^/# /' "$out"
+check "QEMU's namespace, as its UID $quid: 203.0.113.11 (not in the policy) and 198.51.100.7 unreachable, UDP never leaves; as root there nothing is reachable" \
+	'[ -n "$quid" ] && [ "$quid" -ne 0 ] && [ "$(grep -c "^cannot get" "$out")" -eq 3 ] && zero denied udp direct11 direct10 && [ "$(lines "$logs/http-203.0.113.11.log")" -eq "$h11" ]'
+
+# --- a policy change on the running sandbox ------------------------------------
+mark
+g 'wget -q -T 15 -O- http://203.0.113.11/; echo "wget=$?"'
+check "203.0.113.11 refused under the first policy" 'grep -qx "wget=1" "$out" && logged "^capsule net: refused tcp 203.0.113.11:80: ."'
+c net set "$web" --allow-egress 203.0.113.10 --allow-egress 203.0.113.11 >"$out" 2>"$err"
+c net show "$web" >>"$out" 2>>"$err"
+check "net set replaces the policy, net show shows it" \
+	'grep -q "^network: *--allow-egress 203.0.113.10 --allow-egress 203.0.113.11$" "$out" && ! grep -q "next start" "$out"'
+g 'wget -qO- http://203.0.113.11/'
+check "the next connection to 203.0.113.11 works, without a restart (QEMU $qpid)" \
+	'grep -qx "hello from 203.0.113.11" "$out" && [ "$(rtv "$web" qemu_pid)" = "$qpid" ]'
+c net set "$web" --allow-egress 203.0.113.10 >/dev/null 2>&1
+mark
+g 'wget -q -T 15 -O- http://203.0.113.11/; echo "wget=$?"'
+check "set back: 203.0.113.11 refused again" 'grep -qx "wget=1" "$out" && logged "^capsule net: refused tcp 203.0.113.11:80: ."'
+
+reset_counters
+c net set "$web" --allow-lan >/dev/null 2>&1
+g 'wget -qO- http://10.1.2.3/'
+check "--allow-lan reaches 10.1.2.3" 'grep -qx "hello from 10.1.2.3" "$out"'
+c net set "$web" --allow-host >/dev/null 2>&1
+g 'wget -qO- http://host.capsule.internal:18099/; wget -qO- http://10.0.2.2:18099/'
+check "--allow-host reaches the host's 127.0.0.1:18099 as host.capsule.internal and 10.0.2.2" \
+	'[ "$(grep -cx "hello from the host" "$out")" -eq 2 ]'
+reset_counters
+c net set "$web" --allow-egress 0.0.0.0/0 >/dev/null 2>&1
+mark
+g 'wget -qO- http://203.0.113.11/; wget -q -T 15 -O- http://169.254.169.254/latest/meta-data/; echo "wget=$?"; wget -q -T 15 -O- http://meta.test/; echo "wget=$?"'
+check "metadata refused under --allow-egress 0.0.0.0/0 (which opens 203.0.113.11), logged, 0 packets" \
+	'grep -qx "hello from 203.0.113.11" "$out" && [ "$(grep -c "^wget=1$" "$out")" -eq 2 ] && logged "^capsule net: refused tcp 169.254.169.254:80: ." && zero meta'
+c net set "$web" --allow-egress 169.254.169.254 >/dev/null 2>&1
+g 'wget -qO- http://169.254.169.254/latest/meta-data/'
+check "metadata reached under --allow-egress 169.254.169.254" 'grep -qx "hello from 169.254.169.254" "$out"'
+
+# --- the policy process killed -----------------------------------------------------
+c net set "$web" --allow-egress 203.0.113.10 >/dev/null 2>&1
+g 'wget -qO- http://203.0.113.10/'
+check "before the kill: 203.0.113.10 answers" 'grep -qx "hello from 203.0.113.10" "$out"'
+npid=$(rtv "$web" netd_pid)
+reset_counters
+h10=$(lines "$logs/http-203.0.113.10.log")
+[ -n "$npid" ] && kill -KILL "$npid"
+t0=$(date +%s%N)
+g 'wget -q -T 15 -O- http://203.0.113.10/; echo "wget=$?"'
+took=$(ms_since "$t0")
+check "policy process $npid killed: the next connection fails (${took} ms), no packet reaches the fake internet another way" \
+	'[ -n "$npid" ] && grep -qx "wget=1" "$out" && zero direct10 udp icmp other && [ "$(lines "$logs/http-203.0.113.10.log")" -eq "$h10" ]'
+c rm -f "$web" >/dev/null 2>&1
+
+# --- a named sandbox without flags -----------------------------------------------
+sandboxes="$sandboxes bare"
+c create bare >"$out" 2>"$err" && c exec bare -- sh -c 'cat /proc/net/dev; ls /sys/class/net' >"$out" 2>>"$err"
+check "a named sandbox without flags: the guest has lo only" \
+	'grep -q "^ *lo:" "$out" && [ "$(grep -c "^ *[a-z0-9]*:" "$out")" -eq 1 ] && ! grep -q eth0 "$out"'
+check "... no policy process in runtime.json" \
+	'[ -n "$(rtv bare qemu_pid)" ] && $py -c "import json, sys; sys.exit(\"netd_pid\" in json.load(open(sys.argv[1])))" "$CAPSULE_HOME/sandboxes/bare/runtime.json"'
+c inspect bare >"$out" 2>"$err"
+check "... and inspect says there is no network" 'grep -q "^network: *none" "$out"'
+c rm -f bare >/dev/null 2>&1
+sandboxes=
+
+kill "$hostsrv" 2>/dev/null
+wait "$hostsrv" 2>/dev/null
+for p in $(ip netns pids "$capns"); do
+	[ "$p" = "$holder" ] || echo "# left in CAPNS: $(ps -o pid=,args= -p "$p")"
+done
+check "nothing of ours is left running: no QEMU, nothing in CAPNS but the holder" \
+	'[ "$(ours)" -eq 0 ] && [ "$(ip netns pids "$capns" | grep -vx "$holder" | wc -l)" -eq 0 ]'
+[ "$n" -eq "$plan" ] || echo "# plan says $plan, ran $n"

@@ -131,9 +131,10 @@ class Agent:
         typ, _, _ = self.frame(60)
         assert typ == HELLO
 
-    def setup(self, hostname="devbox", addr=ADDR, gw=GW, dns=DNS, prefix=24, proxy=3128, auto=1):
+    def setup(self, hostname="devbox", addr=ADDR, gw=GW, dns=DNS, prefix=24, proxy=3128, auto=1,
+              disks=("", "")):
         ns = time.time_ns()
-        p = s("") + s("") + s("") + s("") + s(hostname)
+        p = s(disks[0]) + s(disks[1]) + s("") + s("") + s(hostname)
         p += struct.pack("<II", ns & 0xFFFFFFFF, ns >> 32) + os.urandom(32)
         p += struct.pack("<IIIBHB", addr, gw, dns, prefix, proxy, auto)
         self.send(SETUP, 0, p)
@@ -172,6 +173,73 @@ def check(name, ok, detail=""):
     print("%s - %s%s" % ("ok" if ok else "not ok", name, "" if ok else ": " + detail.strip()[:2000]))
 
 
+def make_image(tmp):
+    """An erofs root like an image's (busybox, a user, /etc left writable by
+    its builder, resolv.conf a link into /run) and an empty ext4 upper."""
+    tree = os.path.join(tmp, "tree")
+    for d in ["bin", "dev", "etc", "proc", "run", "sys", "tmp", "work", "source"]:
+        os.makedirs(os.path.join(tree, d), exist_ok=True)
+    os.chmod(os.path.join(tree, "etc"), 0o777)
+    os.chmod(os.path.join(tree, "tmp"), 0o1777)
+    with open(os.path.join(tree, "etc/passwd"), "w") as f:
+        f.write("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/work:/bin/sh\n")
+    with open(os.path.join(tree, "etc/group"), "w") as f:
+        f.write("root:x:0:\nuser:x:1000:\n")
+    os.symlink("../run/systemd/resolve/stub-resolv.conf", os.path.join(tree, "etc/resolv.conf"))
+    subprocess.run(["cp", "/bin/busybox", os.path.join(tree, "bin/busybox")], check=True)
+    for a in ["sh", "ls", "cat", "stat", "echo", "env", "grep", "sort", "rm", "touch", "mv", "wc",
+              "ip", "wget", "netstat", "ps", "head", "md5sum", "cut", "mkdir", "httpd", "ln"]:
+        os.symlink("busybox", os.path.join(tree, "bin", a))
+    img = os.path.join(tmp, "root.erofs")
+    upper = os.path.join(tmp, "upper.ext4")
+    subprocess.run(["mkfs.erofs", "--quiet", img, tree], check=True, capture_output=True)
+    with open(upper, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", upper], check=True, capture_output=True)
+    return ["-drive", "id=d0,file=%s,format=raw,if=none,readonly=on" % img,
+            "-device", "virtio-blk-device,drive=d0,serial=img",
+            "-drive", "id=d1,file=%s,format=raw,if=none" % upper,
+            "-device", "virtio-blk-device,drive=d1,serial=upper"]
+
+
+def boot(agent, kernel, mode):
+    """Boot one VM (the initramfs as its root, or an image's overlay) and run
+    the checks against it."""
+    tmp = tempfile.mkdtemp(prefix="agentdev-")
+    initrd = os.path.join(tmp, "initrd")
+    make_initramfs(agent, initrd)
+    disks = make_image(tmp) if mode == "image" else []
+    sock = os.path.join(tmp, "agent.sock")
+    accel = os.environ.get("AGENTDEV_ACCEL", "tcg")
+    qemu = ["qemu-system-x86_64", "-M", "microvm,acpi=off", "-accel", accel, "-cpu",
+            "host" if accel == "kvm" else "max", "-m", "256M", "-nodefaults", "-no-user-config",
+            "-display", "none", "-no-reboot", "-kernel", kernel, "-initrd", initrd,
+            "-append", "console=ttyS0 panic=-1 reboot=t quiet",
+            "-serial", "file:" + os.path.join(tmp, "console.log"),
+            "-chardev", "socket,id=agent,path=%s,server=on,wait=off" % sock,
+            "-device", "virtio-serial-device",
+            "-device", "virtserialport,chardev=agent,name=capsule.agent"] + disks + [
+            "-netdev", "user,id=net0,ipv6=off,hostfwd=tcp:127.0.0.1:%d-:9090,"
+                       "hostfwd=tcp:127.0.0.1:%d-:7070" % (HOSTFWD, HOSTFWD_ECHO),
+            "-device", "virtio-net-device,netdev=net0"]
+    # A fresh network namespace with lo only: slirp's sockets go nowhere.
+    vm = subprocess.Popen(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "qemu"]
+                          + qemu, start_new_session=True)
+    failed = RESULTS[1]
+    try:
+        if mode == "plain":
+            plain_checks(Agent(sock))
+        else:
+            run_checks(Agent(sock), vm, mode == "image")
+    finally:
+        os.killpg(vm.pid, signal.SIGKILL)
+        vm.wait()
+        if RESULTS[1] > failed:
+            print("# console log kept in", tmp)
+        else:
+            subprocess.run(["rm", "-rf", tmp])
+
+
 def main():
     root = os.path.dirname(os.path.abspath(__file__))
     agent = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "../../../build/capsule-agent")
@@ -179,34 +247,12 @@ def main():
     if not kernels:
         print("no cached guest kernel; build one with `make`")
         return 2
-    tmp = tempfile.mkdtemp(prefix="agentdev-")
-    initrd = os.path.join(tmp, "initrd")
-    make_initramfs(agent, initrd)
-    sock = os.path.join(tmp, "agent.sock")
-    accel = os.environ.get("AGENTDEV_ACCEL", "tcg")
-    qemu = ["qemu-system-x86_64", "-M", "microvm,acpi=off", "-accel", accel, "-cpu",
-            "host" if accel == "kvm" else "max", "-m", "256M", "-nodefaults", "-no-user-config",
-            "-display", "none", "-no-reboot", "-kernel", kernels[-1], "-initrd", initrd,
-            "-append", "console=ttyS0 panic=-1 reboot=t quiet",
-            "-serial", "file:" + os.path.join(tmp, "console.log"),
-            "-chardev", "socket,id=agent,path=%s,server=on,wait=off" % sock,
-            "-device", "virtio-serial-device",
-            "-device", "virtserialport,chardev=agent,name=capsule.agent",
-            "-netdev", "user,id=net0,ipv6=off,hostfwd=tcp:127.0.0.1:%d-:9090,"
-                       "hostfwd=tcp:127.0.0.1:%d-:7070" % (HOSTFWD, HOSTFWD_ECHO),
-            "-device", "virtio-net-device,netdev=net0"]
-    # A fresh network namespace with lo only: slirp's sockets go nowhere.
-    vm = subprocess.Popen(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "qemu"]
-                          + qemu, start_new_session=True)
-    try:
-        return run_checks(Agent(sock), vm, tmp)
-    finally:
-        os.killpg(vm.pid, signal.SIGKILL)
-        vm.wait()
-        if RESULTS[1]:
-            print("console log kept in", tmp)
-        else:
-            subprocess.run(["rm", "-rf", tmp])
+    for mode in ("initramfs", "image", "plain"):
+        print("# root:", {"initramfs": "the initramfs", "image": "an image's overlay",
+                          "plain": "the initramfs, without proxy or auto-publish"}[mode])
+        boot(agent, kernels[-1], mode)
+    print("%d passed, %d failed" % tuple(RESULTS))
+    return 1 if RESULTS[1] else 0
 
 
 def in_vm_netns(vm, code):
@@ -217,14 +263,29 @@ def in_vm_netns(vm, code):
                           capture_output=True, text=True, timeout=60)
 
 
-def run_checks(a, vm, tmp):
+def plain_checks(a):
     a.hello()
-    err, msg = a.setup(gw=0x0A090909)
-    check("a gateway off the link fails SETUP naming the step",
-          err == 101 and msg.startswith("cannot add the default route via 10.9.9.9 on eth0"), msg)
-    err, msg = a.setup(gw=0)
-    check("an address without a gateway is refused", err == 22 and "no gateway" in msg, msg)
-    err, msg = a.setup()
+    err, msg = a.setup(proxy=0, auto=0)
+    check("SETUP with a network, no proxy, no auto-publish", err == 0, msg)
+    code, out = a.sh("env; ip -4 addr show eth0")
+    check("no proxy variables without a proxy port", "proxy" not in out.lower(), out)
+    check("the address is set all the same", "inet 10.0.2.15/24" in out, out)
+    a.wait(lambda: False, 2.5)
+    check("no LISTENERS without auto-publish", a.listeners == [], repr(a.listeners))
+
+
+def run_checks(a, vm, image):
+    a.hello()
+    disks = ("img", "upper") if image else ("", "")
+    if not image:
+        # A failed SETUP may be sent again; with an image its overlay is
+        # mounted by then, so these run on the initramfs only.
+        err, msg = a.setup(gw=0x0A090909)
+        check("a gateway off the link fails SETUP naming the step",
+              err == 101 and msg.startswith("cannot add the default route via 10.9.9.9 on eth0"), msg)
+        err, msg = a.setup(gw=0)
+        check("an address without a gateway is refused", err == 22 and "no gateway" in msg, msg)
+    err, msg = a.setup(disks=disks)
     check("SETUP with a network succeeds (and again after a failed one)", err == 0, msg)
     if err:
         return 1
@@ -324,8 +385,6 @@ def run_checks(a, vm, tmp):
     code, out = a.sh("ls /proc/1/fd 2>&1 | head -1; for p in /proc/[0-9]*; do "
                      "[ -r $p/fd ] && ls -l $p/fd; done 2>/dev/null | grep -c 'capsule\\|vport' ")
     check("commands hold none of the agent's descriptors", out.split()[-1] == "0", out)
-    print("%d passed, %d failed" % tuple(RESULTS))
-    return 1 if RESULTS[1] else 0
 
 
 if __name__ == "__main__":

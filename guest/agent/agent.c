@@ -285,7 +285,7 @@ static void setup_priority(void)
 	struct sched_param sp = { .sched_priority = 1 };
 	if (sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) < 0)
 		agent_log("cannot take real-time priority: %s; a fork bomb may delay "
-		      "timeouts", strerror(errno));
+		          "timeouts", strerror(errno));
 }
 
 /* Enable the pids controller for the root's children. The agent stays in
@@ -298,7 +298,7 @@ static void setup_cgroups(void)
 	int r = fd < 0 ? -errno : write_at(fd, "cgroup.subtree_control", "+pids");
 	if (r < 0) {
 		agent_log("cannot enable the pids controller in /sys/fs/cgroup: %s; "
-		      "commands will not be contained", strerror(-r));
+		          "commands will not be contained", strerror(-r));
 		if (fd >= 0)
 			close(fd);
 		return;
@@ -1426,7 +1426,7 @@ int main(void)
 	A.port = open_port();
 	if (A.port < 0) {
 		agent_log("no virtio-serial port named capsule.agent: %s; powering off",
-		      strerror(-A.port));
+		          strerror(-A.port));
 		power_off();
 	}
 	agent_log("ready (%s, protocol v%d)", AGENT_VERSION, CAP_PROTO_VERSION);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The jail around every QEMU, checked from the host against running
 # sandboxes: its user, namespaces, seccomp mode, root, descriptors and
-# cgroup limits (each printed as a comment); a guest that runs out of
+# cgroup limits (each printed as a comment); a sandbox with a NIC (QEMU's
+# namespace and rules, the policy process's confinement); a guest that runs out of
 # memory; two sandboxes that cannot reach each other's disks; teardown and
 # the recovery of leftover jails; a host that cannot give a protection.
 # TAP output.
@@ -26,7 +27,7 @@ cgread() { # cgread PID V1-CONTROLLER V1-FILE V2-FILE
 	if $v2; then cat "$(cgdir "$1" memory)/$4"; else cat "$(cgdir "$1" "$2")/$3"; fi
 }
 
-echo "1..26"
+echo "1..32"
 
 c doctor >"$out" 2>"$err"
 sed -n '/^jail:/,/^cache:/p' "$out" | sed '$d' | say
@@ -104,6 +105,40 @@ cg1=$(cgdir "$p1" memory)
 c stop j1 >"$out" 2>"$err"
 check "stop removes the jail's cgroup and keeps the disks" '[ ! -d "$cg1" ] && [ -f "$(sbdir j1)/private.ext4" ] && [ -f "$(sbdir j1)/root-upper.ext4" ]'
 
+# A sandbox with a NIC: QEMU's namespace keeps no uplink, nftables on
+# QEMU's UID, and the policy process is jailed too. Checked from the host
+# only, with nothing that would make the policy process dial out.
+c create --allow-egress 203.0.113.10 n3 >"$out" 2>"$err" && c exec n3 -- true >>"$out" 2>>"$err"
+p3=$(qemu_pid n3)
+u3=$(status Uid "$p3")
+pu=$((u3 + 1000000))
+pol=; con=
+for p in $(pgrep -U "$pu"); do
+	if [ "$(readlink "/proc/$p/ns/net")" = "$(readlink "/proc/$p3/ns/net")" ]; then con=$p; else pol=$p; fi
+done
+echo "# QEMU $p3 (uid $u3), policy process $pol and connector $con (uid $pu)"
+ifaces=$(awk -F: 'NR > 2 { gsub(/ /, "", $1); print $1 }' "/proc/$p3/net/dev" 2>/dev/null | tr '\n' ' ')
+nsenter -t "$p3" -n nft list ruleset >"$rt/rules" 2>"$err"
+sed 's/^/#   /' "$rt/rules"
+check "with a NIC, QEMU's namespace has loopback only and nftables rules on its UID" '[ "$ifaces" = "lo " ] && grep -q "meta skuid != $u3 accept" "$rt/rules" && grep -q "reject with tcp reset" "$rt/rules" && grep -qx "[[:space:]]*drop" "$rt/rules"'
+asq() { nsenter -t "$p3" -n setpriv --reuid="$u3" --regid="$u3" --clear-groups /usr/bin/python3 -c "import socket
+try:
+  $1
+  print('open')
+except Exception as e: print(type(e).__name__)" 2>&1; }
+r1=$(asq 'socket.create_connection(("198.51.100.7", 80), 5)')
+r2=$(asq 'socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("203.0.113.10", 9))')
+r3=$(asq 'socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)')
+echo "# as QEMU's UID in its namespace: denied TCP $r1, UDP $r2, ping socket $r3; ping_group_range $(nsenter -t "$p3" -n cat /proc/sys/net/ipv4/ping_group_range)"
+check "as QEMU's UID, a denied address is reset and other UDP and ICMP go nowhere" '[ "$r1" = ConnectionRefusedError ] && [ "$r2" = PermissionError ] && [ "$r3" = PermissionError ]'
+ls -l "/proc/$pol/fd" 2>/dev/null | awk 'NR > 1 { print "#   fd " $(NF-2) " " $NF }'
+check "the policy process runs as a user of its own, with no_new_privs, in QEMU's cgroup and the host's namespace" '[ -n "$pol" ] && [ "$pu" != "$u3" ] && [ "$(status NoNewPrivs "$pol")" = 1 ] && [ "$(cgdir "$pol" memory)" = "$(cgdir "$p3" memory)" ] && [ "$(readlink "/proc/$pol/ns/net")" = "$(readlink /proc/self/ns/net)" ]'
+check "it holds no disk and no image" '[ -n "$pol" ] && ! ls -l "/proc/$pol/fd" | grep -Eq "\.(ext4|erofs)|/images/"'
+check "its connector runs as the same user in QEMU's namespace" '[ -n "$con" ] && [ "$(status NoNewPrivs "$con")" = 1 ] && [ "$(cgdir "$con" memory)" = "$(cgdir "$p3" memory)" ]'
+cg3=$(cgdir "$p3" memory)
+c stop n3 >"$out" 2>"$err"
+check "stop ends QEMU, the policy process and the connector, and removes the cgroup" '[ ! -d "/proc/$p3" ] && [ ! -d "/proc/$pol" ] && [ ! -d "/proc/$con" ] && [ ! -d "$cg3" ]'
+
 # A shim killed outright: its QEMU dies with it and the cgroup is left
 # behind, until a controller starts and recovers.
 cg2=$(cgdir "$p2" memory)
@@ -134,4 +169,5 @@ check "with CAPSULE_REQUIRE_JAIL=1 it refuses to start instead (exit $rc)" '[ "$
 
 c rm --force j1 >/dev/null 2>&1
 c rm --force j2 >/dev/null 2>&1
+c rm --force n3 >/dev/null 2>&1
 clean_after "whole suite"

@@ -365,6 +365,10 @@ int main(int argc, char **argv)
 	int64_t t0 = cap_now_ms();
 	if (cap_vm_start(&cfg, &vm, &err) < 0) {
 		printf("ERR start: %s\n", err.msg);
+		char *console = xasprintf("%s/console.log", dir);
+		unlink(console);
+		free(console);
+		rmdir(dir);
 		return 1;
 	}
 	int64_t t1 = cap_now_ms();

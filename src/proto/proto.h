@@ -193,7 +193,7 @@ struct cap_setup {
 	 * host.capsule.internal to the gateway (both root's, 0644). With
 	 * proxy_port, every command's environment gets HTTP_PROXY,
 	 * HTTPS_PROXY (and lowercase) = http://GATEWAY:PORT and NO_PROXY =
-	 * localhost,127.0.0.1 unless the request sets them. Addresses in host
+	 * localhost,127.0.0.1,::1 unless the request sets them. Addresses in host
 	 * byte order. */
 	uint32_t net_addr, net_gateway, net_dns;
 	uint8_t net_prefix;

@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..96"
+echo "1..98"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -202,6 +202,16 @@ for verb in run create serve mcp net; do
 			grep -q -- "^ *$f" "$out" || exit 1
 		done)'
 done
+
+# run -v says the policy and the route before it boots (a missing kernel
+# stops it right after: no VM needed to see them).
+CAPSULE_KERNEL=/nonexistent/vmlinux "$capsule" run -v --allow-egress 203.0.113.10 --allow-host -- true >"$out" 2>"$err"
+check "run -v prints the policy and the route" \
+	'grep -qx "capsule: network: --allow-host --allow-egress 203.0.113.10" "$err" &&
+	 grep -q "^capsule: network route: direct" "$err"'
+CAPSULE_KERNEL=/nonexistent/vmlinux "$capsule" run -v -- true >"$out" 2>"$err"
+check "run -v without network flags says there is no network interface" \
+	'grep -qx "capsule: network: none (no network interface)" "$err" && ! grep -q "network route" "$err"'
 
 "$capsule" net >"$out" 2>"$err"
 rc=$?

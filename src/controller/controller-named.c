@@ -44,16 +44,24 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 	}
 	/* The server's policy is every sandbox's: one made under another
 	 * follows it from this start on. */
-	if (r == 0 && j->network) {
+	if (r == 0) {
 		struct cap_record now;
 		struct cap_record want;
+		struct cap_net_policy *none = NULL;
 		bool restart;
+		const struct cap_net_policy *p = j->network;
+		if (!p) {
+			none = xmalloc(sizeof(*none));
+			cap_net_policy_init(none);
+			p = none;
+		}
 		cap_record_init(&want);
 		r = cap_named_load(j->name, &now, &err);
 		if (r == 0)
-			r = cap_record_set_net(&want, j->network, &err);
+			r = cap_record_set_net(&want, p, &err);
 		if (r == 0 && strcmp(now.net, want.net) != 0)
-			r = cap_named_set_network(j->name, j->network, &restart, &err);
+			r = cap_named_set_network(j->name, p, &restart, &err);
+		free(none);
 	}
 	bool changed;
 	if (r == 0)

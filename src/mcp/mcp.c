@@ -544,7 +544,8 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 	case CAP_TOOL_RUN_COMMAND:
 		json_decref(root);
 		snprintf(desc, sizeof(desc),
-			 "Run a shell command (sh -c) in your sandbox as an unprivileged user, with no network; cwd /work. Output is capped at 256 KiB; default timeout %u s.",
+			 "Run a shell command (sh -c) in your sandbox as an unprivileged user, %s; cwd /work. Output is capped at 256 KiB; default timeout %u s.",
+			 cfg->ctl.network ? "with network access limited by a policy (refused connections fail)" : "with no network",
 			 cfg->run_timeout_s);
 		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:i, s:i, s:s}}, s:[s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "run_command", "title", "Run command", "description", desc,
@@ -974,6 +975,25 @@ static int connect_to(const char *path, struct cap_err *err)
 
 /* The server decides image, public data and lifecycle: refuse settings
  * that it would silently override. */
+/* Whether the server's "network" words (info) are this policy's; no
+ * policy asked for here takes the server's, as --source does. */
+static bool same_network(const struct cap_net_policy *p, json_t *theirs)
+{
+	char **words = NULL;
+	size_t n = 0;
+	if (!p || !p->enabled)
+		return true;
+	cap_net_policy_words(p, &words, &n);
+	bool same = json_is_array(theirs) && json_array_size(theirs) == n;
+	for (size_t i = 0; i < n; i++) {
+		const char *s = json_string_value(json_array_get(theirs, i));
+		same = same && s && strcmp(s, words[i]) == 0;
+		free(words[i]);
+	}
+	free(words);
+	return same || !json_is_array(theirs);	/* an older server says nothing */
+}
+
 static int check_server(struct mcp *m, struct cap_err *err)
 {
 	json_t *info = NULL;
@@ -990,6 +1010,10 @@ static int check_server(struct mcp *m, struct cap_err *err)
 				"capsule %s (pid %d) owns this CAPSULE_HOME and serves %s%s; capsule mcp --source %s cannot change that. Start it without --source, give that server --source, or use another CAPSULE_HOME",
 				m->holder.frontend, (int)m->holder.pid, source ? "the public data " : "no public data",
 				source ? source : "", m->cfg->owned_source);
+	else if (!same_network(m->cfg->owned_network, json_object_get(info, "network")))
+		r = cap_err_set(err, EINVAL,
+				"capsule %s (pid %d) owns this CAPSULE_HOME with another network policy than this capsule mcp's; its sandboxes follow the server's. Give both the same network flags, or use another CAPSULE_HOME",
+				m->holder.frontend, (int)m->holder.pid);
 	else if (m->cfg->owned_image && image && strcmp(image, m->cfg->owned_image) != 0)
 		r = cap_err_set(err, EINVAL,
 				"capsule %s (pid %d) owns this CAPSULE_HOME and makes sandboxes from image %s; capsule mcp --image %s cannot change that",

@@ -340,6 +340,10 @@ int cap_named_load(const char *name, struct cap_record *out,
 	json_t *net = json_object_get(j, "network");
 	size_t i, used = 0;
 	json_t *w;
+	if (net && !json_is_array(net)) {
+		json_decref(j);
+		return cap_err_set(err, EBADMSG, "%s: \"network\" must be a list of flags (docs/network.md)", path);
+	}
 	json_array_foreach(net, i, w) {
 		const char *word = json_string_value(w);
 		if (!word || strchr(word, ' ') ||
@@ -367,12 +371,11 @@ int cap_record_net(const struct cap_record *r, struct cap_net_policy *out,
 	cap_net_policy_init(out);
 	snprintf(buf, sizeof(buf), "%s", r->net);
 	for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
-		char *eq = strchr(w, '=');
-		if (eq)
-			*eq = '\0';
-		int k = cap_net_policy_apply(out, w, eq ? eq + 1 : NULL, err);
-		if (k < 0)
-			return cap_err_set(err, EBADMSG, "recorded network flag '%s' is not valid: %s", w, err->msg);
+		if (cap_net_policy_apply(out, w, NULL, err) < 0) {
+			char why[sizeof(err->msg)];
+			snprintf(why, sizeof(why), "%s", err->msg);
+			return cap_err_set(err, EBADMSG, "recorded network flag '%s' is not valid: %s", w, why);
+		}
 	}
 	return 0;
 }

@@ -1,0 +1,47 @@
+/* The packets the kernel refuses in a VM's network namespace, as NFLOG
+ * delivers them (engine.h, cap_vm_net_fds.nflog): a pure parser of what
+ * one recv() on a NETLINK_NETFILTER socket returns, every length checked;
+ * no I/O, no allocation. */
+#ifndef CAP_NET_NFLOG_H
+#define CAP_NET_NFLOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes of each packet the engine asks the kernel to copy: the largest
+ * IPv4 header (60 bytes) and the first 8 after it (TCP/UDP ports, the
+ * ICMP type). */
+#define CAP_NFLOG_COPY_RANGE 68
+
+/* One refused packet. */
+struct cap_nflog_pkt {
+	/* 4: an IPv4 packet, every field below decoded; 6: an IPv6 packet,
+	 * only proto (its first next header) decoded, addresses 0. */
+	uint8_t version;
+	uint8_t proto;		/* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP, ... */
+	uint32_t saddr, daddr;	/* host order */
+	/* TCP/UDP; 0 for other protocols, for a fragment other than the
+	 * first, or when the copy stopped before them. */
+	uint16_t sport, dport;
+	/* ICMP; 0 otherwise (check proto: 0 is also the echo reply). */
+	uint8_t icmp_type;
+	char prefix[64];	/* the rule's "log prefix", "" without one; NUL-terminated */
+};
+
+/* Walk the netlink messages in buf (len bytes, one recv()) and call
+ * cb(ud, p) for each NFLOG packet (NFNL_SUBSYS_ULOG / NFULNL_MSG_PACKET
+ * with an IPv4 or IPv6 payload); p is valid only during the call. Other
+ * messages (NLMSG_NOOP, NLMSG_DONE, acknowledgements, configuration
+ * replies) are skipped.
+ * Returns the number of packets passed to cb, or:
+ *   -EBADMSG  a message is malformed (a length out of bounds, an attribute
+ *             running past its message, a packet without a payload or
+ *             whose payload is no sound IP header). The sound packets are
+ *             still passed to cb; when the framing itself is broken the
+ *             rest of the buffer is skipped (its boundaries are unknown);
+ *   -errno    an NLMSG_ERROR message with that error (after the packets
+ *             before it were passed to cb). */
+int cap_nflog_parse(const uint8_t *buf, size_t len,
+		    void (*cb)(void *ud, const struct cap_nflog_pkt *p), void *ud);
+
+#endif

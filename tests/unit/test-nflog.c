@@ -1,0 +1,496 @@
+/* Unit tests of the NFLOG parser (src/net/nflog.c): hand-built netlink
+ * messages as the kernel sends them, and broken ones. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/nfnetlink_log.h>
+#include <linux/netlink.h>
+#include <netinet/in.h>
+
+#include "nflog.h"
+
+#define PKT_TYPE (NFNL_SUBSYS_ULOG << 8 | NFULNL_MSG_PACKET)
+
+/* ---- building messages ---------------------------------------------- */
+
+struct out {
+	uint8_t b[4096];
+	size_t n;
+	size_t msg;	/* start of the message being built */
+};
+
+static void put(struct out *o, const void *p, size_t n)
+{
+	assert_true(o->n + n <= sizeof(o->b));
+	memcpy(o->b + o->n, p, n);
+	o->n += n;
+}
+
+static void pad(struct out *o)
+{
+	static const uint8_t z[4];
+	put(o, z, (4 - o->n % 4) % 4);
+}
+
+static void msg_begin(struct out *o, uint16_t type)
+{
+	struct nlmsghdr h = { .nlmsg_type = type };
+	o->msg = o->n;
+	put(o, &h, sizeof(h));
+}
+
+/* Fix the message's length (without trailing padding), then pad. */
+static void msg_end(struct out *o)
+{
+	uint32_t len = (uint32_t)(o->n - o->msg);
+	memcpy(o->b + o->msg, &len, sizeof(len));
+	pad(o);
+}
+
+static void nfgen(struct out *o)
+{
+	static const uint8_t g[4] = { AF_INET, NFNETLINK_V0, 0, 1 };
+	put(o, g, sizeof(g));
+}
+
+static void attr(struct out *o, uint16_t type, const void *p, size_t n)
+{
+	uint16_t h[2] = { (uint16_t)(4 + n), type };
+	put(o, h, sizeof(h));
+	put(o, p, n);
+	pad(o);
+}
+
+/* An IPv4 header (no options) and 8 bytes of transport header. */
+static size_t ipv4(uint8_t *b, uint8_t proto, const uint8_t src[4], const uint8_t dst[4],
+		   uint16_t sport, uint16_t dport)
+{
+	memset(b, 0, 28);
+	b[0] = 0x45;
+	b[2] = 0;
+	b[3] = 60;	/* the whole packet was longer than the copy */
+	b[6] = 0x40;	/* DF */
+	b[8] = 64;
+	b[9] = proto;
+	memcpy(b + 12, src, 4);
+	memcpy(b + 16, dst, 4);
+	b[20] = (uint8_t)(sport >> 8);
+	b[21] = (uint8_t)sport;
+	b[22] = (uint8_t)(dport >> 8);
+	b[23] = (uint8_t)dport;
+	return 28;
+}
+
+static const uint8_t LOCAL[4] = { 10, 0, 2, 15 }, INET[4] = { 198, 51, 100, 7 };
+
+/* A packet message with the payload (and prefix when not NULL). */
+static void packet_msg(struct out *o, const uint8_t *ip, size_t n, const char *prefix)
+{
+	msg_begin(o, PKT_TYPE);
+	nfgen(o);
+	static const uint8_t hw[4] = { 0x08, 0x00, 3, 0 };	/* NFULA_PACKET_HDR: hw_protocol, hook */
+	attr(o, NFULA_PACKET_HDR, hw, sizeof(hw));
+	if (prefix)
+		attr(o, NFULA_PREFIX, prefix, strlen(prefix) + 1);
+	uint32_t uid = htonl(1000);
+	attr(o, NFULA_UID, &uid, sizeof(uid));
+	attr(o, NFULA_PAYLOAD, ip, n);
+	msg_end(o);
+}
+
+static void tcp_msg(struct out *o, uint16_t dport, const char *prefix)
+{
+	uint8_t ip[28];
+	packet_msg(o, ip, ipv4(ip, IPPROTO_TCP, LOCAL, INET, 40000, dport), prefix);
+}
+
+/* ---- collecting -------------------------------------------------------- */
+
+struct got {
+	struct cap_nflog_pkt p[16];
+	int n;
+};
+
+static void collect(void *ud, const struct cap_nflog_pkt *p)
+{
+	struct got *g = ud;
+	assert_true(g->n < 16);
+	g->p[g->n++] = *p;
+}
+
+static int parse(const struct out *o, struct got *g)
+{
+	memset(g, 0, sizeof(*g));
+	/* A copy of exactly the bytes given, so ASan sees any overread. */
+	uint8_t *b = malloc(o->n ? o->n : 1);
+	assert_non_null(b);
+	memcpy(b, o->b, o->n);
+	int r = cap_nflog_parse(b, o->n, collect, g);
+	free(b);
+	return r;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+static void test_tcp(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	tcp_msg(&o, 80, "capsule deny");
+	assert_int_equal(parse(&o, &g), 1);
+	assert_int_equal(g.p[0].version, 4);
+	assert_int_equal(g.p[0].proto, IPPROTO_TCP);
+	assert_int_equal(g.p[0].saddr, 0x0a00020fu);
+	assert_int_equal(g.p[0].daddr, 0xc6336407u);
+	assert_int_equal(g.p[0].sport, 40000);
+	assert_int_equal(g.p[0].dport, 80);
+	assert_int_equal(g.p[0].icmp_type, 0);
+	assert_string_equal(g.p[0].prefix, "capsule deny");
+}
+
+/* The bytes of a message as this kernel sent it for a TCP SYN of UID 0
+ * to 198.51.100.7:80 logged by "log group 1" without a prefix (copy range
+ * 68, the SYN's options cut off). */
+static void test_literal(void **state)
+{
+	(void)state;
+	static const uint8_t m[] = {
+		0x54, 0, 0, 0, 0x00, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,	/* nlmsghdr: 84, ULOG PACKET */
+		0x02, 0x00, 0x00, 0x01,						/* nfgenmsg: AF_INET, v0, group 1 */
+		0x08, 0, 0x01, 0, 0x08, 0x00, 0x03, 0x00,			/* PACKET_HDR 0x0800 hook 3 */
+		0x08, 0, 0x0b, 0, 0, 0, 0, 0,					/* UID 0 */
+		0x30, 0, 0x09, 0,						/* PAYLOAD, 44 bytes */
+		0x45, 0x00, 0x00, 0x3c, 0x12, 0x34, 0x40, 0x00, 0x40, 0x06, 0x00, 0x00,
+		0x7f, 0x00, 0x00, 0x01, 0xc6, 0x33, 0x64, 0x07,
+		0x9c, 0x40, 0x00, 0x50, 0, 0, 0, 1, 0, 0, 0, 0, 0xa0, 0x02, 0xfa, 0xf0,
+		0, 0, 0, 0, 0x02, 0x04, 0xff, 0xd7,
+	};
+	struct got g = { .n = 0 };
+	assert_int_equal(sizeof(m), 84);
+	assert_int_equal(cap_nflog_parse(m, sizeof(m), collect, &g), 1);
+	assert_int_equal(g.p[0].proto, IPPROTO_TCP);
+	assert_int_equal(g.p[0].saddr, 0x7f000001u);
+	assert_int_equal(g.p[0].daddr, 0xc6336407u);
+	assert_int_equal(g.p[0].sport, 40000);
+	assert_int_equal(g.p[0].dport, 80);
+	assert_string_equal(g.p[0].prefix, "");
+}
+
+static void test_udp_icmp_other(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	uint8_t ip[28];
+	packet_msg(&o, ip, ipv4(ip, IPPROTO_UDP, LOCAL, INET, 5353, 9999), NULL);
+	size_t n = ipv4(ip, IPPROTO_ICMP, LOCAL, INET, 0, 0);
+	ip[20] = 8;	/* echo request */
+	packet_msg(&o, ip, n, NULL);
+	packet_msg(&o, ip, ipv4(ip, 47 /* GRE */, LOCAL, INET, 1, 2), NULL);
+	assert_int_equal(parse(&o, &g), 3);
+	assert_int_equal(g.p[0].proto, IPPROTO_UDP);
+	assert_int_equal(g.p[0].sport, 5353);
+	assert_int_equal(g.p[0].dport, 9999);
+	assert_int_equal(g.p[1].proto, IPPROTO_ICMP);
+	assert_int_equal(g.p[1].icmp_type, 8);
+	assert_int_equal(g.p[1].dport, 0);
+	assert_int_equal(g.p[2].proto, 47);
+	assert_int_equal(g.p[2].sport, 0);
+	assert_int_equal(g.p[2].dport, 0);
+	assert_int_equal(g.p[2].daddr, 0xc6336407u);
+}
+
+/* Several packets, an acknowledgement, a NOOP, another subsystem's message
+ * and NLMSG_DONE in one buffer: only the packets count. */
+static void test_multi(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	tcp_msg(&o, 80, NULL);
+	msg_begin(&o, NLMSG_ERROR);
+	int32_t ack[5] = { 0 };
+	put(&o, ack, sizeof(ack));
+	msg_end(&o);
+	msg_begin(&o, NLMSG_NOOP);
+	msg_end(&o);
+	msg_begin(&o, NFNL_SUBSYS_QUEUE << 8 | 0);
+	nfgen(&o);
+	msg_end(&o);
+	tcp_msg(&o, 443, "b");
+	tcp_msg(&o, 22, "c");
+	msg_begin(&o, NLMSG_DONE);
+	int32_t zero = 0;
+	put(&o, &zero, sizeof(zero));
+	msg_end(&o);
+	assert_int_equal(parse(&o, &g), 3);
+	assert_int_equal(g.p[0].dport, 80);
+	assert_int_equal(g.p[1].dport, 443);
+	assert_string_equal(g.p[1].prefix, "b");
+	assert_int_equal(g.p[2].dport, 22);
+	assert_string_equal(g.p[2].prefix, "c");
+}
+
+static void test_empty(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	assert_int_equal(parse(&o, &g), 0);
+	assert_int_equal(g.n, 0);
+}
+
+/* An NLMSG_ERROR with an error code: reported, after what came before. */
+static void test_error(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	tcp_msg(&o, 80, NULL);
+	msg_begin(&o, NLMSG_ERROR);
+	int32_t e[5] = { -EPERM };
+	put(&o, e, sizeof(e));
+	msg_end(&o);
+	tcp_msg(&o, 81, NULL);
+	assert_int_equal(parse(&o, &g), -EPERM);
+	assert_int_equal(g.n, 1);
+	assert_int_equal(g.p[0].dport, 80);
+
+	/* An error message too short for its code. */
+	o.n = 0;
+	msg_begin(&o, NLMSG_ERROR);
+	put(&o, "\xff\xff", 2);
+	msg_end(&o);
+	assert_int_equal(parse(&o, &g), -EBADMSG);
+}
+
+/* Broken framing: the packets before are delivered, the rest skipped. */
+static void test_framing(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	tcp_msg(&o, 80, NULL);
+	size_t first = o.n;
+	tcp_msg(&o, 81, NULL);
+
+	/* Cut inside the second message's header and inside its body. */
+	struct out cut = o;
+	cut.n = first + 10;
+	assert_int_equal(parse(&cut, &g), -EBADMSG);
+	assert_int_equal(g.n, 1);
+	cut.n = o.n - 8;
+	assert_int_equal(parse(&cut, &g), -EBADMSG);
+	assert_int_equal(g.n, 1);
+
+	/* A length below the header's, and one past the buffer. */
+	uint32_t bad = 8;
+	cut = o;
+	memcpy(cut.b + first, &bad, 4);
+	assert_int_equal(parse(&cut, &g), -EBADMSG);
+	assert_int_equal(g.n, 1);
+	bad = 100000;
+	memcpy(cut.b, &bad, 4);
+	assert_int_equal(parse(&cut, &g), -EBADMSG);
+	assert_int_equal(g.n, 0);
+
+	/* Every truncation of a sound buffer: no overread (ASan), never more
+	 * packets than whole messages, and an error unless the cut falls on a
+	 * boundary. */
+	for (size_t n = 0; n <= o.n; n++) {
+		cut = o;
+		cut.n = n;
+		int r = parse(&cut, &g);
+		if (n == 0 || n == first || n == o.n)
+			assert_int_equal(r, n == 0 ? 0 : n == first ? 1 : 2);
+		else
+			assert_int_equal(r, -EBADMSG);
+		assert_true(g.n <= (n >= o.n ? 2 : n >= first ? 1 : 0));
+	}
+}
+
+/* A packet message whose attributes are broken is skipped (and reported);
+ * the sound messages around it are still delivered. */
+static void test_bad_attrs(void **state)
+{
+	(void)state;
+	struct got g;
+	for (int k = 0; k < 4; k++) {
+		struct out o = { .n = 0 };
+		tcp_msg(&o, 80, NULL);
+		msg_begin(&o, PKT_TYPE);
+		nfgen(&o);
+		uint16_t h[2];
+		switch (k) {
+		case 0:	/* attribute length below its header */
+			h[0] = 2;
+			h[1] = NFULA_PAYLOAD;
+			put(&o, h, sizeof(h));
+			break;
+		case 1:	/* attribute running past its message */
+			h[0] = 200;
+			h[1] = NFULA_PAYLOAD;
+			put(&o, h, sizeof(h));
+			put(&o, "\x45\0\0\x3c", 4);
+			break;
+		case 2:	/* no payload */
+			attr(&o, NFULA_PREFIX, "x", 2);
+			break;
+		case 3:	/* no room for the nfgenmsg */
+			o.n -= 4;
+			break;
+		}
+		msg_end(&o);
+		tcp_msg(&o, 82, NULL);
+		assert_int_equal(parse(&o, &g), -EBADMSG);
+		assert_int_equal(g.n, 2);
+		assert_int_equal(g.p[0].dport, 80);
+		assert_int_equal(g.p[1].dport, 82);
+	}
+}
+
+static void test_bad_ip(void **state)
+{
+	(void)state;
+	struct got g;
+	uint8_t ip[28];
+	for (int k = 0; k < 6; k++) {
+		struct out o = { .n = 0 };
+		size_t n = ipv4(ip, IPPROTO_TCP, LOCAL, INET, 1, 2);
+		switch (k) {
+		case 0: ip[0] = 0x55; break;	/* version 5 */
+		case 1: ip[0] = 0x44; break;	/* IHL below 5 */
+		case 2: ip[0] = 0x48; n = 28; break;	/* IHL 32 bytes, 28 copied */
+		case 3: ip[3] = 16; break;	/* total length below the header */
+		case 4: n = 19; break;	/* shorter than any IPv4 header */
+		case 5: n = 0; break;	/* empty payload */
+		}
+		packet_msg(&o, ip, n, NULL);
+		assert_int_equal(parse(&o, &g), -EBADMSG);
+		assert_int_equal(g.n, 0);
+	}
+}
+
+/* Options: the ports follow the whole header, when they were copied. */
+static void test_options_and_fragments(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	uint8_t ip[CAP_NFLOG_COPY_RANGE];
+	memset(ip, 1, sizeof(ip));	/* options: NOPs */
+	ipv4(ip, IPPROTO_UDP, LOCAL, INET, 0, 0);
+	ip[0] = 0x4f;	/* 60-byte header */
+	ip[3] = 100;
+	ip[60] = 0x12, ip[61] = 0x34, ip[62] = 0x27, ip[63] = 0x0f;
+	packet_msg(&o, ip, sizeof(ip), NULL);
+	packet_msg(&o, ip, 62, NULL);	/* copy cut in the ports */
+	assert_int_equal(parse(&o, &g), 2);
+	assert_int_equal(g.p[0].sport, 0x1234);
+	assert_int_equal(g.p[0].dport, 9999);
+	assert_int_equal(g.p[1].proto, IPPROTO_UDP);
+	assert_int_equal(g.p[1].dport, 0);
+
+	/* A later fragment carries no transport header; nor does a packet
+	 * whose total length ends with its IP header. */
+	o.n = 0;
+	size_t n = ipv4(ip, IPPROTO_TCP, LOCAL, INET, 7, 8);
+	ip[6] = 0x00, ip[7] = 0x10;
+	packet_msg(&o, ip, n, NULL);
+	n = ipv4(ip, IPPROTO_TCP, LOCAL, INET, 7, 8);
+	ip[3] = 20;
+	packet_msg(&o, ip, n, NULL);
+	assert_int_equal(parse(&o, &g), 2);
+	assert_int_equal(g.p[0].dport, 0);
+	assert_int_equal(g.p[0].daddr, 0xc6336407u);
+	assert_int_equal(g.p[1].dport, 0);
+}
+
+static void test_ipv6(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	uint8_t ip[40] = { 0x60 };
+	ip[6] = IPPROTO_UDP;
+	packet_msg(&o, ip, sizeof(ip), NULL);
+	packet_msg(&o, ip, 39, NULL);
+	assert_int_equal(parse(&o, &g), -EBADMSG);
+	assert_int_equal(g.n, 1);
+	assert_int_equal(g.p[0].version, 6);
+	assert_int_equal(g.p[0].proto, IPPROTO_UDP);
+	assert_int_equal(g.p[0].daddr, 0);
+}
+
+/* Prefixes: unterminated, too long, with control characters, and an
+ * attribute type carrying the byte-order flag. */
+static void test_prefix(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	uint8_t ip[28];
+	size_t n = ipv4(ip, IPPROTO_TCP, LOCAL, INET, 1, 2);
+
+	msg_begin(&o, PKT_TYPE);
+	nfgen(&o);
+	attr(&o, NFULA_PREFIX, "abc", 3);	/* no NUL */
+	attr(&o, NFULA_PAYLOAD | NLA_F_NET_BYTEORDER, ip, n);
+	msg_end(&o);
+
+	char longp[100];
+	memset(longp, 'x', sizeof(longp) - 1);
+	longp[sizeof(longp) - 1] = '\0';
+	packet_msg(&o, ip, n, longp);
+	packet_msg(&o, ip, n, "a\nb\x7f");
+	assert_int_equal(parse(&o, &g), 3);
+	assert_string_equal(g.p[0].prefix, "abc");
+	assert_int_equal(g.p[0].dport, 2);
+	assert_int_equal(strlen(g.p[1].prefix), 63);
+	assert_string_equal(g.p[2].prefix, "a?b?");
+}
+
+/* The last message and its last attribute without trailing padding. */
+static void test_unpadded_end(void **state)
+{
+	(void)state;
+	struct out o = { .n = 0 };
+	struct got g;
+	uint8_t ip[28];
+	size_t n = ipv4(ip, IPPROTO_UDP, LOCAL, INET, 1, 53);
+	packet_msg(&o, ip, n - 1, NULL);	/* 27 bytes: one of padding follows */
+	o.n--;
+	uint32_t len = (uint32_t)(o.n - o.msg);
+	memcpy(o.b + o.msg, &len, sizeof(len));
+	assert_int_equal(parse(&o, &g), 1);
+	assert_int_equal(g.p[0].dport, 53);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tcp),
+		cmocka_unit_test(test_literal),
+		cmocka_unit_test(test_udp_icmp_other),
+		cmocka_unit_test(test_multi),
+		cmocka_unit_test(test_empty),
+		cmocka_unit_test(test_error),
+		cmocka_unit_test(test_framing),
+		cmocka_unit_test(test_bad_attrs),
+		cmocka_unit_test(test_bad_ip),
+		cmocka_unit_test(test_options_and_fragments),
+		cmocka_unit_test(test_ipv6),
+		cmocka_unit_test(test_prefix),
+		cmocka_unit_test(test_unpadded_end),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libmnl/libmnl.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/nfnetlink_log.h>
 #include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -22,12 +24,17 @@
 #include "buf.h"
 #include "engine.h"
 #include "jail.h"
+#include "nflog.h"
 #include "util.h"
 
 /* The connector's dial to QEMU's forward, in its own namespace. */
 #define CONNECT_TIMEOUT_MS 5000
 #define LISTEN_BACKLOG 1024
 #define DNS_PORT 53
+/* NFLOG: each refusing rule logs at most this many packets a second
+ * (bursts of twice that), so that a flood cannot swamp the host's log. */
+#define NFLOG_RATE 20
+#define NFLOG_ACK_TIMEOUT_MS 1000
 #define TABLE "inet capsule"
 /* waitid on a pidfd (linux/wait.h; glibc 2.36 does not name it). */
 #define IDTYPE_PIDFD ((idtype_t)3)
@@ -166,6 +173,103 @@ static int sysctl_set(const char *name, const char *value, const char *expect,
 }
 
 /* ---- sockets of the policy process --------------------------------------- */
+
+/* Send one NFLOG configuration request and wait for its acknowledgement.
+ * 0 or -errno (the kernel's refusal, or -ETIMEDOUT). */
+static int nflog_talk(int fd, struct nlmsghdr *nlh, unsigned seq, uint32_t portid)
+{
+	char buf[MNL_SOCKET_BUFFER_SIZE];
+	struct sockaddr_nl kernel = { .nl_family = AF_NETLINK };
+	nlh->nlmsg_seq = seq;
+	if (sendto(fd, nlh, nlh->nlmsg_len, 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
+		return -errno;
+	int64_t end = cap_now_ms() + NFLOG_ACK_TIMEOUT_MS;
+	for (;;) {
+		ssize_t n = recv(fd, buf, sizeof(buf), 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN) {
+			/* The kernel answers within sendto; this is only a guard. */
+			struct pollfd p = { .fd = fd, .events = POLLIN };
+			int left = (int)(end - cap_now_ms());
+			if (left <= 0)
+				return -ETIMEDOUT;
+			if (poll(&p, 1, left) < 0 && errno != EINTR)
+				return -errno;
+			continue;
+		}
+		if (n < 0)
+			return -errno;
+		int r = mnl_cb_run(buf, (size_t)n, seq, portid, NULL, NULL);
+		if (r < 0)
+			return -errno;
+		if (r == MNL_CB_STOP)
+			return 0;
+	}
+}
+
+/* A NFLOG configuration message for the group, with nothing after its
+ * header yet. */
+static struct nlmsghdr *nflog_msg(char *buf)
+{
+	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
+	nlh->nlmsg_type = NFNL_SUBSYS_ULOG << 8 | NFULNL_MSG_CONFIG;
+	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
+	struct nfgenmsg *g = mnl_nlmsg_put_extra_header(nlh, sizeof(*g));
+	g->nfgen_family = AF_UNSPEC;
+	g->version = NFNETLINK_V0;
+	g->res_id = htons(CAP_NFLOG_GROUP);
+	return nlh;
+}
+
+/* The policy process's NFLOG socket, in the calling thread's namespace:
+ * bound to CAP_NFLOG_GROUP, copying CAP_NFLOG_COPY_RANGE bytes of each
+ * packet, delivering each packet at once. Needs CAP_NET_ADMIN there.
+ * (The per-family NFULNL_CFG_CMD_PF_BIND is a no-op since Linux 3.17:
+ * the loggers are bound to every family.) */
+static int nflog_socket(struct cap_err *err)
+{
+	char buf[MNL_SOCKET_BUFFER_SIZE];
+	int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_NETFILTER);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot create the policy process's NFLOG socket: %s", strerror(errno));
+	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
+	socklen_t len = sizeof(sa);
+	int r;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+		r = cap_err_set(err, errno, "cannot bind the policy process's NFLOG socket: %s", strerror(errno));
+		goto fail;
+	}
+
+	struct nlmsghdr *nlh = nflog_msg(buf);
+	struct nfulnl_msg_config_cmd cmd = { .command = NFULNL_CFG_CMD_BIND };
+	mnl_attr_put(nlh, NFULA_CFG_CMD, sizeof(cmd), &cmd);
+	if ((r = nflog_talk(fd, nlh, 1, sa.nl_pid)) < 0) {
+		r = cap_err_set(err, -r, "cannot bind NFLOG group %d in the VM's network namespace: %s",
+				CAP_NFLOG_GROUP, strerror(-r));
+		goto fail;
+	}
+
+	nlh = nflog_msg(buf);
+	struct nfulnl_msg_config_mode mode = { .copy_range = htonl(CAP_NFLOG_COPY_RANGE),
+					       .copy_mode = NFULNL_COPY_PACKET };
+	mnl_attr_put(nlh, NFULA_CFG_MODE, sizeof(mode), &mode);
+	/* One packet per message, sent at once (the timeout, in hundredths
+	 * of a second, only bounds a partial batch). */
+	mnl_attr_put_u32(nlh, NFULA_CFG_QTHRESH, htonl(1));
+	mnl_attr_put_u32(nlh, NFULA_CFG_TIMEOUT, htonl(1));
+	mnl_attr_put_u16(nlh, NFULA_CFG_FLAGS, htons(0));
+	if ((r = nflog_talk(fd, nlh, 2, sa.nl_pid)) < 0) {
+		r = cap_err_set(err, -r, "cannot configure NFLOG group %d in the VM's network namespace: %s",
+				CAP_NFLOG_GROUP, strerror(-r));
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return r;
+}
 
 static int bound_socket(int type, uint16_t port, uint16_t *got, struct cap_err *err)
 {
@@ -307,9 +411,18 @@ static int ruleset(struct cap_buf *b, uid_t uid, uint16_t lport, uint16_t proxy_
 	 * may be denied, and a direct connection to it is then refused. */
 	if (lport)
 		bprintf(b, "    ct status dnat ip daddr 127.0.0.1 tcp dport %u accept\n", lport);
+	/* With a policy process, what is refused is logged first for it. A
+	 * rule of its own: over the rate, "limit" stops the logging rule
+	 * only, never the refusal. */
+	if (lport)
+		bprintf(b, "    ip daddr @deny meta l4proto tcp limit rate %u/second burst %u packets "
+			   "log prefix \"%s\" group %d\n",
+			NFLOG_RATE, 2 * NFLOG_RATE, CAP_NFLOG_PREFIX_RESET, CAP_NFLOG_GROUP);
 	bprintf(b, "    ip daddr @deny meta l4proto tcp reject with tcp reset\n");
 	if (lport)
-		bprintf(b, "    ip daddr 127.0.0.1 udp dport %u accept\n", DNS_PORT);
+		bprintf(b, "    ip daddr 127.0.0.1 udp dport %u accept\n"
+			   "    limit rate %u/second burst %u packets log prefix \"%s\" group %d\n",
+			DNS_PORT, NFLOG_RATE, 2 * NFLOG_RATE, CAP_NFLOG_PREFIX_DROP, CAP_NFLOG_GROUP);
 	bprintf(b, "    drop\n  }\n}\n");
 	return 0;
 }
@@ -454,7 +567,7 @@ static void close_all(int *fds, size_t n)
 /* Inside the new namespace, as root: loopback, sysctls, the policy
  * process's sockets (when it has one) and the rules. */
 static int setup(struct cap_jail *j, const struct cap_vm_net *cfg, int *tcp, int *dns,
-		 struct cap_err *err)
+		 int *nflog, struct cap_err *err)
 {
 	int r;
 	uint16_t lport = 0;
@@ -471,6 +584,9 @@ static int setup(struct cap_jail *j, const struct cap_vm_net *cfg, int *tcp, int
 			return *tcp;
 		if ((*dns = bound_socket(SOCK_DGRAM, DNS_PORT, NULL, err)) < 0)
 			return *dns;
+		/* Bound before the rules that log to it exist. */
+		if ((*nflog = nflog_socket(err)) < 0)
+			return *nflog;
 	}
 	struct cap_buf b;
 	cap_buf_init(&b);
@@ -494,8 +610,8 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 	struct cap_jail_net *n = xcalloc(1, sizeof(*n));
 	n->netns = n->control = -1;
 	n->policy = n->connector = (struct helper){ -1, -1 };
-	/* tcp, dns, control pair, connector pair */
-	int fds[6] = { -1, -1, -1, -1, -1, -1 };
+	/* tcp, dns, control pair, connector pair, nflog */
+	int fds[7] = { -1, -1, -1, -1, -1, -1, -1 };
 	int *keep = NULL;
 	int r;
 
@@ -514,7 +630,7 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 	if (n->netns < 0)
 		r = cap_err_set(err, errno, "cannot open the VM's network namespace: %s", strerror(errno));
 	else
-		r = setup(j, cfg, &fds[0], &fds[1], err);
+		r = setup(j, cfg, &fds[0], &fds[1], &fds[6], err);
 	ns_restore(saved);
 	if (r < 0)
 		goto fail;
@@ -539,16 +655,18 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 
 	struct policy_run run = {
 		.cfg = cfg,
-		.fds = { .tcp_listen = fds[0], .dns = fds[1], .connector = fds[4], .control = fds[3] },
+		.fds = { .tcp_listen = fds[0], .dns = fds[1], .connector = fds[4], .control = fds[3],
+			 .nflog = fds[6] },
 	};
-	keep = xmalloc((4 + (size_t)cfg->nkeep) * sizeof(int));
+	keep = xmalloc((5 + (size_t)cfg->nkeep) * sizeof(int));
 	keep[0] = fds[0];
 	keep[1] = fds[1];
 	keep[2] = fds[4];
 	keep[3] = fds[3];
+	keep[4] = fds[6];
 	for (unsigned i = 0; i < cfg->nkeep; i++)
-		keep[4 + i] = cfg->keep[i];
-	pid = cap_jail_helper(j, -1, keep, 4 + cfg->nkeep, run_policy, &run, &n->policy.pidfd, err);
+		keep[5 + i] = cfg->keep[i];
+	pid = cap_jail_helper(j, -1, keep, 5 + cfg->nkeep, run_policy, &run, &n->policy.pidfd, err);
 	if (pid < 0) {
 		r = pid;
 		cap_err_prefix(err, "starting the VM's policy process: ");

@@ -50,12 +50,19 @@ struct cap_vm_disk {
  * QEMU's UID: TCP to a denied range is reset, 127.0.0.1:CAP_NET_PROXY_PORT
  * and every other TCP connection is redirected to the policy process's
  * listener, UDP to 127.0.0.1:53 reaches its DNS socket, anything else is
- * dropped. QEMU's DNS goes to 127.0.0.1:53. */
+ * dropped. QEMU's DNS goes to 127.0.0.1:53. With a policy process, the
+ * packets reset or dropped are logged first (NFLOG, at most 20 a second
+ * per rule) to fds.nflog. */
 struct cap_vm_net_fds {
 	int tcp_listen;	/* 127.0.0.1:<any> in the VM's namespace, listening, nonblocking */
 	int dns;	/* UDP 127.0.0.1:53 in the VM's namespace, nonblocking */
 	int connector;	/* see cap_netd_config.connector; the sockets it passes are nonblocking */
 	int control;	/* the policy process's end of cap_vm_net_control_fd */
+	/* NETLINK_NETFILTER socket receiving NFLOG group 1: the packets of
+	 * QEMU's UID that the rules reject or drop (nflog.h: the first
+	 * CAP_NFLOG_COPY_RANGE bytes, the prefix naming the rule; parse with
+	 * cap_nflog_parse); nonblocking; -1 when none. */
+	int nflog;
 };
 
 struct cap_vm_net {

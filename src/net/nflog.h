@@ -8,10 +8,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Bytes of each packet the engine asks the kernel to copy: the largest
- * IPv4 header (60 bytes) and the first 8 after it (TCP/UDP ports, the
- * ICMP type). */
+/* What the engine's rules log in a VM's namespace (engine-net.c): the
+ * NFLOG group, the bytes of each packet the kernel copies (the largest
+ * IPv4 header, 60 bytes, and the first 8 after it: TCP/UDP ports, the
+ * ICMP type), and the prefix naming the rule that refused the packet. */
+#define CAP_NFLOG_GROUP 1
 #define CAP_NFLOG_COPY_RANGE 68
+#define CAP_NFLOG_PREFIX_RESET "capsule reset"	/* TCP to a denied range, answered with a reset */
+#define CAP_NFLOG_PREFIX_DROP "capsule drop"	/* anything else QEMU sent that no rule let through */
 
 /* One refused packet. */
 struct cap_nflog_pkt {

@@ -46,14 +46,21 @@ send "guest nslookup example.com 2>&1; true"
 ok "DNS queries reach the policy's socket" 'sleep 0.5; grep -q "^dns example.com" "$log"'
 send "guest ping -c 1 -W 2 203.0.113.10 2>&1; echo rc=\$?"
 ok "ICMP goes nowhere" '[[ $ans == *"rc=1"* ]]'
-send "guest echo x | nc -u -w 1 203.0.113.10 9999 2>&1; echo rc=\$?"
-ok "other UDP reaches no policy socket" '! grep -q 9999 "$log"'
+# (busybox's nc has no -u: nslookup sends the UDP)
+send "guest nslookup -port=9999 -timeout=1 -retry=1 example.com 203.0.113.10 2>&1; echo rc=\$?"
+ok "other UDP reaches no policy socket" '! grep -q "^dns.*9999\|^tcp.*9999" "$log"'
+sleep 0.5
+grep "^nflog" "$log" | sed 's/^/#   /'
+ok "the guest's connection to a denied range is logged to the policy process (NFLOG)" 'grep -q "^nflog capsule reset proto 6 .* > 198.51.100.7:80 " "$log"'
+ok "so is its UDP to a port other than DNS" 'grep -q "^nflog capsule drop proto 17 .* > 203.0.113.10:9999 " "$log"'
+ok "NFLOG messages are parsed whole" '! grep -q "^nflog: " "$log"'
 
 # --- QEMU's namespace from the host ---
 ifaces=$(awk -F: 'NR > 2 { gsub(/ /, "", $1); print $1 }' "/proc/$qemu/net/dev" | tr '\n' ' ')
 ok "QEMU's namespace has loopback only ($ifaces)" '[ "$ifaces" = "lo " ]'
 rules=$(nsenter -t "$qemu" -n nft list ruleset)
 ok "its nftables rules match QEMU's UID $quid" 'grep -q "meta skuid != $quid accept" <<<"$rules" && grep -q "redirect to :" <<<"$rules"'
+ok "they log what they reset or drop to NFLOG group 1, rate-limited" '[ "$(grep -c "limit rate 20/second burst 40 packets log prefix \"capsule \(reset\|drop\)\" group 1$" <<<"$rules")" = 2 ]'
 echo "$rules" | sed 's/^/#   /'
 ok "ping_group_range excludes QEMU's GID" '[ "$(nsenter -t "$qemu" -n cat /proc/sys/net/ipv4/ping_group_range)" = "$(printf "1\t0")" ]'
 asq() { nsenter -t "$qemu" -n setpriv --reuid "$quid" --regid "$quid" --clear-groups /usr/bin/python3 -c "$1" 2>&1; }
@@ -63,6 +70,8 @@ r=$(asq 'import socket
 try: socket.create_connection(("198.51.100.7",80),3); print("connected")
 except Exception as e: print(type(e).__name__)')
 ok "as QEMU's UID a denied address gets a reset ($r)" '[ "$r" = ConnectionRefusedError ]'
+sleep 0.5
+ok "and the reset is logged to the policy process" 'grep -q "^nflog capsule reset proto 6 [0-9.]*:[0-9]* > 198.51.100.7:80 type 0$" "$log"'
 lport=$(grep -o 'redirect to :[0-9]*' <<<"$rules" | head -1 | cut -d: -f2)
 r=$(asq "import socket
 try: socket.create_connection(('127.0.0.1',$lport),3); print('connected')
@@ -74,6 +83,25 @@ r=$(asq 'import socket; u=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
 try: u.sendto(b"x",("203.0.113.10",53)); print("sent")
 except Exception as e: print(type(e).__name__)')
 ok "as QEMU's UID other UDP is dropped ($r)" '[ "$r" = PermissionError ]'
+sleep 0.5
+ok "and logged to the policy process" 'grep -q "^nflog capsule drop proto 17 [0-9.]*:[0-9]* > 203.0.113.10:53 type 0$" "$log"'
+# QEMU has no ping socket (below) and no CAP_NET_RAW; given the latter, an
+# echo request of its UID is dropped and logged all the same.
+r=$(nsenter -t "$qemu" -n setpriv --reuid "$quid" --regid "$quid" --clear-groups --inh-caps +net_raw --ambient-caps +net_raw \
+	/usr/bin/python3 -c 'import socket; s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_ICMP)
+try: s.sendto(b"\x08\x00\xf7\xfe\x00\x01\x00\x00",("203.0.113.10",0)); print("sent")
+except Exception as e: print(type(e).__name__)' 2>&1)
+sleep 0.5
+ok "as QEMU's UID (with CAP_NET_RAW) an ICMP echo is dropped ($r) and logged" '[ "$r" = PermissionError ] && grep -q "^nflog capsule drop proto 1 [0-9.]*:0 > 203.0.113.10:0 type 8$" "$log"'
+before=$(grep -c "^nflog" "$log")
+r=$(asq 'import socket; u=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); n=0
+for i in range(500):
+    try: u.sendto(b"x",("203.0.113.10",9000+i))
+    except PermissionError: n+=1
+print(n)')
+sleep 1
+after=$(grep -c "^nflog" "$log")
+ok "a flood of 500 is all dropped ($r) and at most a burst of it logged ($((after - before)))" '[ "$r" = 500 ] && [ $((after - before)) -ge 20 ] && [ $((after - before)) -le 60 ]'
 r=$(asq 'import socket
 try: socket.socket(socket.AF_INET,socket.SOCK_DGRAM,socket.IPPROTO_ICMP); print("open")
 except Exception as e: print(type(e).__name__)')
@@ -85,7 +113,7 @@ ok "with no_new_privs" '[ "$(awk "\$1 == \"NoNewPrivs:\" { print \$2 }" /proc/$p
 ok "in QEMU's cgroup" '[ "$(cat /proc/$pol/cgroup)" = "$(cat /proc/$qemu/cgroup)" ]'
 ok "in the host's network namespace, not QEMU's" '[ "$(readlink /proc/$pol/ns/net)" = "$(readlink /proc/self/ns/net)" ] && [ "$(readlink /proc/$qemu/ns/net)" != "$(readlink /proc/self/ns/net)" ]'
 fds=$(ls /proc/$pol/fd | sort -n | tr '\n' ' ')
-ok "holding only 0-2, its four descriptors and the one kept ($fds)" '[ "$(ls /proc/$pol/fd | wc -l)" -eq 8 ]'
+ok "holding only 0-2, its five descriptors and the one kept ($fds)" '[ "$(ls /proc/$pol/fd | wc -l)" -eq 9 ]'
 ls -l /proc/$pol/fd | awk 'NR > 1 { print "#   " $(NF-2), $NF }'
 ok "rlimits NOFILE 4096, CORE 0" 'grep -q "Max open files *4096 *4096" /proc/$pol/limits && grep -q "Max core file size *0 *0" /proc/$pol/limits'
 conn=$(pgrep -P $$ -f engine-dev >/dev/null; ps -o pid= --ppid "$dev" | tr -d " " | grep -vx "$qemu" | grep -vx "$pol")
@@ -131,7 +159,7 @@ grep -v "^tcp \|^dns " "$log" | sed 's/^/# log: /'
 # --- a template with a NIC, restored with other forwards ---
 t=$(mktemp -d /tmp/engine-dev-template.XXXXXX)
 ans=$("$b/engine-dev" "$log" template "$t" 2>&1)
-ok "a template build has the NIC, everything denied, no policy process" '[[ $ans == SAVED\ policy=-1* ]] && grep -q "elements = { 0.0.0.0/0 }" <<<"$ans" && ! grep -q redirect <<<"$ans"'
+ok "a template build has the NIC, everything denied, no policy process nor logging" '[[ $ans == SAVED\ policy=-1* ]] && grep -q "elements = { 0.0.0.0/0 }" <<<"$ans" && ! grep -q "redirect\|log " <<<"$ans"'
 : >"$log"
 ans=$(printf '%s\n' "guest echo | nc -w 5 203.0.113.10 80" "bg echo from-restored | nc -l -p 8080" "guest sleep 2" "ctl dial 8080" "guest sleep 2" quit |
 	"$b/engine-dev" "$log" restore "$t" 2>&1)

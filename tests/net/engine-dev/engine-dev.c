@@ -14,8 +14,11 @@
  * The toy policy process: every TCP connection redirected to it gets
  * "policy saw A:P\n" (its SO_ORIGINAL_DST) and is closed; every DNS query
  * gets NXDOMAIN; control "dial PORT" asks the connector for 127.0.0.2:PORT,
- * writes "hello guest\n" and logs the first line answered. All of it, and
- * its own credentials and descriptors at start, is logged to LOG.
+ * writes "hello guest\n" and logs the first line answered; every packet
+ * the kernel refused arrives on the NFLOG socket and is logged as
+ * "nflog PREFIX proto P SRC:SPORT > DST:DPORT type T" (the first message
+ * also in hex, "nflog-raw HEX"). All of it, and its own credentials and
+ * descriptors at start, is logged to LOG.
  *
  * Usage: engine-dev LOG [nonet | template DIR | restore DIR]
  * (CAPSULE_AGENT names the agent). "template" boots as a template build
@@ -44,6 +47,7 @@
 #include "buf.h"
 #include "client.h"
 #include "engine.h"
+#include "nflog.h"
 #include "store.h"
 #include "util.h"
 
@@ -152,6 +156,39 @@ static void dial(int conn, unsigned port)
 	close(fd);
 }
 
+static void on_refused(void *ud, const struct cap_nflog_pkt *p)
+{
+	(void)ud;
+	char s[INET_ADDRSTRLEN], d[INET_ADDRSTRLEN];
+	struct in_addr a = { htonl(p->saddr) }, b = { htonl(p->daddr) };
+	inet_ntop(AF_INET, &a, s, sizeof(s));
+	inet_ntop(AF_INET, &b, d, sizeof(d));
+	plog("nflog %s proto %u %s:%u > %s:%u type %u", p->prefix, p->proto, s, p->sport, d, p->dport,
+	     p->icmp_type);
+}
+
+static void on_nflog(int fd)
+{
+	static bool raw_done;
+	uint8_t buf[8192];
+	ssize_t n = recv(fd, buf, sizeof(buf), 0);
+	if (n < 0) {
+		if (errno != EAGAIN)
+			plog("nflog: recv: %s", strerror(errno));
+		return;
+	}
+	if (!raw_done) {
+		char hex[2 * 256 + 1] = "";
+		for (ssize_t i = 0; i < n && i < 256; i++)
+			snprintf(hex + 2 * i, 3, "%02x", buf[i]);
+		plog("nflog-raw %s", hex);
+		raw_done = true;
+	}
+	int r = cap_nflog_parse(buf, (size_t)n, on_refused, NULL);
+	if (r < 0)
+		plog("nflog: parse: %s", strerror(-r));
+}
+
 static int policy(void *ud, const struct cap_vm_net_fds *f)
 {
 	logfd = *(int *)ud;
@@ -163,14 +200,18 @@ static int policy(void *ud, const struct cap_vm_net_fds *f)
 			snprintf(fds + strlen(fds), sizeof(fds) - strlen(fds), " %s", e->d_name);
 	if (d)
 		closedir(d);
-	plog("policy uid=%u gid=%u nnp=%d fds:%s (tcp %d dns %d connector %d control %d log %d)", getuid(), getgid(),
-	     prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), fds, f->tcp_listen, f->dns, f->connector, f->control, logfd);
+	plog("policy uid=%u gid=%u nnp=%d fds:%s (tcp %d dns %d connector %d control %d nflog %d log %d)", getuid(),
+	     getgid(), prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), fds, f->tcp_listen, f->dns, f->connector, f->control,
+	     f->nflog, logfd);
 	char line[256];
 	size_t used = 0;
 	for (;;) {
-		struct pollfd p[3] = { { f->tcp_listen, POLLIN, 0 }, { f->dns, POLLIN, 0 }, { f->control, POLLIN, 0 } };
-		if (poll(p, 3, -1) < 0)
+		struct pollfd p[4] = { { f->tcp_listen, POLLIN, 0 }, { f->dns, POLLIN, 0 }, { f->control, POLLIN, 0 },
+				       { f->nflog, POLLIN, 0 } };
+		if (poll(p, 4, -1) < 0)
 			continue;
+		if (p[3].revents)
+			on_nflog(f->nflog);
 		if (p[0].revents)
 			on_tcp(f->tcp_listen);
 		if (p[1].revents)

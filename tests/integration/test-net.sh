@@ -32,6 +32,8 @@ unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY
 
 plan=68
 echo "1..$plan"
+start=$(date +%s)
+elapsed() { echo "# $1 after $(($(date +%s) - start)) s"; }
 skip_all() {
 	while [ "$n" -lt "$plan" ]; do skip "network suite" "$1"; done
 	exit 0
@@ -56,7 +58,7 @@ holder=
 sandboxes=
 
 teardown() {
-	for s in $sandboxes; do timeout 30 "$capsule" rm -f "$s" >/dev/null 2>&1; done
+	[ -n "$holder" ] && for s in $sandboxes; do cn timeout 30 "$capsule" rm -f "$s" >/dev/null 2>&1; done
 	# Everything in our namespaces is ours: the servers, the policy
 	# processes, the shims, the holder.
 	for ns in "$capns" "$inet" "$third"; do
@@ -90,7 +92,8 @@ setup() {
 	ip link set "$vc" netns "$capns" && ip link set "$vi" netns "$inet" || return 1
 	ip -n "$capns" addr add 192.0.2.1/30 dev "$vc" && ip -n "$capns" link set "$vc" up || return 1
 	ip -n "$inet" addr add 192.0.2.2/30 dev "$vi" && ip -n "$inet" link set "$vi" up || return 1
-	for a in 203.0.113.10 203.0.113.11 203.0.113.53 203.0.113.99 198.51.100.7 10.1.2.3 169.254.169.254; do
+	# 203.0.113.98: an address where nothing listens (an upstream proxy down)
+	for a in 203.0.113.10 203.0.113.11 203.0.113.53 203.0.113.98 203.0.113.99 198.51.100.7 10.1.2.3 169.254.169.254; do
 		ip -n "$inet" addr add "$a/32" dev lo || return 1
 	done
 	for p in 203.0.113.0/24 198.51.100.0/24 10.1.2.0/24 169.254.169.254/32; do
@@ -176,6 +179,7 @@ check "capsule's place: CAPNS's network, the fake resolver, the host's cgroups" 
 	'grep -qx "nameserver 203.0.113.53" "$out" && [ -n "$(ls /sys/fs/cgroup)" ] && [ "$(ls /sys/fs/cgroup | head -1)" = "$(sed -n 2p "$out")" ] && grep -q "$vc" "$out"'
 reset_counters
 
+elapsed "the fake internet checked"
 # --- capsule run -------------------------------------------------------------
 c image build base >"$out" 2>"$err"
 check "image build base" 'grep -q "^built base" "$out"'
@@ -226,6 +230,7 @@ check "upstream proxy unreachable: the connection fails and the host log names t
 check "upstream proxy unreachable: no direct fallback (0 packets, no request at 203.0.113.10)" \
 	'grep -q "wget=" "$out" && zero direct10 && [ "$(lines "$logs/http-203.0.113.10.log")" -eq "$h10" ]'
 
+elapsed "the runs done"
 # --- one named sandbox for most cases ---------------------------------------------
 web=web
 sandboxes="$web"
@@ -334,6 +339,7 @@ g "printf '$($py "$fake" clienthello 'a\r\nb.test')' | timeout 20 nc 203.0.113.1
 check "TLS: an SNI with control characters: the server gets nothing, the host log has the refusal" \
 	'! grep -q recorded "$out" && [ "$(tail -n +$((t10 + 1)) "$logs/tls-203.0.113.10.log" | grep -vc " bytes 0 ")" -eq 0 ] && logged "^capsule net: refused .*203.0.113.10:443"'
 
+elapsed "the policy cases done"
 # --- published ports -----------------------------------------------------------------
 c exec "$web" -- sh -c 'mkdir -p /tmp/www && echo "published file" > /tmp/www/file' >/dev/null 2>&1
 c exec "$web" -- httpd -f -p 8080 -h /tmp/www >"$rt/httpd8080" 2>&1 &
@@ -447,6 +453,7 @@ check "policy process $npid killed: the next connections (direct and by the prox
 	'[ -n "$npid" ] && [ "$(grep -c "^wget=[1-9]" "$out")" -eq 2 ] && zero direct10 udp icmp other && [ "$(lines "$logs/http-203.0.113.10.log")" -eq "$h10" ]'
 c rm -f "$web" >/dev/null 2>&1
 
+elapsed "web done"
 # --- a named sandbox without flags -----------------------------------------------
 sandboxes="$sandboxes bare"
 c create bare >"$out" 2>"$err" && c exec bare -- sh -c 'cat /proc/net/dev; ls /sys/class/net' >"$out" 2>>"$err"
@@ -466,4 +473,5 @@ for p in $(ip netns pids "$capns"); do
 done
 check "nothing of ours is left running: no QEMU, nothing in CAPNS but the holder" \
 	'[ "$(ours)" -eq 0 ] && [ "$(ip netns pids "$capns" | grep -vx "$holder" | wc -l)" -eq 0 ]'
+elapsed "all done"
 [ "$n" -eq "$plan" ] || echo "# plan says $plan, ran $n"

@@ -97,8 +97,6 @@ class Recorder(socketserver.ThreadingTCPServer):
     daemon_threads = True
 
     def __init__(self, logdir, addr, port):
-        self.logdir, self.addr = logdir, addr
-
         class Handler(socketserver.BaseRequestHandler):
             def handle(inner):
                 s = inner.request

@@ -7,9 +7,11 @@
 #include <linux/netlink.h>
 #include <netinet/in.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "nflog.h"
+#include "policy.h"
 
 #define NLMSG_HDR 16u	/* struct nlmsghdr */
 #define NFGEN_HDR 4u	/* struct nfgenmsg */
@@ -165,4 +167,52 @@ int cap_nflog_parse(const uint8_t *buf, size_t len,
 		len -= step;
 	}
 	return bad ? -EBADMSG : delivered;
+}
+
+const char *cap_nflog_describe(const struct cap_nflog_pkt *pkt, const struct cap_net_policy *policy,
+			       const char *const *names, unsigned nnames, char *out, size_t size)
+{
+	char a[16], dns[16];
+	if (size == 0)
+		return out;
+	if (pkt->version != 4) {
+		snprintf(out, size, "dropped ipv6 packet (next header %u): IPv6 never leaves the sandbox",
+			 pkt->proto);
+		return out;
+	}
+	cap_net_addr_str(pkt->daddr, a);
+	switch (pkt->proto) {
+	case IPPROTO_TCP:
+		if (strcmp(pkt->prefix, CAP_NFLOG_PREFIX_DROP) == 0) {
+			snprintf(out, size, "dropped tcp %s:%u: not part of a connection the policy process accepted",
+				 a, pkt->dport);
+			return out;
+		}
+		/* As the policy process decides a connection: each name the
+		 * address was given under, else the address alone. */
+		struct cap_net_verdict v;
+		bool allowed = false;
+		for (unsigned i = 0; i < nnames && !allowed; i++) {
+			cap_net_decide(policy, pkt->daddr, pkt->dport, names[i], &v);
+			allowed = v.allow;
+		}
+		if (!allowed)
+			cap_net_decide(policy, pkt->daddr, pkt->dport, nnames ? names[0] : NULL, &v);
+		if (v.allow)	/* the kernel's ranges were those of the policy before a change */
+			snprintf(out, size, "refused tcp %s:%u: its range was denied when it was sent "
+				 "(the policy allows it now)", a, pkt->dport);
+		else
+			snprintf(out, size, "refused tcp %s:%u: %s", a, pkt->dport, v.rule);
+		return out;
+	case IPPROTO_UDP:
+		snprintf(out, size, "dropped udp %s:%u: only DNS to %s leaves the sandbox over UDP", a, pkt->dport,
+			 cap_net_addr_str(CAP_NET_DNS, dns));
+		return out;
+	case IPPROTO_ICMP:
+		snprintf(out, size, "dropped icmp %s (type %u): ICMP never leaves the sandbox", a, pkt->icmp_type);
+		return out;
+	default:
+		snprintf(out, size, "dropped ip proto %u to %s: only TCP and DNS leave the sandbox", pkt->proto, a);
+		return out;
+	}
 }

@@ -48,4 +48,19 @@ struct cap_nflog_pkt {
 int cap_nflog_parse(const uint8_t *buf, size_t len,
 		    void (*cb)(void *ud, const struct cap_nflog_pkt *p), void *ud);
 
+/* The policy process's log line (netd.h, without "capsule net: ") for a
+ * packet the kernel refused, into out (size bytes, NUL-terminated,
+ * truncated to fit); returns out. Addresses are as QEMU's sockets sent
+ * them (the gateway is 127.0.0.1). TCP reset for a denied range names
+ * the rule from cap_net_decide under policy, with each of names (the DNS
+ * names the guest was answered daddr with, newest first; NULL when
+ * nnames is 0) tried as cap_net_decide's name:
+ *   "refused tcp 198.51.100.7:80: no rule allows 198.51.100.7:80"
+ *   "dropped udp 203.0.113.10:9999: only DNS to 10.0.2.3 leaves the sandbox over UDP"
+ *   "dropped icmp 203.0.113.10 (type 8): ICMP never leaves the sandbox"
+ *   "dropped ip proto 47 to 203.0.113.10: only TCP and DNS leave the sandbox" */
+struct cap_net_policy;
+const char *cap_nflog_describe(const struct cap_nflog_pkt *pkt, const struct cap_net_policy *policy,
+			       const char *const *names, unsigned nnames, char *out, size_t size);
+
 #endif

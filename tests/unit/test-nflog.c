@@ -1,11 +1,13 @@
 /* Unit tests of the NFLOG parser (src/net/nflog.c): hand-built netlink
- * messages as the kernel sends them, and broken ones. */
+ * messages as the kernel sends them, and broken ones; the log lines of
+ * the packets it finds. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -16,6 +18,7 @@
 #include <netinet/in.h>
 
 #include "nflog.h"
+#include "policy.h"
 
 #define PKT_TYPE (NFNL_SUBSYS_ULOG << 8 | NFULNL_MSG_PACKET)
 
@@ -495,6 +498,89 @@ static void test_unpadded_end(void **state)
 	assert_int_equal(g.p[0].dport, 53);
 }
 
+/* ---- the log lines ----------------------------------------------------- */
+
+static struct cap_net_policy *policy_of(const char *flag, const char *value)
+{
+	struct cap_net_policy *p = malloc(sizeof(*p));
+	struct cap_err err = { 0 };
+	assert_non_null(p);
+	cap_net_policy_init(p);
+	if (flag && cap_net_policy_apply(p, flag, value, &err) < 0)
+		fail_msg("%s %s: %s", flag, value ? value : "", err.msg);
+	return p;
+}
+
+static struct cap_nflog_pkt pkt(uint8_t proto, uint32_t daddr, uint16_t dport, const char *prefix)
+{
+	struct cap_nflog_pkt p = { .version = 4, .proto = proto, .saddr = daddr, .daddr = daddr,
+				   .sport = 40000, .dport = dport };
+	snprintf(p.prefix, sizeof(p.prefix), "%s", prefix);
+	return p;
+}
+
+static void test_describe(void **state)
+{
+	(void)state;
+	struct cap_net_policy *pol = policy_of("allow-egress", "203.0.113.10");
+	char line[512];
+	struct cap_nflog_pkt p = pkt(IPPROTO_TCP, 0xc6336407u, 80, CAP_NFLOG_PREFIX_RESET);
+	struct cap_net_verdict v;
+	cap_net_decide(pol, 0xc6336407u, 80, NULL, &v);
+	char want[600];
+	snprintf(want, sizeof(want), "refused tcp 198.51.100.7:80: %s", v.rule);
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)), want);
+	assert_false(v.allow);
+	assert_true(strlen(v.rule) > 0);
+
+	p = pkt(IPPROTO_UDP, 0xcb00710au, 9999, CAP_NFLOG_PREFIX_DROP);
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)),
+			    "dropped udp 203.0.113.10:9999: only DNS to 10.0.2.3 leaves the sandbox over UDP");
+	p = pkt(IPPROTO_ICMP, 0xcb00710au, 0, CAP_NFLOG_PREFIX_DROP);
+	p.icmp_type = 8;
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)),
+			    "dropped icmp 203.0.113.10 (type 8): ICMP never leaves the sandbox");
+	p = pkt(47, 0xcb00710au, 0, CAP_NFLOG_PREFIX_DROP);
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)),
+			    "dropped ip proto 47 to 203.0.113.10: only TCP and DNS leave the sandbox");
+	p = pkt(IPPROTO_TCP, 0xcb00710au, 443, CAP_NFLOG_PREFIX_DROP);
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)),
+			    "dropped tcp 203.0.113.10:443: not part of a connection the policy process accepted");
+	p = (struct cap_nflog_pkt){ .version = 6, .proto = IPPROTO_UDP };
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)),
+			    "dropped ipv6 packet (next header 17): IPv6 never leaves the sandbox");
+
+	/* Reset for an address the policy allows now: a change was racing. */
+	p = pkt(IPPROTO_TCP, 0xcb00710au, 80, CAP_NFLOG_PREFIX_RESET);
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, sizeof(line)),
+			    "refused tcp 203.0.113.10:80: its range was denied when it was sent (the policy allows it now)");
+
+	/* Truncated to the buffer, NUL-terminated; nothing written at size 0. */
+	p = pkt(IPPROTO_UDP, 0xcb00710au, 9999, "");
+	assert_string_equal(cap_nflog_describe(&p, pol, NULL, 0, line, 12), "dropped udp");
+	line[0] = 'x';
+	cap_nflog_describe(&p, pol, NULL, 0, line, 0);
+	assert_int_equal(line[0], 'x');
+	free(pol);
+}
+
+/* The names the guest was answered the address with count, as for a
+ * connection: a name rule refusing the address names it. */
+static void test_describe_names(void **state)
+{
+	(void)state;
+	struct cap_net_policy *pol = policy_of("allow-egress", "api.example.com:443");
+	char line[512], want[600];
+	const char *names[] = { "evil.example", "api.example.com" };
+	struct cap_nflog_pkt p = pkt(IPPROTO_TCP, 0x0a010203u, 443, CAP_NFLOG_PREFIX_RESET);
+	struct cap_net_verdict v;
+	cap_net_decide(pol, 0x0a010203u, 443, "evil.example", &v);
+	assert_false(v.allow);
+	snprintf(want, sizeof(want), "refused tcp 10.1.2.3:443: %s", v.rule);
+	assert_string_equal(cap_nflog_describe(&p, pol, names, 2, line, sizeof(line)), want);
+	free(pol);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -511,6 +597,8 @@ int main(void)
 		cmocka_unit_test(test_ipv6),
 		cmocka_unit_test(test_prefix),
 		cmocka_unit_test(test_unpadded_end),
+		cmocka_unit_test(test_describe),
+		cmocka_unit_test(test_describe_names),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

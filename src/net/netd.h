@@ -34,7 +34,11 @@
  * Errors dialing out ("capsule net: cannot reach 203.0.113.10:80:
  * Connection refused", "capsule net: upstream proxy 10.9.9.9:3128
  * unreachable: ...") are logged too. Nothing allowed is logged unless
- * verbose. */
+ * verbose. So is every packet the kernel refused in the VM's namespace
+ * (nflog, as cap_nflog_describe words it):
+ *   "capsule net: refused tcp 198.51.100.7:80: no rule allows 198.51.100.7:80 ..."
+ *   "capsule net: dropped udp 203.0.113.10:9999: only DNS to 10.0.2.3 leaves the sandbox over UDP"
+ *   "capsule net: dropped icmp 203.0.113.10 (type 8): ICMP never leaves the sandbox" */
 #ifndef CAP_NET_NETD_H
 #define CAP_NET_NETD_H
 
@@ -66,6 +70,10 @@ struct cap_netd_config {
 	 * order (bound by the owner, who may bind privileged ports). */
 	const int *publish_fds;
 	unsigned npublish;
+	/* The engine's NFLOG socket (engine.h, cap_vm_net_fds.nflog): the
+	 * packets the VM's rules reset or dropped. -1 when none (so is 0-2,
+	 * the standard streams, as a config leaving it unset has it). */
+	int nflog;
 	int log_fd;
 	bool verbose;	/* also log each allowed connection and its route */
 	const char *resolv_conf;	/* NULL: /etc/resolv.conf */

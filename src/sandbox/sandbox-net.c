@@ -45,6 +45,7 @@ static int policy_main(void *ud, const struct cap_vm_net_fds *fds)
 		.dns = fds->dns,
 		.connector = fds->connector,
 		.control = fds->control,
+		.nflog = fds->nflog,
 		.publish_fds = n->publish_fds,
 		.npublish = n->npublish,
 		.log_fd = n->log_fd >= 0 ? n->log_fd : STDERR_FILENO,

@@ -30,7 +30,7 @@ py=/usr/bin/python3
 # The host's proxy settings must not leak into the policy process.
 unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
-plan=68
+plan=69
 echo "1..$plan"
 start=$(date +%s)
 elapsed() { echo "# $1 after $(($(date +%s) - start)) s"; }
@@ -289,6 +289,7 @@ check "host without --allow-host: host.capsule.internal and 10.0.2.2 refused, th
 check "... and logged with the rule" 'logged "^capsule net: refused tcp .*:18099: ."'
 
 reset_counters
+mark
 d0=$(lines "$logs/dns.log")
 g 'tftp -g -r probe -l /tmp/probe 203.0.113.10 9999 2>&1 & sleep 3; kill $! 2>/dev/null
    nslookup directcheck.test 203.0.113.53 2>&1 | tail -2
@@ -296,6 +297,8 @@ g 'tftp -g -r probe -l /tmp/probe 203.0.113.10 9999 2>&1 & sleep 3; kill $! 2>/d
 sed 's/^/# guest: /' "$out"
 check "non-DNS UDP, DNS to another server and ICMP never leave (UDP, ICMP, other: 0 packets; the DNS server saw nothing)" \
 	'grep -q "^ping=" "$out" && ! grep -qx "ping=0" "$out" && zero udp icmp other && ! tail -n +$((d0 + 1)) "$logs/dns.log" | grep -q directcheck'
+check "... and the dropped datagrams are logged (tftp to 203.0.113.10:9999, DNS to 203.0.113.53)" \
+	'logged "^capsule net: dropped udp 203.0.113.10:9999: ." && logged "^capsule net: dropped udp 203.0.113.53:53: ."'
 
 mark
 g 'nslookup other.test 2>&1; echo "nslookup=$?"; timeout 15 wget -Y off -q -O- http://other.test/; echo "wget=$?"'

@@ -1,2 +1,557 @@
-/* netd: see netd.h (being written). */
-#include "policy.h"
+/* netd: see netd.h. The poll loop, the log, the control channel,
+ * published ports and the connector; connections are in netd-conn.c and
+ * netd-proxy.c, DNS in netd-dns.c. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "netd-int.h"
+#include "nflog.h"
+#include "sniff.h"
+#include "util.h"
+
+#define LOG_LINE_MAX 1024
+#define CONTROL_LINE_MAX (1 << 20)
+#define FD_RESERVE 64	/* descriptors kept for everything but connections */
+
+/* Fixed entries of the poll set, before the listeners and connections. */
+enum { P_CONTROL, P_TCP, P_DNS, P_RESOLVER, P_CONNECTOR, P_NFLOG, P_FIXED };
+
+static bool log_is_socket;
+
+void netd_log(struct netd *d, const char *fmt, ...)
+{
+	char line[LOG_LINE_MAX];
+	int n = snprintf(line, sizeof(line), "capsule net: ");
+	va_list ap;
+
+	va_start(ap, fmt);
+	int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		return;
+	size_t len = CAP_MIN((size_t)n + (size_t)m, sizeof(line) - 2);
+	line[len++] = '\n';
+	int fd = d->cfg->log_fd;
+	/* Never wait for the log: a line that does not fit now is dropped.
+	 * A pipe or terminal that polls writable takes a line this short
+	 * (under PIPE_BUF) whole; a socket is asked not to block. */
+	if (log_is_socket) {
+		(void)!send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		return;
+	}
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT))
+		(void)!write(fd, line, len);
+}
+
+const struct cap_net_policy *netd_policy(const struct netd *d)
+{
+	return d->owned_policy;
+}
+
+/* ---- the connector ------------------------------------------------------------ */
+
+static void connector_gone(struct netd *d, const char *why)
+{
+	if (d->connector_dead)
+		return;
+	netd_log(d, "the connector is gone (%s): published ports cannot reach the guest", why);
+	d->connector_dead = true;
+	for (; d->cq_count; d->cq_count--, d->cq_head = (d->cq_head + 1) % NETD_MAX_CONNS) {
+		struct conn *c = conn_find(d, d->cq[d->cq_head].slot, d->cq[d->cq_head].conn_id);
+		if (c && c->state == ST_CONNECTOR)
+			conn_free(d, c, true);
+	}
+	d->cq_out_len = 0;
+}
+
+static void connector_flush(struct netd *d)
+{
+	if (d->connector_dead || !d->cq_out_len)
+		return;
+	ssize_t w = send(d->cfg->connector, d->cq_out, d->cq_out_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (w < 0) {
+		if (errno != EAGAIN && errno != EINTR)
+			connector_gone(d, strerror(errno));
+		return;
+	}
+	memmove(d->cq_out, d->cq_out + w, d->cq_out_len - (size_t)w);
+	d->cq_out_len -= (size_t)w;
+}
+
+void netd_connector_request(struct netd *d, struct conn *c, uint16_t guest_port)
+{
+	c->port = guest_port;
+	if (d->connector_dead || d->cq_count == NETD_MAX_CONNS) {
+		netd_log(d, "cannot reach guest port %u: %s", guest_port,
+			 d->connector_dead ? "the connector is gone" : "too many requests to the connector");
+		conn_free(d, c, true);
+		return;
+	}
+	cap_put_u16(d->cq_out + d->cq_out_len, guest_port);
+	d->cq_out_len += 2;
+	unsigned tail = (d->cq_head + d->cq_count++) % NETD_MAX_CONNS;
+	d->cq[tail].conn_id = c->id;
+	d->cq[tail].slot = c->slot;
+	c->state = ST_CONNECTOR;
+	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+	connector_flush(d);
+}
+
+/* One answer: a status byte, with a socket when it is 0. */
+static int connector_read_one(struct netd *d)
+{
+	uint8_t status;
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = { &status, 1 };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	ssize_t n = recvmsg(d->cfg->connector, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			return 0;
+		connector_gone(d, strerror(errno));
+		return 0;
+	}
+	if (n == 0) {
+		connector_gone(d, "it closed its socket");
+		return 0;
+	}
+	int fd = -1;
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h))
+		if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
+		    h->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(&fd, CMSG_DATA(h), sizeof(int));
+	if (!d->cq_count) {
+		if (fd >= 0)
+			close(fd);
+		connector_gone(d, "it answered a request never made");
+		return 0;
+	}
+	struct conn *c = conn_find(d, d->cq[d->cq_head].slot, d->cq[d->cq_head].conn_id);
+	d->cq_head = (d->cq_head + 1) % NETD_MAX_CONNS;
+	d->cq_count--;
+	if (!c || c->state != ST_CONNECTOR) {	/* timed out meanwhile */
+		if (fd >= 0)
+			close(fd);
+		return 1;
+	}
+	if (status || fd < 0) {
+		netd_log(d, "cannot reach guest port %u: %s", c->port,
+			 status ? strerror(status) : "the connector sent no socket");
+		if (fd >= 0)
+			close(fd);
+		conn_free(d, c, true);
+		return 1;
+	}
+	cap_set_nonblock(fd, 1);
+	c->b = fd;
+	conn_dialing(d, c);
+	return 1;
+}
+
+static void connector_read(struct netd *d)
+{
+	for (unsigned i = 0; i < 64 && !d->connector_dead; i++)
+		if (!connector_read_one(d))
+			return;
+}
+
+/* ---- packets the kernel refused ---------------------------------------------------- */
+
+static void nflog_packet(void *ud, const struct cap_nflog_pkt *p)
+{
+	struct netd *d = ud;
+	const char *names[8];
+	char line[LOG_LINE_MAX];
+	unsigned n = p->version == 4 ? dns_names_for(d, p->daddr, names, 8) : 0;
+
+	netd_log(d, "%s", cap_nflog_describe(p, netd_policy(d), n ? names : NULL, n, line,
+					       sizeof(line)));
+}
+
+static void nflog_read(struct netd *d)
+{
+	for (unsigned i = 0; i < 64; i++) {
+		ssize_t n = recv(d->cfg->nflog, d->owned_dgram, NETD_DGRAM_MAX, MSG_DONTWAIT);
+		if (n < 0) {
+			/* ENOBUFS: the kernel dropped messages; the next ones come. */
+			if (errno == ENOBUFS || errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				netd_log(d, "cannot read the kernel's refused packets: %s", strerror(errno));
+			return;
+		}
+		int r = cap_nflog_parse(d->owned_dgram, (size_t)n, nflog_packet, d);
+		if (r == -EBADMSG)
+			netd_log(d, "a malformed message from NFLOG was skipped");
+	}
+}
+
+/* ---- published ports ------------------------------------------------------------ */
+
+static void publish_accept(struct netd *d, const struct listener *l)
+{
+	char a[16];
+
+	for (unsigned i = 0; i < 64; i++) {
+		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == ECONNABORTED || errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				netd_log(d, "cannot accept on %s:%u: %s", cap_net_addr_str(l->bind, a),
+					 l->host_port, strerror(errno));
+			return;
+		}
+		struct conn *c = conn_new(d, CONN_PUBLISH, fd);
+		if (!c) {
+			netd_log(d, "refused a client of %s:%u: too many connections (%u)",
+				 cap_net_addr_str(l->bind, a), l->host_port, d->max_conns);
+			struct linger lg = { 1, 0 };
+			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+			close(fd);
+			continue;
+		}
+		snprintf(c->desc, sizeof(c->desc), "publish %s:%u to guest port %u",
+			 cap_net_addr_str(l->bind, a), l->host_port, l->guest_port);
+		netd_connector_request(d, c, l->guest_port);
+	}
+}
+
+static void publish(struct netd *d, uint32_t bind_addr, uint16_t host_port, uint16_t guest_port)
+{
+	char a[16];
+
+	for (unsigned i = 0; i < d->nlisteners; i++) {
+		struct listener *l = &d->listeners[i];
+		if (l->bind == bind_addr && l->host_port == host_port) {
+			l->guest_port = guest_port;
+			return;
+		}
+	}
+	if (d->nlisteners == NETD_MAX_LISTENERS) {
+		netd_log(d, "cannot publish %s:%u: %u ports are published already",
+			 cap_net_addr_str(bind_addr, a), host_port, NETD_MAX_LISTENERS);
+		return;
+	}
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(host_port),
+				  .sin_addr.s_addr = htonl(bind_addr) };
+	int one = 1;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 128) < 0) {
+		netd_log(d, "cannot publish %s:%u: %s", cap_net_addr_str(bind_addr, a), host_port,
+			 strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	d->listeners[d->nlisteners++] = (struct listener){ fd, bind_addr, host_port, guest_port };
+	if (d->cfg->verbose)
+		netd_log(d, "published %s:%u to guest port %u", cap_net_addr_str(bind_addr, a),
+			 host_port, guest_port);
+}
+
+static void unpublish(struct netd *d, uint16_t host_port)
+{
+	bool found = false;
+
+	for (unsigned i = 0; i < d->nlisteners;) {
+		if (d->listeners[i].host_port != host_port) {
+			i++;
+			continue;
+		}
+		close(d->listeners[i].fd);
+		d->listeners[i] = d->listeners[--d->nlisteners];
+		found = true;
+	}
+	if (!found)
+		netd_log(d, "unpublish %u: that port is not published; ignored", host_port);
+}
+
+/* ---- control lines ----------------------------------------------------------------- */
+
+static bool parse_port(const char *s, uint16_t *out)
+{
+	char *end = NULL;
+
+	if (*s < '0' || *s > '9')
+		return false;
+	unsigned long v = strtoul(s, &end, 10);
+	if (*end || v == 0 || v > 65535)
+		return false;
+	*out = (uint16_t)v;
+	return true;
+}
+
+static void control_policy(struct netd *d, char *words)
+{
+	struct cap_net_policy *p = xmalloc(sizeof(*p));
+	struct cap_err err = { 0 };
+
+	cap_net_policy_init(p);
+	for (char *save = NULL, *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+		char *eq = strchr(w, '=');
+		if (eq)
+			*eq = '\0';
+		if (cap_net_policy_apply(p, w, eq ? eq + 1 : NULL, &err) < 0) {
+			netd_log(d, "control: policy not changed: %s", err.msg);
+			free(p);
+			return;
+		}
+	}
+	free(d->owned_policy);
+	d->owned_policy = p;
+	if (d->cfg->verbose) {
+		char *text = cap_net_policy_describe(p);
+		netd_log(d, "policy now: %s", text);
+		free(text);
+	}
+}
+
+static void control_line(void *ud, const char *p, size_t n)
+{
+	struct netd *d = ud;
+	char *line = xstrndup(p, n);
+	char q[200];
+
+	if (n && line[n - 1] == '\r')
+		line[--n] = '\0';
+	char b[32], hp[16], gp[16], extra[2];
+	uint32_t bind_addr;
+	uint16_t host_port, guest_port;
+	if (!strcmp(line, "policy") || !strncmp(line, "policy ", 7)) {
+		control_policy(d, line + 6);
+	} else if (!strncmp(line, "publish ", 8) &&
+		   sscanf(line + 8, "%31s %15s %15s %1s", b, hp, gp, extra) == 3 &&
+		   cap_net_addr_parse(b, &bind_addr) && parse_port(hp, &host_port) &&
+		   parse_port(gp, &guest_port)) {
+		publish(d, bind_addr, host_port, guest_port);
+	} else if (!strncmp(line, "unpublish ", 10) && sscanf(line + 10, "%15s %1s", hp, extra) == 1 &&
+		   parse_port(hp, &host_port)) {
+		unpublish(d, host_port);
+	} else {
+		netd_log(d, "control: cannot apply %s; ignored", cap_sniff_quote(line, n, q, sizeof(q)));
+	}
+	free(line);
+}
+
+static void control_too_long(void *ud)
+{
+	netd_log(ud, "control: a line over %d bytes; ignored", CONTROL_LINE_MAX);
+}
+
+static void control_read(struct netd *d)
+{
+	uint8_t *p = cap_buf_reserve(&d->control, 65536);
+	ssize_t n = read(d->cfg->control, p, 65536);
+
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			return;
+		netd_log(d, "control: %s; stopping", strerror(errno));
+		d->stop = true;
+		return;
+	}
+	if (n == 0) {
+		d->stop = true;
+		return;
+	}
+	cap_buf_commit(&d->control, (size_t)n);
+	cap_buf_lines(&d->control, CONTROL_LINE_MAX, &d->control_lines, control_line,
+		      control_too_long, d);
+}
+
+/* ---- the loop ----------------------------------------------------------------------- */
+
+struct poll_ref {
+	unsigned slot;
+	uint64_t id;
+	int ia, ib;	/* indexes in the poll set, -1: none */
+};
+
+struct loop {
+	struct pollfd fds[P_FIXED + NETD_MAX_LISTENERS + 2 * NETD_MAX_CONNS];
+	struct poll_ref refs[NETD_MAX_CONNS];
+};
+
+static int step(struct netd *d, struct loop *lp)
+{
+	const struct cap_netd_config *cfg = d->cfg;
+	int64_t now = cap_now_ms(), next = 0;
+
+	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
+		struct conn *c = d->conns[i];
+		if (c && c->deadline && c->deadline <= now)
+			conn_timeout(d, c);
+	}
+	dns_timeouts(d, now, &next);
+	/* After the timeouts, which may have set new deadlines. */
+	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
+		struct conn *c = d->conns[i];
+		if (c && c->deadline && (!next || c->deadline < next))
+			next = c->deadline;
+	}
+
+	struct pollfd *f = lp->fds;
+	f[P_CONTROL] = (struct pollfd){ .fd = cfg->control, .events = POLLIN };
+	f[P_TCP] = (struct pollfd){ .fd = cfg->tcp_listen, .events = POLLIN };
+	f[P_DNS] = (struct pollfd){ .fd = cfg->dns, .events = POLLIN };
+	f[P_RESOLVER] = (struct pollfd){ .fd = d->resolver, .events = POLLIN };
+	f[P_CONNECTOR] = (struct pollfd){ .fd = d->connector_dead ? -1 : cfg->connector,
+					  .events = (short)(POLLIN | (d->cq_out_len ? POLLOUT : 0)) };
+	f[P_NFLOG] = (struct pollfd){ .fd = cfg->nflog > STDERR_FILENO ? cfg->nflog : -1,
+				      .events = POLLIN };
+	unsigned n = P_FIXED;
+	unsigned nl = d->nlisteners;
+	for (unsigned i = 0; i < nl; i++)
+		f[n++] = (struct pollfd){ .fd = d->listeners[i].fd, .events = POLLIN };
+	unsigned nrefs = 0;
+	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
+		struct conn *c = d->conns[i];
+		if (!c)
+			continue;
+		short ea, eb;
+		conn_poll_events(c, &ea, &eb);
+		struct poll_ref *r = &lp->refs[nrefs++];
+		*r = (struct poll_ref){ c->slot, c->id, -1, -1 };
+		if (ea) {
+			r->ia = (int)n;
+			f[n++] = (struct pollfd){ .fd = c->a, .events = ea };
+		}
+		if (eb && c->b >= 0) {
+			r->ib = (int)n;
+			f[n++] = (struct pollfd){ .fd = c->b, .events = eb };
+		}
+	}
+
+	int timeout = -1;
+	if (next)
+		timeout = (int)CAP_MIN(CAP_MAX(next - cap_now_ms(), 0), 60000);
+	if (poll(f, n, timeout) < 0) {
+		if (errno == EINTR)
+			return 0;
+		netd_log(d, "cannot poll: %s; the network of %s stops", strerror(errno), cfg->name);
+		return -1;
+	}
+
+	for (unsigned i = 0; i < nrefs; i++) {
+		struct poll_ref *r = &lp->refs[i];
+		struct conn *c = conn_find(d, r->slot, r->id);
+		short ra = r->ia >= 0 ? f[r->ia].revents : 0, rb = r->ib >= 0 ? f[r->ib].revents : 0;
+		if (c && (ra || rb))
+			conn_events(d, c, ra, rb);
+	}
+	/* Listeners by their descriptor: a control line may have changed
+	 * the list since the poll set was built (it is read last). */
+	for (unsigned i = 0; i < nl; i++)
+		if (f[P_FIXED + i].revents)
+			for (unsigned j = 0; j < d->nlisteners; j++)
+				if (d->listeners[j].fd == f[P_FIXED + i].fd) {
+					publish_accept(d, &d->listeners[j]);
+					break;
+				}
+	if (f[P_TCP].revents)
+		conn_accept_guest(d, cfg->tcp_listen);
+	if (f[P_DNS].revents)
+		dns_guest_query(d);
+	if (f[P_RESOLVER].revents)
+		dns_upstream_reply(d);
+	if (f[P_CONNECTOR].revents & POLLOUT)
+		connector_flush(d);
+	if (f[P_CONNECTOR].revents & (POLLIN | POLLHUP | POLLERR))
+		connector_read(d);
+	if (f[P_NFLOG].revents)
+		nflog_read(d);
+	if (f[P_CONTROL].revents)
+		control_read(d);
+	return 0;
+}
+
+/* How many connections the descriptor limit allows (two each). */
+static unsigned conn_limit(unsigned nlisteners)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 64;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	rlim_t spare = rl.rlim_cur > FD_RESERVE + nlisteners ? rl.rlim_cur - FD_RESERVE - nlisteners : 2;
+	return (unsigned)CAP_MAX(1, CAP_MIN(spare / 2, NETD_MAX_CONNS));
+}
+
+static void netd_free(struct netd *d)
+{
+	for (unsigned i = 0; i < NETD_MAX_CONNS; i++)
+		if (d->conns[i])
+			conn_free(d, d->conns[i], false);
+	for (unsigned i = 0; i < d->nlisteners; i++)
+		close(d->listeners[i].fd);
+	dns_fini(d);
+	cap_buf_fini(&d->control);
+	free(d->proxy.owned_no_proxy);
+	free(d->owned_policy);
+	free(d);
+}
+
+int cap_netd_main(const struct cap_netd_config *cfg)
+{
+	struct netd *d = xcalloc(1, sizeof(*d));
+	struct stat st;
+	int rc = 0;
+
+	d->cfg = cfg;
+	log_is_socket = fstat(cfg->log_fd, &st) == 0 && S_ISSOCK(st.st_mode);
+	signal(SIGPIPE, SIG_IGN);
+	d->owned_policy = xmalloc(sizeof(*d->owned_policy));
+	*d->owned_policy = *cfg->policy;
+	cap_buf_init(&d->control);
+	int fds[] = { cfg->control, cfg->dns, cfg->tcp_listen, cfg->connector,
+		      cfg->nflog > STDERR_FILENO ? cfg->nflog : -1 };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
+		if (fds[i] >= 0)
+			cap_set_nonblock(fds[i], 1);
+	unsigned np = CAP_MIN(cfg->npublish, cfg->policy->npublish);
+	if (cfg->npublish != cfg->policy->npublish)
+		netd_log(d, "%u published ports' sockets for %u --publish: the extra ones are not served",
+			 cfg->npublish, cfg->policy->npublish);
+	for (unsigned i = 0; i < np && i < NETD_MAX_LISTENERS; i++) {
+		const struct cap_net_publish *p = &cfg->policy->publish[i];
+		cap_set_nonblock(cfg->publish_fds[i], 1);
+		d->listeners[d->nlisteners++] =
+			(struct listener){ cfg->publish_fds[i], p->bind, p->host_port, p->guest_port };
+	}
+	d->max_conns = conn_limit(d->nlisteners);
+	dns_init(d);
+	upstream_init(d);
+
+	struct loop *lp = xmalloc(sizeof(*lp));
+	while (!d->stop) {
+		if (step(d, lp) < 0) {
+			rc = 1;
+			break;
+		}
+	}
+	free(lp);
+	netd_free(d);
+	return rc;
+}

@@ -1,0 +1,621 @@
+/* netd: TCP connections. Each joins a (the guest, or a client of a
+ * published port) to b (what this process dialed, or the connector's
+ * socket into the guest) through two bounded buffers, with backpressure
+ * and half-closes carried across; the guest's first bytes are checked
+ * for a TLS ClientHello with a bad server name before any is forwarded. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/netfilter_ipv4.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "netd-int.h"
+#include "sniff.h"
+#include "util.h"
+
+#define ACCEPT_BATCH 64
+#define PROXY_HOST 0x7f000001u	/* the gateway, as seen here */
+
+/* ---- buffers --------------------------------------------------------------- */
+
+static size_t used(const struct nbuf *b)
+{
+	return b->len - b->off;
+}
+
+static size_t room(const struct nbuf *b)
+{
+	return NETD_BUF - used(b);
+}
+
+static void compact(struct nbuf *b)
+{
+	if (b->off == 0)
+		return;
+	memmove(b->owned_data, b->owned_data + b->off, used(b));
+	b->len -= b->off;
+	b->off = 0;
+}
+
+void nbuf_put(struct nbuf *b, const void *p, size_t n)
+{
+	compact(b);
+	CAP_BUG_ON(n > NETD_BUF - b->len);
+	memcpy(b->owned_data + b->len, p, n);
+	b->len += n;
+}
+
+/* Read at most max bytes from fd: the count, 0 at end of file, -errno. */
+static ssize_t nbuf_read(int fd, struct nbuf *b, size_t max)
+{
+	compact(b);
+	size_t n = CAP_MIN(max, NETD_BUF - b->len);
+	if (n == 0)
+		return -EAGAIN;
+	ssize_t r = read(fd, b->owned_data + b->len, n);
+	if (r < 0)
+		return errno == EINTR ? -EAGAIN : -errno;
+	b->len += (size_t)r;
+	return r;
+}
+
+/* Write what b holds to fd: 0 (all or some written, or would block) or -errno. */
+static int nbuf_write(int fd, struct nbuf *b)
+{
+	if (!used(b))
+		return 0;
+	ssize_t r = send(fd, b->owned_data + b->off, used(b), MSG_NOSIGNAL | MSG_DONTWAIT);
+	if (r < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+	b->off += (size_t)r;
+	if (b->off == b->len)
+		b->off = b->len = 0;
+	return 0;
+}
+
+/* ---- life ------------------------------------------------------------------ */
+
+struct conn *conn_new(struct netd *d, enum conn_kind kind, int fd)
+{
+	if (d->nconns >= d->max_conns)
+		return NULL;
+	unsigned slot = 0;
+	while (d->conns[slot])
+		slot++;
+	struct conn *c = xcalloc(1, sizeof(*c));
+	c->id = ++d->next_id;
+	c->slot = slot;
+	c->kind = kind;
+	c->a = fd;
+	c->b = -1;
+	c->up.owned_data = xmalloc(NETD_BUF);
+	c->down.owned_data = xmalloc(NETD_BUF);
+	d->conns[slot] = c;
+	d->nconns++;
+	return c;
+}
+
+/* Close fd so that its peer sees a reset, not an orderly end. */
+static void close_reset(int fd)
+{
+	struct linger l = { .l_onoff = 1, .l_linger = 0 };
+
+	if (fd < 0)
+		return;
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+	close(fd);
+}
+
+void conn_free(struct netd *d, struct conn *c, bool reset)
+{
+	if (reset) {
+		close_reset(c->a);
+		close_reset(c->b);
+	} else {
+		close(c->a);
+		if (c->b >= 0)
+			close(c->b);
+	}
+	d->conns[c->slot] = NULL;
+	d->nconns--;
+	free(c->up.owned_data);
+	free(c->down.owned_data);
+	free(c);
+}
+
+struct conn *conn_find(struct netd *d, unsigned slot, uint64_t id)
+{
+	struct conn *c = slot < NETD_MAX_CONNS ? d->conns[slot] : NULL;
+
+	return c && c->id == id ? c : NULL;
+}
+
+static const char *status_text(int status)
+{
+	switch (status) {
+	case 400: return "Bad Request";
+	case 403: return "Forbidden";
+	case 504: return "Gateway Timeout";
+	default: return "Bad Gateway";
+	}
+}
+
+void conn_fail(struct netd *d, struct conn *c, int status, const char *body)
+{
+	if (c->kind != CONN_PROXY || c->state == ST_SPLICE || c->state == ST_REPLY) {
+		conn_free(d, c, true);
+		return;
+	}
+	char head[1024];
+	int n = snprintf(head, sizeof(head),
+			 "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+			 "Connection: close\r\n\r\n%s\n",
+			 status, status_text(status), strlen(body) + 1, body);
+	if (n < 0 || (size_t)n >= sizeof(head))
+		n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+			     status, status_text(status));
+	close_reset(c->b);
+	c->b = -1;
+	c->down.off = c->down.len = 0;
+	nbuf_put(&c->down, head, (size_t)n);
+	c->state = ST_REPLY;
+	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+}
+
+/* ---- dialing ----------------------------------------------------------------- */
+
+int conn_dial(struct netd *d, struct conn *c, uint32_t addr, const char *name,
+	      struct cap_net_verdict *v)
+{
+	char a[16];
+
+	/* Decided here, right before the connect, with the policy in force
+	 * now: it may have changed since the connection arrived. */
+	cap_net_decide(netd_policy(d), addr, c->port, name, v);
+	if (!v->allow)
+		return -EACCES;
+	bool host = cap_net_classify(addr) == CAP_NET_HOST;
+	bool via = !host && upstream_applies(d, addr, name ? name : "");
+	if (via && !d->proxy.usable) {
+		netd_log(d, "upstream proxy %s unusable (see above): %s refused", d->proxy.text, c->desc);
+		return -ENETUNREACH;
+	}
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(c->port),
+				  .sin_addr.s_addr = htonl(host ? PROXY_HOST : addr) };
+	if (via)
+		sa = d->proxy.sa;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
+		int e = errno;
+		close(fd);
+		if (via)
+			netd_log(d, "upstream proxy %s unreachable: %s (for %s)", d->proxy.text, strerror(e),
+				 c->desc);
+		else
+			netd_log(d, "cannot reach %s:%u: %s", cap_net_addr_str(addr, a), c->port,
+				 strerror(e));
+		return -e;
+	}
+	c->b = fd;
+	c->addr = addr;
+	c->via_upstream = via;
+	if (name && name != c->name)
+		snprintf(c->name, sizeof(c->name), "%s", name);
+	if (via) {
+		const char *target = c->name[0] ? c->name : cap_net_addr_str(addr, a);
+		int n = snprintf(c->pre, sizeof(c->pre), "CONNECT %s:%u HTTP/1.1\r\nHost: %s:%u\r\n\r\n",
+				 target, c->port, target, c->port);
+		CAP_BUG_ON(n < 0 || (size_t)n >= sizeof(c->pre));
+		c->pre_off = 0;
+		c->pre_len = (size_t)n;
+	}
+	if (d->cfg->verbose) {
+		char nm[300] = "";
+		if (c->name[0])
+			snprintf(nm, sizeof(nm), " (%s)", c->name);
+		netd_log(d, "allowed tcp %s:%u%s by %s, %s%s", cap_net_addr_str(addr, a), c->port, nm,
+			 v->rule, via ? "via upstream proxy " : "direct", via ? d->proxy.text : "");
+	}
+	conn_dialing(d, c);
+	return 0;
+}
+
+void conn_dialing(struct netd *d, struct conn *c)
+{
+	(void)d;
+	c->state = ST_DIAL;
+	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+}
+
+void conn_established(struct netd *d, struct conn *c)
+{
+	(void)d;
+	c->state = ST_SPLICE;
+	c->deadline = 0;
+	c->sniff = c->kind != CONN_PUBLISH && (c->kind != CONN_PROXY || c->connect);
+	if (c->kind == CONN_PROXY && c->connect) {
+		static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+		/* Before what the server may have sent already. */
+		compact(&c->down);
+		CAP_BUG_ON(c->down.len + sizeof(ok) - 1 > NETD_BUF);
+		memmove(c->down.owned_data + sizeof(ok) - 1, c->down.owned_data, c->down.len);
+		memcpy(c->down.owned_data, ok, sizeof(ok) - 1);
+		c->down.len += sizeof(ok) - 1;
+	}
+}
+
+/* b's connect failed with err. */
+static void dial_failed(struct netd *d, struct conn *c, int err)
+{
+	char a[16];
+
+	if (c->via_upstream)
+		netd_log(d, "upstream proxy %s unreachable: %s (for %s)", d->proxy.text, strerror(err),
+			 c->desc);
+	else if (c->kind == CONN_PUBLISH)
+		netd_log(d, "cannot reach guest port %u: %s", c->port, strerror(err));
+	else
+		netd_log(d, "cannot reach %s:%u: %s", cap_net_addr_str(c->addr, a), c->port,
+			 strerror(err));
+	close(c->b);
+	c->b = -1;
+	if (c->kind == CONN_PROXY && !c->via_upstream) {
+		c->dial_error = err;
+		proxy_dial_next(d, c);
+		return;
+	}
+	conn_fail(d, c, err == ETIMEDOUT ? 504 : 502, c->via_upstream ? "upstream proxy unreachable"
+								 : strerror(err));
+}
+
+/* ---- the guest's connections ------------------------------------------------ */
+
+/* The verdict for a connection to c->addr:c->port and the name it goes
+ * by: each name the guest was answered this address with is tried,
+ * newest first; without one, the address alone. */
+static const char *decide_direct(struct netd *d, struct conn *c, struct cap_net_verdict *v)
+{
+	const char *names[8];
+	unsigned n = c->kind == CONN_DIRECT ? dns_names_for(d, c->addr, names, 8) : 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		cap_net_decide(netd_policy(d), c->addr, c->port, names[i], v);
+		if (v->allow)
+			return names[i];
+	}
+	cap_net_decide(netd_policy(d), c->addr, c->port, n ? names[0] : NULL, v);
+	return n ? names[0] : NULL;
+}
+
+static void accept_one(struct netd *d, int fd)
+{
+	struct sockaddr_in dst;
+	socklen_t dl = sizeof(dst);
+	char a[16];
+
+	if (getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &dst, &dl) < 0 || dst.sin_family != AF_INET) {
+		netd_log(d, "refused a connection without an original destination: %s",
+			 strerror(errno));
+		close_reset(fd);
+		return;
+	}
+	uint32_t addr = ntohl(dst.sin_addr.s_addr);
+	uint16_t port = ntohs(dst.sin_port);
+	enum conn_kind kind = addr == PROXY_HOST && port == CAP_NET_PROXY_PORT ? CONN_PROXY
+			      : cap_net_classify(addr) == CAP_NET_HOST	  ? CONN_HOST
+									  : CONN_DIRECT;
+	struct conn *c = conn_new(d, kind, fd);
+	if (!c) {
+		netd_log(d, "refused tcp %s:%u: too many connections (%u)", cap_net_addr_str(addr, a),
+			 port, d->max_conns);
+		close_reset(fd);
+		return;
+	}
+	c->addr = addr;
+	c->port = port;
+	snprintf(c->desc, sizeof(c->desc), "tcp %s:%u", cap_net_addr_str(addr, a), port);
+	if (kind == CONN_PROXY) {
+		c->state = ST_HEAD;
+		c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+		return;
+	}
+	struct cap_net_verdict v;
+	const char *name = decide_direct(d, c, &v);
+	if (!v.allow) {
+		netd_log(d, "refused %s: %s", c->desc, v.rule);
+		conn_free(d, c, true);
+		return;
+	}
+	int r = conn_dial(d, c, addr, name, &v);
+	if (r == -EACCES)
+		netd_log(d, "refused %s: %s", c->desc, v.rule);
+	if (r < 0)
+		conn_free(d, c, true);
+}
+
+void conn_accept_guest(struct netd *d, int listen_fd)
+{
+	for (unsigned i = 0; i < ACCEPT_BATCH; i++) {
+		int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+				netd_log(d, "cannot accept a connection: %s", strerror(errno));
+			if (errno == ECONNABORTED || errno == EINTR)
+				continue;
+			return;
+		}
+		accept_one(d, fd);
+	}
+}
+
+/* ---- events --------------------------------------------------------------------- */
+
+void conn_poll_events(const struct conn *c, short *ea, short *eb)
+{
+	*ea = *eb = 0;
+	switch (c->state) {
+	case ST_HEAD:
+		*ea = POLLIN;
+		break;
+	case ST_RESOLVE:
+	case ST_CONNECTOR:
+		break;
+	case ST_DIAL:
+		*eb = POLLOUT;
+		break;
+	case ST_UPSTREAM:
+		*eb = POLLIN | (c->pre_off < c->pre_len ? POLLOUT : 0);
+		break;
+	case ST_SPLICE:
+		if (!c->a_eof && room(&c->up))
+			*ea |= POLLIN;
+		if (used(&c->down))
+			*ea |= POLLOUT;
+		if (!c->b_eof && room(&c->down))
+			*eb |= POLLIN;
+		if (used(&c->up) && !c->sniff)
+			*eb |= POLLOUT;
+		break;
+	case ST_REPLY:
+		*ea = used(&c->down) ? POLLOUT : POLLIN;
+		break;
+	}
+}
+
+/* Check the guest's first bytes (c->sniff): false when c was ended. */
+static bool sniff(struct netd *d, struct conn *c)
+{
+	char sni[CAP_TLS_SNI_MAX + 1], q[300];
+	size_t sl = 0;
+	enum cap_tls_sniff r = cap_tls_sniff(c->up.owned_data + c->up.off, used(&c->up), sni, &sl);
+
+	switch (r) {
+	case CAP_TLS_MORE:
+		if (!used(&c->up) && c->a_eof) {
+			c->sniff = false;
+			return true;
+		}
+		if (!c->a_eof && room(&c->up)) {
+			if (used(&c->up) && !c->deadline)
+				c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+			return true;
+		}
+		netd_log(d, "refused %s: incomplete TLS ClientHello", c->desc);
+		break;
+	case CAP_TLS_NOT_TLS:
+	case CAP_TLS_NO_SNI:
+		c->sniff = false;
+		c->deadline = 0;
+		return true;
+	case CAP_TLS_SNI:
+		if (cap_net_valid_name(sni, sl)) {
+			c->sniff = false;
+			c->deadline = 0;
+			return true;
+		}
+		netd_log(d, "refused %s: TLS server name %s has control characters or whitespace",
+			 c->desc, cap_sniff_quote(sni, sl, q, sizeof(q)));
+		break;
+	case CAP_TLS_MALFORMED:
+		netd_log(d, "refused %s: malformed TLS ClientHello", c->desc);
+		break;
+	}
+	conn_free(d, c, true);
+	return false;
+}
+
+static void splice(struct netd *d, struct conn *c, short ra, short rb)
+{
+	ssize_t r;
+
+	if ((ra & (POLLIN | POLLHUP | POLLERR)) && !c->a_eof) {
+		r = nbuf_read(c->a, &c->up, SIZE_MAX);
+		if (r == 0)
+			c->a_eof = true;
+		else if (r < 0 && r != -EAGAIN)
+			goto abort;
+	}
+	if (c->sniff && !sniff(d, c))
+		return;
+	if ((rb & (POLLIN | POLLHUP | POLLERR)) && !c->b_eof) {
+		r = nbuf_read(c->b, &c->down, SIZE_MAX);
+		if (r == 0)
+			c->b_eof = true;
+		else if (r < 0 && r != -EAGAIN)
+			goto abort;
+	}
+	if (!c->sniff && nbuf_write(c->b, &c->up) < 0)
+		goto abort;
+	if (nbuf_write(c->a, &c->down) < 0)
+		goto abort;
+	if (c->a_eof && !used(&c->up) && !c->sniff && !c->b_shut) {
+		shutdown(c->b, SHUT_WR);
+		c->b_shut = true;
+	}
+	if (c->b_eof && !used(&c->down) && !c->a_shut) {
+		shutdown(c->a, SHUT_WR);
+		c->a_shut = true;
+	}
+	if (c->a_shut && c->b_shut)
+		conn_free(d, c, false);
+	return;
+abort:
+	/* One side failed: the other sees a reset too. */
+	conn_free(d, c, true);
+}
+
+static void head_events(struct netd *d, struct conn *c, short ra)
+{
+	if (!(ra & (POLLIN | POLLHUP | POLLERR)))
+		return;
+	ssize_t r = nbuf_read(c->a, &c->up, NETD_HEAD_MAX - CAP_MIN(used(&c->up), NETD_HEAD_MAX));
+	if (r == 0)
+		c->a_eof = true;
+	else if (r < 0 && r != -EAGAIN) {
+		conn_free(d, c, true);
+		return;
+	}
+	proxy_head(d, c);
+}
+
+static void dial_events(struct netd *d, struct conn *c, short rb)
+{
+	int err = 0;
+	socklen_t el = sizeof(err);
+
+	if (!(rb & (POLLOUT | POLLERR | POLLHUP)))
+		return;
+	if (getsockopt(c->b, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+		err = errno;
+	if (!err && !(rb & POLLOUT))
+		err = ECONNRESET;
+	if (err) {
+		dial_failed(d, c, err);
+		return;
+	}
+	if (c->via_upstream) {
+		c->state = ST_UPSTREAM;
+		c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+		return;
+	}
+	conn_established(d, c);
+}
+
+static void upstream_events(struct netd *d, struct conn *c, short rb)
+{
+	if ((rb & POLLOUT) && c->pre_off < c->pre_len) {
+		ssize_t w = send(c->b, c->pre + c->pre_off, c->pre_len - c->pre_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w > 0)
+			c->pre_off += (size_t)w;
+		else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+			netd_log(d, "upstream proxy %s: %s (for %s)", d->proxy.text, strerror(errno), c->desc);
+			conn_fail(d, c, 502, "upstream proxy failed");
+			return;
+		}
+	}
+	if (rb & (POLLIN | POLLHUP | POLLERR)) {
+		ssize_t r = nbuf_read(c->b, &c->down, NETD_HEAD_MAX - CAP_MIN(used(&c->down), NETD_HEAD_MAX));
+		if (r == 0)
+			c->b_eof = true;
+		else if (r < 0 && r != -EAGAIN) {
+			netd_log(d, "upstream proxy %s: %s (for %s)", d->proxy.text, strerror((int)-r), c->desc);
+			conn_fail(d, c, 502, "upstream proxy failed");
+			return;
+		}
+	}
+	int r = upstream_answer(d, c);
+	if (r > 0)
+		conn_established(d, c);
+	else if (r < 0)
+		conn_fail(d, c, 502, "upstream proxy refused the connection");
+}
+
+static void reply_events(struct netd *d, struct conn *c, short ra)
+{
+	if (nbuf_write(c->a, &c->down) < 0) {
+		conn_free(d, c, true);
+		return;
+	}
+	if (used(&c->down))
+		return;
+	if (!c->a_shut) {
+		shutdown(c->a, SHUT_WR);
+		c->a_shut = true;
+		c->deadline = CAP_MIN(c->deadline, cap_now_ms() + NETD_LINGER_MS);
+	}
+	/* Read what the client still sends, so that closing does not reset
+	 * the connection before it has read the answer. */
+	if (ra & (POLLIN | POLLHUP | POLLERR)) {
+		c->up.off = c->up.len = 0;
+		ssize_t r = nbuf_read(c->a, &c->up, SIZE_MAX);
+		if (r == 0 || (r < 0 && r != -EAGAIN))
+			conn_free(d, c, false);
+	}
+}
+
+void conn_events(struct netd *d, struct conn *c, short ra, short rb)
+{
+	switch (c->state) {
+	case ST_HEAD:
+		head_events(d, c, ra);
+		break;
+	case ST_RESOLVE:
+	case ST_CONNECTOR:
+		break;
+	case ST_DIAL:
+		dial_events(d, c, rb);
+		break;
+	case ST_UPSTREAM:
+		upstream_events(d, c, rb);
+		break;
+	case ST_SPLICE:
+		splice(d, c, ra, rb);
+		break;
+	case ST_REPLY:
+		reply_events(d, c, ra);
+		break;
+	}
+}
+
+void conn_timeout(struct netd *d, struct conn *c)
+{
+	switch (c->state) {
+	case ST_HEAD:
+		netd_log(d, "refused proxy request: no complete request head within %d s",
+			 NETD_TIMEOUT_MS / 1000);
+		conn_fail(d, c, 400, "no complete request head in time");
+		break;
+	case ST_RESOLVE:
+		netd_log(d, "cannot resolve %s: no answer in time", c->name);
+		conn_fail(d, c, 504, "cannot resolve the target's name in time");
+		break;
+	case ST_CONNECTOR:
+		netd_log(d, "cannot reach guest port %u: no socket from the connector within %d s",
+			 c->port, NETD_TIMEOUT_MS / 1000);
+		conn_free(d, c, true);
+		break;
+	case ST_DIAL:
+		dial_failed(d, c, ETIMEDOUT);
+		break;
+	case ST_UPSTREAM:
+		netd_log(d, "upstream proxy %s did not answer CONNECT within %d s (for %s)",
+			 d->proxy.text, NETD_TIMEOUT_MS / 1000, c->desc);
+		conn_fail(d, c, 504, "upstream proxy timed out");
+		break;
+	case ST_SPLICE:
+		netd_log(d, "refused %s: no complete TLS ClientHello within %d s", c->desc,
+			 NETD_TIMEOUT_MS / 1000);
+		conn_free(d, c, true);
+		break;
+	case ST_REPLY:
+		conn_free(d, c, false);
+		break;
+	}
+}

@@ -1,0 +1,219 @@
+/* The policy process's parts (netd.h): the loop, the control channel,
+ * published ports and the log (netd.c); TCP connections, the HTTP proxy
+ * and the upstream proxy (netd-conn.c, netd-proxy.c); DNS (netd-dns.c).
+ * One thread, one poll loop; nothing here blocks after start-up. */
+#ifndef CAP_NET_NETD_INT_H
+#define CAP_NET_NETD_INT_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "dns.h"
+#include "netd.h"
+#include "policy.h"
+
+#define NETD_BUF 65536		/* each way, per connection */
+#define NETD_MAX_CONNS 1024
+#define NETD_HEAD_MAX 16384	/* a proxy request head, an upstream proxy's reply head */
+#define NETD_TIMEOUT_MS 10000	/* request head, dial, upstream proxy, connector, ClientHello */
+#define NETD_LINGER_MS 2000	/* reading what a refused client still sends */
+#define NETD_DNS_TRY_MS 2000	/* one try of an upstream query (two tries) */
+#define NETD_DNS_PENDING 256
+#define NETD_DNS_QUERY_MAX 1500	/* a guest's query */
+#define NETD_NAMES 4096		/* address -> name entries */
+#define NETD_NAME_TTL_MIN 60
+#define NETD_NAME_TTL_MAX 86400
+#define NETD_MAX_LISTENERS 512	/* published ports */
+#define NETD_DGRAM_MAX 65536	/* one datagram or netlink read at a time */
+
+/* A byte queue of NETD_BUF bytes: data[off, len). */
+struct nbuf {
+	uint8_t *owned_data;
+	size_t off, len;
+};
+
+enum conn_kind {
+	CONN_DIRECT,	/* the guest to an address of the outside */
+	CONN_HOST,	/* the guest to the gateway (127.0.0.0/8 here) */
+	CONN_PROXY,	/* the guest to the HTTP proxy (gateway:3128) */
+	CONN_PUBLISH,	/* a client of a published port to the guest */
+};
+
+enum conn_state {
+	ST_HEAD,	/* proxy: reading the request head */
+	ST_RESOLVE,	/* proxy: the target's name is being resolved */
+	ST_CONNECTOR,	/* publish: waiting for the connector's socket */
+	ST_DIAL,	/* b is connecting */
+	ST_UPSTREAM,	/* b is the upstream proxy: CONNECT sent, its answer awaited */
+	ST_SPLICE,	/* bytes flow both ways */
+	ST_REPLY,	/* an error answer to the guest, then close */
+};
+
+struct conn {
+	uint64_t id;		/* unique for the process's life */
+	unsigned slot;
+	enum conn_kind kind;
+	enum conn_state state;
+	int a;			/* accepted: the guest, or a published port's client */
+	int b;			/* dialed (or from the connector), -1 before */
+	int64_t deadline;	/* ms, 0: none */
+
+	/* Where b goes: the destination's address, port and the name it is
+	 * known by ("" for none), the route. */
+	uint32_t addr;
+	uint16_t port;
+	char name[254];
+	bool via_upstream;
+	char desc[300];		/* "tcp A:P" or "proxy CONNECT host:port", for the log */
+
+	/* Proxy: a CONNECT (answered 200 once through) or a forwarded
+	 * request; the candidate addresses of the target's name. */
+	bool connect;
+	uint32_t cand[CAP_DNS_MAX_ADDRS];
+	unsigned ncand, icand;
+	char refusal[400];	/* the last candidate's refusal, for the 403 */
+	int dial_error;		/* the last candidate's dial error */
+
+	/* The upstream proxy's CONNECT request, sent before up. */
+	char pre[600];
+	size_t pre_off, pre_len;
+
+	struct nbuf up;		/* a -> b */
+	struct nbuf down;	/* b -> a */
+	bool a_eof, b_eof;	/* read end of file */
+	bool a_shut, b_shut;	/* shutdown(SHUT_WR) done */
+	bool sniff;		/* up's first bytes are to be checked (TLS SNI) */
+};
+
+struct listener {
+	int fd;
+	uint32_t bind;
+	uint16_t host_port, guest_port;
+};
+
+struct dns_pending {
+	bool used;
+	uint16_t up_id;		/* the ID sent upstream */
+	int64_t deadline;
+	unsigned tries;
+	bool for_conn;		/* a proxy target's resolution, else a guest's query */
+	uint64_t conn_id;	/* for_conn */
+	unsigned conn_slot;
+	struct sockaddr_in guest;	/* !for_conn: where the query came from */
+	uint16_t guest_id;
+	char name[CAP_DNS_NAME_SIZE];	/* the question, for matching the reply */
+	uint16_t qtype;
+	uint8_t msg[NETD_DNS_QUERY_MAX];	/* as sent upstream */
+	size_t len;
+};
+
+struct dns_name {
+	uint32_t addr;
+	int64_t expires;	/* ms; 0: free */
+	uint64_t seq;		/* insertion order: the oldest goes first */
+	char name[254];
+};
+
+struct upstream_proxy {
+	bool set;		/* one of the variables is set */
+	bool usable;		/* parsed and its address known; else every dial fails */
+	char text[300];		/* host:port as configured, for the log */
+	struct sockaddr_in sa;
+	char *owned_no_proxy;	/* NULL: none */
+};
+
+struct netd {
+	const struct cap_netd_config *cfg;
+	struct cap_net_policy *owned_policy;	/* in force */
+
+	struct conn *conns[NETD_MAX_CONNS];
+	unsigned nconns, max_conns;
+	uint64_t next_id;
+
+	struct listener listeners[NETD_MAX_LISTENERS];
+	unsigned nlisteners;
+
+	/* The connector: requests written in order, answered in order. */
+	bool connector_dead;
+	uint8_t cq_out[2 * NETD_MAX_CONNS];
+	size_t cq_out_len;
+	struct {
+		uint64_t conn_id;
+		unsigned slot;
+	} cq[NETD_MAX_CONNS];
+	unsigned cq_head, cq_count;
+
+	/* DNS */
+	int resolver;		/* UDP connected to the host's resolver, -1: none */
+	char resolver_text[32];
+	struct dns_pending pending[NETD_DNS_PENDING];
+	struct dns_name names[NETD_NAMES];
+	uint64_t name_seq;
+	uint8_t *owned_dgram;	/* NETD_DGRAM_MAX bytes, for each read of DNS or NFLOG */
+
+	struct upstream_proxy proxy;
+
+	/* Control lines. */
+	struct cap_buf control;
+	struct cap_lines control_lines;
+	bool stop;
+};
+
+/* netd.c */
+__attribute__((format(printf, 2, 3))) void netd_log(struct netd *d, const char *fmt, ...);
+const struct cap_net_policy *netd_policy(const struct netd *d);
+/* The connection's socket to guest port, through the connector. */
+void netd_connector_request(struct netd *d, struct conn *c, uint16_t guest_port);
+
+/* netd-conn.c */
+struct conn *conn_new(struct netd *d, enum conn_kind kind, int fd);
+void conn_free(struct netd *d, struct conn *c, bool reset);
+struct conn *conn_find(struct netd *d, unsigned slot, uint64_t id);
+void conn_accept_guest(struct netd *d, int listen_fd);
+void conn_events(struct netd *d, struct conn *c, short ra, short rb);
+void conn_poll_events(const struct conn *c, short *ea, short *eb);
+void conn_timeout(struct netd *d, struct conn *c);
+/* b is set (dialing or connected): go on as ST_DIAL. */
+void conn_dialing(struct netd *d, struct conn *c);
+/* Dial c->addr-or-candidate: decide, choose the route, connect. 0 (in
+ * progress), -EACCES (refused, rule in v), or -errno. */
+int conn_dial(struct netd *d, struct conn *c, uint32_t addr, const char *name,
+	      struct cap_net_verdict *v);
+/* Fail c: an HTTP status to a proxy client, a reset to others. */
+void conn_fail(struct netd *d, struct conn *c, int status, const char *body);
+/* The socket to the destination is up (and through the upstream proxy). */
+void conn_established(struct netd *d, struct conn *c);
+void nbuf_put(struct nbuf *b, const void *p, size_t n);
+
+/* netd-proxy.c */
+void proxy_head(struct netd *d, struct conn *c);
+/* The target's name resolved: naddr addresses (0 when it failed, rcode). */
+void proxy_resolved(struct netd *d, struct conn *c, const uint32_t *addr, unsigned naddr,
+		    unsigned rcode);
+/* Try the next candidate address of a proxy request. */
+void proxy_dial_next(struct netd *d, struct conn *c);
+int upstream_init(struct netd *d);
+/* Whether a connection to addr (known by name, or "") goes through the
+ * upstream proxy. */
+bool upstream_applies(const struct netd *d, uint32_t addr, const char *name);
+/* Read the upstream proxy's answer in c->down: 1 through, 0 more, -1 failed (logged). */
+int upstream_answer(struct netd *d, struct conn *c);
+
+/* netd-dns.c */
+int dns_init(struct netd *d);
+void dns_fini(struct netd *d);
+void dns_guest_query(struct netd *d);
+void dns_upstream_reply(struct netd *d);
+void dns_timeouts(struct netd *d, int64_t now, int64_t *next);
+/* Resolve name (A) for connection c: 0, and proxy_resolved follows
+ * (from the loop, never from within this call); -errno when no query
+ * could be sent (-ENETUNREACH: no resolver; -EBUSY: too many). */
+int dns_resolve(struct netd *d, struct conn *c, const char *name);
+/* The names the guest was answered addr with, newest first (at most max);
+ * returns how many. */
+unsigned dns_names_for(struct netd *d, uint32_t addr, const char **out, unsigned max);
+
+#endif

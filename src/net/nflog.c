@@ -17,6 +17,9 @@
 #define NFGEN_HDR 4u	/* struct nfgenmsg */
 #define NLA_HDR 4u	/* struct nlattr */
 #define ALIGN4(n) (((n) + 3u) & ~(size_t)3u)
+/* The start of libslirp's stand-in for an echo request (slirp/src/ip_icmp.c). */
+#define SLIRP_PING "This is a pseudo-PING"
+#define ECHO_PORT 7
 
 static uint16_t get16(const uint8_t *p)
 {
@@ -78,6 +81,9 @@ static int decode_ip(const uint8_t *ip, size_t len, struct cap_nflog_pkt *p)
 			p->sport = be16(l4);
 			p->dport = be16(l4 + 2);
 		}
+		p->slirp_ping = p->proto == IPPROTO_UDP && p->dport == ECHO_PORT &&
+				l4len >= 8 + strlen(SLIRP_PING) &&
+				memcmp(l4 + 8, SLIRP_PING, strlen(SLIRP_PING)) == 0;
 		break;
 	case IPPROTO_ICMP:
 		if (l4len >= 1)
@@ -205,6 +211,11 @@ const char *cap_nflog_describe(const struct cap_nflog_pkt *pkt, const struct cap
 			snprintf(out, size, "refused tcp %s:%u: %s", a, pkt->dport, v.rule);
 		return out;
 	case IPPROTO_UDP:
+		if (pkt->slirp_ping) {
+			snprintf(out, size, "dropped icmp %s (type 8, sent by QEMU as UDP to port %u): "
+				 "ICMP never leaves the sandbox", a, ECHO_PORT);
+			return out;
+		}
 		snprintf(out, size, "dropped udp %s:%u: only DNS to %s leaves the sandbox over UDP", a, pkt->dport,
 			 cap_net_addr_str(CAP_NET_DNS, dns));
 		return out;

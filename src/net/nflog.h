@@ -5,6 +5,7 @@
 #ifndef CAP_NET_NFLOG_H
 #define CAP_NET_NFLOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,10 @@ struct cap_nflog_pkt {
 	uint16_t sport, dport;
 	/* ICMP; 0 otherwise (check proto: 0 is also the echo reply). */
 	uint8_t icmp_type;
+	/* A UDP datagram to port 7 carrying libslirp's "This is a
+	 * pseudo-PING" text: how QEMU's user-mode network sends a guest's
+	 * ICMP echo request when it may not open an ICMP socket. */
+	bool slirp_ping;
 	char prefix[64];	/* the rule's "log prefix", "" without one; NUL-terminated */
 };
 
@@ -58,6 +63,7 @@ int cap_nflog_parse(const uint8_t *buf, size_t len,
  *   "refused tcp 198.51.100.7:80: no rule allows 198.51.100.7:80"
  *   "dropped udp 203.0.113.10:9999: only DNS to 10.0.2.3 leaves the sandbox over UDP"
  *   "dropped icmp 203.0.113.10 (type 8): ICMP never leaves the sandbox"
+ *   "dropped icmp 203.0.113.10 (type 8, sent by QEMU as UDP to port 7): ICMP never leaves the sandbox"
  *   "dropped ip proto 47 to 203.0.113.10: only TCP and DNS leave the sandbox" */
 struct cap_net_policy;
 const char *cap_nflog_describe(const struct cap_nflog_pkt *pkt, const struct cap_net_policy *policy,

@@ -438,6 +438,40 @@ static void test_options_and_fragments(void **state)
 	assert_int_equal(g.p[1].dport, 0);
 }
 
+/* QEMU's stand-in for a guest's ping: UDP to port 7 with libslirp's text,
+ * and only that (another port, other bytes, a copy cut short). */
+static void test_slirp_ping(void **state)
+{
+	(void)state;
+	static const char text[] = "This is a pseudo-PING packet used by Slirp to emulate ICMP ECHO-REQUEST packets.\n";
+	uint8_t ip[CAP_NFLOG_COPY_RANGE];
+	struct out o = { .n = 0 };
+	struct got g;
+	ipv4(ip, IPPROTO_UDP, LOCAL, INET, 40000, 7);
+	ip[3] = (uint8_t)(28 + sizeof(text) - 1);
+	memcpy(ip + 28, text, sizeof(ip) - 28);
+	packet_msg(&o, ip, sizeof(ip), NULL);
+	packet_msg(&o, ip, 28 + 20, NULL);	/* cut before the text's 21st byte */
+	ip[23] = 9;
+	packet_msg(&o, ip, sizeof(ip), NULL);	/* port 9 */
+	ip[23] = 7;
+	ip[30] = 'X';
+	packet_msg(&o, ip, sizeof(ip), NULL);	/* other bytes */
+	assert_int_equal(parse(&o, &g), 4);
+	assert_true(g.p[0].slirp_ping);
+	assert_false(g.p[1].slirp_ping);
+	assert_false(g.p[2].slirp_ping);
+	assert_false(g.p[3].slirp_ping);
+
+	struct cap_net_policy pol;
+	char line[256];
+	cap_net_policy_init(&pol);
+	assert_string_equal(cap_nflog_describe(&g.p[0], &pol, NULL, 0, line, sizeof(line)),
+			    "dropped icmp 198.51.100.7 (type 8, sent by QEMU as UDP to port 7): ICMP never leaves the sandbox");
+	assert_string_equal(cap_nflog_describe(&g.p[3], &pol, NULL, 0, line, sizeof(line)),
+			    "dropped udp 198.51.100.7:7: only DNS to 10.0.2.3 leaves the sandbox over UDP");
+}
+
 static void test_ipv6(void **state)
 {
 	(void)state;
@@ -594,6 +628,7 @@ int main(void)
 		cmocka_unit_test(test_bad_attrs),
 		cmocka_unit_test(test_bad_ip),
 		cmocka_unit_test(test_options_and_fragments),
+		cmocka_unit_test(test_slirp_ping),
 		cmocka_unit_test(test_ipv6),
 		cmocka_unit_test(test_prefix),
 		cmocka_unit_test(test_unpadded_end),

@@ -16,8 +16,9 @@
  * gets NXDOMAIN; control "dial PORT" asks the connector for 127.0.0.2:PORT,
  * writes "hello guest\n" and logs the first line answered; every packet
  * the kernel refused arrives on the NFLOG socket and is logged as
- * "nflog PREFIX proto P SRC:SPORT > DST:DPORT type T" (the first message
- * also in hex, "nflog-raw HEX"). All of it, and its own credentials and
+ * "nflog PREFIX proto P SRC:SPORT > DST:DPORT type T" and as the policy
+ * process would say it under an empty policy, "nflog-line LINE" (the
+ * first message also in hex, "nflog-raw HEX"). All of it, and its own credentials and
  * descriptors at start, is logged to LOG.
  *
  * Usage: engine-dev LOG [nonet | template DIR | restore DIR]
@@ -48,6 +49,7 @@
 #include "client.h"
 #include "engine.h"
 #include "nflog.h"
+#include "policy.h"
 #include "store.h"
 #include "util.h"
 
@@ -165,6 +167,10 @@ static void on_refused(void *ud, const struct cap_nflog_pkt *p)
 	inet_ntop(AF_INET, &b, d, sizeof(d));
 	plog("nflog %s proto %u %s:%u > %s:%u type %u", p->prefix, p->proto, s, p->sport, d, p->dport,
 	     p->icmp_type);
+	struct cap_net_policy none;
+	char line[600];
+	cap_net_policy_init(&none);
+	plog("nflog-line %s", cap_nflog_describe(p, &none, NULL, 0, line, sizeof(line)));
 }
 
 static void on_nflog(int fd)

@@ -189,16 +189,22 @@ static void nflog_read(struct netd *d)
 	for (unsigned i = 0; i < 64; i++) {
 		ssize_t n = recv(d->cfg->nflog, d->owned_dgram, NETD_DGRAM_MAX, MSG_DONTWAIT);
 		if (n < 0) {
-			/* ENOBUFS: the kernel dropped messages; the next ones come. */
-			if (errno == ENOBUFS || errno == EINTR)
+			if (errno == EINTR)
 				continue;
+			/* ENOBUFS: the socket's queue overflowed and the kernel
+			 * dropped messages (the refusals still happened); the
+			 * next ones come. Not without a trace. */
+			if (errno == ENOBUFS) {
+				netd_log(d, "some packets the kernel refused were not logged: too many at once");
+				continue;
+			}
 			if (errno != EAGAIN)
 				netd_log(d, "cannot read the kernel's refused packets: %s", strerror(errno));
 			return;
 		}
 		int r = cap_nflog_parse(d->owned_dgram, (size_t)n, nflog_packet, d);
-		if (r == -EBADMSG)
-			netd_log(d, "a malformed message from NFLOG was skipped");
+		if (r < 0)
+			netd_log(d, "a message from NFLOG was skipped: %s", strerror(-r));
 	}
 }
 

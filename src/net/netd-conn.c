@@ -19,6 +19,7 @@
 
 #define ACCEPT_BATCH 64
 #define PROXY_HOST 0x7f000001u	/* the gateway, as seen here */
+#define DNS_PORT 53	/* QEMU sends the guest's TCP to 10.0.2.3:53 to 127.0.0.1:53 */
 
 /* ---- buffers --------------------------------------------------------------- */
 
@@ -308,8 +309,9 @@ static void accept_one(struct netd *d, int fd)
 	uint32_t addr = ntohl(dst.sin_addr.s_addr);
 	uint16_t port = ntohs(dst.sin_port);
 	enum conn_kind kind = addr == PROXY_HOST && port == CAP_NET_PROXY_PORT ? CONN_PROXY
-			      : cap_net_classify(addr) == CAP_NET_HOST	  ? CONN_HOST
-									  : CONN_DIRECT;
+			      : addr == PROXY_HOST && port == DNS_PORT		  ? CONN_DNS
+			      : cap_net_classify(addr) == CAP_NET_HOST		  ? CONN_HOST
+										  : CONN_DIRECT;
 	struct conn *c = conn_new(d, kind, fd);
 	if (!c) {
 		netd_log(d, "refused tcp %s:%u: too many connections (%u)", cap_net_addr_str(addr, a),
@@ -320,8 +322,8 @@ static void accept_one(struct netd *d, int fd)
 	c->addr = addr;
 	c->port = port;
 	snprintf(c->desc, sizeof(c->desc), "tcp %s:%u", cap_net_addr_str(addr, a), port);
-	if (kind == CONN_PROXY) {
-		c->state = ST_HEAD;
+	if (kind == CONN_PROXY || kind == CONN_DNS) {
+		c->state = kind == CONN_PROXY ? ST_HEAD : ST_DNS;
 		c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
 		return;
 	}
@@ -384,6 +386,12 @@ void conn_poll_events(const struct conn *c, short *ea, short *eb)
 		break;
 	case ST_REPLY:
 		*ea = used(&c->down) ? POLLOUT : POLLIN;
+		break;
+	case ST_DNS:
+		if (!c->a_eof && room(&c->up))
+			*ea |= POLLIN;
+		if (used(&c->down))
+			*ea |= POLLOUT;
 		break;
 	}
 }
@@ -560,6 +568,65 @@ static void reply_events(struct netd *d, struct conn *c, short ra)
 	}
 }
 
+void conn_dns_reply(struct netd *d, struct conn *c, const uint8_t *m, size_t len)
+{
+	(void)d;
+	c->dns_waiting = false;
+	/* An answer always fits: queries are taken only with down empty. */
+	if (!m || len > 0xffff || len + 2 > room(&c->down)) {
+		c->a_eof = true;	/* no more queries; ends once down is sent */
+		return;
+	}
+	uint8_t n[2] = { (uint8_t)(len >> 8), (uint8_t)len };
+	nbuf_put(&c->down, n, 2);
+	nbuf_put(&c->down, m, len);
+}
+
+/* Whether up holds a whole DNS-over-TCP message (2-byte length first). */
+static bool dns_query_ready(const struct conn *c)
+{
+	const uint8_t *p = c->up.owned_data + c->up.off;
+
+	return used(&c->up) >= 2 && used(&c->up) >= 2 + ((size_t)p[0] << 8 | p[1]);
+}
+
+/* DNS over TCP: messages with a 2-byte length, one query answered at a
+ * time (a client may send more: they wait in up). */
+static void dns_events(struct netd *d, struct conn *c, short ra)
+{
+	if ((ra & (POLLIN | POLLHUP | POLLERR)) && !c->a_eof) {
+		ssize_t r = nbuf_read(c->a, &c->up, SIZE_MAX);
+		if (r == 0)
+			c->a_eof = true;
+		else if (r < 0 && r != -EAGAIN) {
+			conn_free(d, c, true);
+			return;
+		}
+	}
+	if (used(&c->up) >= 2 &&
+	    2 + ((size_t)c->up.owned_data[c->up.off] << 8 | c->up.owned_data[c->up.off + 1]) > NETD_BUF) {
+		conn_free(d, c, true);	/* a message that can never fit */
+		return;
+	}
+	/* Answer, send, and take the next query while answers go out at once. */
+	for (;;) {
+		if (nbuf_write(c->a, &c->down) < 0) {
+			conn_free(d, c, true);
+			return;
+		}
+		if (c->dns_waiting || used(&c->down) || !dns_query_ready(c))
+			break;
+		const uint8_t *p = c->up.owned_data + c->up.off;
+		size_t len = (size_t)p[0] << 8 | p[1];
+		c->up.off += 2 + len;
+		c->dns_waiting = true;
+		c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+		dns_tcp_query(d, c, p + 2, len);
+	}
+	if (c->a_eof && !c->dns_waiting && !used(&c->down))
+		conn_free(d, c, false);
+}
+
 void conn_events(struct netd *d, struct conn *c, short ra, short rb)
 {
 	switch (c->state) {
@@ -580,6 +647,9 @@ void conn_events(struct netd *d, struct conn *c, short ra, short rb)
 		break;
 	case ST_REPLY:
 		reply_events(d, c, ra);
+		break;
+	case ST_DNS:
+		dns_events(d, c, ra);
 		break;
 	}
 }
@@ -615,6 +685,13 @@ void conn_timeout(struct netd *d, struct conn *c)
 		conn_free(d, c, true);
 		break;
 	case ST_REPLY:
+		conn_free(d, c, false);
+		break;
+	case ST_DNS:
+		if (c->dns_waiting) {	/* the resolver's own timeout answers first */
+			c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+			break;
+		}
 		conn_free(d, c, false);
 		break;
 	}

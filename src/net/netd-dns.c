@@ -114,6 +114,8 @@ unsigned dns_names_for(struct netd *d, uint32_t addr, const char **out, unsigned
 	unsigned n = 0;
 
 	max = CAP_MIN(max, CAP_ARRAY_SIZE(found));
+	if (!max)
+		return 0;
 	for (unsigned i = 0; i < NETD_NAMES; i++) {
 		const struct dns_name *e = &d->names[i];
 		if (e->expires <= now || e->addr != addr)
@@ -188,21 +190,35 @@ static void pending_send(struct netd *d, struct dns_pending *p)
 		netd_log(d, "cannot query the resolver %s: %s", d->resolver_text, strerror(errno));
 }
 
+/* A reply to the guest: a datagram back to its sender, or one message on
+ * its TCP connection. */
+static void client_send(struct netd *d, const struct dns_client *to, const uint8_t *m,
+			size_t len)
+{
+	if (!to->tcp) {
+		sendto(d->cfg->dns, m, len, MSG_DONTWAIT, (const struct sockaddr *)&to->udp,
+		       sizeof(to->udp));
+		return;
+	}
+	struct conn *c = conn_find(d, to->conn_slot, to->conn_id);
+	if (c && c->kind == CONN_DNS)
+		conn_dns_reply(d, c, m, len);
+}
+
 /* Answer a guest's query with rcode only. */
 static void reply_rcode(struct netd *d, const uint8_t *query, size_t len,
 			const struct cap_dns_question *q, unsigned rcode,
-			const struct sockaddr_in *to)
+			const struct dns_client *to)
 {
 	uint8_t out[NETD_DNS_QUERY_MAX];
 	ssize_t n = cap_dns_build_reply(query, len, q, rcode, out, sizeof(out));
 
 	if (n > 0)
-		sendto(d->cfg->dns, out, (size_t)n, MSG_DONTWAIT, (const struct sockaddr *)to,
-		       sizeof(*to));
+		client_send(d, to, out, (size_t)n);
 }
 
 static void guest_query(struct netd *d, const uint8_t *msg, size_t len,
-			const struct sockaddr_in *from)
+			const struct dns_client *from)
 {
 	struct cap_dns_question q;
 	struct cap_net_verdict v;
@@ -244,7 +260,7 @@ static void guest_query(struct netd *d, const uint8_t *msg, size_t len,
 		reply_rcode(d, msg, len, &q, CAP_DNS_RCODE_SERVFAIL, from);
 		return;
 	}
-	p->guest = *from;
+	p->client = *from;
 	p->guest_id = q.id;
 	snprintf(p->name, sizeof(p->name), "%s", q.name);
 	p->qtype = q.qtype;
@@ -269,8 +285,20 @@ void dns_guest_query(struct netd *d)
 		}
 		if (from.sin_family != AF_INET || (size_t)n < CAP_DNS_HEADER)
 			continue;
-		guest_query(d, d->owned_dgram, CAP_MIN((size_t)n, NETD_DGRAM_MAX), &from);
+		struct dns_client to = { .udp = from };
+		guest_query(d, d->owned_dgram, CAP_MIN((size_t)n, NETD_DGRAM_MAX), &to);
 	}
+}
+
+void dns_tcp_query(struct netd *d, struct conn *c, const uint8_t *msg, size_t len)
+{
+	struct dns_client to = { .tcp = true, .conn_id = c->id, .conn_slot = c->slot };
+
+	if (len < CAP_DNS_HEADER) {
+		conn_dns_reply(d, c, NULL, 0);
+		return;
+	}
+	guest_query(d, msg, len, &to);
 }
 
 int dns_resolve(struct netd *d, struct conn *c, const char *name)
@@ -310,7 +338,7 @@ static void finish(struct netd *d, struct dns_pending *p, const struct cap_dns_a
 		p->msg[0] = (uint8_t)(p->guest_id >> 8);
 		p->msg[1] = (uint8_t)p->guest_id;
 		bool parsed = cap_dns_parse_query(p->msg, p->len, &q) == 0;
-		reply_rcode(d, p->msg, p->len, parsed ? &q : NULL, rcode, &p->guest);
+		reply_rcode(d, p->msg, p->len, parsed ? &q : NULL, rcode, &p->client);
 		return;
 	}
 	if (a->q.rcode == 0 && p->qtype == CAP_DNS_TYPE_A)
@@ -320,8 +348,7 @@ static void finish(struct netd *d, struct dns_pending *p, const struct cap_dns_a
 	uint8_t *m = (uint8_t *)reply;
 	m[0] = (uint8_t)(p->guest_id >> 8);
 	m[1] = (uint8_t)p->guest_id;
-	sendto(d->cfg->dns, m, len, MSG_DONTWAIT, (const struct sockaddr *)&p->guest,
-	       sizeof(p->guest));
+	client_send(d, &p->client, m, len);
 }
 
 void dns_upstream_reply(struct netd *d)

@@ -40,6 +40,7 @@ enum conn_kind {
 	CONN_HOST,	/* the guest to the gateway (127.0.0.0/8 here) */
 	CONN_PROXY,	/* the guest to the HTTP proxy (gateway:3128) */
 	CONN_PUBLISH,	/* a client of a published port to the guest */
+	CONN_DNS,	/* the guest's DNS over TCP (to 10.0.2.3:53, here 127.0.0.1:53) */
 };
 
 enum conn_state {
@@ -50,6 +51,7 @@ enum conn_state {
 	ST_UPSTREAM,	/* b is the upstream proxy: CONNECT sent, its answer awaited */
 	ST_SPLICE,	/* bytes flow both ways */
 	ST_REPLY,	/* an error answer to the guest, then close */
+	ST_DNS,		/* DNS over TCP: one query at a time */
 };
 
 struct conn {
@@ -86,12 +88,21 @@ struct conn {
 	bool a_eof, b_eof;	/* read end of file */
 	bool a_shut, b_shut;	/* shutdown(SHUT_WR) done */
 	bool sniff;		/* up's first bytes are to be checked (TLS SNI) */
+	bool dns_waiting;	/* DNS over TCP: a query is being answered */
 };
 
 struct listener {
 	int fd;
 	uint32_t bind;
 	uint16_t host_port, guest_port;
+};
+
+/* Where a guest's DNS query came from, for its answer. */
+struct dns_client {
+	bool tcp;
+	struct sockaddr_in udp;	/* !tcp: the datagram's source */
+	uint64_t conn_id;	/* tcp: its connection */
+	unsigned conn_slot;
 };
 
 struct dns_pending {
@@ -102,7 +113,7 @@ struct dns_pending {
 	bool for_conn;		/* a proxy target's resolution, else a guest's query */
 	uint64_t conn_id;	/* for_conn */
 	unsigned conn_slot;
-	struct sockaddr_in guest;	/* !for_conn: where the query came from */
+	struct dns_client client;	/* !for_conn: where the query came from */
 	uint16_t guest_id;
 	char name[CAP_DNS_NAME_SIZE];	/* the question, for matching the reply */
 	uint16_t qtype;
@@ -187,6 +198,9 @@ void conn_fail(struct netd *d, struct conn *c, int status, const char *body);
 /* The socket to the destination is up (and through the upstream proxy). */
 void conn_established(struct netd *d, struct conn *c);
 void nbuf_put(struct nbuf *b, const void *p, size_t n);
+/* The answer (len bytes; NULL: none, end the connection) to the query a
+ * DNS-over-TCP connection is waiting for. */
+void conn_dns_reply(struct netd *d, struct conn *c, const uint8_t *m, size_t len);
 
 /* netd-proxy.c */
 void proxy_head(struct netd *d, struct conn *c);
@@ -206,6 +220,9 @@ int upstream_answer(struct netd *d, struct conn *c);
 int dns_init(struct netd *d);
 void dns_fini(struct netd *d);
 void dns_guest_query(struct netd *d);
+/* One query (len bytes) read from a DNS-over-TCP connection: answered
+ * through conn_dns_reply, now or later, exactly once. */
+void dns_tcp_query(struct netd *d, struct conn *c, const uint8_t *msg, size_t len);
 void dns_upstream_reply(struct netd *d);
 void dns_timeouts(struct netd *d, int64_t now, int64_t *next);
 /* Resolve name (A) for connection c: 0, and proxy_resolved follows

@@ -40,17 +40,41 @@ def http(addr, port, path="/"):
         print("ERR", e)
 
 
+def query(name):
+    q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+    return q + b"".join(bytes([len(x)]) + x.encode() for x in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+
+
 def dns(name):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(8)
-    q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
-    q += b"".join(bytes([len(x)]) + x.encode() for x in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
-    s.sendto(q, ("127.0.0.1", 53))
+    s.sendto(query(name), ("127.0.0.1", 53))
     try:
         m = s.recv(4096)
     except socket.timeout:
         print("ERR timeout")
         return
+    show(m)
+
+
+def dnstcp(*names):
+    """Several queries on one connection, sent at once."""
+    s = socket.create_connection(("127.0.0.1", 53), timeout=10)
+    s.sendall(b"".join(struct.pack(">H", len(query(n))) + query(n) for n in names))
+    buf = b""
+    for _ in names:
+        while len(buf) < 2 or len(buf) < 2 + struct.unpack(">H", buf[:2])[0]:
+            d = s.recv(4096)
+            if not d:
+                print("ERR closed")
+                return
+            buf += d
+        n = struct.unpack(">H", buf[:2])[0]
+        show(buf[2:2 + n])
+        buf = buf[2 + n:]
+
+
+def show(m):
     rcode = m[3] & 15
     an = struct.unpack(">H", m[6:8])[0]
     o = 12
@@ -128,4 +152,4 @@ def tls(addr, port, sni):
 
 
 cmd = sys.argv[1]
-{"http": http, "dns": dns, "connect": connect, "get": get, "tls": tls}[cmd](*sys.argv[2:])
+{"http": http, "dns": dns, "dnstcp": dnstcp, "connect": connect, "get": get, "tls": tls}[cmd](*sys.argv[2:])

@@ -134,6 +134,9 @@ check "dns answer keeps the guest's id" "id=0x4242" guest dns allowed.test
 check "dns through a CNAME" "rcode=0 addrs=203.0.113.10" guest dns www.allowed.test
 check "dns outside the policy" "rcode=3" guest dns evil.test
 log_has "capsule net: refused dns evil.test:"
+check "dns over tcp, pipelined" "rcode=0 addrs=203.0.113.10
+id=0x4242 rcode=3 addrs=
+id=0x4242 rcode=0 addrs=10.1.2.3" guest dnstcp allowed.test evil.test rebind.test
 check "dns upstream NXDOMAIN" "rcode=3" guest dns nothing.allowed.test
 check "dns of a rebinding name" "addrs=10.1.2.3" guest dns rebind.test
 check "rebinding name's LAN address refused" "ERR" guest http 10.1.2.3 80

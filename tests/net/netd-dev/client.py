@@ -151,5 +151,36 @@ def tls(addr, port, sni):
         print("dropped", e)
 
 
+def big(addr):
+    import hashlib
+    s = socket.create_connection((addr, 80), timeout=20)
+    s.sendall(f"GET /big HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n".encode())
+    r = recv_all(s)
+    body = r.split(b"\r\n\r\n", 1)[1]
+    want = hashlib.sha256((bytes(range(256)) * 256) * 160).hexdigest()
+    print(f"len={len(body)} {'sha-ok' if hashlib.sha256(body).hexdigest() == want else 'sha-BAD'}")
+
+
+def upload(addr, port, n):
+    s = socket.create_connection((addr, int(port)), timeout=20)
+    s.sendall(b"x" * int(n))
+    s.shutdown(socket.SHUT_WR)
+    print(recv_all(s).decode().strip())
+
+
+def many(addr, n):
+    import concurrent.futures
+    def one(i):
+        try:
+            s = socket.create_connection((addr, 80), timeout=20)
+            s.sendall(f"GET /{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            return f"path=/{i} " in recv_all(s).decode()
+        except OSError:
+            return False
+    with concurrent.futures.ThreadPoolExecutor(int(n)) as ex:
+        ok = sum(ex.map(one, range(int(n))))
+    print(f"ok={ok}/{n}")
+
+
 cmd = sys.argv[1]
-{"http": http, "dns": dns, "dnstcp": dnstcp, "connect": connect, "get": get, "tls": tls}[cmd](*sys.argv[2:])
+{"http": http, "dns": dns, "dnstcp": dnstcp, "big": big, "upload": upload, "many": many, "connect": connect, "get": get, "tls": tls}[cmd](*sys.argv[2:])

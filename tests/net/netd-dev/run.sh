@@ -29,9 +29,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ninja -C "$build" libcapsule.a libcapguestcore.a > /dev/null || exit 1
-cc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -I"$root/src/common" -I"$root/src/net" \
-	"$here/driver.c" "$build/libcapsule.a" "$build/libcapguestcore.a" -o "$tmp/driver" || exit 1
+if [ -n "${NETD_DEV_ASAN:-}" ]; then	# the sources, under ASan and UBSan
+	cc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 -fsanitize=address,undefined \
+		-fno-sanitize-recover=all -I"$root/src/common" -I"$root/src/net" "$here/driver.c" \
+		"$root"/src/net/{policy,dns,sniff,nflog,netd,netd-conn,netd-proxy,netd-dns}.c \
+		"$root"/src/common/{util,err,buf}.c -o "$tmp/driver" || exit 1
+else
+	ninja -C "$build" libcapsule.a libcapguestcore.a > /dev/null || exit 1
+	cc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -I"$root/src/common" -I"$root/src/net" \
+		"$here/driver.c" "$build/libcapsule.a" "$build/libcapguestcore.a" -o "$tmp/driver" || exit 1
+fi
 cp "$here/client.py" "$here/servers.py" "$tmp/"
 echo "nameserver 192.0.2.53" > "$tmp/resolv.conf"
 chmod 644 "$tmp"/*.py "$tmp/resolv.conf"
@@ -85,6 +92,7 @@ stop_netd() {
 	wait "$netd_pid"
 	local rc=$?
 	netd_pid=
+	cat "$tmp/netd.log" >> "$tmp/all.log"
 	return $rc
 }
 
@@ -219,14 +227,19 @@ log_has "only http:// proxies are supported"
 check "bad scheme: fails closed" "ERR" guest http 203.0.113.10 80
 stop_netd
 
-echo "== allow-public and DNS timeouts"
+echo "== allow-public, volume, DNS timeouts"
 start_netd allow-public
+check "10 MB download" "len=10485760 sha-ok" guest big 203.0.113.10
+check "5 MB upload, half-close carried" "got 5000000" guest upload 203.0.113.10 9000 5000000
+check "200 connections at once" "ok=200/200" guest many 203.0.113.10 200
 check "public allowed" "server=203.0.113.10:80" guest http 203.0.113.10 80
 check "LAN still refused" "ERR" guest http 10.1.2.3 80
 check "dns under allow-public" "rcode=0" guest dns other.test
 check "dns timeout is SERVFAIL" "rcode=2" guest dns slow.test
 log_has "no answer from the resolver"
 stop_netd
+check_not "no sanitizer report" "Sanitizer" cat "$tmp/all.log"
+check_not "no sanitizer report (UB)" "runtime error" cat "$tmp/all.log"
 
 echo
 if [ $fails -eq 0 ]; then echo "all checks passed"; else echo "$fails checks FAILED"; fi

@@ -33,6 +33,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         addr, port = self.server.server_address[:2]
+        if self.path == "/big":
+            self.send_response(200)
+            self.send_header("Content-Length", str(10 << 20))
+            self.end_headers()
+            chunk = bytes(range(256)) * 256
+            for _ in range(160):
+                self.wfile.write(chunk)
+            return
         names = ",".join(k for k in self.headers.keys())
         conn = self.headers.get("Connection", "")
         host = self.headers.get("Host", "")
@@ -58,6 +66,18 @@ class Echo(socketserver.BaseRequestHandler):
             f.write(f"got {len(data)} bytes: {data[:40]!r}\n")
         if data:
             self.request.sendall(b"echo:" + data)
+
+
+class Sink(socketserver.BaseRequestHandler):
+    """Reads to end of file (the client's half-close), then says how much."""
+    def handle(self):
+        n = 0
+        while True:
+            d = self.request.recv(65536)
+            if not d:
+                break
+            n += len(d)
+        self.request.sendall(f"got {n}\n".encode())
 
 
 class TCP(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -154,6 +174,7 @@ class Proxy(socketserver.BaseRequestHandler):
 def main():
     servers = [TServer((a, 80), Handler) for a in HTTP]
     servers += [TCP(e, Echo) for e in ECHO]
+    servers.append(TCP(("203.0.113.10", 9000), Sink))
     servers.append(TCP(PROXY, Proxy))
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()

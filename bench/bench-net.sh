@@ -52,10 +52,19 @@ qpid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["qemu_pid
 quid=$(awk '/^Uid:/ { print $2 }' "/proc/$qpid/status")
 # The same client, once in the host's namespace, once as QEMU's user in
 # QEMU's namespace, where nftables hands it to the policy process.
-as_qemu() { nsenter -t "$qpid" -n setpriv --reuid="$quid" --regid="$quid" --clear-groups "$@"; }
-
-echo "connect $(as_qemu python3 "$py" connect 203.0.113.10 200) $(in_cns python3 "$py" connect 203.0.113.10 200)"
-echo "fetch $(as_qemu python3 "$py" fetch 203.0.113.10 "$runs") $(in_cns python3 "$py" fetch 203.0.113.10 "$runs")"
+# The system's python3: QEMU's user cannot read root's (a pyenv shim, say).
+as_qemu() { nsenter -t "$qpid" -n setpriv --reuid="$quid" --regid="$quid" --clear-groups /usr/bin/python3 "$@"; }
+# Both sides or nothing: a figure without its baseline is no figure.
+row() {
+	[ -n "$2" ] && [ -n "$3" ] || { echo "bench-net: measuring $1 failed (policy '$2', host '$3')" >&2; exit 1; }
+	echo "$1 $2 $3"
+}
+a=$(as_qemu "$py" connect 203.0.113.10 200)
+b=$(in_cns /usr/bin/python3 "$py" connect 203.0.113.10 200)
+row connect "$a" "$b"
+a=$(as_qemu "$py" fetch 203.0.113.10 "$runs")
+b=$(in_cns /usr/bin/python3 "$py" fetch 203.0.113.10 "$runs")
+row fetch "$a" "$b"
 
 # From the guest: busybox wget of 10 MB, against the host's busybox wget.
 : >"$home/g"; : >"$home/h"

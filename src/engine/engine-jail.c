@@ -687,6 +687,23 @@ int cap_jail_sweep(void (*found)(void *ud, const char *what), void *ud)
 	return removed;
 }
 
+/* What a child wrote on its close-on-exec error pipe before exec or
+ * exit, NUL-terminated; 0 bytes (end of file) means it got through. */
+static size_t read_failure(int fd, char *msg, size_t size)
+{
+	size_t len = 0;
+	while (len < size - 1) {
+		ssize_t k = read(fd, msg + len, size - 1 - len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		len += (size_t)k;
+	}
+	msg[len] = '\0';
+	return len;
+}
+
 /* ---- the child -------------------------------------------------------- */
 
 struct child {
@@ -1079,19 +1096,9 @@ pid_t cap_jail_helper(struct cap_jail *j, int netns, const int *keep,
 	/* Our child, not reaped yet: its pid cannot have been reused. */
 	int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
 	int e = pfd < 0 ? errno : 0;
-	char msg[512];
-	ssize_t len = 0, k;
-	while (pfd >= 0 && (k = read(ep[0], msg + len, sizeof(msg) - 1 - (size_t)len)) != 0) {
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0)
-			break;
-		len += k;
-		if ((size_t)len >= sizeof(msg) - 1)
-			break;
-	}
+	char msg[512] = "";
+	size_t len = pfd >= 0 ? read_failure(ep[0], msg, sizeof(msg)) : 0;
 	close(ep[0]);
-	msg[len] = '\0';
 	if (pfd < 0 || len > 0) {
 		kill(pid, SIGKILL);
 		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
@@ -1154,17 +1161,7 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 	/* The child reports a failed step on the pipe; end of file means
 	 * QEMU is running. */
 	char msg[512];
-	ssize_t len = 0, k;
-	while ((k = read(ep[0], msg + len, sizeof(msg) - 1 - (size_t)len)) != 0) {
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0)
-			break;
-		len += k;
-		if ((size_t)len >= sizeof(msg) - 1)
-			break;
-	}
-	msg[len] = '\0';
+	size_t len = read_failure(ep[0], msg, sizeof(msg));
 	if (len > 0) {
 		int st;
 		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)

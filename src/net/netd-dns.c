@@ -47,7 +47,7 @@ int dns_init(struct netd *d)
 	d->owned_dgram = xmalloc(NETD_DGRAM_MAX);
 	int r = read_resolv_conf(path, &ns);
 	if (r < 0) {
-		netd_log(d, "no IPv4 nameserver in %s (%s): every allowed DNS query is answered SERVFAIL",
+		snprintf(d->resolver_problem, sizeof(d->resolver_problem), "no IPv4 nameserver in %s (%s)",
 			 path, r == -ENOENT ? "none listed" : strerror(-r));
 		return 0;
 	}
@@ -57,7 +57,7 @@ int dns_init(struct netd *d)
 				  .sin_addr.s_addr = htonl(ns) };
 	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		netd_log(d, "cannot use the resolver %s: %s: every allowed DNS query is answered SERVFAIL",
+		snprintf(d->resolver_problem, sizeof(d->resolver_problem), "cannot use the resolver %s: %s",
 			 d->resolver_text, strerror(errno));
 		if (fd >= 0)
 			close(fd);
@@ -65,6 +65,15 @@ int dns_init(struct netd *d)
 	}
 	d->resolver = fd;
 	return 0;
+}
+
+/* A query needs the resolver and there is none: say why, once. */
+static void resolver_missing(struct netd *d)
+{
+	if (d->resolver_problem_said)
+		return;
+	d->resolver_problem_said = true;
+	netd_log(d, "%s: every allowed DNS query is answered SERVFAIL", d->resolver_problem);
 }
 
 void dns_fini(struct netd *d)
@@ -257,6 +266,8 @@ static void guest_query(struct netd *d, const uint8_t *msg, size_t len,
 		if (d->resolver >= 0)
 			netd_log(d, "dns %s: %u queries in flight already; answered SERVFAIL", q.name,
 				 NETD_DNS_PENDING);
+		else
+			resolver_missing(d);
 		reply_rcode(d, msg, len, &q, CAP_DNS_RCODE_SERVFAIL, from);
 		return;
 	}
@@ -305,6 +316,8 @@ int dns_resolve(struct netd *d, struct conn *c, const char *name)
 {
 	struct dns_pending *p = d->resolver >= 0 ? pending_new(d) : NULL;
 
+	if (!p && d->resolver < 0)
+		resolver_missing(d);
 	if (!p)
 		return d->resolver >= 0 ? -EBUSY : -ENETUNREACH;
 	ssize_t n = cap_dns_build_query(p->up_id, name, CAP_DNS_TYPE_A, p->msg, sizeof(p->msg));

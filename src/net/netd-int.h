@@ -160,6 +160,10 @@ struct netd {
 	/* DNS */
 	int resolver;		/* UDP connected to the host's resolver, -1: none */
 	char resolver_text[32];
+	/* Why there is no resolver, said once: at the first query that
+	 * needs one (a sandbox that never resolves a name is not told). */
+	char resolver_problem[200];
+	bool resolver_problem_said;
 	struct dns_pending pending[NETD_DNS_PENDING];
 	struct dns_name names[NETD_NAMES];
 	uint64_t name_seq;

@@ -1410,6 +1410,7 @@ int main(void)
 		power_off();	/* raw boot benchmark: init reached, stop */
 	setup_cgroups();
 	setup_priority();
+	agent_net_boot();
 
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
 		A.execs[i].out_fd = A.execs[i].err_fd = A.execs[i].in_fd = -1;

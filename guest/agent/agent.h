@@ -30,6 +30,11 @@ void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * Run in the final root. On failure returns -errno with msg naming the
  * step. */
 int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen);
+/* At boot, before HELLO: configure the NIC from "capsule.net=ADDR/N,GW"
+ * on the kernel command line (the host puts it there for a VM with a
+ * NIC), so that a template holds it ready and a SETUP with the same
+ * values only writes /etc. Failures are left for SETUP to report. */
+void agent_net_boot(void);
 /* The "NAME=value" strings every command gets from the network (the
  * proxy variables), NULL-terminated; empty without a proxy. Static
  * storage, valid until the next agent_net_setup. */

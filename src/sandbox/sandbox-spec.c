@@ -57,6 +57,7 @@ void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_ima
 void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_policy *p)
 {
 	s->net = *p;
+	s->append[0] = '\0';
 	if (!p->enabled) {
 		s->setup.net_addr = s->setup.net_gateway = s->setup.net_dns = 0;
 		s->setup.net_prefix = 0;
@@ -70,6 +71,9 @@ void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_p
 	s->setup.net_dns = CAP_NET_DNS;
 	s->setup.proxy_port = CAP_NET_PROXY_PORT;
 	s->setup.auto_publish = p->auto_publish;
+	char a[16], g[16];
+	snprintf(s->append, sizeof(s->append), "capsule.net=%s/%u,%s", cap_net_addr_str(s->setup.net_addr, a),
+		 s->setup.net_prefix, cap_net_addr_str(s->setup.net_gateway, g));
 }
 
 void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t len)

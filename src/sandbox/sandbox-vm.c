@@ -361,7 +361,7 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 		.cpus = o->cpus,
 		.memory_mib = o->memory_mib,
 		.accel = accel->accel,
-		.append_extra = o->append_extra,
+		.append_extra = o->spec && o->spec->append[0] ? o->spec->append : NULL,
 		/* Nothing connects to QEMU's sockets later, and files of a
 		 * killed process would be left behind: unlink them at once. */
 		.unlink_sockets = true,

@@ -26,6 +26,10 @@ struct cap_sandbox_spec {
 	struct cap_setup setup;	/* its strings point into the spec or are static */
 	char hostname[21];
 	struct cap_net_policy net;	/* net.enabled: a NIC */
+	/* Kernel arguments of the shape: with a NIC, its address for the
+	 * agent to configure at boot ("capsule.net=10.0.2.15/24,10.0.2.2"),
+	 * so that a template holds it ready. "" otherwise. */
+	char append[64];
 };
 
 /* The bare initramfs root: no disk, no NIC. */
@@ -55,7 +59,6 @@ struct cap_sandbox_opts {
 	const char *console_log;	/* NULL: kept in the run dir, removed */
 	const char *qemu_log;	/* NULL: <dir>/qemu.log, removed with the VM; else this file, kept */
 	int boot_timeout_ms;	/* default 60000 */
-	const char *append_extra;	/* more kernel arguments, or NULL */
 	/* Disks, NIC and what the agent sets up (borrowed). NULL: the bare
 	 * initramfs root, no disk, no NIC. */
 	const struct cap_sandbox_spec *spec;

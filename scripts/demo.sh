@@ -50,5 +50,52 @@ if [ -n "$qemu" ] && [ -r "/proc/$qemu/status" ]; then
 fi
 wait "$bg" || true
 echo
+echo "== no network unless a policy opens it: capsule run -- wget http://203.0.113.10/"
+"$capsule" run -q -- wget -qO- http://203.0.113.10/ 2>&1 || true
+echo
+# A fake internet of the demo's own (DESIGN §9): 203.0.113.10 serves a
+# page and 198.51.100.7 another, in a namespace linked only to the one
+# capsule runs in; nothing else is reachable from there.
+echo "== a policy: --allow-egress 203.0.113.10, on a fake internet in network namespaces"
+inet=capdemo-i$$
+cns=capdemo-c$$
+net_down() {
+	[ -n "${srv:-}" ] && kill "$srv" 2>/dev/null
+	ip netns del "$cns" 2>/dev/null || true
+	ip netns del "$inet" 2>/dev/null || true
+}
+trap 'net_down; rm -rf "$demo_rt"' EXIT
+ip netns add "$inet" && ip netns add "$cns"
+ip -n "$inet" link set lo up
+ip -n "$cns" link set lo up
+ip -n "$inet" addr add 203.0.113.10/32 dev lo
+ip -n "$inet" addr add 198.51.100.7/32 dev lo
+ip link add "dv$$" netns "$cns" type veth peer name "di$$" netns "$inet"
+ip -n "$cns" addr add 192.0.2.1/30 dev "dv$$"
+ip -n "$inet" addr add 192.0.2.2/30 dev "di$$"
+ip -n "$cns" link set "dv$$" up
+ip -n "$inet" link set "di$$" up
+ip -n "$cns" route add 203.0.113.0/24 via 192.0.2.2
+ip -n "$cns" route add 198.51.100.0/24 via 192.0.2.2
+ip netns exec "$inet" python3 -c '
+import http.server, socketserver, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("hello from %s\n" % self.server.server_address[0]).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+for a in ("203.0.113.10", "198.51.100.7"):
+    s = socketserver.ThreadingTCPServer((a, 80), H)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+threading.Event().wait()' &
+srv=$!
+sleep 0.5
+echo "\$ capsule run --allow-egress 203.0.113.10 -- sh -c 'wget -qO- http://203.0.113.10/; wget -qO- http://198.51.100.7/'"
+# nsenter, not `ip netns exec`: that remounts /sys, and the jail's cgroups with it.
+nsenter --net="/run/netns/$cns" "$capsule" run -q --allow-egress 203.0.113.10 -- \
+	sh -c 'wget -qO- http://203.0.113.10/; wget -qO- http://198.51.100.7/' 2>&1 || true
+net_down
+echo
 left=$(ours -c || true)
 echo "== QEMU processes left running: $left"

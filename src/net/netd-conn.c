@@ -209,9 +209,14 @@ int conn_dial(struct netd *d, struct conn *c, uint32_t addr, const char *name,
 	if (name && name != c->name)
 		snprintf(c->name, sizeof(c->name), "%s", name);
 	if (via) {
-		const char *target = c->name[0] ? c->name : cap_net_addr_str(addr, a);
+		/* The address just checked, never the name: the upstream proxy
+		 * would resolve a name again and could reach an address the
+		 * policy refuses (DNS rebinding behind it). The name, when
+		 * known, is only in Host, for the proxy's logs. */
+		const char *literal = cap_net_addr_str(addr, a);
+		const char *host_name = c->name[0] ? c->name : literal;
 		int n = snprintf(c->pre, sizeof(c->pre), "CONNECT %s:%u HTTP/1.1\r\nHost: %s:%u\r\n\r\n",
-				 target, c->port, target, c->port);
+				 literal, c->port, host_name, c->port);
 		CAP_BUG_ON(n < 0 || (size_t)n >= sizeof(c->pre));
 		c->pre_off = 0;
 		c->pre_len = (size_t)n;

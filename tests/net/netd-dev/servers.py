@@ -147,8 +147,9 @@ class Proxy(socketserver.BaseRequestHandler):
                 return
             head += d
         line = head.split(b"\r\n")[0].decode()
+        hosts = [h.decode() for h in head.split(b"\r\n")[1:] if h.lower().startswith(b"host:")]
         with open(f"{LOG}/proxy.log", "a") as f:
-            f.write(line + "\n")
+            f.write(line + "".join(f" [{h}]" for h in hosts) + "\n")
         method, target, _ = line.split(" ")
         host, port = target.rsplit(":", 1)
         if method != "CONNECT" or host == "refuse.test":

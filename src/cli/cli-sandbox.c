@@ -443,6 +443,13 @@ int cap_cli_inspect(int argc, char **argv)
 	printf("network:    %s\n", policy);
 	if (net->enabled)
 		printf("route:      %s\n", cap_cli_net_route());
+	if (st.state != CAP_NAMED_STOPPED && st.network_error[0])
+		printf("net state:  %s\n", st.network_error);
+	else if (st.state != CAP_NAMED_STOPPED && st.nic != net->enabled)
+		printf("net state:  the running VM %s; the policy above applies at its next start\n",
+		       st.nic ? "keeps its network interface, refusing everything" : "has no network interface");
+	else if (st.state != CAP_NAMED_STOPPED && st.nic)
+		printf("net state:  policy process pid %d\n", (int)st.netd_pid);
 	printf("directory:  %s\n", dir);
 	time_t t = (time_t)rec.created;
 	char when[64];

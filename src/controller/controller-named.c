@@ -61,6 +61,10 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 			r = cap_record_set_net(&want, p, &err);
 		if (r == 0 && strcmp(now.net, want.net) != 0)
 			r = cap_named_set_network(j->name, p, &restart, &err);
+		/* Running (a controller's recovery) with or without a NIC it
+		 * must not keep: the start below makes it right. */
+		if (r == 0 && restart)
+			r = cap_named_stop(j->name, 10000, &err);
 		free(none);
 	}
 	bool changed;

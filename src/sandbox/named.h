@@ -53,9 +53,10 @@ int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
 
 /* Replace a sandbox's network policy in its record. When it runs with a
  * NIC, its shim applies the new one to new connections without a
- * restart (this call waits up to 5 s for it to confirm); when it runs
- * without one, or gains or loses its NIC, the change applies at the next
- * start: *restart_needed says so. */
+ * restart (this call waits up to 5 s for it to confirm) — a policy with
+ * no NIC refuses everything there until the next start removes the
+ * interface; one running without a NIC gets it at its next start.
+ * *restart_needed says whether a restart changes anything more. */
 int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 			  bool *restart_needed, struct cap_err *err);
 
@@ -122,6 +123,11 @@ struct cap_named_status {
 	char control[256];	/* control socket path, when running */
 	uint64_t disk_bytes;	/* space the disks use on the host */
 	bool has_source;	/* it projects public data at /source */
+	/* When running: whether the VM has a NIC, its policy process, and
+	 * what is wrong with its network ("" when nothing). */
+	bool nic;
+	pid_t netd_pid;
+	char network_error[160];
 };
 int cap_named_status(const char *name, struct cap_named_status *out,
 		     struct cap_err *err);

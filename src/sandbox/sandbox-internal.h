@@ -30,6 +30,9 @@ int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net
 const struct cap_vm_net *cap_sandbox_net_vm(const struct cap_sandbox_net *n);
 /* The NIC of a template being built: the same device, nothing gets out. */
 const struct cap_vm_net *cap_sandbox_net_template(void);
+/* The VM runs: the owner's copies of the published ports' listeners are
+ * closed (the policy process has its own). */
+void cap_sandbox_net_started(struct cap_sandbox_net *n);
 void cap_sandbox_net_free(struct cap_sandbox_net *n);
 /* Replace the policy of a running VM: the kernel's denied ranges, then
  * the policy process's rules (new connections). Published ports and the

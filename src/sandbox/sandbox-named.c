@@ -390,7 +390,7 @@ int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
 	cap_net_policy_words(p, &words, &n);
 	for (size_t i = 0; i < n; i++) {
 		if (ret == 0 && used + strlen(words[i]) + 2 > sizeof(buf))
-			ret = cap_err_set(err, E2BIG, "the network policy is too long to record (over %zu bytes)", sizeof(buf) - 1);
+			ret = cap_err_set(err, E2BIG, "the network policy is too long to record (over %zu bytes): use fewer rules, a CIDR for neighbouring addresses or *.DOMAIN for names under one domain", sizeof(buf) - 1);
 		if (ret == 0)
 			used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%s", used ? " " : "", words[i]);
 		free(words[i]);
@@ -465,6 +465,11 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 		out->qemu_pid = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
 		const char *c = json_string_value(json_object_get(j, "control"));
 		snprintf(out->control, sizeof(out->control), "%s", c ? c : "");
+		const char *net = json_string_value(json_object_get(j, "network"));
+		const char *nerr = json_string_value(json_object_get(j, "network_error"));
+		out->netd_pid = (pid_t)json_integer_value(json_object_get(j, "netd_pid"));
+		out->nic = net || nerr;
+		snprintf(out->network_error, sizeof(out->network_error), "%s", nerr ? nerr : "");
 		json_decref(j);
 	}
 	return 0;
@@ -837,13 +842,16 @@ int cap_named_kill(const char *name, struct cap_err *err)
 	return cap_named_reap(name, err);
 }
 
-/* runtime.json's "network": the policy a running shim has in force. */
-static bool shim_has_network(const char *name, const char *words)
+/* runtime.json's "network": the policy a running shim has in force
+ * (NULL when it runs without a NIC, or its policy process died). */
+static bool shim_network(const char *name, const char *words, bool *has_nic)
 {
 	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
 	json_t *j = json_load_file(rt, 0, NULL);
 	const char *s = j ? json_string_value(json_object_get(j, "network")) : NULL;
 	bool same = s && strcmp(s, words) == 0;
+	if (has_nic)
+		*has_nic = s != NULL;
 	json_decref(j);
 	return same;
 }
@@ -857,22 +865,25 @@ int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 	*restart_needed = false;
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		return r;
-	bool had_nic = rec.net[0] != '\0';
 	if ((r = cap_record_set_net(&rec, p, err)) < 0 || (r = write_record(&rec, err)) < 0)
 		return r;
 	if ((r = cap_named_status(name, &st, err)) < 0)
 		return r;
 	if (st.state == CAP_NAMED_STOPPED)
 		return 0;
-	if (!had_nic || !p->enabled) {
-		*restart_needed = true;
+	/* What the running VM has, not what the record said. A VM without
+	 * a NIC gets one at its next start; one with a NIC follows the new
+	 * policy now, and with none refuses everything until it restarts. */
+	bool has_nic;
+	shim_network(name, "", &has_nic);
+	*restart_needed = !has_nic ? p->enabled : !p->enabled;
+	if (!has_nic)
 		return 0;
-	}
 	if (kill(st.shim_pid, SIGUSR1) < 0)
 		return cap_err_set(err, errno, "cannot reach sandbox '%s''s shim (pid %d): %s; the new policy applies at its next start",
 				   name, (int)st.shim_pid, strerror(errno));
 	for (int i = 0; i < 250; i++) {
-		if (shim_has_network(name, rec.net))
+		if (shim_network(name, rec.net, NULL))
 			return 0;
 		usleep(20000);
 	}

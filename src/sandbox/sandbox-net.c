@@ -135,6 +135,15 @@ const struct cap_vm_net *cap_sandbox_net_template(void)
 	return &t;
 }
 
+void cap_sandbox_net_started(struct cap_sandbox_net *n)
+{
+	/* The policy process holds them now: should it die, a client of a
+	 * published port is refused instead of waiting in our backlog. */
+	for (unsigned i = 0; i < n->npublish; i++)
+		close(n->publish_fds[i]);
+	n->npublish = 0;
+}
+
 void cap_sandbox_net_free(struct cap_sandbox_net *n)
 {
 	if (!n)

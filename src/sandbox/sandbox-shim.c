@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
@@ -88,6 +89,9 @@ struct shim {
 	int64_t refused_log_ms;
 	const char *name;
 	char net_words[4096];	/* the network policy in force (record form) */
+	struct cap_sandbox_spec *spec;	/* what sb was booted with (a restart reuses it) */
+	int netd_fd;	/* pidfd of the policy process, -1: none or gone */
+	bool netd_dead;
 };
 
 static struct route *route_by_client(struct shim *s, struct conn *c, uint32_t cid)
@@ -193,27 +197,64 @@ static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
 static void write_runtime_log(struct shim *s);
 
 /* SIGUSR1 (cap_named_set_network): the record's network policy applies
- * to new connections now; runtime.json says which one is in force. */
+ * to new connections now; runtime.json says which one is in force. A
+ * policy without a NIC refuses everything until the next start takes the
+ * NIC away. A VM restarted later (after disk errors) gets it too. */
 static void reload_network(struct shim *s)
 {
 	struct cap_record rec;
 	struct cap_err err = { 0 };
 	struct cap_net_policy *p = xmalloc(sizeof(*p));
+	struct cap_net_policy *in_vm = xmalloc(sizeof(*in_vm));
 	if (cap_named_load(s->name, &rec, &err) < 0 || cap_record_net(&rec, p, &err) < 0) {
 		cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
 	} else if (strcmp(rec.net, s->net_words) == 0) {
 		write_runtime_log(s);
-	} else if (!p->enabled) {
-		cap_log(CAP_LOG_WARN, "network policy not changed: the new one has no network interface, which takes a restart");
-	} else if (cap_sandbox_set_network(s->sb, p, &err) < 0) {
-		cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
 	} else {
-		snprintf(s->net_words, sizeof(s->net_words), "%s", rec.net);
-		_cleanup_free_ char *d = cap_net_policy_describe(p);
-		cap_log(CAP_LOG_INFO, "network policy now: %s", d);
-		write_runtime_log(s);
+		*in_vm = *p;
+		if (!in_vm->enabled) {
+			cap_net_policy_init(in_vm);
+			in_vm->enabled = true;	/* nothing opened */
+		}
+		if (cap_sandbox_set_network(s->sb, in_vm, &err) < 0) {
+			cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
+		} else {
+			snprintf(s->net_words, sizeof(s->net_words), "%s", rec.net);
+			cap_sandbox_spec_network(s->spec, p);
+			_cleanup_free_ char *d = cap_net_policy_describe(p);
+			cap_log(CAP_LOG_INFO, "network policy now: %s%s", d,
+				p->enabled ? "" : "; everything is refused until the next start removes the interface");
+			write_runtime_log(s);
+		}
 	}
+	free(in_vm);
 	free(p);
+}
+
+/* Watch the VM's policy process (a child of ours, not reaped: its pid
+ * is its own until the engine reaps it). */
+static void watch_netd(struct shim *s)
+{
+	if (s->netd_fd >= 0)
+		close(s->netd_fd);
+	s->netd_fd = -1;
+	s->netd_dead = false;
+	pid_t pid = s->sb ? cap_sandbox_net_pid(s->sb) : -1;
+	if (pid > 0 && (s->netd_fd = (int)syscall(SYS_pidfd_open, pid, 0)) < 0)
+		cap_log(CAP_LOG_WARN, "cannot watch the policy process (pid %d): %s; its death would go unnoticed here",
+			(int)pid, strerror(errno));
+}
+
+/* The policy process is gone: nothing leaves the sandbox any more (there
+ * is no other path), which the owner must be told. */
+static void netd_died(struct shim *s)
+{
+	close(s->netd_fd);
+	s->netd_fd = -1;
+	s->netd_dead = true;
+	cap_log(CAP_LOG_ERROR, "the sandbox's policy process (pid %d) died: its network connections fail until the sandbox restarts (`capsule stop %s`)",
+		(int)cap_sandbox_net_pid(s->sb), s->name);
+	write_runtime_log(s);
 }
 
 /* After a failed write the guest's file system may be read-only (ext4
@@ -243,6 +284,7 @@ static bool recover_disks(struct shim *s)
 	cap_sandbox_free(s->sb);
 	s->sb = NULL;
 	s->disk_failed = false;
+	watch_netd(s);
 	if (cap_sandbox_boot(s->opts, &s->sb, &err) < 0) {
 		cap_log(CAP_LOG_ERROR, "the VM did not start again: %s", err.msg);
 		s->stop = true;
@@ -542,7 +584,7 @@ static void accept_clients(struct shim *s, int lfd)
 
 static void serve(struct shim *s, int lfd, int sfd)
 {
-	enum { SIG = CAP_SANDBOX_NPOLL, LISTEN, EVENTS, FIXED };
+	enum { SIG = CAP_SANDBOX_NPOLL, LISTEN, EVENTS, NETD, FIXED };
 	struct pollfd *pfd = NULL;
 	struct conn **owner = NULL;
 	size_t cap = 0;
@@ -558,6 +600,7 @@ static void serve(struct shim *s, int lfd, int sfd)
 		pfd[SIG] = (struct pollfd){ .fd = sfd, .events = POLLIN };
 		pfd[LISTEN] = (struct pollfd){ .fd = lfd, .events = POLLIN };
 		pfd[EVENTS] = (struct pollfd){ .fd = cap_sandbox_event_fd(s->sb), .events = POLLIN };
+		pfd[NETD] = (struct pollfd){ .fd = s->netd_fd, .events = POLLIN };
 		size_t n = FIXED;
 		for (size_t i = 0; i < s->nconns; i++) {
 			struct conn *c = s->conns[i];
@@ -582,6 +625,8 @@ static void serve(struct shim *s, int lfd, int sfd)
 					s->stop = true;
 			}
 		}
+		if (pfd[NETD].revents)
+			netd_died(s);
 		if (pfd[LISTEN].revents & POLLIN)
 			accept_clients(s, lfd);
 		for (size_t i = FIXED; i < n; i++) {
@@ -625,9 +670,11 @@ static int write_runtime(const struct shim *s, struct cap_err *err)
 			      "qemu_pid", s->sb ? (int)cap_sandbox_vmm_pid(s->sb) : -1, "control", s->control,
 			      "paused", s->paused);
 	pid_t netd = s->sb ? cap_sandbox_net_pid(s->sb) : -1;
-	if (netd > 0) {
+	if (netd > 0 && !s->netd_dead) {
 		json_object_set_new(j, "netd_pid", json_integer(netd));
 		json_object_set_new(j, "network", json_string(s->net_words));
+	} else if (netd > 0) {
+		json_object_set_new(j, "network_error", json_string("the policy process died: network connections fail until the sandbox restarts"));
 	}
 	if (s->io_count > 0) {
 		const struct cap_vm_io_error *e = &s->io.e;
@@ -677,6 +724,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	bool owner = false;
 
 	s.spare_fd = -1;
+	s.netd_fd = -1;
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		goto out;
 	lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -749,6 +797,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.control = control;
 	s.opts = &o;
 	s.name = name;
+	s.spec = spec;
+	watch_netd(&s);
 	s.disks = spec->disks;
 	s.ndisks = spec->ndisks;
 	raise_nofile();
@@ -807,6 +857,8 @@ out:
 		cap_remove_run_dir(rundir);
 	if (netlog >= 0)
 		close(netlog);
+	if (s.netd_fd >= 0)
+		close(s.netd_fd);
 	cap_image_fini(&img);
 	if (lock >= 0)
 		close(lock);	/* releases the lock last */

@@ -436,6 +436,8 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	}
 	if (!sb->restored && (r = start_vm(sb, &cfg, setup, o->boot_timeout_ms, err)) < 0)
 		goto fail;
+	if (sb->net)
+		cap_sandbox_net_started(sb->net);
 	*out = sb;
 	return 0;
 

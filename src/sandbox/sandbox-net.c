@@ -159,10 +159,18 @@ static int tell(struct cap_vm *vm, const char *line, struct cap_err *err)
 	int fd = cap_vm_net_control_fd(vm);
 	if (fd < 0)
 		return cap_err_set(err, ENOTCONN, "the sandbox has no policy process");
-	if (cap_write_all(fd, line, strlen(line)) < 0)
-		return cap_err_set(err, EPIPE, "the sandbox's policy process is gone (its connections fail): %s",
-				   strerror(errno));
-	return 0;
+	/* Never wait for it: a line is small, the socket's buffer holds
+	 * hundreds, and a policy process that stopped reading is broken. */
+	size_t len = strlen(line);
+	ssize_t n;
+	while ((n = send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR)
+		;
+	if (n == (ssize_t)len)
+		return 0;
+	if (n < 0 && errno == EAGAIN)
+		return cap_err_set(err, EAGAIN, "the sandbox's policy process is not reading its control channel: the change was not applied");
+	return cap_err_set(err, EPIPE, "the sandbox's policy process is gone (its connections fail): %s",
+			   n < 0 ? strerror(errno) : "short write");
 }
 
 int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,

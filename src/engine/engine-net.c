@@ -396,9 +396,13 @@ static int ruleset(struct cap_buf *b, uid_t uid, uint16_t lport, uint16_t proxy_
 		bprintf(b, "  chain nat_out {\n"
 			   "    type nat hook output priority -100; policy accept;\n"
 			   "    meta skuid != %u accept\n", (unsigned)uid);
-		/* The proxy lives at the gateway even when the host is denied. */
+		/* The proxy lives at the gateway even when the host is denied,
+		 * and so does DNS over TCP: slirp sends the guest's TCP to
+		 * 10.0.2.3:53 to the jail's nameserver, 127.0.0.1:53, which
+		 * the policy process answers (SO_ORIGINAL_DST 127.0.0.1:53). */
 		if (proxy_port)
 			bprintf(b, "    ip daddr 127.0.0.1 tcp dport %u redirect to :%u\n", proxy_port, lport);
+		bprintf(b, "    ip daddr 127.0.0.1 tcp dport %u redirect to :%u\n", DNS_PORT, lport);
 		bprintf(b, "    ip daddr @deny return\n"
 			   "    meta l4proto tcp redirect to :%u\n"
 			   "  }\n", lport);

@@ -36,6 +36,8 @@ send "guest nc -w 10 203.0.113.10 80 </dev/null 2>&1"
 ok "a public address reaches the policy process, with its original destination" '[[ $ans == *"policy saw 203.0.113.10:80"* ]]'
 send "guest nc -w 10 10.0.2.2 3128 </dev/null 2>&1"
 ok "the proxy at the gateway reaches the policy process although the host is denied" '[[ $ans == *"policy saw 127.0.0.1:3128"* ]]'
+send "guest nc -w 10 10.0.2.3 53 </dev/null 2>&1"
+ok "DNS over TCP (slirp sends it to 127.0.0.1:53) reaches the policy process although the host is denied" '[[ $ans == *"policy saw 127.0.0.1:53"* ]]'
 send "guest nc -w 10 198.51.100.7 80 </dev/null 2>&1"
 ok "a denied range is refused at once (reset)" '[[ $ans == *"refused"* ]]'
 send "guest nc -w 10 10.0.2.2 80 </dev/null 2>&1"
@@ -72,6 +74,12 @@ except Exception as e: print(type(e).__name__)')
 ok "as QEMU's UID a denied address gets a reset ($r)" '[ "$r" = ConnectionRefusedError ]'
 sleep 0.5
 ok "and the reset is logged to the policy process" 'grep -q "^nflog capsule reset proto 6 [0-9.]*:[0-9]* > 198.51.100.7:80 type 0$" "$log"'
+r=$(asq 'import socket; s=socket.create_connection(("127.0.0.1",53),3); print(s.recv(100).decode().strip())')
+ok "as QEMU's UID a TCP connection to 127.0.0.1:53 (slirp's DNS over TCP) lands in the policy listener ($r)" '[ "$r" = "policy saw 127.0.0.1:53" ]'
+r=$(asq 'import socket
+try: socket.create_connection(("127.0.0.1",54),3); print("connected")
+except Exception as e: print(type(e).__name__)')
+ok "as QEMU's UID another port of the denied host is still reset ($r)" '[ "$r" = ConnectionRefusedError ]'
 lport=$(grep -o 'redirect to :[0-9]*' <<<"$rules" | head -1 | cut -d: -f2)
 r=$(asq "import socket
 try: socket.create_connection(('127.0.0.1',$lport),3); print('connected')

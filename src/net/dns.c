@@ -44,7 +44,7 @@ static bool plain_char(uint8_t c)
  * (or below the name's start): that is how compression is written, and it
  * makes loops impossible; jumps are bounded besides. */
 static int read_name(const uint8_t *msg, size_t len, size_t *off, char *out,
-		     bool *plain)
+		     bool *plain, bool *compressed)
 {
 	size_t pos = *off, limit = *off, next = 0, o = 0, wire = 1;
 	unsigned jumps = 0;
@@ -92,6 +92,8 @@ static int read_name(const uint8_t *msg, size_t len, size_t *off, char *out,
 	}
 	out[o] = '\0';
 	*off = next ? next : pos;
+	if (compressed)
+		*compressed = jumps > 0;
 	return 0;
 }
 
@@ -100,7 +102,7 @@ static int read_question(const uint8_t *msg, size_t len, struct cap_dns_question
 {
 	size_t off = CAP_DNS_HEADER;
 
-	if (read_name(msg, len, &off, q->name, &q->plain) < 0 || off + 4 > len)
+	if (read_name(msg, len, &off, q->name, &q->plain, &q->compressed) < 0 || off + 4 > len)
 		return -EINVAL;
 	q->qtype = get16(msg + off);
 	q->qclass = get16(msg + off + 2);
@@ -117,6 +119,10 @@ static int read_header(const uint8_t *msg, size_t len, struct cap_dns_question *
 	q->flags = get16(msg + 2);
 	q->opcode = (q->flags & OPCODE_MASK) >> 11;
 	q->rcode = q->flags & 15;
+	q->qdcount = get16(msg + 4);
+	q->ancount = get16(msg + 6);
+	q->nscount = get16(msg + 8);
+	q->arcount = get16(msg + 10);
 	return 0;
 }
 
@@ -192,7 +198,7 @@ static int read_rr(const uint8_t *msg, size_t len, size_t *off, struct rr *r)
 {
 	bool plain;
 
-	if (read_name(msg, len, off, r->owner, &plain) < 0 || *off + 10 > len)
+	if (read_name(msg, len, off, r->owner, &plain, NULL) < 0 || *off + 10 > len)
 		return -EINVAL;
 	const uint8_t *p = msg + *off;
 	r->type = get16(p);
@@ -243,7 +249,7 @@ static int walk_answers(const uint8_t *msg, size_t len, size_t start, unsigned c
 			char target[CAP_DNS_NAME_SIZE];
 			size_t t = r.rdata;
 			bool plain;
-			if (read_name(msg, len, &t, target, &plain) < 0 ||
+			if (read_name(msg, len, &t, target, &plain, NULL) < 0 ||
 			    t != r.rdata + r.rdlen)
 				return -EINVAL;
 			if (*nnames < MAX_ALIASES && !in_names(names, *nnames, target)) {

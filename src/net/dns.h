@@ -39,8 +39,14 @@ struct cap_dns_question {
 	 * policy. */
 	char name[CAP_DNS_NAME_SIZE];
 	bool plain;
+	/* The question's name ends in a compression pointer (into the
+	 * header or anywhere before it): legal on the wire, but a query
+	 * built so can be read differently by different parsers. */
+	bool compressed;
 	uint16_t qtype, qclass;
 	size_t end;		/* offset just past the question */
+	/* The header's section counts as received. */
+	uint16_t qdcount, ancount, nscount, arcount;
 };
 
 /* Parse a query: a header with QR clear and exactly one question.

@@ -214,6 +214,17 @@ static void client_send(struct netd *d, const struct dns_client *to, const uint8
 		conn_dns_reply(d, c, m, len);
 }
 
+/* No answer for this query: over TCP the connection waits for one, so
+ * it ends (after what it was sent already); a datagram is just dropped. */
+static void client_drop(struct netd *d, const struct dns_client *to)
+{
+	if (!to->tcp)
+		return;
+	struct conn *c = conn_find(d, to->conn_slot, to->conn_id);
+	if (c && c->kind == CONN_DNS)
+		conn_dns_reply(d, c, NULL, 0);
+}
+
 /* Answer a guest's query with rcode only. */
 static void reply_rcode(struct netd *d, const uint8_t *query, size_t len,
 			const struct cap_dns_question *q, unsigned rcode,
@@ -224,6 +235,24 @@ static void reply_rcode(struct netd *d, const uint8_t *query, size_t len,
 
 	if (n > 0)
 		client_send(d, to, out, (size_t)n);
+	else
+		client_drop(d, to);
+}
+
+/* Why a query is refused as malformed (FORMERR), or NULL. The upstream
+ * query is built anew from the parsed question, so what netd reads is
+ * what the resolver reads; a question written with a compression pointer
+ * (into the header, whose ID netd rewrites) or sections a query never
+ * carries are refused rather than read one way here and another there. */
+static const char *query_shape_problem(const struct cap_dns_question *q)
+{
+	if (q->compressed)
+		return "its question's name uses compression";
+	if (q->ancount || q->nscount)
+		return "it carries answer or authority records";
+	if (q->arcount > 1)
+		return "it carries more than one additional record";
+	return NULL;
 }
 
 static void guest_query(struct netd *d, const uint8_t *msg, size_t len,
@@ -232,15 +261,28 @@ static void guest_query(struct netd *d, const uint8_t *msg, size_t len,
 	struct cap_dns_question q;
 	struct cap_net_verdict v;
 	char quoted[300];
+	const char *why;
 
 	if (len > NETD_DNS_QUERY_MAX) {
+		netd_log(d, "refused dns query: %zu bytes, over %d", len, NETD_DNS_QUERY_MAX);
 		reply_rcode(d, msg, len, NULL, CAP_DNS_RCODE_FORMERR, from);
 		return;
 	}
 	if (cap_dns_parse_query(msg, len, &q) < 0) {
 		/* Never answer what claims to be an answer: no loops. */
-		if (!(q.flags & 0x8000))
-			reply_rcode(d, msg, len, NULL, CAP_DNS_RCODE_FORMERR, from);
+		if (q.flags & 0x8000) {
+			client_drop(d, from);
+			return;
+		}
+		netd_log(d, "refused dns query: not a query with exactly one well-formed question");
+		reply_rcode(d, msg, len, NULL, CAP_DNS_RCODE_FORMERR, from);
+		return;
+	}
+	if ((why = query_shape_problem(&q)) != NULL || q.end > NETD_DNS_GUEST_Q) {
+		netd_log(d, "refused dns %s: %s",
+			 cap_sniff_quote(q.name, strlen(q.name), quoted, sizeof(quoted)),
+			 why ? why : "its question is too long");
+		reply_rcode(d, msg, len, NULL, CAP_DNS_RCODE_FORMERR, from);
 		return;
 	}
 	if (q.opcode != 0 || q.qclass != CAP_DNS_CLASS_IN) {
@@ -271,14 +313,22 @@ static void guest_query(struct netd *d, const uint8_t *msg, size_t len,
 		reply_rcode(d, msg, len, &q, CAP_DNS_RCODE_SERVFAIL, from);
 		return;
 	}
+	/* Never the guest's bytes: the question as parsed, RD set, no
+	 * EDNS (the resolver then answers within 512 bytes, TC beyond). */
+	ssize_t n = cap_dns_build_query(p->up_id, q.name, q.qtype, p->msg, sizeof(p->msg));
+	if (n < 0) {
+		p->used = false;
+		netd_log(d, "refused dns %s: %s", q.name, strerror((int)-n));
+		reply_rcode(d, msg, len, &q, CAP_DNS_RCODE_FORMERR, from);
+		return;
+	}
+	p->len = (size_t)n;
 	p->client = *from;
 	p->guest_id = q.id;
 	snprintf(p->name, sizeof(p->name), "%s", q.name);
 	p->qtype = q.qtype;
-	memcpy(p->msg, msg, len);
-	p->msg[0] = (uint8_t)(p->up_id >> 8);
-	p->msg[1] = (uint8_t)p->up_id;
-	p->len = len;
+	memcpy(p->guest_q, msg, q.end);
+	p->guest_len = q.end;
 	pending_send(d, p);
 }
 
@@ -346,21 +396,32 @@ static void finish(struct netd *d, struct dns_pending *p, const struct cap_dns_a
 			proxy_resolved(d, c, a ? a->addr : NULL, a ? a->naddr : 0, rcode);
 		return;
 	}
+	struct cap_dns_question q;
+	bool parsed = cap_dns_parse_query(p->guest_q, p->guest_len, &q) == 0;
+	/* The resolver's question is the one sent, same name and so same
+	 * length when uncompressed: the guest's own bytes take its place. */
+	if (a && !a->has_question) {	/* an error without the question */
+		rcode = a->q.rcode;
+		a = NULL;
+	} else if (a && (!parsed || a->q.compressed || a->q.end != q.end)) {
+		netd_log(d, "dns %s: the resolver %s answered with its question rewritten; answered SERVFAIL",
+			 p->name, d->resolver_text);
+		a = NULL;
+		rcode = CAP_DNS_RCODE_SERVFAIL;
+	}
 	if (!a) {
-		struct cap_dns_question q;
-		p->msg[0] = (uint8_t)(p->guest_id >> 8);
-		p->msg[1] = (uint8_t)p->guest_id;
-		bool parsed = cap_dns_parse_query(p->msg, p->len, &q) == 0;
-		reply_rcode(d, p->msg, p->len, parsed ? &q : NULL, rcode, &p->client);
+		reply_rcode(d, p->guest_q, p->guest_len, parsed ? &q : NULL, rcode, &p->client);
 		return;
 	}
 	if (a->q.rcode == 0 && p->qtype == CAP_DNS_TYPE_A)
 		for (unsigned i = 0; i < a->naddr; i++)
 			remember(d, a->addr[i], p->name, a->ttl[i]);
-	/* The answer as the resolver gave it, under the guest's ID. */
+	/* The answer as the resolver gave it, under the guest's ID and
+	 * with the guest's question. */
 	uint8_t *m = (uint8_t *)reply;
 	m[0] = (uint8_t)(p->guest_id >> 8);
 	m[1] = (uint8_t)p->guest_id;
+	memcpy(m + CAP_DNS_HEADER, p->guest_q + CAP_DNS_HEADER, q.end - CAP_DNS_HEADER);
 	client_send(d, &p->client, m, len);
 }
 

@@ -23,6 +23,7 @@
 #define NETD_DNS_TRY_MS 2000	/* one try of an upstream query (two tries) */
 #define NETD_DNS_PENDING 256
 #define NETD_DNS_QUERY_MAX 1500	/* a guest's query */
+#define NETD_DNS_GUEST_Q (12 + 255 + 4)	/* a header and one uncompressed question */
 #define NETD_NAMES 4096		/* address -> name entries */
 #define NETD_NAME_TTL_MIN 60
 #define NETD_NAME_TTL_MAX 86400
@@ -117,8 +118,12 @@ struct dns_pending {
 	uint16_t guest_id;
 	char name[CAP_DNS_NAME_SIZE];	/* the question, for matching the reply */
 	uint16_t qtype;
-	uint8_t msg[NETD_DNS_QUERY_MAX];	/* as sent upstream */
+	uint8_t msg[NETD_DNS_QUERY_MAX];	/* as sent upstream (built here) */
 	size_t len;
+	/* The guest's header and question as it sent them, echoed in the
+	 * answer it gets (its ID, its letter case). */
+	uint8_t guest_q[NETD_DNS_GUEST_Q];
+	size_t guest_len;
 };
 
 struct dns_name {

@@ -105,6 +105,39 @@ static void test_dns_query_refused_shapes(void **state)
 	assert_int_equal(cap_dns_parse_query(big, sizeof(big), &q), -EINVAL);
 }
 
+/* What netd needs to refuse a query it could read differently from the
+ * resolver: a question compressed into the header, and the counts. */
+static void test_dns_query_shape(void **state)
+{
+	struct cap_dns_question q;
+
+	(void)state;
+	assert_int_equal(cap_dns_parse_query(dig_query, sizeof(dig_query), &q), 0);
+	assert_false(q.compressed);
+	assert_int_equal(q.qdcount, 1);
+	assert_int_equal(q.ancount, 0);
+	assert_int_equal(q.nscount, 0);
+	assert_int_equal(q.arcount, 1);	/* dig's OPT */
+
+	/* The name is a pointer to offset 0: with ID 0x0161 it reads
+	 * "a.\000"; rewriting the ID would change it. */
+	static const uint8_t ptr[] = { 0x01, 0x61, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0,
+				       0xc0, 0x00, 0, 1, 0, 1 };
+	assert_int_equal(cap_dns_parse_query(ptr, sizeof(ptr), &q), 0);
+	assert_true(q.compressed);
+	assert_string_equal(q.name, "a.\\000");
+	assert_int_equal(q.end, sizeof(ptr));
+
+	/* A label, then a pointer into the header. */
+	static const uint8_t tail[] = { 0x00, 0x00, 0x01, 0x00, 0, 1, 0, 2, 0, 3, 0, 4,
+					1, 'b', 0xc0, 0x03, 0, 1, 0, 1 };
+	assert_int_equal(cap_dns_parse_query(tail, sizeof(tail), &q), 0);
+	assert_true(q.compressed);
+	assert_int_equal(q.ancount, 2);
+	assert_int_equal(q.nscount, 3);
+	assert_int_equal(q.arcount, 4);
+}
+
 static void test_dns_reply_build(void **state)
 {
 	struct cap_dns_question q;
@@ -685,6 +718,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dns_query_parse),
 		cmocka_unit_test(test_dns_query_refused_shapes),
+		cmocka_unit_test(test_dns_query_shape),
 		cmocka_unit_test(test_dns_reply_build),
 		cmocka_unit_test(test_dns_query_build),
 		cmocka_unit_test(test_dns_answer_parse),

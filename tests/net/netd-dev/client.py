@@ -6,6 +6,11 @@ the redirected UID). Prints one line per check.
   client.py connect TARGET           CONNECT through gateway:3128, echo "hi"
   client.py get URL                  absolute-form GET through the proxy
   client.py tls ADDR PORT SNI        a ClientHello with SNI (Python escapes)
+  client.py dnsodd KIND NAME         an odd query (compressed, ancount, edns,
+                                     case): prints rcode=N q=QUESTION
+  client.py dnstcpqr N               N TCP connections each sending a DNS
+                                     message with QR set: prints closed=K/N
+  client.py flood N NAME             N queries for NAME, one after another
 """
 import socket
 import struct
@@ -182,5 +187,68 @@ def many(addr, n):
     print(f"ok={ok}/{n}")
 
 
+def dnsodd(kind, name):
+    q = query(name)
+    if kind == "compressed":
+        # The question's name is a pointer to offset 0: read with the
+        # guest's ID 0x0161 it is "a.\\000"; with any other ID, something else.
+        q = bytes([0x01, 0x61]) + q[2:12] + b"\xc0\x00" + struct.pack(">HH", 1, 1)
+    elif kind == "ancount":
+        q = q[:6] + struct.pack(">H", 1) + q[8:]
+    elif kind == "edns":
+        q = q[:10] + struct.pack(">H", 1) + q[12:] + b"\x00\x00\x29\x10\x00\x00\x00\x00\x00\x00\x00"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(8)
+    s.sendto(q, ("127.0.0.1", 53))
+    try:
+        m = s.recv(4096)
+    except socket.timeout:
+        print("ERR timeout")
+        return
+    qd = struct.unpack(">H", m[4:6])[0]
+    labels, o = [], 12
+    while qd and m[o] and m[o] & 0xc0 == 0:
+        labels.append(m[o + 1:o + 1 + m[o]].decode(errors="replace"))
+        o += 1 + m[o]
+    print(f"id={struct.unpack('>H', m[:2])[0]:#x} rcode={m[3] & 15} q={'.'.join(labels)}")
+
+
+def dnstcpqr(n):
+    import time
+    conns = []
+    for _ in range(int(n)):
+        s = socket.create_connection(("127.0.0.1", 53), timeout=10)
+        m = query("allowed.test")
+        m = m[:2] + bytes([m[2] | 0x80]) + m[3:]
+        s.sendall(struct.pack(">H", len(m)) + m)
+        conns.append(s)
+    closed = 0
+    end = time.time() + 3
+    for s in conns:
+        s.settimeout(max(0.01, end - time.time()))
+        try:
+            if s.recv(4096) == b"":
+                closed += 1
+        except OSError:
+            pass
+    print(f"closed={closed}/{n}")
+
+
+def flood(n, name):
+    """Each query answered before the next: none lost in a socket buffer."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    answered = 0
+    for _ in range(int(n)):
+        s.sendto(query(name), ("127.0.0.1", 53))
+        try:
+            s.recv(4096)
+            answered += 1
+        except socket.timeout:
+            pass
+    print(f"answered={answered}/{n}")
+
+
 cmd = sys.argv[1]
-{"http": http, "dns": dns, "dnstcp": dnstcp, "big": big, "upload": upload, "many": many, "connect": connect, "get": get, "tls": tls}[cmd](*sys.argv[2:])
+{"dnsodd": dnsodd, "dnstcpqr": dnstcpqr, "flood": flood,
+ "http": http, "dns": dns, "dnstcp": dnstcp, "big": big, "upload": upload, "many": many, "connect": connect, "get": get, "tls": tls}[cmd](*sys.argv[2:])

@@ -146,6 +146,16 @@ check "dns over tcp, pipelined" "rcode=0 addrs=203.0.113.10
 id=0x4242 rcode=3 addrs=
 id=0x4242 rcode=0 addrs=10.1.2.3" guest dnstcp allowed.test evil.test rebind.test
 check "dns upstream NXDOMAIN" "rcode=3" guest dns nothing.allowed.test
+# Queries are rebuilt from the parsed question, never forwarded verbatim.
+check "dns question compressed into the header: FORMERR" "rcode=1" guest dnsodd compressed x
+log_has "its question's name uses compression"
+check "dns query with an answer record: FORMERR" "rcode=1" guest dnsodd ancount allowed.test
+log_has "refused dns \"allowed.test\": it carries answer or authority records"
+check "dns query with EDNS: answered" "rcode=0 q=allowed.test" guest dnsodd edns allowed.test
+check "the resolver got a fresh query (no OPT)" "query allowed.test 1 ar=0" tail -1 "$tmp/dns.log"
+check "dns answer echoes the guest's question" "id=0x4242 rcode=0 q=AlLoWeD.test" guest dnsodd case AlLoWeD.test
+# A message netd does not answer ends its TCP connection (no slot leak).
+check "dns over tcp, a reply sent as a query: closed" "closed=20/20" guest dnstcpqr 20
 check "dns of a rebinding name" "addrs=10.1.2.3" guest dns rebind.test
 check "rebinding name's LAN address refused" "ERR" guest http 10.1.2.3 80
 check "dns two addresses" "addrs=198.51.100.7,203.0.113.10" guest dns two.test

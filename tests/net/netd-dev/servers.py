@@ -102,7 +102,7 @@ def dns_server():
         qtype = struct.unpack(">H", m[o:o + 2])[0]
         q = m[12:o + 4]
         with open(f"{LOG}/dns.log", "a") as f:
-            f.write(f"query {name} {qtype}\n")
+            f.write(f"query {name} {qtype} ar={struct.unpack('>H', m[10:12])[0]}\n")
         if name == "slow.test":
             continue
         rrs = []

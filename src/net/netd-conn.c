@@ -693,10 +693,13 @@ void conn_timeout(struct netd *d, struct conn *c)
 		conn_free(d, c, false);
 		break;
 	case ST_DNS:
-		if (c->dns_waiting) {	/* the resolver's own timeout answers first */
-			c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
-			break;
-		}
+		/* Idle since its last query, or a query never answered: the
+		 * resolver's own timeout (two tries) answers well before this
+		 * one, so a query still waiting here never will be, and the
+		 * connection would hold its slot forever. */
+		if (c->dns_waiting)
+			netd_log(d, "dns over tcp: a query unanswered within %d s; connection closed",
+				 NETD_TIMEOUT_MS / 1000);
 		conn_free(d, c, false);
 		break;
 	}

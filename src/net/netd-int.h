@@ -141,8 +141,22 @@ struct upstream_proxy {
 	char *owned_no_proxy;	/* NULL: none */
 };
 
+/* The log's limits (netd_log): a token bucket for lines, counting what
+ * it suppressed, and a size cap when the log is a regular file. */
+struct netd_logger {
+	bool is_socket;		/* asked not to block by MSG_DONTWAIT */
+	bool regular;		/* a regular file: its size is capped */
+	bool full;		/* the cap was reached: nothing more is written */
+	unsigned since_check;	/* lines since the last fstat */
+	int64_t tokens;		/* thousandths of a line */
+	int64_t refilled;	/* ms of the last refill */
+	uint64_t suppressed;	/* lines dropped since the last summary */
+	int64_t summary_at;	/* ms of the last summary (at most one a second) */
+};
+
 struct netd {
 	const struct cap_netd_config *cfg;
+	struct netd_logger log;
 	struct cap_net_policy *owned_policy;	/* in force */
 
 	struct conn *conns[NETD_MAX_CONNS];
@@ -183,7 +197,21 @@ struct netd {
 };
 
 /* netd.c */
+/* One line on cfg->log_fd, never blocking, within the limits below. */
 __attribute__((format(printf, 2, 3))) void netd_log(struct netd *d, const char *fmt, ...);
+#define NETD_LOG_RATE 20	/* lines per second, */
+#define NETD_LOG_BURST 100	/* after a burst of this many */
+#define NETD_LOG_SIZE_MAX ((int64_t)64 << 20)	/* a regular file's size cap */
+#define NETD_LOG_SIZE_EVERY 100	/* lines between two checks of the size */
+/* Start the log's limits for cfg->log_fd (a full bucket). */
+void netd_log_init(struct netd *d, int64_t now);
+/* One formatted line (len bytes, ending in '\n') at time now: written,
+ * or counted as suppressed. A summary of the suppressed lines comes
+ * before the next line that flows again, at most once a second. */
+void netd_log_line(struct netd *d, int64_t now, const char *line, size_t len);
+/* From the loop: the summary of lines suppressed a second ago or more
+ * once the flood is over; *next (0: none) lowered to when it is due. */
+void netd_log_tick(struct netd *d, int64_t now, int64_t *next);
 const struct cap_net_policy *netd_policy(const struct netd *d);
 /* The connection's socket to guest port, through the connector. */
 void netd_connector_request(struct netd *d, struct conn *c, uint16_t guest_port);

@@ -26,7 +26,103 @@
 /* Fixed entries of the poll set, before the listeners and connections. */
 enum { P_CONTROL, P_TCP, P_DNS, P_RESOLVER, P_CONNECTOR, P_NFLOG, P_FIXED };
 
-static bool log_is_socket;
+/* Write a line now or never: a line that does not fit now is dropped.
+ * A pipe or terminal that polls writable takes a line this short (under
+ * PIPE_BUF) whole; a socket is asked not to block. */
+static void log_raw(const struct netd *d, const char *line, size_t len)
+{
+	int fd = d->cfg->log_fd;
+
+	if (d->log.is_socket) {
+		(void)!send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		return;
+	}
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT))
+		(void)!write(fd, line, len);
+}
+
+/* A line within the size cap: a regular file (net.log on the host's
+ * disk) stops growing at NETD_LOG_SIZE_MAX, checked every
+ * NETD_LOG_SIZE_EVERY lines (so it ends at most that many lines over). */
+static void log_write(struct netd *d, const char *line, size_t len)
+{
+	static const char last[] = "capsule net: net.log reached 64 MiB; further lines are dropped "
+				   "(refusals still apply)\n";
+	struct netd_logger *l = &d->log;
+	struct stat st;
+
+	if (l->full)
+		return;
+	if (l->regular && l->since_check++ % NETD_LOG_SIZE_EVERY == 0 &&
+	    fstat(d->cfg->log_fd, &st) == 0 && st.st_size >= NETD_LOG_SIZE_MAX) {
+		l->full = true;
+		log_raw(d, last, sizeof(last) - 1);
+		return;
+	}
+	log_raw(d, line, len);
+}
+
+static void log_summary(struct netd *d, int64_t now)
+{
+	char line[128];
+	int n = snprintf(line, sizeof(line), "capsule net: %llu more lines suppressed (rate limit)\n",
+			 (unsigned long long)d->log.suppressed);
+
+	d->log.suppressed = 0;
+	d->log.summary_at = now;
+	if (n > 0 && (size_t)n < sizeof(line))
+		log_write(d, line, (size_t)n);
+}
+
+static void log_refill(struct netd_logger *l, int64_t now)
+{
+	if (now > l->refilled)
+		l->tokens = CAP_MIN(l->tokens + (now - l->refilled) * NETD_LOG_RATE,
+				    (int64_t)NETD_LOG_BURST * 1000);
+	l->refilled = now;
+}
+
+void netd_log_init(struct netd *d, int64_t now)
+{
+	struct stat st;
+	bool ok = fstat(d->cfg->log_fd, &st) == 0;
+
+	d->log = (struct netd_logger){ .is_socket = ok && S_ISSOCK(st.st_mode),
+				       .regular = ok && S_ISREG(st.st_mode),
+				       .tokens = (int64_t)NETD_LOG_BURST * 1000, .refilled = now };
+}
+
+void netd_log_line(struct netd *d, int64_t now, const char *line, size_t len)
+{
+	struct netd_logger *l = &d->log;
+
+	log_refill(l, now);
+	if (l->tokens < 1000) {
+		l->suppressed++;
+		return;
+	}
+	l->tokens -= 1000;
+	/* Not at every line that passes during a flood: once a second. */
+	if (l->suppressed && now - l->summary_at >= 1000)
+		log_summary(d, now);
+	log_write(d, line, len);
+}
+
+void netd_log_tick(struct netd *d, int64_t now, int64_t *next)
+{
+	struct netd_logger *l = &d->log;
+
+	if (!l->suppressed)
+		return;
+	int64_t due = l->summary_at + 1000;
+	if (now >= due) {
+		log_summary(d, now);
+		return;
+	}
+	if (!*next || due < *next)
+		*next = due;
+}
 
 void netd_log(struct netd *d, const char *fmt, ...)
 {
@@ -41,17 +137,7 @@ void netd_log(struct netd *d, const char *fmt, ...)
 		return;
 	size_t len = CAP_MIN((size_t)n + (size_t)m, sizeof(line) - 2);
 	line[len++] = '\n';
-	int fd = d->cfg->log_fd;
-	/* Never wait for the log: a line that does not fit now is dropped.
-	 * A pipe or terminal that polls writable takes a line this short
-	 * (under PIPE_BUF) whole; a socket is asked not to block. */
-	if (log_is_socket) {
-		(void)!send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-		return;
-	}
-	struct pollfd p = { .fd = fd, .events = POLLOUT };
-	if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT))
-		(void)!write(fd, line, len);
+	netd_log_line(d, cap_now_ms(), line, len);
 }
 
 const struct cap_net_policy *netd_policy(const struct netd *d)
@@ -407,6 +493,7 @@ static int step(struct netd *d, struct loop *lp)
 			conn_timeout(d, c);
 	}
 	dns_timeouts(d, now, &next);
+	netd_log_tick(d, now, &next);
 	/* After the timeouts, which may have set new deadlines. */
 	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
 		struct conn *c = d->conns[i];
@@ -522,11 +609,10 @@ static void netd_free(struct netd *d)
 int cap_netd_main(const struct cap_netd_config *cfg)
 {
 	struct netd *d = xcalloc(1, sizeof(*d));
-	struct stat st;
 	int rc = 0;
 
 	d->cfg = cfg;
-	log_is_socket = fstat(cfg->log_fd, &st) == 0 && S_ISSOCK(st.st_mode);
+	netd_log_init(d, cap_now_ms());
 	signal(SIGPIPE, SIG_IGN);
 	d->owned_policy = xmalloc(sizeof(*d->owned_policy));
 	*d->owned_policy = *cfg->policy;

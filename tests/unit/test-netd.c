@@ -11,7 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "dns.h"
+#include "netd-int.h"
 #include "util.h"
 #include "policy.h"
 #include "sniff.h"
@@ -713,6 +717,146 @@ static void test_quote(void **state)
 	assert_string_equal(cap_sniff_quote("", 0, q, sizeof(q)), "\"\"");
 }
 
+/* ---- the log's limits ---------------------------------------------------- */
+
+struct log_fixture {
+	char path[64];
+	int fd;
+	struct cap_netd_config cfg;
+	struct netd *d;
+};
+
+static void log_open(struct log_fixture *f, off_t size)
+{
+	snprintf(f->path, sizeof(f->path), "/tmp/test-netd-log.XXXXXX");
+	f->fd = mkstemp(f->path);
+	assert_true(f->fd >= 0);
+	assert_int_equal(ftruncate(f->fd, size), 0);
+	assert_true(lseek(f->fd, 0, SEEK_END) == size);
+	memset(&f->cfg, 0, sizeof(f->cfg));
+	f->cfg.log_fd = f->fd;
+	f->d = calloc(1, sizeof(*f->d));
+	assert_non_null(f->d);
+	f->d->cfg = &f->cfg;
+	netd_log_init(f->d, 1000);
+}
+
+/* What was written after offset from (NUL-terminated; the caller frees). */
+static char *log_text(struct log_fixture *f, off_t from)
+{
+	off_t end = lseek(f->fd, 0, SEEK_END);
+	size_t n = (size_t)(end - from);
+	char *t = calloc(1, n + 1);
+
+	assert_non_null(t);
+	assert_true(pread(f->fd, t, n, from) == (ssize_t)n);
+	return t;
+}
+
+static void log_close(struct log_fixture *f)
+{
+	close(f->fd);
+	unlink(f->path);
+	free(f->d);
+}
+
+static unsigned count(const char *text, const char *what)
+{
+	unsigned n = 0;
+
+	for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what))
+		n++;
+	return n;
+}
+
+static void log_n(struct log_fixture *f, int64_t now, unsigned n)
+{
+	static const char line[] = "capsule net: refused dns evil.test: no rule names it\n";
+
+	for (unsigned i = 0; i < n; i++)
+		netd_log_line(f->d, now, line, sizeof(line) - 1);
+}
+
+static void test_log_rate_limit(void **state)
+{
+	struct log_fixture f;
+
+	(void)state;
+	log_open(&f, 0);
+	/* A burst of 100 goes through, the rest is counted. */
+	log_n(&f, 1000, 150);
+	char *t = log_text(&f, 0);
+	assert_int_equal(count(t, "refused dns"), NETD_LOG_BURST);
+	assert_int_equal(count(t, "suppressed"), 0);
+	free(t);
+	/* Lines flow again after 500 ms (10 tokens): the count first. */
+	off_t at = lseek(f.fd, 0, SEEK_END);
+	log_n(&f, 1500, 12);
+	t = log_text(&f, at);
+	assert_non_null(strstr(t, "capsule net: 50 more lines suppressed (rate limit)\n"
+				  "capsule net: refused dns"));
+	assert_int_equal(count(t, "refused dns"), 10);
+	free(t);
+	/* A flood that ends: its count once a second, from the loop. */
+	at = lseek(f.fd, 0, SEEK_END);
+	log_n(&f, 1500, 5);	/* 2 pending from above, 7 in all */
+	int64_t next = 0;
+	netd_log_tick(f.d, 2000, &next);
+	assert_int_equal(next, 2500);
+	t = log_text(&f, at);
+	assert_string_equal(t, "");
+	free(t);
+	netd_log_tick(f.d, 2500, &next);
+	t = log_text(&f, at);
+	assert_string_equal(t, "capsule net: 7 more lines suppressed (rate limit)\n");
+	free(t);
+	next = 0;
+	netd_log_tick(f.d, 9000, &next);
+	assert_int_equal(next, 0);
+	/* A flood that lasts: a count at most once a second. */
+	at = lseek(f.fd, 0, SEEK_END);
+	for (int64_t ms = 100000; ms < 105000; ms += 10)
+		log_n(&f, ms, 10);
+	t = log_text(&f, at);
+	assert_true(count(t, "more lines suppressed") >= 4 && count(t, "more lines suppressed") <= 6);
+	assert_true(count(t, "refused dns") <= NETD_LOG_BURST + 5 * NETD_LOG_RATE + 1);
+	free(t);
+	log_close(&f);
+}
+
+static void test_log_size_cap(void **state)
+{
+	struct log_fixture f;
+	off_t full = (off_t)NETD_LOG_SIZE_MAX;
+
+	(void)state;
+	log_open(&f, full - 10);
+	log_n(&f, 1000, 1);	/* under the cap: written */
+	char *t = log_text(&f, full - 10);
+	assert_int_equal(count(t, "refused dns"), 1);
+	free(t);
+	/* Over it at the next check, 100 lines on: one last line, then nothing. */
+	for (int64_t ms = 10000; ms < 20000; ms += 1000)
+		log_n(&f, ms, 20);
+	t = log_text(&f, full - 10);
+	assert_int_equal(count(t, "refused dns"), NETD_LOG_SIZE_EVERY);
+	assert_int_equal(count(t, "capsule net: net.log reached 64 MiB; further lines are dropped "
+				  "(refusals still apply)\n"), 1);
+	assert_non_null(strstr(t, "(refusals still apply)\n") );
+	assert_true(strstr(t, "(refusals still apply)\n")[sizeof("(refusals still apply)\n") - 1] == '\0');
+	free(t);
+	log_close(&f);
+
+	/* A log over the cap already at start: only the last line. */
+	log_open(&f, full + 5);
+	log_n(&f, 1000, 50);
+	t = log_text(&f, full + 5);
+	assert_string_equal(t, "capsule net: net.log reached 64 MiB; further lines are dropped "
+			       "(refusals still apply)\n");
+	free(t);
+	log_close(&f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -737,6 +881,8 @@ int main(void)
 		cmocka_unit_test(test_target_authority),
 		cmocka_unit_test(test_target_url),
 		cmocka_unit_test(test_quote),
+		cmocka_unit_test(test_log_rate_limit),
+		cmocka_unit_test(test_log_size_cap),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

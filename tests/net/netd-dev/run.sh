@@ -182,6 +182,12 @@ check "TLS with CR LF in the SNI" "dropped" guest tls 203.0.113.10 443 'a\r\nb.e
 log_has 'TLS server name "a\r\nb.example" has control characters or whitespace'
 check "TLS with a space in the SNI" "dropped" guest tls 203.0.113.10 443 'a b'
 check_not "nothing of a bad hello reached the server" "a\\\\r\\\\nb" cat "$tmp/echo.log"
+# A guest's loop of refused queries does not flood the host's disk.
+check "a loop of 3000 refused queries, all answered" "answered=3000/3000" guest flood 3000 evil.test
+sleep 1.5
+n=$(grep -c "refused dns evil.test" "$tmp/netd.log")
+check "refusal lines are rate limited" "limited" bash -c "[ $n -le 250 ] && echo limited || echo 'unlimited: $n lines'"
+log_has "more lines suppressed (rate limit)"
 
 echo "== policy change, host, publish"
 echo "policy allow-egress=198.51.100.7 allow-host" >&3

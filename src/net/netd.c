@@ -325,6 +325,34 @@ static void publish_accept(struct netd *d, const struct listener *l)
 	}
 }
 
+/* A host port to suggest instead of port: 80 -> 8080, 8099 -> 18099. */
+static unsigned other_port(uint16_t port)
+{
+	if (port < 1024)
+		return 8000u + port;
+	return port <= 55535 ? port + 10000u : port - 10000u;
+}
+
+/* Why an automatic mirror failed, and what the user can do instead. */
+static void publish_failed(struct netd *d, uint32_t bind_addr, uint16_t host_port,
+			   uint16_t guest_port, int err)
+{
+	char a[16];
+	const char *addr = cap_net_addr_str(bind_addr, a);
+
+	if (err == EACCES || err == EPERM)
+		netd_log(d, "guest port %u is not mirrored: the host's %s:%u cannot be bound by the policy "
+			    "process (%s); publish it explicitly with --publish %u:%u",
+			 guest_port, addr, host_port, strerror(err), other_port(host_port), guest_port);
+	else if (err == EADDRINUSE)
+		netd_log(d, "guest port %u is not mirrored: the host's %s:%u is taken on the host; "
+			    "publish it explicitly on a free port, e.g. --publish %u:%u",
+			 guest_port, addr, host_port, other_port(host_port), guest_port);
+	else
+		netd_log(d, "guest port %u is not mirrored: cannot listen on the host's %s:%u (%s)",
+			 guest_port, addr, host_port, strerror(err));
+}
+
 static void publish(struct netd *d, uint32_t bind_addr, uint16_t host_port, uint16_t guest_port)
 {
 	char a[16];
@@ -347,8 +375,7 @@ static void publish(struct netd *d, uint32_t bind_addr, uint16_t host_port, uint
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
 	    bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 128) < 0) {
-		netd_log(d, "cannot publish %s:%u: %s", cap_net_addr_str(bind_addr, a), host_port,
-			 strerror(errno));
+		publish_failed(d, bind_addr, host_port, guest_port, errno);
 		if (fd >= 0)
 			close(fd);
 		return;

@@ -200,6 +200,12 @@ check "gateway through the proxy" "200" guest connect 10.0.2.2:8099
 echo "policy bogus-flag" >&3
 sleep 0.2
 log_has "control: policy not changed"
+# Auto-publish of a port the policy process cannot bind says what to do.
+echo "publish 127.0.0.1 80 80" >&3
+echo "publish 127.0.0.1 8099 8099" >&3
+sleep 0.3
+log_has "guest port 80 is not mirrored: the host's 127.0.0.1:80 cannot be bound by the policy process (Permission denied); publish it explicitly with --publish 8080:80"
+log_has "guest port 8099 is not mirrored: the host's 127.0.0.1:8099 is taken on the host; publish it explicitly on a free port, e.g. --publish 18099:8099"
 echo "publish 127.0.0.1 18080 8080" >&3
 sleep 0.3
 check "published port reaches the guest" "driver.c" ip netns exec $C curl -s --max-time 5 http://127.0.0.1:18080/

@@ -22,6 +22,9 @@
  *    ones are forwarded to the host's resolver (the first nameserver of
  *    resolv_conf), and the A records of the answer are remembered
  *    (address → name, until their TTL, at least 60 s) for later decisions.
+ *    A TCP connection to 127.0.0.1:53 (the guest's DNS address or the
+ *    gateway, port 53) is not dialed out: it is DNS over TCP, answered
+ *    here under the same policy.
  *  - Published ports: connections accepted on publish_fds (and on the
  *    listeners that "publish" control lines add) are joined to the guest
  *    through the connector.

@@ -1011,9 +1011,39 @@ static void keep_only(int *keep, unsigned n)
 	syscall(SYS_close_range, from, ~0U, 0U);
 }
 
+/* A helper's own mount and IPC namespaces and its root: a small tmpfs
+ * holding /dev/null and those of files[0..nfiles) that exist, bound
+ * read-only at their own paths, then pivot_root and the root made
+ * read-only. Nothing else of the host is reachable by path. */
+static void helper_root(const struct child *c, const char *const *files, unsigned nfiles)
+{
+	if (unshare(CLONE_NEWNS | CLONE_NEWIPC) < 0)
+		die(c, "creating the helper's mount and IPC namespaces", errno);
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die(c, "making mounts private", errno);
+	if (mount("capsule-helper", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+		  "size=16k,nr_inodes=64,mode=0755") < 0)
+		die(c, "mounting the helper's root", errno);
+	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
+	for (unsigned i = 0; i < nfiles; i++) {
+		struct stat st;
+		/* A host without the file: the helper does without, as it
+		 * would outside. A directory or device is not bound. */
+		if (stat(files[i], &st) < 0 || !S_ISREG(st.st_mode))
+			continue;
+		bind_file(c, files[i], files[i], MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	}
+	if (chdir(ROOT_MNT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+		die(c, "pivot_root into the helper's root", errno);
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		die(c, "making the helper's root read-only", errno);
+}
+
 /* The helper's side: confine itself, report a failed step on c->errfd
  * (closing it means ready), then run fn. */
 __attribute__((noreturn)) static void helper_main(struct child *c, int netns,
+						  const char *const *files, unsigned nfiles,
 						  const int *keep, unsigned nkeep,
 						  int (*fn)(void *ud), void *ud)
 {
@@ -1025,12 +1055,14 @@ __attribute__((noreturn)) static void helper_main(struct child *c, int netns,
 	parent_alive(c);
 	if (netns >= 0 && setns(netns, CLONE_NEWNET) < 0)
 		die(c, "joining the VM's network namespace", errno);
+	/* The cgroup files are reached by path: before the new root. */
 	int failed = 0, r = join_cgroups(j, &failed);
 	if (r < 0) {
 		char what[PATH_MAX + 64];
 		snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[failed]);
 		die(c, what, -r);
 	}
+	helper_root(c, files, nfiles);
 	struct rlimit lim[][2] = {
 		{ { RLIMIT_CORE, 0 }, { 0, 0 } },
 		{ { RLIMIT_NOFILE, 0 }, { NOFILE, NOFILE } },
@@ -1067,11 +1099,17 @@ __attribute__((noreturn)) static void helper_main(struct child *c, int netns,
 	_exit(fn(ud));
 }
 
-pid_t cap_jail_helper(struct cap_jail *j, int netns, const int *keep,
-		      unsigned nkeep, int (*fn)(void *ud), void *ud,
-		      int *pidfd, struct cap_err *err)
+pid_t cap_jail_helper(struct cap_jail *j, int netns, const char *const *files,
+		      unsigned nfiles, const int *keep, unsigned nkeep,
+		      int (*fn)(void *ud), void *ud, int *pidfd, struct cap_err *err)
 {
 	CAP_BUG_ON(!j->confined);
+	int r = cap_mkdir_p(ROOT_MNT, 0755);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot create %s: %s", ROOT_MNT, strerror(-r));
+	for (unsigned i = 0; i < nfiles; i++)
+		if (files[i][0] != '/' || strlen(files[i]) >= PATH_MAX)
+			return cap_err_set(err, EINVAL, "a VM's helper cannot be given %s: not an absolute path", files[i]);
 	if (nkeep > NOFILE)
 		return cap_err_set(err, EINVAL, "a VM's helper cannot keep %u descriptors (at most %d)", nkeep, NOFILE);
 	for (unsigned i = 0; i < nkeep; i++)
@@ -1090,7 +1128,7 @@ pid_t cap_jail_helper(struct cap_jail *j, int netns, const int *keep,
 	if (pid == 0) {
 		close(ep[0]);
 		struct child c = { .j = j, .errfd = ep[1], .logfd = -1, .nullfd = -1, .ramfd = -1 };
-		helper_main(&c, netns, keep, nkeep, fn, ud);
+		helper_main(&c, netns, files, nfiles, keep, nkeep, fn, ud);
 	}
 	close(ep[1]);
 	/* Our child, not reaped yet: its pid cannot have been reused. */

@@ -603,6 +603,16 @@ static int setup(struct cap_jail *j, const struct cap_vm_net *cfg, int *tcp, int
 	return r;
 }
 
+/* What the policy process may read in its root: the host's resolver (its
+ * DNS reads the first nameserver of resolv.conf when it starts, and an
+ * upstream proxy given by name is resolved with getaddrinfo then, through
+ * hosts, nsswitch.conf, host.conf and gai.conf; glibc's files and dns
+ * sources are part of libc, other NSS modules are not there and are
+ * skipped). */
+static const char *const resolver_files[] = {
+	"/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf",
+};
+
 int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 		     struct cap_jail_net **out, struct cap_err *err)
 {
@@ -648,7 +658,7 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 		r = cap_err_set(err, errno, "socketpair: %s", strerror(errno));
 		goto fail;
 	}
-	pid_t pid = cap_jail_helper(j, n->netns, &fds[5], 1, connector_main, &fds[5],
+	pid_t pid = cap_jail_helper(j, n->netns, NULL, 0, &fds[5], 1, connector_main, &fds[5],
 				    &n->connector.pidfd, err);
 	if (pid < 0) {
 		r = pid;
@@ -670,7 +680,8 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 	keep[4] = fds[6];
 	for (unsigned i = 0; i < cfg->nkeep; i++)
 		keep[5 + i] = cfg->keep[i];
-	pid = cap_jail_helper(j, -1, keep, 5 + cfg->nkeep, run_policy, &run, &n->policy.pidfd, err);
+	pid = cap_jail_helper(j, -1, resolver_files, CAP_ARRAY_SIZE(resolver_files), keep, 5 + cfg->nkeep,
+			      run_policy, &run, &n->policy.pidfd, err);
 	if (pid < 0) {
 		r = pid;
 		cap_err_prefix(err, "starting the VM's policy process: ");

@@ -27,7 +27,7 @@ cgread() { # cgread PID V1-CONTROLLER V1-FILE V2-FILE
 	if $v2; then cat "$(cgdir "$1" memory)/$4"; else cat "$(cgdir "$1" "$2")/$3"; fi
 }
 
-echo "1..32"
+echo "1..34"
 
 c doctor >"$out" 2>"$err"
 sed -n '/^jail:/,/^cache:/p' "$out" | sed '$d' | say
@@ -135,6 +135,15 @@ ls -l "/proc/$pol/fd" 2>/dev/null | awk 'NR > 1 { print "#   fd " $(NF-2) " " $N
 check "the policy process runs as a user of its own, with no_new_privs, in QEMU's cgroup and the host's namespace" '[ -n "$pol" ] && [ "$pu" != "$u3" ] && [ "$(status NoNewPrivs "$pol")" = 1 ] && [ "$(cgdir "$pol" memory)" = "$(cgdir "$p3" memory)" ] && [ "$(readlink "/proc/$pol/ns/net")" = "$(readlink /proc/self/ns/net)" ]'
 check "it holds no disk and no image" '[ -n "$pol" ] && ! ls -l "/proc/$pol/fd" | grep -Eq "\.(ext4|erofs)|/images/"'
 check "its connector runs as the same user in QEMU's namespace" '[ -n "$con" ] && [ "$(status NoNewPrivs "$con")" = 1 ] && [ "$(cgdir "$con" memory)" = "$(cgdir "$p3" memory)" ]'
+# Each helper: mount and IPC namespaces of its own, a read-only root
+# holding /dev/null (and, for the policy process, the host's resolver).
+tree() { (cd "/proc/$1/root" 2>/dev/null && find . -mindepth 1 -maxdepth 3 | sort | tr '\n' ' '); }
+own_ns() { [ -n "$1" ] && [ "$(readlink "/proc/$1/ns/mnt")" != "$(readlink /proc/self/ns/mnt)" ] && [ "$(readlink "/proc/$1/ns/ipc")" != "$(readlink /proc/self/ns/ipc)" ] && awk '$5 == "/" { print $6 }' "/proc/$1/mountinfo" | grep -q "^ro,"; }
+pt=$(tree "$pol"); ct=$(tree "$con")
+echo "# policy process's root: $(echo "$pt" | cut -c1-300)"
+echo "# connector's root: $(echo "$ct" | cut -c1-300)"
+check "the policy process and the connector have mount and IPC namespaces of their own and read-only roots" 'own_ns "$pol" && own_ns "$con"'
+check "holding /dev/null and the host's resolver files only, and /dev/null only" '[ -z "$(echo " $pt" | sed "s# \./dev/null##; s# \./dev##; s# \./etc/\(resolv.conf\|hosts\|nsswitch.conf\|host.conf\|gai.conf\)##g; s# \./etc##; s/ //g")" ] && cmp -s /etc/resolv.conf "/proc/$pol/root/etc/resolv.conf" && [ "$ct" = "./dev ./dev/null " ]'
 cg3=$(cgdir "$p3" memory)
 c stop n3 >"$out" 2>"$err"
 check "stop ends QEMU, the policy process and the connector, and removes the cgroup" '[ ! -d "/proc/$p3" ] && [ ! -d "/proc/$pol" ] && [ ! -d "/proc/$con" ] && [ ! -d "$cg3" ]'

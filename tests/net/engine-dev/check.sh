@@ -134,6 +134,20 @@ conn=$(pgrep -P $$ -f engine-dev >/dev/null; ps -o pid= --ppid "$dev" | tr -d " 
 echo "# connector: $conn"
 ok "the connector runs in QEMU's namespace as the helper user" '[ -n "$conn" ] && [ "$(readlink /proc/$conn/ns/net)" = "$(readlink /proc/$qemu/ns/net)" ] && [ "$(awk "\$1 == \"Uid:\" { print \$2 }" /proc/$conn/status)" = "$puid" ] && [ "$(ls /proc/$conn/fd | wc -l)" -eq 4 ]'
 
+# Each helper: its own mount and IPC namespaces, a read-only root of its own.
+tree() { (cd "/proc/$1/root" && find . -mindepth 1 -maxdepth 3 | sort | tr '\n' ' '); }
+rootopts() { awk '$5 == "/" { print $6 }' "/proc/$1/mountinfo"; }
+ns_own() { [ "$(readlink /proc/$1/ns/mnt)" != "$(readlink /proc/self/ns/mnt)" ] && [ "$(readlink /proc/$1/ns/ipc)" != "$(readlink /proc/self/ns/ipc)" ]; }
+ptree=$(tree "$pol")
+ok "the policy process has mount and IPC namespaces of its own" 'ns_own "$pol"'
+ok "its root holds /dev/null and the resolver's files only (${ptree:0:200})" '[[ " $ptree" == *" ./dev/null "* ]] && [[ " $ptree" == *" ./etc/resolv.conf "* ]] && ! [ -e "/proc/$pol/root/usr" ] && ! [ -e "/proc/$pol/root/tmp" ] && [ -z "$(sed "s#\./dev/null ##; s#\./dev ##; s#\./etc ##; s#\./etc/\(resolv.conf\|hosts\|nsswitch.conf\|host.conf\|gai.conf\) ##g" <<<"$ptree")" ]'
+ok "read-only ($(rootopts "$pol"))" '[[ $(rootopts "$pol") == ro,* ]] && ! (echo x >"/proc/$pol/root/etc/x") 2>/dev/null'
+ok "and what it needs there is the host's ($(cat /proc/$pol/root/etc/resolv.conf 2>&1 | head -1))" 'cmp -s /etc/resolv.conf "/proc/$pol/root/etc/resolv.conf"'
+ok "it resolves a name through the host's /etc/hosts there ($(grep "^resolved localhost" "$log"))" 'grep -q "^resolved localhost 127.0.0.1$" "$log"'
+ctree=$([ -n "$conn" ] && tree "$conn")
+ok "the connector has mount and IPC namespaces of its own" '[ -n "$conn" ] && ns_own "$conn"'
+ok "its root holds /dev/null only (${ctree:0:200})" '[ "$ctree" = "./dev ./dev/null " ] && [[ $(rootopts "$conn") == ro,* ]]'
+
 # --- forwards, the connector, deny updates ---
 send "bg echo from-guest-8080 | nc -l -p 8080"
 sleep 2

@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/netfilter_ipv4.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -209,6 +210,15 @@ static int policy(void *ud, const struct cap_vm_net_fds *f)
 	plog("policy uid=%u gid=%u nnp=%d fds:%s (tcp %d dns %d connector %d control %d nflog %d log %d)", getuid(),
 	     getgid(), prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), fds, f->tcp_listen, f->dns, f->connector, f->control,
 	     f->nflog, logfd);
+	/* What netd does for an upstream proxy given by name, in its root. */
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res = NULL;
+	int gai = getaddrinfo("localhost", NULL, &hints, &res);
+	char a[INET_ADDRSTRLEN] = "?";
+	if (!gai && res)
+		inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, a, sizeof(a));
+	plog("resolved localhost %s", gai ? gai_strerror(gai) : a);
+	if (res)
+		freeaddrinfo(res);
 	char line[256];
 	size_t used = 0;
 	for (;;) {

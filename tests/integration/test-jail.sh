@@ -27,7 +27,7 @@ cgread() { # cgread PID V1-CONTROLLER V1-FILE V2-FILE
 	if $v2; then cat "$(cgdir "$1" memory)/$4"; else cat "$(cgdir "$1" "$2")/$3"; fi
 }
 
-echo "1..34"
+echo "1..35"
 
 c doctor >"$out" 2>"$err"
 sed -n '/^jail:/,/^cache:/p' "$out" | sed '$d' | say
@@ -144,6 +144,10 @@ echo "# policy process's root: $(echo "$pt" | cut -c1-300)"
 echo "# connector's root: $(echo "$ct" | cut -c1-300)"
 check "the policy process and the connector have mount and IPC namespaces of their own and read-only roots" 'own_ns "$pol" && own_ns "$con"'
 check "holding /dev/null and the host's resolver files only, and /dev/null only" '[ -z "$(echo " $pt" | sed "s# \./dev/null##; s# \./dev##; s# \./etc/\(resolv.conf\|hosts\|nsswitch.conf\|host.conf\|gai.conf\)##g; s# \./etc##; s/ //g")" ] && cmp -s /etc/resolv.conf "/proc/$pol/root/etc/resolv.conf" && [ "$ct" = "./dev ./dev/null " ]'
+# slirp sends the guest's DNS over TCP to 127.0.0.1:53 in QEMU's
+# namespace, which the deny set covers: it must reach the policy process.
+c exec n3 -- sh -c 'nc -w 3 10.0.2.3 53 </dev/null; echo rc=$?' >"$out" 2>&1
+check "the guest's DNS over TCP reaches the policy process, not a reset" 'grep -q "^rc=0" "$out" && ! grep -qi refused "$out"'
 cg3=$(cgdir "$p3" memory)
 c stop n3 >"$out" 2>"$err"
 check "stop ends QEMU, the policy process and the connector, and removes the cgroup" '[ ! -d "/proc/$p3" ] && [ ! -d "/proc/$pol" ] && [ ! -d "/proc/$con" ] && [ ! -d "$cg3" ]'

@@ -1024,6 +1024,7 @@ static void helper_root(const struct child *c, const char *const *files, unsigne
 	if (mount("capsule-helper", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
 		  "size=16k,nr_inodes=64,mode=0755") < 0)
 		die(c, "mounting the helper's root", errno);
+	umask(022);	/* the helper's user must traverse what we make (a shim's is 077) */
 	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
 	for (unsigned i = 0; i < nfiles; i++) {
 		struct stat st;

@@ -7,6 +7,8 @@
 set -u
 b=$(cd "${1:?usage: check.sh BUILDDIR}" && pwd)
 export CAPSULE_AGENT=${CAPSULE_AGENT:-$b/capsule-agent}
+# As the shim runs: what the jail makes must not depend on our umask.
+umask 077
 log=$(mktemp /tmp/engine-dev-log.XXXXXX)
 fails=0 n=0
 ok() { n=$((n + 1)); if eval "$2"; then echo "ok $n - $1"; else echo "not ok $n - $1"; echo "$ans" | sed "s/^/#   got: /"; fails=$((fails + 1)); fi; }

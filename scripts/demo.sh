@@ -60,7 +60,10 @@ echo "== a policy: --allow-egress 203.0.113.10, on a fake internet in network na
 inet=capdemo-i$$
 cns=capdemo-c$$
 net_down() {
-	[ -n "${srv:-}" ] && kill "$srv" 2>/dev/null
+	if [ -n "${srv:-}" ]; then
+		kill "$srv" 2>/dev/null || true
+		srv=
+	fi
 	ip netns del "$cns" 2>/dev/null || true
 	ip netns del "$inet" 2>/dev/null || true
 }

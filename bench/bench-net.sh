@@ -18,7 +18,7 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 cleanup() {
 	ip netns exec "$cns" env CAPSULE_HOME="$home" "$capsule" rm --force bn >/dev/null 2>&1 || true
-	[ -n "${srv:-}" ] && kill "$srv" 2>/dev/null
+	if [ -n "${srv:-}" ]; then kill "$srv" 2>/dev/null || true; fi
 	ip netns del "$cns" 2>/dev/null || true
 	ip netns del "$inet" 2>/dev/null || true
 	rm -rf "$home"

@@ -10,6 +10,7 @@ capsule=$1
 runs=${2:-7}
 top=$(cd "$(dirname "$0")/.." && pwd)
 py="$top/bench/bench-net.py"
+. "$top/scripts/fake-internet.sh"
 inet=capbinet-$$
 cns=capbns-$$
 home=$(mktemp -d /tmp/capsule-bnet.XXXXXX)
@@ -19,23 +20,12 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 cleanup() {
 	ip netns exec "$cns" env CAPSULE_HOME="$home" "$capsule" rm --force bn >/dev/null 2>&1 || true
 	if [ -n "${srv:-}" ]; then kill "$srv" 2>/dev/null || true; fi
-	ip netns del "$cns" 2>/dev/null || true
-	ip netns del "$inet" 2>/dev/null || true
+	fake_internet_down "$inet" "$cns"
 	rm -rf "$home"
 }
 trap cleanup EXIT
 
-ip netns add "$inet"
-ip netns add "$cns"
-ip -n "$inet" link set lo up
-ip -n "$cns" link set lo up
-ip -n "$inet" addr add 203.0.113.10/32 dev lo
-ip link add "bv$$" netns "$cns" type veth peer name "bi$$" netns "$inet"
-ip -n "$cns" addr add 192.0.2.1/30 dev "bv$$"
-ip -n "$inet" addr add 192.0.2.2/30 dev "bi$$"
-ip -n "$cns" link set "bv$$" up
-ip -n "$inet" link set "bi$$" up
-ip -n "$cns" route add 203.0.113.0/24 via 192.0.2.2
+fake_internet_up "$inet" "$cns" 203.0.113.10
 ip netns exec "$inet" python3 "$py" serve 203.0.113.10 &
 srv=$!
 in_cns() { ip netns exec "$cns" env CAPSULE_HOME="$home" "$@"; }

@@ -5,6 +5,7 @@
 set -eu
 build=${1:-build}
 capsule="$build/capsule"
+. "$(dirname "$0")/fake-internet.sh"
 # The demo's VMs keep their sockets in run directories under
 # $XDG_RUNTIME_DIR, and QEMU is named after its directory (-name
 # guest=DIR): a private one tells the demo's QEMU processes from anyone
@@ -64,22 +65,10 @@ net_down() {
 		kill "$srv" 2>/dev/null || true
 		srv=
 	fi
-	ip netns del "$cns" 2>/dev/null || true
-	ip netns del "$inet" 2>/dev/null || true
+	fake_internet_down "$inet" "$cns"
 }
 trap 'net_down; rm -rf "$demo_rt"' EXIT
-ip netns add "$inet" && ip netns add "$cns"
-ip -n "$inet" link set lo up
-ip -n "$cns" link set lo up
-ip -n "$inet" addr add 203.0.113.10/32 dev lo
-ip -n "$inet" addr add 198.51.100.7/32 dev lo
-ip link add "dv$$" netns "$cns" type veth peer name "di$$" netns "$inet"
-ip -n "$cns" addr add 192.0.2.1/30 dev "dv$$"
-ip -n "$inet" addr add 192.0.2.2/30 dev "di$$"
-ip -n "$cns" link set "dv$$" up
-ip -n "$inet" link set "di$$" up
-ip -n "$cns" route add 203.0.113.0/24 via 192.0.2.2
-ip -n "$cns" route add 198.51.100.0/24 via 192.0.2.2
+fake_internet_up "$inet" "$cns" 203.0.113.10 198.51.100.7
 ip netns exec "$inet" python3 -c '
 import http.server, socketserver, threading
 class H(http.server.BaseHTTPRequestHandler):

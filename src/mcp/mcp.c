@@ -545,7 +545,7 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 		json_decref(root);
 		snprintf(desc, sizeof(desc),
 			 "Run a shell command (sh -c) in your sandbox as an unprivileged user, %s; cwd /work. Output is capped at 256 KiB; default timeout %u s.",
-			 cfg->ctl.network ? "with network access limited by a policy (refused connections fail)" : "with no network",
+			 cfg->has_network ? "with network access limited by a policy (refused connections fail)" : "with no network",
 			 cfg->run_timeout_s);
 		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:i, s:i, s:s}}, s:[s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "run_command", "title", "Run command", "description", desc,
@@ -1002,6 +1002,8 @@ static int check_server(struct mcp *m, struct cap_err *err)
 		return r;
 	const char *source = json_string_value(json_object_get(info, "source"));
 	const char *image = json_string_value(json_object_get(info, "image"));
+	/* Its sandboxes are ours: run_command says what they have. */
+	m->cfg->has_network = json_array_size(json_object_get(info, "network")) > 0;
 	char want[4096] = "";
 	if (m->cfg->owned_source && !realpath(m->cfg->owned_source, want))
 		snprintf(want, sizeof(want), "%s", m->cfg->owned_source);
@@ -1094,6 +1096,7 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		cfg->ctl.source = cfg->owned_source;
 	if (cfg->owned_network && cfg->owned_network->enabled)
 		cfg->ctl.network = cfg->owned_network;
+	cfg->has_network = cfg->ctl.network != NULL;
 	cap_set_nonblock(0, 1);
 	cap_set_nonblock(1, 1);
 	/* One controller per home: join the one that runs, else be it. */

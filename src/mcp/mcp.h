@@ -24,6 +24,9 @@ struct cap_mcp_cfg {
 	char *owned_image;
 	char *owned_source;
 	struct cap_net_policy *owned_network;	/* NULL: no network */
+	/* The sandboxes have a network: this policy's, or that of the
+	 * running controller this one joined. What run_command says. */
+	bool has_network;
 };
 
 void cap_mcp_cfg_init(struct cap_mcp_cfg *c);

@@ -423,16 +423,10 @@ static void control_policy(struct netd *d, char *words)
 	struct cap_net_policy *p = xmalloc(sizeof(*p));
 	struct cap_err err = { 0 };
 
-	cap_net_policy_init(p);
-	for (char *save = NULL, *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
-		char *eq = strchr(w, '=');
-		if (eq)
-			*eq = '\0';
-		if (cap_net_policy_apply(p, w, eq ? eq + 1 : NULL, &err) < 0) {
-			netd_log(d, "control: policy not changed: %s", err.msg);
-			free(p);
-			return;
-		}
+	if (cap_net_policy_parse_line(p, words, &err) < 0) {
+		netd_log(d, "control: policy not changed: %s", err.msg);
+		free(p);
+		return;
 	}
 	free(d->owned_policy);
 	d->owned_policy = p;

@@ -553,6 +553,44 @@ void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)
 	*n = k;
 }
 
+char *cap_net_policy_line(const struct cap_net_policy *p)
+{
+	char **w;
+	size_t n, len = 1;
+	cap_net_policy_words(p, &w, &n);
+	for (size_t i = 0; i < n; i++)
+		len += strlen(w[i]) + 1;
+	char *out = xmalloc(len), *o = out;
+	*o = '\0';
+	for (size_t i = 0; i < n; i++) {
+		o += sprintf(o, "%s%s", i ? " " : "", w[i]);
+		free(w[i]);
+	}
+	free(w);
+	return out;
+}
+
+int cap_net_policy_parse_line(struct cap_net_policy *p, const char *line,
+			      struct cap_err *err)
+{
+	struct cap_net_policy *tmp = xmalloc(sizeof(*tmp));
+	char *copy = xstrdup(line), *save = NULL;
+	int r = 0;
+	cap_net_policy_init(tmp);
+	for (char *w = strtok_r(copy, " ", &save); w && r == 0; w = strtok_r(NULL, " ", &save)) {
+		if ((r = cap_net_policy_apply(tmp, w, NULL, err)) < 0) {
+			char why[sizeof(err->msg)];
+			snprintf(why, sizeof(why), "%s", err->msg);
+			cap_err_set(err, -r, "'%s' is not valid: %s", w, why);
+		}
+	}
+	if (r == 0)
+		*p = *tmp;
+	free(copy);
+	free(tmp);
+	return r;
+}
+
 char *cap_net_policy_describe(const struct cap_net_policy *p)
 {
 	char **w;

@@ -100,6 +100,14 @@ void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n);
  * 10.0.0.0/8 --publish 127.0.0.1:8080:80", or "none (no network
  * interface)". New string. */
 char *cap_net_policy_describe(const struct cap_net_policy *p);
+/* The words on one line, separated by single spaces ("" for no NIC):
+ * how a record stores a policy and how the owner hands it to the policy
+ * process. New string. */
+char *cap_net_policy_line(const struct cap_net_policy *p);
+/* Read such a line back into p (replacing it). -EINVAL (or -E2BIG) with
+ * err "'WORD' is not valid: why"; p is unchanged on failure. */
+int cap_net_policy_parse_line(struct cap_net_policy *p, const char *line,
+			      struct cap_err *err);
 
 enum cap_net_group cap_net_classify(uint32_t addr);
 const char *cap_net_group_name(enum cap_net_group g);	/* "public", "lan", ... */

@@ -367,15 +367,11 @@ int cap_named_load(const char *name, struct cap_record *out,
 int cap_record_net(const struct cap_record *r, struct cap_net_policy *out,
 		   struct cap_err *err)
 {
-	char buf[sizeof(r->net)], *save = NULL;
 	cap_net_policy_init(out);
-	snprintf(buf, sizeof(buf), "%s", r->net);
-	for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
-		if (cap_net_policy_apply(out, w, NULL, err) < 0) {
-			char why[sizeof(err->msg)];
-			snprintf(why, sizeof(why), "%s", err->msg);
-			return cap_err_set(err, EBADMSG, "recorded network flag '%s' is not valid: %s", w, why);
-		}
+	if (cap_net_policy_parse_line(out, r->net, err) < 0) {
+		char why[sizeof(err->msg)];
+		snprintf(why, sizeof(why), "%s", err->msg);
+		return cap_err_set(err, EBADMSG, "recorded network flag %s", why);
 	}
 	return 0;
 }
@@ -383,22 +379,11 @@ int cap_record_net(const struct cap_record *r, struct cap_net_policy *out,
 int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
 		       struct cap_err *err)
 {
-	char **words = NULL;
-	size_t n = 0, used = 0;
-	int ret = 0;
-	char buf[sizeof(r->net)] = "";
-	cap_net_policy_words(p, &words, &n);
-	for (size_t i = 0; i < n; i++) {
-		if (ret == 0 && used + strlen(words[i]) + 2 > sizeof(buf))
-			ret = cap_err_set(err, E2BIG, "the network policy is too long to record (over %zu bytes): use fewer rules, a CIDR for neighbouring addresses or *.DOMAIN for names under one domain", sizeof(buf) - 1);
-		if (ret == 0)
-			used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%s", used ? " " : "", words[i]);
-		free(words[i]);
-	}
-	free(words);
-	if (ret == 0)
-		memcpy(r->net, buf, sizeof(buf));
-	return ret;
+	_cleanup_free_ char *line = cap_net_policy_line(p);
+	if (strlen(line) >= sizeof(r->net))
+		return cap_err_set(err, E2BIG, "the network policy is too long to record (over %zu bytes): use fewer rules, a CIDR for neighbouring addresses or *.DOMAIN for names under one domain", sizeof(r->net) - 1);
+	snprintf(r->net, sizeof(r->net), "%s", line);
+	return 0;
 }
 
 static int cmp_str(const void *a, const void *b)

@@ -176,8 +176,6 @@ static int tell(struct cap_vm *vm, const char *line, struct cap_err *err)
 int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
 			       const struct cap_net_policy *p, struct cap_err *err)
 {
-	char **words = NULL;
-	size_t nw = 0;
 	struct cap_net_policy old = n->policy;
 	n->policy = *p;
 	/* Publishing and the NIC itself are fixed for the VM's life. */
@@ -188,20 +186,9 @@ int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
 	compute_deny(n);
 	int r = cap_vm_net_deny(vm, n->vmnet.deny, n->vmnet.ndeny, err);
 	if (r == 0) {
-		cap_net_policy_words(&n->policy, &words, &nw);
-		size_t len = 8;
-		for (size_t i = 0; i < nw; i++)
-			len += strlen(words[i]) + 1;
-		char *line = xmalloc(len + 1);
-		size_t used = (size_t)snprintf(line, len + 1, "policy");
-		for (size_t i = 0; i < nw; i++)
-			used += (size_t)snprintf(line + used, len + 1 - used, " %s", words[i]);
-		snprintf(line + used, len + 1 - used, "\n");
+		_cleanup_free_ char *words = cap_net_policy_line(&n->policy);
+		_cleanup_free_ char *line = xasprintf("policy %s\n", words);
 		r = tell(vm, line, err);
-		free(line);
-		for (size_t i = 0; i < nw; i++)
-			free(words[i]);
-		free(words);
 	}
 	if (r < 0) {
 		n->policy = old;

@@ -12,30 +12,10 @@
 #include <cmocka.h>
 
 #include "policy.h"
+#include "net-fixtures.h"
 
 #define A(a, b, c, d) ((uint32_t)(a) << 24 | (uint32_t)(b) << 16 | (uint32_t)(c) << 8 | (uint32_t)(d))
 
-static struct cap_net_policy *new_policy(void)
-{
-	struct cap_net_policy *p = malloc(sizeof(*p));
-	assert_non_null(p);
-	cap_net_policy_init(p);
-	return p;
-}
-
-/* A policy from flag words ("allow-public", "allow-egress=10.0.0.0/8"). */
-static struct cap_net_policy *policy_of(const char *const *words)
-{
-	struct cap_net_policy *p = new_policy();
-	struct cap_err err = { 0 };
-
-	for (; *words; words++) {
-		int rc = cap_net_policy_apply(p, *words, NULL, &err);
-		if (rc < 0)
-			fail_msg("applying %s: %s", *words, err.msg);
-	}
-	return p;
-}
 
 static bool allows(const struct cap_net_policy *p, uint32_t addr, uint16_t port,
 		   const char *name)

@@ -14,6 +14,7 @@
 
 #include "named.h"
 #include "policy.h"
+#include "net-fixtures.h"
 #include "sandbox.h"
 
 static struct cap_sandbox_spec *new_spec(void)
@@ -23,32 +24,6 @@ static struct cap_sandbox_spec *new_spec(void)
 	return s;
 }
 
-static struct cap_net_policy *new_policy(void)
-{
-	struct cap_net_policy *p = malloc(sizeof(*p));
-	assert_non_null(p);
-	cap_net_policy_init(p);
-	return p;
-}
-
-/* A policy from flag words ("allow-lan", "allow-egress=10.0.0.0/8"). */
-static struct cap_net_policy *policy_of(const char *const *words)
-{
-	struct cap_net_policy *p = new_policy();
-	struct cap_err err = { 0 };
-
-	for (; *words; words++) {
-		char flag[64];
-		const char *eq = strchr(*words, '=');
-		size_t n = eq ? (size_t)(eq - *words) : strlen(*words);
-		assert_true(n < sizeof(flag));
-		memcpy(flag, *words, n);
-		flag[n] = '\0';
-		if (cap_net_policy_apply(p, flag, eq ? eq + 1 : NULL, &err) < 0)
-			fail_msg("applying %s: %s", *words, err.msg);
-	}
-	return p;
-}
 
 static void shape_of(const struct cap_sandbox_spec *s, char *buf, size_t len)
 {

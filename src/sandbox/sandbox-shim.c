@@ -88,7 +88,6 @@ struct shim {
 	uint64_t refused;	/* clients refused since the last line about it */
 	int64_t refused_log_ms;
 	const char *name;
-	char net_words[4096];	/* the network policy in force (record form) */
 	struct cap_sandbox_spec *spec;	/* what sb was booted with (a restart reuses it) */
 	int netd_fd;	/* pidfd of the policy process, -1: none or gone */
 	bool netd_dead;
@@ -196,6 +195,13 @@ static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
 
 static void write_runtime_log(struct shim *s);
 
+/* Whether policy p is the one recorded as line. */
+static bool same_line(const struct cap_net_policy *p, const char *line)
+{
+	_cleanup_free_ char *mine = cap_net_policy_line(p);
+	return strcmp(mine, line) == 0;
+}
+
 /* SIGUSR1 (cap_named_set_network): the record's network policy applies
  * to new connections now; runtime.json says which one is in force. A
  * policy without a NIC refuses everything until the next start takes the
@@ -208,7 +214,7 @@ static void reload_network(struct shim *s)
 	struct cap_net_policy *in_vm = xmalloc(sizeof(*in_vm));
 	if (cap_named_load(s->name, &rec, &err) < 0 || cap_record_net(&rec, p, &err) < 0) {
 		cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
-	} else if (strcmp(rec.net, s->net_words) == 0) {
+	} else if (same_line(&s->spec->net, rec.net)) {
 		write_runtime_log(s);
 	} else {
 		*in_vm = *p;
@@ -219,7 +225,6 @@ static void reload_network(struct shim *s)
 		if (cap_sandbox_set_network(s->sb, in_vm, &err) < 0) {
 			cap_log(CAP_LOG_WARN, "network policy not changed: %s", err.msg);
 		} else {
-			snprintf(s->net_words, sizeof(s->net_words), "%s", rec.net);
 			cap_sandbox_spec_network(s->spec, p);
 			_cleanup_free_ char *d = cap_net_policy_describe(p);
 			cap_log(CAP_LOG_INFO, "network policy now: %s%s", d,
@@ -672,7 +677,9 @@ static int write_runtime(const struct shim *s, struct cap_err *err)
 	pid_t netd = s->sb ? cap_sandbox_net_pid(s->sb) : -1;
 	if (netd > 0 && !s->netd_dead) {
 		json_object_set_new(j, "netd_pid", json_integer(netd));
-		json_object_set_new(j, "network", json_string(s->net_words));
+		char *line = cap_net_policy_line(&s->spec->net);
+		json_object_set_new(j, "network", json_string(line));
+		free(line);
 	} else if (netd > 0) {
 		json_object_set_new(j, "network_error", json_string("the policy process died: network connections fail until the sandbox restarts"));
 	}
@@ -765,7 +772,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 		goto out;
 	cap_sandbox_spec_named(spec, img.owned_path, upper, work, source, name);
 	cap_sandbox_spec_network(spec, net);
-	snprintf(s.net_words, sizeof(s.net_words), "%s", rec.net);
+	s.spec = spec;
 	if (net->enabled && (netlog = open(netlog_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
 		r = cap_err_set(err, errno, "cannot open %s: %s", netlog_path, strerror(errno));
 		goto out;
@@ -797,7 +804,6 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.control = control;
 	s.opts = &o;
 	s.name = name;
-	s.spec = spec;
 	watch_netd(&s);
 	s.disks = spec->disks;
 	s.ndisks = spec->ndisks;

@@ -36,7 +36,7 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec; do
+for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
 
@@ -45,7 +45,7 @@ if [ ! -f "$asan/build.ninja" ]; then
 	meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
 if ninja -C "$asan" >/dev/null; then
-	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec; do
+	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret; do
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"

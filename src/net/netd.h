@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include "policy.h"
+#include "secret.h"
 
 struct cap_netd_config {
 	const char *name;	/* the sandbox's, for log lines */
@@ -82,6 +83,31 @@ struct cap_netd_config {
 	const char *resolv_conf;	/* NULL: /etc/resolv.conf */
 	/* The host's proxy settings (the owner's environment), NULL when unset. */
 	const char *https_proxy, *http_proxy, *all_proxy, *no_proxy;
+
+	/* Secrets (docs/network.md, rewrite.h), fixed for the process's
+	 * life (a "policy" line changes what may be reached, never these):
+	 * a TLS connection whose name (the CONNECT host, or the SNI of a
+	 * direct connection, which must agree with the name the address was
+	 * resolved as when there is one) is one of some secret's hosts is
+	 * intercepted: the guest is answered with a certificate for that
+	 * name signed by ca_key_pem/ca_cert_pem, the real server is dialed
+	 * with TLS, SNI the name, verified against trust_pem (chain and name;
+	 * a failure ends the guest's connection and is logged), and each
+	 * request goes through rewrite.h. Every other TLS connection passes
+	 * through untouched. nsecrets 0: nothing is intercepted (the other
+	 * fields unused). */
+	const struct cap_netd_secret *secrets;
+	unsigned nsecrets;
+	const char *ca_key_pem, *ca_cert_pem;
+	const char *trust_pem;
+	size_t trust_len;
+};
+
+struct cap_netd_secret {
+	const struct cap_net_secret *decl;	/* name, hosts, body */
+	char placeholder[CAP_NET_PLACEHOLDER_LEN + 1];
+	const char *value;	/* value_len bytes, never logged */
+	size_t value_len;
 };
 
 /* Serve until control closes. Returns the exit code for the process: 0

@@ -59,6 +59,30 @@ struct cap_net_publish {
 #define CAP_NET_MAX_RULES 64
 #define CAP_NET_MAX_PUBLISH 64
 
+/* One --secret NAME=SOURCE@HOST[,HOST...][:body] (docs/network.md,
+ * "Secrets"). The guest's environment gets NAME=<placeholder>; the
+ * policy process puts the value read from SOURCE (on the host, at each
+ * start: secret.h) in its place in HTTPS requests to HOST only. Only
+ * the declaration is here (and in records): never the value. A secret's
+ * hosts are allowed for egress on port 443 (CAP_NET_SECRET_PORT), as if
+ * each were an --allow-egress HOST:443. */
+#define CAP_NET_MAX_SECRETS 16
+#define CAP_NET_SECRET_MAX_HOSTS 8
+#define CAP_NET_SECRET_PORT 443
+struct cap_net_secret {
+	char name[64];		/* [A-Za-z_][A-Za-z0-9_]{0,62} */
+	char source[520];	/* "env:VAR" or "file:/absolute/path" */
+	/* HOST (that name only) or *.DOMAIN (names under it), lowercase,
+	 * no trailing dot, as cap_net_rule names them (kind HOST or DOMAIN;
+	 * name without the "*."). */
+	struct {
+		enum { CAP_NET_SECRET_HOST, CAP_NET_SECRET_DOMAIN } kind;
+		char name[254];
+	} hosts[CAP_NET_SECRET_MAX_HOSTS];
+	unsigned nhosts;
+	bool body;		/* ":body": also in request bodies */
+};
+
 struct cap_net_policy {
 	bool enabled;		/* a NIC at all: set by any flag below */
 	bool allow_public;
@@ -69,6 +93,8 @@ struct cap_net_policy {
 	unsigned nrules;
 	struct cap_net_publish publish[CAP_NET_MAX_PUBLISH];
 	unsigned npublish;
+	struct cap_net_secret secrets[CAP_NET_MAX_SECRETS];
+	unsigned nsecrets;
 };
 
 /* No NIC. */
@@ -84,9 +110,20 @@ int cap_net_rule_add(struct cap_net_policy *p, const char *text, struct cap_err 
  * default 127.0.0.1; ports 1-65535). Same errors. */
 int cap_net_publish_add(struct cap_net_policy *p, const char *text, struct cap_err *err);
 
+/* Parse one --secret NAME=SOURCE@HOST[,HOST...][:body] into p (and set
+ * p->enabled). SOURCE is env:VAR or file:/ABSOLUTE/PATH (the CLI makes a
+ * relative path absolute first); HOST a name or *.DOMAIN, no port, no
+ * address. The value is not read here. -EINVAL naming the part at fault;
+ * -EEXIST for a NAME declared twice; -E2BIG past CAP_NET_MAX_SECRETS. */
+int cap_net_secret_add(struct cap_net_policy *p, const char *text, struct cap_err *err);
+/* Its text form, as cap_net_secret_add reads it back. */
+void cap_net_secret_text(const struct cap_net_secret *s, char *buf, size_t len);
+/* Whether name (lowercase, no port) is one of s's hosts. */
+bool cap_net_secret_host_match(const struct cap_net_secret *s, const char *name);
+
 /* Apply one flag by its long name without dashes, as the CLI, the JSON
- * configs and the record all spell it: "allow-egress" and "publish" take
- * value; "allow-public", "allow-lan", "allow-host", "auto-publish" take
+ * configs and the record all spell it: "allow-egress", "publish" and
+ * "secret" take value; "allow-public", "allow-lan", "allow-host", "auto-publish" take
  * none (value NULL). -EINVAL naming an unknown flag or a bad value. */
 int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 			 const char *value, struct cap_err *err);
@@ -131,14 +168,15 @@ struct cap_net_verdict {
  * addresses are opened only by a rule whose whole range lies inside
  * 169.254.0.0/16 ("named exactly"; HOST only by --allow-host);
  * --allow-public opens PUBLIC, --allow-lan LAN, --allow-host HOST; a
- * HOST/DOMAIN rule matching name (and port) allows PUBLIC addresses and
+ * HOST/DOMAIN rule (or a secret's host, port 443) matching name (and
+ * port) allows PUBLIC addresses and
  * those of opened groups only (a name that resolves to a LAN, host or
  * metadata address is refused: DNS rebinding); anything else is refused. */
 void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port,
 		    const char *name, struct cap_net_verdict *v);
 
 /* May the guest resolve name? Yes under --allow-public, or when a
- * HOST/DOMAIN rule matches it (any port). CAP_NET_HOST_NAME is never
+ * HOST/DOMAIN rule or a secret's host matches it (any port). CAP_NET_HOST_NAME is never
  * asked (it is in the guest's /etc/hosts). */
 void cap_net_decide_name(const struct cap_net_policy *p, const char *name,
 			 struct cap_net_verdict *v);

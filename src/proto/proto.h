@@ -203,7 +203,21 @@ struct cap_setup {
 	 * after SETUP); a port listened on 127.0.0.1 only is relayed from
 	 * net_addr so that QEMU's forward reaches it. */
 	bool auto_publish;
+	/* The sandbox's CA certificate (PEM, NULL: none), for secrets
+	 * (docs/network.md): written to /etc/ssl/certs/capsule-ca.pem, added
+	 * to /etc/ssl/certs/ca-certificates.crt when the image has one, and
+	 * a bundle of both at /etc/ssl/capsule-bundle.pem (all root's,
+	 * 0644); every command's environment gets SSL_CERT_FILE,
+	 * REQUESTS_CA_BUNDLE and GIT_SSL_CAINFO = the bundle and
+	 * NODE_EXTRA_CA_CERTS = the CA's file, unless the request sets them. */
+	char *ca_pem;
+	/* "NAME=value" strings every command's environment gets unless the
+	 * request sets NAME (a secret's placeholder). At most
+	 * CAP_SETUP_MAX_ENV. */
+	char **env;
+	uint32_t envc;
 };
+#define CAP_SETUP_MAX_ENV 64
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);
 void cap_setup_fini(struct cap_setup *s);

@@ -68,6 +68,11 @@ struct cap_sandbox_opts {
 	const char *name;
 	int net_log_fd;
 	bool net_verbose;
+	/* With secrets in spec->net: where the sandbox's CA is kept
+	 * (ca.key 0600 and ca.pem, made on first use: ca.h); NULL: a CA in
+	 * memory for this start only (capsule run). The values are read
+	 * from their sources at start (secret.h), in this process. */
+	const char *ca_dir;
 	/* Directory for QEMU's sockets (unlinked once connected) and the
 	 * logs not named above; the caller's, kept after free. NULL: a
 	 * private temporary one, removed with the sandbox. */

@@ -1,0 +1,2 @@
+/* being written: see the header */
+#include "policy.h"

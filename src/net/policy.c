@@ -475,11 +475,195 @@ int cap_net_publish_add(struct cap_net_policy *p, const char *text, struct cap_e
 	return 0;
 }
 
+/* --- secrets ----------------------------------------------------------- */
+
+#define SECRET_FORM "--secret NAME=SOURCE@HOST[,HOST...][:body], SOURCE env:VAR or file:/PATH"
+
+/* What capsule itself puts in every command's environment: a secret
+ * cannot take these names. */
+static const char *const reserved_env[] = {
+	"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
+	"ALL_PROXY", "all_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
+	"NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "PATH", "HOME", "USER", "TERM",
+};
+
+/* [A-Za-z_][A-Za-z0-9_]* of 1 to max bytes. */
+static bool env_name(const char *s, size_t len, size_t max)
+{
+	if (len == 0 || len > max || (s[0] >= '0' && s[0] <= '9'))
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+		      (c >= '0' && c <= '9') || c == '_'))
+			return false;
+	}
+	return true;
+}
+
+static int secret_source(const char *src, size_t len, struct cap_net_secret *s,
+			 const char *q, struct cap_err *err)
+{
+	if (len >= sizeof(s->source))
+		return cap_err_set(err, EINVAL, "--secret %s: the source is longer than %zu characters",
+				   q, sizeof(s->source) - 1);
+	if (len > 4 && !strncmp(src, "env:", 4)) {
+		if (!env_name(src + 4, len - 4, 255))
+			return cap_err_set(err, EINVAL,
+					   "--secret %s: env:VAR names an environment variable "
+					   "(letters, digits and '_', not starting with a digit)", q);
+	} else if (len > 5 && !strncmp(src, "file:", 5)) {
+		if (src[5] != '/')
+			return cap_err_set(err, EINVAL,
+					   "--secret %s: file:PATH needs an absolute path here "
+					   "(the command line makes a relative one absolute)", q);
+	} else {
+		return cap_err_set(err, EINVAL,
+				   "--secret %s: the source before '@' is env:VAR (an environment "
+				   "variable of the command that starts the sandbox) or file:PATH "
+				   "(a file on the host), read at each start", q);
+	}
+	memcpy(s->source, src, len);
+	s->source[len] = '\0';
+	return 0;
+}
+
+static int secret_hosts(const char *h, struct cap_net_secret *s, const char *q,
+			struct cap_err *err)
+{
+	size_t len = strlen(h);
+
+	if (len >= 5 && !strcmp(h + len - 5, ":body")) {
+		s->body = true;
+		len -= 5;
+	}
+	if (len == 0)
+		return cap_err_set(err, EINVAL,
+				   "--secret %s: no host after '@': name the hosts the secret is "
+				   "sent to (HOST or *.DOMAIN, comma-separated)", q);
+	for (size_t at = 0; at <= len;) {
+		const char *e = memchr(h + at, ',', len - at), *why = NULL;
+		size_t end = e ? (size_t)(e - h) : len, hl = end - at;
+		const char *host = h + at;
+		bool domain = hl > 2 && host[0] == '*' && host[1] == '.';
+
+		if (s->nhosts >= CAP_NET_SECRET_MAX_HOSTS)
+			return cap_err_set(err, E2BIG, "--secret %s: more than %d hosts", q,
+					   CAP_NET_SECRET_MAX_HOSTS);
+		if (domain) {
+			host += 2;
+			hl -= 2;
+		}
+		if (hl == 0)
+			return cap_err_set(err, EINVAL, "--secret %s: an empty host in the list", q);
+		if (memchr(host, ':', hl))
+			return cap_err_set(err, EINVAL,
+					   "--secret %s: a secret's host takes no port (it is "
+					   "allowed on %d and intercepted on any port); the only "
+					   "suffix is \":body\"", q, CAP_NET_SECRET_PORT);
+		if (all_digits_dots(host, hl))
+			return cap_err_set(err, EINVAL,
+					   "--secret %s: name the host, not an address: the value is "
+					   "only sent to a server proving that name", q);
+		if (memchr(host, '*', hl))
+			return cap_err_set(err, EINVAL,
+					   "--secret %s: '*' only as a whole first label (*.example.com)", q);
+		if (!rule_name(host, hl, s->hosts[s->nhosts].name, &why))
+			return cap_err_set(err, EINVAL, "--secret %s: %s", q, why);
+		s->hosts[s->nhosts++].kind = domain ? CAP_NET_SECRET_DOMAIN : CAP_NET_SECRET_HOST;
+		at = end + 1;
+	}
+	return 0;
+}
+
+int cap_net_secret_add(struct cap_net_policy *p, const char *text, struct cap_err *err)
+{
+	struct cap_net_secret *s;
+	const char *eq, *at, *why;
+	char q[160];
+	int r;
+
+	if (!text || !*text)
+		return cap_err_set(err, EINVAL, "--secret needs %s", SECRET_FORM);
+	quote(text, q, sizeof(q));
+	if ((why = bad_bytes(text)))
+		return cap_err_set(err, EINVAL, "--secret %s: %s", q, why);
+	eq = strchr(text, '=');
+	at = strrchr(text, '@');
+	if (!eq || !at || at < eq)
+		return cap_err_set(err, EINVAL, "--secret %s: write it as %s", q, SECRET_FORM);
+	if (!env_name(text, (size_t)(eq - text), sizeof(s->name) - 1))
+		return cap_err_set(err, EINVAL,
+				   "--secret %s: NAME is the guest's environment variable: letters, "
+				   "digits and '_', not starting with a digit, at most %zu", q,
+				   sizeof(s->name) - 1);
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(reserved_env); i++)
+		if (strlen(reserved_env[i]) == (size_t)(eq - text) &&
+		    !strncmp(text, reserved_env[i], (size_t)(eq - text)))
+			return cap_err_set(err, EINVAL,
+					   "--secret %s: %s is set by capsule in every command; "
+					   "choose another NAME", q, reserved_env[i]);
+	for (unsigned i = 0; i < p->nsecrets; i++)
+		if (strlen(p->secrets[i].name) == (size_t)(eq - text) &&
+		    !strncmp(text, p->secrets[i].name, (size_t)(eq - text)))
+			return cap_err_set(err, EEXIST, "--secret %s: %s is declared twice", q,
+					   p->secrets[i].name);
+	if (p->nsecrets >= CAP_NET_MAX_SECRETS)
+		return cap_err_set(err, E2BIG, "--secret: more than %d secrets", CAP_NET_MAX_SECRETS);
+
+	s = xcalloc(1, sizeof(*s));
+	memcpy(s->name, text, (size_t)(eq - text));
+	r = secret_source(eq + 1, (size_t)(at - eq - 1), s, q, err);
+	if (r == 0)
+		r = secret_hosts(at + 1, s, q, err);
+	if (r == 0) {
+		p->secrets[p->nsecrets++] = *s;
+		p->enabled = true;
+	}
+	free(s);
+	return r < 0 ? r : 0;
+}
+
+void cap_net_secret_text(const struct cap_net_secret *s, char *buf, size_t len)
+{
+	size_t o = 0;
+
+	o += (size_t)snprintf(buf, len, "%s=%s@", s->name, s->source);
+	for (unsigned i = 0; i < s->nhosts && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%s%s%s", i ? "," : "",
+				      s->hosts[i].kind == CAP_NET_SECRET_DOMAIN ? "*." : "",
+				      s->hosts[i].name);
+	if (s->body && o < len)
+		snprintf(buf + o, len - o, ":body");
+}
+
+/* Whether one of s's hosts is name (folded). */
+static bool secret_matches(const struct cap_net_secret *s, const char *name)
+{
+	size_t nl = strlen(name);
+
+	for (unsigned i = 0; i < s->nhosts; i++) {
+		const char *h = s->hosts[i].name;
+		size_t hl = strlen(h);
+		if (s->hosts[i].kind == CAP_NET_SECRET_HOST ? !strcmp(h, name) :
+		    nl > hl + 1 && name[nl - hl - 1] == '.' && !strcmp(name + nl - hl, h))
+			return true;
+	}
+	return false;
+}
+
+bool cap_net_secret_host_match(const struct cap_net_secret *s, const char *name)
+{
+	char n[NAME_MAX_LEN + 1];
+
+	return name && norm_name(name, n) && secret_matches(s, n);
+}
+
 int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 			 const char *value, struct cap_err *err)
 {
 	static const char known[] = "known: allow-egress, allow-public, allow-lan, "
-				    "allow-host, publish, auto-publish";
+				    "allow-host, publish, auto-publish, secret";
 	char name[32], q[160];
 	const char *eq;
 	size_t len;
@@ -510,6 +694,11 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 					   "--publish needs [BIND:]HOST_PORT:GUEST_PORT");
 		return cap_net_publish_add(p, value, err);
 	}
+	if (!strcmp(name, "secret")) {
+		if (!value)
+			return cap_err_set(err, EINVAL, "--secret needs %s", SECRET_FORM);
+		return cap_net_secret_add(p, value, err);
+	}
 	bool *on = !strcmp(name, "allow-public") ? &p->allow_public :
 		   !strcmp(name, "allow-lan")    ? &p->allow_lan :
 		   !strcmp(name, "allow-host")   ? &p->allow_host :
@@ -529,9 +718,9 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 
 void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)
 {
-	size_t k = 0, max = 4 + p->nrules + p->npublish;
+	size_t k = 0, max = 4 + p->nrules + p->npublish + p->nsecrets;
 	char **w = xcalloc(max, sizeof(*w));
-	char b[16];
+	char b[16], s[sizeof(p->secrets[0].source) + CAP_NET_SECRET_MAX_HOSTS * 256 + 80];
 
 	if (p->enabled) {
 		if (p->allow_public)
@@ -548,6 +737,10 @@ void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)
 			w[k++] = xasprintf("publish=%s:%u:%u",
 					   cap_net_addr_str(p->publish[i].bind, b),
 					   p->publish[i].host_port, p->publish[i].guest_port);
+		for (unsigned i = 0; i < p->nsecrets; i++) {
+			cap_net_secret_text(&p->secrets[i], s, sizeof(s));
+			w[k++] = xasprintf("secret=%s", s);
+		}
 	}
 	*v = w;
 	*n = k;
@@ -701,6 +894,7 @@ void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port
 {
 	enum cap_net_group g = cap_net_classify(addr);
 	const struct cap_net_rule *named = NULL, *other_port = NULL;
+	const struct cap_net_secret *secret = NULL, *secret_other_port = NULL;
 	char a[16], n[NAME_MAX_LEN + 1];
 	bool have_name = name && norm_name(name, n);
 
@@ -730,11 +924,25 @@ void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port
 		}
 		other_port = other_port ? other_port : r;
 	}
+	/* A secret's hosts are open on its port as if named by a rule. */
+	for (unsigned i = 0; have_name && !named && i < p->nsecrets; i++) {
+		if (!secret_matches(&p->secrets[i], n))
+			continue;
+		if (port == CAP_NET_SECRET_PORT) {
+			secret = &p->secrets[i];
+			break;
+		}
+		secret_other_port = secret_other_port ? secret_other_port : &p->secrets[i];
+	}
 	if (named && g == CAP_NET_PUBLIC) {
 		verdict(v, true, "--allow-egress %s (name %s)", named->text, n);
 		return;
 	}
-	if (named) {
+	if (secret && g == CAP_NET_PUBLIC) {
+		verdict(v, true, "--secret %s (its host %s)", secret->name, n);
+		return;
+	}
+	if (named || secret) {
 		verdict(v, false,
 			"%s resolves to %s (%s), which the policy does not open "
 			"(DNS rebinding guard)", n, a, cap_net_group_name(g));
@@ -763,6 +971,11 @@ void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port
 		verdict(v, false,
 			"no rule allows %s:%u (name %s): --allow-egress %s opens port "
 			"%u only", a, port, n, other_port->text, other_port->port);
+	else if (secret_other_port)
+		verdict(v, false,
+			"no rule allows %s:%u (name %s): --secret %s opens port %d only "
+			"(add --allow-egress %s:%u to open this one)", a, port, n,
+			secret_other_port->name, CAP_NET_SECRET_PORT, n, port);
 	else if (have_name)
 		verdict(v, false,
 			"no rule allows %s:%u (name %s; add --allow-egress %s or %s "
@@ -792,6 +1005,12 @@ void cap_net_decide_name(const struct cap_net_policy *p, const char *name,
 			return;
 		}
 	}
+	for (unsigned i = 0; i < p->nsecrets; i++) {
+		if (secret_matches(&p->secrets[i], n)) {
+			verdict(v, true, "--secret %s", p->secrets[i].name);
+			return;
+		}
+	}
 	verdict(v, false, "no rule names it (add --allow-egress %s to open it)", n);
 }
 
@@ -804,6 +1023,8 @@ static bool openable(const struct cap_net_policy *p, uint32_t addr)
 	if (g == CAP_NET_RESERVED)
 		return false;
 	if (group_open(p, g))
+		return true;
+	if (g == CAP_NET_PUBLIC && p->nsecrets > 0)
 		return true;
 	for (unsigned i = 0; i < p->nrules; i++) {
 		if (cidr_opens(&p->rules[i], addr, g))

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "policy.h"
+#include "util.h"
 #include "net-fixtures.h"
 
 #define A(a, b, c, d) ((uint32_t)(a) << 24 | (uint32_t)(b) << 16 | (uint32_t)(c) << 8 | (uint32_t)(d))
@@ -1235,6 +1236,181 @@ static void test_denied_ranges(void **state)
 	}
 }
 
+/* --secret: what parses, what is refused and why, the round trip. */
+static void test_secret_parse(void **state)
+{
+	(void)state;
+	struct cap_net_policy *p = xcalloc(1, sizeof(*p));
+	struct cap_err err;
+	char text[1200];
+
+	cap_net_policy_init(p);
+	assert_int_equal(cap_net_secret_add(p, "TOKEN=env:GH_TOKEN@api.github.com,*.githubusercontent.com", &err), 0);
+	assert_true(p->enabled);
+	assert_int_equal(p->nsecrets, 1);
+	assert_string_equal(p->secrets[0].name, "TOKEN");
+	assert_string_equal(p->secrets[0].source, "env:GH_TOKEN");
+	assert_int_equal(p->secrets[0].nhosts, 2);
+	assert_int_equal(p->secrets[0].hosts[0].kind, CAP_NET_SECRET_HOST);
+	assert_string_equal(p->secrets[0].hosts[0].name, "api.github.com");
+	assert_int_equal(p->secrets[0].hosts[1].kind, CAP_NET_SECRET_DOMAIN);
+	assert_string_equal(p->secrets[0].hosts[1].name, "githubusercontent.com");
+	assert_false(p->secrets[0].body);
+	cap_net_secret_text(&p->secrets[0], text, sizeof(text));
+	assert_string_equal(text, "TOKEN=env:GH_TOKEN@api.github.com,*.githubusercontent.com");
+
+	/* A file source, '@' in its path (the last '@' splits), :body, case folded. */
+	assert_int_equal(cap_net_policy_apply(p, "secret", "K=file:/run/a@b/key@API.Test.:body", &err), 0);
+	assert_string_equal(p->secrets[1].source, "file:/run/a@b/key");
+	assert_string_equal(p->secrets[1].hosts[0].name, "api.test");
+	assert_true(p->secrets[1].body);
+	cap_net_secret_text(&p->secrets[1], text, sizeof(text));
+	assert_string_equal(text, "K=file:/run/a@b/key@api.test:body");
+
+	static const struct {
+		const char *text;
+		int e;
+		const char *says;
+	} bad[] = {
+		{ "", EINVAL, "needs" },
+		{ "TOKEN", EINVAL, "write it as" },
+		{ "TOKEN=env:T", EINVAL, "write it as" },
+		{ "1TOKEN=env:T@a.test", EINVAL, "NAME is the guest's environment variable" },
+		{ "TO-KEN=env:T@a.test", EINVAL, "NAME is the guest's environment variable" },
+		{ "HTTPS_PROXY=env:T@a.test", EINVAL, "set by capsule" },
+		{ "SSL_CERT_FILE=env:T@a.test", EINVAL, "set by capsule" },
+		{ "T=T@a.test", EINVAL, "env:VAR" },
+		{ "T=env:@a.test", EINVAL, "env:VAR" },
+		{ "T=env:A-B@a.test", EINVAL, "env:VAR names an environment variable" },
+		{ "T=file:key@a.test", EINVAL, "absolute path" },
+		{ "T=env:T@", EINVAL, "no host after '@'" },
+		{ "T=env:T@:body", EINVAL, "no host after '@'" },
+		{ "T=env:T@a.test:443", EINVAL, "takes no port" },
+		{ "T=env:T@203.0.113.7", EINVAL, "not an address" },
+		{ "T=env:T@a.test,,b.test", EINVAL, "empty host" },
+		{ "T=env:T@a*.test", EINVAL, "'*' only as a whole first label" },
+		{ "T=env:T@*", EINVAL, "" },
+		{ "T=env:T@a..test", EINVAL, "empty label" },
+		{ "T=env:T@a test", EINVAL, "whitespace" },
+		{ "T=env:T@a.test\r\nX: y", EINVAL, "control character" },
+		{ "T=env:T@h1.t,h2.t,h3.t,h4.t,h5.t,h6.t,h7.t,h8.t,h9.t", E2BIG, "more than 8 hosts" },
+		{ "TOKEN=env:OTHER@b.test", EEXIST, "declared twice" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct cap_net_policy *before = xmalloc(sizeof(*before));
+		*before = *p;
+		memset(&err, 0, sizeof(err));
+		int r = cap_net_secret_add(p, bad[i].text, &err);
+		if (r != -bad[i].e || !strstr(err.msg, bad[i].says))
+			fail_msg("secret %s: got %d \"%s\", want -%d with \"%s\"", bad[i].text, r,
+				 err.msg, bad[i].e, bad[i].says);
+		assert_memory_equal(before, p, sizeof(*p));
+		free(before);
+	}
+
+	/* The limit. */
+	for (unsigned i = p->nsecrets; i < CAP_NET_MAX_SECRETS; i++) {
+		char t[64];
+		snprintf(t, sizeof(t), "S%u=env:S@s%u.test", i, i);
+		assert_int_equal(cap_net_secret_add(p, t, &err), 0);
+	}
+	assert_int_equal(cap_net_secret_add(p, "LAST=env:S@last.test", &err), -E2BIG);
+	free(p);
+}
+
+/* The words and the line carry secrets; describe names them, never more. */
+static void test_secret_words(void **state)
+{
+	(void)state;
+	struct cap_net_policy *p = xcalloc(1, sizeof(*p)), *q = xcalloc(1, sizeof(*q));
+	struct cap_err err;
+
+	cap_net_policy_init(p);
+	assert_int_equal(cap_net_policy_apply(p, "allow-egress=other.test:443", NULL, &err), 0);
+	assert_int_equal(cap_net_policy_apply(p, "secret=TOKEN=env:TOKEN@api.test", NULL, &err), 0);
+	assert_int_equal(cap_net_policy_apply(p, "secret=B=file:/k@*.b.test:body", NULL, &err), 0);
+	char *line = cap_net_policy_line(p);
+	assert_string_equal(line, "allow-egress=other.test:443 secret=TOKEN=env:TOKEN@api.test "
+				  "secret=B=file:/k@*.b.test:body");
+	assert_int_equal(cap_net_policy_parse_line(q, line, &err), 0);
+	assert_memory_equal(p, q, sizeof(*p));
+	char *d = cap_net_policy_describe(p);
+	assert_string_equal(d, "--allow-egress other.test:443 --secret TOKEN=env:TOKEN@api.test "
+			       "--secret B=file:/k@*.b.test:body");
+	free(d);
+	free(line);
+
+	/* Only secrets: a NIC, and the line alone gives it back. */
+	cap_net_policy_init(p);
+	assert_int_equal(cap_net_policy_apply(p, "secret", "T=env:T@api.test", &err), 0);
+	line = cap_net_policy_line(p);
+	assert_int_equal(cap_net_policy_parse_line(q, line, &err), 0);
+	assert_true(q->enabled);
+	assert_int_equal(q->nsecrets, 1);
+	free(line);
+	free(p);
+	free(q);
+}
+
+/* A secret's hosts are open on 443 by name, for public addresses only;
+ * DNS answers them; the kernel does not refuse public addresses. */
+static void test_secret_decide(void **state)
+{
+	(void)state;
+	struct cap_net_policy *p = xcalloc(1, sizeof(*p));
+	struct cap_net_verdict v;
+	struct cap_err err;
+	uint32_t deny[64][2];
+
+	cap_net_policy_init(p);
+	assert_int_equal(cap_net_secret_add(p, "TOKEN=env:T@api.test,*.git.test", &err), 0);
+	expect_verdict(p, A(203, 0, 113, 10), 443, "api.test", true, "--secret TOKEN (its host api.test)");
+	expect_verdict(p, A(203, 0, 113, 10), 443, "API.TEST.", true, "--secret TOKEN (its host api.test)");
+	expect_verdict(p, A(203, 0, 113, 11), 443, "x.git.test", true, "--secret TOKEN (its host x.git.test)");
+	assert_false(allows(p, A(203, 0, 113, 11), 443, "git.test"));
+	assert_false(allows(p, A(203, 0, 113, 10), 443, "other.test"));
+	assert_false(allows(p, A(203, 0, 113, 10), 443, NULL));
+	expect_verdict(p, A(203, 0, 113, 10), 80, "api.test", false,
+		       "no rule allows 203.0.113.10:80 (name api.test): --secret TOKEN opens port 443 "
+		       "only (add --allow-egress api.test:80 to open this one)");
+	/* DNS rebinding: the name of a secret does not open a LAN or host address. */
+	expect_verdict(p, A(10, 1, 2, 3), 443, "api.test", false,
+		       "api.test resolves to 10.1.2.3 (lan), which the policy does not open "
+		       "(DNS rebinding guard)");
+	assert_false(allows(p, 0x7f000001u, 443, "api.test"));
+	assert_false(allows(p, A(169, 254, 169, 254), 443, "api.test"));
+
+	cap_net_decide_name(p, "api.test", &v);
+	assert_true(v.allow);
+	assert_string_equal(v.rule, "--secret TOKEN");
+	cap_net_decide_name(p, "a.git.test", &v);
+	assert_true(v.allow);
+	cap_net_decide_name(p, "other.test", &v);
+	assert_false(v.allow);
+
+	/* The kernel refuses what no name could open: LAN, host, metadata;
+	 * not the public ranges a secret's host may resolve to. */
+	size_t n = cap_net_denied_ranges(p, deny, 64);
+	bool public_denied = false, lan_denied = false;
+	for (size_t i = 0; i < n; i++) {
+		public_denied |= deny[i][0] <= A(203, 0, 113, 10) && A(203, 0, 113, 10) <= deny[i][1];
+		lan_denied |= deny[i][0] <= A(10, 1, 2, 3) && A(10, 1, 2, 3) <= deny[i][1];
+	}
+	assert_false(public_denied);
+	assert_true(lan_denied);
+
+	/* Host matching as the policy process uses it. */
+	assert_true(cap_net_secret_host_match(&p->secrets[0], "api.test"));
+	assert_true(cap_net_secret_host_match(&p->secrets[0], "Api.Test."));
+	assert_true(cap_net_secret_host_match(&p->secrets[0], "a.b.git.test"));
+	assert_false(cap_net_secret_host_match(&p->secrets[0], "git.test"));
+	assert_false(cap_net_secret_host_match(&p->secrets[0], "xapi.test"));
+	assert_false(cap_net_secret_host_match(&p->secrets[0], "api.test.evil"));
+	assert_false(cap_net_secret_host_match(&p->secrets[0], "api.test\r\n"));
+	assert_false(cap_net_secret_host_match(&p->secrets[0], NULL));
+	free(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1255,6 +1431,9 @@ int main(void)
 		cmocka_unit_test(test_decide_name),
 		cmocka_unit_test(test_words),
 		cmocka_unit_test(test_denied_ranges),
+		cmocka_unit_test(test_secret_parse),
+		cmocka_unit_test(test_secret_words),
+		cmocka_unit_test(test_secret_decide),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,17 +14,37 @@
 #include "named.h"
 #include "util.h"
 
+/* NAME=file:REL@HOSTS with REL relative: the same with REL made absolute
+ * against the working directory (not resolved: a symlink stays one);
+ * NULL when there is nothing to change. */
+static char *secret_abs_path(const char *arg)
+{
+	const char *eq = strchr(arg, '='), *at = strrchr(arg, '@');
+	if (!eq || !at || at < eq || strncmp(eq + 1, "file:", 5) != 0 || eq[6] == '/' || eq + 6 >= at)
+		return NULL;
+	_cleanup_free_ char *cwd = getcwd(NULL, 0);
+	if (!cwd)
+		return NULL;	/* the parser then says a path must be absolute */
+	return xasprintf("%.*s%s/%s", (int)(eq + 6 - arg), arg, cwd, eq + 6);
+}
+
 int cap_cli_net_opt(struct cap_net_policy *p, int c, const char *arg)
 {
 	static const struct { int opt; const char *flag; } flags[] = {
 		{ CAP_OPT_ALLOW_EGRESS, "allow-egress" }, { CAP_OPT_ALLOW_PUBLIC, "allow-public" },
 		{ CAP_OPT_ALLOW_LAN, "allow-lan" }, { CAP_OPT_ALLOW_HOST, "allow-host" },
 		{ CAP_OPT_PUBLISH, "publish" }, { CAP_OPT_AUTO_PUBLISH, "auto-publish" },
+		{ CAP_OPT_SECRET, "secret" },
 	};
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(flags); i++) {
 		if (flags[i].opt != c)
 			continue;
 		struct cap_err err = { 0 };
+		_cleanup_free_ char *abs = NULL;
+		/* A secret's file is named as the user sees it from here: made
+		 * absolute now, since the sandbox starts elsewhere, later. */
+		if (c == CAP_OPT_SECRET && arg && (abs = secret_abs_path(arg)))
+			arg = abs;
 		/* The policy's messages quote the flag and its value. */
 		if (cap_net_policy_apply(p, flags[i].flag, arg, &err) < 0) {
 			cap_cli_error("%s", err.msg);

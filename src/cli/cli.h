@@ -34,7 +34,7 @@ enum {
 	CAP_OPT_FORCE_SIZE, CAP_OPT_PIDS_MAX,
 	/* The network flags (cap_cli_net_opt). */
 	CAP_OPT_ALLOW_EGRESS, CAP_OPT_ALLOW_PUBLIC, CAP_OPT_ALLOW_LAN,
-	CAP_OPT_ALLOW_HOST, CAP_OPT_PUBLISH, CAP_OPT_AUTO_PUBLISH,
+	CAP_OPT_ALLOW_HOST, CAP_OPT_PUBLISH, CAP_OPT_AUTO_PUBLISH, CAP_OPT_SECRET,
 };
 
 /* The network flags as getopt_long entries, for a verb's option table:
@@ -45,7 +45,8 @@ enum {
 	{ "allow-lan", no_argument, NULL, CAP_OPT_ALLOW_LAN }, \
 	{ "allow-host", no_argument, NULL, CAP_OPT_ALLOW_HOST }, \
 	{ "publish", required_argument, NULL, CAP_OPT_PUBLISH }, \
-	{ "auto-publish", no_argument, NULL, CAP_OPT_AUTO_PUBLISH }
+	{ "auto-publish", no_argument, NULL, CAP_OPT_AUTO_PUBLISH }, \
+	{ "secret", required_argument, NULL, CAP_OPT_SECRET }
 
 /* Their help lines, the same on every verb. */
 #define CAP_CLI_NET_HELP \
@@ -63,6 +64,12 @@ enum {
 	"                      the guest (repeatable)\n" \
 	"  --auto-publish      Mirror the guest's TCP listeners to the same port on\n" \
 	"                      the host's 127.0.0.1 as they come and go\n" \
+	"  --secret NAME=SOURCE@HOST[,HOST...][:body]\n" \
+	"                      The guest gets NAME=<placeholder>; HTTPS requests to\n" \
+	"                      HOST (or *.DOMAIN) carry the real value instead, read\n" \
+	"                      at each start from SOURCE on the host: env:VAR or\n" \
+	"                      file:PATH (\":body\": request bodies too). Opens\n" \
+	"                      HOST:443. The value never enters the VM (repeatable)\n" \
 	"  Link-local and cloud metadata (169.254.0.0/16) stay closed unless named\n" \
 	"  exactly by --allow-egress; the host's loopback opens only with --allow-host.\n"
 

@@ -113,11 +113,12 @@ static int only_keys(json_t *o, const char *where, const char *const *keys, stru
 
 /* "network": {"allow_egress": [RULE...], "allow_public": bool,
  * "allow_lan": bool, "allow_host": bool, "publish": ["[BIND:]H:G"...],
- * "auto_publish": bool} (docs/network.md). */
+ * "auto_publish": bool, "secrets": ["NAME=SOURCE@HOST,..."...]}
+ * (docs/network.md). */
 static int cfg_network(struct cap_mcp_cfg *c, json_t *o, struct cap_err *err)
 {
 	static const char *const keys[] = { "allow_egress", "allow_public", "allow_lan", "allow_host",
-					    "publish", "auto_publish", NULL };
+					    "publish", "auto_publish", "secrets", NULL };
 	if (!json_is_object(o))
 		return cap_err_set(err, EINVAL, "\"network\" must be an object (docs/network.md)");
 	int r = only_keys(o, "network", keys, err);
@@ -125,9 +126,11 @@ static int cfg_network(struct cap_mcp_cfg *c, json_t *o, struct cap_err *err)
 	cap_net_policy_init(p);
 	for (size_t i = 0; r == 0 && keys[i]; i++) {
 		json_t *v = json_object_get(o, keys[i]);
-		bool list = strcmp(keys[i], "allow_egress") == 0 || strcmp(keys[i], "publish") == 0;
+		bool list = strcmp(keys[i], "allow_egress") == 0 || strcmp(keys[i], "publish") == 0 ||
+			    strcmp(keys[i], "secrets") == 0;
 		char flag[32];
-		snprintf(flag, sizeof(flag), "%s", keys[i]);
+		/* The flag's name: "secrets" is a list of --secret. */
+		snprintf(flag, sizeof(flag), "%s", strcmp(keys[i], "secrets") ? keys[i] : "secret");
 		for (char *q = flag; *q; q++)
 			if (*q == '_')
 				*q = '-';

@@ -33,7 +33,7 @@ struct cap_record {
 	uint64_t source_bytes;
 	/* The network policy (docs/network.md) in cap_net_policy_words form,
 	 * space-separated; "" for none (no NIC). cap_record_net reads it. */
-	char net[4096];
+	char net[16384];
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;

@@ -360,19 +360,82 @@ bool cap_proto_valid_name(const char *s)
 /* The network fields after the seed: u32 addr, u32 gateway, u32 dns,
  * u8 prefix, u16 proxy_port, u8 auto_publish. */
 #define SETUP_NET_SIZE 16
+/* Bounds of the secrets' fields (proto.h; docs/protocol.md). */
+#define SETUP_MAX_CA_PEM (16 * 1024)
+#define SETUP_MAX_ENV_STRING (8 * 1024)
+
+/* A certificate's PEM text: printable ASCII, tabs and line ends only, so
+ * that what the agent writes into the trust store stays lines of text. */
+static bool ca_pem_ok(const char *s)
+{
+	size_t n = strlen(s);
+	if (n > SETUP_MAX_CA_PEM)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c >= 0x7f)
+			return false;
+	}
+	return true;
+}
+
+/* "NAME=value": NAME a shell variable name ([A-Za-z_][A-Za-z0-9_]*), the
+ * whole at most SETUP_MAX_ENV_STRING bytes. The value is any bytes but
+ * NUL (the decoder has refused those already). */
+static bool env_string_ok(const char *s)
+{
+	size_t n = strlen(s);
+	size_t name = strcspn(s, "=");
+	if (n > SETUP_MAX_ENV_STRING || name == 0 || name == n)
+		return false;
+	if (s[0] >= '0' && s[0] <= '9')
+		return false;
+	for (size_t i = 0; i < name; i++) {
+		char c = s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '_'))
+			return false;
+	}
+	return true;
+}
+
+/* Whether s has the optional secrets section (ca_pem, env): sent only
+ * then, so that a SETUP without secrets still reaches older agents. */
+static bool has_secrets(const struct cap_setup *s)
+{
+	return (s->ca_pem && *s->ca_pem) || s->envc > 0;
+}
 
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
-	uint8_t p[5 * (4 + 20) + 8 + sizeof(s->seed) + SETUP_NET_SIZE];
-	uint8_t *q = p;
-	if (s->net_prefix > 32)
+	bool secrets = has_secrets(s);
+	if (s->net_prefix > 32 || s->envc > CAP_SETUP_MAX_ENV || (s->envc && !s->env))
 		return -EINVAL;
+	size_t size = 8 + sizeof(s->seed) + SETUP_NET_SIZE;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
 		if (v[i] && *v[i] && !cap_proto_valid_name(v[i]))
 			return -EINVAL;
-		q = put_str(q, v[i]);
+		size += str_size(v[i]);
 	}
+	if (secrets) {
+		if (s->ca_pem && !ca_pem_ok(s->ca_pem))
+			return -EINVAL;
+		size += str_size(s->ca_pem) + 4;
+		for (uint32_t i = 0; i < s->envc; i++) {
+			if (!s->env[i] || !env_string_ok(s->env[i]))
+				return -EINVAL;
+			size += str_size(s->env[i]);
+		}
+	}
+	if (size > CAP_PROTO_MAX_PAYLOAD)
+		return -E2BIG;
+
+	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + size);
+	uint8_t *q = h + CAP_PROTO_HEADER;
+	put_header(h, CAP_MSG_SETUP, 0, size);
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++)
+		q = put_str(q, v[i]);
 	cap_put_u32(q, (uint32_t)((uint64_t)s->realtime_ns & 0xffffffffu));
 	cap_put_u32(q + 4, (uint32_t)((uint64_t)s->realtime_ns >> 32));
 	memcpy(q + 8, s->seed, sizeof(s->seed));
@@ -384,8 +447,46 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 	cap_put_u16(q + 13, s->proxy_port);
 	q[15] = s->auto_publish ? 1 : 0;
 	q += SETUP_NET_SIZE;
-	cap_proto_put(out, CAP_MSG_SETUP, 0, p, (size_t)(q - p));
+	if (secrets) {
+		q = put_str(q, s->ca_pem);
+		cap_put_u32(q, s->envc);
+		q += 4;
+		for (uint32_t i = 0; i < s->envc; i++)
+			q = put_str(q, s->env[i]);
+	}
+	CAP_BUG_ON((size_t)(q - h) != CAP_PROTO_HEADER + size);
+	cap_buf_commit(out, CAP_PROTO_HEADER + size);
 	return 0;
+}
+
+/* The secrets section: string ca_pem ("" for none), u32 envc, envc
+ * strings. All of it must be used. */
+static int rd_secrets(struct reader *r, char **ca_pem, char ***env, uint32_t *envc)
+{
+	char *ca = NULL;
+	char **v = NULL;
+	uint32_t n = 0;
+	if (rd_str(r, &ca) < 0)
+		return -EBADMSG;
+	if (!ca_pem_ok(ca) || rd_strv(r, CAP_SETUP_MAX_ENV, &v, &n) < 0 || r->left != 0)
+		goto bad;
+	for (uint32_t i = 0; i < n; i++)
+		if (!env_string_ok(v[i]))
+			goto bad;
+	if (!*ca && n == 0)
+		goto bad;	/* an empty section is never sent */
+	if (!*ca) {
+		free(ca);
+		ca = NULL;
+	}
+	*ca_pem = ca;
+	*env = v;
+	*envc = n;
+	return 0;
+bad:
+	free(ca);
+	free_strv(v, n);
+	return -EBADMSG;
 }
 
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
@@ -400,11 +501,18 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 		}
 	}
 	uint32_t lo, hi;
-	const uint8_t *net = NULL;
+	const uint8_t *net = NULL, *seed = NULL;
+	char *ca_pem = NULL, **env = NULL;
+	uint32_t envc = 0;
 	if (rd_u32(&r, &lo) == 0 && rd_u32(&r, &hi) == 0 &&
-	    r.left == sizeof(out->seed) + SETUP_NET_SIZE)
+	    r.left >= sizeof(out->seed) + SETUP_NET_SIZE) {
+		seed = r.p;
 		net = r.p + sizeof(out->seed);
-	if (!net || net[12] > 32 || net[15] > 1) {
+		r.p += sizeof(out->seed) + SETUP_NET_SIZE;
+		r.left -= sizeof(out->seed) + SETUP_NET_SIZE;
+	}
+	if (!net || net[12] > 32 || net[15] > 1 ||
+	    (r.left > 0 && rd_secrets(&r, &ca_pem, &env, &envc) < 0)) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
@@ -417,8 +525,9 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .net_dns = cap_get_u32(net + 8),
 				   .net_prefix = net[12],
 				   .proxy_port = cap_get_u16(net + 13),
-				   .auto_publish = net[15] == 1 };
-	memcpy(out->seed, r.p, sizeof(out->seed));
+				   .auto_publish = net[15] == 1,
+				   .ca_pem = ca_pem, .env = env, .envc = envc };
+	memcpy(out->seed, seed, sizeof(out->seed));
 	return 0;
 }
 
@@ -429,6 +538,8 @@ void cap_setup_fini(struct cap_setup *s)
 	free(s->work);
 	free(s->source);
 	free(s->hostname);
+	free(s->ca_pem);
+	free_strv(s->env, s->envc);
 	memset(s, 0, sizeof(*s));
 }
 

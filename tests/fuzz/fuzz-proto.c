@@ -60,8 +60,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	struct cap_setup setup;
 	if (cap_proto_setup_decode(data, size, &setup) == 0) {
-		if (setup.net_prefix > 32 || setup.hostname == NULL)
+		if (setup.net_prefix > 32 || setup.hostname == NULL ||
+		    setup.envc > CAP_SETUP_MAX_ENV || (setup.ca_pem && !*setup.ca_pem))
 			abort();
+		for (uint32_t i = 0; i < setup.envc; i++)
+			if (!strchr(setup.env[i], '=') || setup.env[i][0] == '=')
+				abort();
+		/* What the decoder accepts, the encoder takes back unchanged. */
+		struct cap_buf again;
+		cap_buf_init(&again);
+		if (cap_proto_setup_encode(&again, &setup) < 0 ||
+		    cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
 		cap_setup_fini(&setup);
 	}
 
@@ -130,6 +142,11 @@ int main(int argc, char **argv)
 	struct cap_setup setup = { .root_image = "root", .hostname = "h", .net_addr = 0x0a00020f,
 				   .net_gateway = 0x0a000202, .net_dns = 0x0a000203,
 				   .net_prefix = 24, .proxy_port = 3128, .auto_publish = true };
+	cap_proto_setup_encode(&seed, &setup);
+	char *senv[] = { "TOKEN=cap_placeholder_0123", "GIT_TOKEN=x" };
+	setup.ca_pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+	setup.env = senv;
+	setup.envc = 2;
 	cap_proto_setup_encode(&seed, &setup);
 
 	/* Where each seed frame's payload starts, and its length. */

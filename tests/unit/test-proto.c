@@ -387,6 +387,213 @@ static void setup_network_fields(void **state)
 	cap_buf_fini(&b);
 }
 
+#define TEST_CA "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n"
+
+/* Encode s and decode the frame back into out; the encoder's result. */
+static int setup_roundtrip(const struct cap_setup *s, struct cap_buf *b, struct cap_frame *f,
+			   struct cap_setup *out)
+{
+	b->off = b->len = 0;
+	int r = cap_proto_setup_encode(b, s);
+	if (r < 0)
+		return r;
+	assert_true(cap_proto_parse(cap_buf_head(b), cap_buf_used(b), f) > 0);
+	assert_int_equal(cap_proto_setup_decode(f->payload, f->len, out), 0);
+	return 0;
+}
+
+static void setup_secrets_roundtrip(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f, plain;
+	char *env[] = { "TOKEN=cap_ph_0123456789abcdef", "_X1=", "GIT_TOKEN=a=b=c" };
+	struct cap_setup in = { .root_image = "", .root_upper = "", .work = "w", .source = "",
+				.hostname = "h", .net_addr = 0x0a00020f, .net_gateway = 0x0a000202,
+				.net_prefix = 24, .proxy_port = 3128, .ca_pem = TEST_CA,
+				.env = env, .envc = 3 };
+	struct cap_setup out;
+	cap_buf_init(&b);
+
+	/* Without secrets: no section, nothing decoded. */
+	struct cap_setup none = in;
+	none.ca_pem = NULL;
+	none.env = NULL;
+	none.envc = 0;
+	assert_int_equal(setup_roundtrip(&none, &b, &plain, &out), 0);
+	assert_null(out.ca_pem);
+	assert_null(out.env);
+	assert_int_equal(out.envc, 0);
+	cap_setup_fini(&out);
+	size_t plain_len = plain.len;
+	none.ca_pem = "";	/* "" is none too */
+	assert_int_equal(setup_roundtrip(&none, &b, &plain, &out), 0);
+	assert_int_equal(plain.len, plain_len);
+	assert_null(out.ca_pem);
+	cap_setup_fini(&out);
+
+	/* Both fields. */
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	assert_string_equal(out.ca_pem, TEST_CA);
+	assert_int_equal(out.envc, 3);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_string_equal(out.env[i], env[i]);
+	assert_null(out.env[3]);
+	assert_string_equal(out.work, "w");
+	assert_int_equal(out.proxy_port, 3128);
+	cap_setup_fini(&out);
+	assert_null(out.ca_pem);
+	assert_null(out.env);
+	/* Cut anywhere, refused, but at the end of the fields before the
+	 * section (that is a SETUP without secrets). */
+	for (uint32_t k = 0; k < f.len; k++) {
+		int r = cap_proto_setup_decode(f.payload, k, &out);
+		if (k == plain_len) {
+			assert_int_equal(r, 0);
+			assert_null(out.ca_pem);
+			cap_setup_fini(&out);
+		} else {
+			assert_int_equal(r, -EBADMSG);
+		}
+	}
+
+	/* The CA alone, the environment alone. */
+	struct cap_setup one = in;
+	one.env = NULL;
+	one.envc = 0;
+	assert_int_equal(setup_roundtrip(&one, &b, &f, &out), 0);
+	assert_string_equal(out.ca_pem, TEST_CA);
+	assert_int_equal(out.envc, 0);
+	cap_setup_fini(&out);
+	one = in;
+	one.ca_pem = NULL;
+	assert_int_equal(setup_roundtrip(&one, &b, &f, &out), 0);
+	assert_null(out.ca_pem);
+	assert_int_equal(out.envc, 3);
+	assert_string_equal(out.env[0], env[0]);
+	cap_setup_fini(&out);
+	cap_buf_fini(&b);
+}
+
+static void setup_secrets_refused(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	struct cap_setup out;
+	char *env[CAP_SETUP_MAX_ENV + 1];
+	struct cap_setup in = { .hostname = "h", .env = env, .envc = 1 };
+	cap_buf_init(&b);
+
+	/* Names: a shell variable name, then '='. */
+	static const char *const bad[] = { "NOEQUALS", "=x", "1A=x", "A-B=x", "A B=x", "Ä=x", "" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		env[0] = (char *)bad[i];
+		assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	}
+	assert_int_equal(cap_buf_used(&b), 0);	/* out unchanged on failure */
+	env[0] = NULL;
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	in.env = NULL;
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	in.env = env;
+
+	/* A string of 8 KiB passes, one byte more does not. */
+	char *big = xmalloc(8 * 1024 + 2);
+	memset(big, 'v', 8 * 1024 + 1);
+	memcpy(big, "BIG=", 4);
+	big[8 * 1024] = '\0';
+	env[0] = big;
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	assert_int_equal(strlen(out.env[0]), 8 * 1024);
+	cap_setup_fini(&out);
+	big[8 * 1024] = 'v';
+	big[8 * 1024 + 1] = '\0';
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+
+	/* At most CAP_SETUP_MAX_ENV strings. */
+	for (size_t i = 0; i <= CAP_SETUP_MAX_ENV; i++)
+		env[i] = "A=1";
+	in.envc = CAP_SETUP_MAX_ENV;
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	assert_int_equal(out.envc, CAP_SETUP_MAX_ENV);
+	cap_setup_fini(&out);
+	in.envc = CAP_SETUP_MAX_ENV + 1;
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+
+	/* Each within bounds, together over one frame. */
+	big[8 * 1024] = '\0';
+	for (size_t i = 0; i < 8; i++)
+		env[i] = big;
+	in.envc = 8;
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -E2BIG);
+	in.envc = 0;
+
+	/* The CA: 16 KiB of text at most. */
+	char *pem = xmalloc(16 * 1024 + 2);
+	memset(pem, 'A', 16 * 1024 + 1);
+	pem[16 * 1024] = '\0';
+	in.ca_pem = pem;
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	assert_int_equal(strlen(out.ca_pem), 16 * 1024);
+	cap_setup_fini(&out);
+	pem[16 * 1024] = 'A';
+	pem[16 * 1024 + 1] = '\0';
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	in.ca_pem = "-----BEGIN CERTIFICATE-----\n\x1b[2J\n";
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	in.ca_pem = "caf\xc3\xa9";
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+
+	/* The decoder refuses what the encoder would not send: patch a
+	 * valid frame. Its section: u32 len, the CA, u32 1, u32 len, "A=1". */
+	in.ca_pem = "CA";
+	env[0] = "A=1";
+	in.envc = 1;
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	cap_setup_fini(&out);
+	uint8_t buf[512];
+	size_t n = f.len;
+	assert_true(n + 8 <= sizeof(buf));
+	memcpy(buf, f.payload, n);
+	uint8_t *name = buf + n - 3;
+	assert_memory_equal(name, "A=1", 3);
+	name[0] = '1';	/* a bad name */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	name[0] = 'A';
+	name[1] = 'x';	/* no '=' */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	name[1] = '=';
+	name[2] = '\0';	/* a NUL inside */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	name[2] = '1';
+	uint8_t *ca = buf + n - 3 - 4 - 4 - 2;
+	assert_memory_equal(ca, "CA", 2);
+	ca[1] = '\n';
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	cap_setup_fini(&out);
+	ca[1] = '\x07';	/* a control byte in the CA */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	ca[1] = 'A';
+	cap_put_u32(ca + 2, CAP_SETUP_MAX_ENV + 1);	/* a hostile count */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(ca + 2, 2);	/* more strings than bytes */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(ca + 2, 1);
+	buf[n] = 0;	/* a trailing byte */
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), -EBADMSG);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	cap_setup_fini(&out);
+	/* An empty section (no CA, no strings) is never sent: refused. */
+	size_t base = n - (4 + 2 + 4 + 4 + 3);
+	cap_put_u32(buf + base, 0);
+	cap_put_u32(buf + base + 4, 0);
+	assert_int_equal(cap_proto_setup_decode(buf, base + 8, &out), -EBADMSG);
+	free(big);
+	free(pem);
+	cap_buf_fini(&b);
+}
+
 static size_t listeners_frame(uint8_t *buf, uint32_t n, const uint16_t *ports, uint32_t k)
 {
 	cap_put_u32(buf, n);
@@ -484,6 +691,8 @@ int main(void)
 		cmocka_unit_test(hello_and_error_text_sanitized),
 		cmocka_unit_test(setup_codec),
 		cmocka_unit_test(setup_network_fields),
+		cmocka_unit_test(setup_secrets_roundtrip),
+		cmocka_unit_test(setup_secrets_refused),
 		cmocka_unit_test(listeners_codec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

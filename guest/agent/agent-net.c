@@ -268,20 +268,22 @@ out:
 
 /* --- /etc ------------------------------------------------------------ */
 
-/* Open a directory that must be root's and writable by root alone
- * (fixed if it is not: an image may come with anything). */
-static int open_root_dir(const char *path, char *msg, size_t mlen)
+/* Open the directory name under at (created 0755 when missing; never a
+ * symbolic link), which must be root's and writable by root alone (fixed
+ * if it is not: an image may come with anything). shown names it in
+ * messages. */
+static int open_root_dir_at(int at, const char *name, const char *shown, char *msg, size_t mlen)
 {
 	struct stat st;
-	if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+	if (mkdirat(at, name, 0755) < 0 && errno != EEXIST) {
 		int e = errno;
-		snprintf(msg, mlen, "cannot create %s: %s", path, strerror(e));
+		snprintf(msg, mlen, "cannot create %s: %s", shown, strerror(e));
 		return -e;
 	}
-	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		snprintf(msg, mlen, "cannot open %s: %s", path,
+		snprintf(msg, mlen, "cannot open %s: %s", shown,
 			 e == ELOOP || e == ENOTDIR ? "not a directory" : strerror(e));
 		return -e;
 	}
@@ -289,22 +291,28 @@ static int open_root_dir(const char *path, char *msg, size_t mlen)
 	    ((st.st_mode & 022) && fchmod(fd, st.st_mode & 07755) < 0)) {
 		int e = errno;
 		close(fd);
-		snprintf(msg, mlen, "cannot make %s root's: %s", path, strerror(e));
+		snprintf(msg, mlen, "cannot make %s root's: %s", shown, strerror(e));
 		return -e;
 	}
 	return fd;
 }
 
-/* Replace dir/name with text, root's and 0644: a temporary file renamed
- * over it, so a symbolic link there is replaced, never followed. */
-static int write_root_file(int dirfd, const char *shown, const char *name, const char *text,
-			   char *msg, size_t mlen)
+static int open_root_dir(const char *path, char *msg, size_t mlen)
+{
+	return open_root_dir_at(AT_FDCWD, path, path, msg, mlen);
+}
+
+/* Replace dir/name with text[0..len), root's and 0644: a temporary file
+ * renamed over it, so a symbolic link there is replaced, never followed. */
+static int write_root_data(int dirfd, const char *shown, const char *name, const char *text,
+			   size_t len, char *msg, size_t mlen)
 {
 	char tmp[64];
+	CAP_BUG_ON(strlen(name) > sizeof(tmp) - 16);
 	snprintf(tmp, sizeof(tmp), ".%s.capsule-new", name);
 	unlinkat(dirfd, tmp, 0);
 	int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-	int e = fd < 0 ? -errno : cap_write_all(fd, text, strlen(text));
+	int e = fd < 0 ? -errno : cap_write_all(fd, text, len);
 	if (e == 0 && (fchown(fd, 0, 0) < 0 || fchmod(fd, 0644) < 0))
 		e = -errno;
 	if (fd >= 0 && close(fd) < 0 && e == 0)
@@ -316,6 +324,12 @@ static int write_root_file(int dirfd, const char *shown, const char *name, const
 		snprintf(msg, mlen, "cannot write %s: %s", shown, strerror(-e));
 	}
 	return e;
+}
+
+static int write_root_file(int dirfd, const char *shown, const char *name, const char *text,
+			   char *msg, size_t mlen)
+{
+	return write_root_data(dirfd, shown, name, text, strlen(text), msg, mlen);
 }
 
 static int write_etc(const struct cap_setup *s, char *msg, size_t mlen)
@@ -350,33 +364,22 @@ static int write_etc(const struct cap_setup *s, char *msg, size_t mlen)
 
 /* --- the commands' environment ----------------------------------------- */
 
-static struct {
-	char vars[6][64];
-	const char *env[7];	/* into vars, NULL-terminated */
-} E;
-
+/* The proxy variables among the commands' defaults (agent.h). */
 static void set_proxy_env(const struct cap_setup *s)
 {
 	static const char *const names[] = { "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
 					     "https_proxy", "NO_PROXY", "no_proxy" };
-	char g[INET_ADDRSTRLEN];
-	size_t k = 0;
-	memset(&E, 0, sizeof(E));
+	char g[INET_ADDRSTRLEN], var[64];
 	if (!s->proxy_port)
 		return;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(names); i++) {
 		if (i < 4)
-			snprintf(E.vars[i], sizeof(E.vars[i]), "%s=http://%s:%u", names[i],
+			snprintf(var, sizeof(var), "%s=http://%s:%u", names[i],
 				 ip(s->net_gateway, g), s->proxy_port);
 		else
-			snprintf(E.vars[i], sizeof(E.vars[i]), "%s=localhost,127.0.0.1,::1", names[i]);
-		E.env[k++] = E.vars[i];
+			snprintf(var, sizeof(var), "%s=localhost,127.0.0.1,::1", names[i]);
+		agent_env_put(var);
 	}
-}
-
-const char *const *agent_net_env(void)
-{
-	return E.env;
 }
 
 /* The interface as agent_net_boot configured it from the kernel command
@@ -436,5 +439,282 @@ int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		e = write_etc(s, msg, mlen);
 	if (e == 0)
 		set_proxy_env(s);
+	return e;
+}
+
+/* --- the sandbox's CA (secrets) ------------------------------------------ */
+
+#define CA_NAME "capsule-ca.pem"	/* in /etc/ssl/certs */
+#define BUNDLE_NAME "capsule-bundle.pem"	/* in /etc/ssl */
+#define SYSTEM_NAME "ca-certificates.crt"	/* in /etc/ssl/certs, Debian's */
+#define CA_PATH "/etc/ssl/certs/" CA_NAME
+#define BUNDLE_PATH "/etc/ssl/" BUNDLE_NAME
+#define SYSTEM_PATH "/etc/ssl/certs/" SYSTEM_NAME
+/* The lines around the CA in the system bundle: what a later boot finds
+ * and removes, so the file holds one CA of capsule's, the current one. */
+#define BLOCK_BEGIN "# capsule sandbox CA (added at SETUP, replaced at each boot)"
+#define BLOCK_END "# end of capsule sandbox CA"
+/* Larger than any distribution's bundle (Debian's: about 220 KB). */
+#define SYSTEM_MAX (8u << 20)
+
+/* The line of s (from its start) that equals line exactly, or NULL. */
+static const char *find_line(const char *s, const char *line)
+{
+	size_t n = strlen(line);
+	for (const char *p = s; *p;) {
+		if (strncmp(p, line, n) == 0 && (p[n] == '\n' || p[n] == '\0'))
+			return p;
+		const char *nl = strchr(p, '\n');
+		if (!nl)
+			break;
+		p = nl + 1;
+	}
+	return NULL;
+}
+
+/* Past the end of the line at p (its '\n' included). */
+static const char *line_end(const char *p)
+{
+	const char *nl = strchr(p, '\n');
+	return nl ? nl + 1 : p + strlen(p);
+}
+
+/* Remove every block of ours from text (in place). A block whose end line
+ * is missing (the file was edited) ends at its certificate's last line,
+ * so that the image's certificates after it are kept. Returns whether
+ * there was one. */
+static bool strip_block(char *text)
+{
+	bool found = false;
+	char *b;
+	while ((b = (char *)find_line(text, BLOCK_BEGIN))) {
+		const char *after = line_end(b);
+		const char *e = find_line(after, BLOCK_END);
+		if (!e)
+			e = find_line(after, "-----END CERTIFICATE-----");
+		const char *stop = e ? line_end(e) : after + strlen(after);
+		memmove(b, stop, strlen(stop) + 1);
+		found = true;
+	}
+	return found;
+}
+
+/* Read a bundle of the image, at/name, into a new string (*out NULL when
+ * there is none). With follow, a symbolic link is read through, but only
+ * to a regular file anyone may read (what the tool user could read
+ * anyway: never root's secrets into a file of everyone's); *is_link says
+ * name was one. */
+static int read_bundle(int at, const char *name, const char *shown, bool follow, char **out,
+		       bool *is_link, char *msg, size_t mlen)
+{
+	struct stat st;
+	*out = NULL;
+	*is_link = false;
+	if (fstatat(at, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		int e = errno;
+		snprintf(msg, mlen, "cannot read %s: %s", shown, strerror(e));
+		return -e;
+	}
+	*is_link = S_ISLNK(st.st_mode);
+	if (*is_link && !follow) {
+		snprintf(msg, mlen, "cannot read %s: a symbolic link", shown);
+		return -ELOOP;
+	}
+	int fd = openat(at, name, O_RDONLY | O_CLOEXEC | (*is_link ? 0 : O_NOFOLLOW));
+	if (fd < 0) {
+		int e = errno;
+		if (e == ENOENT && *is_link)
+			return 0;	/* a dangling link: no bundle */
+		snprintf(msg, mlen, "cannot read %s: %s", shown, strerror(e));
+		return -e;
+	}
+	int e = 0;
+	if (fstat(fd, &st) < 0) {
+		e = -errno;
+		snprintf(msg, mlen, "cannot read %s: %s", shown, strerror(-e));
+	} else if (!S_ISREG(st.st_mode) || (*is_link && !(st.st_mode & S_IROTH))) {
+		e = -EINVAL;
+		snprintf(msg, mlen, "cannot read %s: not a regular file readable by all", shown);
+	} else if ((uint64_t)st.st_size > SYSTEM_MAX) {
+		e = -EFBIG;
+		snprintf(msg, mlen, "cannot read %s: larger than %u bytes", shown, SYSTEM_MAX);
+	}
+	char *text = NULL;
+	if (e == 0) {
+		size_t n = (size_t)st.st_size;
+		text = xmalloc(n + 1);
+		e = cap_read_exact(fd, text, n);
+		if (e < 0)
+			snprintf(msg, mlen, "cannot read %s: %s", shown,
+				 e == -EPIPE ? "it changed while read" : strerror(-e));
+		else if (memchr(text, '\0', n)) {
+			e = -EINVAL;
+			snprintf(msg, mlen, "cannot read %s: not a text file", shown);
+		}
+		text[n] = '\0';
+	}
+	close(fd);
+	if (e < 0) {
+		free(text);
+		return e;
+	}
+	*out = text;
+	return 0;
+}
+
+/* The image's trust store as one bundle: Debian's (and Alpine's)
+ * /etc/ssl/certs/ca-certificates.crt, else the first of the other
+ * distributions' places. *ours says it is the first, the one the CA is
+ * added to (unless it is a link: the distribution's own arrangement,
+ * rebuilt elsewhere, read and never replaced). Without any, *out is NULL:
+ * the bundle is the CA alone (the busybox initramfs has no store). */
+static int read_system_bundle(int certs, char **out, bool *ours, char *msg, size_t mlen)
+{
+	static const char *const others[] = {
+		"/etc/pki/tls/certs/ca-bundle.crt",	/* Fedora, RHEL */
+		"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+		"/etc/ssl/ca-bundle.pem",	/* openSUSE */
+		"/etc/ssl/cert.pem",	/* Alpine, the BSDs' layout */
+	};
+	bool is_link;
+	int e = read_bundle(certs, SYSTEM_NAME, SYSTEM_PATH, true, out, &is_link, msg, mlen);
+	*ours = !is_link;
+	for (size_t i = 0; e == 0 && !*out && i < CAP_ARRAY_SIZE(others); i++) {
+		e = read_bundle(AT_FDCWD, others[i], others[i], true, out, &is_link, msg, mlen);
+		*ours = false;
+	}
+	return e;
+}
+
+/* Append text and a line end when text has none to b. */
+static void put_lines(struct cap_buf *b, const char *text)
+{
+	size_t n = strlen(text);
+	cap_buf_append(b, text, n);
+	if (n && text[n - 1] != '\n')
+		cap_buf_append(b, "\n", 1);
+}
+
+/* Install ca: the CA's file, the system bundle's block, our bundle. */
+static int install_ca(int ssl, int certs, const char *ca, char *msg, size_t mlen)
+{
+	char *system = NULL;
+	bool ours;
+	struct cap_buf with_ca;
+	int e = write_root_file(certs, CA_PATH, CA_NAME, ca, msg, mlen);
+	if (e < 0)
+		return e;
+	if ((e = read_system_bundle(certs, &system, &ours, msg, mlen)) < 0)
+		return e;
+	cap_buf_init(&with_ca);
+	if (system) {
+		strip_block(system);
+		put_lines(&with_ca, system);
+	}
+	cap_buf_append(&with_ca, BLOCK_BEGIN "\n", strlen(BLOCK_BEGIN) + 1);
+	put_lines(&with_ca, ca);
+	cap_buf_append(&with_ca, BLOCK_END "\n", strlen(BLOCK_END) + 1);
+	if (system && ours)
+		e = write_root_data(certs, SYSTEM_PATH, SYSTEM_NAME, (const char *)cap_buf_head(&with_ca),
+				    cap_buf_used(&with_ca), msg, mlen);
+	if (e == 0)
+		e = write_root_data(ssl, BUNDLE_PATH, BUNDLE_NAME, (const char *)cap_buf_head(&with_ca),
+				    cap_buf_used(&with_ca), msg, mlen);
+	cap_buf_fini(&with_ca);
+	free(system);
+	return e;
+}
+
+/* No CA in this boot: remove what an earlier one installed. */
+static int remove_ca(int ssl, int certs, char *msg, size_t mlen)
+{
+	char *system = NULL;
+	bool is_link;
+	struct stat st;
+	int e = 0;
+	/* A link is never written to (install_ca), so it holds no block. */
+	if (fstatat(certs, SYSTEM_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISLNK(st.st_mode))
+		e = read_bundle(certs, SYSTEM_NAME, SYSTEM_PATH, false, &system, &is_link, msg, mlen);
+	if (e == 0 && system && strip_block(system))
+		e = write_root_file(certs, SYSTEM_PATH, SYSTEM_NAME, system, msg, mlen);
+	free(system);
+	if (e < 0)
+		return e;
+	if (unlinkat(ssl, BUNDLE_NAME, 0) < 0 && errno != ENOENT) {
+		e = -errno;
+		snprintf(msg, mlen, "cannot remove %s: %s", BUNDLE_PATH, strerror(-e));
+		return e;
+	}
+	/* Last: its presence is what says there is something to remove. */
+	if (unlinkat(certs, CA_NAME, 0) < 0 && errno != ENOENT) {
+		e = -errno;
+		snprintf(msg, mlen, "cannot remove %s: %s", CA_PATH, strerror(-e));
+		return e;
+	}
+	return 0;
+}
+
+/* /etc/ssl/certs: root's, made so when it is a directory; a symbolic link
+ * (Fedora's, to /etc/pki/tls/certs) is followed only to a directory that
+ * is root's and writable by root alone already. */
+static int open_certs_dir(int ssl, char *msg, size_t mlen)
+{
+	struct stat st;
+	if (fstatat(ssl, "certs", &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISLNK(st.st_mode))
+		return open_root_dir_at(ssl, "certs", "/etc/ssl/certs", msg, mlen);
+	int fd = openat(ssl, "certs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		snprintf(msg, mlen, "cannot open /etc/ssl/certs (a symbolic link): %s", strerror(e));
+		return -e;
+	}
+	if (fstat(fd, &st) < 0 || st.st_uid != 0 || (st.st_mode & 022)) {
+		close(fd);
+		snprintf(msg, mlen, "cannot use /etc/ssl/certs: a symbolic link to a directory "
+			 "that others than root may change");
+		return -EPERM;
+	}
+	return fd;
+}
+
+int agent_ca_setup(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	struct stat st;
+	const char *ca = s->ca_pem;
+	if (!ca && fstatat(AT_FDCWD, CA_PATH, &st, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT)
+		return 0;	/* none now, none before: the usual boot */
+	if (ca && (!find_line(ca, "-----BEGIN CERTIFICATE-----") ||
+		   !find_line(ca, "-----END CERTIFICATE-----") || strstr(ca, "capsule sandbox CA"))) {
+		snprintf(msg, mlen, "SETUP's CA is not a PEM certificate");
+		return -EINVAL;
+	}
+	int e, root = -1, etc = -1, ssl = -1, certs = -1;
+	if ((e = root = open_root_dir("/", msg, mlen)) < 0 ||
+	    (e = etc = open_root_dir_at(root, "etc", "/etc", msg, mlen)) < 0 ||
+	    (e = ssl = open_root_dir_at(etc, "ssl", "/etc/ssl", msg, mlen)) < 0 ||
+	    (e = certs = open_certs_dir(ssl, msg, mlen)) < 0)
+		goto out;
+	if (ca) {
+		e = install_ca(ssl, certs, ca, msg, mlen);
+		if (e == 0) {
+			agent_env_put("SSL_CERT_FILE=" BUNDLE_PATH);
+			agent_env_put("REQUESTS_CA_BUNDLE=" BUNDLE_PATH);
+			agent_env_put("GIT_SSL_CAINFO=" BUNDLE_PATH);
+			agent_env_put("NODE_EXTRA_CA_CERTS=" CA_PATH);
+		}
+	} else {
+		e = remove_ca(ssl, certs, msg, mlen);
+	}
+out:
+	if (certs >= 0)
+		close(certs);
+	if (ssl >= 0)
+		close(ssl);
+	if (etc >= 0)
+		close(etc);
+	if (root >= 0)
+		close(root);
 	return e;
 }

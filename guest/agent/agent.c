@@ -5,7 +5,9 @@
  * an output cap, streams their output back, kills whatever a command
  * left behind when it ends, and on SHUTDOWN syncs and powers the VM off.
  * With a NIC it configures the guest's network (agent-net.c) and may
- * report and relay TCP listeners (agent-publish.c).
+ * report and relay TCP listeners (agent-publish.c); with secrets it
+ * installs the sandbox's CA (agent-net.c) and gives every command the
+ * placeholders' variables.
  *
  * One thread, one poll loop. The host is the only peer; a host that goes
  * away ends the commands it started. */
@@ -442,34 +444,63 @@ static void exec_release(struct exec *x)
 	x->out_fd = x->err_fd = x->in_fd = -1;
 }
 
-/* Add the defaults in list to env[*k] unless the request sets the same
- * variable itself. */
-static void env_defaults(char **env, size_t *k, const char *const *list, size_t n,
-			 const struct cap_exec_req *req)
+/* --- the commands' environment ------------------------------------------ */
+
+/* The defaults every command gets (agent.h): owned "NAME=value" strings,
+ * one per NAME. */
+static struct {
+	char **v;
+	size_t n, cap;
+} defaults;
+
+/* The length of var's "NAME=" prefix. */
+static size_t env_name_len(const char *var)
 {
-	for (size_t i = 0; i < n; i++) {
-		size_t nl = strcspn(list[i], "=") + 1;
-		bool overridden = false;
-		for (uint32_t j = 0; j < req->envc; j++)
-			if (strncmp(req->env[j], list[i], nl) == 0)
-				overridden = true;
-		if (!overridden)
-			env[(*k)++] = (char *)list[i];
-	}
+	const char *eq = strchr(var, '=');
+	return eq ? (size_t)(eq - var) + 1 : 0;
 }
 
-/* Build the command's environment: the base and the network's proxy
- * variables, each overridden by the request. */
+void agent_env_put(const char *var)
+{
+	size_t nl = env_name_len(var);
+	CAP_BUG_ON(nl < 2);
+	for (size_t i = 0; i < defaults.n; i++) {
+		if (strncmp(defaults.v[i], var, nl) == 0) {
+			free(defaults.v[i]);
+			defaults.v[i] = xstrdup(var);
+			return;
+		}
+	}
+	if (defaults.n == defaults.cap) {
+		defaults.cap = defaults.cap ? 2 * defaults.cap : 32;
+		defaults.v = xrealloc(defaults.v, defaults.cap * sizeof(char *));
+	}
+	defaults.v[defaults.n++] = xstrdup(var);
+}
+
+void agent_env_reset(void)
+{
+	for (size_t i = 0; i < defaults.n; i++)
+		free(defaults.v[i]);
+	defaults.n = 0;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(base_env); i++)
+		agent_env_put(base_env[i]);
+}
+
+/* Build the command's environment: the defaults the request does not set,
+ * then the request's own variables. The strings are borrowed. */
 static char **make_env(const struct cap_exec_req *req)
 {
-	const char *const *net = agent_net_env();
-	size_t nb = CAP_ARRAY_SIZE(base_env), nn = 0;
-	while (net[nn])
-		nn++;
-	char **env = xcalloc(nb + nn + req->envc + 1, sizeof(char *));
+	char **env = xcalloc(defaults.n + req->envc + 1, sizeof(char *));
 	size_t k = 0;
-	env_defaults(env, &k, base_env, nb, req);
-	env_defaults(env, &k, net, nn, req);
+	for (size_t i = 0; i < defaults.n; i++) {
+		size_t nl = env_name_len(defaults.v[i]);
+		bool overridden = false;
+		for (uint32_t j = 0; j < req->envc && !overridden; j++)
+			overridden = strncmp(req->env[j], defaults.v[i], nl) == 0;
+		if (!overridden)
+			env[k++] = defaults.v[i];
+	}
 	for (uint32_t j = 0; j < req->envc; j++)
 		env[k++] = req->env[j];
 	return env;
@@ -851,6 +882,7 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	int r;
 
 	fresh_start(s);
+	agent_env_reset();
 	if (*s->root_image) {
 		/* Overlay root: the image read-only below, an ext4 disk
 		 * above; then move into it, taking the pseudo file systems
@@ -917,6 +949,11 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	/* In the final root, so that /etc's files are the ones commands see. */
 	if (s->net_addr && (r = agent_net_setup(s, msg, mlen)) < 0)
 		return r;
+	if ((r = agent_ca_setup(s, msg, mlen)) < 0)
+		return r;
+	/* Last: the host's own variables win over the agent's defaults. */
+	for (uint32_t i = 0; i < s->envc; i++)
+		agent_env_put(s->env[i]);
 	return 0;
 }
 
@@ -935,6 +972,8 @@ static void handle_setup(const uint8_t *p, size_t n)
 	} else {
 		r = do_setup(&s, msg, sizeof(msg));
 		A.setup_done = r == 0;
+		if (r < 0)
+			agent_env_reset();	/* nothing half set up */
 		if (r == 0 && s.net_addr && s.auto_publish)
 			agent_publish_start(s.net_addr);
 		cap_setup_fini(&s);
@@ -1411,6 +1450,7 @@ int main(void)
 	setup_cgroups();
 	setup_priority();
 	agent_net_boot();
+	agent_env_reset();
 
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
 		A.execs[i].out_fd = A.execs[i].err_fd = A.execs[i].in_fd = -1;

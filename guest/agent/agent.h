@@ -1,6 +1,7 @@
 /* What the parts of capsule-agent (PID 1 of the guest) share. agent.c is
- * the loop and the commands; agent-net.c configures a NIC under a policy;
- * agent-publish.c reports listeners and relays loopback-only ones. */
+ * the loop and the commands; agent-net.c configures a NIC under a policy
+ * and installs the sandbox's CA; agent-publish.c reports listeners and
+ * relays loopback-only ones. */
 #ifndef CAP_AGENT_H
 #define CAP_AGENT_H
 
@@ -22,6 +23,17 @@
 /* A line on the console, "capsule-agent: " first. */
 void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* --- the commands' environment (agent.c) --- */
+
+/* Every command's environment is one list of defaults, each replaced by a
+ * request's variable of the same name. The list starts as the agent's
+ * base (PATH, HOME, ...); SETUP adds to it. */
+/* Back to the base alone (before a SETUP, and after a failed one). */
+void agent_env_reset(void);
+/* Add "NAME=value" to the defaults (copied), replacing a default of the
+ * same NAME. CAP_BUG_ON a string without '=' or with an empty NAME. */
+void agent_env_put(const char *var);
+
 /* --- agent-net.c --- */
 
 /* Configure the guest's side of the NIC that SETUP describes (s->net_addr
@@ -35,10 +47,14 @@ int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen);
  * NIC), so that a template holds it ready and a SETUP with the same
  * values only writes /etc. Failures are left for SETUP to report. */
 void agent_net_boot(void);
-/* The "NAME=value" strings every command gets from the network (the
- * proxy variables), NULL-terminated; empty without a proxy. Static
- * storage, valid until the next agent_net_setup. */
-const char *const *agent_net_env(void);
+/* The sandbox's CA (SETUP's ca_pem) in the guest's trust store: with one,
+ * /etc/ssl/certs/capsule-ca.pem, /etc/ssl/capsule-bundle.pem (the image's
+ * bundle + the CA) and a marked block in the image's
+ * /etc/ssl/certs/ca-certificates.crt (an older block replaced), and the
+ * CA's variables (SSL_CERT_FILE, ...) among the commands' defaults;
+ * without one, what an earlier boot left is removed. Run in the final
+ * root. On failure returns -errno with msg naming the file. */
+int agent_ca_setup(const struct cap_setup *s, char *msg, size_t mlen);
 
 /* --- agent-publish.c --- */
 

@@ -11,6 +11,7 @@
 #include "named.h"
 #include "paths.h"
 #include "sandbox.h"
+#include "secret.h"
 #include "store.h"
 #include "util.h"
 
@@ -177,6 +178,9 @@ int cap_cli_run(int argc, char **argv)
 	free(net);
 	so.spec = &spec;
 	so.net_verbose = verbose;
+	/* A one-shot VM keeps nothing: its CA, for secrets, is made in
+	 * memory for this run (so its placeholders are this run's). */
+	so.ca_dir = NULL;
 	if (verbose) {
 		_cleanup_free_ char *d = cap_net_policy_describe(&spec.net);
 		cap_cli_error("network: %s", d);
@@ -190,6 +194,10 @@ int cap_cli_run(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		return CAP_EXIT_FAILURE;
 	}
+	/* The policy process has the secrets' values: this process, which
+	 * lives as long as the VM, keeps none in its environment. */
+	for (unsigned i = 0; i < spec.net.nsecrets; i++)
+		cap_net_secret_forget_source(&spec.net.secrets[i]);
 	/* A template that could not be used is worth one line: the run goes
 	 * on, cold-booted. */
 	if (verbose || strncmp(cap_sandbox_boot_note(sb), "cold boot (", 11) == 0)

@@ -21,6 +21,17 @@ void cap_net_secret_wipe(char *value, size_t len)
 	free(value);
 }
 
+void cap_net_secret_forget_source(const struct cap_net_secret *s)
+{
+	if (strncmp(s->source, "env:", 4) != 0)
+		return;
+	char *v = getenv(s->source + 4);
+	if (!v)
+		return;
+	explicit_bzero(v, strlen(v));
+	unsetenv(s->source + 4);
+}
+
 /* Read file:PATH: symbolic links are followed (a token kept under a
  * dotfiles manager is a link), the target must be a regular file (never
  * a FIFO or a device: they could block or never end). *buf new, wiped by

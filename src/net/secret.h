@@ -33,6 +33,12 @@ int cap_net_secret_value(const struct cap_net_secret *s, char **value, size_t *l
 			 struct cap_err *err);
 /* Zero and free a value. */
 void cap_net_secret_wipe(char *value, size_t len);
+/* Wipe the variable s's env:VAR source names from this process's
+ * environment: its value's bytes zeroed where they are (so that
+ * /proc/PID/environ loses them too), then the variable unset. Nothing
+ * for file:. For a sandbox's owner once its policy process has the
+ * value: a later start in this process cannot read it again. */
+void cap_net_secret_forget_source(const struct cap_net_secret *s);
 
 /* The placeholder of secret name in the sandbox whose CA certificate has
  * this SHA-256 fingerprint: stable for the CA's life (a named sandbox

@@ -24,14 +24,23 @@ int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
 /* The owner's side of a sandbox's NIC (sandbox-net.c). */
 struct cap_sandbox_net;
 /* For o->spec's policy: bind the published ports on the host, compute
- * the denied ranges; the engine's part is cap_sandbox_net_vm. */
+ * the denied ranges; with secrets, make or load the CA (o->ca_dir), load
+ * the host's trust store and read every value (secret.h): any failure is
+ * the start's, nothing kept. The engine's part is cap_sandbox_net_vm. */
 int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net **out,
 			struct cap_err *err);
 const struct cap_vm_net *cap_sandbox_net_vm(const struct cap_sandbox_net *n);
+/* With secrets, SETUP's part: the CA certificate (ca_pem) and
+ * "NAME=<placeholder>" for each secret after s's own env, in env (room
+ * for CAP_SETUP_MAX_ENV). s then points into n and env: encode it before
+ * cap_sandbox_net_started. Nothing without secrets. */
+int cap_sandbox_net_setup(struct cap_sandbox_net *n, struct cap_setup *s,
+			  char *env[CAP_SETUP_MAX_ENV], struct cap_err *err);
 /* The NIC of a template being built: the same device, nothing gets out. */
 const struct cap_vm_net *cap_sandbox_net_template(void);
 /* The VM runs: the owner's copies of the published ports' listeners are
- * closed (the policy process has its own). */
+ * closed, and the secrets' values, the CA key and the trust store wiped
+ * (the policy process has its own). */
 void cap_sandbox_net_started(struct cap_sandbox_net *n);
 void cap_sandbox_net_free(struct cap_sandbox_net *n);
 /* Replace the policy of a running VM: the kernel's denied ranges, then

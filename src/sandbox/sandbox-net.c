@@ -1,7 +1,8 @@
 /* A sandbox's NIC from the owner's side (docs/network.md): what the
  * engine needs to start it (the denied ranges, the published ports bound
- * on the host, the policy process), policy changes while it runs, and
- * auto-publish of the guest's listeners. */
+ * on the host, the policy process and, with secrets, their values, the
+ * sandbox's CA and the host's trust store), policy changes while it runs,
+ * and auto-publish of the guest's listeners. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -11,8 +12,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "ca.h"
 #include "netd.h"
 #include "sandbox-internal.h"
+#include "secret.h"
 #include "util.h"
 
 #define MAX_DENY (2 * CAP_NET_MAX_RULES + 16)
@@ -32,6 +35,19 @@ struct cap_sandbox_net {
 	struct cap_vm_net vmnet;
 	uint16_t autos[MAX_AUTO];	/* guest ports auto-published now */
 	unsigned nauto;
+	/* Secrets, from cap_sandbox_net_new until the VM runs: the policy
+	 * process is forked with a copy of them, then cap_sandbox_net_started
+	 * wipes the owner's (values, CA key, trust). secrets[i].decl points
+	 * into the policy as it was at start (the policy process's copy). */
+	struct cap_netd_secret secrets[CAP_NET_MAX_SECRETS];
+	char *owned_values[CAP_NET_MAX_SECRETS];
+	unsigned nsecrets;
+	struct cap_net_ca ca;
+	char *owned_trust;
+	size_t trust_len;
+	/* What SETUP gives the guest: "NAME=<placeholder>" (never a value). */
+	char env[CAP_NET_MAX_SECRETS][sizeof(((struct cap_net_secret *)0)->name) + 1 + CAP_NET_PLACEHOLDER_LEN + 1];
+	char *envp[CAP_NET_MAX_SECRETS];
 };
 
 /* Runs in the policy process (forked and confined by the engine). */
@@ -54,8 +70,67 @@ static int policy_main(void *ud, const struct cap_vm_net_fds *fds)
 		.http_proxy = getenv("HTTP_PROXY") ? getenv("HTTP_PROXY") : getenv("http_proxy"),
 		.all_proxy = getenv("ALL_PROXY") ? getenv("ALL_PROXY") : getenv("all_proxy"),
 		.no_proxy = getenv("NO_PROXY") ? getenv("NO_PROXY") : getenv("no_proxy"),
+		.secrets = n->nsecrets ? n->secrets : NULL,
+		.nsecrets = n->nsecrets,
+		.ca_key_pem = n->nsecrets ? n->ca.owned_key_pem : NULL,
+		.ca_cert_pem = n->nsecrets ? n->ca.owned_cert_pem : NULL,
+		.trust_pem = n->nsecrets ? n->owned_trust : NULL,
+		.trust_len = n->nsecrets ? n->trust_len : 0,
 	};
 	return cap_netd_main(&c);
+}
+
+/* The owner's copies of what only the policy process may keep. */
+static void wipe_secrets(struct cap_sandbox_net *n)
+{
+	for (unsigned i = 0; i < n->nsecrets; i++) {
+		cap_net_secret_wipe(n->owned_values[i], n->secrets[i].value_len);
+		n->owned_values[i] = NULL;
+		n->secrets[i].value = NULL;
+		n->secrets[i].value_len = 0;
+	}
+	cap_net_ca_fini(&n->ca);
+	free(n->owned_trust);
+	n->owned_trust = NULL;
+	n->trust_len = 0;
+}
+
+/* With secrets in the policy: the sandbox's CA (kept in o->ca_dir, or
+ * made for this start), the host's trust store, each value read from
+ * its source now, and the placeholders. Any failure fails the start. */
+static int load_secrets(struct cap_sandbox_net *n, const struct cap_sandbox_opts *o,
+			struct cap_err *err)
+{
+	const struct cap_net_policy *p = &n->policy;
+	int r;
+
+	if (p->nsecrets == 0)
+		return 0;
+	CAP_BUG_ON(p->nsecrets > CAP_NET_MAX_SECRETS);
+	if ((r = cap_net_ca_ensure(o->ca_dir, n->name, &n->ca, err)) < 0) {
+		cap_err_prefix(err, "secrets: ");
+		return r;
+	}
+	if ((r = cap_net_trust_load(&n->owned_trust, &n->trust_len, err)) < 0) {
+		cap_err_prefix(err, "secrets: the certificates to verify the secrets' hosts against: ");
+		return r;
+	}
+	for (unsigned i = 0; i < p->nsecrets; i++) {
+		struct cap_netd_secret *s = &n->secrets[i];
+		char *v;
+		size_t len;
+		if ((r = cap_net_secret_value(&p->secrets[i], &v, &len, err)) < 0)
+			return r;
+		n->owned_values[i] = v;
+		s->decl = &p->secrets[i];
+		s->value = v;
+		s->value_len = len;
+		cap_net_secret_placeholder(n->ca.fp, p->secrets[i].name, s->placeholder);
+		snprintf(n->env[i], sizeof(n->env[i]), "%s=%s", p->secrets[i].name, s->placeholder);
+		n->envp[i] = n->env[i];
+		n->nsecrets = i + 1;
+	}
+	return 0;
 }
 
 static int bind_publish(const struct cap_net_publish *p, struct cap_err *err)
@@ -118,7 +193,31 @@ int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net
 	n->vmnet.keep = n->keep;
 	n->vmnet.nkeep = nkeep;
 	n->vmnet.proxy_port = CAP_NET_PROXY_PORT;
+	int r = load_secrets(n, o, err);
+	if (r < 0) {
+		cap_sandbox_net_free(n);
+		return r;
+	}
 	*out = n;
+	return 0;
+}
+
+int cap_sandbox_net_setup(struct cap_sandbox_net *n, struct cap_setup *s,
+			  char *env[CAP_SETUP_MAX_ENV], struct cap_err *err)
+{
+	if (n->nsecrets == 0)
+		return 0;
+	CAP_BUG_ON(!n->ca.owned_cert_pem);	/* asked for after cap_sandbox_net_started */
+	if (s->envc + n->nsecrets > CAP_SETUP_MAX_ENV)
+		return cap_err_set(err, E2BIG, "more than %d variables for the guest's environment",
+				   CAP_SETUP_MAX_ENV);
+	for (uint32_t i = 0; i < s->envc; i++)
+		env[i] = s->env[i];
+	for (unsigned i = 0; i < n->nsecrets; i++)
+		env[s->envc + i] = n->envp[i];
+	s->env = env;
+	s->envc += n->nsecrets;
+	s->ca_pem = n->ca.owned_cert_pem;
 	return 0;
 }
 
@@ -142,6 +241,10 @@ void cap_sandbox_net_started(struct cap_sandbox_net *n)
 	for (unsigned i = 0; i < n->npublish; i++)
 		close(n->publish_fds[i]);
 	n->npublish = 0;
+	/* The policy process has its copy: the owner keeps none for the
+	 * sandbox's life. */
+	wipe_secrets(n);
+	n->nsecrets = 0;
 }
 
 void cap_sandbox_net_free(struct cap_sandbox_net *n)
@@ -150,6 +253,7 @@ void cap_sandbox_net_free(struct cap_sandbox_net *n)
 		return;
 	for (unsigned i = 0; i < n->npublish; i++)
 		close(n->publish_fds[i]);
+	wipe_secrets(n);
 	free(n);
 }
 

@@ -25,6 +25,7 @@
 #include "named.h"
 #include "paths.h"
 #include "sandbox.h"
+#include "secret.h"
 #include "sock.h"
 #include "store.h"
 #include "util.h"
@@ -262,6 +263,24 @@ static void netd_died(struct shim *s)
 	write_runtime_log(s);
 }
 
+/* Whether a secret's value comes from this process's environment. */
+static bool env_secrets(const struct cap_net_policy *p)
+{
+	for (unsigned i = 0; i < p->nsecrets; i++)
+		if (!strncmp(p->secrets[i].source, "env:", 4))
+			return true;
+	return false;
+}
+
+/* The VM runs, its policy process has the secrets' values: the shim,
+ * which lives as long as the sandbox, keeps none, not even in the
+ * environment it inherited from the command that started it. */
+static void forget_env_secrets(const struct cap_net_policy *p)
+{
+	for (unsigned i = 0; i < p->nsecrets; i++)
+		cap_net_secret_forget_source(&p->secrets[i]);
+}
+
 /* After a failed write the guest's file system may be read-only (ext4
  * aborts its journal): before the next command of an idle sandbox, once
  * the host has space again, restart the VM with the same disks, which
@@ -291,10 +310,13 @@ static bool recover_disks(struct shim *s)
 	s->disk_failed = false;
 	watch_netd(s);
 	if (cap_sandbox_boot(s->opts, &s->sb, &err) < 0) {
-		cap_log(CAP_LOG_ERROR, "the VM did not start again: %s", err.msg);
+		cap_log(CAP_LOG_ERROR, "the VM did not start again: %s%s", err.msg,
+			env_secrets(&s->spec->net) ? " (the shim wiped the values of env: secrets once the VM had them; "
+						     "the next start reads them from the environment of its command)" : "");
 		s->stop = true;
 		return false;
 	}
+	forget_env_secrets(&s->spec->net);
 	cap_log(CAP_LOG_INFO, "running again (QEMU pid %d; %s)", (int)cap_sandbox_vmm_pid(s->sb),
 		cap_sandbox_boot_note(s->sb));
 	write_runtime_log(s);
@@ -789,6 +811,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	o.spec = spec;
 	o.name = name;
 	o.net_log_fd = netlog;
+	/* The sandbox's CA lives with it (and goes with `capsule rm`). */
+	o.ca_dir = dir;
 
 	static const int stops[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1 };
 	sigset_t sigs;
@@ -796,6 +820,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 
 	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
 		goto out;
+	forget_env_secrets(&spec->net);
 	if ((lfd = cap_unix_listen(control, err)) < 0) {
 		r = lfd;
 		goto out;

@@ -405,6 +405,14 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	struct cap_sandbox_spec bare;
 	cap_sandbox_spec_init(&bare);
 	const struct cap_setup *setup = o->spec ? &o->spec->setup : &bare.setup;
+	/* The spec is borrowed: this start's SETUP is a copy, with the
+	 * secrets' CA and placeholders (never in a template, which is made
+	 * without SETUP; SETUP reaches a VM after its restore). */
+	struct cap_setup full = *setup;
+	char *env[CAP_SETUP_MAX_ENV];
+	if (sb->net && (r = cap_sandbox_net_setup(sb->net, &full, env, err)) < 0)
+		goto fail;
+	setup = &full;
 	snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot");
 	if (templates_enabled(o)) {
 		/* A template restore, and whatever goes wrong with it, a cold

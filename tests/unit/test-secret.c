@@ -511,6 +511,24 @@ static void value_bounds_and_bytes(void **state)
 	cap_net_secret_wipe(NULL, 0);
 }
 
+static void env_source_forgotten(void **state)
+{
+	(void)state;
+	struct cap_net_secret s = decl("TOKEN", "env:CAPSULE_TEST_TOKEN");
+	struct cap_net_secret f = decl("TOKEN", "file:/nonexistent");
+
+	setenv("CAPSULE_TEST_TOKEN", "ghp_realvalue123", 1);
+	char *where = getenv("CAPSULE_TEST_TOKEN");
+	cap_net_secret_forget_source(&s);
+	assert_null(getenv("CAPSULE_TEST_TOKEN"));
+	/* The bytes themselves are gone, not only the variable. */
+	for (size_t i = 0; i < 16; i++)
+		assert_int_equal(where[i], 0);
+	/* Unset already, or a file: nothing happens. */
+	cap_net_secret_forget_source(&s);
+	cap_net_secret_forget_source(&f);
+}
+
 /* ---- placeholders ------------------------------------------------------- */
 
 static void placeholder_shape(void **state)
@@ -560,6 +578,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(value_from_env, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(value_from_file, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(value_bounds_and_bytes, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(env_source_forgotten, tmp_setup, tmp_teardown),
 		cmocka_unit_test(placeholder_shape),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -683,7 +683,7 @@ int agent_ca_setup(const struct cap_setup *s, char *msg, size_t mlen)
 {
 	struct stat st;
 	const char *ca = s->ca_pem;
-	if (!ca && fstatat(AT_FDCWD, CA_PATH, &st, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT)
+	if (!ca && fstatat(AT_FDCWD, CA_PATH, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return 0;	/* none now, none before: the usual boot */
 	if (ca && (!find_line(ca, "-----BEGIN CERTIFICATE-----") ||
 		   !find_line(ca, "-----END CERTIFICATE-----") || strstr(ca, "capsule sandbox CA"))) {

@@ -113,6 +113,7 @@ static void close_reset(int fd)
 
 void conn_free(struct netd *d, struct conn *c, bool reset)
 {
+	intercept_free(c);
 	if (reset) {
 		close_reset(c->a);
 		close_reset(c->b);
@@ -147,7 +148,8 @@ static const char *status_text(int status)
 
 void conn_fail(struct netd *d, struct conn *c, int status, const char *body)
 {
-	if (c->kind != CONN_PROXY || c->state == ST_SPLICE || c->state == ST_REPLY) {
+	if (c->kind != CONN_PROXY || c->state == ST_SPLICE || c->state == ST_REPLY ||
+	    c->state == ST_TLS) {
 		conn_free(d, c, true);
 		return;
 	}
@@ -398,10 +400,55 @@ void conn_poll_events(const struct conn *c, short *ea, short *eb)
 		if (used(&c->down))
 			*ea |= POLLOUT;
 		break;
+	case ST_TLS:
+		intercept_poll_events(c, ea, eb);
+		break;
 	}
 }
 
-/* Check the guest's first bytes (c->sniff): false when c was ended. */
+/* A ClientHello passed the checks: pass the connection through, or
+ * intercept it when its name is a secret's host (netd.h). sni is the
+ * server name (lowercase, no trailing dot), NULL for none. False when c
+ * was ended or is no longer spliced. */
+static bool pass_or_intercept(struct netd *d, struct conn *c, const char *sni)
+{
+	char q[300];
+
+	c->sniff = false;
+	c->deadline = 0;
+	if (c->kind == CONN_PROXY && c->connect && intercept_wanted(d, c->name)) {
+		/* The name is the CONNECT's: a ClientHello naming another
+		 * would get a certificate for a name it did not ask. */
+		if (sni && strcmp(sni, c->name)) {
+			netd_log(d, "refused %s: TLS server name %s is not the CONNECT's host", c->desc,
+				 cap_sniff_quote(sni, strlen(sni), q, sizeof(q)));
+			conn_free(d, c, true);
+			return false;
+		}
+		intercept_start(d, c, c->name);
+		return false;
+	}
+	if (c->kind == CONN_DIRECT && sni && intercept_wanted(d, sni)) {
+		/* Intercepted under that name only if the guest was given this
+		 * address for it: else any address could be reached under a
+		 * secret's host's name, and given its value. */
+		const char *names[8];
+		unsigned n = dns_names_for(d, c->addr, names, 8);
+		for (unsigned i = 0; i < n; i++)
+			if (!strcmp(names[i], sni)) {
+				intercept_start(d, c, sni);
+				return false;
+			}
+		netd_log(d, "refused %s: TLS server name %s is a secret's host, and this address was not resolved as that name",
+			 c->desc, sni);
+		conn_free(d, c, true);
+		return false;
+	}
+	return true;
+}
+
+/* Check the guest's first bytes (c->sniff): false when c was ended or
+ * is no longer spliced (intercepted). */
 static bool sniff(struct netd *d, struct conn *c)
 {
 	char sni[CAP_TLS_SNI_MAX + 1], q[300];
@@ -422,15 +469,20 @@ static bool sniff(struct netd *d, struct conn *c)
 		netd_log(d, "refused %s: incomplete TLS ClientHello", c->desc);
 		break;
 	case CAP_TLS_NOT_TLS:
-	case CAP_TLS_NO_SNI:
 		c->sniff = false;
 		c->deadline = 0;
 		return true;
+	case CAP_TLS_NO_SNI:
+		return pass_or_intercept(d, c, NULL);
 	case CAP_TLS_SNI:
 		if (cap_net_valid_name(sni, sl)) {
-			c->sniff = false;
-			c->deadline = 0;
-			return true;
+			/* As names are compared: lowercase, no root dot. */
+			if (sl > 1 && sni[sl - 1] == '.')
+				sni[--sl] = '\0';
+			for (size_t i = 0; i < sl; i++)
+				if (sni[i] >= 'A' && sni[i] <= 'Z')
+					sni[i] = (char)(sni[i] - 'A' + 'a');
+			return pass_or_intercept(d, c, sni);
 		}
 		netd_log(d, "refused %s: TLS server name %s has control characters or whitespace",
 			 c->desc, cap_sniff_quote(sni, sl, q, sizeof(q)));
@@ -656,6 +708,9 @@ void conn_events(struct netd *d, struct conn *c, short ra, short rb)
 	case ST_DNS:
 		dns_events(d, c, ra);
 		break;
+	case ST_TLS:
+		intercept_events(d, c, ra, rb);
+		break;
 	}
 }
 
@@ -701,6 +756,9 @@ void conn_timeout(struct netd *d, struct conn *c)
 			netd_log(d, "dns over tcp: a query unanswered within %d s; connection closed",
 				 NETD_TIMEOUT_MS / 1000);
 		conn_free(d, c, false);
+		break;
+	case ST_TLS:
+		intercept_timeout(d, c);
 		break;
 	}
 }

@@ -1,6 +1,7 @@
 /* The policy process's parts (netd.h): the loop, the control channel,
  * published ports and the log (netd.c); TCP connections, the HTTP proxy
- * and the upstream proxy (netd-conn.c, netd-proxy.c); DNS (netd-dns.c).
+ * and the upstream proxy (netd-conn.c, netd-proxy.c); DNS (netd-dns.c);
+ * the interception of secrets' TLS connections (netd-tls.c).
  * One thread, one poll loop; nothing here blocks after start-up. */
 #ifndef CAP_NET_NETD_INT_H
 #define CAP_NET_NETD_INT_H
@@ -30,6 +31,9 @@
 #define NETD_MAX_LISTENERS 512	/* published ports */
 #define NETD_DGRAM_MAX 65536	/* one datagram or netlink read at a time */
 
+struct icpt;		/* netd-tls.c */
+struct netd_tls;	/* netd-tls.c */
+
 /* A byte queue of NETD_BUF bytes: data[off, len). */
 struct nbuf {
 	uint8_t *owned_data;
@@ -53,6 +57,7 @@ enum conn_state {
 	ST_SPLICE,	/* bytes flow both ways */
 	ST_REPLY,	/* an error answer to the guest, then close */
 	ST_DNS,		/* DNS over TCP: one query at a time */
+	ST_TLS,		/* intercepted: TLS with the guest and with the server (netd-tls.c) */
 };
 
 struct conn {
@@ -90,6 +95,7 @@ struct conn {
 	bool a_shut, b_shut;	/* shutdown(SHUT_WR) done */
 	bool sniff;		/* up's first bytes are to be checked (TLS SNI) */
 	bool dns_waiting;	/* DNS over TCP: a query is being answered */
+	struct icpt *owned_icpt;	/* ST_TLS: the interception (netd-tls.c), else NULL */
 };
 
 struct listener {
@@ -189,6 +195,7 @@ struct netd {
 	uint8_t *owned_dgram;	/* NETD_DGRAM_MAX bytes, for each read of DNS or NFLOG */
 
 	struct upstream_proxy proxy;
+	struct netd_tls *owned_tls;	/* with secrets: what interception needs, else NULL */
 
 	/* Control lines. */
 	struct cap_buf control;
@@ -269,5 +276,35 @@ int dns_resolve(struct netd *d, struct conn *c, const char *name);
 /* The names the guest was answered addr with, newest first (at most max);
  * returns how many. */
 unsigned dns_names_for(struct netd *d, uint32_t addr, const char **out, unsigned max);
+
+/* netd-tls.c: a TLS connection whose name is one of some secret's hosts
+ * (netd.h) is intercepted once its ClientHello is read and the server's
+ * socket is up: netd answers the guest's handshake with a certificate for
+ * the name (minted, signed by the sandbox's CA, cached), makes its own to
+ * the server (SNI the name, verified against the trust store), passes
+ * ONE request through rewrite.h and its response back, then ends the
+ * guest's connection (close_notify, then ST_REPLY's linger). Both sides
+ * are memory BIOs pumped from the loop: nothing blocks. */
+#define NETD_LEAVES 256		/* minted certificates kept, the least recently used evicted */
+#define NETD_LEAF_DAYS 30	/* at most; never past the CA's own end */
+
+/* With cfg->nsecrets: the CA's key and certificate, the trust store, a
+ * new leaf key and both contexts. -1 when one cannot be made (logged: the
+ * process must not start); 0, d->owned_tls set (NULL without secrets). */
+int intercept_init(struct netd *d);
+void intercept_fini(struct netd *d);
+/* Whether connections to name (lowercase, no trailing dot) are
+ * intercepted: one of some secret's hosts. */
+bool intercept_wanted(const struct netd *d, const char *name);
+/* Intercept c for name: c is ST_SPLICE with the guest's ClientHello (and
+ * whatever followed it) in up, b connected to the server (or through
+ * the upstream proxy). c becomes ST_TLS; false when c was ended (logged). */
+bool intercept_start(struct netd *d, struct conn *c, const char *name);
+void intercept_poll_events(const struct conn *c, short *ea, short *eb);
+void intercept_events(struct netd *d, struct conn *c, short ra, short rb);
+/* c's deadline passed (the handshakes did not end in time). */
+void intercept_timeout(struct netd *d, struct conn *c);
+/* Free c->owned_icpt, wiping every buffer that may have held a value. */
+void intercept_free(struct conn *c);
 
 #endif

@@ -1,2 +1,1044 @@
-/* being written: see the header */
-#include "policy.h"
+/* netd: the interception of the TLS connections that carry secrets
+ * (netd.h, netd-int.h). The guest's TLS ends here, against a certificate
+ * minted for the connection's name and signed by the sandbox's CA; a
+ * second TLS connection, verified against the trust store, goes to the
+ * real server; between them one request goes through rewrite.h (the
+ * placeholders of the secrets for that name become their values) and its
+ * response comes back (any value becomes its placeholder again).
+ *
+ * Both TLS ends are memory BIOs: the loop reads and writes the sockets,
+ * OpenSSL only ever sees bytes, so nothing blocks. Every buffer that may
+ * hold a value (the plaintext read from the server, the request as it
+ * goes upstream) is wiped before it is freed or reused, and no log line
+ * holds one. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "netd-int.h"
+#include "rewrite.h"
+#include "util.h"
+
+#define CHUNK 16384		/* plaintext moved at a time (one TLS record) */
+#define LEAF_BACKDATE 3600	/* s: clocks a little behind still accept a new leaf */
+#define LEAF_MARGIN 3600	/* s: a cached leaf this close to its end is minted anew */
+
+struct leaf {
+	char name[254];		/* "": free */
+	X509 *cert;
+	int64_t expires;	/* s since the epoch */
+	uint64_t used;		/* last use, for eviction */
+};
+
+struct netd_tls {
+	SSL_CTX *server;	/* to the guest: a minted leaf per name */
+	SSL_CTX *client;	/* to the real servers: verified, never otherwise */
+	X509 *ca_cert;
+	EVP_PKEY *ca_key;
+	EVP_PKEY *leaf_key;	/* one EC P-256 key for every leaf */
+	int64_t ca_end;		/* s: the CA's notAfter */
+	struct leaf leaves[NETD_LEAVES];
+	uint64_t clock;
+};
+
+/* One intercepted connection. The guest's TLS (g) reads c->up's bytes
+ * and writes c->down's; the server's (u) reads b's and writes to_b. */
+struct icpt {
+	char name[254];
+	SSL *g, *u;
+	BIO *g_in, *g_out, *u_in, *u_out;	/* owned by g and u */
+	struct nbuf to_b;
+	struct cap_http_secret hs[CAP_HTTP_MAX_SECRETS];
+	unsigned nhs;
+	struct cap_http_req *req;
+	struct cap_http_resp *resp;
+	struct cap_buf req_out;		/* plaintext for the server: may hold values */
+	struct cap_buf resp_out;	/* plaintext for the guest */
+	bool g_done, u_done;		/* handshakes */
+	bool u_gone;			/* b closed: nothing more to or from the server */
+	bool got_request;		/* the guest sent some plaintext */
+	bool req_done, resp_done;	/* nothing more is read from the guest, the server */
+	bool answered;			/* the guest got (part of) an answer */
+	bool notified;			/* close_notify queued for the guest */
+	bool echo_said;			/* the response's echoed value was logged */
+};
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static size_t q_used(const struct nbuf *b)
+{
+	return b->len - b->off;
+}
+
+/* Room at the end of b, compacting first. */
+static size_t q_tail(struct nbuf *b)
+{
+	if (b->off) {
+		memmove(b->owned_data, b->owned_data + b->off, b->len - b->off);
+		b->len -= b->off;
+		b->off = 0;
+	}
+	return NETD_BUF - b->len;
+}
+
+static size_t pending(BIO *b)
+{
+	return BIO_ctrl_pending(b);
+}
+
+/* Zero a buffer's whole allocation (what it holds now and held before)
+ * and free it. */
+static void buf_wipe_fini(struct cap_buf *b)
+{
+	if (b->owned_data)
+		explicit_bzero(b->owned_data, b->cap);
+	cap_buf_fini(b);
+}
+
+/* Why OpenSSL failed, from its error queue (then emptied). */
+static const char *ssl_why(char *buf, size_t len, const char *fallback)
+{
+	unsigned long e = ERR_peek_last_error();
+
+	if (e) {
+		const char *r = ERR_reason_error_string(e);
+		if (r)
+			snprintf(buf, len, "%s", r);
+		else
+			ERR_error_string_n(e, buf, len);
+	} else {
+		snprintf(buf, len, "%s", fallback);
+	}
+	ERR_clear_error();
+	return buf;
+}
+
+/* s for a log line: printable ASCII only, at most max bytes. */
+static const char *printable(const char *s, char *buf, size_t size)
+{
+	size_t o = 0;
+
+	for (; *s && o + 4 < size; s++)
+		buf[o++] = (*s > ' ' && *s < 0x7f) ? *s : '?';
+	if (*s)
+		buf[o++] = '.', buf[o++] = '.', buf[o++] = '.';
+	buf[o] = '\0';
+	return buf;
+}
+
+static const char *status_text(int status)
+{
+	switch (status) {
+	case 400: return "Bad Request";
+	case 413: return "Content Too Large";
+	case 421: return "Misdirected Request";
+	case 431: return "Request Header Fields Too Large";
+	case 501: return "Not Implemented";
+	case 504: return "Gateway Timeout";
+	case 505: return "HTTP Version Not Supported";
+	default: return "Bad Gateway";
+	}
+}
+
+/* ---- start-up ------------------------------------------------------------------- */
+
+static int no_password(char *buf, int size, int rw, void *u)
+{
+	(void)buf, (void)size, (void)rw, (void)u;
+	return 0;
+}
+
+/* Seconds since the epoch of an ASN1_TIME; -1 when unreadable. */
+static int64_t asn1_seconds(const ASN1_TIME *t)
+{
+	struct tm tm;
+
+	if (!t || ASN1_TIME_to_tm(t, &tm) != 1)
+		return -1;
+	return (int64_t)timegm(&tm);
+}
+
+/* The CA's key and certificate; false with why. */
+static bool load_ca(struct netd_tls *t, const struct cap_netd_config *cfg, char *why, size_t wl)
+{
+	char e[200];
+	BIO *b;
+
+	if (!cfg->ca_key_pem || !cfg->ca_cert_pem) {
+		snprintf(why, wl, "no CA key or certificate given");
+		return false;
+	}
+	b = BIO_new_mem_buf(cfg->ca_key_pem, -1);
+	t->ca_key = b ? PEM_read_bio_PrivateKey(b, NULL, no_password, NULL) : NULL;
+	BIO_free(b);
+	if (!t->ca_key) {
+		snprintf(why, wl, "the CA key cannot be read: %s", ssl_why(e, sizeof(e), "not a PEM key"));
+		return false;
+	}
+	b = BIO_new_mem_buf(cfg->ca_cert_pem, -1);
+	t->ca_cert = b ? PEM_read_bio_X509(b, NULL, no_password, NULL) : NULL;
+	BIO_free(b);
+	if (!t->ca_cert) {
+		snprintf(why, wl, "the CA certificate cannot be read: %s",
+			 ssl_why(e, sizeof(e), "not a PEM certificate"));
+		return false;
+	}
+	if (X509_check_private_key(t->ca_cert, t->ca_key) != 1) {
+		ERR_clear_error();
+		snprintf(why, wl, "the CA key does not match the CA certificate");
+		return false;
+	}
+	if (X509_check_ca(t->ca_cert) == 0) {
+		snprintf(why, wl, "the CA certificate is not a CA's");
+		return false;
+	}
+	t->ca_end = asn1_seconds(X509_get0_notAfter(t->ca_cert));
+	if (t->ca_end <= time(NULL)) {
+		snprintf(why, wl, "the CA certificate has expired (or its end cannot be read)");
+		return false;
+	}
+	return true;
+}
+
+/* The trust store: every certificate of the PEM bundle. */
+static X509_STORE *load_trust(const struct cap_netd_config *cfg, char *why, size_t wl)
+{
+	X509_STORE *store = X509_STORE_new();
+	unsigned n = 0;
+
+	if (!store) {
+		snprintf(why, wl, "out of memory");
+		return NULL;
+	}
+	if (cfg->trust_pem && cfg->trust_len) {
+		BIO *b = BIO_new_mem_buf(cfg->trust_pem, (int)CAP_MIN(cfg->trust_len, (size_t)INT32_MAX));
+		X509 *x;
+		while (b && (x = PEM_read_bio_X509(b, NULL, no_password, NULL)) != NULL) {
+			if (X509_STORE_add_cert(store, x) == 1)
+				n++;
+			X509_free(x);
+		}
+		BIO_free(b);
+		ERR_clear_error();	/* the end of the bundle, or a duplicate */
+	}
+	if (!n) {
+		snprintf(why, wl, "no certificate in the trust store: no server could be verified");
+		X509_STORE_free(store);
+		return NULL;
+	}
+	return store;
+}
+
+static SSL_CTX *ctx_common(const SSL_METHOD *m)
+{
+	SSL_CTX *ctx = SSL_CTX_new(m);
+
+	if (!ctx)
+		return NULL;
+	if (SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1) {
+		SSL_CTX_free(ctx);
+		return NULL;
+	}
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_RELEASE_BUFFERS);
+	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+	return ctx;
+}
+
+int intercept_init(struct netd *d)
+{
+	const struct cap_netd_config *cfg = d->cfg;
+	char why[300], e[200];
+
+	d->owned_tls = NULL;
+	if (!cfg->nsecrets)
+		return 0;
+	/* The process's root holds no openssl.cnf: none is read. */
+	OPENSSL_init_ssl(OPENSSL_INIT_NO_LOAD_CONFIG, NULL);
+	struct netd_tls *t = xcalloc(1, sizeof(*t));
+	X509_STORE *store = NULL;
+	d->owned_tls = t;
+	if (!load_ca(t, cfg, why, sizeof(why)))
+		goto fail;
+	store = load_trust(cfg, why, sizeof(why));
+	if (!store)
+		goto fail;
+	t->leaf_key = EVP_EC_gen("P-256");
+	if (!t->leaf_key) {
+		snprintf(why, sizeof(why), "cannot make a key: %s", ssl_why(e, sizeof(e), "EC P-256"));
+		goto fail;
+	}
+	t->server = ctx_common(TLS_server_method());
+	t->client = ctx_common(TLS_client_method());
+	if (!t->server || !t->client) {
+		snprintf(why, sizeof(why), "cannot make a TLS context: %s", ssl_why(e, sizeof(e), "?"));
+		goto fail;
+	}
+	/* No tickets: nothing outlives a connection. */
+	SSL_CTX_set_options(t->server, SSL_OP_NO_TICKET);
+	SSL_CTX_set_num_tickets(t->server, 0);
+	SSL_CTX_set_verify(t->client, SSL_VERIFY_PEER, NULL);
+	SSL_CTX_set_cert_store(t->client, store);	/* the context owns it */
+	store = NULL;
+	/* A server that ends without close_notify ends the response: the
+	 * rewriter checks its framing. */
+	SSL_CTX_set_options(t->client, SSL_OP_IGNORE_UNEXPECTED_EOF);
+	static const unsigned char alpn[] = "\x08http/1.1";
+	if (SSL_CTX_set_alpn_protos(t->client, alpn, sizeof(alpn) - 1) != 0) {
+		snprintf(why, sizeof(why), "cannot set ALPN: %s", ssl_why(e, sizeof(e), "?"));
+		goto fail;
+	}
+	if (cfg->verbose)
+		netd_log(d, "tls interception ready for %u secret(s)", cfg->nsecrets);
+	return 0;
+fail:
+	netd_log(d, "cannot intercept the secrets' connections: %s; the network of %s does not start",
+		 why, cfg->name ? cfg->name : "this sandbox");
+	X509_STORE_free(store);
+	intercept_fini(d);
+	return -1;
+}
+
+void intercept_fini(struct netd *d)
+{
+	struct netd_tls *t = d->owned_tls;
+
+	if (!t)
+		return;
+	for (unsigned i = 0; i < NETD_LEAVES; i++)
+		X509_free(t->leaves[i].cert);
+	SSL_CTX_free(t->server);
+	SSL_CTX_free(t->client);
+	X509_free(t->ca_cert);
+	EVP_PKEY_free(t->ca_key);
+	EVP_PKEY_free(t->leaf_key);
+	free(t);
+	d->owned_tls = NULL;
+}
+
+bool intercept_wanted(const struct netd *d, const char *name)
+{
+	if (!d->owned_tls || !name || !*name)
+		return false;
+	for (unsigned i = 0; i < d->cfg->nsecrets; i++)
+		if (cap_net_secret_host_match(d->cfg->secrets[i].decl, name))
+			return true;
+	return false;
+}
+
+/* ---- leaves ------------------------------------------------------------------------- */
+
+static bool add_ext(X509 *x, X509V3_CTX *v, int nid, const char *value)
+{
+	X509_EXTENSION *ext = X509V3_EXT_nconf_nid(NULL, v, nid, value);
+	bool ok = ext && X509_add_ext(x, ext, -1) == 1;
+
+	X509_EXTENSION_free(ext);
+	return ok;
+}
+
+/* subjectAltName DNS:name, built from its parts (never a string OpenSSL
+ * would parse: a name can hold nothing but [A-Za-z0-9._-] anyway). */
+static bool add_san(X509 *x, const char *name, bool critical)
+{
+	GENERAL_NAMES *gens = sk_GENERAL_NAME_new_null();
+	GENERAL_NAME *g = GENERAL_NAME_new();
+	ASN1_IA5STRING *s = ASN1_IA5STRING_new();
+	bool ok = false;
+
+	if (gens && g && s && ASN1_STRING_set(s, name, (int)strlen(name)) == 1) {
+		GENERAL_NAME_set0_value(g, GEN_DNS, s);
+		s = NULL;
+		if (sk_GENERAL_NAME_push(gens, g) > 0) {
+			g = NULL;
+			ok = X509_add1_ext_i2d(x, NID_subject_alt_name, gens, critical, X509V3_ADD_DEFAULT) == 1;
+		}
+	}
+	ASN1_IA5STRING_free(s);
+	GENERAL_NAME_free(g);
+	GENERAL_NAMES_free(gens);
+	return ok;
+}
+
+/* authorityKeyIdentifier: the CA's subjectKeyIdentifier, or the SHA-1 of
+ * its key when it has none (as OpenSSL computes one). */
+static bool add_aki(X509 *x, X509 *ca)
+{
+	const ASN1_OCTET_STRING *ski = X509_get0_subject_key_id(ca);
+	AUTHORITY_KEYID *akid = AUTHORITY_KEYID_new();
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned mdlen = 0;
+	bool ok = false;
+
+	if (!akid)
+		return false;
+	akid->keyid = ski ? ASN1_OCTET_STRING_dup(ski) : ASN1_OCTET_STRING_new();
+	if (akid->keyid && (ski || (X509_pubkey_digest(ca, EVP_sha1(), md, &mdlen) == 1 &&
+				    ASN1_OCTET_STRING_set(akid->keyid, md, (int)mdlen) == 1)))
+		ok = X509_add1_ext_i2d(x, NID_authority_key_identifier, akid, 0, X509V3_ADD_DEFAULT) == 1;
+	AUTHORITY_KEYID_free(akid);
+	return ok;
+}
+
+/* A leaf for name, signed by the CA: NULL on failure (OpenSSL's queue
+ * says why). */
+static X509 *mint(struct netd_tls *t, const char *name, int64_t now, int64_t *expires)
+{
+	X509 *x = X509_new();
+	unsigned char serial[16];
+	BIGNUM *bn = NULL;
+	bool ok = false;
+	int64_t end = CAP_MIN(t->ca_end, now + (int64_t)NETD_LEAF_DAYS * 86400);
+
+	if (!x || RAND_bytes(serial, sizeof(serial)) != 1)
+		goto out;
+	serial[0] &= 0x7f;	/* positive */
+	serial[0] |= 0x40;	/* and 16 bytes long */
+	bn = BN_bin2bn(serial, sizeof(serial), NULL);
+	X509_NAME *subject = X509_get_subject_name(x);
+	/* A common name is at most 64 bytes; a longer name is in the
+	 * subjectAltName only (critical, the subject being empty). */
+	bool cn = strlen(name) <= 64;
+	if (!bn || !BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(x)) ||
+	    X509_set_version(x, X509_VERSION_3) != 1 ||
+	    !X509_gmtime_adj(X509_getm_notBefore(x), -LEAF_BACKDATE) ||
+	    !ASN1_TIME_set(X509_getm_notAfter(x), (time_t)end) ||
+	    (cn && X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC, (const unsigned char *)name,
+					      -1, -1, 0) != 1) ||
+	    X509_set_issuer_name(x, X509_get_subject_name(t->ca_cert)) != 1 ||
+	    X509_set_pubkey(x, t->leaf_key) != 1)
+		goto out;
+	X509V3_CTX v;
+	X509V3_set_ctx(&v, t->ca_cert, x, NULL, NULL, 0);
+	if (!add_ext(x, &v, NID_basic_constraints, "critical,CA:FALSE") ||
+	    !add_ext(x, &v, NID_key_usage, "critical,digitalSignature") ||
+	    !add_ext(x, &v, NID_ext_key_usage, "serverAuth") ||
+	    !add_ext(x, &v, NID_subject_key_identifier, "hash") || !add_aki(x, t->ca_cert) ||
+	    !add_san(x, name, !cn))
+		goto out;
+	int type = EVP_PKEY_get_base_id(t->ca_key);
+	const EVP_MD *md = type == EVP_PKEY_ED25519 || type == EVP_PKEY_ED448 ? NULL : EVP_sha256();
+	if (X509_sign(x, t->ca_key, md) <= 0)
+		goto out;
+	*expires = end;
+	ok = true;
+out:
+	BN_free(bn);
+	if (!ok) {
+		X509_free(x);
+		return NULL;
+	}
+	return x;
+}
+
+/* The leaf for name: cached, or minted now (evicting the least recently
+ * used). Borrowed: valid until the next call. */
+static X509 *leaf_for(struct netd_tls *t, const char *name)
+{
+	int64_t now = time(NULL);
+	struct leaf *slot = NULL;
+
+	for (unsigned i = 0; i < NETD_LEAVES; i++) {
+		struct leaf *l = &t->leaves[i];
+		if (l->cert && !strcmp(l->name, name)) {
+			if (l->expires - LEAF_MARGIN > now) {
+				l->used = ++t->clock;
+				return l->cert;
+			}
+			slot = l;	/* about to end: minted anew in its place */
+			break;
+		}
+		if (!slot || (slot->cert && (!l->cert || l->used < slot->used)))
+			slot = l;
+	}
+	int64_t expires = 0;
+	X509 *x = mint(t, name, now, &expires);
+	if (!x)
+		return NULL;
+	X509_free(slot->cert);
+	snprintf(slot->name, sizeof(slot->name), "%s", name);
+	slot->cert = x;
+	slot->expires = expires;
+	slot->used = ++t->clock;
+	return x;
+}
+
+/* ---- one connection ------------------------------------------------------------------ */
+
+void intercept_free(struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+
+	if (!i)
+		return;
+	SSL_free(i->g);
+	SSL_free(i->u);
+	cap_http_req_free(i->req);
+	cap_http_resp_free(i->resp);
+	buf_wipe_fini(&i->req_out);
+	buf_wipe_fini(&i->resp_out);
+	free(i->to_b.owned_data);
+	explicit_bzero(i, sizeof(*i));
+	free(i);
+	c->owned_icpt = NULL;
+}
+
+static SSL *ssl_new(SSL_CTX *ctx, BIO **in, BIO **out)
+{
+	SSL *s = SSL_new(ctx);
+	BIO *r = BIO_new(BIO_s_mem()), *w = BIO_new(BIO_s_mem());
+
+	if (!s || !r || !w) {
+		SSL_free(s);
+		BIO_free(r);
+		BIO_free(w);
+		return NULL;
+	}
+	/* Empty is "try again" until the socket's end is seen. */
+	BIO_set_mem_eof_return(r, -1);
+	SSL_set_bio(s, r, w);
+	*in = r;
+	*out = w;
+	return s;
+}
+
+bool intercept_start(struct netd *d, struct conn *c, const char *name)
+{
+	struct netd_tls *t = d->owned_tls;
+	const struct cap_netd_config *cfg = d->cfg;
+	char e[200];
+
+	CAP_BUG_ON(!t || c->owned_icpt);
+	struct icpt *i = xcalloc(1, sizeof(*i));
+	c->owned_icpt = i;
+	snprintf(i->name, sizeof(i->name), "%s", name);
+	cap_buf_init(&i->req_out);
+	cap_buf_init(&i->resp_out);
+	i->to_b.owned_data = xmalloc(NETD_BUF);
+	i->nhs = CAP_MIN(cfg->nsecrets, CAP_HTTP_MAX_SECRETS);
+	for (unsigned k = 0; k < i->nhs; k++) {
+		const struct cap_netd_secret *s = &cfg->secrets[k];
+		i->hs[k] = (struct cap_http_secret){
+			.name = s->decl->name, .placeholder = s->placeholder, .value = s->value,
+			.value_len = s->value_len, .body = s->decl->body,
+			.applies = cap_net_secret_host_match(s->decl, name),
+		};
+	}
+	i->req = cap_http_req_new(name, c->port, i->hs, i->nhs);
+
+	ERR_clear_error();
+	X509 *leaf = leaf_for(t, name);
+	if (!leaf) {
+		netd_log(d, "refused tls %s:%u: cannot make its certificate: %s", name, c->port,
+			 ssl_why(e, sizeof(e), "?"));
+		goto fail;
+	}
+	i->g = ssl_new(t->server, &i->g_in, &i->g_out);
+	i->u = ssl_new(t->client, &i->u_in, &i->u_out);
+	if (!i->g || !i->u || SSL_use_certificate(i->g, leaf) != 1 ||
+	    SSL_use_PrivateKey(i->g, t->leaf_key) != 1 || SSL_add1_chain_cert(i->g, t->ca_cert) != 1 ||
+	    SSL_set_tlsext_host_name(i->u, name) != 1 || SSL_set1_host(i->u, name) != 1) {
+		netd_log(d, "refused tls %s:%u: %s", name, c->port, ssl_why(e, sizeof(e), "out of memory"));
+		goto fail;
+	}
+	SSL_set_hostflags(i->u, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+	SSL_set_accept_state(i->g);
+	SSL_set_connect_state(i->u);
+
+	/* The ClientHello, and anything after it, is the guest's TLS. */
+	if (q_used(&c->up) &&
+	    BIO_write(i->g_in, c->up.owned_data + c->up.off, (int)q_used(&c->up)) != (int)q_used(&c->up)) {
+		netd_log(d, "refused tls %s:%u: out of memory", name, c->port);
+		goto fail;
+	}
+	c->up.off = c->up.len = 0;
+	if (c->a_eof)
+		BIO_set_mem_eof_return(i->g_in, 0);
+	c->sniff = false;
+	c->state = ST_TLS;
+	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+	if (cfg->verbose)
+		netd_log(d, "intercepting tls %s:%u", name, c->port);
+	intercept_events(d, c, 0, 0);
+	return conn_find(d, c->slot, c->id) == c;
+fail:
+	conn_free(d, c, true);
+	return false;
+}
+
+void intercept_poll_events(const struct conn *c, short *ea, short *eb)
+{
+	const struct icpt *i = c->owned_icpt;
+
+	*ea = *eb = 0;
+	if (!c->a_eof && pending(i->g_in) < NETD_BUF)
+		*ea |= POLLIN;
+	if (q_used(&c->down))
+		*ea |= POLLOUT;
+	if (!i->u_gone) {
+		if (!c->b_eof && pending(i->u_in) < NETD_BUF)
+			*eb |= POLLIN;
+		if (q_used(&i->to_b))
+			*eb |= POLLOUT;
+	}
+}
+
+/* Read what fd has into the memory BIO (at most NETD_BUF waiting): 0, or
+ * -1 on an error (the connection is to end). */
+static int sock_to_bio(int fd, BIO *bio, bool *eof)
+{
+	uint8_t p[CHUNK];
+
+	while (!*eof && pending(bio) < NETD_BUF) {
+		ssize_t r = read(fd, p, sizeof(p));
+		if (r < 0)
+			return errno == EAGAIN || errno == EINTR ? 0 : -1;
+		if (r == 0) {
+			*eof = true;
+			BIO_set_mem_eof_return(bio, 0);
+			return 0;
+		}
+		if (BIO_write(bio, p, (int)r) != (int)r)
+			return -1;
+	}
+	return 0;
+}
+
+/* Move what the BIO holds into q, as room allows. */
+static void bio_to_queue(BIO *bio, struct nbuf *q)
+{
+	size_t n = CAP_MIN(pending(bio), q_tail(q));
+
+	if (!n)
+		return;
+	int r = BIO_read(bio, q->owned_data + q->len, (int)n);
+	if (r > 0)
+		q->len += (size_t)r;
+}
+
+/* Write q to fd: 0, or -1 when fd failed. */
+static int queue_to_sock(int fd, struct nbuf *q)
+{
+	if (!q_used(q))
+		return 0;
+	ssize_t w = send(fd, q->owned_data + q->off, q_used(q), MSG_NOSIGNAL | MSG_DONTWAIT);
+	if (w < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -1;
+	q->off += (size_t)w;
+	if (q->off == q->len)
+		q->off = q->len = 0;
+	return 0;
+}
+
+/* No more to or from the server. */
+static void drop_upstream(struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+
+	if (i->u_gone)
+		return;
+	i->u_gone = true;
+	i->resp_done = true;
+	if (c->b >= 0)
+		close(c->b);
+	c->b = -1;
+	i->to_b.off = i->to_b.len = 0;
+	/* What was to go there may hold a value. */
+	if (i->req_out.owned_data)
+		explicit_bzero(i->req_out.owned_data, i->req_out.cap);
+	i->req_out.off = i->req_out.len = 0;
+}
+
+/* Answer the guest ourselves (status and a short text), over its TLS,
+ * and end: nothing more goes to or comes from the server. When the guest
+ * has had part of a response already, it only gets the end. */
+static void answer(struct conn *c, int status, const char *text)
+{
+	struct icpt *i = c->owned_icpt;
+	char head[600];
+
+	drop_upstream(c);
+	i->req_done = true;
+	if (i->answered)
+		return;
+	int n = snprintf(head, sizeof(head),
+			 "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+			 "Connection: close\r\n\r\n%s\n",
+			 status, status_text(status), strlen(text) + 1, text);
+	CAP_BUG_ON(n < 0 || (size_t)n >= sizeof(head));
+	i->resp_out.off = i->resp_out.len = 0;
+	cap_buf_append(&i->resp_out, head, (size_t)n);
+	i->answered = true;
+}
+
+static void log_request(struct netd *d, const struct conn *c, char *line, size_t len)
+{
+	const struct icpt *i = c->owned_icpt;
+	char m[40], tg[240];
+
+	snprintf(line, len, "%s:%u %s %s", i->name, c->port,
+		 printable(cap_http_req_method(i->req), m, sizeof(m)),
+		 printable(cap_http_req_target(i->req), tg, sizeof(tg)));
+	(void)d;
+}
+
+static void req_refused(struct netd *d, struct conn *c, const struct cap_http_refusal *why)
+{
+	char what[640];
+
+	log_request(d, c, what, sizeof(what));
+	netd_log(d, "refused https %s: %s", what, why->reason);
+	answer(c, why->status, why->reason);
+}
+
+/* The request ended: say which secrets it carried (verbose). */
+static void req_ended(struct netd *d, struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+	char m[40], tg[240];
+
+	i->req_done = true;
+	if (!d->cfg->verbose)
+		return;
+	uint32_t sub = cap_http_req_substituted(i->req);
+	for (unsigned k = 0; k < i->nhs; k++)
+		if (sub & (1u << k))
+			netd_log(d, "secret %s sent to %s:%u (%s %s)", i->hs[k].name, i->name, c->port,
+				 printable(cap_http_req_method(i->req), m, sizeof(m)),
+				 printable(cap_http_req_target(i->req), tg, sizeof(tg)));
+}
+
+/* Grow b (empty) to hold at least n bytes without leaving a copy behind:
+ * the rewriter appends what goes upstream there, values included. */
+static void reserve_clean(struct cap_buf *b, size_t n)
+{
+	if (b->cap >= n)
+		return;
+	buf_wipe_fini(b);
+	cap_buf_init(b);
+	cap_buf_reserve(b, n);
+}
+
+/* The guest's plaintext into the rewriter, while its output has gone. */
+static void from_guest(struct netd *d, struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+	struct cap_http_refusal why;
+	uint8_t p[CHUNK];
+
+	while (i->g_done && !i->notified && cap_buf_used(&i->req_out) == 0) {
+		ERR_clear_error();
+		int n = SSL_read(i->g, p, sizeof(p));
+		if (n <= 0) {
+			int e = SSL_get_error(i->g, n);
+			if (e == SSL_ERROR_WANT_READ)
+				return;
+			if (i->req_done) {
+				/* The guest is gone or has ended its side after its
+				 * request: its answer may still come. */
+				ERR_clear_error();
+				return;
+			}
+			if (i->got_request) {
+				int r = cap_http_req_eof(i->req, &why);
+				if (r < 0) {
+					req_refused(d, c, &why);
+					return;
+				}
+				req_ended(d, c);
+				return;
+			}
+			/* Nothing asked: nothing to answer. */
+			ERR_clear_error();
+			drop_upstream(c);
+			i->req_done = true;
+			i->answered = true;
+			return;
+		}
+		if (i->req_done)
+			continue;	/* after the one request: never forwarded */
+		i->got_request = true;
+		/* Room for what this feed may append, so that the buffer
+		 * holding values is never moved (and the old copy left) by a
+		 * growth inside the rewriter. */
+		reserve_clean(&i->req_out, 2 * CAP_HTTP_HEAD_MAX + 2 * (size_t)n);
+		size_t off = 0;
+		while (off < (size_t)n) {
+			size_t used = 0;
+			int r = cap_http_req_feed(i->req, p + off, (size_t)n - off, &used, &i->req_out,
+						  &why);
+			off += used;
+			if (r < 0) {
+				explicit_bzero(p, sizeof(p));
+				req_refused(d, c, &why);
+				return;
+			}
+			if (r == CAP_HTTP_DONE) {
+				req_ended(d, c);
+				break;
+			}
+			if (used == 0)
+				break;
+		}
+	}
+}
+
+/* The rewritten request to the server's TLS, wiping what was sent. */
+static int to_server(struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+
+	while (i->u_done && !i->u_gone && cap_buf_used(&i->req_out) &&
+	       pending(i->u_out) + q_used(&i->to_b) < NETD_BUF) {
+		size_t n = CAP_MIN(cap_buf_used(&i->req_out), (size_t)CHUNK);
+		uint8_t *p = i->req_out.owned_data + i->req_out.off;
+		ERR_clear_error();
+		int w = SSL_write(i->u, p, (int)n);
+		if (w <= 0) {
+			int e = SSL_get_error(i->u, w);
+			if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+				return 0;
+			return -1;
+		}
+		explicit_bzero(p, (size_t)w);
+		cap_buf_consume(&i->req_out, (size_t)w);
+	}
+	return 0;
+}
+
+/* Say that the response held a value (replaced). The rewriter says that
+ * one was, not which: the secrets whose placeholder this feed's output
+ * (resp_out from offset from) holds are named, else all of them. */
+static void echoed(struct netd *d, const struct conn *c, size_t from)
+{
+	const struct icpt *i = c->owned_icpt;
+	const uint8_t *out = i->resp_out.owned_data + CAP_MIN(from, i->resp_out.len);
+	size_t n = i->resp_out.len - CAP_MIN(from, i->resp_out.len);
+	char names[CAP_HTTP_MAX_SECRETS * 66] = "";
+	size_t o = 0;
+	unsigned found = 0;
+
+	for (unsigned pass = 0; pass < 2 && !found; pass++)
+		for (unsigned k = 0; k < i->nhs; k++) {
+			if (pass == 0 && !memmem(out, n, i->hs[k].placeholder, strlen(i->hs[k].placeholder)))
+				continue;
+			int w = snprintf(names + o, sizeof(names) - o, "%s%s", found ? ", " : "",
+					 i->hs[k].name);
+			if (w > 0 && (size_t)w < sizeof(names) - o)
+				o += (size_t)w;
+			found++;
+		}
+	if (found == 1)
+		netd_log(d, "the response of %s:%u held secret %s's value: replaced by its placeholder",
+			 i->name, c->port, names);
+	else
+		netd_log(d, "the response of %s:%u held the value of a secret (one of %s): replaced by its placeholder",
+			 i->name, c->port, names);
+}
+
+/* The server's response through the rewriter. */
+static void from_server(struct netd *d, struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+	struct cap_http_refusal why;
+	uint8_t p[CHUNK];
+	char what[640], e[200];
+
+	while (i->u_done && !i->resp_done && cap_buf_used(&i->resp_out) < NETD_BUF) {
+		ERR_clear_error();
+		int n = SSL_read(i->u, p, sizeof(p));
+		size_t from = i->resp_out.len;	/* where this feed's output starts */
+		int r;
+		if (!i->resp)
+			i->resp = cap_http_resp_new(i->hs, i->nhs,
+						    !strcmp(cap_http_req_method(i->req), "HEAD"));
+		if (n > 0) {
+			r = cap_http_resp_feed(i->resp, p, (size_t)n, &i->resp_out, &why);
+			explicit_bzero(p, (size_t)n);
+		} else {
+			int err = SSL_get_error(i->u, n);
+			if (err == SSL_ERROR_WANT_READ)
+				return;
+			if (err != SSL_ERROR_ZERO_RETURN) {
+				log_request(d, c, what, sizeof(what));
+				netd_log(d, "https %s: the server's TLS failed: %s", what,
+					 ssl_why(e, sizeof(e), "connection reset"));
+			}
+			r = cap_http_resp_eof(i->resp, &i->resp_out, &why);
+		}
+		if (!i->echo_said && cap_http_resp_echoed(i->resp)) {
+			i->echo_said = true;
+			echoed(d, c, from);
+		}
+		if (r < 0) {
+			log_request(d, c, what, sizeof(what));
+			netd_log(d, "refused the response to https %s: %s", what, why.reason);
+			answer(c, why.status ? why.status : 502, why.reason);
+			return;
+		}
+		if (r == CAP_HTTP_DONE) {
+			i->resp_done = true;
+			drop_upstream(c);
+		}
+		if (cap_buf_used(&i->resp_out))
+			i->answered = true;
+	}
+}
+
+/* The response, as rewritten, to the guest's TLS; then close_notify. */
+static int to_guest(struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+
+	while (i->g_done && cap_buf_used(&i->resp_out) && pending(i->g_out) < NETD_BUF) {
+		size_t n = CAP_MIN(cap_buf_used(&i->resp_out), (size_t)CHUNK);
+		ERR_clear_error();
+		int w = SSL_write(i->g, cap_buf_head(&i->resp_out), (int)n);
+		if (w <= 0) {
+			int e = SSL_get_error(i->g, w);
+			if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+				return 0;
+			return -1;
+		}
+		cap_buf_consume(&i->resp_out, (size_t)w);
+	}
+	if (i->g_done && i->resp_done && !cap_buf_used(&i->resp_out) && !i->notified) {
+		ERR_clear_error();
+		SSL_shutdown(i->g);
+		ERR_clear_error();
+		i->notified = true;
+	}
+	return 0;
+}
+
+static void handshakes(struct netd *d, struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+	char e[200];
+
+	if (!i->g_done) {
+		ERR_clear_error();
+		int r = SSL_do_handshake(i->g);
+		if (r == 1) {
+			i->g_done = true;
+		} else if (SSL_get_error(i->g, r) != SSL_ERROR_WANT_READ) {
+			netd_log(d, "refused tls %s:%u: the guest's TLS handshake failed: %s (does it trust the sandbox's CA?)",
+				 i->name, c->port,
+				 ssl_why(e, sizeof(e), c->a_eof ? "the guest closed the connection" : "?"));
+			i->req_done = i->resp_done = i->answered = i->notified = true;
+			drop_upstream(c);
+			return;
+		}
+	}
+	if (!i->u_done && !i->u_gone) {
+		ERR_clear_error();
+		int r = SSL_do_handshake(i->u);
+		if (r == 1) {
+			i->u_done = true;
+		} else if (SSL_get_error(i->u, r) != SSL_ERROR_WANT_READ) {
+			long v = SSL_get_verify_result(i->u);
+			if (v != X509_V_OK) {
+				ERR_clear_error();
+				netd_log(d, "refused tls %s:%u: the server's certificate is not trusted: %s",
+					 i->name, c->port, X509_verify_cert_error_string(v));
+				answer(c, 502, "the server's certificate is not trusted");
+			} else {
+				netd_log(d, "cannot reach %s:%u over tls: %s", i->name, c->port,
+					 ssl_why(e, sizeof(e),
+						 c->b_eof ? "the server closed the connection" : "?"));
+				answer(c, 502, "cannot reach the server over TLS");
+			}
+			if (!i->g_done)
+				i->notified = true;	/* no TLS to answer over: just end */
+		}
+	}
+	if (i->g_done && i->u_done)
+		c->deadline = 0;
+}
+
+/* All said: the last of the guest's TLS goes out as ST_REPLY would send
+ * an answer (then its side is shut and what it still sends is read). */
+static void finish(struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+
+	bio_to_queue(i->g_out, &c->down);
+	drop_upstream(c);
+	intercept_free(c);
+	c->up.off = c->up.len = 0;
+	c->state = ST_REPLY;
+	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+}
+
+void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
+{
+	struct icpt *i = c->owned_icpt;
+
+	if ((ra & (POLLIN | POLLHUP | POLLERR)) && sock_to_bio(c->a, i->g_in, &c->a_eof) < 0)
+		goto abort;
+	if (!i->u_gone && (rb & (POLLIN | POLLHUP | POLLERR)) &&
+	    sock_to_bio(c->b, i->u_in, &c->b_eof) < 0) {
+		netd_log(d, "cannot reach %s:%u: %s", i->name, c->port, strerror(errno));
+		answer(c, 502, "the connection to the server failed");
+	}
+	/* Until nothing moves: each step may unblock another. */
+	for (unsigned round = 0; round < 8; round++) {
+		size_t before = q_used(&c->down) + q_used(&i->to_b) + pending(i->g_in) +
+				pending(i->u_in) + cap_buf_used(&i->req_out) + cap_buf_used(&i->resp_out) +
+				pending(i->g_out) + pending(i->u_out);
+		unsigned flags = i->g_done + 2 * i->u_done + 4 * i->req_done + 8 * i->resp_done + 16 * i->notified;
+		handshakes(d, c);
+		from_guest(d, c);
+		if (to_server(c) < 0) {
+			char e[200];
+			netd_log(d, "cannot reach %s:%u over tls: %s", i->name, c->port,
+				 ssl_why(e, sizeof(e), "write failed"));
+			answer(c, 502, "the connection to the server failed");
+		}
+		from_server(d, c);
+		if (to_guest(c) < 0)
+			goto abort;
+		bio_to_queue(i->g_out, &c->down);
+		if (!i->u_gone)
+			bio_to_queue(i->u_out, &i->to_b);
+		if (queue_to_sock(c->a, &c->down) < 0)
+			goto abort;
+		if (!i->u_gone && queue_to_sock(c->b, &i->to_b) < 0) {
+			netd_log(d, "cannot reach %s:%u: %s", i->name, c->port, strerror(errno));
+			answer(c, 502, "the connection to the server failed");
+		}
+		if (i->notified && pending(i->g_out) <= q_tail(&c->down)) {
+			finish(c);
+			return;
+		}
+		size_t after = q_used(&c->down) + q_used(&i->to_b) + pending(i->g_in) +
+			       pending(i->u_in) + cap_buf_used(&i->req_out) + cap_buf_used(&i->resp_out) +
+			       pending(i->g_out) + pending(i->u_out);
+		unsigned flags2 = i->g_done + 2 * i->u_done + 4 * i->req_done + 8 * i->resp_done + 16 * i->notified;
+		if (after == before && flags == flags2)
+			break;
+	}
+	return;
+abort:
+	conn_free(d, c, true);
+}
+
+void intercept_timeout(struct netd *d, struct conn *c)
+{
+	struct icpt *i = c->owned_icpt;
+
+	netd_log(d, "refused tls %s:%u: %s within %d s", i->name, c->port,
+		 !i->g_done ? "the guest's TLS handshake did not end" : "the server's TLS handshake did not end",
+		 NETD_TIMEOUT_MS / 1000);
+	conn_free(d, c, true);
+}

@@ -621,6 +621,7 @@ static void netd_free(struct netd *d)
 	for (unsigned i = 0; i < d->nlisteners; i++)
 		close(d->listeners[i].fd);
 	dns_fini(d);
+	intercept_fini(d);
 	cap_buf_fini(&d->control);
 	free(d->proxy.owned_no_proxy);
 	free(d->owned_policy);
@@ -656,6 +657,10 @@ int cap_netd_main(const struct cap_netd_config *cfg)
 	d->max_conns = conn_limit(d->nlisteners);
 	dns_init(d);
 	upstream_init(d);
+	if (intercept_init(d) < 0) {
+		netd_free(d);
+		return 1;
+	}
 
 	struct loop *lp = xmalloc(sizeof(*lp));
 	while (!d->stop) {

@@ -1,5 +1,7 @@
 /* Unit tests of the policy process's parsers: DNS messages (dns.h), TLS
- * ClientHello SNI, HTTP request heads and proxy targets (sniff.h). */
+ * ClientHello SNI, HTTP request heads and proxy targets (sniff.h); its
+ * log's limits; and the interception of secrets' connections, end to end
+ * in a network namespace (netd-tls.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,12 +14,25 @@
 #include <string.h>
 
 #include <fcntl.h>
+#include <net/if.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <nftables/libnftables.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "dns.h"
 #include "netd-int.h"
 #include "util.h"
 #include "policy.h"
+#include "secret.h"
 #include "sniff.h"
 
 /* ---- DNS ---------------------------------------------------------------- */
@@ -857,6 +872,853 @@ static void test_log_size_cap(void **state)
 	log_close(&f);
 }
 
+/* ---- interception, end to end ----------------------------------------------
+ *
+ * The policy process in a thread of this test, in a network namespace of
+ * its own: nftables redirects this test's "guest" sockets (marked) to
+ * netd's listener, as the engine's rules redirect the guest's; a fake
+ * resolver answers netd on 127.0.0.1:53; fake HTTPS servers (their own
+ * test CA, given as the trust store) listen on 203.0.113.10 (api.test,
+ * other.test) and 203.0.113.20 (bad.test: a certificate of a CA nobody
+ * trusts). Skipped where no namespace can be made. */
+
+#define IC_LPORT 15001
+#define IC_DNS_PORT 5353	/* netd's guest DNS socket (the guest's 10.0.2.3:53) */
+#define IC_MARK 0x2a
+#define IC_GOOD 0xcb00710au	/* 203.0.113.10 */
+#define IC_BAD 0xcb007114u	/* 203.0.113.20 */
+#define IC_VALUE "real-token-4f9a2c81d7e6"
+
+struct ic_server {
+	int lfd;
+	SSL_CTX *ctx;
+	pthread_t th;
+	pthread_mutex_t mu;
+	unsigned nreq;
+	char last[8192];	/* the last request's head */
+};
+
+static struct {
+	bool ready;
+	char why[200];
+	EVP_PKEY *ca_key, *up_key, *bad_key, *leaf_key;
+	X509 *ca, *up_ca, *bad_ca;
+	char *ca_key_pem, *ca_pem, *up_pem;
+	struct ic_server good, bad;
+	int dns_fd;
+	pthread_t dns_th;
+	struct cap_net_policy policy;
+	struct cap_netd_secret secret;
+	struct cap_netd_config cfg;
+	int control[2], connector[2];
+	char log_path[64];
+	int log_fd;
+	pthread_t netd_th;
+	int netd_rc;
+} ic;
+
+static EVP_PKEY *ic_key(void)
+{
+	EVP_PKEY *k = EVP_EC_gen("P-256");
+	assert_non_null(k);
+	return k;
+}
+
+/* A certificate for key: a CA (issuer NULL: self-signed) or a server's for
+ * names (comma-separated DNS names). */
+static X509 *ic_cert(EVP_PKEY *key, const char *cn, X509 *issuer, EVP_PKEY *issuer_key,
+		     const char *dns)
+{
+	X509 *x = X509_new();
+	X509V3_CTX v;
+	char san[300];
+
+	assert_non_null(x);
+	X509_set_version(x, X509_VERSION_3);
+	ASN1_INTEGER_set(X509_get_serialNumber(x), (long)(random() & 0x7fffffff) + 1);
+	X509_gmtime_adj(X509_getm_notBefore(x), -3600);
+	X509_gmtime_adj(X509_getm_notAfter(x), 86400L * 365);
+	X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN", MBSTRING_ASC,
+				   (const unsigned char *)cn, -1, -1, 0);
+	X509_set_issuer_name(x, X509_get_subject_name(issuer ? issuer : x));
+	X509_set_pubkey(x, key);
+	X509V3_set_ctx(&v, issuer ? issuer : x, x, NULL, NULL, 0);
+	const char *exts[][2] = {
+		{ "basicConstraints", issuer ? "critical,CA:FALSE" : "critical,CA:TRUE,pathlen:0" },
+		{ "keyUsage", issuer ? "critical,digitalSignature" : "critical,keyCertSign,cRLSign" },
+		{ "subjectKeyIdentifier", "hash" },
+		{ "subjectAltName", san },
+	};
+	san[0] = '\0';
+	for (const char *p = dns; p && *p;) {
+		size_t n = strcspn(p, ",");
+		snprintf(san + strlen(san), sizeof(san) - strlen(san), "%sDNS:%.*s", san[0] ? "," : "",
+			 (int)n, p);
+		p += n + (p[n] == ',');
+	}
+	for (size_t i = 0; i < (dns ? 4u : 3u); i++) {
+		X509_EXTENSION *e = X509V3_EXT_nconf(NULL, &v, exts[i][0], exts[i][1]);
+		assert_non_null(e);
+		X509_add_ext(x, e, -1);
+		X509_EXTENSION_free(e);
+	}
+	assert_true(X509_sign(x, issuer_key ? issuer_key : key, EVP_sha256()) > 0);
+	return x;
+}
+
+static char *ic_pem_cert(X509 *x)
+{
+	BIO *b = BIO_new(BIO_s_mem());
+	char *p;
+	PEM_write_bio_X509(b, x);
+	long n = BIO_get_mem_data(b, &p);
+	char *out = strndup(p, (size_t)n);
+	BIO_free(b);
+	return out;
+}
+
+static char *ic_pem_key(EVP_PKEY *k)
+{
+	BIO *b = BIO_new(BIO_s_mem());
+	char *p;
+	PEM_write_bio_PrivateKey(b, k, NULL, NULL, 0, NULL, NULL);
+	long n = BIO_get_mem_data(b, &p);
+	char *out = strndup(p, (size_t)n);
+	BIO_free(b);
+	return out;
+}
+
+static void ic_timeouts(int fd)
+{
+	struct timeval tv = { .tv_sec = 5 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* Read an HTTP head and its Content-Length body from s into buf (NUL
+ * added): its length, 0 at the end, -1 on an error. */
+static int ic_read_request(SSL *s, char *buf, size_t size)
+{
+	size_t n = 0;
+	char *end = NULL;
+
+	while (!(end = strstr(buf, "\r\n\r\n"))) {
+		if (n + 1 >= size)
+			return -1;
+		int r = SSL_read(s, buf + n, (int)(size - n - 1));
+		if (r <= 0)
+			return n ? -1 : 0;
+		n += (size_t)r;
+		buf[n] = '\0';
+	}
+	size_t head = (size_t)(end - buf) + 4;
+	const char *cl = strcasestr(buf, "\r\ncontent-length:");
+	size_t body = cl && cl < end ? strtoul(cl + 17, NULL, 10) : 0;
+	while (n < head + body && n + 1 < size) {
+		int r = SSL_read(s, buf + n, (int)(size - n - 1));
+		if (r <= 0)
+			return -1;
+		n += (size_t)r;
+		buf[n] = '\0';
+	}
+	return (int)n;
+}
+
+/* A fake HTTPS API: records each request; "/echo" answers the
+ * Authorization it got; a connection is kept open unless asked to close. */
+static void *ic_server_main(void *arg)
+{
+	struct ic_server *sv = arg;
+
+	for (;;) {
+		int fd = accept(sv->lfd, NULL, NULL);
+		if (fd < 0)
+			return NULL;
+		ic_timeouts(fd);
+		SSL *s = SSL_new(sv->ctx);
+		SSL_set_fd(s, fd);
+		if (SSL_accept(s) == 1) {
+			char req[8192];
+			for (;;) {
+				req[0] = '\0';
+				if (ic_read_request(s, req, sizeof(req)) <= 0)
+					break;
+				pthread_mutex_lock(&sv->mu);
+				sv->nreq++;
+				snprintf(sv->last, sizeof(sv->last), "%s", req);
+				pthread_mutex_unlock(&sv->mu);
+				char body[600] = "ok\n", resp[1024];
+				if (strstr(req, " /echo ")) {
+					const char *a = strcasestr(req, "\r\nauthorization: ");
+					size_t al = a ? strcspn(a + 17, "\r") : 0;
+					snprintf(body, sizeof(body), "you sent %.*s\n", (int)al, a ? a + 17 : "");
+				}
+				int n = snprintf(resp, sizeof(resp),
+						 "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+						 "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+				SSL_write(s, resp, n);
+				if (strcasestr(req, "\r\nconnection: close"))
+					break;
+			}
+			SSL_shutdown(s);
+		}
+		SSL_free(s);
+		close(fd);
+	}
+}
+
+static void ic_server_start(struct ic_server *sv, uint32_t addr, X509 *cert, EVP_PKEY *key)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(443),
+				  .sin_addr.s_addr = htonl(addr) };
+	int one = 1;
+
+	sv->ctx = SSL_CTX_new(TLS_server_method());
+	assert_int_equal(SSL_CTX_use_certificate(sv->ctx, cert), 1);
+	assert_int_equal(SSL_CTX_use_PrivateKey(sv->ctx, key), 1);
+	sv->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	setsockopt(sv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	assert_int_equal(bind(sv->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(sv->lfd, 16), 0);
+	pthread_mutex_init(&sv->mu, NULL);
+	assert_int_equal(pthread_create(&sv->th, NULL, ic_server_main, sv), 0);
+}
+
+static void ic_server_stop(struct ic_server *sv)
+{
+	shutdown(sv->lfd, SHUT_RDWR);
+	pthread_join(sv->th, NULL);
+	close(sv->lfd);
+	SSL_CTX_free(sv->ctx);
+	pthread_mutex_destroy(&sv->mu);
+}
+
+static void ic_server_get(struct ic_server *sv, unsigned *nreq, char *last, size_t size)
+{
+	pthread_mutex_lock(&sv->mu);
+	*nreq = sv->nreq;
+	snprintf(last, size, "%s", sv->last);
+	pthread_mutex_unlock(&sv->mu);
+}
+
+/* The host's resolver: api.test and other.test are 203.0.113.10,
+ * bad.test 203.0.113.20, anything else NXDOMAIN. */
+static void *ic_dns_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		uint8_t q[512], r[600];
+		struct sockaddr_in from;
+		socklen_t fl = sizeof(from);
+		ssize_t n = recvfrom(ic.dns_fd, q, sizeof(q), 0, (struct sockaddr *)&from, &fl);
+		if (n < 0)
+			return NULL;
+		struct cap_dns_question qq;
+		if (cap_dns_parse_query(q, (size_t)n, &qq) < 0)
+			continue;
+		uint32_t addr = !strcmp(qq.name, "api.test") || !strcmp(qq.name, "other.test") ? IC_GOOD
+				: !strcmp(qq.name, "bad.test")				      ? IC_BAD
+												      : 0;
+		memcpy(r, q, qq.end);
+		r[2] = 0x81;
+		r[3] = addr ? 0x80 : 0x83;
+		memset(r + 6, 0, 6);
+		size_t o = qq.end;
+		if (addr && qq.qtype == CAP_DNS_TYPE_A) {
+			r[7] = 1;
+			const uint8_t rr[] = { 0xc0, 12, 0, 1, 0, 1, 0, 0, 1, 0x2c, 0, 4,
+					       (uint8_t)(addr >> 24), (uint8_t)(addr >> 16),
+					       (uint8_t)(addr >> 8), (uint8_t)addr };
+			memcpy(r + o, rr, sizeof(rr));
+			o += sizeof(rr);
+		}
+		sendto(ic.dns_fd, r, o, 0, (struct sockaddr *)&from, fl);
+	}
+}
+
+static void *ic_netd_main(void *arg)
+{
+	(void)arg;
+	ic.netd_rc = cap_netd_main(&ic.cfg);
+	return NULL;
+}
+
+static bool ic_write_file(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	bool ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+	close(fd);
+	return ok;
+}
+
+/* A network namespace of our own (and a user namespace when not root). */
+static bool ic_namespace(void)
+{
+	uid_t uid = getuid();
+	gid_t gid = getgid();
+
+	if (unshare(CLONE_NEWNET) == 0)
+		return true;
+	if (unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0)
+		return false;
+	char map[64];
+	snprintf(map, sizeof(map), "0 %u 1", (unsigned)uid);
+	if (!ic_write_file("/proc/self/uid_map", map))
+		return false;
+	ic_write_file("/proc/self/setgroups", "deny");
+	snprintf(map, sizeof(map), "0 %u 1", (unsigned)gid);
+	return ic_write_file("/proc/self/gid_map", map);
+}
+
+static bool ic_if_addr(int fd, const char *ifname, uint32_t addr)
+{
+	struct ifreq ifr;
+
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
+	struct sockaddr_in *sa = (struct sockaddr_in *)&ifr.ifr_addr;
+	sa->sin_family = AF_INET;
+	sa->sin_addr.s_addr = htonl(addr);
+	return ioctl(fd, SIOCSIFADDR, &ifr) == 0;
+}
+
+static bool ic_network(void)
+{
+	struct ifreq ifr;
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	bool ok = fd >= 0;
+
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+	ok = ok && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0;
+	ifr.ifr_flags |= IFF_UP;
+	ok = ok && ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+	ok = ok && ic_if_addr(fd, "lo:1", IC_GOOD) && ic_if_addr(fd, "lo:2", IC_BAD);
+	if (fd >= 0)
+		close(fd);
+	if (!ok)
+		return false;
+	struct nft_ctx *nft = nft_ctx_new(NFT_CTX_DEFAULT);
+	char rules[400];
+	snprintf(rules, sizeof(rules),
+		 "add table ip ic\n"
+		 "add chain ip ic out { type nat hook output priority -100; }\n"
+		 "add rule ip ic out meta mark %d tcp dport != %d redirect to :%d\n",
+		 IC_MARK, IC_LPORT, IC_LPORT);
+	nft_ctx_buffer_output(nft);
+	nft_ctx_buffer_error(nft);
+	ok = nft && nft_run_cmd_from_buffer(nft, rules) == 0;
+	nft_ctx_free(nft);
+	return ok;
+}
+
+static int ic_udp(uint32_t addr, uint16_t port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+				  .sin_addr.s_addr = htonl(addr) };
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+static void ic_netd_config(struct cap_netd_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->name = "ic";
+	cfg->policy = &ic.policy;
+	cfg->control = ic.control[0];
+	cfg->connector = ic.connector[0];
+	cfg->nflog = -1;
+	cfg->log_fd = ic.log_fd;
+	cfg->verbose = true;
+	cfg->resolv_conf = "/tmp/test-netd-resolv.conf";
+	cfg->secrets = &ic.secret;
+	cfg->nsecrets = 1;
+	cfg->ca_key_pem = ic.ca_key_pem;
+	cfg->ca_cert_pem = ic.ca_pem;
+	cfg->trust_pem = ic.up_pem;
+	cfg->trust_len = strlen(ic.up_pem);
+}
+
+static int ic_setup(void **state)
+{
+	struct cap_err err = { 0 };
+
+	(void)state;
+	if (!ic_namespace() || !ic_network()) {
+		snprintf(ic.why, sizeof(ic.why), "no network namespace with nftables here");
+		return 0;
+	}
+	ic.ca_key = ic_key();
+	ic.up_key = ic_key();
+	ic.bad_key = ic_key();
+	ic.leaf_key = ic_key();
+	ic.ca = ic_cert(ic.ca_key, "capsule CA for ic", NULL, NULL, NULL);
+	ic.up_ca = ic_cert(ic.up_key, "fake internet CA", NULL, NULL, NULL);
+	ic.bad_ca = ic_cert(ic.bad_key, "nobody's CA", NULL, NULL, NULL);
+	X509 *good = ic_cert(ic.leaf_key, "api.test", ic.up_ca, ic.up_key, "api.test,other.test");
+	X509 *bad = ic_cert(ic.leaf_key, "bad.test", ic.bad_ca, ic.bad_key, "bad.test");
+	ic.ca_key_pem = ic_pem_key(ic.ca_key);
+	ic.ca_pem = ic_pem_cert(ic.ca);
+	ic.up_pem = ic_pem_cert(ic.up_ca);
+	ic_server_start(&ic.good, IC_GOOD, good, ic.leaf_key);
+	ic_server_start(&ic.bad, IC_BAD, bad, ic.leaf_key);
+	X509_free(good);
+	X509_free(bad);
+
+	ic.dns_fd = ic_udp(0x7f000001u, 53);
+	assert_int_equal(pthread_create(&ic.dns_th, NULL, ic_dns_main, NULL), 0);
+	int rfd = open("/tmp/test-netd-resolv.conf", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	assert_true(rfd >= 0);
+	assert_true(write(rfd, "nameserver 127.0.0.1\n", 21) == 21);
+	close(rfd);
+
+	cap_net_policy_init(&ic.policy);
+	assert_int_equal(cap_net_secret_add(&ic.policy, "TOKEN=env:TOKEN@api.test,bad.test", &err), 0);
+	assert_int_equal(cap_net_rule_add(&ic.policy, "other.test:443", &err), 0);
+	uint8_t fp[32] = { 1, 2, 3 };
+	ic.secret.decl = &ic.policy.secrets[0];
+	cap_net_secret_placeholder(fp, "TOKEN", ic.secret.placeholder);
+	ic.secret.value = IC_VALUE;
+	ic.secret.value_len = strlen(IC_VALUE);
+
+	snprintf(ic.log_path, sizeof(ic.log_path), "/tmp/test-netd-ic.XXXXXX");
+	ic.log_fd = mkstemp(ic.log_path);
+	assert_true(ic.log_fd >= 0);
+	assert_int_equal(pipe2(ic.control, O_CLOEXEC), 0);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ic.connector), 0);
+	ic_netd_config(&ic.cfg);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(IC_LPORT),
+				  .sin_addr.s_addr = htonl(0x7f000001u) };
+	ic.cfg.tcp_listen = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	assert_int_equal(bind(ic.cfg.tcp_listen, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(ic.cfg.tcp_listen, 64), 0);
+	ic.cfg.dns = ic_udp(0x7f000001u, IC_DNS_PORT);
+	assert_int_equal(pthread_create(&ic.netd_th, NULL, ic_netd_main, NULL), 0);
+	ic.ready = true;
+	return 0;
+}
+
+static off_t ic_log_at(void)
+{
+	return lseek(ic.log_fd, 0, SEEK_END);
+}
+
+/* What netd logged since at (waiting a little for a line with want). */
+static char *ic_log_since(off_t at, const char *want)
+{
+	for (int i = 0;; i++) {
+		off_t end = lseek(ic.log_fd, 0, SEEK_END);
+		char *t = calloc(1, (size_t)(end - at) + 1);
+		assert_non_null(t);
+		assert_true(pread(ic.log_fd, t, (size_t)(end - at), at) == end - at);
+		if (!want || strstr(t, want) || i == 50)
+			return t;
+		free(t);
+		usleep(20000);
+	}
+}
+
+static int ic_teardown(void **state)
+{
+	(void)state;
+	if (!ic.ready)
+		return 0;
+	close(ic.control[1]);
+	pthread_join(ic.netd_th, NULL);
+	close(ic.control[0]);
+	close(ic.connector[0]);
+	close(ic.connector[1]);
+	close(ic.cfg.tcp_listen);
+	close(ic.cfg.dns);
+	ic_server_stop(&ic.good);
+	ic_server_stop(&ic.bad);
+	shutdown(ic.dns_fd, SHUT_RDWR);
+	close(ic.dns_fd);
+	pthread_cancel(ic.dns_th);
+	pthread_join(ic.dns_th, NULL);
+	if (getenv("TEST_NETD_LOG")) {	/* to see what netd said */
+		char *log = ic_log_since(0, NULL);
+		fputs(log, stderr);
+		free(log);
+	}
+	close(ic.log_fd);
+	unlink(ic.log_path);
+	unlink("/tmp/test-netd-resolv.conf");
+	free(ic.ca_key_pem);
+	free(ic.ca_pem);
+	free(ic.up_pem);
+	X509_free(ic.ca);
+	X509_free(ic.up_ca);
+	X509_free(ic.bad_ca);
+	EVP_PKEY_free(ic.ca_key);
+	EVP_PKEY_free(ic.up_key);
+	EVP_PKEY_free(ic.bad_key);
+	EVP_PKEY_free(ic.leaf_key);
+	return 0;
+}
+
+#define IC_REQUIRE()                              \
+	do {                                      \
+		if (!ic.ready) {                  \
+			print_message("skipped: %s\n", ic.why); \
+			skip();                   \
+		}                                 \
+	} while (0)
+
+/* A socket of the guest to addr:port (redirected to netd). */
+static int ic_guest_connect(uint32_t addr, uint16_t port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+				  .sin_addr.s_addr = htonl(addr) };
+	int mark = IC_MARK;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)), 0);
+	ic_timeouts(fd);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* Through the proxy: CONNECT target, its answer's status. */
+static int ic_guest_connect_proxy(const char *target)
+{
+	int fd = ic_guest_connect(0x7f000001u, CAP_NET_PROXY_PORT);
+	char req[300], resp[512];
+	size_t n = 0;
+
+	snprintf(req, sizeof(req), "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target);
+	assert_true(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+	/* Byte by byte: what follows the answer's head is the server's. */
+	while (n + 1 < sizeof(resp) && (n < 4 || memcmp(resp + n - 4, "\r\n\r\n", 4))) {
+		ssize_t r = read(fd, resp + n, 1);
+		if (r <= 0)
+			break;
+		n++;
+	}
+	resp[n] = '\0';
+	assert_true(!strncmp(resp, "HTTP/1.1 200 ", 13));
+	return fd;
+}
+
+/* The guest's TLS over fd, verifying name against trust (a PEM
+ * certificate); NULL when the handshake fails. */
+static SSL *ic_guest_tls(int fd, const char *sni, const char *name, const char *trust)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	BIO *b = BIO_new_mem_buf(trust, -1);
+	X509 *x = PEM_read_bio_X509(b, NULL, NULL, NULL);
+
+	BIO_free(b);
+	X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), x);
+	X509_free(x);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	SSL *s = SSL_new(ctx);
+	SSL_CTX_free(ctx);	/* s holds it */
+	SSL_set_fd(s, fd);
+	SSL_set_tlsext_host_name(s, sni);
+	SSL_set1_host(s, name);
+	if (SSL_connect(s) != 1) {
+		ERR_clear_error();
+		SSL_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+/* Send req over s and read until the end: the text (the caller frees);
+ * *clean: the end was a close_notify. */
+static char *ic_exchange(SSL *s, const char *req, bool *clean)
+{
+	size_t size = 65536, n = 0;
+	char *out = calloc(1, size);
+
+	assert_non_null(out);
+	assert_true(SSL_write(s, req, (int)strlen(req)) == (int)strlen(req));
+	for (;;) {
+		int r = SSL_read(s, out + n, (int)(size - n - 1));
+		if (r <= 0) {
+			*clean = SSL_get_error(s, r) == SSL_ERROR_ZERO_RETURN;
+			ERR_clear_error();
+			break;
+		}
+		n += (size_t)r;
+	}
+	out[n] = '\0';
+	return out;
+}
+
+static void ic_close(SSL *s, int fd)
+{
+	if (s) {
+		SSL_CTX *ctx = SSL_get_SSL_CTX(s);
+		(void)ctx;
+		SSL_free(s);
+	}
+	close(fd);
+}
+
+/* The placeholder becomes the value for api.test; the second request on
+ * the connection never reaches the server; one Connection: close. */
+static void test_intercept_connect(void **state)
+{
+	char req[1024], last[8192];
+	unsigned before, after;
+	bool clean = false;
+
+	(void)state;
+	IC_REQUIRE();
+	ic_server_get(&ic.good, &before, last, sizeof(last));
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("api.test:443");
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);	/* netd's certificate, verified against the sandbox's CA */
+	X509 *peer = SSL_get1_peer_certificate(s);
+	assert_int_equal(X509_check_host(peer, "api.test", 0, 0, NULL), 1);
+	assert_int_equal(X509_NAME_cmp(X509_get_issuer_name(peer), X509_get_subject_name(ic.ca)), 0);
+	X509_free(peer);
+	snprintf(req, sizeof(req),
+		 "GET /v1/x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\n"
+		 "Connection: keep-alive\r\n\r\n"
+		 "GET /second HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\n\r\n",
+		 ic.secret.placeholder, ic.secret.placeholder);
+	char *resp = ic_exchange(s, req, &clean);
+	assert_true(clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
+	assert_int_equal(count(resp, "Connection: close\r\n"), 1);
+	assert_non_null(strstr(resp, "\r\n\r\nok\n"));
+	assert_int_equal(count(resp, "HTTP/1.1 "), 1);
+	free(resp);
+	ic_close(s, fd);
+	ic_server_get(&ic.good, &after, last, sizeof(last));
+	assert_int_equal(after, before + 1);
+	assert_non_null(strstr(last, "GET /v1/x HTTP/1.1\r\n"));
+	assert_non_null(strstr(last, "Authorization: Bearer " IC_VALUE "\r\n"));
+	assert_null(strstr(last, ic.secret.placeholder));
+	assert_int_equal(count(last, "Connection: close\r\n"), 1);
+	assert_null(strcasestr(last, "keep-alive"));
+	char *log = ic_log_since(at, "secret TOKEN sent to api.test:443 (GET /v1/x)");
+	assert_non_null(strstr(log, "capsule net: secret TOKEN sent to api.test:443 (GET /v1/x)\n"));
+	assert_null(strstr(log, IC_VALUE));
+	free(log);
+}
+
+/* A response that echoes the value reaches the guest with the placeholder. */
+static void test_intercept_echo(void **state)
+{
+	char req[1024], want[200];
+	bool clean = false;
+
+	(void)state;
+	IC_REQUIRE();
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("api.test:443");
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	snprintf(req, sizeof(req), "GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: %s\r\n\r\n",
+		 ic.secret.placeholder);
+	char *resp = ic_exchange(s, req, &clean);
+	snprintf(want, sizeof(want), "\r\n\r\nyou sent %s\n", ic.secret.placeholder);
+	assert_non_null(strstr(resp, want));
+	assert_null(strstr(resp, IC_VALUE));
+	free(resp);
+	ic_close(s, fd);
+	char *log = ic_log_since(at, "held secret");
+	assert_non_null(strstr(log, "capsule net: the response of api.test:443 held secret TOKEN's value: "
+				    "replaced by its placeholder\n"));
+	free(log);
+}
+
+/* An upstream whose certificate the trust store does not vouch for. */
+static void test_intercept_untrusted(void **state)
+{
+	char req[512];
+	bool clean = false;
+	unsigned before, after;
+	char last[8192];
+
+	(void)state;
+	IC_REQUIRE();
+	ic_server_get(&ic.bad, &before, last, sizeof(last));
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("bad.test:443");
+	SSL *s = ic_guest_tls(fd, "bad.test", "bad.test", ic.ca_pem);
+	if (s) {	/* the guest's handshake was through first: a 502 */
+		snprintf(req, sizeof(req), "GET / HTTP/1.1\r\nHost: bad.test\r\nAuthorization: %s\r\n\r\n",
+			 ic.secret.placeholder);
+		char *resp = ic_exchange(s, req, &clean);
+		assert_true(resp[0] == '\0' || !strncmp(resp, "HTTP/1.1 502 ", 13));
+		free(resp);
+	}
+	ic_close(s, fd);
+	char *log = ic_log_since(at, "refused tls bad.test:443");
+	assert_non_null(strstr(log, "capsule net: refused tls bad.test:443: the server's certificate is "
+				    "not trusted: unable to get local issuer certificate\n"));
+	free(log);
+	ic_server_get(&ic.bad, &after, last, sizeof(last));
+	assert_int_equal(after, before);	/* no request reached it */
+}
+
+/* A host no secret names: not intercepted (the guest sees the real
+ * server's certificate), the placeholder goes as it is. */
+static void test_passthrough_other_host(void **state)
+{
+	char req[512], last[8192];
+	bool clean = false;
+	unsigned n;
+
+	(void)state;
+	IC_REQUIRE();
+	int fd = ic_guest_connect_proxy("other.test:443");
+	assert_null(ic_guest_tls(fd, "other.test", "other.test", ic.ca_pem));
+	close(fd);
+	fd = ic_guest_connect_proxy("other.test:443");
+	SSL *s = ic_guest_tls(fd, "other.test", "other.test", ic.up_pem);
+	assert_non_null(s);
+	snprintf(req, sizeof(req),
+		 "GET /o HTTP/1.1\r\nHost: other.test\r\nAuthorization: %s\r\nConnection: close\r\n\r\n",
+		 ic.secret.placeholder);
+	char *resp = ic_exchange(s, req, &clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
+	free(resp);
+	ic_close(s, fd);
+	ic_server_get(&ic.good, &n, last, sizeof(last));
+	assert_non_null(strstr(last, "GET /o HTTP/1.1\r\n"));
+	assert_non_null(strstr(last, ic.secret.placeholder));
+	assert_null(strstr(last, IC_VALUE));
+}
+
+/* CONNECT to the secret's host with a ClientHello naming another. */
+static void test_connect_sni_mismatch(void **state)
+{
+	(void)state;
+	IC_REQUIRE();
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("api.test:443");
+	assert_null(ic_guest_tls(fd, "other.test", "other.test", ic.up_pem));
+	close(fd);
+	char *log = ic_log_since(at, "is not the CONNECT's host");
+	assert_non_null(strstr(log, "capsule net: refused proxy CONNECT api.test:443: TLS server name "
+				    "\"other.test\" is not the CONNECT's host\n"));
+	free(log);
+}
+
+/* Resolve name through netd's DNS, as the guest does. */
+static void ic_guest_resolve(const char *name)
+{
+	uint8_t q[300], r[600];
+	ssize_t n = cap_dns_build_query(0x4242, name, CAP_DNS_TYPE_A, q, sizeof(q));
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(IC_DNS_PORT),
+				  .sin_addr.s_addr = htonl(0x7f000001u) };
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	assert_true(n > 0);
+	ic_timeouts(fd);
+	assert_true(sendto(fd, q, (size_t)n, 0, (struct sockaddr *)&sa, sizeof(sa)) == n);
+	assert_true(recv(fd, r, sizeof(r), 0) > 12);
+	close(fd);
+}
+
+/* A direct connection (no proxy): intercepted by its SNI when the
+ * address was resolved as that name; refused when it was not. */
+static void test_intercept_direct(void **state)
+{
+	char req[512], last[8192];
+	bool clean = false;
+	unsigned n;
+
+	(void)state;
+	IC_REQUIRE();
+	ic_guest_resolve("api.test");
+	int fd = ic_guest_connect(IC_GOOD, 443);
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	snprintf(req, sizeof(req), "POST /d HTTP/1.1\r\nHost: api.test:443\r\nX-Token: %s\r\n"
+		 "Content-Length: 2\r\n\r\nhi", ic.secret.placeholder);
+	char *resp = ic_exchange(s, req, &clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
+	free(resp);
+	ic_close(s, fd);
+	ic_server_get(&ic.good, &n, last, sizeof(last));
+	assert_non_null(strstr(last, "POST /d HTTP/1.1\r\n"));
+	assert_non_null(strstr(last, "X-Token: " IC_VALUE "\r\n"));
+	assert_non_null(strstr(last, "\r\n\r\nhi"));
+
+	/* bad.test's address under api.test's name. */
+	ic_guest_resolve("bad.test");
+	off_t at = ic_log_at();
+	fd = ic_guest_connect(IC_BAD, 443);
+	assert_null(ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem));
+	close(fd);
+	char *log = ic_log_since(at, "was not resolved as that name");
+	assert_non_null(strstr(log, "capsule net: refused tcp 203.0.113.20:443: TLS server name api.test "
+				    "is a secret's host, and this address was not resolved as that name\n"));
+	free(log);
+}
+
+/* A request the rewriter refuses: its status over the guest's TLS, the
+ * log naming the request, nothing upstream. */
+static void test_intercept_refused_request(void **state)
+{
+	char last[8192];
+	bool clean = false;
+	unsigned before, after;
+
+	(void)state;
+	IC_REQUIRE();
+	ic_server_get(&ic.good, &before, last, sizeof(last));
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("api.test:443");
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	char *resp = ic_exchange(s, "GET /h HTTP/1.1\r\nHost: other.test\r\n\r\n", &clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 421 ", 13));
+	assert_non_null(strstr(resp, "Connection: close\r\n"));
+	free(resp);
+	ic_close(s, fd);
+	char *log = ic_log_since(at, "refused https");
+	assert_non_null(strstr(log, "capsule net: refused https api.test:443 GET /h: "));
+	free(log);
+	ic_server_get(&ic.good, &after, last, sizeof(last));
+	assert_int_equal(after, before);
+}
+
+/* A CA key that is not one: netd does not start, and says why. */
+static void test_intercept_bad_ca(void **state)
+{
+	struct cap_netd_config cfg;
+	int control[2];
+
+	(void)state;
+	IC_REQUIRE();
+	ic_netd_config(&cfg);
+	assert_int_equal(pipe2(control, O_CLOEXEC), 0);
+	cfg.control = control[0];
+	cfg.tcp_listen = -1;
+	cfg.dns = -1;
+	cfg.ca_key_pem = "-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n";
+	off_t at = ic_log_at();
+	assert_int_equal(cap_netd_main(&cfg), 1);
+	char *log = ic_log_since(at, "cannot intercept");
+	assert_non_null(strstr(log, "capsule net: cannot intercept the secrets' connections: the CA key "
+				    "cannot be read"));
+	free(log);
+	/* A certificate that is not the key's. */
+	cfg.ca_key_pem = ic.ca_key_pem;
+	cfg.ca_cert_pem = ic.up_pem;
+	at = ic_log_at();
+	assert_int_equal(cap_netd_main(&cfg), 1);
+	log = ic_log_since(at, "cannot intercept");
+	assert_non_null(strstr(log, "the CA key does not match the CA certificate"));
+	free(log);
+	close(control[0]);
+	close(control[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -884,5 +1746,16 @@ int main(void)
 		cmocka_unit_test(test_log_rate_limit),
 		cmocka_unit_test(test_log_size_cap),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	const struct CMUnitTest intercept[] = {
+		cmocka_unit_test(test_intercept_connect),
+		cmocka_unit_test(test_intercept_echo),
+		cmocka_unit_test(test_intercept_untrusted),
+		cmocka_unit_test(test_passthrough_other_host),
+		cmocka_unit_test(test_connect_sni_mismatch),
+		cmocka_unit_test(test_intercept_direct),
+		cmocka_unit_test(test_intercept_refused_request),
+		cmocka_unit_test(test_intercept_bad_ca),
+	};
+	int r = cmocka_run_group_tests(tests, NULL, NULL);
+	return r + cmocka_run_group_tests_name("intercept", intercept, ic_setup, ic_teardown);
 }

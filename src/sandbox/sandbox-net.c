@@ -126,7 +126,11 @@ static int load_secrets(struct cap_sandbox_net *n, const struct cap_sandbox_opts
 		s->value = v;
 		s->value_len = len;
 		cap_net_secret_placeholder(n->ca.fp, p->secrets[i].name, s->placeholder);
-		snprintf(n->env[i], sizeof(n->env[i]), "%s=%s", p->secrets[i].name, s->placeholder);
+		/* NAME=placeholder (both inside n: no snprintf from n into n). */
+		size_t nl = strnlen(p->secrets[i].name, sizeof(p->secrets[i].name) - 1);
+		memcpy(n->env[i], p->secrets[i].name, nl);
+		n->env[i][nl] = '=';
+		memcpy(n->env[i] + nl + 1, s->placeholder, sizeof(s->placeholder));
 		n->envp[i] = n->env[i];
 		n->nsecrets = i + 1;
 	}

@@ -12,10 +12,15 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "ca.h"
 #include "named.h"
+#include "paths.h"
 #include "policy.h"
 #include "net-fixtures.h"
+#include "sandbox-internal.h"
 #include "sandbox.h"
+#include "secret.h"
+#include "util.h"
 
 static struct cap_sandbox_spec *new_spec(void)
 {
@@ -302,14 +307,15 @@ static void test_record_net_too_long(void **state)
 	char rule[300], label[64];
 	assert_non_null(r);
 
-	/* 64 rules of ~250 bytes each: far over the record's 4096. */
-	memset(label, 'a', 60);
-	label[60] = '\0';
+	/* 64 rules of ~265 bytes each: over the record's room. */
+	memset(label, 'a', 57);
+	label[57] = '\0';
 	for (unsigned i = 0; i < CAP_NET_MAX_RULES; i++) {
-		snprintf(rule, sizeof(rule), "h%u.%s.%s.%s.example.com", i, label, label, label);
+		snprintf(rule, sizeof(rule), "h%u.%s.%s.%s.%s.example.com:65535", i, label, label, label, label);
 		if (cap_net_rule_add(p, rule, &err) < 0)
 			fail_msg("adding %s: %s", rule, err.msg);
 	}
+	assert_true((size_t)CAP_NET_MAX_RULES * (strlen("allow-egress=") + strlen(rule) + 1) > sizeof(r->net));
 	cap_record_init(r);
 	snprintf(r->net, sizeof(r->net), "allow-lan");
 	assert_int_equal(cap_record_set_net(r, p, &err), -E2BIG);
@@ -361,6 +367,161 @@ static void test_record_net_bad_word(void **state)
 	free(r);
 }
 
+/* Secrets are not part of the spec's SETUP nor of the shape: a template
+ * never holds a CA or a placeholder, and sandboxes with and without
+ * secrets share templates. */
+static void test_secrets_not_in_spec(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *a = new_spec(), *b = new_spec();
+	struct cap_net_policy *p = new_policy();
+	struct cap_err err = { 0 };
+	char sa[512], sb[512];
+
+	cap_sandbox_spec_named(a, "i", "u", "w", "s", "a");
+	cap_sandbox_spec_named(b, "i", "u", "w", "s", "b");
+	assert_int_equal(cap_net_secret_add(p, "TOKEN=env:CAPSULE_TEST_SPEC_TOKEN@api.test", &err), 0);
+	cap_sandbox_spec_network(a, p);
+	cap_net_policy_init(p);
+	cap_net_policy_apply(p, "allow-egress", "api.test:443", NULL);
+	cap_sandbox_spec_network(b, p);
+	shape_of(a, sa, sizeof(sa));
+	shape_of(b, sb, sizeof(sb));
+	assert_string_equal(sa, sb);
+	assert_int_equal(a->net.nsecrets, 1);
+	assert_null(a->setup.ca_pem);
+	assert_int_equal(a->setup.envc, 0);
+	free(p);
+	free(a);
+	free(b);
+}
+
+struct owner {
+	char dir[64];
+	char trust[96];
+	struct cap_sandbox_spec spec;
+	struct cap_sandbox_opts o;
+};
+
+static int owner_setup(void **state)
+{
+	struct owner *t = calloc(1, sizeof(*t));
+	struct cap_net_ca ca;
+	struct cap_err err = { 0 };
+	if (!t)
+		return -1;
+	snprintf(t->dir, sizeof(t->dir), "/tmp/capsule-test-spec-XXXXXX");
+	if (!mkdtemp(t->dir))
+		return -1;
+	/* A trust store of its own: the test does not depend on the host's. */
+	snprintf(t->trust, sizeof(t->trust), "%s/trust.pem", t->dir);
+	if (cap_net_ca_ensure(NULL, "trust", &ca, &err) < 0 ||
+	    cap_write_file_atomic(t->trust, ca.owned_cert_pem, strlen(ca.owned_cert_pem), 0644) < 0)
+		return -1;
+	cap_net_ca_fini(&ca);
+	setenv("SSL_CERT_FILE", t->trust, 1);
+	cap_sandbox_spec_oneshot(&t->spec, NULL);
+	cap_sandbox_opts_init(&t->o);
+	t->o.spec = &t->spec;
+	t->o.name = "box";
+	t->o.ca_dir = t->dir;
+	*state = t;
+	return 0;
+}
+
+static int owner_teardown(void **state)
+{
+	struct owner *t = *state;
+	cap_remove_tree(t->dir);
+	unsetenv("SSL_CERT_FILE");
+	unsetenv("CAPSULE_TEST_SPEC_TOKEN");
+	free(t);
+	return 0;
+}
+
+/* The owner's start with secrets (sandbox-net.c): the CA in ca_dir, SETUP
+ * with its certificate and NAME=<placeholder>, never the value. */
+static void test_owner_secrets(void **state)
+{
+	struct owner *t = *state;
+	struct cap_net_policy *p = new_policy();
+	struct cap_sandbox_net *n = NULL;
+	struct cap_err err = { 0 };
+	char path[128], ph[CAP_NET_PLACEHOLDER_LEN + 1], want[128];
+	char *env[CAP_SETUP_MAX_ENV];
+
+	assert_int_equal(cap_net_secret_add(p, "TOKEN=env:CAPSULE_TEST_SPEC_TOKEN@api.test", &err), 0);
+	cap_sandbox_spec_network(&t->spec, p);
+	setenv("CAPSULE_TEST_SPEC_TOKEN", "the-real-token-value", 1);
+	assert_int_equal(cap_sandbox_net_new(&t->o, &n, &err), 0);
+
+	struct cap_setup s = t->spec.setup;
+	assert_int_equal(cap_sandbox_net_setup(n, &s, env, &err), 0);
+	assert_non_null(s.ca_pem);
+	assert_non_null(strstr(s.ca_pem, "-----BEGIN CERTIFICATE-----"));
+	assert_int_equal(s.envc, 1);
+	/* The placeholder of this CA (the one now kept in ca_dir). */
+	struct cap_net_ca ca;
+	assert_int_equal(cap_net_ca_ensure(t->dir, "box", &ca, &err), 0);
+	assert_string_equal(ca.owned_cert_pem, s.ca_pem);
+	cap_net_secret_placeholder(ca.fp, "TOKEN", ph);
+	snprintf(want, sizeof(want), "TOKEN=%s", ph);
+	assert_string_equal(s.env[0], want);
+	assert_null(strstr(s.ca_pem, "the-real-token-value"));
+	cap_net_ca_fini(&ca);
+	snprintf(path, sizeof(path), "%s/ca.key", t->dir);
+	assert_int_equal(access(path, F_OK), 0);
+	cap_sandbox_net_started(n);
+	cap_sandbox_net_free(n);
+
+	/* A second start: the same CA, the same placeholder. */
+	assert_int_equal(cap_sandbox_net_new(&t->o, &n, &err), 0);
+	s = t->spec.setup;
+	assert_int_equal(cap_sandbox_net_setup(n, &s, env, &err), 0);
+	assert_string_equal(s.env[0], want);
+	cap_sandbox_net_free(n);
+
+	/* The variable missing: the start fails, saying what to do. */
+	unsetenv("CAPSULE_TEST_SPEC_TOKEN");
+	n = NULL;
+	assert_int_equal(cap_sandbox_net_new(&t->o, &n, &err), -ENOENT);
+	assert_null(n);
+	assert_string_equal(err.msg, "secret TOKEN: environment variable CAPSULE_TEST_SPEC_TOKEN is not set "
+				     "(--secret TOKEN=env:CAPSULE_TEST_SPEC_TOKEN@api.test); set it in the "
+				     "environment of the command that starts the sandbox");
+
+	/* No trust store: the start fails naming it. */
+	setenv("CAPSULE_TEST_SPEC_TOKEN", "the-real-token-value", 1);
+	snprintf(path, sizeof(path), "%s/missing.pem", t->dir);
+	setenv("SSL_CERT_FILE", path, 1);
+	assert_true(cap_sandbox_net_new(&t->o, &n, &err) < 0);
+	assert_non_null(strstr(err.msg, path));
+	setenv("SSL_CERT_FILE", t->trust, 1);
+
+	/* A one-shot run: a CA in memory, nothing written. */
+	t->o.ca_dir = NULL;
+	snprintf(path, sizeof(path), "%s/ca.key", t->dir);
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(cap_sandbox_net_new(&t->o, &n, &err), 0);
+	s = t->spec.setup;
+	assert_int_equal(cap_sandbox_net_setup(n, &s, env, &err), 0);
+	assert_string_not_equal(s.env[0], want);
+	assert_int_equal(access(path, F_OK), -1);
+	cap_sandbox_net_free(n);
+
+	/* Without secrets SETUP gains nothing. */
+	cap_net_policy_init(p);
+	cap_net_policy_apply(p, "allow-public", NULL, NULL);
+	cap_sandbox_spec_network(&t->spec, p);
+	assert_int_equal(cap_sandbox_net_new(&t->o, &n, &err), 0);
+	s = t->spec.setup;
+	assert_int_equal(cap_sandbox_net_setup(n, &s, env, &err), 0);
+	assert_null(s.ca_pem);
+	assert_int_equal(s.envc, 0);
+	cap_sandbox_net_free(n);
+	free(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -373,6 +534,8 @@ int main(void)
 		cmocka_unit_test(test_record_net),
 		cmocka_unit_test(test_record_net_too_long),
 		cmocka_unit_test(test_record_net_bad_word),
+		cmocka_unit_test(test_secrets_not_in_spec),
+		cmocka_unit_test_setup_teardown(test_owner_secrets, owner_setup, owner_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -569,8 +569,10 @@ bool intercept_start(struct netd *d, struct conn *c, const char *name)
 	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
 	if (cfg->verbose)
 		netd_log(d, "intercepting tls %s:%u", name, c->port);
-	intercept_events(d, c, 0, 0);
-	return conn_find(d, c->slot, c->id) == c;
+	unsigned slot = c->slot;
+	uint64_t id = c->id;
+	intercept_events(d, c, 0, 0);	/* may end c */
+	return conn_find(d, slot, id) != NULL;
 fail:
 	conn_free(d, c, true);
 	return false;
@@ -669,6 +671,8 @@ static void answer(struct conn *c, int status, const char *text)
 
 	drop_upstream(c);
 	i->req_done = true;
+	/* The guest has this long to take it. */
+	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
 	if (i->answered)
 		return;
 	int n = snprintf(head, sizeof(head),
@@ -1037,8 +1041,11 @@ void intercept_timeout(struct netd *d, struct conn *c)
 {
 	struct icpt *i = c->owned_icpt;
 
-	netd_log(d, "refused tls %s:%u: %s within %d s", i->name, c->port,
-		 !i->g_done ? "the guest's TLS handshake did not end" : "the server's TLS handshake did not end",
-		 NETD_TIMEOUT_MS / 1000);
+	if (!i->g_done || (!i->u_done && !i->u_gone))
+		netd_log(d, "refused tls %s:%u: %s within %d s", i->name, c->port,
+			 !i->g_done ? "the guest's TLS handshake did not end"
+				    : "the server's TLS handshake did not end",
+			 NETD_TIMEOUT_MS / 1000);
+	/* Else an answer the guest did not take in time: nothing to add. */
 	conn_free(d, c, true);
 }

@@ -769,8 +769,8 @@ static void from_guest(struct netd *d, struct conn *c)
 			i->answered = true;
 			return;
 		}
-		if (i->req_done)
-			continue;	/* after the one request: never forwarded */
+		if (i->req_done || i->u_gone)
+			continue;	/* after the one request (or the server): never forwarded */
 		i->got_request = true;
 		/* Room for what this feed may append, so that the buffer
 		 * holding values is never moved (and the old copy left) by a

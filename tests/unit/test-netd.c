@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -904,7 +905,7 @@ static struct {
 	EVP_PKEY *ca_key, *up_key, *bad_key, *leaf_key;
 	X509 *ca, *up_ca, *bad_ca;
 	char *ca_key_pem, *ca_pem, *up_pem;
-	struct ic_server good, bad;
+	struct ic_server good, bad, plain;
 	int dns_fd;
 	pthread_t dns_th;
 	struct cap_net_policy policy;
@@ -915,6 +916,7 @@ static struct {
 	int log_fd;
 	pthread_t netd_th;
 	int netd_rc;
+	ASN1_INTEGER *serial;	/* of api.test's leaf */
 } ic;
 
 static EVP_PKEY *ic_key(void)
@@ -1067,21 +1069,55 @@ static void *ic_server_main(void *arg)
 	}
 }
 
-static void ic_server_start(struct ic_server *sv, uint32_t addr, X509 *cert, EVP_PKEY *key)
+/* A plain HTTP server (port 80): records what it got until the head's end. */
+static void *ic_plain_main(void *arg)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(443),
+	struct ic_server *sv = arg;
+
+	for (;;) {
+		int fd = accept(sv->lfd, NULL, NULL);
+		if (fd < 0)
+			return NULL;
+		ic_timeouts(fd);
+		char req[8192];
+		size_t n = 0;
+		req[0] = '\0';
+		while (n + 1 < sizeof(req) && !strstr(req, "\r\n\r\n")) {
+			ssize_t r = read(fd, req + n, sizeof(req) - n - 1);
+			if (r <= 0)
+				break;
+			n += (size_t)r;
+			req[n] = '\0';
+		}
+		pthread_mutex_lock(&sv->mu);
+		sv->nreq++;
+		snprintf(sv->last, sizeof(sv->last), "%s", req);
+		pthread_mutex_unlock(&sv->mu);
+		static const char resp[] = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nplain\n";
+		(void)!write(fd, resp, sizeof(resp) - 1);
+		close(fd);
+	}
+}
+
+/* A server on addr:port: HTTPS with cert and key, or plain HTTP (cert NULL). */
+static void ic_server_start(struct ic_server *sv, uint32_t addr, uint16_t port, X509 *cert,
+			    EVP_PKEY *key)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
 				  .sin_addr.s_addr = htonl(addr) };
 	int one = 1;
 
-	sv->ctx = SSL_CTX_new(TLS_server_method());
-	assert_int_equal(SSL_CTX_use_certificate(sv->ctx, cert), 1);
-	assert_int_equal(SSL_CTX_use_PrivateKey(sv->ctx, key), 1);
+	if (cert) {
+		sv->ctx = SSL_CTX_new(TLS_server_method());
+		assert_int_equal(SSL_CTX_use_certificate(sv->ctx, cert), 1);
+		assert_int_equal(SSL_CTX_use_PrivateKey(sv->ctx, key), 1);
+	}
 	sv->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	setsockopt(sv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	assert_int_equal(bind(sv->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
 	assert_int_equal(listen(sv->lfd, 16), 0);
 	pthread_mutex_init(&sv->mu, NULL);
-	assert_int_equal(pthread_create(&sv->th, NULL, ic_server_main, sv), 0);
+	assert_int_equal(pthread_create(&sv->th, NULL, cert ? ic_server_main : ic_plain_main, sv), 0);
 }
 
 static void ic_server_stop(struct ic_server *sv)
@@ -1089,7 +1125,7 @@ static void ic_server_stop(struct ic_server *sv)
 	shutdown(sv->lfd, SHUT_RDWR);
 	pthread_join(sv->th, NULL);
 	close(sv->lfd);
-	SSL_CTX_free(sv->ctx);
+	SSL_CTX_free(sv->ctx);	/* NULL for a plain server */
 	pthread_mutex_destroy(&sv->mu);
 }
 
@@ -1264,8 +1300,9 @@ static int ic_setup(void **state)
 	ic.ca_key_pem = ic_pem_key(ic.ca_key);
 	ic.ca_pem = ic_pem_cert(ic.ca);
 	ic.up_pem = ic_pem_cert(ic.up_ca);
-	ic_server_start(&ic.good, IC_GOOD, good, ic.leaf_key);
-	ic_server_start(&ic.bad, IC_BAD, bad, ic.leaf_key);
+	ic_server_start(&ic.good, IC_GOOD, 443, good, ic.leaf_key);
+	ic_server_start(&ic.bad, IC_BAD, 443, bad, ic.leaf_key);
+	ic_server_start(&ic.plain, IC_GOOD, 80, NULL, NULL);
 	X509_free(good);
 	X509_free(bad);
 
@@ -1280,6 +1317,7 @@ static int ic_setup(void **state)
 	cap_net_policy_init(&ic.policy);
 	assert_int_equal(cap_net_secret_add(&ic.policy, "TOKEN=env:TOKEN@api.test,bad.test", &err), 0);
 	assert_int_equal(cap_net_rule_add(&ic.policy, "other.test:443", &err), 0);
+	assert_int_equal(cap_net_rule_add(&ic.policy, "api.test:80", &err), 0);
 	uint8_t fp[32] = { 1, 2, 3 };
 	ic.secret.decl = &ic.policy.secrets[0];
 	cap_net_secret_placeholder(fp, "TOKEN", ic.secret.placeholder);
@@ -1337,6 +1375,7 @@ static int ic_teardown(void **state)
 	close(ic.cfg.dns);
 	ic_server_stop(&ic.good);
 	ic_server_stop(&ic.bad);
+	ic_server_stop(&ic.plain);
 	struct sockaddr_in dns = { .sin_family = AF_INET, .sin_port = htons(53),
 				   .sin_addr.s_addr = htonl(0x7f000001u) };
 	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -1362,6 +1401,7 @@ static int ic_teardown(void **state)
 	EVP_PKEY_free(ic.up_key);
 	EVP_PKEY_free(ic.bad_key);
 	EVP_PKEY_free(ic.leaf_key);
+	ASN1_INTEGER_free(ic.serial);
 	return 0;
 }
 
@@ -1484,6 +1524,18 @@ static void test_intercept_connect(void **state)
 	X509 *peer = SSL_get1_peer_certificate(s);
 	assert_int_equal(X509_check_host(peer, "api.test", 0, 0, NULL), 1);
 	assert_int_equal(X509_NAME_cmp(X509_get_issuer_name(peer), X509_get_subject_name(ic.ca)), 0);
+	/* A server's leaf for a month at most, from an hour ago. */
+	assert_int_equal(X509_check_purpose(peer, X509_PURPOSE_SSL_SERVER, 0), 1);
+	assert_int_equal(X509_check_ca(peer), 0);
+	assert_true(X509_get_extended_key_usage(peer) == XKU_SSL_SERVER);
+	assert_true(X509_get_key_usage(peer) == KU_DIGITAL_SIGNATURE);
+	time_t soon = time(NULL) - 3000, later = time(NULL) + 31 * 86400;
+	assert_true(X509_cmp_time(X509_get0_notBefore(peer), &soon) < 0);
+	assert_true(X509_cmp_time(X509_get0_notAfter(peer), &later) < 0);
+	assert_non_null(X509_get0_authority_key_id(peer));
+	assert_non_null(X509_get0_subject_key_id(peer));
+	ic.serial = ASN1_INTEGER_dup(X509_get0_serialNumber(peer));
+	assert_true(ASN1_STRING_length(ic.serial) >= 15);
 	X509_free(peer);
 	snprintf(req, sizeof(req),
 		 "GET /v1/x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\n"
@@ -1523,6 +1575,10 @@ static void test_intercept_echo(void **state)
 	int fd = ic_guest_connect_proxy("api.test:443");
 	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
 	assert_non_null(s);
+	/* The same name's certificate, from the cache. */
+	X509 *peer = SSL_get1_peer_certificate(s);
+	assert_int_equal(ASN1_INTEGER_cmp(X509_get0_serialNumber(peer), ic.serial), 0);
+	X509_free(peer);
 	snprintf(req, sizeof(req), "GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: %s\r\n\r\n",
 		 ic.secret.placeholder);
 	char *resp = ic_exchange(s, req, &clean);
@@ -1594,6 +1650,29 @@ static void test_passthrough_other_host(void **state)
 	assert_non_null(strstr(last, "GET /o HTTP/1.1\r\n"));
 	assert_non_null(strstr(last, ic.secret.placeholder));
 	assert_null(strstr(last, IC_VALUE));
+}
+
+/* What is not TLS to a secret's host goes as it is: no substitution
+ * over plaintext. */
+static void test_plaintext_untouched(void **state)
+{
+	char req[512], resp[512], last[8192];
+	unsigned n;
+
+	(void)state;
+	IC_REQUIRE();
+	int fd = ic_guest_connect_proxy("api.test:80");
+	snprintf(req, sizeof(req), "GET /p HTTP/1.1\r\nHost: api.test\r\nAuthorization: %s\r\n\r\n",
+		 ic.secret.placeholder);
+	assert_true(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+	ssize_t r, got = 0;
+	while ((r = read(fd, resp + got, sizeof(resp) - 1 - (size_t)got)) > 0)
+		got += r;
+	resp[got] = '\0';
+	close(fd);
+	assert_non_null(strstr(resp, "\r\n\r\nplain\n"));
+	ic_server_get(&ic.plain, &n, last, sizeof(last));
+	assert_string_equal(last, req);
 }
 
 /* CONNECT to the secret's host with a ClientHello naming another. */
@@ -1753,6 +1832,7 @@ int main(void)
 		cmocka_unit_test(test_intercept_echo),
 		cmocka_unit_test(test_intercept_untrusted),
 		cmocka_unit_test(test_passthrough_other_host),
+		cmocka_unit_test(test_plaintext_untouched),
 		cmocka_unit_test(test_connect_sni_mismatch),
 		cmocka_unit_test(test_intercept_direct),
 		cmocka_unit_test(test_intercept_refused_request),

@@ -166,7 +166,7 @@ static int set(const char *name, int argc, char **argv)
 	_cleanup_free_ char *d = cap_net_policy_describe(p);
 	printf("network: %s\n", d);
 	if (restart && p->enabled)
-		printf("the running sandbox cannot take it now (it has no network interface, or its policy process is gone; see `capsule inspect %s`): it takes effect at its next start (`capsule stop %s`, then use it again)\n",
+		printf("the running sandbox cannot take all of it now (it has no network interface, its policy process is gone, or its secrets changed: a policy process keeps the secrets it started with; see `capsule inspect %s`): it takes full effect at its next start (`capsule stop %s`, then use it again)\n",
 		       name, name);
 	else if (restart)
 		printf("everything is refused now; the network interface goes at the next start (`capsule stop %s`)\n", name);

@@ -763,6 +763,18 @@ char *cap_net_policy_line(const struct cap_net_policy *p)
 	return out;
 }
 
+char *cap_net_policy_secrets_line(const struct cap_net_policy *p)
+{
+	struct cap_net_policy *only = xmalloc(sizeof(*only));
+	cap_net_policy_init(only);
+	only->enabled = p->enabled;
+	only->nsecrets = p->nsecrets;
+	memcpy(only->secrets, p->secrets, p->nsecrets * sizeof(p->secrets[0]));
+	char *line = cap_net_policy_line(only);
+	free(only);
+	return line;
+}
+
 int cap_net_policy_parse_line(struct cap_net_policy *p, const char *line,
 			      struct cap_err *err)
 {

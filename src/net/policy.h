@@ -141,6 +141,10 @@ char *cap_net_policy_describe(const struct cap_net_policy *p);
  * how a record stores a policy and how the owner hands it to the policy
  * process. New string. */
 char *cap_net_policy_line(const struct cap_net_policy *p);
+/* The secret words of that line alone ("" for none): what a policy
+ * process holds from its start to its end (a new policy does not change
+ * them). New string. */
+char *cap_net_policy_secrets_line(const struct cap_net_policy *p);
 /* Read such a line back into p (replacing it). -EINVAL (or -E2BIG) with
  * err "'WORD' is not valid: why"; p is unchanged on failure. */
 int cap_net_policy_parse_line(struct cap_net_policy *p, const char *line,

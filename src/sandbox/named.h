@@ -55,7 +55,8 @@ int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
  * NIC, its shim applies the new one to new connections without a
  * restart (this call waits up to 5 s for it to confirm) — a policy with
  * no NIC refuses everything there until the next start removes the
- * interface; one running without a NIC gets it at its next start.
+ * interface; one running without a NIC gets it at its next start, and so
+ * do changed secrets (its policy process keeps those it started with).
  * *restart_needed says whether a restart changes anything more. */
 int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 			  bool *restart_needed, struct cap_err *err);

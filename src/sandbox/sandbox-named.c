@@ -724,6 +724,8 @@ int cap_named_start_end(const char *name, int fd, struct cap_err *err)
 		return wait_serving(name, err);	/* lost a race with another start */
 	if (len == 0)
 		return cap_err_set(err, EIO, "sandbox '%s' did not start and said nothing; see %s", name, log);
+	while (len > 0 && msg[len - 1] == '\n')
+		msg[--len] = '\0';
 	return cap_err_set(err, EIO, "sandbox '%s' did not start: %s", name, msg);
 }
 
@@ -828,15 +830,21 @@ int cap_named_kill(const char *name, struct cap_err *err)
 }
 
 /* runtime.json's "network": the policy a running shim has in force
- * (NULL when it runs without a NIC, or its policy process died). */
-static bool shim_network(const char *name, const char *words, bool *has_nic)
+ * (NULL when it runs without a NIC, or its policy process died), and
+ * whether its "secrets" (those its policy process started with) are
+ * secrets. */
+static bool shim_network(const char *name, const char *words, bool *has_nic,
+			 const char *secrets, bool *same_secrets)
 {
 	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
 	json_t *j = json_load_file(rt, 0, NULL);
 	const char *s = j ? json_string_value(json_object_get(j, "network")) : NULL;
+	const char *sec = j ? json_string_value(json_object_get(j, "secrets")) : NULL;
 	bool same = s && strcmp(s, words) == 0;
 	if (has_nic)
 		*has_nic = s != NULL;
+	if (same_secrets)
+		*same_secrets = sec && secrets && strcmp(sec, secrets) == 0;
 	json_decref(j);
 	return same;
 }
@@ -859,16 +867,18 @@ int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 	/* What the running VM has, not what the record said. A VM without
 	 * a NIC gets one at its next start; one with a NIC follows the new
 	 * policy now, and with none refuses everything until it restarts. */
-	bool has_nic;
-	shim_network(name, "", &has_nic);
-	*restart_needed = !has_nic ? p->enabled : !p->enabled;
+	bool has_nic, same_secrets;
+	_cleanup_free_ char *secrets = cap_net_policy_secrets_line(p);
+	shim_network(name, "", &has_nic, secrets, &same_secrets);
+	/* Its policy process keeps the secrets it started with. */
+	*restart_needed = !has_nic ? p->enabled : !p->enabled || !same_secrets;
 	if (!has_nic)
 		return 0;
 	if (kill(st.shim_pid, SIGUSR1) < 0)
 		return cap_err_set(err, errno, "cannot reach sandbox '%s''s shim (pid %d): %s; the new policy applies at its next start",
 				   name, (int)st.shim_pid, strerror(errno));
 	for (int i = 0; i < 250; i++) {
-		if (shim_network(name, rec.net, NULL))
+		if (shim_network(name, rec.net, NULL, NULL, NULL))
 			return 0;
 		usleep(20000);
 	}

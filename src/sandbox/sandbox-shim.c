@@ -90,6 +90,9 @@ struct shim {
 	int64_t refused_log_ms;
 	const char *name;
 	struct cap_sandbox_spec *spec;	/* what sb was booted with (a restart reuses it) */
+	/* The secrets sb's policy process holds (fixed from its start: a
+	 * new policy changes what may be reached, not them), for runtime.json. */
+	char *owned_secrets;
 	int netd_fd;	/* pidfd of the policy process, -1: none or gone */
 	bool netd_dead;
 };
@@ -317,6 +320,8 @@ static bool recover_disks(struct shim *s)
 		return false;
 	}
 	forget_env_secrets(&s->spec->net);
+	free(s->owned_secrets);
+	s->owned_secrets = cap_net_policy_secrets_line(&s->spec->net);
 	cap_log(CAP_LOG_INFO, "running again (QEMU pid %d; %s)", (int)cap_sandbox_vmm_pid(s->sb),
 		cap_sandbox_boot_note(s->sb));
 	write_runtime_log(s);
@@ -702,6 +707,7 @@ static int write_runtime(const struct shim *s, struct cap_err *err)
 		char *line = cap_net_policy_line(&s->spec->net);
 		json_object_set_new(j, "network", json_string(line));
 		free(line);
+		json_object_set_new(j, "secrets", json_string(s->owned_secrets ? s->owned_secrets : ""));
 	} else if (netd > 0) {
 		json_object_set_new(j, "network_error", json_string("the policy process died: network connections fail until the sandbox restarts"));
 	}
@@ -821,6 +827,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
 		goto out;
 	forget_env_secrets(&spec->net);
+	s.owned_secrets = cap_net_policy_secrets_line(&spec->net);
 	if ((lfd = cap_unix_listen(control, err)) < 0) {
 		r = lfd;
 		goto out;
@@ -873,6 +880,7 @@ out:
 			conn_close(&s, s.conns[i]);
 	conns_sweep(&s);
 	free(s.conns);
+	free(s.owned_secrets);
 	if (s.spare_fd >= 0)
 		close(s.spare_fd);
 	cap_sandbox_free(s.sb);

@@ -32,12 +32,12 @@ trap cleanup EXIT
 if [ -n "${NETD_DEV_ASAN:-}" ]; then	# the sources, under ASan and UBSan
 	cc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 -fsanitize=address,undefined \
 		-fno-sanitize-recover=all -I"$root/src/common" -I"$root/src/net" "$here/driver.c" \
-		"$root"/src/net/{policy,dns,sniff,nflog,netd,netd-conn,netd-proxy,netd-dns}.c \
-		"$root"/src/common/{util,err,buf}.c -o "$tmp/driver" || exit 1
+		"$root"/src/net/{policy,dns,sniff,nflog,netd,netd-conn,netd-proxy,netd-dns,netd-tls,rewrite}.c \
+		"$root"/src/common/{util,err,buf}.c -lssl -lcrypto -o "$tmp/driver" || exit 1
 else
 	ninja -C "$build" libcapsule.a libcapguestcore.a > /dev/null || exit 1
 	cc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -I"$root/src/common" -I"$root/src/net" \
-		"$here/driver.c" "$build/libcapsule.a" "$build/libcapguestcore.a" -o "$tmp/driver" || exit 1
+		"$here/driver.c" "$build/libcapsule.a" "$build/libcapguestcore.a" -lssl -lcrypto -o "$tmp/driver" || exit 1
 fi
 cp "$here/client.py" "$here/servers.py" "$tmp/"
 echo "nameserver 192.0.2.53" > "$tmp/resolv.conf"

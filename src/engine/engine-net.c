@@ -658,15 +658,8 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 		r = cap_err_set(err, errno, "socketpair: %s", strerror(errno));
 		goto fail;
 	}
-	pid_t pid = cap_jail_helper(j, n->netns, NULL, 0, &fds[5], 1, connector_main, &fds[5],
-				    &n->connector.pidfd, err);
-	if (pid < 0) {
-		r = pid;
-		cap_err_prefix(err, "starting the VM's connector: ");
-		goto fail;
-	}
-	n->connector.pid = pid;
-
+	/* The policy process first: it alone may keep what policy_forked
+	 * wipes before the connector is forked. */
 	struct policy_run run = {
 		.cfg = cfg,
 		.fds = { .tcp_listen = fds[0], .dns = fds[1], .connector = fds[4], .control = fds[3],
@@ -680,14 +673,24 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 	keep[4] = fds[6];
 	for (unsigned i = 0; i < cfg->nkeep; i++)
 		keep[5 + i] = cfg->keep[i];
-	pid = cap_jail_helper(j, -1, resolver_files, CAP_ARRAY_SIZE(resolver_files), keep, 5 + cfg->nkeep,
-			      run_policy, &run, &n->policy.pidfd, err);
+	pid_t pid = cap_jail_helper(j, -1, resolver_files, CAP_ARRAY_SIZE(resolver_files), keep,
+				    5 + cfg->nkeep, run_policy, &run, &n->policy.pidfd, err);
 	if (pid < 0) {
 		r = pid;
 		cap_err_prefix(err, "starting the VM's policy process: ");
 		goto fail;
 	}
 	n->policy.pid = pid;
+	if (cfg->policy_forked)
+		cfg->policy_forked(cfg->policy_ud);
+	pid = cap_jail_helper(j, n->netns, NULL, 0, &fds[5], 1, connector_main, &fds[5],
+			      &n->connector.pidfd, err);
+	if (pid < 0) {
+		r = pid;
+		cap_err_prefix(err, "starting the VM's connector: ");
+		goto fail;
+	}
+	n->connector.pid = pid;
 	n->control = fds[2];
 	fds[2] = -1;
 	close_all(fds, CAP_ARRAY_SIZE(fds));

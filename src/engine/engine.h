@@ -85,6 +85,11 @@ struct cap_vm_net {
 	 * exit code. NULL: none (a template being built: nothing gets out). */
 	int (*policy_main)(void *ud, const struct cap_vm_net_fds *fds);
 	void *policy_ud;
+	/* Called in this process right after the policy process is forked,
+	 * before any other helper or QEMU is: what only the policy process
+	 * may hold can be wiped here, so that nothing forked later inherits
+	 * it. NULL: nothing. */
+	void (*policy_forked)(void *ud);
 	const int *keep;
 	unsigned nkeep;
 };

@@ -95,6 +95,29 @@ static void wipe_secrets(struct cap_sandbox_net *n)
 	n->trust_len = 0;
 }
 
+/* The engine forked the policy process, which has its copy of the
+ * values, the CA's key and the trust store: wipe the owner's before
+ * anything else is forked (the CA's certificate stays, for SETUP), and
+ * the env: sources from this process's environment. */
+static void policy_forked(void *ud)
+{
+	struct cap_sandbox_net *n = ud;
+	for (unsigned i = 0; i < n->nsecrets; i++) {
+		cap_net_secret_wipe(n->owned_values[i], n->secrets[i].value_len);
+		n->owned_values[i] = NULL;
+		n->secrets[i].value = NULL;
+		n->secrets[i].value_len = 0;
+		cap_net_secret_forget_source(n->secrets[i].decl);
+	}
+	if (n->ca.owned_key_pem) {
+		cap_net_secret_wipe(n->ca.owned_key_pem, strlen(n->ca.owned_key_pem));
+		n->ca.owned_key_pem = NULL;
+	}
+	free(n->owned_trust);
+	n->owned_trust = NULL;
+	n->trust_len = 0;
+}
+
 /* With secrets in the policy: the sandbox's CA (kept in o->ca_dir, or
  * made for this start), the host's trust store, each value read from
  * its source now, and the placeholders. Any failure fails the start. */
@@ -194,6 +217,7 @@ int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net
 	n->vmnet.nforward = n->nforward;
 	n->vmnet.policy_main = policy_main;
 	n->vmnet.policy_ud = n;
+	n->vmnet.policy_forked = policy_forked;
 	n->vmnet.keep = n->keep;
 	n->vmnet.nkeep = nkeep;
 	n->vmnet.proxy_port = CAP_NET_PROXY_PORT;

@@ -685,7 +685,8 @@ static void answer(struct conn *c, int status, const char *text)
 	i->answered = true;
 }
 
-static void log_request(struct netd *d, const struct conn *c, char *line, size_t len)
+/* "NAME:PORT METHOD TARGET" of c's request, for a log line. */
+static void log_request(const struct conn *c, char *line, size_t len)
 {
 	const struct icpt *i = c->owned_icpt;
 	char m[40], tg[240];
@@ -693,14 +694,13 @@ static void log_request(struct netd *d, const struct conn *c, char *line, size_t
 	snprintf(line, len, "%s:%u %s %s", i->name, c->port,
 		 printable(cap_http_req_method(i->req), m, sizeof(m)),
 		 printable(cap_http_req_target(i->req), tg, sizeof(tg)));
-	(void)d;
 }
 
 static void req_refused(struct netd *d, struct conn *c, const struct cap_http_refusal *why)
 {
 	char what[640];
 
-	log_request(d, c, what, sizeof(what));
+	log_request(c, what, sizeof(what));
 	netd_log(d, "refused https %s: %s", what, why->reason);
 	answer(c, why->status, why->reason);
 }
@@ -874,7 +874,7 @@ static void from_server(struct netd *d, struct conn *c)
 			if (err == SSL_ERROR_WANT_READ)
 				return;
 			if (err != SSL_ERROR_ZERO_RETURN) {
-				log_request(d, c, what, sizeof(what));
+				log_request(c, what, sizeof(what));
 				netd_log(d, "https %s: the server's TLS failed: %s", what,
 					 ssl_why(e, sizeof(e), "connection reset"));
 			}
@@ -885,7 +885,7 @@ static void from_server(struct netd *d, struct conn *c)
 			echoed(d, c, from);
 		}
 		if (r < 0) {
-			log_request(d, c, what, sizeof(what));
+			log_request(c, what, sizeof(what));
 			netd_log(d, "refused the response to https %s: %s", what, why.reason);
 			answer(c, why.status ? why.status : 502, why.reason);
 			return;

@@ -8,6 +8,8 @@ void cap_buf_init(struct cap_buf *b) { memset(b, 0, sizeof(*b)); }
 
 void cap_buf_fini(struct cap_buf *b)
 {
+	if (b->wipe && b->owned_data)
+		explicit_bzero(b->owned_data, b->cap);
 	free(b->owned_data);
 	memset(b, 0, sizeof(*b));
 }
@@ -22,6 +24,8 @@ uint8_t *cap_buf_reserve(struct cap_buf *b, size_t n)
 		if (b->off > 0) {
 			memmove(b->owned_data, b->owned_data + b->off,
 				b->len - b->off);
+			if (b->wipe)
+				explicit_bzero(b->owned_data + b->len - b->off, b->off);
 			b->len -= b->off;
 			b->off = 0;
 		}
@@ -29,7 +33,18 @@ uint8_t *cap_buf_reserve(struct cap_buf *b, size_t n)
 			size_t want = b->cap ? b->cap : 4096;
 			while (want - b->len < n)
 				want *= 2;
-			b->owned_data = xrealloc(b->owned_data, want);
+			if (b->wipe) {
+				/* Not realloc: it may leave the old copy behind. */
+				uint8_t *d = xmalloc(want);
+				if (b->owned_data) {
+					memcpy(d, b->owned_data, b->len);
+					explicit_bzero(b->owned_data, b->cap);
+					free(b->owned_data);
+				}
+				b->owned_data = d;
+			} else {
+				b->owned_data = xrealloc(b->owned_data, want);
+			}
 			b->cap = want;
 		}
 	}
@@ -53,6 +68,8 @@ void cap_buf_append(struct cap_buf *b, const void *p, size_t n)
 void cap_buf_consume(struct cap_buf *b, size_t n)
 {
 	CAP_BUG_ON(n > b->len - b->off);
+	if (b->wipe)
+		explicit_bzero(b->owned_data + b->off, n);
 	b->off += n;
 	if (b->off == b->len)
 		b->off = b->len = 0;

@@ -12,6 +12,9 @@ struct cap_buf {
 	size_t off;	/* first unconsumed byte */
 	size_t len;	/* end of valid bytes */
 	size_t cap;
+	/* The bytes must not outlive their use (a secret's value): zeroed
+	 * when consumed, moved, grown away from or freed. Set after init. */
+	bool wipe;
 };
 
 void cap_buf_init(struct cap_buf *b);

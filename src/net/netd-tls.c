@@ -96,15 +96,6 @@ static size_t pending(BIO *b)
 	return BIO_ctrl_pending(b);
 }
 
-/* Zero a buffer's whole allocation (what it holds now and held before)
- * and free it. */
-static void buf_wipe_fini(struct cap_buf *b)
-{
-	if (b->owned_data)
-		explicit_bzero(b->owned_data, b->cap);
-	cap_buf_fini(b);
-}
-
 /* Why OpenSSL failed, from its error queue (then emptied). */
 static const char *ssl_why(char *buf, size_t len, const char *fallback)
 {
@@ -485,8 +476,8 @@ void intercept_free(struct conn *c)
 	SSL_free(i->u);
 	cap_http_req_free(i->req);
 	cap_http_resp_free(i->resp);
-	buf_wipe_fini(&i->req_out);
-	buf_wipe_fini(&i->resp_out);
+	cap_buf_fini(&i->req_out);
+	cap_buf_fini(&i->resp_out);
 	free(i->to_b.owned_data);
 	explicit_bzero(i, sizeof(*i));
 	free(i);
@@ -524,6 +515,9 @@ bool intercept_start(struct netd *d, struct conn *c, const char *name)
 	snprintf(i->name, sizeof(i->name), "%s", name);
 	cap_buf_init(&i->req_out);
 	cap_buf_init(&i->resp_out);
+	/* What goes to the server holds values; what comes back held them
+	 * until the rewriter replaced them. */
+	i->req_out.wipe = i->resp_out.wipe = true;
 	i->to_b.owned_data = xmalloc(NETD_BUF);
 	i->nhs = CAP_MIN(cfg->nsecrets, CAP_HTTP_MAX_SECRETS);
 	for (unsigned k = 0; k < i->nhs; k++) {
@@ -722,17 +716,6 @@ static void req_ended(struct netd *d, struct conn *c)
 				 printable(cap_http_req_target(i->req), tg, sizeof(tg)));
 }
 
-/* Grow b (empty) to hold at least n bytes without leaving a copy behind:
- * the rewriter appends what goes upstream there, values included. */
-static void reserve_clean(struct cap_buf *b, size_t n)
-{
-	if (b->cap >= n)
-		return;
-	buf_wipe_fini(b);
-	cap_buf_init(b);
-	cap_buf_reserve(b, n);
-}
-
 /* The guest's plaintext into the rewriter, while its output has gone. */
 static void from_guest(struct netd *d, struct conn *c)
 {
@@ -772,10 +755,6 @@ static void from_guest(struct netd *d, struct conn *c)
 		if (i->req_done || i->u_gone)
 			continue;	/* after the one request (or the server): never forwarded */
 		i->got_request = true;
-		/* Room for what this feed may append, so that the buffer
-		 * holding values is never moved (and the old copy left) by a
-		 * growth inside the rewriter. */
-		reserve_clean(&i->req_out, 2 * CAP_HTTP_HEAD_MAX + 2 * (size_t)n);
 		size_t off = 0;
 		while (off < (size_t)n) {
 			size_t used = 0;

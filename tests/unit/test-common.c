@@ -13,6 +13,35 @@
 #include "sha256.h"
 #include "util.h"
 
+/* A wiping buffer leaves no byte it no longer holds: consumed bytes are
+ * zero, and so is the tail a compaction moved away from. */
+static void buf_wipe(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	cap_buf_init(&b);
+	b.wipe = true;
+	cap_buf_append(&b, "secret-value-1234", 17);
+	cap_buf_consume(&b, 7);
+	for (size_t i = 0; i < 7; i++)
+		assert_int_equal(b.owned_data[i], 0);
+	assert_memory_equal(cap_buf_head(&b), "value-1234", 10);
+	/* Fill to capacity so the next reserve compacts (and grows). */
+	size_t room = b.cap - b.len;
+	uint8_t *p = cap_buf_reserve(&b, room);
+	memset(p, 'x', room);
+	cap_buf_commit(&b, room);
+	cap_buf_consume(&b, 10);
+	(void)cap_buf_reserve(&b, 10);	/* compacts: 10 bytes freed at the front */
+	assert_int_equal(b.off, 0);
+	for (size_t i = b.len; i < b.cap; i++)
+		assert_int_equal(b.owned_data[i], 0);
+	assert_null(memmem(b.owned_data, b.cap, "value-1234", 10));
+	(void)cap_buf_reserve(&b, b.cap * 3);	/* grows */
+	assert_null(memmem(b.owned_data, b.cap, "value-1234", 10));
+	cap_buf_fini(&b);
+}
+
 static void buf_append_consume_compact(void **state)
 {
 	(void)state;
@@ -89,6 +118,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(buf_append_consume_compact),
+		cmocka_unit_test(buf_wipe),
 		cmocka_unit_test(err_set_and_prefix),
 		cmocka_unit_test(read_file_limits),
 		cmocka_unit_test(sha256_known_vector),

@@ -3,7 +3,7 @@
 the test chooses, run inside the test's own network namespace, and small
 clients to check them. Standard library only.
 
-  fakenet.py serve LOGDIR
+  fakenet.py serve LOGDIR [CERTDIR]
       Every server below, until SIGTERM/SIGINT. Writes LOGDIR/ready once
       all listen; each server appends one line per event to its log in
       LOGDIR (flushed at once):
@@ -18,6 +18,24 @@ clients to check them. Standard library only.
       answers "recorded N bytes", logs what it got); DNS on
       203.0.113.53:53/udp (table below, everything else NXDOMAIN); an HTTP
       CONNECT proxy on 203.0.113.99:3128.
+      With CERTDIR (made by "certs"), also HTTPS APIs (HTTP/1.1, keep-alive)
+      on port 443 of api.test (203.0.113.20), else.test (203.0.113.21),
+      plain.test (203.0.113.23), with certificates of CERTDIR's test CA,
+      and untrusted.test (203.0.113.22), whose certificate another CA
+      signed. Each logs one
+      JSON object a line to https-NAME.log:
+        {"event": "request", "conn": C, "seq": K, "from": SRC,
+         "line": REQUEST LINE, "headers": [[NAME, VALUE]...], "body": BODY}
+      (C counts connections, K requests on one), or "event": "handshake
+      failed" / "bad request" with "why". Every answer is 200 with a
+      Content-Length and no Connection header, so the connection stays
+      open for another request: GET /echo answers "auth=AUTHORIZATION";
+      /echo-chunked the same in two chunks split inside the value; any
+      other path "hello from NAME PATH conn C seq K".
+  fakenet.py certs CERTDIR
+      Make, with the openssl command: a test CA (ca.pem, ca.key), another
+      one (bad-ca.pem, bad-ca.key), and for each HTTPS name NAME.pem and
+      NAME.key (EC P-256; SAN DNS:NAME).
   fakenet.py http LOGDIR ADDR PORT TEXT
       One HTTP server answering TEXT to every GET (a host service),
       logging to LOGDIR/http-ADDR.log as above.
@@ -33,13 +51,25 @@ clients to check them. Standard library only.
       connection that is accepted and then closed counts as not reached).
   fakenet.py udp ADDR PORT
       Send one UDP datagram "probe" to ADDR:PORT.
+  fakenet.py scan-files NEEDLE... -- PATH...
+      Count each NEEDLE in the files under each PATH (sparse files read by
+      their data only): prints "needle K: N in F file(s)" and each file
+      holding needle K as "needle K in FILE" (the needles themselves are
+      never printed).
+  fakenet.py scan-memory PID MIN_MIB NEEDLE...
+      The same over process PID's memory mappings of at least MIN_MIB MiB
+      (a VM's guest RAM), read through /proc/PID/mem: "needle K: N in M
+      mapping(s)", and "read B bytes".
   fakenet.py clienthello SNI
       A TLS 1.2 ClientHello naming SNI (Python escapes such as \\r are
       read), printed as a printf(1) format of octal escapes, for a guest
       that has busybox printf but no TLS client.
 """
+import json
 import os
 import select
+import ssl
+import subprocess
 import signal
 import socket
 import socketserver
@@ -58,6 +88,18 @@ DNS_TABLE = {
     "other.test": "203.0.113.11",
     "rebind.test": "10.1.2.3",
     "meta.test": "169.254.169.254",
+    "api.test": "203.0.113.20",
+    "else.test": "203.0.113.21",
+    "untrusted.test": "203.0.113.22",
+    "plain.test": "203.0.113.23",
+}
+# The HTTPS APIs: name -> (address, whether the test CA signs its
+# certificate; else the untrusted one does).
+HTTPS_HOSTS = {
+    "api.test": ("203.0.113.20", True),
+    "else.test": ("203.0.113.21", True),
+    "untrusted.test": ("203.0.113.22", False),
+    "plain.test": ("203.0.113.23", True),
 }
 
 _log_lock = threading.Lock()
@@ -120,6 +162,136 @@ class Recorder(socketserver.ThreadingTCPServer):
                     pass
 
         super().__init__((addr, port), Handler)
+
+
+def openssl(*args):
+    r = subprocess.run(("openssl",) + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        raise SystemExit("openssl %s failed: %s" % (args[0], r.stderr.decode(errors="replace").strip()))
+
+
+def certs(certdir):
+    """A test CA, an untrusted one, and a certificate for each HTTPS name."""
+    os.makedirs(certdir, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    for ca, cn in (("ca", "capsule test CA"), ("bad-ca", "an untrusted CA")):
+        openssl("req", "-x509", *ec, "-keyout", os.path.join(certdir, ca + ".key"),
+                "-out", os.path.join(certdir, ca + ".pem"), "-days", "3", "-subj", "/CN=" + cn,
+                "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    for name, (_, trusted) in HTTPS_HOSTS.items():
+        ca = os.path.join(certdir, "ca" if trusted else "bad-ca")
+        key, csr, pem = (os.path.join(certdir, name + x) for x in (".key", ".csr", ".pem"))
+        ext = os.path.join(certdir, name + ".ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=DNS:%s\nbasicConstraints=CA:FALSE\n"
+                    "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n" % name)
+        openssl("req", "-new", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=" + name)
+        openssl("x509", "-req", "-in", csr, "-CA", ca + ".pem", "-CAkey", ca + ".key",
+                "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "3",
+                "-extfile", ext, "-out", pem)
+        os.unlink(csr)
+        os.unlink(ext)
+
+
+class HTTPSAPI(socketserver.ThreadingTCPServer):
+    """A fake HTTPS API: keeps connections open (HTTP/1.1), records every
+    request whole, echoes Authorization on /echo."""
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, logdir, certdir, name, addr):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(os.path.join(certdir, name + ".pem"), os.path.join(certdir, name + ".key"))
+        counter = {"conns": 0}
+        lock = threading.Lock()
+        logname = "https-%s.log" % name
+
+        def record(**what):
+            log(logdir, logname, json.dumps(what, sort_keys=True))
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = 20
+
+            def setup(inner):
+                with lock:
+                    counter["conns"] += 1
+                    inner.conn = counter["conns"]
+                inner.seq = 0
+                inner.tls = False
+                try:
+                    inner.request = ctx.wrap_socket(inner.request, server_side=True)
+                    inner.tls = True
+                except (ssl.SSLError, OSError) as e:
+                    record(event="handshake failed", conn=inner.conn, why=str(e),
+                           **{"from": inner.client_address[0]})
+                super().setup()
+
+            def handle(inner):
+                if inner.tls:
+                    try:
+                        super().handle()
+                    except (ssl.SSLError, OSError):
+                        pass
+
+            def read_body(inner):
+                te = inner.headers.get("Transfer-Encoding", "")
+                if te.lower() == "chunked":
+                    body = b""
+                    while True:
+                        size = int(inner.rfile.readline(100).split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while inner.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                                pass
+                            return body
+                        body += inner.rfile.read(size)
+                        inner.rfile.readline(10)
+                n = int(inner.headers.get("Content-Length", "0"))
+                return inner.rfile.read(n) if n > 0 else b""
+
+            def answer(inner):
+                inner.seq += 1
+                try:
+                    body = inner.read_body()
+                except ValueError as e:
+                    record(event="bad request", conn=inner.conn, why="body: %s" % e)
+                    inner.close_connection = True
+                    return
+                record(event="request", conn=inner.conn, seq=inner.seq, line=inner.requestline,
+                       headers=[[k, v] for k, v in inner.headers.items()],
+                       body=body.decode("latin-1"), **{"from": inner.client_address[0]})
+                path = inner.path.split("?")[0]
+                auth = inner.headers.get("Authorization", "")
+                inner.send_response(200)
+                inner.send_header("Content-Type", "text/plain")
+                if path == "/echo-chunked":
+                    text = ("auth=%s\n" % auth).encode("latin-1")
+                    cut = 5 + len(auth) // 2
+                    inner.send_header("Transfer-Encoding", "chunked")
+                    inner.end_headers()
+                    for part in (text[:cut], text[cut:], b""):
+                        inner.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    return
+                if path == "/echo":
+                    text = "auth=%s\n" % auth
+                else:
+                    text = "hello from %s %s conn %d seq %d\n" % (name, path, inner.conn, inner.seq)
+                data = text.encode("latin-1")
+                inner.send_header("Content-Length", str(len(data)))
+                inner.end_headers()
+                if inner.command != "HEAD":
+                    inner.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_HEAD = answer
+
+            def log_error(inner, fmt, *args):
+                record(event="bad request", conn=inner.conn, why=fmt % args)
+
+            def log_message(inner, *args):
+                pass
+
+        super().__init__((addr, 443), Handler)
 
 
 def dns_reply(query, table):
@@ -233,9 +405,11 @@ class Proxy(socketserver.ThreadingTCPServer):
         super().__init__(PROXY_ADDR, Handler)
 
 
-def serve(logdir):
+def serve(logdir, certdir=None):
     servers = [http_server(logdir, a, 80, "hello from " + a) for a in HTTP_ADDRS]
     servers += [Recorder(logdir, a, 443) for a in TLS_ADDRS]
+    if certdir:
+        servers += [HTTPSAPI(logdir, certdir, name, addr) for name, (addr, _) in HTTPS_HOSTS.items()]
     servers.append(Proxy(logdir))
     loops = [s.serve_forever for s in servers] + [dns_server(logdir)]
     for f in loops:
@@ -321,9 +495,120 @@ def clienthello(sni):
     return "".join("\\%03o" % b for b in record)
 
 
+def count_in(read, needles, state):
+    """Feed chunks from read() into per-needle counts; state carries the
+    tail so that a needle across two chunks is found."""
+    keep = max(len(n) for n in needles) - 1
+    found = [0] * len(needles)
+    tail = b""
+    total = 0
+    while True:
+        chunk = read()
+        if not chunk:
+            break
+        total += len(chunk)
+        data = tail + chunk
+        for i, n in enumerate(needles):
+            # Only matches ending in the new chunk: the tail's own were counted.
+            start = 0
+            while True:
+                k = data.find(n, start)
+                if k < 0:
+                    break
+                if k + len(n) > len(tail):
+                    found[i] += 1
+                start = k + 1
+        tail = data[-keep:] if keep else b""
+    state["bytes"] = state.get("bytes", 0) + total
+    return found
+
+
+def data_chunks(f, size=1 << 20):
+    """The data regions of an open file, chunk by chunk, holes skipped."""
+    fd = f.fileno()
+    end = os.fstat(fd).st_size
+    pos = 0
+    while pos < end:
+        try:
+            pos = os.lseek(fd, pos, os.SEEK_DATA)
+            hole = os.lseek(fd, pos, os.SEEK_HOLE)
+        except OSError:
+            return
+        while pos < hole:
+            b = os.pread(fd, min(size, hole - pos), pos)
+            if not b:
+                return
+            pos += len(b)
+            yield b
+
+
+def scan_files(needles, paths):
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            for d, _, names in os.walk(p):
+                files += [os.path.join(d, n) for n in names]
+        else:
+            files.append(p)
+    totals = [0] * len(needles)
+    holders = [[] for _ in needles]
+    state = {}
+    for path in sorted(files):
+        try:
+            with open(path, "rb") as f:
+                it = data_chunks(f)
+                found = count_in(lambda: next(it, b""), needles, state)
+        except OSError:
+            continue
+        for i, c in enumerate(found):
+            totals[i] += c
+            if c:
+                holders[i].append(path)
+    for i in range(len(needles)):
+        print("needle %d: %d in %d file(s)" % (i + 1, totals[i], len(holders[i])))
+        for h in holders[i]:
+            print("needle %d in %s" % (i + 1, h))
+    print("read %d bytes of %d files" % (state.get("bytes", 0), len(files)))
+    return 0
+
+
+def scan_memory(pid, min_mib, needles):
+    maps = []
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if hi - lo >= min_mib << 20 and line.split()[1].startswith("r"):
+                maps.append((lo, hi))
+    totals = [0] * len(needles)
+    state = {}
+    with open("/proc/%d/mem" % pid, "rb", buffering=0) as mem:
+        for lo, hi in maps:
+            pos = [lo]
+
+            def read():
+                if pos[0] >= hi:
+                    return b""
+                n = min(1 << 20, hi - pos[0])
+                try:
+                    b = os.pread(mem.fileno(), n, pos[0])
+                except OSError:
+                    b = b"\0" * n	# a page that cannot be read: counted as empty
+                pos[0] += n
+                return b
+            for i, c in enumerate(count_in(read, needles, state)):
+                totals[i] += c
+    for i in range(len(needles)):
+        print("needle %d: %d in %d mapping(s)" % (i + 1, totals[i], len(maps)))
+    print("read %d bytes" % state.get("bytes", 0))
+    return 0 if maps else 1
+
+
 def main(argv):
-    if len(argv) >= 3 and argv[1] == "serve":
-        serve(argv[2])
+    if len(argv) in (3, 4) and argv[1] == "serve":
+        serve(argv[2], argv[3] if len(argv) == 4 else None)
+        return 0
+    if len(argv) == 3 and argv[1] == "certs":
+        certs(argv[2])
         return 0
     if len(argv) == 6 and argv[1] == "http":
         http_server(argv[2], argv[3], int(argv[4]), argv[5]).serve_forever()
@@ -342,6 +627,11 @@ def main(argv):
     if len(argv) == 4 and argv[1] == "udp":
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"probe\n", (argv[2], int(argv[3])))
         return 0
+    if len(argv) >= 5 and argv[1] == "scan-files" and "--" in argv[3:]:
+        k = argv.index("--", 2)
+        return scan_files([n.encode() for n in argv[2:k]], argv[k + 1:])
+    if len(argv) >= 5 and argv[1] == "scan-memory":
+        return scan_memory(int(argv[2]), int(argv[3]), [n.encode() for n in argv[4:]])
     if len(argv) == 3 and argv[1] == "clienthello":
         print(clienthello(argv[2].encode("latin-1").decode("unicode_escape")))
         return 0

@@ -96,6 +96,7 @@ enum direction {
 	TO_PLACEHOLDER,	/* value -> placeholder: responses */
 };
 
+/* What is looked for going in direction d, and its length. */
 static const char *from_of(const struct cap_http_secret *s, enum direction d, size_t *len)
 {
 	if (d == TO_VALUE) {
@@ -106,10 +107,10 @@ static const char *from_of(const struct cap_http_secret *s, enum direction d, si
 	return s->value;
 }
 
+/* What it is replaced with. */
 static const char *to_of(const struct cap_http_secret *s, enum direction d, size_t *len)
 {
-	size_t l;
-	return from_of(s, d == TO_VALUE ? TO_PLACEHOLDER : TO_VALUE, len ? len : &l);
+	return from_of(s, d == TO_VALUE ? TO_PLACEHOLDER : TO_VALUE, len);
 }
 
 /* Which secret of mask starts at p[i] (the longest one fitting in n

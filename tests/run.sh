@@ -79,6 +79,7 @@ suite "integration/source" tests/integration/test-source.sh "$build/capsule"
 suite "integration/template" tests/integration/test-template.sh "$build/capsule"
 suite "integration/jail" tests/integration/test-jail.sh "$build/capsule"
 suite "integration/net" tests/integration/test-net.sh "$build/capsule"
+suite "integration/secret" tests/integration/test-secret.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \

@@ -33,6 +33,10 @@
 #define LEAF_BACKDATE 3600	/* s: clocks a little behind still accept a new leaf */
 #define LEAF_MARGIN 3600	/* s: a cached leaf this close to its end is minted anew */
 
+/* Ours to send when the rewriter holds a body the guest would only send
+ * after it (cap_http_req_continue). */
+static const char continue_100[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
 struct leaf {
 	char name[254];		/* "": free */
 	X509 *cert;
@@ -69,6 +73,8 @@ struct icpt {
 	bool got_request;		/* the guest sent some plaintext */
 	bool req_done, resp_done;	/* nothing more is read from the guest, the server */
 	bool answered;			/* the guest got (part of) an answer */
+	bool continued;			/* our 100 Continue was due (once) */
+	size_t continue_left;		/* its bytes not yet written to the guest's TLS */
 	bool notified;			/* close_notify queued for the guest */
 	bool echo_said;			/* the response's echoed value was logged */
 };
@@ -770,6 +776,10 @@ static void from_guest(struct netd *d, struct conn *c)
 				req_ended(d, c);
 				break;
 			}
+			if (!i->continued && cap_http_req_continue(i->req)) {
+				i->continued = true;
+				i->continue_left = sizeof(continue_100) - 1;
+			}
 			if (used == 0)
 				break;
 		}
@@ -878,12 +888,26 @@ static void from_server(struct netd *d, struct conn *c)
 	}
 }
 
-/* The response, as rewritten, to the guest's TLS; then close_notify. */
+/* Our 100 Continue, then the response as rewritten (or our answer), to
+ * the guest's TLS; then close_notify. */
 static int to_guest(struct conn *c)
 {
 	struct icpt *i = c->owned_icpt;
 
-	while (i->g_done && cap_buf_used(&i->resp_out) && pending(i->g_out) < NETD_BUF) {
+	while (i->g_done && i->continue_left && pending(i->g_out) < NETD_BUF) {
+		const char *p = continue_100 + (sizeof(continue_100) - 1 - i->continue_left);
+		ERR_clear_error();
+		int w = SSL_write(i->g, p, (int)i->continue_left);
+		if (w <= 0) {
+			int e = SSL_get_error(i->g, w);
+			if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+				return 0;
+			return -1;
+		}
+		i->continue_left -= (size_t)w;
+	}
+	while (i->g_done && !i->continue_left && cap_buf_used(&i->resp_out) &&
+	       pending(i->g_out) < NETD_BUF) {
 		size_t n = CAP_MIN(cap_buf_used(&i->resp_out), (size_t)CHUNK);
 		ERR_clear_error();
 		int w = SSL_write(i->g, cap_buf_head(&i->resp_out), (int)n);
@@ -895,7 +919,8 @@ static int to_guest(struct conn *c)
 		}
 		cap_buf_consume(&i->resp_out, (size_t)w);
 	}
-	if (i->g_done && i->resp_done && !cap_buf_used(&i->resp_out) && !i->notified) {
+	if (i->g_done && i->resp_done && !i->continue_left && !cap_buf_used(&i->resp_out) &&
+	    !i->notified) {
 		ERR_clear_error();
 		SSL_shutdown(i->g);
 		ERR_clear_error();

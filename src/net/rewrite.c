@@ -346,6 +346,7 @@ struct fields {
 	unsigned chunked;	/* how many times "chunked" is listed */
 	unsigned hosts;
 	struct span host;
+	bool expect_continue;	/* an "Expect: 100-continue" */
 	struct span opts[CONN_OPTS_MAX];	/* named by Connection */
 	unsigned nopts;
 };
@@ -424,6 +425,13 @@ static int read_options(const uint8_t *b, struct span v, struct fields *f, const
 	return 0;
 }
 
+/* Whether a field is "Expect: 100-continue" (the only expectation
+ * there is, RFC 9110 10.1.1). */
+static bool is_expect_continue(const uint8_t *b, struct span name, struct span value)
+{
+	return span_is(b, name, "expect") && span_is(b, value, "100-continue");
+}
+
 /* Read every field of a whole head from pos into f: syntax checked,
  * framing and Connection collected. */
 static int read_fields(const struct head *h, size_t pos, struct fields *f, const char **why)
@@ -445,6 +453,8 @@ static int read_fields(const struct head *h, size_t pos, struct fields *f, const
 		else if (span_is(b, name, "host")) {
 			f->hosts++;
 			f->host = value;
+		} else if (is_expect_continue(b, name, value)) {
+			f->expect_continue = true;
 		}
 		if (rc < 0)
 			return rc;
@@ -695,6 +705,7 @@ struct cap_http_req {
 	size_t fields;		/* offset of the first field line */
 	struct fields f;
 	bool hold;		/* the body is read whole and rewritten */
+	bool continue_wanted;	/* hold, and an HTTP/1.1 guest waits for a 100 */
 	uint64_t left;		/* Content-Length bytes still to come */
 	struct chunked ck;
 	struct wbuf body;	/* hold: the body so far */
@@ -886,6 +897,10 @@ static int check_request(struct cap_http_req *r, const char **why)
 	if (framing_of(&r->f, http10, &unsupported, why) < 0)
 		return unsupported ? 501 : 400;
 	r->hold = r->f.framing != FRAMING_NONE && r->body_mask;
+	/* The server gets the head only with the body, so it cannot answer
+	 * the expectation: the guest's 100 is ours to give (RFC 9110 10.1.1:
+	 * not to HTTP/1.0). */
+	r->continue_wanted = r->hold && r->f.expect_continue && !http10;
 	if (r->hold && r->f.framing == FRAMING_LENGTH && r->f.length > CAP_HTTP_BODY_MAX) {
 		*why = "a body to rewrite over the size limit";
 		return 413;
@@ -941,7 +956,8 @@ static int build_head(struct cap_http_req *r, int64_t length, uint32_t body_done
 	while (next_line(&r->head, &pos, &line)) {
 		parse_field(b, line, &name, &value, why);
 		if (hop_by_hop(b, name, &r->f) || framing_field(b, name) ||
-		    (identity && span_is(b, name, "accept-encoding")))
+		    (identity && span_is(b, name, "accept-encoding")) ||
+		    (r->hold && is_expect_continue(b, name, value)))
 			continue;
 		wbuf_add(h, b + name.off, name.len);
 		wbuf_str(h, ": ");
@@ -1124,6 +1140,11 @@ int cap_http_req_eof(struct cap_http_req *r, struct cap_http_refusal *why)
 		return -1;
 	}
 	return req_fail(r, 400, "the request ended early", why);
+}
+
+bool cap_http_req_continue(const struct cap_http_req *r)
+{
+	return r->continue_wanted && (r->state == REQ_BODY_LENGTH || r->state == REQ_BODY_CHUNKED);
 }
 
 uint32_t cap_http_req_substituted(const struct cap_http_req *r)

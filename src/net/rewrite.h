@@ -24,7 +24,11 @@
  *    applies: then the whole body is read (at most CAP_HTTP_BODY_MAX),
  *    its placeholders replaced, and it goes with a Content-Length (a
  *    chunked body is de-chunked, its trailers dropped) after the head,
- *    which waits for it.
+ *    which waits for it. Then "Expect: 100-continue" is dropped too: the
+ *    server gets head and body at once, and the guest, which may wait
+ *    for a 100 before it sends its body, gets it from the caller
+ *    (cap_http_req_continue); with a streamed body Expect goes as it
+ *    came, and the server's 100 comes back as an interim response.
  * Refused, nothing forwarded: a malformed request line or header (bare
  * LF, obsolete line folding, a control character, a header name that is
  * not a token, whitespace before the colon) 400; a Host header missing,
@@ -98,6 +102,13 @@ int cap_http_req_feed(struct cap_http_req *r, const uint8_t *p, size_t n, size_t
 /* The guest closed its side before the request ended: -1 with why (400,
  * "the request ended early"); CAP_HTTP_DONE when it had ended. */
 int cap_http_req_eof(struct cap_http_req *r, struct cap_http_refusal *why);
+/* Whether the guest waits for "HTTP/1.1 100 Continue" that only the
+ * caller can give: the head was accepted, the body is being held (and
+ * more of it is to come), and the request, HTTP/1.1, has "Expect:
+ * 100-continue" (dropped from what goes upstream). False before the head
+ * is whole, after the request ended or was refused. The caller sends the
+ * 100 once, the first time this is true after a feed. */
+bool cap_http_req_continue(const struct cap_http_req *r);
 /* Which secrets (bit i for s[i]) were put in, for the log. */
 uint32_t cap_http_req_substituted(const struct cap_http_req *r);
 /* The request's method and target as received (placeholders, not

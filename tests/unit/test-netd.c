@@ -880,8 +880,10 @@ static void test_log_size_cap(void **state)
  * netd's listener, as the engine's rules redirect the guest's; a fake
  * resolver answers netd on 127.0.0.1:53; fake HTTPS servers (their own
  * test CA, given as the trust store) listen on 203.0.113.10 (api.test,
- * other.test) and 203.0.113.20 (bad.test: a certificate of a CA nobody
- * trusts). Skipped where no namespace can be made. */
+ * other.test, body.test) and 203.0.113.20 (bad.test: a certificate of a
+ * CA nobody trusts). Two secrets: TOKEN for api.test and bad.test, in
+ * heads; BODY for body.test, in bodies too. Skipped where no namespace
+ * can be made. */
 
 #define IC_LPORT 15001
 #define IC_DNS_PORT 5353	/* netd's guest DNS socket (the guest's 10.0.2.3:53) */
@@ -889,6 +891,7 @@ static void test_log_size_cap(void **state)
 #define IC_GOOD 0xcb00710au	/* 203.0.113.10 */
 #define IC_BAD 0xcb007114u	/* 203.0.113.20 */
 #define IC_VALUE "real-token-4f9a2c81d7e6"
+#define IC_BODY_VALUE "real-body-secret-93b1e0"
 
 struct ic_server {
 	int lfd;
@@ -896,7 +899,8 @@ struct ic_server {
 	pthread_t th;
 	pthread_mutex_t mu;
 	unsigned nreq;
-	char last[8192];	/* the last request's head */
+	unsigned ncontinue;	/* 100 Continue sent, to an Expect */
+	char last[8192];	/* the last request (head and body) */
 };
 
 static struct {
@@ -909,7 +913,7 @@ static struct {
 	int dns_fd;
 	pthread_t dns_th;
 	struct cap_net_policy policy;
-	struct cap_netd_secret secret;
+	struct cap_netd_secret secrets[2];	/* TOKEN, BODY */
 	struct cap_netd_config cfg;
 	int control[2], connector[2];
 	char log_path[64], resolv_path[64];
@@ -998,8 +1002,10 @@ static void ic_timeouts(int fd)
 }
 
 /* Read an HTTP head and its Content-Length body from s into buf (NUL
- * added): its length, 0 at the end, -1 on an error. */
-static int ic_read_request(SSL *s, char *buf, size_t size)
+ * added): its length, 0 at the end, -1 on an error. A head with "Expect:
+ * 100-continue" whose body has not come with it is answered "100
+ * Continue" first (*continued set; continued NULL: never). */
+static int ic_read_request(SSL *s, char *buf, size_t size, bool *continued)
 {
 	size_t n = 0;
 	char *end = NULL;
@@ -1016,6 +1022,13 @@ static int ic_read_request(SSL *s, char *buf, size_t size)
 	size_t head = (size_t)(end - buf) + 4;
 	const char *cl = strcasestr(buf, "\r\ncontent-length:");
 	size_t body = cl && cl < end ? strtoul(cl + 17, NULL, 10) : 0;
+	const char *expect = strcasestr(buf, "\r\nexpect: 100-continue\r\n");
+	if (continued && expect && expect < end && n < head + body) {
+		static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+		if (SSL_write(s, cont, sizeof(cont) - 1) != sizeof(cont) - 1)
+			return -1;
+		*continued = true;
+	}
 	while (n < head + body && n + 1 < size) {
 		int r = SSL_read(s, buf + n, (int)(size - n - 1));
 		if (r <= 0)
@@ -1027,7 +1040,8 @@ static int ic_read_request(SSL *s, char *buf, size_t size)
 }
 
 /* A fake HTTPS API: records each request; "/echo" answers the
- * Authorization it got; a connection is kept open unless asked to close. */
+ * Authorization it got (and the body, when there is one); a connection
+ * is kept open unless asked to close. */
 static void *ic_server_main(void *arg)
 {
 	struct ic_server *sv = arg;
@@ -1042,18 +1056,22 @@ static void *ic_server_main(void *arg)
 		if (SSL_accept(s) == 1) {
 			char req[8192];
 			for (;;) {
+				bool continued = false;
 				req[0] = '\0';
-				if (ic_read_request(s, req, sizeof(req)) <= 0)
+				if (ic_read_request(s, req, sizeof(req), &continued) <= 0)
 					break;
 				pthread_mutex_lock(&sv->mu);
 				sv->nreq++;
+				sv->ncontinue += continued;
 				snprintf(sv->last, sizeof(sv->last), "%s", req);
 				pthread_mutex_unlock(&sv->mu);
 				char body[600] = "ok\n", resp[1024];
 				if (strstr(req, " /echo ")) {
 					const char *a = strcasestr(req, "\r\nauthorization: ");
 					size_t al = a ? strcspn(a + 17, "\r") : 0;
-					snprintf(body, sizeof(body), "you sent %.*s\n", (int)al, a ? a + 17 : "");
+					const char *rb = strstr(req, "\r\n\r\n") + 4;
+					snprintf(body, sizeof(body), "you sent %.*s\n%s%.200s%s", (int)al,
+						 a ? a + 17 : "", *rb ? "and " : "", rb, *rb ? "\n" : "");
 				}
 				int n = snprintf(resp, sizeof(resp),
 						 "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
@@ -1137,8 +1155,17 @@ static void ic_server_get(struct ic_server *sv, unsigned *nreq, char *last, size
 	pthread_mutex_unlock(&sv->mu);
 }
 
-/* The host's resolver: api.test and other.test are 203.0.113.10,
- * bad.test 203.0.113.20, anything else NXDOMAIN. */
+/* How many 100 Continue sv has sent. */
+static unsigned ic_server_continues(struct ic_server *sv)
+{
+	pthread_mutex_lock(&sv->mu);
+	unsigned n = sv->ncontinue;
+	pthread_mutex_unlock(&sv->mu);
+	return n;
+}
+
+/* The host's resolver: api.test, other.test and body.test are
+ * 203.0.113.10, bad.test 203.0.113.20, anything else NXDOMAIN. */
 static void *ic_dns_main(void *arg)
 {
 	(void)arg;
@@ -1152,7 +1179,9 @@ static void *ic_dns_main(void *arg)
 		struct cap_dns_question qq;
 		if (cap_dns_parse_query(q, (size_t)n, &qq) < 0)
 			continue;
-		uint32_t addr = !strcmp(qq.name, "api.test") || !strcmp(qq.name, "other.test") ? IC_GOOD
+		uint32_t addr = !strcmp(qq.name, "api.test") || !strcmp(qq.name, "other.test") ||
+						!strcmp(qq.name, "body.test")
+					? IC_GOOD
 				: !strcmp(qq.name, "bad.test")				      ? IC_BAD
 												      : 0;
 		memcpy(r, q, qq.end);
@@ -1271,8 +1300,8 @@ static void ic_netd_config(struct cap_netd_config *cfg)
 	cfg->log_fd = ic.log_fd;
 	cfg->verbose = true;
 	cfg->resolv_conf = ic.resolv_path;
-	cfg->secrets = &ic.secret;
-	cfg->nsecrets = 1;
+	cfg->secrets = ic.secrets;
+	cfg->nsecrets = 2;
 	cfg->ca_key_pem = ic.ca_key_pem;
 	cfg->ca_cert_pem = ic.ca_pem;
 	cfg->trust_pem = ic.up_pem;
@@ -1295,7 +1324,7 @@ static int ic_setup(void **state)
 	ic.ca = ic_cert(ic.ca_key, "capsule CA for ic", NULL, NULL, NULL);
 	ic.up_ca = ic_cert(ic.up_key, "fake internet CA", NULL, NULL, NULL);
 	ic.bad_ca = ic_cert(ic.bad_key, "nobody's CA", NULL, NULL, NULL);
-	X509 *good = ic_cert(ic.leaf_key, "api.test", ic.up_ca, ic.up_key, "api.test,other.test");
+	X509 *good = ic_cert(ic.leaf_key, "api.test", ic.up_ca, ic.up_key, "api.test,other.test,body.test");
 	X509 *bad = ic_cert(ic.leaf_key, "bad.test", ic.bad_ca, ic.bad_key, "bad.test");
 	ic.ca_key_pem = ic_pem_key(ic.ca_key);
 	ic.ca_pem = ic_pem_cert(ic.ca);
@@ -1319,10 +1348,15 @@ static int ic_setup(void **state)
 	assert_int_equal(cap_net_rule_add(&ic.policy, "other.test:443", &err), 0);
 	assert_int_equal(cap_net_rule_add(&ic.policy, "api.test:80", &err), 0);
 	uint8_t fp[32] = { 1, 2, 3 };
-	ic.secret.decl = &ic.policy.secrets[0];
-	cap_net_secret_placeholder(fp, "TOKEN", ic.secret.placeholder);
-	ic.secret.value = IC_VALUE;
-	ic.secret.value_len = strlen(IC_VALUE);
+	ic.secrets[0].decl = &ic.policy.secrets[0];
+	cap_net_secret_placeholder(fp, "TOKEN", ic.secrets[0].placeholder);
+	ic.secrets[0].value = IC_VALUE;
+	ic.secrets[0].value_len = strlen(IC_VALUE);
+	assert_int_equal(cap_net_secret_add(&ic.policy, "BODY=env:BODY@body.test:body", &err), 0);
+	ic.secrets[1].decl = &ic.policy.secrets[1];
+	cap_net_secret_placeholder(fp, "BODY", ic.secrets[1].placeholder);
+	ic.secrets[1].value = IC_BODY_VALUE;
+	ic.secrets[1].value_len = strlen(IC_BODY_VALUE);
 
 	snprintf(ic.log_path, sizeof(ic.log_path), "/tmp/test-netd-ic.XXXXXX");
 	ic.log_fd = mkstemp(ic.log_path);
@@ -1541,7 +1575,7 @@ static void test_intercept_connect(void **state)
 		 "GET /v1/x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\n"
 		 "Connection: keep-alive\r\n\r\n"
 		 "GET /second HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\n\r\n",
-		 ic.secret.placeholder, ic.secret.placeholder);
+		 ic.secrets[0].placeholder, ic.secrets[0].placeholder);
 	char *resp = ic_exchange(s, req, &clean);
 	assert_true(clean);
 	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
@@ -1554,7 +1588,7 @@ static void test_intercept_connect(void **state)
 	assert_int_equal(after, before + 1);
 	assert_non_null(strstr(last, "GET /v1/x HTTP/1.1\r\n"));
 	assert_non_null(strstr(last, "Authorization: Bearer " IC_VALUE "\r\n"));
-	assert_null(strstr(last, ic.secret.placeholder));
+	assert_null(strstr(last, ic.secrets[0].placeholder));
 	assert_int_equal(count(last, "Connection: close\r\n"), 1);
 	assert_null(strcasestr(last, "keep-alive"));
 	char *log = ic_log_since(at, "secret TOKEN sent to api.test:443 (GET /v1/x)");
@@ -1580,9 +1614,9 @@ static void test_intercept_echo(void **state)
 	assert_int_equal(ASN1_INTEGER_cmp(X509_get0_serialNumber(peer), ic.serial), 0);
 	X509_free(peer);
 	snprintf(req, sizeof(req), "GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: %s\r\n\r\n",
-		 ic.secret.placeholder);
+		 ic.secrets[0].placeholder);
 	char *resp = ic_exchange(s, req, &clean);
-	snprintf(want, sizeof(want), "\r\n\r\nyou sent %s\n", ic.secret.placeholder);
+	snprintf(want, sizeof(want), "\r\n\r\nyou sent %s\n", ic.secrets[0].placeholder);
 	assert_non_null(strstr(resp, want));
 	assert_null(strstr(resp, IC_VALUE));
 	free(resp);
@@ -1609,7 +1643,7 @@ static void test_intercept_untrusted(void **state)
 	SSL *s = ic_guest_tls(fd, "bad.test", "bad.test", ic.ca_pem);
 	if (s) {	/* the guest's handshake was through first: a 502 */
 		snprintf(req, sizeof(req), "GET / HTTP/1.1\r\nHost: bad.test\r\nAuthorization: %s\r\n\r\n",
-			 ic.secret.placeholder);
+			 ic.secrets[0].placeholder);
 		char *resp = ic_exchange(s, req, &clean);
 		assert_true(resp[0] == '\0' || !strncmp(resp, "HTTP/1.1 502 ", 13));
 		free(resp);
@@ -1641,14 +1675,14 @@ static void test_passthrough_other_host(void **state)
 	assert_non_null(s);
 	snprintf(req, sizeof(req),
 		 "GET /o HTTP/1.1\r\nHost: other.test\r\nAuthorization: %s\r\nConnection: close\r\n\r\n",
-		 ic.secret.placeholder);
+		 ic.secrets[0].placeholder);
 	char *resp = ic_exchange(s, req, &clean);
 	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
 	free(resp);
 	ic_close(s, fd);
 	ic_server_get(&ic.good, &n, last, sizeof(last));
 	assert_non_null(strstr(last, "GET /o HTTP/1.1\r\n"));
-	assert_non_null(strstr(last, ic.secret.placeholder));
+	assert_non_null(strstr(last, ic.secrets[0].placeholder));
 	assert_null(strstr(last, IC_VALUE));
 }
 
@@ -1663,7 +1697,7 @@ static void test_plaintext_untouched(void **state)
 	IC_REQUIRE();
 	int fd = ic_guest_connect_proxy("api.test:80");
 	snprintf(req, sizeof(req), "GET /p HTTP/1.1\r\nHost: api.test\r\nAuthorization: %s\r\n\r\n",
-		 ic.secret.placeholder);
+		 ic.secrets[0].placeholder);
 	assert_true(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
 	ssize_t r, got = 0;
 	while ((r = read(fd, resp + got, sizeof(resp) - 1 - (size_t)got)) > 0)
@@ -1721,7 +1755,7 @@ static void test_intercept_direct(void **state)
 	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
 	assert_non_null(s);
 	snprintf(req, sizeof(req), "POST /d HTTP/1.1\r\nHost: api.test:443\r\nX-Token: %s\r\n"
-		 "Content-Length: 2\r\n\r\nhi", ic.secret.placeholder);
+		 "Content-Length: 2\r\n\r\nhi", ic.secrets[0].placeholder);
 	char *resp = ic_exchange(s, req, &clean);
 	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
 	free(resp);
@@ -1768,6 +1802,108 @@ static void test_intercept_refused_request(void **state)
 	free(log);
 	ic_server_get(&ic.good, &after, last, sizeof(last));
 	assert_int_equal(after, before);
+}
+
+/* Send head over s and read the interim response that must come before
+ * the body is sent (SO_RCVTIMEO bounds the wait): its text. */
+static void ic_expect_continue(SSL *s, const char *head, char *got, size_t size)
+{
+	assert_true(SSL_write(s, head, (int)strlen(head)) == (int)strlen(head));
+	got[0] = '\0';
+	assert_true(ic_read_request(s, got, size, NULL) > 0);
+}
+
+/* Expect: 100-continue to a host whose body secret makes netd hold the
+ * body: netd answers the 100 itself (the server never sees the
+ * expectation), the value goes into the body, the echoed one comes back
+ * as the placeholder. */
+static void test_intercept_expect_held(void **state)
+{
+	char head[512], body[256], got[1024], last[8192], want[400];
+	bool clean = false;
+	unsigned before, after;
+
+	(void)state;
+	IC_REQUIRE();
+	ic_server_get(&ic.good, &before, last, sizeof(last));
+	unsigned continues = ic_server_continues(&ic.good);
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("body.test:443");
+	SSL *s = ic_guest_tls(fd, "body.test", "body.test", ic.ca_pem);
+	assert_non_null(s);
+	snprintf(body, sizeof(body), "token=%s&x=1", ic.secrets[1].placeholder);
+	snprintf(head, sizeof(head),
+		 "POST /echo HTTP/1.1\r\nHost: body.test\r\nAuthorization: %s\r\n"
+		 "Expect: 100-continue\r\nContent-Length: %zu\r\n\r\n",
+		 ic.secrets[0].placeholder, strlen(body));
+	ic_expect_continue(s, head, got, sizeof(got));
+	assert_string_equal(got, "HTTP/1.1 100 Continue\r\n\r\n");
+	ic_server_get(&ic.good, &after, last, sizeof(last));
+	assert_int_equal(after, before);	/* the head waits for the body */
+	char *resp = ic_exchange(s, body, &clean);
+	assert_true(clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
+	assert_int_equal(count(resp, "HTTP/1.1 "), 1);
+	snprintf(want, sizeof(want), "\r\n\r\nyou sent %s\nand token=%s&x=1\n",
+		 ic.secrets[0].placeholder, ic.secrets[1].placeholder);
+	assert_non_null(strstr(resp, want));
+	assert_null(strstr(resp, IC_BODY_VALUE));
+	free(resp);
+	ic_close(s, fd);
+	ic_server_get(&ic.good, &after, last, sizeof(last));
+	assert_int_equal(after, before + 1);
+	assert_int_equal(ic_server_continues(&ic.good), continues);
+	assert_null(strcasestr(last, "\r\nexpect:"));
+	snprintf(want, sizeof(want), "\r\nContent-Length: %zu\r\n",
+		 strlen("token=" IC_BODY_VALUE "&x=1"));
+	assert_non_null(strstr(last, want));
+	assert_non_null(strstr(last, "\r\n\r\ntoken=" IC_BODY_VALUE "&x=1"));
+	/* TOKEN is not body.test's: its placeholder went as it was. */
+	snprintf(want, sizeof(want), "\r\nAuthorization: %s\r\n", ic.secrets[0].placeholder);
+	assert_non_null(strstr(last, want));
+	char *log = ic_log_since(at, "held secret");
+	assert_non_null(strstr(log, "capsule net: secret BODY sent to body.test:443 (POST /echo)\n"));
+	assert_null(strstr(log, "secret TOKEN sent"));
+	assert_null(strstr(log, IC_BODY_VALUE));
+	free(log);
+}
+
+/* Expect: 100-continue where the body streams (no body secret): the
+ * expectation goes to the server, whose 100 comes back through netd. */
+static void test_intercept_expect_streamed(void **state)
+{
+	char head[512], body[256], got[1024], last[8192], want[300];
+	bool clean = false;
+	unsigned n;
+
+	(void)state;
+	IC_REQUIRE();
+	unsigned continues = ic_server_continues(&ic.good);
+	int fd = ic_guest_connect_proxy("api.test:443");
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	snprintf(body, sizeof(body), "data=%s", ic.secrets[0].placeholder);
+	snprintf(head, sizeof(head),
+		 "POST /s HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\n"
+		 "Expect: 100-continue\r\nContent-Length: %zu\r\n\r\n",
+		 ic.secrets[0].placeholder, strlen(body));
+	ic_expect_continue(s, head, got, sizeof(got));
+	assert_string_equal(got, "HTTP/1.1 100 Continue\r\n\r\n");
+	char *resp = ic_exchange(s, body, &clean);
+	assert_true(clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 200 OK\r\n", 17));
+	assert_non_null(strstr(resp, "\r\n\r\nok\n"));
+	free(resp);
+	ic_close(s, fd);
+	/* The 100 was the server's (counted once its request was whole). */
+	assert_int_equal(ic_server_continues(&ic.good), continues + 1);
+	ic_server_get(&ic.good, &n, last, sizeof(last));
+	assert_non_null(strstr(last, "POST /s HTTP/1.1\r\n"));
+	assert_non_null(strstr(last, "\r\nExpect: 100-continue\r\n"));
+	assert_non_null(strstr(last, "\r\nAuthorization: Bearer " IC_VALUE "\r\n"));
+	/* TOKEN is for heads only: the body goes as it came. */
+	snprintf(want, sizeof(want), "\r\n\r\n%s", body);
+	assert_non_null(strstr(last, want));
 }
 
 /* A CA key that is not one: netd does not start, and says why. */
@@ -1836,6 +1972,8 @@ int main(void)
 		cmocka_unit_test(test_connect_sni_mismatch),
 		cmocka_unit_test(test_intercept_direct),
 		cmocka_unit_test(test_intercept_refused_request),
+		cmocka_unit_test(test_intercept_expect_held),
+		cmocka_unit_test(test_intercept_expect_streamed),
 		cmocka_unit_test(test_intercept_bad_ca),
 	};
 	/* The group's setup moves this process into a network namespace of

@@ -758,6 +758,157 @@ static void test_req_value_must_fit(void **state)
 	assert_refused("GET /?k=" PH3 " HTTP/1.1\r\nHost: api.test\r\n\r\n", 400);
 }
 
+/* ---- requests: Expect: 100-continue --------------------------------------- */
+
+/* One request fed in parts (NULL-terminated) to api.test with secrets
+ * s[0..ns): after each part, the feed's result and whether the guest is
+ * owed a 100 are checked against rcs[] and conts[]; what went upstream
+ * is returned (the caller frees). */
+static char *feed_continue(const struct cap_http_secret *s, unsigned ns, const char *const *parts,
+			   const int *rcs, const bool *conts)
+{
+	struct cap_http_req *r = cap_http_req_new("api.test", 443, s, ns);
+	struct cap_buf out;
+	struct cap_http_refusal why;
+	size_t len;
+
+	cap_buf_init(&out);
+	assert_false(cap_http_req_continue(r));
+	for (size_t i = 0; parts[i]; i++) {
+		size_t used;
+		int rc = cap_http_req_feed(r, (const uint8_t *)parts[i], strlen(parts[i]), &used,
+					   &out, &why);
+		if (rc != rcs[i] || cap_http_req_continue(r) != conts[i])
+			fail_msg("part %zu: rc %d (%s), continue %d; wanted rc %d, continue %d", i,
+				 rc, rc < 0 ? why.reason : "", cap_http_req_continue(r), rcs[i],
+				 conts[i]);
+	}
+	char *o = take_out(&out, &len);
+	cap_buf_fini(&out);
+	cap_http_req_free(r);
+	return o;
+}
+
+static void test_req_expect_continue_held(void **state)
+{
+	(void)state;
+	/* BODYTOK applies to the body: the head is held with it, so the 100
+	 * is owed once the head is in and until the body is; Expect does
+	 * not go upstream (the server sees head and body at once). */
+	const char *body = "a=" PH3;
+	char head[256], want[512];
+	snprintf(head, sizeof(head),
+		 "POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+		 "Content-Length: %zu\r\n\r", strlen(body));
+	snprintf(want, sizeof(want),
+		 "POST /p HTTP/1.1\r\nHost: api.test\r\nContent-Length: %zu\r\n"
+		 "Accept-Encoding: identity\r\nConnection: close\r\n\r\na=" VAL3,
+		 strlen("a=" VAL3));
+	const char *parts[] = { head, "\n", "a=", body + 2, NULL };
+	const int rcs[] = { CAP_HTTP_MORE, CAP_HTTP_MORE, CAP_HTTP_MORE, CAP_HTTP_DONE };
+	const bool conts[] = { false, true, true, false };
+	char *o = feed_continue(secrets, 3, parts, rcs, conts);
+	assert_string_equal(o, want);
+	free(o);
+
+	/* Chunked, the expectation in another case: owed until the last chunk. */
+	const char *cparts[] = {
+		"POST /p HTTP/1.1\r\nHost: api.test\r\nEXPECT:  100-Continue \r\n"
+		"Transfer-Encoding: chunked\r\n\r\n",
+		"2\r\nab\r\n", "0\r\n\r\n", NULL
+	};
+	const int crcs[] = { CAP_HTTP_MORE, CAP_HTTP_MORE, CAP_HTTP_DONE };
+	const bool cconts[] = { true, true, false };
+	o = feed_continue(secrets, 3, cparts, crcs, cconts);
+	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n"
+			       "Connection: close\r\n\r\nab");
+	free(o);
+
+	/* The head and the whole body in one feed: nothing is owed any more. */
+	snprintf(head, sizeof(head),
+		 "POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+		 "Content-Length: 2\r\n\r\nab");
+	const char *oparts[] = { head, NULL };
+	const int orcs[] = { CAP_HTTP_DONE };
+	const bool oconts[] = { false };
+	o = feed_continue(secrets, 3, oparts, orcs, oconts);
+	assert_null(strcasestr(o, "expect"));
+	free(o);
+
+	/* An empty body: no body to wait for. */
+	const char *eparts[] = {
+		"POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+		"Content-Length: 0\r\n\r\n", NULL
+	};
+	o = feed_continue(secrets, 3, eparts, orcs, oconts);
+	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nContent-Length: 0\r\n"
+			       "Connection: close\r\n\r\n");
+	free(o);
+
+	/* HTTP/1.0: no 100 is owed to it (RFC 9110 10.1.1); Expect still
+	 * does not go on with a held body. */
+	const char *tparts[] = {
+		"POST /p HTTP/1.0\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+		"Content-Length: 2\r\n\r\n", "ab", NULL
+	};
+	const int trcs[] = { CAP_HTTP_MORE, CAP_HTTP_DONE };
+	const bool tconts[] = { false, false };
+	o = feed_continue(secrets, 3, tparts, trcs, tconts);
+	assert_string_equal(o, "POST /p HTTP/1.0\r\nHost: api.test\r\nContent-Length: 2\r\n"
+			       "Connection: close\r\n\r\nab");
+	free(o);
+
+	/* Refused after its head: nothing owed. */
+	const char *rparts[] = {
+		"POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+		"Transfer-Encoding: chunked\r\n\r\n", "zz\r\n", NULL
+	};
+	const int rrcs[] = { CAP_HTTP_MORE, -1 };
+	const bool rconts[] = { true, false };
+	o = feed_continue(secrets, 3, rparts, rrcs, rconts);
+	assert_string_equal(o, "");
+	free(o);
+
+	/* An expectation that is not 100-continue goes on (the server may
+	 * refuse it with 417), and owes nothing. */
+	const char *xparts[] = {
+		"POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: something-else\r\n"
+		"Content-Length: 2\r\n\r\n", "ab", NULL
+	};
+	const bool xconts[] = { false, false };
+	o = feed_continue(secrets, 3, xparts, trcs, xconts);
+	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: something-else\r\n"
+			       "Content-Length: 2\r\nConnection: close\r\n\r\nab");
+	free(o);
+}
+
+static struct run feed_resp(const char *in, bool eof);
+
+static void test_req_expect_continue_streamed(void **state)
+{
+	(void)state;
+	/* No body secret: the head goes at once with its Expect, the server
+	 * answers the expectation itself, nothing is owed by the caller. */
+	struct cap_http_secret s = secrets[0];
+	const char *parts[] = {
+		"POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+		"Content-Length: 2\r\n\r\n", "ab", NULL
+	};
+	const int rcs[] = { CAP_HTTP_MORE, CAP_HTTP_DONE };
+	const bool conts[] = { false, false };
+	char *o = feed_continue(&s, 1, parts, rcs, conts);
+	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
+			       "Content-Length: 2\r\nConnection: close\r\n\r\nab");
+	free(o);
+
+	/* The server's 100 reaches the guest before the final response. */
+	struct run x = feed_resp("HTTP/1.1 100 Continue\r\n\r\n"
+				 "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok", false);
+	assert_done(&x, "HTTP/1.1 100 Continue\r\n\r\n"
+			"HTTP/1.1 201 Created\r\nConnection: close\r\n\r\nok");
+	run_free(&x);
+}
+
 /* ---- responses ------------------------------------------------------------ */
 
 static struct run feed_resp_cuts(const char *in, size_t n, const size_t *cuts, size_t ncuts,
@@ -1086,6 +1237,8 @@ int main(void)
 		cmocka_unit_test(test_req_eof),
 		cmocka_unit_test(test_req_body_too_large),
 		cmocka_unit_test(test_req_value_must_fit),
+		cmocka_unit_test(test_req_expect_continue_held),
+		cmocka_unit_test(test_req_expect_continue_streamed),
 		cmocka_unit_test(test_resp_echo_replaced),
 		cmocka_unit_test(test_resp_echo_split),
 		cmocka_unit_test(test_resp_chunked),

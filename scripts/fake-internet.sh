@@ -1,8 +1,8 @@
-# Sourced by the demo and the benchmark (the tests build a richer one in
-# tests/integration/test-net.sh): a fake internet as DESIGN §9 asks, a
-# namespace INET holding the given addresses on its lo, and a namespace
-# CNS for capsule whose only link is a veth to INET, routed to those
-# addresses' /24s and nowhere else.
+# Sourced by the demo, the benchmark and tests/integration/test-secret.sh
+# (tests/integration/test-net.sh builds a richer one): a fake internet
+# as DESIGN §9 asks, a namespace INET holding the given addresses on its
+# lo, and a namespace CNS for capsule whose only link is a veth to INET,
+# routed to those addresses' /24s and nowhere else.
 #   fake_internet_up INET CNS ADDR...
 #   fake_internet_down INET CNS
 fake_internet_up() {

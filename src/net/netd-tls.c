@@ -76,7 +76,7 @@ struct icpt {
 	bool continued;			/* our 100 Continue was due (once) */
 	size_t continue_left;		/* its bytes not yet written to the guest's TLS */
 	bool notified;			/* close_notify queued for the guest */
-	bool echo_said;			/* the response's echoed value was logged */
+	uint32_t echo_said;		/* the secrets logged as echoed (bit k for hs[k]) */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -809,34 +809,18 @@ static int to_server(struct conn *c)
 	return 0;
 }
 
-/* Say that the response held a value (replaced). The rewriter says that
- * one was, not which: the secrets whose placeholder this feed's output
- * (resp_out from offset from) holds are named, else all of them. */
-static void echoed(struct netd *d, const struct conn *c, size_t from)
+/* Name the secrets whose value the response held (replaced by their
+ * placeholders) that were not named yet: each once per connection. */
+static void echoed(struct netd *d, const struct conn *c)
 {
-	const struct icpt *i = c->owned_icpt;
-	const uint8_t *out = i->resp_out.owned_data + CAP_MIN(from, i->resp_out.len);
-	size_t n = i->resp_out.len - CAP_MIN(from, i->resp_out.len);
-	char names[CAP_HTTP_MAX_SECRETS * 66] = "";
-	size_t o = 0;
-	unsigned found = 0;
+	struct icpt *i = c->owned_icpt;
+	uint32_t fresh = cap_http_resp_echoed_mask(i->resp) & ~i->echo_said;
 
-	for (unsigned pass = 0; pass < 2 && !found; pass++)
-		for (unsigned k = 0; k < i->nhs; k++) {
-			if (pass == 0 && !memmem(out, n, i->hs[k].placeholder, strlen(i->hs[k].placeholder)))
-				continue;
-			int w = snprintf(names + o, sizeof(names) - o, "%s%s", found ? ", " : "",
-					 i->hs[k].name);
-			if (w > 0 && (size_t)w < sizeof(names) - o)
-				o += (size_t)w;
-			found++;
-		}
-	if (found == 1)
-		netd_log(d, "the response of %s:%u held secret %s's value: replaced by its placeholder",
-			 i->name, c->port, names);
-	else
-		netd_log(d, "the response of %s:%u held the value of a secret (one of %s): replaced by its placeholder",
-			 i->name, c->port, names);
+	i->echo_said |= fresh;
+	for (unsigned k = 0; k < i->nhs; k++)
+		if (fresh & (1u << k))
+			netd_log(d, "the response of %s:%u held secret %s's value: replaced by its placeholder",
+				 i->name, c->port, i->hs[k].name);
 }
 
 /* The server's response through the rewriter. */
@@ -850,7 +834,6 @@ static void from_server(struct netd *d, struct conn *c)
 	while (i->u_done && !i->resp_done && cap_buf_used(&i->resp_out) < NETD_BUF) {
 		ERR_clear_error();
 		int n = SSL_read(i->u, p, sizeof(p));
-		size_t from = i->resp_out.len;	/* where this feed's output starts */
 		int r;
 		if (!i->resp)
 			i->resp = cap_http_resp_new(i->hs, i->nhs,
@@ -869,10 +852,7 @@ static void from_server(struct netd *d, struct conn *c)
 			}
 			r = cap_http_resp_eof(i->resp, &i->resp_out, &why);
 		}
-		if (!i->echo_said && cap_http_resp_echoed(i->resp)) {
-			i->echo_said = true;
-			echoed(d, c, from);
-		}
+		echoed(d, c);
 		if (r < 0) {
 			log_request(c, what, sizeof(what));
 			netd_log(d, "refused the response to https %s: %s", what, why.reason);

@@ -1186,7 +1186,7 @@ struct cap_http_resp {
 	struct chunked ck;
 	struct wbuf pending;	/* body bytes not yet looked at in full */
 
-	bool echoed;
+	uint32_t echoed;	/* the secrets whose value was replaced */
 	int status;
 	struct cap_http_refusal refusal;
 };
@@ -1232,8 +1232,7 @@ static int resp_fail(struct cap_http_resp *r, const char *reason, struct cap_htt
 /* Pass p[0..n) to out with every value replaced by its placeholder. */
 static void scrub_whole(struct cap_http_resp *r, const uint8_t *p, size_t n, struct cap_buf *out)
 {
-	if (replace(r->s, r->ns, r->all, TO_PLACEHOLDER, p, n, n, NULL, put_cap_buf, out))
-		r->echoed = true;
+	r->echoed |= replace(r->s, r->ns, r->all, TO_PLACEHOLDER, p, n, n, NULL, put_cap_buf, out);
 }
 
 /* Pass body bytes on, replaced, holding back the last r->keep bytes
@@ -1248,9 +1247,8 @@ static void scrub_body(struct cap_http_resp *r, const uint8_t *p, size_t n, bool
 	if (len == 0)
 		return;
 	size_t limit = final ? len : len > r->keep ? len - r->keep : 0;
-	if (replace(r->s, r->ns, r->all, TO_PLACEHOLDER, r->pending.data, len, limit, &stop,
-		    put_cap_buf, out))
-		r->echoed = true;
+	r->echoed |= replace(r->s, r->ns, r->all, TO_PLACEHOLDER, r->pending.data, len, limit,
+			     &stop, put_cap_buf, out);
 	wbuf_drop(&r->pending, stop);
 }
 
@@ -1437,7 +1435,7 @@ int cap_http_resp_eof(struct cap_http_resp *r, struct cap_buf *out,
 	return resp_fail(r, "the response body ended early", why);
 }
 
-bool cap_http_resp_echoed(const struct cap_http_resp *r)
+uint32_t cap_http_resp_echoed_mask(const struct cap_http_resp *r)
 {
 	return r->echoed;
 }

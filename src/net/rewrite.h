@@ -132,8 +132,10 @@ int cap_http_resp_feed(struct cap_http_resp *r, const uint8_t *p, size_t n,
  * (what was already appended has gone; the caller closes). */
 int cap_http_resp_eof(struct cap_http_resp *r, struct cap_buf *out,
 		      struct cap_http_refusal *why);
-/* Whether any secret's value was replaced in the response. */
-bool cap_http_resp_echoed(const struct cap_http_resp *r);
+/* Which secrets (bit i for s[i]) had their value replaced by their
+ * placeholder in what was appended to out so far (head and body), for
+ * the log; 0 when none was echoed. */
+uint32_t cap_http_resp_echoed_mask(const struct cap_http_resp *r);
 /* The status code of the final response, 0 until its head is read. */
 int cap_http_resp_status(const struct cap_http_resp *r);
 

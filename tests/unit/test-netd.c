@@ -1864,6 +1864,11 @@ static void test_intercept_expect_held(void **state)
 	char *log = ic_log_since(at, "held secret");
 	assert_non_null(strstr(log, "capsule net: secret BODY sent to body.test:443 (POST /echo)\n"));
 	assert_null(strstr(log, "secret TOKEN sent"));
+	/* The echo names the secret whose value came back, not TOKEN, whose
+	 * placeholder came back as it went. */
+	assert_non_null(strstr(log, "capsule net: the response of body.test:443 held secret BODY's "
+				    "value: replaced by its placeholder\n"));
+	assert_null(strstr(log, "secret TOKEN's"));
 	assert_null(strstr(log, IC_BODY_VALUE));
 	free(log);
 }

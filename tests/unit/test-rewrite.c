@@ -929,7 +929,7 @@ static struct run feed_resp_cuts(const char *in, size_t n, const size_t *cuts, s
 	if (eof && x.rc == CAP_HTTP_MORE)
 		x.rc = cap_http_resp_eof(r, &out, &x.why);
 	x.out = take_out(&out, &x.out_len);
-	x.substituted = cap_http_resp_echoed(r);
+	x.substituted = cap_http_resp_echoed_mask(r);
 	x.used = (size_t)cap_http_resp_status(r);	/* the status, here */
 	cap_buf_fini(&out);
 	cap_http_resp_free(r);
@@ -971,7 +971,7 @@ static void test_resp_echo_replaced(void **state)
 
 	assert_int_equal(strlen("{\"a\":\"" VAL1 "\",\"b\":\"" VAL2 "\"}"), 47);
 	assert_done(&x, want);
-	assert_true(x.substituted);
+	assert_int_equal(x.substituted, 1u << 0 | 1u << 1);
 	assert_int_equal(x.used, 200);
 	run_free(&x);
 
@@ -979,10 +979,10 @@ static void test_resp_echo_replaced(void **state)
 	assert_done(&x, want);
 	run_free(&x);
 
-	/* No echo: nothing replaced, echoed false. */
+	/* No echo: nothing replaced, no secret named. */
 	x = feed_resp("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false);
 	assert_done(&x, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nok");
-	assert_false(x.substituted);
+	assert_int_equal(x.substituted, 0);
 	run_free(&x);
 }
 
@@ -1022,6 +1022,58 @@ static void test_resp_echo_split(void **state)
 	cap_http_resp_free(r);
 }
 
+static void test_resp_echoed_mask(void **state)
+{
+	(void)state;
+	/* Exactly the secrets whose value was replaced: not those whose
+	 * placeholder the response holds as it is, whichever host a secret
+	 * is for (OTHER does not apply here, its value is still scrubbed). */
+	struct run x = feed_resp("HTTP/1.1 200 OK\r\nX-A: " PH1 "\r\nContent-Length: 16\r\n\r\n"
+				 VAL2, false);
+	assert_done(&x, "HTTP/1.1 200 OK\r\nX-A: " PH1 "\r\nConnection: close\r\n\r\n" PH2);
+	assert_int_equal(x.substituted, 1u << 1);
+	run_free(&x);
+
+	/* In the head only; in an interim response's head. */
+	x = feed_resp("HTTP/1.1 200 OK\r\nX-B: " VAL3 "\r\nContent-Length: 0\r\n\r\n", false);
+	assert_int_equal(x.rc, CAP_HTTP_DONE);
+	assert_int_equal(x.substituted, 1u << 2);
+	run_free(&x);
+	x = feed_resp("HTTP/1.1 103 Early Hints\r\nLink: " VAL1 "\r\n\r\n"
+		      "HTTP/1.1 204 No Content\r\n\r\n", false);
+	assert_int_equal(x.rc, CAP_HTTP_DONE);
+	assert_int_equal(x.substituted, 1u << 0);
+	run_free(&x);
+
+	/* Gathered over feeds: one byte at a time, a body that ends with the
+	 * connection, the last value right at its end. */
+	const char *in = "HTTP/1.1 200 OK\r\n\r\n" VAL3 " then " VAL1;
+	x = feed_resp_bytes(in, true);
+	assert_done(&x, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" PH3 " then " PH1);
+	assert_int_equal(x.substituted, 1u << 0 | 1u << 2);
+	run_free(&x);
+
+	/* What is seen after the first feed adds to what was: the mask only
+	 * grows, and is there before the end. */
+	struct cap_http_resp *r = cap_http_resp_new(secrets, 3, false);
+	struct cap_buf out;
+	struct cap_http_refusal why;
+	cap_buf_init(&out);
+	assert_int_equal(cap_http_resp_echoed_mask(r), 0);
+	const char *a = "HTTP/1.1 200 OK\r\nX: " VAL2 "\r\n\r\n";
+	assert_int_equal(cap_http_resp_feed(r, (const uint8_t *)a, strlen(a), &out, &why),
+			 CAP_HTTP_MORE);
+	assert_int_equal(cap_http_resp_echoed_mask(r), 1u << 1);
+	const char *b = VAL1 "..............................................................";
+	assert_int_equal(cap_http_resp_feed(r, (const uint8_t *)b, strlen(b), &out, &why),
+			 CAP_HTTP_MORE);
+	assert_int_equal(cap_http_resp_echoed_mask(r), 1u << 0 | 1u << 1);
+	assert_int_equal(cap_http_resp_eof(r, &out, &why), CAP_HTTP_DONE);
+	assert_int_equal(cap_http_resp_echoed_mask(r), 1u << 0 | 1u << 1);
+	cap_buf_fini(&out);
+	cap_http_resp_free(r);
+}
+
 static void test_resp_chunked(void **state)
 {
 	(void)state;
@@ -1036,7 +1088,7 @@ static void test_resp_chunked(void **state)
 	const char *want = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nv=" PH1 "!!";
 	struct run x = feed_resp(in, false);
 	assert_done(&x, want);
-	assert_true(x.substituted);
+	assert_int_equal(x.substituted, 1u << 0);
 	run_free(&x);
 	x = feed_resp_bytes(in, false);
 	assert_done(&x, want);
@@ -1241,6 +1293,7 @@ int main(void)
 		cmocka_unit_test(test_req_expect_continue_streamed),
 		cmocka_unit_test(test_resp_echo_replaced),
 		cmocka_unit_test(test_resp_echo_split),
+		cmocka_unit_test(test_resp_echoed_mask),
 		cmocka_unit_test(test_resp_chunked),
 		cmocka_unit_test(test_resp_interim),
 		cmocka_unit_test(test_resp_bodiless),

@@ -27,7 +27,8 @@ clients to check them. Standard library only.
         {"event": "request", "conn": C, "seq": K, "from": SRC,
          "line": REQUEST LINE, "headers": [[NAME, VALUE]...], "body": BODY}
       (C counts connections, K requests on one), or "event": "handshake
-      failed" / "bad request" with "why". Every answer is 200 with a
+      failed" with "why" and "first" (the hex of the first bytes the
+      client sent, at most 5: "" for none), or "bad request" with "why". Every answer is 200 with a
       Content-Length and no Connection header, so the connection stays
       open for another request: GET /echo answers "auth=AUTHORIZATION";
       /echo-chunked the same in two chunks split inside the value; any
@@ -220,11 +221,16 @@ class HTTPSAPI(socketserver.ThreadingTCPServer):
                     inner.conn = counter["conns"]
                 inner.seq = 0
                 inner.tls = False
+                # What came first (at most 5 bytes, left in place), so a
+                # failed handshake says whether the client sent anything.
+                first = b""
                 try:
+                    if select.select([inner.request], [], [], 10)[0]:
+                        first = inner.request.recv(5, socket.MSG_PEEK)
                     inner.request = ctx.wrap_socket(inner.request, server_side=True)
                     inner.tls = True
                 except (ssl.SSLError, OSError) as e:
-                    record(event="handshake failed", conn=inner.conn, why=str(e),
+                    record(event="handshake failed", conn=inner.conn, why=str(e), first=first.hex(),
                            **{"from": inner.client_address[0]})
                 super().setup()
 

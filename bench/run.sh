@@ -216,3 +216,7 @@ awk -v a="$(net_row guest_fetch 2)" -v b="$(net_row guest_fetch 3)" 'BEGIN {
 	printf "%-59s %8.1fMB/s %8.1fMB/s %7.2fx\n", "(j) 10 MB wget: in the guest (exec incl.) vs host ns", a, b, a / b }'
 awk -v a="$(net_row start 2)" -v b="$(net_row start 3)" 'BEGIN {
 	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(j) capsule run -- true: with a NIC vs without", a / 1e6, b / 1e6, a / b }'
+awk -v a="$(net_row https 2)" -v b="$(net_row https 3)" 'BEGIN {
+	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(j) HTTPS request: intercepted (secret) vs passed through", a, b, a / b }'
+awk -v a="$(net_row https 3)" -v b="$(net_row https 4)" 'BEGIN {
+	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(j) HTTPS request: passed through vs from the host", a, b, a / b }'

@@ -12,6 +12,8 @@
  * goes upstream) is wiped before it is freed or reused, and no log line
  * holds one. */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -281,9 +283,16 @@ int intercept_init(struct netd *d)
 		snprintf(why, sizeof(why), "cannot make a TLS context: %s", ssl_why(e, sizeof(e), "?"));
 		goto fail;
 	}
-	/* No tickets: nothing outlives a connection. */
-	SSL_CTX_set_options(t->server, SSL_OP_NO_TICKET);
-	SSL_CTX_set_num_tickets(t->server, 0);
+	/* One TLS 1.3 ticket, as ordinary servers send: it goes right
+	 * after the guest's Finished and carries the ACK its request waits
+	 * for (a client with Nagle's algorithm holds a small request until
+	 * its Finished is acknowledged; with nothing to send back, the
+	 * kernel here delays that ACK by 40 ms: make bench's row (j) measured
+	 * 48 ms a request without it, 7 ms with it). A ticket is only good
+	 * here, for this process's life, and resuming changes nothing: the
+	 * name, the upstream and the secrets come from the connection, not
+	 * from the session. */
+	SSL_CTX_set_num_tickets(t->server, 1);
 	SSL_CTX_set_verify(t->client, SSL_VERIFY_PEER, NULL);
 	SSL_CTX_set_cert_store(t->client, store);	/* the context owns it */
 	store = NULL;
@@ -535,6 +544,14 @@ bool intercept_start(struct netd *d, struct conn *c, const char *name)
 		};
 	}
 	i->req = cap_http_req_new(name, c->port, i->hs, i->nhs);
+	/* TLS records and a rewritten head go out in pieces: without this,
+	 * Nagle's algorithm holds each second piece for the peer's delayed
+	 * ACK (40 ms a time, measured by make bench's row (j) as 80 ms a
+	 * request). */
+	static const int one = 1;
+	setsockopt(c->a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (c->b >= 0)
+		setsockopt(c->b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 
 	ERR_clear_error();
 	X509 *leaf = leaf_for(t, name);

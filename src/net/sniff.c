@@ -343,6 +343,11 @@ int cap_target_parse_url(const char *s, size_t len, struct cap_target *t,
 	memset(t, 0, sizeof(*t));
 	if (check_chars(s, len, why) < 0)
 		return -EINVAL;
+	if (len >= 8 && !strncasecmp(s, "https://", 8)) {
+		*why = "an https:// URL asked of the proxy in the clear: the client must use CONNECT "
+		       "(busybox wget does not: give it -Y off to connect directly)";
+		return -EINVAL;
+	}
 	if (len < sl || strncasecmp(s, scheme, sl)) {
 		*why = "not an http:// URL";
 		return -EINVAL;

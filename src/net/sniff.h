@@ -79,7 +79,8 @@ int cap_target_parse_authority(const char *s, size_t len, struct cap_target *t,
 /* Parse an absolute-form target "http://host[:port][/path][?query]" (the
  * scheme in any case; port 80 by default; no user information) into t
  * and *path (the origin form to send: "/" when the URL has no path).
- * -EINVAL with *why as above, or "not an http:// URL",
+ * -EINVAL with *why as above, "not an http:// URL" (an https:// one says
+ * to use CONNECT),
  * "user information in the URL". */
 int cap_target_parse_url(const char *s, size_t len, struct cap_target *t,
 			 struct cap_span *path, const char **why);

@@ -29,7 +29,7 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=$(command -v python3)
 unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
-plan=39
+plan=41
 echo "1..$plan"
 start=$(date +%s)
 elapsed() { echo "# $1 after $(($(date +%s) - start)) s"; }
@@ -145,14 +145,25 @@ check "run: a new placeholder per sandbox; the value in neither the environment,
 	'grep -q "^ph=capsule-ph-" "$out" && ! grep -qx "ph=$ph_run" "$out" && grep -q "^cmdline=." "$out" && ! has_value "$out" && ! has_value "$err"'
 
 # The base image's only HTTPS client, busybox wget, has a TLS of its own
-# that cannot complete a handshake with OpenSSL 3 servers (no shared
-# cipher or signature algorithm), the interception's included: the python
-# sandbox below makes the requests. Here: a one-shot run intercepts too
-# (its CA in memory), and its verbose log names the secret, not the value.
+# that verifies nothing and signs with SHA-1 only, which the policy
+# process's guest side accepts (netd-tls.c): a one-shot run's request
+# carries the value too (its CA in memory), directly and through the
+# proxy, and its verbose log names the secret, not the value. The python
+# sandbox below makes the requests that verify certificates.
+a0=$(lines "$logs/https-api.test.log")
 c run -v --secret TOKEN=env:TOKEN@api.test -- sh -c \
 	'wget -Y off -q -O- --header "Authorization: Bearer $TOKEN" https://api.test/run; echo "wget=$?"' >"$out" 2>"$err"
 check "run -v: a TLS connection to api.test is intercepted, allowed by the secret (named), and nothing printed holds the value" \
 	'grep -q "^capsule net: allowed tcp 203.0.113.20:443 (api.test) by --secret TOKEN" "$err" && grep -q "^capsule net: intercepting tls api.test:443" "$err" && ! has_value "$err" && ! has_value "$out"'
+check "run: busybox wget https://api.test/run (direct) is answered, and api.test received the real value" \
+	'grep -q "^hello from api.test /run " "$out" && grep -qx "wget=0" "$out" && [ "$(req api.test "$a0" "h.get(\"authorization\")")" = "$(printf "%s" "['"'"'Bearer $TOKEN'"'"']")" ]'
+# Through the proxy, busybox wget asks for the https:// URL in the clear
+# instead of CONNECT: refused (nothing sent anywhere), saying what to do.
+a0=$(lines "$logs/https-api.test.log")
+c run --secret TOKEN=env:TOKEN@api.test -- sh -c \
+	'wget -q -O- --header "Authorization: Bearer $TOKEN" https://api.test/run-proxy; echo "wget=$?"' >"$out" 2>"$err"
+check "run: busybox wget's https:// request in the clear to the proxy is refused, saying to use CONNECT or -Y off; api.test got nothing" \
+	'grep -qx "wget=1" "$out" && grep -q "refused proxy GET \"https://api.test/run-proxy\": an https:// URL asked of the proxy in the clear: the client must use CONNECT (busybox wget does not: give it -Y off" "$err" && [ "$(lines "$logs/https-api.test.log")" -eq "$a0" ] && ! has_value "$out" && ! has_value "$err"'
 
 env -u TOKEN "$(command -v nsenter)" -t "$holder" -m -n -- "$capsule" run --secret TOKEN=env:TOKEN@api.test -- true >"$out" 2>"$err"
 rc=$?

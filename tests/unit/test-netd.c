@@ -702,7 +702,8 @@ static void test_target_url(void **state)
 	struct {
 		const char *s, *why;
 	} bad[] = {
-		{ "https://example.com/", "not an http:// URL" },
+		{ "https://example.com/", "an https:// URL asked of the proxy in the clear: the client must use CONNECT "
+					   "(busybox wget does not: give it -Y off to connect directly)" },
 		{ "/index.html", "not an http:// URL" },
 		{ "http://user:pw@example.com/", "user information in the URL" },
 		{ "http://example.com:x/", "bad port" },

@@ -89,5 +89,39 @@ nsenter --net="/run/netns/$cns" "$capsule" run -q --allow-egress 203.0.113.10 --
 	sh -c 'wget -qO- http://203.0.113.10/; wget -qO- http://198.51.100.7/' 2>&1 || true
 net_down
 echo
+
+# Secrets on a fake internet with HTTPS APIs (tests/net/fakenet.py: its
+# own test CA, which capsule is told to trust through CAPSULE_CA_FILE, and
+# a DNS server that capsule's namespace uses as its resolver).
+echo "== secrets: the guest holds a placeholder, api.test receives the value"
+fake=$(cd "$(dirname "$0")/.." && pwd)/tests/net/fakenet.py
+demo_net=$demo_rt/net
+mkdir -p "$demo_net/certs" "$demo_net/logs"
+python3 "$fake" certs "$demo_net/certs" >/dev/null
+fake_internet_up "$inet" "$cns" 203.0.113.10 203.0.113.11 203.0.113.20 203.0.113.21 \
+	203.0.113.22 203.0.113.23 203.0.113.53 203.0.113.99 198.51.100.7 10.1.2.3 169.254.169.254
+echo "nameserver 203.0.113.53" >"$demo_net/resolv.conf"
+ip netns exec "$inet" python3 "$fake" serve "$demo_net/logs" "$demo_net/certs" >/dev/null 2>&1 &
+srv=$!
+i=0
+while [ ! -s "$demo_net/logs/ready" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+token="demo-token-$(od -An -tx1 -N12 /dev/urandom | tr -d ' \n')"
+echo "\$ TOKEN=$token capsule run --secret TOKEN=env:TOKEN@api.test -- sh -c \\"
+echo "    'echo \"in the guest: TOKEN=\$TOKEN\"; wget -Y off -qO- --header \"Authorization: Bearer \$TOKEN\" https://api.test/v1/me'"
+# The resolver of capsule's namespace is the fake internet's DNS.
+TOKEN=$token CAPSULE_CA_FILE="$demo_net/certs/ca.pem" \
+	nsenter --net="/run/netns/$cns" unshare --mount --propagation private sh -c \
+	'mount --bind "$1" /etc/resolv.conf && shift && exec "$@"' sh "$demo_net/resolv.conf" \
+	"$capsule" run -q --secret TOKEN=env:TOKEN@api.test -- sh -c \
+	'echo "in the guest: TOKEN=$TOKEN"; wget -Y off -qO- --header "Authorization: Bearer $TOKEN" https://api.test/v1/me' 2>&1 || true
+auth=$(python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r.get("event") == "request":
+        print([v for k, v in r["headers"] if k.lower() == "authorization"][0])' "$demo_net/logs/https-api.test.log" 2>/dev/null | tail -1)
+echo "api.test received: Authorization: ${auth:-nothing}"
+[ "$auth" = "Bearer $token" ] && echo "(the real value, put in on the host; the guest never had it)"
+net_down
+echo
 left=$(ours -c || true)
 echo "== QEMU processes left running: $left"

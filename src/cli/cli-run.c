@@ -194,10 +194,6 @@ int cap_cli_run(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		return CAP_EXIT_FAILURE;
 	}
-	/* The policy process has the secrets' values: this process, which
-	 * lives as long as the VM, keeps none in its environment. */
-	for (unsigned i = 0; i < spec.net.nsecrets; i++)
-		cap_net_secret_forget_source(&spec.net.secrets[i]);
 	/* A template that could not be used is worth one line: the run goes
 	 * on, cold-booted. */
 	if (verbose || strncmp(cap_sandbox_boot_note(sb), "cold boot (", 11) == 0)

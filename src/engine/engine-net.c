@@ -494,9 +494,17 @@ static int answer(int fd, int status, int sock)
 
 /* The connector (netd.h, cap_netd_config.connector), inside the VM's
  * namespace: one request at a time until the policy process goes. */
+struct connector_run {
+	int fd;
+	const struct cap_vm_net *cfg;
+};
+
 static int connector_main(void *ud)
 {
-	int fd = *(const int *)ud;
+	const struct connector_run *run = ud;
+	int fd = run->fd;
+	if (run->cfg->helper_scrub)
+		run->cfg->helper_scrub(run->cfg->policy_ud);
 	for (;;) {
 		uint8_t req[2];
 		int r = cap_read_exact(fd, req, sizeof(req));
@@ -658,8 +666,6 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 		r = cap_err_set(err, errno, "socketpair: %s", strerror(errno));
 		goto fail;
 	}
-	/* The policy process first: it alone may keep what policy_forked
-	 * wipes before the connector is forked. */
 	struct policy_run run = {
 		.cfg = cfg,
 		.fds = { .tcp_listen = fds[0], .dns = fds[1], .connector = fds[4], .control = fds[3],
@@ -681,9 +687,8 @@ int cap_jail_net_new(struct cap_jail *j, const struct cap_vm_net *cfg,
 		goto fail;
 	}
 	n->policy.pid = pid;
-	if (cfg->policy_forked)
-		cfg->policy_forked(cfg->policy_ud);
-	pid = cap_jail_helper(j, n->netns, NULL, 0, &fds[5], 1, connector_main, &fds[5],
+	struct connector_run crun = { .fd = fds[5], .cfg = cfg };
+	pid = cap_jail_helper(j, n->netns, NULL, 0, &fds[5], 1, connector_main, &crun,
 			      &n->connector.pidfd, err);
 	if (pid < 0) {
 		r = pid;

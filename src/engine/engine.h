@@ -85,11 +85,11 @@ struct cap_vm_net {
 	 * exit code. NULL: none (a template being built: nothing gets out). */
 	int (*policy_main)(void *ud, const struct cap_vm_net_fds *fds);
 	void *policy_ud;
-	/* Called in this process right after the policy process is forked,
-	 * before any other helper or QEMU is: what only the policy process
-	 * may hold can be wiped here, so that nothing forked later inherits
-	 * it. NULL: nothing. */
-	void (*policy_forked)(void *ud);
+	/* Called first in every other helper (the connector), in the child:
+	 * what only the policy process may hold is wiped from the helper's
+	 * copy of this process's memory. (QEMU is exec'd with an empty
+	 * environment: nothing of this process remains there.) NULL: nothing. */
+	void (*helper_scrub)(void *ud);
 	const int *keep;
 	unsigned nkeep;
 };

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -636,6 +637,10 @@ int cap_netd_main(const struct cap_netd_config *cfg)
 	d->cfg = cfg;
 	netd_log_init(d, cap_now_ms());
 	signal(SIGPIPE, SIG_IGN);
+	/* It may hold secrets' values and a CA key: no core dump, and no
+	 * other process of its user may read its memory or trace it. */
+	if (cfg->nsecrets > 0)
+		prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	d->owned_policy = xmalloc(sizeof(*d->owned_policy));
 	*d->owned_policy = *cfg->policy;
 	cap_buf_init(&d->control);

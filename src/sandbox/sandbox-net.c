@@ -95,27 +95,15 @@ static void wipe_secrets(struct cap_sandbox_net *n)
 	n->trust_len = 0;
 }
 
-/* The engine forked the policy process, which has its copy of the
- * values, the CA's key and the trust store: wipe the owner's before
- * anything else is forked (the CA's certificate stays, for SETUP), and
- * the env: sources from this process's environment. */
-static void policy_forked(void *ud)
+/* In another helper of the VM (the connector), first thing: its copy of
+ * the owner's memory loses what only the policy process may hold (the
+ * values, the CA, the trust store, the env: sources' variables). */
+static void helper_scrub(void *ud)
 {
 	struct cap_sandbox_net *n = ud;
-	for (unsigned i = 0; i < n->nsecrets; i++) {
-		cap_net_secret_wipe(n->owned_values[i], n->secrets[i].value_len);
-		n->owned_values[i] = NULL;
-		n->secrets[i].value = NULL;
-		n->secrets[i].value_len = 0;
+	for (unsigned i = 0; i < n->nsecrets; i++)
 		cap_net_secret_forget_source(n->secrets[i].decl);
-	}
-	if (n->ca.owned_key_pem) {
-		cap_net_secret_wipe(n->ca.owned_key_pem, strlen(n->ca.owned_key_pem));
-		n->ca.owned_key_pem = NULL;
-	}
-	free(n->owned_trust);
-	n->owned_trust = NULL;
-	n->trust_len = 0;
+	wipe_secrets(n);
 }
 
 /* With secrets in the policy: the sandbox's CA (kept in o->ca_dir, or
@@ -217,7 +205,7 @@ int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net
 	n->vmnet.nforward = n->nforward;
 	n->vmnet.policy_main = policy_main;
 	n->vmnet.policy_ud = n;
-	n->vmnet.policy_forked = policy_forked;
+	n->vmnet.helper_scrub = helper_scrub;
 	n->vmnet.keep = n->keep;
 	n->vmnet.nkeep = nkeep;
 	n->vmnet.proxy_port = CAP_NET_PROXY_PORT;
@@ -270,7 +258,11 @@ void cap_sandbox_net_started(struct cap_sandbox_net *n)
 		close(n->publish_fds[i]);
 	n->npublish = 0;
 	/* The policy process has its copy: the owner keeps none for the
-	 * sandbox's life. */
+	 * sandbox's life, not even in the environment it inherited. (Until
+	 * now it kept them: a failed template restore falls back to a cold
+	 * boot, whose policy process needs them again.) */
+	for (unsigned i = 0; i < n->nsecrets; i++)
+		cap_net_secret_forget_source(n->secrets[i].decl);
 	wipe_secrets(n);
 	n->nsecrets = 0;
 }

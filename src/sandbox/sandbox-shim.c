@@ -275,15 +275,6 @@ static bool env_secrets(const struct cap_net_policy *p)
 	return false;
 }
 
-/* The VM runs, its policy process has the secrets' values: the shim,
- * which lives as long as the sandbox, keeps none, not even in the
- * environment it inherited from the command that started it. */
-static void forget_env_secrets(const struct cap_net_policy *p)
-{
-	for (unsigned i = 0; i < p->nsecrets; i++)
-		cap_net_secret_forget_source(&p->secrets[i]);
-}
-
 /* After a failed write the guest's file system may be read-only (ext4
  * aborts its journal): before the next command of an idle sandbox, once
  * the host has space again, restart the VM with the same disks, which
@@ -319,7 +310,6 @@ static bool recover_disks(struct shim *s)
 		s->stop = true;
 		return false;
 	}
-	forget_env_secrets(&s->spec->net);
 	free(s->owned_secrets);
 	s->owned_secrets = cap_net_policy_secrets_line(&s->spec->net);
 	cap_log(CAP_LOG_INFO, "running again (QEMU pid %d; %s)", (int)cap_sandbox_vmm_pid(s->sb),
@@ -826,7 +816,6 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 
 	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
 		goto out;
-	forget_env_secrets(&spec->net);
 	s.owned_secrets = cap_net_policy_secrets_line(&spec->net);
 	if ((lfd = cap_unix_listen(control, err)) < 0) {
 		r = lfd;

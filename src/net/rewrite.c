@@ -16,77 +16,52 @@
 #define CONN_OPTS_MAX 32	/* tokens named by Connection headers */
 #define CHUNK_LINE_MAX 4096	/* a chunk-size line, extensions included */
 
-/* ---- buffers that may hold a value ------------------------------------ */
+/* ---- where bytes go ----------------------------------------------------- */
 
-/* Grown by copy-then-wipe (realloc would leave a copy of a value in freed
- * memory), wiped when freed or when bytes leave it. */
-struct wbuf {
-	uint8_t *data;
-	size_t len, cap;
-};
-
-static void wbuf_reserve(struct wbuf *b, size_t n)
-{
-	if (b->cap - b->len >= n)
-		return;
-	size_t want = b->cap ? b->cap : 1024;
-	while (want - b->len < n)
-		want *= 2;
-	uint8_t *p = xmalloc(want);
-	if (b->data) {
-		memcpy(p, b->data, b->len);
-		explicit_bzero(b->data, b->cap);
-		free(b->data);
-	}
-	b->data = p;
-	b->cap = want;
-}
-
-static void wbuf_add(struct wbuf *b, const void *p, size_t n)
-{
-	if (n == 0)
-		return;
-	wbuf_reserve(b, n);
-	memcpy(b->data + b->len, p, n);
-	b->len += n;
-}
-
-static void wbuf_str(struct wbuf *b, const char *s)
-{
-	wbuf_add(b, s, strlen(s));
-}
-
-/* Take n bytes off the front. */
-static void wbuf_drop(struct wbuf *b, size_t n)
-{
-	if (n == 0)
-		return;
-	memmove(b->data, b->data + n, b->len - n);
-	explicit_bzero(b->data + b->len - n, n);
-	b->len -= n;
-}
-
-static void wbuf_wipe(struct wbuf *b)
-{
-	if (b->data) {
-		explicit_bzero(b->data, b->cap);
-		free(b->data);
-	}
-	memset(b, 0, sizeof(*b));
-}
-
-/* Where replaced bytes go: a wbuf (scratch that may hold a value) or the
- * caller's cap_buf; NULL put only counts. */
+/* Where replaced bytes go: a cap_buf, a room sized beforehand, or a
+ * count (what would be written). */
 typedef void (*put_fn)(void *dst, const void *p, size_t n);
-
-static void put_wbuf(void *dst, const void *p, size_t n)
-{
-	wbuf_add(dst, p, n);
-}
 
 static void put_cap_buf(void *dst, const void *p, size_t n)
 {
 	cap_buf_append(dst, p, n);
+}
+
+/* dst: a size_t, the bytes put so far. */
+static void put_count(void *dst, const void *p, size_t n)
+{
+	(void)p;
+	*(size_t *)dst += n;
+}
+
+/* Reserved memory, filled from p up to end: the exact size is counted
+ * first (put_count), so nothing that may hold a value is grown away from
+ * and left behind. */
+struct room {
+	uint8_t *p, *end;
+};
+
+static void put_room(void *dst, const void *p, size_t n)
+{
+	struct room *r = dst;
+
+	CAP_BUG_ON(n > (size_t)(r->end - r->p));
+	if (n)
+		memcpy(r->p, p, n);
+	r->p += n;
+}
+
+static void put_str(put_fn put, void *dst, const char *s)
+{
+	put(dst, s, strlen(s));
+}
+
+/* Empty b, zeroing what it held, and keep it a wiping buffer (a value
+ * may pass through it). */
+static void buf_wipe(struct cap_buf *b)
+{
+	cap_buf_fini(b);
+	b->wipe = true;
 }
 
 /* ---- replacing placeholders and values --------------------------------- */
@@ -708,7 +683,7 @@ struct cap_http_req {
 	bool continue_wanted;	/* hold, and an HTTP/1.1 guest waits for a 100 */
 	uint64_t left;		/* Content-Length bytes still to come */
 	struct chunked ck;
-	struct wbuf body;	/* hold: the body so far */
+	struct cap_buf body;	/* hold: the body so far (wiping) */
 
 	uint32_t substituted;
 	char *owned_method, *owned_target;
@@ -737,6 +712,8 @@ struct cap_http_req *cap_http_req_new(const char *host, uint16_t port,
 	r->port = port;
 	r->s = s;
 	r->ns = n;
+	cap_buf_init(&r->body);
+	r->body.wipe = true;
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t bit = 1u << i;
 		if (s[i].applies)
@@ -755,7 +732,7 @@ void cap_http_req_free(struct cap_http_req *r)
 {
 	if (!r)
 		return;
-	wbuf_wipe(&r->body);
+	cap_buf_fini(&r->body);
 	free(r->owned_method);
 	free(r->owned_target);
 	explicit_bzero(r, sizeof(*r));
@@ -770,7 +747,7 @@ static int req_fail(struct cap_http_req *r, int status, const char *reason,
 	snprintf(r->refusal.reason, sizeof(r->refusal.reason), "%s", reason);
 	*why = r->refusal;
 	head_reset(&r->head);
-	wbuf_wipe(&r->body);
+	buf_wipe(&r->body);
 	return -1;
 }
 
@@ -916,57 +893,80 @@ static bool substitutable(const uint8_t *b, struct span name)
 	return !span_is(b, name, "host") && !span_is(b, name, "accept-encoding");
 }
 
-/* The request head for upstream, into h: the request line and fields
- * with placeholders replaced, hop-by-hop fields dropped, then the
- * framing (length: the body's, or -1 for chunked or none as received),
- * then Accept-Encoding and Connection. 0, or -1 (*why) when a value
- * cannot go where its placeholder is. */
-static int build_head(struct cap_http_req *r, int64_t length, uint32_t body_done,
-		      struct wbuf *h, const char **why)
+/* Whether each value to put in the head fits where its placeholder is,
+ * and the head is within CAP_HTTP_HEAD_MAX with the values in (a value
+ * can be 160 times its placeholder's length): 0 with r->substituted set,
+ * or the status with *why. Nothing is built before this says so. */
+static int check_head_values(struct cap_http_req *r, const char **why)
 {
 	const uint8_t *b = r->head.buf;
 	const struct cap_http_secret *s = r->s;
 	struct span line, name, value;
 	uint32_t in_target, in_fields = 0;
-	size_t pos = r->fields;
+	size_t pos = r->fields, n = 0;
+	/* The head as received, each part's length replaced by its length
+	 * with the values in: never below 0, every part being in it. */
+	size_t len = r->head.len - r->target.len;
 
 	in_target = replace(s, r->ns, r->head_mask, TO_VALUE, b + r->target.off, r->target.len,
-			    r->target.len, NULL, NULL, NULL);
+			    r->target.len, NULL, put_count, &n);
+	len += n;
 	while (next_line(&r->head, &pos, &line)) {
 		parse_field(b, line, &name, &value, why);
-		if (!hop_by_hop(b, name, &r->f) && !framing_field(b, name) && substitutable(b, name))
-			in_fields |= replace(s, r->ns, r->head_mask, TO_VALUE, b + value.off,
-					     value.len, value.len, NULL, NULL, NULL);
+		if (hop_by_hop(b, name, &r->f) || framing_field(b, name) || !substitutable(b, name))
+			continue;
+		n = 0;
+		in_fields |= replace(s, r->ns, r->head_mask, TO_VALUE, b + value.off, value.len,
+				     value.len, NULL, put_count, &n);
+		len = len - value.len + n;
 	}
 	if ((in_target & ~r->target_ok) || (in_fields & ~r->field_ok)) {
 		*why = "a secret's value that cannot go where its placeholder is";
-		return -1;
+		return 400;
 	}
-	r->substituted = in_target | in_fields | body_done;
-	bool identity = r->substituted != 0;
+	if (len > CAP_HTTP_HEAD_MAX) {
+		*why = "a request head over the size limit once the secrets' values are in";
+		return 431;
+	}
+	r->substituted = in_target | in_fields;
+	return 0;
+}
 
-	wbuf_add(h, b + r->method.off, r->method.len);
-	wbuf_str(h, " ");
+/* The request head for upstream, through put: the request line and
+ * fields with placeholders replaced, hop-by-hop fields and those
+ * rewritten here dropped, then the framing (length: the held body's, or
+ * -1 for chunked or none as received), then Accept-Encoding and
+ * Connection. check_head_values said the values fit. */
+static void write_head(const struct cap_http_req *r, int64_t length, put_fn put, void *dst)
+{
+	const uint8_t *b = r->head.buf;
+	const struct cap_http_secret *s = r->s;
+	struct span line, name, value;
+	const char *ignored;
+	bool identity = r->substituted != 0;
+	size_t pos = r->fields;
+
+	put(dst, b + r->method.off, r->method.len);
+	put_str(put, dst, " ");
 	replace(s, r->ns, r->head_mask, TO_VALUE, b + r->target.off, r->target.len,
-		r->target.len, NULL, put_wbuf, h);
-	wbuf_str(h, " ");
-	wbuf_add(h, b + r->version.off, r->version.len);
-	wbuf_str(h, "\r\n");
-	pos = r->fields;
+		r->target.len, NULL, put, dst);
+	put_str(put, dst, " ");
+	put(dst, b + r->version.off, r->version.len);
+	put_str(put, dst, "\r\n");
 	while (next_line(&r->head, &pos, &line)) {
-		parse_field(b, line, &name, &value, why);
+		parse_field(b, line, &name, &value, &ignored);
 		if (hop_by_hop(b, name, &r->f) || framing_field(b, name) ||
 		    (identity && span_is(b, name, "accept-encoding")) ||
 		    (r->hold && is_expect_continue(b, name, value)))
 			continue;
-		wbuf_add(h, b + name.off, name.len);
-		wbuf_str(h, ": ");
+		put(dst, b + name.off, name.len);
+		put_str(put, dst, ": ");
 		if (substitutable(b, name))
 			replace(s, r->ns, r->head_mask, TO_VALUE, b + value.off, value.len,
-				value.len, NULL, put_wbuf, h);
+				value.len, NULL, put, dst);
 		else
-			wbuf_add(h, b + value.off, value.len);
-		wbuf_str(h, "\r\n");
+			put(dst, b + value.off, value.len);
+		put_str(put, dst, "\r\n");
 	}
 	char framing[64] = "";
 	if (length >= 0)
@@ -975,46 +975,51 @@ static int build_head(struct cap_http_req *r, int64_t length, uint32_t body_done
 		snprintf(framing, sizeof(framing), "Content-Length: %" PRIu64 "\r\n", r->f.length);
 	else if (r->f.framing == FRAMING_CHUNKED)
 		snprintf(framing, sizeof(framing), "Transfer-Encoding: chunked\r\n");
-	wbuf_str(h, framing);
+	put_str(put, dst, framing);
 	if (identity)
-		wbuf_str(h, "Accept-Encoding: identity\r\n");
-	wbuf_str(h, "Connection: close\r\n\r\n");
-	return 0;
+		put_str(put, dst, "Accept-Encoding: identity\r\n");
+	put_str(put, dst, "Connection: close\r\n\r\n");
 }
 
-/* Append head and body to out in one piece: out grows once, before the
- * copy, so that no copy of a value is left behind in freed memory. */
-static void emit(struct cap_buf *out, const struct wbuf *head, const struct wbuf *body)
+/* Append the head, and the held body with its values in (body_len bytes
+ * then, as counted), to out in one piece: out grows once, to the exact
+ * size, before any value is copied into it. */
+static void emit(struct cap_http_req *r, struct cap_buf *out, size_t body_len)
 {
-	size_t n = head->len + (body ? body->len : 0);
-	uint8_t *p = cap_buf_reserve(out, n);
+	int64_t length = r->hold ? (int64_t)body_len : -1;
+	size_t head_len = 0;
 
-	memcpy(p, head->data, head->len);
-	if (body && body->len)
-		memcpy(p + head->len, body->data, body->len);
-	cap_buf_commit(out, n);
+	write_head(r, length, put_count, &head_len);
+	struct room room;
+	room.p = cap_buf_reserve(out, head_len + body_len);
+	room.end = room.p + head_len + body_len;
+	write_head(r, length, put_room, &room);
+	if (r->hold && body_len)
+		replace(r->s, r->ns, r->body_mask, TO_VALUE, cap_buf_head(&r->body),
+			cap_buf_used(&r->body), cap_buf_used(&r->body), NULL, put_room, &room);
+	CAP_BUG_ON(room.p != room.end);
+	cap_buf_commit(out, head_len + body_len);
 }
 
 /* The body has all come: with a held one, write the head and the
- * rewritten body now; a streamed one is closed. */
+ * rewritten body now (when within CAP_HTTP_BODY_MAX with its values in);
+ * a streamed one is closed. */
 static int req_finish(struct cap_http_req *r, struct cap_buf *out, struct cap_http_refusal *why)
 {
-	const char *reason;
-
 	if (r->hold) {
-		struct wbuf head = { 0 }, body = { 0 };
+		size_t body_len = 0;
 		uint32_t done = 0;
-		if (r->body.len)
-			done = replace(r->s, r->ns, r->body_mask, TO_VALUE, r->body.data,
-				       r->body.len, r->body.len, NULL, put_wbuf, &body);
-		int rc = build_head(r, (int64_t)body.len, done, &head, &reason);
-		if (rc == 0)
-			emit(out, &head, &body);
-		wbuf_wipe(&head);
-		wbuf_wipe(&body);
-		wbuf_wipe(&r->body);
-		if (rc < 0)
-			return req_fail(r, 400, reason, why);
+		if (cap_buf_used(&r->body))
+			done = replace(r->s, r->ns, r->body_mask, TO_VALUE, cap_buf_head(&r->body),
+				       cap_buf_used(&r->body), cap_buf_used(&r->body), NULL, put_count,
+				       &body_len);
+		if (body_len > CAP_HTTP_BODY_MAX)
+			return req_fail(r, 413,
+					"a body to rewrite over the size limit once the secrets' values are in",
+					why);
+		r->substituted |= done;
+		emit(r, out, body_len);
+		buf_wipe(&r->body);
 	} else if (r->f.framing == FRAMING_CHUNKED) {
 		cap_buf_append(out, "0\r\n\r\n", 5);
 	}
@@ -1031,17 +1036,12 @@ static int req_head_done(struct cap_http_req *r, struct cap_buf *out,
 	const char *reason;
 	int status = check_request(r, &reason);
 
+	if (!status)
+		status = check_head_values(r, &reason);
 	if (status)
 		return req_fail(r, status, reason, why);
-	if (!r->hold) {
-		struct wbuf head = { 0 };
-		int rc = build_head(r, -1, 0, &head, &reason);
-		if (rc == 0)
-			emit(out, &head, NULL);
-		wbuf_wipe(&head);
-		if (rc < 0)
-			return req_fail(r, 400, reason, why);
-	}
+	if (!r->hold)
+		emit(r, out, 0);
 	switch (r->f.framing) {
 	case FRAMING_NONE:
 		return req_finish(r, out, why);
@@ -1063,9 +1063,9 @@ static int req_data(struct cap_http_req *r, const uint8_t *p, size_t n, struct c
 		    struct cap_http_refusal *why)
 {
 	if (r->hold) {
-		if (n > CAP_HTTP_BODY_MAX - r->body.len)
+		if (n > CAP_HTTP_BODY_MAX - cap_buf_used(&r->body))
 			return req_fail(r, 413, "a body to rewrite over the size limit", why);
-		wbuf_add(&r->body, p, n);
+		cap_buf_append(&r->body, p, n);
 	} else if (r->f.framing == FRAMING_CHUNKED) {
 		char size[32];
 		int l = snprintf(size, sizeof(size), "%zx\r\n", n);
@@ -1184,7 +1184,7 @@ struct cap_http_resp {
 	struct head head;
 	uint64_t left;
 	struct chunked ck;
-	struct wbuf pending;	/* body bytes not yet looked at in full */
+	struct cap_buf pending;	/* body bytes not yet looked at in full (wiping) */
 
 	uint32_t echoed;	/* the secrets whose value was replaced */
 	int status;
@@ -1200,6 +1200,8 @@ struct cap_http_resp *cap_http_resp_new(const struct cap_http_secret *s, unsigne
 	r->s = s;
 	r->ns = n;
 	r->head_request = head_request;
+	cap_buf_init(&r->pending);
+	r->pending.wipe = true;
 	for (unsigned i = 0; i < n; i++) {
 		if (s[i].value_len == 0)
 			continue;
@@ -1213,7 +1215,7 @@ void cap_http_resp_free(struct cap_http_resp *r)
 {
 	if (!r)
 		return;
-	wbuf_wipe(&r->pending);
+	cap_buf_fini(&r->pending);
 	explicit_bzero(r, sizeof(*r));
 	free(r);
 }
@@ -1225,7 +1227,7 @@ static int resp_fail(struct cap_http_resp *r, const char *reason, struct cap_htt
 	snprintf(r->refusal.reason, sizeof(r->refusal.reason), "%s", reason);
 	*why = r->refusal;
 	head_reset(&r->head);
-	wbuf_wipe(&r->pending);
+	buf_wipe(&r->pending);
 	return -1;
 }
 
@@ -1242,20 +1244,20 @@ static void scrub_body(struct cap_http_resp *r, const uint8_t *p, size_t n, bool
 {
 	size_t stop, len;
 
-	wbuf_add(&r->pending, p, n);
-	len = r->pending.len;
+	cap_buf_append(&r->pending, p, n);
+	len = cap_buf_used(&r->pending);
 	if (len == 0)
 		return;
 	size_t limit = final ? len : len > r->keep ? len - r->keep : 0;
-	r->echoed |= replace(r->s, r->ns, r->all, TO_PLACEHOLDER, r->pending.data, len, limit,
-			     &stop, put_cap_buf, out);
-	wbuf_drop(&r->pending, stop);
+	r->echoed |= replace(r->s, r->ns, r->all, TO_PLACEHOLDER, cap_buf_head(&r->pending), len,
+			     limit, &stop, put_cap_buf, out);
+	cap_buf_consume(&r->pending, stop);
 }
 
 static void resp_done(struct cap_http_resp *r, struct cap_buf *out)
 {
 	scrub_body(r, NULL, 0, true, out);
-	wbuf_wipe(&r->pending);
+	buf_wipe(&r->pending);
 	r->state = RESP_DONE;
 }
 
@@ -1290,20 +1292,22 @@ static void write_final_head(struct cap_http_resp *r, struct span status_line, s
 	const uint8_t *b = r->head.buf;
 	struct span line, name, value;
 	const char *ignored;
-	struct wbuf h = { 0 };
+	struct cap_buf h;
 
-	wbuf_add(&h, b + status_line.off, status_line.len);
-	wbuf_str(&h, "\r\n");
+	cap_buf_init(&h);
+	h.wipe = true;
+	cap_buf_append(&h, b + status_line.off, status_line.len);
+	cap_buf_append(&h, "\r\n", 2);
 	while (next_line(&r->head, &pos, &line)) {
 		parse_field(b, line, &name, &value, &ignored);
 		if (hop_by_hop(b, name, f) || framing_field(b, name))
 			continue;
-		wbuf_add(&h, b + line.off, line.len);
-		wbuf_str(&h, "\r\n");
+		cap_buf_append(&h, b + line.off, line.len);
+		cap_buf_append(&h, "\r\n", 2);
 	}
-	wbuf_str(&h, "Connection: close\r\n\r\n");
-	scrub_whole(r, h.data, h.len, out);
-	wbuf_wipe(&h);
+	put_str(put_cap_buf, &h, "Connection: close\r\n\r\n");
+	scrub_whole(r, cap_buf_head(&h), cap_buf_used(&h), out);
+	cap_buf_fini(&h);
 }
 
 /* A whole response head: an interim one passes, the final one is

@@ -36,7 +36,11 @@
  * (an absolute-form target too); Content-Length with Transfer-Encoding,
  * several differing Content-Lengths, a bad chunk 400; a transfer coding
  * other than chunked 501; a head over CAP_HTTP_HEAD_MAX 431; a body to
- * rewrite over CAP_HTTP_BODY_MAX 413; HTTP other than 1.0/1.1 505.
+ * rewrite over CAP_HTTP_BODY_MAX 413; HTTP other than 1.0/1.1 505. The
+ * same two bounds hold for what is built upstream, the values in (a
+ * value can be 160 times as long as its placeholder): a head over
+ * CAP_HTTP_HEAD_MAX with them 431, a held body over CAP_HTTP_BODY_MAX
+ * with them 413, refused before anything is built.
  *
  * The response, as it goes to the guest: 1xx interim responses pass
  * unchanged (101 is refused: the upgrade was not asked for, Connection

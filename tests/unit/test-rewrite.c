@@ -747,6 +747,63 @@ static void test_req_body_too_large(void **state)
 	cap_http_req_free(r);
 }
 
+/* A placeholder (51 bytes) may stand for a value of up to 8192: what is
+ * built upstream is bounded as what the guest sends is, before anything
+ * is built. */
+static void test_req_output_bounded(void **state)
+{
+	(void)state;
+	char *big = xmalloc(8193);
+	memset(big, 'v', 8192);
+	big[8192] = '\0';
+	struct cap_http_secret s = { "BIG", PH1, big, 8192, true, true };
+	const size_t ph = strlen(PH1);
+
+	/* A head of 5 placeholders: 40 KiB with the values in, 431. */
+	char head[1024];
+	snprintf(head, sizeof(head), "GET / HTTP/1.1\r\nHost: api.test\r\nX-K: %s %s %s %s %s\r\n\r\n",
+		 PH1, PH1, PH1, PH1, PH1);
+	struct run x = feed_req_cuts("api.test", 443, &s, 1, head, strlen(head), NULL, 0);
+	assert_int_equal(x.rc, -1);
+	assert_int_equal(x.why.status, 431);
+	assert_int_equal(x.out_len, 0);
+	run_free(&x);
+	/* Three fit (24 KiB). */
+	snprintf(head, sizeof(head), "GET / HTTP/1.1\r\nHost: api.test\r\nX-K: %s %s %s\r\n\r\n",
+		 PH1, PH1, PH1);
+	x = feed_req_cuts("api.test", 443, &s, 1, head, strlen(head), NULL, 0);
+	assert_int_equal(x.rc, CAP_HTTP_DONE);
+	assert_true(x.out_len > 3 * 8192);
+	run_free(&x);
+
+	/* A held body of 1100 placeholders (56 KiB sent) would be 8.6 MiB:
+	 * 413, nothing built. */
+	size_t n = 1100, blen = n * ph;
+	char *in = xmalloc(blen + 256);
+	int hl = snprintf(in, 256, "POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: %zu\r\n\r\n",
+			  blen);
+	for (size_t i = 0; i < n; i++)
+		memcpy(in + (size_t)hl + i * ph, PH1, ph);
+	x = feed_req_cuts("api.test", 443, &s, 1, in, (size_t)hl + blen, NULL, 0);
+	assert_int_equal(x.rc, -1);
+	assert_int_equal(x.why.status, 413);
+	assert_int_equal(x.out_len, 0);
+	run_free(&x);
+	/* 1000 of them (7.8 MiB with the values in) go. */
+	n = 1000;
+	blen = n * ph;
+	hl = snprintf(in, 256, "POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: %zu\r\n\r\n",
+		      blen);
+	for (size_t i = 0; i < n; i++)
+		memcpy(in + (size_t)hl + i * ph, PH1, ph);
+	x = feed_req_cuts("api.test", 443, &s, 1, in, (size_t)hl + blen, NULL, 0);
+	assert_int_equal(x.rc, CAP_HTTP_DONE);
+	assert_true(x.out_len > n * 8192 && x.out_len < n * 8192 + 200);
+	run_free(&x);
+	free(in);
+	free(big);
+}
+
 static void test_req_value_must_fit(void **state)
 {
 	(void)state;
@@ -1288,6 +1345,7 @@ int main(void)
 		cmocka_unit_test(test_req_malformed),
 		cmocka_unit_test(test_req_eof),
 		cmocka_unit_test(test_req_body_too_large),
+		cmocka_unit_test(test_req_output_bounded),
 		cmocka_unit_test(test_req_value_must_fit),
 		cmocka_unit_test(test_req_expect_continue_held),
 		cmocka_unit_test(test_req_expect_continue_streamed),

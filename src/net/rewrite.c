@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "sniff.h"
 #include "util.h"
 
 #define CONN_OPTS_MAX 32	/* tokens named by Connection headers */
@@ -322,6 +323,8 @@ struct fields {
 	unsigned hosts;
 	struct span host;
 	bool expect_continue;	/* an "Expect: 100-continue" */
+	bool encoded;		/* a content coding other than identity */
+	struct span coding;	/* the first one */
 	struct span opts[CONN_OPTS_MAX];	/* named by Connection */
 	unsigned nopts;
 };
@@ -400,6 +403,19 @@ static int read_options(const uint8_t *b, struct span v, struct fields *f, const
 	return 0;
 }
 
+/* One Content-Encoding value: its first coding other than identity. */
+static void read_content_codings(const uint8_t *b, struct span v, struct fields *f)
+{
+	struct span el;
+	size_t pos = v.off;
+
+	while (!f->encoded && next_element(b, v, &pos, &el))
+		if (el.len && !span_is(b, el, "identity")) {
+			f->encoded = true;
+			f->coding = el;
+		}
+}
+
 /* Whether a field is "Expect: 100-continue" (the only expectation
  * there is, RFC 9110 10.1.1). */
 static bool is_expect_continue(const uint8_t *b, struct span name, struct span value)
@@ -430,6 +446,8 @@ static int read_fields(const struct head *h, size_t pos, struct fields *f, const
 			f->host = value;
 		} else if (is_expect_continue(b, name, value)) {
 			f->expect_continue = true;
+		} else if (span_is(b, name, "content-encoding")) {
+			read_content_codings(b, value, f);
 		}
 		if (rc < 0)
 			return rc;
@@ -943,7 +961,6 @@ static void write_head(const struct cap_http_req *r, int64_t length, put_fn put,
 	const struct cap_http_secret *s = r->s;
 	struct span line, name, value;
 	const char *ignored;
-	bool identity = r->substituted != 0;
 	size_t pos = r->fields;
 
 	put(dst, b + r->method.off, r->method.len);
@@ -956,7 +973,7 @@ static void write_head(const struct cap_http_req *r, int64_t length, put_fn put,
 	while (next_line(&r->head, &pos, &line)) {
 		parse_field(b, line, &name, &value, &ignored);
 		if (hop_by_hop(b, name, &r->f) || framing_field(b, name) ||
-		    (identity && span_is(b, name, "accept-encoding")) ||
+		    span_is(b, name, "accept-encoding") ||
 		    (r->hold && is_expect_continue(b, name, value)))
 			continue;
 		put(dst, b + name.off, name.len);
@@ -976,8 +993,7 @@ static void write_head(const struct cap_http_req *r, int64_t length, put_fn put,
 	else if (r->f.framing == FRAMING_CHUNKED)
 		snprintf(framing, sizeof(framing), "Transfer-Encoding: chunked\r\n");
 	put_str(put, dst, framing);
-	if (identity)
-		put_str(put, dst, "Accept-Encoding: identity\r\n");
+	put_str(put, dst, "Accept-Encoding: identity\r\n");
 	put_str(put, dst, "Connection: close\r\n\r\n");
 }
 
@@ -1231,6 +1247,24 @@ static int resp_fail(struct cap_http_resp *r, const char *reason, struct cap_htt
 	return -1;
 }
 
+/* A body in a content coding (gzip...): a value in it could not be seen,
+ * so it is refused, naming the coding (a token as it is, else quoted). */
+static int resp_fail_encoded(struct cap_http_resp *r, const struct fields *f,
+			     struct cap_http_refusal *why)
+{
+	const char *c = (const char *)r->head.buf + f->coding.off;
+	char q[48], reason[sizeof(r->refusal.reason)];
+
+	if (all_tchar(r->head.buf, f->coding) && f->coding.len < sizeof(q))
+		snprintf(q, sizeof(q), "%.*s", (int)f->coding.len, c);
+	else
+		cap_sniff_quote(c, f->coding.len, q, sizeof(q));
+	snprintf(reason, sizeof(reason),
+		 "the server encoded its response (Content-Encoding: %s) despite Accept-Encoding: "
+		 "identity: an echoed value could not be replaced", q);
+	return resp_fail(r, reason, why);
+}
+
 /* Pass p[0..n) to out with every value replaced by its placeholder. */
 static void scrub_whole(struct cap_http_resp *r, const uint8_t *p, size_t n, struct cap_buf *out)
 {
@@ -1337,10 +1371,13 @@ static int resp_head_done(struct cap_http_resp *r, struct cap_buf *out,
 	}
 	if (framing_of(&f, http10, &unsupported, &reason) < 0)
 		return resp_fail(r, reason, why);
+	bool bodiless = r->head_request || status == 204 || status == 304;
+	if (f.encoded && !bodiless)
+		return resp_fail_encoded(r, &f, why);
 	r->status = status;
 	write_final_head(r, line, pos, &f, out);
 	head_reset(&r->head);
-	if (r->head_request || status == 204 || status == 304) {
+	if (bodiless) {
 		resp_done(r, out);
 		return CAP_HTTP_DONE;
 	}

@@ -17,8 +17,10 @@
  *    headers a Connection header names (except the framing headers Host,
  *    Content-Length and Transfer-Encoding) are dropped, and exactly one
  *    "Connection: close" is added as the last header;
- *  - when anything was substituted, Accept-Encoding becomes "identity"
- *    (so that an echoed value in the response can be seen and replaced);
+ *  - every Accept-Encoding is dropped and exactly one "Accept-Encoding:
+ *    identity" added (before Connection), whether or not anything was
+ *    substituted: an echoed value must come back as it was sent to be
+ *    seen and replaced, also one stored by an earlier request;
  *  - the body (Content-Length, or Transfer-Encoding: chunked) streams
  *    through unchanged, its framing checked, unless a secret marked body
  *    applies: then the whole body is read (at most CAP_HTTP_BODY_MAX),
@@ -49,7 +51,10 @@
  * gets exactly one "Connection: close"; its body (unless HEAD, 204 or
  * 304) is de-chunked and ends when the connection does. In head and body
  * every secret's value (whichever its host) becomes its placeholder, also
- * across the boundaries of what is fed. */
+ * across the boundaries of what is fed. A final response with a body
+ * (not HEAD, 204 or 304) whose Content-Encoding names a coding other
+ * than identity is refused (502): a value in an encoded body could not
+ * be seen. */
 #ifndef CAP_NET_REWRITE_H
 #define CAP_NET_REWRITE_H
 
@@ -128,7 +133,8 @@ void cap_http_resp_free(struct cap_http_resp *r);
 /* Feed upstream plaintext; what goes to the guest is appended to out.
  * CAP_HTTP_MORE, CAP_HTTP_DONE (the response is complete: a bodiless
  * one, a Content-Length or chunked body ended; later bytes are ignored),
- * or -1 with why (502: a malformed or oversized head, a bad chunk, 101). */
+ * or -1 with why (502: a malformed or oversized head, a bad chunk, 101,
+ * a content coding). */
 int cap_http_resp_feed(struct cap_http_resp *r, const uint8_t *p, size_t n,
 		       struct cap_buf *out, struct cap_http_refusal *why);
 /* Upstream ended: the held tail is flushed to out. CAP_HTTP_DONE, or -1

@@ -1074,9 +1074,11 @@ static void *ic_server_main(void *arg)
 					snprintf(body, sizeof(body), "you sent %.*s\n%s%.200s%s", (int)al,
 						 a ? a + 17 : "", *rb ? "and " : "", rb, *rb ? "\n" : "");
 				}
+				/* "/gzip": whatever was asked, an encoded answer. */
+				const char *enc = strstr(req, " /gzip ") ? "Content-Encoding: gzip\r\n" : "";
 				int n = snprintf(resp, sizeof(resp),
-						 "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-						 "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+						 "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n%s"
+						 "Content-Length: %zu\r\n\r\n%s", enc, strlen(body), body);
 				SSL_write(s, resp, n);
 				if (strcasestr(req, "\r\nconnection: close"))
 					break;
@@ -1628,6 +1630,37 @@ static void test_intercept_echo(void **state)
 	free(log);
 }
 
+/* Every intercepted request asks for identity, placeholder or not (a
+ * value stored earlier could come back compressed); an encoded answer
+ * is refused. */
+static void test_intercept_identity(void **state)
+{
+	char last[8192];
+	bool clean = false;
+	unsigned n;
+
+	(void)state;
+	IC_REQUIRE();
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("api.test:443");
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	char *resp = ic_exchange(s, "GET /gzip HTTP/1.1\r\nHost: api.test\r\nAccept-Encoding: gzip\r\n\r\n",
+				 &clean);
+	assert_true(!strncmp(resp, "HTTP/1.1 502 ", 13));
+	assert_null(strstr(resp, "ok\n"));
+	free(resp);
+	ic_close(s, fd);
+	ic_server_get(&ic.good, &n, last, sizeof(last));
+	assert_non_null(strstr(last, "GET /gzip HTTP/1.1\r\n"));
+	assert_int_equal(count(last, "Accept-Encoding: identity\r\n"), 1);
+	assert_null(strstr(last, "gzip\r\n"));
+	char *log = ic_log_since(at, "Content-Encoding");
+	assert_non_null(strstr(log, "the server encoded its response (Content-Encoding: gzip) despite "
+				    "Accept-Encoding: identity"));
+	free(log);
+}
+
 /* An upstream whose certificate the trust store does not vouch for. */
 static void test_intercept_untrusted(void **state)
 {
@@ -1972,6 +2005,7 @@ int main(void)
 		cmocka_unit_test(test_log_size_cap),
 		cmocka_unit_test(test_intercept_connect),
 		cmocka_unit_test(test_intercept_echo),
+		cmocka_unit_test(test_intercept_identity),
 		cmocka_unit_test(test_intercept_untrusted),
 		cmocka_unit_test(test_passthrough_other_host),
 		cmocka_unit_test(test_plaintext_untouched),

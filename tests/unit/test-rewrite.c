@@ -171,7 +171,7 @@ static void test_req_no_substitution_when_not_applying(void **state)
 {
 	(void)state;
 	/* OTHER's host is not this connection's: its placeholder goes out as
-	 * it came, wherever it is; Accept-Encoding is left alone. */
+	 * it came, wherever it is. */
 	struct run x = feed_req("GET /?k=" PH2 " HTTP/1.1\r\n"
 				"Host: api.test\r\n"
 				"Authorization: Bearer " PH2 "\r\n"
@@ -181,7 +181,7 @@ static void test_req_no_substitution_when_not_applying(void **state)
 	assert_done(&x, "GET /?k=" PH2 " HTTP/1.1\r\n"
 			"Host: api.test\r\n"
 			"Authorization: Bearer " PH2 "\r\n"
-			"Accept-Encoding: gzip, br\r\n"
+			"Accept-Encoding: identity\r\n"
 			"Connection: close\r\n\r\n");
 	assert_int_equal(x.substituted, 0);
 	assert_null(strstr(x.out, VAL2));
@@ -194,7 +194,7 @@ static void test_req_no_substitution_when_not_applying(void **state)
 	const char *in = "GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: " PH1 "\r\n\r\n";
 	x = feed_req_cuts("api.test", 443, &s, 1, in, strlen(in), NULL, 0);
 	assert_done(&x, "GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: " PH1
-			"\r\nConnection: close\r\n\r\n");
+			"\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	run_free(&x);
 }
 
@@ -208,10 +208,17 @@ static void test_req_accept_encoding_identity(void **state)
 			"Accept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	run_free(&x);
 
-	/* Without any substitution it stays as it was. */
+	/* Without any substitution too: a value stored by one request could
+	 * come back compressed in another that carries no placeholder. */
 	x = feed_req("GET / HTTP/1.1\r\nAccept-Encoding: gzip\r\nHost: api.test\r\n\r\n");
-	assert_done(&x, "GET / HTTP/1.1\r\nAccept-Encoding: gzip\r\nHost: api.test\r\n"
-			"Connection: close\r\n\r\n");
+	assert_done(&x, "GET / HTTP/1.1\r\nHost: api.test\r\n"
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\n");
+	run_free(&x);
+	/* Named by Connection, or absent: still exactly one. */
+	x = feed_req("GET / HTTP/1.1\r\nConnection: accept-encoding\r\nHost: api.test\r\n"
+		     "Accept-Encoding: br\r\n\r\n");
+	assert_done(&x, "GET / HTTP/1.1\r\nHost: api.test\r\n"
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	run_free(&x);
 }
 
@@ -224,7 +231,7 @@ static void test_req_body_untouched_without_body(void **state)
 	struct run x = feed_req(in);
 
 	assert_done(&x, "POST /p HTTP/1.1\r\nHost: api.test\r\nContent-Length: 55\r\n"
-			"Connection: close\r\n\r\nt=" PH1 "&z");
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\nt=" PH1 "&z");
 	assert_int_equal(x.used, strlen(in));
 	assert_int_equal(x.substituted, 0);
 	run_free(&x);
@@ -304,7 +311,7 @@ static void test_req_chunked_streams(void **state)
 	struct run x = feed_req_cuts("api.test", 443, &s, 1, in, strlen(in), NULL, 0);
 
 	assert_done(&x, "POST /p HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n"
-			"Connection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
 	run_free(&x);
 }
 
@@ -395,7 +402,7 @@ static void test_req_connection_stripped(void **state)
 				"\r\n");
 
 	assert_done(&x, "GET / HTTP/1.1\r\nHost: api.test\r\nX-Kept: 2\r\n"
-			"Connection: close\r\n\r\n");
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	assert_int_equal(count(x.out, "onnection"), 1);
 	run_free(&x);
 
@@ -403,12 +410,12 @@ static void test_req_connection_stripped(void **state)
 	x = feed_req("POST / HTTP/1.1\r\nHost: api.test\r\nConnection: Host, Content-Length\r\n"
 		     "Content-Length: 2\r\n\r\nhi");
 	assert_done(&x, "POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n"
-			"Connection: close\r\n\r\nhi");
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\nhi");
 	run_free(&x);
 
 	/* HTTP/1.0 too gets its one Connection: close. */
 	x = feed_req("GET / HTTP/1.0\r\nHost: api.test\r\nConnection: keep-alive\r\n\r\n");
-	assert_done(&x, "GET / HTTP/1.0\r\nHost: api.test\r\nConnection: close\r\n\r\n");
+	assert_done(&x, "GET / HTTP/1.0\r\nHost: api.test\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	run_free(&x);
 }
 
@@ -421,7 +428,7 @@ static void test_req_pipelined_not_consumed(void **state)
 	snprintf(in, sizeof(in), "%s%s", first, second);
 
 	struct run x = feed_req(in);
-	assert_done(&x, "GET /one HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n");
+	assert_done(&x, "GET /one HTTP/1.1\r\nHost: api.test\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	assert_int_equal(x.used, strlen(first));
 	run_free(&x);
 
@@ -430,7 +437,7 @@ static void test_req_pipelined_not_consumed(void **state)
 	snprintf(in, sizeof(in), "%s%s", post, second);
 	x = feed_req(in);
 	assert_done(&x, "POST /one HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\n"
-			"Connection: close\r\n\r\nabc");
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\nabc");
 	assert_int_equal(x.used, strlen(post));
 	run_free(&x);
 
@@ -573,7 +580,7 @@ static void test_req_framing_refused(void **state)
 	struct run x = feed_req("POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3, 3\r\n"
 				"content-length: 3\r\n\r\nabc");
 	assert_done(&x, "POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\n"
-			"Connection: close\r\n\r\nabc");
+			"Accept-Encoding: identity\r\nConnection: close\r\n\r\nabc");
 	run_free(&x);
 }
 
@@ -878,7 +885,7 @@ static void test_req_expect_continue_held(void **state)
 	const bool cconts[] = { true, true, false };
 	o = feed_continue(secrets, 3, cparts, crcs, cconts);
 	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n"
-			       "Connection: close\r\n\r\nab");
+			       "Accept-Encoding: identity\r\nConnection: close\r\n\r\nab");
 	free(o);
 
 	/* The head and the whole body in one feed: nothing is owed any more. */
@@ -899,7 +906,7 @@ static void test_req_expect_continue_held(void **state)
 	};
 	o = feed_continue(secrets, 3, eparts, orcs, oconts);
 	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nContent-Length: 0\r\n"
-			       "Connection: close\r\n\r\n");
+			       "Accept-Encoding: identity\r\nConnection: close\r\n\r\n");
 	free(o);
 
 	/* HTTP/1.0: no 100 is owed to it (RFC 9110 10.1.1); Expect still
@@ -912,7 +919,7 @@ static void test_req_expect_continue_held(void **state)
 	const bool tconts[] = { false, false };
 	o = feed_continue(secrets, 3, tparts, trcs, tconts);
 	assert_string_equal(o, "POST /p HTTP/1.0\r\nHost: api.test\r\nContent-Length: 2\r\n"
-			       "Connection: close\r\n\r\nab");
+			       "Accept-Encoding: identity\r\nConnection: close\r\n\r\nab");
 	free(o);
 
 	/* Refused after its head: nothing owed. */
@@ -935,7 +942,7 @@ static void test_req_expect_continue_held(void **state)
 	const bool xconts[] = { false, false };
 	o = feed_continue(secrets, 3, xparts, trcs, xconts);
 	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: something-else\r\n"
-			       "Content-Length: 2\r\nConnection: close\r\n\r\nab");
+			       "Content-Length: 2\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\nab");
 	free(o);
 }
 
@@ -955,7 +962,7 @@ static void test_req_expect_continue_streamed(void **state)
 	const bool conts[] = { false, false };
 	char *o = feed_continue(&s, 1, parts, rcs, conts);
 	assert_string_equal(o, "POST /p HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\n"
-			       "Content-Length: 2\r\nConnection: close\r\n\r\nab");
+			       "Content-Length: 2\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\nab");
 	free(o);
 
 	/* The server's 100 reaches the guest before the final response. */
@@ -1250,6 +1257,44 @@ static void test_resp_length_and_eof(void **state)
 	run_free(&x);
 }
 
+/* An encoded body could hide an echoed value: refused, whatever the
+ * request said (it asked for identity). */
+static void test_resp_content_encoding(void **state)
+{
+	(void)state;
+	struct run x = feed_resp("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n"
+				 "Content-Length: 3\r\n\r\nabc", false);
+	assert_int_equal(x.rc, -1);
+	assert_int_equal(x.why.status, 502);
+	assert_string_equal(x.why.reason, "the server encoded its response (Content-Encoding: gzip) "
+					  "despite Accept-Encoding: identity: an echoed value could "
+					  "not be replaced");
+	assert_int_equal(x.out_len, 0);
+	run_free(&x);
+
+	x = feed_resp("HTTP/1.1 200 OK\r\ncontent-encoding: identity, BR\r\n\r\nabc", true);
+	assert_int_equal(x.rc, -1);
+	assert_non_null(strstr(x.why.reason, "(Content-Encoding: BR)"));
+	run_free(&x);
+	x = feed_resp("HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\n"
+		      "Content-Encoding: x\"y\r\n\r\nabc", true);
+	assert_int_equal(x.rc, -1);
+	assert_non_null(strstr(x.why.reason, "(Content-Encoding: \"x\\\"y\")"));
+	run_free(&x);
+
+	/* identity is no encoding; an interim response's fields do not count. */
+	x = feed_resp("HTTP/1.1 103 Early Hints\r\nContent-Encoding: gzip\r\n\r\n"
+		      "HTTP/1.1 200 OK\r\nContent-Encoding: Identity\r\nContent-Length: 3\r\n\r\nabc",
+		      false);
+	assert_done(&x, "HTTP/1.1 103 Early Hints\r\nContent-Encoding: gzip\r\n\r\n"
+			"HTTP/1.1 200 OK\r\nContent-Encoding: Identity\r\nConnection: close\r\n\r\nabc");
+	run_free(&x);
+	/* Nothing encoded reaches the guest without a body. */
+	x = feed_resp("HTTP/1.1 304 Not Modified\r\nContent-Encoding: gzip\r\n\r\n", false);
+	assert_int_equal(x.rc, CAP_HTTP_DONE);
+	run_free(&x);
+}
+
 static void test_resp_malformed(void **state)
 {
 	(void)state;
@@ -1356,6 +1401,7 @@ int main(void)
 		cmocka_unit_test(test_resp_interim),
 		cmocka_unit_test(test_resp_bodiless),
 		cmocka_unit_test(test_resp_length_and_eof),
+		cmocka_unit_test(test_resp_content_encoding),
 		cmocka_unit_test(test_resp_malformed),
 		cmocka_unit_test(test_resp_split_random),
 	};

@@ -770,8 +770,8 @@ static int req_fail(struct cap_http_req *r, int status, const char *reason,
 }
 
 /* Whether an authority (a Host value, or an absolute-form target's)
- * names the connection's host and port: the name in any case, the port
- * omitted only when it is 443. */
+ * names the connection's host and port: the name in any case, with or
+ * without the root's dot, the port omitted only when it is 443. */
 static bool authority_matches(const struct cap_http_req *r, const uint8_t *a, size_t n)
 {
 	size_t hl = strlen(r->host);
@@ -779,6 +779,10 @@ static bool authority_matches(const struct cap_http_req *r, const uint8_t *a, si
 
 	if (n < hl || strncasecmp((const char *)a, r->host, hl))
 		return false;
+	if (n > hl && a[hl] == '.') {	/* "api.test." is api.test */
+		a++;
+		n--;
+	}
 	if (n == hl)
 		return r->port == 443;
 	if (a[hl] != ':' || n - hl - 1 == 0 || n - hl - 1 > 5)
@@ -1319,9 +1323,12 @@ static int parse_status_line(const uint8_t *b, struct span line, bool *http10)
 }
 
 /* The final response's head for the guest: the status line and fields
- * but those of framing and connection, then "Connection: close". */
+ * but those of framing and connection, then "Connection: close". With
+ * keep_length (a response to HEAD, a 304) one Content-Length stays: it is
+ * the representation's, not this message's (RFC 9110 8.6), and no body
+ * follows the head to be delimited by the connection's end. */
 static void write_final_head(struct cap_http_resp *r, struct span status_line, size_t pos,
-			     const struct fields *f, struct cap_buf *out)
+			     const struct fields *f, bool keep_length, struct cap_buf *out)
 {
 	const uint8_t *b = r->head.buf;
 	struct span line, name, value;
@@ -1338,6 +1345,11 @@ static void write_final_head(struct cap_http_resp *r, struct span status_line, s
 			continue;
 		cap_buf_append(&h, b + line.off, line.len);
 		cap_buf_append(&h, "\r\n", 2);
+	}
+	if (keep_length && f->has_length) {
+		char cl[64];
+		snprintf(cl, sizeof(cl), "Content-Length: %" PRIu64 "\r\n", f->length);
+		put_str(put_cap_buf, &h, cl);
 	}
 	put_str(put_cap_buf, &h, "Connection: close\r\n\r\n");
 	scrub_whole(r, cap_buf_head(&h), cap_buf_used(&h), out);
@@ -1375,7 +1387,7 @@ static int resp_head_done(struct cap_http_resp *r, struct cap_buf *out,
 	if (f.encoded && !bodiless)
 		return resp_fail_encoded(r, &f, why);
 	r->status = status;
-	write_final_head(r, line, pos, &f, out);
+	write_final_head(r, line, pos, &f, r->head_request || status == 304, out);
 	head_reset(&r->head);
 	if (bodiless) {
 		resp_done(r, out);

@@ -35,7 +35,8 @@
  * LF, obsolete line folding, a control character, a header name that is
  * not a token, whitespace before the colon) 400; a Host header missing,
  * repeated or naming another host (or port) than the connection's 421
- * (an absolute-form target too); Content-Length with Transfer-Encoding,
+ * (an absolute-form target too; the name's root dot, "api.test.", is the
+ * same name); Content-Length with Transfer-Encoding,
  * several differing Content-Lengths, a bad chunk 400; a transfer coding
  * other than chunked 501; a head over CAP_HTTP_HEAD_MAX 431; a body to
  * rewrite over CAP_HTTP_BODY_MAX 413; HTTP other than 1.0/1.1 505. The
@@ -49,7 +50,9 @@
  * having been dropped). The final response's head loses Connection,
  * Keep-Alive, Proxy-Connection, Content-Length and Transfer-Encoding and
  * gets exactly one "Connection: close"; its body (unless HEAD, 204 or
- * 304) is de-chunked and ends when the connection does. In head and body
+ * 304) is de-chunked and ends when the connection does. (A response to
+ * HEAD and a 304 keep one Content-Length: it describes the
+ * representation, and there is no body to delimit.) In head and body
  * every secret's value (whichever its host) becomes its placeholder, also
  * across the boundaries of what is fed. A final response with a body
  * (not HEAD, 204 or 304) whose Content-Encoding names a coding other

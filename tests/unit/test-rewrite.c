@@ -522,6 +522,9 @@ static void test_req_host(void **state)
 	assert_refused("GET https://u@api.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n", 400);
 	assert_refused("GET http://api.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n", 400);
 	assert_refused("CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n", 501);
+	assert_refused("GET / HTTP/1.1\r\nHost: api.test..\r\n\r\n", 421);
+	assert_refused("GET / HTTP/1.1\r\nHost: .api.test\r\n\r\n", 421);
+	assert_refused("GET / HTTP/1.1\r\nHost: api.test.:\r\n\r\n", 421);
 
 	const char *ok[] = {
 		"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n",
@@ -530,6 +533,10 @@ static void test_req_host(void **state)
 		"GET HTTPS://api.test/x?y HTTP/1.1\r\nHost: api.test\r\n\r\n",
 		"GET https://api.test HTTP/1.1\r\nHost: api.test\r\n\r\n",
 		"OPTIONS * HTTP/1.1\r\nHost: api.test\r\n\r\n",
+		/* The root's dot: the same name. */
+		"GET / HTTP/1.1\r\nHost: api.test.\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: api.test.:443\r\n\r\n",
+		"GET https://api.test./x HTTP/1.1\r\nHost: api.test\r\n\r\n",
 	};
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(ok); i++) {
 		struct run x = feed_req(ok[i]);
@@ -1208,9 +1215,26 @@ static void test_resp_interim(void **state)
 static void test_resp_bodiless(void **state)
 {
 	(void)state;
+	/* HEAD and 304 keep their Content-Length: it is the representation's
+	 * (no body follows, so nothing is close-delimited). */
 	const char *in = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789";
 	struct run x = feed_resp_cuts(in, strlen(in), NULL, 0, true, false);
+	assert_done(&x, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n");
+	run_free(&x);
+	in = "HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\nX-A: b\r\n\r\n";
+	x = feed_resp_cuts(in, strlen(in), NULL, 0, true, false);
+	assert_done(&x, "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 7\r\nConnection: close\r\n\r\n");
+	run_free(&x);
+	in = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+	x = feed_resp_cuts(in, strlen(in), NULL, 0, true, false);
 	assert_done(&x, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+	run_free(&x);
+	x = feed_resp("HTTP/1.1 304 Not Modified\r\nContent-Length: 42\r\n\r\n", false);
+	assert_done(&x, "HTTP/1.1 304 Not Modified\r\nContent-Length: 42\r\nConnection: close\r\n\r\n");
+	run_free(&x);
+	/* A 204 has none (RFC 9110 8.6). */
+	x = feed_resp("HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", false);
+	assert_done(&x, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
 	run_free(&x);
 
 	x = feed_resp("HTTP/1.1 204 No Content\r\n\r\nstray", false);

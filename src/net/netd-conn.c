@@ -284,21 +284,49 @@ static void dial_failed(struct netd *d, struct conn *c, int err)
 
 /* ---- the guest's connections ------------------------------------------------ */
 
+/* Whether the guest was answered addr for name (lowercase, no root dot),
+ * and that answer is still remembered: however many other names the
+ * address has (a CDN's can have hundreds). */
+static bool resolved_as(const struct netd *d, uint32_t addr, const char *name)
+{
+	int64_t now = cap_now_ms();
+
+	for (unsigned i = 0; i < NETD_NAMES; i++) {
+		const struct dns_name *e = &d->names[i];
+		if (e->expires > now && e->addr == addr && !strcmp(e->name, name))
+			return true;
+	}
+	return false;
+}
+
 /* The verdict for a connection to c->addr:c->port and the name it goes
- * by: each name the guest was answered this address with is tried,
- * newest first; without one, the address alone. */
+ * by: of the names the guest was answered this address with (all of
+ * them), the newest that the policy allows; when none does, the newest
+ * decides (for the refusal's words); without one, the address alone. */
 static const char *decide_direct(struct netd *d, struct conn *c, struct cap_net_verdict *v)
 {
-	const char *names[8];
-	unsigned n = c->kind == CONN_DIRECT ? dns_names_for(d, c->addr, names, 8) : 0;
+	const struct dns_name *newest = NULL, *allowed = NULL;
+	struct cap_net_verdict tried;
+	int64_t now = cap_now_ms();
 
-	for (unsigned i = 0; i < n; i++) {
-		cap_net_decide(netd_policy(d), c->addr, c->port, names[i], v);
-		if (v->allow)
-			return names[i];
+	for (unsigned i = 0; c->kind == CONN_DIRECT && i < NETD_NAMES; i++) {
+		const struct dns_name *e = &d->names[i];
+		if (e->expires <= now || e->addr != c->addr)
+			continue;
+		if (!newest || e->seq > newest->seq)
+			newest = e;
+		if (allowed && e->seq < allowed->seq)
+			continue;
+		cap_net_decide(netd_policy(d), c->addr, c->port, e->name, &tried);
+		if (tried.allow) {
+			allowed = e;
+			*v = tried;
+		}
 	}
-	cap_net_decide(netd_policy(d), c->addr, c->port, n ? names[0] : NULL, v);
-	return n ? names[0] : NULL;
+	if (allowed)
+		return allowed->name;
+	cap_net_decide(netd_policy(d), c->addr, c->port, newest ? newest->name : NULL, v);
+	return newest ? newest->name : NULL;
 }
 
 static void accept_one(struct netd *d, int fd)
@@ -432,13 +460,10 @@ static bool pass_or_intercept(struct netd *d, struct conn *c, const char *sni)
 		/* Intercepted under that name only if the guest was given this
 		 * address for it: else any address could be reached under a
 		 * secret's host's name, and given its value. */
-		const char *names[8];
-		unsigned n = dns_names_for(d, c->addr, names, 8);
-		for (unsigned i = 0; i < n; i++)
-			if (!strcmp(names[i], sni)) {
-				intercept_start(d, c, sni);
-				return false;
-			}
+		if (resolved_as(d, c->addr, sni)) {
+			intercept_start(d, c, sni);
+			return false;
+		}
 		netd_log(d, "refused %s: TLS server name %s is a secret's host, and this address was not resolved as that name",
 			 c->desc, sni);
 		conn_free(d, c, true);

@@ -1167,8 +1167,8 @@ static unsigned ic_server_continues(struct ic_server *sv)
 	return n;
 }
 
-/* The host's resolver: api.test, other.test and body.test are
- * 203.0.113.10, bad.test 203.0.113.20, anything else NXDOMAIN. */
+/* The host's resolver: api.test, other.test, body.test and the names
+ * under cdn.test are 203.0.113.10, bad.test 203.0.113.20, anything else NXDOMAIN. */
 static void *ic_dns_main(void *arg)
 {
 	(void)arg;
@@ -1182,8 +1182,10 @@ static void *ic_dns_main(void *arg)
 		struct cap_dns_question qq;
 		if (cap_dns_parse_query(q, (size_t)n, &qq) < 0)
 			continue;
+		size_t ql = strlen(qq.name);
+		bool cdn = ql > 9 && !strcmp(qq.name + ql - 9, ".cdn.test");
 		uint32_t addr = !strcmp(qq.name, "api.test") || !strcmp(qq.name, "other.test") ||
-						!strcmp(qq.name, "body.test")
+						!strcmp(qq.name, "body.test") || cdn
 					? IC_GOOD
 				: !strcmp(qq.name, "bad.test")				      ? IC_BAD
 												      : 0;
@@ -1350,6 +1352,7 @@ static int ic_setup(void **state)
 	assert_int_equal(cap_net_secret_add(&ic.policy, "TOKEN=env:TOKEN@api.test,bad.test", &err), 0);
 	assert_int_equal(cap_net_rule_add(&ic.policy, "other.test:443", &err), 0);
 	assert_int_equal(cap_net_rule_add(&ic.policy, "api.test:80", &err), 0);
+	assert_int_equal(cap_net_rule_add(&ic.policy, "*.cdn.test:443", &err), 0);
 	uint8_t fp[32] = { 1, 2, 3 };
 	ic.secrets[0].decl = &ic.policy.secrets[0];
 	cap_net_secret_placeholder(fp, "TOKEN", ic.secrets[0].placeholder);
@@ -1811,6 +1814,40 @@ static void test_intercept_direct(void **state)
 	free(log);
 }
 
+/* An address many names resolved to (a CDN's): a direct connection is
+ * known by whichever of them it was resolved as, not only the newest. */
+static void test_direct_many_names(void **state)
+{
+	char name[64], req[512], resp[512];
+	bool clean = false;
+
+	(void)state;
+	IC_REQUIRE();
+	ic_guest_resolve("api.test");
+	for (unsigned i = 0; i < 12; i++) {
+		snprintf(name, sizeof(name), "n%u.cdn.test", i);
+		ic_guest_resolve(name);
+	}
+	/* Intercepted under api.test, the oldest of 13 names. */
+	int fd = ic_guest_connect(IC_GOOD, 443);
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	char *r = ic_exchange(s, "GET /m HTTP/1.1\r\nHost: api.test\r\n\r\n", &clean);
+	assert_true(!strncmp(r, "HTTP/1.1 200 OK\r\n", 17));
+	free(r);
+	ic_close(s, fd);
+	/* Port 80 is open for api.test only (the cdn names open 443). */
+	fd = ic_guest_connect(IC_GOOD, 80);
+	snprintf(req, sizeof(req), "GET /m80 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+	assert_true(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+	ssize_t n, got = 0;
+	while ((n = read(fd, resp + got, sizeof(resp) - 1 - (size_t)got)) > 0)
+		got += n;
+	resp[got] = '\0';
+	close(fd);
+	assert_non_null(strstr(resp, "\r\n\r\nplain\n"));
+}
+
 /* A request the rewriter refuses: its status over the guest's TLS, the
  * log naming the request, nothing upstream. */
 static void test_intercept_refused_request(void **state)
@@ -2011,6 +2048,7 @@ int main(void)
 		cmocka_unit_test(test_plaintext_untouched),
 		cmocka_unit_test(test_connect_sni_mismatch),
 		cmocka_unit_test(test_intercept_direct),
+		cmocka_unit_test(test_direct_many_names),
 		cmocka_unit_test(test_intercept_refused_request),
 		cmocka_unit_test(test_intercept_expect_held),
 		cmocka_unit_test(test_intercept_expect_streamed),

@@ -283,7 +283,10 @@ unsigned dns_names_for(struct netd *d, uint32_t addr, const char **out, unsigned
  * the name (minted, signed by the sandbox's CA, cached), makes its own to
  * the server (SNI the name, verified against the trust store), passes
  * ONE request through rewrite.h and its response back, then ends the
- * guest's connection (close_notify, then ST_REPLY's linger). Both sides
+ * guest's connection (close_notify, then ST_REPLY's linger; a reset
+ * without close_notify when the server failed after part of its response
+ * went to the guest, logged "the response of HOST:PORT was cut short").
+ * Both sides
  * are memory BIOs pumped from the loop: nothing blocks. */
 #define NETD_LEAVES 256		/* minted certificates kept, the least recently used evicted */
 #define NETD_LEAF_DAYS 30	/* at most; never past the CA's own end */

@@ -74,7 +74,10 @@ struct icpt {
 	bool u_gone;			/* b closed: nothing more to or from the server */
 	bool got_request;		/* the guest sent some plaintext */
 	bool req_done, resp_done;	/* nothing more is read from the guest, the server */
-	bool answered;			/* the guest got (part of) an answer */
+	bool whole;			/* the server's response ended as framed */
+	bool began;			/* some of it was written to the guest's TLS */
+	bool answered;			/* the guest has our answer, or is to get none */
+	bool cut;			/* the response was cut short: reset the guest */
 	bool continued;			/* our 100 Continue was due (once) */
 	size_t continue_left;		/* its bytes not yet written to the guest's TLS */
 	bool notified;			/* close_notify queued for the guest */
@@ -687,25 +690,36 @@ static void drop_upstream(struct conn *c)
 }
 
 /* Answer the guest ourselves (status and a short text), over its TLS,
- * and end: nothing more goes to or comes from the server. When the guest
- * has had part of a response already, it only gets the end. */
-static void answer(struct conn *c, int status, const char *text)
+ * and end: nothing more goes to or comes from the server. What the
+ * server sent that has not reached the guest yet is replaced; a whole
+ * response is not. When part of an unfinished one has reached the guest,
+ * it is cut short: the guest's connection is reset without close_notify
+ * (c->owned_icpt->cut), as its response is delimited by the connection's
+ * end: an orderly end would pass the part off as the whole. */
+static void answer(struct netd *d, struct conn *c, int status, const char *text)
 {
 	struct icpt *i = c->owned_icpt;
+	bool whole = i->whole;
 	char head[600];
 
 	drop_upstream(c);
 	i->req_done = true;
 	/* The guest has this long to take it. */
 	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
-	if (i->answered)
+	if (i->began && !whole) {
+		netd_log(d, "the response of %s:%u was cut short: %s", i->name, c->port, text);
+		i->cut = true;
+		return;
+	}
+	if (i->answered || whole)
 		return;
 	int n = snprintf(head, sizeof(head),
 			 "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
 			 "Connection: close\r\n\r\n%s\n",
 			 status, status_text(status), strlen(text) + 1, text);
 	CAP_BUG_ON(n < 0 || (size_t)n >= sizeof(head));
-	i->resp_out.off = i->resp_out.len = 0;
+	if (cap_buf_used(&i->resp_out))
+		cap_buf_consume(&i->resp_out, cap_buf_used(&i->resp_out));
 	cap_buf_append(&i->resp_out, head, (size_t)n);
 	i->answered = true;
 }
@@ -727,7 +741,7 @@ static void req_refused(struct netd *d, struct conn *c, const struct cap_http_re
 
 	log_request(c, what, sizeof(what));
 	netd_log(d, "refused https %s: %s", what, why->reason);
-	answer(c, why->status, why->reason);
+	answer(d, c, why->status, why->reason);
 }
 
 /* The request ended: say which secrets it carried (verbose). */
@@ -871,9 +885,14 @@ static void from_server(struct netd *d, struct conn *c)
 			if (err == SSL_ERROR_WANT_READ)
 				return;
 			if (err != SSL_ERROR_ZERO_RETURN) {
+				/* Not an end (an unexpected EOF counts as one, the
+				 * rewriter judging the framing): whatever the body's
+				 * framing, the response is not whole. */
 				log_request(c, what, sizeof(what));
 				netd_log(d, "https %s: the server's TLS failed: %s", what,
-					 ssl_why(e, sizeof(e), "connection reset"));
+					 ssl_why(e, sizeof(e), "?"));
+				answer(d, c, 502, "the server's TLS failed");
+				return;
 			}
 			r = cap_http_resp_eof(i->resp, &i->resp_out, &why);
 		}
@@ -881,15 +900,13 @@ static void from_server(struct netd *d, struct conn *c)
 		if (r < 0) {
 			log_request(c, what, sizeof(what));
 			netd_log(d, "refused the response to https %s: %s", what, why.reason);
-			answer(c, why.status ? why.status : 502, why.reason);
+			answer(d, c, why.status ? why.status : 502, why.reason);
 			return;
 		}
 		if (r == CAP_HTTP_DONE) {
-			i->resp_done = true;
+			i->whole = true;
 			drop_upstream(c);
 		}
-		if (cap_buf_used(&i->resp_out))
-			i->answered = true;
 	}
 }
 
@@ -923,6 +940,8 @@ static int to_guest(struct conn *c)
 			return -1;
 		}
 		cap_buf_consume(&i->resp_out, (size_t)w);
+		if (!i->answered)
+			i->began = true;
 	}
 	if (i->g_done && i->resp_done && !i->continue_left && !cap_buf_used(&i->resp_out) &&
 	    !i->notified) {
@@ -964,12 +983,12 @@ static void handshakes(struct netd *d, struct conn *c)
 				ERR_clear_error();
 				netd_log(d, "refused tls %s:%u: the server's certificate is not trusted: %s",
 					 i->name, c->port, X509_verify_cert_error_string(v));
-				answer(c, 502, "the server's certificate is not trusted");
+				answer(d, c, 502, "the server's certificate is not trusted");
 			} else {
 				netd_log(d, "cannot reach %s:%u over tls: %s", i->name, c->port,
 					 ssl_why(e, sizeof(e),
 						 c->b_eof ? "the server closed the connection" : "?"));
-				answer(c, 502, "cannot reach the server over TLS");
+				answer(d, c, 502, "cannot reach the server over TLS");
 			}
 			if (!i->g_done)
 				i->notified = true;	/* no TLS to answer over: just end */
@@ -1002,8 +1021,10 @@ void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 	if (!i->u_gone && (rb & (POLLIN | POLLHUP | POLLERR)) &&
 	    sock_to_bio(c->b, i->u_in, &c->b_eof) < 0) {
 		netd_log(d, "cannot reach %s:%u: %s", i->name, c->port, strerror(errno));
-		answer(c, 502, "the connection to the server failed");
+		answer(d, c, 502, "the connection to the server failed");
 	}
+	if (i->cut)
+		goto abort;
 	/* Until nothing moves: each step may unblock another. */
 	for (unsigned round = 0; round < 8; round++) {
 		size_t before = q_used(&c->down) + q_used(&i->to_b) + pending(i->g_in) +
@@ -1016,10 +1037,10 @@ void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 			char e[200];
 			netd_log(d, "cannot reach %s:%u over tls: %s", i->name, c->port,
 				 ssl_why(e, sizeof(e), "write failed"));
-			answer(c, 502, "the connection to the server failed");
+			answer(d, c, 502, "the connection to the server failed");
 		}
 		from_server(d, c);
-		if (to_guest(c) < 0)
+		if (i->cut || to_guest(c) < 0)
 			goto abort;
 		bio_to_queue(i->g_out, &c->down);
 		if (!i->u_gone)
@@ -1028,8 +1049,10 @@ void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 			goto abort;
 		if (!i->u_gone && queue_to_sock(c->b, &i->to_b) < 0) {
 			netd_log(d, "cannot reach %s:%u: %s", i->name, c->port, strerror(errno));
-			answer(c, 502, "the connection to the server failed");
+			answer(d, c, 502, "the connection to the server failed");
 		}
+		if (i->cut)
+			goto abort;
 		if (i->notified && pending(i->g_out) <= q_tail(&c->down)) {
 			finish(c);
 			return;

@@ -15,6 +15,7 @@
 
 #include <fcntl.h>
 #include <net/if.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -922,6 +923,7 @@ static struct {
 	pthread_t netd_th;
 	int netd_rc;
 	ASN1_INTEGER *serial;	/* of api.test's leaf */
+	int short_go[2];	/* a byte: "/short" may end its cut response */
 } ic;
 
 static EVP_PKEY *ic_key(void)
@@ -1066,6 +1068,16 @@ static void *ic_server_main(void *arg)
 				sv->ncontinue += continued;
 				snprintf(sv->last, sizeof(sv->last), "%s", req);
 				pthread_mutex_unlock(&sv->mu);
+				if (strstr(req, " /short ")) {
+					/* 10 bytes of 100, then the end (when told). */
+					static const char cut[] = "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789";
+					SSL_write(s, cut, sizeof(cut) - 1);
+					struct pollfd p = { .fd = ic.short_go[0], .events = POLLIN };
+					char go;
+					if (poll(&p, 1, 5000) == 1)
+						(void)!read(ic.short_go[0], &go, 1);
+					break;
+				}
 				char body[600] = "ok\n", resp[1024];
 				if (strstr(req, " /echo ")) {
 					const char *a = strcasestr(req, "\r\nauthorization: ");
@@ -1364,6 +1376,7 @@ static int ic_setup(void **state)
 	ic.secrets[1].value = IC_BODY_VALUE;
 	ic.secrets[1].value_len = strlen(IC_BODY_VALUE);
 
+	assert_int_equal(pipe2(ic.short_go, O_CLOEXEC), 0);
 	snprintf(ic.log_path, sizeof(ic.log_path), "/tmp/test-netd-ic.XXXXXX");
 	ic.log_fd = mkstemp(ic.log_path);
 	assert_true(ic.log_fd >= 0);
@@ -1428,6 +1441,8 @@ static int ic_teardown(void **state)
 		fputs(log, stderr);
 		free(log);
 	}
+	close(ic.short_go[0]);
+	close(ic.short_go[1]);
 	close(ic.log_fd);
 	unlink(ic.log_path);
 	unlink(ic.resolv_path);
@@ -1661,6 +1676,49 @@ static void test_intercept_identity(void **state)
 	char *log = ic_log_since(at, "Content-Encoding");
 	assert_non_null(strstr(log, "the server encoded its response (Content-Encoding: gzip) despite "
 				    "Accept-Encoding: identity"));
+	free(log);
+}
+
+/* The server ends before its response does (10 bytes of a Content-Length
+ * of 100), after the guest has its head: the guest's response is
+ * close-delimited, so a clean end would pass it off as whole. It gets a
+ * reset, no close_notify, and the log says so. */
+static void test_intercept_cut_short(void **state)
+{
+	char buf[4096];
+	size_t n = 0;
+
+	(void)state;
+	IC_REQUIRE();
+	off_t at = ic_log_at();
+	int fd = ic_guest_connect_proxy("api.test:443");
+	SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s);
+	static const char req[] = "GET /short HTTP/1.1\r\nHost: api.test\r\n\r\n";
+	assert_int_equal(SSL_write(s, req, sizeof(req) - 1), sizeof(req) - 1);
+	buf[0] = '\0';
+	while (!strstr(buf, "\r\n\r\n")) {
+		int r = SSL_read(s, buf + n, (int)(sizeof(buf) - n - 1));
+		assert_true(r > 0);
+		n += (size_t)r;
+		buf[n] = '\0';
+	}
+	assert_true(!strncmp(buf, "HTTP/1.1 200 OK\r\n", 17));
+	assert_int_equal(write(ic.short_go[1], "x", 1), 1);
+	int r, err;
+	do {
+		r = SSL_read(s, buf, (int)sizeof(buf));
+		err = SSL_get_error(s, r);
+	} while (r > 0);
+	int sys = errno;
+	ERR_clear_error();
+	assert_int_not_equal(err, SSL_ERROR_ZERO_RETURN);	/* no close_notify */
+	assert_int_equal(err, SSL_ERROR_SYSCALL);
+	assert_int_equal(sys, ECONNRESET);
+	ic_close(s, fd);
+	char *log = ic_log_since(at, "was cut short");
+	assert_non_null(strstr(log, "capsule net: the response of api.test:443 was cut short: "
+				    "the response body ended early\n"));
 	free(log);
 }
 
@@ -2043,6 +2101,7 @@ int main(void)
 		cmocka_unit_test(test_intercept_connect),
 		cmocka_unit_test(test_intercept_echo),
 		cmocka_unit_test(test_intercept_identity),
+		cmocka_unit_test(test_intercept_cut_short),
 		cmocka_unit_test(test_intercept_untrusted),
 		cmocka_unit_test(test_passthrough_other_host),
 		cmocka_unit_test(test_plaintext_untouched),

@@ -19,7 +19,8 @@
 #define NETD_BUF 65536		/* each way, per connection */
 #define NETD_MAX_CONNS 1024
 #define NETD_HEAD_MAX 16384	/* a proxy request head, an upstream proxy's reply head */
-#define NETD_TIMEOUT_MS 10000	/* request head, dial, upstream proxy, connector, ClientHello */
+#define NETD_TIMEOUT_MS 10000	/* request head, dial, upstream proxy, connector, ClientHello,
+				   an intercepted request's head, an unread answer */
 #define NETD_LINGER_MS 2000	/* reading what a refused client still sends */
 #define NETD_DNS_TRY_MS 2000	/* one try of an upstream query (two tries) */
 #define NETD_DNS_PENDING 256
@@ -305,7 +306,10 @@ bool intercept_wanted(const struct netd *d, const char *name);
 bool intercept_start(struct netd *d, struct conn *c, const char *name);
 void intercept_poll_events(const struct conn *c, short *ea, short *eb);
 void intercept_events(struct netd *d, struct conn *c, short ra, short rb);
-/* c's deadline passed (the handshakes did not end in time). */
+/* c's deadline passed: the handshakes did not end in time, or the guest
+ * did not send its request's head within NETD_TIMEOUT_MS of them, or did
+ * not read its waiting answer for NETD_TIMEOUT_MS (logged; c ends with a
+ * reset). */
 void intercept_timeout(struct netd *d, struct conn *c);
 /* Free c->owned_icpt, wiping every buffer that may have held a value. */
 void intercept_free(struct conn *c);

@@ -78,6 +78,8 @@ struct icpt {
 	bool began;			/* some of it was written to the guest's TLS */
 	bool answered;			/* the guest has our answer, or is to get none */
 	bool cut;			/* the response was cut short: reset the guest */
+	int64_t head_deadline;		/* ms: the request's head must have come by then */
+	bool waits;			/* an answer waits for the guest to read it */
 	bool continued;			/* our 100 Continue was due (once) */
 	size_t continue_left;		/* its bytes not yet written to the guest's TLS */
 	bool notified;			/* close_notify queued for the guest */
@@ -656,8 +658,8 @@ static void bio_to_queue(BIO *bio, struct nbuf *q)
 		q->len += (size_t)r;
 }
 
-/* Write q to fd: 0, or -1 when fd failed. */
-static int queue_to_sock(int fd, struct nbuf *q)
+/* Write q to fd: the bytes written, or -1 when fd failed. */
+static ssize_t queue_to_sock(int fd, struct nbuf *q)
 {
 	if (!q_used(q))
 		return 0;
@@ -667,7 +669,7 @@ static int queue_to_sock(int fd, struct nbuf *q)
 	q->off += (size_t)w;
 	if (q->off == q->len)
 		q->off = q->len = 0;
-	return 0;
+	return w;
 }
 
 /* No more to or from the server. */
@@ -704,8 +706,6 @@ static void answer(struct netd *d, struct conn *c, int status, const char *text)
 
 	drop_upstream(c);
 	i->req_done = true;
-	/* The guest has this long to take it. */
-	c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
 	if (i->began && !whole) {
 		netd_log(d, "the response of %s:%u was cut short: %s", i->name, c->port, text);
 		i->cut = true;
@@ -994,8 +994,35 @@ static void handshakes(struct netd *d, struct conn *c)
 				i->notified = true;	/* no TLS to answer over: just end */
 		}
 	}
-	if (i->g_done && i->u_done)
+	if (i->g_done && i->u_done && !i->head_deadline)
+		i->head_deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+}
+
+/* c's deadline once the handshakes are done (until then, theirs, set by
+ * intercept_start): while an answer waits for the guest, NETD_TIMEOUT_MS
+ * from when it began to wait or the guest last took some of it (took);
+ * else, while the request's head has not all come, head_deadline
+ * (NETD_TIMEOUT_MS after the handshakes); else none: the guest sends its
+ * body or the server is at work, and the server's own limits apply. So a
+ * guest cannot pin a connection to the server by holding back its head
+ * or by never reading its answer. */
+static void rearm(struct conn *c, bool took)
+{
+	struct icpt *i = c->owned_icpt;
+
+	if (!i->g_done || (!i->u_done && !i->u_gone))
+		return;
+	bool waits = i->continue_left || cap_buf_used(&i->resp_out) || pending(i->g_out) ||
+		     q_used(&c->down);
+	if (waits) {
+		if (!i->waits || took)
+			c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+	} else if (!i->req_done && !cap_http_req_head_read(i->req)) {
+		c->deadline = i->head_deadline;
+	} else {
 		c->deadline = 0;
+	}
+	i->waits = waits;
 }
 
 /* All said: the last of the guest's TLS goes out as ST_REPLY would send
@@ -1015,6 +1042,8 @@ static void finish(struct conn *c)
 void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 {
 	struct icpt *i = c->owned_icpt;
+	bool took = false;
+	ssize_t w;
 
 	if ((ra & (POLLIN | POLLHUP | POLLERR)) && sock_to_bio(c->a, i->g_in, &c->a_eof) < 0)
 		goto abort;
@@ -1045,8 +1074,9 @@ void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 		bio_to_queue(i->g_out, &c->down);
 		if (!i->u_gone)
 			bio_to_queue(i->u_out, &i->to_b);
-		if (queue_to_sock(c->a, &c->down) < 0)
+		if ((w = queue_to_sock(c->a, &c->down)) < 0)
 			goto abort;
+		took |= w > 0;
 		if (!i->u_gone && queue_to_sock(c->b, &i->to_b) < 0) {
 			netd_log(d, "cannot reach %s:%u: %s", i->name, c->port, strerror(errno));
 			answer(d, c, 502, "the connection to the server failed");
@@ -1064,6 +1094,7 @@ void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 		if (after == before && flags == flags2)
 			break;
 	}
+	rearm(c, took);
 	return;
 abort:
 	conn_free(d, c, true);
@@ -1072,12 +1103,14 @@ abort:
 void intercept_timeout(struct netd *d, struct conn *c)
 {
 	struct icpt *i = c->owned_icpt;
+	const int s = NETD_TIMEOUT_MS / 1000;
 
 	if (!i->g_done || (!i->u_done && !i->u_gone))
 		netd_log(d, "refused tls %s:%u: %s within %d s", i->name, c->port,
 			 !i->g_done ? "the guest's TLS handshake did not end"
-				    : "the server's TLS handshake did not end",
-			 NETD_TIMEOUT_MS / 1000);
-	/* Else an answer the guest did not take in time: nothing to add. */
+				    : "the server's TLS handshake did not end", s);
+	else
+		netd_log(d, "ended https %s:%u: the guest did not %s within %d s", i->name, c->port,
+			 i->waits ? "read its answer" : "send its request's head", s);
 	conn_free(d, c, true);
 }

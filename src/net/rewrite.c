@@ -1167,6 +1167,11 @@ bool cap_http_req_continue(const struct cap_http_req *r)
 	return r->continue_wanted && (r->state == REQ_BODY_LENGTH || r->state == REQ_BODY_CHUNKED);
 }
 
+bool cap_http_req_head_read(const struct cap_http_req *r)
+{
+	return r->state != REQ_HEAD;
+}
+
 uint32_t cap_http_req_substituted(const struct cap_http_req *r)
 {
 	return r->substituted;

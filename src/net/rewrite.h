@@ -121,6 +121,10 @@ int cap_http_req_eof(struct cap_http_req *r, struct cap_http_refusal *why);
  * is whole, after the request ended or was refused. The caller sends the
  * 100 once, the first time this is true after a feed. */
 bool cap_http_req_continue(const struct cap_http_req *r);
+/* Whether the request's head is no longer being read: it was read whole,
+ * or the request was refused (for the caller's limit on how long a guest
+ * may take to send it). */
+bool cap_http_req_head_read(const struct cap_http_req *r);
 /* Which secrets (bit i for s[i]) were put in, for the log. */
 uint32_t cap_http_req_substituted(const struct cap_http_req *r);
 /* The request's method and target as received (placeholders, not

@@ -903,6 +903,13 @@ struct ic_server {
 	unsigned nreq;
 	unsigned ncontinue;	/* 100 Continue sent, to an Expect */
 	char last[8192];	/* the last request (head and body) */
+	unsigned active;	/* connections being served, each by a thread */
+	pthread_cond_t idle;	/* signalled when active falls to 0 */
+};
+
+struct ic_conn {
+	struct ic_server *sv;
+	int fd;
 };
 
 static struct {
@@ -1042,18 +1049,22 @@ static int ic_read_request(SSL *s, char *buf, size_t size, bool *continued)
 	return (int)n;
 }
 
-/* A fake HTTPS API: records each request; "/echo" answers the
+/* One connection of a fake HTTPS API (a thread each, as a server would
+ * serve them at once): records each request; "/echo" answers the
  * Authorization it got (and the body, when there is one); a connection
- * is kept open unless asked to close. */
-static void *ic_server_main(void *arg)
+ * is kept open unless asked to close. It waits up to 15 s for a request
+ * (longer than netd lets a guest take). */
+static void *ic_serve(void *arg)
 {
-	struct ic_server *sv = arg;
+	struct ic_conn *ic_c = arg;
+	struct ic_server *sv = ic_c->sv;
+	int fd = ic_c->fd;
 
-	for (;;) {
-		int fd = accept(sv->lfd, NULL, NULL);
-		if (fd < 0)
-			return NULL;
+	free(ic_c);
+	{
+		struct timeval tv = { .tv_sec = 15 };
 		ic_timeouts(fd);
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 		SSL *s = SSL_new(sv->ctx);
 		SSL_set_fd(s, fd);
 		if (SSL_accept(s) == 1) {
@@ -1078,6 +1089,17 @@ static void *ic_server_main(void *arg)
 						(void)!read(ic.short_go[0], &go, 1);
 					break;
 				}
+				if (strstr(req, " /big ")) {
+					/* More than the way to the guest holds, until
+					 * it will take no more. */
+					static char block[16384];
+					static const char head[] = "HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\n\r\n";
+					memset(block, 'b', sizeof(block));
+					int w = SSL_write(s, head, sizeof(head) - 1);
+					for (unsigned k = 0; w > 0 && k < 4096; k++)
+						w = SSL_write(s, block, sizeof(block));
+					break;
+				}
 				char body[600] = "ok\n", resp[1024];
 				if (strstr(req, " /echo ")) {
 					const char *a = strcasestr(req, "\r\nauthorization: ");
@@ -1099,6 +1121,38 @@ static void *ic_server_main(void *arg)
 		}
 		SSL_free(s);
 		close(fd);
+	}
+	pthread_mutex_lock(&sv->mu);
+	if (--sv->active == 0)
+		pthread_cond_broadcast(&sv->idle);
+	pthread_mutex_unlock(&sv->mu);
+	return NULL;
+}
+
+static void *ic_server_main(void *arg)
+{
+	struct ic_server *sv = arg;
+
+	for (;;) {
+		int fd = accept(sv->lfd, NULL, NULL);
+		if (fd < 0)
+			return NULL;
+		struct ic_conn *c = malloc(sizeof(*c));
+		pthread_t th;
+		assert_non_null(c);
+		*c = (struct ic_conn){ sv, fd };
+		pthread_mutex_lock(&sv->mu);
+		sv->active++;
+		pthread_mutex_unlock(&sv->mu);
+		if (pthread_create(&th, NULL, ic_serve, c) != 0) {
+			pthread_mutex_lock(&sv->mu);
+			sv->active--;
+			pthread_mutex_unlock(&sv->mu);
+			close(fd);
+			free(c);
+			continue;
+		}
+		pthread_detach(th);
 	}
 }
 
@@ -1150,6 +1204,7 @@ static void ic_server_start(struct ic_server *sv, uint32_t addr, uint16_t port, 
 	assert_int_equal(bind(sv->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
 	assert_int_equal(listen(sv->lfd, 16), 0);
 	pthread_mutex_init(&sv->mu, NULL);
+	pthread_cond_init(&sv->idle, NULL);
 	assert_int_equal(pthread_create(&sv->th, NULL, cert ? ic_server_main : ic_plain_main, sv), 0);
 }
 
@@ -1157,6 +1212,11 @@ static void ic_server_stop(struct ic_server *sv)
 {
 	shutdown(sv->lfd, SHUT_RDWR);
 	pthread_join(sv->th, NULL);
+	pthread_mutex_lock(&sv->mu);
+	while (sv->active)	/* each ends within its timeouts */
+		pthread_cond_wait(&sv->idle, &sv->mu);
+	pthread_mutex_unlock(&sv->mu);
+	pthread_cond_destroy(&sv->idle);
 	close(sv->lfd);
 	SSL_CTX_free(sv->ctx);	/* NULL for a plain server */
 	pthread_mutex_destroy(&sv->mu);
@@ -1722,6 +1782,56 @@ static void test_intercept_cut_short(void **state)
 	free(log);
 }
 
+/* After the handshakes, a guest that holds back its request's head, or
+ * never reads its answer, is ended NETD_TIMEOUT_MS (10 s) on: neither
+ * pins a connection to the server. Both at once, to wait once. */
+static void test_intercept_idle(void **state)
+{
+	char last[8192];
+
+	(void)state;
+	IC_REQUIRE();
+	off_t at = ic_log_at();
+	int fd1 = ic_guest_connect_proxy("api.test:443");
+	SSL *s1 = ic_guest_tls(fd1, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s1);
+	static const char part[] = "GET /never HTTP/1.1\r\nHost: api.test\r\n";
+	assert_int_equal(SSL_write(s1, part, sizeof(part) - 1), sizeof(part) - 1);
+
+	int fd2 = ic_guest_connect_proxy("api.test:443");
+	int small = 4096;
+	setsockopt(fd2, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	SSL *s2 = ic_guest_tls(fd2, "api.test", "api.test", ic.ca_pem);
+	assert_non_null(s2);
+	static const char big[] = "GET /big HTTP/1.1\r\nHost: api.test\r\n\r\n";
+	assert_int_equal(SSL_write(s2, big, sizeof(big) - 1), sizeof(big) - 1);
+
+	char *log = NULL;
+	for (int i = 0; i < 80; i++) {	/* 16 s at most */
+		free(log);
+		log = ic_log_since(at, NULL);
+		if (strstr(log, "did not send its request's head") && strstr(log, "did not read its answer"))
+			break;
+		usleep(200000);
+	}
+	assert_non_null(strstr(log, "capsule net: ended https api.test:443: the guest did not send its "
+				    "request's head within 10 s\n"));
+	assert_non_null(strstr(log, "capsule net: ended https api.test:443: the guest did not read its "
+				    "answer within 10 s\n"));
+	free(log);
+	/* The first guest sees a reset. */
+	char buf[256];
+	int r = SSL_read(s1, buf, sizeof(buf));
+	assert_true(r <= 0);
+	assert_int_not_equal(SSL_get_error(s1, r), SSL_ERROR_ZERO_RETURN);
+	ERR_clear_error();
+	ic_close(s1, fd1);
+	ic_close(s2, fd2);
+	unsigned n;
+	ic_server_get(&ic.good, &n, last, sizeof(last));
+	assert_null(strstr(last, "/never"));
+}
+
 /* An upstream whose certificate the trust store does not vouch for. */
 static void test_intercept_untrusted(void **state)
 {
@@ -2102,6 +2212,7 @@ int main(void)
 		cmocka_unit_test(test_intercept_echo),
 		cmocka_unit_test(test_intercept_identity),
 		cmocka_unit_test(test_intercept_cut_short),
+		cmocka_unit_test(test_intercept_idle),
 		cmocka_unit_test(test_intercept_untrusted),
 		cmocka_unit_test(test_passthrough_other_host),
 		cmocka_unit_test(test_plaintext_untouched),

@@ -723,6 +723,37 @@ static void test_req_eof(void **state)
 	cap_http_req_free(NULL);
 }
 
+/* Whether the head is still being read, for the caller's time limit. */
+static void test_req_head_read(void **state)
+{
+	(void)state;
+	struct cap_http_req *r = cap_http_req_new("api.test", 443, secrets, 3);
+	struct cap_http_refusal why;
+	struct cap_buf out;
+	size_t used;
+	const char *a = "POST / HTTP/1.1\r\nHost: api.test\r\n", *b = "Content-Length: 5\r\n\r\nab";
+
+	cap_buf_init(&out);
+	assert_false(cap_http_req_head_read(r));
+	assert_int_equal(cap_http_req_feed(r, (const uint8_t *)a, strlen(a), &used, &out, &why),
+			 CAP_HTTP_MORE);
+	assert_false(cap_http_req_head_read(r));
+	assert_int_equal(cap_http_req_feed(r, (const uint8_t *)b, strlen(b), &used, &out, &why),
+			 CAP_HTTP_MORE);
+	assert_true(cap_http_req_head_read(r));	/* the body is still to come */
+	cap_buf_fini(&out);
+	cap_http_req_free(r);
+
+	/* Refused before its end: not read any more either. */
+	r = cap_http_req_new("api.test", 443, secrets, 3);
+	cap_buf_init(&out);
+	assert_int_equal(cap_http_req_feed(r, (const uint8_t *)"GET / HTTP/1.1\n", 15, &used, &out,
+					   &why), -1);
+	assert_true(cap_http_req_head_read(r));
+	cap_buf_fini(&out);
+	cap_http_req_free(r);
+}
+
 static void test_req_body_too_large(void **state)
 {
 	(void)state;
@@ -1413,6 +1444,7 @@ int main(void)
 		cmocka_unit_test(test_req_bad_chunks),
 		cmocka_unit_test(test_req_malformed),
 		cmocka_unit_test(test_req_eof),
+		cmocka_unit_test(test_req_head_read),
 		cmocka_unit_test(test_req_body_too_large),
 		cmocka_unit_test(test_req_output_bounded),
 		cmocka_unit_test(test_req_value_must_fit),

@@ -136,12 +136,17 @@ struct conn *conn_find(struct netd *d, unsigned slot, uint64_t id)
 	return c && c->id == id ? c : NULL;
 }
 
-static const char *status_text(int status)
+const char *status_text(int status)
 {
 	switch (status) {
 	case 400: return "Bad Request";
 	case 403: return "Forbidden";
+	case 413: return "Content Too Large";
+	case 421: return "Misdirected Request";
+	case 431: return "Request Header Fields Too Large";
+	case 501: return "Not Implemented";
 	case 504: return "Gateway Timeout";
+	case 505: return "HTTP Version Not Supported";
 	default: return "Bad Gateway";
 	}
 }

@@ -238,6 +238,9 @@ void conn_dialing(struct netd *d, struct conn *c);
  * progress), -EACCES (refused, rule in v), or -errno. */
 int conn_dial(struct netd *d, struct conn *c, uint32_t addr, const char *name,
 	      struct cap_net_verdict *v);
+/* The reason phrase of an HTTP status netd answers with (400, 403, 413,
+ * 421, 431, 501, 502, 504, 505; any other is "Bad Gateway"). Static. */
+const char *status_text(int status);
 /* Fail c: an HTTP status to a proxy client, a reset to others. */
 void conn_fail(struct netd *d, struct conn *c, int status, const char *body);
 /* The socket to the destination is up (and through the upstream proxy). */

@@ -29,6 +29,7 @@
 
 #include "netd-int.h"
 #include "rewrite.h"
+#include "sniff.h"
 #include "util.h"
 
 #define CHUNK 16384		/* plaintext moved at a time (one TLS record) */
@@ -125,33 +126,6 @@ static const char *ssl_why(char *buf, size_t len, const char *fallback)
 	}
 	ERR_clear_error();
 	return buf;
-}
-
-/* s for a log line: printable ASCII only, at most max bytes. */
-static const char *printable(const char *s, char *buf, size_t size)
-{
-	size_t o = 0;
-
-	for (; *s && o + 4 < size; s++)
-		buf[o++] = (*s > ' ' && *s < 0x7f) ? *s : '?';
-	if (*s)
-		buf[o++] = '.', buf[o++] = '.', buf[o++] = '.';
-	buf[o] = '\0';
-	return buf;
-}
-
-static const char *status_text(int status)
-{
-	switch (status) {
-	case 400: return "Bad Request";
-	case 413: return "Content Too Large";
-	case 421: return "Misdirected Request";
-	case 431: return "Request Header Fields Too Large";
-	case 501: return "Not Implemented";
-	case 504: return "Gateway Timeout";
-	case 505: return "HTTP Version Not Supported";
-	default: return "Bad Gateway";
-	}
 }
 
 /* ---- start-up ------------------------------------------------------------------- */
@@ -724,15 +698,30 @@ static void answer(struct netd *d, struct conn *c, int status, const char *text)
 	i->answered = true;
 }
 
-/* "NAME:PORT METHOD TARGET" of c's request, for a log line. */
+/* c's request for a log line: METHOD "TARGET" (the method a token, as
+ * the rewriter checked; the target as the guest sent it, quoted), or ""
+ * before its request line was read. Returns buf. */
+static const char *request_text(const struct conn *c, char *buf, size_t len)
+{
+	const struct icpt *i = c->owned_icpt;
+	const char *m = cap_http_req_method(i->req), *t = cap_http_req_target(i->req);
+	char q[240];
+
+	if (!*m)
+		buf[0] = '\0';
+	else
+		snprintf(buf, len, "%.32s %s", m, cap_sniff_quote(t, strlen(t), q, sizeof(q)));
+	return buf;
+}
+
+/* "NAME:PORT METHOD "TARGET"" of c's request, for a log line. */
 static void log_request(const struct conn *c, char *line, size_t len)
 {
 	const struct icpt *i = c->owned_icpt;
-	char m[40], tg[240];
+	char rt[300];
 
-	snprintf(line, len, "%s:%u %s %s", i->name, c->port,
-		 printable(cap_http_req_method(i->req), m, sizeof(m)),
-		 printable(cap_http_req_target(i->req), tg, sizeof(tg)));
+	request_text(c, rt, sizeof(rt));
+	snprintf(line, len, "%s:%u%s%s", i->name, c->port, *rt ? " " : "", rt);
 }
 
 static void req_refused(struct netd *d, struct conn *c, const struct cap_http_refusal *why)
@@ -748,7 +737,7 @@ static void req_refused(struct netd *d, struct conn *c, const struct cap_http_re
 static void req_ended(struct netd *d, struct conn *c)
 {
 	struct icpt *i = c->owned_icpt;
-	char m[40], tg[240];
+	char rt[300];
 
 	i->req_done = true;
 	if (!d->cfg->verbose)
@@ -756,9 +745,8 @@ static void req_ended(struct netd *d, struct conn *c)
 	uint32_t sub = cap_http_req_substituted(i->req);
 	for (unsigned k = 0; k < i->nhs; k++)
 		if (sub & (1u << k))
-			netd_log(d, "secret %s sent to %s:%u (%s %s)", i->hs[k].name, i->name, c->port,
-				 printable(cap_http_req_method(i->req), m, sizeof(m)),
-				 printable(cap_http_req_target(i->req), tg, sizeof(tg)));
+			netd_log(d, "secret %s sent to %s:%u (%s)", i->hs[k].name, i->name, c->port,
+				 request_text(c, rt, sizeof(rt)));
 }
 
 /* The guest's plaintext into the rewriter, while its output has gone. */

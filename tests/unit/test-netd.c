@@ -1672,8 +1672,8 @@ static void test_intercept_connect(void **state)
 	assert_null(strstr(last, ic.secrets[0].placeholder));
 	assert_int_equal(count(last, "Connection: close\r\n"), 1);
 	assert_null(strcasestr(last, "keep-alive"));
-	char *log = ic_log_since(at, "secret TOKEN sent to api.test:443 (GET /v1/x)");
-	assert_non_null(strstr(log, "capsule net: secret TOKEN sent to api.test:443 (GET /v1/x)\n"));
+	char *log = ic_log_since(at, "secret TOKEN sent to api.test:443 (GET \"/v1/x\")");
+	assert_non_null(strstr(log, "capsule net: secret TOKEN sent to api.test:443 (GET \"/v1/x\")\n"));
 	assert_null(strstr(log, IC_VALUE));
 	free(log);
 }
@@ -2037,7 +2037,7 @@ static void test_intercept_refused_request(void **state)
 	free(resp);
 	ic_close(s, fd);
 	char *log = ic_log_since(at, "refused https");
-	assert_non_null(strstr(log, "capsule net: refused https api.test:443 GET /h: "));
+	assert_non_null(strstr(log, "capsule net: refused https api.test:443 GET \"/h\": "));
 	free(log);
 	ic_server_get(&ic.good, &after, last, sizeof(last));
 	assert_int_equal(after, before);
@@ -2101,7 +2101,7 @@ static void test_intercept_expect_held(void **state)
 	snprintf(want, sizeof(want), "\r\nAuthorization: %s\r\n", ic.secrets[0].placeholder);
 	assert_non_null(strstr(last, want));
 	char *log = ic_log_since(at, "held secret");
-	assert_non_null(strstr(log, "capsule net: secret BODY sent to body.test:443 (POST /echo)\n"));
+	assert_non_null(strstr(log, "capsule net: secret BODY sent to body.test:443 (POST \"/echo\")\n"));
 	assert_null(strstr(log, "secret TOKEN sent"));
 	/* The echo names the secret whose value came back, not TOKEN, whose
 	 * placeholder came back as it went. */

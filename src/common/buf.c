@@ -68,7 +68,7 @@ void cap_buf_append(struct cap_buf *b, const void *p, size_t n)
 void cap_buf_consume(struct cap_buf *b, size_t n)
 {
 	CAP_BUG_ON(n > b->len - b->off);
-	if (b->wipe)
+	if (b->wipe && n > 0)
 		explicit_bzero(b->owned_data + b->off, n);
 	b->off += n;
 	if (b->off == b->len)

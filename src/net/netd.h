@@ -92,8 +92,9 @@ struct cap_netd_config {
 	 * intercepted: the guest is answered with a certificate for that
 	 * name signed by ca_key_pem/ca_cert_pem, the real server is dialed
 	 * with TLS, SNI the name, verified against trust_pem (chain and name;
-	 * a failure ends the guest's connection and is logged), and each
-	 * request goes through rewrite.h. Every other TLS connection passes
+	 * a failure ends the guest's connection and is logged), and the
+	 * connection's one request goes through rewrite.h (then the
+	 * connection ends). Every other TLS connection passes
 	 * through untouched. nsecrets 0: nothing is intercepted (the other
 	 * fields unused). */
 	const struct cap_netd_secret *secrets;

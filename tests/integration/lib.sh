@@ -38,6 +38,18 @@ clean_after() { # clean_after NAME: nothing of ours may remain
 	if [ "$(ours)" -eq 0 ] && [ "$(leftovers)" -eq 0 ]; then ok "$1: no QEMU process or socket left"
 	else not_ok "$1: no QEMU process or socket left" "qemu: $(ours), dirs: $(ls "$rt")"; fi
 }
+# For suites that set $plan and $suite ("network suite"): the seconds
+# since $start at a milestone, and the rest of the plan skipped or
+# failed at once when the suite cannot go on.
+elapsed() { echo "# $1 after $(($(date +%s) - start)) s"; }
+skip_all() {
+	while [ "$n" -lt "$plan" ]; do skip "$suite" "$1"; done
+	exit 0
+}
+fail_all() {
+	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); echo "not ok $n - $suite: $1"; done
+	exit 1
+}
 # wait_for 'CONDITION' [TENTHS]: poll until true, at most TENTHS/10 s.
 wait_for() {
 	i=0

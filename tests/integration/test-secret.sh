@@ -30,17 +30,9 @@ py=/usr/bin/python3
 unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
 plan=42
+suite="secrets suite"
 echo "1..$plan"
 start=$(date +%s)
-elapsed() { echo "# $1 after $(($(date +%s) - start)) s"; }
-skip_all() {
-	while [ "$n" -lt "$plan" ]; do skip "secrets suite" "$1"; done
-	exit 0
-}
-fail_all() {
-	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); echo "not ok $n - secrets suite: $1"; done
-	exit 1
-}
 [ "$(id -u)" -eq 0 ] || skip_all "not root: network namespaces need CAP_SYS_ADMIN"
 for tool in ip nsenter unshare openssl; do
 	command -v "$tool" >/dev/null || skip_all "$tool is not installed"

@@ -50,6 +50,23 @@ fail_all() {
 	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); echo "not ok $n - $suite: $1"; done
 	exit 1
 }
+# fakenet_serve INET CAPNS LOGS [CERTS]: tests/net/fakenet.py's servers
+# in namespace INET (logging to LOGS; HTTPS APIs with CERTS), its DNS
+# named in /etc/netns/CAPNS/resolv.conf, and $holder: a process in
+# CAPNS's network namespace with that file over /etc/resolv.conf, which
+# the suites enter to run capsule (nsenter -t "$holder" -m -n; not `ip
+# netns exec`, which remounts /sys and the jail's cgroups with it). Needs
+# $py and $fake.
+fakenet_serve() {
+	fs_logs=$3
+	mkdir -p "/etc/netns/$2" && echo "nameserver 203.0.113.53" >"/etc/netns/$2/resolv.conf" || return 1
+	ip netns exec "$1" "$py" "$fake" serve "$3" ${4:+"$4"} >"$3/serve.out" 2>&1 &
+	wait_for '[ -s "$fs_logs/ready" ]' 100 || return 1
+	nsenter --net="/run/netns/$2" unshare --mount --propagation slave \
+		sh -c "mount --bind /etc/netns/$2/resolv.conf /etc/resolv.conf && exec sleep 100000" &
+	holder=$!
+	wait_for 'grep -q 203.0.113.53 "/proc/$holder/root/etc/resolv.conf" 2>/dev/null' 50
+}
 # wait_for 'CONDITION' [TENTHS]: poll until true, at most TENTHS/10 s.
 wait_for() {
 	i=0

@@ -114,13 +114,7 @@ table inet capnet {
 	}
 }
 EOF
-	mkdir -p "/etc/netns/$capns" && echo "nameserver 203.0.113.53" >"/etc/netns/$capns/resolv.conf" || return 1
-	ip netns exec "$inet" "$py" "$fake" serve "$logs" >"$logs/serve.out" 2>&1 &
-	wait_for '[ -s "$logs/ready" ]' 100 || return 1
-	nsenter --net="/run/netns/$capns" unshare --mount --propagation slave \
-		sh -c "mount --bind /etc/netns/$capns/resolv.conf /etc/resolv.conf && exec sleep 100000" &
-	holder=$!
-	wait_for 'grep -q 203.0.113.53 "/proc/$holder/root/etc/resolv.conf" 2>/dev/null' 50
+	fakenet_serve "$inet" "$capns" "$logs"
 }
 if ! setup >"$out" 2>"$err"; then
 	not_ok "the fake internet is set up" "ip netns, veth, nftables or the servers failed"

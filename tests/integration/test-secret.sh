@@ -102,13 +102,7 @@ setup() {
 	$py "$fake" certs "$certs" || return 1
 	fake_internet_up "$inet" "$capns" 203.0.113.10 203.0.113.11 203.0.113.20 203.0.113.21 \
 		203.0.113.22 203.0.113.23 203.0.113.53 203.0.113.99 198.51.100.7 10.1.2.3 169.254.169.254 || return 1
-	mkdir -p "/etc/netns/$capns" && echo "nameserver 203.0.113.53" >"/etc/netns/$capns/resolv.conf" || return 1
-	ip netns exec "$inet" "$py" "$fake" serve "$logs" "$certs" >"$logs/serve.out" 2>&1 &
-	wait_for '[ -s "$logs/ready" ]' 100 || return 1
-	nsenter --net="/run/netns/$capns" unshare --mount --propagation slave \
-		sh -c "mount --bind /etc/netns/$capns/resolv.conf /etc/resolv.conf && exec sleep 100000" &
-	holder=$!
-	wait_for 'grep -q 203.0.113.53 "/proc/$holder/root/etc/resolv.conf" 2>/dev/null' 50
+	fakenet_serve "$inet" "$capns" "$logs" "$certs"
 }
 if ! setup >"$out" 2>"$err"; then
 	not_ok "the fake internet is set up" "namespaces, certificates or the servers failed"

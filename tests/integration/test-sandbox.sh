@@ -260,6 +260,8 @@ check "prune removes unused images" 'grep -q "removed" "$out" && ! c image inspe
 # --- the python image ----------------------------------------------------------
 c image build python >"$out" 2>"$err"
 rc=$?
+# For the suites after this one (tests/run.sh): the image store as built.
+[ "$rc" -eq 0 ] && [ -d "${CAPSULE_TEST_SHARE:-}" ] && cp -a "$CAPSULE_HOME/images" "$CAPSULE_TEST_SHARE/"
 if [ "$rc" -eq 0 ]; then
 	c create py --image python >/dev/null 2>&1
 	c exec py -- python3 -c 'print(6*7)' >"$out" 2>"$err"

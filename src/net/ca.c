@@ -199,6 +199,46 @@ static int read_own(const char *path, bool need_private, char **out, struct cap_
 	return 0;
 }
 
+/* A PEM callback that never gives a password: an encrypted key fails. */
+static int no_password(char *buf, int size, int rw, void *u)
+{
+	(void)buf, (void)size, (void)rw, (void)u;
+	return 0;
+}
+
+EVP_PKEY *cap_net_pem_key(const char *pem)
+{
+	BIO *b = BIO_new_mem_buf(pem, -1);
+	EVP_PKEY *key = b ? PEM_read_bio_PrivateKey(b, NULL, no_password, NULL) : NULL;
+	BIO_free(b);
+	return key;
+}
+
+X509 *cap_net_pem_cert(const char *pem)
+{
+	BIO *b = BIO_new_mem_buf(pem, -1);
+	X509 *x = b ? PEM_read_bio_X509(b, NULL, no_password, NULL) : NULL;
+	BIO_free(b);
+	return x;
+}
+
+unsigned cap_net_pem_certs(const char *pem, size_t len, X509_STORE *store)
+{
+	BIO *b = BIO_new_mem_buf(pem, (int)CAP_MIN(len, (size_t)INT32_MAX));
+	unsigned n = 0;
+	X509 *x;
+	while (b && (x = PEM_read_bio_X509(b, NULL, no_password, NULL)) != NULL) {
+		if (!store || X509_STORE_add_cert(store, x) == 1)
+			n++;
+		X509_free(x);
+		if (!store)
+			break;
+	}
+	BIO_free(b);
+	ERR_clear_error();	/* the end of the bundle reads as an error, so does a duplicate */
+	return n;
+}
+
 /* Load dir's pair, check it belongs together, fill out. */
 static int load_ca(const char *keyp, const char *certp, struct cap_net_ca *out, struct cap_err *err)
 {
@@ -206,27 +246,18 @@ static int load_ca(const char *keyp, const char *certp, struct cap_net_ca *out, 
 	char *ktext = NULL, *ctext = NULL;
 	EVP_PKEY *key = NULL;
 	X509 *x = NULL;
-	BIO *b;
 	int r;
 
 	if ((r = read_own(keyp, true, &ktext, err)) < 0)
 		return r;
 	if ((r = read_own(certp, false, &ctext, err)) < 0)
 		goto out;
-	if ((b = BIO_new_mem_buf(ktext, -1))) {
-		key = PEM_read_bio_PrivateKey(b, NULL, NULL, NULL);
-		BIO_free(b);
-	}
-	if (!key) {
+	if (!(key = cap_net_pem_key(ktext))) {
 		r = cap_err_set(err, EINVAL, "%s is not a PEM private key (%s); remove it and %s to make a new CA",
 				keyp, ssl_why(why, sizeof(why)), certp);
 		goto out;
 	}
-	if ((b = BIO_new_mem_buf(ctext, -1))) {
-		x = PEM_read_bio_X509(b, NULL, NULL, NULL);
-		BIO_free(b);
-	}
-	if (!x) {
+	if (!(x = cap_net_pem_cert(ctext))) {
 		r = cap_err_set(err, EINVAL, "%s is not a PEM certificate (%s); remove it and %s to make a new CA",
 				certp, ssl_why(why, sizeof(why)), keyp);
 		goto out;
@@ -343,9 +374,10 @@ void cap_net_ca_fini(struct cap_net_ca *ca)
 	OPENSSL_cleanse(ca, sizeof(*ca));
 }
 
-/* Read a trust file (symlinks followed: Debian's default file is one) and
- * count its certificates. *text new; -errno with err naming path. */
-static int read_trust(const char *path, char **text, size_t *len, unsigned *ncerts,
+/* Read a trust file (symlinks followed: Debian's default file is one)
+ * and see whether it holds a certificate (the policy process parses them
+ * all, once). *text new; -errno with err naming path. */
+static int read_trust(const char *path, char **text, size_t *len, bool *some,
 		      struct cap_err *err)
 {
 	char *buf = NULL;
@@ -353,15 +385,7 @@ static int read_trust(const char *path, char **text, size_t *len, unsigned *ncer
 	if (n < 0)
 		return cap_err_set(err, (int)-n, "cannot read the certificate file %s: %s%s", path, strerror((int)-n),
 				   n == -EFBIG ? " (larger than 16 MiB)" : "");
-	*ncerts = 0;
-	BIO *b = BIO_new_mem_buf(buf, (int)n);
-	X509 *x;
-	while (b && (x = PEM_read_bio_X509(b, NULL, NULL, NULL))) {
-		X509_free(x);
-		(*ncerts)++;
-	}
-	BIO_free(b);
-	ERR_clear_error();	/* the end of the file reads as an error */
+	*some = cap_net_pem_certs(buf, (size_t)n, NULL) > 0;
 	*text = buf;
 	*len = (size_t)n;
 	return 0;
@@ -374,7 +398,7 @@ int cap_net_trust_load(char **pem, size_t *len, struct cap_err *err)
 	const char *def = env && *env ? env : X509_get_default_cert_file();
 	char *dtext = NULL, *etext = NULL;
 	size_t dlen = 0, elen = 0;
-	unsigned dn = 0, en = 0;
+	bool dn = false, en = false;
 	struct cap_err derr = { 0 };
 	int r;
 
@@ -406,7 +430,7 @@ int cap_net_trust_load(char **pem, size_t *len, struct cap_err *err)
 			return cap_err_set(err, EINVAL, "CAPSULE_CA_FILE: %s holds no PEM certificate", extra);
 		}
 	}
-	if (dn + en == 0) {
+	if (!dn && !en) {
 		free(dtext);
 		return cap_err_set(err, ENOENT,
 				   "no certificate to verify servers against: %s %s; install the system's CA "

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <openssl/types.h>
+
 #include "err.h"
 
 struct cap_net_ca {
@@ -26,6 +28,16 @@ int cap_net_ca_ensure(const char *dir, const char *label, struct cap_net_ca *out
 		      struct cap_err *err);
 /* Wipe the key and free everything. */
 void cap_net_ca_fini(struct cap_net_ca *ca);
+
+/* PEM text in memory (NUL-terminated; a password is never asked): its
+ * first private key or certificate, NULL when it holds none (OpenSSL's
+ * error queue then says why). The caller frees the result. */
+EVP_PKEY *cap_net_pem_key(const char *pem);
+X509 *cap_net_pem_cert(const char *pem);
+/* The certificates of a PEM bundle of len bytes, added to store; with
+ * store NULL only looked for, the first one ending the search. Returns
+ * how many were found. OpenSSL's error queue is left empty. */
+unsigned cap_net_pem_certs(const char *pem, size_t len, X509_STORE *store);
 
 /* The certificates the real servers are verified against, as PEM text:
  * OpenSSL's default file (SSL_CERT_FILE when set, else

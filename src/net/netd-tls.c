@@ -27,6 +27,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "ca.h"
 #include "netd-int.h"
 #include "rewrite.h"
 #include "sniff.h"
@@ -130,12 +131,6 @@ static const char *ssl_why(char *buf, size_t len, const char *fallback)
 
 /* ---- start-up ------------------------------------------------------------------- */
 
-static int no_password(char *buf, int size, int rw, void *u)
-{
-	(void)buf, (void)size, (void)rw, (void)u;
-	return 0;
-}
-
 /* Seconds since the epoch of an ASN1_TIME; -1 when unreadable. */
 static int64_t asn1_seconds(const ASN1_TIME *t)
 {
@@ -150,23 +145,16 @@ static int64_t asn1_seconds(const ASN1_TIME *t)
 static bool load_ca(struct netd_tls *t, const struct cap_netd_config *cfg, char *why, size_t wl)
 {
 	char e[200];
-	BIO *b;
 
 	if (!cfg->ca_key_pem || !cfg->ca_cert_pem) {
 		snprintf(why, wl, "no CA key or certificate given");
 		return false;
 	}
-	b = BIO_new_mem_buf(cfg->ca_key_pem, -1);
-	t->ca_key = b ? PEM_read_bio_PrivateKey(b, NULL, no_password, NULL) : NULL;
-	BIO_free(b);
-	if (!t->ca_key) {
+	if (!(t->ca_key = cap_net_pem_key(cfg->ca_key_pem))) {
 		snprintf(why, wl, "the CA key cannot be read: %s", ssl_why(e, sizeof(e), "not a PEM key"));
 		return false;
 	}
-	b = BIO_new_mem_buf(cfg->ca_cert_pem, -1);
-	t->ca_cert = b ? PEM_read_bio_X509(b, NULL, no_password, NULL) : NULL;
-	BIO_free(b);
-	if (!t->ca_cert) {
+	if (!(t->ca_cert = cap_net_pem_cert(cfg->ca_cert_pem))) {
 		snprintf(why, wl, "the CA certificate cannot be read: %s",
 			 ssl_why(e, sizeof(e), "not a PEM certificate"));
 		return false;
@@ -198,17 +186,8 @@ static X509_STORE *load_trust(const struct cap_netd_config *cfg, char *why, size
 		snprintf(why, wl, "out of memory");
 		return NULL;
 	}
-	if (cfg->trust_pem && cfg->trust_len) {
-		BIO *b = BIO_new_mem_buf(cfg->trust_pem, (int)CAP_MIN(cfg->trust_len, (size_t)INT32_MAX));
-		X509 *x;
-		while (b && (x = PEM_read_bio_X509(b, NULL, no_password, NULL)) != NULL) {
-			if (X509_STORE_add_cert(store, x) == 1)
-				n++;
-			X509_free(x);
-		}
-		BIO_free(b);
-		ERR_clear_error();	/* the end of the bundle, or a duplicate */
-	}
+	if (cfg->trust_pem && cfg->trust_len)
+		n = cap_net_pem_certs(cfg->trust_pem, cfg->trust_len, store);
 	if (!n) {
 		snprintf(why, wl, "no certificate in the trust store: no server could be verified");
 		X509_STORE_free(store);

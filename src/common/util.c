@@ -101,6 +101,19 @@ int cap_read_exact(int fd, void *buf, size_t len)
 	return 0;
 }
 
+bool cap_env_name_ok(const char *s, size_t len)
+{
+	if (len == 0 || (s[0] >= '0' && s[0] <= '9'))
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+		      (c >= '0' && c <= '9') || c == '_'))
+			return false;
+	}
+	return true;
+}
+
 ssize_t cap_read_file(const char *path, size_t max, char **out)
 {
 	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);

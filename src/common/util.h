@@ -49,6 +49,9 @@ int cap_read_exact(int fd, void *buf, size_t len);
 /* Read a whole small file (at most max bytes) into a new NUL-terminated
  * buffer the caller frees. Returns length or -errno (-EFBIG over max). */
 ssize_t cap_read_file(const char *path, size_t max, char **out);
+/* Whether s[0..len) is a shell variable name: [A-Za-z_][A-Za-z0-9_]*,
+ * at least one byte. */
+bool cap_env_name_ok(const char *s, size_t len);
 
 int cap_set_nonblock(int fd, int on);
 int cap_set_cloexec(int fd);

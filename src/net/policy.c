@@ -487,18 +487,10 @@ static const char *const reserved_env[] = {
 	"NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "PATH", "HOME", "USER", "TERM",
 };
 
-/* [A-Za-z_][A-Za-z0-9_]* of 1 to max bytes. */
+/* A variable name of 1 to max bytes. */
 static bool env_name(const char *s, size_t len, size_t max)
 {
-	if (len == 0 || len > max || (s[0] >= '0' && s[0] <= '9'))
-		return false;
-	for (size_t i = 0; i < len; i++) {
-		char c = s[i];
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-		      (c >= '0' && c <= '9') || c == '_'))
-			return false;
-	}
-	return true;
+	return len <= max && cap_env_name_ok(s, len);
 }
 
 static int secret_source(const char *src, size_t len, struct cap_net_secret *s,

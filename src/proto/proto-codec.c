@@ -386,17 +386,7 @@ static bool env_string_ok(const char *s)
 {
 	size_t n = strlen(s);
 	size_t name = strcspn(s, "=");
-	if (n > SETUP_MAX_ENV_STRING || name == 0 || name == n)
-		return false;
-	if (s[0] >= '0' && s[0] <= '9')
-		return false;
-	for (size_t i = 0; i < name; i++) {
-		char c = s[i];
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-		      (c >= '0' && c <= '9') || c == '_'))
-			return false;
-	}
-	return true;
+	return n <= SETUP_MAX_ENV_STRING && name < n && cap_env_name_ok(s, name);
 }
 
 /* Whether s has the optional secrets section (ca_pem, env): sent only

@@ -25,23 +25,33 @@ static bool span_is(const char *buf, struct cap_span s, const char *word)
 	return s.len == strlen(word) && !strncasecmp(buf + s.off, word, s.len);
 }
 
+/* The next element of a comma-separated list at *p (spaces and tabs
+ * around it trimmed) in *s, *l; false at the end. */
+static bool next_listed(const char **p, const char **s, size_t *l)
+{
+	if (!*p || !**p)
+		return false;
+	size_t n = strcspn(*p, ",");
+	*s = *p;
+	*l = n;
+	while (*l && (**s == ' ' || **s == '\t')) {
+		(*s)++;
+		(*l)--;
+	}
+	while (*l && ((*s)[*l - 1] == ' ' || (*s)[*l - 1] == '\t'))
+		(*l)--;
+	*p += n + ((*p)[n] == ',');
+	return true;
+}
+
 /* Whether name (nl bytes) is one of list's comma-separated tokens. */
 static bool listed(const char *list, const char *name, size_t nl)
 {
-	for (const char *p = list; *p;) {
-		size_t n = strcspn(p, ",");
-		const char *s = p;
-		size_t l = n;
-		while (l && (*s == ' ' || *s == '\t')) {
-			s++;
-			l--;
-		}
-		while (l && (s[l - 1] == ' ' || s[l - 1] == '\t'))
-			l--;
+	const char *s;
+	size_t l;
+	while (next_listed(&list, &s, &l))
 		if (l == nl && !strncasecmp(s, name, nl))
 			return true;
-		p += n + (p[n] == ',');
-	}
 	return false;
 }
 
@@ -343,21 +353,11 @@ bool upstream_applies(const struct netd *d, uint32_t addr, const char *name)
 {
 	if (!d->proxy.set || cap_net_classify(addr) == CAP_NET_HOST)
 		return false;
-	const char *p = d->proxy.owned_no_proxy;
-	while (p && *p) {
-		size_t n = strcspn(p, ",");
-		const char *e = p;
-		size_t l = n;
-		while (l && (*e == ' ' || *e == '\t')) {
-			e++;
-			l--;
-		}
-		while (l && (e[l - 1] == ' ' || e[l - 1] == '\t'))
-			l--;
+	const char *p = d->proxy.owned_no_proxy, *e;
+	size_t l;
+	while (next_listed(&p, &e, &l))
 		if (no_proxy_entry(e, l, addr, name ? name : ""))
 			return false;
-		p += n + (p[n] == ',');
-	}
 	return true;
 }
 

@@ -36,7 +36,7 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret; do
+for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
 
@@ -45,7 +45,7 @@ if [ ! -f "$asan/build.ninja" ]; then
 	meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
 if ninja -C "$asan" >/dev/null; then
-	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret; do
+	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar; do
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"
@@ -85,6 +85,8 @@ suite "integration/template" tests/integration/test-template.sh "$build/capsule"
 suite "integration/jail" tests/integration/test-jail.sh "$build/capsule"
 suite "integration/net" tests/integration/test-net.sh "$build/capsule"
 suite "integration/secret" tests/integration/test-secret.sh "$build/capsule"
+suite "integration/workspace" tests/integration/test-workspace.sh "$build/capsule"
+suite "integration/cp" tests/integration/test-cp.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \

@@ -246,7 +246,7 @@ int cap_cli_stop(int argc, char **argv)
 
 /* Before a call: refresh the public data if it changed, start the
  * sandbox if needed, and attach to it. */
-static int attach(const char *name, struct cap_sandbox **sb, struct cap_err *err)
+int cap_cli_attach(const char *name, struct cap_sandbox **sb, struct cap_err *err)
 {
 	struct cap_named_status st;
 	bool changed;
@@ -331,7 +331,7 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 		x.req.argc = (uint32_t)(argc - first);
 	}
 	struct cap_sandbox *sb = NULL;
-	if (attach(name, &sb, &err) < 0)
+	if (cap_cli_attach(name, &sb, &err) < 0)
 		return fail(&err);
 	int status = cap_cli_stream(sb, &x);
 	cap_sandbox_free(sb);

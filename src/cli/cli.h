@@ -25,6 +25,13 @@ int cap_cli_serve(int argc, char **argv);
 int cap_cli_shim(int argc, char **argv);
 int cap_cli_mcp(int argc, char **argv);
 int cap_cli_template(int argc, char **argv);
+int cap_cli_cp(int argc, char **argv);	/* cli-cp.c */
+int cap_cli_diff(int argc, char **argv);	/* cli-workspace.c */
+int cap_cli_merge(int argc, char **argv);
+
+/* Before a call on a named sandbox: refresh its public data if that
+ * changed, start it if needed, and attach to it (cli-sandbox.c). */
+int cap_cli_attach(const char *name, struct cap_sandbox **sb, struct cap_err *err);
 
 /* Options shared by the verbs that run a command. */
 enum {

@@ -21,6 +21,9 @@ static const char usage[] =
 	"  exec      Run a command in a sandbox shell     Interactive shell in a sandbox\n"
 	"  ls        List sandboxes             inspect   Show a sandbox\n"
 	"  rm        Delete a sandbox and its disks\n"
+	"  cp        Copy files and trees into and out of a sandbox\n"
+	"  diff      What a sandbox changed in its /workspace (a copy of a project)\n"
+	"  merge     Apply a sandbox's /workspace changes to the project, three-way\n"
 	"  net       Show or change a sandbox's network policy, read its log\n"
 	"  image     Build, import, list and remove images\n"
 	"  template  List, build and prune the snapshots new VMs start from\n"
@@ -113,6 +116,7 @@ int main(int argc, char **argv)
 		{ "source", cap_cli_source }, { "serve", cap_cli_serve },
 		{ "shim", cap_cli_shim }, { "mcp", cap_cli_mcp },
 		{ "template", cap_cli_template }, { "net", cap_cli_net },
+		{ "cp", cap_cli_cp }, { "diff", cap_cli_diff }, { "merge", cap_cli_merge },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

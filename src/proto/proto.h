@@ -146,19 +146,71 @@ void cap_proto_error_encode(struct cap_buf *out, uint32_t stream, int errnum,
 int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
 			   char *msg, size_t mlen);
 
-/* FILE: read, list or write one path inside /source or /work, resolved by
- * the agent with openat2(RESOLVE_BENEATH) as the tool user. The answer is
- * STDOUT frames, then EXIT: code 0 for a file's bytes, code 1 for a
- * directory listing ("d NAME", "f SIZE NAME", "l NAME" or "o NAME" lines,
- * sorted; TRUNCATED when more than limit entries), START_FAILED with an
- * errno and a STDERR line naming the path and the rule otherwise. */
-enum cap_file_op { CAP_FILE_READ = 1, CAP_FILE_LIST = 2, CAP_FILE_WRITE = 3 };
+/* FILE: read, list or write one path inside /source, /work or
+ * /workspace, resolved by the agent with openat2(RESOLVE_BENEATH) as the
+ * tool user. The answer is STDOUT frames, then EXIT: code 0 for a file's
+ * bytes, code 1 for a directory listing ("d NAME", "f SIZE NAME", "l NAME"
+ * or "o NAME" lines, sorted; TRUNCATED when more than limit entries),
+ * START_FAILED with an errno and a STDERR line naming the path and the
+ * rule otherwise.
+ *
+ * The streaming operations (MANIFEST, TAR_OUT, TAR_IN) run in a child
+ * process of the agent as the tool user (setuid, in its own cgroup, like
+ * a command), with no timeout and no output cap; the host sends cap 0 for
+ * them. Their STDERR carries "capsule: ..." lines naming each path that
+ * failed and why; EXIT is code 0 when everything was done, 1 when some
+ * paths were refused or failed (each named on STDERR, the rest done), 2
+ * when nothing could be done (the path is missing, not a directory...).
+ *
+ * MANIFEST: STDOUT is the manifest of the tree at root/path (path "" for
+ * the whole root), in the text form of src/tree/tree.h (one line per
+ * entry below the path, sorted by path bytes; the path itself is not
+ * listed):
+ *     TYPE MODE SIZE HASH PATH[ TARGET]\n
+ * TYPE f (regular file), d (directory), l (symbolic link), o (anything
+ * else); MODE the permission bits in octal (07777 mask); SIZE in bytes
+ * (f: the file's, l: the target's length, d/o: 0); HASH the SHA-256 of
+ * the content (f) or of the target text (l) in 64 lower-case hex digits,
+ * "-" for d and o; PATH relative to root/path and TARGET (l only) with
+ * every byte <= 0x20, '%' and 0x7f written as %XX (upper-case hex).
+ *
+ * TAR_OUT: STDOUT is a tar stream (POSIX ustar, with pax 'x' extended
+ * headers for names over ustar's fields and sizes of 8 GiB or more) of
+ * root/path: a file is one entry, a directory is itself and everything
+ * below it, entries named from the path's last component ("dir",
+ * "dir/a"; the root itself, path "", is named "."). Symbolic links are
+ * entries (never followed); anything else is skipped with a STDERR line.
+ * With CAP_TAR_PATHS_STDIN in limit, the host instead sends on STDIN
+ * NUL-terminated paths relative to root/path, and each one is one entry
+ * named by that relative path, not recursed into.
+ *
+ * TAR_IN: STDIN is a tar stream (as above; types regular file, directory
+ * and symbolic link, others refused by name), extracted beneath root/path,
+ * which must be a directory. Files are created with the entry's
+ * permission bits (07777 less set-id bits) owned by the tool user, and
+ * replace what is at their path (a directory is not replaced by a file).
+ * With CAP_TAR_NO_REPLACE in limit, an existing path whose content
+ * differs is left alone and reported on STDOUT as a line "conflict
+ * PATH\n" (escaped as in MANIFEST), an identical one is skipped, and EXIT
+ * is then 1. Only root "/work" and "/workspace" accept TAR_IN. */
+enum cap_file_op {
+	CAP_FILE_READ = 1,
+	CAP_FILE_LIST = 2,
+	CAP_FILE_WRITE = 3,
+	CAP_FILE_MANIFEST = 4,
+	CAP_FILE_TAR_OUT = 5,
+	CAP_FILE_TAR_IN = 6,
+};
+/* limit flags of TAR_OUT and TAR_IN. */
+#define CAP_TAR_PATHS_STDIN 0x1u	/* TAR_OUT: the paths come on STDIN */
+#define CAP_TAR_NO_REPLACE 0x1u	/* TAR_IN: keep differing paths, report them */
 
 struct cap_file_req {
 	uint32_t op;	/* enum cap_file_op */
-	uint32_t limit;	/* READ: largest file in bytes; LIST/READ of a dir: entries */
+	uint32_t limit;	/* READ: largest file in bytes; LIST/READ of a dir: entries;
+			 * TAR_OUT/TAR_IN: CAP_TAR_* flags */
 	uint32_t limit_entries;
-	const char *root;	/* "/source" or "/work" */
+	const char *root;	/* "/source", "/work" or "/workspace" */
 	const char *path;	/* relative, no ".." component; "" for the root */
 	const uint8_t *data;	/* WRITE: the content */
 	size_t len;
@@ -184,6 +236,12 @@ struct cap_setup {
 	char *root_upper;	/* ext4, writable upper layer */
 	char *work;	/* ext4 mounted at /work, nosuid,nodev */
 	char *source;	/* erofs mounted at /source, ro,noexec,nosuid,nodev */
+	/* ext4 mounted at /workspace (nosuid,nodev), a copy of a host
+	 * project (docs/workspace.md). Sent in an optional section after the
+	 * secrets section (which is then sent, empty if need be), only when
+	 * not empty. The agent makes the tool user own the whole tree the
+	 * first time (when the disk's root is not the tool user's). */
+	char *workspace;
 	char *hostname;
 	int64_t realtime_ns;	/* the host's wall clock, set in the guest */
 	uint8_t seed[32];	/* fresh entropy, credited to the guest's pool */

@@ -34,6 +34,12 @@ struct cap_record {
 	/* The network policy (docs/network.md) in cap_net_policy_words form,
 	 * space-separated; "" for none (no NIC). cap_record_net reads it. */
 	char net[16384];
+	/* The host project copied to /workspace at creation ("" for none;
+	 * docs/workspace.md), the default target of a merge, and the size
+	 * of its disk (workspace.ext4 in the sandbox's directory; its base
+	 * manifest is workspace.base there). */
+	char workspace[4096];
+	unsigned workspace_size_mib;
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;
@@ -108,6 +114,20 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
  * untouched. */
 int cap_named_refresh_source(const char *name, bool *changed, bool *has_source,
 			     struct cap_err *err);
+
+/* The workspace (docs/workspace.md). Default size of its disk: the
+ * project's bytes twice over plus CAP_WORKSPACE_HEADROOM_MIB, at least
+ * CAP_WORKSPACE_MIN_DEFAULT_MIB, rounded up to 64 MiB; an explicit size
+ * too small for the project is refused naming both. */
+#define CAP_WORKSPACE_HEADROOM_MIB 256
+#define CAP_WORKSPACE_MIN_DEFAULT_MIB 512
+struct cap_tree;
+/* The base manifest: what the sandbox's /workspace and the host project
+ * last agreed on (made at creation, moved by each merge). */
+int cap_named_workspace_base(const char *name, struct cap_tree *out,
+			     struct cap_err *err);
+int cap_named_workspace_set_base(const char *name, const struct cap_tree *t,
+				 struct cap_err *err);
 
 /* Read record.json. -ENOENT naming the sandbox when it does not exist. */
 int cap_named_load(const char *name, struct cap_record *out,

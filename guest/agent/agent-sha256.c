@@ -1,0 +1,2 @@
+/* Being written (issue 16). */
+typedef int cap_placeholder_agent_sha256;

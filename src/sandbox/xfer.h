@@ -1,0 +1,89 @@
+/* Files in and out of a running sandbox (docs/workspace.md), streamed over
+ * the agent channel as tar (docs/protocol.md, FILE TAR_IN / TAR_OUT /
+ * MANIFEST): libarchive writes the stream from a host tree and reads the
+ * guest's into one, with image import's safety flags. Binary-safe, any
+ * size (flow-controlled: the host never holds more than a few frames).
+ *
+ * Every call blocks until the transfer ends, driving sb's agent channel
+ * itself (cap_sandbox_pollfds/dispatch): the caller must not have other
+ * streams of sb waiting on it. A caller with its own event loop (the
+ * controller) runs them on a connection of its own to the sandbox's shim
+ * (cap_sandbox_attach), in a thread. Nothing prints. */
+#ifndef CAP_XFER_H
+#define CAP_XFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "sandbox.h"
+#include "tree.h"
+
+/* Flags of cap_xfer_put and cap_xfer_get. */
+#define CAP_XFER_RECURSIVE 0x1u	/* a directory with everything below it */
+/* put: a path that exists in the guest with other content is kept and
+ * listed in the result's conflicts (TAR_IN's CAP_TAR_NO_REPLACE). */
+#define CAP_XFER_NO_REPLACE 0x2u
+/* put: refuse every symbolic link and special file in the host tree,
+ * each named in the result's refused list, and copy the rest (private
+ * import). Without it, links that stay inside the tree are copied and
+ * others refuse the whole put before anything is sent. */
+#define CAP_XFER_NO_LINKS 0x4u
+
+struct cap_xfer_result {
+	uint64_t files, dirs, links, bytes;	/* what was written */
+	char **conflicts;	/* NO_REPLACE: guest paths kept as they were */
+	size_t nconflicts;
+	/* Paths not copied, each "PATH: why" (a link leaving the tree, a
+	 * special file, what the guest refused); the call still fails with
+	 * -EPERM when any (after copying the rest) unless it is put with
+	 * NO_LINKS, where refusals are expected and reported only. */
+	char **refused;
+	size_t nrefused;
+};
+void cap_xfer_result_fini(struct cap_xfer_result *r);
+
+/* What is at root/path in the guest: 'd', 'f', 'l', 'o', or '-' when
+ * nothing is there (0), or -errno with err set (outside the root...).
+ * root is "/work", "/workspace" or "/source". */
+int cap_xfer_kind(struct cap_sandbox *sb, const char *root, const char *path,
+		  char *kind, struct cap_err *err);
+
+/* Copy the host path src into the guest: the entries are named
+ * dest_name, dest_name/... beneath root/dest_dir (which must exist and be
+ * a directory), or, with dest_name "", src must be a directory and its
+ * contents go directly beneath root/dest_dir. A directory src needs
+ * CAP_XFER_RECURSIVE (-EISDIR otherwise). Modes are kept; the guest's
+ * tool user owns what is written. 0, -EPERM when some paths were
+ * refused (listed in res), other -errno with err naming the path. */
+int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
+		 const char *dest_dir, const char *dest_name, unsigned flags,
+		 struct cap_xfer_result *res, struct cap_err *err);
+
+/* Copy root/path out of the guest to the host path dest, like cp: when
+ * dest is an existing directory the copy goes inside it under the path's
+ * last component, otherwise it is created as dest (its parent must
+ * exist). A directory needs CAP_XFER_RECURSIVE. Extraction is libarchive's
+ * with ARCHIVE_EXTRACT_SECURE_NODOTDOT, _SECURE_SYMLINKS and
+ * _SECURE_NOABSOLUTEPATHS, never as another owner; a symbolic link whose
+ * target leaves the copied tree is refused (listed in res, -EPERM after
+ * the rest). */
+int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
+		 const char *dest, unsigned flags, struct cap_xfer_result *res,
+		 struct cap_err *err);
+
+/* The manifest of root/path (path "" for the whole root), parsed and
+ * checked (cap_tree_parse). */
+int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path,
+		      struct cap_tree *out, struct cap_err *err);
+
+/* Fetch regular files root/paths[i] into dirfd as files named
+ * cap_merge_stage_name(i) (mode 0600, created or replaced, fsync'd). A
+ * path that is not a regular file in the guest any more fails with
+ * -ESTALE naming it. */
+int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
+		   const char *const *paths, size_t n, int dirfd,
+		   struct cap_err *err);
+
+#endif

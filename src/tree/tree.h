@@ -1,0 +1,227 @@
+/* Directory trees as manifests, and what moves between a host project and
+ * a sandbox's /workspace (docs/workspace.md): scanning a host tree,
+ * the manifest's text form (shared with the guest agent, which writes it:
+ * docs/protocol.md, MANIFEST), comparing two manifests, planning a
+ * three-way merge, and applying one beneath a host directory without ever
+ * following a symbolic link there.
+ *
+ * A manifest lists every entry below a root, sorted by path bytes; the
+ * root itself is not listed. Entries are compared by type, permission
+ * bits and content hash (a link's hash is that of its target text), never
+ * by time or owner. Manifest text from a guest is untrusted: every line,
+ * path and count is checked (cap_tree_parse). No I/O but the calls that
+ * say so; nothing prints. */
+#ifndef CAP_TREE_H
+#define CAP_TREE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "buf.h"
+#include "err.h"
+
+/* Bounds of one manifest: entries, the length of one path or link target
+ * (bytes, before escaping) and the depth of a path. */
+#define CAP_TREE_MAX_ENTRIES 1000000u
+#define CAP_TREE_MAX_PATH 4096u
+#define CAP_TREE_MAX_DEPTH 256u
+
+enum cap_tree_type {
+	CAP_TREE_FILE = 'f',
+	CAP_TREE_DIR = 'd',
+	CAP_TREE_LINK = 'l',
+	CAP_TREE_OTHER = 'o',	/* device, FIFO, socket: never copied */
+};
+
+struct cap_tree_entry {
+	char *path;	/* relative, '/'-separated, no "", "." or ".." component */
+	char *target;	/* CAP_TREE_LINK: the link's text; else NULL */
+	char type;	/* enum cap_tree_type */
+	uint32_t mode;	/* permission bits, & 07777 */
+	uint64_t size;	/* FILE: bytes; LINK: strlen(target); else 0 */
+	uint8_t hash[32];	/* FILE: SHA-256 of the content; LINK: of target; else 0 */
+};
+
+struct cap_tree {
+	struct cap_tree_entry *v;	/* sorted by strcmp of path, no duplicates */
+	size_t n;
+	uint64_t bytes;	/* sum of FILE sizes */
+};
+
+void cap_tree_init(struct cap_tree *t);
+void cap_tree_fini(struct cap_tree *t);
+/* The entry for path, or NULL (binary search). */
+const struct cap_tree_entry *cap_tree_find(const struct cap_tree *t, const char *path);
+/* Whether two entries are the same content: type, mode, and hash. */
+bool cap_tree_entry_same(const struct cap_tree_entry *a, const struct cap_tree_entry *b);
+
+/* --- host trees ----------------------------------------------------------- */
+
+/* How cap_tree_scan treats what it finds. */
+struct cap_tree_scan_opts {
+	/* Refuse (-EINVAL, err naming the path and what it is) symbolic
+	 * links that are absolute or climb out of the tree, devices, FIFOs
+	 * and sockets: the rules for copying a project into a sandbox. When
+	 * false they are listed (OTHER, or LINK with their target) — for a
+	 * merge's look at the host side, which must see everything. */
+	bool strict;
+	/* Skip entries at the top of the tree whose name starts with this
+	 * prefix (the merge's own staging directory), NULL: none. */
+	const char *skip_prefix;
+	/* Bounds (0: CAP_TREE_MAX_ENTRIES, and no byte limit). */
+	uint64_t max_entries;
+	uint64_t max_bytes;
+};
+
+/* Walk the host directory dir (never following a symbolic link, not
+ * crossing into other file systems: a mount point below dir is refused by
+ * name when strict and listed as OTHER otherwise), hashing every regular
+ * file. Hard links are listed once per path. -ENOENT/-ENOTDIR naming dir,
+ * -EINVAL (strict rule broken), -EFBIG/-E2BIG over a bound, each with err
+ * naming the path. */
+int cap_tree_scan(const char *dir, const struct cap_tree_scan_opts *o,
+		  struct cap_tree *out, struct cap_err *err);
+
+/* Whether a symbolic link at path (relative to a tree's root) with this
+ * target stays inside the tree: relative, and never climbing above the
+ * root at any step. */
+bool cap_tree_link_inside(const char *path, const char *target);
+
+/* --- text form ------------------------------------------------------------ */
+
+/* Append the manifest's text form (docs/protocol.md, MANIFEST). */
+void cap_tree_format(const struct cap_tree *t, struct cap_buf *out);
+/* Append one entry's line (what the agent writes per entry). */
+void cap_tree_format_entry(const struct cap_tree_entry *e, struct cap_buf *out);
+/* Parse manifest text (from a guest: hostile). Every line must be well
+ * formed, paths valid (cap_tree_path_ok after unescaping), sorted, unique,
+ * and every entry's parent directories listed as DIR before it; at most
+ * max_entries (0: CAP_TREE_MAX_ENTRIES). -EBADMSG with err naming the line
+ * number and the rule; out untouched on failure. */
+int cap_tree_parse(const char *text, size_t len, size_t max_entries,
+		   struct cap_tree *out, struct cap_err *err);
+/* A relative path as a manifest may hold one: not empty, no leading or
+ * trailing '/', no empty, "." or ".." component, no NUL, at most
+ * CAP_TREE_MAX_PATH bytes and CAP_TREE_MAX_DEPTH components. */
+bool cap_tree_path_ok(const char *path);
+/* Escape bytes <= 0x20, '%' and 0x7f as %XX (append to out), and undo it
+ * (-EINVAL on a bad escape). */
+void cap_tree_escape(const char *s, struct cap_buf *out);
+int cap_tree_unescape(const char *s, size_t n, char **out);
+
+/* Read and write a manifest file (0600, written atomically). */
+int cap_tree_load(const char *path, struct cap_tree *out, struct cap_err *err);
+int cap_tree_save(const char *path, const struct cap_tree *t, struct cap_err *err);
+
+/* --- comparing ------------------------------------------------------------ */
+
+enum cap_tree_change_kind {
+	CAP_TREE_ADDED,
+	CAP_TREE_DELETED,
+	CAP_TREE_MODIFIED,	/* same type, other content (or link target) */
+	CAP_TREE_MODE,	/* same type and content, other permission bits */
+	CAP_TREE_TYPE,	/* another kind of entry at the same path */
+};
+
+struct cap_tree_change {
+	enum cap_tree_change_kind kind;
+	const struct cap_tree_entry *from;	/* in base; NULL when ADDED */
+	const struct cap_tree_entry *to;	/* in now; NULL when DELETED */
+};
+
+/* What changed from base to now, sorted by path; *out is new (free it;
+ * its pointers borrow from the two trees). */
+int cap_tree_diff(const struct cap_tree *base, const struct cap_tree *now,
+		  struct cap_tree_change **out, size_t *n);
+const char *cap_tree_change_name(enum cap_tree_change_kind k);	/* "added"... */
+
+/* --- three-way merge ------------------------------------------------------ */
+
+/* How a path changed on both sides (differently) is settled. */
+enum cap_merge_pick {
+	CAP_MERGE_REFUSE,	/* a conflict: the merge writes nothing */
+	CAP_MERGE_THEIRS,	/* the sandbox's version wins */
+	CAP_MERGE_OURS,	/* the host's version stays */
+};
+
+enum cap_merge_action {
+	CAP_MERGE_WRITE,	/* a regular file with theirs' content and mode */
+	CAP_MERGE_LINK,	/* a symbolic link with theirs' target */
+	CAP_MERGE_MKDIR,	/* a directory (or chmod of an existing one) */
+	CAP_MERGE_CHMOD,	/* a file that keeps its content, new mode */
+	CAP_MERGE_REMOVE,	/* a file, link or (empty, after the others) directory */
+};
+
+struct cap_merge_op {
+	enum cap_merge_action action;
+	const char *path;	/* borrowed from the trees */
+	const struct cap_tree_entry *theirs;	/* NULL for REMOVE */
+	size_t stage;	/* WRITE: index of its staged file (cap_merge_stage_name) */
+};
+
+struct cap_merge_conflict {
+	const char *path;	/* borrowed */
+	const char *why;	/* static text: "changed on both sides", ... */
+};
+
+struct cap_merge_plan {
+	struct cap_merge_op *ops;	/* in the order apply runs them */
+	size_t nops;
+	size_t nwrites;	/* ops with action WRITE: staged files 0..nwrites-1 */
+	struct cap_merge_conflict *conflicts;	/* sorted by path */
+	size_t nconflicts;
+};
+
+void cap_merge_plan_fini(struct cap_merge_plan *p);
+/* Plan the merge of theirs (the sandbox now) into ours (the host now),
+ * both against base (what they last agreed on), path by path:
+ * theirs == base: nothing; theirs != base and ours == base: take theirs;
+ * ours == theirs: nothing; otherwise a conflict unless pick settles it.
+ * A symbolic link of theirs that leaves the tree (cap_tree_link_inside),
+ * and an OTHER entry of theirs, is always a conflict ("a link that leaves
+ * the tree", "a special file"); so is a directory of theirs replacing a
+ * host entry that changed. Ops are ordered so that apply can run them
+ * one by one: removals of files first, then directories to create (parents
+ * first), writes, links and chmods, then directories to remove (deepest
+ * first). The plan borrows from the three trees. */
+int cap_merge_plan(const struct cap_tree *base, const struct cap_tree *ours,
+		   const struct cap_tree *theirs, enum cap_merge_pick pick,
+		   struct cap_merge_plan *out, struct cap_err *err);
+
+/* The name of staged file i in the staging directory ("0", "1", ...). */
+void cap_merge_stage_name(size_t i, char buf[24]);
+/* The staging directory's name at the top of the host tree, for a sandbox
+ * name (".capsule-merge.NAME"); scans skip it (skip_prefix
+ * CAP_MERGE_STAGE_PREFIX). */
+#define CAP_MERGE_STAGE_PREFIX ".capsule-merge."
+/* Open (creating, 0700) the staging directory under dirfd, after removing
+ * a stale one a killed merge left: only regular files named by
+ * cap_merge_stage_name are removed from it, anything else is refused
+ * (-EEXIST naming it). Returns an O_DIRECTORY fd or -errno with err set.
+ * cap_merge_stage_remove empties and removes it the same way. */
+int cap_merge_stage_open(int dirfd, const char *name, struct cap_err *err);
+int cap_merge_stage_remove(int dirfd, const char *name, struct cap_err *err);
+/* Check a staged file against its op's entry: a regular file of theirs'
+ * size and hash. -EBADMSG naming the path when it differs (the sandbox
+ * changed it while the merge read it). */
+int cap_merge_stage_verify(int stagefd, const struct cap_merge_op *op,
+			   struct cap_err *err);
+
+/* Run the plan beneath dirfd (the host tree), every WRITE's content taken
+ * from its staged file in stagefd (verified, same file system). Every path
+ * is opened component by component beneath dirfd with
+ * RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, so a symbolic link planted on the
+ * host is never followed (-ELOOP naming it, before anything is written:
+ * the plan's paths are checked first). A file or link is put in place by
+ * rename(2) from the staging directory, so a crash leaves each path
+ * either old or new; modes are theirs' & 0777 (never set-id). The
+ * directories touched are fsync'd at the end. Running the plan again
+ * after a crash, or planning again from scratch, finishes it: every op is
+ * idempotent. 0, or -errno with err naming the path (ops before it are
+ * done). */
+int cap_merge_apply(int dirfd, int stagefd, const struct cap_merge_plan *p,
+		    struct cap_err *err);
+
+#endif

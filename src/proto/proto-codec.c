@@ -399,8 +399,11 @@ static bool has_secrets(const struct cap_setup *s)
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
-	bool secrets = has_secrets(s);
+	bool workspace = s->workspace && *s->workspace;
+	bool secrets = has_secrets(s) || workspace;
 	if (s->net_prefix > 32 || s->envc > CAP_SETUP_MAX_ENV || (s->envc && !s->env))
+		return -EINVAL;
+	if (workspace && !cap_proto_valid_name(s->workspace))
 		return -EINVAL;
 	size_t size = 8 + sizeof(s->seed) + SETUP_NET_SIZE;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
@@ -418,6 +421,8 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 			size += str_size(s->env[i]);
 		}
 	}
+	if (workspace)
+		size += str_size(s->workspace);
 	if (size > CAP_PROTO_MAX_PAYLOAD)
 		return -E2BIG;
 
@@ -444,37 +449,52 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 		for (uint32_t i = 0; i < s->envc; i++)
 			q = put_str(q, s->env[i]);
 	}
+	if (workspace)
+		q = put_str(q, s->workspace);
 	CAP_BUG_ON((size_t)(q - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
 	return 0;
 }
 
 /* The secrets section: string ca_pem ("" for none), u32 envc, envc
- * strings. All of it must be used. */
-static int rd_secrets(struct reader *r, char **ca_pem, char ***env, uint32_t *envc)
+ * strings; then the optional workspace section: one string, the serial of
+ * the /workspace disk. All of it must be used. The secrets section is
+ * empty only when the workspace section follows it. */
+static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *envc,
+		       char **workspace)
 {
-	char *ca = NULL;
+	char *ca = NULL, *ws = NULL;
 	char **v = NULL;
 	uint32_t n = 0;
 	if (rd_str(r, &ca) < 0)
 		return -EBADMSG;
-	if (!ca_pem_ok(ca) || rd_strv(r, CAP_SETUP_MAX_ENV, &v, &n) < 0 || r->left != 0)
+	if (!ca_pem_ok(ca) || rd_strv(r, CAP_SETUP_MAX_ENV, &v, &n) < 0)
 		goto bad;
 	for (uint32_t i = 0; i < n; i++)
 		if (!env_string_ok(v[i]))
 			goto bad;
-	if (!*ca && n == 0)
-		goto bad;	/* an empty section is never sent */
+	if (r->left > 0 && (rd_str(r, &ws) < 0 || !cap_proto_valid_name(ws)))
+		goto bad;	/* an empty workspace section is never sent */
+	if (r->left != 0)
+		goto bad;
+	if (!*ca && n == 0 && !ws)
+		goto bad;	/* an empty secrets section comes only before a workspace */
 	if (!*ca) {
 		free(ca);
 		ca = NULL;
 	}
+	if (n == 0) {
+		free(v);
+		v = NULL;
+	}
 	*ca_pem = ca;
 	*env = v;
 	*envc = n;
+	*workspace = ws;
 	return 0;
 bad:
 	free(ca);
+	free(ws);
 	free_strv(v, n);
 	return -EBADMSG;
 }
@@ -492,7 +512,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 	}
 	uint32_t lo, hi;
 	const uint8_t *net = NULL, *seed = NULL;
-	char *ca_pem = NULL, **env = NULL;
+	char *ca_pem = NULL, **env = NULL, *workspace = NULL;
 	uint32_t envc = 0;
 	if (rd_u32(&r, &lo) == 0 && rd_u32(&r, &hi) == 0 &&
 	    r.left >= sizeof(out->seed) + SETUP_NET_SIZE) {
@@ -502,7 +522,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 		r.left -= sizeof(out->seed) + SETUP_NET_SIZE;
 	}
 	if (!net || net[12] > 32 || net[15] > 1 ||
-	    (r.left > 0 && rd_secrets(&r, &ca_pem, &env, &envc) < 0)) {
+	    (r.left > 0 && rd_sections(&r, &ca_pem, &env, &envc, &workspace) < 0)) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
@@ -516,7 +536,8 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .net_prefix = net[12],
 				   .proxy_port = cap_get_u16(net + 13),
 				   .auto_publish = net[15] == 1,
-				   .ca_pem = ca_pem, .env = env, .envc = envc };
+				   .ca_pem = ca_pem, .env = env, .envc = envc,
+				   .workspace = workspace ? workspace : xstrdup("") };
 	memcpy(out->seed, seed, sizeof(out->seed));
 	return 0;
 }
@@ -528,6 +549,7 @@ void cap_setup_fini(struct cap_setup *s)
 	free(s->work);
 	free(s->source);
 	free(s->hostname);
+	free(s->workspace);
 	free(s->ca_pem);
 	free_strv(s->env, s->envc);
 	memset(s, 0, sizeof(*s));
@@ -599,14 +621,15 @@ bool cap_proto_file_path_ok(const char *path)
 
 static bool file_root_ok(const char *root)
 {
-	return strcmp(root, "/source") == 0 || strcmp(root, "/work") == 0;
+	return strcmp(root, "/source") == 0 || strcmp(root, "/work") == 0 ||
+	       strcmp(root, "/workspace") == 0;
 }
 
 int cap_proto_file_encode(struct cap_buf *out, uint32_t stream,
 			  const struct cap_file_req *req)
 {
 	if (!file_root_ok(req->root) || !cap_proto_file_path_ok(req->path) ||
-	    req->op < CAP_FILE_READ || req->op > CAP_FILE_WRITE)
+	    req->op < CAP_FILE_READ || req->op > CAP_FILE_TAR_IN)
 		return -EINVAL;
 	size_t size = 12 + str_size(req->root) + str_size(req->path) + req->len;
 	if (size > CAP_PROTO_MAX_PAYLOAD)
@@ -646,7 +669,7 @@ int cap_proto_file_decode(const uint8_t *p, size_t n, struct cap_file_req *out,
 	    rd_u32(&r, &req.limit_entries) < 0 || rd_str_into(&r, root, rlen) < 0 ||
 	    rd_str_into(&r, path, plen) < 0)
 		return -EBADMSG;
-	if (req.op < CAP_FILE_READ || req.op > CAP_FILE_WRITE || !file_root_ok(root) ||
+	if (req.op < CAP_FILE_READ || req.op > CAP_FILE_TAR_IN || !file_root_ok(root) ||
 	    !cap_proto_file_path_ok(path))
 		return -EBADMSG;
 	req.root = root;

@@ -594,6 +594,180 @@ static void setup_secrets_refused(void **state)
 	cap_buf_fini(&b);
 }
 
+static void setup_workspace_section(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f, plain;
+	struct cap_setup out;
+	struct cap_setup in = { .root_image = "", .root_upper = "", .work = "w", .source = "",
+				.hostname = "h", .workspace = "capsule-ws" };
+	cap_buf_init(&b);
+
+	/* Without a workspace (NULL or ""): no section, "" decoded. */
+	struct cap_setup none = in;
+	none.workspace = NULL;
+	assert_int_equal(setup_roundtrip(&none, &b, &plain, &out), 0);
+	assert_string_equal(out.workspace, "");
+	cap_setup_fini(&out);
+	size_t plain_len = plain.len;
+	none.workspace = "";
+	assert_int_equal(setup_roundtrip(&none, &b, &plain, &out), 0);
+	assert_int_equal(plain.len, plain_len);
+	cap_setup_fini(&out);
+
+	/* A workspace alone: an empty secrets section, then the serial. */
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	assert_int_equal(f.len, plain_len + 8 + 4 + strlen("capsule-ws"));
+	assert_string_equal(out.workspace, "capsule-ws");
+	assert_null(out.ca_pem);
+	assert_null(out.env);
+	assert_string_equal(out.work, "w");
+	cap_setup_fini(&out);
+	assert_null(out.workspace);
+	/* Cut anywhere, refused, but right before the sections. */
+	for (uint32_t k = 0; k < f.len; k++) {
+		int r = cap_proto_setup_decode(f.payload, k, &out);
+		if (k == plain_len) {
+			assert_int_equal(r, 0);
+			assert_string_equal(out.workspace, "");
+			cap_setup_fini(&out);
+		} else {
+			assert_int_equal(r, -EBADMSG);
+		}
+	}
+
+	/* With secrets too. */
+	char *env[] = { "TOKEN=x" };
+	struct cap_setup both = in;
+	both.ca_pem = TEST_CA;
+	both.env = env;
+	both.envc = 1;
+	assert_int_equal(setup_roundtrip(&both, &b, &f, &out), 0);
+	assert_string_equal(out.workspace, "capsule-ws");
+	assert_string_equal(out.ca_pem, TEST_CA);
+	assert_int_equal(out.envc, 1);
+	assert_string_equal(out.env[0], "TOKEN=x");
+	cap_setup_fini(&out);
+
+	/* A serial that could be a path is refused on both sides. */
+	in.workspace = "../vda";
+	assert_int_equal(cap_proto_setup_encode(&b, &in), -EINVAL);
+	in.workspace = "capsule-ws";
+	assert_int_equal(setup_roundtrip(&in, &b, &f, &out), 0);
+	cap_setup_fini(&out);
+	uint8_t buf[256];
+	size_t n = f.len;
+	assert_true(n + 8 <= sizeof(buf));
+	memcpy(buf, f.payload, n);
+	uint8_t *serial = buf + n - strlen("capsule-ws");
+	assert_memory_equal(serial, "capsule-ws", 10);
+	serial[0] = '/';
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	serial[0] = 'c';
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	cap_setup_fini(&out);
+	/* A trailing byte or a second string after the workspace. */
+	buf[n] = 0;
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), -EBADMSG);
+	memset(buf + n, 0, 4);
+	assert_int_equal(cap_proto_setup_decode(buf, n + 4, &out), -EBADMSG);
+	/* An empty workspace string is never sent. */
+	cap_put_u32(buf + plain_len + 8, 0);
+	assert_int_equal(cap_proto_setup_decode(buf, plain_len + 12, &out), -EBADMSG);
+	/* A serial over 20 bytes. */
+	cap_put_u32(buf + plain_len + 8, 21);
+	memset(buf + plain_len + 12, 'a', 21);
+	assert_int_equal(cap_proto_setup_decode(buf, plain_len + 12 + 21, &out), -EBADMSG);
+	cap_put_u32(buf + plain_len + 8, 20);
+	assert_int_equal(cap_proto_setup_decode(buf, plain_len + 12 + 20, &out), 0);
+	assert_int_equal(strlen(out.workspace), 20);
+	cap_setup_fini(&out);
+	/* The empty secrets section alone is still refused. */
+	assert_int_equal(cap_proto_setup_decode(buf, plain_len + 8, &out), -EBADMSG);
+	cap_buf_fini(&b);
+}
+
+static void file_ops_and_roots(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	struct cap_file_req out;
+	char root[16], path[4100];
+	cap_buf_init(&b);
+
+	static const char *const roots[] = { "/source", "/work", "/workspace" };
+	for (uint32_t op = CAP_FILE_READ; op <= CAP_FILE_TAR_IN; op++) {
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(roots); i++) {
+			struct cap_file_req req = { .op = op, .limit = CAP_TAR_PATHS_STDIN,
+						    .limit_entries = 7, .root = roots[i],
+						    .path = "a/b c", .data = (const uint8_t *)"xy",
+						    .len = 2 };
+			b.off = b.len = 0;
+			assert_int_equal(cap_proto_file_encode(&b, 9, &req), 0);
+			assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+			assert_int_equal(f.type, CAP_MSG_FILE);
+			assert_int_equal(f.stream, 9);
+			assert_int_equal(cap_proto_file_decode(f.payload, f.len, &out, root, sizeof(root),
+							       path, sizeof(path)), 0);
+			assert_int_equal(out.op, op);
+			assert_int_equal(out.limit, CAP_TAR_PATHS_STDIN);
+			assert_int_equal(out.limit_entries, 7);
+			assert_string_equal(out.root, roots[i]);
+			assert_string_equal(out.path, "a/b c");
+			assert_int_equal(out.len, 2);
+			assert_memory_equal(out.data, "xy", 2);
+			/* Cut in the fixed part or the strings: refused. */
+			for (uint32_t k = 0; k < f.len - 2; k++)
+				assert_int_equal(cap_proto_file_decode(f.payload, k, &out, root,
+								       sizeof(root), path, sizeof(path)),
+						 -EBADMSG);
+		}
+	}
+
+	/* Unknown ops and roots, escaping paths: refused on both sides. */
+	struct cap_file_req req = { .op = CAP_FILE_TAR_IN + 1, .root = "/work", .path = "" };
+	assert_int_equal(cap_proto_file_encode(&b, 1, &req), -EINVAL);
+	req.op = 0;
+	assert_int_equal(cap_proto_file_encode(&b, 1, &req), -EINVAL);
+	req.op = CAP_FILE_MANIFEST;
+	static const char *const bad_roots[] = { "/workspaces", "/", "/etc", "workspace", "/work/" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad_roots); i++) {
+		req.root = bad_roots[i];
+		assert_int_equal(cap_proto_file_encode(&b, 1, &req), -EINVAL);
+	}
+	req.root = "/workspace";
+	req.path = "a/../../etc";
+	assert_int_equal(cap_proto_file_encode(&b, 1, &req), -EINVAL);
+	req.path = "/etc";
+	assert_int_equal(cap_proto_file_encode(&b, 1, &req), -EINVAL);
+
+	/* The decoder on patched frames: op, root. */
+	req.path = "";
+	b.off = b.len = 0;
+	assert_int_equal(cap_proto_file_encode(&b, 1, &req), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	uint8_t buf[64];
+	size_t n = f.len;
+	assert_true(n <= sizeof(buf));
+	memcpy(buf, f.payload, n);
+	cap_put_u32(buf, CAP_FILE_TAR_IN + 1);
+	assert_int_equal(cap_proto_file_decode(buf, n, &out, root, sizeof(root), path, sizeof(path)),
+			 -EBADMSG);
+	cap_put_u32(buf, CAP_FILE_TAR_OUT);
+	assert_int_equal(cap_proto_file_decode(buf, n, &out, root, sizeof(root), path, sizeof(path)),
+			 0);
+	assert_string_equal(root, "/workspace");
+	buf[12 + 4 + 4] = 'x';	/* "/workxpace" */
+	assert_int_equal(cap_proto_file_decode(buf, n, &out, root, sizeof(root), path, sizeof(path)),
+			 -EBADMSG);
+	/* A root longer than the caller's buffer. */
+	buf[12 + 4 + 4] = 's';
+	assert_int_equal(cap_proto_file_decode(buf, n, &out, root, 10, path, sizeof(path)), -EBADMSG);
+	cap_buf_fini(&b);
+}
+
 static size_t listeners_frame(uint8_t *buf, uint32_t n, const uint16_t *ports, uint32_t k)
 {
 	cap_put_u32(buf, n);
@@ -693,6 +867,8 @@ int main(void)
 		cmocka_unit_test(setup_network_fields),
 		cmocka_unit_test(setup_secrets_roundtrip),
 		cmocka_unit_test(setup_secrets_refused),
+		cmocka_unit_test(setup_workspace_section),
+		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

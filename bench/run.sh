@@ -163,6 +163,11 @@ runsc_ms=$(median <"$bench_home/runsc" | awk '{ print $1 / 1e6 }')
 # (j) the network under a policy: the same client through the policy
 # process and from the host's namespace; a new sandbox with and without
 # a NIC (bench/bench-net.sh builds its own fake internet).
+# (k) a project in and out of a sandbox, on the same 10000-file tree.
+echo "bench: workspace: create with a 10000-file project, diff, cp of 100 MiB in and out..." >&2
+"$top/bench/bench-workspace.sh" "$capsule" "$tree" "$conv_runs" >"$bench_home/ws"
+ws_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/ws"; }
+
 echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." >&2
 "$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
 net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
@@ -220,3 +225,11 @@ awk -v a="$(net_row https 2)" -v b="$(net_row https 3)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(j) HTTPS request: intercepted (secret) vs passed through", a, b, a / b }'
 awk -v a="$(net_row https 3)" -v b="$(net_row https 4)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(j) HTTPS request: passed through vs from the host", a, b, a / b }'
+awk -v a="$(ws_row create 2)" -v b="$(ws_row create 3)" 'BEGIN {
+	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(k) create --workspace, 10000 files, vs cp -a", a / 1e6, b / 1e6, a / b }'
+awk -v a="$(ws_row diff 2)" -v b="$(ws_row diff 3)" 'BEGIN {
+	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(k) diff, 10 changed in 10000 files, vs host diff -rq", a / 1e6, b / 1e6, a / b }'
+awk -v a="$(ws_row cp_in 2)" -v b="$(ws_row cp_in 3)" 'BEGIN {
+	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(k) capsule cp 100 MiB in vs cat | cat on the host", a / 1e6, b / 1e6, a / b }'
+awk -v a="$(ws_row cp_out 2)" -v b="$(ws_row cp_out 3)" 'BEGIN {
+	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(k) capsule cp 100 MiB out vs cat | cat on the host", a / 1e6, b / 1e6, a / b }'

@@ -78,11 +78,18 @@ struct cap_tree_scan_opts {
 /* Walk the host directory dir (never following a symbolic link, not
  * crossing into other file systems: a mount point below dir is refused by
  * name when strict and listed as OTHER otherwise), hashing every regular
- * file. Hard links are listed once per path. -ENOENT/-ENOTDIR naming dir,
- * -EINVAL (strict rule broken), -EFBIG/-E2BIG over a bound, each with err
- * naming the path. */
+ * file. Hard links are listed once per path. -ENOENT/-ENOTDIR naming dir
+ * (-ELOOP when dir itself is a symbolic link), -EINVAL (strict rule
+ * broken), -E2BIG over max_entries, -EFBIG over max_bytes, -ENAMETOOLONG
+ * for a path or link target over CAP_TREE_MAX_PATH or a path deeper than
+ * CAP_TREE_MAX_DEPTH, each with err naming the path. *out is new on
+ * success (cap_tree_fini), untouched on failure. */
 int cap_tree_scan(const char *dir, const struct cap_tree_scan_opts *o,
 		  struct cap_tree *out, struct cap_err *err);
+
+/* Hash what is left to read of fd (SHA-256) and count its bytes. 0 or
+ * -errno. */
+int cap_tree_hash_fd(int fd, uint8_t hash[32], uint64_t *size);
 
 /* Whether a symbolic link at path (relative to a tree's root) with this
  * target stays inside the tree: relative, and never climbing above the
@@ -91,15 +98,20 @@ bool cap_tree_link_inside(const char *path, const char *target);
 
 /* --- text form ------------------------------------------------------------ */
 
-/* Append the manifest's text form (docs/protocol.md, MANIFEST). */
+/* Append the manifest's text form (docs/protocol.md, MANIFEST). MODE is
+ * written as 4 octal digits ("%04o"); the parser takes 1 to 4 digits.
+ * SIZE is decimal without leading zeros. */
 void cap_tree_format(const struct cap_tree *t, struct cap_buf *out);
 /* Append one entry's line (what the agent writes per entry). */
 void cap_tree_format_entry(const struct cap_tree_entry *e, struct cap_buf *out);
 /* Parse manifest text (from a guest: hostile). Every line must be well
  * formed, paths valid (cap_tree_path_ok after unescaping), sorted, unique,
  * and every entry's parent directories listed as DIR before it; at most
- * max_entries (0: CAP_TREE_MAX_ENTRIES). -EBADMSG with err naming the line
- * number and the rule; out untouched on failure. */
+ * max_entries (0: CAP_TREE_MAX_ENTRIES). A link's SIZE must be its
+ * target's length and its HASH that of the target; d and o entries have
+ * SIZE 0 and HASH "-". The text must end with a newline (empty text is an
+ * empty tree). -EBADMSG with err naming the line number and the rule; *out
+ * is new on success (cap_tree_fini), untouched on failure. */
 int cap_tree_parse(const char *text, size_t len, size_t max_entries,
 		   struct cap_tree *out, struct cap_err *err);
 /* A relative path as a manifest may hold one: not empty, no leading or
@@ -107,11 +119,14 @@ int cap_tree_parse(const char *text, size_t len, size_t max_entries,
  * CAP_TREE_MAX_PATH bytes and CAP_TREE_MAX_DEPTH components. */
 bool cap_tree_path_ok(const char *path);
 /* Escape bytes <= 0x20, '%' and 0x7f as %XX (append to out), and undo it
- * (-EINVAL on a bad escape). */
+ * (-EINVAL on a bad escape: '%' without two hex digits, or a raw byte
+ * that must have been escaped). *out is a new NUL-terminated string (free
+ * it); it may hold a NUL from "%00", which cap_tree_path_ok refuses. */
 void cap_tree_escape(const char *s, struct cap_buf *out);
 int cap_tree_unescape(const char *s, size_t n, char **out);
 
-/* Read and write a manifest file (0600, written atomically). */
+/* Read (at most 1 GiB, parsed as cap_tree_parse does) and write a
+ * manifest file (0600, written atomically). */
 int cap_tree_load(const char *path, struct cap_tree *out, struct cap_err *err);
 int cap_tree_save(const char *path, const struct cap_tree *t, struct cap_err *err);
 
@@ -181,11 +196,26 @@ void cap_merge_plan_fini(struct cap_merge_plan *p);
  * ours == theirs: nothing; otherwise a conflict unless pick settles it.
  * A symbolic link of theirs that leaves the tree (cap_tree_link_inside),
  * and an OTHER entry of theirs, is always a conflict ("a link that leaves
- * the tree", "a special file"); so is a directory of theirs replacing a
- * host entry that changed. Ops are ordered so that apply can run them
- * one by one: removals of files first, then directories to create (parents
- * first), writes, links and chmods, then directories to remove (deepest
- * first). The plan borrows from the three trees. */
+ * the tree", "a special file"), which CAP_MERGE_OURS settles (the host's
+ * version stays) and CAP_MERGE_THEIRS does not; so is a path of theirs
+ * whose first component starts with CAP_MERGE_STAGE_PREFIX ("a name the
+ * merge uses for its staging"), and a directory of theirs replacing a
+ * host entry that changed. A directory theirs removed (or replaced) whose
+ * host subtree changed stays: the changed paths are conflicts ("changed
+ * on the host in a directory the sandbox removed"), and a path theirs
+ * changed below a directory the host removed or replaced is one too.
+ * When the sandbox replaced an entry with one of another type and the
+ * host deleted it, theirs is taken (both agree the old entry goes; this is
+ * also what a crash between the two steps of a type change leaves).
+ * Ops are ordered so that apply can run them one by one: removals of
+ * files, links and special files, then of directories (deepest first, so
+ * that a directory theirs replaced by a file is gone before the write),
+ * then directories to create (parents first; created with at least u+rwx
+ * so the writes below them work), writes, links and chmods, and last the
+ * chmods of new directories whose mode lacks u+rwx (deepest first). A
+ * plan with conflicts still lists the ops of the other paths; apply it
+ * only when nconflicts is 0. The plan borrows from the three trees; *out
+ * is filled on success (cap_merge_plan_fini). */
 int cap_merge_plan(const struct cap_tree *base, const struct cap_tree *ours,
 		   const struct cap_tree *theirs, enum cap_merge_pick pick,
 		   struct cap_merge_plan *out, struct cap_err *err);
@@ -199,7 +229,9 @@ void cap_merge_stage_name(size_t i, char buf[24]);
 /* Open (creating, 0700) the staging directory under dirfd, after removing
  * a stale one a killed merge left: only regular files named by
  * cap_merge_stage_name are removed from it, anything else is refused
- * (-EEXIST naming it). Returns an O_DIRECTORY fd or -errno with err set.
+ * (-EEXIST naming it), except the symbolic links "l0", "l1"... apply
+ * makes there before renaming them into the tree. Returns an O_DIRECTORY
+ * fd or -errno with err set.
  * cap_merge_stage_remove empties and removes it the same way. */
 int cap_merge_stage_open(int dirfd, const char *name, struct cap_err *err);
 int cap_merge_stage_remove(int dirfd, const char *name, struct cap_err *err);
@@ -215,11 +247,14 @@ int cap_merge_stage_verify(int stagefd, const struct cap_merge_op *op,
  * RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, so a symbolic link planted on the
  * host is never followed (-ELOOP naming it, before anything is written:
  * the plan's paths are checked first). A file or link is put in place by
- * rename(2) from the staging directory, so a crash leaves each path
+ * rename(2) from the staging directory (a link is made there first), so
+ * a crash leaves each path
  * either old or new; modes are theirs' & 0777 (never set-id). The
  * directories touched are fsync'd at the end. Running the plan again
  * after a crash, or planning again from scratch, finishes it: every op is
- * idempotent. 0, or -errno with err naming the path (ops before it are
+ * idempotent (a WRITE whose staged file is gone is done when the path
+ * holds theirs' content). The caller verifies the staged files first
+ * (cap_merge_stage_verify); apply checks their type and size. 0, or -errno with err naming the path (ops before it are
  * done). */
 int cap_merge_apply(int dirfd, int stagefd, const struct cap_merge_plan *p,
 		    struct cap_err *err);

@@ -744,6 +744,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
 	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
 	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
+	_cleanup_free_ char *workspace = xasprintf("%s/workspace.ext4", dir);
 	_cleanup_free_ char *netlog_path = xasprintf("%s/net.log", dir);
 	_cleanup_free_ char *rundir = NULL, *control = NULL;
 	_cleanup_free_ struct cap_sandbox_spec *spec = NULL;
@@ -791,7 +792,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	net = xmalloc(sizeof(*net));
 	if ((r = cap_record_net(&rec, net, err)) < 0)
 		goto out;
-	cap_sandbox_spec_named(spec, img.owned_path, upper, work, source, name);
+	cap_sandbox_spec_named(spec, img.owned_path, upper, work, source,
+			       rec.workspace[0] ? workspace : NULL, name);
 	cap_sandbox_spec_network(spec, net);
 	s.spec = spec;
 	if (net->enabled && (netlog = open(netlog_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {

@@ -11,12 +11,13 @@
 #define SERIAL_UPPER "capsule-upper"
 #define SERIAL_WORK "capsule-work"
 #define SERIAL_SOURCE "capsule-source"
+#define SERIAL_WORKSPACE "capsule-wspace"	/* a serial holds at most 20 bytes */
 
 void cap_sandbox_spec_init(struct cap_sandbox_spec *s)
 {
 	memset(s, 0, sizeof(*s));
 	s->setup = (struct cap_setup){ .root_image = "", .root_upper = "", .work = "",
-				       .source = "", .hostname = s->hostname };
+				       .source = "", .workspace = "", .hostname = s->hostname };
 	cap_net_policy_init(&s->net);
 }
 
@@ -29,7 +30,7 @@ static void add_disk(struct cap_sandbox_spec *s, const char *path, const char *s
 
 void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
 			    const char *upper, const char *work,
-			    const char *source, const char *hostname)
+			    const char *source, const char *workspace, const char *hostname)
 {
 	cap_sandbox_spec_init(s);
 	add_disk(s, image, SERIAL_ROOT, true, false);
@@ -40,6 +41,10 @@ void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
 	s->setup.root_upper = SERIAL_UPPER;
 	s->setup.work = SERIAL_WORK;
 	s->setup.source = SERIAL_SOURCE;
+	if (workspace) {
+		add_disk(s, workspace, SERIAL_WORKSPACE, false, true);
+		s->setup.workspace = SERIAL_WORKSPACE;
+	}
 	snprintf(s->hostname, sizeof(s->hostname), "%s", hostname ? hostname : "");
 	if (!cap_proto_valid_name(s->hostname))
 		snprintf(s->hostname, sizeof(s->hostname), "capsule");
@@ -96,6 +101,7 @@ const char *cap_sandbox_disk_role(const char *serial)
 		{ SERIAL_UPPER, "the root file system's writable layer" },
 		{ SERIAL_ROOT, "the image" },
 		{ SERIAL_SOURCE, "/source" },
+		{ SERIAL_WORKSPACE, "/workspace" },
 	};
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(roles); i++)
 		if (strcmp(serial, roles[i].serial) == 0)

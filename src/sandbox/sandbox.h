@@ -19,7 +19,7 @@
  * and the network policy. A template's key is derived from its shape
  * (cap_sandbox_spec_shape), so two paths that build the same sandbox
  * share templates, and a NIC is part of the shape. */
-#define CAP_SPEC_MAX_DISKS 4
+#define CAP_SPEC_MAX_DISKS 5
 struct cap_sandbox_spec {
 	struct cap_vm_disk disks[CAP_SPEC_MAX_DISKS];
 	unsigned ndisks;
@@ -35,11 +35,14 @@ struct cap_sandbox_spec {
 /* The bare initramfs root: no disk, no NIC. */
 void cap_sandbox_spec_init(struct cap_sandbox_spec *s);
 /* A named sandbox: the image (shared, read-only) as the root's lower
- * layer, its writable upper layer, /work and /source, in that order.
- * Paths are borrowed; hostname is used when it is a valid one. */
+ * layer, its writable upper layer, /work, /source and, when workspace is
+ * not NULL, /workspace (its own writable disk: docs/workspace.md), in
+ * that order. A workspace changes the shape, and so the template. Paths
+ * are borrowed; hostname is used when it is a valid one. */
 void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
 			    const char *upper, const char *work,
-			    const char *source, const char *hostname);
+			    const char *source, const char *workspace,
+			    const char *hostname);
 /* A one-shot VM (capsule run) on the initramfs root, with /source from
  * source_image when it is not NULL. */
 void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image);

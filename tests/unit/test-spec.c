@@ -20,6 +20,7 @@
 #include "sandbox-internal.h"
 #include "sandbox.h"
 #include "secret.h"
+#include "tree.h"
 #include "util.h"
 
 static struct cap_sandbox_spec *new_spec(void)
@@ -49,6 +50,7 @@ static void test_init(void **state)
 	assert_string_equal(s->setup.root_upper, "");
 	assert_string_equal(s->setup.work, "");
 	assert_string_equal(s->setup.source, "");
+	assert_string_equal(s->setup.workspace, "");
 	assert_ptr_equal(s->setup.hostname, s->hostname);
 	assert_int_equal(s->setup.net_addr, 0);
 	assert_int_equal(s->setup.proxy_port, 0);
@@ -68,7 +70,7 @@ static void test_named(void **state)
 		{ "/h/sb/a/source.erofs", "capsule-source", true, true },
 	};
 
-	cap_sandbox_spec_named(s, want[0].path, want[1].path, want[2].path, want[3].path, "box-1");
+	cap_sandbox_spec_named(s, want[0].path, want[1].path, want[2].path, want[3].path, NULL, "box-1");
 	assert_int_equal(s->ndisks, 4);
 	for (unsigned i = 0; i < 4; i++) {
 		assert_string_equal(s->disks[i].path, want[i].path);
@@ -81,14 +83,15 @@ static void test_named(void **state)
 	assert_string_equal(s->setup.root_upper, "capsule-upper");
 	assert_string_equal(s->setup.work, "capsule-work");
 	assert_string_equal(s->setup.source, "capsule-source");
+	assert_string_equal(s->setup.workspace, "");
 	assert_string_equal(s->setup.hostname, "box-1");
 	assert_false(s->net.enabled);
 	assert_int_equal(s->setup.net_addr, 0);
 
 	/* A name that is not a valid host name is not used as one. */
-	cap_sandbox_spec_named(s, "i", "u", "w", "s", "bad name!");
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", NULL, "bad name!");
 	assert_string_equal(s->setup.hostname, "capsule");
-	cap_sandbox_spec_named(s, "i", "u", "w", "s", NULL);
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", NULL, NULL);
 	assert_string_equal(s->setup.hostname, "capsule");
 	free(s);
 }
@@ -160,7 +163,7 @@ static void test_network(void **state)
 	assert_false(s->setup.auto_publish);
 
 	/* The network part leaves the disks and their SETUP names alone. */
-	cap_sandbox_spec_named(s, "i", "u", "w", "s", "n");
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", NULL, "n");
 	cap_net_policy_apply(p, "allow-public", NULL, NULL);
 	cap_sandbox_spec_network(s, p);
 	assert_int_equal(s->ndisks, 4);
@@ -178,8 +181,8 @@ static void test_shape(void **state)
 	char sa[512], sb[512];
 
 	/* Different paths, same layout: the same shape, which names no path. */
-	cap_sandbox_spec_named(a, "/h/images/one.erofs", "/h/a/u", "/h/a/w", "/h/a/s", "a");
-	cap_sandbox_spec_named(b, "/h/images/two.erofs", "/h/b/u", "/h/b/w", "/h/b/s", "b");
+	cap_sandbox_spec_named(a, "/h/images/one.erofs", "/h/a/u", "/h/a/w", "/h/a/s", NULL, "a");
+	cap_sandbox_spec_named(b, "/h/images/two.erofs", "/h/b/u", "/h/b/w", "/h/b/s", NULL, "b");
 	shape_of(a, sa, sizeof(sa));
 	shape_of(b, sb, sizeof(sb));
 	assert_string_equal(sa, sb);
@@ -216,7 +219,7 @@ static void test_shape(void **state)
 	assert_string_equal(sa, "disk0=capsule-source:ro:own nic");
 
 	/* A short buffer is cut, still terminated. */
-	cap_sandbox_spec_named(a, "i", "u", "w", "s", "a");
+	cap_sandbox_spec_named(a, "i", "u", "w", "s", NULL, "a");
 	cap_sandbox_spec_shape(a, sa, 8);
 	assert_int_equal(strlen(sa), 7);
 	free(p);
@@ -237,7 +240,7 @@ static void test_disk_role(void **state)
 	/* Unknown: the serial itself. */
 	assert_string_equal(cap_sandbox_disk_role("other"), "other");
 	/* Every disk a spec makes has a role of its own. */
-	cap_sandbox_spec_named(s, "i", "u", "w", "s", "a");
+	cap_sandbox_spec_named(s, "i", "u", "w", "s", NULL, "a");
 	for (unsigned i = 0; i < s->ndisks; i++)
 		assert_string_not_equal(cap_sandbox_disk_role(s->disks[i].serial), s->disks[i].serial);
 	free(s);
@@ -378,8 +381,8 @@ static void test_secrets_not_in_spec(void **state)
 	struct cap_err err = { 0 };
 	char sa[512], sb[512];
 
-	cap_sandbox_spec_named(a, "i", "u", "w", "s", "a");
-	cap_sandbox_spec_named(b, "i", "u", "w", "s", "b");
+	cap_sandbox_spec_named(a, "i", "u", "w", "s", NULL, "a");
+	cap_sandbox_spec_named(b, "i", "u", "w", "s", NULL, "b");
 	assert_int_equal(cap_net_secret_add(p, "TOKEN=env:CAPSULE_TEST_SPEC_TOKEN@api.test", &err), 0);
 	cap_sandbox_spec_network(a, p);
 	cap_net_policy_init(p);
@@ -528,6 +531,121 @@ static void test_owner_secrets(void **state)
 	free(p);
 }
 
+/* A workspace is a fifth disk: its own, writable, found by a serial that
+ * fits a virtio serial (20 bytes), named in SETUP; it changes the shape
+ * (its own template) and nothing else of the layout. */
+static void test_workspace(void **state)
+{
+	(void)state;
+	struct cap_sandbox_spec *s = new_spec(), *plain = new_spec();
+	char ss[512], sp[512];
+
+	cap_sandbox_spec_named(s, "/h/images/x.erofs", "/h/sb/a/root-upper.ext4", "/h/sb/a/private.ext4",
+			       "/h/sb/a/source.erofs", "/h/sb/a/workspace.ext4", "a");
+	cap_sandbox_spec_named(plain, "/h/images/x.erofs", "/h/sb/a/root-upper.ext4", "/h/sb/a/private.ext4",
+			       "/h/sb/a/source.erofs", NULL, "a");
+	assert_int_equal(s->ndisks, 5);
+	assert_int_equal(CAP_SPEC_MAX_DISKS, 5);
+	assert_int_equal(plain->ndisks, 4);
+	for (unsigned i = 0; i < 4; i++) {
+		assert_string_equal(s->disks[i].path, plain->disks[i].path);
+		assert_string_equal(s->disks[i].serial, plain->disks[i].serial);
+	}
+	assert_string_equal(s->disks[4].path, "/h/sb/a/workspace.ext4");
+	assert_string_equal(s->disks[4].serial, "capsule-wspace");
+	assert_true(strlen(s->disks[4].serial) <= 20);
+	assert_false(s->disks[4].readonly);
+	assert_true(s->disks[4].per_sandbox);
+	assert_string_equal(s->setup.workspace, "capsule-wspace");
+	assert_string_equal(plain->setup.workspace, "");
+	assert_string_equal(cap_sandbox_disk_role("capsule-wspace"), "/workspace");
+
+	shape_of(s, ss, sizeof(ss));
+	shape_of(plain, sp, sizeof(sp));
+	assert_string_not_equal(ss, sp);
+	assert_string_equal(ss, "disk0=capsule-root:ro:shared disk1=capsule-upper:rw:own "
+				"disk2=capsule-work:rw:own disk3=capsule-source:ro:own "
+				"disk4=capsule-wspace:rw:own no-nic");
+	/* Two sandboxes with workspaces share a shape whatever their paths. */
+	cap_sandbox_spec_named(plain, "/h/images/y.erofs", "/h/sb/b/u", "/h/sb/b/w", "/h/sb/b/s",
+			       "/h/sb/b/workspace.ext4", "b");
+	shape_of(plain, sp, sizeof(sp));
+	assert_string_equal(ss, sp);
+	/* Every disk of it has a role of its own. */
+	for (unsigned i = 0; i < s->ndisks; i++)
+		assert_string_not_equal(cap_sandbox_disk_role(s->disks[i].serial), s->disks[i].serial);
+	free(s);
+	free(plain);
+}
+
+/* record.json: "workspace" and "workspace_size_mib" read back; a record
+ * written before workspaces reads as none; a relative path is refused. */
+static void test_record_workspace(void **state)
+{
+	(void)state;
+	char home[64], path[160];
+	struct cap_record *r = malloc(sizeof(*r));
+	struct cap_err err = { 0 };
+	assert_non_null(r);
+	snprintf(home, sizeof(home), "/tmp/capsule-test-spec-XXXXXX");
+	assert_non_null(mkdtemp(home));
+	setenv("CAPSULE_HOME", home, 1);
+	snprintf(path, sizeof(path), "%s/sandboxes/old", home);
+	assert_int_equal(cap_mkdir_p(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/sandboxes/new", home);
+	assert_int_equal(cap_mkdir_p(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/sandboxes/bad", home);
+	assert_int_equal(cap_mkdir_p(path, 0700), 0);
+	static const char digest[] = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+	char text[1024];
+	int n = snprintf(text, sizeof(text), "{\"schema\": 1, \"name\": \"old\", \"image\": \"%s\", \"image_ref\": \"base\", "
+			 "\"cpus\": 1, \"memory_mib\": 512, \"root_size_mib\": 256, \"work_size_mib\": 512, \"created\": 1}",
+			 digest);
+	snprintf(path, sizeof(path), "%s/sandboxes/old/record.json", home);
+	assert_int_equal(cap_write_file_atomic(path, text, (size_t)n, 0600), 0);
+	n = snprintf(text, sizeof(text), "{\"schema\": 1, \"name\": \"new\", \"image\": \"%s\", \"image_ref\": \"base\", "
+		     "\"cpus\": 1, \"memory_mib\": 512, \"root_size_mib\": 256, \"work_size_mib\": 512, \"created\": 1, "
+		     "\"workspace\": \"/home/u/proj\", \"workspace_size_mib\": 640}", digest);
+	snprintf(path, sizeof(path), "%s/sandboxes/new/record.json", home);
+	assert_int_equal(cap_write_file_atomic(path, text, (size_t)n, 0600), 0);
+	n = snprintf(text, sizeof(text), "{\"schema\": 1, \"name\": \"bad\", \"image\": \"%s\", \"image_ref\": \"base\", "
+		     "\"cpus\": 1, \"memory_mib\": 512, \"root_size_mib\": 256, \"work_size_mib\": 512, \"created\": 1, "
+		     "\"workspace\": \"proj\", \"workspace_size_mib\": 640}", digest);
+	snprintf(path, sizeof(path), "%s/sandboxes/bad/record.json", home);
+	assert_int_equal(cap_write_file_atomic(path, text, (size_t)n, 0600), 0);
+
+	assert_int_equal(cap_named_load("old", r, &err), 0);
+	assert_string_equal(r->workspace, "");
+	assert_int_equal(r->workspace_size_mib, 0);
+	/* No workspace, no base. */
+	struct cap_tree t;
+	cap_tree_init(&t);
+	assert_int_equal(cap_named_workspace_base("old", &t, &err), -ENOENT);
+	assert_non_null(strstr(err.msg, "--workspace"));
+	assert_int_equal(cap_named_load("new", r, &err), 0);
+	assert_string_equal(r->workspace, "/home/u/proj");
+	assert_int_equal(r->workspace_size_mib, 640);
+	assert_int_equal(cap_named_load("bad", r, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "workspace"));
+
+	/* The base moves: saved, loaded back the same. */
+	struct cap_tree_entry e[2] = {
+		{ .path = "README.md", .type = CAP_TREE_FILE, .mode = 0644, .size = 4 },
+		{ .path = "sub", .type = CAP_TREE_DIR, .mode = 0755 },
+	};
+	memset(e[0].hash, 0xab, sizeof(e[0].hash));
+	struct cap_tree want = { .v = e, .n = 2, .bytes = 4 };
+	assert_int_equal(cap_named_workspace_set_base("new", &want, &err), 0);
+	assert_int_equal(cap_named_workspace_base("new", &t, &err), 0);
+	assert_int_equal(t.n, 2);
+	assert_true(cap_tree_entry_same(&t.v[0], &e[0]));
+	assert_true(cap_tree_entry_same(&t.v[1], &e[1]));
+	cap_tree_fini(&t);
+	assert_int_equal(cap_remove_tree(home), 0);
+	unsetenv("CAPSULE_HOME");
+	free(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -537,6 +655,8 @@ int main(void)
 		cmocka_unit_test(test_network),
 		cmocka_unit_test(test_shape),
 		cmocka_unit_test(test_disk_role),
+		cmocka_unit_test(test_workspace),
+		cmocka_unit_test(test_record_workspace),
 		cmocka_unit_test(test_record_net),
 		cmocka_unit_test(test_record_net_too_long),
 		cmocka_unit_test(test_record_net_bad_word),

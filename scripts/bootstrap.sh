@@ -9,7 +9,7 @@ PACKAGES="
   libjansson-dev libarchive-dev libssl-dev libcmocka-dev
   qemu-system-x86 busybox-static cpio gzip e2fsprogs erofs-utils debootstrap
   linux-source-6.1 bc bison flex libelf-dev xz-utils
-  python3 procps util-linux tmux zstd runsc
+  python3 procps util-linux tmux zstd runsc git
   libnftables-dev libmnl-dev iproute2 nftables wget
 "
 

@@ -12,6 +12,7 @@
 #include "named.h"
 #include "serve.h"
 #include "store.h"
+#include "tree.h"
 #include "util.h"
 
 /* Parse "-h/--help" or complain about anything else, for verbs that take
@@ -40,6 +41,7 @@ static int fail(const struct cap_err *err)
 static const char create_usage[] =
 	"Usage: capsule create NAME [--image IMAGE] [--source DIR] [--cpus N]\n"
 	"                           [--memory MIB] [--root-size MIB] [--work-size MIB]\n"
+	"                           [--workspace DIR [--workspace-size MIB]]\n"
 	"                           [--force-size] [NETWORK FLAGS]\n"
 	"\n"
 	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
@@ -50,6 +52,13 @@ static const char create_usage[] =
 	"changed. node_modules entries are left out; symlinks, hard links,\n"
 	"devices, FIFOs, sockets and nested mounts are refused. Caps: 512 MiB and\n"
 	"100000 entries (CAPSULE_SOURCE_MAX_BYTES, CAPSULE_SOURCE_MAX_ENTRIES).\n"
+	"With --workspace, a private writable copy of the project DIR is made at\n"
+	"/workspace (its own disk, owned by the tool user; docs/workspace.md):\n"
+	"`capsule diff NAME` shows what the sandbox changed there and `capsule\n"
+	"merge NAME` brings it back into DIR, three-way. Relative symlinks that\n"
+	"stay inside DIR are kept; other links, devices, FIFOs, sockets and nested\n"
+	"mounts are refused by name. --workspace-size: its disk in MiB (default:\n"
+	"the project's bytes twice over plus 256 MiB, at least 512 MiB).\n"
 	"Defaults: 1 vCPU, 512 MiB memory, 256 MiB root, 512 MiB /work.\n"
 	"Bounds: 1 to 16 vCPUs and at most the host's online CPUs; 128 MiB of\n"
 	"memory up to the host's less a reserve (the larger of 512 MiB and a\n"
@@ -60,9 +69,14 @@ static const char create_usage[] =
 	"\n"
 	CAP_CLI_NET_HELP;
 
+/* Options of create only. */
+enum { OPT_WORKSPACE = 0x1000, OPT_WORKSPACE_SIZE };
+
 int cap_cli_create(int argc, char **argv)
 {
 	static const struct option opts[] = {
+		{ "workspace", required_argument, NULL, OPT_WORKSPACE },
+		{ "workspace-size", required_argument, NULL, OPT_WORKSPACE_SIZE },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
 		{ "cpus", required_argument, NULL, CAP_OPT_CPUS },
 		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
@@ -101,9 +115,25 @@ int cap_cli_create(int argc, char **argv)
 			}
 			snprintf(rec.source, sizeof(rec.source), "%s", optarg);
 			continue;
+		case OPT_WORKSPACE: {
+			/* The library takes an absolute path: a relative one is
+			 * the user's current directory's. */
+			char real[PATH_MAX];
+			if (!realpath(optarg, real)) {
+				cap_cli_error("--workspace %s: %s", optarg, strerror(errno));
+				return CAP_EXIT_USAGE;
+			}
+			if (strlen(real) >= sizeof(rec.workspace)) {
+				cap_cli_error("--workspace path is too long");
+				return CAP_EXIT_USAGE;
+			}
+			snprintf(rec.workspace, sizeof(rec.workspace), "%s", real);
+			continue;
+		}
 		case CAP_OPT_FORCE_SIZE:
 			rec.force_size = true;
 			continue;
+		case OPT_WORKSPACE_SIZE: what = "--workspace-size"; field = &rec.workspace_size_mib; break;
 		/* The bounds are the library's (cap_named_check_size). */
 		case CAP_OPT_CPUS: what = "--cpus"; field = &rec.cpus; break;
 		case CAP_OPT_MEMORY: what = "--memory"; field = &rec.memory_mib; break;
@@ -131,11 +161,16 @@ int cap_cli_create(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		return CAP_EXIT_USAGE;
 	}
-	if (cap_named_check_name(argv[optind], &err) < 0 || cap_named_create(&rec, NULL, NULL, &err) < 0) {
+	if (cap_named_check_name(argv[optind], &err) < 0 ||
+	    cap_named_create(&rec, rec.workspace[0] ? cap_cli_progress : NULL, "create", &err) < 0) {
+		cap_cli_progress_end();
 		cap_cli_error("%s", err.msg);
 		return err.code == EINVAL || err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
 	}
+	cap_cli_progress_end();
 	printf("created sandbox %s (image %s, %s)\n", rec.name, rec.image_ref, rec.image);
+	if (rec.workspace[0])
+		printf("workspace: %s copied to /workspace (a %u MiB disk)\n", rec.workspace, rec.workspace_size_mib);
 	if (rec.source[0])
 		printf("public data: %s, %llu entries, %llu bytes\n", rec.source,
 		       (unsigned long long)rec.source_entries, (unsigned long long)rec.source_bytes);
@@ -435,6 +470,20 @@ int cap_cli_inspect(int argc, char **argv)
 		       rec.source_fp);
 	} else {
 		printf("source:     none (/source is empty)\n");
+	}
+	if (rec.workspace[0]) {
+		struct cap_tree base;
+		printf("workspace:  %s (merge target)\n", rec.workspace);
+		printf("ws disk:    %u MiB (/workspace)\n", rec.workspace_size_mib);
+		if (cap_named_workspace_base(name, &base, &err) == 0) {
+			printf("ws base:    %zu entries, %llu bytes (what /workspace and the project last agreed on)\n",
+			       base.n, (unsigned long long)base.bytes);
+			cap_tree_fini(&base);
+		} else {
+			printf("ws base:    unreadable: %s\n", err.msg);
+		}
+	} else {
+		printf("workspace:  none\n");
 	}
 	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
 	if (cap_record_net(&rec, net, &err) < 0)

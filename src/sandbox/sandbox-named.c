@@ -404,7 +404,7 @@ static int ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud
 	clock_gettime(CLOCK_REALTIME_COARSE, &t0);
 	struct cap_tree_scan_opts o = { .strict = true };
 	if ((r = cap_tree_scan(real, &o, &w->tree, err)) < 0) {
-		cap_err_prefix(err, "--workspace %s", real);
+		cap_err_prefix(err, "--workspace");
 		return r;
 	}
 	clock_gettime(CLOCK_REALTIME, &t1);

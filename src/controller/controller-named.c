@@ -15,6 +15,7 @@
 #include "named.h"
 #include "sandbox.h"
 #include "util.h"
+#include "xfer.h"
 
 /* How long a start job waits for a shim that another process is starting
  * (or that a dead controller left starting). */
@@ -31,7 +32,12 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", j->image);
 		if (j->source)
 			snprintf(rec.source, sizeof(rec.source), "%s", j->source);
-		r = j->network ? cap_record_set_net(&rec, j->network, &err) : 0;
+		if (j->workspace && strlen(j->workspace) >= sizeof(rec.workspace))
+			r = cap_err_set(&err, ENAMETOOLONG, "the workspace path %s is too long", j->workspace);
+		else if (j->workspace)
+			snprintf(rec.workspace, sizeof(rec.workspace), "%s", j->workspace);
+		if (r == 0)
+			r = j->network ? cap_record_set_net(&rec, j->network, &err) : 0;
 		if (r == 0)
 			r = cap_named_create(&rec, NULL, NULL, &err);
 		/* Another process is making it (a job a dead controller left):
@@ -317,6 +323,37 @@ static void vm_free(void *vm)
 	cap_sandbox_free(vm);
 }
 
+/* A transfer on a connection of its own to the sandbox's shim (the
+ * controller's stays free for its other calls); in a worker thread. */
+static int xfer_(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_watch *w,
+		 struct cap_xfer_result *res, struct cap_err *err)
+{
+	struct cap_named_status st;
+	struct cap_sandbox *sb;
+	(void)ud;
+	int r = cap_named_status(x->name, &st, err);
+	if (r < 0)
+		return r;
+	if (st.state == CAP_NAMED_STOPPED || !st.control[0])
+		return cap_err_set(err, ECHILD, "sandbox %s stopped before the transfer began; retry the call", x->name);
+	if ((r = cap_sandbox_attach(st.control, &sb, err)) < 0)
+		return r;
+	struct pollfd pfd[CAP_SANDBOX_NPOLL];
+	cap_sandbox_pollfds(sb, pfd);
+	r = cap_ctl_xfer_watch_fd(w, pfd[0].fd);
+	if (r < 0) {
+		cap_sandbox_free(sb);
+		return cap_err_set(err, ECANCELED, "the transfer was cancelled");
+	}
+	if (x->put)
+		r = cap_xfer_put(sb, x->host, x->root, x->dest_dir, x->dest_name, x->flags, res, err);
+	else
+		r = cap_xfer_get(sb, x->root, x->path, x->host, x->flags, res, err);
+	cap_ctl_xfer_unwatch(w);
+	cap_sandbox_free(sb);
+	return r;
+}
+
 _Static_assert(CAP_CTL_VM_NPOLL == CAP_SANDBOX_NPOLL, "one poll layout");
 
 const struct cap_ctl_backend ctl_named_backend = {
@@ -338,4 +375,5 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.pollfds = pollfds,
 	.dispatch = dispatch,
 	.vm_free = vm_free,
+	.xfer = xfer_,
 };

@@ -4,12 +4,14 @@
  * of a tool method can name a sandbox. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -24,14 +26,21 @@
 
 #define WRITE_MAX 60000	/* one FILE frame */
 #define MAX_CONNS 512	/* connections at once; more are told so and closed */
+/* A request line: an inline upload's base64 (4 bytes per 3) and room
+ * for the rest of the message. */
+#define REQUEST_MAX ((size_t)CAP_RPC_LINE_MAX + 4 * (((size_t)CAP_CTL_INLINE_MAX + 2) / 3))
 
 struct conn;
+
+enum method { M_TOOL, M_UPLOAD, M_DOWNLOAD };
 
 /* A call submitted for a connection; the tag the core gives back. */
 struct pending {
 	struct conn *conn;	/* NULL once the client went away */
 	json_t *id;	/* NULL for a notification: no answer */
-	char path[4200];	/* FILE: as asked */
+	char path[4200];	/* FILE, XFER: as asked */
+	enum method method;
+	char *owned_to;	/* download: where the copy went (resolved) */
 	enum cap_file_op op;
 	struct cap_ctl_call *call;
 	struct pending *next;	/* in conn->calls */
@@ -111,6 +120,194 @@ static void result_to(struct conn *k, json_t *id, json_t *result)
 		json_decref(result);
 }
 
+/* --- base64 and transfer directories (pure helpers) ------------------------------ */
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *cap_base64_encode(const void *p, size_t n, size_t *len)
+{
+	const uint8_t *s = p;
+	size_t out = 4 * ((n + 2) / 3), k = 0;
+	char *d = xmalloc(out + 1);
+	for (size_t i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)s[i] << 16;
+		if (i + 1 < n)
+			v |= (uint32_t)s[i + 1] << 8;
+		if (i + 2 < n)
+			v |= s[i + 2];
+		d[k++] = b64[(v >> 18) & 63];
+		d[k++] = b64[(v >> 12) & 63];
+		d[k++] = i + 1 < n ? b64[(v >> 6) & 63] : '=';
+		d[k++] = i + 2 < n ? b64[v & 63] : '=';
+	}
+	d[k] = '\0';
+	*len = k;
+	return d;
+}
+
+static int b64_value(char c)
+{
+	const char *at = c ? strchr(b64, c) : NULL;
+	return at ? (int)(at - b64) : -1;
+}
+
+ssize_t cap_base64_decode(const char *s, size_t n, uint8_t **out, size_t *bad)
+{
+	if (n % 4) {
+		*bad = n;
+		return -EINVAL;
+	}
+	uint8_t *d = xmalloc(n / 4 * 3 + 1);
+	size_t k = 0;
+	for (size_t i = 0; i < n; i += 4) {
+		int v[4];
+		bool last = i + 4 == n;
+		for (int j = 0; j < 4; j++) {
+			v[j] = b64_value(s[i + j]);
+			/* '=' only as the last one or two characters */
+			bool pad = s[i + j] == '=' && last && (j == 3 || (j == 2 && s[i + 3] == '='));
+			if (v[j] < 0 && !pad) {
+				*bad = i + (size_t)j;
+				free(d);
+				return -EINVAL;
+			}
+			if (pad)
+				v[j] = -2;
+		}
+		if (v[0] < 0 || v[1] < 0) {
+			*bad = i;
+			free(d);
+			return -EINVAL;
+		}
+		uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)(v[2] < 0 ? 0 : v[2]) << 6 |
+			     (uint32_t)(v[3] < 0 ? 0 : v[3]);
+		d[k++] = (uint8_t)(w >> 16);
+		if (v[2] >= 0)
+			d[k++] = (uint8_t)(w >> 8);
+		if (v[3] >= 0)
+			d[k++] = (uint8_t)w;
+	}
+	*out = d;
+	return (ssize_t)k;
+}
+
+bool cap_ctl_path_within(const char *dir, const char *path)
+{
+	size_t n = strlen(dir);
+	if (strcmp(dir, "/") == 0)
+		return path[0] == '/';
+	return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+void cap_ctl_transfer_dirs_free(char **dirs)
+{
+	for (size_t i = 0; dirs && dirs[i]; i++)
+		free(dirs[i]);
+	free(dirs);
+}
+
+int cap_ctl_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
+				  struct cap_err *err)
+{
+	char **v = xcalloc(n + 1, sizeof(char *));
+	for (size_t i = 0; i < n; i++) {
+		struct stat st;
+		char *real = realpath(dirs[i], NULL);
+		int e = real ? 0 : errno;
+		if (real && (stat(real, &st) < 0 || !S_ISDIR(st.st_mode)))
+			e = ENOTDIR;
+		if (e) {
+			free(real);
+			cap_ctl_transfer_dirs_free(v);
+			return cap_err_set(err, e, "transfer directory %s: %s (give an existing directory)", dirs[i],
+					   strerror(e));
+		}
+		v[i] = real;
+	}
+	*out = v;
+	return 0;
+}
+
+/* "DIR1, DIR2" or "none" into buf, for messages. */
+static void dirs_list(const char *const *dirs, size_t n, char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < n && used < len; i++)
+		used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "", dirs[i]);
+	if (!n)
+		snprintf(buf, len, "none");
+}
+
+static bool within_any(const char *const *dirs, size_t n, const char *path)
+{
+	for (size_t i = 0; i < n; i++)
+		if (cap_ctl_path_within(dirs[i], path))
+			return true;
+	return false;
+}
+
+int cap_ctl_transfer_source(const char *const *dirs, size_t n, const char *path, char **out,
+			    struct cap_err *err)
+{
+	char list[2048];
+	dirs_list(dirs, n, list, sizeof(list));
+	if (path[0] != '/')
+		return cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
+				   path, list);
+	char *real = realpath(path, NULL);
+	if (!real)
+		return cap_err_set(err, errno, "cannot resolve %s: %s", path, strerror(errno));
+	if (!within_any(dirs, n, real)) {
+		int r = strcmp(real, path) != 0
+			? cap_err_set(err, EACCES, "%s resolves to %s, outside the transfer directories (%s); the server copies only from beneath a --transfer-dir",
+				      path, real, list)
+			: cap_err_set(err, EACCES, "%s is outside the transfer directories (%s); the server copies only from beneath a --transfer-dir",
+				      path, list);
+		free(real);
+		return r;
+	}
+	*out = real;
+	return 0;
+}
+
+int cap_ctl_transfer_dest(const char *const *dirs, size_t n, const char *path, char **out,
+			  struct cap_err *err)
+{
+	char list[2048];
+	dirs_list(dirs, n, list, sizeof(list));
+	if (path[0] != '/')
+		return cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
+				   path, list);
+	_cleanup_free_ char *copy = xstrdup(path);
+	size_t len = strlen(copy);
+	while (len > 1 && copy[len - 1] == '/')
+		copy[--len] = '\0';
+	char *slash = strrchr(copy, '/');
+	const char *name = slash + 1;
+	if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return cap_err_set(err, EINVAL, "%s does not end in a name for the copy", path);
+	struct stat st;
+	if (lstat(copy, &st) == 0)
+		return cap_err_set(err, EEXIST, "%s exists already; download to a new path", path);
+	if (errno != ENOENT)
+		return cap_err_set(err, errno, "cannot check %s: %s", path, strerror(errno));
+	*slash = '\0';
+	char *parent = realpath(slash == copy ? "/" : copy, NULL);
+	if (!parent)
+		return cap_err_set(err, errno, "the directory of %s cannot be resolved: %s (it must exist)", path,
+				   strerror(errno));
+	if (!within_any(dirs, n, parent)) {
+		int r = cap_err_set(err, EACCES, "%s is outside the transfer directories (%s): its directory resolves to %s; the server writes only beneath a --transfer-dir",
+				    path, list, parent);
+		free(parent);
+		return r;
+	}
+	*out = strcmp(parent, "/") == 0 ? xasprintf("/%s", name) : xasprintf("%s/%s", parent, name);
+	free(parent);
+	return 0;
+}
+
 /* --- results --------------------------------------------------------------------- */
 
 static const char *type_name(char t)
@@ -129,24 +326,52 @@ static int code_of(enum cap_ctl_code c)
 	}
 }
 
+static json_t *strings(const char *const *v, size_t n)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(a, cap_json_text(v[i]));
+	return a;
+}
+
+json_t *cap_rpc_import_json(const struct cap_ctl_import *imp)
+{
+	const struct cap_ctl_xfer_out *o = &imp->out;
+	json_t *j = json_pack("{s:o, s:I, s:I, s:I, s:o, s:o}", "from", cap_json_text(imp->from),
+			      "files", (json_int_t)o->files, "dirs", (json_int_t)o->dirs,
+			      "bytes", (json_int_t)o->bytes, "conflicts", strings(o->conflicts, o->nconflicts),
+			      "refused", strings(o->refused, o->nrefused));
+	if (imp->r < 0)
+		json_object_set_new(j, "error", cap_json_text(imp->msg ? imp->msg : strerror(-imp->r)));
+	return j;
+}
+
+/* What a transfer copied, into o. */
+static void put_counts(json_t *o, const struct cap_ctl_xfer_out *x)
+{
+	json_object_set_new(o, "files", json_integer((json_int_t)x->files));
+	json_object_set_new(o, "dirs", json_integer((json_int_t)x->dirs));
+	json_object_set_new(o, "links", json_integer((json_int_t)x->links));
+	json_object_set_new(o, "bytes", json_integer((json_int_t)x->bytes));
+}
+
+/* The answer to a tool method: a result, or an error whose data carries
+ * errno, refused paths and the private import when there are. */
 static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
 {
 	struct conn *k = p->conn;
 	if (!k || !p->id)
 		return;
-	if (r->code != CAP_CTL_OK) {
-		json_t *data = NULL;
-		if (r->code == CAP_CTL_ECAPACITY)
-			data = json_pack("{s:b, s:i}", "retryable", 1, "capacity", cap_ctl_cfg(s->ctl)->lc.capacity);
-		else if (r->errnum)
-			data = json_pack("{s:i}", "errno", r->errnum);
-		cap_rpc_put_error(&k->out, p->id, code_of(r->code), r->msg, data);
-		return;
-	}
-	json_t *res;
+	json_t *res = NULL;
+	int code = code_of(r->code);
+	char msg[5400] = "";
 	const struct cap_exit *ex = &r->exit;
-	switch (r->kind) {
-	case CAP_CTL_EXEC:
+	if (r->code != CAP_CTL_OK) {
+		snprintf(msg, sizeof(msg), "%s", r->msg ? r->msg : "the call failed");
+		if (p->method == M_DOWNLOAD && r->kind == CAP_CTL_FILE && r->errnum == EFBIG)
+			snprintf(msg, sizeof(msg), "%s; a file over %u bytes (16 MiB) is downloaded with \"to\", a new path in a --transfer-dir",
+				 r->msg ? r->msg : "the file is too big", CAP_CTL_INLINE_MAX);
+	} else if (r->kind == CAP_CTL_EXEC) {
 		res = json_pack("{s:s, s:o, s:o, s:b, s:b, s:o, s:o, s:i}", "sandbox", r->sandbox,
 				"exit_code", ex->kind == CAP_EXIT_SIGNAL ? json_null() : json_integer(cap_exit_status(ex)),
 				"signal", ex->kind == CAP_EXIT_SIGNAL ? json_integer(ex->value) : json_null(),
@@ -156,39 +381,76 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 				"duration_ms", (int)ex->duration_ms);
 		if (r->note)
 			json_object_set_new(res, "note", cap_json_text(r->note));
-		break;
-	case CAP_CTL_FILE:
-		if (p->op == CAP_FILE_WRITE) {
-			res = json_pack("{s:s, s:s, s:I}", "sandbox", r->sandbox, "path", p->path,
-					"bytes", (json_int_t)r->written);
-		} else if (r->is_dir) {
-			json_t *a = json_array();
-			for (size_t e = 0; e < r->nentries; e++) {
-				json_t *o = json_pack("{s:s, s:o}", "type", type_name(r->entries[e].type),
-						      "name", cap_json_textn((const uint8_t *)r->entries[e].name,
-									strlen(r->entries[e].name)));
-				if (r->entries[e].type == 'f')
-					json_object_set_new(o, "size", json_integer((json_int_t)r->entries[e].size));
-				json_array_append_new(a, o);
-			}
-			res = json_pack("{s:s, s:s, s:o, s:b}", "sandbox", r->sandbox, "kind", "directory",
-					"entries", a, "truncated", r->entries_truncated);
-		} else if (p->op == CAP_FILE_LIST) {
-			error_to(k, p->id, CAP_RPC_TOOL, "%s is not a directory", p->path);
-			return;
-		} else if (!cap_utf8_valid((const char *)r->content, r->content_len)) {
-			error_to(k, p->id, CAP_RPC_TOOL, "the file is not UTF-8 text; read_file reads text only");
-			return;
+	} else if (r->kind == CAP_CTL_FILE && p->method == M_DOWNLOAD) {
+		if (r->is_dir) {
+			code = CAP_RPC_TOOL;
+			snprintf(msg, sizeof(msg), "%s is a directory; download a directory with \"to\", a new path in a --transfer-dir",
+				 p->path[0] ? p->path : "the root");
 		} else {
-			res = json_pack("{s:s, s:s, s:s%}", "sandbox", r->sandbox, "kind", "file", "content",
-					(const char *)r->content, r->content_len);
+			size_t n;
+			char *text = cap_base64_encode(r->content, r->content_len, &n);
+			res = json_pack("{s:s, s:s, s:I, s:s%, s:i, s:i}", "sandbox", r->sandbox, "path", p->path,
+					"bytes", (json_int_t)r->content_len, "content_base64", text, n, "files", 1,
+					"dirs", 0);
+			free(text);
 		}
-		break;
-	default:
+	} else if (r->kind == CAP_CTL_FILE && p->op == CAP_FILE_WRITE) {
+		res = json_pack("{s:s, s:s, s:I}", "sandbox", r->sandbox, "path", p->path,
+				"bytes", (json_int_t)r->written);
+	} else if (r->kind == CAP_CTL_FILE && r->is_dir) {
+		json_t *a = json_array();
+		for (size_t e = 0; e < r->nentries; e++) {
+			json_t *o = json_pack("{s:s, s:o}", "type", type_name(r->entries[e].type),
+					      "name", cap_json_textn((const uint8_t *)r->entries[e].name,
+								strlen(r->entries[e].name)));
+			if (r->entries[e].type == 'f')
+				json_object_set_new(o, "size", json_integer((json_int_t)r->entries[e].size));
+			json_array_append_new(a, o);
+		}
+		res = json_pack("{s:s, s:s, s:o, s:b}", "sandbox", r->sandbox, "kind", "directory",
+				"entries", a, "truncated", r->entries_truncated);
+	} else if (r->kind == CAP_CTL_FILE && p->op == CAP_FILE_LIST) {
+		code = CAP_RPC_TOOL;
+		snprintf(msg, sizeof(msg), "%s is not a directory", p->path);
+	} else if (r->kind == CAP_CTL_FILE && !cap_utf8_valid((const char *)r->content, r->content_len)) {
+		code = CAP_RPC_TOOL;
+		snprintf(msg, sizeof(msg), "%s is not UTF-8 text; read_file reads text only (download gives any file's bytes, in base64)",
+			 p->path);
+	} else if (r->kind == CAP_CTL_FILE) {
+		res = json_pack("{s:s, s:s, s:s%}", "sandbox", r->sandbox, "kind", "file", "content",
+				(const char *)r->content, r->content_len);
+	} else if (r->kind == CAP_CTL_XFER) {
+		res = json_pack("{s:s, s:s}", "sandbox", r->sandbox, "path", p->path);
+		if (r->xfer)
+			put_counts(res, r->xfer);
+		if (p->owned_to)
+			json_object_set_new(res, "to", cap_json_text(p->owned_to));
+	} else {
 		res = json_pack("{s:s, s:s}", "sandbox", r->sandbox ? r->sandbox : "", "state", r->state);
-		break;
 	}
-	result_to(k, p->id, res);
+	if (res) {
+		if (r->import)
+			json_object_set_new(res, "import", cap_rpc_import_json(r->import));
+		result_to(k, p->id, res);
+		return;
+	}
+	json_t *data = NULL;
+	if (r->code == CAP_CTL_ECAPACITY)
+		data = json_pack("{s:b, s:i}", "retryable", 1, "capacity", cap_ctl_cfg(s->ctl)->lc.capacity);
+	else if (r->errnum)
+		data = json_pack("{s:i}", "errno", r->errnum);
+	if (r->xfer && (r->xfer->nrefused || r->xfer->files || r->xfer->dirs)) {
+		if (!data)
+			data = json_object();
+		json_object_set_new(data, "refused", strings(r->xfer->refused, r->xfer->nrefused));
+		put_counts(data, r->xfer);
+	}
+	if (r->import) {
+		if (!data)
+			data = json_object();
+		json_object_set_new(data, "import", cap_rpc_import_json(r->import));
+	}
+	cap_rpc_put_error(&k->out, p->id, code, msg, data);
 }
 
 static void rpc_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl_result *r)
@@ -204,6 +466,7 @@ static void rpc_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ct
 				break;
 			}
 	json_decref(p->id);
+	free(p->owned_to);
 	free(p);
 }
 
@@ -226,18 +489,29 @@ static bool identity(struct conn *k, json_t *id, json_t *params, const char **ag
 	return true;
 }
 
-static void submit(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *agent,
-		   const char *peer, const struct cap_ctl_req *req, const char *path)
+/* Queue req for the identity; owned_to (a download's resolved
+ * destination, or NULL) is stolen. */
+static void submit_as(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *agent,
+		      const char *peer, const struct cap_ctl_req *req, const char *path,
+		      enum method method, char *owned_to)
 {
 	struct pending *p = xcalloc(1, sizeof(*p));
 	p->conn = k;
 	p->id = id ? json_incref(id) : NULL;
 	p->op = req->op;
+	p->method = method;
+	p->owned_to = owned_to;
 	if (path)
 		snprintf(p->path, sizeof(p->path), "%s", path);
 	p->next = k->calls;
 	k->calls = p;
 	p->call = cap_ctl_submit(s->ctl, s->fe, agent, peer, req, p);
+}
+
+static void submit(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *agent,
+		   const char *peer, const struct cap_ctl_req *req, const char *path)
+{
+	submit_as(s, k, id, agent, peer, req, path, M_TOOL, NULL);
 }
 
 static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
@@ -340,6 +614,177 @@ static void m_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	submit(s, k, id, agent, peer, &req, path);
 }
 
+/* The guest root a transfer names: "workspace" (/work, the default),
+ * "project" (/workspace) and, for a download, "public" (/source). NULL
+ * with an error sent. */
+static const char *xfer_root(struct conn *k, json_t *id, json_t *params, bool download)
+{
+	json_t *v = json_object_get(params, "root");
+	const char *root = v ? json_string_value(v) : "workspace";
+	if (root && strcmp(root, "workspace") == 0)
+		return "/work";
+	if (root && strcmp(root, "project") == 0)
+		return "/workspace";
+	if (root && strcmp(root, "public") == 0 && download)
+		return "/source";
+	if (root && strcmp(root, "public") == 0)
+		error_to(k, id, CAP_RPC_PARAMS, "params.root: the public data is read-only; upload writes to root \"workspace\" (/work) or \"project\" (/workspace)");
+	else
+		error_to(k, id, CAP_RPC_PARAMS, "params.root must be %s", download ? "\"workspace\" (/work), \"project\" (/workspace) or \"public\" (/source)"
+									       : "\"workspace\" (/work) or \"project\" (/workspace)");
+	return NULL;
+}
+
+/* A transfer's guest path: relative, each component a name (no "", "."
+ * or ".."); "" only when allowed. False with an error sent. */
+static bool xfer_path(struct conn *k, json_t *id, const char *path, bool empty_ok)
+{
+	if (!path || strlen(path) > 4096)
+		return error_to(k, id, CAP_RPC_PARAMS, "params.path must be a string of at most 4096 bytes"), false;
+	if (!*path && !empty_ok)
+		return error_to(k, id, CAP_RPC_PARAMS, "params.path must name a file (a relative path)"), false;
+	if (path[0] == '/')
+		return error_to(k, id, CAP_RPC_PARAMS, "params.path %s is absolute; give it relative to its root", path), false;
+	for (const char *c = path; *path; c++) {
+		const char *end = strchr(c, '/');
+		size_t n = end ? (size_t)(end - c) : strlen(c);
+		if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+			return error_to(k, id, CAP_RPC_PARAMS, "params.path %s: every component must be a name (no empty, '.' or '..' component)",
+					path), false;
+		if (!end)
+			break;
+		c = end;
+	}
+	return true;
+}
+
+/* A --transfer-dir path check that failed: the path is refused (named
+ * in data.refused) with the directories the server allows. */
+static void refuse_host(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *field,
+			const char *path, const struct cap_err *err)
+{
+	const struct cap_controller_cfg *cfg = cap_ctl_cfg(s->ctl);
+	char msg[1200];
+	snprintf(msg, sizeof(msg), "params.%s: %s", field, err->msg);
+	if (id)
+		cap_rpc_put_error(&k->out, id, CAP_RPC_PARAMS, msg,
+				  json_pack("{s:[o], s:o, s:i}", "refused", cap_json_text(path), "transfer_dirs",
+					    strings(cfg->transfer_dirs, cfg->ntransfer_dirs), "errno", err->code));
+}
+
+static bool have_transfer_dirs(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *field)
+{
+	if (cap_ctl_cfg(s->ctl)->ntransfer_dirs)
+		return true;
+	error_to(k, id, CAP_RPC_PARAMS, "params.%s names a host path, and this server was given no directory for transfers: start capsule serve with --transfer-dir DIR (repeatable)",
+		 field);
+	return false;
+}
+
+/* upload: {identity, path, root, content_base64 [, mode] | from} into the
+ * identity's /work (or /workspace). */
+static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const struct cap_controller_cfg *cfg = cap_ctl_cfg(s->ctl);
+	json_t *content = json_object_get(params, "content_base64");
+	json_t *from = json_object_get(params, "from");
+	json_t *mode = json_object_get(params, "mode");
+	const char *path = json_string_value(json_object_get(params, "path"));
+	const char *agent, *peer;
+	const char *root = xfer_root(k, id, params, false);
+	if (!root)
+		return;
+	if (!content == !from)
+		return error_to(k, id, CAP_RPC_PARAMS, "upload needs exactly one of params.content_base64 (a file's bytes) and params.from (a host path in a --transfer-dir)");
+	if ((content && !json_is_string(content)) || (from && !json_is_string(from)))
+		return error_to(k, id, CAP_RPC_PARAMS, "params.%s must be a string", content ? "content_base64" : "from");
+	if (!xfer_path(k, id, path, from != NULL))
+		return;
+	unsigned bits = 0644;
+	if (mode && from)
+		return error_to(k, id, CAP_RPC_PARAMS, "params.mode applies to content_base64 only; an upload from the host keeps the host's modes");
+	if (mode && json_is_integer(mode) && json_integer_value(mode) >= 0 && json_integer_value(mode) <= 07777) {
+		bits = (unsigned)json_integer_value(mode);
+	} else if (mode) {
+		const char *m = json_string_value(mode);
+		char *end = NULL;
+		unsigned long v = m && *m ? strtoul(m, &end, 8) : 0;
+		if (!m || !*m || *end || v > 07777 || strspn(m, "01234567") != strlen(m))
+			return error_to(k, id, CAP_RPC_PARAMS, "params.mode must be permission bits: an octal string such as \"0755\" or a number from 0 to 4095");
+		bits = (unsigned)v;
+	}
+	struct cap_ctl_req req = { .kind = CAP_CTL_XFER, .put = true, .root = root, .path = path, .mode = bits };
+	uint8_t *bytes = NULL;
+	char *host = NULL;
+	if (content) {
+		size_t n = json_string_length(content), bad = 0;
+		if (n > 4 * (((size_t)CAP_CTL_INLINE_MAX + 2) / 3))
+			return error_to(k, id, CAP_RPC_PARAMS, "params.content_base64 holds more than %u bytes (16 MiB), the cap of an inline upload; put the file in a --transfer-dir and upload it with \"from\"",
+					CAP_CTL_INLINE_MAX);
+		ssize_t len = cap_base64_decode(json_string_value(content), n, &bytes, &bad);
+		if (len < 0)
+			return error_to(k, id, CAP_RPC_PARAMS, "params.content_base64 is not base64 (RFC 4648, with padding, no line breaks): bad character or length at offset %zu",
+					bad);
+		if ((size_t)len > CAP_CTL_INLINE_MAX) {
+			free(bytes);
+			return error_to(k, id, CAP_RPC_PARAMS, "params.content_base64 holds %zd bytes, over the %u-byte (16 MiB) cap of an inline upload; put the file in a --transfer-dir and upload it with \"from\"",
+					len, CAP_CTL_INLINE_MAX);
+		}
+		req.data = bytes;
+		req.len = (size_t)len;
+	} else {
+		struct cap_err err = { 0 };
+		if (!have_transfer_dirs(s, k, id, "from"))
+			return;
+		if (cap_ctl_transfer_source(cfg->transfer_dirs, cfg->ntransfer_dirs, json_string_value(from), &host,
+					    &err) < 0)
+			return refuse_host(s, k, id, "from", json_string_value(from), &err);
+		req.host = host;
+	}
+	if (identity(k, id, params, &agent, &peer))
+		submit_as(s, k, id, agent, peer, &req, path, M_UPLOAD, NULL);
+	free(bytes);
+	free(host);
+}
+
+/* download: {identity, path, root [, to]}: one file inline (base64), or
+ * a file or tree written to a new host path in a --transfer-dir. */
+static void m_download(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const struct cap_controller_cfg *cfg = cap_ctl_cfg(s->ctl);
+	json_t *to = json_object_get(params, "to");
+	const char *path = json_string_value(json_object_get(params, "path"));
+	const char *agent, *peer;
+	const char *root = xfer_root(k, id, params, true);
+	if (!root)
+		return;
+	if (to && !json_is_string(to))
+		return error_to(k, id, CAP_RPC_PARAMS, "params.to must be a string: a new host path in a --transfer-dir");
+	if (!xfer_path(k, id, path, to != NULL))
+		return;
+	if (!to) {
+		if (!identity(k, id, params, &agent, &peer))
+			return;
+		struct cap_ctl_req req = { .kind = CAP_CTL_FILE, .op = CAP_FILE_READ, .root = root, .path = path,
+					   .limit = CAP_CTL_INLINE_MAX };
+		submit_as(s, k, id, agent, peer, &req, path, M_DOWNLOAD, NULL);
+		return;
+	}
+	struct cap_err err = { 0 };
+	char *dest = NULL;
+	if (!have_transfer_dirs(s, k, id, "to"))
+		return;
+	if (cap_ctl_transfer_dest(cfg->transfer_dirs, cfg->ntransfer_dirs, json_string_value(to), &dest, &err) < 0)
+		return refuse_host(s, k, id, "to", json_string_value(to), &err);
+	if (!identity(k, id, params, &agent, &peer)) {
+		free(dest);
+		return;
+	}
+	struct cap_ctl_req req = { .kind = CAP_CTL_XFER, .put = false, .root = root, .path = path, .host = dest };
+	submit_as(s, k, id, agent, peer, &req, path, M_DOWNLOAD, xstrdup(dest));
+	free(dest);
+}
+
 static json_t *status_json(const struct cap_ctl_status *st)
 {
 	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i}", "agent", st->agent, "peer", st->peer,
@@ -347,6 +792,7 @@ static json_t *status_json(const struct cap_ctl_status *st)
 			      "queued", (int)st->queued);
 	json_object_set_new(j, "sandbox", st->sandbox[0] ? json_string(st->sandbox) : json_null());
 	json_object_set_new(j, "idle_ms", st->idle_ms >= 0 ? json_integer(st->idle_ms) : json_null());
+	json_object_set_new(j, "imported", st->imported > 0 ? json_integer(st->imported) : json_null());
 	return j;
 }
 
@@ -386,6 +832,10 @@ static void m_info(struct cap_rpc_server *s, struct conn *k, json_t *id)
 			      "idle_stop_ms", (json_int_t)cfg->lc.idle_stop_ms, "warm_pool", (int)cfg->warm_pool,
 			      "manual_clock", cfg->manual_clock);
 	json_object_set_new(j, "source", cfg->source ? json_string(cfg->source) : json_null());
+	json_object_set_new(j, "workspace", cfg->workspace ? cap_json_text(cfg->workspace) : json_null());
+	json_object_set_new(j, "private_import", cfg->private_import ? cap_json_text(cfg->private_import) : json_null());
+	json_object_set_new(j, "transfer_dirs", strings(cfg->transfer_dirs, cfg->ntransfer_dirs));
+	json_object_set_new(j, "inline_max", json_integer(CAP_CTL_INLINE_MAX));
 	json_t *net = json_array();
 	if (cfg->network) {
 		char **words = NULL;
@@ -465,6 +915,10 @@ static void handle(struct cap_rpc_server *s, struct conn *k, const char *line, s
 		m_file(s, k, id, params, CAP_FILE_LIST);
 	else if (strcmp(method, "write_file") == 0)
 		m_file(s, k, id, params, CAP_FILE_WRITE);
+	else if (strcmp(method, "upload") == 0)
+		m_upload(s, k, id, params);
+	else if (strcmp(method, "download") == 0)
+		m_download(s, k, id, params);
 	else if (strcmp(method, "status") == 0)
 		m_status(s, k, id, params);
 	else if (strcmp(method, "list") == 0)
@@ -508,7 +962,7 @@ static void on_too_long(void *ud)
 {
 	struct line_ctx *lc = ud;
 	char msg[100];
-	snprintf(msg, sizeof(msg), "request line over %u bytes; it was dropped", CAP_RPC_LINE_MAX);
+	snprintf(msg, sizeof(msg), "request line over %zu bytes; it was dropped", REQUEST_MAX);
 	cap_rpc_put_error(&lc->k->out, NULL, CAP_RPC_INVALID, msg, NULL);
 }
 
@@ -547,6 +1001,7 @@ static void rpc_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
 			k = xcalloc(1, sizeof(*k));
 			k->fd = fd;
 			cap_rpc_reader_init(&k->rd);
+			k->rd.max = REQUEST_MAX;	/* an inline upload */
 			cap_buf_init(&k->out);
 			k->next = s->conns;
 			s->conns = k;
@@ -637,6 +1092,7 @@ void cap_rpc_server_free(struct cap_rpc_server *s)
 		for (struct pending *p = k->calls, *next; p; p = next) {
 			next = p->next;	/* the core is gone: nothing will answer */
 			json_decref(p->id);
+			free(p->owned_to);
 			free(p);
 		}
 		close(k->fd);
@@ -690,19 +1146,85 @@ static enum cap_ctl_code code_from(int code)
 	}
 }
 
+/* Everything a parsed answer points to beyond the answer itself, in one
+ * allocation (freed with one free()). */
+struct parsed {
+	struct cap_ctl_import imp;
+	struct cap_ctl_xfer_out xfer;
+	/* then: the import's conflicts and refused, the transfer's refused
+	 * (const char *), then the entries */
+};
+
+static size_t list_count(json_t *a)
+{
+	return json_is_array(a) ? json_array_size(a) : 0;
+}
+
+/* Point v[0..n) at the strings of a ("" for what is not one). */
+static void list_fill(json_t *a, const char **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		const char *s = json_string_value(json_array_get(a, i));
+		v[i] = s ? s : "";
+	}
+}
+
+static void counts_from(json_t *o, struct cap_ctl_xfer_out *x)
+{
+	x->files = (uint64_t)json_integer_value(json_object_get(o, "files"));
+	x->dirs = (uint64_t)json_integer_value(json_object_get(o, "dirs"));
+	x->links = (uint64_t)json_integer_value(json_object_get(o, "links"));
+	x->bytes = (uint64_t)json_integer_value(json_object_get(o, "bytes"));
+}
+
 void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl_result *out,
 			  void **owned)
 {
 	json_t *error = json_object_get(answer, "error");
 	json_t *res = json_object_get(answer, "result");
+	json_t *data = json_object_get(error, "data");
+	json_t *where = error ? data : res;	/* what carries import and counts */
+	json_t *imp = json_object_get(where, "import");
+	json_t *ic = json_object_get(imp, "conflicts"), *ir = json_object_get(imp, "refused");
+	json_t *xr = json_object_get(where, "refused");
+	json_t *entries = json_object_get(res, "entries");
+	bool is_dir = !error && kind == CAP_CTL_FILE && json_is_object(res) &&
+		      json_string_value(json_object_get(res, "kind")) &&
+		      strcmp(json_string_value(json_object_get(res, "kind")), "directory") == 0;
+	size_t nic = list_count(ic), nir = list_count(ir), nxr = list_count(xr);
+	size_t ne = is_dir ? list_count(entries) : 0;
 	memset(out, 0, sizeof(*out));
-	*owned = NULL;
+	struct parsed *p = xcalloc(1, sizeof(*p) + (nic + nir + nxr) * sizeof(char *) +
+					  (ne + 1) * sizeof(struct cap_ctl_entry));
+	const char **lists = (const char **)(p + 1);
+	struct cap_ctl_entry *v = (struct cap_ctl_entry *)(lists + nic + nir + nxr);
+	*owned = p;
 	out->kind = kind;
+	if (json_is_object(imp)) {
+		list_fill(ic, lists, nic);
+		list_fill(ir, lists + nic, nir);
+		counts_from(imp, &p->imp.out);
+		p->imp.out.conflicts = lists;
+		p->imp.out.nconflicts = nic;
+		p->imp.out.refused = lists + nic;
+		p->imp.out.nrefused = nir;
+		p->imp.from = json_string_value(json_object_get(imp, "from"));
+		p->imp.msg = json_string_value(json_object_get(imp, "error"));
+		p->imp.r = p->imp.msg ? -EIO : 0;
+		out->import = &p->imp;
+	}
+	if (kind == CAP_CTL_XFER) {
+		list_fill(xr, lists + nic + nir, nxr);
+		counts_from(where, &p->xfer);
+		p->xfer.refused = lists + nic + nir;
+		p->xfer.nrefused = nxr;
+		out->xfer = &p->xfer;
+	}
 	if (error || !json_is_object(res)) {
 		const char *msg = json_string_value(json_object_get(error, "message"));
 		out->code = code_from((int)json_integer_value(json_object_get(error, "code")));
 		out->msg = msg ? msg : "the controller sent an answer without a result";
-		out->errnum = (int)json_integer_value(json_object_get(json_object_get(error, "data"), "errno"));
+		out->errnum = (int)json_integer_value(json_object_get(data, "errno"));
 		return;
 	}
 	out->sandbox = json_string_value(json_object_get(res, "sandbox"));
@@ -729,13 +1251,9 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 	if (kind != CAP_CTL_FILE)
 		return;
 	out->written = (uint64_t)json_integer_value(json_object_get(res, "bytes"));
-	const char *k = json_string_value(json_object_get(res, "kind"));
-	if (k && strcmp(k, "directory") == 0) {
-		json_t *a = json_object_get(res, "entries");
-		size_t n = json_array_size(a);
-		struct cap_ctl_entry *v = xcalloc(n + 1, sizeof(*v));
-		for (size_t e = 0; e < n; e++) {
-			json_t *o = json_array_get(a, e);
+	if (is_dir) {
+		for (size_t e = 0; e < ne; e++) {
+			json_t *o = json_array_get(entries, e);
 			const char *t = json_string_value(json_object_get(o, "type"));
 			const char *name = json_string_value(json_object_get(o, "name"));
 			v[e].type = !t ? 'o' : strcmp(t, "directory") == 0 ? 'd' : strcmp(t, "file") == 0 ? 'f' :
@@ -745,9 +1263,8 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 		}
 		out->is_dir = true;
 		out->entries = v;
-		out->nentries = n;
+		out->nentries = ne;
 		out->entries_truncated = json_is_true(json_object_get(res, "truncated"));
-		*owned = v;
 	} else {
 		json_t *content = json_object_get(res, "content");
 		out->content = (const uint8_t *)(json_string_value(content) ? json_string_value(content) : "");

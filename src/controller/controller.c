@@ -7,12 +7,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "controller-internal.h"
@@ -20,6 +26,7 @@
 #include "paths.h"
 #include "sha256.h"
 #include "util.h"
+#include "xfer.h"
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c)
 {
@@ -46,6 +53,48 @@ bool cap_controller_id_valid(const char *s)
 
 /* --- state ------------------------------------------------------------------ */
 
+/* Shared between the loop (which cancels) and a worker thread (whose
+ * backend names the descriptor a cancel shuts down). */
+struct cap_ctl_xfer_watch {
+	pthread_mutex_t lock;
+	int fd;	/* -1: none yet (or any more) */
+	bool cancelled;
+};
+
+/* A transfer or a private import, run in a worker thread: the thread
+ * reads the inputs, writes the outputs, then signals efd; the loop reads
+ * the outputs only after it has joined the thread. Nothing else is
+ * shared: the thread never touches the controller. */
+struct task {
+	pthread_t thread;
+	int efd;
+	struct cap_ctl_xfer_watch w;
+	const struct cap_ctl_backend *be;
+	void *bud;
+	/* inputs */
+	bool import;	/* a private import of host into /work */
+	char name[CAP_NAME_MAX + 1];
+	bool put;
+	char root[16];
+	char *owned_path;	/* put: where (relative; "" for the root); get: what */
+	char *owned_host;	/* NULL for a put of data */
+	const uint8_t *data;	/* borrowed from the call, which outlives the task */
+	size_t len;
+	unsigned mode;
+	/* outputs */
+	int r;
+	bool absent;	/* import: the host directory does not exist */
+	struct cap_err err;
+	struct cap_xfer_result res;
+};
+
+/* An import's outcome until the call it goes with ends. */
+struct import_report {
+	struct cap_ctl_import pub;	/* points into the fields below */
+	char *owned_from, *owned_msg;
+	struct cap_xfer_result res;
+};
+
 struct cap_ctl_fe {
 	const struct cap_ctl_frontend_ops *ops;
 	void *fe;
@@ -68,6 +117,12 @@ struct cap_ctl_call {
 	uint8_t *owned_data;
 	uint32_t stream;
 	bool cancelled;
+	/* XFER */
+	bool put;
+	char *owned_host;
+	size_t len;
+	unsigned mode;
+	char why[1024];	/* the sandbox went away under it: what to answer */
 	/* Answered by the host's deadline while the guest still holds the
 	 * stream: kept (on ident->abandoned) until the guest or its VM lets
 	 * go of it, since the VM's callbacks still point here. */
@@ -103,10 +158,18 @@ struct ident {
 	struct cap_ctl_call *queue;
 	struct cap_ctl_call *active;
 	struct cap_ctl_call *abandoned;
+	/* The worker thread of the active XFER call, or of the private
+	 * import (with no active call). */
+	struct task *task;
+	/* Private import: whether the record was looked at (and the import
+	 * run if due) since the sandbox last started; the outcome waiting
+	 * for a call to carry it. */
+	bool import_checked;
+	struct import_report *report;
 	struct ident *next;
 };
 
-enum slot_kind { SLOT_SIGNAL, SLOT_FE, SLOT_VM, SLOT_JOB };
+enum slot_kind { SLOT_SIGNAL, SLOT_FE, SLOT_VM, SLOT_JOB, SLOT_TASK };
 
 struct slot {
 	enum slot_kind kind;
@@ -334,7 +397,7 @@ static bool idle_and_down(const struct ident *i)
 {
 	return !i->pool && (i->lc.state == CAP_VM_NONE || i->lc.state == CAP_VM_STOPPED) &&
 	       !i->queue && !i->active && !i->job && !i->vm && !i->remove_retry_at &&
-	       !i->exit_wait_until;
+	       !i->exit_wait_until && !i->task && !i->report;
 }
 
 /* Identities with nothing resident and nothing to do live on disk only. */
@@ -367,6 +430,7 @@ static void call_free(struct cap_ctl_call *k)
 	free(k->owned_stdin);
 	free(k->owned_path);
 	free(k->owned_data);
+	free(k->owned_host);
 	cap_buf_fini(&k->out);
 	cap_buf_fini(&k->err);
 	free(k);
@@ -412,18 +476,52 @@ static struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl
 			.limit_entries = CAP_CTL_LIST_MAX, .root = k->root, .path = k->owned_path,
 			.data = k->owned_data, .len = r->len,
 		};
+	} else if (r->kind == CAP_CTL_XFER) {
+		snprintf(k->root, sizeof(k->root), "%s", r->root);
+		k->owned_path = xstrdup(r->path);
+		k->put = r->put;
+		k->owned_host = r->host ? xstrdup(r->host) : NULL;
+		if (r->put && !r->host) {
+			k->owned_data = dup_bytes(r->data, r->len);
+			k->len = r->len;
+			k->mode = r->mode & 07777;
+		}
 	}
 	return k;
+}
+
+static void report_free(struct import_report *p)
+{
+	if (!p)
+		return;
+	free(p->owned_from);
+	free(p->owned_msg);
+	cap_xfer_result_fini(&p->res);
+	free(p);
+}
+
+static bool is_tool(enum cap_ctl_kind kind)
+{
+	return kind == CAP_CTL_EXEC || kind == CAP_CTL_FILE || kind == CAP_CTL_XFER;
 }
 
 /* Hand the result to the call's front end and free the call. */
 static void deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r)
 {
+	struct import_report *rep = NULL;
 	r->kind = k->kind;
 	if (k->ident && !r->sandbox)
 		r->sandbox = k->ident->name;
+	if (k->ident && k->ident->report && is_tool(k->kind)) {
+		/* The import that ran for this sandbox goes with the first
+		 * call to end after it: the one that made the sandbox. */
+		rep = k->ident->report;
+		k->ident->report = NULL;
+		r->import = &rep->pub;
+	}
 	k->fe->ops->done(k->fe->fe, c, k->tag, r);
 	call_free(k);
+	report_free(rep);
 }
 
 static void fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
@@ -600,6 +698,353 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 
 static const struct cap_exec_events events = { on_output, on_done };
 
+/* --- transfers, in worker threads ----------------------------------------------------- */
+
+int cap_ctl_xfer_watch_fd(struct cap_ctl_xfer_watch *w, int fd)
+{
+	pthread_mutex_lock(&w->lock);
+	bool cancelled = w->cancelled;
+	if (!cancelled)
+		w->fd = fd;
+	pthread_mutex_unlock(&w->lock);
+	return cancelled ? -ECANCELED : 0;
+}
+
+void cap_ctl_xfer_unwatch(struct cap_ctl_xfer_watch *w)
+{
+	pthread_mutex_lock(&w->lock);
+	w->fd = -1;
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* End a running task: its connection is shut down (the descriptor stays
+ * the thread's to close), or it ends as soon as it has one. */
+static void task_abort(struct task *t)
+{
+	pthread_mutex_lock(&t->w.lock);
+	t->w.cancelled = true;
+	if (t->w.fd >= 0)
+		shutdown(t->w.fd, SHUT_RDWR);
+	pthread_mutex_unlock(&t->w.lock);
+}
+
+static void task_free(struct task *t)
+{
+	if (!t)
+		return;
+	if (t->efd >= 0)
+		close(t->efd);
+	pthread_mutex_destroy(&t->w.lock);
+	free(t->owned_path);
+	free(t->owned_host);
+	cap_xfer_result_fini(&t->res);
+	free(t);
+}
+
+static struct task *task_new(struct cap_ctl *c, const struct ident *i)
+{
+	struct task *t = xcalloc(1, sizeof(*t));
+	t->efd = -1;
+	t->w.fd = -1;
+	pthread_mutex_init(&t->w.lock, NULL);
+	t->be = c->be;
+	t->bud = c->bud;
+	snprintf(t->name, sizeof(t->name), "%s", i->name);
+	return t;
+}
+
+/* Write an upload's bytes to a private temporary file (in a directory of
+ * its own, 0700) with the asked mode: put copies it from there like any
+ * host file. *dir and *file are new strings. */
+static int write_temp(const struct task *t, char **dir, char **file, struct cap_err *err)
+{
+	const char *tmp = getenv("TMPDIR");
+	char *d = xasprintf("%s/capsule-upload.XXXXXX", tmp && tmp[0] == '/' ? tmp : "/tmp");
+	if (!mkdtemp(d)) {
+		int e = errno;
+		int r = cap_err_set(err, e, "cannot make a temporary directory %s for the upload: %s", d, strerror(e));
+		free(d);
+		return r;
+	}
+	char *f = xasprintf("%s/content", d);
+	int fd = open(f, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	int r = fd < 0 ? -errno : cap_write_all(fd, t->data, t->len);
+	if (r == 0 && fchmod(fd, t->mode) < 0)
+		r = -errno;
+	if (fd >= 0 && close(fd) < 0 && r == 0)
+		r = -errno;
+	if (r < 0) {
+		cap_err_set(err, -r, "cannot write the upload to %s: %s", f, strerror(-r));
+		unlink(f);
+		rmdir(d);
+		free(f);
+		free(d);
+		return r;
+	}
+	*dir = d;
+	*file = f;
+	return 0;
+}
+
+/* In the worker: an upload or download. */
+static int run_xfer(struct task *t)
+{
+	struct cap_ctl_xfer x = {
+		.name = t->name, .put = t->put, .root = t->root, .host = t->owned_host,
+		.flags = CAP_XFER_RECURSIVE,
+	};
+	if (!t->put) {
+		x.path = t->owned_path;
+		return t->be->xfer(t->bud, &x, &t->w, &t->res, &t->err);
+	}
+	/* root/a/b/name: name beneath a/b. */
+	_cleanup_free_ char *dir = xstrdup(t->owned_path);
+	char *slash = strrchr(dir, '/');
+	x.dest_dir = slash ? dir : "";
+	x.dest_name = slash ? slash + 1 : dir;
+	if (slash)
+		*slash = '\0';
+	if (t->owned_host)
+		return t->be->xfer(t->bud, &x, &t->w, &t->res, &t->err);
+	char *tdir = NULL, *tfile = NULL;
+	int r = write_temp(t, &tdir, &tfile, &t->err);
+	if (r < 0)
+		return r;
+	x.host = tfile;
+	x.flags = 0;	/* one file */
+	r = t->be->xfer(t->bud, &x, &t->w, &t->res, &t->err);
+	unlink(tfile);
+	rmdir(tdir);
+	free(tfile);
+	free(tdir);
+	return r;
+}
+
+/* Whether a component of the import's path is a real directory: not a
+ * symbolic link (the import's tree must not lead elsewhere), not a file.
+ * 1 yes, 0 absent, -errno (err set) otherwise. */
+static int import_dir_ok(const char *path, struct cap_err *err)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return errno == ENOENT ? 0 : cap_err_set(err, errno, "private import: cannot read %s: %s", path, strerror(errno));
+	if (S_ISLNK(st.st_mode))
+		return cap_err_set(err, ELOOP, "private import: %s is a symbolic link; it is not followed (make it a directory)", path);
+	if (!S_ISDIR(st.st_mode))
+		return cap_err_set(err, ENOTDIR, "private import: %s is not a directory", path);
+	return 1;
+}
+
+/* In the worker: the private import of host (DIR/<agent>/<peer>) into
+ * /work: every link and special file refused, differing existing paths
+ * kept (a re-run after a crash copies nothing twice). */
+static int run_import(struct task *t)
+{
+	_cleanup_free_ char *parent = xstrdup(t->owned_host);
+	*strrchr(parent, '/') = '\0';	/* DIR/<agent> */
+	int r = import_dir_ok(parent, &t->err);
+	if (r == 1)
+		r = import_dir_ok(t->owned_host, &t->err);
+	if (r <= 0) {
+		t->absent = r == 0;
+		return r;
+	}
+	struct cap_ctl_xfer x = {
+		.name = t->name, .put = true, .root = "/work", .dest_dir = "", .dest_name = "",
+		.host = t->owned_host,
+		.flags = CAP_XFER_RECURSIVE | CAP_XFER_NO_REPLACE | CAP_XFER_NO_LINKS,
+	};
+	return t->be->xfer(t->bud, &x, &t->w, &t->res, &t->err);
+}
+
+static void *task_main(void *arg)
+{
+	struct task *t = arg;
+	if (!t->be->xfer)
+		t->r = cap_err_set(&t->err, ENOTSUP, "this controller's sandboxes take no transfers");
+	else
+		t->r = t->import ? run_import(t) : run_xfer(t);
+	uint64_t one = 1;
+	/* An eventfd takes this write unless its counter would overflow. */
+	CAP_BUG_ON(write(t->efd, &one, sizeof(one)) != sizeof(one));
+	return NULL;
+}
+
+static int task_begin(struct ident *i, struct task *t, struct cap_err *err)
+{
+	t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (t->efd < 0)
+		return cap_err_set(err, errno, "eventfd: %s", strerror(errno));
+	/* The thread inherits the loop's blocked signals (signalfd's). */
+	int e = pthread_create(&t->thread, NULL, task_main, t);
+	if (e)
+		return cap_err_set(err, e, "cannot start a transfer thread: %s", strerror(e));
+	i->task = t;
+	return 0;
+}
+
+/* Wait for i's task to end (it was aborted, or is ending) and take it. */
+static struct task *task_join(struct ident *i)
+{
+	struct task *t = i->task;
+	i->task = NULL;
+	pthread_join(t->thread, NULL);
+	return t;
+}
+
+static void xfer_out(const struct cap_xfer_result *res, struct cap_ctl_xfer_out *out)
+{
+	*out = (struct cap_ctl_xfer_out){
+		.files = res->files, .dirs = res->dirs, .links = res->links, .bytes = res->bytes,
+		.conflicts = (const char *const *)res->conflicts, .nconflicts = res->nconflicts,
+		.refused = (const char *const *)res->refused, .nrefused = res->nrefused,
+	};
+}
+
+/* Whether an error of a transfer is the sandbox's (its shim or agent
+ * went away or broke the protocol) rather than a refusal of the path. */
+static bool sandbox_errno(int e)
+{
+	return e == EPIPE || e == ECONNRESET || e == ECONNREFUSED || e == ECHILD || e == ETIMEDOUT ||
+	       e == EPROTO || e == EBADMSG || e == ENOTCONN || e == ESHUTDOWN || e == ENOTSUP;
+}
+
+/* The active XFER call's task ended. */
+static void xfer_done(struct cap_ctl *c, struct ident *i, struct task *t)
+{
+	struct cap_ctl_call *k = i->active;
+	struct cap_ctl_xfer_out out;
+	xfer_out(&t->res, &out);
+	struct cap_ctl_result r = { .xfer = &out };
+	char msg[1200];
+	if (k->cancelled) {
+		r.code = CAP_CTL_ECANCELLED;
+		r.msg = "request cancelled";
+	} else if (k->why[0] && t->r < 0) {
+		r.code = CAP_CTL_ESANDBOX;
+		r.msg = k->why;
+	} else if (t->r == -EPERM && t->res.nrefused) {
+		snprintf(msg, sizeof(msg), "%zu path%s refused (listed in data.refused); the rest was copied%s%s",
+			 t->res.nrefused, t->res.nrefused == 1 ? " was" : "s were", t->err.msg[0] ? ": " : "",
+			 t->err.msg);
+		r.code = CAP_CTL_ETOOL;
+		r.msg = msg;
+		r.errnum = EPERM;
+	} else if (t->r < 0) {
+		r.code = sandbox_errno(-t->r) ? CAP_CTL_ESANDBOX : CAP_CTL_ETOOL;
+		r.msg = t->err.msg[0] ? t->err.msg : strerror(-t->r);
+		r.errnum = -t->r;
+	}
+	active_done(c, i, &r);
+}
+
+/* The private import's task ended: note it in the identity's record (so
+ * that it runs once) and keep the outcome for the next call's answer. A
+ * failure is reported and not noted: it runs again at the next start. */
+static void import_done(struct cap_ctl *c, struct ident *i, struct task *t)
+{
+	i->import_checked = true;
+	int r = t->r == -EPERM ? 0 : t->r;
+	struct cap_err err = { 0 };
+	if (r == 0) {
+		struct ctl_ws_import note = {
+			.when = (int64_t)time(NULL), .files = t->res.files, .dirs = t->res.dirs,
+			.bytes = t->res.bytes, .conflicts = t->res.nconflicts, .refused = t->res.nrefused,
+			.absent = t->absent,
+		};
+		if (ctl_ws_note_import(c->home, i->agent, i->peer, &note, &err) < 0)
+			cap_log(CAP_LOG_WARN, "%s/%s: the private import is not noted (it runs again at the next start, keeping what it copied): %s",
+				i->agent, i->peer, err.msg);
+	}
+	if (t->absent) {
+		cap_log(CAP_LOG_INFO, "%s/%s: nothing to import privately (%s does not exist)", i->agent, i->peer,
+			t->owned_host);
+		return;
+	}
+	if (r == 0)
+		cap_log(CAP_LOG_INFO, "%s/%s: privately imported %llu files (%llu bytes) from %s into %s's /work; %zu kept (conflicts), %zu refused",
+			i->agent, i->peer, (unsigned long long)t->res.files, (unsigned long long)t->res.bytes,
+			t->owned_host, i->name, t->res.nconflicts, t->res.nrefused);
+	else
+		cap_log(CAP_LOG_WARN, "%s/%s: the private import from %s failed (it runs again at the next start): %s",
+			i->agent, i->peer, t->owned_host, t->err.msg);
+	struct import_report *p = xcalloc(1, sizeof(*p));
+	p->owned_from = xstrdup(t->owned_host);
+	p->owned_msg = r < 0 ? xstrdup(t->err.msg[0] ? t->err.msg : strerror(-r)) : NULL;
+	p->res = t->res;
+	memset(&t->res, 0, sizeof(t->res));	/* the report owns the lists now */
+	p->pub.from = p->owned_from;
+	p->pub.r = r;
+	p->pub.msg = p->owned_msg;
+	xfer_out(&p->res, &p->pub.out);
+	report_free(i->report);
+	i->report = p;
+}
+
+static void task_finished(struct cap_ctl *c, struct ident *i)
+{
+	uint64_t n;
+	if (read(i->task->efd, &n, sizeof(n)) != sizeof(n))
+		return;	/* not yet (a spurious wakeup) */
+	struct task *t = task_join(i);
+	c->kick = true;
+	if (t->import)
+		import_done(c, i, t);
+	else
+		xfer_done(c, i, t);
+	task_free(t);
+}
+
+/* Start the active XFER call k in a worker. */
+static void begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
+{
+	struct cap_err err = { 0 };
+	struct task *t = task_new(c, i);
+	t->put = k->put;
+	snprintf(t->root, sizeof(t->root), "%s", k->root);
+	t->owned_path = xstrdup(k->owned_path);
+	t->owned_host = k->owned_host ? xstrdup(k->owned_host) : NULL;
+	t->data = k->owned_data;
+	t->len = k->len;
+	t->mode = k->mode;
+	if (task_begin(i, t, &err) < 0) {
+		task_free(t);
+		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+	}
+}
+
+/* Whether the private import is due before i's next tool call: it is
+ * configured, and i's record does not note that it ran. */
+static bool import_due(struct cap_ctl *c, struct ident *i)
+{
+	if (!c->cfg.private_import || i->pool || i->import_checked)
+		return false;
+	struct ctl_ws_import note;
+	if (ctl_ws_read_import(c->home, i->agent, i->peer, &note) == 0 && note.when > 0) {
+		i->import_checked = true;
+		return false;
+	}
+	return true;
+}
+
+/* Run the private import of i (its VM runs) in a worker; the queue waits
+ * for it. A worker that cannot start is reported like a failed import. */
+static void begin_import(struct cap_ctl *c, struct ident *i)
+{
+	struct cap_err err = { 0 };
+	struct task *t = task_new(c, i);
+	t->import = true;
+	t->put = true;
+	snprintf(t->root, sizeof(t->root), "/work");
+	t->owned_host = xasprintf("%s/%s/%s", c->cfg.private_import, i->agent, i->peer);
+	if (task_begin(i, t, &err) == 0)
+		return;
+	t->r = err.code ? -err.code : -EIO;
+	t->err = err;
+	import_done(c, i, t);
+	task_free(t);
+}
+
 /* --- the VM of an identity ----------------------------------------------------- */
 
 static void free_abandoned(struct ident *i)
@@ -695,7 +1140,13 @@ static void stopped(struct cap_ctl *c, struct ident *i)
 	set_idle(c, &i->lc);
 	c->kick = true;
 	struct cap_ctl_call *k = i->active;
-	if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
+	if (i->task) {
+		/* A transfer or import ends with its connection; an XFER call
+		 * is answered when its worker has let go. */
+		if (k && k->kind == CAP_CTL_XFER && !k->why[0])
+			snprintf(k->why, sizeof(k->why), "the sandbox was stopped while the transfer ran");
+		task_abort(i->task);
+	} else if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
 		if (k->cancelled)
 			active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
 		else
@@ -728,10 +1179,15 @@ static void vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
 	detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
 	set_idle(c, &i->lc);
-	if (i->active && i->active->cancelled)
+	if (i->task) {
+		if (i->active && !i->active->why[0])
+			snprintf(i->active->why, sizeof(i->active->why), "%s", why);
+		task_abort(i->task);	/* answered when its worker ends */
+	} else if (i->active && i->active->cancelled) {
 		active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
-	else if (i->active)
+	} else if (i->active) {
 		active_fail(c, i, CAP_CTL_ESANDBOX, why, 0);
+	}
 	c->kick = true;
 }
 
@@ -743,6 +1199,7 @@ static int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, 
 	struct cap_ctl_job_req j = {
 		.kind = kind, .name = i->name, .create = create,
 		.image = c->cfg.image, .source = c->cfg.source, .network = c->cfg.network,
+		.workspace = c->cfg.workspace,
 	};
 	int r = c->be->job_begin(c->bud, &j, &i->job_fd, &i->job_pid, err);
 	if (r < 0)
@@ -764,6 +1221,7 @@ static int begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 	if ((r = begin_job(c, i, CAP_CTL_JOB_START, true, err)) < 0)
 		return r;
 	i->lc.state = CAP_VM_STARTING;
+	i->import_checked = false;	/* a crash before its note: it runs again */
 	return 0;
 }
 
@@ -818,7 +1276,7 @@ static void check_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		 * sandbox and its disks are untouched. */
 		i->checked = false;
 		struct cap_ctl_call *k = i->queue;
-		if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
+		if (k && is_tool(k->kind)) {
 			unqueue(i, k);
 			fail(c, k, CAP_CTL_ESANDBOX, out->msg, -out->r);
 		}
@@ -975,6 +1433,10 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 		begin_stop(c, i);
 		return;	/* finished when the VM is gone (stopped) */
 	}
+	if (k->kind == CAP_CTL_XFER) {
+		begin_xfer(c, i, k);
+		return;	/* finished when its worker ends (task_finished) */
+	}
 	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms)
 		k->deadline = cap_now_ms() + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
 	int r = k->kind == CAP_CTL_FILE
@@ -1019,16 +1481,16 @@ static void pump(struct cap_ctl *c, struct ident *i)
 		/* Tool calls are refused at once, whatever the VM is doing. */
 		for (struct cap_ctl_call *k = i->queue, *next; k; k = next) {
 			next = k->next;
-			if (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE) {
+			if (is_tool(k->kind)) {
 				unqueue(i, k);
 				fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
 			}
 		}
 	}
-	if (i->active || !i->queue || i->job || i->op != OP_NONE)
+	if (i->active || !i->queue || i->job || i->op != OP_NONE || i->task)
 		return;
 	struct cap_ctl_call *k = i->queue;
-	bool tool = k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE;
+	bool tool = is_tool(k->kind);
 	switch (i->lc.state) {
 	case CAP_VM_RUNNING:
 	case CAP_VM_PAUSED:
@@ -1044,6 +1506,11 @@ static void pump(struct cap_ctl *c, struct ident *i)
 		if (tool && i->lc.state == CAP_VM_PAUSED) {
 			c->be->vm_op(i->vm, false);	/* answered in step_vm */
 			i->op = OP_RESUME;
+			return;
+		}
+		if (tool && import_due(c, i)) {
+			begin_import(c, i);	/* the call starts once it ended */
+			c->kick = true;
 			return;
 		}
 		start_call(c, i, k);
@@ -1142,7 +1609,9 @@ bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k)
 		if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE)
 			return false;	/* a stop is not taken back */
 		k->cancelled = true;
-		if (i->vm)
+		if (k->kind == CAP_CTL_XFER && i->task)
+			task_abort(i->task);	/* answered once its worker ended */
+		else if (i->vm)
 			c->be->signal(i->vm, k->stream, SIGKILL);
 		return true;
 	}
@@ -1150,6 +1619,15 @@ bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k)
 	fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
 	c->kick = true;
 	return true;
+}
+
+/* When the private import ran for an identity (0: not, or none set). */
+static int64_t imported(struct cap_ctl *c, const char *agent, const char *peer)
+{
+	struct ctl_ws_import note;
+	if (!c->cfg.private_import || !agent[0] || ctl_ws_read_import(c->home, agent, peer, &note) < 0)
+		return 0;
+	return note.when;
 }
 
 static void fill_status(struct cap_ctl *c, const struct ident *i, struct cap_ctl_status *out)
@@ -1161,6 +1639,7 @@ static void fill_status(struct cap_ctl *c, const struct ident *i, struct cap_ctl
 	out->active = i->lc.active;
 	out->queued = i->lc.queued;
 	out->idle_ms = i->lc.active ? 0 : cap_ctl_now(c) - i->lc.idle_since;
+	out->imported = imported(c, i->agent, i->peer);
 }
 
 /* The state of a sandbox no identity in memory has: from its shim. */
@@ -1177,6 +1656,7 @@ static void disk_status(struct cap_ctl *c, const char *agent, const char *peer, 
 		return;
 	}
 	snprintf(out->sandbox, sizeof(out->sandbox), "%s", name);
+	out->imported = imported(c, agent, peer);
 }
 
 void cap_ctl_status(struct cap_ctl *c, const char *agent, const char *peer,
@@ -1477,7 +1957,7 @@ static int next_timeout(struct cap_ctl *c)
 static bool busy(struct cap_ctl *c)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
-		if (cap_vm_state_resident(i->lc.state) || i->job || i->remove_retry_at || i->queue)
+		if (cap_vm_state_resident(i->lc.state) || i->job || i->remove_retry_at || i->queue || i->task)
 			return true;
 	return false;
 }
@@ -1493,6 +1973,8 @@ void cap_ctl_shutdown(struct cap_ctl *c, const char *why)
 			f->ops->shutdown(f->fe, c);
 	for (struct ident *i = c->idents; i; i = i->next) {
 		fail_queue(c, i, CAP_CTL_ESANDBOX, "the controller is shutting down");
+		if (i->task)
+			task_abort(i->task);	/* transfers end now, imports too */
 		if (cap_vm_state_resident(i->lc.state))
 			begin_stop(c, i);
 	}
@@ -1581,6 +2063,8 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 	for (struct ident *i = c->idents; i; i = i->next) {
 		if (i->job)
 			add_slot(p, i->job_fd, POLLIN, SLOT_JOB, i);
+		if (i->task)
+			add_slot(p, i->task->efd, POLLIN, SLOT_TASK, i);
 		if (i->vm) {
 			struct pollfd v[CAP_CTL_VM_NPOLL];
 			c->be->pollfds(i->vm, v);
@@ -1615,6 +2099,10 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 			f->ops->ready(f->fe, c, s->tag, rev);
 		} else if (s->kind == SLOT_JOB) {
 			job_finished(c, s->p);
+		} else if (s->kind == SLOT_TASK) {
+			struct ident *i = s->p;
+			if (i->task)
+				task_finished(c, i);
 		}
 	}
 	for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
@@ -1684,6 +2172,11 @@ void cap_ctl_free(struct cap_ctl *c)
 	while (c->idents) {
 		struct ident *i = c->idents;
 		c->idents = i->next;
+		if (i->task) {	/* only when the loop did not run to its end */
+			task_abort(i->task);
+			task_free(task_join(i));
+		}
+		report_free(i->report);
 		detach(c, i);
 		if (i->job)
 			close(i->job_fd);	/* the child finishes on its own */

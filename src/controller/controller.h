@@ -25,6 +25,7 @@
 struct cap_ctl_backend;
 
 struct cap_net_policy;
+struct cap_xfer_result;	/* src/sandbox/xfer.h */
 
 struct cap_controller_cfg {
 	struct cap_lifecycle_cfg lc;
@@ -49,6 +50,21 @@ struct cap_controller_cfg {
 	 * shims); tests give a fake. Borrowed for the controller's life. */
 	const struct cap_ctl_backend *backend;
 	void *backend_ud;
+	/* The host project copied to /workspace of every new sandbox (one
+	 * copy per identity, made when its sandbox is created), absolute;
+	 * NULL: none. Borrowed. */
+	const char *workspace;
+	/* Private import (docs/serve.md): when an identity's sandbox is
+	 * first made, DIR/<agent>/<peer>/ is copied into its /work, links
+	 * and special files refused, existing different content kept; the
+	 * identity's record notes it so that it runs once. Absolute; NULL:
+	 * off. Borrowed. */
+	const char *private_import;
+	/* Host directories that upload's `from` and download's `to` may
+	 * name (absolute, resolved: cap_ctl_transfer_dirs_resolve); none:
+	 * both are refused. Borrowed. */
+	const char *const *transfer_dirs;
+	size_t ntransfer_dirs;
 };
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c);
@@ -75,7 +91,10 @@ int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out);
 
 /* --- requests and results ------------------------------------------------ */
 
-enum cap_ctl_kind { CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE };
+/* XFER: an upload or download (docs/serve.md), run in a worker thread on
+ * a connection of its own to the sandbox's shim, serialized with the
+ * identity's other calls. */
+enum cap_ctl_kind { CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE, CAP_CTL_XFER };
 
 enum cap_ctl_code {
 	CAP_CTL_OK,
@@ -87,6 +106,8 @@ enum cap_ctl_code {
 
 #define CAP_CTL_READ_MAX (2u << 20)
 #define CAP_CTL_LIST_MAX 500
+/* The largest file an upload or download carries inline (base64). */
+#define CAP_CTL_INLINE_MAX (16u << 20)
 
 /* A request; everything is borrowed for the call of cap_ctl_submit, which
  * copies what it keeps. */
@@ -98,9 +119,41 @@ struct cap_ctl_req {
 	enum cap_file_op op;	/* FILE */
 	const char *root;	/* "/source" or "/work" */
 	const char *path;	/* relative, checked by the front end */
-	const void *data;	/* WRITE */
+	const void *data;	/* WRITE; XFER put without host: the file's bytes */
 	size_t len;
 	uint32_t limit;	/* READ: most bytes (0: CAP_CTL_READ_MAX) */
+	/* XFER: put copies host (or data) to root/path, get copies
+	 * root/path to host. root is "/work" or "/workspace" for put, and
+	 * "/source" too for get; path is relative ("" only for a put of a
+	 * directory: its contents go directly beneath root). */
+	bool put;
+	/* XFER: put: the host file or directory (resolved, inside a
+	 * transfer directory), or NULL to write data as one file; get:
+	 * where the copy goes (must not exist; its parent must). */
+	const char *host;
+	unsigned mode;	/* XFER put of data: permission bits (07777) */
+};
+
+/* What a transfer copied (also when it failed part way): counts and the
+ * paths kept or refused, each list borrowed with the result. */
+struct cap_ctl_xfer_out {
+	uint64_t files, dirs, links, bytes;
+	const char *const *conflicts;	/* kept as they were in the guest */
+	size_t nconflicts;
+	const char *const *refused;	/* "PATH: why" */
+	size_t nrefused;
+};
+
+/* The private import of an identity, reported with the first call that
+ * ends after it ran (the call that made the sandbox). */
+struct cap_ctl_import {
+	const char *from;	/* the host directory */
+	/* 0: done (out says what was copied, kept and refused); -errno:
+	 * it failed (msg), nothing is noted and it runs again at the next
+	 * start of the sandbox. */
+	int r;
+	const char *msg;
+	struct cap_ctl_xfer_out out;
 };
 
 struct cap_ctl_entry {
@@ -133,6 +186,12 @@ struct cap_ctl_result {
 	/* What the host did beyond the guest's answer (a command the guest
 	 * did not end in time), or NULL. */
 	const char *note;
+	/* XFER: what was copied; also on a failure that came after some
+	 * of it (refused paths), else NULL. */
+	const struct cap_ctl_xfer_out *xfer;
+	/* A tool call's (EXEC, FILE, XFER): the private import that ran
+	 * before it, when it is the first call to end after one; NULL. */
+	const struct cap_ctl_import *import;
 };
 
 struct cap_ctl_status {
@@ -141,6 +200,9 @@ struct cap_ctl_status {
 	enum cap_vm_state state;
 	unsigned active, queued;
 	int64_t idle_ms;	/* -1 when unknown (not resident) */
+	/* With private import: when it ran for this identity (Unix time),
+	 * 0 when it has not (yet). */
+	int64_t imported;
 };
 
 struct cap_ctl_pool_info {
@@ -227,6 +289,33 @@ int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now);
 /* The lifecycle clock (ms). */
 int64_t cap_ctl_now(const struct cap_ctl *c);
 
+/* --- transfer directories ------------------------------------------------------- */
+
+/* Resolve the directories given with --transfer-dir (realpath: each must
+ * exist and be a directory). *out is a new NULL-terminated array of new
+ * strings (cap_ctl_transfer_dirs_free). -errno with err naming the one
+ * at fault. */
+int cap_ctl_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
+				  struct cap_err *err);
+void cap_ctl_transfer_dirs_free(char **dirs);
+
+/* Whether path (absolute, resolved) is dir or beneath it (dir absolute,
+ * resolved, without a trailing '/' unless it is "/"). Pure. */
+bool cap_ctl_path_within(const char *dir, const char *path);
+
+/* A host path an upload copies from: it must exist and resolve (every
+ * symbolic link followed) inside one of dirs. *out: the resolved path, a
+ * new string. -EACCES naming the path and the directories when it is
+ * outside (or there are none), -errno when it cannot be resolved. */
+int cap_ctl_transfer_source(const char *const *dirs, size_t n, const char *path,
+			    char **out, struct cap_err *err);
+/* A host path a download writes to: it must not exist, and its parent
+ * must resolve inside one of dirs; its last component must be a name
+ * (not "." or ".."). *out: the resolved parent joined with that name, a
+ * new string. -EEXIST, -EACCES, -errno with err set. */
+int cap_ctl_transfer_dest(const char *const *dirs, size_t n, const char *path,
+			  char **out, struct cap_err *err);
+
 /* --- sandboxes, behind a table (the real one drives named sandboxes;
  * unit tests give a fake) ----------------------------------------------------- */
 
@@ -247,6 +336,7 @@ struct cap_ctl_job_req {
 	const char *name;
 	bool create;	/* START: create it first when missing */
 	const char *image, *source;	/* of a new sandbox */
+	const char *workspace;	/* of a new sandbox: its /workspace, or NULL */
 	const struct cap_net_policy *network;	/* of every sandbox, NULL: none */
 };
 
@@ -259,6 +349,31 @@ struct cap_ctl_job_out {
 };
 
 #define CAP_CTL_VM_NPOLL 2
+
+/* One transfer, as the backend's xfer gets it (everything borrowed for
+ * the call). put: host (a file or directory) goes to root/dest_dir as
+ * dest_name ("" with a directory: its contents go directly there); get:
+ * root/path goes to host. flags: CAP_XFER_* (src/sandbox/xfer.h). */
+struct cap_ctl_xfer {
+	const char *name;	/* the sandbox, running */
+	bool put;
+	const char *root;
+	const char *path;	/* get */
+	const char *dest_dir, *dest_name;	/* put */
+	const char *host;
+	unsigned flags;
+};
+
+/* A running transfer's link to cancellation: the backend names the
+ * descriptor that carries it (the shim connection) once it has one, and
+ * a cancel (or the controller's shutdown) shuts that descriptor down
+ * (shutdown(2), from the loop's thread), which ends the transfer with an
+ * error. */
+struct cap_ctl_xfer_watch;
+/* 0, or -ECANCELED when it was cancelled already (end the transfer). */
+int cap_ctl_xfer_watch_fd(struct cap_ctl_xfer_watch *w, int fd);
+/* Before the descriptor is closed. */
+void cap_ctl_xfer_unwatch(struct cap_ctl_xfer_watch *w);
 
 struct cap_ctl_backend {
 	int (*job_begin)(void *ud, const struct cap_ctl_job_req *j, int *fd,
@@ -294,6 +409,14 @@ struct cap_ctl_backend {
 	void (*pollfds)(void *vm, struct pollfd *pfd);	/* CAP_CTL_VM_NPOLL */
 	int (*dispatch)(void *vm, const struct pollfd *pfd, struct cap_err *err);
 	void (*vm_free)(void *vm);
+	/* Run a transfer to its end: called in a worker thread, it must
+	 * touch nothing but its arguments (and what the sandbox layer
+	 * does). *res (zeroed by the caller, who finishes it with
+	 * cap_xfer_result_fini) may be filled on failure too. 0, -EPERM
+	 * when some paths were refused (listed; the rest copied), other
+	 * -errno with err set. NULL: transfers are refused. */
+	int (*xfer)(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_watch *w,
+		    struct cap_xfer_result *res, struct cap_err *err);
 };
 
 #endif

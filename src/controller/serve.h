@@ -7,6 +7,8 @@
 #define CAP_SERVE_H
 
 #include <jansson.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "controller.h"
 #include "err.h"
@@ -24,10 +26,22 @@ int cap_rpc_server_new(struct cap_ctl *c, const char *path,
 void cap_rpc_server_free(struct cap_rpc_server *s);
 
 /* The typed result of an answer to a tool method (exec, read_file,
- * list_directory, write_file, stop, remove): strings and entries point
- * into answer (borrowed) and into *owned (free() it after use). */
+ * list_directory, write_file, upload, download with "to", stop, remove),
+ * with the private import it carries: strings point into answer
+ * (borrowed), entries and lists into *owned (free() it after use). */
 void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind,
 			  struct cap_ctl_result *out, void **owned);
+
+/* The private import's outcome as the methods' answers carry it
+ * ("import": docs/serve.md). A new reference. */
+json_t *cap_rpc_import_json(const struct cap_ctl_import *imp);
+
+/* Base64 (RFC 4648, padded, no line breaks). Encode: a new
+ * NUL-terminated string of *len characters. Decode: the byte count with
+ * *out a new buffer, or -EINVAL with *bad the offset of the first
+ * character (or the length) at fault. */
+char *cap_base64_encode(const void *p, size_t n, size_t *len);
+ssize_t cap_base64_decode(const char *s, size_t n, uint8_t **out, size_t *bad);
 
 /* One request and its answer, synchronously (the CLI): connect to socket,
  * send method with params (stolen), wait up to timeout_ms. The result is

@@ -1,6 +1,7 @@
 /* The identity → sandbox mapping: CAPSULE_HOME/workspaces/<agent>/<peer>/
  * record.json, written atomically before the sandbox it names is made, so
- * that a crash leaves a known sandbox and never an orphan disk. */
+ * that a crash leaves a known sandbox and never an orphan disk. It also
+ * notes the private import once it ran ("imported", "import"). */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -50,6 +51,54 @@ int ctl_ws_read(const char *home, const char *agent, const char *peer,
 	}
 	json_decref(j);
 	return r;
+}
+
+int ctl_ws_note_import(const char *home, const char *agent, const char *peer,
+		       const struct ctl_ws_import *note, struct cap_err *err)
+{
+	_cleanup_free_ char *path = record_path(home, agent, peer);
+	json_error_t je;
+	json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+	if (!json_is_object(j)) {
+		json_decref(j);
+		return cap_err_set(err, EBADMSG, "cannot read %s: %s", path, je.text);
+	}
+	json_object_set_new(j, "imported", json_integer((json_int_t)note->when));
+	json_object_set_new(j, "import", json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}",
+						   "files", (json_int_t)note->files, "dirs", (json_int_t)note->dirs,
+						   "bytes", (json_int_t)note->bytes,
+						   "conflicts", (json_int_t)note->conflicts,
+						   "refused", (json_int_t)note->refused, "absent", note->absent));
+	char *text = json_dumps(j, JSON_INDENT(2));
+	json_decref(j);
+	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
+	free(text);
+	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
+}
+
+int ctl_ws_read_import(const char *home, const char *agent, const char *peer,
+		       struct ctl_ws_import *out)
+{
+	_cleanup_free_ char *path = record_path(home, agent, peer);
+	json_t *j = json_load_file(path, 0, NULL);
+	memset(out, 0, sizeof(*out));
+	if (!json_is_object(j)) {
+		json_decref(j);
+		return -ENOENT;
+	}
+	json_t *when = json_object_get(j, "imported");
+	json_t *what = json_object_get(j, "import");
+	if (json_is_integer(when) && json_integer_value(when) > 0) {
+		out->when = json_integer_value(when);
+		out->files = (uint64_t)json_integer_value(json_object_get(what, "files"));
+		out->dirs = (uint64_t)json_integer_value(json_object_get(what, "dirs"));
+		out->bytes = (uint64_t)json_integer_value(json_object_get(what, "bytes"));
+		out->conflicts = (uint64_t)json_integer_value(json_object_get(what, "conflicts"));
+		out->refused = (uint64_t)json_integer_value(json_object_get(what, "refused"));
+		out->absent = json_is_true(json_object_get(what, "absent"));
+	}
+	json_decref(j);
+	return 0;
 }
 
 void ctl_ws_remove(const char *home, const char *agent, const char *peer)

@@ -132,6 +132,8 @@ static void decide(struct plan *pl, struct node *nd)
 		nd->d = KEEP;
 	else if (same(o, b) || (!o && b && t && b->type != t->type))
 		nd->d = TAKE;
+	else if (is_dir(o) && is_dir(t) && !is_dir(b))
+		nd->d = TAKE;	/* a directory both made: theirs' mode */
 	else
 		nd->d = CONFLICT;
 	if (nd->d == KEEP || !t) {
@@ -216,7 +218,8 @@ static void push(struct phases *ph, int k, enum cap_merge_action a, const struct
 		ph->cap[k] = ph->cap[k] ? ph->cap[k] * 2 : 64;
 		ph->v[k] = xrealloc(ph->v[k], ph->cap[k] * sizeof(*ph->v[k]));
 	}
-	ph->v[k][ph->n[k]++] = (struct cap_merge_op){ a, nd->path, a == CAP_MERGE_REMOVE ? NULL : nd->t, 0 };
+	ph->v[k][ph->n[k]++] = (struct cap_merge_op){ a, nd->path, a == CAP_MERGE_REMOVE ? NULL : nd->t, 0,
+						      a == CAP_MERGE_REMOVE && is_dir(nd->o) };
 }
 
 static void ops_of(struct phases *ph, const struct node *nd)
@@ -527,8 +530,8 @@ static int check(struct apply *a)
 			close(fd);
 			continue;
 		}
-		if (fd == -ENOENT && op->action == CAP_MERGE_REMOVE)
-			continue;
+		if ((fd == -ENOENT || fd == -ENOTDIR) && op->action == CAP_MERGE_REMOVE)
+			continue;	/* nothing there to remove */
 		if ((fd == -ENOENT || fd == -ENOTDIR || fd == -ELOOP) && made_before(mk, nmk, p->ops, i, dir))
 			continue;
 		r = in_the_way(a, op->path, dir, fd, false);
@@ -538,8 +541,8 @@ static int check(struct apply *a)
 }
 
 /* The parent directory of path, open in a->curfd (*base its last
- * component); -ENOENT with err not set when it is missing and that is
- * fine (missing_ok). */
+ * component); -ENOENT with err not set when it is missing (or not a
+ * directory) and that is fine (missing_ok). */
 static int parent(struct apply *a, const char *path, const char **base, bool missing_ok)
 {
 	char *dir = split(path, base);
@@ -554,6 +557,8 @@ static int parent(struct apply *a, const char *path, const char **base, bool mis
 	a->curfd = open_beneath(a->dirfd, dir);
 	if (a->curfd < 0) {
 		int r = a->curfd;
+		if (r == -ENOTDIR && missing_ok)
+			r = -ENOENT;
 		if (r != -ENOENT || !missing_ok)
 			r = in_the_way(a, path, dir, r, true);
 		free(dir);
@@ -656,7 +661,9 @@ static int do_remove(struct apply *a, const struct cap_merge_op *op, int pfd, co
 	struct stat st;
 	if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return errno == ENOENT ? 0 : failed(a, op, "reading it", errno);
-	if (unlinkat(pfd, base, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) == 0 || errno == ENOENT)
+	if (!S_ISDIR(st.st_mode) != !op->dir)
+		return 0;	/* made by a later op of this plan run before */
+	if (unlinkat(pfd, base, op->dir ? AT_REMOVEDIR : 0) == 0 || errno == ENOENT)
 		return 0;
 	if (errno == ENOTEMPTY || errno == EEXIST)
 		return cap_err_set(a->err, ENOTEMPTY, "cannot merge %s: the directory holds entries added on the host since the merge looked; merge again",
@@ -700,8 +707,8 @@ static int sync_touched(struct apply *a)
 		if (r < 0 || (i && strcmp(a->touched[i], a->touched[i - 1]) == 0))
 			continue;
 		int fd = open_beneath(a->dirfd, a->touched[i]);
-		if (fd == -ENOENT)
-			continue;	/* removed by a later op */
+		if (fd == -ENOENT || fd == -ENOTDIR)
+			continue;	/* removed or replaced by a later op */
 		if (fd < 0 || fsync(fd) < 0)
 			r = cap_err_set(a->err, fd < 0 ? -fd : errno, "cannot sync the directory %s after the merge: %s",
 					a->touched[i], strerror(fd < 0 ? -fd : errno));

@@ -200,7 +200,13 @@ static void free_names(char **v, size_t n)
 	free(v);
 }
 
-/* The names in a directory, in readdir order. */
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names in a directory, sorted (so that which entry breaks a rule or
+ * a bound does not depend on readdir order). */
 static int list_dir(int dfd, char ***out, size_t *n)
 {
 	int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
@@ -229,6 +235,8 @@ static int list_dir(int dfd, char ***out, size_t *n)
 		free_names(v, k);
 		return r;
 	}
+	if (k)
+		qsort(v, k, sizeof(char *), cmp_name);
 	*out = v;
 	*n = k;
 	return 0;

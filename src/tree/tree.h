@@ -174,6 +174,9 @@ struct cap_merge_op {
 	const char *path;	/* borrowed from the trees */
 	const struct cap_tree_entry *theirs;	/* NULL for REMOVE */
 	size_t stage;	/* WRITE: index of its staged file (cap_merge_stage_name) */
+	bool dir;	/* REMOVE: the host's entry is a directory (a REMOVE
+			 * leaves an entry of the other kind alone: what a
+			 * later op of the plan made there) */
 };
 
 struct cap_merge_conflict {
@@ -206,7 +209,9 @@ void cap_merge_plan_fini(struct cap_merge_plan *p);
  * changed below a directory the host removed or replaced is one too.
  * When the sandbox replaced an entry with one of another type and the
  * host deleted it, theirs is taken (both agree the old entry goes; this is
- * also what a crash between the two steps of a type change leaves).
+ * also what a crash between the two steps of a type change leaves), and
+ * a directory both sides made takes theirs' mode (also what a crash
+ * before the last chmod of a new directory leaves).
  * Ops are ordered so that apply can run them one by one: removals of
  * files, links and special files, then of directories (deepest first, so
  * that a directory theirs replaced by a file is gone before the write),

@@ -329,8 +329,12 @@ int cap_cli_cp(int argc, char **argv)
 	}
 	for (size_t i = 0; i < res.nrefused; i++)
 		cap_cli_error("not copied: %s", res.refused[i]);
-	if (r < 0)
+	if (r == -EISDIR) {
+		_cleanup_free_ char *shown = src.guest ? guest_shown(&src) : xstrdup(src.host);
+		cap_cli_error("cp: %s is a directory; copy it with -r", shown);
+	} else if (r < 0) {
 		cap_cli_error("cp: %s", err.msg);
+	}
 	if (!quiet && (r == 0 || res.files || res.dirs || res.links))
 		summary(&res);
 	rc = r < 0 ? 1 : 0;

@@ -318,6 +318,9 @@ int cap_xfer_kind(struct cap_sandbox *sb, const char *root, const char *path,
 	} else if (o.ex.kind == CAP_EXIT_START_FAILED && o.ex.value == EXDEV) {
 		r = cap_err_set(err, EXDEV, "%s resolves outside %s (a symbolic link leaving it); paths must stay inside their root",
 				shown, root);
+	} else if (o.ex.kind == CAP_EXIT_START_FAILED && o.nmsgs) {
+		/* The agent's line names the path and the rule. */
+		r = cap_err_set(err, o.ex.value > 0 && o.ex.value < 4096 ? o.ex.value : EIO, "%s", o.msgs[0]);
 	} else {
 		r = op_status(&o, shown, err);
 		if (r >= 0)	/* an exit code READ does not give */
@@ -594,8 +597,7 @@ static int open_entry(int topfd, const char *rel)
 		.flags = O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
 	};
-	int fd = (int)syscall(SYS_openat2, topfd, rel, &how, sizeof(how));
-	return fd < 0 ? -errno : fd;
+	return (int)syscall(SYS_openat2, topfd, rel, &how, sizeof(how));
 }
 
 /* Write one entry (and a file's content) to the stream. 0, 1 when the
@@ -621,7 +623,7 @@ static int put_entry(struct put *p, struct archive *a, struct archive_entry *ae,
 		else
 			fd = open_entry(topfd, h->rel);
 		if (fd < 0) {
-			int e = fd == -1 ? errno : -fd;
+			int e = errno;
 			refuse(p->res, "%s: cannot open it: %s", hp, strerror(e));
 			return 1;
 		}
@@ -731,7 +733,7 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 	 * put before anything is sent. */
 	if (S_ISDIR(st.st_mode)) {
 		if (!(flags & CAP_XFER_RECURSIVE)) {
-			r = cap_err_set(err, EISDIR, "%s is a directory; copying one needs the recursive flag (cp -r)", src);
+			r = cap_err_set(err, EISDIR, "%s is a directory; it is copied only recursively", src);
 			goto out;
 		}
 		topdir = openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1034,7 +1036,7 @@ static int get_consume(struct reader *rd, struct archive *a)
 						  : shown_path(g->root, g->path);
 		mode_t type = archive_entry_filetype(e);
 		if (type == AE_IFDIR && !*rel && !g->recursive) {
-			r = cap_err_set(&rd->err, EISDIR, "%s is a directory; copying one needs the recursive flag (cp -r)",
+			r = cap_err_set(&rd->err, EISDIR, "%s is a directory; it is copied only recursively",
 					gpath);
 			break;
 		}
@@ -1145,7 +1147,7 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 	if (kind == 'o')
 		return cap_err_set(err, EINVAL, "%s is not a regular file, directory or symbolic link", shown);
 	if (kind == 'd' && !(flags & CAP_XFER_RECURSIVE))
-		return cap_err_set(err, EISDIR, "%s is a directory; copying one needs the recursive flag (cp -r)", shown);
+		return cap_err_set(err, EISDIR, "%s is a directory; it is copied only recursively", shown);
 
 	/* Where it goes: into dest when that is a directory, else as dest. */
 	char top[NAME_MAX + 1], name[NAME_MAX + 1];
@@ -1170,7 +1172,10 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 		last_component(dest, name, sizeof(name));
 		if (!component_ok(name))
 			return cap_err_set(err, EINVAL, "%s does not name a file to create", dest);
-		_cleanup_free_ char *parent = xstrndup(dest, dlen - strlen(name));
+		size_t plen = dlen - strlen(name);
+		while (plen > 1 && dest[plen - 1] == '/')
+			plen--;
+		_cleanup_free_ char *parent = xstrndup(dest, plen);
 		dirfd = open(*parent ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (dirfd < 0) {
 			int e = errno;
@@ -1311,9 +1316,9 @@ int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 	f.rd.wfd = -1;
 	pthread_join(f.rd.thread, NULL);
 	f.rd.running = false;
-	/* A missing path is the reader's -ESTALE naming it, and the guest's
-	 * exit 1: the reader's says which. */
-	if (f.rd.rc < 0 && (f.rd.rc == -ESTALE || f.rd.op.rejected || f.rd.op.ex.kind == CAP_EXIT_CODE)) {
+	/* A path gone from the guest is the reader's -ESTALE naming it
+	 * (the guest's exit 1 says less). */
+	if (f.rd.rc == -ESTALE) {
 		*err = f.rd.err;
 		r = f.rd.rc;
 		goto out;

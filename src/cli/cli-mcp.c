@@ -25,6 +25,9 @@ static const char usage[] =
 	"  --peer PEER        Serve one peer\n"
 	"  --image IMAGE      Image of new sandboxes (default base)\n"
 	"  --source DIR       Public data, read-only at /source\n"
+	"  --workspace DIR    A private copy of DIR at /workspace in every new sandbox\n"
+	"  --private-import DIR  Copy DIR/<agent>/<peer>/ into /work when an\n"
+	"                     identity's sandbox first starts (once; see docs/serve.md)\n"
 	"  --enable TOOL      Turn a tool on (repeatable)\n"
 	"  --disable TOOL     Turn a tool off (repeatable)\n"
 	"  --idle-pause S     Pause an idle VM after S seconds (default 30)\n"
@@ -38,13 +41,16 @@ static const char usage[] =
 
 int cap_cli_mcp(int argc, char **argv)
 {
-	enum { O_CONFIG = 400, O_AGENT, O_PEER, O_ENABLE, O_DISABLE, O_PAUSE, O_STOP, O_CAP, O_CLOCK };
+	enum { O_CONFIG = 400, O_AGENT, O_PEER, O_ENABLE, O_DISABLE, O_PAUSE, O_STOP, O_CAP, O_CLOCK,
+	       O_WORKSPACE, O_IMPORT };
 	static const struct option opts[] = {
 		{ "config", required_argument, NULL, O_CONFIG },
 		{ "agent", required_argument, NULL, O_AGENT },
 		{ "peer", required_argument, NULL, O_PEER },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
+		{ "workspace", required_argument, NULL, O_WORKSPACE },
+		{ "private-import", required_argument, NULL, O_IMPORT },
 		{ "enable", required_argument, NULL, O_ENABLE },
 		{ "disable", required_argument, NULL, O_DISABLE },
 		{ "idle-pause", required_argument, NULL, O_PAUSE },
@@ -90,6 +96,8 @@ int cap_cli_mcp(int argc, char **argv)
 		case O_PEER: free(cfg.owned_peer); cfg.owned_peer = xstrdup(optarg); break;
 		case CAP_OPT_IMAGE: free(cfg.owned_image); cfg.owned_image = xstrdup(optarg); break;
 		case CAP_OPT_SOURCE: free(cfg.owned_source); cfg.owned_source = xstrdup(optarg); break;
+		case O_WORKSPACE: free(cfg.owned_workspace); cfg.owned_workspace = xstrdup(optarg); break;
+		case O_IMPORT: free(cfg.owned_private_import); cfg.owned_private_import = xstrdup(optarg); break;
 		case O_ENABLE:
 		case O_DISABLE:
 			if (cap_mcp_tool_parse(optarg, &t) < 0) {

@@ -22,6 +22,13 @@ static const char usage[] =
 	"  --socket PATH       Socket (default $CAPSULE_HOME/serve.sock), mode 0600\n"
 	"  --image IMAGE       Image of new sandboxes (default base)\n"
 	"  --source DIR        Public data projected at /source in every sandbox\n"
+	"  --workspace DIR     A private copy of DIR at /workspace in every new\n"
+	"                      sandbox (made when the identity's sandbox is created)\n"
+	"  --private-import DIR  Copy DIR/<agent>/<peer>/ into /work when an\n"
+	"                      identity's sandbox first starts (once; links and\n"
+	"                      special files refused, existing files kept)\n"
+	"  --transfer-dir DIR  Host directory upload's \"from\" and download's \"to\"\n"
+	"                      may name (repeatable; none: only inline base64)\n"
 	"  --idle-pause S      Pause a VM S seconds after its last call (default 30)\n"
 	"  --idle-stop S       Stop it S seconds after its last call (default 600)\n"
 	"  --capacity N        Resident VMs, paused ones included (default 4)\n"
@@ -33,6 +40,18 @@ static const char usage[] =
 	CAP_CLI_NET_HELP
 	"  The policy is every sandbox's: one made under another follows it from\n"
 	"  its next start. Refusals go to each sandbox's net.log.\n";
+
+/* An existing directory given by option opt, resolved (a new string). */
+static char *existing_dir(const char *opt, const char *arg)
+{
+	struct cap_err err = { 0 };
+	char *real;
+	if (cap_ctl_resolve_dir(opt, arg, &real, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return NULL;
+	}
+	return real;
+}
 
 static int seconds(const char *opt, const char *arg, double *out)
 {
@@ -48,7 +67,8 @@ static int seconds(const char *opt, const char *arg, double *out)
 
 int cap_cli_serve(int argc, char **argv)
 {
-	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL };
+	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL, O_WORKSPACE, O_IMPORT,
+	       O_TRANSFER };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
@@ -59,6 +79,9 @@ int cap_cli_serve(int argc, char **argv)
 		{ "stop-grace", required_argument, NULL, O_GRACE },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
 		{ "warm-pool", required_argument, NULL, O_POOL },
+		{ "workspace", required_argument, NULL, O_WORKSPACE },
+		{ "private-import", required_argument, NULL, O_IMPORT },
+		{ "transfer-dir", required_argument, NULL, O_TRANSFER },
 		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -67,9 +90,13 @@ int cap_cli_serve(int argc, char **argv)
 	const char *socket_path = NULL;
 	struct cap_err err = { 0 };
 	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
+	_cleanup_free_ char *workspace = NULL, *import = NULL;
+	_cleanup_free_ const char **given = xcalloc((size_t)argc + 1, sizeof(char *));
+	size_t ngiven = 0;
+	char **transfer = NULL;
 	unsigned long v;
 	double s;
-	int c, k;
+	int c, k, rc = 2;
 
 	cap_controller_cfg_init(&cfg);
 	cap_net_policy_init(net);
@@ -81,6 +108,17 @@ int cap_cli_serve(int argc, char **argv)
 			continue;
 		switch (c) {
 		case O_SOCKET: socket_path = optarg; break;
+		case O_WORKSPACE:
+			free(workspace);
+			if (!(workspace = existing_dir("--workspace", optarg)))
+				return 2;
+			break;
+		case O_IMPORT:
+			free(import);
+			if (!(import = existing_dir("--private-import", optarg)))
+				return 2;
+			break;
+		case O_TRANSFER: given[ngiven++] = optarg; break;
 		case CAP_OPT_IMAGE: cfg.image = optarg; break;
 		case CAP_OPT_SOURCE: cfg.source = optarg; break;
 		case O_PAUSE:
@@ -127,10 +165,20 @@ int cap_cli_serve(int argc, char **argv)
 	}
 	if (net->enabled)
 		cfg.network = net;
+	if (cap_ctl_transfer_dirs_resolve(given, ngiven, &transfer, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return rc;
+	}
+	cfg.workspace = workspace;
+	cfg.private_import = import;
+	cfg.transfer_dirs = (const char *const *)transfer;
+	cfg.ntransfer_dirs = ngiven;
 	cap_log_set(cap_log_stderr, "serve");
+	rc = 0;
 	if (cap_serve_run(&cfg, socket_path, &err) < 0) {
 		cap_cli_error("%s", err.msg);
-		return CAP_EXIT_FAILURE;
+		rc = CAP_EXIT_FAILURE;
 	}
-	return 0;
+	cap_ctl_transfer_dirs_free(transfer);
+	return rc;
 }

@@ -199,6 +199,21 @@ bool cap_ctl_path_within(const char *dir, const char *path)
 	return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
 }
 
+int cap_ctl_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err)
+{
+	struct stat st;
+	char *real = realpath(path, NULL);
+	int e = real ? 0 : errno;
+	if (real && (stat(real, &st) < 0 || !S_ISDIR(st.st_mode)))
+		e = ENOTDIR;
+	if (e) {
+		free(real);
+		return cap_err_set(err, e, "%s %s: %s (give an existing directory)", what, path, strerror(e));
+	}
+	*out = real;
+	return 0;
+}
+
 void cap_ctl_transfer_dirs_free(char **dirs)
 {
 	for (size_t i = 0; dirs && dirs[i]; i++)
@@ -211,18 +226,11 @@ int cap_ctl_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out
 {
 	char **v = xcalloc(n + 1, sizeof(char *));
 	for (size_t i = 0; i < n; i++) {
-		struct stat st;
-		char *real = realpath(dirs[i], NULL);
-		int e = real ? 0 : errno;
-		if (real && (stat(real, &st) < 0 || !S_ISDIR(st.st_mode)))
-			e = ENOTDIR;
-		if (e) {
-			free(real);
+		int r = cap_ctl_resolve_dir("--transfer-dir", dirs[i], &v[i], err);
+		if (r < 0) {
 			cap_ctl_transfer_dirs_free(v);
-			return cap_err_set(err, e, "transfer directory %s: %s (give an existing directory)", dirs[i],
-					   strerror(e));
+			return r;
 		}
-		v[i] = real;
 	}
 	*out = v;
 	return 0;

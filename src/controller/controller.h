@@ -299,6 +299,11 @@ int cap_ctl_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out
 				  struct cap_err *err);
 void cap_ctl_transfer_dirs_free(char **dirs);
 
+/* A directory setting (what names it in messages: "--workspace"),
+ * resolved with realpath; it must exist and be a directory. *out is a
+ * new string. -errno with err naming it. */
+int cap_ctl_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err);
+
 /* Whether path (absolute, resolved) is dir or beneath it (dir absolute,
  * resolved, without a trailing '/' unless it is "/"). Pure. */
 bool cap_ctl_path_within(const char *dir, const char *path);

@@ -66,6 +66,8 @@ void cap_mcp_cfg_fini(struct cap_mcp_cfg *c)
 	free(c->owned_peer);
 	free(c->owned_image);
 	free(c->owned_source);
+	free(c->owned_workspace);
+	free(c->owned_private_import);
 	free(c->owned_network);
 	memset(c, 0, sizeof(*c));
 }
@@ -172,8 +174,8 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 	json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!j)
 		return cap_err_set(err, EINVAL, "%s: %s (line %d)", path, je.text, je.line);
-	static const char *const top[] = { "agent", "peer", "image", "source", "tools", "limits", "lifecycle",
-					   "network", NULL };
+	static const char *const top[] = { "agent", "peer", "image", "source", "workspace", "private_import",
+					   "tools", "limits", "lifecycle", "network", NULL };
 	static const char *const lim[] = { "read_max_bytes", "read_max_chars", "read_max_lines", "run_timeout_s", NULL };
 	static const char *const life[] = { "idle_pause_s", "idle_stop_s", "capacity", "warm_pool", NULL };
 	int r = 0;
@@ -193,6 +195,10 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 		r = cfg_str(j, "image", &c->owned_image, err);
 	if (r == 0)
 		r = cfg_str(j, "source", &c->owned_source, err);
+	if (r == 0)
+		r = cfg_str(j, "workspace", &c->owned_workspace, err);
+	if (r == 0)
+		r = cfg_str(j, "private_import", &c->owned_private_import, err);
 	if (r == 0 && json_object_get(j, "network"))
 		r = cfg_network(c, json_object_get(j, "network"), err);
 	if (r == 0 && tools) {
@@ -445,6 +451,29 @@ static void unlink_call(struct mcp *m, struct mcp_call *mc)
 }
 
 /* The controller answered a tool call: make it an MCP tool result. */
+/* A tool result (stolen), with the private import that ran before the
+ * call when there was one: a line for the model in the content and the
+ * whole outcome in _meta["capsule/import"] for the orchestrator. */
+static void reply_to(struct mcp *m, json_t *id, json_t *res, const struct cap_ctl_import *imp)
+{
+	if (imp) {
+		const struct cap_ctl_xfer_out *o = &imp->out;
+		char line[600];
+		if (imp->r < 0)
+			snprintf(line, sizeof(line), "[capsule: the private import of your files into /work failed: %s; it is tried again when your sandbox next starts]",
+				 imp->msg ? imp->msg : "unknown error");
+		else
+			snprintf(line, sizeof(line), "[capsule: your private files were imported into /work: %llu files, %llu bytes; %zu existing path%s kept as they were, %zu refused (links and special files)%s]",
+				 (unsigned long long)o->files, (unsigned long long)o->bytes, o->nconflicts,
+				 o->nconflicts == 1 ? "" : "s", o->nrefused,
+				 o->nconflicts || o->nrefused ? "; the details are in the result's _meta" : "");
+		json_array_append_new(json_object_get(res, "content"),
+				      json_pack("{s:s, s:o}", "type", "text", "text", cap_json_text(line)));
+		json_object_set_new(res, "_meta", json_pack("{s:o}", "capsule/import", cap_rpc_import_json(imp)));
+	}
+	result_to(m, id, res);
+}
+
 static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result *r)
 {
 	unlink_call(m, mc);
@@ -455,8 +484,10 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 	}
 	json_t *id = mc->id;
 	if (r->code != CAP_CTL_OK) {
-		tool_error(m, id, "%s%s", r->msg ? r->msg : "the tool failed",
-			   r->code == CAP_CTL_ECAPACITY ? " (every sandbox is busy; try again shortly)" : "");
+		char msg[1200];
+		snprintf(msg, sizeof(msg), "%s%s", r->msg ? r->msg : "the tool failed",
+			 r->code == CAP_CTL_ECAPACITY ? " (every sandbox is busy; try again shortly)" : "");
+		reply_to(m, id, text_result(msg, true), r->import);
 	} else if (mc->tool == CAP_TOOL_RUN_COMMAND) {
 		const struct cap_exit *ex = &r->exit;
 		bool timed = (ex->flags & CAP_EXIT_TIMED_OUT) != 0;
@@ -480,11 +511,11 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 			"exit_code", code ? json_integer(status) : json_null(),
 			"signal", code ? json_null() : json_integer(ex->value), "timed_out", timed,
 			"stdout", out, "stderr", err));
-		result_to(m, id, res);
+		reply_to(m, id, res, r->import);
 	} else if (mc->tool == CAP_TOOL_WRITE_FILE) {
 		char text[4500];
 		snprintf(text, sizeof(text), "wrote %llu bytes to %s", (unsigned long long)r->written, mc->shown);
-		result_to(m, id, text_result(text, false));
+		reply_to(m, id, text_result(text, false), r->import);
 	} else {
 		bool is_error = false;
 		json_t *text;
@@ -493,11 +524,11 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 		else if (mc->tool == CAP_TOOL_LIST_DIRECTORY)
 			text = json_string("not a directory"), is_error = true;
 		else if (!cap_utf8_valid((const char *)r->content, r->content_len))
-			text = json_string("the file is not UTF-8 text; read_file reads text only"), is_error = true;
+			text = json_string("the file is not UTF-8 text (a binary file); read_file reads text only"), is_error = true;
 		else
 			text = window(m, mc, (const char *)r->content, r->content_len, &is_error);
-		result_to(m, id, json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", text,
-					   "isError", is_error));
+		reply_to(m, id, json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", text,
+					  "isError", is_error), r->import);
 	}
 	json_decref(mc->id);
 	free(mc);
@@ -997,6 +1028,21 @@ static bool same_network(const struct cap_net_policy *p, json_t *theirs)
 	return same || !json_is_array(theirs);	/* an older server says nothing */
 }
 
+/* A directory setting of the server's (info), "none" when it has none. */
+static const char *setting(json_t *info, const char *key)
+{
+	const char *v = json_string_value(json_object_get(info, key));
+	return v ? v : "nothing";
+}
+
+/* Whether the server has this directory setting (ours resolved by
+ * cap_mcp_run); none asked for here takes the server's. */
+static bool same_dir(const char *ours, json_t *info, const char *key)
+{
+	const char *theirs = json_string_value(json_object_get(info, key));
+	return !ours || (theirs && strcmp(ours, theirs) == 0);
+}
+
 static int check_server(struct mcp *m, struct cap_err *err)
 {
 	json_t *info = NULL;
@@ -1019,6 +1065,15 @@ static int check_server(struct mcp *m, struct cap_err *err)
 		r = cap_err_set(err, EINVAL,
 				"capsule %s (pid %d) owns this CAPSULE_HOME with another network policy than this capsule mcp's; its sandboxes follow the server's. Give both the same network flags, or use another CAPSULE_HOME",
 				m->holder.frontend, (int)m->holder.pid);
+	else if (!same_dir(m->cfg->owned_workspace, info, "workspace"))
+		r = cap_err_set(err, EINVAL,
+				"capsule %s (pid %d) owns this CAPSULE_HOME and copies %s to new sandboxes' /workspace; capsule mcp's \"workspace\" %s cannot change that. Give both the same, or use another CAPSULE_HOME",
+				m->holder.frontend, (int)m->holder.pid, setting(info, "workspace"), m->cfg->owned_workspace);
+	else if (!same_dir(m->cfg->owned_private_import, info, "private_import"))
+		r = cap_err_set(err, EINVAL,
+				"capsule %s (pid %d) owns this CAPSULE_HOME with private import from %s; capsule mcp's \"private_import\" %s cannot change that. Give both the same, or use another CAPSULE_HOME",
+				m->holder.frontend, (int)m->holder.pid, setting(info, "private_import"),
+				m->cfg->owned_private_import);
 	else if (m->cfg->owned_image && image && strcmp(image, m->cfg->owned_image) != 0)
 		r = cap_err_set(err, EINVAL,
 				"capsule %s (pid %d) owns this CAPSULE_HOME and makes sandboxes from image %s; capsule mcp --image %s cannot change that",
@@ -1086,6 +1141,20 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		return cap_err_set(err, EINVAL, "an agent identity is required (--agent NAME or \"agent\" in the configuration file; 1 to 64 of A-Z a-z 0-9 . _ @ + = : -)");
 	if (cfg->owned_peer && !cap_controller_id_valid(cfg->owned_peer))
 		return cap_err_set(err, EINVAL, "--peer '%s' is not a valid identity part", cfg->owned_peer);
+	/* Directory settings, resolved: compared with a running server's,
+	 * and recorded in each new sandbox. */
+	char **dirs[] = { &cfg->owned_workspace, &cfg->owned_private_import };
+	const char *names[] = { "workspace", "private_import" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(dirs); i++) {
+		char *real;
+		int r;
+		if (!*dirs[i])
+			continue;
+		if ((r = cap_ctl_resolve_dir(names[i], *dirs[i], &real, err)) < 0)
+			return r;
+		free(*dirs[i]);
+		*dirs[i] = real;
+	}
 	struct mcp m = { .cfg = cfg, .srv_fd = -1, .next_rid = 1 };
 	cap_rpc_reader_init(&m.in);
 	cap_rpc_reader_init(&m.srv_in);
@@ -1097,6 +1166,8 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		cfg->ctl.image = cfg->owned_image;
 	if (cfg->owned_source)
 		cfg->ctl.source = cfg->owned_source;
+	cfg->ctl.workspace = cfg->owned_workspace;
+	cfg->ctl.private_import = cfg->owned_private_import;
 	if (cfg->owned_network && cfg->owned_network->enabled)
 		cfg->ctl.network = cfg->owned_network;
 	cfg->has_network = cfg->ctl.network != NULL;

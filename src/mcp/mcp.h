@@ -23,6 +23,11 @@ struct cap_mcp_cfg {
 	uint32_t run_timeout_s;	/* 30 */
 	char *owned_image;
 	char *owned_source;
+	/* A host project copied to /workspace of each new sandbox, and the
+	 * private import's directory (docs/serve.md); NULL: none. Resolved
+	 * (realpath) by cap_mcp_run. */
+	char *owned_workspace;
+	char *owned_private_import;
 	struct cap_net_policy *owned_network;	/* NULL: no network */
 	/* The sandboxes have a network: this policy's, or that of the
 	 * running controller this one joined. What run_command says. */

@@ -1,2 +1,1172 @@
-/* Being written (issue 16). */
-typedef int cap_placeholder_agent_xfer;
+/* The streaming FILE operations (docs/protocol.md): MANIFEST, TAR_OUT and
+ * TAR_IN, each run by agent_xfer_run in a child of the agent that is
+ * already the tool user in its own cgroup, its fd 0-2 pipes to the agent
+ * (which relays them as STDIN, STDOUT and STDERR frames). Every path is
+ * resolved beneath its root with openat2 and never through a symbolic
+ * link below it; every name is checked before use. And, at SETUP, the
+ * workspace's one-time change of owner (agent_workspace_own). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "tar.h"
+#include "util.h"
+
+#define CHUNK (64 * 1024)
+/* Manifest bounds, as src/tree/tree.h's parser takes them. */
+#define MAX_ENTRIES 1000000u
+#define MAX_PATH 4096u
+#define MAX_DEPTH 256u
+
+/* What the operation is working on, for messages; set once. */
+static struct {
+	const char *root;	/* "/work" */
+	char shown[MAX_PATH + 32];	/* "/work/dir", the path messages start from */
+	int status;	/* 0, or 1 once something was refused or failed */
+	struct cap_buf out;	/* STDOUT, flushed at CHUNK */
+} X;
+
+/* --- output ---------------------------------------------------------- */
+
+/* A byte as MANIFEST escapes it (<= 0x20, '%', 0x7f as %XX). */
+static void escape(struct cap_buf *b, const char *s)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		if (*c <= 0x20 || *c == '%' || *c == 0x7f) {
+			char e[3] = { '%', hex[*c >> 4], hex[*c & 15] };
+			cap_buf_append(b, e, 3);
+		} else {
+			cap_buf_append(b, c, 1);
+		}
+	}
+}
+
+/* One "capsule: SHOWN/REL: why" line on fd 2 (rel may be ""). */
+__attribute__((format(printf, 2, 3))) static void say(const char *rel, const char *fmt, ...)
+{
+	struct cap_buf b;
+	char why[600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	cap_buf_init(&b);
+	cap_buf_append(&b, "capsule: ", 9);
+	escape(&b, X.shown);
+	if (rel && *rel) {
+		cap_buf_append(&b, "/", 1);
+		escape(&b, rel);
+	}
+	cap_buf_append(&b, ": ", 2);
+	for (char *c = why; *c; c++)
+		if ((unsigned char)*c < 0x20 || *c == 0x7f)
+			*c = '?';
+	cap_buf_append(&b, why, strlen(why));
+	cap_buf_append(&b, "\n", 1);
+	(void)cap_write_all(2, cap_buf_head(&b), cap_buf_used(&b));
+	cap_buf_fini(&b);
+}
+
+/* A path refused or failed: named, the rest goes on, exit 1 at the end. */
+#define refuse(rel, ...) (say(rel, __VA_ARGS__), X.status = 1)
+
+static void flush(void)
+{
+	if (cap_buf_used(&X.out) == 0)
+		return;
+	if (cap_write_all(1, cap_buf_head(&X.out), cap_buf_used(&X.out)) < 0)
+		_exit(2);	/* the host went away: nobody to tell */
+	cap_buf_consume(&X.out, cap_buf_used(&X.out));
+}
+
+static void put(const void *p, size_t n)
+{
+	cap_buf_append(&X.out, p, n);
+	if (cap_buf_used(&X.out) >= CHUNK)
+		flush();
+}
+
+/* Run before give_up exits (TAR_IN: the directories' modes). */
+static void (*at_give_up)(void);
+
+/* Nothing (more) can be done: name why, exit 2. */
+__attribute__((noreturn, format(printf, 2, 3))) static void give_up(const char *rel, const char *fmt, ...)
+{
+	char why[600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	flush();
+	say(rel, "%s", why);
+	if (at_give_up) {
+		void (*f)(void) = at_give_up;
+		at_give_up = NULL;
+		f();
+	}
+	_exit(2);
+}
+
+/* --- paths ----------------------------------------------------------- */
+
+static int openat2_fd(int dirfd, const char *path, int flags, uint64_t resolve)
+{
+	struct open_how how = { .flags = (uint64_t)(flags | O_CLOEXEC), .resolve = resolve };
+	int fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+	return fd < 0 ? -errno : fd;
+}
+
+/* Open a directory below dirfd, never through a symbolic link. */
+static int open_dir_below(int dirfd, const char *rel)
+{
+	return openat2_fd(dirfd, *rel ? rel : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW,
+			  RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+}
+
+static const char *why_open(int e)
+{
+	switch (e) {
+	case EXDEV:
+		return "it resolves outside its root (through '..' or a symbolic link)";
+	case ELOOP:
+		return "a symbolic link is in the way";
+	default:
+		return strerror(e);
+	}
+}
+
+/* Normalize a relative path from the host into out: components split on
+ * '/', empty and "." ones dropped. -EINVAL for an absolute path or a ".."
+ * component, -ENAMETOOLONG over MAX_PATH bytes or MAX_DEPTH components.
+ * out may become "" (the top itself). */
+static int norm_path(const char *in, char *out, size_t outlen)
+{
+	size_t n = 0, depth = 0;
+	if (in[0] == '/')
+		return -EINVAL;
+	for (const char *c = in; *c;) {
+		size_t k = strcspn(c, "/");
+		if (k == 2 && c[0] == '.' && c[1] == '.')
+			return -EINVAL;
+		if (k && !(k == 1 && c[0] == '.')) {
+			if (n + (n ? 1 : 0) + k >= outlen || n + k >= MAX_PATH || ++depth > MAX_DEPTH)
+				return -ENAMETOOLONG;
+			if (n)
+				out[n++] = '/';
+			memcpy(out + n, c, k);
+			n += k;
+		}
+		c += k;
+		while (*c == '/')
+			c++;
+	}
+	out[n] = '\0';
+	return 0;
+}
+
+/* Split rel at its last '/': dir gets what is before it ("" for none),
+ * the result points at the last component. */
+static const char *split_last(const char *rel, char *dir, size_t dlen)
+{
+	const char *slash = strrchr(rel, '/');
+	size_t k = slash ? (size_t)(slash - rel) : 0;
+	CAP_BUG_ON(k >= dlen);
+	memcpy(dir, rel, k);
+	dir[k] = '\0';
+	return slash ? slash + 1 : rel;
+}
+
+/* --- a tree walk ------------------------------------------------------ */
+
+static int cmp_names(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names in a directory (not "." and ".."), sorted by bytes. fd stays
+ * open and owned by the caller. -errno on failure. */
+static int read_names(int fd, char ***names, size_t *count)
+{
+	int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	DIR *d = dup_fd < 0 ? NULL : fdopendir(dup_fd);
+	if (!d) {
+		int e = errno;
+		if (dup_fd >= 0)
+			close(dup_fd);
+		return -e;
+	}
+	size_t n = 0, cap = 16;
+	char **v = xmalloc(cap * sizeof(char *));
+	struct dirent *de;
+	errno = 0;
+	while ((de = readdir(d))) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (n == cap)
+			v = xrealloc(v, (cap *= 2) * sizeof(char *));
+		v[n++] = xstrdup(de->d_name);
+		errno = 0;
+	}
+	int e = errno;
+	closedir(d);
+	if (e) {
+		for (size_t i = 0; i < n; i++)
+			free(v[i]);
+		free(v);
+		return -e;
+	}
+	qsort(v, n, sizeof(char *), cmp_names);
+	*names = v;
+	*count = n;
+	return 0;
+}
+
+/* The walker's callbacks. visit is called for every entry below the top
+ * with its directory's fd, its name, its path relative to the top and its
+ * lstat; it returns true to descend into a directory. fail is told of
+ * what could not be walked. */
+struct walker {
+	bool (*visit)(void *ud, int dirfd, const char *name, const char *rel, const struct stat *st);
+	void (*fail)(void *ud, const char *rel, const char *why);
+	void *ud;
+};
+
+struct frame {
+	int fd;
+	char **names;
+	size_t n, i;
+	size_t rel_len;	/* of this directory's path in rel */
+};
+
+static void frame_free(struct frame *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	for (size_t i = 0; i < f->n; i++)
+		free(f->names[i]);
+	free(f->names);
+}
+
+/* Walk the tree below the directory topfd (borrowed) depth-first, each
+ * directory's names in byte order, a directory before what it holds.
+ * Links are never followed; paths stay within MAX_PATH bytes and
+ * MAX_DEPTH levels (what is beyond is reported through fail). */
+static void walk(int topfd, const struct walker *w)
+{
+	static char rel[MAX_PATH + 1];
+	struct frame *stack = xcalloc(MAX_DEPTH + 1, sizeof(struct frame));
+	size_t depth = 0;
+	int fd = fcntl(topfd, F_DUPFD_CLOEXEC, 0);
+	int r = fd < 0 ? -errno : read_names(fd, &stack[0].names, &stack[0].n);
+	rel[0] = '\0';
+	if (r < 0) {
+		if (fd >= 0)
+			close(fd);
+		w->fail(w->ud, "", strerror(-r));
+		free(stack);
+		return;
+	}
+	stack[0].fd = fd;
+	depth = 1;
+	while (depth > 0) {
+		struct frame *f = &stack[depth - 1];
+		if (f->i == f->n) {
+			frame_free(f);
+			memset(f, 0, sizeof(*f));
+			if (--depth > 0)
+				rel[stack[depth - 1].rel_len] = '\0';
+			continue;
+		}
+		const char *name = f->names[f->i++];
+		size_t base = f->rel_len, nl = strlen(name);
+		rel[base] = '\0';
+		if (base + (base ? 1 : 0) + nl > MAX_PATH) {
+			char shown[120];
+			snprintf(shown, sizeof(shown), "%.100s...", rel);
+			w->fail(w->ud, shown, "a path below it is over 4096 bytes; not copied");
+			continue;
+		}
+		size_t len = base;
+		if (base)
+			rel[len++] = '/';
+		memcpy(rel + len, name, nl + 1);
+		len += nl;
+		struct stat st;
+		if (fstatat(f->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			w->fail(w->ud, rel, strerror(errno));
+			continue;
+		}
+		if (!w->visit(w->ud, f->fd, name, rel, &st) || !S_ISDIR(st.st_mode))
+			continue;
+		if (depth > MAX_DEPTH - 1) {
+			w->fail(w->ud, rel, "more than 256 directory levels below the top; its contents are left out");
+			continue;
+		}
+		struct frame *c = &stack[depth];
+		c->fd = openat(f->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		r = c->fd < 0 ? -errno : read_names(c->fd, &c->names, &c->n);
+		if (r < 0) {
+			if (c->fd >= 0)
+				close(c->fd);
+			memset(c, 0, sizeof(*c));
+			w->fail(w->ud, rel, strerror(-r));
+			continue;
+		}
+		c->i = 0;
+		c->rel_len = len;
+		depth++;
+	}
+	free(stack);
+}
+
+/* --- MANIFEST -------------------------------------------------------- */
+
+struct mentry {
+	char *path;
+	char *target;	/* l */
+	uint64_t size;
+	uint8_t hash[32];
+	uint16_t mode;
+	char type;
+};
+
+struct manifest {
+	struct mentry *v;
+	size_t n, cap;
+};
+
+static int cmp_mentry(const void *a, const void *b)
+{
+	return strcmp(((const struct mentry *)a)->path, ((const struct mentry *)b)->path);
+}
+
+static void hash_bytes(const void *p, size_t n, uint8_t out[32])
+{
+	struct agent_sha256 c;
+	agent_sha256_init(&c);
+	agent_sha256_update(&c, p, n);
+	agent_sha256_final(&c, out);
+}
+
+/* Open a regular file below dirfd for reading, never through a link, and
+ * check it is still the file st describes. */
+static int open_file_at(int dirfd, const char *name, const struct stat *st)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	struct stat now;
+	if (fstat(fd, &now) < 0 || !S_ISREG(now.st_mode) || now.st_ino != st->st_ino ||
+	    now.st_dev != st->st_dev) {
+		close(fd);
+		return -ESTALE;
+	}
+	return fd;
+}
+
+/* Hash a file's content: 0 with the digest and the bytes read, or -errno. */
+static int hash_file(int fd, uint8_t out[32], uint64_t *size)
+{
+	static uint8_t buf[CHUNK];
+	struct agent_sha256 c;
+	agent_sha256_init(&c);
+	*size = 0;
+	for (;;) {
+		ssize_t k = read(fd, buf, sizeof(buf));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			break;
+		agent_sha256_update(&c, buf, (size_t)k);
+		*size += (uint64_t)k;
+	}
+	agent_sha256_final(&c, out);
+	return 0;
+}
+
+/* The target of a link below dirfd, new string; NULL with errno. */
+static char *read_link(int dirfd, const char *name)
+{
+	char buf[MAX_PATH + 1];
+	ssize_t k = readlinkat(dirfd, name, buf, sizeof(buf));
+	if (k < 0)
+		return NULL;
+	if ((size_t)k >= sizeof(buf) || k == 0) {
+		errno = k ? ENAMETOOLONG : EINVAL;
+		return NULL;
+	}
+	return xstrndup(buf, (size_t)k);
+}
+
+static bool manifest_visit(void *ud, int dirfd, const char *name, const char *rel,
+			   const struct stat *st)
+{
+	struct manifest *m = ud;
+	struct mentry e = { .mode = (uint16_t)(st->st_mode & 07777) };
+	if (S_ISREG(st->st_mode)) {
+		int fd = open_file_at(dirfd, name, st);
+		int r = fd < 0 ? fd : hash_file(fd, e.hash, &e.size);
+		if (fd >= 0)
+			close(fd);
+		if (r < 0) {
+			refuse(rel, "cannot read it to hash it: %s",
+			       r == -ESTALE ? "it changed while being looked at" : strerror(-r));
+			return false;
+		}
+		e.type = 'f';
+	} else if (S_ISLNK(st->st_mode)) {
+		if (!(e.target = read_link(dirfd, name))) {
+			refuse(rel, "cannot read the symbolic link: %s", strerror(errno));
+			return false;
+		}
+		e.size = strlen(e.target);
+		hash_bytes(e.target, e.size, e.hash);
+		e.type = 'l';
+	} else {
+		e.type = S_ISDIR(st->st_mode) ? 'd' : 'o';
+	}
+	if (m->n == MAX_ENTRIES)
+		give_up("", "more than %u entries; a manifest holds at most that many", MAX_ENTRIES);
+	if (m->n == m->cap)
+		m->v = xrealloc(m->v, (m->cap = m->cap ? 2 * m->cap : 1024) * sizeof(*m->v));
+	e.path = xstrdup(rel);
+	m->v[m->n++] = e;
+	return e.type == 'd';
+}
+
+static void walk_fail(void *ud, const char *rel, const char *why)
+{
+	(void)ud;
+	refuse(rel, "%s", why);
+}
+
+static void do_manifest(int topfd)
+{
+	if (!agent_sha256_selftest())
+		give_up("", "the agent's SHA-256 gives wrong digests; rebuild the agent");
+	struct manifest m = { 0 };
+	struct walker w = { manifest_visit, walk_fail, &m };
+	walk(topfd, &w);
+	/* Sorted by the whole path (a-b before a/b), not per directory. */
+	qsort(m.v, m.n, sizeof(*m.v), cmp_mentry);
+	static const char hex[] = "0123456789abcdef";
+	for (size_t i = 0; i < m.n; i++) {
+		struct mentry *e = &m.v[i];
+		char head[64];
+		int k = snprintf(head, sizeof(head), "%c %04o %llu ", e->type, e->mode,
+				 (unsigned long long)e->size);
+		cap_buf_append(&X.out, head, (size_t)k);
+		if (e->type == 'f' || e->type == 'l') {
+			char h[64];
+			for (int j = 0; j < 32; j++) {
+				h[2 * j] = hex[e->hash[j] >> 4];
+				h[2 * j + 1] = hex[e->hash[j] & 15];
+			}
+			cap_buf_append(&X.out, h, sizeof(h));
+		} else {
+			cap_buf_append(&X.out, "-", 1);
+		}
+		cap_buf_append(&X.out, " ", 1);
+		escape(&X.out, e->path);
+		if (e->type == 'l') {
+			cap_buf_append(&X.out, " ", 1);
+			escape(&X.out, e->target);
+		}
+		put("\n", 1);
+		free(e->path);
+		free(e->target);
+	}
+	free(m.v);
+	flush();
+}
+
+/* --- TAR_OUT --------------------------------------------------------- */
+
+struct tar_out {
+	const char *prefix;	/* entry names: PREFIX/REL; "" for REL alone */
+	bool recurse;
+};
+
+/* Send one entry: name is its name in the stream, rel names it in
+ * messages. Returns whether it is a directory to descend into. */
+static bool send_entry(int dirfd, const char *name, const char *entry, const char *rel,
+		       const struct stat *st)
+{
+	struct cap_tar_entry te = { .path = entry, .mode = st->st_mode & 07777,
+				    .mtime = st->st_mtim.tv_sec, .uid = st->st_uid, .gid = st->st_gid };
+	char *target = NULL;
+	int fd = -1, r;
+	if (strlen(entry) > CAP_TAR_PATH_MAX) {
+		refuse(rel, "its name is over 4096 bytes; not copied");
+		return false;
+	}
+	if (S_ISDIR(st->st_mode)) {
+		te.type = CAP_TAR_DIR;
+	} else if (S_ISLNK(st->st_mode)) {
+		if (!(target = read_link(dirfd, name))) {
+			refuse(rel, "cannot read the symbolic link: %s", strerror(errno));
+			return false;
+		}
+		te.type = CAP_TAR_SYMLINK;
+		te.linkname = target;
+	} else if (S_ISREG(st->st_mode)) {
+		if ((fd = open_file_at(dirfd, name, st)) < 0) {
+			refuse(rel, "cannot read it: %s",
+			       fd == -ESTALE ? "it changed while being looked at" : strerror(-fd));
+			return false;
+		}
+		struct stat now;
+		if (fstat(fd, &now) < 0) {
+			refuse(rel, "cannot read it: %s", strerror(errno));
+			close(fd);
+			return false;
+		}
+		te.type = CAP_TAR_FILE;
+		te.size = (uint64_t)now.st_size;
+	} else {
+		refuse(rel, "not a regular file, directory or symbolic link; skipped");
+		return false;
+	}
+	r = cap_tar_header(&X.out, &te);
+	free(target);
+	if (r < 0) {
+		if (fd >= 0)
+			close(fd);
+		refuse(rel, "cannot be put in a tar stream: %s", strerror(-r));
+		return false;
+	}
+	if (fd >= 0) {
+		/* The size announced is the size at open: a file that grows is
+		 * cut there, one that shrinks is padded with zeros. */
+		uint64_t left = te.size;
+		bool short_read = false;
+		while (left > 0) {
+			size_t want = (size_t)CAP_MIN(left, (uint64_t)CHUNK);
+			uint8_t *p = cap_buf_reserve(&X.out, want);
+			ssize_t k = short_read ? 0 : read(fd, p, want);
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0) {
+				if (!short_read)
+					refuse(rel, k < 0 ? "a read failed (%s); the rest of it is sent as zeros"
+							  : "it shrank while being read; the rest of it is sent as zeros%s",
+					       k < 0 ? strerror(errno) : "");
+				short_read = true;
+				memset(p, 0, want);
+				k = (ssize_t)want;
+			}
+			cap_buf_commit(&X.out, (size_t)k);
+			left -= (uint64_t)k;
+			if (cap_buf_used(&X.out) >= CHUNK)
+				flush();
+		}
+		close(fd);
+		cap_tar_pad(&X.out, te.size);
+		if (cap_buf_used(&X.out) >= CHUNK)
+			flush();
+	}
+	return te.type == CAP_TAR_DIR;
+}
+
+static bool tar_out_visit(void *ud, int dirfd, const char *name, const char *rel,
+			  const struct stat *st)
+{
+	struct tar_out *t = ud;
+	char entry[CAP_TAR_PATH_MAX + 16];
+	if ((size_t)snprintf(entry, sizeof(entry), "%s/%s", t->prefix, rel) >= sizeof(entry)) {
+		refuse(rel, "its name is over 4096 bytes; not copied");
+		return false;
+	}
+	return send_entry(dirfd, name, entry, rel, st) && t->recurse;
+}
+
+/* TAR_OUT of the top (rootfd's path): itself and, a directory, all below. */
+static void tar_out_tree(int rootfd, const char *path)
+{
+	char dir[MAX_PATH + 1];
+	const char *base = *path ? split_last(path, dir, sizeof(dir)) : ".";
+	int parent = *path ? openat2_fd(rootfd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY,
+					RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+			   : openat2_fd(rootfd, ".", O_RDONLY | O_DIRECTORY, RESOLVE_BENEATH);
+	if (parent < 0)
+		give_up("", "cannot open it: %s", why_open(-parent));
+	struct stat st;
+	if (fstatat(parent, base, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		give_up("", "%s", strerror(errno));
+	if (!send_entry(parent, base, base, "", &st)) {
+		close(parent);
+		flush();
+		if (X.status)
+			_exit(2);	/* the path itself could not be sent: nothing was */
+		return;
+	}
+	int top = openat(parent, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	close(parent);
+	if (top < 0)
+		give_up("", "cannot open the directory: %s", strerror(errno));
+	struct tar_out t = { .prefix = base, .recurse = true };
+	struct walker w = { tar_out_visit, walk_fail, &t };
+	walk(top, &w);
+	close(top);
+}
+
+/* TAR_OUT with CAP_TAR_PATHS_STDIN: one entry per NUL-terminated path on
+ * fd 0, named by it, relative to topfd. */
+static void tar_out_paths(int topfd)
+{
+	static char buf[CHUNK];
+	char path[MAX_PATH + 2], rel[MAX_PATH + 1], dir[MAX_PATH + 1];
+	size_t have = 0;
+	bool eof = false;
+	for (;;) {
+		char *nul = memchr(buf, '\0', have);
+		if (!nul) {
+			if (have > MAX_PATH)
+				give_up("", "a path on stdin is over 4096 bytes");
+			if (eof) {
+				if (have)
+					give_up("", "stdin ends in the middle of a path");
+				return;
+			}
+			ssize_t k = read(0, buf + have, sizeof(buf) - have);
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k < 0)
+				give_up("", "cannot read the paths: %s", strerror(errno));
+			eof = k == 0;
+			have += (size_t)k;
+			continue;
+		}
+		size_t n = (size_t)(nul - buf);
+		memcpy(path, buf, CAP_MIN(n, (size_t)MAX_PATH) + 1);
+		path[CAP_MIN(n, (size_t)MAX_PATH)] = '\0';
+		memmove(buf, nul + 1, have - n - 1);
+		have -= n + 1;
+		int r = n > MAX_PATH ? -ENAMETOOLONG : norm_path(path, rel, sizeof(rel));
+		if (r < 0 || !*rel) {
+			refuse("", "the path '%.200s%s' is not one below it (%s)", path,
+			       strlen(path) > 200 ? "..." : "",
+			       r == -ENAMETOOLONG ? "too long or too deep" : r < 0 ? "absolute or with '..'" : "empty");
+			continue;
+		}
+		const char *base = split_last(rel, dir, sizeof(dir));
+		int parent = open_dir_below(topfd, dir);
+		struct stat st;
+		if (parent < 0) {
+			refuse(rel, "cannot open its directory: %s", why_open(-parent));
+			continue;
+		}
+		if (fstatat(parent, base, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			refuse(rel, "%s", strerror(errno));
+		else
+			send_entry(parent, base, rel, rel, &st);
+		close(parent);
+	}
+}
+
+/* --- TAR_IN ---------------------------------------------------------- */
+
+/* A directory whose mode and time are set at the end (so that a 0555
+ * directory can still be filled first). */
+struct dir_fix {
+	char *rel;
+	uint32_t mode;
+	int64_t mtime;
+};
+
+struct tar_in {
+	int topfd;
+	bool no_replace;
+	struct cap_tar_reader rd;
+	/* The last parent directory opened, kept for the next entry. */
+	char last_dir[MAX_PATH + 1];
+	int last_fd;
+	struct dir_fix *fix;
+	size_t nfix, capfix;
+	unsigned seq;	/* temporary names */
+};
+
+static void conflict(const char *rel)
+{
+	cap_buf_append(&X.out, "conflict ", 9);
+	escape(&X.out, rel);
+	put("\n", 1);
+	X.status = 1;
+}
+
+/* Skip the rest of the current entry's data. */
+static void drain(struct tar_in *t)
+{
+	static uint8_t buf[CHUNK];
+	struct cap_err err = { 0 };
+	ssize_t k;
+	while ((k = cap_tar_read(&t->rd, buf, sizeof(buf), &err)) > 0)
+		;
+	if (k < 0)
+		give_up("", "%s", err.msg);
+}
+
+/* The directory dir (relative to the top) for an entry, made as needed
+ * (0755) and never through a symbolic link: an fd owned by t, or -errno
+ * with *why saying what is wrong. */
+static int parent_dir(struct tar_in *t, const char *dir, const char **why)
+{
+	if (t->last_fd >= 0 && strcmp(dir, t->last_dir) == 0)
+		return t->last_fd;
+	if (t->last_fd >= 0)
+		close(t->last_fd);
+	t->last_fd = -1;
+	int fd = open_dir_below(t->topfd, dir);
+	if (fd == -ENOENT) {
+		/* Make what is missing, one component at a time. */
+		char part[MAX_PATH + 1];
+		int cur = fcntl(t->topfd, F_DUPFD_CLOEXEC, 0);
+		if (cur < 0) {
+			int e = errno;
+			*why = strerror(e);
+			return -e;
+		}
+		snprintf(part, sizeof(part), "%s", dir);
+		for (char *c = part; *c;) {
+			size_t k = strcspn(c, "/");
+			char save = c[k];
+			c[k] = '\0';
+			if (mkdirat(cur, c, 0755) < 0 && errno != EEXIST) {
+				int e = errno;
+				close(cur);
+				*why = strerror(e);
+				return -e;
+			}
+			int next = openat2_fd(cur, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW,
+					      RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+			close(cur);
+			if (next < 0) {
+				*why = next == -ENOTDIR || next == -ELOOP
+					       ? "a file or a symbolic link is where a directory of its path would be"
+					       : strerror(-next);
+				return next;
+			}
+			cur = next;
+			c[k] = save;
+			c += k;
+			if (*c == '/')
+				c++;
+		}
+		fd = cur;
+	} else if (fd < 0) {
+		*why = fd == -ENOTDIR || fd == -ELOOP
+			       ? "a file or a symbolic link is where a directory of its path would be"
+			       : why_open(-fd);
+		return fd;
+	}
+	snprintf(t->last_dir, sizeof(t->last_dir), "%s", dir);
+	t->last_fd = fd;
+	return fd;
+}
+
+/* A fresh temporary name in a directory for an entry's new content. */
+static void tmp_name(struct tar_in *t, char *out, size_t len)
+{
+	snprintf(out, len, ".capsule-tmp.%d.%u", (int)getpid(), ++t->seq);
+}
+
+/* Whether the open file fd holds exactly the entry's data (read from the
+ * stream, all of it). */
+static bool same_content(struct tar_in *t, int fd, uint64_t size)
+{
+	static uint8_t a[CHUNK], b[CHUNK];
+	struct cap_err err = { 0 };
+	bool same = true;
+	uint64_t left = size;
+	while (left > 0) {
+		ssize_t k = cap_tar_read(&t->rd, a, sizeof(a), &err);
+		if (k < 0)
+			give_up("", "%s", err.msg);
+		if (k == 0)
+			break;
+		left -= (uint64_t)k;
+		if (same && cap_read_exact(fd, b, (size_t)k) < 0)
+			same = false;
+		if (same && memcmp(a, b, (size_t)k) != 0)
+			same = false;
+	}
+	char extra;
+	if (same && read(fd, &extra, 1) != 0)
+		same = false;	/* longer than the entry */
+	return same;
+}
+
+/* The entry's modification time on an open file, or on a link by name. */
+static void set_time_fd(int fd, int64_t mtime)
+{
+	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, { .tv_sec = mtime } };
+	futimens(fd, ts);
+}
+
+static void set_time_at(int dirfd, const char *name, int64_t mtime)
+{
+	struct timespec ts[2] = { { .tv_nsec = UTIME_OMIT }, { .tv_sec = mtime } };
+	utimensat(dirfd, name, ts, AT_SYMLINK_NOFOLLOW);
+}
+
+/* Write a regular file's data to a temporary name, then rename it over
+ * base: a reader sees the old file or the new, never half of one. */
+static void put_file(struct tar_in *t, int dirfd, const char *base, const char *rel,
+		     const struct cap_tar_entry *e)
+{
+	static uint8_t buf[CHUNK];
+	char tmp[64];
+	struct cap_err err = { 0 };
+	int fd = -1;
+	for (int tries = 0; tries < 100 && fd < 0; tries++) {
+		tmp_name(t, tmp, sizeof(tmp));
+		fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
+	if (fd < 0) {
+		refuse(rel, "cannot create it: %s", strerror(errno));
+		drain(t);
+		return;
+	}
+	int werr = 0;
+	ssize_t k;
+	while ((k = cap_tar_read(&t->rd, buf, sizeof(buf), &err)) > 0) {
+		if (!werr)
+			werr = -cap_write_all(fd, buf, (size_t)k);
+	}
+	if (k < 0) {
+		close(fd);
+		unlinkat(dirfd, tmp, 0);
+		give_up("", "%s", err.msg);
+	}
+	if (!werr && fchmod(fd, e->mode & 01777) < 0)
+		werr = errno;
+	if (!werr)
+		set_time_fd(fd, e->mtime);
+	if (close(fd) < 0 && !werr)
+		werr = errno;
+	if (!werr && renameat(dirfd, tmp, dirfd, base) < 0)
+		werr = errno;
+	if (werr) {
+		unlinkat(dirfd, tmp, 0);
+		refuse(rel, "cannot write it: %s", strerror(werr));
+	}
+}
+
+static void put_symlink(struct tar_in *t, int dirfd, const char *base, const char *rel,
+			const struct cap_tar_entry *e)
+{
+	char tmp[64];
+	int r = -1;
+	for (int tries = 0; tries < 100 && r < 0; tries++) {
+		tmp_name(t, tmp, sizeof(tmp));
+		r = symlinkat(e->linkname, dirfd, tmp);
+		if (r < 0 && errno != EEXIST)
+			break;
+	}
+	if (r < 0) {
+		refuse(rel, "cannot create the symbolic link: %s", strerror(errno));
+		return;
+	}
+	set_time_at(dirfd, tmp, e->mtime);
+	if (renameat(dirfd, tmp, dirfd, base) < 0) {
+		int en = errno;
+		unlinkat(dirfd, tmp, 0);
+		refuse(rel, "cannot create the symbolic link: %s", strerror(en));
+	}
+}
+
+static void add_fix(struct tar_in *t, const char *rel, uint32_t mode, int64_t mtime)
+{
+	if (t->nfix == t->capfix)
+		t->fix = xrealloc(t->fix, (t->capfix = t->capfix ? 2 * t->capfix : 64) * sizeof(*t->fix));
+	t->fix[t->nfix++] = (struct dir_fix){ xstrdup(rel), mode, mtime };
+}
+
+static const char *kind_of(char typeflag)
+{
+	switch (typeflag) {
+	case '1':
+		return "a hard link";
+	case '3':
+		return "a character device";
+	case '4':
+		return "a block device";
+	case '6':
+		return "a FIFO";
+	case 'S':
+		return "a sparse file";
+	default:
+		return "an entry of an unsupported type";
+	}
+}
+
+static void tar_in_entry(struct tar_in *t, const struct cap_tar_entry *e)
+{
+	char rel[MAX_PATH + 1], dir[MAX_PATH + 1];
+	int r = norm_path(e->path, rel, sizeof(rel));
+	if (r < 0) {
+		refuse("", "the entry '%.200s%s' is not a path below it (%s); skipped", e->path,
+		       strlen(e->path) > 200 ? "..." : "",
+		       r == -ENAMETOOLONG ? "too long or too deep" : "absolute or with '..'");
+		drain(t);
+		return;
+	}
+	if (e->type == CAP_TAR_OTHER) {
+		refuse(rel, "%s (tar type '%c'); only files, directories and symbolic links are copied",
+		       kind_of(e->typeflag), e->typeflag >= 0x21 && e->typeflag < 0x7f ? e->typeflag : '?');
+		drain(t);
+		return;
+	}
+	if (!*rel) {
+		/* "." : the target directory itself, which is kept as it is. */
+		if (e->type != CAP_TAR_DIR)
+			refuse(".", "an entry named '.' that is not a directory; skipped");
+		drain(t);
+		return;
+	}
+	const char *base = split_last(rel, dir, sizeof(dir));
+	const char *why = NULL;
+	int dirfd = parent_dir(t, dir, &why);
+	if (dirfd < 0) {
+		refuse(rel, "%s; skipped", why);
+		drain(t);
+		return;
+	}
+	struct stat st;
+	bool exists = fstatat(dirfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0;
+	if (!exists && errno != ENOENT) {
+		refuse(rel, "%s", strerror(errno));
+		drain(t);
+		return;
+	}
+	switch (e->type) {
+	case CAP_TAR_DIR:
+		if (exists && !S_ISDIR(st.st_mode)) {
+			if (t->no_replace)
+				conflict(rel);
+			else
+				refuse(rel, "a file or a symbolic link is where the directory would be; skipped");
+			return;
+		}
+		if (!exists && mkdirat(dirfd, base, 0700) < 0) {
+			refuse(rel, "cannot make the directory: %s", strerror(errno));
+			return;
+		}
+		/* An existing directory keeps its mode with NO_REPLACE. */
+		if (!exists || !t->no_replace)
+			add_fix(t, rel, e->mode & 01777, e->mtime);
+		return;
+	case CAP_TAR_FILE:
+		if (exists && S_ISDIR(st.st_mode)) {
+			if (t->no_replace)
+				conflict(rel);
+			else
+				refuse(rel, "a directory is where the file would be; it is not replaced");
+			drain(t);
+			return;
+		}
+		if (exists && t->no_replace) {
+			bool same = false;
+			if (S_ISREG(st.st_mode) && (uint64_t)st.st_size == e->size) {
+				int fd = open_file_at(dirfd, base, &st);
+				if (fd >= 0) {
+					same = same_content(t, fd, e->size);
+					close(fd);
+				}
+			}
+			if (!same)
+				conflict(rel);
+			drain(t);
+			return;
+		}
+		put_file(t, dirfd, base, rel, e);
+		return;
+	case CAP_TAR_SYMLINK:
+		if (exists && S_ISDIR(st.st_mode)) {
+			if (t->no_replace)
+				conflict(rel);
+			else
+				refuse(rel, "a directory is where the symbolic link would be; it is not replaced");
+			return;
+		}
+		if (exists && t->no_replace) {
+			char *target = S_ISLNK(st.st_mode) ? read_link(dirfd, base) : NULL;
+			if (!target || strcmp(target, e->linkname) != 0)
+				conflict(rel);
+			free(target);
+			return;
+		}
+		put_symlink(t, dirfd, base, rel, e);
+		return;
+	default:
+		CAP_BUG_ON(1);
+	}
+}
+
+static struct tar_in *tar_in_now;
+
+/* Directories' modes and times last, deepest first (a child's creation
+ * would change its parent's time), also when the stream broke. */
+static void fix_dirs(void)
+{
+	struct tar_in *t = tar_in_now;
+	for (size_t i = t->nfix; i-- > 0;) {
+		struct dir_fix *f = &t->fix[i];
+		int fd = open_dir_below(t->topfd, f->rel);
+		if (fd < 0 || fchmod(fd, f->mode) < 0)
+			refuse(f->rel, "cannot set the directory's mode: %s",
+			       fd < 0 ? why_open(-fd) : strerror(errno));
+		else
+			set_time_fd(fd, f->mtime);
+		if (fd >= 0)
+			close(fd);
+		free(f->rel);
+	}
+	t->nfix = 0;
+}
+
+static void tar_in(int topfd, bool no_replace)
+{
+	struct tar_in t = { .topfd = topfd, .no_replace = no_replace, .last_fd = -1 };
+	struct cap_tar_entry e;
+	struct cap_err err = { 0 };
+	int r;
+	cap_tar_reader_init(&t.rd, 0);
+	tar_in_now = &t;
+	at_give_up = fix_dirs;
+	while ((r = cap_tar_next(&t.rd, &e, &err)) == 1)
+		tar_in_entry(&t, &e);
+	if (t.last_fd >= 0)
+		close(t.last_fd);
+	t.last_fd = -1;
+	if (r < 0)
+		give_up("", "%s", err.msg);
+	at_give_up = NULL;
+	fix_dirs();
+	free(t.fix);
+	flush();
+}
+
+/* --- the operation ---------------------------------------------------- */
+
+static void close_from(int lowfd)
+{
+	if (syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0) == 0)
+		return;
+	long max = sysconf(_SC_OPEN_MAX);
+	for (int fd = lowfd; fd < (max > 0 ? max : 1024); fd++)
+		close(fd);
+}
+
+void agent_xfer_run(const struct cap_file_req *req)
+{
+	/* Nothing of the agent's (the host port, other commands' pipes)
+	 * stays open here. */
+	close_from(3);
+	umask(0);
+	cap_buf_init(&X.out);
+	X.root = req->root;
+	snprintf(X.shown, sizeof(X.shown), "%s%s%s", req->root, *req->path ? "/" : "", req->path);
+
+	int rootfd = open(req->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		give_up("", "%s is not available in this sandbox: %s", req->root, strerror(errno));
+	char path[MAX_PATH + 1];
+	if (norm_path(req->path, path, sizeof(path)) < 0)
+		give_up("", "not a path inside %s", req->root);
+
+	if (req->op == CAP_FILE_TAR_OUT && !(req->limit & CAP_TAR_PATHS_STDIN)) {
+		tar_out_tree(rootfd, path);
+		cap_tar_end(&X.out);
+		flush();
+		_exit(X.status);
+	}
+	/* The others work on a directory. */
+	int top = openat2_fd(rootfd, *path ? path : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW,
+			     RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+	if (top < 0)
+		give_up("", "%s", top == -ENOTDIR || top == -ELOOP ? "not a directory" : why_open(-top));
+	close(rootfd);
+	switch (req->op) {
+	case CAP_FILE_MANIFEST:
+		do_manifest(top);
+		break;
+	case CAP_FILE_TAR_OUT:
+		tar_out_paths(top);
+		cap_tar_end(&X.out);
+		flush();
+		break;
+	case CAP_FILE_TAR_IN:
+		tar_in(top, req->limit & CAP_TAR_NO_REPLACE);
+		break;
+	default:
+		give_up("", "not a streaming file operation (%u)", req->op);
+	}
+	_exit(X.status);
+}
+
+/* --- the workspace's owner -------------------------------------------- */
+
+struct own {
+	uint64_t done, failed;
+	char first[200];	/* the first failure */
+};
+
+static bool own_visit(void *ud, int dirfd, const char *name, const char *rel, const struct stat *st)
+{
+	struct own *o = ud;
+	if (st->st_uid == TOOL_UID && st->st_gid == TOOL_GID) {
+		o->done++;
+		return true;
+	}
+	if (fchownat(dirfd, name, TOOL_UID, TOOL_GID, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (!o->failed++)
+			snprintf(o->first, sizeof(o->first), "%.120s: %s", rel, strerror(errno));
+		return true;
+	}
+	o->done++;
+	return true;
+}
+
+static void own_fail(void *ud, const char *rel, const char *why)
+{
+	struct own *o = ud;
+	if (!o->failed++)
+		snprintf(o->first, sizeof(o->first), "%.120s: %s", rel, why);
+}
+
+void agent_workspace_own(const char *dir)
+{
+	int64_t t0 = cap_now_ms();
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		agent_log("workspace: cannot open %s to give it to the tool user: %s", dir, strerror(errno));
+		return;
+	}
+	struct own o = { 0 };
+	struct walker w = { own_visit, own_fail, &o };
+	walk(fd, &w);
+	/* The root last: until it is the tool user's, the next boot walks
+	 * again. */
+	if (fchown(fd, TOOL_UID, TOOL_GID) < 0 && !o.failed++)
+		snprintf(o.first, sizeof(o.first), "%s: %s", dir, strerror(errno));
+	close(fd);
+	agent_log("workspace: %llu entries of %s made the tool user's in %lld ms",
+		  (unsigned long long)o.done, dir, (long long)(cap_now_ms() - t0));
+	if (o.failed)
+		agent_log("workspace: %llu entries could not be given to the tool user (first: %s)",
+			  (unsigned long long)o.failed, o.first);
+}

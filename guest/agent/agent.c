@@ -511,13 +511,27 @@ struct start_failure {
 	int errnum;
 };
 
-/* In the child: enter the command's cgroup (before anything can fork),
- * become the tool user in a new process group and exec. Failures are
- * reported through errfd and end the child with 127. */
-__attribute__((noreturn)) static void child(const struct cap_exec_req *req,
-					     char **env, int in, int out,
-					     int err, int errfd, const char *pty,
-					     int cgfd)
+/* How a child starts: what commands and the streaming FILE operations
+ * share (pipes, cgroup, the tool user, the exec slot). */
+struct spawn {
+	bool stdin_pipe;	/* a pipe fed by STDIN frames, else /dev/null */
+	bool pty;	/* on a pseudo-terminal of rows x cols */
+	uint16_t rows, cols;
+	uint32_t pids_max, output_cap, timeout_ms;
+	const char *name;	/* named by a start failure: the command, the path */
+	const char *cwd;	/* named by a chdir failure */
+	/* In the child, as the tool user in its cgroup with fds 0-2 set:
+	 * exec or run. Returns only when that failed, with *f set; errfd
+	 * (close-on-exec) reports that, or closes to say all went well. */
+	void (*run)(const void *ud, int errfd, struct start_failure *f);
+	const void *ud;
+};
+
+/* In the child: enter the cgroup (before anything can fork), become the
+ * tool user in a new process group and run sp. Failures are reported
+ * through errfd and end the child with 127. */
+__attribute__((noreturn)) static void child(const struct spawn *sp, int in, int out,
+					     int err, int errfd, const char *pty, int cgfd)
 {
 	struct start_failure f = { 2, 0 };
 	sigset_t none;
@@ -549,89 +563,84 @@ __attribute__((noreturn)) static void child(const struct cap_exec_req *req,
 		goto fail;
 	}
 	prctl(PR_SET_PDEATHSIG, 0);
-	const char *cwd = req->cwd && req->cwd[0] ? req->cwd : "/work";
-	if (chdir(cwd) < 0) {
-		f = (struct start_failure){ 0, errno };
-		goto fail;
-	}
-	environ = env;
-	execvp(req->argv[0], req->argv);
-	f = (struct start_failure){ 1, errno };
+	sp->run(sp->ud, errfd, &f);
 fail:
 	if (write(errfd, &f, sizeof(f)) < 0)
 		_exit(126);
 	_exit(127);
 }
 
-static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
+struct exec_job {
+	const struct cap_exec_req *req;
+	char **env;
+};
+
+/* A command's run: its directory, its environment, exec. */
+static void run_exec(const void *ud, int errfd, struct start_failure *f)
 {
-	struct cap_exec_req req;
-	struct cap_err err = { 0 };
-	struct exec *x = NULL;
+	const struct exec_job *j = ud;
+	(void)errfd;	/* close-on-exec: a successful exec closes it */
+	const char *cwd = j->req->cwd && j->req->cwd[0] ? j->req->cwd : "/work";
+	if (chdir(cwd) < 0) {
+		*f = (struct start_failure){ 0, errno };
+		return;
+	}
+	environ = j->env;
+	execvp(j->req->argv[0], j->req->argv);
+	*f = (struct start_failure){ 1, errno };
+}
 
-	if (id == 0 || exec_find(id)) {
-		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
-		return;
-	}
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs) && !x; i++)
-		if (A.execs[i].id == 0)
-			x = &A.execs[i];
-	if (!x) {
-		send_error(id, EBUSY, "too many commands running (%d)", CAP_PROTO_MAX_STREAMS);
-		return;
-	}
-	if (cap_proto_exec_decode(p, n, &req, &err) < 0) {
-		send_error(id, EBADMSG, "%s", err.msg);
-		return;
-	}
+static void close_fds(int *fds, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		close_fd(&fds[i]);
+}
 
+/* Start sp in the free slot x as stream id: pipes, a cgroup, fork. The
+ * slot then runs like any command (output frames, EXIT); a failure to
+ * start is answered on the stream (ERROR, or STDERR and EXIT "could not
+ * start") and leaves x free. */
+static void spawn(uint32_t id, struct exec *x, const struct spawn *sp)
+{
 	int in[2] = { -1, -1 }, out[2] = { -1, -1 }, er[2] = { -1, -1 }, ef[2] = { -1, -1 };
 	char ptyname[64] = "";
-	bool pty = req.flags & CAP_EXEC_PTY;
 	int ok;
-	if (pty) {
+	if (sp->pty) {
 		/* out[0] reads the master, in[1] writes it; the child opens
 		 * the slave by name. */
 		out[0] = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-		struct winsize ws = { .ws_row = req.rows ? req.rows : 24, .ws_col = req.cols ? req.cols : 80 };
+		struct winsize ws = { .ws_row = sp->rows ? sp->rows : 24, .ws_col = sp->cols ? sp->cols : 80 };
 		ok = out[0] >= 0 && grantpt(out[0]) == 0 && unlockpt(out[0]) == 0 &&
 		     ptsname_r(out[0], ptyname, sizeof(ptyname)) == 0 &&
 		     ioctl(out[0], TIOCSWINSZ, &ws) == 0 &&
 		     (in[1] = fcntl(out[0], F_DUPFD_CLOEXEC, 0)) >= 0 &&
 		     pipe2(ef, O_CLOEXEC) == 0;
 	} else {
-		ok = (req.flags & CAP_EXEC_STDIN ? pipe2(in, O_CLOEXEC)
-						 : (in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC))) >= 0 &&
+		ok = (sp->stdin_pipe ? pipe2(in, O_CLOEXEC)
+				     : (in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC))) >= 0 &&
 		     pipe2(out, O_CLOEXEC) == 0 && pipe2(er, O_CLOEXEC) == 0 &&
 		     pipe2(ef, O_CLOEXEC) == 0;
 	}
+	int fds[] = { in[0], in[1], out[0], out[1], er[0], er[1], ef[0], ef[1] };
 	if (!ok) {
 		send_error(id, errno, "cannot create pipes: %s", strerror(errno));
-		int fds[] = { in[0], in[1], out[0], out[1], er[0], er[1], ef[0], ef[1] };
-		for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
-			close_fd(&fds[i]);
-		cap_exec_req_fini(&req);
+		close_fds(fds, CAP_ARRAY_SIZE(fds));
 		return;
 	}
 
 	char cg[24] = "";
 	int cgfd = -1;
-	if (A.cg_fd >= 0 && (ok = cg_create(req.pids_max, cg, sizeof(cg), &cgfd)) < 0) {
+	if (A.cg_fd >= 0 && (ok = cg_create(sp->pids_max, cg, sizeof(cg), &cgfd)) < 0) {
 		send_error(id, -ok, "cannot create the command's cgroup %s: %s", cg, strerror(-ok));
-		int fds[] = { in[0], in[1], out[0], out[1], er[0], er[1], ef[0], ef[1] };
-		for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
-			close_fd(&fds[i]);
-		cap_exec_req_fini(&req);
+		close_fds(fds, CAP_ARRAY_SIZE(fds));
 		return;
 	}
-	char **env = make_env(&req);
 	bool placed;
 	pid_t pid = fork_into(cgfd, &placed);
 	if (pid == 0)
-		child(&req, env, in[0], out[1], er[1], ef[1], pty ? ptyname : NULL, placed ? -1 : cgfd);
+		child(sp, in[0], out[1], er[1], ef[1], sp->pty ? ptyname : NULL, placed ? -1 : cgfd);
 	int fork_errno = errno;
 	close_fd(&cgfd);
-	free(env);
 	close_fd(&in[0]);
 	close_fd(&out[1]);
 	close_fd(&er[1]);
@@ -646,20 +655,19 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 				   f.stage == 0 ? "cannot change to directory" :
 				   f.stage == 1 ? "cannot run" :
 				   f.stage == 3 ? "cannot enter the cgroup for" : "cannot switch to the tool user for";
-		const char *arg = f.stage == 0 ? (req.cwd && req.cwd[0] ? req.cwd : "/work") : req.argv[0];
+		const char *arg = f.stage == 0 ? sp->cwd : sp->name;
 		char msg[600];
 		int m = snprintf(msg, sizeof(msg), "capsule: %s '%s': %s\n", what,
 				 pid < 0 ? "" : arg, strerror(e));
 		x->id = id;	/* borrow the slot to reuse send_output */
 		x->cap = 0;
-		send_output(x, CAP_MSG_STDERR, (const uint8_t *)msg, (size_t)m);
+		send_output(x, CAP_MSG_STDERR, (const uint8_t *)msg, (size_t)CAP_MIN(m, (int)sizeof(msg) - 1));
 		struct cap_exit ex = { .kind = CAP_EXIT_START_FAILED, .value = e };
 		cap_proto_exit_encode(&A.out, id, &ex);
 		close_fd(&in[1]);
 		close_fd(&out[0]);
 		close_fd(&er[0]);
 		exec_release(x);
-		cap_exec_req_fini(&req);
 		if (cg[0]) {
 			cg_kill(cg);
 			cg_dispose(cg);
@@ -669,17 +677,56 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 
 	*x = (struct exec){
 		.id = id, .pid = pid, .out_fd = out[0], .err_fd = er[0],
-		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = req.output_cap,
-		.pty = pty,
+		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = sp->output_cap,
+		.pty = sp->pty,
 	};
 	memcpy(x->cg, cg, sizeof(cg));
 	cap_buf_init(&x->in_pending);
-	x->deadline_ms = req.timeout_ms ? x->start_ms + req.timeout_ms : 0;
+	x->deadline_ms = sp->timeout_ms ? x->start_ms + sp->timeout_ms : 0;
 	cap_set_nonblock(x->out_fd, 1);
 	if (x->err_fd >= 0)
 		cap_set_nonblock(x->err_fd, 1);
 	if (x->in_fd >= 0)
 		cap_set_nonblock(x->in_fd, 1);
+}
+
+/* A free exec slot, or NULL. */
+static struct exec *free_slot(void)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
+		if (A.execs[i].id == 0)
+			return &A.execs[i];
+	return NULL;
+}
+
+static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
+{
+	struct cap_exec_req req;
+	struct cap_err err = { 0 };
+	struct exec *x;
+
+	if (id == 0 || exec_find(id)) {
+		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
+		return;
+	}
+	if (!(x = free_slot())) {
+		send_error(id, EBUSY, "too many commands running (%d)", CAP_PROTO_MAX_STREAMS);
+		return;
+	}
+	if (cap_proto_exec_decode(p, n, &req, &err) < 0) {
+		send_error(id, EBADMSG, "%s", err.msg);
+		return;
+	}
+	struct exec_job job = { &req, make_env(&req) };
+	struct spawn sp = {
+		.stdin_pipe = req.flags & CAP_EXEC_STDIN, .pty = req.flags & CAP_EXEC_PTY,
+		.rows = req.rows, .cols = req.cols, .pids_max = req.pids_max,
+		.output_cap = req.output_cap, .timeout_ms = req.timeout_ms,
+		.name = req.argv[0], .cwd = req.cwd && req.cwd[0] ? req.cwd : "/work",
+		.run = run_exec, .ud = &job,
+	};
+	spawn(id, x, &sp);
+	free(job.env);
 	cap_exec_req_fini(&req);
 }
 
@@ -760,8 +807,10 @@ static void do_shutdown(void)
 		usleep(2000);
 	sync();
 	umount2("/source", 0);
-	if (umount2("/work", 0) < 0 && errno != EINVAL && errno != ENOENT)
-		agent_log("unmount /work: %s", strerror(errno));
+	static const char *const disks[] = { "/work", "/workspace" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(disks); i++)
+		if (umount2(disks[i], 0) < 0 && errno != EINVAL && errno != ENOENT)
+			agent_log("unmount %s: %s", disks[i], strerror(errno));
 	if (A.upper_fd >= 0) {
 		char p[64];
 		snprintf(p, sizeof(p), "/proc/self/fd/%d", A.upper_fd);
@@ -916,6 +965,11 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		if ((r = mount_disk(s->work, path, "ext4", MS_NOSUID | MS_NODEV, msg, mlen)) < 0)
 			return r;
 	}
+	if (s->workspace && *s->workspace) {
+		snprintf(path, sizeof(path), "%s/workspace", root);
+		if ((r = mount_disk(s->workspace, path, "ext4", MS_NOSUID | MS_NODEV, msg, mlen)) < 0)
+			return r;
+	}
 	if (*s->source) {
 		snprintf(path, sizeof(path), "%s/source", root);
 		if ((r = mount_disk(s->source, path, "erofs",
@@ -946,6 +1000,11 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	}
 	if (*s->work && chown("/work", TOOL_UID, TOOL_GID) < 0)
 		agent_log("chown /work: %s", strerror(errno));
+	/* A new workspace disk holds the host user's files: the tool user's
+	 * from now on, once (its root directory says whether it is done). */
+	struct stat st;
+	if (s->workspace && *s->workspace && lstat("/workspace", &st) == 0 && st.st_uid != TOOL_UID)
+		agent_workspace_own("/workspace");
 	/* In the final root, so that /etc's files are the ones commands see. */
 	if (s->net_addr && (r = agent_net_setup(s, msg, mlen)) < 0)
 		return r;
@@ -987,7 +1046,7 @@ static void handle_setup(const uint8_t *p, size_t n)
 	cap_proto_put(&A.out, CAP_MSG_SETUP, 0, buf, 4 + mn);
 }
 
-/* --- FILE: one path inside /source or /work ------------------------------ */
+/* --- FILE: one path inside /source, /work or /workspace ------------------ */
 
 /* Fail a FILE stream: a line on STDERR naming the path and the rule, then
  * EXIT "could not start" with the errno. */
@@ -1110,6 +1169,42 @@ static void file_read(uint32_t id, int fd, const char *shown, uint32_t limit)
 	cap_proto_exit_encode(&A.out, id, &ex);
 }
 
+/* A streaming operation's run in the child: say it started, do it. */
+static void run_xfer(const void *ud, int errfd, struct start_failure *f)
+{
+	(void)f;
+	close(errfd);
+	agent_xfer_run(ud);
+}
+
+/* MANIFEST, TAR_OUT, TAR_IN: a child as the tool user in its own cgroup,
+ * answered like a command (no timeout, no output cap). */
+static void file_stream(uint32_t id, const struct cap_file_req *req, const char *shown)
+{
+	uint32_t known = req->op == CAP_FILE_TAR_OUT ? CAP_TAR_PATHS_STDIN :
+			 req->op == CAP_FILE_TAR_IN ? CAP_TAR_NO_REPLACE : 0;
+	if (req->limit & ~known) {
+		file_fail(id, EINVAL, "%s: unknown flags 0x%x for this file operation", shown, req->limit);
+		return;
+	}
+	if (req->op == CAP_FILE_TAR_IN && strcmp(req->root, "/source") == 0) {
+		file_fail(id, EROFS, "%s: only /work and /workspace can be written", shown);
+		return;
+	}
+	struct exec *x = free_slot();
+	if (!x) {
+		file_fail(id, EBUSY, "%s: too many commands and transfers running (%d)", shown,
+			  CAP_PROTO_MAX_STREAMS);
+		return;
+	}
+	struct spawn sp = {
+		.stdin_pipe = req->op == CAP_FILE_TAR_IN ||
+			      (req->op == CAP_FILE_TAR_OUT && (req->limit & CAP_TAR_PATHS_STDIN)),
+		.name = shown, .cwd = "/", .run = run_xfer, .ud = req,
+	};
+	spawn(id, x, &sp);
+}
+
 static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 {
 	struct cap_file_req req;
@@ -1119,10 +1214,15 @@ static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 		return;
 	}
 	if (cap_proto_file_decode(p, n, &req, root, sizeof(root), path, sizeof(path)) < 0) {
-		send_error(id, EBADMSG, "malformed FILE request (the root must be /source or /work, the path relative without '..')");
+		send_error(id, EBADMSG, "malformed FILE request (the root must be /source, /work or /workspace, the path relative without '..')");
 		return;
 	}
 	snprintf(shown, sizeof(shown), "%s/%s", root, path);
+	if (req.op >= CAP_FILE_MANIFEST) {
+		snprintf(shown, sizeof(shown), "%s%s%s", root, *path ? "/" : "", path);
+		file_stream(id, &req, shown);
+		return;
+	}
 	if (req.op == CAP_FILE_WRITE && strcmp(root, "/work") != 0) {
 		file_fail(id, EROFS, "%s: only /work can be written", shown);
 		return;

@@ -1,7 +1,8 @@
 /* What the parts of capsule-agent (PID 1 of the guest) share. agent.c is
  * the loop and the commands; agent-net.c configures a NIC under a policy
  * and installs the sandbox's CA; agent-publish.c reports listeners and
- * relays loopback-only ones. */
+ * relays loopback-only ones; agent-xfer.c runs the streaming FILE
+ * operations (manifests and tar streams, with agent-sha256.c). */
 #ifndef CAP_AGENT_H
 #define CAP_AGENT_H
 
@@ -72,5 +73,33 @@ void agent_publish_tick(int64_t now, struct cap_buf *out);
 void agent_publish_resend(void);
 /* A child was reaped; true when it was a relay. */
 bool agent_publish_reaped(pid_t pid, int status);
+
+/* --- agent-xfer.c: FILE MANIFEST, TAR_OUT, TAR_IN; the workspace --- */
+
+/* In the child the agent forks for a streaming FILE operation, once it
+ * is the tool user in its own cgroup with the pipes on fds 0-2 (fd 3 and
+ * up are closed here): run req's operation (proto.h is the contract:
+ * STDOUT on fd 1, "capsule: PATH: why" lines on fd 2, tar or paths on fd
+ * 0) and _exit with 0, 1 or 2. req's strings are the child's copies. */
+__attribute__((noreturn)) void agent_xfer_run(const struct cap_file_req *req);
+/* At SETUP, as root, when the workspace disk's root directory dir is not
+ * the tool user's: lchown every entry below it to TOOL_UID:TOOL_GID
+ * (links not followed), then dir itself last, so that a boot cut short
+ * does it again. Logs how many entries and what failed. */
+void agent_workspace_own(const char *dir);
+
+/* --- agent-sha256.c: SHA-256, FIPS 180-4 --- */
+
+struct agent_sha256 {
+	uint32_t h[8];
+	uint64_t len;	/* bytes hashed */
+	uint8_t buf[64];
+	size_t n;	/* bytes waiting in buf */
+};
+void agent_sha256_init(struct agent_sha256 *c);
+void agent_sha256_update(struct agent_sha256 *c, const void *p, size_t n);
+void agent_sha256_final(struct agent_sha256 *c, uint8_t out[32]);
+/* Whether the code gives the standard's digests for known vectors. */
+bool agent_sha256_selftest(void);
 
 #endif

@@ -362,6 +362,15 @@ static uint64_t ws_need_mib(const struct cap_tree *t, uint64_t size_mib)
 	return mib + mib / 16 + journal_mib(size_mib) + 16;
 }
 
+/* The smallest disk that holds t (need grows with the size it is for). */
+static uint64_t ws_min_mib(const struct cap_tree *t)
+{
+	uint64_t size = CAP_DISK_MIN_MIB;
+	for (int i = 0; i < 64 && ws_need_mib(t, size) > size; i++)
+		size = ws_need_mib(t, size);
+	return size;
+}
+
 static uint64_t round_up64(uint64_t mib)
 {
 	return (mib + 63) / 64 * 64;
@@ -431,15 +440,15 @@ static int ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud
 
 	uint64_t size = rec->workspace_size_mib;
 	if (size) {
-		uint64_t need = ws_need_mib(&w->tree, size);
-		if (size < need)
+		uint64_t need = ws_min_mib(&w->tree);
+		if (size < need || size < ws_need_mib(&w->tree, size))
 			return cap_err_set(err, ERANGE, "--workspace-size %u MiB is too small for %s (%zu entries, %" PRIu64 " bytes): it needs at least %" PRIu64 " MiB; ask for more, or leave --workspace-size out for the default",
 					   rec->workspace_size_mib, real, w->tree.n, w->tree.bytes, need);
 	} else {
 		/* The rule of named.h, and never less than the project needs. */
 		size = round_up64(CAP_MAX((uint64_t)CAP_WORKSPACE_MIN_DEFAULT_MIB,
 					  2 * ((w->tree.bytes + (1u << 20) - 1) >> 20) + CAP_WORKSPACE_HEADROOM_MIB));
-		while (ws_need_mib(&w->tree, size) > size)
+		for (int i = 0; i < 64 && ws_need_mib(&w->tree, size) > size; i++)
 			size = round_up64(ws_need_mib(&w->tree, size));
 		if (size > CAP_DISK_MAX_MIB)
 			return cap_err_set(err, ERANGE, "%s (%" PRIu64 " bytes) needs a workspace disk of %" PRIu64 " MiB, more than the largest, %d MiB; copy a smaller tree",

@@ -41,9 +41,15 @@ struct plan {
 	enum cap_merge_pick pick;
 };
 
+/* Entries as the merge sees them: modes by their 0777 bits only, the
+ * merge never setting set-id or sticky bits (so a host copy of a 04755
+ * file of theirs is the same as theirs). */
 static bool same(const struct cap_tree_entry *a, const struct cap_tree_entry *b)
 {
-	return (!a && !b) || (a && b && cap_tree_entry_same(a, b));
+	if (!a || !b)
+		return !a && !b;
+	return a->type == b->type && (a->mode & 0777) == (b->mode & 0777) &&
+	       memcmp(a->hash, b->hash, sizeof(a->hash)) == 0;
 }
 
 static bool is_dir(const struct cap_tree_entry *e)
@@ -724,7 +730,9 @@ int cap_merge_apply(int dirfd, int stagefd, const struct cap_merge_plan *p,
 		    struct cap_err *err)
 {
 	struct apply a = { .dirfd = dirfd, .stagefd = stagefd, .p = p, .err = err, .curfd = -1 };
-	CAP_BUG_ON(p->nconflicts != 0);
+	if (p->nconflicts)
+		return cap_err_set(err, EINVAL, "the merge has %zu conflicts (the first: %s, %s); nothing was written",
+				   p->nconflicts, p->conflicts[0].path, p->conflicts[0].why);
 	int r = check(&a);
 	for (size_t i = 0; i < p->nops && r == 0; i++)
 		r = run(&a, i);

@@ -302,9 +302,12 @@ static int scan_one(struct scan *s, int dfd, const char *name, char *path, unsig
 	char buf[256];
 	struct stat st;
 	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-		int e = errno;
+		int e = errno, r = 0;
+		if (e != ENOENT)	/* else gone since the directory was listed */
+			r = cap_err_set(s->err, e, "cannot read %s/%s: %s", s->dir,
+					shown(path, buf, sizeof(buf)), strerror(e));
 		free(path);
-		return cap_err_set(s->err, e, "cannot read %s/%s: %s", s->dir, name, strerror(e));
+		return r;
 	}
 	if (strlen(path) > CAP_TREE_MAX_PATH || depth > CAP_TREE_MAX_DEPTH) {
 		int r = cap_err_set(s->err, ENAMETOOLONG, "%s/%s is a path over %u bytes or %u levels deep; shorten it",

@@ -194,7 +194,9 @@ struct cap_merge_plan {
 
 void cap_merge_plan_fini(struct cap_merge_plan *p);
 /* Plan the merge of theirs (the sandbox now) into ours (the host now),
- * both against base (what they last agreed on), path by path:
+ * both against base (what they last agreed on), path by path (entries
+ * compared as cap_tree_entry_same does, but modes by their 0777 bits:
+ * apply never sets set-id or sticky bits):
  * theirs == base: nothing; theirs != base and ours == base: take theirs;
  * ours == theirs: nothing; otherwise a conflict unless pick settles it.
  * A symbolic link of theirs that leaves the tree (cap_tree_link_inside),

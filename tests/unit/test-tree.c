@@ -881,6 +881,41 @@ static void test_second_merge(void **state)
 	assert_string_equal(r, "hello\nfix\nmore\n");
 }
 
+static void test_setid(void **state)
+{
+	(void)state;
+	start3();
+	put_mode("t/suid", "s\n", 2, 04755);
+	cp_tree("o", "o0");
+	merge("b", "o", "t", SIZE_MAX);
+	struct stat st;
+	_cleanup_free_ char *p = at("o/suid");
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0755);	/* never set-id on the host */
+	/* The next merge (base = theirs) sees no host change there. */
+	struct three x = { 0 };
+	plan(&x, "t", "o", "t", CAP_MERGE_REFUSE);
+	assert_int_equal(x.p.nops, 0);
+	three_fini(&x);
+	cp_tree("t", "b2");
+	put_mode("t/suid", "s2\n", 3, 04755);
+	plan(&x, "b2", "o", "t", CAP_MERGE_REFUSE);
+	expect_ops(&x.p, "write suid\n");
+	expect_conflicts(&x.p, NULL, NULL);
+	three_fini(&x);
+
+	/* A plan with conflicts is not applied. */
+	put("o0/suid", "host\n");
+	plan(&x, "b", "o0", "t", CAP_MERGE_REFUSE);
+	expect_conflicts(&x.p, "suid", "added on both sides");
+	struct cap_err err = { 0 };
+	int dfd = open_dir("o0");
+	assert_int_equal(cap_merge_apply(dfd, dfd, &x.p, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "suid"));
+	close(dfd);
+	three_fini(&x);
+}
+
 static void test_stage(void **state)
 {
 	(void)state;
@@ -936,6 +971,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_apply_planted_link, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_crash, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_second_merge, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_setid, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

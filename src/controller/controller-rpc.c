@@ -26,9 +26,11 @@
 
 #define WRITE_MAX 60000	/* one FILE frame */
 #define MAX_CONNS 512	/* connections at once; more are told so and closed */
-/* A request line: an inline upload's base64 (4 bytes per 3) and room
- * for the rest of the message. */
-#define REQUEST_MAX ((size_t)CAP_RPC_LINE_MAX + 4 * (((size_t)CAP_CTL_INLINE_MAX + 2) / 3))
+/* A request line: room for an inline upload's base64 (4 bytes per 3)
+ * and the rest of the message (a path of 4 KiB escaped 6 times over). */
+#define REQUEST_MAX ((size_t)24 << 20)
+_Static_assert(REQUEST_MAX >= 4 * (((size_t)CAP_CTL_INLINE_MAX + 2) / 3) + (1u << 20),
+	       "an inline upload fits in a request line");
 
 struct conn;
 

@@ -973,6 +973,14 @@ static void import_done(struct cap_ctl *c, struct ident *i, struct task *t)
 	p->owned_msg = r < 0 ? xstrdup(t->err.msg[0] ? t->err.msg : strerror(-r)) : NULL;
 	p->res = t->res;
 	memset(&t->res, 0, sizeof(t->res));	/* the report owns the lists now */
+	/* Refusals name host paths: relative to the import's directory
+	 * ("from" names it), as conflicts name guest paths. */
+	size_t base = strlen(p->owned_from);
+	for (size_t k = 0; k < p->res.nrefused; k++) {
+		char *x = p->res.refused[k];
+		if (strncmp(x, p->owned_from, base) == 0 && x[base] == '/')
+			memmove(x, x + base + 1, strlen(x + base + 1) + 1);
+	}
 	p->pub.from = p->owned_from;
 	p->pub.r = r;
 	p->pub.msg = p->owned_msg;

@@ -9,6 +9,7 @@ the default durations (about ten minutes).
 
 Every wait is bounded: a controller that never answers makes a test fail
 ("not ok"), never hangs the suite."""
+import base64
 import hashlib
 import json
 import os
@@ -33,7 +34,9 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 78
+PLAN = 98
+LINE_MAX = 24 * 1024 * 1024   # a request line (docs/serve.md): room for a 16 MiB upload in base64
+INLINE_MAX = 16 * 1024 * 1024
 
 n = 0
 failed = 0
@@ -462,21 +465,21 @@ def main():
        "a notification gets no answer", m)
     cn.close()
     cl = s.client(timeout=30)
-    cl.send_raw(b"x" * (4 * 1024 * 1024 + 10) + b"\n")
+    cl.send_raw(b"x" * (LINE_MAX + 10) + b"\n")
     e = wait_answer(cl, None, 30)
     r = call(cl, "status", {"identity": ident("p1")}, 30)
     ok(e.get("error", {}).get("code") == -32600 and e.get("id") is None and
        r.get("result", {}).get("state") == "running",
-       "a line of 4 MiB + 10 bytes gets -32600; the connection keeps working", [e, r])
+       "a line of 24 MiB + 10 bytes gets -32600; the connection keeps working", [e, r])
     req = {"jsonrpc": "2.0", "id": 77, "method": "status",
            "params": {"identity": ident("p1"), "pad": ""}}
     line = json.dumps(req, separators=(",", ":")).encode()
-    line = line.replace(b'"pad":""', b'"pad":"' + b"x" * (4 * 1024 * 1024 - len(line)) + b'"')
-    assert len(line) == 4 * 1024 * 1024
+    line = line.replace(b'"pad":""', b'"pad":"' + b"x" * (LINE_MAX - len(line)) + b'"')
+    assert len(line) == LINE_MAX
     cl.send_raw(line + b"\n")
     m = wait_answer(cl, 77, 30)
     ok(m.get("id") == 77 and m.get("error", {}).get("code") != -32600,
-       "a line of exactly 4 MiB of valid JSON is not refused as too long", m)
+       "a line of exactly 24 MiB of valid JSON is not refused as too long", m)
     cl.close()
     # The connection limit is said, not a silent drop or a stall.
     many = []
@@ -843,6 +846,155 @@ def main():
     c.close()
     s.term()
     network_policy()
+    transfers()
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+def transfers():
+    """upload and download (inline base64, and from/to --transfer-dir
+    trees), the project root (/workspace from --workspace), and the
+    private import (docs/serve.md)."""
+    td = os.path.join(RT, "xfer")
+    tree = os.path.join(td, "in", "tree")
+    os.makedirs(os.path.join(tree, "sub"))
+    with open(os.path.join(tree, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\necho ran\n")
+    os.chmod(os.path.join(tree, "run.sh"), 0o755)
+    blob = os.urandom(300000)
+    with open(os.path.join(tree, "sub", "b.bin"), "wb") as f:
+        f.write(blob)
+    with open(os.path.join(RT, "secret.txt"), "w") as f:
+        f.write("not for guests\n")
+    os.symlink(RT, os.path.join(td, "out-link"))      # inside, pointing out
+    imp = os.path.join(RT, "import")
+    p1 = os.path.join(imp, "a", "imp1")
+    os.makedirs(os.path.join(p1, "sub"))
+    with open(os.path.join(p1, "a.txt"), "w") as f:
+        f.write("visitor's a\n")
+    with open(os.path.join(p1, "sub", "b.bin"), "wb") as f:
+        f.write(bytes(range(256)) * 3)
+    os.symlink("a.txt", os.path.join(p1, "link"))
+    os.mkfifo(os.path.join(p1, "fifo"))
+    os.makedirs(os.path.join(imp, "a", "imp2"))
+    with open(os.path.join(imp, "a", "imp2", "a.txt"), "w") as f:
+        f.write("imported\n")
+    proj = os.path.join(RT, "proj")
+    os.makedirs(proj)
+    with open(os.path.join(proj, "README.md"), "w") as f:
+        f.write("# project\n")
+    before = {n: os.lstat(os.path.join(p1, n)) for n in ("a.txt", "link", "fifo")}
+
+    s = Server("--test-clock", "--transfer-dir", td, "--private-import", imp, "--workspace", proj)
+    c = s.client()
+    info = call(c, "info").get("result", {})
+    ok(info.get("transfer_dirs") == [os.path.realpath(td)] and info.get("private_import") == os.path.realpath(imp)
+       and info.get("workspace") == os.path.realpath(proj) and info.get("inline_max") == INLINE_MAX,
+       "info shows the transfer directories, the private import and the workspace", info)
+
+    # The first call makes the sandbox: the private import comes with it.
+    every = bytes(range(256))
+    r = call(c, "upload", {"identity": ident("imp1"), "path": "all.bin", "content_base64": b64(every)}, 120)
+    res = r.get("result", {})
+    NAMES.add(res.get("sandbox") or sandbox_name("imp1"))
+    im = res.get("import", {})
+    ok(res.get("bytes") == 256 and res.get("files") == 1 and im.get("files") == 2 and im.get("conflicts") == []
+       and sorted(x.split(":")[0] for x in im.get("refused", [])) == ["fifo", "link"],
+       "the first call imports DIR/agent/peer: 2 files, the link and the FIFO refused and named", r)
+    r = exec_(c, "imp1", "cat /work/a.txt; sha256sum < /work/sub/b.bin; ls -A /work")
+    out = r.get("result", {}).get("stdout", "").split("\n")
+    ok(out[:2] == ["visitor's a", hashlib.sha256(bytes(range(256)) * 3).hexdigest() + "  -"] and
+       "sub" in out[2:] and "link" not in out[2:] and "fifo" not in out[2:],
+       "the guest's /work has a.txt and sub/b.bin, not the link or the FIFO", r)
+    after = {n: os.lstat(os.path.join(p1, n)) for n in ("a.txt", "link", "fifo")}
+    ok(all(before[k].st_ino == after[k].st_ino and before[k].st_mode == after[k].st_mode for k in before) and
+       open(os.path.join(p1, "a.txt")).read() == "visitor's a\n",
+       "the host copy of the private files is left in place", after)
+    ok("import" not in r.get("result", {}), "the import runs once: the next call carries none", r)
+    st = status(c, "imp1")
+    ok(isinstance(st.get("imported"), int) and st["imported"] > 0, "status says when the import ran", st)
+
+    # Inline base64: binary-safe both ways, mode kept, the cap stated.
+    r = call(c, "download", {"identity": ident("imp1"), "path": "all.bin"}, 60)
+    ok(base64.b64decode(r.get("result", {}).get("content_base64", "")) == every and r["result"].get("bytes") == 256,
+       "download gives back all 256 byte values as uploaded", r)
+    r = call(c, "upload", {"identity": ident("imp1"), "path": "sub/x.sh", "content_base64": b64(b"#!/bin/sh\necho x\n"),
+                           "mode": "0755"}, 60)
+    r2 = exec_(c, "imp1", "stat -c %a /work/sub/x.sh; /work/sub/x.sh")
+    ok(r.get("result", {}).get("path") == "sub/x.sh" and r2.get("result", {}).get("stdout") == "755\nx\n",
+       "upload writes one file under an existing directory with the mode asked", [r, r2])
+    r = call(c, "upload", {"identity": ident("imp1"), "path": "big.bin",
+                           "content_base64": b64(b"\0" * (INLINE_MAX + 1))}, 60)
+    e = r.get("error", {})
+    ok(e.get("code") == -32602 and "16 MiB" in e.get("message", "") and "from" in e.get("message", ""),
+       "an inline upload over 16 MiB is refused, naming the cap and from", e)
+    r = exec_(c, "imp1", f"head -c {INLINE_MAX + 1} /dev/zero > /work/big.bin && echo made")
+    r2 = call(c, "download", {"identity": ident("imp1"), "path": "big.bin"}, 60)
+    e = r2.get("error", {})
+    ok(r.get("result", {}).get("stdout") == "made\n" and e.get("code") == -32002 and "\"to\"" in e.get("message", ""),
+       "an inline download over 16 MiB is refused, saying to use to", [r, e])
+    r = call(c, "download", {"identity": ident("imp1"), "path": "sub"}, 60)
+    e = r.get("error", {})
+    ok(e.get("code") == -32002 and "directory" in e.get("message", "") and "\"to\"" in e.get("message", ""),
+       "downloading a directory without to is refused", e)
+
+    # Trees through a --transfer-dir, both ways, the exec bit kept.
+    r = call(c, "upload", {"identity": ident("imp1"), "path": "tree", "from": tree}, 60)
+    res = r.get("result", {})
+    r2 = exec_(c, "imp1", "/work/tree/run.sh; stat -c %a /work/tree/run.sh; sha256sum < /work/tree/sub/b.bin")
+    ok(res.get("files") == 2 and res.get("bytes") == len(blob) + len("#!/bin/sh\necho ran\n") and
+       r2.get("result", {}).get("stdout") == "ran\n755\n" + hashlib.sha256(blob).hexdigest() + "  -\n",
+       "upload from a --transfer-dir tree: nested files, exec bit kept", [r, r2])
+    out = os.path.join(td, "out")
+    r = call(c, "download", {"identity": ident("imp1"), "path": "tree", "to": out}, 60)
+    got = open(os.path.join(out, "sub", "b.bin"), "rb").read() if os.path.exists(os.path.join(out, "sub", "b.bin")) else b""
+    ok(r.get("result", {}).get("to") == os.path.realpath(out) and got == blob and
+       os.stat(os.path.join(out, "run.sh")).st_mode & 0o777 == 0o755,
+       "download of a tree to a new path in a --transfer-dir, exec bit kept", r)
+    r = call(c, "upload", {"identity": ident("imp1"), "path": "s.txt", "from": os.path.join(RT, "secret.txt")}, 30)
+    r2 = call(c, "upload", {"identity": ident("imp1"), "path": "s.txt",
+                            "from": os.path.join(td, "out-link", "secret.txt")}, 30)
+    e, e2 = r.get("error", {}), r2.get("error", {})
+    ok(e.get("code") == -32602 and e.get("data", {}).get("refused") == [os.path.join(RT, "secret.txt")] and
+       e2.get("code") == -32602 and "resolves to" in e2.get("message", ""),
+       "from outside the transfer directories is refused, also through a symlink inside them", [e, e2])
+    r = call(c, "download", {"identity": ident("imp1"), "path": "all.bin", "to": out}, 30)
+    r2 = call(c, "download", {"identity": ident("imp1"), "path": "all.bin", "to": os.path.join(RT, "stolen")}, 30)
+    ok(r.get("error", {}).get("code") == -32602 and "exists" in r["error"].get("message", "") and
+       r2.get("error", {}).get("code") == -32602 and not os.path.exists(os.path.join(RT, "stolen")),
+       "download to an existing path or outside the transfer directories is refused", [r, r2])
+
+    # The project root is /workspace (the --workspace copy).
+    r = call(c, "download", {"identity": ident("imp1"), "root": "project", "path": "README.md"}, 60)
+    r2 = call(c, "upload", {"identity": ident("imp1"), "root": "project", "path": "new.txt",
+                            "content_base64": b64(b"new\n")}, 60)
+    r3 = exec_(c, "imp1", "cat /workspace/new.txt")
+    ok(base64.b64decode(r.get("result", {}).get("content_base64", "")) == b"# project\n" and
+       r3.get("result", {}).get("stdout") == "new\n", "root project is /workspace, the --workspace copy", [r, r2, r3])
+
+    # A conflicting file at a re-run (a crash before the note) is kept and named.
+    r = exec_(c, "imp2", "cat /work/a.txt")
+    name2 = r.get("result", {}).get("sandbox") or sandbox_name("imp2")
+    NAMES.add(name2)
+    ok(r.get("result", {}).get("stdout") == "imported\n" and r["result"].get("import", {}).get("files") == 1,
+       "a second identity gets its own private files", r)
+    rec = os.path.join(HOME, "workspaces", "a", "imp2", "record.json")
+    j = json.load(open(rec))
+    j.pop("imported", None)
+    with open(rec, "w") as f:
+        json.dump(j, f)
+    exec_(c, "imp2", "echo guest-version > /work/a.txt")
+    call(c, "stop", {"identity": ident("imp2")}, 60)
+    r = exec_(c, "imp2", "cat /work/a.txt")
+    res = r.get("result", {})
+    ok(res.get("stdout") == "guest-version\n" and res.get("import", {}).get("conflicts") == ["a.txt"] and
+       res["import"].get("files") == 0, "a re-run keeps a differing guest file and names it as a conflict", r)
+    ok("imported" in json.load(open(rec)) and "import" not in exec_(c, "imp2", "true").get("result", {}),
+       "the re-run is noted again and runs once", json.load(open(rec)))
+    c.close()
+    ok(s.term() == 0 and qemu_count() == 0, "no QEMU left after the transfer tests")
 
 
 def record_network(name):
@@ -891,8 +1043,15 @@ def network_policy():
     ok(s.term() == 0 and qemu_count() == 0, "no QEMU left at the end")
 
 
+ONLY = os.environ.get("SERVE_ONLY")   # "transfers": that part alone (20 tests)
 try:
-    main()
+    if ONLY == "transfers":
+        PLAN = 20
+        print(f"1..{PLAN}", flush=True)
+        subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
+        transfers()
+    else:
+        main()
 except Exception as e:  # a crash is a failure, counted by the runner
     print(f"# test-serve crashed: {e!r}", flush=True)
     import traceback

@@ -15,16 +15,22 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "controller-internal.h"
 #include "controller.h"
+#include "paths.h"
+#include "serve.h"
 #include "util.h"
+#include "xfer.h"
 
 /* --- the fake backend ------------------------------------------------------------ */
 
@@ -85,7 +91,23 @@ struct fvm {
 	bool stopping, dead, lost;
 };
 
+/* Transfers: the backend's xfer runs in the controller's worker thread,
+ * so what it shares with the test is behind a lock. */
+struct fxfer {
+	pthread_mutex_t lock;
+	unsigned calls;
+	bool hold;	/* block until the transfer is cancelled */
+	bool holding;	/* blocked now */
+	bool put;
+	char root[16], path[64], dest_dir[64], dest_name[64], host[256];
+	unsigned flags;
+	char content[64];	/* put: what the host file held */
+	unsigned mode;	/* and its permission bits */
+	bool refuse_fifo;	/* list host/fifo as refused */
+};
+
 struct fake {
+	struct fxfer x;
 	struct fsb sb[MAX_SB];
 	unsigned nsb;
 	struct fjob jobs[MAX_JOBS];
@@ -441,6 +463,78 @@ static void f_vm_free(void *vm)
 	free(v);
 }
 
+/* In the worker thread: touches only f->x, under its lock. */
+static int f_xfer(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_watch *w,
+		  struct cap_xfer_result *res, struct cap_err *err)
+{
+	struct fxfer *fx = &((struct fake *)ud)->x;
+	pthread_mutex_lock(&fx->lock);
+	fx->calls++;
+	fx->put = x->put;
+	snprintf(fx->root, sizeof(fx->root), "%s", x->root);
+	snprintf(fx->path, sizeof(fx->path), "%s", x->path ? x->path : "");
+	snprintf(fx->dest_dir, sizeof(fx->dest_dir), "%s", x->dest_dir ? x->dest_dir : "");
+	snprintf(fx->dest_name, sizeof(fx->dest_name), "%s", x->dest_name ? x->dest_name : "");
+	snprintf(fx->host, sizeof(fx->host), "%s", x->host);
+	fx->flags = x->flags;
+	struct stat st;
+	if (x->put && stat(x->host, &st) == 0 && S_ISREG(st.st_mode)) {
+		fx->mode = st.st_mode & 07777;
+		int fd = open(x->host, O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, fx->content, sizeof(fx->content) - 1) : -1;
+		fx->content[n > 0 ? n : 0] = '\0';
+		if (fd >= 0)
+			close(fd);
+	}
+	bool hold = fx->hold, fifo = fx->refuse_fifo;
+	pthread_mutex_unlock(&fx->lock);
+	if (hold) {
+		/* The connection a cancel shuts down. */
+		int sv[2];
+		if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+			return cap_err_set(err, errno, "socketpair: %s", strerror(errno));
+		int r = cap_ctl_xfer_watch_fd(w, sv[0]);
+		if (r == 0) {
+			pthread_mutex_lock(&fx->lock);
+			fx->holding = true;
+			pthread_mutex_unlock(&fx->lock);
+			struct pollfd p = { .fd = sv[0], .events = POLLIN };
+			poll(&p, 1, 20000);
+			cap_ctl_xfer_unwatch(w);
+			pthread_mutex_lock(&fx->lock);
+			fx->holding = false;
+			pthread_mutex_unlock(&fx->lock);
+		}
+		close(sv[0]);
+		close(sv[1]);
+		return cap_err_set(err, EPIPE, "the shim connection was shut down (fake)");
+	}
+	res->files = 1;
+	res->bytes = 5;
+	if (fifo) {
+		res->refused = xcalloc(1, sizeof(char *));
+		res->refused[0] = xasprintf("%s/fifo: a FIFO, not copied", x->host);
+		res->nrefused = 1;
+	}
+	return 0;
+}
+
+static bool xfer_holding(struct fake *f)
+{
+	pthread_mutex_lock(&f->x.lock);
+	bool h = f->x.holding;
+	pthread_mutex_unlock(&f->x.lock);
+	return h;
+}
+
+static unsigned xfer_calls(struct fake *f)
+{
+	pthread_mutex_lock(&f->x.lock);
+	unsigned n = f->x.calls;
+	pthread_mutex_unlock(&f->x.lock);
+	return n;
+}
+
 static const struct cap_ctl_backend fake_backend = {
 	.job_begin = f_job_begin,
 	.job_end = f_job_end,
@@ -460,6 +554,7 @@ static const struct cap_ctl_backend fake_backend = {
 	.pollfds = f_pollfds,
 	.dispatch = f_dispatch,
 	.vm_free = f_vm_free,
+	.xfer = f_xfer,
 };
 
 /* --- the fake front ends ------------------------------------------------------------ */
@@ -482,6 +577,12 @@ struct got {
 	size_t nentries;
 	char entries[128];	/* "f:name:size d:name " */
 	uint64_t written;
+	bool xfer;	/* XFER: counts given */
+	uint64_t xfiles, xbytes;
+	bool import;	/* a private import came with it */
+	int import_r;
+	uint64_t import_files;
+	char import_refused[128];
 };
 
 struct ffe {
@@ -566,6 +667,18 @@ static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl
 	copy_bytes(g->out, sizeof(g->out), r->out, r->out_len);
 	copy_bytes(g->err, sizeof(g->err), r->err, r->err_len);
 	copy_bytes(g->content, sizeof(g->content), r->content, r->content_len);
+	if (r->xfer) {
+		g->xfer = true;
+		g->xfiles = r->xfer->files;
+		g->xbytes = r->xfer->bytes;
+	}
+	if (r->import) {
+		g->import = true;
+		g->import_r = r->import->r;
+		g->import_files = r->import->out.files;
+		if (r->import->out.nrefused)
+			snprintf(g->import_refused, sizeof(g->import_refused), "%s", r->import->out.refused[0]);
+	}
 	for (size_t k = 0; k < r->nentries; k++) {
 		size_t used = strlen(g->entries);
 		snprintf(g->entries + used, sizeof(g->entries) - used, "%c:%s:%llu ", r->entries[k].type,
@@ -662,6 +775,7 @@ static int setup(void **state)
 	t->cfg.backend_ud = &t->f;
 	t->fe1.id = 1;
 	t->fe2.id = 2;
+	pthread_mutex_init(&t->f.x.lock, NULL);
 	if (pipe2(t->fe1.pipe, O_CLOEXEC) < 0 || pipe2(t->fe2.pipe, O_CLOEXEC) < 0)
 		return -1;
 	*state = t;
@@ -690,6 +804,7 @@ static int teardown(void **state)
 	close(t->fe2.pipe[0]);
 	close(t->fe2.pipe[1]);
 	nftw(t->home, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	pthread_mutex_destroy(&t->f.x.lock);
 	cap_log_set(NULL, NULL);
 	unsetenv("CAPSULE_HOME");
 	free(t);
@@ -916,7 +1031,8 @@ static void run_one(struct t *t, const char *agent, intptr_t tag)
 	UNTIL(t, t->f.njobs == jobs + 1 || status(t, agent).active == 1);
 	if (t->f.njobs == jobs + 1) {
 		job_report(t, agent, 0, "", false, false);
-		UNTIL(t, status(t, agent).active == 1);
+		/* a private import may run first, in a worker */
+		UNTIL_WAIT(t, 50, status(t, agent).active == 1);
 	}
 	finish(t, agent, 0, "ok\n");
 	UNTIL(t, t->fe1.ngot == before + 1);
@@ -1821,6 +1937,336 @@ static void recovery_reattaches_and_reaps(void **state)
 	UNTIL(t, status(t, "boot").state == CAP_VM_RUNNING);
 }
 
+/* --- transfers ---------------------------------------------------------------------- */
+
+static struct cap_ctl_call *submit_put(struct t *t, const char *agent, const char *path,
+				       const char *data, unsigned mode, intptr_t tag)
+{
+	struct cap_ctl_req r = { .kind = CAP_CTL_XFER, .put = true, .root = "/work", .path = path,
+				 .data = data, .len = strlen(data), .mode = mode };
+	return cap_ctl_submit(t->c, t->fe1.h, agent, "p", &r, (void *)tag);
+}
+
+static struct cap_ctl_call *submit_get(struct t *t, const char *agent, const char *path,
+				       const char *host, intptr_t tag)
+{
+	struct cap_ctl_req r = { .kind = CAP_CTL_XFER, .root = "/source", .path = path, .host = host };
+	return cap_ctl_submit(t->c, t->fe1.h, agent, "p", &r, (void *)tag);
+}
+
+/* An upload of bytes: queued like any call, started with the VM, run by
+ * the backend in a worker from a private temporary file with the mode
+ * asked, named by the path's last component beneath its directory. */
+static void upload_runs_in_a_worker(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	assert_non_null(submit_put(t, "a", "d/e/f.txt", "hello", 0750, 1));
+	UNTIL(t, t->f.njobs == 1);
+	assert_int_equal(xfer_calls(&t->f), 0);	/* the VM first */
+	job_report(t, "a", 0, "", false, false);
+	UNTIL_WAIT(t, 50, got(&t->fe1, 1));
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_int_equal(g->code, CAP_CTL_OK);
+	assert_int_equal(g->kind, CAP_CTL_XFER);
+	assert_true(g->xfer);
+	assert_int_equal(g->xfiles, 1);
+	assert_int_equal(g->xbytes, 5);
+	assert_false(g->import);
+	assert_true(t->f.x.put);
+	assert_string_equal(t->f.x.root, "/work");
+	assert_string_equal(t->f.x.dest_dir, "d/e");
+	assert_string_equal(t->f.x.dest_name, "f.txt");
+	assert_string_equal(t->f.x.content, "hello");
+	assert_int_equal(t->f.x.mode, 0750);
+	assert_int_equal(t->f.x.flags, 0);	/* one file */
+	struct stat st;
+	assert_int_equal(stat(t->f.x.host, &st), -1);	/* the temporary copy is gone */
+	assert_int_equal(status(t, "a").active, 0);
+
+	/* A download names its host destination; a root-level upload has no
+	 * directory part. */
+	assert_non_null(submit_get(t, "a", "x/y", "/tmp/somewhere/new", 2));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_OK);
+	assert_false(t->f.x.put);
+	assert_string_equal(t->f.x.root, "/source");
+	assert_string_equal(t->f.x.path, "x/y");
+	assert_string_equal(t->f.x.host, "/tmp/somewhere/new");
+	assert_int_equal(t->f.x.flags, CAP_XFER_RECURSIVE);
+	assert_non_null(submit_put(t, "a", "top.txt", "hi", 0644, 3));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 3));
+	assert_string_equal(t->f.x.dest_dir, "");
+	assert_string_equal(t->f.x.dest_name, "top.txt");
+	assert_int_equal(t->f.nstarted, 0);	/* no exec or FILE stream on the loop's connection */
+}
+
+/* A running transfer holds the identity's queue; cancel shuts its
+ * connection down and answers it once the worker has let go; then the
+ * queue moves on. */
+static void cancel_ends_a_transfer(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	t->f.x.hold = true;
+	struct cap_ctl_call *k = submit_get(t, "a", "big", "/tmp/x", 2);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "after", 3));
+	UNTIL_WAIT(t, 50, xfer_holding(&t->f));
+	settle(t);
+	assert_null(got(&t->fe1, 2));
+	assert_int_equal(t->f.nstarted, 1);	/* "after" waits */
+	assert_int_equal(status(t, "a").active, 1);
+	/* Idle transitions wait for it too. */
+	advance(t, 120000);
+	settle(t);
+	assert_string_equal(state_of(t, "a"), "running");
+	assert_true(cap_ctl_cancel(t->c, k));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 2));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_ECANCELLED);
+	assert_false(xfer_holding(&t->f));
+	UNTIL(t, t->f.nstarted == 2);
+	finish(t, "a", 0, "ok\n");
+	UNTIL(t, got(&t->fe1, 3));
+	assert_int_equal(must_get(&t->fe1, 3)->code, CAP_CTL_OK);
+}
+
+/* Shutdown ends a running transfer, and the loop returns only once its
+ * worker is joined and the VM is down. */
+static void shutdown_ends_a_transfer(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	t->f.x.hold = true;
+	t->f.die_on_stop = true;
+	assert_non_null(submit_get(t, "a", "big", "/tmp/x", 2));
+	UNTIL_WAIT(t, 50, xfer_holding(&t->f));
+	cap_ctl_shutdown(t->c, "test");
+	UNTIL_WAIT(t, 50, step(t) == 0);
+	assert_false(xfer_holding(&t->f));
+	assert_int_equal(must_get(&t->fe1, 2)->code, CAP_CTL_ESANDBOX);
+	assert_string_equal(state_of(t, "a"), "stopped");
+}
+
+/* The VM going away under a transfer fails it, once the worker let go. */
+static void lost_vm_ends_a_transfer(void **state)
+{
+	struct t *t = *state;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	t->f.x.hold = true;
+	assert_non_null(submit_get(t, "a", "big", "/tmp/x", 2));
+	UNTIL_WAIT(t, 50, xfer_holding(&t->f));
+	vm_lose(vm_of(t, "a"));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 2));
+	const struct got *g = must_get(&t->fe1, 2);
+	assert_int_equal(g->code, CAP_CTL_ESANDBOX);
+	assert_non_null(strstr(g->msg, "hung up"));
+	assert_string_equal(state_of(t, "a"), "stopped");
+}
+
+/* Private import: DIR/<agent>/<peer> goes into /work before the first
+ * call of a new sandbox, links refused; the call carries the outcome
+ * (refusals relative to the directory), the record notes it, and it
+ * runs once. An identity without a directory is noted with nothing. */
+static void private_import_runs_once(void **state)
+{
+	struct t *t = *state;
+	char imp[128];
+	snprintf(imp, sizeof(imp), "%s/imp", t->home);
+	char *dir = xasprintf("%s/a/p", imp);
+	assert_int_equal(cap_mkdir_p(dir, 0700), 0);
+	t->cfg.private_import = imp;
+	t->f.x.refuse_fifo = true;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	assert_int_equal(xfer_calls(&t->f), 1);
+	assert_true(t->f.x.put);
+	assert_string_equal(t->f.x.host, dir);
+	assert_string_equal(t->f.x.root, "/work");
+	assert_string_equal(t->f.x.dest_dir, "");
+	assert_string_equal(t->f.x.dest_name, "");
+	assert_int_equal(t->f.x.flags, CAP_XFER_RECURSIVE | CAP_XFER_NO_REPLACE | CAP_XFER_NO_LINKS);
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_true(g->import);
+	assert_int_equal(g->import_r, 0);
+	assert_int_equal(g->import_files, 1);
+	assert_string_equal(g->import_refused, "fifo: a FIFO, not copied");
+	struct ctl_ws_import note;
+	assert_int_equal(ctl_ws_read_import(t->home, "a", "p", &note), 0);
+	assert_true(note.when > 0);
+	assert_int_equal(note.refused, 1);
+	assert_true(status(t, "a").imported > 0);
+	run_one(t, "a", 2);
+	assert_false(must_get(&t->fe1, 2)->import);
+	assert_int_equal(xfer_calls(&t->f), 1);
+
+	/* Stopped and started again: noted, so not again. */
+	submit_kind(t, CAP_CTL_STOP, "a", 3);
+	UNTIL(t, t->f.stops == 1);
+	vm_die(vm_of(t, "a"));
+	UNTIL(t, got(&t->fe1, 3));
+	run_one(t, "a", 4);
+	assert_int_equal(xfer_calls(&t->f), 1);
+	assert_false(must_get(&t->fe1, 4)->import);
+
+	/* No directory for b: nothing copied, nothing reported, noted. */
+	run_one(t, "b", 5);
+	assert_int_equal(xfer_calls(&t->f), 1);
+	assert_false(must_get(&t->fe1, 5)->import);
+	assert_int_equal(ctl_ws_read_import(t->home, "b", "p", &note), 0);
+	assert_true(note.when > 0 && note.absent);
+	free(dir);
+}
+
+/* A failed import is reported with the call and not noted: it runs
+ * again at the next start. A symbolic link on the way is refused. */
+static void failed_import_runs_again(void **state)
+{
+	struct t *t = *state;
+	char imp[128], link[200];
+	snprintf(imp, sizeof(imp), "%s/imp", t->home);
+	assert_int_equal(cap_mkdir_p(imp, 0700), 0);
+	snprintf(link, sizeof(link), "%s/a", imp);
+	assert_int_equal(symlink("/", link), 0);
+	t->cfg.private_import = imp;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_true(g->import);
+	assert_int_equal(g->import_r, -ELOOP);
+	assert_int_equal(xfer_calls(&t->f), 0);	/* nothing was read through the link */
+	struct ctl_ws_import note;
+	assert_int_equal(ctl_ws_read_import(t->home, "a", "p", &note), 0);
+	assert_int_equal(note.when, 0);
+	run_one(t, "a", 2);	/* same start: tried once per start */
+	assert_false(must_get(&t->fe1, 2)->import);
+	submit_kind(t, CAP_CTL_STOP, "a", 3);
+	UNTIL(t, t->f.stops == 1);
+	vm_die(vm_of(t, "a"));
+	UNTIL(t, got(&t->fe1, 3));
+	run_one(t, "a", 4);
+	assert_true(must_get(&t->fe1, 4)->import);
+}
+
+/* --- pure helpers: transfer directories, base64 ------------------------------------ */
+
+static void path_within(void **state)
+{
+	(void)state;
+	assert_true(cap_ctl_path_within("/a/b", "/a/b"));
+	assert_true(cap_ctl_path_within("/a/b", "/a/b/c"));
+	assert_false(cap_ctl_path_within("/a/b", "/a/bc"));
+	assert_false(cap_ctl_path_within("/a/b", "/a"));
+	assert_false(cap_ctl_path_within("/a/b", "/x/a/b"));
+	assert_true(cap_ctl_path_within("/", "/anything"));
+}
+
+static void transfer_paths(void **state)
+{
+	struct t *t = *state;
+	struct cap_err err = { 0 };
+	char *in = xasprintf("%s/in", t->home), *out = xasprintf("%s/out", t->home);
+	char *file = xasprintf("%s/in/f", t->home), *secret = xasprintf("%s/out/s", t->home);
+	char *link = xasprintf("%s/in/l", t->home), *inner = xasprintf("%s/in/il", t->home);
+	char *got = NULL, *p;
+	assert_int_equal(cap_mkdir_p(in, 0700), 0);
+	assert_int_equal(cap_mkdir_p(out, 0700), 0);
+	assert_int_equal(cap_write_file_atomic(file, "x", 1, 0600), 0);
+	assert_int_equal(cap_write_file_atomic(secret, "x", 1, 0600), 0);
+	assert_int_equal(symlink(out, link), 0);	/* inside, pointing out */
+	assert_int_equal(symlink("f", inner), 0);	/* inside, pointing inside */
+	char **dirs;
+	const char *given[] = { in };
+	assert_int_equal(cap_ctl_transfer_dirs_resolve(given, 1, &dirs, &err), 0);
+	const char *const *d = (const char *const *)dirs;
+	const char *none[] = { file };
+	char **bad;
+	assert_int_equal(cap_ctl_transfer_dirs_resolve(none, 1, &bad, &err), -ENOTDIR);
+	assert_non_null(strstr(err.msg, file));
+
+	assert_int_equal(cap_ctl_transfer_source(d, 1, file, &got, &err), 0);
+	assert_string_equal(got, file);
+	free(got);
+	assert_int_equal(cap_ctl_transfer_source(d, 1, inner, &got, &err), 0);
+	assert_string_equal(got, file);	/* resolved */
+	free(got);
+	assert_int_equal(cap_ctl_transfer_source(d, 1, in, &got, &err), 0);	/* the directory itself */
+	free(got);
+	assert_int_equal(cap_ctl_transfer_source(d, 1, secret, &got, &err), -EACCES);
+	p = xasprintf("%s/s", link);
+	assert_int_equal(cap_ctl_transfer_source(d, 1, p, &got, &err), -EACCES);
+	assert_non_null(strstr(err.msg, "resolves to"));
+	free(p);
+	p = xasprintf("%s/../out/s", in);
+	assert_int_equal(cap_ctl_transfer_source(d, 1, p, &got, &err), -EACCES);
+	free(p);
+	assert_int_equal(cap_ctl_transfer_source(d, 1, "in/f", &got, &err), -EINVAL);
+	assert_int_equal(cap_ctl_transfer_source(NULL, 0, file, &got, &err), -EACCES);
+
+	p = xasprintf("%s/new", in);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), 0);
+	assert_string_equal(got, p);
+	free(got);
+	free(p);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, file, &got, &err), -EEXIST);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, inner, &got, &err), -EEXIST);	/* a link is there */
+	p = xasprintf("%s/new", out);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -EACCES);
+	free(p);
+	p = xasprintf("%s/new", link);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -EACCES);
+	free(p);
+	p = xasprintf("%s/missing/new", in);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -ENOENT);
+	free(p);
+	p = xasprintf("%s/..", in);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -EINVAL);
+	free(p);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, "/", &got, &err), -EINVAL);
+	assert_int_equal(cap_ctl_transfer_dest(d, 1, "rel", &got, &err), -EINVAL);
+	cap_ctl_transfer_dirs_free(dirs);
+	free(in);
+	free(out);
+	free(file);
+	free(secret);
+	free(link);
+	free(inner);
+}
+
+static void base64_both_ways(void **state)
+{
+	(void)state;
+	static const char *const vec[][2] = { { "", "" }, { "f", "Zg==" }, { "fo", "Zm8=" }, { "foo", "Zm9v" },
+					      { "foob", "Zm9vYg==" }, { "fooba", "Zm9vYmE=" },
+					      { "foobar", "Zm9vYmFy" } };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(vec); i++) {
+		size_t n, bad;
+		uint8_t *d;
+		char *e = cap_base64_encode(vec[i][0], strlen(vec[i][0]), &n);
+		assert_string_equal(e, vec[i][1]);
+		assert_int_equal(cap_base64_decode(e, n, &d, &bad), (ssize_t)strlen(vec[i][0]));
+		assert_memory_equal(d, vec[i][0], strlen(vec[i][0]));
+		free(d);
+		free(e);
+	}
+	uint8_t all[256], *d;
+	size_t n, bad;
+	for (int i = 0; i < 256; i++)
+		all[i] = (uint8_t)i;
+	char *e = cap_base64_encode(all, sizeof(all), &n);
+	assert_int_equal(cap_base64_decode(e, n, &d, &bad), 256);
+	assert_memory_equal(d, all, 256);
+	free(d);
+	free(e);
+	static const char *const wrong[] = { "Zg=", "Zg=a", "Z===", "====", "Zm9v\n", "Zm 9", "Zg==Zg==", "Zm9-" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(wrong); i++)
+		assert_int_equal(cap_base64_decode(wrong[i], strlen(wrong[i]), &d, &bad), -EINVAL);
+	assert_int_equal(cap_base64_decode("Zm9-", 4, &d, &bad), -EINVAL);
+	assert_int_equal(bad, 3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1850,6 +2296,15 @@ int main(void)
 		cmocka_unit_test_setup_teardown(results_go_to_the_submitting_front_end, setup, teardown),
 		cmocka_unit_test_setup_teardown(file_calls_give_typed_results, setup, teardown),
 		cmocka_unit_test_setup_teardown(recovery_reattaches_and_reaps, setup, teardown),
+		cmocka_unit_test_setup_teardown(upload_runs_in_a_worker, setup, teardown),
+		cmocka_unit_test_setup_teardown(cancel_ends_a_transfer, setup, teardown),
+		cmocka_unit_test_setup_teardown(shutdown_ends_a_transfer, setup, teardown),
+		cmocka_unit_test_setup_teardown(lost_vm_ends_a_transfer, setup, teardown),
+		cmocka_unit_test_setup_teardown(private_import_runs_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(failed_import_runs_again, setup, teardown),
+		cmocka_unit_test(path_within),
+		cmocka_unit_test_setup_teardown(transfer_paths, setup, teardown),
+		cmocka_unit_test(base64_both_ways),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

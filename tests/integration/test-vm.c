@@ -12,7 +12,11 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include <archive.h>
+#include <archive_entry.h>
+
 #include "sandbox.h"
+#include "tar.h"
 #include "util.h"
 
 static struct cap_sandbox *sb;
@@ -291,6 +295,296 @@ static void signal_forwarded_to_group(void **state)
 	result_fini(&r);
 }
 
+/* --- streaming FILE operations (MANIFEST, TAR_OUT, TAR_IN) ------------ */
+
+/* Start a FILE operation on /work; with stdin, send it and close it. */
+static void file_op(struct result *r, uint32_t op, const char *path, uint32_t limit,
+		    const void *in, size_t n)
+{
+	struct cap_file_req req = { .op = op, .limit = limit, .root = "/work", .path = path };
+	struct cap_err err = { 0 };
+	uint32_t id = 0;
+	result_init(r);
+	if (cap_sandbox_file(sb, &req, 0, &ev, r, &id, &err) < 0)
+		fail_msg("file: %s", err.msg);
+	if (in) {
+		for (size_t off = 0; off < n; off += 32 * 1024)
+			assert_int_equal(cap_sandbox_stdin(sb, id, (const uint8_t *)in + off,
+							   CAP_MIN((size_t)32 * 1024, n - off)), 0);
+		assert_int_equal(cap_sandbox_stdin(sb, id, NULL, 0), 0);
+	}
+	wait_all();
+	assert_true(r->done);
+}
+
+/* The manifest lists what a command wrote, sorted by whole paths ("a-b"
+ * before "a/b"), names escaped, hashes those of sha256sum. */
+static void manifest_of_written_tree(void **state)
+{
+	(void)state;
+	struct result w, m;
+	run(&w, "set -e; rm -rf /work/m; mkdir -p /work/m/a /work/m/a-b; cd /work/m;"
+		"printf 'hello\\n' > a/b; : > a-b/empty; ln -s b a/link; printf x > 'sp ace%';"
+		"chmod 0750 a; chmod 0600 a/b; mkfifo fifo; echo ok");
+	assert_string_equal(text(&w.out), "ok\n");
+	file_op(&m, CAP_FILE_MANIFEST, "m", 0, NULL, 0);
+	assert_int_equal(m.ex.kind, CAP_EXIT_CODE);
+	assert_int_equal(m.ex.value, 0);
+	assert_string_equal(text(&m.out),
+		"d 0750 0 - a\n"
+		"d 0755 0 - a-b\n"
+		"f 0644 0 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 a-b/empty\n"
+		"f 0600 6 5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03 a/b\n"
+		"l 0777 1 3e23e8160039594a33894f6564e1b1348bbd7a0088d42c4acb73eeaed59c009d a/link b\n"
+		"o 0644 0 - fifo\n"
+		"f 0644 1 2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881 sp%20ace%25\n");
+	assert_int_equal(cap_buf_used(&m.err), 0);
+	result_fini(&m);
+	/* Not a directory, missing: exit 2, named. */
+	file_op(&m, CAP_FILE_MANIFEST, "m/a/b", 0, NULL, 0);
+	assert_int_equal(m.ex.value, 2);
+	assert_non_null(strstr(text(&m.err), "capsule: /work/m/a/b: not a directory"));
+	result_fini(&m);
+	file_op(&m, CAP_FILE_MANIFEST, "nothing-here", 0, NULL, 0);
+	assert_int_equal(m.ex.value, 2);
+	assert_non_null(strstr(text(&m.err), "/work/nothing-here"));
+	result_fini(&m);
+	result_fini(&w);
+}
+
+struct want {
+	const char *path;
+	char type;	/* f d l */
+	unsigned mode;
+	const char *data;	/* f: content; l: target */
+};
+
+/* A tar stream of the entries, written by the guest's codec. */
+static void make_tar(const struct want *v, size_t n, struct cap_buf *out)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct cap_tar_entry e = {
+			.path = v[i].path, .mode = v[i].mode, .mtime = 1600000000,
+			.type = v[i].type == 'f' ? CAP_TAR_FILE : v[i].type == 'd' ? CAP_TAR_DIR : CAP_TAR_SYMLINK,
+			.linkname = v[i].type == 'l' ? v[i].data : NULL,
+			.size = v[i].type == 'f' ? strlen(v[i].data) : 0,
+		};
+		assert_int_equal(cap_tar_header(out, &e), 0);
+		cap_buf_append(out, v[i].data, (size_t)e.size);
+		cap_tar_pad(out, e.size);
+	}
+	cap_tar_end(out);
+}
+
+/* Read a tar stream with libarchive and compare it with v (in order). */
+static void check_tar(const uint8_t *p, size_t len, const struct want *v, size_t n)
+{
+	struct archive *a = archive_read_new();
+	archive_read_support_format_tar(a);
+	assert_int_equal(archive_read_open_memory(a, p, len), ARCHIVE_OK);
+	struct archive_entry *ae;
+	size_t i = 0;
+	while (archive_read_next_header(a, &ae) == ARCHIVE_OK) {
+		assert_true(i < n);
+		char name[5000];
+		snprintf(name, sizeof(name), "%s", archive_entry_pathname(ae));
+		size_t k = strlen(name);
+		if (k > 1 && name[k - 1] == '/')
+			name[k - 1] = '\0';
+		assert_string_equal(name, v[i].path);
+		assert_int_equal(archive_entry_perm(ae), v[i].mode);
+		if (v[i].type == 'l') {
+			assert_int_equal(archive_entry_filetype(ae), AE_IFLNK);
+			assert_string_equal(archive_entry_symlink(ae), v[i].data);
+		} else if (v[i].type == 'd') {
+			assert_int_equal(archive_entry_filetype(ae), AE_IFDIR);
+		} else {
+			char buf[256];
+			assert_int_equal(archive_entry_filetype(ae), AE_IFREG);
+			la_ssize_t got = archive_read_data(a, buf, sizeof(buf));
+			assert_int_equal(got, (la_ssize_t)strlen(v[i].data));
+			assert_memory_equal(buf, v[i].data, (size_t)got);
+		}
+		i++;
+	}
+	assert_int_equal(i, n);
+	archive_read_free(a);
+}
+
+/* A tree in with TAR_IN, back out with TAR_OUT: a 300-byte path (pax), a
+ * link, an empty file, modes; set-id bits dropped, a 0500 directory still
+ * filled. Then with the paths on stdin. */
+static void tar_in_and_out(void **state)
+{
+	(void)state;
+	static char deep[400];
+	for (size_t i = 0; i < 300; i++)
+		deep[i] = i % 10 == 9 ? '/' : 'p';
+	memcpy(deep, "t/", 2);
+	deep[299] = 'f';
+	deep[300] = '\0';
+	struct want in[] = {
+		{ "t", 'd', 0755, NULL },
+		{ "t/exe", 'f', 04755, "#!/bin/sh\necho run\n" },
+		{ "t/empty", 'f', 0600, "" },
+		{ "t/link", 'l', 0777, "exe" },
+		{ "t/ro", 'd', 0500, NULL },
+		{ "t/ro/inside", 'f', 0644, "in a read-only directory\n" },
+		{ deep, 'f', 0640, "deep\n" },
+	};
+	struct cap_buf tar;
+	struct result r, c;
+	cap_buf_init(&tar);
+	make_tar(in, CAP_ARRAY_SIZE(in), &tar);
+	run(&c, "chmod -R u+w /work/x 2>/dev/null; rm -rf /work/x; mkdir /work/x");
+	result_fini(&c);
+	file_op(&r, CAP_FILE_TAR_IN, "x", 0, cap_buf_head(&tar), cap_buf_used(&tar));
+	assert_string_equal(text(&r.err), "");
+	assert_int_equal(r.ex.kind, CAP_EXIT_CODE);
+	assert_int_equal(r.ex.value, 0);
+	result_fini(&r);
+	run(&c, "cd /work/x/t; ./exe; stat -c '%a %u %s %Y' exe empty; stat -c '%a %u %Y' ro;"
+		"readlink link; cat ro/inside; ls -a . | tr '\\n' ' '");
+	assert_string_equal(text(&c.out), "run\n755 1000 19 1600000000\n600 1000 0 1600000000\n"
+					  "500 1000 1600000000\nexe\nin a read-only directory\n"
+					  ". .. empty exe link ppppppp ro ");
+	result_fini(&c);
+
+	/* Out again: the directory and all below it, named from "t". */
+	file_op(&r, CAP_FILE_TAR_OUT, "x/t", 0, NULL, 0);
+	assert_int_equal(r.ex.value, 0);
+	struct want out[] = {
+		{ "t", 'd', 0755, NULL },
+		{ "t/empty", 'f', 0600, "" },
+		{ "t/exe", 'f', 0755, "#!/bin/sh\necho run\n" },
+		{ "t/link", 'l', 0777, "exe" },
+	};
+	/* The deep path's directories come between; compare the first ones
+	 * and find the deep file by name. */
+	struct archive *a = archive_read_new();
+	archive_read_support_format_tar(a);
+	assert_int_equal(archive_read_open_memory(a, cap_buf_head(&r.out), cap_buf_used(&r.out)), ARCHIVE_OK);
+	struct archive_entry *ae;
+	size_t seen = 0, total = 0;
+	bool deep_seen = false;
+	while (archive_read_next_header(a, &ae) == ARCHIVE_OK) {
+		const char *name = archive_entry_pathname(ae);
+		total++;
+		if (seen < CAP_ARRAY_SIZE(out) && strncmp(name, out[seen].path, strlen(out[seen].path)) == 0 &&
+		    (name[strlen(out[seen].path)] == '\0' || name[strlen(out[seen].path)] == '/'))
+			seen++;
+		if (strcmp(name, deep) == 0) {
+			char buf[16];
+			assert_int_equal(archive_read_data(a, buf, sizeof(buf)), 5);
+			assert_memory_equal(buf, "deep\n", 5);
+			deep_seen = true;
+		}
+	}
+	archive_read_free(a);
+	assert_int_equal(seen, CAP_ARRAY_SIZE(out));
+	assert_true(deep_seen);
+	assert_int_equal(total, 6 + 29 + 1);	/* the six above, deep's 29 directories and file */
+	result_fini(&r);
+
+	/* The paths on stdin: one entry each, by that name; a missing one named. */
+	static const char paths[] = "t/exe\0t/link\0t/nope\0../etc\0t/ro\0";
+	file_op(&r, CAP_FILE_TAR_OUT, "x", CAP_TAR_PATHS_STDIN, paths, sizeof(paths) - 1);
+	struct want some[] = {
+		{ "t/exe", 'f', 0755, "#!/bin/sh\necho run\n" },
+		{ "t/link", 'l', 0777, "exe" },
+		{ "t/ro", 'd', 0500, NULL },
+	};
+	check_tar(cap_buf_head(&r.out), cap_buf_used(&r.out), some, CAP_ARRAY_SIZE(some));
+	assert_int_equal(r.ex.value, 1);
+	assert_non_null(strstr(text(&r.err), "capsule: /work/x/t/nope: No such file or directory\n"));
+	assert_non_null(strstr(text(&r.err), "'../etc' is not one below it"));
+	result_fini(&r);
+	cap_buf_fini(&tar);
+}
+
+/* TAR_IN's refusals: a link in the way is never followed, '..' and hard
+ * links are named and skipped, NO_REPLACE reports conflicts and skips
+ * identical files, /source takes nothing, a broken stream is exit 2. */
+static void tar_in_refusals(void **state)
+{
+	(void)state;
+	struct result r, c;
+	struct cap_buf tar;
+	run(&c, "rm -rf /work/y /tmp/out; mkdir -p /work/y/d /tmp/out; ln -s /tmp/out /work/y/evil;"
+		"echo old > /work/y/same; echo old > /work/y/differs");
+	result_fini(&c);
+	struct want in[] = {
+		{ "evil/planted", 'f', 0644, "x\n" },
+		{ "../escape", 'f', 0644, "x\n" },
+		{ "d", 'f', 0644, "a file where a directory is\n" },
+		{ "same", 'f', 0644, "old\n" },
+		{ "differs", 'f', 0644, "new\n" },
+		{ "fresh", 'f', 0644, "fresh\n" },
+	};
+	cap_buf_init(&tar);
+	make_tar(in, CAP_ARRAY_SIZE(in), &tar);
+	/* A hard link entry, patched in before the end blocks. */
+	struct cap_buf hl;
+	cap_buf_init(&hl);
+	struct cap_tar_entry e = { .path = "hard", .type = CAP_TAR_FILE, .mode = 0644 };
+	assert_int_equal(cap_tar_header(&hl, &e), 0);
+	uint8_t *h = hl.owned_data + hl.off;
+	h[156] = '1';
+	memcpy(h + 157, "fresh", 5);
+	memset(h + 148, ' ', 8);
+	unsigned sum = 0;
+	for (size_t i = 0; i < CAP_TAR_BLOCK; i++)
+		sum += h[i];
+	snprintf((char *)h + 148, 8, "%06o", sum);
+	tar.len -= 2 * CAP_TAR_BLOCK;
+	cap_buf_append(&tar, h, CAP_TAR_BLOCK);
+	cap_tar_end(&tar);
+	cap_buf_fini(&hl);
+
+	file_op(&r, CAP_FILE_TAR_IN, "y", CAP_TAR_NO_REPLACE, cap_buf_head(&tar), cap_buf_used(&tar));
+	assert_int_equal(r.ex.value, 1);
+	assert_string_equal(text(&r.out), "conflict d\nconflict differs\n");
+	const char *err = text(&r.err);
+	assert_non_null(strstr(err, "capsule: /work/y/evil/planted: a file or a symbolic link is where a directory"));
+	assert_non_null(strstr(err, "'../escape' is not a path below it"));
+	assert_non_null(strstr(err, "capsule: /work/y/hard: a hard link (tar type '1')"));
+	result_fini(&r);
+	run(&c, "ls /tmp/out | wc -l; cat /work/y/differs /work/y/fresh; ls -a /work/y | grep -c capsule-tmp");
+	assert_string_equal(text(&c.out), "0\nold\nfresh\n0\n");
+	result_fini(&c);
+
+	/* Without NO_REPLACE the differing file is replaced, the directory is not. */
+	file_op(&r, CAP_FILE_TAR_IN, "y", 0, cap_buf_head(&tar), cap_buf_used(&tar));
+	assert_int_equal(r.ex.value, 1);
+	assert_string_equal(text(&r.out), "");
+	assert_non_null(strstr(text(&r.err), "capsule: /work/y/d: a directory is where the file would be"));
+	result_fini(&r);
+	run(&c, "cat /work/y/differs; test -d /work/y/d && echo dir");
+	assert_string_equal(text(&c.out), "new\ndir\n");
+	result_fini(&c);
+
+	/* A stream cut in a file's data: exit 2, no temporary file left. */
+	file_op(&r, CAP_FILE_TAR_IN, "y", 0, cap_buf_head(&tar), 7 * CAP_TAR_BLOCK + 2);
+	assert_int_equal(r.ex.value, 2);
+	assert_non_null(strstr(text(&r.err), "tar stream at byte"));
+	result_fini(&r);
+	run(&c, "ls -a /work/y | grep -c capsule-tmp");
+	assert_string_equal(text(&c.out), "0\n");
+	result_fini(&c);
+
+	/* /source is read-only: refused before anything runs. */
+	struct cap_file_req req = { .op = CAP_FILE_TAR_IN, .root = "/source", .path = "" };
+	uint32_t id;
+	result_init(&r);
+	assert_int_equal(cap_sandbox_file(sb, &req, 0, &ev, &r, &id, NULL), 0);
+	assert_int_equal(cap_sandbox_stdin(sb, id, NULL, 0), 0);
+	wait_all();
+	assert_int_equal(r.ex.kind, CAP_EXIT_START_FAILED);
+	assert_int_equal(r.ex.value, EROFS);
+	result_fini(&r);
+	cap_buf_fini(&tar);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -305,6 +599,9 @@ int main(void)
 		cmocka_unit_test(env_cwd_and_stdin),
 		cmocka_unit_test(missing_command_and_bad_cwd),
 		cmocka_unit_test(signal_forwarded_to_group),
+		cmocka_unit_test(manifest_of_written_tree),
+		cmocka_unit_test(tar_in_and_out),
+		cmocka_unit_test(tar_in_refusals),
 	};
 	int failed = cmocka_run_group_tests_name("vm", tests, group_setup, group_teardown);
 	/* The VM must be gone once the group is torn down. */

@@ -1,6 +1,7 @@
 /* Fuzz target for the protocol decoder: the host-side client fed arbitrary
- * guest bytes (after a valid HELLO, with a few open streams), and the exec,
- * SETUP and LISTENERS decoders fed arbitrary payloads.
+ * guest bytes (after a valid HELLO, with a few open streams), the exec,
+ * SETUP, LISTENERS and FILE decoders fed arbitrary payloads, and the
+ * guest's tar reader (src/proto/tar.c) fed arbitrary streams.
  *
  * Built two ways: with clang -fsanitize=fuzzer as a libFuzzer target
  * (LLVMFuzzerTestOneInput), and, without clang, as a standalone driver
@@ -10,8 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "client.h"
+#include "tar.h"
 #include "util.h"
 
 static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
@@ -30,6 +34,36 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int e, con
 }
 
 static const struct cap_exec_events ev = { on_output, on_done };
+
+/* The tar reader over data (through a memfd, as it reads an fd): every
+ * entry and all its data, until the end or an error. */
+static void fuzz_tar(const uint8_t *data, size_t size)
+{
+	static int fd = -1;
+	if (fd < 0 && (fd = memfd_create("fuzz-tar", MFD_CLOEXEC)) < 0)
+		abort();
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, data, size, 0) != (ssize_t)size ||
+	    lseek(fd, 0, SEEK_SET) != 0)
+		abort();
+	struct cap_tar_reader r;
+	struct cap_tar_entry e;
+	struct cap_err err;
+	uint8_t buf[4096];
+	cap_tar_reader_init(&r, fd);
+	int k;
+	while ((k = cap_tar_next(&r, &e, &err)) == 1) {
+		size_t plen = strlen(e.path);
+		if (plen == 0 || plen > CAP_TAR_PATH_MAX || strlen(e.linkname) > CAP_TAR_PATH_MAX ||
+		    (e.type == CAP_TAR_SYMLINK && !*e.linkname) || e.mode > 07777 ||
+		    e.size > (uint64_t)INT64_MAX || ((e.type == CAP_TAR_DIR || e.type == CAP_TAR_SYMLINK) && e.size))
+			abort();
+		ssize_t m;
+		while ((m = cap_tar_read(&r, buf, sizeof(buf), &err)) > 0)
+			;
+		if (m < 0)
+			break;
+	}
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -61,7 +95,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct cap_setup setup;
 	if (cap_proto_setup_decode(data, size, &setup) == 0) {
 		if (setup.net_prefix > 32 || setup.hostname == NULL ||
-		    setup.envc > CAP_SETUP_MAX_ENV || (setup.ca_pem && !*setup.ca_pem))
+		    setup.envc > CAP_SETUP_MAX_ENV || (setup.ca_pem && !*setup.ca_pem) ||
+		    !setup.workspace || (*setup.workspace && !cap_proto_valid_name(setup.workspace)))
 			abort();
 		for (uint32_t i = 0; i < setup.envc; i++)
 			if (!strchr(setup.env[i], '=') || setup.env[i][0] == '=')
@@ -76,6 +111,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		cap_buf_fini(&again);
 		cap_setup_fini(&setup);
 	}
+
+	struct cap_file_req file;
+	char root[16], path[4100];
+	if (cap_proto_file_decode(data, size, &file, root, sizeof(root), path, sizeof(path)) == 0) {
+		/* What the decoder accepts, the encoder takes back unchanged. */
+		struct cap_buf again;
+		cap_buf_init(&again);
+		if (!cap_proto_file_path_ok(file.path) || cap_proto_file_encode(&again, 1, &file) < 0 ||
+		    cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
+	}
+
+	/* Shorter than a header is one case, checked by test-tar. */
+	if (size >= CAP_TAR_BLOCK)
+		fuzz_tar(data, size);
 
 	uint16_t *ports;
 	uint32_t n;
@@ -148,11 +200,19 @@ int main(int argc, char **argv)
 	setup.env = senv;
 	setup.envc = 2;
 	cap_proto_setup_encode(&seed, &setup);
+	setup.workspace = "capsule-wspace";
+	cap_proto_setup_encode(&seed, &setup);
+	setup.ca_pem = NULL;
+	setup.envc = 0;
+	cap_proto_setup_encode(&seed, &setup);	/* an empty secrets section before it */
+	struct cap_file_req freq = { .op = CAP_FILE_TAR_OUT, .limit = CAP_TAR_PATHS_STDIN,
+				     .root = "/workspace", .path = "src/a b" };
+	cap_proto_file_encode(&seed, 5, &freq);
 
 	/* Where each seed frame's payload starts, and its length. */
 	struct {
 		size_t off, len;
-	} frames[16];
+	} frames[24];
 	size_t nframes = 0;
 	const uint8_t *all = cap_buf_head(&seed);
 	size_t n = cap_buf_used(&seed);
@@ -166,8 +226,32 @@ int main(int argc, char **argv)
 		off += (size_t)r;
 	}
 
-	uint8_t *buf = xmalloc(n + 64);
+	/* A tar stream: ustar, a pax path, a link, a directory, data. */
+	struct cap_buf tar;
+	cap_buf_init(&tar);
+	char longp[300];
+	memset(longp, 'a', sizeof(longp) - 1);
+	longp[sizeof(longp) - 1] = '\0';
+	struct cap_tar_entry te[] = {
+		{ .path = "d", .type = CAP_TAR_DIR, .mode = 0755 },
+		{ .path = "d/f", .type = CAP_TAR_FILE, .mode = 0644, .size = 700 },
+		{ .path = longp, .type = CAP_TAR_FILE, .mode = 0600, .size = 3 },
+		{ .path = "d/l", .type = CAP_TAR_SYMLINK, .mode = 0777, .linkname = longp },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(te); i++) {
+		cap_tar_header(&tar, &te[i]);
+		for (uint64_t b = 0; b < te[i].size; b++)
+			cap_buf_append(&tar, "x", 1);
+		cap_tar_pad(&tar, te[i].size);
+	}
+	cap_tar_end(&tar);
+
+	uint8_t *buf = xmalloc(CAP_MAX(n, cap_buf_used(&tar)) + 64);
 	for (long i = 0; i < iters; i++) {
+		if (i % 10 == 0) {
+			memcpy(buf, cap_buf_head(&tar), cap_buf_used(&tar));
+			fuzz_tar(buf, mutate(buf, cap_buf_used(&tar)));
+		}
 		/* The whole stream of frames through the client. */
 		memcpy(buf, all, n);
 		LLVMFuzzerTestOneInput(buf, mutate(buf, n));
@@ -178,7 +262,8 @@ int main(int argc, char **argv)
 	}
 	free(buf);
 	cap_buf_fini(&seed);
-	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP and LISTENERS decoders without a crash\n", iters);
+	cap_buf_fini(&tar);
+	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP, LISTENERS and FILE decoders and the tar reader without a crash\n", iters);
 	return 0;
 }
 #endif

@@ -2,7 +2,8 @@
  * what one writes the other reads back the same (names, types, modes,
  * sizes, content, link targets, times), both ways; and every malformed
  * stream gives a clean error, never a crash or an allocation of a size
- * the stream claims. */
+ * the stream claims. Also the agent's own SHA-256, which hashes what the
+ * streaming operations list, against OpenSSL's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -19,9 +20,13 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <openssl/sha.h>
 
 #include "tar.h"
 #include "util.h"
+/* The agent's SHA-256 is guest code (libc only, not in any host
+ * library): compiled in here to be checked. */
+#include "../../guest/agent/agent-sha256.c"
 
 /* One entry of a test tree: what is written and what must come back. */
 struct ent {
@@ -757,6 +762,29 @@ static void pax_records(void **state)
 #undef PAX
 }
 
+static void agent_sha256_matches_openssl(void **state)
+{
+	(void)state;
+	assert_true(agent_sha256_selftest());
+	static uint8_t data[5000];
+	for (size_t i = 0; i < sizeof(data); i++)
+		data[i] = (uint8_t)((i * 2654435761u) >> 11);
+	/* Every length around the block and padding boundaries, and some
+	 * more, each fed in uneven pieces. */
+	for (size_t n = 0; n < sizeof(data); n += n < 200 ? 1 : 97) {
+		uint8_t want[32], got[32];
+		SHA256(data, n, want);
+		struct agent_sha256 c;
+		agent_sha256_init(&c);
+		size_t step = 1 + n % 70;
+		for (size_t off = 0; off < n; off += step)
+			agent_sha256_update(&c, data + off, CAP_MIN(step, n - off));
+		agent_sha256_final(&c, got);
+		if (memcmp(want, got, 32) != 0)
+			fail_msg("SHA-256 of %zu bytes differs from OpenSSL's", n);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -769,6 +797,7 @@ int main(void)
 		cmocka_unit_test(truncated_archive),
 		cmocka_unit_test(absurd_numbers),
 		cmocka_unit_test(pax_records),
+		cmocka_unit_test(agent_sha256_matches_openssl),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,6 +31,7 @@ struct node {
 	const char *why;	/* CONFLICT */
 	bool forced;	/* a conflict CAP_MERGE_THEIRS cannot settle */
 	bool ours;	/* KEEP because CAP_MERGE_OURS settled a conflict */
+	bool settled;	/* KEEP because a directory above is a conflict or ours */
 	bool gone;	/* the host's directory here goes (TAKE of a non-dir) */
 	bool stays;	/* ... but something below it stays, so it does too */
 };
@@ -196,9 +197,9 @@ static void fit(struct plan *pl, size_t i)
 			keep_above(pl, nd->parent);
 	}
 	if (q && nd->d == TAKE && nd->t && !is_dir(result(q))) {
-		if (q->d == CONFLICT || q->ours) {
+		if (q->d == CONFLICT || q->ours || q->settled) {
 			nd->d = KEEP;	/* its directory's conflict settles it */
-			nd->ours = q->ours;
+			nd->settled = true;
 		} else {
 			conflict(pl, nd, "changed in the sandbox below a directory the host removed or replaced", false);
 			if (nd->d == TAKE)

@@ -595,14 +595,17 @@ static void test_plan_types(void **state)
 	start3();
 	rm("t/f");
 	put("t/f/new", "n\n");
+	put("t/f/sub/deeper", "n\n");
 	rm("t/d");
 	put("t/d", "now a file\n");
-	one_plan(CAP_MERGE_REFUSE, "remove d/x\nremove f\nremove d\nmkdir f\nwrite d\nwrite f/new\n", NULL, NULL);
+	one_plan(CAP_MERGE_REFUSE, "remove d/x\nremove f\nremove d\nmkdir f\nmkdir f/sub\nwrite d\nwrite f/new\nwrite f/sub/deeper\n",
+		 NULL, NULL);
 
 	/* The host changed the file theirs made a directory: a conflict. */
 	put("o/f", "host edit\n");
 	one_plan(CAP_MERGE_REFUSE, "remove d/x\nremove d\nwrite d\n", "f", "changed on both sides");
-	one_plan(CAP_MERGE_THEIRS, "remove d/x\nremove f\nremove d\nmkdir f\nwrite d\nwrite f/new\n", NULL, NULL);
+	one_plan(CAP_MERGE_THEIRS, "remove d/x\nremove f\nremove d\nmkdir f\nmkdir f/sub\nwrite d\nwrite f/new\nwrite f/sub/deeper\n",
+		 NULL, NULL);
 	one_plan(CAP_MERGE_OURS, "remove d/x\nremove d\nwrite d\n", NULL, NULL);
 
 	/* A directory theirs deleted where the host added a file stays. */

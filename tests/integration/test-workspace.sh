@@ -24,12 +24,18 @@ find . -mindepth 1 ! -path "./.capsule-merge.*" | LC_ALL=C sort | while IFS= rea
 done'
 hlist() { sh -c "$LIST" sh "$1"; }
 glist() { c exec "$1" -- sh -c "$LIST" sh /workspace; }
+# same_tree SANDBOX DIR: whether the guest's /workspace and DIR list the
+# same; their differences go to $err (shown when a check fails).
+same_tree() {
+	glist "$1" >"$rt/g.list" 2>"$err" && hlist "$2" >"$rt/h.list" &&
+		diff "$rt/g.list" "$rt/h.list" >"$err"
+}
 # Files only, in one process per side (for the 1000-file tree).
 FLIST='cd "$1" && find . -type f ! -path "./.capsule-merge.*" -exec sha256sum {} + | LC_ALL=C sort -k2'
 hflist() { sh -c "$FLIST" sh "$1"; }
 gflist() { c exec "$1" -- sh -c "$FLIST" sh /workspace; }
 
-echo "1..40"
+echo "1..42"
 
 # --- the project ------------------------------------------------------------
 proj="$rt/proj"
@@ -58,12 +64,12 @@ check "inspect shows the workspace, its disk and its base" 'grep -q "^workspace:
 modes=$(stat -c '%a' "$(sbdir w)/workspace.ext4" "$(sbdir w)/workspace.base" | tr '\n' ' ')
 check "the workspace disk and base are 0600 ($modes)" '[ "$modes" = "600 600 " ]'
 
-c exec w -- sh -c 'cd /workspace && stat -c "%u:%g %a %n" README.md run.sh private.txt sub sub/deep/b.txt empty . && readlink sub/link sub/dl && cat sub/link sub/dl/b.txt && ls -a' >"$out" 2>"$err"
+c exec w -- sh -c 'cd /workspace && stat -c "%u:%g %a %n" README.md run.sh private.txt sub sub/deep/b.txt empty . && readlink sub/link && readlink sub/dl && cat sub/link sub/dl/b.txt && ls -a' >"$out" 2>"$err"
 check "in the guest: nested dirs, modes and relative links are kept, all owned by 1000" 'grep -qx "1000:1000 644 README.md" "$out" && grep -qx "1000:1000 755 run.sh" "$out" && grep -qx "1000:1000 600 private.txt" "$out" && grep -qx "1000:1000 755 sub" "$out" && grep -qx "1000:1000 644 sub/deep/b.txt" "$out" && grep -qx "1000:1000 755 empty" "$out" && grep -q "^1000:1000 [0-7]* \.$" "$out" && grep -qx "../README.md" "$out" && grep -qx deep "$out" && grep -qx readme "$out" && grep -qx b "$out" && ! grep -q lost+found "$out"'
 c exec w -- sh -c 'grep " /workspace " /proc/mounts; /workspace/run.sh' >"$out" 2>"$err"
 check "/workspace is its own ext4, nosuid,nodev, and runs the project's scripts" 'grep -q "ext4" "$out" && grep -q nosuid "$out" && grep -q nodev "$out" && grep -qx ran "$out"'
 check "a sandbox with a workspace starts from a template of its own shape" 'grep -q "restored from template" "$(sbdir w)/shim.log" && [ "$(tcount)" -eq 1 ]'
-check "the guest's copy is the project, entry for entry" '[ "$(glist w)" = "$(hlist "$proj")" ]'
+check "the guest's copy is the project, entry for entry" 'same_tree w "$proj"'
 
 # --- refusals -----------------------------------------------------------------
 mkdir -p "$rt/bad1/x" "$rt/bad2/y"
@@ -141,7 +147,7 @@ check "--dry-run prints the plan and writes nothing" '[ "$rc" -eq 0 ] && grep -q
 c merge w >"$out" 2>"$err"
 rc=$?
 check "merge into the untouched project: 0, with its summary" '[ "$rc" -eq 0 ] && grep -q "^merged: 4 written, 1 removed, 0 links, 1 directories made, 1 modes changed into $proj" "$out"'
-check "the project is now the guest's /workspace, byte for byte, modes and links too" '[ "$(glist w)" = "$(hlist "$proj")" ] && [ ! -e "$proj/.capsule-merge.w" ]'
+check "the project is now the guest's /workspace, byte for byte, modes and links too" 'same_tree w "$proj" && [ ! -e "$proj/.capsule-merge.w" ]'
 
 # Both sides change one file: a conflict, nothing written.
 c exec w -- sh -c 'echo guest >> /workspace/notes.txt && echo other > /workspace/other.txt' >/dev/null 2>&1
@@ -166,17 +172,31 @@ c exec w -- sh -c 'echo h3 >> /workspace/README.md' >/dev/null 2>&1
 c merge w >"$out" 2>"$err"
 check "a host-only change is not undone by a later merge" '[ "$(cat "$proj/h.txt")" = "$(printf "h\nh host")" ] && [ "$(tail -1 "$proj/README.md")" = h3 ]'
 
-# A symbolic link planted where the merge writes is never followed.
+# A symbolic link planted where the merge writes is never followed: the
+# host's sub (a directory in the base) becomes a link to a directory
+# outside the project, and the guest adds a file below sub.
 c exec w -- sh -c 'echo new > /workspace/sub/planted.txt' >/dev/null 2>&1
 mv "$proj/sub" "$rt/sub.real" && ln -s "$outside" "$proj/sub"
 c merge w >"$out" 2>"$err"
 rc=$?
-c merge w --theirs >"$out" 2>>"$err"
-rc2=$?
-check "a planted symlink: the merge fails naming the path, the outside dir is untouched" '[ "$rc" -ne 0 ] && [ "$rc2" -ne 0 ] && grep -q "sub" "$err" && [ -z "$(ls -A "$outside")" ] && [ -L "$proj/sub" ]'
-rm "$proj/sub" && mv "$rt/sub.real" "$proj/sub"
-c merge w >"$out" 2>"$err"
-check "with the directory back, the merge goes through" '[ "$(cat "$proj/sub/planted.txt")" = new ] && [ "$(glist w)" = "$(hlist "$proj")" ]'
+check "a planted symlink: a conflict naming the path, nothing written, the outside dir untouched" '[ "$rc" -eq 1 ] && grep -q "^conflict: sub/planted.txt: " "$err" && [ -z "$(ls -A "$outside")" ] && [ -L "$proj/sub" ] && [ "$(readlink "$proj/sub")" = "$outside" ]'
+c merge w --theirs >"$out" 2>"$err"
+rc=$?
+check "--theirs replaces the link itself with the sandbox's directory, never writing through it" '[ "$rc" -eq 0 ] && [ -z "$(ls -A "$outside")" ] && [ ! -L "$proj/sub" ] && [ -d "$proj/sub" ] && [ "$(cat "$proj/sub/planted.txt")" = new ]'
+cp -a "$rt/sub.real/." "$proj/sub/" && rm -rf "$rt/sub.real"
+echo h >"$proj/h.txt"	# the host-only change of above, undone
+check "with the directory's files back, the project is the guest's again" 'same_tree w "$proj"'
+
+# Two diffs or merges of one sandbox never run at once: the second waits.
+flock "$(sbdir w)/workspace.lock" sleep 3 &
+holder=$!
+sleep 0.5
+t0=$(date +%s)
+c diff w >"$out" 2>"$err"
+rc=$?
+t1=$(date +%s)
+wait $holder
+check "a diff waits for another diff or merge of the sandbox, and says so" '[ "$rc" -eq 0 ] && grep -q "another diff or merge of sandbox .w. is running; waiting" "$err" && [ $((t1 - t0)) -ge 2 ]'
 
 # diff and merge on a stopped sandbox start it.
 c exec w -- sh -c 'echo stopped > /workspace/stopped.txt' >/dev/null 2>&1

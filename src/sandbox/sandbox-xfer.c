@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -862,13 +861,24 @@ out:
 
 /* --- reading the guest's tar in a second thread ---------------------------- */
 
-/* libarchive pulls its input, so it runs in a thread reading from a socket
- * pair that the transfer loop writes the guest's STDOUT into. A reader
- * that fails closes its end: the loop's next write fails, and the loop
- * kills the stream and waits for its end. */
+/* Most bytes of the guest's STDOUT held between the transfer loop and the
+ * reader: enough to ride out a reader that stalls a moment on a busy disk
+ * (the shim drops a client that leaves 16 MiB unread), bounded so that a
+ * stalled reader stops the loop instead. */
+#define XFER_QUEUE_MAX (8u << 20)
+
+/* libarchive pulls its input, so it runs in a thread reading from a
+ * bounded queue that the transfer loop fills with the guest's STDOUT. A
+ * reader that fails closes the queue: the loop's next write fails, and
+ * the loop kills the stream and waits for its end. */
 struct reader {
 	struct op op;	/* first */
-	int rfd, wfd;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct cap_buf q;	/* under mu: bytes not read yet */
+	bool eof;	/* under mu: the loop has no more */
+	bool closed;	/* under mu: the reader stopped reading */
+	uint8_t block[65536];	/* the reader's: what libarchive is given */
 	int dirfd;	/* get: the thread's working directory; -1: none */
 	int (*consume)(struct reader *r, struct archive *a);
 	pthread_t thread;
@@ -877,13 +887,21 @@ struct reader {
 	struct cap_err err;
 };
 
-static void drain(int fd)
+/* libarchive's read callback: wait for bytes, 0 at the end. */
+static la_ssize_t queue_read(struct archive *a, void *ud, const void **buf)
 {
-	char buf[65536];
-	ssize_t k;
-	while ((k = read(fd, buf, sizeof(buf))) != 0)
-		if (k < 0 && errno != EINTR)
-			break;
+	struct reader *r = ud;
+	(void)a;
+	pthread_mutex_lock(&r->mu);
+	while (cap_buf_used(&r->q) == 0 && !r->eof)
+		pthread_cond_wait(&r->cv, &r->mu);
+	size_t n = CAP_MIN(cap_buf_used(&r->q), sizeof(r->block));
+	memcpy(r->block, cap_buf_head(&r->q), n);
+	cap_buf_consume(&r->q, n);
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	*buf = r->block;
+	return (la_ssize_t)n;
 }
 
 /* The next header: libarchive warns (ARCHIVE_WARN) about a name it could
@@ -900,7 +918,8 @@ static void *reader_main(void *arg)
 	struct reader *r = arg;
 	struct archive *a = NULL;
 	/* The extraction's paths are relative to the destination: a working
-	 * directory of this thread's own (CLONE_FS), the process's stays. */
+	 * directory (and umask) of this thread's own (CLONE_FS), the
+	 * process's stay as they are. */
 	if (r->dirfd >= 0 && (unshare(CLONE_FS) < 0 || fchdir(r->dirfd) < 0)) {
 		int e = errno;
 		r->rc = cap_err_set(&r->err, e, "cannot enter the destination directory: %s", strerror(e));
@@ -910,71 +929,87 @@ static void *reader_main(void *arg)
 	if (!a)
 		abort();
 	archive_read_support_format_tar(a);
-	if (archive_read_open_fd(a, r->rfd, 65536) != ARCHIVE_OK) {
+	if (archive_read_open(a, r, NULL, queue_read, NULL) != ARCHIVE_OK) {
 		r->rc = cap_err_set(&r->err, EBADMSG, "the sandbox's tar stream: %s", archive_error_string(a));
 		goto out;
 	}
 	r->rc = r->consume(r, a);
-	if (r->rc == 0)
-		drain(r->rfd);	/* the stream's padding after its end */
+	if (r->rc == 0) {	/* the stream's padding after its end */
+		const void *b;
+		while (queue_read(a, r, &b) > 0)
+			;
+	}
 out:
 	if (a)
 		archive_read_free(a);
-	close(r->rfd);
-	r->rfd = -1;
+	pthread_mutex_lock(&r->mu);
+	r->closed = true;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
 	return NULL;
 }
 
 static int reader_out(struct op *o, const uint8_t *p, size_t n)
 {
 	struct reader *r = (struct reader *)o;
-	while (n > 0) {
-		ssize_t k = send(r->wfd, p, n, MSG_NOSIGNAL);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0)
-			return -errno;
-		p += k;
-		n -= (size_t)k;
+	int rc = 0;
+	pthread_mutex_lock(&r->mu);
+	while (cap_buf_used(&r->q) >= XFER_QUEUE_MAX && !r->closed)
+		pthread_cond_wait(&r->cv, &r->mu);
+	if (r->closed) {
+		rc = -EPIPE;
+	} else {
+		cap_buf_append(&r->q, p, n);
+		pthread_cond_broadcast(&r->cv);
 	}
-	return 0;
+	pthread_mutex_unlock(&r->mu);
+	return rc;
+}
+
+/* No more input for the reader. */
+static void reader_eof(struct reader *r)
+{
+	pthread_mutex_lock(&r->mu);
+	r->eof = true;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
 }
 
 static int reader_start(struct reader *r, struct cap_sandbox *sb, int dirfd,
 			int (*consume)(struct reader *, struct archive *), struct cap_err *err)
 {
-	int sv[2];
 	op_init(&r->op, sb, reader_out);
-	r->rfd = r->wfd = -1;
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	cap_buf_init(&r->q);
 	r->dirfd = dirfd;
 	r->consume = consume;
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-		return cap_err_set(err, errno, "socketpair: %s", strerror(errno));
-	r->rfd = sv[0];
-	r->wfd = sv[1];
 	int e = pthread_create(&r->thread, NULL, reader_main, r);
-	if (e) {
-		close(sv[0]);
-		close(sv[1]);
-		r->rfd = r->wfd = -1;
+	if (e)
 		return cap_err_set(err, e, "cannot start a thread: %s", strerror(e));
-	}
 	r->running = true;
 	return 0;
 }
 
-/* End the stream (kill it if it still runs), close the reader's input and
- * wait for it. */
-static void reader_end(struct reader *r)
+/* Wait for the reader once its input has ended. */
+static void reader_join(struct reader *r)
 {
-	op_abort(&r->op);
-	if (r->wfd >= 0)
-		close(r->wfd);
-	r->wfd = -1;
+	reader_eof(r);
 	if (r->running)
 		pthread_join(r->thread, NULL);
 	r->running = false;
+}
+
+/* End the stream (kill it if it still runs), end the reader's input, wait
+ * for it and free what it used. */
+static void reader_end(struct reader *r)
+{
+	op_abort(&r->op);
+	reader_join(r);
 	op_fini(&r->op);
+	cap_buf_fini(&r->q);
+	pthread_cond_destroy(&r->cv);
+	pthread_mutex_destroy(&r->mu);
 }
 
 /* --- get: a guest path onto the host ------------------------------------------ */
@@ -1190,7 +1225,7 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 	struct get g = { .root = root, .path = path, .top = top, .name = name,
 			 .recursive = flags & CAP_XFER_RECURSIVE, .res = res };
 	if ((r = reader_start(&g.rd, sb, dirfd, get_consume, err)) < 0) {
-		op_fini(&g.rd.op);
+		reader_end(&g.rd);
 		return r;
 	}
 	_cleanup_free_ char *what = xasprintf("copying %s out of the sandbox", shown);
@@ -1199,10 +1234,7 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 		reader_end(&g.rd);
 		return r;
 	}
-	close(g.rd.wfd);	/* the end of the stream for the reader */
-	g.rd.wfd = -1;
-	pthread_join(g.rd.thread, NULL);
-	g.rd.running = false;
+	reader_join(&g.rd);
 	/* The guest's own failure first: it explains an empty or cut stream. */
 	int gs = op_status(&g.rd.op, what, err);
 	if (gs >= 0 && g.rd.rc < 0) {
@@ -1290,7 +1322,7 @@ int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 	struct fetch f = { .root = root, .paths = paths, .n = n, .stagefd = dirfd };
 	int r = reader_start(&f.rd, sb, -1, fetch_consume, err);
 	if (r < 0) {
-		op_fini(&f.rd.op);
+		reader_end(&f.rd);
 		return r;
 	}
 	_cleanup_free_ char *what = xasprintf("fetching %zu file%s from %s", n, n == 1 ? "" : "s", root);
@@ -1312,10 +1344,7 @@ int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 		cap_sandbox_stdin(sb, f.rd.op.id, NULL, 0);
 	if ((r = pump(&f.rd.op, true, err)) < 0)
 		goto out;
-	close(f.rd.wfd);
-	f.rd.wfd = -1;
-	pthread_join(f.rd.thread, NULL);
-	f.rd.running = false;
+	reader_join(&f.rd);
 	/* A path gone from the guest is the reader's -ESTALE naming it
 	 * (the guest's exit 1 says less). */
 	if (f.rd.rc == -ESTALE) {

@@ -255,14 +255,14 @@ int cap_merge_stage_verify(int stagefd, const struct cap_merge_op *op,
  * host is never followed (-ELOOP naming it, before anything is written:
  * the plan's paths are checked first). A file or link is put in place by
  * rename(2) from the staging directory (a link is made there first), so
- * a crash leaves each path
- * either old or new; modes are theirs' & 0777 (never set-id). The
- * directories touched are fsync'd at the end. Running the plan again
- * after a crash, or planning again from scratch, finishes it: every op is
- * idempotent (a WRITE whose staged file is gone is done when the path
- * holds theirs' content). The caller verifies the staged files first
- * (cap_merge_stage_verify); apply checks their type and size. 0, or -errno with err naming the path (ops before it are
- * done). */
+ * a crash leaves each path either old or new; modes are theirs' & 0777
+ * (never set-id). The directories touched are fsync'd at the end. Running
+ * the plan again after a crash, or planning again from scratch, finishes
+ * it: every op is idempotent (a WRITE whose staged file is gone is done
+ * when the path holds theirs' content). The caller verifies the staged
+ * files first (cap_merge_stage_verify); apply checks their type and size.
+ * 0, or -errno with err naming the path (ops before it are done); -EINVAL
+ * and nothing done for a plan with conflicts. */
 int cap_merge_apply(int dirfd, int stagefd, const struct cap_merge_plan *p,
 		    struct cap_err *err);
 

@@ -1117,6 +1117,11 @@ static int remove_sandbox(struct cap_ctl *c, struct ident *i, struct cap_err *er
 	}
 	ctl_ws_remove(c->home, i->agent, i->peer);
 	i->lc.state = CAP_VM_NONE;
+	/* An import report not handed out yet was about the sandbox gone;
+	 * a new one imports again. */
+	report_free(i->report);
+	i->report = NULL;
+	i->import_checked = false;
 	cap_log(CAP_LOG_INFO, "removed %s (%s/%s) and its disks", i->name, i->agent, i->peer);
 	return 0;
 }

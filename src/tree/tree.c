@@ -134,14 +134,15 @@ bool cap_tree_link_inside(const char *path, const char *target)
 	for (const char *p = path; (p = strchr(p, '/')); p++)
 		depth++;
 	const char *p = target;
+	bool descended = false;
 	while (*p) {
 		const char *slash = strchr(p, '/');
 		size_t n = slash ? (size_t)(slash - p) : strlen(p);
 		if (n == 2 && p[0] == '.' && p[1] == '.') {
-			if (--depth < 0)
+			if (descended || --depth < 0)
 				return false;
 		} else if (n > 0 && !(n == 1 && p[0] == '.')) {
-			depth++;
+			descended = true;
 		}
 		p += n + (slash ? 1 : 0);
 	}

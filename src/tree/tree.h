@@ -92,8 +92,13 @@ int cap_tree_scan(const char *dir, const struct cap_tree_scan_opts *o,
 int cap_tree_hash_fd(int fd, uint8_t hash[32], uint64_t *size);
 
 /* Whether a symbolic link at path (relative to a tree's root) with this
- * target stays inside the tree: relative, and never climbing above the
- * root at any step. */
+ * target stays inside the tree: relative, with ".." only as its leading
+ * components and no more of them than the link's own depth. Checked on
+ * the text alone, that still holds through other links of the tree:
+ * the link's directory is a real one, the leading ".." climb real
+ * directories, and what follows only descends (through links that each
+ * obey the same rule), so no chain of links can leave the tree — which a
+ * rule allowing "a/.." could not promise when "a" is a link. */
 bool cap_tree_link_inside(const char *path, const char *target);
 
 /* --- text form ------------------------------------------------------------ */

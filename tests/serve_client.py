@@ -10,7 +10,7 @@ when the server says nothing for `timeout` seconds, EOFError when it closes
 the connection.
 
 An error whose id is null answers a line the server could not read as a
-request (not JSON, over 4 MiB): the client cannot tell which request that
+request (not JSON, over 24 MiB): the client cannot tell which request that
 was, so wait() and call() return it to whoever is waiting (the usual case:
 one request in flight) instead of waiting forever for an answer that will
 not come."""

@@ -439,8 +439,11 @@ static int patch_one(struct patch_ctx *c, const struct cap_tree_change *ch, size
 {
 	const struct cap_tree_entry *from = ch->from, *to = ch->to, *cur = to ? to : from;
 	_cleanup_free_ char *q = quote_path(cur->path);
-	_cleanup_free_ char *la = xasprintf("a/%s", cur->path);
-	_cleanup_free_ char *lb = xasprintf("b/%s", cur->path);
+	/* The guest names the paths: quoted wherever they reach the terminal. */
+	_cleanup_free_ char *ra = xasprintf("a/%s", cur->path);
+	_cleanup_free_ char *rb = xasprintf("b/%s", cur->path);
+	_cleanup_free_ char *la = quote_path(ra);
+	_cleanup_free_ char *lb = quote_path(rb);
 	printf("diff a/%s b/%s\n", q, q);
 	if (from && to && from->type != to->type)
 		printf("type change: %s -> %s\n", type_name(from->type), type_name(to->type));
@@ -450,10 +453,14 @@ static int patch_one(struct patch_ctx *c, const struct cap_tree_change *ch, size
 		printf("deleted %s mode %04o\n", type_name(from->type), from->mode & 07777);
 	else if (from->mode != to->mode)
 		printf("old mode %04o\nnew mode %04o\n", from->mode & 07777, to->mode & 07777);
-	if (from && from->type == CAP_TREE_LINK)
-		printf("link a/%s -> %s\n", q, from->target);
-	if (to && to->type == CAP_TREE_LINK)
-		printf("link b/%s -> %s\n", q, to->target);
+	if (from && from->type == CAP_TREE_LINK) {
+		_cleanup_free_ char *t = quote_path(from->target);
+		printf("link a/%s -> %s\n", q, t);
+	}
+	if (to && to->type == CAP_TREE_LINK) {
+		_cleanup_free_ char *t = quote_path(to->target);
+		printf("link b/%s -> %s\n", q, t);
+	}
 	bool file_a = from && from->type == CAP_TREE_FILE;
 	bool file_b = to && to->type == CAP_TREE_FILE;
 	if (!file_a && !file_b)
@@ -637,8 +644,10 @@ static void print_plan(const struct cap_merge_plan *p)
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct cap_merge_op *op = &p->ops[i];
 		_cleanup_free_ char *q = quote_path(op->path);
-		if (op->action == CAP_MERGE_LINK)
-			printf("link   %s -> %s\n", q, op->theirs->target);
+		if (op->action == CAP_MERGE_LINK) {
+			_cleanup_free_ char *t = quote_path(op->theirs->target);
+			printf("link   %s -> %s\n", q, t);
+		}
 		else if (op->action == CAP_MERGE_REMOVE)
 			printf("remove %s\n", q);
 		else
@@ -812,6 +821,10 @@ static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *s
 	_cleanup_free_ char *line = buf_text(&out);
 	cap_buf_fini(&out);
 	cap_buf_fini(&eb);
+	/* The commit's subject is the guest's text: no control bytes out. */
+	for (char *p = line; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	if (r == 0)
 		printf("fetched sandbox %s's HEAD into branch capsule/%s of %s: %s\n", name, name, dir, line);
 	return r;

@@ -34,7 +34,15 @@
  * Within it, the only bound is the shim's descriptors (RLIMIT_NOFILE,
  * raised to its hard limit at start). */
 #define MAX_CLIENTS 4096
-#define CONN_OUT_LIMIT (16u << 20)
+/* Flow control, both ways, so that a transfer of any size (capsule cp)
+ * holds a few MiB here at most: clients are not read while more than
+ * AGENT_BACKLOG_MAX waits to go to the guest, and the guest is not read
+ * while a client has more than CONN_OUT_HIGH waiting to be read; a
+ * client that stays over it for CONN_STALL_MS without reading is cut
+ * loose (it would hold up every other client's output). */
+#define AGENT_BACKLOG_MAX (1u << 20)
+#define CONN_OUT_HIGH (4u << 20)
+#define CONN_STALL_MS 30000
 /* Free space on the host's file system of a disk that failed to write,
  * below which the VM is not restarted to recover it. */
 #define RECOVER_FREE_MIB 16
@@ -42,6 +50,7 @@
 struct conn {
 	int fd;	/* -1: closed, freed at the end of the loop's round */
 	struct cap_buf in, out;
+	int64_t full_since;	/* when out went over CONN_OUT_HIGH, 0: it is not */
 };
 
 struct shim;
@@ -622,6 +631,12 @@ static void serve(struct shim *s, int lfd, int sfd)
 			owner = xrealloc(owner, cap * sizeof(*owner));
 		}
 		cap_sandbox_pollfds(s->sb, pfd);
+		bool clients_in = cap_sandbox_backlog(s->sb) <= AGENT_BACKLOG_MAX;
+		bool full = false;
+		for (size_t i = 0; i < s->nconns; i++)
+			full |= s->conns[i]->full_since != 0;
+		if (full)
+			pfd[0].events &= (short)~POLLIN;	/* the agent channel */
 		pfd[SIG] = (struct pollfd){ .fd = sfd, .events = POLLIN };
 		pfd[LISTEN] = (struct pollfd){ .fd = lfd, .events = POLLIN };
 		pfd[EVENTS] = (struct pollfd){ .fd = cap_sandbox_event_fd(s->sb), .events = POLLIN };
@@ -630,9 +645,10 @@ static void serve(struct shim *s, int lfd, int sfd)
 		for (size_t i = 0; i < s->nconns; i++) {
 			struct conn *c = s->conns[i];
 			owner[n] = c;
-			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)(POLLIN | (cap_buf_used(&c->out) ? POLLOUT : 0)) };
+			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)((clients_in ? POLLIN : 0) |
+									(cap_buf_used(&c->out) ? POLLOUT : 0)) };
 		}
-		if (poll(pfd, (nfds_t)n, s->runtime_stale ? 1000 : -1) < 0 && errno != EINTR)
+		if (poll(pfd, (nfds_t)n, s->runtime_stale || full ? 1000 : -1) < 0 && errno != EINTR)
 			break;
 		/* Before the agent's news: QEMU reported an I/O error before
 		 * the guest saw it, so a command's end finds it recorded. */
@@ -670,7 +686,14 @@ static void serve(struct shim *s, int lfd, int sfd)
 			if (c->fd < 0)
 				continue;
 			client_flush(s, c);
-			if (c->fd >= 0 && cap_buf_used(&c->out) > CONN_OUT_LIMIT)
+			if (c->fd < 0)
+				continue;
+			int64_t now = cap_now_ms();
+			if (cap_buf_used(&c->out) <= CONN_OUT_HIGH)
+				c->full_since = 0;
+			else if (!c->full_since)
+				c->full_since = now;
+			else if (now - c->full_since > CONN_STALL_MS)
 				conn_close(s, c);	/* not reading: cut it loose */
 		}
 		conns_sweep(s);

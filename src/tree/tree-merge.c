@@ -226,7 +226,7 @@ static void push(struct phases *ph, int k, enum cap_merge_action a, const struct
 		ph->v[k] = xrealloc(ph->v[k], ph->cap[k] * sizeof(*ph->v[k]));
 	}
 	ph->v[k][ph->n[k]++] = (struct cap_merge_op){ a, nd->path, a == CAP_MERGE_REMOVE ? NULL : nd->t, 0,
-						      a == CAP_MERGE_REMOVE && is_dir(nd->o) };
+						      a == CAP_MERGE_REMOVE && is_dir(nd->o), nd->o };
 }
 
 static void ops_of(struct phases *ph, const struct node *nd)
@@ -517,16 +517,80 @@ static int in_the_way(struct apply *a, const char *path, const char *dir, int r,
 	return cap_err_set(a->err, -r, "cannot merge %s: cannot open %s: %s; %s", path, dir, strerror(-r), done);
 }
 
+static int cmp_op_ptr(const void *x, const void *y)
+{
+	const struct cap_merge_op *a = *(const struct cap_merge_op *const *)x;
+	const struct cap_merge_op *b = *(const struct cap_merge_op *const *)y;
+	int c = strcmp(a->path, b->path);
+	return c ? c : (a < b ? -1 : a > b);
+}
+
+/* The first of the ops sorted by path (all) whose path is path, or NULL. */
+static struct cap_merge_op **by_path(struct cap_merge_op **all, size_t n, const char *path)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (strcmp(all[mid]->path, path) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < n && strcmp(all[lo]->path, path) == 0 ? &all[lo] : NULL;
+}
+
+/* Whether the host entry base in pfd is e (NULL: nothing there): type,
+ * permission bits, content or target. */
+static int unchanged(int pfd, const char *base, const struct cap_tree_entry *e, bool *yes)
+{
+	struct stat st;
+	*yes = false;
+	if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		*yes = errno == ENOENT && !e;
+		return errno == ENOENT ? 0 : -errno;
+	}
+	if (!e || (e->type != CAP_TREE_LINK && (st.st_mode & 0777) != (e->mode & 0777)))
+		return 0;
+	switch (e->type) {
+	case CAP_TREE_DIR:
+		*yes = S_ISDIR(st.st_mode);
+		return 0;
+	case CAP_TREE_OTHER:
+		*yes = !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode);
+		return 0;
+	case CAP_TREE_LINK: {
+		char t[CAP_TREE_MAX_PATH + 1];
+		ssize_t n = S_ISLNK(st.st_mode) ? readlinkat(pfd, base, t, sizeof(t)) : -1;
+		*yes = n >= 0 && (size_t)n == e->size && memcmp(t, e->target, (size_t)n) == 0;
+		return 0;
+	}
+	case CAP_TREE_FILE: {
+		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != e->size)
+			return 0;
+		_cleanup_close_ int fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		return fd < 0 ? -errno : holds(fd, e, yes);
+	}
+	}
+	return 0;
+}
+
 /* Every op's parent directory resolves beneath the tree without a
- * symbolic link, or an earlier MKDIR makes it. */
+ * symbolic link, or an earlier MKDIR makes it; and every path an op
+ * changes is still what the plan saw on the host there, or already what
+ * some op of the plan puts there (the same plan run again after a
+ * crash). */
 static int check(struct apply *a)
 {
 	const struct cap_merge_plan *p = a->p;
 	struct cap_merge_op **mk = xcalloc(p->nops + 1, sizeof(*mk));
+	struct cap_merge_op **all = xcalloc(p->nops + 1, sizeof(*all));
 	size_t nmk = 0;
-	for (size_t i = 0; i < p->nops; i++)
+	for (size_t i = 0; i < p->nops; i++) {
+		all[i] = &p->ops[i];
 		if (p->ops[i].action == CAP_MERGE_MKDIR)
 			mk[nmk++] = &p->ops[i];
+	}
+	qsort(all, p->nops, sizeof(*all), cmp_op_ptr);
 	int r = 0;
 	for (size_t i = 0; i < p->nops && r == 0; i++) {
 		const struct cap_merge_op *op = &p->ops[i];
@@ -534,7 +598,19 @@ static int check(struct apply *a)
 		_cleanup_free_ char *dir = split(op->path, &base);
 		int fd = open_beneath(a->dirfd, dir);
 		if (fd >= 0) {
+			bool same_entry;
+			int u = unchanged(fd, base, op->ours, &same_entry);
+			for (struct cap_merge_op **q = by_path(all, p->nops, op->path);
+			     u == 0 && !same_entry && q && q < all + p->nops && strcmp((*q)->path, op->path) == 0; q++)
+				u = (*q)->action == CAP_MERGE_REMOVE ? unchanged(fd, base, NULL, &same_entry)
+								     : unchanged(fd, base, (*q)->theirs, &same_entry);
 			close(fd);
+			if (u < 0)
+				r = cap_err_set(a->err, -u, "cannot merge %s: cannot read it on the host: %s; nothing was written",
+						op->path, strerror(-u));
+			else if (!same_entry)
+				r = cap_err_set(a->err, EAGAIN, "cannot merge %s: it changed on the host while the merge ran; nothing was written: merge again (the host's change is then kept, or a conflict)",
+						op->path);
 			continue;
 		}
 		if ((fd == -ENOENT || fd == -ENOTDIR) && op->action == CAP_MERGE_REMOVE)
@@ -544,6 +620,7 @@ static int check(struct apply *a)
 		r = in_the_way(a, op->path, dir, fd, false);
 	}
 	free(mk);
+	free(all);
 	return r;
 }
 

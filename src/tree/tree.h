@@ -182,6 +182,9 @@ struct cap_merge_op {
 	bool dir;	/* REMOVE: the host's entry is a directory (a REMOVE
 			 * leaves an entry of the other kind alone: what a
 			 * later op of the plan made there) */
+	/* The host's entry at path when the plan was made (NULL: none),
+	 * which cap_merge_apply checks is still there before it writes. */
+	const struct cap_tree_entry *ours;
 };
 
 struct cap_merge_conflict {
@@ -261,7 +264,13 @@ int cap_merge_stage_verify(int stagefd, const struct cap_merge_op *op,
  * the plan's paths are checked first). A file or link is put in place by
  * rename(2) from the staging directory (a link is made there first), so
  * a crash leaves each path either old or new; modes are theirs' & 0777
- * (never set-id). The directories touched are fsync'd at the end. Running
+ * (never set-id). Before anything is written, every path an op changes
+ * is looked at again: it must still be what the plan saw on the host
+ * (ops[i].ours: type, permission bits, content or target; or absent), or
+ * already what the plan puts there; a file edited on the host while the
+ * merge fetched the sandbox's copies fails the merge with -EAGAIN naming
+ * it, nothing written (merging again then sees it as changed on the
+ * host). The directories touched are fsync'd at the end. Running
  * the plan again after a crash, or planning again from scratch, finishes
  * it: every op is idempotent (a WRITE whose staged file is gone is done
  * when the path holds theirs' content). The caller verifies the staged

@@ -831,17 +831,57 @@ static void test_apply_planted_link(void **state)
 	expect_conflicts(&x.p, "d/new", "directory the host removed or replaced");
 	three_fini(&x);
 
-	/* A link in place of a file is replaced, never followed. */
+	/* A link planted in place of a file after the plan: the host
+	 * changed, so nothing is written (and the link is not followed). */
 	start3();
 	put("t/f", "theirs\n");
 	put("outside/target", "keep\n");
 	plan(&x, "b", "o", "t", CAP_MERGE_REFUSE);
 	_cleanup_free_ char *tgt = at("outside/target");
 	lnk("o/f", tgt);
-	assert_int_equal(apply_some(&x.p, "o", "t", SIZE_MAX, &err), 0);
-	_cleanup_free_ char *kept = slurp("outside/target"), *nf = slurp("o/f");
+	assert_int_equal(apply_some(&x.p, "o", "t", SIZE_MAX, &err), -EAGAIN);
+	assert_non_null(strstr(err.msg, "changed on the host"));
+	_cleanup_free_ char *kept = slurp("outside/target");
 	assert_string_equal(kept, "keep\n");
+	three_fini(&x);
+	/* Planned again it is a conflict; --theirs replaces the link itself. */
+	plan(&x, "b", "o", "t", CAP_MERGE_REFUSE);
+	expect_conflicts(&x.p, "f", "both");
+	three_fini(&x);
+	plan(&x, "b", "o", "t", CAP_MERGE_THEIRS);
+	assert_int_equal(apply_some(&x.p, "o", "t", SIZE_MAX, &err), 0);
+	_cleanup_free_ char *kept2 = slurp("outside/target"), *nf = slurp("o/f");
+	assert_string_equal(kept2, "keep\n");
 	assert_string_equal(nf, "theirs\n");
+	three_fini(&x);
+}
+
+/* A host file edited between the plan and the apply (while the merge
+ * fetched the sandbox's copies): nothing is written, the edit is kept. */
+static void test_apply_host_changed(void **state)
+{
+	(void)state;
+	start3();
+	put("t/f", "theirs\n");
+	put("t/keep", "theirs keep\n");
+	struct three x = { 0 };
+	struct cap_err err = { 0 };
+	plan(&x, "b", "o", "t", CAP_MERGE_REFUSE);
+	put("o/f", "edited on the host\n");
+	assert_int_equal(apply_some(&x.p, "o", "t", SIZE_MAX, &err), -EAGAIN);
+	assert_non_null(strstr(err.msg, "f: it changed on the host"));
+	_cleanup_free_ char *f = slurp("o/f"), *k = slurp("o/keep");
+	assert_string_equal(f, "edited on the host\n");
+	assert_string_equal(k, "keep\n");	/* nothing else written either */
+	three_fini(&x);
+	/* A file added on the host where the plan adds one: the same. */
+	start3();
+	put("t/n", "theirs n\n");
+	plan(&x, "b", "o", "t", CAP_MERGE_REFUSE);
+	put("o/n", "host n\n");
+	assert_int_equal(apply_some(&x.p, "o", "t", SIZE_MAX, &err), -EAGAIN);
+	_cleanup_free_ char *n = slurp("o/n");
+	assert_string_equal(n, "host n\n");
 	three_fini(&x);
 }
 
@@ -981,6 +1021,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_apply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_apply_rerun_same_plan, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_apply_planted_link, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_apply_host_changed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_crash, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_second_merge, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_setid, setup, teardown),

@@ -123,5 +123,31 @@ echo "api.test received: Authorization: ${auth:-nothing}"
 [ "$auth" = "Bearer $token" ] && echo "(the real value, put in on the host; the guest never had it)"
 net_down
 echo
+
+# A project in and out (docs/workspace.md), in a CAPSULE_HOME of the
+# demo's own so that nothing is left in yours.
+echo "== a project in a sandbox: create --workspace, an edit in the guest, diff, merge"
+proj="$demo_rt/proj"
+mkdir -p "$proj/src"
+printf '# demo\n' >"$proj/README.md"
+printf 'int main(void) { return 0; }\n' >"$proj/src/main.c"
+(
+	export CAPSULE_HOME="$demo_rt/home"
+	"$capsule" image build base >/dev/null
+	echo "\$ capsule create w --workspace $proj"
+	"$capsule" create w --workspace "$proj"
+	echo "\$ capsule exec w -- sh -c 'echo fix >> /workspace/README.md; echo new > /workspace/NOTES'"
+	"$capsule" exec w -- sh -c 'echo fix >> /workspace/README.md; echo new > /workspace/NOTES'
+	echo "\$ capsule diff w"
+	"$capsule" diff w
+	echo "\$ capsule diff w --patch"
+	"$capsule" diff w --patch
+	echo "\$ capsule merge w"
+	"$capsule" merge w
+	echo "\$ cat $proj/README.md"
+	cat "$proj/README.md"
+	"$capsule" rm --force w >/dev/null
+)
+echo
 left=$(ours -c || true)
 echo "== QEMU processes left running: $left"

@@ -143,18 +143,6 @@ static char *guest_shown(const struct side *s)
 			     : xasprintf("%s:%s", s->name, s->root);
 }
 
-/* The last component of a path, without trailing slashes. New string. */
-static char *base_name(const char *p)
-{
-	size_t n = strlen(p);
-	while (n > 1 && p[n - 1] == '/')
-		n--;
-	size_t s = n;
-	while (s > 0 && p[s - 1] != '/')
-		s--;
-	return xstrndup(p + s, n - s);
-}
-
 /* Where a host source goes in the guest: dest_dir and dest_name for
  * cap_xfer_put, as cp would choose them. 0, or an exit code after
  * printing. */
@@ -163,12 +151,12 @@ static int put_target(struct cap_sandbox *sb, const char *src, bool src_dir, con
 {
 	struct cap_err err = { 0 };
 	_cleanup_free_ char *shown = guest_shown(d);
-	_cleanup_free_ char *sname = base_name(src);
+	_cleanup_free_ char *sname = cap_path_last(src);
 	char kind = 'd';
 	if (strcmp(sname, "..") == 0 || strcmp(sname, "/") == 0) {
 		char *real = realpath(src, NULL);
 		free(sname);
-		sname = real ? base_name(real) : xstrdup("/");
+		sname = real ? cap_path_last(real) : xstrdup("/");
 		free(real);
 		if (strcmp(sname, "/") == 0) {
 			cap_cli_error("cp: copying the host's root directory is not supported; name a directory below it");

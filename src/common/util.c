@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -191,3 +192,61 @@ int64_t cap_now_ns(void)
 }
 
 int64_t cap_now_ms(void) { return cap_now_ns() / 1000000; }
+
+void cap_strv_free(char **v, size_t n)
+{
+	for (size_t i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int cap_dir_names(int dfd, char ***names, size_t *n)
+{
+	int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		return -e;
+	}
+	rewinddir(d);	/* the duplicate shares dfd's position */
+	size_t cap = 16, k = 0;
+	char **v = xmalloc(cap * sizeof(char *));
+	struct dirent *e;
+	errno = 0;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+			if (k == cap)
+				v = xrealloc(v, (cap *= 2) * sizeof(char *));
+			v[k++] = xstrdup(e->d_name);
+		}
+		errno = 0;
+	}
+	int r = errno ? -errno : 0;
+	closedir(d);
+	if (r < 0) {
+		cap_strv_free(v, k);
+		return r;
+	}
+	qsort(v, k, sizeof(char *), cmp_cstr);
+	*names = v;
+	*n = k;
+	return 0;
+}
+
+char *cap_path_last(const char *path)
+{
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	size_t s = n;
+	while (s > 0 && path[s - 1] != '/')
+		s--;
+	return xstrndup(path + s, n - s);
+}

@@ -32,6 +32,17 @@ char *xstrdup(const char *s);
 char *xstrndup(const char *s, size_t n);
 /* Returns a new string the caller frees. */
 __attribute__((format(printf, 1, 2))) char *xasprintf(const char *fmt, ...);
+/* Free n strings and the array holding them (NULL is fine). */
+void cap_strv_free(char **v, size_t n);
+/* The names in the directory open at dfd (not "." or ".."), sorted with
+ * strcmp, so that what a walk meets first does not depend on readdir's
+ * order: *names is n new strings in a new array (cap_strv_free). dfd
+ * stays open (its read position, shared, is rewound and moved). -errno,
+ * nothing allocated, on failure. */
+int cap_dir_names(int dfd, char ***names, size_t *n);
+/* The last component of path without its trailing slashes ("" for a
+ * path of slashes or ""). New string. */
+char *cap_path_last(const char *path);
 
 static inline void cap_freep(void *p) { free(*(void **)p); }
 static inline void cap_closep(int *fd)

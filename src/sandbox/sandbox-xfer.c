@@ -1156,16 +1156,12 @@ static int get_consume(struct reader *rd, struct archive *a)
 	return r;
 }
 
-/* The last component of a path without its trailing slashes, into buf. */
+/* The last component of a path without its trailing slashes, into buf
+ * (a component longer than a name can be is cut, and then not found). */
 static void last_component(const char *p, char *buf, size_t len)
 {
-	size_t n = strlen(p);
-	while (n > 1 && p[n - 1] == '/')
-		n--;
-	size_t s = n;
-	while (s > 0 && p[s - 1] != '/')
-		s--;
-	snprintf(buf, len, "%.*s", (int)(n - s), p + s);
+	_cleanup_free_ char *s = cap_path_last(p);
+	snprintf(buf, len, "%s", s);
 }
 
 int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,

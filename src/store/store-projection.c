@@ -83,49 +83,6 @@ static bool excluded(const char *name)
 	return strcasecmp(name, "node_modules") == 0;
 }
 
-static int cmp_name(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* The names in a directory, sorted (the walk order, and so the
- * fingerprint, must not depend on readdir order). */
-static int list_dir(int dfd, char ***out, size_t *n)
-{
-	int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		return -e;
-	}
-	size_t cap = 16, k = 0;
-	char **v = xmalloc(cap * sizeof(char *));
-	struct dirent *e;
-	errno = 0;
-	while ((e = readdir(d))) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (k == cap)
-			v = xrealloc(v, (cap *= 2) * sizeof(char *));
-		v[k++] = xstrdup(e->d_name);
-	}
-	int r = errno ? -errno : 0;
-	closedir(d);
-	qsort(v, k, sizeof(char *), cmp_name);
-	*out = v;
-	*n = k;
-	return r;
-}
-
-static void free_names(char **v, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
-}
-
 static const char *kind(mode_t m)
 {
 	switch (m & S_IFMT) {
@@ -214,7 +171,7 @@ static int scan_dir(struct walk *w, int dfd, const char *rel, unsigned depth)
 {
 	char **names;
 	size_t n;
-	int r = list_dir(dfd, &names, &n);
+	int r = cap_dir_names(dfd, &names, &n);
 	if (r < 0)
 		return cap_err_set(w->err, -r, "cannot list public data directory %s: %s", *rel ? rel : ".", strerror(-r));
 	for (size_t i = 0; i < n && r == 0; i++) {
@@ -242,7 +199,7 @@ static int scan_dir(struct walk *w, int dfd, const char *rel, unsigned depth)
 		r = scan_dir(w, cfd, path, depth + 1);
 		close(cfd);
 	}
-	free_names(names, n);
+	cap_strv_free(names, n);
 	return r;
 }
 
@@ -340,7 +297,7 @@ static int copy_dir(struct walk *w, int dfd, int sdfd, const char *rel)
 {
 	char **names;
 	size_t n;
-	int r = list_dir(dfd, &names, &n);
+	int r = cap_dir_names(dfd, &names, &n);
 	if (r < 0)
 		return cap_err_set(w->err, -r, "cannot list public data directory %s: %s", *rel ? rel : ".", strerror(-r));
 	for (size_t i = 0; i < n && r == 0; i++) {
@@ -382,7 +339,7 @@ static int copy_dir(struct walk *w, int dfd, int sdfd, const char *rel)
 		}
 		close(fd);
 	}
-	free_names(names, n);
+	cap_strv_free(names, n);
 	return r;
 }
 

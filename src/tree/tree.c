@@ -194,55 +194,6 @@ static struct cap_tree_entry *add(struct scan *s, char *path, char type, mode_t 
 	return e;
 }
 
-static void free_names(char **v, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
-}
-
-static int cmp_name(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* The names in a directory, sorted (so that which entry breaks a rule or
- * a bound does not depend on readdir order). */
-static int list_dir(int dfd, char ***out, size_t *n)
-{
-	int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		return -e;
-	}
-	size_t cap = 16, k = 0;
-	char **v = xmalloc(cap * sizeof(char *));
-	struct dirent *e;
-	errno = 0;
-	while ((e = readdir(d))) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (k == cap)
-			v = xrealloc(v, (cap *= 2) * sizeof(char *));
-		v[k++] = xstrdup(e->d_name);
-		errno = 0;
-	}
-	int r = errno ? -errno : 0;
-	closedir(d);
-	if (r < 0) {
-		free_names(v, k);
-		return r;
-	}
-	if (k)
-		qsort(v, k, sizeof(char *), cmp_name);
-	*out = v;
-	*n = k;
-	return 0;
-}
-
 static int scan_file(struct scan *s, int dfd, const char *name, const char *rel,
 		     const struct stat *st, struct cap_tree_entry *e)
 {
@@ -364,7 +315,7 @@ static int scan_dir(struct scan *s, int dfd, const char *rel, unsigned depth)
 {
 	char **names = NULL;
 	size_t n = 0;
-	int r = list_dir(dfd, &names, &n);
+	int r = cap_dir_names(dfd, &names, &n);
 	if (r < 0) {
 		char buf[256];
 		return cap_err_set(s->err, -r, "cannot list the directory %s%s%s: %s", s->dir,
@@ -376,7 +327,7 @@ static int scan_dir(struct scan *s, int dfd, const char *rel, unsigned depth)
 		char *path = *rel ? xasprintf("%s/%s", rel, names[i]) : xstrdup(names[i]);
 		r = scan_one(s, dfd, names[i], path, depth + 1);
 	}
-	free_names(names, n);
+	cap_strv_free(names, n);
 	return r;
 }
 

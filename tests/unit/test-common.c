@@ -6,6 +6,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "buf.h"
@@ -114,6 +118,48 @@ static void sha256_known_vector(void **state)
 	assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
+static void dir_names_sorted(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/capsule-test-names.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	const char *made[] = { "b", "a-b", "a", "A", "a.b" };
+	for (size_t i = 0; i < 5; i++) {
+		_cleanup_free_ char *p = xasprintf("%s/%s", dir, made[i]);
+		assert_int_equal(mkdir(p, 0700), 0);
+	}
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+	assert_true(dfd >= 0);
+	char **v;
+	size_t n;
+	for (int round = 0; round < 2; round++) {	/* dfd's position does not matter */
+		assert_int_equal(cap_dir_names(dfd, &v, &n), 0);
+		assert_int_equal(n, 5);
+		const char *want[] = { "A", "a", "a-b", "a.b", "b" };
+		for (size_t i = 0; i < n; i++)
+			assert_string_equal(v[i], want[i]);
+		cap_strv_free(v, n);
+	}
+	close(dfd);
+	assert_int_equal(cap_dir_names(-1, &v, &n), -EBADF);
+	for (size_t i = 0; i < 5; i++) {
+		_cleanup_free_ char *p = xasprintf("%s/%s", dir, made[i]);
+		rmdir(p);
+	}
+	rmdir(dir);
+}
+
+static void path_last(void **state)
+{
+	(void)state;
+	const char *cases[][2] = { { "a/b/c", "c" }, { "a/b/", "b" }, { "c", "c" }, { "/", "" },
+				   { "///", "" }, { "", "" }, { "/x//", "x" } };
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		_cleanup_free_ char *s = cap_path_last(cases[i][0]);
+		assert_string_equal(s, cases[i][1]);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -122,6 +168,8 @@ int main(void)
 		cmocka_unit_test(err_set_and_prefix),
 		cmocka_unit_test(read_file_limits),
 		cmocka_unit_test(sha256_known_vector),
+		cmocka_unit_test(dir_names_sorted),
+		cmocka_unit_test(path_last),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

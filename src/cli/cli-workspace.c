@@ -8,13 +8,9 @@
 #include <jansson.h>
 #include <limits.h>
 #include <linux/openat2.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -24,11 +20,11 @@
 #include "cli.h"
 #include "named.h"
 #include "paths.h"
+#include "serve.h"
 #include "tree.h"
 #include "util.h"
+#include "workspace.h"
 #include "xfer.h"
-
-extern char **environ;
 
 static int fail(const struct cap_err *err)
 {
@@ -38,52 +34,16 @@ static int fail(const struct cap_err *err)
 
 /* --- shared -------------------------------------------------------------- */
 
-/* Hold the sandbox's workspace lock (workspace.lock in its directory) so
- * that two diffs or merges of one sandbox never run at once; waits for
- * the other one. The descriptor (its close releases it), or -errno with
- * err set. */
+/* Hold the sandbox's workspace lock, waiting (and saying so) while
+ * another diff or merge of it runs. The descriptor, or -errno with err
+ * set. */
 static int lock_workspace(const char *name, struct cap_err *err)
 {
-	_cleanup_free_ char *dir = cap_named_dir(name);
-	_cleanup_free_ char *path = xasprintf("%s/workspace.lock", dir);
-	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		fprintf(stderr, "capsule: another diff or merge of sandbox '%s' is running; waiting for it\n", name);
-		if (flock(fd, LOCK_EX) < 0) {
-			int e = errno;
-			close(fd);
-			return cap_err_set(err, e, "cannot lock %s: %s", path, strerror(e));
-		}
-	}
-	return fd;
-}
-
-/* The guest's /workspace manifest, starting the sandbox if needed. */
-static int guest_manifest(const char *name, struct cap_sandbox **sb, struct cap_tree *out,
-			  struct cap_err *err)
-{
-	int r;
-	if (!*sb && (r = cap_cli_attach(name, sb, err)) < 0)
-		return r;
-	if ((r = cap_xfer_manifest(*sb, "/workspace", "", out, err)) < 0)
-		cap_err_prefix(err, "reading sandbox '%s''s /workspace", name);
-	return r;
-}
-
-/* A private temporary directory (0700) for files fetched from the guest.
- * New string, or NULL with err set. */
-static char *private_tmp(struct cap_err *err)
-{
-	const char *t = getenv("TMPDIR");
-	char *dir = xasprintf("%s/capsule-ws-XXXXXX", t && *t == '/' ? t : "/tmp");
-	if (!mkdtemp(dir)) {
-		cap_err_set(err, errno, "cannot create a temporary directory %s: %s", dir, strerror(errno));
-		free(dir);
-		return NULL;
-	}
-	return dir;
+	int fd = cap_workspace_lock(name, false, err);
+	if (fd != -EWOULDBLOCK)
+		return fd;
+	fprintf(stderr, "capsule: another diff or merge of sandbox '%s' is running; waiting for it\n", name);
+	return cap_workspace_lock(name, true, err);
 }
 
 /* Open path beneath dirfd for reading without following any symbolic
@@ -140,79 +100,6 @@ static const char *type_name(char t)
 	}
 }
 
-/* --- running host programs ------------------------------------------------ */
-
-/* Run argv (looked up in PATH, never through a shell) with stdin from
- * /dev/null. Its stdout goes to ours when out is NULL, else into out (at
- * most max bytes kept); its stderr into errout (at most 64 KiB kept).
- * *status is its wait status. 0, or -errno with err set when it could not
- * be run. */
-static int run_host(char *const argv[], struct cap_buf *out, size_t max, struct cap_buf *errout,
-		    int *status, struct cap_err *err)
-{
-	int po[2] = { -1, -1 }, pe[2] = { -1, -1 };
-	posix_spawn_file_actions_t fa;
-	pid_t pid;
-	int r;
-	if ((out && pipe2(po, O_CLOEXEC) < 0) || pipe2(pe, O_CLOEXEC) < 0) {
-		r = cap_err_set(err, errno, "pipe: %s", strerror(errno));
-		goto close;
-	}
-	fflush(stdout);
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	if (out)
-		posix_spawn_file_actions_adddup2(&fa, po[1], 1);
-	posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
-	r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	if (r != 0) {
-		r = cap_err_set(err, r, "cannot run %s: %s", argv[0], strerror(r));
-		goto close;
-	}
-	if (out) {
-		close(po[1]);
-		po[1] = -1;
-	}
-	close(pe[1]);
-	pe[1] = -1;
-	struct pollfd pfd[2] = { { .fd = pe[0], .events = POLLIN }, { .fd = out ? po[0] : -1, .events = POLLIN } };
-	while (pfd[0].fd >= 0 || pfd[1].fd >= 0) {
-		if (poll(pfd, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			break;
-		}
-		for (int i = 0; i < 2; i++) {
-			if (pfd[i].fd < 0 || !pfd[i].revents)
-				continue;
-			char buf[65536];
-			ssize_t n = read(pfd[i].fd, buf, sizeof(buf));
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0) {
-				pfd[i].fd = -1;
-				continue;
-			}
-			struct cap_buf *b = i == 0 ? errout : out;
-			size_t keep = i == 0 ? 65536 : max;
-			if (b && cap_buf_used(b) < keep)
-				cap_buf_append(b, buf, CAP_MIN((size_t)n, keep - cap_buf_used(b)));
-		}
-	}
-	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
-		;
-	r = 0;
-close:
-	for (int i = 0; i < 2; i++) {
-		if (po[i] >= 0)
-			close(po[i]);
-		if (pe[i] >= 0)
-			close(pe[i]);
-	}
-	return r;
-}
-
 /* A buffer's text as a C string (trailing newlines cut). New string. */
 static char *buf_text(struct cap_buf *b)
 {
@@ -252,73 +139,9 @@ static char change_letter(enum cap_tree_change_kind k)
 	}
 }
 
-/* A path as a JSON string: as it is when it is UTF-8, else with every
- * byte over 0x7f, control byte and '%' as %XX (and *escaped set). */
-static json_t *json_path(const char *p, bool *escaped)
-{
-	json_t *s = json_string(p);
-	if (s)
-		return s;
-	struct cap_buf b;
-	cap_buf_init(&b);
-	for (const unsigned char *c = (const unsigned char *)p; *c; c++) {
-		char e[4];
-		int n = *c >= 0x80 || *c < 0x20 || *c == '%' || *c == 0x7f ? snprintf(e, sizeof(e), "%%%02X", *c)
-									  : snprintf(e, sizeof(e), "%c", *c);
-		cap_buf_append(&b, e, (size_t)n);
-	}
-	cap_buf_append(&b, "", 1);
-	s = json_string((const char *)cap_buf_head(&b));
-	cap_buf_fini(&b);
-	*escaped = true;
-	return s;
-}
-
-static void hex(const uint8_t h[32], char out[65])
-{
-	for (int i = 0; i < 32; i++)
-		snprintf(out + 2 * i, 3, "%02x", h[i]);
-}
-
-static json_t *json_mode(const struct cap_tree_entry *e)
-{
-	char m[8];
-	if (!e)
-		return json_null();
-	snprintf(m, sizeof(m), "%04o", e->mode & 07777);
-	return json_string(m);
-}
-
 static void print_json(const char *name, const struct cap_tree_change *ch, size_t n)
 {
-	json_t *arr = json_array();
-	for (size_t i = 0; i < n; i++) {
-		const struct cap_tree_entry *cur = ch[i].to ? ch[i].to : ch[i].from;
-		bool escaped = false;
-		json_t *o = json_object();
-		json_object_set_new(o, "path", json_path(cur->path, &escaped));
-		if (escaped)
-			json_object_set_new(o, "path_escaped", json_true());
-		json_object_set_new(o, "change", json_string(cap_tree_change_name(ch[i].kind)));
-		json_object_set_new(o, "type", json_string(type_name(cur->type)));
-		if (ch[i].kind == CAP_TREE_TYPE)
-			json_object_set_new(o, "old_type", json_string(type_name(ch[i].from->type)));
-		json_object_set_new(o, "mode", json_mode(ch[i].to));
-		json_object_set_new(o, "old_mode", json_mode(ch[i].from));
-		if (ch[i].to && (ch[i].to->type == CAP_TREE_FILE || ch[i].to->type == CAP_TREE_LINK)) {
-			char h[65];
-			hex(ch[i].to->hash, h);
-			json_object_set_new(o, "size", json_integer((json_int_t)ch[i].to->size));
-			json_object_set_new(o, "sha256", json_string(h));
-		} else {
-			json_object_set_new(o, "size", json_null());
-			json_object_set_new(o, "sha256", json_null());
-		}
-		if (ch[i].to && ch[i].to->type == CAP_TREE_LINK)
-			json_object_set_new(o, "target", json_path(ch[i].to->target, &escaped));
-		json_array_append_new(arr, o);
-	}
-	json_t *j = json_pack("{s:s, s:o}", "sandbox", name, "changes", arr);
+	json_t *j = cap_rpc_diff_json(name, ch, n);
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
 	puts(text);
@@ -426,7 +249,8 @@ static int run_diff(const char *a, const char *b, const char *la, const char *lb
 	struct cap_buf e;
 	int status = 0;
 	cap_buf_init(&e);
-	int r = run_host(argv, NULL, 0, &e, &status, err);
+	fflush(stdout);	/* diff writes to our stdout */
+	int r = cap_workspace_run(argv, NULL, 0, &e, &status, err);
 	if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) <= 1)) {
 		_cleanup_free_ char *msg = buf_text(&e);
 		r = cap_err_set(err, EIO, "diff -u %s %s failed: %s", a, b, *msg ? msg : "no message");
@@ -490,7 +314,7 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 		       const struct cap_tree_change *ch, size_t n, struct cap_err *err)
 {
 	struct patch_ctx c = { .name = name, .project = rec->workspace, .projfd = -1, .tmpfd = -1 };
-	_cleanup_free_ char *tmp = private_tmp(err);
+	_cleanup_free_ char *tmp = cap_workspace_tmpdir(err);
 	if (!tmp)
 		return -err->code;
 	c.tmp = tmp;
@@ -578,14 +402,16 @@ int cap_cli_diff(int argc, char **argv)
 	if (cap_named_load(name, &rec, &err) < 0)
 		return fail(&err);
 	_cleanup_close_ int lock = lock_workspace(name, &err);
-	if (lock < 0 || cap_named_workspace_base(name, &base, &err) < 0 ||
-	    guest_manifest(name, &sb, &now, &err) < 0)
+	if (lock < 0)
 		goto out;
-	int r = cap_tree_diff(&base, &now, &ch, &n);
-	if (r < 0) {
-		cap_err_set(&err, -r, "comparing /workspace with its base: %s", strerror(-r));
+	if (!rec.workspace[0]) {
+		/* Said before the sandbox is started for nothing. */
+		cap_err_set(&err, ENOENT, "sandbox '%s' has no workspace; `capsule create NAME --workspace DIR` makes one with it",
+			    name);
 		goto out;
 	}
+	if (cap_cli_attach(name, &sb, &err) < 0 || cap_workspace_diff(name, sb, &base, &now, &ch, &n, &err) < 0)
+		goto out;
 	if (json)
 		print_json(name, ch, n);
 	else if (patch && print_patch(name, &rec, sb, ch, n, &err) < 0)
@@ -666,219 +492,12 @@ static void print_conflicts(const char *name, const struct cap_merge_plan *p, bo
 		name);
 }
 
-/* Stage theirs' new files under DIR, check them, put everything in place,
- * then move the base. */
-static int apply_plan(const char *name, const char *dir, struct cap_sandbox *sb,
-		      const struct cap_merge_plan *p, const struct cap_tree *theirs, struct cap_err *err)
-{
-	char stage_dir[CAP_NAME_MAX + 32];
-	snprintf(stage_dir, sizeof(stage_dir), "%s%s", CAP_MERGE_STAGE_PREFIX, name);
-	_cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dfd < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", dir, strerror(errno));
-	int sfd = cap_merge_stage_open(dfd, stage_dir, err);
-	if (sfd < 0)
-		return sfd;
-	const char **paths = xcalloc(p->nwrites ? p->nwrites : 1, sizeof(char *));
-	int r = 0;
-	for (size_t i = 0; i < p->nops; i++)
-		if (p->ops[i].action == CAP_MERGE_WRITE) {
-			CAP_BUG_ON(p->ops[i].stage >= p->nwrites);
-			paths[p->ops[i].stage] = p->ops[i].path;
-		}
-	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, p->nwrites, sfd, err)) < 0) {
-		if (r == -ESTALE)
-			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
-		goto out;
-	}
-	for (size_t i = 0; i < p->nops; i++)
-		if (p->ops[i].action == CAP_MERGE_WRITE && (r = cap_merge_stage_verify(sfd, &p->ops[i], err)) < 0) {
-			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
-			goto out;
-		}
-	if ((r = cap_merge_apply(dfd, sfd, p, err)) < 0) {
-		cap_err_prefix(err, "merging into %s (what was done before this path stays; run the merge again to finish)", dir);
-		goto out;
-	}
-	close(sfd);
-	sfd = -1;
-	if ((r = cap_merge_stage_remove(dfd, stage_dir, err)) < 0)
-		goto out;
-	r = cap_named_workspace_set_base(name, theirs, err);
-out:
-	if (sfd >= 0) {
-		/* Nothing staged is needed again: a new merge plans afresh. */
-		close(sfd);
-		struct cap_err ignore = { 0 };
-		cap_merge_stage_remove(dfd, stage_dir, &ignore);
-	}
-	free(paths);
-	return r;
-}
-
 static void print_merged(const char *dir, const struct cap_merge_plan *p)
 {
-	size_t count[5] = { 0 };
-	for (size_t i = 0; i < p->nops; i++)
-		count[p->ops[i].action]++;
+	struct cap_workspace_counts n;
+	cap_workspace_count(p, &n);
 	printf("merged: %zu written, %zu removed, %zu links, %zu directories made, %zu modes changed into %s\n",
-	       count[CAP_MERGE_WRITE], count[CAP_MERGE_REMOVE], count[CAP_MERGE_LINK], count[CAP_MERGE_MKDIR],
-	       count[CAP_MERGE_CHMOD], dir);
-}
-
-struct guest_cmd {
-	struct cap_buf out, err;
-	bool done;
-	int status;
-	int errnum;
-	char msg[256];
-};
-
-static void gc_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
-{
-	(void)id;
-	struct guest_cmd *g = ud;
-	struct cap_buf *b = fd == 1 ? &g->out : &g->err;
-	if (cap_buf_used(b) < 65536)
-		cap_buf_append(b, p, CAP_MIN(n, 65536 - cap_buf_used(b)));
-}
-
-static void gc_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
-{
-	(void)id;
-	struct guest_cmd *g = ud;
-	g->done = true;
-	g->status = ex ? cap_exit_status(ex) : 127;
-	g->errnum = ex ? 0 : errnum;
-	snprintf(g->msg, sizeof(g->msg), "%s", msg ? msg : "");
-	if (ex && ex->kind == CAP_EXIT_START_FAILED)
-		g->errnum = ex->value;
-}
-
-/* Run argv in the guest as the tool user in cwd, its output kept (64 KiB
- * each). 0 with g filled, or -errno with err set. */
-static int guest_run(struct cap_sandbox *sb, char **argv, const char *cwd, struct guest_cmd *g,
-		     struct cap_err *err)
-{
-	static const struct cap_exec_events ev = { gc_output, gc_done };
-	uint32_t argc = 0;
-	while (argv[argc])
-		argc++;
-	struct cap_exec_req req = { .argv = argv, .argc = argc, .cwd = (char *)cwd, .timeout_ms = 600000 };
-	uint32_t id;
-	int r = cap_sandbox_exec(sb, &req, &ev, g, &id, err);
-	if (r < 0)
-		return r;
-	while (!g->done)
-		if ((r = cap_sandbox_wait(sb, -1, err)) < 0)
-			return r;
-	return 0;
-}
-
-/* Copy the guest's bundle (/work/rel) into tmp, remove it from the
- * guest, and fetch its HEAD into refs/heads/capsule/NAME of dir. */
-static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *sb, const char *tmp,
-			const char *rel, struct cap_err *err)
-{
-	_cleanup_free_ char *bundle = xasprintf("%s/capsule-merge.bundle", tmp);
-	_cleanup_free_ char *guest_path = xasprintf("/work/%s", rel);
-	struct cap_xfer_result res = { 0 };
-	int r = cap_xfer_get(sb, "/work", rel, bundle, 0, &res, err);
-	cap_xfer_result_fini(&res);
-	char *rm_argv[] = { "rm", "-f", guest_path, NULL };
-	struct guest_cmd rmc = { 0 };
-	struct cap_err ignore = { 0 };
-	cap_buf_init(&rmc.out);
-	cap_buf_init(&rmc.err);
-	guest_run(sb, rm_argv, "/work", &rmc, &ignore);
-	cap_buf_fini(&rmc.out);
-	cap_buf_fini(&rmc.err);
-	if (r < 0) {
-		cap_err_prefix(err, "--git: copying the bundle out of sandbox '%s'", name);
-		return r;
-	}
-
-	_cleanup_free_ char *refspec = xasprintf("+HEAD:refs/heads/capsule/%s", name);
-	_cleanup_free_ char *ref = xasprintf("refs/heads/capsule/%s", name);
-	/* The bundle is the guest's: git checks every object it takes. */
-	char *fetch[] = { "git", "-C", (char *)dir, "-c", "transfer.fsckObjects=true", "fetch", "--no-tags",
-			  "--no-write-fetch-head", "--quiet", bundle, refspec, NULL };
-	struct cap_buf out, eb;
-	int status = 0;
-	cap_buf_init(&eb);
-	r = run_host(fetch, NULL, 0, &eb, &status, err);
-	_cleanup_free_ char *ferr = buf_text(&eb);
-	cap_buf_fini(&eb);
-	if (r < 0)
-		return r;
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		return cap_err_set(err, EIO, "--git: `git fetch` of the sandbox's bundle into %s failed: %s", dir,
-				   *ferr ? ferr : "no message");
-	char *show[] = { "git", "-C", (char *)dir, "log", "-1", "--format=%H %s", ref, "--", NULL };
-	cap_buf_init(&out);
-	cap_buf_init(&eb);
-	r = run_host(show, &out, 4096, &eb, &status, err);
-	_cleanup_free_ char *line = buf_text(&out);
-	cap_buf_fini(&out);
-	cap_buf_fini(&eb);
-	/* The commit's subject is the guest's text: no control bytes out. */
-	for (char *p = line; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
-	if (r == 0)
-		printf("fetched sandbox %s's HEAD into branch capsule/%s of %s: %s\n", name, name, dir, line);
-	return r;
-}
-
-/* merge --git: bundle the guest repository's refs, copy the bundle out,
- * fetch its HEAD into refs/heads/capsule/NAME. */
-static int merge_git(const char *name, const char *dir, struct cap_sandbox *sb, struct cap_err *err)
-{
-	struct cap_buf out, eb;
-	int status = 0, r;
-	cap_buf_init(&out);
-	cap_buf_init(&eb);
-	char *check[] = { "git", "-C", (char *)dir, "rev-parse", "--is-inside-work-tree", NULL };
-	r = run_host(check, &out, 4096, &eb, &status, err);
-	_cleanup_free_ char *answer = buf_text(&out);
-	cap_buf_fini(&out);
-	cap_buf_fini(&eb);
-	if (r < 0)
-		return r;
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || strcmp(answer, "true") != 0)
-		return cap_err_set(err, EINVAL, "--git: %s is not a git work tree (`git -C %s rev-parse --is-inside-work-tree` says no)",
-				   dir, dir);
-
-	/* The bundle goes to /work, the guest's private disk: the file
-	 * transfer reaches /work, /workspace and /source only, and it must
-	 * not show in /workspace. */
-	static const char bundle_rel[] = ".capsule-merge.bundle";
-	char *bundle_argv[] = { "git", "bundle", "create", "/work/.capsule-merge.bundle", "--all", NULL };
-	struct guest_cmd g = { 0 };
-	cap_buf_init(&g.out);
-	cap_buf_init(&g.err);
-	r = guest_run(sb, bundle_argv, "/workspace", &g, err);
-	_cleanup_free_ char *gerr = buf_text(&g.err);
-	cap_buf_fini(&g.out);
-	cap_buf_fini(&g.err);
-	if (r < 0)
-		return r;
-	if (g.errnum == ENOENT || (g.status == 127 && !g.errnum))
-		return cap_err_set(err, ENOENT, "--git: the image has no git (`git bundle create` could not run in sandbox '%s'); install git in its image, or merge the files without --git",
-				   name);
-	if (g.errnum)
-		return cap_err_set(err, g.errnum, "--git: cannot run git in sandbox '%s': %s", name,
-				   g.msg[0] ? g.msg : strerror(g.errnum));
-	if (g.status != 0)
-		return cap_err_set(err, EIO, "--git: `git bundle create --all` in sandbox '%s''s /workspace failed (exit %d): %s",
-				   name, g.status, *gerr ? gerr : "no message");
-
-	_cleanup_free_ char *tmp = private_tmp(err);
-	if (!tmp)
-		return -err->code;
-	r = fetch_bundle(name, dir, sb, tmp, bundle_rel, err);
-	cap_remove_tree(tmp);
-	return r;
+	       n.written, n.removed, n.links, n.created, n.chmod, dir);
 }
 
 int cap_cli_merge(int argc, char **argv)
@@ -947,68 +566,55 @@ int cap_cli_merge(int argc, char **argv)
 	if (lock < 0)
 		return fail(&err);
 	struct cap_sandbox *sb = NULL;
-	if (git) {
-		int r = cap_cli_attach(name, &sb, &err);
-		if (r == 0)
-			r = merge_git(name, dir, sb, &err);
+	if (cap_cli_attach(name, &sb, &err) < 0) {
 		cap_sandbox_free(sb);
-		return r < 0 ? fail(&err) : 0;
+		return fail(&err);
+	}
+	if (git) {
+		struct cap_workspace_git got;
+		int r = cap_workspace_git(name, sb, dir, &got, &err);
+		cap_sandbox_free(sb);
+		if (r < 0)
+			return fail(&err);
+		printf("fetched sandbox %s's HEAD into branch %s of %s: %s %s\n", name, got.branch, dir, got.commit,
+		       got.subject);
+		return 0;
 	}
 
-	struct cap_tree base, ours, theirs;
-	struct cap_merge_plan plan = { 0 };
+	struct cap_workspace_merge m;
 	int rc = CAP_EXIT_FAILURE;
-	bool planned = false;
-	cap_tree_init(&base);
-	cap_tree_init(&ours);
-	cap_tree_init(&theirs);
-	struct cap_tree_scan_opts so = { .strict = false, .skip_prefix = CAP_MERGE_STAGE_PREFIX };
-	if (cap_named_workspace_base(name, &base, &err) < 0 || guest_manifest(name, &sb, &theirs, &err) < 0)
+	if (cap_workspace_plan(name, sb, dir, pick, &m, &err) < 0)
 		goto out;
-	if (cap_tree_scan(dir, &so, &ours, &err) < 0) {
-		cap_err_prefix(&err, "reading %s", dir);
-		goto out;
-	}
-	if (cap_merge_plan(&base, &ours, &theirs, pick, &plan, &err) < 0)
-		goto out;
-	planned = true;
+	const struct cap_merge_plan *plan = &m.plan;
 	if (dry) {
-		print_plan(&plan);
-		if (plan.nconflicts) {
-			print_conflicts(name, &plan, true);
+		print_plan(plan);
+		if (plan->nconflicts) {
+			print_conflicts(name, plan, true);
 			rc = 1;
 		} else {
-			fprintf(stderr, "dry run: %zu operation%s into %s, nothing written\n", plan.nops,
-				plan.nops == 1 ? "" : "s", dir);
+			fprintf(stderr, "dry run: %zu operation%s into %s, nothing written\n", plan->nops,
+				plan->nops == 1 ? "" : "s", dir);
 			rc = 0;
 		}
 		goto out;
 	}
-	if (plan.nconflicts) {
-		print_conflicts(name, &plan, false);
+	if (plan->nconflicts) {
+		print_conflicts(name, plan, false);
 		rc = 1;
 		goto out;
 	}
-	if (!plan.nops) {
-		/* Both sides agree already; the base still moves to theirs. */
-		if (cap_named_workspace_set_base(name, &theirs, &err) < 0)
-			goto out;
+	/* Without ops both sides agree already; the base still moves. */
+	if (cap_workspace_apply(name, sb, &m, &err) < 0)
+		goto out;
+	if (plan->nops)
+		print_merged(dir, plan);
+	else
 		printf("nothing to merge: %s has the sandbox's changes already\n", dir);
-		rc = 0;
-		goto out;
-	}
-	if (apply_plan(name, dir, sb, &plan, &theirs, &err) < 0)
-		goto out;
-	print_merged(dir, &plan);
 	rc = 0;
 out:
 	if (rc == CAP_EXIT_FAILURE)
 		cap_cli_error("%s", err.msg);
-	if (planned)
-		cap_merge_plan_fini(&plan);
-	cap_tree_fini(&base);
-	cap_tree_fini(&ours);
-	cap_tree_fini(&theirs);
+	cap_workspace_merge_fini(&m);
 	cap_sandbox_free(sb);
 	return rc;
 }

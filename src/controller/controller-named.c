@@ -354,6 +354,43 @@ static int xfer_(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_wat
 	return r;
 }
 
+/* A diff or merge of the sandbox's workspace, on a connection of its own
+ * to its shim and under its workspace lock; in a worker thread. */
+static int workspace_(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
+		      struct cap_ctl_ws_out *out, struct cap_err *err)
+{
+	struct cap_named_status st;
+	struct cap_sandbox *sb;
+	(void)ud;
+	int r = cap_named_status(ws->name, &st, err);
+	if (r < 0)
+		return r;
+	if (st.state == CAP_NAMED_STOPPED || !st.control[0])
+		return cap_err_set(err, ECHILD, "sandbox %s stopped before the %s began; retry the call", ws->name,
+				   ws->merge ? "merge" : "diff");
+	_cleanup_close_ int lock = cap_workspace_lock(ws->name, false, err);
+	if (lock < 0)
+		return lock;
+	if ((r = cap_sandbox_attach(st.control, &sb, err)) < 0)
+		return r;
+	struct pollfd pfd[CAP_SANDBOX_NPOLL];
+	cap_sandbox_pollfds(sb, pfd);
+	if (cap_ctl_xfer_watch_fd(w, pfd[0].fd) < 0) {
+		cap_sandbox_free(sb);
+		return cap_err_set(err, ECANCELED, "the %s was cancelled", ws->merge ? "merge" : "diff");
+	}
+	if (!ws->merge) {
+		r = cap_workspace_diff(ws->name, sb, &out->base, &out->now, &out->changes, &out->nchanges, err);
+	} else {
+		r = cap_workspace_plan(ws->name, sb, ws->into, ws->pick, &out->merge, err);
+		if (r == 0 && !out->merge.plan.nconflicts && !ws->dry_run)
+			r = cap_workspace_apply(ws->name, sb, &out->merge, err);
+	}
+	cap_ctl_xfer_unwatch(w);
+	cap_sandbox_free(sb);
+	return r;
+}
+
 _Static_assert(CAP_CTL_VM_NPOLL == CAP_SANDBOX_NPOLL, "one poll layout");
 
 const struct cap_ctl_backend ctl_named_backend = {
@@ -376,4 +413,5 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.dispatch = dispatch,
 	.vm_free = vm_free,
 	.xfer = xfer_,
+	.workspace = workspace_,
 };

@@ -20,6 +20,7 @@
 #include "policy.h"
 #include "paths.h"
 #include "serve.h"
+#include "tree.h"
 #include "sock.h"
 #include "utf8.h"
 #include "util.h"
@@ -356,6 +357,96 @@ json_t *cap_rpc_import_json(const struct cap_ctl_import *imp)
 	return j;
 }
 
+/* --- a workspace's diff (shared with `capsule diff --json`) ------------------------ */
+
+static const char *tree_type_name(char t)
+{
+	switch (t) {
+	case CAP_TREE_FILE: return "file";
+	case CAP_TREE_DIR: return "dir";
+	case CAP_TREE_LINK: return "link";
+	default: return "other";
+	}
+}
+
+/* A path as a JSON string: as it is when it is UTF-8, else with every
+ * byte over 0x7f, control byte and '%' as %XX (and *escaped set). */
+static json_t *json_path(const char *p, bool *escaped)
+{
+	json_t *s = json_string(p);
+	if (s)
+		return s;
+	struct cap_buf b;
+	cap_buf_init(&b);
+	for (const unsigned char *c = (const unsigned char *)p; *c; c++) {
+		char e[4];
+		int n = *c >= 0x80 || *c < 0x20 || *c == '%' || *c == 0x7f ? snprintf(e, sizeof(e), "%%%02X", *c)
+									  : snprintf(e, sizeof(e), "%c", *c);
+		cap_buf_append(&b, e, (size_t)n);
+	}
+	cap_buf_append(&b, "", 1);
+	s = json_string((const char *)cap_buf_head(&b));
+	cap_buf_fini(&b);
+	*escaped = true;
+	return s;
+}
+
+static json_t *json_mode(const struct cap_tree_entry *e)
+{
+	char m[8];
+	if (!e)
+		return json_null();
+	snprintf(m, sizeof(m), "%04o", e->mode & 07777);
+	return json_string(m);
+}
+
+json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch, size_t n)
+{
+	json_t *arr = json_array();
+	for (size_t i = 0; i < n; i++) {
+		const struct cap_tree_entry *cur = ch[i].to ? ch[i].to : ch[i].from;
+		bool escaped = false;
+		json_t *o = json_object();
+		json_object_set_new(o, "path", json_path(cur->path, &escaped));
+		if (escaped)
+			json_object_set_new(o, "path_escaped", json_true());
+		json_object_set_new(o, "change", json_string(cap_tree_change_name(ch[i].kind)));
+		json_object_set_new(o, "type", json_string(tree_type_name(cur->type)));
+		if (ch[i].kind == CAP_TREE_TYPE)
+			json_object_set_new(o, "old_type", json_string(tree_type_name(ch[i].from->type)));
+		json_object_set_new(o, "mode", json_mode(ch[i].to));
+		json_object_set_new(o, "old_mode", json_mode(ch[i].from));
+		if (ch[i].to && (ch[i].to->type == CAP_TREE_FILE || ch[i].to->type == CAP_TREE_LINK)) {
+			char h[65];
+			for (int b = 0; b < 32; b++)
+				snprintf(h + 2 * b, 3, "%02x", ch[i].to->hash[b]);
+			json_object_set_new(o, "size", json_integer((json_int_t)ch[i].to->size));
+			json_object_set_new(o, "sha256", json_string(h));
+		} else {
+			json_object_set_new(o, "size", json_null());
+			json_object_set_new(o, "sha256", json_null());
+		}
+		if (ch[i].to && ch[i].to->type == CAP_TREE_LINK)
+			json_object_set_new(o, "target", json_path(ch[i].to->target, &escaped));
+		json_array_append_new(arr, o);
+	}
+	return json_pack("{s:o, s:o}", "sandbox", cap_json_text(sandbox), "changes", arr);
+}
+
+/* A merge's conflicts: [{"path", "why"[, "path_escaped"]}...]. */
+static json_t *conflicts_json(const struct cap_merge_conflict *v, size_t n)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; i < n; i++) {
+		bool escaped = false;
+		json_t *o = json_pack("{s:o, s:s}", "path", json_path(v[i].path, &escaped), "why", v[i].why);
+		if (escaped)
+			json_object_set_new(o, "path_escaped", json_true());
+		json_array_append_new(a, o);
+	}
+	return a;
+}
+
 /* What a transfer copied, into o. */
 static void put_counts(json_t *o, const struct cap_ctl_xfer_out *x)
 {
@@ -429,6 +520,15 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 	} else if (r->kind == CAP_CTL_FILE) {
 		res = json_pack("{s:s, s:s, s:s%}", "sandbox", r->sandbox, "kind", "file", "content",
 				(const char *)r->content, r->content_len);
+	} else if (r->kind == CAP_CTL_DIFF) {
+		res = cap_rpc_diff_json(r->sandbox, r->changes, r->nchanges);
+	} else if (r->kind == CAP_CTL_MERGE && r->merge) {
+		const struct cap_workspace_counts *c = &r->merge->n;
+		res = json_pack("{s:s, s:o, s:b, s:I, s:I, s:I, s:I, s:I}", "sandbox", r->sandbox, "into",
+				cap_json_text(r->merge->into), "dry_run", r->merge->dry_run,
+				"written", (json_int_t)c->written, "removed", (json_int_t)c->removed,
+				"created", (json_int_t)c->created, "chmod", (json_int_t)c->chmod,
+				"links", (json_int_t)c->links);
 	} else if (r->kind == CAP_CTL_XFER) {
 		res = json_pack("{s:s, s:s}", "sandbox", r->sandbox, "path", p->path);
 		if (r->xfer)
@@ -454,6 +554,12 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 			data = json_object();
 		json_object_set_new(data, "refused", strings(r->xfer->refused, r->xfer->nrefused));
 		put_counts(data, r->xfer);
+	}
+	if (r->merge && r->merge->nconflicts) {
+		if (!data)
+			data = json_object();
+		json_object_set_new(data, "conflicts", conflicts_json(r->merge->conflicts, r->merge->nconflicts));
+		json_object_set_new(data, "into", cap_json_text(r->merge->into));
 	}
 	if (r->import) {
 		if (!data)
@@ -795,6 +901,56 @@ static void m_download(struct cap_rpc_server *s, struct conn *k, json_t *id, jso
 	free(dest);
 }
 
+/* diff and merge need the server's --workspace DIR; false with an error
+ * sent. */
+static bool have_workspace(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *method)
+{
+	if (cap_ctl_cfg(s->ctl)->workspace)
+		return true;
+	error_to(k, id, CAP_RPC_PARAMS, "%s needs a project: this server was started without --workspace DIR (start capsule serve with --workspace DIR; each identity's sandbox then gets a copy of it at /workspace)",
+		 method);
+	return false;
+}
+
+/* diff: {identity}: what the identity's sandbox changed in /workspace
+ * since its base, as `capsule diff --json` says it. */
+static void m_diff(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const char *agent, *peer;
+	if (!have_workspace(s, k, id, "diff") || !identity(k, id, params, &agent, &peer))
+		return;
+	struct cap_ctl_req req = { .kind = CAP_CTL_DIFF };
+	submit(s, k, id, agent, peer, &req, NULL);
+}
+
+/* merge: {identity [, pick] [, dry_run]}: the identity's sandbox's
+ * changes into the server's --workspace DIR, three-way against the
+ * sandbox's own base. */
+static void m_merge(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const char *agent, *peer;
+	json_t *pick = json_object_get(params, "pick");
+	json_t *dry = json_object_get(params, "dry_run");
+	struct cap_ctl_req req = { .kind = CAP_CTL_MERGE, .pick = CAP_MERGE_REFUSE };
+	if (!have_workspace(s, k, id, "merge"))
+		return;
+	if (pick) {
+		const char *v = json_string_value(pick);
+		if (v && strcmp(v, "theirs") == 0)
+			req.pick = CAP_MERGE_THEIRS;
+		else if (v && strcmp(v, "ours") == 0)
+			req.pick = CAP_MERGE_OURS;
+		else if (!v || strcmp(v, "refuse") != 0)
+			return error_to(k, id, CAP_RPC_PARAMS, "params.pick must be \"refuse\" (conflicts refuse the merge; the default), \"theirs\" (the sandbox's version wins) or \"ours\" (the host's version stays)");
+	}
+	if (dry && !json_is_boolean(dry))
+		return error_to(k, id, CAP_RPC_PARAMS, "params.dry_run must be true or false");
+	req.dry_run = json_is_true(dry);
+	if (!identity(k, id, params, &agent, &peer))
+		return;
+	submit(s, k, id, agent, peer, &req, NULL);
+}
+
 static json_t *status_json(const struct cap_ctl_status *st)
 {
 	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i}", "agent", st->agent, "peer", st->peer,
@@ -929,6 +1085,10 @@ static void handle(struct cap_rpc_server *s, struct conn *k, const char *line, s
 		m_upload(s, k, id, params);
 	else if (strcmp(method, "download") == 0)
 		m_download(s, k, id, params);
+	else if (strcmp(method, "diff") == 0)
+		m_diff(s, k, id, params);
+	else if (strcmp(method, "merge") == 0)
+		m_merge(s, k, id, params);
 	else if (strcmp(method, "status") == 0)
 		m_status(s, k, id, params);
 	else if (strcmp(method, "list") == 0)

@@ -73,6 +73,8 @@ struct task {
 	void *bud;
 	/* inputs */
 	bool import;	/* a private import of host into /work */
+	bool ws;	/* a diff (or merge: ws_req.merge) of the workspace */
+	struct cap_ctl_ws ws_req;	/* name points into name, into into owned_host */
 	char name[CAP_NAME_MAX + 1];
 	bool put;
 	char root[16];
@@ -86,6 +88,7 @@ struct task {
 	bool absent;	/* import: the host directory does not exist */
 	struct cap_err err;
 	struct cap_xfer_result res;
+	struct cap_ctl_ws_out ws_out;
 };
 
 /* An import's outcome until the call it goes with ends. */
@@ -122,6 +125,9 @@ struct cap_ctl_call {
 	char *owned_host;
 	size_t len;
 	unsigned mode;
+	/* MERGE */
+	enum cap_merge_pick pick;
+	bool dry_run;
 	char why[1024];	/* the sandbox went away under it: what to answer */
 	/* Answered by the host's deadline while the guest still holds the
 	 * stream: kept (on ident->abandoned) until the guest or its VM lets
@@ -486,6 +492,9 @@ static struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl
 			k->len = r->len;
 			k->mode = r->mode & 07777;
 		}
+	} else if (r->kind == CAP_CTL_MERGE) {
+		k->pick = r->pick;
+		k->dry_run = r->dry_run;
 	}
 	return k;
 }
@@ -500,9 +509,20 @@ static void report_free(struct import_report *p)
 	free(p);
 }
 
+static bool is_ws(enum cap_ctl_kind kind)
+{
+	return kind == CAP_CTL_DIFF || kind == CAP_CTL_MERGE;
+}
+
+/* A call that runs in a worker thread (struct task). */
+static bool in_worker(enum cap_ctl_kind kind)
+{
+	return kind == CAP_CTL_XFER || is_ws(kind);
+}
+
 static bool is_tool(enum cap_ctl_kind kind)
 {
-	return kind == CAP_CTL_EXEC || kind == CAP_CTL_FILE || kind == CAP_CTL_XFER;
+	return kind == CAP_CTL_EXEC || kind == CAP_CTL_FILE || in_worker(kind);
 }
 
 /* Hand the result to the call's front end and free the call. */
@@ -738,6 +758,7 @@ static void task_free(struct task *t)
 	free(t->owned_path);
 	free(t->owned_host);
 	cap_xfer_result_fini(&t->res);
+	cap_ctl_ws_out_fini(&t->ws_out);
 	free(t);
 }
 
@@ -857,10 +878,24 @@ static int run_import(struct task *t)
 	return t->be->xfer(t->bud, &x, &t->w, &t->res, &t->err);
 }
 
+void cap_ctl_ws_out_fini(struct cap_ctl_ws_out *o)
+{
+	free(o->changes);
+	o->changes = NULL;
+	o->nchanges = 0;
+	cap_tree_fini(&o->base);
+	cap_tree_fini(&o->now);
+	cap_workspace_merge_fini(&o->merge);
+}
+
 static void *task_main(void *arg)
 {
 	struct task *t = arg;
-	if (!t->be->xfer)
+	if (t->ws && !t->be->workspace)
+		t->r = cap_err_set(&t->err, ENOTSUP, "this controller's sandboxes have no workspace diff or merge");
+	else if (t->ws)
+		t->r = t->be->workspace(t->bud, &t->ws_req, &t->w, &t->ws_out, &t->err);
+	else if (!t->be->xfer)
 		t->r = cap_err_set(&t->err, ENOTSUP, "this controller's sandboxes take no transfers");
 	else
 		t->r = t->import ? run_import(t) : run_xfer(t);
@@ -989,6 +1024,51 @@ static void import_done(struct cap_ctl *c, struct ident *i, struct task *t)
 	i->report = p;
 }
 
+/* The active DIFF or MERGE call's task ended. A merge that finished is
+ * answered as done even when it was cancelled meanwhile: the directory
+ * has changed. */
+static void ws_done(struct cap_ctl *c, struct ident *i, struct task *t)
+{
+	struct cap_ctl_call *k = i->active;
+	const struct cap_workspace_merge *m = &t->ws_out.merge;
+	struct cap_ctl_merge_out mo = { .into = t->owned_host, .dry_run = t->ws_req.dry_run };
+	struct cap_ctl_result r = { 0 };
+	char msg[1400];
+	if (t->r == 0 && !t->ws_req.merge) {
+		r.changes = t->ws_out.changes;
+		r.nchanges = t->ws_out.nchanges;
+	} else if (t->r == 0) {
+		cap_workspace_count(&m->plan, &mo.n);
+		mo.conflicts = m->plan.conflicts;
+		mo.nconflicts = m->plan.nconflicts;
+		r.merge = &mo;
+		if (mo.nconflicts) {
+			snprintf(msg, sizeof(msg), "%zu conflict%s merging sandbox %s into %s (listed in data.conflicts); %s. Settle them with pick \"theirs\" (the sandbox's version) or \"ours\" (keep the host's), or make both sides agree",
+				 mo.nconflicts, mo.nconflicts == 1 ? "" : "s", i->name, t->owned_host,
+				 t->ws_req.dry_run ? "a merge would write nothing" : "nothing was written");
+			r.code = CAP_CTL_ETOOL;
+			r.msg = msg;
+		}
+	} else if (k->cancelled) {
+		r.code = CAP_CTL_ECANCELLED;
+		r.msg = "request cancelled";
+	} else if (k->why[0]) {
+		r.code = CAP_CTL_ESANDBOX;
+		r.msg = k->why;
+	} else {
+		if (t->r == -EWOULDBLOCK) {
+			snprintf(msg, sizeof(msg), "%s (a `capsule diff` or `capsule merge` of it on the host); retry when it is done",
+				 t->err.msg);
+			r.msg = msg;
+		} else {
+			r.msg = t->err.msg[0] ? t->err.msg : strerror(-t->r);
+		}
+		r.code = sandbox_errno(-t->r) ? CAP_CTL_ESANDBOX : CAP_CTL_ETOOL;
+		r.errnum = -t->r;
+	}
+	active_done(c, i, &r);
+}
+
 static void task_finished(struct cap_ctl *c, struct ident *i)
 {
 	uint64_t n;
@@ -998,6 +1078,8 @@ static void task_finished(struct cap_ctl *c, struct ident *i)
 	c->kick = true;
 	if (t->import)
 		import_done(c, i, t);
+	else if (t->ws)
+		ws_done(c, i, t);
 	else
 		xfer_done(c, i, t);
 	task_free(t);
@@ -1015,6 +1097,23 @@ static void begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 	t->data = k->owned_data;
 	t->len = k->len;
 	t->mode = k->mode;
+	if (task_begin(i, t, &err) < 0) {
+		task_free(t);
+		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+	}
+}
+
+/* Start the active DIFF or MERGE call k in a worker. */
+static void begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
+{
+	struct cap_err err = { 0 };
+	struct task *t = task_new(c, i);
+	t->ws = true;
+	t->owned_host = xstrdup(c->cfg.workspace);
+	t->ws_req = (struct cap_ctl_ws){
+		.name = t->name, .merge = k->kind == CAP_CTL_MERGE, .into = t->owned_host, .pick = k->pick,
+		.dry_run = k->dry_run,
+	};
 	if (task_begin(i, t, &err) < 0) {
 		task_free(t);
 		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
@@ -1154,10 +1253,11 @@ static void stopped(struct cap_ctl *c, struct ident *i)
 	c->kick = true;
 	struct cap_ctl_call *k = i->active;
 	if (i->task) {
-		/* A transfer or import ends with its connection; an XFER call
-		 * is answered when its worker has let go. */
-		if (k && k->kind == CAP_CTL_XFER && !k->why[0])
-			snprintf(k->why, sizeof(k->why), "the sandbox was stopped while the transfer ran");
+		/* A transfer, diff, merge or import ends with its connection;
+		 * its call is answered when its worker has let go. */
+		if (k && in_worker(k->kind) && !k->why[0])
+			snprintf(k->why, sizeof(k->why), "the sandbox was stopped while the %s ran",
+				 k->kind == CAP_CTL_XFER ? "transfer" : k->kind == CAP_CTL_DIFF ? "diff" : "merge");
 		task_abort(i->task);
 	} else if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
 		if (k->cancelled)
@@ -1450,6 +1550,10 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 		begin_xfer(c, i, k);
 		return;	/* finished when its worker ends (task_finished) */
 	}
+	if (is_ws(k->kind)) {
+		begin_ws(c, i, k);
+		return;	/* likewise */
+	}
 	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms)
 		k->deadline = cap_now_ms() + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
 	int r = k->kind == CAP_CTL_FILE
@@ -1504,6 +1608,21 @@ static void pump(struct cap_ctl *c, struct ident *i)
 		return;
 	struct cap_ctl_call *k = i->queue;
 	bool tool = is_tool(k->kind);
+	if (is_ws(k->kind) && (!c->cfg.workspace || i->lc.state == CAP_VM_NONE)) {
+		/* Never a sandbox (or a workspace) made for a diff or merge. */
+		char msg[400];
+		const char *what = k->kind == CAP_CTL_DIFF ? "diff" : "merge";
+		if (!c->cfg.workspace)
+			snprintf(msg, sizeof(msg), "this controller has no workspace directory, so nothing to %s: start capsule serve with --workspace DIR",
+				 what);
+		else
+			snprintf(msg, sizeof(msg), "identity %s/%s has no sandbox yet, so nothing to %s: its first tool call makes one, with its own copy of %s at /workspace",
+				 i->agent, i->peer, what, c->cfg.workspace);
+		unqueue(i, k);
+		fail(c, k, CAP_CTL_ETOOL, msg, ENOENT);
+		c->kick = true;
+		return;
+	}
 	switch (i->lc.state) {
 	case CAP_VM_RUNNING:
 	case CAP_VM_PAUSED:
@@ -1622,7 +1741,7 @@ bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k)
 		if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE)
 			return false;	/* a stop is not taken back */
 		k->cancelled = true;
-		if (k->kind == CAP_CTL_XFER && i->task)
+		if (in_worker(k->kind) && i->task)
 			task_abort(i->task);	/* answered once its worker ended */
 		else if (i->vm)
 			c->be->signal(i->vm, k->stream, SIGKILL);

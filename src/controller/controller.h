@@ -21,6 +21,7 @@
 #include "err.h"
 #include "lifecycle.h"
 #include "client.h"
+#include "workspace.h"	/* diff and merge of a sandbox's /workspace */
 
 struct cap_ctl_backend;
 
@@ -91,10 +92,17 @@ int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out);
 
 /* --- requests and results ------------------------------------------------ */
 
-/* XFER: an upload or download (docs/serve.md), run in a worker thread on
- * a connection of its own to the sandbox's shim, serialized with the
- * identity's other calls. */
-enum cap_ctl_kind { CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE, CAP_CTL_XFER };
+/* XFER: an upload or download (docs/serve.md); DIFF and MERGE: what the
+ * identity's sandbox changed in /workspace since its base, and the
+ * three-way merge of that into the controller's workspace directory
+ * (docs/workspace.md). Each runs in a worker thread on a connection of
+ * its own to the sandbox's shim, serialized with the identity's other
+ * calls. DIFF and MERGE need cfg.workspace and an identity whose sandbox
+ * exists: they never create one (ETOOL "nothing to diff/merge"). */
+enum cap_ctl_kind {
+	CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE, CAP_CTL_XFER,
+	CAP_CTL_DIFF, CAP_CTL_MERGE,
+};
 
 enum cap_ctl_code {
 	CAP_CTL_OK,
@@ -132,6 +140,10 @@ struct cap_ctl_req {
 	 * where the copy goes (must not exist; its parent must). */
 	const char *host;
 	unsigned mode;	/* XFER put of data: permission bits (07777) */
+	/* MERGE: how conflicts are settled (CAP_MERGE_REFUSE: not; the
+	 * merge writes nothing then), and whether to plan only. */
+	enum cap_merge_pick pick;
+	bool dry_run;
 };
 
 /* What a transfer copied (also when it failed part way): counts and the
@@ -154,6 +166,16 @@ struct cap_ctl_import {
 	int r;
 	const char *msg;
 	struct cap_ctl_xfer_out out;
+};
+
+/* What a merge did (dry_run: would do), or the conflicts that refused
+ * it; borrowed with the result. */
+struct cap_ctl_merge_out {
+	const char *into;	/* the directory merged into */
+	bool dry_run;
+	struct cap_workspace_counts n;	/* ops by what they do */
+	const struct cap_merge_conflict *conflicts;	/* sorted by path; then nothing was written */
+	size_t nconflicts;
 };
 
 struct cap_ctl_entry {
@@ -189,6 +211,12 @@ struct cap_ctl_result {
 	/* XFER: what was copied; also on a failure that came after some
 	 * of it (refused paths), else NULL. */
 	const struct cap_ctl_xfer_out *xfer;
+	/* DIFF: the changes since the base, sorted by path (their entries
+	 * borrowed with the result). */
+	const struct cap_tree_change *changes;
+	size_t nchanges;
+	/* MERGE: on success, and with ETOOL when conflicts refused it. */
+	const struct cap_ctl_merge_out *merge;
 	/* A tool call's (EXEC, FILE, XFER): the private import that ran
 	 * before it, when it is the first call to end after one; NULL. */
 	const struct cap_ctl_import *import;
@@ -380,6 +408,30 @@ int cap_ctl_xfer_watch_fd(struct cap_ctl_xfer_watch *w, int fd);
 /* Before the descriptor is closed. */
 void cap_ctl_xfer_unwatch(struct cap_ctl_xfer_watch *w);
 
+/* One diff or merge of a sandbox's workspace, as the backend's
+ * workspace op gets it (borrowed for the call). */
+struct cap_ctl_ws {
+	const char *name;	/* the sandbox, running */
+	bool merge;
+	const char *into;	/* MERGE: the host directory (resolved) */
+	enum cap_merge_pick pick;
+	bool dry_run;
+};
+
+/* What it came to, filled by the op (the caller zeroes it first and
+ * finishes it with cap_ctl_ws_out_fini, also after a failure). */
+struct cap_ctl_ws_out {
+	/* DIFF: the base, the guest's manifest and the changes between them
+	 * (pointing into both). */
+	struct cap_tree base, now;
+	struct cap_tree_change *changes;
+	size_t nchanges;
+	/* MERGE: the three sides and the plan (merge.planned); applied when
+	 * it had no conflicts and !dry_run. */
+	struct cap_workspace_merge merge;
+};
+void cap_ctl_ws_out_fini(struct cap_ctl_ws_out *o);
+
 struct cap_ctl_backend {
 	int (*job_begin)(void *ud, const struct cap_ctl_job_req *j, int *fd,
 			 pid_t *pid, struct cap_err *err);
@@ -422,6 +474,12 @@ struct cap_ctl_backend {
 	 * -errno with err set. NULL: transfers are refused. */
 	int (*xfer)(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_watch *w,
 		    struct cap_xfer_result *res, struct cap_err *err);
+	/* Run a diff or merge (holding the sandbox's workspace lock; one
+	 * held elsewhere is -EWOULDBLOCK), in a worker thread like xfer.
+	 * 0 also for a merge its conflicts refused (out says so, nothing
+	 * written); -errno with err set. NULL: both are refused. */
+	int (*workspace)(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
+			 struct cap_ctl_ws_out *out, struct cap_err *err);
 };
 
 #endif

@@ -36,6 +36,14 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind,
  * ("import": docs/serve.md). A new reference. */
 json_t *cap_rpc_import_json(const struct cap_ctl_import *imp);
 
+struct cap_tree_change;	/* src/tree/tree.h */
+/* What a sandbox's /workspace changed since its base, as `capsule diff
+ * --json` prints it and serve's diff answers it (docs/workspace.md):
+ * {"sandbox": sandbox, "changes": [{"path", "change", "type", "mode",
+ * "old_mode", "size", "sha256"[, "old_type", "target",
+ * "path_escaped"]}...]}. ch (n of them) is borrowed. A new reference. */
+json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch, size_t n);
+
 /* Base64 (RFC 4648, padded, no line breaks). Encode: a new
  * NUL-terminated string of *len characters. Decode: the byte count with
  * *out a new buffer, or -EINVAL with *bad the offset of the first

@@ -1,0 +1,451 @@
+/* A sandbox's workspace (workspace.h): diff against the base, three-way
+ * merge into a host directory, and --git, over an attached connection.
+ * Everything from the guest (manifests, file contents, git's bundle and
+ * the subject of its commit) is hostile: checked before use. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "named.h"
+#include "paths.h"
+#include "util.h"
+#include "workspace.h"
+#include "xfer.h"
+
+extern char **environ;
+
+int cap_workspace_lock(const char *name, bool wait, struct cap_err *err)
+{
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	_cleanup_free_ char *path = xasprintf("%s/workspace.lock", dir);
+	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
+	int r;
+	while ((r = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) < 0 && errno == EINTR)
+		;
+	if (r == 0)
+		return fd;
+	int e = errno;
+	close(fd);
+	if (e == EWOULDBLOCK)
+		return cap_err_set(err, EWOULDBLOCK, "another diff or merge of sandbox '%s' is running", name);
+	return cap_err_set(err, e, "cannot lock %s: %s", path, strerror(e));
+}
+
+/* The guest's /workspace manifest. */
+static int guest_manifest(const char *name, struct cap_sandbox *sb, struct cap_tree *out,
+			  struct cap_err *err)
+{
+	int r = cap_xfer_manifest(sb, "/workspace", "", out, err);
+	if (r < 0)
+		cap_err_prefix(err, "reading sandbox '%s''s /workspace", name);
+	return r;
+}
+
+int cap_workspace_diff(const char *name, struct cap_sandbox *sb, struct cap_tree *base,
+		       struct cap_tree *now, struct cap_tree_change **changes, size_t *n,
+		       struct cap_err *err)
+{
+	int r;
+	if ((r = cap_named_workspace_base(name, base, err)) < 0 || (r = guest_manifest(name, sb, now, err)) < 0)
+		return r;
+	if ((r = cap_tree_diff(base, now, changes, n)) < 0)
+		return cap_err_set(err, -r, "comparing /workspace with its base: %s", strerror(-r));
+	return 0;
+}
+
+/* --- merge ------------------------------------------------------------------- */
+
+int cap_workspace_plan(const char *name, struct cap_sandbox *sb, const char *dir,
+		       enum cap_merge_pick pick, struct cap_workspace_merge *m,
+		       struct cap_err *err)
+{
+	memset(m, 0, sizeof(*m));
+	cap_tree_init(&m->base);
+	cap_tree_init(&m->ours);
+	cap_tree_init(&m->theirs);
+	if (strlen(dir) >= sizeof(m->dir))
+		return cap_err_set(err, ENAMETOOLONG, "merge: %s: the path is too long", dir);
+	snprintf(m->dir, sizeof(m->dir), "%s", dir);
+	struct cap_tree_scan_opts so = { .strict = false, .skip_prefix = CAP_MERGE_STAGE_PREFIX };
+	int r;
+	if ((r = cap_named_workspace_base(name, &m->base, err)) < 0 ||
+	    (r = guest_manifest(name, sb, &m->theirs, err)) < 0)
+		return r;
+	if ((r = cap_tree_scan(dir, &so, &m->ours, err)) < 0) {
+		cap_err_prefix(err, "reading %s", dir);
+		return r;
+	}
+	if ((r = cap_merge_plan(&m->base, &m->ours, &m->theirs, pick, &m->plan, err)) < 0)
+		return r;
+	m->planned = true;
+	return 0;
+}
+
+void cap_workspace_merge_fini(struct cap_workspace_merge *m)
+{
+	if (m->planned)
+		cap_merge_plan_fini(&m->plan);
+	m->planned = false;
+	cap_tree_fini(&m->base);
+	cap_tree_fini(&m->ours);
+	cap_tree_fini(&m->theirs);
+}
+
+void cap_workspace_count(const struct cap_merge_plan *p, struct cap_workspace_counts *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (size_t i = 0; i < p->nops; i++) {
+		switch (p->ops[i].action) {
+		case CAP_MERGE_WRITE: out->written++; break;
+		case CAP_MERGE_REMOVE: out->removed++; break;
+		case CAP_MERGE_LINK: out->links++; break;
+		case CAP_MERGE_MKDIR: out->created++; break;
+		case CAP_MERGE_CHMOD: out->chmod++; break;
+		}
+	}
+}
+
+/* Stage theirs' new files under dir, check them, put everything in
+ * place. */
+static int apply_ops(const char *name, struct cap_sandbox *sb, const struct cap_workspace_merge *m,
+		     struct cap_err *err)
+{
+	const struct cap_merge_plan *p = &m->plan;
+	char stage_dir[CAP_NAME_MAX + 32];
+	snprintf(stage_dir, sizeof(stage_dir), "%s%s", CAP_MERGE_STAGE_PREFIX, name);
+	_cleanup_close_ int dfd = open(m->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", m->dir, strerror(errno));
+	int sfd = cap_merge_stage_open(dfd, stage_dir, err);
+	if (sfd < 0)
+		return sfd;
+	const char **paths = xcalloc(p->nwrites ? p->nwrites : 1, sizeof(char *));
+	int r = 0;
+	for (size_t i = 0; i < p->nops; i++)
+		if (p->ops[i].action == CAP_MERGE_WRITE) {
+			CAP_BUG_ON(p->ops[i].stage >= p->nwrites);
+			paths[p->ops[i].stage] = p->ops[i].path;
+		}
+	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, p->nwrites, sfd, err)) < 0) {
+		if (r == -ESTALE)
+			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
+		goto out;
+	}
+	for (size_t i = 0; i < p->nops; i++)
+		if (p->ops[i].action == CAP_MERGE_WRITE && (r = cap_merge_stage_verify(sfd, &p->ops[i], err)) < 0) {
+			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
+			goto out;
+		}
+	if ((r = cap_merge_apply(dfd, sfd, p, err)) < 0) {
+		cap_err_prefix(err, "merging into %s (what was done before this path stays; run the merge again to finish)",
+			       m->dir);
+		goto out;
+	}
+	close(sfd);
+	sfd = -1;
+	r = cap_merge_stage_remove(dfd, stage_dir, err);
+out:
+	if (sfd >= 0) {
+		/* Nothing staged is needed again: a new merge plans afresh. */
+		close(sfd);
+		struct cap_err ignore = { 0 };
+		cap_merge_stage_remove(dfd, stage_dir, &ignore);
+	}
+	free(paths);
+	return r;
+}
+
+int cap_workspace_apply(const char *name, struct cap_sandbox *sb,
+			const struct cap_workspace_merge *m, struct cap_err *err)
+{
+	int r;
+	if (!m->planned)
+		return cap_err_set(err, EINVAL, "merge of sandbox '%s': nothing was planned", name);
+	if (m->plan.nconflicts)
+		return cap_err_set(err, EINVAL, "merge of sandbox '%s' into %s: %zu conflict%s; nothing was written",
+				   name, m->dir, m->plan.nconflicts, m->plan.nconflicts == 1 ? "" : "s");
+	/* Without ops both sides agree already; the base still moves. */
+	if (m->plan.nops && (r = apply_ops(name, sb, m, err)) < 0)
+		return r;
+	return cap_named_workspace_set_base(name, &m->theirs, err);
+}
+
+/* --- host programs ------------------------------------------------------------ */
+
+int cap_workspace_run(char *const argv[], struct cap_buf *out, size_t max,
+		      struct cap_buf *errout, int *status, struct cap_err *err)
+{
+	int po[2] = { -1, -1 }, pe[2] = { -1, -1 };
+	posix_spawn_file_actions_t fa;
+	pid_t pid;
+	int r;
+	if ((out && pipe2(po, O_CLOEXEC) < 0) || pipe2(pe, O_CLOEXEC) < 0) {
+		r = cap_err_set(err, errno, "pipe: %s", strerror(errno));
+		goto close;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	if (out)
+		posix_spawn_file_actions_adddup2(&fa, po[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
+	r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (r != 0) {
+		r = cap_err_set(err, r, "cannot run %s: %s", argv[0], strerror(r));
+		goto close;
+	}
+	if (out) {
+		close(po[1]);
+		po[1] = -1;
+	}
+	close(pe[1]);
+	pe[1] = -1;
+	struct pollfd pfd[2] = { { .fd = pe[0], .events = POLLIN }, { .fd = out ? po[0] : -1, .events = POLLIN } };
+	while (pfd[0].fd >= 0 || pfd[1].fd >= 0) {
+		if (poll(pfd, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		for (int i = 0; i < 2; i++) {
+			if (pfd[i].fd < 0 || !pfd[i].revents)
+				continue;
+			char buf[65536];
+			ssize_t n = read(pfd[i].fd, buf, sizeof(buf));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				pfd[i].fd = -1;
+				continue;
+			}
+			struct cap_buf *b = i == 0 ? errout : out;
+			size_t keep = i == 0 ? 65536 : max;
+			if (b && cap_buf_used(b) < keep)
+				cap_buf_append(b, buf, CAP_MIN((size_t)n, keep - cap_buf_used(b)));
+		}
+	}
+	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+		;
+	r = 0;
+close:
+	for (int i = 0; i < 2; i++) {
+		if (po[i] >= 0)
+			close(po[i]);
+		if (pe[i] >= 0)
+			close(pe[i]);
+	}
+	return r;
+}
+
+char *cap_workspace_tmpdir(struct cap_err *err)
+{
+	const char *t = getenv("TMPDIR");
+	char *dir = xasprintf("%s/capsule-ws-XXXXXX", t && *t == '/' ? t : "/tmp");
+	if (!mkdtemp(dir)) {
+		cap_err_set(err, errno, "cannot create a temporary directory %s: %s", dir, strerror(errno));
+		free(dir);
+		return NULL;
+	}
+	return dir;
+}
+
+/* A buffer's text as a C string (trailing newlines cut). New string. */
+static char *buf_text(struct cap_buf *b)
+{
+	size_t n = cap_buf_used(b);
+	const char *p = (const char *)cap_buf_head(b);
+	while (n && (p[n - 1] == '\n' || p[n - 1] == '\r'))
+		n--;
+	return xstrndup(n ? p : "", n);
+}
+
+/* --- --git -------------------------------------------------------------------- */
+
+struct guest_cmd {
+	struct cap_buf out, err;
+	bool done;
+	int status;
+	int errnum;
+	char msg[256];
+};
+
+static void gc_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	(void)id;
+	struct guest_cmd *g = ud;
+	struct cap_buf *b = fd == 1 ? &g->out : &g->err;
+	if (cap_buf_used(b) < 65536)
+		cap_buf_append(b, p, CAP_MIN(n, 65536 - cap_buf_used(b)));
+}
+
+static void gc_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
+{
+	(void)id;
+	struct guest_cmd *g = ud;
+	g->done = true;
+	g->status = ex ? cap_exit_status(ex) : 127;
+	g->errnum = ex ? 0 : errnum;
+	snprintf(g->msg, sizeof(g->msg), "%s", msg ? msg : "");
+	if (ex && ex->kind == CAP_EXIT_START_FAILED)
+		g->errnum = ex->value;
+}
+
+/* Run argv in the guest as the tool user in cwd, its output kept (64 KiB
+ * each). 0 with g filled, or -errno with err set. */
+static int guest_run(struct cap_sandbox *sb, char **argv, const char *cwd, struct guest_cmd *g,
+		     struct cap_err *err)
+{
+	static const struct cap_exec_events ev = { gc_output, gc_done };
+	uint32_t argc = 0;
+	while (argv[argc])
+		argc++;
+	struct cap_exec_req req = { .argv = argv, .argc = argc, .cwd = (char *)cwd, .timeout_ms = 600000 };
+	uint32_t id;
+	int r = cap_sandbox_exec(sb, &req, &ev, g, &id, err);
+	if (r < 0)
+		return r;
+	while (!g->done)
+		if ((r = cap_sandbox_wait(sb, -1, err)) < 0)
+			return r;
+	return 0;
+}
+
+/* Whether s is a commit id: hex digits, 40 (SHA-1) or 64 (SHA-256). */
+static bool commit_id(const char *s, size_t n)
+{
+	if (n != 40 && n != 64)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+	return true;
+}
+
+/* Copy the guest's bundle (/work/rel) into tmp, remove it from the
+ * guest, and fetch its HEAD into refs/heads/capsule/NAME of dir. */
+static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *sb, const char *tmp,
+			const char *rel, struct cap_workspace_git *out, struct cap_err *err)
+{
+	_cleanup_free_ char *bundle = xasprintf("%s/capsule-merge.bundle", tmp);
+	_cleanup_free_ char *guest_path = xasprintf("/work/%s", rel);
+	struct cap_xfer_result res = { 0 };
+	int r = cap_xfer_get(sb, "/work", rel, bundle, 0, &res, err);
+	cap_xfer_result_fini(&res);
+	char *rm_argv[] = { "rm", "-f", guest_path, NULL };
+	struct guest_cmd rmc = { 0 };
+	struct cap_err ignore = { 0 };
+	cap_buf_init(&rmc.out);
+	cap_buf_init(&rmc.err);
+	guest_run(sb, rm_argv, "/work", &rmc, &ignore);
+	cap_buf_fini(&rmc.out);
+	cap_buf_fini(&rmc.err);
+	if (r < 0) {
+		cap_err_prefix(err, "--git: copying the bundle out of sandbox '%s'", name);
+		return r;
+	}
+
+	_cleanup_free_ char *refspec = xasprintf("+HEAD:refs/heads/capsule/%s", name);
+	_cleanup_free_ char *ref = xasprintf("refs/heads/capsule/%s", name);
+	/* The bundle is the guest's: git checks every object it takes. Its
+	 * stdout is taken too (--quiet: nothing), never the caller's. */
+	char *fetch[] = { "git", "-C", (char *)dir, "-c", "transfer.fsckObjects=true", "fetch", "--no-tags",
+			  "--no-write-fetch-head", "--quiet", bundle, refspec, NULL };
+	struct cap_buf outb, eb;
+	int status = 0;
+	cap_buf_init(&outb);
+	cap_buf_init(&eb);
+	r = cap_workspace_run(fetch, &outb, 0, &eb, &status, err);
+	_cleanup_free_ char *ferr = buf_text(&eb);
+	cap_buf_fini(&outb);
+	cap_buf_fini(&eb);
+	if (r < 0)
+		return r;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return cap_err_set(err, EIO, "--git: `git fetch` of the sandbox's bundle into %s failed: %s", dir,
+				   *ferr ? ferr : "no message");
+	char *show[] = { "git", "-C", (char *)dir, "log", "-1", "--format=%H %s", ref, "--", NULL };
+	cap_buf_init(&outb);
+	cap_buf_init(&eb);
+	r = cap_workspace_run(show, &outb, 4096, &eb, &status, err);
+	_cleanup_free_ char *line = buf_text(&outb);
+	_cleanup_free_ char *lerr = buf_text(&eb);
+	cap_buf_fini(&outb);
+	cap_buf_fini(&eb);
+	if (r < 0)
+		return r;
+	const char *sp = strchr(line, ' ');
+	size_t idlen = sp ? (size_t)(sp - line) : strlen(line);
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !commit_id(line, idlen))
+		return cap_err_set(err, EIO, "--git: the branch capsule/%s was fetched into %s, but `git log -1 capsule/%s` cannot show it: %s",
+				   name, dir, name, *lerr ? lerr : "no commit id");
+	snprintf(out->branch, sizeof(out->branch), "capsule/%s", name);
+	snprintf(out->commit, sizeof(out->commit), "%.*s", (int)idlen, line);
+	/* The commit's subject is the guest's text: no control bytes out. */
+	snprintf(out->subject, sizeof(out->subject), "%s", sp ? sp + 1 : "");
+	for (char *p = out->subject; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
+	return 0;
+}
+
+int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
+		      struct cap_workspace_git *out, struct cap_err *err)
+{
+	struct cap_buf ob, eb;
+	int status = 0, r;
+	cap_buf_init(&ob);
+	cap_buf_init(&eb);
+	char *check[] = { "git", "-C", (char *)dir, "rev-parse", "--is-inside-work-tree", NULL };
+	r = cap_workspace_run(check, &ob, 4096, &eb, &status, err);
+	_cleanup_free_ char *answer = buf_text(&ob);
+	cap_buf_fini(&ob);
+	cap_buf_fini(&eb);
+	if (r < 0)
+		return r;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || strcmp(answer, "true") != 0)
+		return cap_err_set(err, EINVAL, "--git: %s is not a git work tree (`git -C %s rev-parse --is-inside-work-tree` says no)",
+				   dir, dir);
+
+	/* The bundle goes to /work, the guest's private disk: the file
+	 * transfer reaches /work, /workspace and /source only, and it must
+	 * not show in /workspace. */
+	static const char bundle_rel[] = ".capsule-merge.bundle";
+	char *bundle_argv[] = { "git", "bundle", "create", "/work/.capsule-merge.bundle", "--all", NULL };
+	struct guest_cmd g = { 0 };
+	cap_buf_init(&g.out);
+	cap_buf_init(&g.err);
+	r = guest_run(sb, bundle_argv, "/workspace", &g, err);
+	_cleanup_free_ char *gerr = buf_text(&g.err);
+	cap_buf_fini(&g.out);
+	cap_buf_fini(&g.err);
+	if (r < 0)
+		return r;
+	if (g.errnum == ENOENT || (g.status == 127 && !g.errnum))
+		return cap_err_set(err, ENOENT, "--git: the image has no git (`git bundle create` could not run in sandbox '%s'); install git in its image, or merge the files without --git",
+				   name);
+	if (g.errnum)
+		return cap_err_set(err, g.errnum, "--git: cannot run git in sandbox '%s': %s", name,
+				   g.msg[0] ? g.msg : strerror(g.errnum));
+	if (g.status != 0)
+		return cap_err_set(err, EIO, "--git: `git bundle create --all` in sandbox '%s''s /workspace failed (exit %d): %s",
+				   name, g.status, *gerr ? gerr : "no message");
+
+	_cleanup_free_ char *tmp = cap_workspace_tmpdir(err);
+	if (!tmp)
+		return -err->code;
+	struct cap_workspace_git got = { 0 };
+	r = fetch_bundle(name, dir, sb, tmp, bundle_rel, &got, err);
+	cap_remove_tree(tmp);
+	if (r == 0)
+		*out = got;
+	return r;
+}

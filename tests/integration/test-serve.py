@@ -34,7 +34,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 98
+PLAN = 110
 LINE_MAX = 24 * 1024 * 1024   # a request line (docs/serve.md): room for a 16 MiB upload in base64
 INLINE_MAX = 16 * 1024 * 1024
 
@@ -847,6 +847,7 @@ def main():
     s.term()
     network_policy()
     transfers()
+    workspace()
 
 
 def b64(data):
@@ -997,6 +998,122 @@ def transfers():
     ok(s.term() == 0 and qemu_count() == 0, "no QEMU left after the transfer tests")
 
 
+def tree_bytes(d):
+    """Every entry below d: relative path -> (mode, content or link target)."""
+    got = {}
+    for base, dirs, files in os.walk(d):
+        for name in dirs + files:
+            p = os.path.join(base, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, d)
+            if os.path.islink(p):
+                got[rel] = ("l", os.readlink(p))
+            elif os.path.isdir(p):
+                got[rel] = (oct(st.st_mode & 0o7777), None)
+            else:
+                got[rel] = (oct(st.st_mode & 0o7777), open(p, "rb").read())
+    return got
+
+
+def workspace():
+    """diff and merge (docs/serve.md, docs/workspace.md): an identity's
+    /workspace changes as `capsule diff --json` lists them, merged into the
+    server's --workspace DIR byte for byte; another identity's conflicting
+    change refused with nothing written, then settled with pick theirs; an
+    identity never seen gets nothing made; a server without --workspace
+    refuses both."""
+    t0 = time.time()
+    proj = os.path.join(RT, "wsproj")
+    os.makedirs(os.path.join(proj, "src"))
+    with open(os.path.join(proj, "README.md"), "w") as f:
+        f.write("# project\n")
+    with open(os.path.join(proj, "src", "a.txt"), "w") as f:
+        f.write("a\n")
+    s = Server("--test-clock", "--workspace", proj)
+    c = s.client()
+
+    # An identity never seen: nothing to diff or merge, and nothing made.
+    r = call(c, "diff", {"identity": ident("ws0")}, 30)
+    r2 = call(c, "merge", {"identity": ident("ws0")}, 30)
+    e, e2 = r.get("error", {}), r2.get("error", {})
+    ok(e.get("code") == -32002 and "nothing to diff" in e.get("message", "") and
+       e2.get("code") == -32002 and "nothing to merge" in e2.get("message", "") and
+       state(c, "ws0") == "none" and not os.path.exists(os.path.join(HOME, "workspaces", "a", "ws0")) and
+       not os.path.exists(sbdir(sandbox_name("ws0"))) and qemu_count() == 0,
+       "diff and merge of an identity never seen answer nothing to diff/merge and make nothing", [e, e2])
+
+    # B's sandbox is made now, from the project as it is.
+    r = exec_(c, "wsB", "cat /workspace/README.md")
+    ok(r.get("result", {}).get("stdout") == "# project\n", "an identity's sandbox has the project at /workspace", r)
+    r = exec_(c, "wsA", "printf '# project\\nedited by A\\n' > /workspace/README.md && "
+              "printf 'new\\n' > /workspace/new.txt && chmod 755 /workspace/new.txt")
+    name_a = r.get("result", {}).get("sandbox") or sandbox_name("wsA")
+    r = call(c, "diff", {"identity": ident("wsA")}, 60)
+    res = r.get("result", {})
+    ch = {x.get("path"): x for x in res.get("changes", [])}
+    readme = b"# project\nedited by A\n"
+    ok(res.get("sandbox") == name_a and [x.get("path") for x in res.get("changes", [])] == ["README.md", "new.txt"] and
+       ch["README.md"] == {"path": "README.md", "change": "modified", "type": "file", "mode": "0644",
+                           "old_mode": "0644", "size": len(readme), "sha256": hashlib.sha256(readme).hexdigest()} and
+       ch["new.txt"] == {"path": "new.txt", "change": "added", "type": "file", "mode": "0755", "old_mode": None,
+                         "size": 4, "sha256": hashlib.sha256(b"new\n").hexdigest()},
+       "diff lists exactly the edited and the added file, with their modes, sizes and hashes", r)
+    rc, out, err = run_cli("diff", name_a, "--json")
+    try:
+        cli = json.loads(out)
+    except ValueError:
+        cli = out
+    ok(rc == 0 and cli == res, "diff's result is what capsule diff --json prints", [rc, cli, err])
+
+    r = call(c, "merge", {"identity": ident("wsA"), "dry_run": True}, 60)
+    ok(r.get("result", {}).get("dry_run") is True and r["result"].get("written") == 2 and
+       open(os.path.join(proj, "README.md")).read() == "# project\n" and not os.path.exists(os.path.join(proj, "new.txt")),
+       "merge with dry_run says what it would write and writes nothing", r)
+    r = call(c, "merge", {"identity": ident("wsA")}, 60)
+    res = r.get("result", {})
+    ok(res == {"sandbox": name_a, "into": os.path.realpath(proj), "dry_run": False, "written": 2, "removed": 0,
+               "created": 0, "chmod": 0, "links": 0} and
+       open(os.path.join(proj, "README.md"), "rb").read() == readme and
+       open(os.path.join(proj, "new.txt"), "rb").read() == b"new\n" and
+       os.stat(os.path.join(proj, "new.txt")).st_mode & 0o777 == 0o755 and
+       not [x for x in os.listdir(proj) if x.startswith(".capsule-merge.")],
+       "merge writes both files into DIR byte for byte, the mode kept, no staging left", r)
+    r = call(c, "diff", {"identity": ident("wsA")}, 60)
+    ok(r.get("result", {}).get("changes") == [], "after the merge the base moved: diff lists nothing", r)
+
+    # B changes the same file its own way: its base is the project before A.
+    exec_(c, "wsB", "echo 'B version' > /workspace/README.md")
+    before = tree_bytes(proj)
+    r = call(c, "merge", {"identity": ident("wsB")}, 60)
+    e = r.get("error", {})
+    ok(e.get("code") == -32002 and e.get("data", {}).get("conflicts") == [{"path": "README.md", "why": "changed on both sides"}]
+       and "pick" in e.get("message", "") and tree_bytes(proj) == before and
+       not [x for x in os.listdir(proj) if x.startswith(".capsule-merge.")],
+       "another identity's change of the same file is a conflict naming the path; DIR unchanged", r)
+    r = call(c, "merge", {"identity": ident("wsB"), "pick": "mine"}, 30)
+    ok(r.get("error", {}).get("code") == -32602 and "theirs" in r["error"].get("message", ""),
+       "a pick other than refuse, theirs or ours is refused", r)
+    r = call(c, "merge", {"identity": ident("wsB"), "pick": "theirs"}, 60)
+    res = r.get("result", {})
+    after = tree_bytes(proj)
+    ok(res.get("written") == 1 and open(os.path.join(proj, "README.md")).read() == "B version\n" and
+       after.get("new.txt") == before.get("new.txt") and after.get("src/a.txt") == before.get("src/a.txt"),
+       "pick theirs takes B's version; A's merged file, which B never had, stays", r)
+    c.close()
+    ok(s.term() == 0 and qemu_count() == 0, "no QEMU left after the workspace tests")
+
+    # A server without --workspace has no project to diff or merge.
+    s = Server("--test-clock")
+    c = s.client()
+    r = call(c, "diff", {"identity": ident("wsA")}, 30)
+    r2 = call(c, "merge", {"identity": ident("wsA")}, 30)
+    ok(all(x.get("error", {}).get("code") == -32602 and "--workspace" in x["error"].get("message", "") for x in (r, r2))
+       and qemu_count() == 0, "without --workspace, diff and merge are refused saying so", [r, r2])
+    c.close()
+    s.term()
+    print(f"# workspace tests done after {time.time() - t0:.0f} s", flush=True)
+
+
 def record_network(name):
     """The "network" words of a sandbox's record, None without the key."""
     try:
@@ -1043,13 +1160,18 @@ def network_policy():
     ok(s.term() == 0 and qemu_count() == 0, "no QEMU left at the end")
 
 
-ONLY = os.environ.get("SERVE_ONLY")   # "transfers": that part alone (20 tests)
+ONLY = os.environ.get("SERVE_ONLY")   # "transfers" (20 tests), "workspace" (12): that part alone
 try:
     if ONLY == "transfers":
         PLAN = 20
         print(f"1..{PLAN}", flush=True)
         subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
         transfers()
+    elif ONLY == "workspace":
+        PLAN = 12
+        print(f"1..{PLAN}", flush=True)
+        subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
+        workspace()
     else:
         main()
 except Exception as e:  # a crash is a failure, counted by the runner

@@ -104,6 +104,13 @@ struct fxfer {
 	char content[64];	/* put: what the host file held */
 	unsigned mode;	/* and its permission bits */
 	bool refuse_fifo;	/* list host/fifo as refused */
+	/* diff and merge: what the op was asked, and the trees it gives:
+	 * "path=C" files whose content hash starts with byte C. */
+	unsigned ws_calls;
+	bool ws_merge, ws_dry;
+	int ws_pick;
+	char ws_name[CAP_NAME_MAX + 1], ws_into[256];
+	const char *ws_base[4], *ws_ours[4], *ws_theirs[4];
 };
 
 struct fake {
@@ -519,6 +526,74 @@ static int f_xfer(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_wa
 	return 0;
 }
 
+/* A tree of files from "path=C" specs (sorted, NULL-ended). */
+static void fake_tree(struct cap_tree *t, const char *const *spec)
+{
+	size_t n = 0;
+	while (n < 4 && spec[n])
+		n++;
+	cap_tree_init(t);
+	t->v = xcalloc(n ? n : 1, sizeof(*t->v));
+	for (size_t i = 0; i < n; i++) {
+		const char *eq = strchr(spec[i], '=');
+		t->v[i].path = xstrndup(spec[i], (size_t)(eq - spec[i]));
+		t->v[i].type = CAP_TREE_FILE;
+		t->v[i].mode = 0644;
+		t->v[i].size = 1;
+		t->v[i].hash[0] = (uint8_t)eq[1];
+	}
+	t->n = n;
+}
+
+/* In the worker thread: a diff or merge of the fake trees (touches only
+ * f->x, under its lock, like f_xfer). */
+static int f_workspace(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
+		       struct cap_ctl_ws_out *out, struct cap_err *err)
+{
+	struct fxfer *fx = &((struct fake *)ud)->x;
+	pthread_mutex_lock(&fx->lock);
+	fx->ws_calls++;
+	fx->ws_merge = ws->merge;
+	fx->ws_dry = ws->dry_run;
+	fx->ws_pick = (int)ws->pick;
+	snprintf(fx->ws_name, sizeof(fx->ws_name), "%s", ws->name);
+	snprintf(fx->ws_into, sizeof(fx->ws_into), "%s", ws->into ? ws->into : "");
+	bool hold = fx->hold;
+	pthread_mutex_unlock(&fx->lock);
+	if (hold) {
+		int sv[2];
+		if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+			return cap_err_set(err, errno, "socketpair: %s", strerror(errno));
+		if (cap_ctl_xfer_watch_fd(w, sv[0]) == 0) {
+			pthread_mutex_lock(&fx->lock);
+			fx->holding = true;
+			pthread_mutex_unlock(&fx->lock);
+			struct pollfd p = { .fd = sv[0], .events = POLLIN };
+			poll(&p, 1, 20000);
+			cap_ctl_xfer_unwatch(w);
+			pthread_mutex_lock(&fx->lock);
+			fx->holding = false;
+			pthread_mutex_unlock(&fx->lock);
+		}
+		close(sv[0]);
+		close(sv[1]);
+		return cap_err_set(err, EPIPE, "the shim connection was shut down (fake)");
+	}
+	if (!ws->merge) {
+		fake_tree(&out->base, fx->ws_base);
+		fake_tree(&out->now, fx->ws_theirs);
+		return cap_tree_diff(&out->base, &out->now, &out->changes, &out->nchanges);
+	}
+	struct cap_workspace_merge *m = &out->merge;
+	snprintf(m->dir, sizeof(m->dir), "%s", ws->into);
+	fake_tree(&m->base, fx->ws_base);
+	fake_tree(&m->ours, fx->ws_ours);
+	fake_tree(&m->theirs, fx->ws_theirs);
+	int r = cap_merge_plan(&m->base, &m->ours, &m->theirs, ws->pick, &m->plan, err);
+	m->planned = r == 0;
+	return r;
+}
+
 static bool xfer_holding(struct fake *f)
 {
 	pthread_mutex_lock(&f->x.lock);
@@ -555,6 +630,7 @@ static const struct cap_ctl_backend fake_backend = {
 	.dispatch = f_dispatch,
 	.vm_free = f_vm_free,
 	.xfer = f_xfer,
+	.workspace = f_workspace,
 };
 
 /* --- the fake front ends ------------------------------------------------------------ */
@@ -583,6 +659,11 @@ struct got {
 	int import_r;
 	uint64_t import_files;
 	char import_refused[128];
+	char changes[128];	/* DIFF: "kind:path " each */
+	bool merge;	/* MERGE: counts given */
+	bool dry_run;
+	size_t mwritten, nconflicts;
+	char into[64], conflict[64];	/* the first conflict: "path: why" */
 };
 
 struct ffe {
@@ -678,6 +759,22 @@ static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl
 		g->import_files = r->import->out.files;
 		if (r->import->out.nrefused)
 			snprintf(g->import_refused, sizeof(g->import_refused), "%s", r->import->out.refused[0]);
+	}
+	for (size_t k = 0; k < r->nchanges; k++) {
+		size_t used = strlen(g->changes);
+		const struct cap_tree_change *ch = &r->changes[k];
+		snprintf(g->changes + used, sizeof(g->changes) - used, "%s:%s ", cap_tree_change_name(ch->kind),
+			 (ch->to ? ch->to : ch->from)->path);
+	}
+	if (r->merge) {
+		g->merge = true;
+		g->dry_run = r->merge->dry_run;
+		g->mwritten = r->merge->n.written;
+		g->nconflicts = r->merge->nconflicts;
+		snprintf(g->into, sizeof(g->into), "%s", r->merge->into);
+		if (r->merge->nconflicts)
+			snprintf(g->conflict, sizeof(g->conflict), "%s: %s", r->merge->conflicts[0].path,
+				 r->merge->conflicts[0].why);
 	}
 	for (size_t k = 0; k < r->nentries; k++) {
 		size_t used = strlen(g->entries);
@@ -2267,6 +2364,115 @@ static void base64_both_ways(void **state)
 	assert_int_equal(bad, 3);
 }
 
+/* --- diff and merge ---------------------------------------------------------------- */
+
+static struct cap_ctl_call *submit_ws(struct t *t, enum cap_ctl_kind kind, const char *agent,
+				      enum cap_merge_pick pick, bool dry, intptr_t tag)
+{
+	struct cap_ctl_req r = { .kind = kind, .pick = pick, .dry_run = dry };
+	return cap_ctl_submit(t->c, t->fe1.h, agent, "p", &r, (void *)tag);
+}
+
+/* An identity with no sandbox gets none made for a diff or merge, and a
+ * controller without a workspace directory refuses both. */
+static void diff_and_merge_make_nothing(void **state)
+{
+	struct t *t = *state;
+	t->cfg.workspace = "/tmp/capsule-test-project";
+	open_ctl(t);
+	assert_non_null(submit_ws(t, CAP_CTL_DIFF, "a", CAP_MERGE_REFUSE, false, 1));
+	assert_non_null(submit_ws(t, CAP_CTL_MERGE, "a", CAP_MERGE_THEIRS, false, 2));
+	UNTIL(t, got(&t->fe1, 1) && got(&t->fe1, 2));
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_int_equal(g->code, CAP_CTL_ETOOL);
+	assert_int_equal(g->kind, CAP_CTL_DIFF);
+	assert_non_null(strstr(g->msg, "nothing to diff"));
+	g = must_get(&t->fe1, 2);
+	assert_int_equal(g->code, CAP_CTL_ETOOL);
+	assert_non_null(strstr(g->msg, "nothing to merge"));
+	settle(t);
+	assert_int_equal(t->f.njobs, 0);	/* no sandbox made or started */
+	assert_int_equal(xfer_calls(&t->f) + t->f.x.ws_calls, 0);
+	assert_string_equal(state_of(t, "a"), "none");
+	char rec[160];
+	snprintf(rec, sizeof(rec), "%s/workspaces/a", t->home);
+	assert_int_equal(access(rec, F_OK), -1);
+	cap_ctl_free(t->c);
+
+	/* Without cfg.workspace, even an identity with a sandbox. */
+	t->cfg.workspace = NULL;
+	open_ctl(t);
+	run_one(t, "b", 3);
+	assert_non_null(submit_ws(t, CAP_CTL_DIFF, "b", CAP_MERGE_REFUSE, false, 4));
+	UNTIL(t, got(&t->fe1, 4));
+	assert_int_equal(must_get(&t->fe1, 4)->code, CAP_CTL_ETOOL);
+	assert_non_null(strstr(must_get(&t->fe1, 4)->msg, "--workspace"));
+	assert_int_equal(t->f.x.ws_calls, 0);
+}
+
+/* A diff and a merge run in a worker like a transfer: typed changes, the
+ * counts of a merge into cfg.workspace, conflicts refusing it (ETOOL,
+ * listed), and a cancel while one runs. */
+static void diff_and_merge_run_in_a_worker(void **state)
+{
+	struct t *t = *state;
+	t->cfg.workspace = "/tmp/capsule-test-project";
+	open_ctl(t);
+	run_one(t, "a", 1);
+	struct fxfer *fx = &t->f.x;
+	fx->ws_base[0] = "a=1", fx->ws_base[1] = "b=1";
+	fx->ws_ours[0] = "a=1", fx->ws_ours[1] = "b=2";
+	fx->ws_theirs[0] = "a=3", fx->ws_theirs[1] = "b=3", fx->ws_theirs[2] = "c=3";
+	assert_non_null(submit_ws(t, CAP_CTL_DIFF, "a", CAP_MERGE_REFUSE, false, 2));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 2));
+	const struct got *g = must_get(&t->fe1, 2);
+	assert_int_equal(g->code, CAP_CTL_OK);
+	assert_int_equal(g->kind, CAP_CTL_DIFF);
+	assert_string_equal(g->changes, "modified:a modified:b added:c ");
+	assert_string_equal(fx->ws_name, sbname(t, "a").s);
+	assert_false(fx->ws_merge);
+
+	/* b changed on both sides: refused, listed, nothing written. */
+	assert_non_null(submit_ws(t, CAP_CTL_MERGE, "a", CAP_MERGE_REFUSE, false, 3));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 3));
+	g = must_get(&t->fe1, 3);
+	assert_int_equal(g->code, CAP_CTL_ETOOL);
+	assert_true(g->merge);
+	assert_int_equal(g->nconflicts, 1);
+	assert_string_equal(g->conflict, "b: changed on both sides");
+	assert_non_null(strstr(g->msg, "nothing was written"));
+	assert_non_null(strstr(g->msg, "pick"));
+	assert_string_equal(fx->ws_into, "/tmp/capsule-test-project");
+	assert_true(fx->ws_merge);
+
+	/* pick theirs settles it: a, b and c written (a dry run says so). */
+	assert_non_null(submit_ws(t, CAP_CTL_MERGE, "a", CAP_MERGE_THEIRS, true, 4));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 4));
+	g = must_get(&t->fe1, 4);
+	assert_int_equal(g->code, CAP_CTL_OK);
+	assert_true(g->dry_run);
+	assert_int_equal(g->mwritten, 3);
+	assert_int_equal(g->nconflicts, 0);
+	assert_string_equal(g->into, "/tmp/capsule-test-project");
+	assert_int_equal(fx->ws_pick, CAP_MERGE_THEIRS);
+	assert_true(fx->ws_dry);
+	assert_int_equal(t->f.nstarted, 1);	/* only run_one's exec on the loop's connection */
+
+	/* A running merge holds the queue; cancel ends it. */
+	fx->hold = true;
+	struct cap_ctl_call *k = submit_ws(t, CAP_CTL_MERGE, "a", CAP_MERGE_REFUSE, false, 5);
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "after", 6));
+	UNTIL_WAIT(t, 50, xfer_holding(&t->f));
+	settle(t);
+	assert_int_equal(t->f.nstarted, 1);
+	assert_true(cap_ctl_cancel(t->c, k));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 5));
+	assert_int_equal(must_get(&t->fe1, 5)->code, CAP_CTL_ECANCELLED);
+	UNTIL(t, t->f.nstarted == 2);
+	finish(t, "a", 0, "ok\n");
+	UNTIL(t, got(&t->fe1, 6));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2302,6 +2508,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(lost_vm_ends_a_transfer, setup, teardown),
 		cmocka_unit_test_setup_teardown(private_import_runs_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(failed_import_runs_again, setup, teardown),
+		cmocka_unit_test_setup_teardown(diff_and_merge_make_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(diff_and_merge_run_in_a_worker, setup, teardown),
 		cmocka_unit_test(path_within),
 		cmocka_unit_test_setup_teardown(transfer_paths, setup, teardown),
 		cmocka_unit_test(base64_both_ways),

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -354,8 +356,41 @@ static int xfer_(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_wat
 	return r;
 }
 
+/* Merges into one directory run one at a time (several identities of
+ * this controller, or of another home, merging into the same project):
+ * one merge's scan and its renames never interleave with another's, so
+ * neither writes over what the other just merged without seeing it.
+ * flock on the directory itself, waited for in steps while the call's
+ * shim connection (cancel_fd) has not been shut down by a cancel. The
+ * descriptor holding it, or -errno with err set. */
+static int lock_dir(const char *dir, int cancel_fd, struct cap_err *err)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", dir, strerror(errno));
+	while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		if (e == EINTR)
+			continue;
+		if (e != EWOULDBLOCK) {
+			close(fd);
+			return cap_err_set(err, e, "cannot lock %s: %s", dir, strerror(e));
+		}
+		struct pollfd p = { .fd = cancel_fd, .events = POLLRDHUP };
+		int n = poll(&p, 1, 50);
+		if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) {
+			close(fd);
+			return cap_err_set(err, ECANCELED, "the merge was cancelled while another merge into %s ran", dir);
+		}
+		if (n > 0)
+			usleep(50000);	/* the guest said something meanwhile: not ours to read */
+	}
+	return fd;
+}
+
 /* A diff or merge of the sandbox's workspace, on a connection of its own
- * to its shim and under its workspace lock; in a worker thread. */
+ * to its shim and under its workspace lock (a merge that writes, also
+ * under its directory's); in a worker thread. */
 static int workspace_(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
 		      struct cap_ctl_ws_out *out, struct cap_err *err)
 {
@@ -379,13 +414,18 @@ static int workspace_(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer
 		cap_sandbox_free(sb);
 		return cap_err_set(err, ECANCELED, "the %s was cancelled", ws->merge ? "merge" : "diff");
 	}
+	int dir_lock = -1;
 	if (!ws->merge) {
 		r = cap_workspace_diff(ws->name, sb, &out->base, &out->now, &out->changes, &out->nchanges, err);
 	} else {
-		r = cap_workspace_plan(ws->name, sb, ws->into, ws->pick, &out->merge, err);
+		r = ws->dry_run ? 0 : (dir_lock = lock_dir(ws->into, pfd[0].fd, err));
+		if (r >= 0)
+			r = cap_workspace_plan(ws->name, sb, ws->into, ws->pick, &out->merge, err);
 		if (r == 0 && !out->merge.plan.nconflicts && !ws->dry_run)
 			r = cap_workspace_apply(ws->name, sb, &out->merge, err);
 	}
+	if (dir_lock >= 0)
+		close(dir_lock);
 	cap_ctl_xfer_unwatch(w);
 	cap_sandbox_free(sb);
 	return r;

@@ -10,6 +10,7 @@ the default durations (about ten minutes).
 Every wait is bounded: a controller that never answers makes a test fail
 ("not ok"), never hangs the suite."""
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 110
+PLAN = 111
 LINE_MAX = 24 * 1024 * 1024   # a request line (docs/serve.md): room for a 16 MiB upload in base64
 INLINE_MAX = 16 * 1024 * 1024
 
@@ -1081,6 +1082,19 @@ def workspace():
     r = call(c, "diff", {"identity": ident("wsA")}, 60)
     ok(r.get("result", {}).get("changes") == [], "after the merge the base moved: diff lists nothing", r)
 
+    # Merges into DIR run one at a time: one waits while DIR is locked.
+    exec_(c, "wsA", "echo a2 > /workspace/src/a.txt")
+    held = os.open(proj, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    mid = c.send("merge", {"identity": ident("wsA")})
+    early = read_next(c, 1.5)
+    unchanged = open(os.path.join(proj, "src", "a.txt")).read() == "a\n"
+    os.close(held)
+    r = wait_answer(c, mid, 60)
+    ok("exception" in early and unchanged and r.get("result", {}).get("written") == 1 and
+       open(os.path.join(proj, "src", "a.txt")).read() == "a2\n",
+       "a merge waits while another holds DIR's lock, then writes", [early, r])
+
     # B changes the same file its own way: its base is the project before A.
     exec_(c, "wsB", "echo 'B version' > /workspace/README.md")
     before = tree_bytes(proj)
@@ -1160,7 +1174,7 @@ def network_policy():
     ok(s.term() == 0 and qemu_count() == 0, "no QEMU left at the end")
 
 
-ONLY = os.environ.get("SERVE_ONLY")   # "transfers" (20 tests), "workspace" (12): that part alone
+ONLY = os.environ.get("SERVE_ONLY")   # "transfers" (20 tests), "workspace" (13): that part alone
 try:
     if ONLY == "transfers":
         PLAN = 20
@@ -1168,7 +1182,7 @@ try:
         subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
         transfers()
     elif ONLY == "workspace":
-        PLAN = 12
+        PLAN = 13
         print(f"1..{PLAN}", flush=True)
         subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
         workspace()

@@ -250,7 +250,7 @@ static int run_diff(const char *a, const char *b, const char *la, const char *lb
 	int status = 0;
 	cap_buf_init(&e);
 	fflush(stdout);	/* diff writes to our stdout */
-	int r = cap_workspace_run(argv, NULL, 0, &e, &status, err);
+	int r = cap_run_capture(argv, NULL, 0, &e, &status, err);
 	if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) <= 1)) {
 		_cleanup_free_ char *msg = buf_text(&e);
 		r = cap_err_set(err, EIO, "diff -u %s %s failed: %s", a, b, *msg ? msg : "no message");

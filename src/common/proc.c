@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,4 +117,69 @@ void cap_child_keep_fd3(int fd)
 		close(fd);
 	}
 	syscall(SYS_close_range, 4U, ~0U, 0U);
+}
+
+int cap_run_capture(char *const argv[], struct cap_buf *out, size_t max,
+		    struct cap_buf *errout, int *status, struct cap_err *err)
+{
+	int po[2] = { -1, -1 }, pe[2] = { -1, -1 };
+	posix_spawn_file_actions_t fa;
+	pid_t pid;
+	int r;
+	if ((out && pipe2(po, O_CLOEXEC) < 0) || pipe2(pe, O_CLOEXEC) < 0) {
+		r = cap_err_set(err, errno, "pipe: %s", strerror(errno));
+		goto close;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	if (out)
+		posix_spawn_file_actions_adddup2(&fa, po[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
+	r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (r != 0) {
+		r = cap_err_set(err, r, "cannot run %s: %s", argv[0], strerror(r));
+		goto close;
+	}
+	if (out) {
+		close(po[1]);
+		po[1] = -1;
+	}
+	close(pe[1]);
+	pe[1] = -1;
+	struct pollfd pfd[2] = { { .fd = pe[0], .events = POLLIN }, { .fd = out ? po[0] : -1, .events = POLLIN } };
+	while (pfd[0].fd >= 0 || pfd[1].fd >= 0) {
+		if (poll(pfd, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		for (int i = 0; i < 2; i++) {
+			if (pfd[i].fd < 0 || !pfd[i].revents)
+				continue;
+			char buf[65536];
+			ssize_t n = read(pfd[i].fd, buf, sizeof(buf));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				pfd[i].fd = -1;
+				continue;
+			}
+			struct cap_buf *b = i == 0 ? errout : out;
+			size_t keep = i == 0 ? 65536 : max;
+			if (b && cap_buf_used(b) < keep)
+				cap_buf_append(b, buf, CAP_MIN((size_t)n, keep - cap_buf_used(b)));
+		}
+	}
+	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+		;
+	r = 0;
+close:
+	for (int i = 0; i < 2; i++) {
+		if (po[i] >= 0)
+			close(po[i]);
+		if (pe[i] >= 0)
+			close(pe[i]);
+	}
+	return r;
 }

@@ -3,6 +3,9 @@
 #ifndef CAP_PROC_H
 #define CAP_PROC_H
 
+#include <stddef.h>
+
+#include "buf.h"
 #include "err.h"
 
 /* Called for each line the program prints (stdout and stderr merged),
@@ -22,5 +25,14 @@ char *cap_find_program(const char *name);
 /* In a child that is to carry nothing of its parent: make fd its
  * descriptor 3 and close every descriptor above (0 to 2 are left alone). */
 void cap_child_keep_fd3(int fd);
+
+/* Run a host program (argv[0] looked up in PATH, never through a shell)
+ * with stdin from /dev/null. Its stdout goes into out (at most max bytes
+ * kept, the rest read and dropped) or, when out is NULL, to the
+ * caller's stdout (flush stdio first); its stderr into errout (at most
+ * 64 KiB kept; NULL: dropped). *status is its wait status. 0, or -errno
+ * with err set when it could not be run. */
+int cap_run_capture(char *const argv[], struct cap_buf *out, size_t max,
+		    struct cap_buf *errout, int *status, struct cap_err *err);
 
 #endif

@@ -4,8 +4,6 @@
  * the subject of its commit) is hostile: checked before use. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,8 +144,8 @@ static int apply_ops(const char *name, struct cap_sandbox *sb, const struct cap_
 			goto out;
 		}
 	if ((r = cap_merge_apply(dfd, sfd, p, err)) < 0) {
-		cap_err_prefix(err, "merging into %s (what was done before this path stays; run the merge again to finish)",
-			       m->dir);
+		/* apply's message says whether anything was written. */
+		cap_err_prefix(err, "merging into %s (merging again finishes or redoes it)", m->dir);
 		goto out;
 	}
 	close(sfd);
@@ -180,71 +178,6 @@ int cap_workspace_apply(const char *name, struct cap_sandbox *sb,
 }
 
 /* --- host programs ------------------------------------------------------------ */
-
-int cap_workspace_run(char *const argv[], struct cap_buf *out, size_t max,
-		      struct cap_buf *errout, int *status, struct cap_err *err)
-{
-	int po[2] = { -1, -1 }, pe[2] = { -1, -1 };
-	posix_spawn_file_actions_t fa;
-	pid_t pid;
-	int r;
-	if ((out && pipe2(po, O_CLOEXEC) < 0) || pipe2(pe, O_CLOEXEC) < 0) {
-		r = cap_err_set(err, errno, "pipe: %s", strerror(errno));
-		goto close;
-	}
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	if (out)
-		posix_spawn_file_actions_adddup2(&fa, po[1], 1);
-	posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
-	r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	if (r != 0) {
-		r = cap_err_set(err, r, "cannot run %s: %s", argv[0], strerror(r));
-		goto close;
-	}
-	if (out) {
-		close(po[1]);
-		po[1] = -1;
-	}
-	close(pe[1]);
-	pe[1] = -1;
-	struct pollfd pfd[2] = { { .fd = pe[0], .events = POLLIN }, { .fd = out ? po[0] : -1, .events = POLLIN } };
-	while (pfd[0].fd >= 0 || pfd[1].fd >= 0) {
-		if (poll(pfd, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			break;
-		}
-		for (int i = 0; i < 2; i++) {
-			if (pfd[i].fd < 0 || !pfd[i].revents)
-				continue;
-			char buf[65536];
-			ssize_t n = read(pfd[i].fd, buf, sizeof(buf));
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0) {
-				pfd[i].fd = -1;
-				continue;
-			}
-			struct cap_buf *b = i == 0 ? errout : out;
-			size_t keep = i == 0 ? 65536 : max;
-			if (b && cap_buf_used(b) < keep)
-				cap_buf_append(b, buf, CAP_MIN((size_t)n, keep - cap_buf_used(b)));
-		}
-	}
-	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
-		;
-	r = 0;
-close:
-	for (int i = 0; i < 2; i++) {
-		if (po[i] >= 0)
-			close(po[i]);
-		if (pe[i] >= 0)
-			close(pe[i]);
-	}
-	return r;
-}
 
 char *cap_workspace_tmpdir(struct cap_err *err)
 {
@@ -363,7 +296,7 @@ static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *s
 	int status = 0;
 	cap_buf_init(&outb);
 	cap_buf_init(&eb);
-	r = cap_workspace_run(fetch, &outb, 0, &eb, &status, err);
+	r = cap_run_capture(fetch, &outb, 0, &eb, &status, err);
 	_cleanup_free_ char *ferr = buf_text(&eb);
 	cap_buf_fini(&outb);
 	cap_buf_fini(&eb);
@@ -375,7 +308,7 @@ static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *s
 	char *show[] = { "git", "-C", (char *)dir, "log", "-1", "--format=%H %s", ref, "--", NULL };
 	cap_buf_init(&outb);
 	cap_buf_init(&eb);
-	r = cap_workspace_run(show, &outb, 4096, &eb, &status, err);
+	r = cap_run_capture(show, &outb, 4096, &eb, &status, err);
 	_cleanup_free_ char *line = buf_text(&outb);
 	_cleanup_free_ char *lerr = buf_text(&eb);
 	cap_buf_fini(&outb);
@@ -405,7 +338,7 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 	cap_buf_init(&ob);
 	cap_buf_init(&eb);
 	char *check[] = { "git", "-C", (char *)dir, "rev-parse", "--is-inside-work-tree", NULL };
-	r = cap_workspace_run(check, &ob, 4096, &eb, &status, err);
+	r = cap_run_capture(check, &ob, 4096, &eb, &status, err);
 	_cleanup_free_ char *answer = buf_text(&ob);
 	cap_buf_fini(&ob);
 	cap_buf_fini(&eb);

@@ -102,15 +102,6 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 
 /* --- helpers the front ends share ----------------------------------------- */
 
-/* Run a host program (argv[0] looked up in PATH, never through a shell)
- * with stdin from /dev/null. Its stdout goes into out (at most max bytes
- * kept, the rest read and dropped) or, when out is NULL, to the
- * caller's stdout (flush stdio first); its stderr into errout (at most
- * 64 KiB kept; NULL: dropped). *status is its wait status. 0, or -errno
- * with err set when it could not be run. */
-int cap_workspace_run(char *const argv[], struct cap_buf *out, size_t max,
-		      struct cap_buf *errout, int *status, struct cap_err *err);
-
 /* A private temporary directory (0700) under $TMPDIR (when absolute) or
  * /tmp, for files fetched from a guest. A new string (cap_remove_tree
  * the directory, then free it), or NULL with err set. */

@@ -100,16 +100,6 @@ static const char *type_name(char t)
 	}
 }
 
-/* A buffer's text as a C string (trailing newlines cut). New string. */
-static char *buf_text(struct cap_buf *b)
-{
-	size_t n = cap_buf_used(b);
-	const char *p = (const char *)cap_buf_head(b);
-	while (n && (p[n - 1] == '\n' || p[n - 1] == '\r'))
-		n--;
-	return xstrndup(n ? p : "", n);
-}
-
 /* --- capsule diff -------------------------------------------------------- */
 
 static const char diff_usage[] =
@@ -252,7 +242,7 @@ static int run_diff(const char *a, const char *b, const char *la, const char *lb
 	fflush(stdout);	/* diff writes to our stdout */
 	int r = cap_run_capture(argv, NULL, 0, &e, &status, err);
 	if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) <= 1)) {
-		_cleanup_free_ char *msg = buf_text(&e);
+		_cleanup_free_ char *msg = cap_buf_text(&e);
 		r = cap_err_set(err, EIO, "diff -u %s %s failed: %s", a, b, *msg ? msg : "no message");
 	}
 	cap_buf_fini(&e);

@@ -110,3 +110,12 @@ void cap_buf_lines(struct cap_buf *b, size_t max, struct cap_lines *st,
 		cap_buf_consume(b, len + 1);
 	}
 }
+
+char *cap_buf_text(const struct cap_buf *b)
+{
+	size_t n = cap_buf_used(b);
+	const char *p = (const char *)cap_buf_head(b);
+	while (n && (p[n - 1] == '\n' || p[n - 1] == '\r'))
+		n--;
+	return xstrndup(n ? p : "", n);
+}

@@ -48,4 +48,8 @@ void cap_buf_lines(struct cap_buf *b, size_t max, struct cap_lines *st,
 		   void (*line)(void *ud, const char *p, size_t n),
 		   void (*too_long)(void *ud), void *ud);
 
+/* b's bytes as a C string, trailing newlines (and carriage returns) cut;
+ * a NUL inside ends it early. New string. */
+char *cap_buf_text(const struct cap_buf *b);
+
 #endif

@@ -250,3 +250,12 @@ char *cap_path_last(const char *path)
 		s--;
 	return xstrndup(path + s, n - s);
 }
+
+const char *cap_path_shown(const char *path, char *buf, size_t size)
+{
+	size_t n = strlen(path);
+	if (n <= 300)
+		return path;
+	snprintf(buf, size, "%.100s[... %zu bytes ...]%s", path, n - 200, path + n - 100);
+	return buf;
+}

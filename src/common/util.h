@@ -40,6 +40,10 @@ void cap_strv_free(char **v, size_t n);
  * stays open (its read position, shared, is rewound and moved). -errno,
  * nothing allocated, on failure. */
 int cap_dir_names(int dfd, char ***names, size_t *n);
+/* A path as an error message shows it: whole when at most 300 bytes,
+ * else its first and last 100 bytes around the number left out (written
+ * in buf, which needs 240 bytes). */
+const char *cap_path_shown(const char *path, char *buf, size_t size);
 /* The last component of path without its trailing slashes ("" for a
  * path of slashes or ""). New string. */
 char *cap_path_last(const char *path);

@@ -191,16 +191,6 @@ char *cap_workspace_tmpdir(struct cap_err *err)
 	return dir;
 }
 
-/* A buffer's text as a C string (trailing newlines cut). New string. */
-static char *buf_text(struct cap_buf *b)
-{
-	size_t n = cap_buf_used(b);
-	const char *p = (const char *)cap_buf_head(b);
-	while (n && (p[n - 1] == '\n' || p[n - 1] == '\r'))
-		n--;
-	return xstrndup(n ? p : "", n);
-}
-
 /* --- --git -------------------------------------------------------------------- */
 
 struct guest_cmd {
@@ -297,7 +287,7 @@ static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *s
 	cap_buf_init(&outb);
 	cap_buf_init(&eb);
 	r = cap_run_capture(fetch, &outb, 0, &eb, &status, err);
-	_cleanup_free_ char *ferr = buf_text(&eb);
+	_cleanup_free_ char *ferr = cap_buf_text(&eb);
 	cap_buf_fini(&outb);
 	cap_buf_fini(&eb);
 	if (r < 0)
@@ -309,8 +299,8 @@ static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *s
 	cap_buf_init(&outb);
 	cap_buf_init(&eb);
 	r = cap_run_capture(show, &outb, 4096, &eb, &status, err);
-	_cleanup_free_ char *line = buf_text(&outb);
-	_cleanup_free_ char *lerr = buf_text(&eb);
+	_cleanup_free_ char *line = cap_buf_text(&outb);
+	_cleanup_free_ char *lerr = cap_buf_text(&eb);
 	cap_buf_fini(&outb);
 	cap_buf_fini(&eb);
 	if (r < 0)
@@ -339,7 +329,7 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 	cap_buf_init(&eb);
 	char *check[] = { "git", "-C", (char *)dir, "rev-parse", "--is-inside-work-tree", NULL };
 	r = cap_run_capture(check, &ob, 4096, &eb, &status, err);
-	_cleanup_free_ char *answer = buf_text(&ob);
+	_cleanup_free_ char *answer = cap_buf_text(&ob);
 	cap_buf_fini(&ob);
 	cap_buf_fini(&eb);
 	if (r < 0)
@@ -357,7 +347,7 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 	cap_buf_init(&g.out);
 	cap_buf_init(&g.err);
 	r = guest_run(sb, bundle_argv, "/workspace", &g, err);
-	_cleanup_free_ char *gerr = buf_text(&g.err);
+	_cleanup_free_ char *gerr = cap_buf_text(&g.err);
 	cap_buf_fini(&g.out);
 	cap_buf_fini(&g.err);
 	if (r < 0)

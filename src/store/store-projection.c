@@ -95,17 +95,6 @@ static const char *kind(mode_t m)
 	}
 }
 
-/* rel as a message shows it: whole when short, else its start and its
- * end around the number of bytes left out (buf holds the result). */
-static const char *shown(const char *rel, char *buf, size_t size)
-{
-	size_t n = strlen(rel);
-	if (n <= 300)
-		return rel;
-	snprintf(buf, size, "%.100s[... %zu bytes ...]%s", rel, n - 200, rel + n - 100);
-	return buf;
-}
-
 /* The shape limits of the image builder (store.h): a name, a path, a
  * depth it cannot take is refused here, so that what the scan passes
  * builds. */
@@ -115,13 +104,13 @@ static int shape(struct walk *w, const char *rel, size_t name_len, unsigned dept
 	size_t len = strlen(rel);
 	if (name_len > CAP_PROJECTION_NAME_MAX)
 		return cap_err_set(w->err, ENAMETOOLONG, "public data %s has a name of %zu bytes, over the limit of %d bytes (the erofs image builder cuts longer names); rename it",
-				   shown(rel, buf, sizeof(buf)), name_len, CAP_PROJECTION_NAME_MAX);
+				   cap_path_shown(rel, buf, sizeof(buf)), name_len, CAP_PROJECTION_NAME_MAX);
 	if (len > CAP_PROJECTION_PATH_MAX)
 		return cap_err_set(w->err, ENAMETOOLONG, "public data %s is a path of %zu bytes, over the limit of %d bytes (the erofs image builder cannot take longer ones); shorten it",
-				   shown(rel, buf, sizeof(buf)), len, CAP_PROJECTION_PATH_MAX);
+				   cap_path_shown(rel, buf, sizeof(buf)), len, CAP_PROJECTION_PATH_MAX);
 	if (depth > CAP_PROJECTION_DEPTH_MAX)
 		return cap_err_set(w->err, ENAMETOOLONG, "public data %s is %u levels deep, over the limit of %d levels; flatten the tree",
-				   shown(rel, buf, sizeof(buf)), depth, CAP_PROJECTION_DEPTH_MAX);
+				   cap_path_shown(rel, buf, sizeof(buf)), depth, CAP_PROJECTION_DEPTH_MAX);
 	w->longest = CAP_MAX(w->longest, len);
 	return 0;
 }
@@ -380,7 +369,7 @@ int cap_projection_build_hook(const char *dir, const struct cap_projection_limit
 		char buf[256];
 		r = cap_err_set(err, ENAMETOOLONG, "cannot make the public data image: its staging directory's real path (%zu bytes) and the longest path in the public data (%zu bytes) are more than the %d bytes the erofs image builder takes; use a shorter CAPSULE_HOME or destination (within %d bytes every tree that passes the check fits): %s",
 				slen, w.longest, CAP_PROJECTION_BUILD_PATH_MAX,
-				CAP_PROJECTION_BUILD_PATH_MAX - 1 - CAP_PROJECTION_PATH_MAX, shown(stage, buf, sizeof(buf)));
+				CAP_PROJECTION_BUILD_PATH_MAX - 1 - CAP_PROJECTION_PATH_MAX, cap_path_shown(stage, buf, sizeof(buf)));
 		goto out;
 	}
 	sfd = open(stage, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -161,17 +161,6 @@ struct scan {
 	struct cap_err *err;
 };
 
-/* rel as a message shows it: whole when short, else its start and its
- * end around the number of bytes left out (buf holds the result). */
-static const char *shown(const char *rel, char *buf, size_t size)
-{
-	size_t n = strlen(rel);
-	if (n <= 300)
-		return rel;
-	snprintf(buf, size, "%.100s[... %zu bytes ...]%s", rel, n - 200, rel + n - 100);
-	return buf;
-}
-
 static const char *kind(mode_t m)
 {
 	switch (m & S_IFMT) {
@@ -200,22 +189,22 @@ static int scan_file(struct scan *s, int dfd, const char *name, const char *rel,
 	char buf[256];
 	if (st->st_size < 0 || (uint64_t)st->st_size > s->max_bytes - CAP_MIN(s->t.bytes, s->max_bytes))
 		return cap_err_set(s->err, EFBIG, "%s/%s takes the tree over its limit of %" PRIu64 " bytes of files; remove large files or raise the limit",
-				   s->dir, shown(rel, buf, sizeof(buf)), s->max_bytes);
+				   s->dir, cap_path_shown(rel, buf, sizeof(buf)), s->max_bytes);
 	_cleanup_close_ int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	struct stat fst;
 	if (fd < 0 || fstat(fd, &fst) < 0)
 		return cap_err_set(s->err, errno, "cannot read %s/%s: %s", s->dir,
-				   shown(rel, buf, sizeof(buf)), strerror(errno));
+				   cap_path_shown(rel, buf, sizeof(buf)), strerror(errno));
 	if (fst.st_ino != st->st_ino || fst.st_dev != st->st_dev || !S_ISREG(fst.st_mode))
 		return cap_err_set(s->err, ESTALE, "%s/%s changed while it was read; try again",
-				   s->dir, shown(rel, buf, sizeof(buf)));
+				   s->dir, cap_path_shown(rel, buf, sizeof(buf)));
 	int r = cap_tree_hash_fd(fd, e->hash, &e->size);
 	if (r < 0)
 		return cap_err_set(s->err, -r, "cannot read %s/%s: %s", s->dir,
-				   shown(rel, buf, sizeof(buf)), strerror(-r));
+				   cap_path_shown(rel, buf, sizeof(buf)), strerror(-r));
 	if (e->size > s->max_bytes - s->t.bytes)
 		return cap_err_set(s->err, EFBIG, "%s/%s takes the tree over its limit of %" PRIu64 " bytes of files; remove large files or raise the limit",
-				   s->dir, shown(rel, buf, sizeof(buf)), s->max_bytes);
+				   s->dir, cap_path_shown(rel, buf, sizeof(buf)), s->max_bytes);
 	s->t.bytes += e->size;
 	return 0;
 }
@@ -226,14 +215,14 @@ static int scan_link(struct scan *s, int dfd, const char *name, const char *rel,
 	char buf[256];
 	if (st->st_size < 0 || (uint64_t)st->st_size > CAP_TREE_MAX_PATH)
 		return cap_err_set(s->err, ENAMETOOLONG, "%s/%s is a symbolic link whose target is over %u bytes; remove it or replace it with a copy",
-				   s->dir, shown(rel, buf, sizeof(buf)), CAP_TREE_MAX_PATH);
+				   s->dir, cap_path_shown(rel, buf, sizeof(buf)), CAP_TREE_MAX_PATH);
 	char *target = xmalloc(CAP_TREE_MAX_PATH + 2);
 	ssize_t n = readlinkat(dfd, name, target, CAP_TREE_MAX_PATH + 1);
 	if (n < 0 || n > (ssize_t)CAP_TREE_MAX_PATH) {
 		int code = n < 0 ? errno : ENAMETOOLONG;
 		free(target);
 		return cap_err_set(s->err, code, "cannot read the symbolic link %s/%s: %s",
-				   s->dir, shown(rel, buf, sizeof(buf)), strerror(code));
+				   s->dir, cap_path_shown(rel, buf, sizeof(buf)), strerror(code));
 	}
 	target[n] = '\0';
 	e->target = target;
@@ -241,7 +230,7 @@ static int scan_link(struct scan *s, int dfd, const char *name, const char *rel,
 	hash_bytes(target, (size_t)n, e->hash);
 	if (s->o->strict && !cap_tree_link_inside(rel, target))
 		return cap_err_set(s->err, EINVAL, "%s/%s is a symbolic link to %s, which %s; links must stay inside the tree: remove it or replace it with a copy of what it points to",
-				   s->dir, shown(rel, buf, sizeof(buf)), target,
+				   s->dir, cap_path_shown(rel, buf, sizeof(buf)), target,
 				   target[0] == '/' ? "is absolute" : "leaves the tree");
 	return 0;
 }
@@ -257,19 +246,19 @@ static int scan_one(struct scan *s, int dfd, const char *name, char *path, unsig
 		int e = errno, r = 0;
 		if (e != ENOENT)	/* else gone since the directory was listed */
 			r = cap_err_set(s->err, e, "cannot read %s/%s: %s", s->dir,
-					shown(path, buf, sizeof(buf)), strerror(e));
+					cap_path_shown(path, buf, sizeof(buf)), strerror(e));
 		free(path);
 		return r;
 	}
 	if (strlen(path) > CAP_TREE_MAX_PATH || depth > CAP_TREE_MAX_DEPTH) {
 		int r = cap_err_set(s->err, ENAMETOOLONG, "%s/%s is a path over %u bytes or %u levels deep; shorten it",
-				    s->dir, shown(path, buf, sizeof(buf)), CAP_TREE_MAX_PATH, CAP_TREE_MAX_DEPTH);
+				    s->dir, cap_path_shown(path, buf, sizeof(buf)), CAP_TREE_MAX_PATH, CAP_TREE_MAX_DEPTH);
 		free(path);
 		return r;
 	}
 	if (s->t.n >= s->max_entries) {
 		int r = cap_err_set(s->err, E2BIG, "%s/%s takes the tree over its limit of %" PRIu64 " entries; remove files or raise the limit",
-				    s->dir, shown(path, buf, sizeof(buf)), s->max_entries);
+				    s->dir, cap_path_shown(path, buf, sizeof(buf)), s->max_entries);
 		free(path);
 		return r;
 	}
@@ -287,7 +276,7 @@ static int scan_one(struct scan *s, int dfd, const char *name, char *path, unsig
 			if (cfd >= 0)
 				close(cfd);
 			return cap_err_set(s->err, e, "cannot read the directory %s/%s: %s", s->dir,
-					   shown(path, buf, sizeof(buf)), e == ESTALE ? "it changed while it was read" : strerror(e));
+					   cap_path_shown(path, buf, sizeof(buf)), e == ESTALE ? "it changed while it was read" : strerror(e));
 		}
 		int r = scan_dir(s, cfd, path, depth);
 		close(cfd);
@@ -295,9 +284,9 @@ static int scan_one(struct scan *s, int dfd, const char *name, char *path, unsig
 	}
 	if (s->o->strict) {
 		int r = mount ? cap_err_set(s->err, EINVAL, "%s/%s is the mount point of another file system; unmount it, or remove it or replace it with a copy",
-					    s->dir, shown(path, buf, sizeof(buf)))
+					    s->dir, cap_path_shown(path, buf, sizeof(buf)))
 			      : cap_err_set(s->err, EINVAL, "%s/%s is %s, which cannot be copied; remove it or move it out of the tree",
-					    s->dir, shown(path, buf, sizeof(buf)), kind(st.st_mode));
+					    s->dir, cap_path_shown(path, buf, sizeof(buf)), kind(st.st_mode));
 		free(path);
 		return r;
 	}
@@ -319,7 +308,7 @@ static int scan_dir(struct scan *s, int dfd, const char *rel, unsigned depth)
 	if (r < 0) {
 		char buf[256];
 		return cap_err_set(s->err, -r, "cannot list the directory %s%s%s: %s", s->dir,
-				   *rel ? "/" : "", shown(rel, buf, sizeof(buf)), strerror(-r));
+				   *rel ? "/" : "", cap_path_shown(rel, buf, sizeof(buf)), strerror(-r));
 	}
 	for (size_t i = 0; i < n && r == 0; i++) {
 		if (skipped(s, rel, names[i]))

@@ -30,7 +30,7 @@ trap cleanup EXIT
 i=0
 while [ "$i" -lt "$runs" ]; do
 	rm -rf "$home/copy"; sync
-	t=$(now_ns); "$capsule" create "bw$i" --workspace "$tree" >/dev/null; echo $(( $(now_ns) - t )) >>"$home/a"
+	t=$(now_ns); "$capsule" create "bw$i" --workspace "$tree" >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$home/a"
 	t=$(now_ns); cp -a "$tree" "$home/copy"; echo $(( $(now_ns) - t )) >>"$home/b"
 	"$capsule" rm --force "bw$i" >/dev/null
 	i=$((i + 1))
@@ -39,14 +39,14 @@ echo "create $(median <"$home/a") $(median <"$home/b")"
 
 # diff with 10 changed files of 10000: the same 10 changes in the guest and
 # in a host copy.
-"$capsule" create bww --workspace "$tree" >/dev/null
+"$capsule" create bww --workspace "$tree" >/dev/null 2>&1
 "$capsule" exec -q bww -- sh -c 'for d in 0 1 2 3 4 5 6 7 8 9; do echo changed >>/workspace/d$d/f0; done'
 rm -rf "$home/copy"; cp -a "$tree" "$home/copy"
 for d in 0 1 2 3 4 5 6 7 8 9; do echo changed >>"$home/copy/d$d/f0"; done
 : >"$home/a"; : >"$home/b"
 i=0
 while [ "$i" -lt "$runs" ]; do
-	t=$(now_ns); "$capsule" diff bww >/dev/null; echo $(( $(now_ns) - t )) >>"$home/a"
+	t=$(now_ns); "$capsule" diff bww >/dev/null 2>&1; echo $(( $(now_ns) - t )) >>"$home/a"
 	t=$(now_ns); diff -rq "$tree" "$home/copy" >/dev/null || true; echo $(( $(now_ns) - t )) >>"$home/b"
 	i=$((i + 1))
 done

@@ -820,15 +820,36 @@ static void set_time_at(int dirfd, const char *name, int64_t mtime)
 	utimensat(dirfd, name, ts, AT_SYMLINK_NOFOLLOW);
 }
 
-/* Write a regular file's data to a temporary name, then rename it over
- * base: a reader sees the old file or the new, never half of one. */
+/* Give the unnamed file fd (O_TMPFILE) the name tmp in dirfd. */
+static int link_tmpfile(struct tar_in *t, int fd, int dirfd, char *tmp, size_t len)
+{
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	for (int tries = 0; tries < 100; tries++) {
+		tmp_name(t, tmp, len);
+		if (linkat(AT_FDCWD, proc, dirfd, tmp, AT_SYMLINK_FOLLOW) == 0)
+			return 0;
+		if (errno != EEXIST)
+			break;
+	}
+	int e = errno;
+	tmp[0] = '\0';	/* no name of ours to remove */
+	return -e;
+}
+
+/* Write a regular file's data, then rename it over base: a reader sees
+ * the old file or the new, never half of one. The data goes to an
+ * unnamed file (O_TMPFILE), named only once it is whole, so a transfer
+ * killed midway leaves nothing behind; a file system without O_TMPFILE
+ * gets a temporary name from the start. */
 static void put_file(struct tar_in *t, int dirfd, const char *base, const char *rel,
 		     const struct cap_tar_entry *e)
 {
 	static uint8_t buf[CHUNK];
-	char tmp[64];
+	char tmp[64] = "";
 	struct cap_err err = { 0 };
-	int fd = -1;
+	int fd = openat(dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+	bool unnamed = fd >= 0;
 	for (int tries = 0; tries < 100 && fd < 0; tries++) {
 		tmp_name(t, tmp, sizeof(tmp));
 		fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -848,19 +869,23 @@ static void put_file(struct tar_in *t, int dirfd, const char *base, const char *
 	}
 	if (k < 0) {
 		close(fd);
-		unlinkat(dirfd, tmp, 0);
+		if (!unnamed)
+			unlinkat(dirfd, tmp, 0);
 		give_up("", "%s", err.msg);
 	}
 	if (!werr && fchmod(fd, e->mode & 01777) < 0)
 		werr = errno;
 	if (!werr)
 		set_time_fd(fd, e->mtime);
+	if (!werr && unnamed)
+		werr = -link_tmpfile(t, fd, dirfd, tmp, sizeof(tmp));
 	if (close(fd) < 0 && !werr)
 		werr = errno;
 	if (!werr && renameat(dirfd, tmp, dirfd, base) < 0)
 		werr = errno;
 	if (werr) {
-		unlinkat(dirfd, tmp, 0);
+		if (*tmp)
+			unlinkat(dirfd, tmp, 0);
 		refuse(rel, "cannot write it: %s", strerror(werr));
 	}
 }

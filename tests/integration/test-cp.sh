@@ -14,7 +14,7 @@ c() { "$capsule" "$@"; }
 g() { c exec box -- "$@"; }	# a command in the sandbox
 sum() { sha256sum "$1" | cut -d" " -f1; }
 
-plan=21
+plan=22
 suite="cp suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -40,6 +40,18 @@ check "cp of it back out (exit $rc) round-trips by checksum" \
 	'[ "$rc" -eq 0 ] && [ "$(sum "$h/back.bin")" = "$want" ]'
 rm -f "$h/back.bin"
 elapsed "50 MiB both ways"
+
+# A copy in killed midway leaves the old file whole and no temporary file
+# (the agent writes to an unnamed file and names it only once whole).
+c cp "$h/r.bin" box:/work/r.bin >"$out" 2>"$err" &
+pid=$!
+sleep 1
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+sleep 1
+check "a copy in killed midway leaves the file whole and no temporary file in /work" \
+	'[ "$(g sha256sum /work/r.bin 2>/dev/null | cut -d" " -f1)" = "$want" ] && [ -z "$(g ls -A /work | grep capsule-tmp)" ]'
+
 
 # --- a tree -----------------------------------------------------------------------
 uname="sp ace $(printf '\303\251t\303\251 \342\234\223').txt"

@@ -573,6 +573,15 @@ int cap_cli_merge(int argc, char **argv)
 
 	struct cap_workspace_merge m;
 	int rc = CAP_EXIT_FAILURE;
+	_cleanup_close_ int dir_lock = -1;
+	if (!dry && (dir_lock = cap_workspace_lock_dir(dir, false, &err)) == -EWOULDBLOCK) {
+		fprintf(stderr, "capsule: another merge into %s is running; waiting for it\n", dir);
+		dir_lock = cap_workspace_lock_dir(dir, true, &err);
+	}
+	if (!dry && dir_lock < 0) {
+		cap_sandbox_free(sb);
+		return fail(&err);
+	}
 	if (cap_workspace_plan(name, sb, dir, pick, &m, &err) < 0)
 		goto out;
 	const struct cap_merge_plan *plan = &m.plan;

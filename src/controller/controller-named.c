@@ -365,23 +365,12 @@ static int xfer_(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_wat
  * descriptor holding it, or -errno with err set. */
 static int lock_dir(const char *dir, int cancel_fd, struct cap_err *err)
 {
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", dir, strerror(errno));
-	while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		int e = errno;
-		if (e == EINTR)
-			continue;
-		if (e != EWOULDBLOCK) {
-			close(fd);
-			return cap_err_set(err, e, "cannot lock %s: %s", dir, strerror(e));
-		}
+	int fd;
+	while ((fd = cap_workspace_lock_dir(dir, false, err)) == -EWOULDBLOCK) {
 		struct pollfd p = { .fd = cancel_fd, .events = POLLRDHUP };
 		int n = poll(&p, 1, 50);
-		if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) {
-			close(fd);
+		if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP)))
 			return cap_err_set(err, ECANCELED, "the merge was cancelled while another merge into %s ran", dir);
-		}
 		if (n > 0)
 			usleep(50000);	/* the guest said something meanwhile: not ours to read */
 	}

@@ -38,6 +38,23 @@ int cap_workspace_lock(const char *name, bool wait, struct cap_err *err)
 	return cap_err_set(err, e, "cannot lock %s: %s", path, strerror(e));
 }
 
+int cap_workspace_lock_dir(const char *dir, bool wait, struct cap_err *err)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", dir, strerror(errno));
+	int r;
+	while ((r = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) < 0 && errno == EINTR)
+		;
+	if (r == 0)
+		return fd;
+	int e = errno;
+	close(fd);
+	if (e == EWOULDBLOCK)
+		return cap_err_set(err, EWOULDBLOCK, "another merge into %s is running", dir);
+	return cap_err_set(err, e, "cannot lock %s: %s", dir, strerror(e));
+}
+
 /* The guest's /workspace manifest. */
 static int guest_manifest(const char *name, struct cap_sandbox *sb, struct cap_tree *out,
 			  struct cap_err *err)

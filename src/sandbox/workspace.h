@@ -27,6 +27,12 @@
  * -EWOULDBLOCK (err naming the sandbox). The descriptor (closing it lets
  * go), or -errno with err set. */
 int cap_workspace_lock(const char *name, bool wait, struct cap_err *err);
+/* Merges that write into one project directory run one at a time
+ * (several sandboxes, servers or `capsule merge` runs merging into it):
+ * an flock on the directory itself, held from the scan to the last
+ * rename. The descriptor holding it; -EWOULDBLOCK (err set) when !wait
+ * and another merge holds it. */
+int cap_workspace_lock_dir(const char *dir, bool wait, struct cap_err *err);
 
 /* What the sandbox's /workspace changed since its base: *base is the
  * base, *now the guest's manifest, *changes (n of them, sorted by path) a

@@ -35,7 +35,7 @@ FLIST='cd "$1" && find . -type f ! -path "./.capsule-merge.*" -exec sha256sum {}
 hflist() { sh -c "$FLIST" sh "$1"; }
 gflist() { c exec "$1" -- sh -c "$FLIST" sh /workspace; }
 
-echo "1..42"
+echo "1..43"
 
 # --- the project ------------------------------------------------------------
 proj="$rt/proj"
@@ -197,6 +197,18 @@ rc=$?
 t1=$(date +%s)
 wait $holder
 check "a diff waits for another diff or merge of the sandbox, and says so" '[ "$rc" -eq 0 ] && grep -q "another diff or merge of sandbox .w. is running; waiting" "$err" && [ $((t1 - t0)) -ge 2 ]'
+# Two merges into one project never interleave: the second waits for the
+# project directory's lock (another sandbox's, or a server's, merge).
+c exec w -- sh -c 'echo locked >> /workspace/README.md' >/dev/null 2>&1
+flock "$proj" sleep 3 &
+holder=$!
+sleep 0.5
+t0=$(date +%s)
+c merge w >"$out" 2>"$err"
+rc=$?
+t1=$(date +%s)
+wait $holder
+check "a merge waits for another merge into the project, and says so" '[ "$rc" -eq 0 ] && grep -q "another merge into $proj is running; waiting" "$err" && [ $((t1 - t0)) -ge 2 ] && [ "$(tail -1 "$proj/README.md")" = locked ]'
 
 # diff and merge on a stopped sandbox start it.
 c exec w -- sh -c 'echo stopped > /workspace/stopped.txt' >/dev/null 2>&1

@@ -490,6 +490,14 @@ static void print_merged(const char *dir, const struct cap_merge_plan *p)
 	       n.written, n.removed, n.links, n.created, n.chmod, dir);
 }
 
+/* Changes inside .git are never merged: say so when there were any. */
+static void print_git_left_out(const char *name, const struct cap_merge_plan *p)
+{
+	if (p->ngit)
+		fprintf(stderr, "capsule: left out %zu change%s inside .git (a repository's own files are never merged: its config and hooks would run here); `capsule merge %s --git` brings the sandbox's commits back\n",
+			p->ngit, p->ngit == 1 ? "" : "s", name);
+}
+
 int cap_cli_merge(int argc, char **argv)
 {
 	enum { OPT_INTO = 0x1000, OPT_THEIRS, OPT_OURS, OPT_DRY, OPT_GIT };
@@ -585,6 +593,7 @@ int cap_cli_merge(int argc, char **argv)
 	if (cap_workspace_plan(name, sb, dir, pick, &m, &err) < 0)
 		goto out;
 	const struct cap_merge_plan *plan = &m.plan;
+	print_git_left_out(name, plan);
 	if (dry) {
 		print_plan(plan);
 		if (plan->nconflicts) {

@@ -524,11 +524,11 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 		res = cap_rpc_diff_json(r->sandbox, r->changes, r->nchanges);
 	} else if (r->kind == CAP_CTL_MERGE && r->merge) {
 		const struct cap_workspace_counts *c = &r->merge->n;
-		res = json_pack("{s:s, s:o, s:b, s:I, s:I, s:I, s:I, s:I}", "sandbox", r->sandbox, "into",
+		res = json_pack("{s:s, s:o, s:b, s:I, s:I, s:I, s:I, s:I, s:I}", "sandbox", r->sandbox, "into",
 				cap_json_text(r->merge->into), "dry_run", r->merge->dry_run,
 				"written", (json_int_t)c->written, "removed", (json_int_t)c->removed,
 				"created", (json_int_t)c->created, "chmod", (json_int_t)c->chmod,
-				"links", (json_int_t)c->links);
+				"links", (json_int_t)c->links, "git_left_out", (json_int_t)c->git);
 	} else if (r->kind == CAP_CTL_XFER) {
 		res = json_pack("{s:s, s:s}", "sandbox", r->sandbox, "path", p->path);
 		if (r->xfer)

@@ -4,6 +4,7 @@
  * the subject of its commit) is hostile: checked before use. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,7 @@ void cap_workspace_merge_fini(struct cap_workspace_merge *m)
 void cap_workspace_count(const struct cap_merge_plan *p, struct cap_workspace_counts *out)
 {
 	memset(out, 0, sizeof(*out));
+	out->git = p->ngit;
 	for (size_t i = 0; i < p->nops; i++) {
 		switch (p->ops[i].action) {
 		case CAP_MERGE_WRITE: out->written++; break;
@@ -191,6 +193,15 @@ int cap_workspace_apply(const char *name, struct cap_sandbox *sb,
 	/* Without ops both sides agree already; the base still moves. */
 	if (m->plan.nops && (r = apply_ops(name, sb, m, err)) < 0)
 		return r;
+	/* The base is what the sandbox and its own project agreed on: a
+	 * merge into another directory leaves it, so the sandbox's changes
+	 * still reach the project later. */
+	struct cap_record rec;
+	if ((r = cap_named_load(name, &rec, err)) < 0)
+		return r;
+	char real[PATH_MAX];
+	if (!realpath(rec.workspace, real) || strcmp(real, m->dir) != 0)
+		return 0;
 	return cap_named_workspace_set_base(name, &m->theirs, err);
 }
 

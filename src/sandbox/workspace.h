@@ -70,8 +70,10 @@ int cap_workspace_plan(const char *name, struct cap_sandbox *sb, const char *dir
 /* Carry out a conflict-free plan: stage theirs' new files in
  * dir/.capsule-merge.NAME (fetched from the guest, each checked against
  * the manifest), put every path in place (cap_merge_apply), remove the
- * staging directory, then move the base to theirs. A plan without ops
- * only moves the base. -EINVAL (nothing done) for a plan with
+ * staging directory, then, when dir is the sandbox's own project (its
+ * record's workspace), move the base to theirs: a merge into another
+ * directory (--into) leaves the base, so that the changes still count
+ * for the project. A plan without ops only moves the base. -EINVAL (nothing done) for a plan with
  * conflicts; -ESTALE or -EBADMSG (nothing written) when the sandbox
  * changed a file while it was read; after a failure in cap_merge_apply
  * the ops before the failing path are done and the base has not moved,
@@ -84,6 +86,7 @@ void cap_workspace_merge_fini(struct cap_workspace_merge *m);
 /* A plan's ops counted by what they do. */
 struct cap_workspace_counts {
 	size_t written, removed, links, created, chmod;	/* WRITE, REMOVE, LINK, MKDIR, CHMOD */
+	size_t git;	/* changes inside .git, left out (cap_merge_plan's ngit) */
 };
 void cap_workspace_count(const struct cap_merge_plan *p, struct cap_workspace_counts *out);
 

@@ -34,6 +34,7 @@ struct node {
 	bool settled;	/* KEEP because a directory above is a conflict or ours */
 	bool gone;	/* the host's directory here goes (TAKE of a non-dir) */
 	bool stays;	/* ... but something below it stays, so it does too */
+	bool git;	/* KEEP: a change of theirs inside .git, left out */
 };
 
 struct plan {
@@ -131,6 +132,18 @@ static bool reserved(const char *path)
 	return strncmp(path, CAP_MERGE_STAGE_PREFIX, strlen(CAP_MERGE_STAGE_PREFIX)) == 0;
 }
 
+/* Whether a component of path is ".git": a repository's own files. */
+static bool in_git(const char *path)
+{
+	for (const char *p = path; p; p = strchr(p, '/')) {
+		if (*p == '/')
+			p++;
+		if (strncmp(p, ".git", 4) == 0 && (p[4] == '/' || p[4] == '\0'))
+			return true;
+	}
+	return false;
+}
+
 /* The path on its own: the rules of cap_merge_plan. */
 static void decide(struct plan *pl, struct node *nd)
 {
@@ -143,6 +156,11 @@ static void decide(struct plan *pl, struct node *nd)
 		nd->d = TAKE;	/* a directory both made: theirs' mode */
 	else
 		nd->d = CONFLICT;
+	if (nd->d != KEEP && in_git(nd->path)) {
+		nd->d = KEEP;	/* never written: counted in the plan's ngit */
+		nd->git = true;
+		return;
+	}
 	if (nd->d == KEEP || !t) {
 		if (nd->d == CONFLICT)
 			conflict(pl, nd, why_both(nd), false);
@@ -267,6 +285,7 @@ static void fill(struct cap_merge_plan *out, const struct plan *pl)
 		if (pl->v[i].d == TAKE && !pl->v[i].stays)
 			ops_of(&ph, &pl->v[i]);
 		nc += pl->v[i].d == CONFLICT;
+		out->ngit += pl->v[i].git;
 	}
 	reverse(ph.v[1], ph.n[1]);
 	reverse(ph.v[4], ph.n[4]);

@@ -198,6 +198,11 @@ struct cap_merge_plan {
 	size_t nwrites;	/* ops with action WRITE: staged files 0..nwrites-1 */
 	struct cap_merge_conflict *conflicts;	/* sorted by path */
 	size_t nconflicts;
+	/* Changes of theirs inside a directory named .git (at any depth),
+	 * which a merge never writes: a repository's config and hooks run
+	 * code on the host the next time git looks at it, unseen in any
+	 * diff of the project (merge --git brings commits back instead). */
+	size_t ngit;
 };
 
 void cap_merge_plan_fini(struct cap_merge_plan *p);
@@ -212,8 +217,11 @@ void cap_merge_plan_fini(struct cap_merge_plan *p);
  * the tree", "a special file"), which CAP_MERGE_OURS settles (the host's
  * version stays) and CAP_MERGE_THEIRS does not; so is a path of theirs
  * whose first component starts with CAP_MERGE_STAGE_PREFIX ("a name the
- * merge uses for its staging"), and a directory of theirs replacing a
- * host entry that changed. A directory theirs removed (or replaced) whose
+ * merge uses for its staging"). (A directory of theirs replacing a host
+ * entry that changed is an ordinary conflict: CAP_MERGE_THEIRS takes the
+ * directory, as it takes any version of theirs.) Changes of theirs
+ * inside a .git directory are left out, counted in ngit, never written
+ * whatever the pick. A directory theirs removed (or replaced) whose
  * host subtree changed stays: the changed paths are conflicts ("changed
  * on the host in a directory the sandbox removed"), and a path theirs
  * changed below a directory the host removed or replaced is one too.

@@ -35,7 +35,7 @@ FLIST='cd "$1" && find . -type f ! -path "./.capsule-merge.*" -exec sha256sum {}
 hflist() { sh -c "$FLIST" sh "$1"; }
 gflist() { c exec "$1" -- sh -c "$FLIST" sh /workspace; }
 
-echo "1..43"
+echo "1..45"
 
 # --- the project ------------------------------------------------------------
 proj="$rt/proj"
@@ -323,6 +323,22 @@ check "--git leaves the host working tree, HEAD and the base alone" '[ "$(hlist 
 c merge w --git --into "$repo" >"$out" 2>"$err"
 rc=$?
 check "--git with an image without git says so" '[ "$rc" -ne 0 ] && grep -q "the image has no git" "$err"'
+# A plain merge never writes inside .git: the guest's config (which could
+# name a program for the host's git to run) and hooks stay in the guest.
+gitcfg=$(sha256sum <"$repo/.git/config")
+c exec g -- sh -c 'cd /workspace && printf "[core]\n\tfsmonitor = /tmp/evil\n" >> .git/config && printf "#!/bin/sh\n" > .git/hooks/pre-commit && chmod 755 .git/hooks/pre-commit' >/dev/null 2>&1
+c merge g >"$out" 2>"$err"
+rc=$?
+check "a plain merge leaves out every change inside .git, says so, and merges the rest" '[ "$rc" -eq 0 ] && [ "$(sha256sum <"$repo/.git/config")" = "$gitcfg" ] && [ ! -e "$repo/.git/hooks/pre-commit" ] && [ "$(cat "$repo/file.txt")" = "$(printf "one\ntwo")" ] && grep -q "left out [0-9]* changes inside .git" "$err"'
+# --into another directory leaves the base: the changes still reach the
+# project afterwards.
+c exec w -- sh -c 'echo review >> /workspace/README.md' >/dev/null 2>&1
+mkdir -p "$rt/review" && cp -a "$proj/." "$rt/review/"
+c merge w --into "$rt/review" >"$out" 2>"$err"
+rc1=$?
+c merge w >"$out" 2>"$err"
+rc=$?
+check "merge --into another directory leaves the base: the project still gets the change" '[ "$rc1" -eq 0 ] && [ "$rc" -eq 0 ] && [ "$(tail -1 "$rt/review/README.md")" = review ] && [ "$(tail -1 "$proj/README.md")" = review ]'
 
 for s in w g; do c rm --force $s >/dev/null 2>&1; done
 check "rm removes the workspace disk and base, never the project" '[ ! -e "$(sbdir w)" ] && [ -f "$proj/README.md" ] && [ -d "$repo/.git" ]'

@@ -578,6 +578,26 @@ static void test_plan_rules(void **state)
 	put("t/keep", "edited\n");
 	one_plan(CAP_MERGE_REFUSE, "", "keep", "changed in the sandbox, deleted on the host");
 
+	/* Inside .git (at any depth) nothing is ever written, whatever the
+	 * pick: a repository's config and hooks would run on the host. */
+	start3();
+	put("b/.git/config", "[core]\n");
+	put("o/.git/config", "[core]\n");
+	put("t/.git/config", "[core]\n\tfsmonitor = /work/evil\n");
+	put("t/.git/hooks/pre-commit", "#!/bin/sh\n");
+	put("t/sub/.git/HEAD", "ref\n");
+	put("t/.gitignore", "x\n");	/* not inside .git: merged */
+	put("t/f", "theirs\n");
+	for (int k = 0; k < 3; k++) {
+		enum cap_merge_pick picks[] = { CAP_MERGE_REFUSE, CAP_MERGE_THEIRS, CAP_MERGE_OURS };
+		struct three x = { 0 };
+		plan(&x, "b", "o", "t", picks[k]);
+		expect_ops(&x.p, "mkdir sub\nwrite .gitignore\nwrite f\n");
+		expect_conflicts(&x.p, NULL, NULL);
+		assert_int_equal(x.p.ngit, 5);	/* config, hooks, hooks/pre-commit, sub/.git, sub/.git/HEAD */
+		three_fini(&x);
+	}
+
 	start3();
 	lnk("t/out", "../../etc");	/* a link leaving the tree */
 	one_plan(CAP_MERGE_REFUSE, "", "out", "a link that leaves the tree");

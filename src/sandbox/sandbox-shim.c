@@ -35,8 +35,10 @@
  * raised to its hard limit at start). */
 #define MAX_CLIENTS 4096
 /* Flow control, both ways, so that a transfer of any size (capsule cp)
- * holds a few MiB here at most: clients are not read while more than
- * AGENT_BACKLOG_MAX waits to go to the guest, and the guest is not read
+ * holds a few MiB here at most: clients that send stdin are not read
+ * while more than AGENT_BACKLOG_MAX waits to go to the guest (the others
+ * are: a PAUSE, RESUME or SHUTDOWN still gets through to a guest that is
+ * paused or stuck), and the guest is not read
  * while a client has more than CONN_OUT_HIGH waiting to be read; a
  * client that stays over it for CONN_STALL_MS without reading is cut
  * loose (it would hold up every other client's output). */
@@ -51,6 +53,7 @@ struct conn {
 	int fd;	/* -1: closed, freed at the end of the loop's round */
 	struct cap_buf in, out;
 	int64_t full_since;	/* when out went over CONN_OUT_HIGH, 0: it is not */
+	bool feeds;	/* it has sent stdin: held back while the guest's queue is full */
 };
 
 struct shim;
@@ -424,6 +427,7 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 	case CAP_MSG_STDIN:
 		if ((r = route_by_client(s, c, f->stream)))
 			cap_sandbox_stdin(s->sb, r->aid, f->len ? f->payload : NULL, f->len);
+		c->feeds = c->feeds || f->len > 0;
 		return true;
 	case CAP_MSG_SIGNAL:
 		if (f->len != 4)
@@ -645,7 +649,7 @@ static void serve(struct shim *s, int lfd, int sfd)
 		for (size_t i = 0; i < s->nconns; i++) {
 			struct conn *c = s->conns[i];
 			owner[n] = c;
-			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)((clients_in ? POLLIN : 0) |
+			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)((clients_in || !c->feeds ? POLLIN : 0) |
 									(cap_buf_used(&c->out) ? POLLOUT : 0)) };
 		}
 		if (poll(pfd, (nfds_t)n, s->runtime_stale || full ? 1000 : -1) < 0 && errno != EINTR)

@@ -310,6 +310,7 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 	c.tmp = tmp;
 	c.fetched = xcalloc(n ? n : 1, sizeof(size_t));
 	const char **paths = xcalloc(n ? n : 1, sizeof(char *));
+	uint64_t *sizes = xcalloc(n ? n : 1, sizeof(uint64_t));
 	size_t nf = 0;
 	int r = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -317,6 +318,7 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 		if (ch[i].to && ch[i].to->type == CAP_TREE_FILE &&
 		    !(ch[i].from && ch[i].from->type == CAP_TREE_FILE && memcmp(ch[i].from->hash, ch[i].to->hash, 32) == 0)) {
 			c.fetched[i] = nf;
+			sizes[nf] = ch[i].to->size;
 			paths[nf++] = ch[i].to->path;
 		}
 	}
@@ -325,7 +327,7 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 		goto out;
 	}
 	c.projfd = open(rec->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (nf && (r = cap_xfer_fetch(sb, "/workspace", paths, nf, c.tmpfd, err)) < 0) {
+	if (nf && (r = cap_xfer_fetch(sb, "/workspace", paths, sizes, nf, c.tmpfd, err)) < 0) {
 		if (r == -ESTALE)
 			cap_err_prefix(err, "the sandbox changed /workspace while diff read it; run it again");
 		goto out;
@@ -351,6 +353,7 @@ out:
 	cap_remove_tree(tmp);
 	free(c.fetched);
 	free(paths);
+	free(sizes);
 	return r;
 }
 

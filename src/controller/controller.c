@@ -1951,8 +1951,10 @@ static void lifecycle(struct cap_ctl *c)
 {
 	int64_t now = cap_ctl_now(c);
 	for (struct ident *i = c->idents; i; i = i->next) {
-		if (i->pool || i->job || i->op != OP_NONE)
-			continue;	/* pool VMs are kept ready, not idle */
+		if (i->pool || i->job || i->op != OP_NONE || i->task)
+			continue;	/* pool VMs are kept ready, not idle; a task
+					 * (a private import whose call went away)
+					 * is work, never paused under it */
 		switch (cap_lc_due(&i->lc, &c->cfg.lc, now)) {
 		case CAP_LC_PAUSE:
 			if (i->vm && i->lc.state == CAP_VM_RUNNING) {

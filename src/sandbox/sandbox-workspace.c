@@ -146,13 +146,15 @@ static int apply_ops(const char *name, struct cap_sandbox *sb, const struct cap_
 	if (sfd < 0)
 		return sfd;
 	const char **paths = xcalloc(p->nwrites ? p->nwrites : 1, sizeof(char *));
+	uint64_t *sizes = xcalloc(p->nwrites ? p->nwrites : 1, sizeof(uint64_t));
 	int r = 0;
 	for (size_t i = 0; i < p->nops; i++)
 		if (p->ops[i].action == CAP_MERGE_WRITE) {
 			CAP_BUG_ON(p->ops[i].stage >= p->nwrites);
 			paths[p->ops[i].stage] = p->ops[i].path;
+			sizes[p->ops[i].stage] = p->ops[i].theirs->size;
 		}
-	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, p->nwrites, sfd, err)) < 0) {
+	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, sizes, p->nwrites, sfd, err)) < 0) {
 		if (r == -ESTALE)
 			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
 		goto out;
@@ -178,6 +180,7 @@ out:
 		cap_merge_stage_remove(dfd, stage_dir, &ignore);
 	}
 	free(paths);
+	free(sizes);
 	return r;
 }
 

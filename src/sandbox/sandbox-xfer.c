@@ -1255,6 +1255,7 @@ struct fetch {
 	struct reader rd;	/* first */
 	const char *root;
 	const char *const *paths;
+	const uint64_t *sizes;	/* NULL: any */
 	size_t n, i;
 	int stagefd;
 };
@@ -1275,6 +1276,9 @@ static int fetch_consume(struct reader *rd, struct archive *a)
 					   f->root, want);
 		if (archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e))
 			return cap_err_set(&rd->err, ESTALE, "%s/%s is not a regular file in the sandbox any more (it changed during the merge; run it again)",
+					   f->root, want);
+		if (f->sizes && (archive_entry_size(e) < 0 || (uint64_t)archive_entry_size(e) != f->sizes[f->i]))
+			return cap_err_set(&rd->err, ESTALE, "%s/%s is not the size its manifest said (it changed during the merge; run it again)",
 					   f->root, want);
 		char name[24];
 		cap_merge_stage_name(f->i, name);
@@ -1307,15 +1311,15 @@ static int fetch_consume(struct reader *rd, struct archive *a)
 }
 
 int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
-		   const char *const *paths, size_t n, int dirfd,
-		   struct cap_err *err)
+		   const char *const *paths, const uint64_t *sizes, size_t n,
+		   int dirfd, struct cap_err *err)
 {
 	for (size_t i = 0; i < n; i++)
 		if (!cap_tree_path_ok(paths[i]) || !cap_proto_file_path_ok(paths[i]))
 			return cap_err_set(err, EINVAL, "'%s' is not a path below %s that can be fetched", paths[i], root);
 	if (n == 0)
 		return 0;
-	struct fetch f = { .root = root, .paths = paths, .n = n, .stagefd = dirfd };
+	struct fetch f = { .root = root, .paths = paths, .sizes = sizes, .n = n, .stagefd = dirfd };
 	int r = reader_start(&f.rd, sb, -1, fetch_consume, err);
 	if (r < 0) {
 		reader_end(&f.rd);

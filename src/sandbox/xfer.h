@@ -83,10 +83,12 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 
 /* Fetch regular files root/paths[i] into dirfd as files named
  * cap_merge_stage_name(i) (mode 0600, created or replaced, fsync'd). A
- * path that is not a regular file in the guest any more fails with
- * -ESTALE naming it. */
+ * path that is not a regular file in the guest any more, or (with sizes)
+ * whose size is not sizes[i] (what its manifest said), fails with
+ * -ESTALE naming it before any of its bytes is written: a guest cannot
+ * make the host store more than the manifest it sent. */
 int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
-		   const char *const *paths, size_t n, int dirfd,
-		   struct cap_err *err);
+		   const char *const *paths, const uint64_t *sizes, size_t n,
+		   int dirfd, struct cap_err *err);
 
 #endif

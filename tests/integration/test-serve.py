@@ -1073,7 +1073,7 @@ def workspace():
     r = call(c, "merge", {"identity": ident("wsA")}, 60)
     res = r.get("result", {})
     ok(res == {"sandbox": name_a, "into": os.path.realpath(proj), "dry_run": False, "written": 2, "removed": 0,
-               "created": 0, "chmod": 0, "links": 0} and
+               "created": 0, "chmod": 0, "links": 0, "git_left_out": 0} and
        open(os.path.join(proj, "README.md"), "rb").read() == readme and
        open(os.path.join(proj, "new.txt"), "rb").read() == b"new\n" and
        os.stat(os.path.join(proj, "new.txt")).st_mode & 0o777 == 0o755 and

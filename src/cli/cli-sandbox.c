@@ -162,7 +162,7 @@ int cap_cli_create(int argc, char **argv)
 		return CAP_EXIT_USAGE;
 	}
 	if (cap_named_check_name(argv[optind], &err) < 0 ||
-	    cap_named_create(&rec, rec.workspace[0] ? cap_cli_progress : NULL, "create", &err) < 0) {
+	    cap_named_create(&rec, cap_cli_progress, "create", &err) < 0) {
 		cap_cli_progress_end();
 		cap_cli_error("%s", err.msg);
 		return err.code == EINVAL || err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;

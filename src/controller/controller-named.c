@@ -23,6 +23,13 @@
  * (or that a dead controller left starting). */
 #define START_WAIT_MS 120000
 
+/* What a sandbox's creation says it is doing (building the base image on
+ * first use, copying a project), as log lines naming the sandbox. */
+static void create_progress(void *ud, const char *line)
+{
+	cap_log(CAP_LOG_INFO, "sandbox %s: %s", (const char *)ud, line);
+}
+
 static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *out)
 {
 	struct cap_err err = { 0 };
@@ -41,7 +48,7 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		if (r == 0)
 			r = j->network ? cap_record_set_net(&rec, j->network, &err) : 0;
 		if (r == 0)
-			r = cap_named_create(&rec, NULL, NULL, &err);
+			r = cap_named_create(&rec, create_progress, (void *)j->name, &err);
 		/* Another process is making it (a job a dead controller left):
 		 * wait for it to be complete. */
 		int64_t end = cap_now_ms() + START_WAIT_MS;

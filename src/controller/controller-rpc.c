@@ -1293,6 +1293,7 @@ int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, struc
 			: xasprintf("%s/%s", cwd, socket_path);	/* others find it by this name */
 	cfg->frontend = "serve";
 	cfg->socket_path = NULL;	/* named once it listens */
+	cap_ctl_check_image(cfg);
 	int r = cap_ctl_new(cfg, &c, err);
 	if (r == 0 && (r = cap_rpc_server_new(c, path, &s, err)) == 0 &&
 	    (r = cap_ctl_set_socket(c, path, err)) == 0) {

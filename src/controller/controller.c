@@ -25,6 +25,7 @@
 #include "engine.h"
 #include "paths.h"
 #include "sha256.h"
+#include "store.h"
 #include "util.h"
 #include "xfer.h"
 
@@ -2359,4 +2360,21 @@ int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out)
 	struct mapped_ctx m = { sandbox, false };
 	ctl_ws_each(home, mapped_one, &m);
 	return m.found;
+}
+
+static void image_progress(void *ud, const char *line)
+{
+	cap_log(CAP_LOG_INFO, "image %s: %s", (const char *)ud, line);
+}
+
+void cap_ctl_check_image(const struct cap_controller_cfg *cfg)
+{
+	const char *ref = cfg->image ? cfg->image : "base";
+	struct cap_image img;
+	struct cap_err err = { 0 };
+	if (cap_store_image_ensure(ref, image_progress, (void *)ref, &img, &err) == 0) {
+		cap_image_fini(&img);
+		return;
+	}
+	cap_log(CAP_LOG_WARN, "%s; every call that creates a sandbox fails until it is there", err.msg);
 }

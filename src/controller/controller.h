@@ -281,6 +281,11 @@ int cap_ctl_run(struct cap_ctl *c, struct cap_err *err);
  * max_wait_ms (-1: until something happens), and returns 1 while serving,
  * 0 once shut down with every VM stopped, -errno on a poll failure. */
 void cap_ctl_start(struct cap_ctl *c);
+/* For a front end about to serve: make sure the image of new sandboxes
+ * is there (the base image is built now when missing, saying so), else
+ * say how to get it, through cap_log; the front end still starts (each
+ * call that creates a sandbox then fails with the same reason). */
+void cap_ctl_check_image(const struct cap_controller_cfg *cfg);
 int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err);
 /* Ask the loop to stop every VM and return (a front end lost its client). */
 void cap_ctl_shutdown(struct cap_ctl *c, const char *why);

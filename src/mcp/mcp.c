@@ -898,6 +898,7 @@ static int run_local(struct mcp *m, struct cap_err *err)
 	struct cap_controller_cfg *cfg = &m->cfg->ctl;
 	cfg->frontend = "mcp";
 	cfg->socket_path = NULL;
+	cap_ctl_check_image(cfg);
 	int r = cap_ctl_new(cfg, &m->ctl, err);
 	if (r < 0)
 		return r;

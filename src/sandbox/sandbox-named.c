@@ -557,7 +557,7 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		snprintf(rec->source, sizeof(rec->source), "%s", real);
 	}
 	struct cap_image img;
-	if ((r = cap_store_image_find(rec->image_ref, &img, err)) < 0)
+	if ((r = cap_store_image_ensure(rec->image_ref, progress, ud, &img, err)) < 0)
 		return r;
 	r = cap_store_image_verify(&img, err);
 	snprintf(rec->image, sizeof(rec->image), "%s", img.digest);
@@ -597,7 +597,7 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	_cleanup_free_ char *upper = in_dir(rec->name, "root-upper.ext4");
 	_cleanup_free_ char *work = in_dir(rec->name, "private.ext4");
 	rec->created = time(NULL);
-	if (progress)
+	if (progress && rec->workspace[0])	/* a step worth naming beside the copy's */
 		progress(ud, "creating the root and /work disks");
 	if ((r = make_disk(upper, rec->root_size_mib, false, "root-upper", NULL, 0, err)) < 0 ||
 	    (r = make_disk(work, rec->work_size_mib, true, "work", NULL, 0, err)) < 0 ||

@@ -249,3 +249,16 @@ int cap_store_image_build(const char *which, cap_progress_fn progress,
 		r = cap_err_set(err, -k, "cannot remove the staging directory %s: %s", stage, strerror(-k));
 	return r;
 }
+
+int cap_store_image_ensure(const char *ref, cap_progress_fn progress, void *ud,
+			   struct cap_image *out, struct cap_err *err)
+{
+	int r = cap_store_image_find(ref, out, err);
+	if (r != -ENOENT || strcmp(ref, "base") != 0)
+		return r;
+	if (progress)
+		progress(ud, "the base image is not built yet; building it now (busybox, about a second)");
+	if (err)
+		*err = (struct cap_err){ 0 };
+	return cap_store_image_build("base", progress, ud, out, err);
+}

@@ -81,6 +81,14 @@ int cap_store_image_from_dir(const char *dir, const char *name,
 int cap_store_image_build(const char *which, cap_progress_fn progress,
 			  void *ud, struct cap_image *out, struct cap_err *err);
 
+/* cap_store_image_find, and when ref is "base" and it is not there yet,
+ * build it first (busybox, about a second), saying so through progress:
+ * a fresh install needs no step before its first sandbox. Other images
+ * are not built here (python needs root and the mirror): their -ENOENT
+ * says how to get them. */
+int cap_store_image_ensure(const char *ref, cap_progress_fn progress, void *ud,
+			   struct cap_image *out, struct cap_err *err);
+
 /* Import a directory, a tar archive (plain, gzip, zstd, ...), an OCI image
  * layout (directory or tar) or a `docker save` archive, applying layer
  * whiteouts. name may be NULL. */

@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..98"
+echo "1..101"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -329,4 +329,21 @@ else
 	rc=$?
 	check "--accel kvm refuses to start without KVM" '[ "$rc" -eq 125 ] && grep -q "asks for KVM" "$err"'
 fi
+
+# A fresh install: the first create builds the base image, saying so.
+CAPSULE_HOME="$rt/fresh" "$capsule" create f1 >"$out" 2>"$err"
+rc=$?
+check "on a fresh install, create builds the base image first and says so" '[ "$rc" -eq 0 ] && grep -q "the base image is not built yet; building it now" "$err" && [ -L "$rt/fresh/images/names/base" ] && grep -q "^created sandbox f1 (image base" "$out"'
+CAPSULE_HOME="$rt/fresh" "$capsule" rm f1 >/dev/null 2>&1
+# ... and capsule serve checks its image at start: the base is built then.
+CAPSULE_HOME="$rt/fresh2" "$capsule" serve --socket "$rt/f.sock" >"$out" 2>"$err" &
+spid=$!
+i=0; while [ $i -lt 100 ] && [ ! -S "$rt/f.sock" ]; do sleep 0.1; i=$((i + 1)); done
+kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+check "capsule serve on a fresh install builds the base image at start and says so" 'grep -q "image base: the base image is not built yet; building it now" "$err" && [ -L "$rt/fresh2/images/names/base" ]'
+CAPSULE_HOME="$rt/fresh2" "$capsule" serve --image nosuch --socket "$rt/f.sock" >"$out" 2>"$err" &
+spid=$!
+i=0; while [ $i -lt 100 ] && [ ! -S "$rt/f.sock" ]; do sleep 0.1; i=$((i + 1)); done
+kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+check "capsule serve with an image that is not there says how to get it, and still starts" 'grep -q "no image named .nosuch.; see .capsule image ls." "$err" && grep -q "every call that creates a sandbox fails until it is there" "$err" && grep -q "ready" "$err"'
 clean_after "whole suite"

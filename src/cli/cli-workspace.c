@@ -304,7 +304,7 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 		       const struct cap_tree_change *ch, size_t n, struct cap_err *err)
 {
 	struct patch_ctx c = { .name = name, .project = rec->workspace, .projfd = -1, .tmpfd = -1 };
-	_cleanup_free_ char *tmp = cap_workspace_tmpdir(err);
+	_cleanup_free_ char *tmp = cap_make_tmpdir("capsule-ws", err);
 	if (!tmp)
 		return -err->code;
 	c.tmp = tmp;

@@ -191,3 +191,15 @@ char *cap_exe_dir(void)
 		*slash = '\0';
 	return xstrdup(buf[0] ? buf : "/");
 }
+
+char *cap_make_tmpdir(const char *prefix, struct cap_err *err)
+{
+	const char *t = getenv("TMPDIR");
+	char *dir = xasprintf("%s/%s-XXXXXX", t && *t == '/' ? t : "/tmp", prefix);
+	if (!mkdtemp(dir)) {
+		cap_err_set(err, errno, "cannot create a temporary directory %s: %s", dir, strerror(errno));
+		free(dir);
+		return NULL;
+	}
+	return dir;
+}

@@ -36,6 +36,10 @@ int cap_mkdir_p(const char *path, unsigned mode);
  * $XDG_RUNTIME_DIR when that is a directory we own, else under /tmp.
  * *out is a new string the caller frees. */
 int cap_make_run_dir(char **out, struct cap_err *err);
+/* A private temporary directory (0700) named PREFIX-XXXXXX under $TMPDIR
+ * (when absolute) or /tmp, for files on their way in or out of a guest.
+ * A new string (cap_remove_tree it, then free it), or NULL with err set. */
+char *cap_make_tmpdir(const char *prefix, struct cap_err *err);
 
 /* Remove a run directory made by cap_make_run_dir and the plain files
  * and sockets in it (not recursive beyond one level). */

@@ -780,14 +780,9 @@ static struct task *task_new(struct cap_ctl *c, const struct ident *i)
  * host file. *dir and *file are new strings. */
 static int write_temp(const struct task *t, char **dir, char **file, struct cap_err *err)
 {
-	const char *tmp = getenv("TMPDIR");
-	char *d = xasprintf("%s/capsule-upload.XXXXXX", tmp && tmp[0] == '/' ? tmp : "/tmp");
-	if (!mkdtemp(d)) {
-		int e = errno;
-		int r = cap_err_set(err, e, "cannot make a temporary directory %s for the upload: %s", d, strerror(e));
-		free(d);
-		return r;
-	}
+	char *d = cap_make_tmpdir("capsule-upload", err);
+	if (!d)
+		return -err->code;
 	char *f = xasprintf("%s/content", d);
 	int fd = open(f, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	int r = fd < 0 ? -errno : cap_write_all(fd, t->data, t->len);

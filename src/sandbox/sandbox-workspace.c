@@ -20,40 +20,39 @@
 
 extern char **environ;
 
+/* Take an exclusive flock on fd (just opened from path, -errno if that
+ * failed), waiting or not. fd, or -errno with err set (busy: what holds
+ * it, for -EWOULDBLOCK); fd is closed on failure. */
+static int lock_fd(int fd, const char *path, bool wait, const char *busy, struct cap_err *err)
+{
+	if (fd < 0)
+		return cap_err_set(err, -fd, "cannot open %s: %s", path, strerror(-fd));
+	int r;
+	while ((r = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) < 0 && errno == EINTR)
+		;
+	if (r == 0)
+		return fd;
+	int e = errno;
+	close(fd);
+	if (e == EWOULDBLOCK)
+		return cap_err_set(err, EWOULDBLOCK, "%s", busy);
+	return cap_err_set(err, e, "cannot lock %s: %s", path, strerror(e));
+}
+
 int cap_workspace_lock(const char *name, bool wait, struct cap_err *err)
 {
 	_cleanup_free_ char *dir = cap_named_dir(name);
 	_cleanup_free_ char *path = xasprintf("%s/workspace.lock", dir);
+	_cleanup_free_ char *busy = xasprintf("another diff or merge of sandbox '%s' is running", name);
 	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
-	int r;
-	while ((r = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) < 0 && errno == EINTR)
-		;
-	if (r == 0)
-		return fd;
-	int e = errno;
-	close(fd);
-	if (e == EWOULDBLOCK)
-		return cap_err_set(err, EWOULDBLOCK, "another diff or merge of sandbox '%s' is running", name);
-	return cap_err_set(err, e, "cannot lock %s: %s", path, strerror(e));
+	return lock_fd(fd < 0 ? -errno : fd, path, wait, busy, err);
 }
 
 int cap_workspace_lock_dir(const char *dir, bool wait, struct cap_err *err)
 {
+	_cleanup_free_ char *busy = xasprintf("another merge into %s is running", dir);
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", dir, strerror(errno));
-	int r;
-	while ((r = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) < 0 && errno == EINTR)
-		;
-	if (r == 0)
-		return fd;
-	int e = errno;
-	close(fd);
-	if (e == EWOULDBLOCK)
-		return cap_err_set(err, EWOULDBLOCK, "another merge into %s is running", dir);
-	return cap_err_set(err, e, "cannot lock %s: %s", dir, strerror(e));
+	return lock_fd(fd < 0 ? -errno : fd, dir, wait, busy, err);
 }
 
 /* The guest's /workspace manifest. */
@@ -209,18 +208,6 @@ int cap_workspace_apply(const char *name, struct cap_sandbox *sb,
 }
 
 /* --- host programs ------------------------------------------------------------ */
-
-char *cap_workspace_tmpdir(struct cap_err *err)
-{
-	const char *t = getenv("TMPDIR");
-	char *dir = xasprintf("%s/capsule-ws-XXXXXX", t && *t == '/' ? t : "/tmp");
-	if (!mkdtemp(dir)) {
-		cap_err_set(err, errno, "cannot create a temporary directory %s: %s", dir, strerror(errno));
-		free(dir);
-		return NULL;
-	}
-	return dir;
-}
 
 /* --- --git -------------------------------------------------------------------- */
 
@@ -393,7 +380,7 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 		return cap_err_set(err, EIO, "--git: `git bundle create --all` in sandbox '%s''s /workspace failed (exit %d): %s",
 				   name, g.status, *gerr ? gerr : "no message");
 
-	_cleanup_free_ char *tmp = cap_workspace_tmpdir(err);
+	_cleanup_free_ char *tmp = cap_make_tmpdir("capsule-ws", err);
 	if (!tmp)
 		return -err->code;
 	struct cap_workspace_git got = { 0 };

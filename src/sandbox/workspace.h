@@ -111,9 +111,4 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 
 /* --- helpers the front ends share ----------------------------------------- */
 
-/* A private temporary directory (0700) under $TMPDIR (when absolute) or
- * /tmp, for files fetched from a guest. A new string (cap_remove_tree
- * the directory, then free it), or NULL with err set. */
-char *cap_workspace_tmpdir(struct cap_err *err);
-
 #endif

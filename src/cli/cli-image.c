@@ -26,28 +26,6 @@ static const char usage[] =
 	"\n"
 	"IMAGE is a name or sha256:DIGEST (12 or more hex digits).\n";
 
-static bool tty_progress;
-static bool progress_open;
-
-void cap_cli_progress(void *ud, const char *line)
-{
-	const char *label = ud ? ud : "capsule";
-	if (tty_progress) {
-		/* One line, rewritten in place, cut to a terminal width. */
-		fprintf(stderr, "\r\033[K%s: %.70s", label, line);
-		progress_open = true;
-	} else {
-		fprintf(stderr, "%s: %s\n", label, line);
-	}
-}
-
-void cap_cli_progress_end(void)
-{
-	if (progress_open)
-		fputc('\n', stderr);
-	progress_open = false;
-}
-
 static void print_image(const struct cap_image *img)
 {
 	char when[64];
@@ -77,7 +55,6 @@ int cap_cli_image(int argc, char **argv)
 {
 	struct cap_err err = { 0 };
 	struct cap_image img = { 0 };
-	tty_progress = isatty(2);
 
 	if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
 		fputs(usage, argc < 2 ? stderr : stdout);

@@ -28,6 +28,8 @@ int cap_cli_template(int argc, char **argv);
 int cap_cli_cp(int argc, char **argv);	/* cli-cp.c */
 int cap_cli_diff(int argc, char **argv);	/* cli-workspace.c */
 int cap_cli_merge(int argc, char **argv);
+int cap_cli_logs(int argc, char **argv);	/* cli-logs.c */
+int cap_cli_prepare(int argc, char **argv);	/* cli-prepare.c */
 
 /* Before a call on a named sandbox: refresh its public data if that
  * changed, start it if needed, and attach to it (cli-sandbox.c). */
@@ -115,10 +117,21 @@ int cap_cli_exec_opt(struct cap_cli_exec *x, int c, const char *arg);
  * size. Returns the shell-style exit status, or CAP_EXIT_FAILURE. */
 int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x);
 
+/* What the CLI prints besides errors (cli-output.c). */
+
+/* Set by a verb's -q: progress is not printed at all. */
+extern bool cap_cli_quiet;
+
 /* Print progress lines of long work: on a terminal one updating line,
  * otherwise plain lines. ud is the verb's label. */
 void cap_cli_progress(void *ud, const char *line);
 void cap_cli_progress_end(void);
+
+/* Print v as JSON (indented, keys in insertion order) and a newline on
+ * stdout, then drop the reference. 0, or CAP_EXIT_FAILURE when stdout
+ * could not be written. */
+struct json_t;
+int cap_cli_json_out(struct json_t *v);
 
 /* Print "capsule: <msg>" to stderr. */
 __attribute__((format(printf, 1, 2))) void cap_cli_error(const char *fmt, ...);

@@ -117,6 +117,7 @@ int main(int argc, char **argv)
 		{ "shim", cap_cli_shim }, { "mcp", cap_cli_mcp },
 		{ "template", cap_cli_template }, { "net", cap_cli_net },
 		{ "cp", cap_cli_cp }, { "diff", cap_cli_diff }, { "merge", cap_cli_merge },
+		{ "logs", cap_cli_logs }, { "prepare", cap_cli_prepare },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

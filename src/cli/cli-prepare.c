@@ -1,0 +1,10 @@
+/* capsule prepare: being written this session (issue 17); refuses until then. */
+#include "cli.h"
+
+int cap_cli_prepare(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	cap_cli_error("'prepare' is not built yet");
+	return CAP_EXIT_FAILURE;
+}

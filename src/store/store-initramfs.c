@@ -263,9 +263,32 @@ char *cap_store_kernel_path(bool *exists)
 	return artefact("CAPSULE_KERNEL", def, exists);
 }
 
+/* $env when set, else the first of the paths relative to the capsule
+ * executable's directory that is there, else the first of them. */
+static char *beside_exe(const char *env, const char *const *rel, size_t n, bool *exists)
+{
+	const char *e = getenv(env);
+	if (e && *e)
+		return artefact(env, e, exists);
+	_cleanup_free_ char *dir = cap_exe_dir();
+	_cleanup_free_ char *first = xasprintf("%s/%s", dir, rel[0]);
+	for (size_t i = 1; i < n && access(first, R_OK) != 0; i++) {
+		_cleanup_free_ char *p = xasprintf("%s/%s", dir, rel[i]);
+		if (access(p, R_OK) == 0)
+			return artefact(env, p, exists);
+	}
+	return artefact(env, first, exists);
+}
+
 char *cap_store_agent_path(bool *exists)
 {
-	_cleanup_free_ char *dir = cap_exe_dir();
-	_cleanup_free_ char *def = xasprintf("%s/capsule-agent", dir);
-	return artefact("CAPSULE_AGENT", def, exists);
+	static const char *const rel[] = { "capsule-agent", "../lib/capsule/capsule-agent" };
+	return beside_exe("CAPSULE_AGENT", rel, 2, exists);
+}
+
+char *cap_store_kernel_builder(bool *exists)
+{
+	static const char *const rel[] = { "../guest/build-kernel.sh",
+					   "../share/capsule/guest/build-kernel.sh" };
+	return beside_exe("CAPSULE_KERNEL_BUILDER", rel, 2, exists);
 }

@@ -13,8 +13,16 @@
 char *cap_store_kernel_path(bool *exists);
 
 /* Where the agent binary is: $CAPSULE_AGENT, else capsule-agent next to
- * the capsule executable. New string; *exists as above. */
+ * the capsule executable, else ../lib/capsule/capsule-agent from it (an
+ * installed package). New string; *exists as above. */
 char *cap_store_agent_path(bool *exists);
+
+/* The script that builds the guest kernel into the cache (the kernel is
+ * minutes of compiling, so it is never built silently): $CAPSULE_KERNEL_BUILDER,
+ * else ../guest/build-kernel.sh from the capsule executable (a build tree),
+ * else ../share/capsule/guest/build-kernel.sh (an installed package).
+ * New string; *exists as above. */
+char *cap_store_kernel_builder(bool *exists);
 
 /* The initramfs for (agent, busybox): <cache>/initramfs/<key>.cpio where
  * key hashes both binaries and the layout version. Packs it when missing.

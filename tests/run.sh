@@ -19,6 +19,7 @@ suite() {
 	name=$1
 	shift
 	echo "# suite: $name"
+	start=$(date +%s)
 	"$@" 2>&1 | awk -v name="$name" -v out="$results" '
 		{ print "    " $0; fflush() }
 		/^1\.\.[0-9]+/ { split($0, a, ".."); plan += a[2] }
@@ -33,6 +34,7 @@ suite() {
 			if (plan == 0 && seen == 0) { print "    not ok - " name ": no tests ran"; f++ }
 			printf "%d %d %d\n", p, f, s >> out
 		}'
+	echo "# suite: $name took $(($(date +%s) - start)) s"
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP

@@ -1,0 +1,179 @@
+"""The serve methods, written once for Client and AsyncClient: each builds
+its params and hands them to self._invoke, which answers with the result
+(Client) or an awaitable of it (AsyncClient)."""
+
+import base64
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from .errors import InvalidParams
+from .types import (DiffResult, DirectoryListing, ExecResult, FileResult, IdentityLike,
+                    LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList,
+                    ServerInfo, Status, TransferResult, WriteResult, identity_json)
+
+INLINE_MAX = 16 * 1024 * 1024        # an inline upload or download (docs/serve.md)
+LINE_MAX = 24 * 1024 * 1024          # a request line the server reads
+
+ProgressCallback = Callable[[Progress], Any]
+
+
+def _put(params: Dict[str, Any], **kw: Any) -> Dict[str, Any]:
+    """params with the keyword arguments that are not None."""
+    for k, v in kw.items():
+        if v is not None:
+            params[k] = v
+    return params
+
+
+def _pathname(p: Union[str, "os.PathLike[str]"]) -> str:
+    return os.fspath(p)
+
+
+class Methods:
+    """Typed methods of every `capsule serve` method (docs/serve.md).
+
+    Every method also takes, as keywords: call_timeout (seconds to wait for
+    the answer; then `cancel` is sent and CallTimeout raised), cancel (a
+    token: a threading.Event for Client, an asyncio.Event for AsyncClient;
+    setting it sends `cancel` and raises Cancelled) and on_progress (called
+    with each Progress notification of this call: a tool call that reaches
+    an unprepared server builds what is missing first and says so)."""
+
+    def _invoke(self, method: str, params: Optional[Dict[str, Any]], wrap: Any, **opts: Any) -> Any:
+        raise NotImplementedError
+
+    # -- tool methods: one identity's sandbox ---------------------------------
+
+    def exec(self, identity: IdentityLike, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
+             cwd: Optional[str] = None, timeout: Optional[float] = None, stdin: Optional[str] = None,
+             pids_max: Optional[int] = None, **opts: Any) -> ExecResult:
+        """Run argv in the identity's sandbox (timeout: the command's, in
+        seconds, default 30 on the server)."""
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a list of strings, e.g. ['sh', '-c', 'echo hi']")
+        p = _put({"identity": identity_json(identity), "argv": list(argv)},
+                 env=env, cwd=cwd, timeout=timeout, stdin=stdin, pids_max=pids_max)
+        return self._invoke("exec", p, ExecResult.from_json, **opts)
+
+    def read_file(self, identity: IdentityLike, path: str, *, root: Optional[str] = None,
+                  max_bytes: Optional[int] = None, **opts: Any) -> FileResult:
+        """A UTF-8 text file (or a directory's entries); root "public"
+        (/source, default) or "workspace" (/work)."""
+        p = _put({"identity": identity_json(identity), "path": path}, root=root, max_bytes=max_bytes)
+        return self._invoke("read_file", p, FileResult.from_json, **opts)
+
+    def list_directory(self, identity: IdentityLike, path: Optional[str] = None, *,
+                       root: Optional[str] = None, **opts: Any) -> DirectoryListing:
+        p = _put({"identity": identity_json(identity)}, path=path, root=root)
+        return self._invoke("list_directory", p, DirectoryListing.from_json, **opts)
+
+    def write_file(self, identity: IdentityLike, path: str, content: str, **opts: Any) -> WriteResult:
+        """Write UTF-8 text (at most 60000 bytes) to path in /work."""
+        p = {"identity": identity_json(identity), "path": path, "content": content}
+        return self._invoke("write_file", p, WriteResult.from_json, **opts)
+
+    def upload(self, identity: IdentityLike, path: str, content: Union[bytes, str, None] = None, *,
+               from_path: Optional[Union[str, "os.PathLike[str]"]] = None, root: Optional[str] = None,
+               mode: Union[int, str, None] = None, **opts: Any) -> TransferResult:
+        """Put one file's bytes (content, at most 16 MiB; a str is sent as
+        UTF-8) at path, or copy from_path (a host file or directory inside
+        one of the server's --transfer-dir) there. root "workspace" (/work,
+        default) or "project" (/workspace). mode: an int (0o755) or "0755"."""
+        if (content is None) == (from_path is None):
+            raise TypeError("upload takes exactly one of content and from_path")
+        p = _put({"identity": identity_json(identity), "path": path}, root=root)
+        if content is not None:
+            data = content.encode() if isinstance(content, str) else bytes(content)
+            if len(data) > INLINE_MAX:
+                raise InvalidParams(-32602, f"an inline upload is at most {INLINE_MAX} bytes, this one has "
+                                    f"{len(data)}: put the file in a --transfer-dir and use from_path",
+                                    {"local": True})
+            p["content_base64"] = base64.b64encode(data).decode("ascii")
+            if mode is not None:
+                p["mode"] = format(mode, "04o") if isinstance(mode, int) else mode
+        else:
+            p["from"] = _pathname(from_path)
+        return self._invoke("upload", p, TransferResult.from_json, **opts)
+
+    def download(self, identity: IdentityLike, path: str, *, root: Optional[str] = None,
+                 to: Optional[Union[str, "os.PathLike[str]"]] = None, **opts: Any) -> TransferResult:
+        """One file's bytes in .content (at most 16 MiB), or, with to (a
+        path inside a --transfer-dir that does not exist yet), the file or
+        tree written there. root "workspace" (default), "project", "public"."""
+        p = _put({"identity": identity_json(identity), "path": path}, root=root,
+                 to=_pathname(to) if to is not None else None)
+        return self._invoke("download", p, TransferResult.from_json, **opts)
+
+    def diff(self, identity: IdentityLike, **opts: Any) -> DiffResult:
+        """What the sandbox changed in /workspace (server with --workspace)."""
+        return self._invoke("diff", {"identity": identity_json(identity)}, DiffResult.from_json, **opts)
+
+    def merge(self, identity: IdentityLike, *, pick: Optional[str] = None, dry_run: Optional[bool] = None,
+              **opts: Any) -> MergeResult:
+        """Merge the sandbox's /workspace changes into the server's
+        --workspace; pick "refuse" (default), "theirs" or "ours".
+        Conflicts raise ToolRefused with .conflicts."""
+        p = _put({"identity": identity_json(identity)}, pick=pick, dry_run=dry_run)
+        return self._invoke("merge", p, MergeResult.from_json, **opts)
+
+    # -- lifecycle and the controller -----------------------------------------
+
+    def status(self, identity: IdentityLike, **opts: Any) -> Status:
+        """The identity's sandbox state; creates nothing."""
+        return self._invoke("status", {"identity": identity_json(identity)}, Status.from_json, **opts)
+
+    def list(self, **opts: Any) -> SandboxList:
+        return self._invoke("list", None, SandboxList.from_json, **opts)
+
+    def info(self, **opts: Any) -> ServerInfo:
+        return self._invoke("info", None, ServerInfo.from_json, **opts)
+
+    def stop(self, identity: Optional[IdentityLike] = None, *, sandbox: Optional[str] = None,
+             **opts: Any) -> LifecycleResult:
+        """Stop the identity's VM after its queued calls (disks kept), or
+        name a sandbox this controller owns (the administrative form)."""
+        return self._invoke("stop", self._who(identity, sandbox), LifecycleResult.from_json, **opts)
+
+    def remove(self, identity: Optional[IdentityLike] = None, *, sandbox: Optional[str] = None,
+               **opts: Any) -> LifecycleResult:
+        """Stop the VM and delete its sandbox and disks."""
+        return self._invoke("remove", self._who(identity, sandbox), LifecycleResult.from_json, **opts)
+
+    def cancel(self, request_id: Any, **opts: Any) -> bool:
+        """Cancel one of this connection's requests by id; whether it was
+        found. (Calls are usually cancelled through their own cancel token,
+        call_timeout, Call.cancel() or asyncio task cancellation.)"""
+        return self._invoke("cancel", {"id": request_id}, lambda r: bool(r.get("cancelled")), **opts)
+
+    def prepare(self, *, on_progress: Optional[ProgressCallback] = None, **opts: Any) -> PrepareResult:
+        """Make sure kernel, initramfs, image and template exist, building
+        what is missing (minutes for a kernel); on_progress gets each
+        Progress notification in order. A failure raises SandboxFailed with
+        .phase and retryable True: calling prepare again resumes there."""
+        return self._invoke("prepare", {}, PrepareResult.from_json, on_progress=on_progress, **opts)
+
+    @staticmethod
+    def _who(identity: Optional[IdentityLike], sandbox: Optional[str]) -> Dict[str, Any]:
+        if (identity is None) == (sandbox is None):
+            raise TypeError("give exactly one of identity and sandbox")
+        return {"identity": identity_json(identity)} if identity is not None else {"sandbox": sandbox}
+
+
+def result_of(response: Dict[str, Any]) -> Any:
+    """The result of a response, or its error raised."""
+    from .errors import ConnectionLost, error_from
+    if "__lost__" in response:
+        raise ConnectionLost(response["__lost__"])
+    if "error" in response:
+        raise error_from(response["error"])
+    return response.get("result")
+
+
+def progress_of(msg: Dict[str, Any]) -> Optional[Progress]:
+    """A `progress` notification as Progress (None for anything else)."""
+    if msg.get("method") != "progress" or "id" in msg or not isinstance(msg.get("params"), dict):
+        return None
+    return Progress.from_json(msg["params"])
+
+
+__all__: List[str] = ["Methods", "INLINE_MAX", "LINE_MAX", "ProgressCallback", "result_of", "progress_of"]

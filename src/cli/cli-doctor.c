@@ -2,6 +2,7 @@
  * what is missing. */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,99 +14,188 @@
 #include "util.h"
 
 static const char usage[] =
-	"Usage: capsule doctor\n"
+	"Usage: capsule doctor [--json]\n"
 	"\n"
 	"Print the QEMU version, the acceleration capsule would use and why, and\n"
 	"each protection of the jail QEMU runs in (active, or missing and why),\n"
-	"and whether the guest kernel, agent and initramfs are ready. Exits 1\n"
-	"when something needed to start a VM is missing.\n";
+	"whether the guest kernel, agent and initramfs are ready, and how many\n"
+	"images there are. Exits 1 when something needed to start a VM is missing.\n"
+	"  --json  one JSON object with each check as a field and \"ok\"\n"
+	"          (docs/cli.md, \"JSON output\"); the exit code is the same\n";
+
+static json_t *str_or_null(const char *s)
+{
+	return s ? json_string(s) : json_null();
+}
 
 int cap_cli_doctor(int argc, char **argv)
 {
-	if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-		fputs(usage, stdout);
-		return 0;
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool json = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (c == 'j') {
+			json = true;
+		} else {
+			fputs(usage, c == 'h' ? stdout : stderr);
+			return c == 'h' ? 0 : CAP_EXIT_USAGE;
+		}
 	}
-	if (argc > 1) {
-		cap_cli_error("doctor takes no arguments; see `capsule doctor --help`");
-		return 2;
+	if (optind != argc) {
+		cap_cli_error("doctor takes no arguments but --json; see `capsule doctor --help`");
+		return CAP_EXIT_USAGE;
 	}
+	/* Each check goes into o; the text is printed as it is found. */
+	FILE *t = json ? fopen("/dev/null", "w") : stdout;
+	if (!t) {
+		cap_cli_error("cannot open /dev/null: %s", strerror(errno));
+		return CAP_EXIT_FAILURE;
+	}
+	json_t *o = json_object();
 	int problems = 0;
 	struct cap_err err = { 0 };
 	_cleanup_free_ char *qemu = NULL;
 
-	printf("capsule %s (protocol v1)\n", CAPSULE_VERSION);
+	fprintf(t, "capsule %s (protocol v1)\n", CAPSULE_VERSION);
+	json_object_set_new(o, "version", json_string(CAPSULE_VERSION));
+	json_object_set_new(o, "protocol", json_integer(1));
 	if (cap_engine_version(&qemu, &err) < 0) {
-		printf("qemu:       MISSING: %s\n", err.msg);
+		fprintf(t, "qemu:       MISSING: %s\n", err.msg);
+		json_object_set_new(o, "qemu", json_pack("{s:b, s:n, s:s}", "ok", 0, "version", "error", err.msg));
 		problems++;
 	} else {
-		printf("qemu:       %s\n", qemu);
+		fprintf(t, "qemu:       %s\n", qemu);
+		json_object_set_new(o, "qemu", json_pack("{s:b, s:s, s:n}", "ok", 1, "version", qemu, "error"));
 	}
 
 	struct cap_accel_choice ac;
+	const char *isolation = NULL;
+	err = (struct cap_err){ 0 };
 	if (cap_engine_accel_choose(CAP_ACCEL_AUTO, &ac, &err) < 0) {
-		printf("accel:      REFUSED: %s\n", err.msg);
+		fprintf(t, "accel:      REFUSED: %s\n", err.msg);
+		json_object_set_new(o, "accel", json_pack("{s:b, s:n, s:n, s:s}", "ok", 0, "name", "reason",
+							  "error", err.msg));
 		problems++;
 	} else {
-		printf("accel:      %s (%s)\n", cap_engine_accel_name(ac.accel), ac.reason);
-		if (ac.accel == CAP_ACCEL_TCG)
-			printf("isolation:  WARNING: under TCG, QEMU's security policy does not treat the guest\n"
-			       "            as isolated (docs/system/security.rst, \"Non-virtualization Use\n"
-			       "            Case\"). Fine for development; on production hosts use KVM and set\n"
-			       "            CAPSULE_REQUIRE_KVM=1 so that capsule refuses to start without it.\n");
+		fprintf(t, "accel:      %s (%s)\n", cap_engine_accel_name(ac.accel), ac.reason);
+		json_object_set_new(o, "accel", json_pack("{s:b, s:s, s:s, s:n}", "ok", 1, "name",
+							  cap_engine_accel_name(ac.accel), "reason", ac.reason, "error"));
+		if (ac.accel == CAP_ACCEL_TCG) {
+			isolation = "under TCG, QEMU's security policy does not treat the guest as isolated "
+				    "(docs/system/security.rst, \"Non-virtualization Use Case\"); fine for "
+				    "development, on production hosts use KVM and set CAPSULE_REQUIRE_KVM=1";
+			fprintf(t, "isolation:  WARNING: under TCG, QEMU's security policy does not treat the guest\n"
+				   "            as isolated (docs/system/security.rst, \"Non-virtualization Use\n"
+				   "            Case\"). Fine for development; on production hosts use KVM and set\n"
+				   "            CAPSULE_REQUIRE_KVM=1 so that capsule refuses to start without it.\n");
+		}
 	}
+	bool kvm_dev = access("/dev/kvm", F_OK) == 0;
+	json_object_set_new(o, "kvm", json_pack("{s:s, s:b, s:b, s:b}", "device", "/dev/kvm", "present", kvm_dev,
+						"writable", kvm_dev && access("/dev/kvm", R_OK | W_OK) == 0, "used",
+						err.code == 0 && ac.accel == CAP_ACCEL_KVM));
+	json_object_set_new(o, "isolation_warning", str_or_null(isolation));
 
 	/* The jail: each protection, active or missing and why. */
 	struct cap_jail_check jc[CAP_JAIL_NCHECKS];
 	int missing = cap_jail_probe(jc);
 	const char *req = getenv("CAPSULE_REQUIRE_JAIL");
 	bool require = req && strcmp(req, "1") == 0;
-	printf("jail:       %s\n", missing == 0 ? "every QEMU runs confined (docs/architecture.md, \"The jail\")"
+	fprintf(t, "jail:       %s\n", missing == 0 ? "every QEMU runs confined (docs/architecture.md, \"The jail\")"
 	       : require ? "REFUSED: CAPSULE_REQUIRE_JAIL=1 and protections are missing; no VM will start"
 	       : "WARNING: protections are missing; VMs start without them (set CAPSULE_REQUIRE_JAIL=1 to refuse)");
-	for (int i = 0; i < CAP_JAIL_NCHECKS; i++)
-		printf("  %-22s %s: %s\n", jc[i].name, jc[i].active ? "active" : "MISSING", jc[i].detail);
+	json_t *checks = json_array();
+	for (int i = 0; i < CAP_JAIL_NCHECKS; i++) {
+		fprintf(t, "  %-22s %s: %s\n", jc[i].name, jc[i].active ? "active" : "MISSING", jc[i].detail);
+		json_array_append_new(checks, json_pack("{s:s, s:b, s:s}", "name", jc[i].name, "active",
+							jc[i].active, "detail", jc[i].detail));
+	}
+	json_object_set_new(o, "jail", json_pack("{s:b, s:b, s:o}", "ok", missing == 0 || !require, "required",
+						 require, "checks", checks));
 	if (missing && require)
 		problems++;
 
 	_cleanup_free_ char *cache = cap_cache_dir();
-	printf("cache:      %s\n", cache);
+	fprintf(t, "cache:      %s\n", cache);
+	json_object_set_new(o, "cache_dir", json_string(cache));
 
 	bool have;
 	_cleanup_free_ char *kernel = cap_store_kernel_path(&have);
+	char target[4096] = "";
 	if (have) {
-		char target[4096];
 		ssize_t n = readlink(kernel, target, sizeof(target) - 1);
-		if (n > 0)
-			target[n] = '\0';
-		printf("kernel:     cached: %s%s%s\n", kernel, n > 0 ? " -> " : "", n > 0 ? target : "");
+		target[n > 0 ? n : 0] = '\0';
+		fprintf(t, "kernel:     cached: %s%s%s\n", kernel, *target ? " -> " : "", target);
 	} else {
-		printf("kernel:     MISSING: %s; build it with `make kernel` (about 3 to 6 minutes, once)\n", kernel);
+		fprintf(t, "kernel:     MISSING: %s; build it with `make kernel` (about 3 to 6 minutes, once)\n", kernel);
 		problems++;
 	}
+	json_object_set_new(o, "kernel", json_pack("{s:s, s:b, s:o}", "path", kernel, "exists", have, "target",
+						   str_or_null(*target ? target : NULL)));
 
 	_cleanup_free_ char *agent = cap_store_agent_path(&have);
 	bool have_agent = have;
-	printf("agent:      %s: %s%s\n", have ? "present" : "MISSING", agent,
-	       have ? "" : "; build it with `make`");
+	fprintf(t, "agent:      %s: %s%s\n", have ? "present" : "MISSING", agent, have ? "" : "; build it with `make`");
+	json_object_set_new(o, "agent", json_pack("{s:s, s:b}", "path", agent, "exists", have));
 	problems += !have;
 
 	bool have_bb = access(CAP_BUSYBOX, X_OK) == 0;
-	printf("busybox:    %s: %s%s\n", have_bb ? "present" : "MISSING", CAP_BUSYBOX,
-	       have_bb ? "" : "; install busybox-static (scripts/bootstrap.sh)");
+	fprintf(t, "busybox:    %s: %s%s\n", have_bb ? "present" : "MISSING", CAP_BUSYBOX,
+		have_bb ? "" : "; install busybox-static (scripts/bootstrap.sh)");
+	json_object_set_new(o, "busybox", json_pack("{s:s, s:b}", "path", CAP_BUSYBOX, "exists", have_bb));
 	problems += !have_bb;
 
+	json_t *ird = json_null();
 	if (have_agent && have_bb) {
 		_cleanup_free_ char *initrd = NULL;
+		err = (struct cap_err){ 0 };
 		if (cap_store_initramfs_path(agent, CAP_BUSYBOX, &initrd, &err) < 0) {
-			printf("initramfs:  ERROR: %s\n", err.msg);
+			fprintf(t, "initramfs:  ERROR: %s\n", err.msg);
+			ird = json_pack("{s:n, s:b, s:s}", "path", "cached", 0, "error", err.msg);
 			problems++;
 		} else {
-			printf("initramfs:  %s: %s\n",
-			       access(initrd, R_OK) == 0 ? "cached" : "not packed yet (packed on the first run, under a second)",
-			       initrd);
+			bool cached = access(initrd, R_OK) == 0;
+			fprintf(t, "initramfs:  %s: %s\n",
+				cached ? "cached" : "not packed yet (packed on the first run, under a second)", initrd);
+			ird = json_pack("{s:s, s:b, s:n}", "path", initrd, "cached", cached, "error");
 		}
 	}
-	printf("%s\n", problems ? "status:     NOT READY (see MISSING above)" : "status:     ready");
+	json_object_set_new(o, "initramfs", ird);
+
+	/* Images: a count, and whether the base image new sandboxes use by
+	 * default is there (it is built on first use when not). */
+	struct cap_image *imgs = NULL, base;
+	size_t nimg = 0;
+	err = (struct cap_err){ 0 };
+	if (cap_store_image_list(&imgs, &nimg, &err) < 0) {
+		fprintf(t, "images:     ERROR: %s\n", err.msg);
+		json_object_set_new(o, "images", json_pack("{s:n, s:n, s:s}", "count", "base", "error", err.msg));
+	} else {
+		bool have_base = cap_store_image_find("base", &base, NULL) == 0;
+		if (have_base)
+			cap_image_fini(&base);
+		fprintf(t, "images:     %zu%s\n", nimg,
+			have_base ? " (base included)" : " (no base image yet: it is built on first use, or `capsule image build base`)");
+		json_object_set_new(o, "images", json_pack("{s:I, s:b, s:n}", "count", (json_int_t)nimg, "base",
+							   have_base, "error"));
+		for (size_t i = 0; i < nimg; i++)
+			cap_image_fini(&imgs[i]);
+		free(imgs);
+	}
+
+	fprintf(t, "%s\n", problems ? "status:     NOT READY (see MISSING above)" : "status:     ready");
+	json_object_set_new(o, "problems", json_integer(problems));
+	json_object_set_new(o, "ok", json_boolean(problems == 0));
+	if (json) {
+		fclose(t);
+		int rc = cap_cli_json_out(o);
+		return rc ? rc : problems ? 1 : 0;
+	}
+	json_decref(o);
 	return problems ? 1 : 0;
 }

@@ -1,34 +1,106 @@
-/* What the CLI prints besides errors: progress lines and JSON. */
+/* What the CLI prints besides errors: progress lines and JSON.
+ *
+ * Progress goes to stderr. On a terminal it is one line per phase, the
+ * last of which a helper program's lines (detail lines, proc.h) keep
+ * rewriting in place; anywhere else it is one plain line per phase and
+ * the detail lines are dropped, so that a log holds no carriage returns,
+ * no escape sequences and no debootstrap chatter. No colour is used
+ * (NO_COLOR has nothing to turn off). */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "proc.h"
 
 bool cap_cli_quiet;
 
-static bool progress_open;
+static bool progress_open;	/* a line on the terminal awaits its newline */
+static char phase[512];		/* the current phase line, as shown */
+static const char *phase_label;
+
+/* Whether stderr can take a line rewritten in place. */
+static bool live(void)
+{
+	static int tty = -1;
+	if (tty < 0) {
+		const char *term = getenv("TERM");
+		tty = isatty(2) && !(term && strcmp(term, "dumb") == 0);
+	}
+	return tty;
+}
+
+static int width(void)
+{
+	struct winsize ws;
+	if (ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20)
+		return ws.ws_col;
+	return 80;
+}
+
+/* Everything after a control character would move the cursor or worse. */
+static void printable(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = ' ';
+}
 
 void cap_cli_progress(void *ud, const char *line)
 {
 	const char *label = ud ? ud : "capsule";
 	if (cap_cli_quiet)
 		return;
-	if (isatty(2)) {
-		/* One line, rewritten in place, cut to a terminal width. */
-		fprintf(stderr, "\r\033[K%s: %.70s", label, line);
-		progress_open = true;
-	} else {
-		fprintf(stderr, "%s: %s\n", label, line);
+	bool detail = cap_progress_is_detail(line);
+	if (!live()) {
+		if (!detail) {
+			char s[4096];
+			snprintf(s, sizeof(s), "%s", line);
+			printable(s);
+			fprintf(stderr, "%s: %s\n", label, s);
+		}
+		return;
 	}
+	/* Cut to the terminal's width so that the line never wraps (a
+	 * wrapped line cannot be rewritten with one \r). */
+	char s[1024];
+	int w = width() - 1;
+	if (detail) {
+		while (*line == ' ')
+			line++;
+		snprintf(s, sizeof(s), "%s: %s: %s", label, phase, line);
+	} else {
+		if (progress_open)
+			fputc('\n', stderr);
+		snprintf(phase, sizeof(phase), "%s", line);
+		printable(phase);
+		phase_label = label;
+		snprintf(s, sizeof(s), "%s: %s", label, phase);
+	}
+	printable(s);
+	if ((int)strlen(s) > w)
+		s[w] = '\0';
+	fprintf(stderr, "\r\033[K%s", s);
+	progress_open = true;
 }
 
 void cap_cli_progress_end(void)
 {
-	if (progress_open)
-		fputc('\n', stderr);
+	if (progress_open) {
+		/* The phase stays on the screen, not its last detail. */
+		char s[1024];
+		snprintf(s, sizeof(s), "%s: %s", phase_label ? phase_label : "capsule", phase);
+		int w = width() - 1;
+		if ((int)strlen(s) > w)
+			s[w] = '\0';
+		fprintf(stderr, "\r\033[K%s\n", s);
+	}
 	progress_open = false;
+	phase[0] = '\0';
 }
 
 int cap_cli_json_out(struct json_t *v)

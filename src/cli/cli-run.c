@@ -15,6 +15,11 @@
 #include "store.h"
 #include "util.h"
 
+/* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
+ * to move into cli.h). */
+bool cap_cli_volume_refused(const char *arg);
+bool cap_cli_volume_flag(int argc, char **argv);
+
 static const char usage[] =
 	"Usage: capsule run [OPTIONS] -- COMMAND [ARG...]\n"
 	"\n"
@@ -46,7 +51,10 @@ static const char usage[] =
 	"  --console-log FILE  Keep the guest's serial console in FILE\n"
 	"  -q, --quiet         Do not print the acceleration note\n"
 	"  -v, --verbose       Say how the VM started (template restore or cold boot),\n"
-	"                      its network policy and route, and each connection\n"
+	"                      its network policy and route, and each connection.\n"
+	"                      Docker's -v HOST:GUEST is refused: capsule has no bind\n"
+	"                      mounts (use --source DIR, or a named sandbox with\n"
+	"                      --workspace DIR or `capsule cp`)\n"
 	"  -h, --help          Show this help\n"
 	"\n"
 	CAP_CLI_NET_HELP
@@ -85,6 +93,10 @@ int cap_cli_run(int argc, char **argv)
 	cap_sandbox_opts_init(&so);
 	cap_cli_exec_init(&x);
 	cap_net_policy_init(net);
+	if (cap_cli_volume_flag(argc, argv)) {
+		free(net);
+		return CAP_EXIT_USAGE;
+	}
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "+e:w:iqvh", opts, NULL)) != -1) {
 		if ((k = cap_cli_exec_opt(&x, c, optarg)) < 0 || (k == 0 && (k = cap_cli_net_opt(net, c, optarg)) < 0)) {
@@ -141,6 +153,10 @@ int cap_cli_run(int argc, char **argv)
 		free(net);
 		cap_cli_error("run needs a command: capsule run [OPTIONS] -- COMMAND [ARG...]");
 		return 2;
+	}
+	if (cap_cli_volume_refused(argv[optind])) {
+		free(net);
+		return CAP_EXIT_USAGE;
 	}
 	x.req.argv = argv + optind;
 	x.req.argc = (uint32_t)(argc - optind);

@@ -1,5 +1,6 @@
 /* Named sandboxes: create, start, stop, exec, shell, inspect, rm, ls. */
 #include <errno.h>
+#include <jansson.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
@@ -14,6 +15,11 @@
 #include "store.h"
 #include "tree.h"
 #include "util.h"
+
+/* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
+ * to move into cli.h). */
+bool cap_cli_volume_refused(const char *arg);
+bool cap_cli_volume_flag(int argc, char **argv);
 
 /* Parse "-h/--help" or complain about anything else, for verbs that take
  * only a name. Returns the name, or NULL after printing (*rc set). */
@@ -42,7 +48,7 @@ static const char create_usage[] =
 	"Usage: capsule create NAME [--image IMAGE] [--source DIR] [--cpus N]\n"
 	"                           [--memory MIB] [--root-size MIB] [--work-size MIB]\n"
 	"                           [--workspace DIR [--workspace-size MIB]]\n"
-	"                           [--force-size] [NETWORK FLAGS]\n"
+	"                           [--force-size] [-q] [NETWORK FLAGS]\n"
 	"\n"
 	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
 	"sha256:digest, default base) and a private /work disk that keeps its\n"
@@ -66,6 +72,10 @@ static const char create_usage[] =
 	"CAPSULE_HOME is (they are sparse). --force-size lifts the host's bounds.\n"
 	"A value out of bounds exits 2, naming the value and the bound.\n"
 	"The network policy is recorded; `capsule net set NAME` changes it.\n"
+	"Progress (building the base image on first use, copying a project) goes\n"
+	"to stderr: one updating line on a terminal, one line per phase elsewhere;\n"
+	"-q, --quiet prints none. Docker's -v HOST:GUEST is refused: capsule has\n"
+	"no bind mounts (use --source, --workspace or `capsule cp`).\n"
 	"\n"
 	CAP_CLI_NET_HELP;
 
@@ -85,6 +95,7 @@ int cap_cli_create(int argc, char **argv)
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
 		CAP_CLI_NET_OPTS,
+		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -96,8 +107,10 @@ int cap_cli_create(int argc, char **argv)
 
 	cap_record_init(&rec);
 	cap_net_policy_init(net);
+	if (cap_cli_volume_flag(argc, argv))
+		return CAP_EXIT_USAGE;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
 		const char *what = NULL;
 		unsigned *field = NULL;
 		if ((k = cap_cli_net_opt(net, c, optarg)) < 0)
@@ -133,6 +146,9 @@ int cap_cli_create(int argc, char **argv)
 		case CAP_OPT_FORCE_SIZE:
 			rec.force_size = true;
 			continue;
+		case 'q':
+			cap_cli_quiet = true;
+			continue;
 		case OPT_WORKSPACE_SIZE: what = "--workspace-size"; field = &rec.workspace_size_mib; break;
 		/* The bounds are the library's (cap_named_check_size). */
 		case CAP_OPT_CPUS: what = "--cpus"; field = &rec.cpus; break;
@@ -153,6 +169,9 @@ int cap_cli_create(int argc, char **argv)
 		*field = (unsigned)v;
 	}
 	if (optind != argc - 1) {
+		for (int i = optind; i < argc; i++)
+			if (cap_cli_volume_refused(argv[i]))
+				return CAP_EXIT_USAGE;
 		fputs(create_usage, stderr);
 		return 2;
 	}
@@ -324,6 +343,8 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 	int c, k;
 
 	cap_cli_exec_init(&x);
+	if (!shell && cap_cli_volume_flag(argc, argv))
+		return CAP_EXIT_USAGE;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, shell ? "+h" : "+e:w:iqh", opts, NULL)) != -1) {
 		if (!shell && (k = cap_cli_exec_opt(&x, c, optarg)) != 0) {
@@ -362,6 +383,8 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 			cap_cli_error("exec needs a command: capsule exec NAME -- COMMAND [ARG...]");
 			return 2;
 		}
+		if (cap_cli_volume_refused(argv[first]))
+			return CAP_EXIT_USAGE;
 		x.req.argv = argv + first;
 		x.req.argc = (uint32_t)(argc - first);
 	}
@@ -408,102 +431,256 @@ static void age(int64_t created, char *buf, size_t len)
 }
 
 /* Where a running QEMU is confined, read from /proc: its user and its
- * memory cgroup. Prints nothing when it cannot tell. */
-static void print_jail(pid_t qemu)
+ * memory cgroup. false when it cannot tell. */
+static bool read_jail(pid_t qemu, char *uid, size_t ulen, char *cgroup, size_t clen)
 {
-	char path[64], *status = NULL, *cg = NULL;
+	char path[64];
+	_cleanup_free_ char *status = NULL, *cg = NULL;
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)qemu);
-	if (cap_read_file(path, 1 << 16, &status) < 0) {
-		free(status);
-		return;
-	}
+	if (cap_read_file(path, 1 << 16, &status) < 0)
+		return false;
 	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)qemu);
 	if (cap_read_file(path, 1 << 16, &cg) < 0) {
 		free(cg);
 		cg = xstrdup("");
 	}
-	const char *uid = strstr(status, "\nUid:\t");
+	const char *u = strstr(status, "\nUid:\t");
 	const char *mem = strstr(cg, ":memory:");
 	if (!mem)
 		mem = strstr(cg, "0::");
-	if (uid)
-		printf("jail:       uid %.*s, cgroup %.*s\n", (int)strcspn(uid + 6, "\t\n"), uid + 6,
-		       mem ? (int)strcspn(mem + 1, "\n") : 1, mem ? mem + 1 : "-");
-	free(status);
-	free(cg);
+	if (!u)
+		return false;
+	snprintf(uid, ulen, "%.*s", (int)strcspn(u + 6, "\t\n"), u + 6);
+	snprintf(cgroup, clen, "%.*s", mem ? (int)strcspn(mem + 1, "\n") : 1, mem ? mem + 1 : "-");
+	return true;
+}
+
+static const char *state_name(enum cap_named_state s)
+{
+	return s == CAP_NAMED_RUNNING ? "running" : s == CAP_NAMED_PAUSED ? "paused" : "stopped";
+}
+
+/* What inspect shows of one sandbox, gathered once for its text and its
+ * JSON. */
+struct shown {
+	struct cap_record rec;
+	struct cap_named_status st;
+	struct cap_net_policy *owned_net;
+	char *owned_policy;	/* cap_net_policy_describe */
+	char *owned_dir;
+	bool jail;
+	char uid[64], cgroup[512];
+	bool ws_base;	/* the workspace's base manifest was read */
+	size_t ws_entries;
+	uint64_t ws_bytes;
+	char ws_error[1100];
+	const char *net_state;	/* NULL, or the "net state:" line */
+	char net_state_buf[256];
+};
+
+static void shown_fini(struct shown *s)
+{
+	free(s->owned_net);
+	free(s->owned_policy);
+	free(s->owned_dir);
+}
+
+static int shown_load(const char *name, struct shown *s, struct cap_err *err)
+{
+	memset(s, 0, sizeof(*s));
+	if (cap_named_load(name, &s->rec, err) < 0 || cap_named_status(name, &s->st, err) < 0)
+		return -1;
+	s->owned_net = xmalloc(sizeof(*s->owned_net));
+	if (cap_record_net(&s->rec, s->owned_net, err) < 0)
+		return -1;
+	s->owned_policy = cap_net_policy_describe(s->owned_net);
+	s->owned_dir = cap_named_dir(name);
+	if (s->st.state != CAP_NAMED_STOPPED)
+		s->jail = read_jail(s->st.qemu_pid, s->uid, sizeof(s->uid), s->cgroup, sizeof(s->cgroup));
+	if (s->rec.workspace[0]) {
+		struct cap_tree base;
+		struct cap_err e = { 0 };
+		if (cap_named_workspace_base(name, &base, &e) == 0) {
+			s->ws_base = true;
+			s->ws_entries = base.n;
+			s->ws_bytes = base.bytes;
+			cap_tree_fini(&base);
+		} else {
+			snprintf(s->ws_error, sizeof(s->ws_error), "%s", e.msg);
+		}
+	}
+	const struct cap_named_status *st = &s->st;
+	if (st->state != CAP_NAMED_STOPPED && st->network_error[0])
+		s->net_state = st->network_error;
+	else if (st->state != CAP_NAMED_STOPPED && st->nic != s->owned_net->enabled)
+		snprintf(s->net_state_buf, sizeof(s->net_state_buf),
+			 "the running VM %s; the policy above applies at its next start",
+			 st->nic ? "keeps its network interface, refusing everything" : "has no network interface");
+	else if (st->state != CAP_NAMED_STOPPED && st->nic)
+		snprintf(s->net_state_buf, sizeof(s->net_state_buf), "policy process pid %d", (int)st->netd_pid);
+	if (s->net_state_buf[0])
+		s->net_state = s->net_state_buf;
+	return 0;
+}
+
+static json_t *jstr_or_null(const char *s)
+{
+	return s && *s ? json_string(s) : json_null();
+}
+
+/* The JSON of one sandbox (docs/cli.md, "capsule inspect --json"). */
+static json_t *shown_json(const struct shown *s)
+{
+	const struct cap_record *r = &s->rec;
+	const struct cap_named_status *st = &s->st;
+	bool up = st->state != CAP_NAMED_STOPPED;
+	json_t *o = json_object();
+	json_object_set_new(o, "name", json_string(r->name));
+	json_object_set_new(o, "state", json_string(state_name(st->state)));
+	json_object_set_new(o, "shim_pid", up ? json_integer(st->shim_pid) : json_null());
+	json_object_set_new(o, "qemu_pid", up ? json_integer(st->qemu_pid) : json_null());
+	json_object_set_new(o, "jail", s->jail ? json_pack("{s:s, s:s}", "uid", s->uid, "cgroup", s->cgroup)
+					       : json_null());
+	json_object_set_new(o, "image", json_pack("{s:s, s:s}", "ref", r->image_ref, "digest", r->image));
+	json_object_set_new(o, "cpus", json_integer(r->cpus));
+	json_object_set_new(o, "memory_mib", json_integer(r->memory_mib));
+	json_object_set_new(o, "root_size_mib", json_integer(r->root_size_mib));
+	json_object_set_new(o, "work_size_mib", json_integer(r->work_size_mib));
+	json_object_set_new(o, "disk_bytes", json_integer((json_int_t)st->disk_bytes));
+	json_object_set_new(o, "source", r->source[0] ? json_pack("{s:s, s:I, s:I, s:s}", "path", r->source,
+			    "entries", (json_int_t)r->source_entries, "bytes", (json_int_t)r->source_bytes,
+			    "fingerprint", r->source_fp) : json_null());
+	if (r->workspace[0]) {
+		json_t *ws = json_pack("{s:s, s:I}", "path", r->workspace, "size_mib", (json_int_t)r->workspace_size_mib);
+		json_object_set_new(ws, "base", s->ws_base ? json_pack("{s:I, s:I}", "entries", (json_int_t)s->ws_entries,
+						"bytes", (json_int_t)s->ws_bytes) : json_null());
+		json_object_set_new(ws, "base_error", jstr_or_null(s->ws_error));
+		json_object_set_new(o, "workspace", ws);
+	} else {
+		json_object_set_new(o, "workspace", json_null());
+	}
+	char **words;
+	size_t nw;
+	cap_net_policy_words(s->owned_net, &words, &nw);
+	json_t *flags = json_array();
+	for (size_t i = 0; i < nw; i++) {
+		json_array_append_new(flags, json_string(words[i]));
+		free(words[i]);
+	}
+	free(words);
+	json_t *net = json_object();
+	json_object_set_new(net, "enabled", json_boolean(s->owned_net->enabled));
+	json_object_set_new(net, "policy", json_string(s->owned_policy));
+	json_object_set_new(net, "flags", flags);
+	json_object_set_new(net, "route", s->owned_net->enabled ? json_string(cap_cli_net_route()) : json_null());
+	json_object_set_new(net, "nic", up ? json_boolean(st->nic) : json_null());
+	json_object_set_new(net, "policy_pid", up && st->nic && st->netd_pid > 0 ? json_integer(st->netd_pid)
+										: json_null());
+	json_object_set_new(net, "error", up ? jstr_or_null(st->network_error) : json_null());
+	json_object_set_new(net, "state", jstr_or_null(s->net_state));
+	json_object_set_new(o, "network", net);
+	json_object_set_new(o, "directory", json_string(s->owned_dir));
+	json_object_set_new(o, "created", json_integer(r->created));
+	return o;
 }
 
 static const char inspect_usage[] =
-	"Usage: capsule inspect NAME\n\nShow the sandbox's settings, state, image and disks.\n";
+	"Usage: capsule inspect [--json] NAME\n\n"
+	"Show the sandbox's settings, state, image and disks.\n"
+	"  --json  one JSON object (docs/cli.md, \"JSON output\")\n";
+
+/* Parse "[--json] NAME" (and -h): the name, or NULL after printing with
+ * *rc set. */
+static const char *json_name(int argc, char **argv, const char *usage, bool *json, int *rc)
+{
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	int c;
+	*json = false;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (c == 'j') {
+			*json = true;
+		} else {
+			fputs(usage, c == 'h' ? stdout : stderr);
+			*rc = c == 'h' ? 0 : CAP_EXIT_USAGE;
+			return NULL;
+		}
+	}
+	if (optind != argc - 1) {
+		fputs(usage, stderr);
+		*rc = CAP_EXIT_USAGE;
+		return NULL;
+	}
+	return argv[optind];
+}
 
 int cap_cli_inspect(int argc, char **argv)
 {
 	int rc;
-	const char *name = one_name(argc, argv, inspect_usage, &rc);
+	bool json;
+	const char *name = json_name(argc, argv, inspect_usage, &json, &rc);
 	struct cap_err err = { 0 };
-	struct cap_record rec;
-	struct cap_named_status st;
+	struct shown s;
 	if (!name)
 		return rc;
-	if (cap_named_load(name, &rec, &err) < 0 || cap_named_status(name, &st, &err) < 0)
+	if (shown_load(name, &s, &err) < 0) {
+		shown_fini(&s);
 		return fail(&err);
-	_cleanup_free_ char *dir = cap_named_dir(name);
-	char used[32];
-	human(st.disk_bytes, used, sizeof(used));
-	printf("name:       %s\n", rec.name);
-	printf("state:      %s\n", st.state == CAP_NAMED_RUNNING ? "running" :
-				    st.state == CAP_NAMED_PAUSED ? "paused" : "stopped");
-	if (st.state != CAP_NAMED_STOPPED) {
-		printf("processes:  shim %d, qemu %d\n", (int)st.shim_pid, (int)st.qemu_pid);
-		print_jail(st.qemu_pid);
 	}
-	printf("image:      %s (%s)\n", rec.image_ref, rec.image);
-	printf("cpus:       %u\n", rec.cpus);
-	printf("memory:     %u MiB\n", rec.memory_mib);
-	printf("root disk:  %u MiB (writable layer over the image)\n", rec.root_size_mib);
-	printf("work disk:  %u MiB (/work)\n", rec.work_size_mib);
+	if (json) {
+		rc = cap_cli_json_out(shown_json(&s));
+		shown_fini(&s);
+		return rc;
+	}
+	const struct cap_record *r = &s.rec;
+	char used[32];
+	human(s.st.disk_bytes, used, sizeof(used));
+	printf("name:       %s\n", r->name);
+	printf("state:      %s\n", state_name(s.st.state));
+	if (s.st.state != CAP_NAMED_STOPPED) {
+		printf("processes:  shim %d, qemu %d\n", (int)s.st.shim_pid, (int)s.st.qemu_pid);
+		if (s.jail)
+			printf("jail:       uid %s, cgroup %s\n", s.uid, s.cgroup);
+	}
+	printf("image:      %s (%s)\n", r->image_ref, r->image);
+	printf("cpus:       %u\n", r->cpus);
+	printf("memory:     %u MiB\n", r->memory_mib);
+	printf("root disk:  %u MiB (writable layer over the image)\n", r->root_size_mib);
+	printf("work disk:  %u MiB (/work)\n", r->work_size_mib);
 	printf("disk use:   %s on the host\n", used);
-	if (rec.source[0]) {
-		printf("source:     %s\n", rec.source);
+	if (r->source[0]) {
+		printf("source:     %s\n", r->source);
 		printf("projection: %llu entries, %llu bytes, fingerprint %s\n",
-		       (unsigned long long)rec.source_entries, (unsigned long long)rec.source_bytes,
-		       rec.source_fp);
+		       (unsigned long long)r->source_entries, (unsigned long long)r->source_bytes, r->source_fp);
 	} else {
 		printf("source:     none (/source is empty)\n");
 	}
-	if (rec.workspace[0]) {
-		struct cap_tree base;
-		printf("workspace:  %s (merge target)\n", rec.workspace);
-		printf("ws disk:    %u MiB (/workspace)\n", rec.workspace_size_mib);
-		if (cap_named_workspace_base(name, &base, &err) == 0) {
+	if (r->workspace[0]) {
+		printf("workspace:  %s (merge target)\n", r->workspace);
+		printf("ws disk:    %u MiB (/workspace)\n", r->workspace_size_mib);
+		if (s.ws_base)
 			printf("ws base:    %zu entries, %llu bytes (what /workspace and the project last agreed on)\n",
-			       base.n, (unsigned long long)base.bytes);
-			cap_tree_fini(&base);
-		} else {
-			printf("ws base:    unreadable: %s\n", err.msg);
-		}
+			       s.ws_entries, (unsigned long long)s.ws_bytes);
+		else
+			printf("ws base:    unreadable: %s\n", s.ws_error);
 	} else {
 		printf("workspace:  none\n");
 	}
-	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
-	if (cap_record_net(&rec, net, &err) < 0)
-		return fail(&err);
-	_cleanup_free_ char *policy = cap_net_policy_describe(net);
-	printf("network:    %s\n", policy);
-	if (net->enabled)
+	printf("network:    %s\n", s.owned_policy);
+	if (s.owned_net->enabled)
 		printf("route:      %s\n", cap_cli_net_route());
-	if (st.state != CAP_NAMED_STOPPED && st.network_error[0])
-		printf("net state:  %s\n", st.network_error);
-	else if (st.state != CAP_NAMED_STOPPED && st.nic != net->enabled)
-		printf("net state:  the running VM %s; the policy above applies at its next start\n",
-		       st.nic ? "keeps its network interface, refusing everything" : "has no network interface");
-	else if (st.state != CAP_NAMED_STOPPED && st.nic)
-		printf("net state:  policy process pid %d\n", (int)st.netd_pid);
-	printf("directory:  %s\n", dir);
-	time_t t = (time_t)rec.created;
+	if (s.net_state)
+		printf("net state:  %s\n", s.net_state);
+	printf("directory:  %s\n", s.owned_dir);
+	time_t t = (time_t)r->created;
 	char when[64];
 	strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S %Z", localtime(&t));
 	printf("created:    %s\n", when);
+	shown_fini(&s);
 	return 0;
 }
 
@@ -529,37 +706,65 @@ int cap_cli_rm(int argc, char **argv)
 	return 0;
 }
 
+static const char ls_usage[] =
+	"Usage: capsule ls [--json]\n\n"
+	"List sandboxes: name, image, state, disk use, age.\n"
+	"  --json  an array of the objects `capsule inspect --json` prints, and\n"
+	"          {\"name\", \"state\": \"broken\", \"error\"} for a sandbox that\n"
+	"          cannot be read (docs/cli.md, \"JSON output\")\n";
+
 int cap_cli_ls(int argc, char **argv)
 {
-	if (argc > 1) {
-		if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-			puts("Usage: capsule ls\n\nList sandboxes: name, image, state, disk use, age.");
-			return 0;
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool json = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (c == 'j') {
+			json = true;
+		} else {
+			fputs(ls_usage, c == 'h' ? stdout : stderr);
+			return c == 'h' ? 0 : CAP_EXIT_USAGE;
 		}
-		cap_cli_error("ls takes no arguments");
-		return 2;
+	}
+	if (optind != argc) {
+		cap_cli_error("ls takes no arguments but --json; see `capsule ls --help`");
+		return CAP_EXIT_USAGE;
 	}
 	char **names;
 	size_t n;
 	cap_named_list(&names, &n);
-	printf("%-24s %-16s %-8s %8s %6s\n", "NAME", "IMAGE", "STATE", "DISK", "AGE");
+	json_t *all = json ? json_array() : NULL;
+	if (!json)
+		printf("%-24s %-16s %-8s %8s %6s\n", "NAME", "IMAGE", "STATE", "DISK", "AGE");
 	for (size_t i = 0; i < n; i++) {
-		struct cap_record rec;
-		struct cap_named_status st;
-		if (cap_named_load(names[i], &rec, NULL) == 0 && cap_named_status(names[i], &st, NULL) == 0) {
-			char used[32], a[32];
-			human(st.disk_bytes, used, sizeof(used));
-			age(rec.created, a, sizeof(a));
-			printf("%-24s %-16s %-8s %8s %6s\n", rec.name, rec.image_ref,
-			       st.state == CAP_NAMED_RUNNING ? "running" :
-			       st.state == CAP_NAMED_PAUSED ? "paused" : "stopped", used, a);
+		struct shown s;
+		struct cap_err err = { 0 };
+		if (shown_load(names[i], &s, &err) == 0) {
+			if (json) {
+				json_array_append_new(all, shown_json(&s));
+			} else {
+				char used[32], a[32];
+				human(s.st.disk_bytes, used, sizeof(used));
+				age(s.rec.created, a, sizeof(a));
+				printf("%-24s %-16s %-8s %8s %6s\n", s.rec.name, s.rec.image_ref, state_name(s.st.state),
+				       used, a);
+			}
+		} else if (json) {
+			json_array_append_new(all, json_pack("{s:s, s:s, s:s}", "name", names[i], "state", "broken",
+							     "error", err.msg));
 		} else {
 			printf("%-24s %-16s %-8s %8s %6s\n", names[i], "?", "broken", "-", "-");
 		}
+		shown_fini(&s);
 		free(names[i]);
 	}
 	free(names);
-	return 0;
+	return json ? cap_cli_json_out(all) : 0;
 }
 
 /* capsule shim --ready-fd=N NAME: internal, started by `start` (and by the

@@ -1,6 +1,7 @@
 /* Running one command in a sandbox from the terminal: the options shared
  * by run, exec and shell, and the loop that streams output, forwards
  * stdin, signals and window size, and reports how the command ended. */
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,6 +15,59 @@
 
 #include "cli.h"
 #include "util.h"
+
+/* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
+ * to move into cli.h). */
+bool cap_cli_volume_refused(const char *arg);
+bool cap_cli_volume_flag(int argc, char **argv);
+
+/* Whether s reads as a Docker volume, HOST:GUEST with an absolute GUEST:
+ * "/a:/b", "./x:/y", "~/x:/y", "name:/path" (not "http://host"). */
+static bool volume_like(const char *s)
+{
+	const char *colon = strchr(s, ':');
+	if (!colon || colon == s || colon[1] != '/' || colon[2] == '/')
+		return false;
+	if (s[0] == '/' || s[0] == '.' || s[0] == '~')
+		return true;
+	for (const char *p = s; p < colon; p++)
+		if (!(isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.'))
+			return false;
+	return true;
+}
+
+#define NO_MOUNTS \
+	"capsule has no bind mounts: a guest never sees a host directory. Instead: --source DIR " \
+	"for read-only public data at /source, --workspace DIR (capsule create) for a private copy " \
+	"of a project at /workspace that `capsule diff` and `capsule merge` bring back, or " \
+	"`capsule cp` to copy files in and out"
+
+bool cap_cli_volume_refused(const char *arg)
+{
+	if (!arg || !volume_like(arg))
+		return false;
+	cap_cli_error("'%s' looks like a Docker volume (-v HOST:GUEST); " NO_MOUNTS, arg);
+	return true;
+}
+
+bool cap_cli_volume_flag(int argc, char **argv)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+		const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
+		const char *eq = strchr(a, '=');
+		if (strcmp(a, "--volume") == 0 || strcmp(a, "--mount") == 0 ||
+		    strncmp(a, "--volume=", 9) == 0 || strncmp(a, "--mount=", 8) == 0) {
+			if (!cap_cli_volume_refused(eq ? eq + 1 : next))
+				cap_cli_error("%s: " NO_MOUNTS, a);
+			return true;
+		}
+		if (strcmp(a, "-v") == 0 && cap_cli_volume_refused(next))
+			return true;
+		if (strncmp(a, "-v", 2) == 0 && a[2] && cap_cli_volume_refused(a + 2))
+			return true;
+	}
+	return false;
+}
 
 void cap_cli_exec_init(struct cap_cli_exec *x)
 {

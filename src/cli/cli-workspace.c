@@ -129,13 +129,9 @@ static char change_letter(enum cap_tree_change_kind k)
 	}
 }
 
-static void print_json(const char *name, const struct cap_tree_change *ch, size_t n)
+static int print_json(const char *name, const struct cap_tree_change *ch, size_t n)
 {
-	json_t *j = cap_rpc_diff_json(name, ch, n);
-	char *text = json_dumps(j, JSON_INDENT(2));
-	json_decref(j);
-	puts(text);
-	free(text);
+	return cap_cli_json_out(cap_rpc_diff_json(name, ch, n));
 }
 
 static void print_lines(const struct cap_tree_change *ch, size_t n)
@@ -405,16 +401,18 @@ int cap_cli_diff(int argc, char **argv)
 	}
 	if (cap_cli_attach(name, &sb, &err) < 0 || cap_workspace_diff(name, sb, &base, &now, &ch, &n, &err) < 0)
 		goto out;
-	if (json)
-		print_json(name, ch, n);
-	else if (patch && print_patch(name, &rec, sb, ch, n, &err) < 0)
+	if (json) {
+		if (print_json(name, ch, n) != 0)
+			goto out;	/* said by cap_cli_json_out; err stays empty */
+	} else if (patch && print_patch(name, &rec, sb, ch, n, &err) < 0) {
 		goto out;
-	else if (!patch)
+	} else if (!patch) {
 		print_lines(ch, n);
+	}
 	print_summary(name, ch, n);
 	rc = 0;
 out:
-	if (rc)
+	if (rc && err.msg[0])
 		cap_cli_error("%s", err.msg);
 	free(ch);
 	cap_tree_fini(&base);

@@ -110,6 +110,16 @@ int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 			   WTERMSIG(status), out);
 }
 
+void cap_progress_relay_line(void *relay, const char *line)
+{
+	const struct cap_progress_relay *r = relay;
+	if (!r->fn)
+		return;
+	/* Lines of any length pass whole: the front end cuts them. */
+	_cleanup_free_ char *d = xasprintf(CAP_PROGRESS_DETAIL "%s", line);
+	r->fn(r->ud, d);
+}
+
 void cap_child_keep_fd3(int fd)
 {
 	if (fd != 3) {

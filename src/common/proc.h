@@ -3,14 +3,46 @@
 #ifndef CAP_PROC_H
 #define CAP_PROC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "buf.h"
 #include "err.h"
 
-/* Called for each line the program prints (stdout and stderr merged),
- * without the newline. line is borrowed for the call. */
+/* Progress of long work, one line at a time, without the newline; line
+ * is borrowed for the call. cap_run calls it for each line the program
+ * prints (stdout and stderr merged), as they are.
+ *
+ * Progress lines that go to a front end come in two kinds:
+ * - a phase line says what the work is doing now ("staging the busybox
+ *   root", "copying the project into /workspace"); it never starts with
+ *   a space;
+ * - a detail line is one line of a helper program's output (debootstrap,
+ *   mkfs) during the current phase: CAP_PROGRESS_DETAIL then the line.
+ * A front end shows detail lines only where it can overwrite them (one
+ * updating line on a terminal) and drops them elsewhere: a failure's
+ * error already carries the program's last lines (cap_run). One that
+ * knows nothing of this convention still prints something readable:
+ * the details indented under their phase. */
 typedef void (*cap_progress_fn)(void *ud, const char *line);
+
+#define CAP_PROGRESS_DETAIL "  "
+
+/* Whether line is a detail line (its text follows the marker). */
+static inline bool cap_progress_is_detail(const char *line)
+{
+	return line[0] == ' ' && line[1] == ' ';
+}
+
+/* Where cap_run sends a helper program's lines as detail lines: to fn
+ * with ud, each prefixed by CAP_PROGRESS_DETAIL. Pass
+ * cap_progress_relay_line as cap_run's progress and the relay as its
+ * ud; a relay with fn NULL drops them. */
+struct cap_progress_relay {
+	cap_progress_fn fn;
+	void *ud;
+};
+void cap_progress_relay_line(void *relay, const char *line);
 
 /* Run argv (argv[0] looked up in PATH) with stdin from /dev/null. 0 when
  * it exits 0; otherwise -errno with err naming the program, how it ended

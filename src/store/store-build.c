@@ -194,7 +194,9 @@ static int stage_python(const char *root, cap_progress_fn progress, void *ud,
 		snprintf(msg, sizeof(msg), "debootstrap --variant=minbase %s from %s (about a minute)", suite, mirror);
 		progress(ud, msg);
 	}
-	if ((r = cap_run(argv, progress, ud, err)) < 0)
+	/* debootstrap's own lines are details of this one phase. */
+	struct cap_progress_relay relay = { progress, ud };
+	if ((r = cap_run(argv, cap_progress_relay_line, &relay, err)) < 0)
 		return r;
 	/* Package caches are not part of a root file system. */
 	static const char *const caches[] = { "var/cache/apt/archives", "var/lib/apt/lists" };

@@ -17,8 +17,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from serve_client import Client  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python", "src"))
+from capsule_client import Connection  # noqa: E402  (the bare wire: send now, read answers as they come)
 
 capsule = os.path.abspath(sys.argv[1])
 runs = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -39,7 +39,7 @@ def start_server(*extra):
         if p.poll() is not None:
             raise RuntimeError(f"capsule serve exited with {p.returncode}")
         try:
-            Client(sock).close()
+            Connection(sock).close()
             return p
         except OSError:
             time.sleep(0.05)
@@ -113,8 +113,8 @@ def refresh_row(rounds, idle_per_round=30):
     sample among the dozens taken while src boots, and the median would not
     see it. The schedule is ten times quiet's own latency, so the calls
     queued behind a stall drain quickly and add little of their own."""
-    c = Client(sock)
-    kb = Client(sock)
+    c = Connection(sock)
+    kb = Connection(sock)
     timed(kb, "src")        # creates src with the projection
     timed(c, "quiet")       # restarts quiet (stopped by the last server)
     interval = max(0.02, 10 * statistics.median(timed(c, "quiet") for _ in range(20)) / 1000)
@@ -157,7 +157,7 @@ def refresh_row(rounds, idle_per_round=30):
 
 
 try:
-    c = Client(sock)
+    c = Connection(sock)
     timed(c, "w")
     warm = statistics.median(timed(c, "w") for _ in range(max(runs, 20)))
     resume, restart, fresh = [], [], []
@@ -180,7 +180,7 @@ try:
         timed(c, p)
 
     def worker(peer, count):
-        k = Client(sock)
+        k = Connection(sock)
         for _ in range(count):
             timed(k, peer)
         k.close()

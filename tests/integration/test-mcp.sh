@@ -78,7 +78,8 @@ check "no agent identity: refused with a message, nothing on stdout" '[ $? -ne 0
 # The network policy (docs/network.md): "network" in --config, flags
 # replacing it as a whole. Alone on its home, mcp runs the controller and
 # listens on the home's socket, whose "info" reports the policy: no VM.
-client=$(cd "$(dirname "$0")/.." && pwd)/serve_client.py
+# The Python client's command line (clients/python): prints the result.
+pyclient=$(cd "$(dirname "$0")/../.." && pwd)/clients/python/src
 # mcp_info ARGS...: start mcp with ARGS, print the home controller's info
 # "network" as one line of JSON (or "none: WHY"), then close its stdin.
 mcp_info() {
@@ -88,8 +89,8 @@ mcp_info() {
 	mpid=$!
 	exec 3>"$rt/in"
 	if wait_for '[ -S "$CAPSULE_HOME/serve.sock" ]' 100; then
-		timeout 20 python3 "$client" "$CAPSULE_HOME/serve.sock" info |
-			python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["result"]["network"]))' 2>&1
+		PYTHONPATH="$pyclient" timeout 20 python3 -m capsule_client "$CAPSULE_HOME/serve.sock" info |
+			python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["network"]))' 2>&1
 	else
 		echo "none: no socket"
 	fi

@@ -24,8 +24,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from serve_client import Client  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
+from capsule_client import Connection  # noqa: E402  (the bare wire: these tests speak the protocol itself)
 
 CAPSULE = os.path.abspath(sys.argv[1])
 RT = tempfile.mkdtemp(prefix="cs.", dir="/tmp")
@@ -99,14 +99,14 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"capsule serve exited with {self.proc.returncode}")
             try:
-                Client(sock, timeout=5).close()
+                Connection(sock, timeout=5).close()
                 return
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("capsule serve did not start")
 
     def client(self, timeout=90):
-        return Client(self.sock, timeout=timeout)
+        return Connection(self.sock, timeout=timeout)
 
     def term(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -438,7 +438,7 @@ def main():
 
     # --- protocol ------------------------------------------------------------------
     c.send_raw(b'{"jsonrpc": "2.0", "id": 9, "method": \n')
-    e1 = wait_answer(c, 9, 10)     # serve_client returns the id-null error
+    e1 = wait_answer(c, 9, 10)     # Connection returns the id-null error
     e2 = call(c, "no.such.method", {})
     e3 = call(c, "exec", {"argv": ["true"]})
     ok(e1.get("error", {}).get("code") == -32700 and e2["error"]["code"] == -32601 and
@@ -487,7 +487,7 @@ def main():
     for _ in range(512):
         many.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
         many[-1].connect(SOCK)
-    extra = Client(SOCK, timeout=10)
+    extra = Connection(SOCK, timeout=10)
     try:
         over = extra.read()
     except (EOFError, OSError) as e:

@@ -188,16 +188,16 @@ class DiffResult(_Result):
 
 @dataclass
 class MergeResult(_Result):
-    """`merge` (or what it would do, with dry_run)."""
+    """`merge` (or what it would do, with dry_run): counts of each kind."""
     sandbox: Optional[str] = None
     into: Optional[str] = None
     dry_run: bool = False
-    written: List[str] = field(default_factory=list)
-    removed: List[str] = field(default_factory=list)
-    created: List[str] = field(default_factory=list)
-    chmod: List[str] = field(default_factory=list)
-    links: List[str] = field(default_factory=list)
-    git_left_out: List[str] = field(default_factory=list)
+    written: int = 0            # how many files were (or would be) written
+    removed: int = 0
+    created: int = 0            # directories
+    chmod: int = 0
+    links: int = 0
+    git_left_out: int = 0       # changes inside a .git directory, never merged
     raw: Dict[str, Any] = _raw()
 
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "jsonrpc.h"
 #include "engine.h"
 #include "paths.h"
 #include "store.h"
@@ -25,7 +26,7 @@ static const char usage[] =
 
 static json_t *str_or_null(const char *s)
 {
-	return s ? json_string(s) : json_null();
+	return s ? cap_json_text(s) : json_null();
 }
 
 int cap_cli_doctor(int argc, char **argv)
@@ -66,11 +67,11 @@ int cap_cli_doctor(int argc, char **argv)
 	json_object_set_new(o, "protocol", json_integer(1));
 	if (cap_engine_version(&qemu, &err) < 0) {
 		fprintf(t, "qemu:       MISSING: %s\n", err.msg);
-		json_object_set_new(o, "qemu", json_pack("{s:b, s:n, s:s}", "ok", 0, "version", "error", err.msg));
+		json_object_set_new(o, "qemu", json_pack("{s:b, s:n, s:o}", "ok", 0, "version", "error", cap_json_text(err.msg)));
 		problems++;
 	} else {
 		fprintf(t, "qemu:       %s\n", qemu);
-		json_object_set_new(o, "qemu", json_pack("{s:b, s:s, s:n}", "ok", 1, "version", qemu, "error"));
+		json_object_set_new(o, "qemu", json_pack("{s:b, s:o, s:n}", "ok", 1, "version", cap_json_text(qemu), "error"));
 	}
 
 	struct cap_accel_choice ac;
@@ -78,13 +79,13 @@ int cap_cli_doctor(int argc, char **argv)
 	err = (struct cap_err){ 0 };
 	if (cap_engine_accel_choose(CAP_ACCEL_AUTO, &ac, &err) < 0) {
 		fprintf(t, "accel:      REFUSED: %s\n", err.msg);
-		json_object_set_new(o, "accel", json_pack("{s:b, s:n, s:n, s:s}", "ok", 0, "name", "reason",
-							  "error", err.msg));
+		json_object_set_new(o, "accel", json_pack("{s:b, s:n, s:n, s:o}", "ok", 0, "name", "reason",
+							  "error", cap_json_text(err.msg)));
 		problems++;
 	} else {
 		fprintf(t, "accel:      %s (%s)\n", cap_engine_accel_name(ac.accel), ac.reason);
-		json_object_set_new(o, "accel", json_pack("{s:b, s:s, s:s, s:n}", "ok", 1, "name",
-							  cap_engine_accel_name(ac.accel), "reason", ac.reason, "error"));
+		json_object_set_new(o, "accel", json_pack("{s:b, s:s, s:o, s:n}", "ok", 1, "name",
+							  cap_engine_accel_name(ac.accel), "reason", cap_json_text(ac.reason), "error"));
 		if (ac.accel == CAP_ACCEL_TCG) {
 			isolation = "under TCG, QEMU's security policy does not treat the guest as isolated "
 				    "(docs/system/security.rst, \"Non-virtualization Use Case\"); fine for "
@@ -112,8 +113,8 @@ int cap_cli_doctor(int argc, char **argv)
 	json_t *checks = json_array();
 	for (int i = 0; i < CAP_JAIL_NCHECKS; i++) {
 		fprintf(t, "  %-22s %s: %s\n", jc[i].name, jc[i].active ? "active" : "MISSING", jc[i].detail);
-		json_array_append_new(checks, json_pack("{s:s, s:b, s:s}", "name", jc[i].name, "active",
-							jc[i].active, "detail", jc[i].detail));
+		json_array_append_new(checks, json_pack("{s:s, s:b, s:o}", "name", jc[i].name, "active",
+							jc[i].active, "detail", cap_json_text(jc[i].detail)));
 	}
 	json_object_set_new(o, "jail", json_pack("{s:b, s:b, s:o}", "ok", missing == 0 || !require, "required",
 						 require, "checks", checks));
@@ -122,7 +123,7 @@ int cap_cli_doctor(int argc, char **argv)
 
 	_cleanup_free_ char *cache = cap_cache_dir();
 	fprintf(t, "cache:      %s\n", cache);
-	json_object_set_new(o, "cache_dir", json_string(cache));
+	json_object_set_new(o, "cache_dir", cap_json_text(cache));
 
 	bool have;
 	_cleanup_free_ char *kernel = cap_store_kernel_path(&have);
@@ -135,13 +136,13 @@ int cap_cli_doctor(int argc, char **argv)
 		fprintf(t, "kernel:     MISSING: %s; build it with `make kernel` (about 3 to 6 minutes, once)\n", kernel);
 		problems++;
 	}
-	json_object_set_new(o, "kernel", json_pack("{s:s, s:b, s:o}", "path", kernel, "exists", have, "target",
+	json_object_set_new(o, "kernel", json_pack("{s:o, s:b, s:o}", "path", cap_json_text(kernel), "exists", have, "target",
 						   str_or_null(*target ? target : NULL)));
 
 	_cleanup_free_ char *agent = cap_store_agent_path(&have);
 	bool have_agent = have;
 	fprintf(t, "agent:      %s: %s%s\n", have ? "present" : "MISSING", agent, have ? "" : "; build it with `make`");
-	json_object_set_new(o, "agent", json_pack("{s:s, s:b}", "path", agent, "exists", have));
+	json_object_set_new(o, "agent", json_pack("{s:o, s:b}", "path", cap_json_text(agent), "exists", have));
 	problems += !have;
 
 	bool have_bb = access(CAP_BUSYBOX, X_OK) == 0;
@@ -156,13 +157,13 @@ int cap_cli_doctor(int argc, char **argv)
 		err = (struct cap_err){ 0 };
 		if (cap_store_initramfs_path(agent, CAP_BUSYBOX, &initrd, &err) < 0) {
 			fprintf(t, "initramfs:  ERROR: %s\n", err.msg);
-			ird = json_pack("{s:n, s:b, s:s}", "path", "cached", 0, "error", err.msg);
+			ird = json_pack("{s:n, s:b, s:o}", "path", "cached", 0, "error", cap_json_text(err.msg));
 			problems++;
 		} else {
 			bool cached = access(initrd, R_OK) == 0;
 			fprintf(t, "initramfs:  %s: %s\n",
 				cached ? "cached" : "not packed yet (packed on the first run, under a second)", initrd);
-			ird = json_pack("{s:s, s:b, s:n}", "path", initrd, "cached", cached, "error");
+			ird = json_pack("{s:o, s:b, s:n}", "path", cap_json_text(initrd), "cached", cached, "error");
 		}
 	}
 	json_object_set_new(o, "initramfs", ird);
@@ -174,7 +175,7 @@ int cap_cli_doctor(int argc, char **argv)
 	err = (struct cap_err){ 0 };
 	if (cap_store_image_list(&imgs, &nimg, &err) < 0) {
 		fprintf(t, "images:     ERROR: %s\n", err.msg);
-		json_object_set_new(o, "images", json_pack("{s:n, s:n, s:s}", "count", "base", "error", err.msg));
+		json_object_set_new(o, "images", json_pack("{s:n, s:n, s:o}", "count", "base", "error", cap_json_text(err.msg)));
 	} else {
 		bool have_base = cap_store_image_find("base", &base, NULL) == 0;
 		if (have_base)

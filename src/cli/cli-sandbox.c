@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "controller.h"
+#include "jsonrpc.h"
 #include "named.h"
 #include "serve.h"
 #include "store.h"
@@ -525,7 +526,7 @@ static int shown_load(const char *name, struct shown *s, struct cap_err *err)
 
 static json_t *jstr_or_null(const char *s)
 {
-	return s && *s ? json_string(s) : json_null();
+	return s && *s ? cap_json_text(s) : json_null();
 }
 
 /* The JSON of one sandbox (docs/cli.md, "capsule inspect --json"). */
@@ -535,23 +536,23 @@ static json_t *shown_json(const struct shown *s)
 	const struct cap_named_status *st = &s->st;
 	bool up = st->state != CAP_NAMED_STOPPED;
 	json_t *o = json_object();
-	json_object_set_new(o, "name", json_string(r->name));
+	json_object_set_new(o, "name", cap_json_text(r->name));
 	json_object_set_new(o, "state", json_string(state_name(st->state)));
 	json_object_set_new(o, "shim_pid", up ? json_integer(st->shim_pid) : json_null());
 	json_object_set_new(o, "qemu_pid", up ? json_integer(st->qemu_pid) : json_null());
-	json_object_set_new(o, "jail", s->jail ? json_pack("{s:s, s:s}", "uid", s->uid, "cgroup", s->cgroup)
+	json_object_set_new(o, "jail", s->jail ? json_pack("{s:s, s:o}", "uid", s->uid, "cgroup", cap_json_text(s->cgroup))
 					       : json_null());
-	json_object_set_new(o, "image", json_pack("{s:s, s:s}", "ref", r->image_ref, "digest", r->image));
+	json_object_set_new(o, "image", json_pack("{s:o, s:s}", "ref", cap_json_text(r->image_ref), "digest", r->image));
 	json_object_set_new(o, "cpus", json_integer(r->cpus));
 	json_object_set_new(o, "memory_mib", json_integer(r->memory_mib));
 	json_object_set_new(o, "root_size_mib", json_integer(r->root_size_mib));
 	json_object_set_new(o, "work_size_mib", json_integer(r->work_size_mib));
 	json_object_set_new(o, "disk_bytes", json_integer((json_int_t)st->disk_bytes));
-	json_object_set_new(o, "source", r->source[0] ? json_pack("{s:s, s:I, s:I, s:s}", "path", r->source,
+	json_object_set_new(o, "source", r->source[0] ? json_pack("{s:o, s:I, s:I, s:s}", "path", cap_json_text(r->source),
 			    "entries", (json_int_t)r->source_entries, "bytes", (json_int_t)r->source_bytes,
 			    "fingerprint", r->source_fp) : json_null());
 	if (r->workspace[0]) {
-		json_t *ws = json_pack("{s:s, s:I}", "path", r->workspace, "size_mib", (json_int_t)r->workspace_size_mib);
+		json_t *ws = json_pack("{s:o, s:I}", "path", cap_json_text(r->workspace), "size_mib", (json_int_t)r->workspace_size_mib);
 		json_object_set_new(ws, "base", s->ws_base ? json_pack("{s:I, s:I}", "entries", (json_int_t)s->ws_entries,
 						"bytes", (json_int_t)s->ws_bytes) : json_null());
 		json_object_set_new(ws, "base_error", jstr_or_null(s->ws_error));
@@ -564,22 +565,22 @@ static json_t *shown_json(const struct shown *s)
 	cap_net_policy_words(s->owned_net, &words, &nw);
 	json_t *flags = json_array();
 	for (size_t i = 0; i < nw; i++) {
-		json_array_append_new(flags, json_string(words[i]));
+		json_array_append_new(flags, cap_json_text(words[i]));
 		free(words[i]);
 	}
 	free(words);
 	json_t *net = json_object();
 	json_object_set_new(net, "enabled", json_boolean(s->owned_net->enabled));
-	json_object_set_new(net, "policy", json_string(s->owned_policy));
+	json_object_set_new(net, "policy", cap_json_text(s->owned_policy));
 	json_object_set_new(net, "flags", flags);
-	json_object_set_new(net, "route", s->owned_net->enabled ? json_string(cap_cli_net_route()) : json_null());
+	json_object_set_new(net, "route", s->owned_net->enabled ? cap_json_text(cap_cli_net_route()) : json_null());
 	json_object_set_new(net, "nic", up ? json_boolean(st->nic) : json_null());
 	json_object_set_new(net, "policy_pid", up && st->nic && st->netd_pid > 0 ? json_integer(st->netd_pid)
 										: json_null());
 	json_object_set_new(net, "error", up ? jstr_or_null(st->network_error) : json_null());
 	json_object_set_new(net, "state", jstr_or_null(s->net_state));
 	json_object_set_new(o, "network", net);
-	json_object_set_new(o, "directory", json_string(s->owned_dir));
+	json_object_set_new(o, "directory", cap_json_text(s->owned_dir));
 	json_object_set_new(o, "created", json_integer(r->created));
 	return o;
 }
@@ -755,8 +756,8 @@ int cap_cli_ls(int argc, char **argv)
 				       used, a);
 			}
 		} else if (json) {
-			json_array_append_new(all, json_pack("{s:s, s:s, s:s}", "name", names[i], "state", "broken",
-							     "error", err.msg));
+			json_array_append_new(all, json_pack("{s:o, s:s, s:o}", "name", cap_json_text(names[i]),
+							     "state", "broken", "error", cap_json_text(err.msg)));
 		} else {
 			printf("%-24s %-16s %-8s %8s %6s\n", names[i], "?", "broken", "-", "-");
 		}

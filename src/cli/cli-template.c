@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "jsonrpc.h"
 #include "sandbox.h"
 #include "util.h"
 
@@ -34,11 +35,11 @@ int cap_cli_template(int argc, char **argv)
 		if (json) {
 			json_t *a = json_array();
 			for (size_t i = 0; i < n; i++) {
-				json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:I, s:s, s:s}", "key", v[i].key,
+				json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:I, s:o, s:o}", "key", v[i].key,
 								   "created", (json_int_t)v[i].created, "state_bytes",
 								   (json_int_t)v[i].state_bytes, "ram_bytes",
-								   (json_int_t)v[i].ram_bytes, "shape", v[i].owned_desc,
-								   "directory", v[i].owned_dir));
+								   (json_int_t)v[i].ram_bytes, "shape", cap_json_text(v[i].owned_desc),
+								   "directory", cap_json_text(v[i].owned_dir)));
 				cap_template_info_fini(&v[i]);
 			}
 			free(v);

@@ -937,12 +937,17 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		 * above; then move into it, taking the pseudo file systems
 		 * along. */
 		mkdir("/.capsule", 0700);
-		if ((r = mount_disk(s->root_image, "/.capsule/lower", "erofs", MS_RDONLY, msg, mlen)) < 0)
+		/* nodev, nosuid as /work: an image's device nodes or setuid
+		 * files are not a way to more privilege (imports drop device
+		 * nodes too; /dev is the devtmpfs moved in below). */
+		if ((r = mount_disk(s->root_image, "/.capsule/lower", "erofs",
+				    MS_RDONLY | MS_NODEV | MS_NOSUID, msg, mlen)) < 0)
 			return r;
 		const char *opts = "lowerdir=/.capsule/lower";
 		char buf[256];
 		if (*s->root_upper) {
-			if ((r = mount_disk(s->root_upper, "/.capsule/upper", "ext4", 0, msg, mlen)) < 0)
+			if ((r = mount_disk(s->root_upper, "/.capsule/upper", "ext4",
+					    MS_NODEV | MS_NOSUID, msg, mlen)) < 0)
 				return r;
 			mkdir("/.capsule/upper/data", 0755);
 			mkdir("/.capsule/upper/work", 0755);
@@ -951,7 +956,7 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 			opts = buf;
 		}
 		mkdir("/.capsule/root", 0755);
-		if (mount("overlay", "/.capsule/root", "overlay", 0, opts) < 0) {
+		if (mount("overlay", "/.capsule/root", "overlay", MS_NODEV | MS_NOSUID, opts) < 0) {
 			r = -errno;
 			snprintf(msg, mlen, "cannot mount the overlay root: %s", strerror(-r));
 			return r;

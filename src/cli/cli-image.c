@@ -1,6 +1,8 @@
-/* capsule image: build, import, ls, inspect, rm, prune. */
+/* capsule image: build, pull, import, ls, inspect, rm, prune. */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -14,17 +16,29 @@
 static const char usage[] =
 	"Usage: capsule image COMMAND\n"
 	"\n"
-	"  build base|python          Build a named image (python runs debootstrap\n"
+	"  build base|python [-q]     Build a named image (python runs debootstrap\n"
 	"                             from this machine's Debian mirror; needs root)\n"
-	"  import PATH [--name NAME]  Import a directory, a tar archive (plain, gzip,\n"
+	"  pull REF [--name NAME] [--platform OS/ARCH] [--insecure] [--timeout S] [-q]\n"
+	"                             Pull an image from a registry through skopeo\n"
+	"                             (its auth files; digests verified): REF is\n"
+	"                             HOST/REPO:TAG, HOST/REPO@sha256:DIGEST or a\n"
+	"                             Docker Hub name like python:3.12-slim.\n"
+	"                             --platform defaults to linux/amd64; registries\n"
+	"                             on localhost/127.0.0.0/8/[::1] are spoken to over\n"
+	"                             plain HTTP, others only with --insecure\n"
+	"  import PATH [--name NAME] [-q]\n"
+	"                             Import a directory, a tar archive (plain, gzip,\n"
 	"                             zstd), an OCI image layout or a `docker save`\n"
 	"                             archive; layer whiteouts are applied\n"
-	"  ls                         List images\n"
-	"  inspect IMAGE              Show an image's manifest and check its digest\n"
+	"  ls [--json]                List images\n"
+	"  inspect IMAGE [--json]     Show an image's manifest and check its digest\n"
 	"  rm IMAGE                   Remove an image no sandbox uses\n"
 	"  prune                      Remove every image no sandbox uses\n"
 	"\n"
-	"IMAGE is a name or sha256:DIGEST (12 or more hex digits).\n";
+	"IMAGE is a name, sha256:DIGEST (12 or more hex digits), a reference as\n"
+	"pulled (REPO:TAG) or REPO@sha256:DIGEST with the OCI manifest digest a\n"
+	"pull recorded. Imports and pulls drop device nodes, FIFOs and sockets\n"
+	"(listed in the summary). See docs/images.md.\n";
 
 static void print_image(const struct cap_image *img)
 {
@@ -36,74 +50,217 @@ static void print_image(const struct cap_image *img)
 	printf("size:     %llu bytes\n", (unsigned long long)img->size);
 	printf("created:  %s\n", when);
 	printf("source:   %s\n", img->owned_source);
+	if (img->owned_reference || img->owned_oci_digest) {
+		printf("reference: %s\n", img->owned_reference ? img->owned_reference : "(none: moved to another image)");
+		printf("oci digest: %s\n", img->owned_oci_digest ? img->owned_oci_digest : "(none)");
+	}
+	if (img->owned_pinned_digest)
+		printf("pinned digest: %s\n", img->owned_pinned_digest);
 	printf("file:     %s\n", img->owned_path);
 }
 
-static int done(int r, struct cap_err *err, struct cap_image *img, const char *verb)
+/* The JSON shape of an image (docs/images.md; fields are only added). */
+static json_t *image_json(const struct cap_image *img)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "name", img->owned_name ? json_string(img->owned_name) : json_null());
+	json_object_set_new(o, "digest", json_string(img->digest));
+	json_object_set_new(o, "size", json_integer((json_int_t)img->size));
+	json_object_set_new(o, "created", json_integer((json_int_t)img->created));
+	json_object_set_new(o, "source", json_string(img->owned_source ? img->owned_source : ""));
+	json_object_set_new(o, "reference", img->owned_reference ? json_string(img->owned_reference) : json_null());
+	json_object_set_new(o, "oci_digest", img->owned_oci_digest ? json_string(img->owned_oci_digest) : json_null());
+	json_object_set_new(o, "pinned_digest", img->owned_pinned_digest ? json_string(img->owned_pinned_digest) : json_null());
+	json_object_set_new(o, "file", json_string(img->owned_path));
+	return o;
+}
+
+static int done(int r, struct cap_err *err, struct cap_image *img, const char *verb,
+		const struct cap_import_report *rep)
 {
 	cap_cli_progress_end();
 	if (r < 0) {
 		cap_cli_error("%s", err->msg);
 		return CAP_EXIT_FAILURE;
 	}
-	printf("%s %s %s\n", verb, img->owned_name ? img->owned_name : "image", img->digest);
+	printf("%s %s %s", verb, img->owned_name ? img->owned_name : img->owned_reference ? img->owned_reference : "image",
+	       img->digest);
+	if (rep && rep->dropped)
+		printf(" (dropped %zu device node%s: %s)", rep->dropped, rep->dropped == 1 ? "" : "s", rep->shown);
+	putchar('\n');
+	if (img->owned_oci_digest && strcmp(verb, "pulled") == 0)
+		printf("oci digest: %s\n", img->owned_oci_digest);
 	cap_image_fini(img);
 	return 0;
+}
+
+static bool wants_help(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--") == 0)
+			break;
+		if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+			return true;
+	}
+	return false;
+}
+
+static int bad_usage(void)
+{
+	fputs(usage, stderr);
+	return CAP_EXIT_USAGE;
+}
+
+enum { OPT_PLATFORM = 300, OPT_INSECURE, OPT_TIMEOUT, OPT_JSON };
+
+static int image_pull(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "name", required_argument, NULL, 'n' },
+		{ "platform", required_argument, NULL, OPT_PLATFORM },
+		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ 0 },
+	};
+	struct cap_pull_opts po = { .progress = cap_cli_progress, .ud = "image pull" };
+	struct cap_err err = { 0 };
+	struct cap_image img = { 0 };
+	struct cap_import_report rep = { 0 };
+	unsigned long secs;
+	int c;
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "n:q", opts, NULL)) != -1) {
+		switch (c) {
+		case 'n': po.name = optarg; break;
+		case 'q': cap_cli_quiet = true; break;
+		case OPT_PLATFORM: po.platform = optarg; break;
+		case OPT_INSECURE: po.insecure = true; break;
+		case OPT_TIMEOUT:
+			if (cap_cli_parse_uint(optarg, 1, 86400, &secs) < 0) {
+				cap_cli_error("--timeout takes seconds, 1 to 86400, not '%s'", optarg);
+				return CAP_EXIT_USAGE;
+			}
+			po.timeout_s = (unsigned)secs;
+			break;
+		default: return bad_usage();
+		}
+	}
+	if (optind != argc - 1)
+		return bad_usage();
+	int r = cap_store_image_pull(argv[optind], &po, &img, &rep, &err);
+	if (r == -EINVAL) {
+		cap_cli_progress_end();
+		cap_cli_error("%s", err.msg);
+		return CAP_EXIT_USAGE;
+	}
+	return done(r, &err, &img, "pulled", &rep);
+}
+
+/* Parse "[--json] [-q]" and the given number of operands after the verb. */
+static int verb_args(int argc, char **argv, int operands, bool *json)
+{
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ 0 },
+	};
+	int c;
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
+		if (c == OPT_JSON && json)
+			*json = true;
+		else if (c == 'q')
+			cap_cli_quiet = true;
+		else
+			return -1;
+	}
+	return argc - optind == operands ? optind : -1;
 }
 
 int cap_cli_image(int argc, char **argv)
 {
 	struct cap_err err = { 0 };
 	struct cap_image img = { 0 };
+	struct cap_import_report rep = { 0 };
+	bool json = false;
+	int at;
 
-	if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-		fputs(usage, argc < 2 ? stderr : stdout);
-		return argc < 2 ? 2 : 0;
+	if (argc < 2)
+		return bad_usage();
+	if (wants_help(argc, argv)) {
+		fputs(usage, stdout);
+		return 0;
 	}
 	const char *verb = argv[1];
-	if (strcmp(verb, "build") == 0 && argc == 3) {
-		int r = cap_store_image_build(argv[2], cap_cli_progress, "image build", &img, &err);
-		return done(r, &err, &img, "built");
+	if (strcmp(verb, "build") == 0) {
+		if ((at = verb_args(argc, argv, 1, NULL)) < 0)
+			return bad_usage();
+		int r = cap_store_image_build(argv[at], cap_cli_progress, "image build", &img, &err);
+		return done(r, &err, &img, "built", NULL);
 	}
+	if (strcmp(verb, "pull") == 0)
+		return image_pull(argc, argv);
 	if (strcmp(verb, "import") == 0 && argc >= 3) {
-		static const struct option opts[] = { { "name", required_argument, NULL, 'n' }, { 0 } };
-		const char *name = NULL;
+		static const struct option opts[] = {
+			{ "name", required_argument, NULL, 'n' },
+			{ "quiet", no_argument, NULL, 'q' },
+			{ 0 },
+		};
+		struct cap_import_opts io = { .progress = cap_cli_progress, .ud = "image import" };
 		int c;
 		optind = 2;
-		while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
-			if (c != 'n') {
-				fputs(usage, stderr);
-				return 2;
-			}
-			name = optarg;
+		while ((c = getopt_long(argc, argv, "n:q", opts, NULL)) != -1) {
+			if (c == 'n')
+				io.name = optarg;
+			else if (c == 'q')
+				cap_cli_quiet = true;
+			else
+				return bad_usage();
 		}
-		if (optind != argc - 1) {
-			fputs(usage, stderr);
-			return 2;
-		}
-		int r = cap_store_image_import(argv[optind], name, cap_cli_progress, "image import", &img, &err);
-		return done(r, &err, &img, "imported");
+		if (optind != argc - 1)
+			return bad_usage();
+		int r = cap_store_image_import_with(argv[optind], &io, &img, &rep, &err);
+		return done(r, &err, &img, "imported", &rep);
 	}
-	if (strcmp(verb, "ls") == 0 && argc == 2) {
+	if (strcmp(verb, "ls") == 0) {
+		if (verb_args(argc, argv, 0, &json) < 0)
+			return bad_usage();
 		struct cap_image *v;
 		size_t n;
 		cap_store_image_list(&v, &n, &err);
-		printf("%-16s %-20s %10s  %s\n", "NAME", "DIGEST", "SIZE", "SOURCE");
+		json_t *arr = json ? json_array() : NULL;
+		if (!json)
+			printf("%-16s %-20s %10s  %s\n", "NAME", "DIGEST", "SIZE", "SOURCE");
 		for (size_t i = 0; i < n; i++) {
-			printf("%-16s %.19s %9.1fM  %s\n", v[i].owned_name ? v[i].owned_name : "-",
-			       v[i].digest, v[i].size / 1048576.0, v[i].owned_source);
+			if (json)
+				json_array_append_new(arr, image_json(&v[i]));
+			else
+				printf("%-16s %.19s %9.1fM  %s\n", v[i].owned_name ? v[i].owned_name : "-",
+				       v[i].digest, v[i].size / 1048576.0, v[i].owned_source);
 			cap_image_fini(&v[i]);
 		}
 		free(v);
-		return 0;
+		return json ? cap_cli_json_out(arr) : 0;
 	}
-	if (strcmp(verb, "inspect") == 0 && argc == 3) {
-		if (cap_store_image_find(argv[2], &img, &err) < 0) {
+	if (strcmp(verb, "inspect") == 0) {
+		if ((at = verb_args(argc, argv, 1, &json)) < 0)
+			return bad_usage();
+		if (cap_store_image_find(argv[at], &img, &err) < 0) {
 			cap_cli_error("%s", err.msg);
 			return CAP_EXIT_FAILURE;
 		}
-		print_image(&img);
 		int r = cap_store_image_verify(&img, &err);
+		if (json) {
+			json_t *o = image_json(&img);
+			json_object_set_new(o, "verified", json_boolean(r == 0));
+			int x = cap_cli_json_out(o);
+			if (x == 0 && r < 0)
+				cap_cli_error("%s", err.msg);
+			cap_image_fini(&img);
+			return x ? x : r < 0 ? CAP_EXIT_FAILURE : 0;
+		}
+		print_image(&img);
 		printf("verified: %s\n", r == 0 ? "yes, the bytes match the digest" : "NO");
 		cap_image_fini(&img);
 		if (r < 0) {
@@ -129,6 +286,5 @@ int cap_cli_image(int argc, char **argv)
 		}
 		return 0;
 	}
-	fputs(usage, stderr);
-	return 2;
+	return bad_usage();
 }

@@ -2,11 +2,14 @@
  * the SHA-256 of their bytes, under CAPSULE_HOME/images/<hex>/ with a
  * manifest.json beside. Names are symlinks images/names/<name> -> ../<hex>,
  * replaced atomically, so a name can move to a rebuilt image while
- * sandboxes keep the digest they were created with. */
+ * sandboxes keep the digest they were created with. References pulled
+ * from registries are the same kind of link, images/refs/<ref with '/'
+ * as %2F> -> ../<hex>. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +37,9 @@ void cap_image_fini(struct cap_image *img)
 	free(img->owned_name);
 	free(img->owned_path);
 	free(img->owned_source);
+	free(img->owned_reference);
+	free(img->owned_oci_digest);
+	free(img->owned_pinned_digest);
 	memset(img, 0, sizeof(*img));
 }
 
@@ -84,6 +90,79 @@ static char *name_of(const char *images, const char *hex)
 	return found;
 }
 
+/* A reference as a file name in images/refs: '%' and '/' escaped. */
+static char *ref_file(const char *images, const char *ref)
+{
+	_cleanup_free_ char *enc = xmalloc(3 * strlen(ref) + 1);
+	char *w = enc;
+	for (const char *c = ref; *c; c++) {
+		if (*c == '/' || *c == '%')
+			w += sprintf(w, "%%%02X", (unsigned char)*c);
+		else
+			*w++ = *c;
+	}
+	*w = '\0';
+	return xasprintf("%s/refs/%s", images, enc);
+}
+
+static char *ref_unfile(const char *file)
+{
+	char *r = xstrdup(file), *w = r;
+	for (const char *c = file; *c; c++) {
+		unsigned x;
+		if (c[0] == '%' && sscanf(c + 1, "%2X", &x) == 1 && isxdigit((unsigned char)c[1]) && isxdigit((unsigned char)c[2])) {
+			*w++ = (char)x;
+			c += 2;
+		} else {
+			*w++ = *c;
+		}
+	}
+	*w = '\0';
+	return r;
+}
+
+/* The hex digest a link (a name or a reference) points at, or false. */
+static bool link_hex(const char *link, char hex[65])
+{
+	char target[512];
+	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (n <= 0)
+		return false;
+	target[n] = '\0';
+	const char *h = strrchr(target, '/');
+	h = h ? h + 1 : target;
+	if (!is_hex64(h))
+		return false;
+	memcpy(hex, h, 65);
+	return true;
+}
+
+/* The first reference in images/refs pointing at hex. New string or NULL. */
+static char *ref_of(const char *images, const char *hex)
+{
+	_cleanup_free_ char *refs = xasprintf("%s/refs", images);
+	DIR *d = opendir(refs);
+	char *found = NULL;
+	struct dirent *e;
+	while (d && !found && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		_cleanup_free_ char *link = xasprintf("%s/%s", refs, e->d_name);
+		char h[65];
+		if (link_hex(link, h) && strcmp(h, hex) == 0)
+			found = ref_unfile(e->d_name);
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+static char *json_dup(json_t *m, const char *key)
+{
+	const char *v = json_string_value(json_object_get(m, key));
+	return v ? xstrdup(v) : NULL;
+}
+
 static int load(const char *images, const char *hex, struct cap_image *out,
 		struct cap_err *err)
 {
@@ -100,8 +179,20 @@ static int load(const char *images, const char *hex, struct cap_image *out,
 		.owned_name = name_of(images, hex),
 		.owned_source = xstrdup(source ? source : "unknown"),
 		.created = json_integer_value(json_object_get(m, "created")),
+		.owned_oci_digest = json_dup(m, "oci_digest"),
+		.owned_pinned_digest = json_dup(m, "pinned_digest"),
 	};
 	snprintf(out->digest, sizeof(out->digest), "sha256:%s", hex);
+	/* The reference of the last pull, while it still points here. */
+	const char *ref = json_string_value(json_object_get(m, "reference"));
+	if (ref) {
+		_cleanup_free_ char *link = ref_file(images, ref);
+		char h[65];
+		if (link_hex(link, h) && strcmp(h, hex) == 0)
+			out->owned_reference = xstrdup(ref);
+		else
+			out->owned_reference = ref_of(images, hex);
+	}
 	json_decref(m);
 	struct stat st;
 	if (stat(out->owned_path, &st) < 0) {
@@ -112,6 +203,60 @@ static int load(const char *images, const char *hex, struct cap_image *out,
 	}
 	out->size = (uint64_t)st.st_size;
 	return 0;
+}
+
+/* The image whose manifest records a pull from repo with digest as its
+ * OCI manifest digest or pinned digest; false when none. */
+static bool find_by_oci_digest(const char *images, const char *repo,
+			       const char *digest, char hex[65])
+{
+	DIR *d = opendir(images);
+	struct dirent *e;
+	bool found = false;
+	while (d && !found && (e = readdir(d))) {
+		if (!is_hex64(e->d_name))
+			continue;
+		_cleanup_free_ char *mpath = xasprintf("%s/%s/manifest.json", images, e->d_name);
+		json_t *m = json_load_file(mpath, 0, NULL);
+		const char *ref = json_string_value(json_object_get(m, "reference"));
+		const char *oci = json_string_value(json_object_get(m, "oci_digest"));
+		const char *pin = json_string_value(json_object_get(m, "pinned_digest"));
+		struct cap_image_ref pr;
+		if (ref && cap_store_ref_parse(ref, &pr, NULL) == 0) {
+			if (strcmp(pr.owned_repo, repo) == 0 &&
+			    ((oci && strcmp(oci, digest) == 0) || (pin && strcmp(pin, digest) == 0))) {
+				memcpy(hex, e->d_name, 65);
+				found = true;
+			}
+			cap_image_ref_fini(&pr);
+		}
+		json_decref(m);
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Find by a registry reference: the link of that exact (normalized)
+ * reference, else for REPO@sha256:X an image pulled from REPO whose
+ * OCI manifest digest or pinned digest is X. */
+static int find_ref(const char *images, const char *ref, struct cap_image *out,
+		    struct cap_err *err)
+{
+	struct cap_image_ref pr;
+	struct cap_err perr = { 0 };
+	if (cap_store_ref_parse(ref, &pr, &perr) < 0)
+		return cap_err_set(err, EINVAL, "'%s' is neither an image name (a-z, 0-9, '.', '_', '-'), sha256:<digest> nor a registry reference (%s)",
+				   ref, perr.msg);
+	_cleanup_free_ char *link = ref_file(images, pr.owned_full);
+	char hex[65];
+	bool found = link_hex(link, hex) ||
+		     (pr.owned_digest && find_by_oci_digest(images, pr.owned_repo, pr.owned_digest, hex));
+	int r = found ? load(images, hex, out, err)
+		      : cap_err_set(err, ENOENT, "no image pulled as %s; pull it with `capsule image pull %s` (see `capsule image ls`)",
+				    pr.owned_full, ref);
+	cap_image_ref_fini(&pr);
+	return r;
 }
 
 int cap_store_image_find(const char *ref, struct cap_image *out,
@@ -143,10 +288,23 @@ int cap_store_image_find(const char *ref, struct cap_image *out,
 		return load(images, match, out, err);
 	}
 	if (!cap_store_image_name_valid(ref))
-		return cap_err_set(err, EINVAL, "'%s' is neither an image name (a-z, 0-9, '.', '_', '-') nor sha256:<digest>", ref);
+		return find_ref(images, ref, out, err);
 	_cleanup_free_ char *link = xasprintf("%s/names/%s", images, ref);
 	char target[512];
 	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (n <= 0 && errno == ENOENT) {
+		/* Not a name: maybe a reference ("alpine" pulled as
+		 * docker.io/library/alpine:latest). */
+		struct cap_image_ref pr;
+		if (cap_store_ref_parse(ref, &pr, NULL) == 0) {
+			_cleanup_free_ char *rl = ref_file(images, pr.owned_full);
+			char h[65];
+			bool found = link_hex(rl, h);
+			cap_image_ref_fini(&pr);
+			if (found)
+				return load(images, h, out, err);
+		}
+	}
 	if (n <= 0) {
 		bool buildable = strcmp(ref, "base") == 0 || strcmp(ref, "python") == 0;
 		return cap_err_set(err, ENOENT, "no image named '%s'; %s", ref,
@@ -234,16 +392,115 @@ static int set_name(const char *images, const char *name, const char *hex)
 	return 0;
 }
 
+/* Point images/refs/<ref> at hex: a reference pulled again moves. */
+static int set_ref(const char *images, const char *ref, const char *hex)
+{
+	_cleanup_free_ char *refs = xasprintf("%s/refs", images);
+	_cleanup_free_ char *link = ref_file(images, ref);
+	_cleanup_free_ char *tmp = xasprintf("%s/.tmp.%d", refs, (int)getpid());
+	_cleanup_free_ char *target = xasprintf("../%s", hex);
+	int r = cap_mkdir_p(refs, 0755);
+	if (r < 0)
+		return r;
+	if (strlen(strrchr(link, '/') + 1) > 255)
+		return -ENAMETOOLONG;
+	unlink(tmp);
+	if (symlink(target, tmp) < 0 || rename(tmp, link) < 0) {
+		r = -errno;
+		unlink(tmp);
+		return r;
+	}
+	return 0;
+}
+
+/* Paths of what an image leaves out, as mkfs.erofs --exclude-path
+ * arguments (relative to the tree's top). */
+struct special {
+	char **argv;
+	size_t n, cap;
+};
+
+static int scan_special(int dfd, const char *rel, int depth, struct special *sp,
+			struct cap_import_report *report)
+{
+	if (depth > 256)
+		return -ELOOP;
+	DIR *d = fdopendir(dfd);
+	if (!d) {
+		close(dfd);
+		return -errno;
+	}
+	struct dirent *e;
+	int r = 0;
+	while (r == 0 && (e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue;
+		_cleanup_free_ char *path = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
+		if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+			if (sp->n == sp->cap)
+				sp->argv = xrealloc(sp->argv, (sp->cap = sp->cap ? 2 * sp->cap : 8) * sizeof(char *));
+			sp->argv[sp->n++] = xasprintf("--exclude-path=%s", path);
+			_cleanup_free_ char *shown = xasprintf("/%s", path);
+			cap_import_report_add(report, shown);
+		} else if (S_ISDIR(st.st_mode)) {
+			int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub >= 0)
+				r = scan_special(sub, path, depth + 1, sp, report);
+		}
+	}
+	closedir(d);
+	return r;
+}
+
+/* Write the origin of a pull into an image's manifest (kept otherwise). */
+static int record_origin(const char *mpath, const struct cap_import_opts *o)
+{
+	json_t *m = json_load_file(mpath, 0, NULL);
+	if (!m)
+		return -EBADMSG;
+	const char *keys[] = { "reference", "oci_digest", "pinned_digest" };
+	const char *vals[] = { o->reference, o->oci_digest, o->pinned_digest };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(keys); i++) {
+		if (vals[i])
+			json_object_set_new(m, keys[i], json_string(vals[i]));
+		else
+			json_object_del(m, keys[i]);
+	}
+	char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	json_decref(m);
+	int r = cap_write_file_atomic(mpath, text, strlen(text), 0644);
+	free(text);
+	return r;
+}
+
 int cap_store_image_from_dir(const char *dir, const char *name,
 			     const char *source, cap_progress_fn progress,
 			     void *ud, struct cap_image *out,
 			     struct cap_err *err)
 {
+	struct cap_import_opts o = { .name = name, .source = source, .progress = progress, .ud = ud };
+	return cap_store_image_from_tree(dir, &o, out, NULL, err);
+}
+
+int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
+			      struct cap_image *out,
+			      struct cap_import_report *report,
+			      struct cap_err *err)
+{
 	_cleanup_free_ char *images = cap_store_images_dir();
 	_cleanup_free_ char *tmpdir = xasprintf("%s/tmp-erofs-XXXXXX", images);
-	_cleanup_free_ char *final = NULL;
+	_cleanup_free_ char *final = NULL, *file = NULL;
+	const char *name = o->name;
+	struct cap_import_report own = { 0 };
+	struct special sp = { 0 };
+	char **argv = NULL;
 	int r;
 
+	if (!report)
+		report = &own;
 	if (name && !cap_store_image_name_valid(name))
 		return cap_err_set(err, EINVAL, "image name '%s' is not valid: 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit", name);
 	struct stat st;
@@ -251,17 +508,37 @@ int cap_store_image_from_dir(const char *dir, const char *name,
 		return cap_err_set(err, ENOTDIR, "%s is not a directory", dir);
 	if ((r = cap_mkdir_p(images, 0755)) < 0)
 		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
-	if (!mkdtemp(tmpdir))
-		return cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
-	_cleanup_free_ char *file = xasprintf("%s/" ROOTFS, tmpdir);
+	int top = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (top < 0 || (r = scan_special(top, "", 0, &sp, report)) < 0) {
+		r = top < 0 ? -errno : r;
+		return cap_err_set(err, -r, "cannot read the tree %s: %s", dir, strerror(-r));
+	}
+	if (sp.n && o->progress) {
+		_cleanup_free_ char *msg = xasprintf("dropped %zu device node%s: %s (the guest's /dev provides devices)",
+						     report->dropped, report->dropped == 1 ? "" : "s", report->shown);
+		o->progress(o->ud, msg);
+	}
+	if (!mkdtemp(tmpdir)) {
+		r = cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
+		goto out;
+	}
+	file = xasprintf("%s/" ROOTFS, tmpdir);
 
-	if (progress)
-		progress(ud, "converting the tree to erofs (mkfs.erofs)");
+	if (o->progress)
+		o->progress(o->ud, "converting the tree to erofs (mkfs.erofs)");
 	/* Fixed timestamp and UUID: the same tree gives the same bytes, so
 	 * the same digest. Unprivileged imports cannot know real owners. */
-	char *argv[] = { "mkfs.erofs", "--quiet", "-T0",
-			 "-U00000000-0000-0000-0000-000000000000",
-			 geteuid() == 0 ? "-x2" : "--all-root", file, (char *)dir, NULL };
+	const char *head[] = { "mkfs.erofs", "--quiet", "-T0",
+			       "-U00000000-0000-0000-0000-000000000000",
+			       geteuid() == 0 ? "-x2" : "--all-root" };
+	size_t k = 0;
+	argv = xcalloc(CAP_ARRAY_SIZE(head) + sp.n + 3, sizeof(char *));
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(head); i++)
+		argv[k++] = (char *)head[i];
+	for (size_t i = 0; i < sp.n; i++)
+		argv[k++] = sp.argv[i];
+	argv[k++] = file;
+	argv[k++] = (char *)dir;
 	if ((r = cap_run(argv, NULL, NULL, err)) < 0) {
 		cap_err_prefix(err, "converting %s to an image", dir);
 		goto fail;
@@ -274,15 +551,26 @@ int cap_store_image_from_dir(const char *dir, const char *name,
 	final = xasprintf("%s/%s", images, hex);
 	if (access(final, F_OK) == 0) {
 		cap_remove_tree(tmpdir);	/* same bytes already stored */
+		_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", final);
+		if (o->reference && (r = record_origin(mpath, o)) < 0) {
+			r = cap_err_set(err, -r, "cannot record the reference in %s: %s", mpath, strerror(-r));
+			goto out;
+		}
 	} else {
 		json_t *m = json_pack("{s:i, s:s+, s:s?, s:s, s:I, s:I}", "schema", 1,
 				      "digest", "sha256:", hex, "name", name,
-				      "source", source, "size", (json_int_t)0,
+				      "source", o->source ? o->source : dir, "size", (json_int_t)0,
 				      "created", (json_int_t)time(NULL));
 		struct stat fst;
 		if (stat(file, &fst) == 0)
 			json_object_set_new(m, "size", json_integer((json_int_t)fst.st_size));
-		char *text = json_dumps(m, JSON_INDENT(2));
+		if (o->reference)
+			json_object_set_new(m, "reference", json_string(o->reference));
+		if (o->oci_digest)
+			json_object_set_new(m, "oci_digest", json_string(o->oci_digest));
+		if (o->pinned_digest)
+			json_object_set_new(m, "pinned_digest", json_string(o->pinned_digest));
+		char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 		json_decref(m);
 		_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", tmpdir);
 		r = cap_write_file_atomic(mpath, text, strlen(text), 0644);
@@ -293,12 +581,24 @@ int cap_store_image_from_dir(const char *dir, const char *name,
 			goto fail;
 		}
 	}
-	if (name && (r = set_name(images, name, hex)) < 0)
-		return cap_err_set(err, -r, "cannot name the image '%s': %s", name, strerror(-r));
-	return load(images, hex, out, err);
+	if (name && (r = set_name(images, name, hex)) < 0) {
+		r = cap_err_set(err, -r, "cannot name the image '%s': %s", name, strerror(-r));
+		goto out;
+	}
+	if (o->reference && (r = set_ref(images, o->reference, hex)) < 0) {
+		r = cap_err_set(err, -r, "cannot record the reference '%s': %s", o->reference, strerror(-r));
+		goto out;
+	}
+	r = load(images, hex, out, err);
+	goto out;
 
 fail:
 	cap_remove_tree(tmpdir);
+out:
+	for (size_t i = 0; i < sp.n; i++)
+		free(sp.argv[i]);
+	free(sp.argv);
+	free(argv);
 	return r;
 }
 
@@ -313,6 +613,12 @@ static void remove_names(const char *images, const char *hex)
 	char *n;
 	while ((n = name_of(images, hex))) {
 		_cleanup_free_ char *link = xasprintf("%s/names/%s", images, n);
+		free(n);
+		if (unlink(link) < 0)
+			break;
+	}
+	while ((n = ref_of(images, hex))) {
+		_cleanup_free_ char *link = ref_file(images, n);
 		free(n);
 		if (unlink(link) < 0)
 			break;

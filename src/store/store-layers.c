@@ -3,7 +3,9 @@
  * order onto a staging tree with libarchive; whiteouts (.wh.NAME removes
  * NAME from the layers below, .wh..wh..opq empties its directory) are
  * applied before the layer's own entries. Nothing is extracted through a
- * symlink, to an absolute path or above the staging root. */
+ * symlink, to an absolute path or above the staging root. Device nodes,
+ * FIFOs and sockets are left out and counted (struct cap_import_report):
+ * the guest's /dev is its own devtmpfs, and its root is mounted nodev. */
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
@@ -112,6 +114,18 @@ static int whiteout(int rootfd, const char *path)
 	return r;
 }
 
+void cap_import_report_add(struct cap_import_report *report, const char *path)
+{
+	if (!report)
+		return;
+	size_t used = strlen(report->shown);
+	if (report->dropped < 4 && used + strlen(path) + 3 < sizeof(report->shown))
+		snprintf(report->shown + used, sizeof(report->shown) - used, "%s%s", used ? ", " : "", path);
+	else if (!strstr(report->shown, ", ...") && used + 6 < sizeof(report->shown))
+		snprintf(report->shown + used, sizeof(report->shown) - used, ", ...");
+	report->dropped++;
+}
+
 static bool is_whiteout(const char *path)
 {
 	const char *slash = strrchr(path, '/');
@@ -119,6 +133,7 @@ static bool is_whiteout(const char *path)
 }
 
 int cap_store_apply_layer(const char *root, const char *layer,
+			  struct cap_import_report *report,
 			  struct cap_err *err)
 {
 	struct archive *a;
@@ -174,8 +189,12 @@ int cap_store_apply_layer(const char *root, const char *layer,
 		if (!*clean || is_whiteout(clean))
 			continue;
 		mode_t type = archive_entry_filetype(e);
-		if (!root_user && (type == AE_IFCHR || type == AE_IFBLK))
-			continue;	/* device nodes need root; devtmpfs provides them */
+		if (type == AE_IFCHR || type == AE_IFBLK || type == AE_IFIFO || type == AE_IFSOCK) {
+			char shown[4097];
+			snprintf(shown, sizeof(shown), "/%s", clean);
+			cap_import_report_add(report, shown);
+			continue;	/* devtmpfs provides devices */
+		}
 		archive_entry_set_pathname(e, clean);
 		const char *hl = archive_entry_hardlink(e);
 		if (hl) {
@@ -359,7 +378,7 @@ static void free_layers(char **layers, size_t n)
 /* Apply the layers of an unpacked OCI layout or docker-save directory. */
 static int import_layout(const char *dir, const char *stage, const char *what,
 			 cap_progress_fn progress, void *ud, size_t *nlayers,
-			 struct cap_err *err)
+			 struct cap_import_report *report, struct cap_err *err)
 {
 	char **layers = NULL;
 	size_t n = 0;
@@ -374,7 +393,7 @@ static int import_layout(const char *dir, const char *stage, const char *what,
 			snprintf(msg, sizeof(msg), "applying layer %zu of %zu (%s)", i + 1, n, what);
 			progress(ud, msg);
 		}
-		r = cap_store_apply_layer(stage, layers[i], err);
+		r = cap_store_apply_layer(stage, layers[i], report, err);
 	}
 	free_layers(layers, n);
 	*nlayers = n;
@@ -429,7 +448,23 @@ int cap_store_image_import(const char *path, const char *name,
 			   cap_progress_fn progress, void *ud,
 			   struct cap_image *out, struct cap_err *err)
 {
+	struct cap_import_opts o = { .name = name, .progress = progress, .ud = ud };
+	return cap_store_image_import_with(path, &o, out, NULL, err);
+}
+
+int cap_store_image_import_with(const char *path,
+				const struct cap_import_opts *o,
+				struct cap_image *out,
+				struct cap_import_report *report,
+				struct cap_err *err)
+{
 	struct stat st;
+	const char *name = o->name;
+	cap_progress_fn progress = o->progress;
+	void *ud = o->ud;
+	struct cap_import_report own = { 0 };
+	if (!report)
+		report = &own;
 	if (stat(path, &st) < 0)
 		return cap_err_set(err, errno, "cannot import %s: %s", path, strerror(errno));
 	if (name && !cap_store_image_name_valid(name))
@@ -452,7 +487,7 @@ int cap_store_image_import(const char *path, const char *name,
 	if (S_ISDIR(st.st_mode)) {
 		_cleanup_free_ char *oci = xasprintf("%s/oci-layout", path);
 		if (access(oci, F_OK) == 0) {
-			r = import_layout(path, stage, "OCI layout", progress, ud, &nlayers, err);
+			r = import_layout(path, stage, "OCI layout", progress, ud, &nlayers, report, err);
 			source = xasprintf("import of %s (OCI layout, %zu layers)", path, nlayers);
 		} else {
 			tree = path;	/* a plain tree converts directly */
@@ -468,19 +503,28 @@ int cap_store_image_import(const char *path, const char *name,
 				progress(ud, "unpacking the image archive");
 			r = unpack(path, meta, err);
 			if (r == 0)
-				r = import_layout(meta, stage, "image archive", progress, ud, &nlayers, err);
+				r = import_layout(meta, stage, "image archive", progress, ud, &nlayers, report, err);
 			source = xasprintf("import of %s (image archive, %zu layers)", path, nlayers);
 		} else if (r == 0) {
 			if (progress)
 				progress(ud, "extracting the tar archive");
-			r = cap_store_apply_layer(stage, path, err);
+			r = cap_store_apply_layer(stage, path, report, err);
 			source = xasprintf("import of tar archive %s", path);
 		}
 	} else {
 		r = cap_err_set(err, EINVAL, "cannot import %s: not a directory or a file", path);
 	}
-	if (r == 0)
-		r = cap_store_image_from_dir(tree, name, source, progress, ud, out, err);
+	if (r == 0 && tree == stage && report->dropped && progress) {
+		_cleanup_free_ char *msg = xasprintf("dropped %zu device node%s: %s (the guest's /dev provides devices)",
+						     report->dropped, report->dropped == 1 ? "" : "s", report->shown);
+		progress(ud, msg);
+	}
+	if (r == 0) {
+		struct cap_import_opts t = *o;
+		if (!t.source)
+			t.source = source;
+		r = cap_store_image_from_tree(tree, &t, out, report, err);
+	}
 	cap_remove_tree(work);
 	return r;
 }

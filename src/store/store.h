@@ -56,14 +56,67 @@ struct cap_image {
 	char *owned_source;	/* where it came from, for inspect */
 	uint64_t size;	/* bytes of rootfs.erofs */
 	int64_t created;	/* Unix time */
+	/* Pulled images (NULL otherwise): the normalized reference the
+	 * image still answers to (NULL once that reference moved to other
+	 * bytes), the digest of the OCI manifest it was made from, and the
+	 * digest the pulled reference pinned when that was another one (an
+	 * index, or a Docker manifest skopeo converted). */
+	char *owned_reference;
+	char *owned_oci_digest;
+	char *owned_pinned_digest;
 };
 void cap_image_fini(struct cap_image *img);
+
+/* A registry reference, normalized as Docker does: "python:3.12-slim" is
+ * docker.io/library/python:3.12-slim, "org/img" docker.io/org/img:latest,
+ * a first component with '.' or ':' or "localhost" is a registry host. */
+struct cap_image_ref {
+	char *owned_repo;	/* "HOST/PATH" */
+	char *owned_tag;	/* NULL with a digest and no tag */
+	char *owned_digest;	/* "sha256:<64 hex>" or NULL */
+	char *owned_full;	/* repo[:tag][@digest], what the image answers to */
+	char *owned_host;	/* HOST of repo, without a port */
+};
+void cap_image_ref_fini(struct cap_image_ref *ref);
+
+/* Parse a reference (at most 255 bytes). -EINVAL with err saying what is
+ * wrong; *out written only on success. */
+int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
+			struct cap_err *err);
+
+/* Is host a loopback address (localhost, 127.0.0.0/8, [::1])? Those
+ * registries are spoken to over HTTP without TLS verification. */
+bool cap_store_ref_loopback(const char *host);
+
+/* What an import left out of the tree: device nodes (character, block),
+ * FIFOs and sockets. A root file system gets its devices from the
+ * guest's devtmpfs; a device node in an image would give whoever can
+ * open it the host kernel's view of that device class in the guest. */
+struct cap_import_report {
+	size_t dropped;
+	char shown[200];	/* the first few paths, ", "-separated, "..." after */
+};
+
+/* How an import describes its image; every field may be NULL. */
+struct cap_import_opts {
+	const char *name;	/* point this name at the image */
+	const char *source;	/* for inspect; NULL: said from the path */
+	const char *reference;	/* normalized reference: point it at the image */
+	const char *oci_digest;	/* recorded in the manifest */
+	const char *pinned_digest;
+	cap_progress_fn progress;
+	void *ud;
+};
 
 /* An image name: 1 to 64 of [a-z0-9._-], starting with a letter or digit. */
 bool cap_store_image_name_valid(const char *name);
 
-/* Find an image by name or by "sha256:<hex>" (a unique prefix of at least
- * 12 hex digits is enough). -ENOENT with a message listing what to do. */
+/* Find an image by name, by "sha256:<hex>" (a unique prefix of at least
+ * 12 hex digits is enough), by the reference it was pulled as
+ * (normalized first: "py:1" finds docker.io/library/py:1) or by
+ * REPO@sha256:<hex>, the OCI manifest digest (or pinned digest) recorded
+ * at a pull from REPO. A valid name is looked up as a name first.
+ * -ENOENT with a message listing what to do. */
 int cap_store_image_find(const char *ref, struct cap_image *out,
 			 struct cap_err *err);
 
@@ -78,11 +131,20 @@ int cap_store_image_list(struct cap_image **out, size_t *n,
 
 /* Turn a directory tree into an image (mkfs.erofs), store it under its
  * digest, record its manifest and, if name is not NULL, point the name at
- * it. source describes the origin for inspect. */
+ * it. source describes the origin for inspect. Device nodes, FIFOs and
+ * sockets in the tree are left out (said through progress). */
 int cap_store_image_from_dir(const char *dir, const char *name,
 			     const char *source, cap_progress_fn progress,
 			     void *ud, struct cap_image *out,
 			     struct cap_err *err);
+
+/* The same with every option; the origin fields of o are written into the
+ * manifest (also when the same bytes were stored before) and o->reference
+ * is pointed at the image, moved from any other. report may be NULL. */
+int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
+			      struct cap_image *out,
+			      struct cap_import_report *report,
+			      struct cap_err *err);
 
 /* Build a named image: "base" (busybox) or "python" (debootstrap minbase
  * with python3-minimal from the machine's Debian mirror; needs root). */
@@ -104,6 +166,34 @@ int cap_store_image_import(const char *path, const char *name,
 			   cap_progress_fn progress, void *ud,
 			   struct cap_image *out, struct cap_err *err);
 
+/* cap_store_image_import with every option; report (may be NULL) says
+ * what was left out. */
+int cap_store_image_import_with(const char *path,
+				const struct cap_import_opts *o,
+				struct cap_image *out,
+				struct cap_import_report *report,
+				struct cap_err *err);
+
+struct cap_pull_opts {
+	const char *name;	/* may be NULL */
+	const char *platform;	/* "OS/ARCH[/VARIANT]"; NULL: linux/amd64 */
+	bool insecure;	/* plain HTTP, no TLS verification, for any host */
+	unsigned timeout_s;	/* the whole copy; 0: 1800 */
+	cap_progress_fn progress;	/* skopeo's lines, then the import's */
+	void *ud;
+};
+
+/* Pull ref from its registry with skopeo (its resolver, its auth files
+ * and its digest checks) into a private directory under CAPSULE_HOME,
+ * import that OCI layout and record the reference and the OCI manifest
+ * digest in the image's manifest. Registries on loopback hosts are spoken
+ * to over HTTP. Errors carry skopeo's reason, cut to its last lines, and
+ * what to do; -EBADMSG when the registry's bytes do not match a pinned
+ * digest. report may be NULL. */
+int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
+			 struct cap_image *out, struct cap_import_report *report,
+			 struct cap_err *err);
+
 /* Callback telling whether an image digest is used by a sandbox. */
 typedef bool (*cap_image_in_use_fn)(void *ud, const char *digest);
 
@@ -120,7 +210,11 @@ int cap_store_image_prune(cap_image_in_use_fn in_use, void *ud,
  * whiteouts (.wh.NAME, .wh..wh..opq) first, then the entries. Exposed for
  * the import test. */
 int cap_store_apply_layer(const char *root, const char *layer,
+			  struct cap_import_report *report,
 			  struct cap_err *err);
+
+/* Add path to what an import left out (report may be NULL). */
+void cap_import_report_add(struct cap_import_report *report, const char *path);
 
 /* --- public data projections ------------------------------------------ */
 

@@ -13,6 +13,7 @@
 #include <archive_entry.h>
 #include <sys/stat.h>
 
+#include "proc.h"
 #include "store.h"
 #include "util.h"
 
@@ -34,6 +35,9 @@ static int setup(void **state)
 	if (!mkdtemp(dir))
 		return -1;
 	setenv("CAPSULE_CACHE", dir, 1);
+	char *home = xasprintf("%s/home", dir);
+	setenv("CAPSULE_HOME", home, 1);
+	free(home);
 	return 0;
 }
 
@@ -100,8 +104,8 @@ static void missing_agent_named(void **state)
 	assert_null(p);
 }
 
-/* Write a tar with entries "path=content", "path->target" (symlink) or
- * "path/" (directory). */
+/* Write a tar with entries "path=content", "path->target" (symlink),
+ * "path!c" (character device 1:3), "path!p" (FIFO) or "path/" (directory). */
 static void make_tar(const char *path, const char *const *entries)
 {
 	struct archive *a = archive_write_new();
@@ -110,9 +114,15 @@ static void make_tar(const char *path, const char *const *entries)
 	for (; *entries; entries++) {
 		struct archive_entry *e = archive_entry_new();
 		const char *eq = strchr(*entries, '='), *arrow = strstr(*entries, "->");
+		const char *bang = strchr(*entries, '!');
 		size_t n = strlen(*entries);
 		char name[256];
-		if (arrow) {
+		if (bang) {
+			snprintf(name, sizeof(name), "%.*s", (int)(bang - *entries), *entries);
+			archive_entry_set_filetype(e, bang[1] == 'c' ? AE_IFCHR : AE_IFIFO);
+			archive_entry_set_rdevmajor(e, 1);
+			archive_entry_set_rdevminor(e, 3);
+		} else if (arrow) {
 			snprintf(name, sizeof(name), "%.*s", (int)(arrow - *entries), *entries);
 			archive_entry_set_filetype(e, AE_IFLNK);
 			archive_entry_set_symlink(e, arrow + 2);
@@ -151,8 +161,8 @@ static void layers_and_whiteouts(void **state)
 	const char *const two[] = { "a/.wh.gone=", "b/.wh..wh..opq=", "b/new=n", ".wh.c=", NULL };
 	make_tar(l1, one);
 	make_tar(l2, two);
-	assert_int_equal(cap_store_apply_layer(root, l1, NULL), 0);
-	assert_int_equal(cap_store_apply_layer(root, l2, NULL), 0);
+	assert_int_equal(cap_store_apply_layer(root, l1, NULL, NULL), 0);
+	assert_int_equal(cap_store_apply_layer(root, l2, NULL, NULL), 0);
 	assert_true(exists(root, "a/keep"));
 	assert_false(exists(root, "a/gone"));
 	assert_false(exists(root, "a/.wh.gone"));	/* markers are not content */
@@ -173,7 +183,7 @@ static void hostile_layers(void **state)
 	/* ".." in a path is refused by name, before anything is written. */
 	const char *const dotdot[] = { "ok=1", "a/../../escaped=x", NULL };
 	make_tar(t1, dotdot);
-	assert_int_equal(cap_store_apply_layer(root, t1, &err), -EINVAL);
+	assert_int_equal(cap_store_apply_layer(root, t1, NULL, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "a/../../escaped"));
 	assert_false(exists(dir, "escaped"));
 
@@ -182,7 +192,7 @@ static void hostile_layers(void **state)
 	_cleanup_free_ char *link = xasprintf("link->%s", outside);
 	const char *const through[] = { link, "link/pwned=x", NULL };
 	make_tar(t2, through);
-	cap_store_apply_layer(root, t2, &err);
+	cap_store_apply_layer(root, t2, NULL, &err);
 	assert_false(exists(outside, "pwned"));
 
 	/* A whiteout cannot delete through a symlink either. */
@@ -195,8 +205,135 @@ static void hostile_layers(void **state)
 	assert_int_equal(symlink(outside, l), 0);
 	const char *const wh[] = { "link/.wh.victim=", NULL };
 	make_tar(t3, wh);
-	cap_store_apply_layer(root3, t3, &err);
+	cap_store_apply_layer(root3, t3, NULL, &err);
 	assert_true(exists(outside, "victim"));
+}
+
+/* Item 7 of issue 17: a device node in an imported tar never reaches the
+ * image; the import says what it left out. */
+static void device_nodes_dropped(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_image img = { 0 };
+	struct cap_import_report rep = { 0 };
+	_cleanup_free_ char *t = in_dir("dev.tar"), *x = in_dir("x");
+	const char *const entries[] = { "bin/", "bin/tool=tool", "dev/", "dev/kmem!c", "dev/mem!c", "run/", "run/fifo!p", NULL };
+	make_tar(t, entries);
+	struct cap_import_opts o = { .name = "devtest" };
+	assert_int_equal(cap_store_image_import_with(t, &o, &img, &rep, &err), 0);
+	assert_int_equal(rep.dropped, 3);
+	assert_non_null(strstr(rep.shown, "/dev/kmem"));
+	assert_non_null(strstr(rep.shown, "/run/fifo"));
+	/* The image's tree: the file is there, the nodes are not. */
+	mkdir(x, 0755);
+	_cleanup_free_ char *arg = xasprintf("--extract=%s", x);
+	char *argv[] = { "fsck.erofs", arg, img.owned_path, NULL };
+	assert_int_equal(cap_run(argv, NULL, NULL, &err), 0);
+	assert_true(exists(x, "bin/tool"));
+	assert_true(exists(x, "dev"));
+	assert_false(exists(x, "dev/kmem"));
+	assert_false(exists(x, "dev/mem"));
+	assert_false(exists(x, "run/fifo"));
+	cap_image_fini(&img);
+
+	/* A directory import leaves them out as well. */
+	_cleanup_free_ char *tree = in_dir("tree"), *fifo = in_dir("tree/pipe"), *f = in_dir("tree/f");
+	mkdir(tree, 0755);
+	write_text(f, "f");
+	assert_int_equal(mkfifo(fifo, 0644), 0);
+	struct cap_import_report rep2 = { 0 };
+	o.name = NULL;
+	assert_int_equal(cap_store_image_import_with(tree, &o, &img, &rep2, &err), 0);
+	assert_int_equal(rep2.dropped, 1);
+	assert_string_equal(rep2.shown, "/pipe");
+	cap_image_fini(&img);
+}
+
+static void references_normalized(void **state)
+{
+	(void)state;
+	static const char *const cases[][2] = {
+		{ "python:3.12-slim", "docker.io/library/python:3.12-slim" },
+		{ "alpine", "docker.io/library/alpine:latest" },
+		{ "org/img", "docker.io/org/img:latest" },
+		{ "index.docker.io/library/busybox:1", "docker.io/library/busybox:1" },
+		{ "127.0.0.1:5000/py:latest", "127.0.0.1:5000/py:latest" },
+		{ "localhost/a/b", "localhost/a/b:latest" },
+		{ "[::1]:5000/x", "[::1]:5000/x:latest" },
+		{ "ghcr.io/org/img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		  "ghcr.io/org/img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(cases); i++) {
+		struct cap_image_ref r;
+		assert_int_equal(cap_store_ref_parse(cases[i][0], &r, NULL), 0);
+		assert_string_equal(r.owned_full, cases[i][1]);
+		cap_image_ref_fini(&r);
+	}
+	static const char *const bad[] = { "", "UPPER/x", "a//b", "x:", "x@sha256:12", "a b", "-x" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		struct cap_image_ref r;
+		struct cap_err err = { 0 };
+		assert_int_equal(cap_store_ref_parse(bad[i], &r, &err), -EINVAL);
+		assert_true(err.msg[0]);
+	}
+	struct cap_image_ref r;
+	assert_int_equal(cap_store_ref_parse("[::1]:5000/x", &r, NULL), 0);
+	assert_string_equal(r.owned_host, "[::1]");
+	assert_true(cap_store_ref_loopback(r.owned_host));
+	cap_image_ref_fini(&r);
+	assert_true(cap_store_ref_loopback("127.0.0.1"));
+	assert_true(cap_store_ref_loopback("127.1.2.3"));
+	assert_true(cap_store_ref_loopback("localhost"));
+	assert_false(cap_store_ref_loopback("128.0.0.1"));
+	assert_false(cap_store_ref_loopback("127.0.0.1.example.com"));
+}
+
+/* A reference finds its image, by tag and by REPO@OCI digest; pulled
+ * again at other bytes it moves, and the old image keeps its digest. */
+static void references_find_and_move(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_image a = { 0 }, b = { 0 }, f = { 0 };
+	_cleanup_free_ char *t1 = in_dir("r1"), *t2 = in_dir("r2"), *f1 = in_dir("r1/one"), *f2 = in_dir("r2/two");
+	mkdir(t1, 0755);
+	mkdir(t2, 0755);
+	write_text(f1, "1");
+	write_text(f2, "2");
+	const char *d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+	const char *d2 = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+	struct cap_import_opts o = { .reference = "127.0.0.1:5000/t:v", .oci_digest = d1 };
+	assert_int_equal(cap_store_image_from_tree(t1, &o, &a, NULL, &err), 0);
+	assert_string_equal(a.owned_reference, "127.0.0.1:5000/t:v");
+	assert_string_equal(a.owned_oci_digest, d1);
+	assert_int_equal(cap_store_image_find("127.0.0.1:5000/t:v", &f, &err), 0);
+	assert_string_equal(f.digest, a.digest);
+	cap_image_fini(&f);
+	_cleanup_free_ char *pin1 = xasprintf("127.0.0.1:5000/t@%s", d1);
+	assert_int_equal(cap_store_image_find(pin1, &f, &err), 0);
+	assert_string_equal(f.digest, a.digest);
+	cap_image_fini(&f);
+	_cleanup_free_ char *other = xasprintf("127.0.0.1:5000/u@%s", d1);
+	assert_int_equal(cap_store_image_find(other, &f, &err), -ENOENT);
+	assert_non_null(strstr(err.msg, "capsule image pull"));
+
+	o.oci_digest = d2;
+	assert_int_equal(cap_store_image_from_tree(t2, &o, &b, NULL, &err), 0);
+	assert_string_not_equal(a.digest, b.digest);
+	assert_int_equal(cap_store_image_find("127.0.0.1:5000/t:v", &f, &err), 0);
+	assert_string_equal(f.digest, b.digest);	/* moved */
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_find(a.digest, &f, &err), 0);
+	assert_null(f.owned_reference);	/* no longer answers to the tag */
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_find(pin1, &f, &err), 0);
+	assert_string_equal(f.digest, a.digest);	/* the digest still pins */
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_remove("127.0.0.1:5000/t:v", NULL, NULL, &err), 0);
+	assert_int_equal(cap_store_image_find("127.0.0.1:5000/t:v", &f, &err), -ENOENT);
+	cap_image_fini(&a);
+	cap_image_fini(&b);
 }
 
 int main(void)
@@ -207,6 +344,9 @@ int main(void)
 		cmocka_unit_test(missing_agent_named),
 		cmocka_unit_test(layers_and_whiteouts),
 		cmocka_unit_test(hostile_layers),
+		cmocka_unit_test(device_nodes_dropped),
+		cmocka_unit_test(references_normalized),
+		cmocka_unit_test(references_find_and_move),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,441 @@
+/* Pulling images from registries: references are normalized as Docker
+ * does, the copy is skopeo's (the containers ecosystem's own resolver,
+ * auth files, mirrors and digest checks: `skopeo copy docker://REF
+ * oci:DIR`), and the OCI layout it writes goes through the import path
+ * like any other. skopeo runs from argv built here, never a shell. */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "paths.h"
+#include "sha256.h"
+#include "store-internal.h"
+#include "store.h"
+#include "util.h"
+
+#define PULL_TIMEOUT_S 1800
+#define TAIL 6
+
+void cap_image_ref_fini(struct cap_image_ref *ref)
+{
+	free(ref->owned_repo);
+	free(ref->owned_tag);
+	free(ref->owned_digest);
+	free(ref->owned_full);
+	free(ref->owned_host);
+	memset(ref, 0, sizeof(*ref));
+}
+
+static bool is_digest(const char *s)
+{
+	return strncmp(s, "sha256:", 7) == 0 && strlen(s) == 71 &&
+	       strspn(s + 7, "0123456789abcdef") == 64;
+}
+
+/* A repository path: components of [a-z0-9] separated by '.', '_', '__'
+ * or '-' runs, joined by '/'. */
+static bool path_valid(const char *p)
+{
+	if (!*p)
+		return false;
+	for (const char *c = p; *c; c++) {
+		bool alnum = islower((unsigned char)*c) || isdigit((unsigned char)*c);
+		bool sep = *c == '.' || *c == '_' || *c == '-' || *c == '/';
+		if (!alnum && !sep)
+			return false;
+		bool at_start = c == p || c[-1] == '/';
+		bool at_end = c[1] == '\0' || c[1] == '/';
+		if (sep && (at_start || at_end))
+			return false;
+	}
+	return true;
+}
+
+static bool tag_valid(const char *t)
+{
+	size_t n = strlen(t);
+	if (n == 0 || n > 128 || !(isalnum((unsigned char)t[0]) || t[0] == '_'))
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!(isalnum((unsigned char)t[i]) || t[i] == '_' || t[i] == '.' || t[i] == '-'))
+			return false;
+	return true;
+}
+
+static bool host_valid(const char *h)
+{
+	for (const char *c = h; *c; c++)
+		if (!(isalnum((unsigned char)*c) || strchr(".-:[]_", *c)))
+			return false;
+	return *h != '\0';
+}
+
+int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
+			struct cap_err *err)
+{
+	if (strncmp(ref, "docker://", 9) == 0)
+		ref += 9;
+	size_t len = strlen(ref);
+	if (len == 0 || len > 255)
+		return cap_err_set(err, EINVAL, "a registry reference is 1 to 255 characters, like registry.example.com/org/image:tag");
+	_cleanup_free_ char *s = xstrdup(ref);
+	char *digest = NULL, *tag = NULL;
+	char *at = strchr(s, '@');
+	if (at) {
+		*at = '\0';
+		digest = at + 1;
+		if (!is_digest(digest))
+			return cap_err_set(err, EINVAL, "'%s' in '%s' is not a digest: sha256: and 64 lowercase hex digits", digest, ref);
+	}
+	char *slash = strrchr(s, '/');
+	char *colon = strrchr(slash ? slash : s, ':');
+	if (colon) {
+		*colon = '\0';
+		tag = colon + 1;
+		if (!tag_valid(tag))
+			return cap_err_set(err, EINVAL, "'%s' in '%s' is not a tag: up to 128 of letters, digits, '_', '.', '-'", tag, ref);
+	}
+	/* The first component names a registry when it looks like a host. */
+	const char *domain = "docker.io", *path = s;
+	char *first = strchr(s, '/');
+	if (first && (memchr(s, '.', (size_t)(first - s)) || memchr(s, ':', (size_t)(first - s)) ||
+		      strncmp(s, "localhost/", 10) == 0 || s[0] == '[')) {
+		*first = '\0';
+		domain = s;
+		path = first + 1;
+		if (!host_valid(domain))
+			return cap_err_set(err, EINVAL, "'%s' in '%s' is not a registry host", domain, ref);
+		if (strcmp(domain, "index.docker.io") == 0 || strcmp(domain, "registry-1.docker.io") == 0)
+			domain = "docker.io";
+	}
+	if (!path_valid(path))
+		return cap_err_set(err, EINVAL, "'%s' in '%s' is not a repository: lowercase letters, digits and '.', '_', '-' between them, parts joined by '/'",
+				   path, ref);
+	bool library = strcmp(domain, "docker.io") == 0 && !strchr(path, '/');
+	char *repo = xasprintf("%s/%s%s", domain, library ? "library/" : "", path);
+	if (!tag && !digest)
+		tag = "latest";
+	/* The host without its port: "[::1]:5000" -> "[::1]". */
+	char *host = xstrdup(domain);
+	char *port = host[0] == '[' ? strchr(host, ']') : host;
+	if (port && (port = strchr(port, ':')))
+		*port = '\0';
+	*out = (struct cap_image_ref){
+		.owned_repo = repo,
+		.owned_tag = tag ? xstrdup(tag) : NULL,
+		.owned_digest = digest ? xstrdup(digest) : NULL,
+		.owned_full = xasprintf("%s%s%s%s%s", repo, tag ? ":" : "", tag ? tag : "",
+					digest ? "@" : "", digest ? digest : ""),
+		.owned_host = host,
+	};
+	return 0;
+}
+
+bool cap_store_ref_loopback(const char *host)
+{
+	struct in_addr a4;
+	if (strcmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0)
+		return true;
+	return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
+}
+
+/* skopeo's lines: passed on as progress, the last ones kept for errors. */
+struct lines {
+	cap_progress_fn progress;
+	void *ud;
+	char tail[TAIL][512];
+	int n;
+};
+
+/* skopeo's fatal line is logrus's `time="..." level=fatal msg="..."`:
+ * keep the message, unquoted. */
+static void unlog(const char *line, char *out, size_t len)
+{
+	const char *m = strstr(line, "msg=\"");
+	if (!m || strncmp(line, "time=", 5) != 0) {
+		snprintf(out, len, "%s", line);
+		return;
+	}
+	size_t k = 0;
+	for (m += 5; *m && k + 1 < len; m++) {
+		if (m[0] == '\\' && m[1]) {
+			out[k++] = *++m;
+			continue;
+		}
+		if (m[0] == '"' && m[1] == '\0')
+			break;
+		out[k++] = *m;
+	}
+	out[k] = '\0';
+}
+
+static void on_line(void *ud, const char *line)
+{
+	struct lines *l = ud;
+	char clean[512];
+	unlog(line, clean, sizeof(clean));
+	snprintf(l->tail[l->n % TAIL], sizeof(l->tail[0]), "%s", clean);
+	l->n++;
+	if (l->progress && strncmp(line, "time=", 5) != 0)
+		l->progress(l->ud, line);
+}
+
+static bool tail_has(const struct lines *l, const char *what)
+{
+	for (int i = l->n > TAIL ? l->n - TAIL : 0; i < l->n; i++)
+		if (strcasestr(l->tail[i % TAIL], what))
+			return true;
+	return false;
+}
+
+/* What to do about a failed copy, from skopeo's reason. *code is set to
+ * the errno that fits. */
+static const char *advice(const struct lines *l, const struct cap_image_ref *r,
+			  bool insecure, int *code)
+{
+	*code = EIO;
+	if (tail_has(l, "does not match") || tail_has(l, "digest did not match") ||
+	    tail_has(l, "digest mismatch") || tail_has(l, "manifest does not match")) {
+		*code = EBADMSG;
+		return "the registry sent bytes that do not match the digest: refused, nothing was imported. Check the digest, or the registry (a mirror or proxy serving other content)";
+	}
+	if (tail_has(l, "connection refused") || tail_has(l, "no such host") ||
+	    tail_has(l, "i/o timeout") || tail_has(l, "network is unreachable") ||
+	    tail_has(l, "deadline exceeded") || tail_has(l, "no route to host") ||
+	    tail_has(l, "server misbehaving") || tail_has(l, "temporary failure in name resolution")) {
+		*code = EHOSTUNREACH;
+		return "the registry cannot be reached: check the host and port in the reference, that the registry runs, and HTTPS_PROXY/NO_PROXY if a proxy is needed";
+	}
+	if (tail_has(l, "unauthorized") || tail_has(l, "authentication required") ||
+	    tail_has(l, "denied")) {
+		*code = EACCES;
+		return "the registry wants credentials, or the repository does not exist: log in with `skopeo login HOST` (or podman/docker login; skopeo reads ${XDG_RUNTIME_DIR}/containers/auth.json and ~/.docker/config.json), and check the name";
+	}
+	if (tail_has(l, "manifest unknown") || tail_has(l, "not found") || tail_has(l, "name unknown")) {
+		*code = ENOENT;
+		return r->owned_digest ? "the registry has no manifest with that digest (a digest the registry does not have, or a mistyped one): check it, or pull by tag"
+				       : "the registry has no such repository or tag: check the name and tag";
+	}
+	if (tail_has(l, "no image found in manifest list for architecture") ||
+	    tail_has(l, "choosing image instance")) {
+		*code = ENOENT;
+		return "the image has no build for the platform asked for: see --platform";
+	}
+	if (tail_has(l, "x509") || tail_has(l, "http response to https client") || tail_has(l, "tls")) {
+		*code = EPROTO;
+		return insecure ? "TLS failed even without verification; check the registry's address and port"
+				: "the registry does not speak verified HTTPS: if you trust the network path to it, pass --insecure";
+	}
+	if (tail_has(l, "policy"))
+		return "skopeo's signature policy refused the image: see /etc/containers/policy.json (or ~/.config/containers/policy.json)";
+	return "see skopeo's reason above";
+}
+
+/* Read a blob of the layout whose digest is digest, checked; JSON. */
+static json_t *layout_json(const char *layout, const char *digest, struct cap_err *err)
+{
+	if (!digest || !is_digest(digest)) {
+		cap_err_set(err, EBADMSG, "%s/index.json names no valid digest; skopeo wrote an unexpected layout", layout);
+		return NULL;
+	}
+	_cleanup_free_ char *p = xasprintf("%s/blobs/sha256/%s", layout, digest + 7);
+	struct cap_sha256 h;
+	char hex[65];
+	cap_sha256_init(&h);
+	int r = cap_sha256_update_file(&h, p);
+	cap_sha256_final_hex(&h, hex);
+	if (r < 0 || strcmp(hex, digest + 7) != 0) {
+		cap_err_set(err, EBADMSG, "blob %s in %s is missing or does not match its digest", digest, layout);
+		return NULL;
+	}
+	json_error_t je;
+	json_t *j = json_load_file(p, 0, &je);
+	if (!j)
+		cap_err_set(err, EBADMSG, "blob %s in %s is not JSON: %s", digest, layout, je.text);
+	return j;
+}
+
+/* The platform's manifest digest skopeo wrote into the layout, checked
+ * against the platform asked for. *out is a new string. */
+static int layout_manifest(const char *layout, const char *os, const char *arch,
+			   char **out, struct cap_err *err)
+{
+	_cleanup_free_ char *ipath = xasprintf("%s/index.json", layout);
+	json_t *index = json_load_file(ipath, 0, NULL);
+	json_t *m0 = json_array_get(json_object_get(index, "manifests"), 0);
+	const char *digest = json_string_value(json_object_get(m0, "digest"));
+	const char *mt = json_string_value(json_object_get(m0, "mediaType"));
+	int r = 0;
+	if (!digest || (mt && strstr(mt, "index"))) {
+		r = cap_err_set(err, EBADMSG, "%s does not name one image manifest; skopeo wrote an unexpected layout", ipath);
+		goto out;
+	}
+	json_t *man = layout_json(layout, digest, err);
+	if (!man) {
+		r = -EBADMSG;
+		goto out;
+	}
+	const char *cd = json_string_value(json_object_get(json_object_get(man, "config"), "digest"));
+	json_t *cfg = layout_json(layout, cd, err);
+	json_decref(man);
+	if (!cfg) {
+		r = -EBADMSG;
+		goto out;
+	}
+	const char *cos = json_string_value(json_object_get(cfg, "os"));
+	const char *carch = json_string_value(json_object_get(cfg, "architecture"));
+	if ((cos && strcmp(cos, os) != 0) || (carch && strcmp(carch, arch) != 0))
+		r = cap_err_set(err, ENOEXEC, "the image is for %s/%s, not %s/%s: it would not run here; pick another tag or --platform",
+				cos ? cos : "?", carch ? carch : "?", os, arch);
+	json_decref(cfg);
+	if (r == 0)
+		*out = xstrdup(digest);
+out:
+	json_decref(index);
+	return r;
+}
+
+static bool policy_present(void)
+{
+	const char *home = getenv("HOME");
+	if (home) {
+		_cleanup_free_ char *p = xasprintf("%s/.config/containers/policy.json", home);
+		if (access(p, R_OK) == 0)
+			return true;
+	}
+	return access("/etc/containers/policy.json", R_OK) == 0;
+}
+
+int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
+			 struct cap_image *out, struct cap_import_report *report,
+			 struct cap_err *err)
+{
+	struct cap_image_ref pr = { 0 };
+	int r = cap_store_ref_parse(ref, &pr, err);
+	if (r < 0)
+		return r;
+	if (o->name && !cap_store_image_name_valid(o->name)) {
+		cap_image_ref_fini(&pr);
+		return cap_err_set(err, EINVAL, "image name '%s' is not valid: 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit", o->name);
+	}
+
+	/* OS/ARCH[/VARIANT] */
+	char os[32] = "linux", arch[32] = "amd64", variant[32] = "";
+	if (o->platform) {
+		char extra;
+		int k = sscanf(o->platform, "%31[a-z0-9_]/%31[a-z0-9_]/%31[a-z0-9_]%c", os, arch, variant, &extra);
+		if (k < 2 || k > 3 || strlen(o->platform) != strlen(os) + strlen(arch) + 1 + (k == 3 ? strlen(variant) + 1 : 0)) {
+			cap_image_ref_fini(&pr);
+			return cap_err_set(err, EINVAL, "platform '%s' is not OS/ARCH[/VARIANT], like linux/amd64 or linux/arm64/v8", o->platform);
+		}
+	}
+	_cleanup_free_ char *skopeo = cap_find_program("skopeo");
+	if (!skopeo) {
+		cap_image_ref_fini(&pr);
+		return cap_err_set(err, ENOENT, "skopeo is not installed, and capsule pulls images through it: apt-get install skopeo");
+	}
+
+	_cleanup_free_ char *images = cap_store_images_dir();
+	if ((r = cap_mkdir_p(images, 0755)) < 0) {
+		cap_image_ref_fini(&pr);
+		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
+	}
+	_cleanup_free_ char *work = xasprintf("%s/tmp-pull-XXXXXX", images);
+	if (!mkdtemp(work)) {
+		r = cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
+		cap_image_ref_fini(&pr);
+		return r;
+	}
+	_cleanup_free_ char *layout = xasprintf("%s/layout", work);
+	_cleanup_free_ char *sktmp = xasprintf("%s/tmp", work);
+	_cleanup_free_ char *policy = xasprintf("%s/policy.json", work);
+	_cleanup_free_ char *timeout = xasprintf("%us", o->timeout_s ? o->timeout_s : PULL_TIMEOUT_S);
+	/* A reference with a tag and a digest is fetched by the digest. */
+	_cleanup_free_ char *src = xasprintf("docker://%s%s%s", pr.owned_digest ? pr.owned_repo : pr.owned_full,
+					     pr.owned_digest ? "@" : "", pr.owned_digest ? pr.owned_digest : "");
+	_cleanup_free_ char *dst = xasprintf("oci:%s:capsule", layout);
+	mkdir(sktmp, 0700);
+
+	const char *argv[32];
+	size_t k = 0;
+	argv[k++] = skopeo;
+	argv[k++] = "--command-timeout";
+	argv[k++] = timeout;
+	argv[k++] = "--tmpdir";
+	argv[k++] = sktmp;
+	argv[k++] = "--override-os";
+	argv[k++] = os;
+	argv[k++] = "--override-arch";
+	argv[k++] = arch;
+	if (*variant) {
+		argv[k++] = "--override-variant";
+		argv[k++] = variant;
+	}
+	if (!policy_present()) {
+		/* No policy at all: skopeo refuses to run. Accept what the
+		 * registry serves, as docker does (digests are still checked). */
+		static const char accept[] = "{\"default\":[{\"type\":\"insecureAcceptAnything\"}]}\n";
+		cap_write_file_atomic(policy, accept, strlen(accept), 0600);
+		argv[k++] = "--policy";
+		argv[k++] = policy;
+	}
+	argv[k++] = "copy";
+	argv[k++] = "--retry-times";
+	argv[k++] = "0";
+	argv[k++] = "--remove-signatures";
+	bool plain = o->insecure || cap_store_ref_loopback(pr.owned_host);
+	if (plain)
+		argv[k++] = "--src-tls-verify=false";
+	argv[k++] = src;
+	argv[k++] = dst;
+	argv[k] = NULL;
+
+	if (o->progress) {
+		_cleanup_free_ char *msg = xasprintf("pulling %s for %s/%s%s%s%s", pr.owned_full, os, arch,
+						     *variant ? "/" : "", variant,
+						     plain ? " (plain HTTP allowed, no TLS verification)" : "");
+		o->progress(o->ud, msg);
+	}
+	struct lines lines = { .progress = o->progress, .ud = o->ud };
+	struct cap_err rerr = { 0 };
+	r = cap_run((char *const *)argv, on_line, &lines, &rerr);
+	_cleanup_free_ char *oci_digest = NULL, *source = NULL;
+	if (r < 0) {
+		int code;
+		const char *what = advice(&lines, &pr, o->insecure, &code);
+		char tail[700] = "";
+		size_t used = 0;
+		int first = lines.n > 3 ? lines.n - 3 : 0;
+		for (int i = first; i < lines.n && used < sizeof(tail) - 1; i++)
+			used += (size_t)snprintf(tail + used, sizeof(tail) - used, "\n  skopeo: %.300s", lines.tail[i % TAIL]);
+		if (lines.n == 0)
+			snprintf(tail, sizeof(tail), "\n  %.600s", rerr.msg);
+		r = cap_err_set(err, code, "cannot pull %s: %s%s", pr.owned_full, what, tail);
+		goto out;
+	}
+	if ((r = layout_manifest(layout, os, arch, &oci_digest, err)) < 0) {
+		cap_err_prefix(err, "pulled %s, but", pr.owned_full);
+		goto out;
+	}
+	/* What the reference pinned, when that is not the manifest stored:
+	 * an index, or a Docker manifest skopeo converted to OCI. */
+	const char *pinned = pr.owned_digest && strcmp(pr.owned_digest, oci_digest) != 0 ? pr.owned_digest : NULL;
+	source = xasprintf("pull of %s (%s/%s%s%s)", pr.owned_full, os, arch,
+						*variant ? "/" : "", variant);
+	struct cap_import_opts io = {
+		.name = o->name, .source = source, .reference = pr.owned_full,
+		.oci_digest = oci_digest, .pinned_digest = pinned,
+		.progress = o->progress, .ud = o->ud,
+	};
+	r = cap_store_image_import_with(layout, &io, out, report, err);
+out:
+	cap_remove_tree(work);
+	cap_image_ref_fini(&pr);
+	return r;
+}

@@ -5,7 +5,7 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 
-.PHONY: all bootstrap build kernel demo test bench clean
+.PHONY: all bootstrap build kernel demo test bench deb clean
 
 all: build
 
@@ -29,6 +29,11 @@ test: build kernel
 
 bench: build kernel
 	@bench/run.sh $(BUILD)
+
+# The Debian package (docs/packaging.md): $(BUILD)/dist/capsule_VERSION_amd64.deb.
+# The guest kernel is not in it (each user builds it once), so no kernel here.
+deb: build
+	@scripts/make-deb.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

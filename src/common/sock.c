@@ -1,6 +1,10 @@
 #include "sock.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -27,5 +31,52 @@ int cap_unix_listen(const char *path, struct cap_err *err)
 		close(fd);
 		return cap_err_set(err, e, "cannot listen on %s: %s", path, strerror(e));
 	}
+	return fd;
+}
+
+int cap_unix_activated(char **path, struct cap_err *err)
+{
+	const char *pid_s = getenv("LISTEN_PID"), *fds_s = getenv("LISTEN_FDS");
+	if (!pid_s)
+		return -ENOENT;
+	char *end;
+	long pid = strtol(pid_s, &end, 10);
+	bool ours = *pid_s && !*end && pid == (long)getpid();
+	long n = fds_s ? strtol(fds_s, &end, 10) : 0;
+	bool n_ok = fds_s && *fds_s && !*end;
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	if (!ours)
+		return -ENOENT;	/* meant for another process */
+	if (!n_ok || n < 1)
+		return cap_err_set(err, EINVAL, "socket activation: LISTEN_FDS is '%s'; expected 1 (one listening unix socket)",
+				   fds_s ? fds_s : "");
+	if (n != 1)
+		return cap_err_set(err, EINVAL, "socket activation: %ld sockets were passed; capsule serve takes exactly one (a ListenStream= unix socket)", n);
+	const int fd = 3;
+	int type = 0, listening = 0;
+	socklen_t len = sizeof(type);
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0)
+		return cap_err_set(err, errno, "socket activation: descriptor 3 is not a socket: %s", strerror(errno));
+	len = sizeof(listening);
+	if (type != SOCK_STREAM || getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) < 0 || !listening)
+		return cap_err_set(err, EINVAL, "socket activation: descriptor 3 is not a listening stream socket (give the unit ListenStream=PATH)");
+	struct sockaddr_un sa;
+	len = sizeof(sa);
+	memset(&sa, 0, sizeof(sa));
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
+		return cap_err_set(err, errno, "socket activation: getsockname on descriptor 3: %s", strerror(errno));
+	if (sa.sun_family != AF_UNIX)
+		return cap_err_set(err, EAFNOSUPPORT, "socket activation: descriptor 3 is not a unix socket; capsule serve listens on a unix socket only (ListenStream=/PATH)");
+	size_t plen = len > offsetof(struct sockaddr_un, sun_path) ? len - offsetof(struct sockaddr_un, sun_path) : 0;
+	if (plen == 0 || sa.sun_path[0] == '\0')
+		return cap_err_set(err, EINVAL, "socket activation: the unix socket on descriptor 3 is unnamed or abstract; give it a path (ListenStream=/PATH)");
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "socket activation: cannot set up descriptor 3: %s", strerror(errno));
+	*path = strndup(sa.sun_path, strnlen(sa.sun_path, plen < sizeof(sa.sun_path) ? plen : sizeof(sa.sun_path)));
+	if (!*path)
+		return cap_err_set(err, ENOMEM, "out of memory");
 	return fd;
 }

@@ -429,6 +429,13 @@ static int workspace_(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer
 
 _Static_assert(CAP_CTL_VM_NPOLL == CAP_SANDBOX_NPOLL, "one poll layout");
 
+static int prepare_(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, void *fud,
+		    struct cap_prep_cancel *cancel, struct cap_prep_out *out, struct cap_err *err)
+{
+	(void)ud;
+	return cap_ctl_prepare(req, fn, fud, cancel, out, err);
+}
+
 const struct cap_ctl_backend ctl_named_backend = {
 	.job_begin = job_begin,
 	.job_end = job_end,
@@ -450,4 +457,5 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.vm_free = vm_free,
 	.xfer = xfer_,
 	.workspace = workspace_,
+	.prepare = prepare_,
 };

@@ -35,7 +35,7 @@ _Static_assert(REQUEST_MAX >= 4 * (((size_t)CAP_CTL_INLINE_MAX + 2) / 3) + (1u <
 
 struct conn;
 
-enum method { M_TOOL, M_UPLOAD, M_DOWNLOAD };
+enum method { M_TOOL, M_UPLOAD, M_DOWNLOAD, M_PREPARE };
 
 /* A call submitted for a connection; the tag the core gives back. */
 struct pending {
@@ -63,6 +63,7 @@ struct cap_rpc_server {
 	struct cap_ctl_fe *fe;
 	char *path;
 	int listen_fd, lock_fd;
+	bool adopted;	/* handed over (socket activation): never unlinked here */
 	bool stopped;	/* shutting down: no new connections or requests */
 	int spare_fd;	/* held for refusing a connection when out of descriptors */
 	struct conn *conns;
@@ -456,6 +457,26 @@ static void put_counts(json_t *o, const struct cap_ctl_xfer_out *x)
 	json_object_set_new(o, "bytes", json_integer((json_int_t)x->bytes));
 }
 
+/* The phases in bits (1u << phase) as ["kernel", ...]. */
+static json_t *phases_json(unsigned bits)
+{
+	json_t *a = json_array();
+	for (unsigned ph = 0; ph < CAP_PREP_NPHASES; ph++)
+		if (bits & (1u << ph))
+			json_array_append_new(a, json_string(cap_prep_phase_name((enum cap_prep_phase)ph)));
+	return a;
+}
+
+json_t *cap_rpc_prepare_json(const struct cap_prep_out *o)
+{
+	json_t *img = json_pack("{s:o, s:s}", "name", o->owned_image_name ? cap_json_text(o->owned_image_name) : json_null(),
+				"digest", o->image_digest);
+	return json_pack("{s:b, s:o, s:o, s:o, s:o, s:b, s:I}", "prepared", 1, "built", phases_json(o->built),
+			 "kernel", o->owned_kernel ? cap_json_text(o->owned_kernel) : json_null(),
+			 "initramfs", o->owned_initramfs ? cap_json_text(o->owned_initramfs) : json_null(),
+			 "image", img, "template", o->template_on, "duration_ms", (json_int_t)o->duration_ms);
+}
+
 /* The answer to a tool method: a result, or an error whose data carries
  * errno, refused paths and the private import when there are. */
 static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
@@ -472,6 +493,8 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 		if (p->method == M_DOWNLOAD && r->kind == CAP_CTL_FILE && r->errnum == EFBIG)
 			snprintf(msg, sizeof(msg), "%s; a file over %u bytes (16 MiB) is downloaded with \"to\", a new path in a --transfer-dir",
 				 r->msg ? r->msg : "the file is too big", CAP_CTL_INLINE_MAX);
+	} else if (r->kind == CAP_CTL_PREPARE) {
+		res = cap_rpc_prepare_json(r->prep);
 	} else if (r->kind == CAP_CTL_EXEC) {
 		res = json_pack("{s:s, s:o, s:o, s:b, s:b, s:o, s:o, s:i}", "sandbox", r->sandbox,
 				"exit_code", ex->kind == CAP_EXIT_SIGNAL ? json_null() : json_integer(cap_exit_status(ex)),
@@ -541,14 +564,20 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 	if (res) {
 		if (r->import)
 			json_object_set_new(res, "import", cap_rpc_import_json(r->import));
+		if (r->prepared && r->kind != CAP_CTL_PREPARE)
+			json_object_set_new(res, "prepared", phases_json(r->prepared));
 		result_to(k, p->id, res);
 		return;
 	}
 	json_t *data = NULL;
 	if (r->code == CAP_CTL_ECAPACITY)
 		data = json_pack("{s:b, s:i}", "retryable", 1, "capacity", cap_ctl_cfg(s->ctl)->lc.capacity);
+	else if (r->prep)	/* the preparation failed: calling again retries it */
+		data = json_pack("{s:s, s:b}", "phase", cap_prep_phase_name(r->prep->failed), "retryable", 1);
 	else if (r->errnum)
 		data = json_pack("{s:i}", "errno", r->errnum);
+	if (r->prep && r->errnum)
+		json_object_set_new(data, "errno", json_integer(r->errnum));
 	if (r->xfer && (r->xfer->nrefused || r->xfer->files || r->xfer->dirs)) {
 		if (!data)
 			data = json_object();
@@ -1039,6 +1068,34 @@ static void m_stop_remove(struct cap_rpc_server *s, struct conn *k, json_t *id, 
 	submit(s, k, id, agent, peer, &req, NULL);
 }
 
+/* prepare: {} (params may be omitted): kernel, initramfs, image and
+ * template made sure of, with progress notifications on this connection. */
+static void m_prepare(struct cap_rpc_server *s, struct conn *k, json_t *id)
+{
+	struct pending *p = xcalloc(1, sizeof(*p));
+	p->conn = k;
+	p->id = id ? json_incref(id) : NULL;
+	p->method = M_PREPARE;
+	p->next = k->calls;
+	k->calls = p;
+	p->call = cap_ctl_prepare_submit(s->ctl, s->fe, p);
+}
+
+/* A notification to the caller of a request waiting for the
+ * preparation (none for a notification of its own: nothing to name). */
+static void rpc_progress(void *fe, struct cap_ctl *c, void *tag, const struct cap_prep_event *ev)
+{
+	struct pending *p = tag;
+	(void)fe, (void)c;
+	if (!p->conn || !p->id || p->conn->closing)
+		return;
+	cap_rpc_put_request(&p->conn->out, -1, "progress",
+			    json_pack("{s:O, s:s, s:s, s:i, s:i, s:o}", "request", p->id,
+				      "phase", cap_prep_phase_name(ev->phase), "status", cap_prep_status_name(ev->status),
+				      "done", (int)ev->done, "total", CAP_PREP_NPHASES,
+				      "message", cap_json_text(ev->message ? ev->message : "")));
+}
+
 static void m_cancel(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
 {
 	json_t *target = json_object_get(params, "id");
@@ -1101,6 +1158,8 @@ static void handle(struct cap_rpc_server *s, struct conn *k, const char *line, s
 		m_stop_remove(s, k, id, params, true);
 	else if (strcmp(method, "cancel") == 0)
 		m_cancel(s, k, id, params);
+	else if (strcmp(method, "prepare") == 0)
+		m_prepare(s, k, id);
 	else if (strcmp(method, "_test.advance") == 0 && cap_ctl_cfg(s->ctl)->manual_clock) {
 		json_t *ms = json_object_get(params, "ms");
 		int64_t now;
@@ -1224,24 +1283,29 @@ static const struct cap_ctl_frontend_ops rpc_ops = {
 	.flush = rpc_flush,
 	.done = rpc_done,
 	.shutdown = rpc_shutdown,
+	.progress = rpc_progress,
 };
 
-int cap_rpc_server_new(struct cap_ctl *c, const char *path, struct cap_rpc_server **out,
-		       struct cap_err *err)
+static int server_new(struct cap_ctl *c, const char *path, int fd, struct cap_rpc_server **out,
+		      struct cap_err *err)
 {
 	struct cap_rpc_server *s = xcalloc(1, sizeof(*s));
 	_cleanup_free_ char *lockp = xasprintf("%s.lock", path);
 	s->ctl = c;
-	s->listen_fd = -1;
+	s->listen_fd = fd;
+	s->adopted = fd >= 0;
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->path = xstrdup(path);
-	/* One server per socket (two homes could name the same one). */
+	/* One server per socket (two homes could name the same one). A
+	 * service manager that hands the socket over makes sure of that
+	 * itself: a lock that cannot be made beside it is not needed. */
 	s->lock_fd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+	if ((s->lock_fd < 0 && !s->adopted) || (s->lock_fd >= 0 && flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0)) {
 		cap_rpc_server_free(s);
 		return cap_err_set(err, EBUSY, "another capsule controller is using %s (%s is locked)", path, lockp);
 	}
-	s->listen_fd = cap_unix_listen(path, err);
+	if (!s->adopted)
+		s->listen_fd = cap_unix_listen(path, err);
 	if (s->listen_fd < 0) {
 		int r = s->listen_fd;
 		cap_rpc_server_free(s);
@@ -1250,6 +1314,18 @@ int cap_rpc_server_new(struct cap_ctl *c, const char *path, struct cap_rpc_serve
 	s->fe = cap_ctl_add_frontend(c, &rpc_ops, s);
 	*out = s;
 	return 0;
+}
+
+int cap_rpc_server_new(struct cap_ctl *c, const char *path, struct cap_rpc_server **out,
+		       struct cap_err *err)
+{
+	return server_new(c, path, -1, out, err);
+}
+
+int cap_rpc_server_adopt(struct cap_ctl *c, int fd, const char *path, struct cap_rpc_server **out,
+			 struct cap_err *err)
+{
+	return server_new(c, path, fd, out, err);
 }
 
 void cap_rpc_server_free(struct cap_rpc_server *s)
@@ -1272,7 +1348,8 @@ void cap_rpc_server_free(struct cap_rpc_server *s)
 	}
 	if (s->listen_fd >= 0) {
 		close(s->listen_fd);
-		unlink(s->path);
+		if (!s->adopted)
+			unlink(s->path);	/* a handed-over socket stays its manager's */
 	}
 	if (s->lock_fd >= 0)
 		close(s->lock_fd);
@@ -1293,11 +1370,26 @@ int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, struc
 			: xasprintf("%s/%s", cwd, socket_path);	/* others find it by this name */
 	cfg->frontend = "serve";
 	cfg->socket_path = NULL;	/* named once it listens */
+	/* Socket activation: the service manager's socket, whatever
+	 * --socket says. */
+	char *apath = NULL;
+	int afd = cap_unix_activated(&apath, err);
+	if (afd < 0 && afd != -ENOENT)
+		return afd;
+	if (afd >= 0) {
+		if (socket_path && strcmp(socket_path, apath) != 0)
+			cap_log(CAP_LOG_WARN, "--socket %s is not used: the service manager passed %s", socket_path, apath);
+		free(path);
+		path = apath;
+	}
 	cap_ctl_check_image(cfg);
 	int r = cap_ctl_new(cfg, &c, err);
-	if (r == 0 && (r = cap_rpc_server_new(c, path, &s, err)) == 0 &&
-	    (r = cap_ctl_set_socket(c, path, err)) == 0) {
-		cap_log(CAP_LOG_INFO, "listening on %s", path);
+	if (r < 0 && afd >= 0)
+		close(afd);
+	if (r == 0)
+		r = afd >= 0 ? cap_rpc_server_adopt(c, afd, path, &s, err) : cap_rpc_server_new(c, path, &s, err);
+	if (r == 0 && (r = cap_ctl_set_socket(c, path, err)) == 0) {
+		cap_log(CAP_LOG_INFO, "listening on %s%s", path, afd >= 0 ? " (passed by the service manager)" : "");
 		r = cap_ctl_run(c, err);
 	}
 	cap_ctl_free(c);
@@ -1443,8 +1535,9 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 	}
 }
 
-int cap_rpc_call(const char *socket_path, const char *method, json_t *params, int timeout_ms,
-		 json_t **result, struct cap_err *err)
+int cap_rpc_call_notify(const char *socket_path, const char *method, json_t *params, int timeout_ms,
+			cap_rpc_notify_fn notify, void *ud, json_t **result, json_t **error_data,
+			struct cap_err *err)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	if (strlen(socket_path) >= sizeof(sa.sun_path)) {
@@ -1472,8 +1565,36 @@ int cap_rpc_call(const char *socket_path, const char *method, json_t *params, in
 	struct cap_buf in;
 	cap_buf_init(&in);
 	int64_t end = cap_now_ms() + timeout_ms;
-	const uint8_t *nl = NULL;
-	while (r == 0 && !(cap_buf_used(&in) && (nl = memchr(cap_buf_head(&in), '\n', cap_buf_used(&in))))) {
+	bool answered = false;
+	while (r == 0 && !answered) {
+		const uint8_t *nl = cap_buf_used(&in) ? memchr(cap_buf_head(&in), '\n', cap_buf_used(&in)) : NULL;
+		if (nl) {
+			size_t len = (size_t)(nl - cap_buf_head(&in));
+			struct cap_rpc_msg m;
+			json_t *bad;
+			char msg[600];
+			int pr = cap_rpc_parse((const char *)cap_buf_head(&in), len, &m, &bad, msg, sizeof(msg));
+			if (pr == 0 && m.method && !m.id) {
+				/* A notification (progress): the wait starts again. */
+				if (notify)
+					notify(ud, m.method, m.params);
+				end = cap_now_ms() + timeout_ms;
+			} else if (pr != 0 || m.method) {
+				r = cap_err_set(err, EPROTO, "the controller at %s sent a malformed answer", socket_path);
+			} else if (m.error) {
+				const char *em = json_string_value(json_object_get(m.error, "message"));
+				r = cap_err_set(err, EIO, "%s", em ? em : "the controller refused");
+				if (error_data && json_object_get(m.error, "data"))
+					*error_data = json_incref(json_object_get(m.error, "data"));
+				answered = true;
+			} else {
+				*result = json_incref(m.result);
+				answered = true;
+			}
+			cap_rpc_msg_fini(&m);
+			cap_buf_consume(&in, len + 1);
+			continue;
+		}
 		int64_t left = end - cap_now_ms();
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		if (left <= 0 || poll(&p, 1, (int)left) == 0) {
@@ -1488,21 +1609,12 @@ int cap_rpc_call(const char *socket_path, const char *method, json_t *params, in
 		else if (n > 0)
 			cap_buf_commit(&in, (size_t)n);
 	}
-	if (r == 0) {
-		struct cap_rpc_msg m;
-		json_t *bad;
-		char msg[600];
-		if (cap_rpc_parse((const char *)cap_buf_head(&in), (size_t)(nl - cap_buf_head(&in)), &m, &bad, msg,
-				  sizeof(msg)) != 0 || m.method) {
-			r = cap_err_set(err, EPROTO, "the controller at %s sent a malformed answer", socket_path);
-		} else if (m.error) {
-			const char *em = json_string_value(json_object_get(m.error, "message"));
-			r = cap_err_set(err, EIO, "%s", em ? em : "the controller refused");
-		} else {
-			*result = json_incref(m.result);
-		}
-		cap_rpc_msg_fini(&m);
-	}
 	cap_buf_fini(&in);
 	return r;
+}
+
+int cap_rpc_call(const char *socket_path, const char *method, json_t *params, int timeout_ms,
+		 json_t **result, struct cap_err *err)
+{
+	return cap_rpc_call_notify(socket_path, method, params, timeout_ms, NULL, NULL, result, NULL, err);
 }

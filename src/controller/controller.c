@@ -136,6 +136,11 @@ struct cap_ctl_call {
 	bool abandoned;
 	int64_t deadline;	/* real ms: the timeout plus the grace; 0: none */
 	struct cap_buf out, err;
+	/* Waiting for the controller's preparation (on ctl->prep_waiters),
+	 * and what it built, for the result. */
+	bool prep_wait;
+	unsigned prep_built;
+	struct cap_ctl_call *prep_next;
 	struct cap_ctl_call *next;
 };
 
@@ -176,7 +181,36 @@ struct ident {
 	struct ident *next;
 };
 
-enum slot_kind { SLOT_SIGNAL, SLOT_FE, SLOT_VM, SLOT_JOB, SLOT_TASK };
+enum slot_kind { SLOT_SIGNAL, SLOT_FE, SLOT_VM, SLOT_JOB, SLOT_TASK, SLOT_PREP };
+
+/* A progress event on its way from the preparation's worker to the loop. */
+struct prep_ev {
+	struct cap_prep_event ev;	/* message points to owned_msg */
+	char *owned_msg;
+	struct prep_ev *next;
+};
+
+/* The preparation running in a worker thread. The thread appends events
+ * (under lock) and signals efd, and sets finished last; the loop reads
+ * r, err and out only after it has joined the thread. */
+struct prep_run {
+	pthread_t thread;
+	int efd;
+	pthread_mutex_t lock;
+	struct prep_ev *head, **tail;	/* not taken by the loop yet */
+	bool finished;
+	const struct cap_ctl_backend *be;
+	void *bud;
+	char *owned_image;
+	struct cap_prep_req req;
+	struct cap_prep_cancel cancel;
+	int r;
+	struct cap_err err;
+	struct cap_prep_out out;
+	/* The loop's: events told so far (not the lines), replayed to a
+	 * call that joins later, so that each sees every phase. */
+	struct prep_ev *log, **log_tail;
+};
 
 struct slot {
 	enum slot_kind kind;
@@ -205,6 +239,12 @@ struct cap_ctl {
 	struct cap_ctl_fe *fes;
 	struct ident *idents;
 	struct cap_ctl_poll poll;
+	/* Preparation: done once it succeeded; the run under way and the
+	 * calls waiting for it (PREPARE calls and tool calls, in order). */
+	bool prepared;
+	struct prep_run *prep;
+	struct cap_ctl_call *prep_waiters;
+	struct cap_ctl_call *prep_queue;	/* PREPARE calls not taken yet (by next) */
 };
 
 const struct cap_controller_cfg *cap_ctl_cfg(const struct cap_ctl *c)
@@ -527,9 +567,15 @@ static bool is_tool(enum cap_ctl_kind kind)
 }
 
 /* Hand the result to the call's front end and free the call. */
+static void prep_unwait(struct cap_ctl *c, struct cap_ctl_call *k);
+
 static void deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r)
 {
 	struct import_report *rep = NULL;
+	if (k->prep_wait)
+		prep_unwait(c, k);
+	if (is_tool(k->kind) && !r->prepared)
+		r->prepared = k->prep_built;
 	r->kind = k->kind;
 	if (k->ident && !r->sandbox)
 		r->sandbox = k->ident->name;
@@ -1148,6 +1194,232 @@ static void begin_import(struct cap_ctl *c, struct ident *i)
 	task_free(t);
 }
 
+/* --- preparation, in a worker thread ------------------------------------------------- */
+
+static void prep_ev_free(struct prep_ev *e)
+{
+	while (e) {
+		struct prep_ev *next = e->next;
+		free(e->owned_msg);
+		free(e);
+		e = next;
+	}
+}
+
+/* In the worker: queue an event for the loop. */
+static void prep_event(void *ud, const struct cap_prep_event *ev)
+{
+	struct prep_run *p = ud;
+	struct prep_ev *e = xcalloc(1, sizeof(*e));
+	e->ev = *ev;
+	e->owned_msg = xstrdup(ev->message ? ev->message : "");
+	e->ev.message = e->owned_msg;
+	pthread_mutex_lock(&p->lock);
+	*p->tail = e;
+	p->tail = &e->next;
+	pthread_mutex_unlock(&p->lock);
+	uint64_t one = 1;
+	CAP_BUG_ON(write(p->efd, &one, sizeof(one)) != sizeof(one));
+}
+
+static void *prep_main(void *arg)
+{
+	struct prep_run *p = arg;
+	p->r = p->be->prepare(p->bud, &p->req, prep_event, p, &p->cancel, &p->out, &p->err);
+	pthread_mutex_lock(&p->lock);
+	p->finished = true;
+	pthread_mutex_unlock(&p->lock);
+	uint64_t one = 1;
+	CAP_BUG_ON(write(p->efd, &one, sizeof(one)) != sizeof(one));
+	return NULL;
+}
+
+static void prep_free(struct prep_run *p)
+{
+	if (!p)
+		return;
+	if (p->efd >= 0)
+		close(p->efd);
+	pthread_mutex_destroy(&p->lock);
+	cap_prep_cancel_fini(&p->cancel);
+	prep_ev_free(p->head);
+	prep_ev_free(p->log);
+	free(p->owned_image);
+	cap_prep_out_fini(&p->out);
+	free(p);
+}
+
+static void prep_tell(struct cap_ctl *c, struct cap_ctl_call *k, const struct cap_prep_event *ev)
+{
+	if (k->fe->ops->progress)
+		k->fe->ops->progress(k->fe->fe, c, k->tag, ev);
+}
+
+static void prep_unwait(struct cap_ctl *c, struct cap_ctl_call *k)
+{
+	for (struct cap_ctl_call **q = &c->prep_waiters; *q; q = &(*q)->prep_next)
+		if (*q == k) {
+			*q = k->prep_next;
+			break;
+		}
+	k->prep_wait = false;
+	k->prep_next = NULL;
+}
+
+/* The preparation ended (p->r): answer every call that waited for it. */
+static void prep_finish(struct cap_ctl *c, struct prep_run *p)
+{
+	struct cap_ctl_call *w = c->prep_waiters;
+	c->prep_waiters = NULL;
+	c->prep = NULL;
+	c->kick = true;
+	if (p->r == 0)
+		c->prepared = true;
+	while (w) {
+		struct cap_ctl_call *k = w;
+		w = k->prep_next;
+		k->prep_next = NULL;
+		k->prep_wait = false;
+		struct cap_ctl_result r = { .prep = &p->out };
+		if (p->r < 0) {
+			r.code = CAP_CTL_ESANDBOX;
+			r.msg = p->err.msg[0] ? p->err.msg : strerror(-p->r);
+			r.errnum = -p->r;
+		}
+		if (k->kind == CAP_CTL_PREPARE) {
+			deliver(c, k, &r);
+		} else if (p->r == 0) {
+			k->prep_built = p->out.built;	/* it goes on; its result says so */
+		} else {
+			unqueue(k->ident, k);
+			deliver(c, k, &r);
+		}
+	}
+	prep_free(p);
+}
+
+static int prep_begin(struct cap_ctl *c, struct cap_err *err)
+{
+	struct prep_run *p = xcalloc(1, sizeof(*p));
+	pthread_mutex_init(&p->lock, NULL);
+	cap_prep_cancel_init(&p->cancel);
+	p->tail = &p->head;
+	p->log_tail = &p->log;
+	p->be = c->be;
+	p->bud = c->bud;
+	p->owned_image = xstrdup(c->cfg.image ? c->cfg.image : "base");
+	p->req = (struct cap_prep_req){
+		.image = p->owned_image, .workspace = c->cfg.workspace != NULL, .network = c->cfg.network,
+	};
+	p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	int e = p->efd < 0 ? errno : pthread_create(&p->thread, NULL, prep_main, p);
+	if (e) {
+		prep_free(p);
+		return cap_err_set(err, e, "cannot start the preparation's thread: %s", strerror(e));
+	}
+	c->prep = p;
+	return 0;
+}
+
+/* k waits for the preparation: the one under way (k is told what it
+ * said so far), or a new one. */
+static void prep_join(struct cap_ctl *c, struct cap_ctl_call *k)
+{
+	struct cap_err err = { 0 };
+	struct cap_ctl_call **q = &c->prep_waiters;
+	while (*q)
+		q = &(*q)->prep_next;
+	*q = k;
+	k->prep_wait = true;
+	if (c->prep) {
+		for (struct prep_ev *e = c->prep->log; e; e = e->next)
+			prep_tell(c, k, &e->ev);
+		return;
+	}
+	if (prep_begin(c, &err) == 0)
+		return;
+	/* Answered as a failed preparation of its first phase. */
+	struct prep_run *p = xcalloc(1, sizeof(*p));
+	pthread_mutex_init(&p->lock, NULL);
+	cap_prep_cancel_init(&p->cancel);
+	p->efd = -1;
+	p->r = -err.code;
+	p->err = err;
+	p->out.failed = CAP_PREP_KERNEL;
+	prep_finish(c, p);
+}
+
+/* The worker said something: tell the waiting calls; once it ended,
+ * answer them. */
+static void prep_ready(struct cap_ctl *c)
+{
+	struct prep_run *p = c->prep;
+	uint64_t n;
+	if (read(p->efd, &n, sizeof(n)) != sizeof(n))
+		return;
+	pthread_mutex_lock(&p->lock);
+	struct prep_ev *e = p->head;
+	p->head = NULL;
+	p->tail = &p->head;
+	bool finished = p->finished;
+	pthread_mutex_unlock(&p->lock);
+	while (e) {
+		struct prep_ev *next = e->next;
+		e->next = NULL;
+		for (struct cap_ctl_call *k = c->prep_waiters; k; k = k->prep_next)
+			prep_tell(c, k, &e->ev);
+		if (e->ev.status == CAP_PREP_LINE) {
+			prep_ev_free(e);
+		} else {
+			*p->log_tail = e;
+			p->log_tail = &e->next;
+		}
+		e = next;
+	}
+	if (!finished)
+		return;
+	pthread_join(p->thread, NULL);
+	prep_finish(c, p);
+}
+
+struct cap_ctl_call *cap_ctl_prepare_submit(struct cap_ctl *c, struct cap_ctl_fe *fe, void *tag)
+{
+	/* Never answered from in here: the loop takes it (prep_pump). */
+	struct cap_ctl_req req = { .kind = CAP_CTL_PREPARE };
+	struct cap_ctl_call *k = call_new(&req, fe, tag);
+	struct cap_ctl_call **q = &c->prep_queue;
+	while (*q)
+		q = &(*q)->next;
+	*q = k;
+	c->kick = true;
+	return k;
+}
+
+/* PREPARE calls submitted since the last round: each waits for the
+ * preparation (a new one, or the one under way). */
+static void prep_pump(struct cap_ctl *c)
+{
+	while (c->prep_queue) {
+		struct cap_ctl_call *k = c->prep_queue;
+		c->prep_queue = k->next;
+		k->next = NULL;
+		if (c->shutting_down) {
+			fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
+		} else if (!c->be->prepare) {
+			struct cap_prep_out none = { .template_on = true };
+			struct cap_ctl_result r = { .prep = &none };
+			deliver(c, k, &r);
+		} else {
+			prep_join(c, k);
+		}
+	}
+}
+
+bool cap_ctl_prepared(const struct cap_ctl *c)
+{
+	return c->prepared;
+}
+
 /* --- the VM of an identity ----------------------------------------------------- */
 
 static void free_abandoned(struct ident *i)
@@ -1619,6 +1891,14 @@ static void pump(struct cap_ctl *c, struct ident *i)
 		c->kick = true;
 		return;
 	}
+	if (tool && !c->prepared && !c->shutting_down) {
+		/* The first tool calls wait for the controller's preparation
+		 * (docs/serve.md); once it succeeded nothing is looked at
+		 * again here. */
+		if (!k->prep_wait)
+			prep_join(c, k);
+		return;
+	}
 	switch (i->lc.state) {
 	case CAP_VM_RUNNING:
 	case CAP_VM_PAUSED:
@@ -1733,6 +2013,16 @@ struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
 bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k)
 {
 	struct ident *i = k->ident;
+	if (k->kind == CAP_CTL_PREPARE) {
+		/* The preparation goes on for the others (and the server). */
+		for (struct cap_ctl_call **q = &c->prep_queue; *q; q = &(*q)->next)
+			if (*q == k) {
+				*q = k->next;
+				break;
+			}
+		fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
+		return true;
+	}
 	if (i->active == k) {
 		if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE)
 			return false;	/* a stop is not taken back */
@@ -2089,7 +2379,7 @@ static bool busy(struct cap_ctl *c)
 	for (struct ident *i = c->idents; i; i = i->next)
 		if (cap_vm_state_resident(i->lc.state) || i->job || i->remove_retry_at || i->queue || i->task)
 			return true;
-	return false;
+	return c->prep || c->prep_queue;
 }
 
 void cap_ctl_shutdown(struct cap_ctl *c, const char *why)
@@ -2101,6 +2391,8 @@ void cap_ctl_shutdown(struct cap_ctl *c, const char *why)
 	for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
 		if (f->ops->shutdown)
 			f->ops->shutdown(f->fe, c);
+	if (c->prep)
+		cap_prep_cancel_request(&c->prep->cancel);	/* its waiters are answered when it ends */
 	for (struct ident *i = c->idents; i; i = i->next) {
 		fail_queue(c, i, CAP_CTL_ESANDBOX, "the controller is shutting down");
 		if (i->task)
@@ -2163,6 +2455,7 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 	for (;;) {
 		while (c->kick) {
 			c->kick = false;
+			prep_pump(c);
 			for (struct ident *i = c->idents; i; i = i->next)
 				pump(c, i);
 		}
@@ -2190,6 +2483,8 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 		p->fe = f;
 		f->ops->pollfds(f->fe, c, p);
 	}
+	if (c->prep)
+		add_slot(p, c->prep->efd, POLLIN, SLOT_PREP, NULL);
 	for (struct ident *i = c->idents; i; i = i->next) {
 		if (i->job)
 			add_slot(p, i->job_fd, POLLIN, SLOT_JOB, i);
@@ -2233,6 +2528,9 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 			struct ident *i = s->p;
 			if (i->task)
 				task_finished(c, i);
+		} else if (s->kind == SLOT_PREP) {
+			if (c->prep)
+				prep_ready(c);
 		}
 	}
 	for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
@@ -2261,6 +2559,7 @@ int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out, stru
 	c->bud = cfg->backend_ud;
 	c->lock_fd = c->signal_fd = -1;
 	c->manual_now = cap_now_ms();
+	c->prepared = !c->be->prepare;
 	c->home = cap_home_dir();
 	if ((r = cap_mkdir_p(c->home, 0700)) < 0) {
 		r = cap_err_set(err, -r, "cannot create %s: %s", c->home, strerror(-r));
@@ -2299,6 +2598,22 @@ void cap_ctl_free(struct cap_ctl *c)
 {
 	if (!c)
 		return;
+	if (c->prep) {	/* only when the loop did not run to its end */
+		cap_prep_cancel_request(&c->prep->cancel);
+		pthread_join(c->prep->thread, NULL);
+		prep_free(c->prep);
+	}
+	/* Waiting PREPARE calls are freed here; tool calls with their queue. */
+	for (struct cap_ctl_call *k = c->prep_waiters, *next; k; k = next) {
+		next = k->prep_next;
+		if (k->kind == CAP_CTL_PREPARE)
+			call_free(k);
+	}
+	while (c->prep_queue) {
+		struct cap_ctl_call *k = c->prep_queue;
+		c->prep_queue = k->next;
+		call_free(k);
+	}
 	while (c->idents) {
 		struct ident *i = c->idents;
 		c->idents = i->next;

@@ -14,6 +14,7 @@
 #define CAP_CONTROLLER_H
 
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -102,6 +103,7 @@ int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out);
 enum cap_ctl_kind {
 	CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE, CAP_CTL_XFER,
 	CAP_CTL_DIFF, CAP_CTL_MERGE,
+	CAP_CTL_PREPARE,	/* cap_ctl_prepare_submit: no identity */
 };
 
 enum cap_ctl_code {
@@ -184,6 +186,81 @@ struct cap_ctl_entry {
 	const char *name;
 };
 
+/* --- preparation (docs/serve.md, "prepare") --------------------------------- */
+
+/* The four things a first sandbox needs, made sure of in this order. */
+enum cap_prep_phase {
+	CAP_PREP_KERNEL, CAP_PREP_INITRAMFS, CAP_PREP_IMAGE, CAP_PREP_TEMPLATE,
+};
+#define CAP_PREP_NPHASES 4
+
+enum cap_prep_status {
+	CAP_PREP_BUILDING,	/* work on the phase started */
+	CAP_PREP_LINE,	/* a line of the phase's build, in message */
+	CAP_PREP_READY,	/* the phase is there (message: built now or already there) */
+	CAP_PREP_FAILED,
+};
+
+/* One progress event; message borrowed for the callback. done: phases
+ * ready so far (never goes down), of CAP_PREP_NPHASES. */
+struct cap_prep_event {
+	enum cap_prep_phase phase;
+	enum cap_prep_status status;
+	unsigned done;
+	const char *message;
+};
+typedef void (*cap_prep_fn)(void *ud, const struct cap_prep_event *ev);
+
+/* "kernel"...; "building"... */
+const char *cap_prep_phase_name(enum cap_prep_phase p);
+const char *cap_prep_status_name(enum cap_prep_status s);
+
+/* What to prepare for: the image and the shape of new sandboxes (the
+ * template's key depends on it). Borrowed for the call. */
+struct cap_prep_req {
+	const char *image;	/* NULL: "base" */
+	bool workspace;	/* sandboxes carry a /workspace disk */
+	const struct cap_net_policy *network;	/* NULL: no NIC */
+};
+
+/* What a preparation found or made (also filled as far as it got when
+ * it failed). Finish with cap_prep_out_fini. */
+struct cap_prep_out {
+	unsigned built;	/* bit (1u << phase) for each phase built by this call */
+	char *owned_kernel, *owned_initramfs;
+	char *owned_image_name;	/* NULL: the image has no name */
+	char image_digest[72];	/* "" until the image phase is ready */
+	bool template_on;	/* false: templates are off (CAPSULE_TEMPLATES=0) */
+	int64_t duration_ms;
+	enum cap_prep_phase failed;	/* on failure: the phase that failed */
+};
+void cap_prep_out_fini(struct cap_prep_out *o);
+
+/* A preparation's link to cancellation, shared between the thread that
+ * runs it and the one that cancels it (cap_prep_cancel_init first). */
+struct cap_prep_cancel {
+	pthread_mutex_t lock;
+	bool cancelled;
+	pid_t pid;	/* the kernel builder running (its process group), or 0 */
+};
+void cap_prep_cancel_init(struct cap_prep_cancel *x);
+void cap_prep_cancel_fini(struct cap_prep_cancel *x);
+/* Ask it to end: the kernel builder is killed, no further phase starts. */
+void cap_prep_cancel_request(struct cap_prep_cancel *x);
+
+/* Make sure of kernel, initramfs, image and template, building what is
+ * missing, in that order, reporting each step through fn (may be NULL;
+ * called from this thread). The kernel is built by the script
+ * cap_store_kernel_builder names (its output as CAP_PREP_LINE events);
+ * every builder writes its result atomically, so a failed or cancelled
+ * run leaves nothing taken for made and a new run retries from the
+ * phase that failed. One preparation at a time per cache (a lock in
+ * it: a second caller waits). cancel may be NULL. 0, or -errno with err
+ * saying what failed and what to do, and out->failed naming the phase. */
+int cap_ctl_prepare(const struct cap_prep_req *req, cap_prep_fn fn, void *ud,
+		    struct cap_prep_cancel *cancel, struct cap_prep_out *out,
+		    struct cap_err *err);
+
 /* What a call came to; borrowed for the done() call only. */
 struct cap_ctl_result {
 	enum cap_ctl_code code;
@@ -220,6 +297,13 @@ struct cap_ctl_result {
 	/* A tool call's (EXEC, FILE, XFER): the private import that ran
 	 * before it, when it is the first call to end after one; NULL. */
 	const struct cap_ctl_import *import;
+	/* A tool call that waited for the controller's preparation: the
+	 * phases it built (bits 1u << phase; 0: none, or it did not wait). */
+	unsigned prepared;
+	/* PREPARE: what the preparation found or made (also on failure:
+	 * prep->failed names the phase). A tool call that failed because
+	 * the preparation did: the same. NULL otherwise. */
+	const struct cap_prep_out *prep;
 };
 
 struct cap_ctl_status {
@@ -260,6 +344,11 @@ struct cap_ctl_frontend_ops {
 		     const struct cap_ctl_result *r);
 	/* The controller is shutting down: take no new requests. */
 	void (*shutdown)(void *fe, struct cap_ctl *c);
+	/* A preparation's progress, for a call (tag) waiting for it: a
+	 * PREPARE call, or a tool call that found the controller
+	 * unprepared. ev is borrowed for the call. NULL: not told. */
+	void (*progress)(void *fe, struct cap_ctl *c, void *tag,
+			 const struct cap_prep_event *ev);
 };
 
 /* Take CAPSULE_HOME's lock and set up; -EBUSY naming the holder when
@@ -301,6 +390,17 @@ const char *cap_ctl_home(const struct cap_ctl *c);
 struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
 				    const char *agent, const char *peer,
 				    const struct cap_ctl_req *req, void *tag);
+/* Queue a preparation (cap_ctl_prepare for this controller's image and
+ * sandbox shape): one runs at a time, in a worker thread, and every call
+ * that arrives while it runs waits for it and gets its outcome; its
+ * progress reaches fe's progress() with tag, its result done() (kind
+ * CAP_CTL_PREPARE, r->prep). Tool calls wait for the same preparation
+ * until one has succeeded (then the controller is prepared; a kernel or
+ * image removed later fails the call that needs it, as before). */
+struct cap_ctl_call *cap_ctl_prepare_submit(struct cap_ctl *c, struct cap_ctl_fe *fe, void *tag);
+/* Whether a preparation has succeeded in this controller. */
+bool cap_ctl_prepared(const struct cap_ctl *c);
+
 /* Cancel a call: a queued one ends at once, a running one's process group
  * is killed and it ends when the guest says so (ECANCELLED either way). A
  * stop or remove under way is not taken back: false. */
@@ -485,6 +585,11 @@ struct cap_ctl_backend {
 	 * written); -errno with err set. NULL: both are refused. */
 	int (*workspace)(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
 			 struct cap_ctl_ws_out *out, struct cap_err *err);
+	/* Prepare (cap_ctl_prepare for the real one), in a worker thread
+	 * like xfer. NULL: nothing to prepare (the controller starts
+	 * prepared; a PREPARE call answers at once). */
+	int (*prepare)(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, void *fud,
+		       struct cap_prep_cancel *cancel, struct cap_prep_out *out, struct cap_err *err);
 };
 
 #endif

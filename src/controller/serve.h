@@ -14,7 +14,9 @@
 #include "err.h"
 
 /* `capsule serve`: take the home, listen on socket_path (NULL:
- * CAPSULE_HOME/serve.sock), serve until SIGTERM or SIGINT. */
+ * CAPSULE_HOME/serve.sock) or on the socket a service manager passed
+ * (LISTEN_PID, LISTEN_FDS: cap_unix_activated), serve until SIGTERM or
+ * SIGINT. */
 int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path,
 		  struct cap_err *err);
 
@@ -23,6 +25,11 @@ struct cap_rpc_server;
  * file beside it); *out is owned by the caller and freed after c's loop. */
 int cap_rpc_server_new(struct cap_ctl *c, const char *path,
 		       struct cap_rpc_server **out, struct cap_err *err);
+/* The same on a listening socket fd handed over (socket activation,
+ * cap_unix_activated) and bound to path: fd is owned by the server from
+ * then on (also on failure) and path is never unlinked by it. */
+int cap_rpc_server_adopt(struct cap_ctl *c, int fd, const char *path,
+			 struct cap_rpc_server **out, struct cap_err *err);
 void cap_rpc_server_free(struct cap_rpc_server *s);
 
 /* The typed result of an answer to a tool method (exec, read_file,
@@ -44,6 +51,12 @@ struct cap_tree_change;	/* src/tree/tree.h */
  * "path_escaped"]}...]}. ch (n of them) is borrowed. A new reference. */
 json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch, size_t n);
 
+/* What a preparation found or made, as serve's prepare answers it and
+ * `capsule prepare --json` prints it (docs/serve.md): {"prepared": true,
+ * "built": [phases], "kernel", "initramfs", "image": {"name", "digest"},
+ * "template", "duration_ms"}. A new reference. */
+json_t *cap_rpc_prepare_json(const struct cap_prep_out *o);
+
 /* Base64 (RFC 4648, padded, no line breaks). Encode: a new
  * NUL-terminated string of *len characters. Decode: the byte count with
  * *out a new buffer, or -EINVAL with *bad the offset of the first
@@ -56,5 +69,15 @@ ssize_t cap_base64_decode(const char *s, size_t n, uint8_t **out, size_t *bad);
  * a new reference; a JSON-RPC error becomes -EIO with its message. */
 int cap_rpc_call(const char *socket, const char *method, json_t *params,
 		 int timeout_ms, json_t **result, struct cap_err *err);
+
+/* The same, with each notification the server sends before the answer
+ * (method and params borrowed for the call) handed to notify (may be
+ * NULL): timeout_ms then counts from the last message. A JSON-RPC error
+ * is -EIO with its message and *error_data (may be NULL) its data, a
+ * new reference, when it has one. */
+typedef void (*cap_rpc_notify_fn)(void *ud, const char *method, json_t *params);
+int cap_rpc_call_notify(const char *socket, const char *method, json_t *params,
+			int timeout_ms, cap_rpc_notify_fn notify, void *ud,
+			json_t **result, json_t **error_data, struct cap_err *err);
 
 #endif

@@ -251,6 +251,10 @@ int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,
 	int r = cap_sandbox_prepare(o, &cfg, &accel, &kernel, &initrd, err);
 	if (r < 0)
 		return r;
+	/* As cap_sandbox_boot builds one: a shape with a NIC gets the
+	 * template's NIC, else its restores would not match. */
+	if (o->spec && o->spec->net.enabled)
+		cfg.net = cap_sandbox_net_template();
 	return cap_template_for(o, &cfg, key_out, &dir, err);
 }
 

@@ -2,13 +2,13 @@
 # Build the Debian package of capsule from a Meson build directory, with
 # dpkg-deb alone (no debhelper, no debian/ directory in the tree).
 #
-#   scripts/make-deb.sh [BUILD]        (BUILD defaults to build)
+#   scripts/make-deb.sh [BUILD [OUTDIR]]   (defaults: build, BUILD/dist)
 #
-# Writes BUILD/dist/capsule_<version>_amd64.deb and prints its path on the
+# Writes OUTDIR/capsule_<version>_amd64.deb and prints its path on the
 # last line. <version> is meson.build's project version, which the top
 # entry of packaging/changelog must carry too (the package is native: its
 # packaging lives in this tree; a packaging-only release is VERSION+N).
-# The staging tree is BUILD/dist/root. What goes where: docs/packaging.md.
+# The staging tree is OUTDIR/root. What goes where: docs/packaging.md.
 set -eu
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +42,8 @@ maintainer=$(dpkg-parsechangelog -l "$pkg/changelog" -S Maintainer)
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(dpkg-parsechangelog -l "$pkg/changelog" -S Timestamp)}
 export SOURCE_DATE_EPOCH
 
-dist="$build/dist"
+dist=${2:-$build/dist}
+mkdir -p "$dist" && dist=$(cd "$dist" && pwd)
 root="$dist/root"
 rm -rf "$root"
 umask 022

@@ -664,6 +664,10 @@ struct got {
 	bool dry_run;
 	size_t mwritten, nconflicts;
 	char into[64], conflict[64];	/* the first conflict: "path: why" */
+	unsigned prepared;	/* a tool call's: the phases its preparation built */
+	bool prep;	/* a preparation's outcome came with it */
+	int prep_failed;	/* its failed phase (on failure) */
+	unsigned prep_built;
 };
 
 struct ffe {
@@ -680,6 +684,12 @@ struct ffe {
 		intptr_t tag;
 	} inbox;
 	char bad[256];
+	/* progress() seen: how many, for which tag last, and whether done
+	 * ever went down or phases out of order for a tag. */
+	unsigned nprogress;
+	intptr_t progress_tag;
+	int last_done, last_phase;
+	unsigned ready;
 };
 
 static struct cap_ctl_call *submit_exec(struct cap_ctl *c, struct ffe *e, const char *agent,
@@ -776,6 +786,12 @@ static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl
 			snprintf(g->conflict, sizeof(g->conflict), "%s: %s", r->merge->conflicts[0].path,
 				 r->merge->conflicts[0].why);
 	}
+	g->prepared = r->prepared;
+	if (r->prep) {
+		g->prep = true;
+		g->prep_failed = (int)r->prep->failed;
+		g->prep_built = r->prep->built;
+	}
 	for (size_t k = 0; k < r->nentries; k++) {
 		size_t used = strlen(g->entries);
 		snprintf(g->entries + used, sizeof(g->entries) - used, "%c:%s:%llu ", r->entries[k].type,
@@ -789,6 +805,25 @@ static void fe_shutdown(void *fe, struct cap_ctl *c)
 	((struct ffe *)fe)->shutdowns++;
 }
 
+static void fe_progress(void *fe, struct cap_ctl *c, void *tag, const struct cap_prep_event *ev)
+{
+	struct ffe *e = fe;
+	(void)c;
+	if (!e->nprogress || e->progress_tag != (intptr_t)tag) {
+		e->last_done = 0;
+		e->last_phase = 0;
+		e->ready = 0;
+	}
+	e->nprogress++;
+	e->progress_tag = (intptr_t)tag;
+	if ((int)ev->done < e->last_done || (int)ev->phase < e->last_phase)
+		snprintf(e->bad, sizeof(e->bad), "progress went back: phase %d done %u", ev->phase, ev->done);
+	e->last_done = (int)ev->done;
+	e->last_phase = (int)ev->phase;
+	if (ev->status == CAP_PREP_READY)
+		e->ready++;
+}
+
 static const struct cap_ctl_frontend_ops fe_ops = {
 	.name = "test",
 	.pollfds = fe_pollfds,
@@ -796,6 +831,7 @@ static const struct cap_ctl_frontend_ops fe_ops = {
 	.flush = fe_flush,
 	.done = fe_done,
 	.shutdown = fe_shutdown,
+	.progress = fe_progress,
 };
 
 /* The one result with tag (NULL when none); a second one fails the test
@@ -2473,6 +2509,96 @@ static void diff_and_merge_run_in_a_worker(void **state)
 	UNTIL(t, got(&t->fe1, 6));
 }
 
+/* --- preparation ----------------------------------------------------------------- */
+
+static int prep_runs;
+static bool prep_fail;
+
+/* A fake preparation in the worker: four phases, failing at the image
+ * when prep_fail, else building the template. */
+static int f_prepare(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, void *fud,
+		     struct cap_prep_cancel *cancel, struct cap_prep_out *out, struct cap_err *err)
+{
+	(void)ud, (void)req, (void)cancel;
+	__atomic_add_fetch(&prep_runs, 1, __ATOMIC_SEQ_CST);
+	memset(out, 0, sizeof(*out));
+	for (unsigned p = 0; p < CAP_PREP_NPHASES; p++) {
+		struct cap_prep_event ev = { .phase = (enum cap_prep_phase)p, .status = CAP_PREP_BUILDING, .done = p,
+					     .message = "" };
+		fn(fud, &ev);
+		if (prep_fail && p == CAP_PREP_IMAGE) {
+			ev.status = CAP_PREP_FAILED;
+			fn(fud, &ev);
+			out->failed = CAP_PREP_IMAGE;
+			return cap_err_set(err, ENOENT, "preparing the image: no image named 'x'");
+		}
+		ev.status = CAP_PREP_READY;
+		ev.done = p + 1;
+		fn(fud, &ev);
+	}
+	out->built = 1u << CAP_PREP_TEMPLATE;
+	out->template_on = true;
+	return 0;
+}
+
+/* The first tool call waits for the preparation (told its progress, no
+ * sandbox started while it fails, the failure's phase in its result);
+ * a PREPARE call after it retries and succeeds; then tool calls go
+ * straight on. A fresh controller's first call carries what it built. */
+static void first_call_prepares(void **state)
+{
+	struct t *t = *state;
+	static struct cap_ctl_backend pb;
+	pb = fake_backend;
+	pb.prepare = f_prepare;
+	t->cfg.backend = &pb;
+	prep_runs = 0;
+	prep_fail = true;
+	open_ctl(t);
+	assert_false(cap_ctl_prepared(t->c));
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "hello", 1));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 1));
+	const struct got *g = must_get(&t->fe1, 1);
+	assert_int_equal(g->code, CAP_CTL_ESANDBOX);
+	assert_true(g->prep);
+	assert_int_equal(g->prep_failed, CAP_PREP_IMAGE);
+	assert_non_null(strstr(g->msg, "image"));
+	assert_int_equal(t->f.njobs, 0);	/* no sandbox made for it */
+	assert_true(t->fe1.nprogress >= 6);
+	assert_int_equal(t->fe1.progress_tag, 1);
+	assert_false(cap_ctl_prepared(t->c));
+
+	prep_fail = false;
+	assert_non_null(cap_ctl_prepare_submit(t->c, t->fe1.h, (void *)2));
+	UNTIL_WAIT(t, 50, got(&t->fe1, 2));
+	g = must_get(&t->fe1, 2);
+	assert_int_equal(g->code, CAP_CTL_OK);
+	assert_int_equal(g->kind, CAP_CTL_PREPARE);
+	assert_int_equal(g->prep_built, 1u << CAP_PREP_TEMPLATE);
+	assert_int_equal(t->fe1.ready, 4);
+	assert_true(cap_ctl_prepared(t->c));
+	assert_int_equal(prep_runs, 2);
+
+	run_one(t, "b", 3);	/* straight on: no preparation again */
+	assert_int_equal(must_get(&t->fe1, 3)->prepared, 0);
+	assert_int_equal(prep_runs, 2);
+	cap_ctl_free(t->c);
+
+	/* A fresh controller: its first call prepares and says what it built. */
+	open_ctl(t);
+	assert_non_null(submit_exec(t->c, &t->fe1, "c", "hello", 4));
+	UNTIL_WAIT(t, 50, t->f.njobs >= 2 || status(t, "c").active == 1);
+	if (status(t, "c").active != 1) {
+		job_report(t, "c", 0, "", false, false);
+		UNTIL_WAIT(t, 50, status(t, "c").active == 1);
+	}
+	finish(t, "c", 0, "ok\n");
+	UNTIL(t, got(&t->fe1, 4));
+	assert_int_equal(must_get(&t->fe1, 4)->code, CAP_CTL_OK);
+	assert_int_equal(must_get(&t->fe1, 4)->prepared, 1u << CAP_PREP_TEMPLATE);
+	assert_int_equal(prep_runs, 3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2513,6 +2639,7 @@ int main(void)
 		cmocka_unit_test(path_within),
 		cmocka_unit_test_setup_teardown(transfer_paths, setup, teardown),
 		cmocka_unit_test(base64_both_ways),
+		cmocka_unit_test_setup_teardown(first_call_prepares, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -137,20 +137,28 @@ static bool link_hex(const char *link, char hex[65])
 	return true;
 }
 
-/* The first reference in images/refs pointing at hex. New string or NULL. */
+/* A reference in images/refs pointing at hex, one with a tag rather than
+ * a digest when there is one. New string or NULL. */
 static char *ref_of(const char *images, const char *hex)
 {
 	_cleanup_free_ char *refs = xasprintf("%s/refs", images);
 	DIR *d = opendir(refs);
 	char *found = NULL;
 	struct dirent *e;
-	while (d && !found && (e = readdir(d))) {
+	while (d && (e = readdir(d))) {
 		if (e->d_name[0] == '.')
 			continue;
 		_cleanup_free_ char *link = xasprintf("%s/%s", refs, e->d_name);
 		char h[65];
-		if (link_hex(link, h) && strcmp(h, hex) == 0)
-			found = ref_unfile(e->d_name);
+		if (!link_hex(link, h) || strcmp(h, hex) != 0)
+			continue;
+		char *ref = ref_unfile(e->d_name);
+		if (!found || (strchr(found, '@') && !strchr(ref, '@'))) {
+			free(found);
+			found = ref;
+		} else {
+			free(ref);
+		}
 	}
 	if (d)
 		closedir(d);
@@ -183,12 +191,13 @@ static int load(const char *images, const char *hex, struct cap_image *out,
 		.owned_pinned_digest = json_dup(m, "pinned_digest"),
 	};
 	snprintf(out->digest, sizeof(out->digest), "sha256:%s", hex);
-	/* The reference of the last pull, while it still points here. */
+	/* The reference of the last pull while it still points here, a tag
+	 * rather than a digest (that is oci_digest already). */
 	const char *ref = json_string_value(json_object_get(m, "reference"));
 	if (ref) {
 		_cleanup_free_ char *link = ref_file(images, ref);
 		char h[65];
-		if (link_hex(link, h) && strcmp(h, hex) == 0)
+		if (link_hex(link, h) && strcmp(h, hex) == 0 && !strchr(ref, '@'))
 			out->owned_reference = xstrdup(ref);
 		else
 			out->owned_reference = ref_of(images, hex);
@@ -205,15 +214,17 @@ static int load(const char *images, const char *hex, struct cap_image *out,
 	return 0;
 }
 
-/* The image whose manifest records a pull from repo with digest as its
- * OCI manifest digest or pinned digest; false when none. */
-static bool find_by_oci_digest(const char *images, const char *repo,
-			       const char *digest, char hex[65])
+/* The image whose manifest records a pull from repo with digest (or a
+ * prefix of it) as its OCI manifest digest or pinned digest: how many
+ * images match, hex set to one of them. */
+static int find_by_oci_digest(const char *images, const char *repo,
+			      const char *digest, char hex[65])
 {
 	DIR *d = opendir(images);
 	struct dirent *e;
-	bool found = false;
-	while (d && !found && (e = readdir(d))) {
+	size_t dl = strlen(digest);
+	int found = 0;
+	while (d && (e = readdir(d))) {
 		if (!is_hex64(e->d_name))
 			continue;
 		_cleanup_free_ char *mpath = xasprintf("%s/%s/manifest.json", images, e->d_name);
@@ -224,9 +235,9 @@ static bool find_by_oci_digest(const char *images, const char *repo,
 		struct cap_image_ref pr;
 		if (ref && cap_store_ref_parse(ref, &pr, NULL) == 0) {
 			if (strcmp(pr.owned_repo, repo) == 0 &&
-			    ((oci && strcmp(oci, digest) == 0) || (pin && strcmp(pin, digest) == 0))) {
+			    ((oci && strncmp(oci, digest, dl) == 0) || (pin && strncmp(pin, digest, dl) == 0))) {
 				memcpy(hex, e->d_name, 65);
-				found = true;
+				found++;
 			}
 			cap_image_ref_fini(&pr);
 		}
@@ -245,16 +256,38 @@ static int find_ref(const char *images, const char *ref, struct cap_image *out,
 {
 	struct cap_image_ref pr;
 	struct cap_err perr = { 0 };
-	if (cap_store_ref_parse(ref, &pr, &perr) < 0)
+	/* REPO@sha256:PREFIX (12 or more hex digits) finds a pulled image
+	 * the way sha256:PREFIX does; a full digest is a reference. */
+	_cleanup_free_ char *repo_part = xstrdup(ref);
+	char *at = strrchr(repo_part, '@');
+	const char *prefix = NULL;
+	if (at && strncmp(at + 1, "sha256:", 7) == 0) {
+		size_t n = strlen(at + 8);
+		if (n >= 12 && n < 64 && strspn(at + 8, "0123456789abcdef") == n) {
+			prefix = ref + (at - repo_part) + 1;
+			*at = '\0';
+		}
+	}
+	if (cap_store_ref_parse(prefix ? repo_part : ref, &pr, &perr) < 0)
 		return cap_err_set(err, EINVAL, "'%s' is neither an image name (a-z, 0-9, '.', '_', '-'), sha256:<digest> nor a registry reference (%s)",
 				   ref, perr.msg);
-	_cleanup_free_ char *link = ref_file(images, pr.owned_full);
 	char hex[65];
+	int r;
+	if (prefix) {
+		int k = find_by_oci_digest(images, pr.owned_repo, prefix, hex);
+		r = k == 1 ? load(images, hex, out, err)
+		    : k > 1 ? cap_err_set(err, EINVAL, "%s matches %d images; give more digits", ref, k)
+			    : cap_err_set(err, ENOENT, "no image pulled from %s with OCI digest %s...; see `capsule image ls`",
+					  pr.owned_repo, prefix);
+		cap_image_ref_fini(&pr);
+		return r;
+	}
+	_cleanup_free_ char *link = ref_file(images, pr.owned_full);
 	bool found = link_hex(link, hex) ||
-		     (pr.owned_digest && find_by_oci_digest(images, pr.owned_repo, pr.owned_digest, hex));
-	int r = found ? load(images, hex, out, err)
-		      : cap_err_set(err, ENOENT, "no image pulled as %s; pull it with `capsule image pull %s` (see `capsule image ls`)",
-				    pr.owned_full, ref);
+		     (pr.owned_digest && find_by_oci_digest(images, pr.owned_repo, pr.owned_digest, hex) > 0);
+	r = found ? load(images, hex, out, err)
+		  : cap_err_set(err, ENOENT, "no image pulled as %s; pull it with `capsule image pull %s` (see `capsule image ls`)",
+				pr.owned_full, ref);
 	cap_image_ref_fini(&pr);
 	return r;
 }

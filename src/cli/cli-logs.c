@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -246,8 +247,14 @@ int cap_cli_logs(int argc, char **argv)
 			rc = CAP_EXIT_FAILURE;
 			break;
 		}
-		if (k > 0)
-			break;	/* Ctrl-C or SIGTERM: the end the user asked for */
+		if (k > 0) {
+			/* Ctrl-C or SIGTERM: the end the user asked for. Read, so
+			 * that unblocking it below does not deliver it. */
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof(si)) == sizeof(si))
+				;
+			break;
+		}
 		if (access(record, F_OK) < 0) {
 			fflush(stdout);
 			cap_cli_error("sandbox '%s' was removed", name);

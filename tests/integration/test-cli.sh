@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..101"
+echo "1..123"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -346,4 +346,128 @@ spid=$!
 i=0; while [ $i -lt 100 ] && [ ! -S "$rt/f.sock" ]; do sleep 0.1; i=$((i + 1)); done
 kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 check "capsule serve with an image that is not there says how to get it, and still starts" 'grep -q "no image named .nosuch.; see .capsule image ls." "$err" && grep -q "every call that creates a sandbox fails until it is there" "$err" && grep -q "ready" "$err"'
+
+# --- Output for programs and people (issue 17): --json, exit codes,
+# progress in a pipe, -q, logs, Docker's -v refused. One sandbox (j)
+# serves every check that needs one.
+"$capsule" --help >"$out" 2>"$err"
+check "--help gives shell its own line and lists logs and prepare" \
+	'grep -q "^  shell  *Open an interactive shell" "$out" && grep -q "^  logs  *" "$out" && grep -q "^  prepare  *" "$out" &&
+	 ! grep -q "sandbox shell " "$out"'
+vol_refused() { # vol_refused 'ARGS': exit 2, the message, no VM
+	eval "\"\$capsule\" $1" >"$out" 2>"$err"
+	rc=$?
+	check "$1 is refused as a Docker volume (exit $rc)" \
+		'[ "$rc" -eq 2 ] && grep -q "looks like a Docker volume" "$err" && grep -q "no bind mounts" "$err" &&
+		 grep -q -- "--source DIR" "$err" && grep -q -- "--workspace DIR" "$err" && grep -q "capsule cp" "$err" &&
+		 [ "$(ours)" -eq 0 ] && [ ! -e "$CAPSULE_HOME/sandboxes/vx" ]'
+}
+vol_refused "run -v /tmp:/x -- true"
+vol_refused "run -q -- ./src:/src"
+vol_refused "run --volume=data:/data -- true"
+vol_refused "exec vx -- name:/path"
+vol_refused "create vx -v /a:/b"
+"$capsule" run -q -- sh -c 'echo a:/b' >"$out" 2>"$err"
+check "a command's own arguments that look like volumes are not refused" '[ "$(cat "$out")" = a:/b ]'
+
+# Progress in a pipe: one line per phase, no \r, no escape sequence.
+CAPSULE_HOME="$rt/pipe" "$capsule" create p1 2>&1 | cat >"$out"
+lines=$(wc -l <"$out")
+check "create's progress in a pipe is line-based ($lines lines, no \\r, no escape)" \
+	'! grep -q "$(printf "\r")" "$out" && ! grep -q "$(printf "\033")" "$out" && [ "$lines" -ge 3 ] && [ "$lines" -le 8 ] &&
+	 grep -q "^create: the base image is not built yet" "$out"'
+CAPSULE_HOME="$rt/pipe" "$capsule" image build base 2>&1 | cat >"$out"
+check "image build's progress in a pipe: one line per phase" \
+	'! grep -q "$(printf "\r")" "$out" && ! grep -q "$(printf "\033")" "$out" && [ "$(wc -l <"$out")" -le 4 ]'
+CAPSULE_HOME="$rt/quiet" "$capsule" create -q q1 >"$out" 2>"$err"
+check "create -q prints no progress (even building the base image)" \
+	'[ $? -eq 0 ] && [ ! -s "$err" ] && grep -q "^created sandbox q1" "$out"'
+rm -rf "$rt/pipe" "$rt/quiet"
+
+# --json: each parsed by python3 -m json.tool, then field by field.
+jcheck() { # jcheck NAME 'PYTHON ASSERTIONS on d' [ARG]: d is $out parsed, ARG sys.argv[2]
+	jpy="import json, sys
+d = json.load(open(sys.argv[1]))
+$2" jarg=${3:-}
+	check "$1" 'python3 -m json.tool "$out" >/dev/null && python3 -c "$jpy" "$out" "$jarg"'
+}
+mkdir -p "$rt/pub" && echo hi >"$rt/pub/a.txt"
+"$capsule" create j --source "$rt/pub" --cpus 1 --memory 256 --allow-egress 203.0.113.10 >/dev/null 2>&1
+"$capsule" inspect --json j >"$out" 2>"$err"
+jcheck "inspect --json of a stopped sandbox, field by field" '
+assert d["name"] == "j" and d["state"] == "stopped", d
+assert d["shim_pid"] is None and d["qemu_pid"] is None and d["jail"] is None
+assert d["image"]["ref"] == "base" and d["image"]["digest"].startswith("sha256:") and len(d["image"]["digest"]) == 71
+assert d["cpus"] == 1 and d["memory_mib"] == 256 and d["root_size_mib"] == 256 and d["work_size_mib"] == 512
+assert isinstance(d["disk_bytes"], int) and d["disk_bytes"] > 0
+s = d["source"]; assert s["path"].endswith("/pub") and s["entries"] >= 1 and s["bytes"] == 3 and len(s["fingerprint"]) == 64, s
+assert d["workspace"] is None
+n = d["network"]; assert n["enabled"] is True and n["flags"] == ["allow-egress=203.0.113.10"], n
+assert n["policy"] == "--allow-egress 203.0.113.10" and n["route"].startswith("direct") and n["nic"] is None and n["state"] is None
+assert d["directory"].endswith("/sandboxes/j") and isinstance(d["created"], int)
+import time; assert abs(d["created"] - time.time()) < 600'
+"$capsule" exec j -- true >/dev/null 2>&1
+"$capsule" ls --json >"$out" 2>"$err"
+jcheck "ls --json: an array of inspect's objects, running with its pids and jail; a broken one named" '
+assert isinstance(d, list) and sorted(x["name"] for x in d) == ["j", "n1"], d
+b = [x for x in d if x["name"] == "n1"][0]; assert b["state"] == "broken" and "record.json" in b["error"], b
+x = [x for x in d if x["name"] == "j"][0]; assert x["state"] == "running" and x["shim_pid"] > 1 and x["qemu_pid"] > 1, x
+assert x["jail"]["uid"].isdigit() and x["jail"]["cgroup"], x["jail"]
+assert x["network"]["nic"] is True and x["network"]["policy_pid"] > 1 and x["network"]["state"].startswith("policy process pid")'
+"$capsule" inspect --json j >"$rt/i.json" 2>"$err"
+check "inspect --json and ls --json agree on a sandbox" \
+	'python3 -c "import json, sys; a = json.load(open(sys.argv[1])); b = [x for x in json.load(open(sys.argv[2])) if x[\"name\"] == \"j\"][0]; a.pop(\"disk_bytes\"); b.pop(\"disk_bytes\"); assert a == b" "$rt/i.json" "$out"'
+"$capsule" template ls --json >"$out" 2>"$err"
+jcheck "template ls --json: key, created, sizes in bytes, shape" '
+assert isinstance(d, list) and len(d) >= 1, d
+for t in d:
+    assert len(t["key"]) == 64 and isinstance(t["created"], int) and t["state_bytes"] > 0 and t["ram_bytes"] > 0, t
+    assert "vCPU" in t["shape"] and t["directory"].endswith(t["key"])'
+"$capsule" doctor --json >"$out" 2>"$err"
+rc=$?
+jcheck "doctor --json: every check a field, ok matching the exit code ($rc)" '
+assert d["ok"] is (sys.argv[2] == "0") and d["problems"] == (0 if d["ok"] else d["problems"]), d["ok"]
+assert d["qemu"]["ok"] and d["qemu"]["version"].startswith("QEMU")
+assert d["accel"]["name"] in ("kvm", "tcg") and d["accel"]["reason"]
+assert (d["isolation_warning"] is None) == (d["accel"]["name"] == "kvm")
+assert set(d["kvm"]) == {"device", "present", "writable", "used"}
+assert len(d["jail"]["checks"]) == 6 and all(set(c) == {"name", "active", "detail"} for c in d["jail"]["checks"])
+assert d["cache_dir"] and d["kernel"]["exists"] is True and d["agent"]["exists"] is True and d["busybox"]["exists"]
+assert d["initramfs"]["path"].endswith(".cpio") and d["images"]["count"] >= 1 and d["images"]["base"] is True' "$rc"
+"$capsule" inspect --json nosuch >"$out" 2>"$err"
+rc=$?
+check "inspect --json nosuch: exit 125 ($rc) naming it, nothing on stdout" '[ "$rc" -eq 125 ] && grep -q nosuch "$err" && [ ! -s "$out" ]'
+"$capsule" ls --bogus >"$out" 2>"$err"
+rc=$?
+check "ls --bogus: exit 2 ($rc)" '[ "$rc" -eq 2 ]'
+
+# capsule logs: both logs headed, one alone, -n, -f bounded.
+"$capsule" logs j >"$out" 2>"$err"
+check "logs shows the console and shim logs, each headed" \
+	'[ $? -eq 0 ] && grep -qx "==> $CAPSULE_HOME/sandboxes/j/console.log <==" "$out" &&
+	 grep -qx "==> $CAPSULE_HOME/sandboxes/j/shim.log <==" "$out" && grep -q "capsule shim j: running" "$out"'
+"$capsule" logs --shim -n 1 j >"$out" 2>"$err"
+check "logs --shim -n 1: one line, no header" '[ "$(wc -l <"$out")" -eq 1 ] && ! grep -q "==>" "$out"'
+"$capsule" logs nosuch >"$out" 2>"$err"
+rc=$?
+check "logs nosuch: exit 125 ($rc) naming it" '[ "$rc" -eq 125 ] && grep -q "no sandbox named .nosuch." "$err"'
+"$capsule" logs -f --shim j >"$out" 2>"$err" &
+lpid=$!
+(sleep 20; kill -KILL $lpid 2>/dev/null) &
+guard=$!
+wait_for 'grep -q "running" "$out"' 50
+"$capsule" stop j >/dev/null 2>&1
+wait_for 'grep -q "stopped" "$out"' 50
+kill -TERM $lpid
+wait $lpid
+rc=$?
+kill $guard 2>/dev/null
+check "logs -f follows the shim log (a stop shows) and ends on SIGTERM with 0 ($rc)" '[ "$rc" -eq 0 ] && grep -q "capsule shim j: stopped" "$out"'
+timeout 20 "$capsule" logs -f j >"$out" 2>"$err" &
+lpid=$!
+sleep 0.3
+"$capsule" rm j >/dev/null 2>&1
+wait $lpid
+rc=$?
+check "logs -f ends when the sandbox is removed ($rc)" '[ "$rc" -eq 0 ] && grep -q "sandbox .j. was removed" "$err"'
 clean_after "whole suite"

@@ -115,8 +115,8 @@ int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
 			domain = "docker.io";
 	}
 	if (!path_valid(path))
-		return cap_err_set(err, EINVAL, "'%s' in '%s' is not a repository: lowercase letters, digits and '.', '_', '-' between them, parts joined by '/'",
-				   path, ref);
+		return cap_err_set(err, EINVAL, "'%s'%s%s%s is not a repository: lowercase letters, digits and '.', '_', '-' between them, parts joined by '/'",
+				   path, strcmp(path, ref) ? " in '" : "", strcmp(path, ref) ? ref : "", strcmp(path, ref) ? "'" : "");
 	bool library = strcmp(domain, "docker.io") == 0 && !strchr(path, '/');
 	char *repo = xasprintf("%s/%s%s", domain, library ? "library/" : "", path);
 	if (!tag && !digest)

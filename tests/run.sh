@@ -90,6 +90,7 @@ suite "integration/secret" tests/integration/test-secret.sh "$build/capsule"
 suite "integration/workspace" tests/integration/test-workspace.sh "$build/capsule"
 suite "integration/cp" tests/integration/test-cp.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
+suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 	suite "integration/mcp-sdk" node --test --test-reporter=tap tests/mcp/sdk.test.mjs

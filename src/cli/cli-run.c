@@ -17,9 +17,6 @@
 
 /* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
  * to move into cli.h). */
-bool cap_cli_volume_refused(const char *arg);
-bool cap_cli_volume_flag(int argc, char **argv);
-
 static const char usage[] =
 	"Usage: capsule run [OPTIONS] -- COMMAND [ARG...]\n"
 	"\n"

@@ -19,9 +19,6 @@
 
 /* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
  * to move into cli.h). */
-bool cap_cli_volume_refused(const char *arg);
-bool cap_cli_volume_flag(int argc, char **argv);
-
 /* Parse "-h/--help" or complain about anything else, for verbs that take
  * only a name. Returns the name, or NULL after printing (*rc set). */
 static const char *one_name(int argc, char **argv, const char *usage, int *rc)

@@ -18,9 +18,6 @@
 
 /* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
  * to move into cli.h). */
-bool cap_cli_volume_refused(const char *arg);
-bool cap_cli_volume_flag(int argc, char **argv);
-
 /* Whether s reads as a Docker volume, HOST:GUEST with an absolute GUEST:
  * "/a:/b", "./x:/y", "~/x:/y", "name:/path" (not "http://host"). */
 static bool volume_like(const char *s)

@@ -133,6 +133,12 @@ void cap_cli_progress_end(void);
 struct json_t;
 int cap_cli_json_out(struct json_t *v);
 
+/* Docker's -v HOST:GUEST, --volume and --mount, refused with what to use
+ * instead (cli-stream.c): true when arg looks like a volume, or argv
+ * carries such a flag (the message is printed). */
+bool cap_cli_volume_refused(const char *arg);
+bool cap_cli_volume_flag(int argc, char **argv);
+
 /* Print "capsule: <msg>" to stderr. */
 __attribute__((format(printf, 1, 2))) void cap_cli_error(const char *fmt, ...);
 

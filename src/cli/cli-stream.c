@@ -16,8 +16,6 @@
 #include "cli.h"
 #include "util.h"
 
-/* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
- * to move into cli.h). */
 /* Whether s reads as a Docker volume, HOST:GUEST with an absolute GUEST:
  * "/a:/b", "./x:/y", "~/x:/y", "name:/path" (not "http://host"). */
 static bool volume_like(const char *s)

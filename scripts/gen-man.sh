@@ -215,8 +215,8 @@ page("capsule", "private microVMs for AI agents' tools", top, [
     ".TP", "\\fI/usr/lib/capsule/capsule\\-agent\\fR",
     "The static guest agent (PID 1 in every VM).",
     ".SH SEE ALSO", see_verbs + ".",
-    ".PP", f"The guides in \\fI{docs}/\\fR: README.md, docs/architecture.md, docs/serve.md, "
-    "docs/mcp.md, docs/network.md, docs/workspace.md, docs/packaging.md.",
+    ".PP", f"README.md and the guides in \\fI{docs}/docs/\\fR (architecture, serve, mcp, "
+    "network, images, workspace, packaging...).",
 ], verbs)
 for v, summary in verbs.items():
     page("capsule-" + v, summary, helptext(v, "--help"),

@@ -16,7 +16,7 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 . "$(dirname "$0")/lib.sh"
 start=$(date +%s)
 
-echo "1..26"
+echo "1..28"
 
 dist="$rt/dist"
 root="$rt/root"
@@ -152,6 +152,41 @@ check "capsule start <TAB> gives the sandbox made (create exit $rc), --image <TA
 	'[ "$(compl "$ic" start "\"\"")" = box ] && compl "$ic" create x --image "\"\"" | grep -qx base'
 check "with no CAPSULE_HOME yet, capsule stop <TAB> is empty and quiet" \
 	'[ -z "$(CAPSULE_HOME="$rt/none" compl "$ic" stop "\"\"")" ] && [ ! -s "$err" ] && [ ! -e "$rt/none" ]'
+
+# --- the systemd user units ----------------------------------------------------
+# No user manager runs here: systemd-analyze checks the units (ExecStart
+# pointed at the installed binary), systemd-socket-activate does what
+# capsule.socket does: listen, and hand the socket to capsule serve as
+# descriptor 3 on the first connection.
+mkdir -p "$rt/units" "$rt/run/capsule"
+sed "s|/usr/bin/capsule|$ic|" "$root/usr/lib/systemd/user/capsule.service" >"$rt/units/capsule.service"
+cp "$root/usr/lib/systemd/user/capsule.socket" "$rt/units/"
+systemd-analyze --user verify --man=no "$rt/units/capsule.socket" "$rt/units/capsule.service" >"$out" 2>"$err"
+rc=$?
+check "systemd-analyze --user verify: the units are clean (exit $rc)" '[ "$rc" -eq 0 ] && [ ! -s "$err" ]'
+sock="$rt/run/capsule/serve.sock"
+systemd-socket-activate -l "$sock" -E CAPSULE_HOME -E CAPSULE_CACHE -E XDG_RUNTIME_DIR -E HOME -E PATH \
+	"$ic" serve >"$rt/serve.log" 2>&1 &
+activated=$!
+wait_for '[ -S "$sock" ]' 50
+timeout 30 python3 - "$sock" >"$out" 2>"$err" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(25)
+s.connect(sys.argv[1])
+s.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "info"}\n')
+f = s.makefile("rb")
+while True:
+    msg = json.loads(f.readline())
+    if msg.get("id") == 1:
+        print(msg["result"]["home"])
+        break
+PY
+check "a socket passed as systemd does starts the installed capsule serve, which answers on it" \
+	'[ "$(cat "$out")" = "$CAPSULE_HOME" ] && grep -q "^socket $sock\$" "$CAPSULE_HOME/controller.lock"'
+kill -TERM "$activated" 2>/dev/null
+wait "$activated" 2>/dev/null
+elapsed "units"
 
 # --- lintian -------------------------------------------------------------------
 lstart=$(date +%s)

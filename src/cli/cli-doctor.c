@@ -133,7 +133,7 @@ int cap_cli_doctor(int argc, char **argv)
 		target[n > 0 ? n : 0] = '\0';
 		fprintf(t, "kernel:     cached: %s%s%s\n", kernel, *target ? " -> " : "", target);
 	} else {
-		fprintf(t, "kernel:     MISSING: %s; build it with `make kernel` (about 3 to 6 minutes, once)\n", kernel);
+		fprintf(t, "kernel:     MISSING: %s; build it with `capsule prepare` (or `make kernel` in a source tree; about 3 to 6 minutes, once)\n", kernel);
 		problems++;
 	}
 	json_object_set_new(o, "kernel", json_pack("{s:o, s:b, s:o}", "path", cap_json_text(kernel), "exists", have, "target",

@@ -60,7 +60,8 @@ enum {
 /* Their help lines, the same on every verb. */
 #define CAP_CLI_NET_HELP \
 	"Network (none by default: no network interface; see docs/network.md):\n" \
-	"  --allow-egress RULE Open IPv4 address or CIDR, HOST or *.DOMAIN, each\n" \
+	"  --allow-egress RULE\n" \
+	"                      Open an IPv4 address or CIDR, HOST or *.DOMAIN, each\n" \
 	"                      optionally :PORT (repeatable)\n" \
 	"  --allow-public      Open every public address\n" \
 	"  --allow-lan         Open the private ranges (10/8, 172.16/12, 192.168/16,\n" \

@@ -876,7 +876,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file) : NULL;
 
 	if (access(cfg->kernel, R_OK) != 0) {
-		r = cap_err_set(err, ENOENT, "guest kernel %s is missing: build it with `make kernel` (guest/build-kernel.sh)", cfg->kernel);
+		r = cap_err_set(err, ENOENT, "guest kernel %s is missing: build it once with `capsule prepare` (or `make kernel` in a source tree)", cfg->kernel);
 		goto fail;
 	}
 	if (access(cfg->initrd, R_OK) != 0) {

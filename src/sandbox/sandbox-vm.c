@@ -346,7 +346,7 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 		return r;
 	*kernel = cap_store_kernel_path(&have_kernel);
 	if (!have_kernel)
-		return cap_err_set(err, ENOENT, "the guest kernel %s is missing: build it once with `make kernel` (about 3 to 6 minutes)", *kernel);
+		return cap_err_set(err, ENOENT, "the guest kernel %s is missing: build it once with `capsule prepare` (or `make kernel` in a source tree; about 3 to 6 minutes)", *kernel);
 	agent = cap_store_agent_path(&have_agent);
 	if (!have_agent)
 		return cap_err_set(err, ENOENT, "the guest agent %s is missing: build it with `make` (or set CAPSULE_AGENT)", agent);

@@ -92,6 +92,7 @@ suite "integration/cp" tests/integration/test-cp.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"
 suite "integration/prepare" python3 tests/integration/test-prepare.py "$build/capsule"
+suite "integration/deb" tests/integration/test-deb.sh "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 	suite "integration/mcp-sdk" node --test --test-reporter=tap tests/mcp/sdk.test.mjs

@@ -274,8 +274,10 @@ static char *beside_exe(const char *env, const char *const *rel, size_t n, bool 
 	_cleanup_free_ char *first = xasprintf("%s/%s", dir, rel[0]);
 	for (size_t i = 1; i < n && access(first, R_OK) != 0; i++) {
 		_cleanup_free_ char *p = xasprintf("%s/%s", dir, rel[i]);
-		if (access(p, R_OK) == 0)
-			return artefact(env, p, exists);
+		if (access(p, R_OK) == 0) {
+			_cleanup_free_ char *real = realpath(p, NULL);
+			return artefact(env, real ? real : p, exists);
+		}
 	}
 	return artefact(env, first, exists);
 }

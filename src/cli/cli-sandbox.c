@@ -117,6 +117,11 @@ int cap_cli_create(int argc, char **argv)
 			continue;
 		switch (c) {
 		case CAP_OPT_IMAGE:
+			if (strlen(optarg) >= sizeof(rec.image_ref)) {
+				cap_cli_error("--image '%.40s...' is %zu bytes: a name, sha256:DIGEST or a reference of at most 255",
+					      optarg, strlen(optarg));
+				return CAP_EXIT_USAGE;
+			}
 			snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", optarg);
 			continue;
 		case CAP_OPT_SOURCE:

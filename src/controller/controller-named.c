@@ -38,6 +38,8 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 	if (j->create && cap_named_load(j->name, &rec, NULL) < 0) {
 		cap_record_init(&rec);
 		snprintf(rec.name, sizeof(rec.name), "%s", j->name);
+		if (strlen(j->image) >= sizeof(rec.image_ref))
+			r = cap_err_set(&err, ENAMETOOLONG, "the image reference %.40s... is too long", j->image);
 		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", j->image);
 		if (j->source)
 			snprintf(rec.source, sizeof(rec.source), "%s", j->source);

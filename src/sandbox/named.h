@@ -19,7 +19,7 @@
 struct cap_record {
 	char name[CAP_NAME_MAX + 1];
 	char image[72];	/* sha256:<hex> the sandbox was created from */
-	char image_ref[80];	/* what the user asked for ("python") */
+	char image_ref[320];	/* what the user asked for ("python", a pulled REF[@sha256:...]) */
 	unsigned cpus;
 	unsigned memory_mib;
 	unsigned root_size_mib;

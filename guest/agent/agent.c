@@ -154,7 +154,8 @@ static void setup_system(void)
 	mkdir("/work", 0755);
 	if (chown("/work", TOOL_UID, TOOL_GID) < 0)
 		agent_log("chown /work: %s", strerror(errno));
-	sethostname("capsule", 7);
+	if (sethostname("capsule", 7) < 0)
+		agent_log("sethostname: %s", strerror(errno));
 }
 
 static bool cmdline_has(const char *word)
@@ -981,8 +982,8 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 				    MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, msg, mlen)) < 0)
 			return r;
 	}
-	if (*s->hostname)
-		sethostname(s->hostname, strlen(s->hostname));
+	if (*s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)
+		agent_log("sethostname %s: %s", s->hostname, strerror(errno));
 
 	if (strcmp(root, "/") != 0) {
 		static const char *const moved[] = { "/dev", "/proc", "/sys", "/tmp", "/run" };

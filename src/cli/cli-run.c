@@ -15,8 +15,6 @@
 #include "store.h"
 #include "util.h"
 
-/* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
- * to move into cli.h). */
 static const char usage[] =
 	"Usage: capsule run [OPTIONS] -- COMMAND [ARG...]\n"
 	"\n"

@@ -17,8 +17,6 @@
 #include "tree.h"
 #include "util.h"
 
-/* Docker's -v HOST:GUEST, refused with what to use instead (cli-stream.c;
- * to move into cli.h). */
 /* Parse "-h/--help" or complain about anything else, for verbs that take
  * only a name. Returns the name, or NULL after printing (*rc set). */
 static const char *one_name(int argc, char **argv, const char *usage, int *rc)

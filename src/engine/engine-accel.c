@@ -37,7 +37,8 @@ static bool cpu_has_hw_virt(void)
 	if (cap_read_file("/proc/cpuinfo", 16u << 20, &s) < 0)
 		return false;
 	bool found = false;
-	for (char *line = strtok(s, "\n"); line && !found; line = strtok(NULL, "\n")) {
+	char *line_save = NULL;
+	for (char *line = strtok_r(s, "\n", &line_save); line && !found; line = strtok_r(NULL, "\n", &line_save)) {
 		if (strncmp(line, "flags", 5) != 0)
 			continue;
 		found = strstr(line, " vmx") || strstr(line, " svm");

@@ -58,7 +58,8 @@ static int stage_base(const char *root, struct cap_err *err)
 	_cleanup_free_ char *list = NULL;
 	if ((r = cap_store_busybox_applets(CAP_BUSYBOX, &list, err)) < 0)
 		return r;
-	for (char *tok = strtok(list, "\n"); tok; tok = strtok(NULL, "\n")) {
+	char *tok_save = NULL;
+	for (char *tok = strtok_r(list, "\n", &tok_save); tok; tok = strtok_r(NULL, "\n", &tok_save)) {
 		while (*tok == '/')
 			tok++;
 		if (!*tok || strcmp(tok, "bin/busybox") == 0 || strstr(tok, ".."))
@@ -163,7 +164,8 @@ static int apt_mirror(char **mirror, char **suite, struct cap_err *err)
 		closedir(d);
 	char *list = NULL;
 	if (cap_read_file("/etc/apt/sources.list", 1u << 20, &list) >= 0) {
-		for (char *ln = strtok(list, "\n"); ln; ln = strtok(NULL, "\n")) {
+		char *ln_save = NULL;
+		for (char *ln = strtok_r(list, "\n", &ln_save); ln; ln = strtok_r(NULL, "\n", &ln_save)) {
 			char uri[512], s[64];
 			if (sscanf(ln, "deb %511s %63s", uri, s) == 2 && uri[0] != '[' &&
 			    strcmp(s, codename) == 0) {

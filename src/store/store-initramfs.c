@@ -144,7 +144,8 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 	 * the order busybox prints them in. */
 	size_t n = 0, cap = 512;
 	char **names = xmalloc(cap * sizeof(char *));
-	for (char *tok = strtok(list, "\n"); tok; tok = strtok(NULL, "\n")) {
+	char *tok_save = NULL;
+	for (char *tok = strtok_r(list, "\n", &tok_save); tok; tok = strtok_r(NULL, "\n", &tok_save)) {
 		while (*tok == '/')
 			tok++;
 		if (!*tok || strcmp(tok, "bin/busybox") == 0)

@@ -186,7 +186,9 @@ int cap_named_reap(const char *name, struct cap_err *err);
 int cap_named_kill(const char *name, struct cap_err *err);
 
 /* Delete the sandbox and its disks. -EBUSY when it runs and !force; with
- * force it is stopped first. The only call that deletes disks. */
+ * force it is stopped first. A sandbox whose record is unreadable
+ * (-EBADMSG) goes only with force and when no shim holds it. The only
+ * call that deletes disks. */
 int cap_named_remove(const char *name, bool force, struct cap_err *err);
 
 /* Whether any sandbox was created from image digest (for image rm/prune). */

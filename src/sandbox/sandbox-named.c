@@ -1092,10 +1092,33 @@ int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
 	return reap_stopped(name, err);
 }
 
+/* A sandbox whose record cannot be read: removed only with force, and
+ * only when no shim holds it (its lock is free). */
+static int remove_broken(const char *name, bool force, struct cap_err *err)
+{
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	if (!force) {
+		_cleanup_free_ char *why = xstrdup(err->msg);
+		return cap_err_set(err, EBADMSG, "%s; `capsule rm --force %s` removes the sandbox and its disks (%s) anyway",
+				   why, name, dir);
+	}
+	_cleanup_free_ char *lockp = in_dir(name, "shim.lock");
+	_cleanup_close_ int fd = lock_shim(lockp);
+	if (fd < 0)
+		return cap_err_set(err, EBUSY, "sandbox '%s' has an unreadable record and its shim still runs (%s is locked); kill it first",
+				   name, lockp);
+	int r = cap_remove_tree(dir);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot remove %s: %s", dir, strerror(-r));
+	return 0;
+}
+
 int cap_named_remove(const char *name, bool force, struct cap_err *err)
 {
 	struct cap_named_status st;
 	int r = cap_named_status(name, &st, err);
+	if (r == -EBADMSG)
+		return remove_broken(name, force, err);
 	if (r < 0)
 		return r;
 	/* Paused is running too: its QEMU has the disks open. */

@@ -28,7 +28,7 @@ print(struct.unpack_from("<i", buf, 12)[0] if ok else "no answer")
 EOF
 }
 
-echo "1..51"
+echo "1..53"
 
 # --- images ----------------------------------------------------------------
 c image build base >"$out" 2>"$err"
@@ -273,4 +273,15 @@ else
 	not_ok "python image: python3 prints 42" "image build python failed (exit $rc)"
 	not_ok "prune keeps an image a sandbox uses" "no python image"
 fi
+# A sandbox whose record cannot be read: rm says why and how, rm --force
+# removes it (and only it).
+mkdir -p "$CAPSULE_HOME/sandboxes/broken" && echo '{bad' >"$CAPSULE_HOME/sandboxes/broken/record.json" &&
+	: >"$CAPSULE_HOME/sandboxes/broken/private.ext4"
+c rm broken >"$out" 2>"$err"
+rc=$?
+check "rm of a sandbox with an unreadable record refuses (exit $rc), naming the record and rm --force" \
+	'[ "$rc" -eq 125 ] && grep -q "record.json is unreadable" "$err" && grep -q "capsule rm --force broken" "$err" && [ -f "$CAPSULE_HOME/sandboxes/broken/private.ext4" ]'
+c rm --force broken >"$out" 2>"$err"
+rc=$?
+check "rm --force removes it (exit $rc)" '[ "$rc" -eq 0 ] && [ ! -e "$CAPSULE_HOME/sandboxes/broken" ]'
 clean_after "sandbox suite"

@@ -11,7 +11,7 @@ PACKAGES="
   linux-source-6.1 bc bison flex libelf-dev xz-utils
   python3 procps util-linux tmux zstd runsc git
   libnftables-dev libmnl-dev iproute2 nftables wget
-  skopeo docker-registry dpkg-dev fakeroot lintian man-db systemd file
+  skopeo docker-registry curl dpkg-dev fakeroot lintian man-db systemd file
 "
 
 missing=""

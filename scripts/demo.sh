@@ -149,5 +149,34 @@ printf 'int main(void) { return 0; }\n' >"$proj/src/main.c"
 	"$capsule" rm --force w >/dev/null
 )
 echo
+
+# Images by reference from a registry: Debian's docker-registry on a
+# loopback port of the demo's own, fed with a small image through skopeo
+# (tests/registry.sh); nothing leaves this host.
+echo "== images by reference: image pull from a registry on 127.0.0.1, create --image REF, --json"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export CAPSULE_REGISTRY_DIR="$demo_rt/registry"
+reg_stop() { tests/registry.sh stop "$port" >/dev/null 2>&1 || true; rm -rf "$demo_rt"; }
+trap reg_stop EXIT
+tests/registry.sh start "$port" >/dev/null
+img="$demo_rt/img"
+mkdir -p "$img/bin" "$img/etc"
+cp /bin/busybox "$img/bin/busybox"
+ln -s busybox "$img/bin/sh"
+echo "hello from an image pulled by reference" >"$img/etc/motd"
+tests/registry.sh push-dir "$img" "127.0.0.1:$port/demo:1" >/dev/null
+(
+	export CAPSULE_HOME="$demo_rt/home"
+	echo "\$ capsule image pull 127.0.0.1:$port/demo:1"
+	"$capsule" image pull "127.0.0.1:$port/demo:1"
+	echo "\$ capsule create d --image 127.0.0.1:$port/demo:1 -q && capsule exec d -- /bin/busybox cat /etc/motd"
+	"$capsule" create d --image "127.0.0.1:$port/demo:1" -q
+	"$capsule" exec d -- /bin/busybox cat /etc/motd
+	echo "\$ capsule ls --json | python3 -c '...name, state, image of each'"
+	"$capsule" ls --json | python3 -c 'import json, sys
+for s in json.load(sys.stdin): print(s["name"], s["state"], s["image"]["ref"], s["image"]["digest"][:19])'
+	"$capsule" rm --force d >/dev/null
+)
+echo
 left=$(ours -c || true)
 echo "== QEMU processes left running: $left"

@@ -7,12 +7,15 @@ threads on one connection, the asyncio client, transfers both ways,
 status/list/info/stop/remove, diff and merge, the CLI; and, against a fake
 server on a socket of its own, what a real one cannot be made to do on
 demand: progress notifications (prepare), an error with id null, a
--32000 prepare failure, a connection that drops mid-call. One identity's
+-32000 prepare failure, a connection that drops mid-call, messages with
+ids of the wrong type or nested too deep, a progress callback that calls
+the client, an asyncio call cancelled while it is being sent. One identity's
 VM serves every check. TAP output.
 
     python3 tests/integration/test-pyclient.py build/capsule"""
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -40,7 +43,7 @@ LOG = os.path.join(RT, "serve.log")
 ENV = dict(os.environ, CAPSULE_HOME=HOME, XDG_RUNTIME_DIR=RT)
 WHO = Identity("py", "one")
 OTHER = Identity("py", "two")
-PLAN = 49
+PLAN = 58
 
 n = 0
 failed = 0
@@ -255,6 +258,189 @@ def fake_tests():
        cc.error_from({"code": -32000, "message": "m", "data": {"retryable": True}}).retryable and
        type(cc.error_from({"code": -1, "message": "m"})) is CapsuleError,
        "error classes: -32001 always retryable, -32000 when data.retryable says so, others plain")
+
+
+def bounded(fn, secs):
+    """fn() run in a thread of its own for at most secs: {"value": ...} or
+    {"error": ...}, or {} when it still waits (a hang, shown as such)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: B902 (reported to the caller)
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(secs)
+    return dict(box)
+
+
+def exec_answer(rid, out):
+    return {"jsonrpc": "2.0", "id": rid, "result": {
+        "sandbox": "v-0", "exit_code": 0, "signal": None, "timed_out": False, "truncated": False,
+        "stdout": out, "stderr": "", "duration_ms": 1}}
+
+
+def rough_script(method, params, rid, send):
+    """A server that sends what a client must survive."""
+    argv = params.get("argv") if isinstance(params, dict) else None
+    if method == "cancel":
+        send({"jsonrpc": "2.0", "id": params["id"], "error": {"code": -32800, "message": "cancelled"}})
+        send({"jsonrpc": "2.0", "id": rid, "result": {"cancelled": True}})
+    elif method == "prepare":
+        send(progress(rid, "kernel", "building", 0))
+        send(progress(rid, "kernel", "ready", 1))
+        send({"jsonrpc": "2.0", "id": rid, "result": {"prepared": True, "built": []}})
+    elif argv == ["bad-ids"]:
+        for bad in ([rid], {"id": rid}, True, None):
+            m = progress(rid, "kernel", "building", 0)
+            m["params"]["request"] = bad
+            send(m)
+        send({"jsonrpc": "2.0", "id": [rid], "result": {"exit_code": 99}})
+        send({"jsonrpc": "2.0", "id": {"id": rid}, "result": {"exit_code": 98}})
+        send(progress(rid, "template", "ready", 4))
+        send(exec_answer(rid, "fine"))
+    elif argv == ["bad-id-error"]:
+        send({"jsonrpc": "2.0", "id": [rid], "error": {"code": -32700, "message": "parse error"}})
+    elif argv == ["deep"]:
+        send(b"[" * 100000 + b"]" * 100000)
+    elif argv == ["stall"]:
+        time.sleep(0.6)         # not reading meanwhile: the client's writes back up
+        send(exec_answer(rid, "stalled"))
+    elif method == "write_file":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"path": "/work/big", "bytes": 1}})
+    elif method == "status":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"state": "none"}})
+    else:
+        send(exec_answer(rid, "x"))
+
+
+def rough_tests():
+    fake = FakeServer(rough_script)
+    quiet = logging.getLogger("capsule_client")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)    # the client logs the lines it drops, with a traceback
+    try:
+        # 1. ids of the wrong type: ignored (an error: as id null); too deep: dropped
+        c = Client(fake.path)
+        seen = []
+        got = bounded(lambda: c.exec(WHO, ["bad-ids"], on_progress=seen.append), 5)
+        r = got.get("value")
+        ok(r is not None and r.stdout == "fine" and [(p.request, p.status) for p in seen] == [(1, "ready")],
+           "progress with a list/object/bool/null request and answers with a list/object id are ignored; "
+           "the call then gets its own answer", (got, seen))
+        got = bounded(lambda: c.exec(WHO, ["bad-id-error"]), 5)
+        ok(isinstance(got.get("error"), ParseError),
+           "an error answer whose id is a list: treated as id null, the waiting call gets it", got)
+        got = bounded(lambda: c.exec(WHO, ["deep"]), 5)
+        got2 = bounded(lambda: c.status(WHO), 5)
+        ok(isinstance(got.get("error"), ConnectionLost) and "RecursionError" in str(got["error"]) and
+           isinstance(got2.get("error"), ConnectionLost),
+           "a line nested too deep to read: the waiting call and later ones raise ConnectionLost, no hang",
+           (got, got2))
+        c.close()
+
+        # 2. a progress callback that calls the client on its reader thread
+        c = Client(fake.path)
+        errs = []
+
+        def cb(p):
+            if p.status != "building":
+                return
+            for fn in (lambda: c.status(WHO), lambda: c.submit("status", {"identity": WHO.to_json()}).result(5)):
+                try:
+                    fn()
+                    errs.append("no error")
+                except RuntimeError as e:
+                    errs.append(str(e))
+                except Exception as e:  # the wrong error: shown
+                    errs.append(repr(e))
+        got = bounded(lambda: c.prepare(on_progress=cb), 5)
+        r = got.get("value")
+        ok(r is not None and r.prepared and len(errs) == 2 and
+           all("reader thread" in e and "another thread" in e for e in errs),
+           "an on_progress callback that waits on the same Client: RuntimeError (call and Call.result), "
+           "no deadlock", (got, errs))
+        got = bounded(lambda: c.status(WHO), 5)
+        ok(got.get("value") is not None and got["value"].state == "none",
+           "the client goes on answering after that callback", got)
+        c.close()
+
+        # 3. asyncio: bad ids, cancelled while sending
+        async def arough():
+            out = {}
+            async with await AsyncClient.connect(fake.path) as ac:
+                seen = []
+                try:
+                    r = await asyncio.wait_for(ac.exec(WHO, ["bad-ids"], on_progress=seen.append), 5)
+                    out["bad"] = (r.stdout, [(p.request, p.status) for p in seen])
+                except Exception as e:  # shown
+                    out["bad"] = repr(e)
+
+                # cancelled waiting for the send lock: nothing sent, nothing left
+                await ac._send_lock.acquire()
+                t = asyncio.ensure_future(ac.exec(WHO, ["locked-out"]))
+                await asyncio.sleep(0.05)
+                t.cancel()
+                await asyncio.sleep(0)
+                ac._send_lock.release()
+                try:
+                    await t
+                    out["lock"] = "not cancelled"
+                except asyncio.CancelledError:
+                    out["lock"] = dict(ac._pending)
+                out["after"] = (await asyncio.wait_for(ac.exec(WHO, ["echo"]), 5)).stdout
+
+                # cancelled in drain(), the line already written: the server is sent cancel
+                stall = asyncio.ensure_future(ac.exec(WHO, ["stall"]))
+                await asyncio.sleep(0.05)
+                big = asyncio.ensure_future(ac.call("write_file", {"identity": WHO.to_json(), "path": "big",
+                                                                   "content": "x" * (4 << 20)}))
+                await asyncio.sleep(0.15)
+                out["blocked"] = not big.done()
+                big.cancel()
+                try:
+                    await big
+                    out["big"] = "not cancelled"
+                except asyncio.CancelledError:
+                    out["big"] = "cancelled"
+                out["stall"] = (await asyncio.wait_for(stall, 5)).stdout
+                for _ in range(100):
+                    if any(m.get("method") == "cancel" for m in fake.seen) and not ac._pending:
+                        break
+                    await asyncio.sleep(0.05)
+                wf = [m["id"] for m in fake.seen if m.get("method") == "write_file"]
+                out["cancel"] = (wf, [m["params"]["id"] for m in fake.seen if m.get("method") == "cancel"],
+                                 dict(ac._pending))
+                try:
+                    await asyncio.wait_for(ac.exec(WHO, ["deep"]), 5)
+                    out["deep"] = "answered"
+                except ConnectionLost as e:
+                    out["deep"] = "lost" if "RecursionError" in str(e) else str(e)
+                except Exception as e:  # shown
+                    out["deep"] = repr(e)
+            return out
+        out = asyncio.run(arough())
+        ok(out["bad"] == ("fine", [(1, "ready")]) and out["deep"] == "lost",
+           "async: messages with ids of the wrong type ignored; a line nested too deep is ConnectionLost", out)
+        ok(out["lock"] == {} and out["after"] == "x" and
+           not any((m.get("params") or {}).get("argv") == ["locked-out"] for m in fake.seen),
+           "async: a call cancelled while waiting to send: not sent, no entry left, the client goes on", out)
+        wf, cancels, left = out["cancel"]
+        ok(out["blocked"] and out["big"] == "cancelled" and out["stall"] == "stalled" and len(wf) == 1 and
+           cancels == wf and left == {},
+           "async: a call cancelled in drain() after its line was written: the server is sent cancel for it",
+           out)
+    finally:
+        quiet.setLevel(level)
+        fake.close()
+
+    p = subprocess.run([sys.executable, "-m", "capsule_client", "--timeout", "abc", os.path.join(RT, "x.sock"),
+                        "status"], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=CLIENT_SRC),
+                       timeout=30)
+    ok(p.returncode == 2 and "'abc'" in p.stderr and "Traceback" not in p.stderr,
+       "the CLI with --timeout abc: exit 2, the value named, no traceback", p.stdout + p.stderr)
 
 
 # -- a real server --------------------------------------------------------------
@@ -477,6 +663,7 @@ try:
     with open(os.path.join(PROJ, "README.md"), "w") as fh:
         fh.write("# p\n")
     fake_tests()
+    rough_tests()
     SERVER = start_server()
     with Client(SOCK, call_timeout=120) as client:
         real_tests(client)

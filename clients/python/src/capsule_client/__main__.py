@@ -32,8 +32,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         opt = args.pop(0)
         if opt == "--raw":
             raw = True
-        elif opt == "--timeout" and args:
-            timeout = float(args.pop(0))
+        elif opt == "--timeout":
+            if not args:
+                print(f"capsule_client: --timeout needs SECONDS\n{USAGE}", file=sys.stderr)
+                return 2
+            value = args.pop(0)
+            try:
+                timeout = float(value)
+            except ValueError:
+                timeout = None
+            if timeout is None or not 0 < timeout < float("inf"):
+                print(f"capsule_client: --timeout {value!r} is not a number of seconds above 0 "
+                      f"(e.g. --timeout 30 or 0.5)", file=sys.stderr)
+                return 2
         elif opt in ("--help", "-h"):
             print(USAGE)
             print(__doc__.split("\n", 2)[2].strip())

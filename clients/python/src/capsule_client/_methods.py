@@ -169,6 +169,12 @@ def result_of(response: Dict[str, Any]) -> Any:
     return response.get("result")
 
 
+def id_ok(id: Any) -> bool:
+    """Whether id can be one of our requests' ids: a string or an integer
+    (not a bool, nor a list or object, which cannot even be looked up)."""
+    return isinstance(id, (str, int)) and not isinstance(id, bool)
+
+
 def progress_of(msg: Dict[str, Any]) -> Optional[Progress]:
     """A `progress` notification as Progress (None for anything else)."""
     if msg.get("method") != "progress" or "id" in msg or not isinstance(msg.get("params"), dict):
@@ -176,4 +182,4 @@ def progress_of(msg: Dict[str, Any]) -> Optional[Progress]:
     return Progress.from_json(msg["params"])
 
 
-__all__: List[str] = ["Methods", "INLINE_MAX", "LINE_MAX", "ProgressCallback", "result_of", "progress_of"]
+__all__: List[str] = ["Methods", "INLINE_MAX", "LINE_MAX", "ProgressCallback", "result_of", "progress_of", "id_ok"]

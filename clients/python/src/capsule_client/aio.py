@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any, AsyncIterator, Callable, Dict, Optional
 
-from ._methods import LINE_MAX, Methods, ProgressCallback, progress_of, result_of
+from ._methods import LINE_MAX, Methods, ProgressCallback, id_ok, progress_of, result_of
 from .errors import CallTimeout, Cancelled, ConnectionLost, InvalidRequest
 from .types import Progress
 
@@ -79,15 +79,26 @@ class AsyncClient(Methods):
                                  f"line limit of {LINE_MAX}", {"local": True})
         fut: "asyncio.Future[Dict[str, Any]]" = asyncio.get_running_loop().create_future()
         self._pending[id] = _Pending(fut, on_progress)
+        written = False
         try:
             assert self._send_lock is not None
             async with self._send_lock:
                 self._writer.write(line)
+                written = True
                 await self._writer.drain()
         except OSError as e:
             self._pending.pop(id, None)
             self._lost(f"sending {method} to {self.socket_path} failed: {e}")
             raise ConnectionLost(self._closed or str(e)) from e
+        except asyncio.CancelledError:
+            # Cancelled waiting for the lock: nothing went out. Cancelled
+            # in drain(): the request is out (or will be), so the server
+            # is told to cancel it; its answer then clears the entry.
+            if written and method != "cancel":
+                self._spawn(self._send_cancel(id))
+            else:
+                self._pending.pop(id, None)
+            raise
         return id, fut
 
     async def call(self, method: str, params: Optional[Dict[str, Any]] = None, *,
@@ -156,6 +167,7 @@ class AsyncClient(Methods):
     async def _read_loop(self) -> None:
         why = "capsule serve closed the connection"
         assert self._reader is not None
+        drop = True
         try:
             while True:
                 line = await self._reader.readline()
@@ -163,20 +175,30 @@ class AsyncClient(Methods):
                     break
                 if line.strip():
                     self._dispatch(json.loads(line))
+            drop = False
         except ValueError as e:     # not JSON, or a line over READ_LIMIT
             why = f"capsule serve sent a line that could not be read ({e}); the connection is dropped"
         except OSError as e:
             why = f"the connection to capsule serve failed: {e}"
         except asyncio.CancelledError:
             why = self._closed or "the client closed the connection"
-        self._lost(why)
+            drop = False
+        except Exception as e:      # e.g. RecursionError: a line nested too deep
+            why = (f"capsule serve sent a line this client could not handle ({type(e).__name__}: {e}); "
+                   f"the connection is dropped")
+            log.exception("reading from capsule serve at %s", self.socket_path)
+        finally:
+            # Whatever ended the loop, no caller waits for ever.
+            self._lost(why)
+            if drop and self._writer is not None:
+                self._writer.close()
 
     def _dispatch(self, msg: Any) -> None:
         if not isinstance(msg, dict):
             return
         if "id" not in msg:
             p = progress_of(msg)
-            if p is None:
+            if p is None or not id_ok(p.request):
                 return
             pend = self._pending.get(p.request)
             if pend is not None and pend.on_progress is not None:
@@ -190,12 +212,16 @@ class AsyncClient(Methods):
         if "method" in msg:
             return
         id = msg.get("id")
+        if not id_ok(id):
+            id = None           # not an id this client sends: as id null (JSON-RPC)
         if id is None and "error" in msg:
             pend_all = list(self._pending.values())
             self._pending.clear()
             for pe in pend_all:
                 if not pe.future.done():
                     pe.future.set_result(msg)
+            return
+        if id is None:
             return
         pend = self._pending.pop(id, None)
         if pend is not None and not pend.future.done():

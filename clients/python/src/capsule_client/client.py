@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
-from ._methods import LINE_MAX, Methods, ProgressCallback, progress_of, result_of
+from ._methods import LINE_MAX, Methods, ProgressCallback, id_ok, progress_of, result_of
 from .errors import CallTimeout, Cancelled, ConnectionLost, InvalidRequest
 
 log = logging.getLogger("capsule_client")
@@ -53,6 +53,7 @@ class Call:
 
     def response(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
         """The raw response (None if it did not come within timeout)."""
+        self._client._not_on_reader(self.method)
         self._done.wait(timeout)
         return self._response
 
@@ -60,7 +61,11 @@ class Call:
         """The call's result, or its error raised. With timeout (seconds) or
         cancel (anything with is_set(), e.g. a threading.Event), the call is
         cancelled when the time is up or the token is set: Cancelled (or
-        CallTimeout) is raised once the server confirms."""
+        CallTimeout) is raised once the server confirms.
+
+        Not from an on_progress callback: those run on the client's reader
+        thread, which delivers the answer waited for (RuntimeError)."""
+        self._client._not_on_reader(self.method)
         deadline = None if timeout is None else time.monotonic() + timeout
         why = None
         while True:
@@ -149,12 +154,21 @@ class Client(Methods):
              call_timeout: Optional[float] = None, cancel: Any = None,
              on_progress: Optional[ProgressCallback] = None) -> Any:
         """Any method by name: its result (the JSON object), or its error raised."""
+        self._not_on_reader(method)
         c = self.submit(method, params, on_progress)
         return c.result(call_timeout if call_timeout is not None else self.call_timeout, cancel)
 
     def _invoke(self, method: str, params: Optional[Dict[str, Any]], wrap: Callable[[Any], Any],
                 **opts: Any) -> Any:
         return wrap(self.call(method, params, **opts))
+
+    def _not_on_reader(self, method: str) -> None:
+        # The reader thread runs the on_progress callbacks; waiting there
+        # for an answer would wait for ever, since that thread reads it.
+        if threading.current_thread() is self._reader:
+            raise RuntimeError(f"{method}: a progress callback runs on the client's reader thread and must not "
+                               f"wait for an answer; hand the work to another thread (submit() without "
+                               f"waiting is fine)")
 
     def _forget(self, id: Any) -> None:
         with self._lock:
@@ -163,6 +177,7 @@ class Client(Methods):
     def _read_loop(self) -> None:
         buf = b""
         why = "capsule serve closed the connection"
+        drop = True
         try:
             while True:
                 chunk = self._sock.recv(1 << 20)
@@ -176,19 +191,31 @@ class Client(Methods):
                     line, buf = buf[:nl], buf[nl + 1:]
                     if line.strip():
                         self._dispatch(json.loads(line))
+            drop = False
         except ValueError as e:
             why = f"capsule serve sent a line that is not JSON ({e}); the connection is dropped"
         except OSError as e:
             why = f"the connection to capsule serve failed: {e}"
-        self._lost(why)
+        except Exception as e:      # e.g. RecursionError: a line nested too deep
+            why = (f"capsule serve sent a line this client could not handle ({type(e).__name__}: {e}); "
+                   f"the connection is dropped")
+            log.exception("reading from capsule serve at %s", self.socket_path)
+        finally:
+            # Whatever ended the loop, no caller waits for ever.
+            self._lost(why)
+            if drop:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _dispatch(self, msg: Any) -> None:
         if not isinstance(msg, dict):
             return
         if "id" not in msg:
             p = progress_of(msg)
-            if p is None:
-                return          # a notification this client does not know
+            if p is None or not id_ok(p.request):
+                return          # a notification this client does not know, or not for a request
             with self._lock:
                 call = self._pending.get(p.request)
             if call is not None and call.on_progress is not None:
@@ -200,6 +227,8 @@ class Client(Methods):
         if "method" in msg:
             return              # the server sends no requests
         id = msg.get("id")
+        if not id_ok(id):
+            id = None           # not an id this client sends: as id null (JSON-RPC)
         if id is None and "error" in msg:
             # The server could not read one of our lines as a request and
             # cannot say which: every waiting call gets the error.
@@ -208,6 +237,8 @@ class Client(Methods):
                 self._pending.clear()
             for c in calls:
                 c._finish(msg)
+            return
+        if id is None:
             return
         with self._lock:
             call = self._pending.pop(id, None)

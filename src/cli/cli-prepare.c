@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "controller.h"
 #include "log.h"
+#include "proc.h"
 #include "serve.h"
 #include "util.h"
 
@@ -38,21 +39,44 @@ static const char usage[] =
 
 static bool tty;
 
+/* Whether stderr takes a line rewritten in place: the test
+ * cap_cli_progress makes (a terminal, TERM not dumb). */
+static bool live(void)
+{
+	const char *term = getenv("TERM");
+	return isatty(2) && !(term && strcmp(term, "dumb") == 0);
+}
+
+/* A phase's start and outcome are phase lines (proc.h); a line of its
+ * build (the kernel's: thousands) is a detail line, which
+ * cap_cli_progress rewrites in place on a terminal and drops elsewhere.
+ * Off a terminal only the outcome is shown: one line per phase. */
 static void show(const struct cap_prep_event *ev)
 {
 	char line[1400];
 	if (cap_cli_quiet || ev->status == CAP_PREP_FAILED)
 		return;	/* a failure is said once, as the error */
-	if (!tty && ev->status != CAP_PREP_READY)
-		return;	/* off a terminal: one line per phase */
-	snprintf(line, sizeof(line), "[%u/%u] %s %s", ev->done, CAP_PREP_NPHASES, cap_prep_phase_name(ev->phase),
-		 ev->message);
-	if (ev->status == CAP_PREP_READY && tty) {
+	if (ev->status == CAP_PREP_LINE) {
+		snprintf(line, sizeof(line), CAP_PROGRESS_DETAIL "%s", ev->message);
 		cap_cli_progress("prepare", line);
-		cap_cli_progress_end();	/* a phase's outcome stays on screen */
 		return;
 	}
+	if (ev->status == CAP_PREP_BUILDING) {
+		if (!tty)
+			return;
+		/* The phase's name alone, what it does as a detail: the
+		 * build's lines that follow fit beside it. */
+		snprintf(line, sizeof(line), "[%u/%u] %s", ev->done, CAP_PREP_NPHASES, cap_prep_phase_name(ev->phase));
+		cap_cli_progress("prepare", line);
+		snprintf(line, sizeof(line), CAP_PROGRESS_DETAIL "%s", ev->message);
+		cap_cli_progress("prepare", line);
+		return;
+	}
+	snprintf(line, sizeof(line), "[%u/%u] %s %s", ev->done, CAP_PREP_NPHASES, cap_prep_phase_name(ev->phase),
+		 ev->message);
 	cap_cli_progress("prepare", line);
+	if (ev->status == CAP_PREP_READY && tty)
+		cap_cli_progress_end();	/* a phase's outcome stays on screen */
 }
 
 static void on_event(void *ud, const struct cap_prep_event *ev)
@@ -63,7 +87,7 @@ static void on_event(void *ud, const struct cap_prep_event *ev)
 
 static int phase_of(const char *name)
 {
-	for (unsigned p = 0; name && p < CAP_PREP_NPHASES; p++)
+	for (unsigned p = 0; name && p <= CAP_PREP_LOCK; p++)
 		if (strcmp(name, cap_prep_phase_name((enum cap_prep_phase)p)) == 0)
 			return (int)p;
 	return -1;
@@ -174,7 +198,7 @@ int cap_cli_prepare(int argc, char **argv)
 		cap_cli_error("prepare takes no arguments ('%s'); the image is given with --image REF", argv[optind]);
 		return CAP_EXIT_USAGE;
 	}
-	tty = isatty(2);
+	tty = live();
 	struct cap_ctl_holder h;
 	if (!image && cap_ctl_holder(&h) == 1 && h.socket[0])
 		return remote(h.socket, json);

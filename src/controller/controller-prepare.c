@@ -7,6 +7,7 @@
  * later one takes for made. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,11 +25,15 @@
 #include "store.h"
 #include "util.h"
 
+#define CAP_PREP_KILL_GRACE_MS 5000
+
 static const char *const phase_names[CAP_PREP_NPHASES] = { "kernel", "initramfs", "image", "template" };
 static const char *const status_names[] = { "building", "line", "ready", "failed" };
 
 const char *cap_prep_phase_name(enum cap_prep_phase p)
 {
+	if (p == CAP_PREP_LOCK)
+		return "lock";
 	return (unsigned)p < CAP_PREP_NPHASES ? phase_names[p] : "?";
 }
 
@@ -99,7 +104,7 @@ static void emit(struct run *x, enum cap_prep_status st, const char *fmt, ...)
 	if (st == CAP_PREP_READY)
 		x->done++;
 	cap_log(st == CAP_PREP_FAILED ? CAP_LOG_WARN : CAP_LOG_INFO, "prepare %s: %s%s%s",
-		phase_names[x->phase], st == CAP_PREP_LINE ? "" : status_names[st], st == CAP_PREP_LINE ? "" : ": ",
+		cap_prep_phase_name(x->phase), st == CAP_PREP_LINE ? "" : status_names[st], st == CAP_PREP_LINE ? "" : ": ",
 		msg);
 	if (!x->fn)
 		return;
@@ -113,6 +118,71 @@ static void on_line(void *ud, const char *line)
 	snprintf(x->last[x->nlast % 4], sizeof(x->last[0]), "%s", line);
 	x->nlast++;
 	emit(x, CAP_PREP_LINE, "%s", line);
+}
+
+/* One line of the builder: a terminal's updating line (\r) tells its
+ * last part. */
+static void line_out(struct run *x, char *line)
+{
+	size_t n = strlen(line);
+	while (n > 0 && line[n - 1] == '\r')
+		line[--n] = '\0';
+	char *cr = strrchr(line, '\r');
+	on_line(x, cr ? cr + 1 : line);
+}
+
+/* The builder's output, line by line, until the pipe's end. Once a cancel
+ * is seen, the group has CAP_PREP_KILL_GRACE_MS after its SIGTERM, then
+ * gets SIGKILL; a second later reading stops even if the pipe is still
+ * open (a process that left the group holds it): a builder that ignores
+ * SIGTERM never keeps a shutdown waiting. */
+static void read_lines(struct run *x, int fd, pid_t pid)
+{
+	char buf[4096];
+	size_t used = 0;
+	int64_t term_at = 0, kill_at = 0;
+	for (;;) {
+		if (!term_at && cancelled(x->cancel))
+			term_at = cap_now_ms();
+		int64_t now = cap_now_ms();
+		if (term_at && !kill_at && now - term_at >= CAP_PREP_KILL_GRACE_MS) {
+			cap_log(CAP_LOG_WARN, "prepare kernel: the builder's group %d is still there %d s after SIGTERM: SIGKILL",
+				(int)pid, CAP_PREP_KILL_GRACE_MS / 1000);
+			kill(-pid, SIGKILL);
+			kill_at = now;
+		}
+		if (kill_at && now - kill_at >= 1000)
+			break;
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		int n = poll(&pfd, 1, 200);
+		if (n < 0 && errno != EINTR)
+			break;
+		if (n <= 0)
+			continue;
+		ssize_t got = read(fd, buf + used, sizeof(buf) - 1 - used);
+		if (got < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (got <= 0)
+			break;
+		used += (size_t)got;
+		char *start = buf, *nl;
+		while ((nl = memchr(start, '\n', used - (size_t)(start - buf)))) {
+			*nl = '\0';
+			line_out(x, start);
+			start = nl + 1;
+		}
+		used -= (size_t)(start - buf);
+		memmove(buf, start, used);
+		if (used == sizeof(buf) - 1) {	/* a line too long: in parts */
+			buf[used] = '\0';
+			line_out(x, buf);
+			used = 0;
+		}
+	}
+	if (used) {
+		buf[used] = '\0';
+		line_out(x, buf);
+	}
 }
 
 /* Run the kernel builder in a process group of its own (a cancel kills
@@ -157,22 +227,8 @@ static int run_builder(struct run *x, const char *builder, struct cap_err *err)
 		return x->cancel->cancelled ? cap_err_set(err, ECANCELED, "the preparation was cancelled")
 					    : cap_err_set(err, e, "cannot run %s: fork: %s", builder, strerror(e));
 	}
-	FILE *f = fdopen(p[0], "r");
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t n;
-	while (f && (n = getline(&line, &cap, f)) >= 0) {
-		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-			line[--n] = '\0';
-		/* A terminal's updating line: the last part is the news. */
-		char *cr = strrchr(line, '\r');
-		on_line(x, cr ? cr + 1 : line);
-	}
-	free(line);
-	if (f)
-		fclose(f);
-	else
-		close(p[0]);
+	read_lines(x, p[0], pid);
+	close(p[0]);
 	int status = 0;
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
@@ -331,19 +387,25 @@ static int lock_cache(struct run *x, int *fd, struct cap_err *err)
 	_cleanup_free_ char *cache = cap_cache_dir();
 	int r = cap_mkdir_p(cache, 0755);
 	if (r < 0)
-		return cap_err_set(err, -r, "cannot create %s: %s", cache, strerror(-r));
+		return cap_err_set(err, -r, "cannot create the cache %s for the preparation's lock: %s", cache, strerror(-r));
 	_cleanup_free_ char *path = xasprintf("%s/prepare.lock", cache);
 	*fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (*fd < 0)
-		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
+		return cap_err_set(err, errno, "cannot open the preparation's lock %s: %s", path, strerror(errno));
 	bool said = false;
 	while (flock(*fd, LOCK_EX | LOCK_NB) < 0) {
 		if (errno != EWOULDBLOCK && errno != EINTR)
-			return cap_err_set(err, errno, "cannot lock %s: %s", path, strerror(errno));
+			return cap_err_set(err, errno, "cannot take the preparation's lock %s: %s", path, strerror(errno));
 		if (cancelled(x->cancel))
-			return cap_err_set(err, ECANCELED, "the preparation was cancelled");
-		if (!said)
+			return cap_err_set(err, ECANCELED, "the preparation was cancelled while it waited for the lock %s (another process was preparing)",
+					   path);
+		if (!said) {
+			/* Told as a line of the first phase: notifications
+			 * name the four phases only; "lock" is a failure's. */
+			x->phase = CAP_PREP_KERNEL;
 			emit(x, CAP_PREP_LINE, "waiting for another preparation (%s is locked)", path);
+			x->phase = CAP_PREP_LOCK;
+		}
 		said = true;
 		usleep(100000);
 	}
@@ -361,6 +423,7 @@ int cap_ctl_prepare(const struct cap_prep_req *req, cap_prep_fn fn, void *ud,
 	int r;
 	memset(out, 0, sizeof(*out));
 	out->template_on = !templates_off();
+	x.phase = CAP_PREP_LOCK;
 	r = lock_cache(&x, &lock, err);
 	for (unsigned p = 0; r == 0 && p < CAP_PREP_NPHASES; p++) {
 		x.phase = (enum cap_prep_phase)p;
@@ -373,6 +436,7 @@ int cap_ctl_prepare(const struct cap_prep_req *req, cap_prep_fn fn, void *ud,
 		case CAP_PREP_INITRAMFS: r = phase_initramfs(&x, out, err); break;
 		case CAP_PREP_IMAGE: r = phase_image(&x, req->image ? req->image : "base", out, err); break;
 		case CAP_PREP_TEMPLATE: r = phase_template(&x, req, out, err); break;
+		case CAP_PREP_LOCK: break;	/* not a phase of the loop */
 		}
 	}
 	if (lock >= 0)
@@ -380,7 +444,8 @@ int cap_ctl_prepare(const struct cap_prep_req *req, cap_prep_fn fn, void *ud,
 	if (r < 0) {
 		out->failed = x.phase;
 		emit(&x, CAP_PREP_FAILED, "%s", err->msg);
-		cap_err_prefix(err, "preparing the %s", phase_names[x.phase]);
+		if (x.phase != CAP_PREP_LOCK)	/* the lock's message names its path */
+			cap_err_prefix(err, "preparing the %s", phase_names[x.phase]);
 	}
 	out->duration_ms = cap_now_ms() - start;
 	cap_prep_cancel_fini(&own);

@@ -188,9 +188,13 @@ struct cap_ctl_entry {
 
 /* --- preparation (docs/serve.md, "prepare") --------------------------------- */
 
-/* The four things a first sandbox needs, made sure of in this order. */
+/* The four things a first sandbox needs, made sure of in this order.
+ * CAP_PREP_LOCK is no phase of those: taking the cache's lock before
+ * them, named only when that fails ("lock"; the wait for another
+ * process's preparation is a line of the kernel phase). */
 enum cap_prep_phase {
 	CAP_PREP_KERNEL, CAP_PREP_INITRAMFS, CAP_PREP_IMAGE, CAP_PREP_TEMPLATE,
+	CAP_PREP_LOCK,
 };
 #define CAP_PREP_NPHASES 4
 
@@ -211,7 +215,7 @@ struct cap_prep_event {
 };
 typedef void (*cap_prep_fn)(void *ud, const struct cap_prep_event *ev);
 
-/* "kernel"...; "building"... */
+/* "kernel"... ("lock" for CAP_PREP_LOCK); "building"... */
 const char *cap_prep_phase_name(enum cap_prep_phase p);
 const char *cap_prep_status_name(enum cap_prep_status s);
 
@@ -232,7 +236,7 @@ struct cap_prep_out {
 	char image_digest[72];	/* "" until the image phase is ready */
 	bool template_on;	/* false: templates are off (CAPSULE_TEMPLATES=0) */
 	int64_t duration_ms;
-	enum cap_prep_phase failed;	/* on failure: the phase that failed */
+	enum cap_prep_phase failed;	/* on failure: the phase that failed (or CAP_PREP_LOCK) */
 };
 void cap_prep_out_fini(struct cap_prep_out *o);
 
@@ -245,7 +249,8 @@ struct cap_prep_cancel {
 };
 void cap_prep_cancel_init(struct cap_prep_cancel *x);
 void cap_prep_cancel_fini(struct cap_prep_cancel *x);
-/* Ask it to end: the kernel builder is killed, no further phase starts. */
+/* Ask it to end: the kernel builder's process group gets SIGTERM (and
+ * SIGKILL 5 s later if it is still there), no further phase starts. */
 void cap_prep_cancel_request(struct cap_prep_cancel *x);
 
 /* Make sure of kernel, initramfs, image and template, building what is

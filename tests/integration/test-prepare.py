@@ -15,6 +15,7 @@ nothing compiles a kernel. TAP output.
     python3 tests/integration/test-prepare.py build/capsule"""
 import json
 import os
+import pty
 import shutil
 import socket
 import subprocess
@@ -126,6 +127,27 @@ def stop(p):
         p.wait()
 
 
+def run_pty(args, env, timeout=120):
+    """args with stderr on a terminal: (exit status, what the terminal got)."""
+    mfd, sfd = pty.openpty()
+    p = subprocess.Popen([CAPSULE] + args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=sfd)
+    os.close(sfd)
+    out = b""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            d = os.read(mfd, 65536)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+    p.wait(timeout)
+    os.close(mfd)
+    return p.returncode, out.decode(errors="replace")
+
+
 def progress_ok(notes, rid):
     """Notifications of one preparation, in order: None or what is wrong."""
     last_done = -1
@@ -160,7 +182,7 @@ def progress_ok(notes, rid):
 EXEC = {"identity": {"agent": "a", "peer": "p"}, "argv": ["echo", "hi"]}
 
 try:
-    print("1..24")
+    print("1..29")
     # --- a server's first tool call prepares; prepare after it builds nothing ---
     h1 = os.path.join(RT, "h1")
     s1 = os.path.join(RT, "s1.sock")
@@ -300,6 +322,64 @@ try:
     r = run(["prepare", "--json"], dict(e3, CAPSULE_KERNEL_BUILDER=bad))
     ok(r.returncode == 0 and json.loads(r.stdout).get("built") == [],
        "then prepare builds nothing (the builder is not run again)", r.stdout + r.stderr)
+    # --- progress manners with a chatty builder (500 lines) ---
+    missing2 = os.path.join(kdir, "vmlinux2")
+    chatty = os.path.join(RT, "chatty-builder.sh")
+    open(chatty, "w").write("#!/bin/sh\ni=0\nwhile [ $i -lt 500 ]; do echo \"  CC drivers/x$i.o\"; i=$((i+1)); done\n"
+                            f"ln -s '{os.path.realpath(KERNEL)}' '{missing2}'\n")
+    os.chmod(chatty, 0o755)
+    e4 = env_for(h3, CAPSULE_KERNEL=missing2, CAPSULE_TEMPLATES="0", CAPSULE_KERNEL_BUILDER=chatty)
+    r = run(["prepare"], e4)
+    lines = r.stderr.splitlines()
+    ok(r.returncode == 0 and len(lines) == 4 and all(l.startswith(f"prepare: [{i + 1}/4] {PHASES[i]} ")
+                                                    for i, l in enumerate(lines)),
+       "a kernel built in a pipe: one line per phase, none of the builder's 500", r.stderr[-3000:])
+    os.unlink(missing2)
+    rc, out = run_pty(["prepare"], dict(e4, TERM="dumb"))
+    lines = out.replace("\r\n", "\n").splitlines()
+    ok(rc == 0 and len(lines) == 4 and "\033" not in out and all(l.startswith(f"prepare: [{i + 1}/4] {PHASES[i]} ")
+                                                                 for i, l in enumerate(lines)),
+       "on a TERM=dumb terminal: one plain line per phase too", out[-3000:])
+    os.unlink(missing2)
+    rc, out = run_pty(["prepare"], dict(e4, TERM="xterm"))
+    ok(rc == 0 and out.count("\n") <= 12 and "kernel: CC drivers/x499" in out and "kernel built now" in out,
+       "on a terminal: the builder's lines rewrite one line (at most 12 lines in all)",
+       f"{out.count(chr(10))} lines: " + out[-2000:])
+    # The cache's lock cannot be taken: phase "lock", the path named.
+    cache2 = os.path.join(RT, "cache2")
+    os.makedirs(os.path.join(cache2, "prepare.lock"))
+    r = run(["prepare", "--json"], dict(e4, CAPSULE_CACHE=cache2))
+    j = json.loads(r.stdout or "{}")
+    ok(r.returncode == 125 and j.get("phase") == "lock" and os.path.join(cache2, "prepare.lock") in j.get("error", "")
+       and "preparing the kernel" not in j.get("error", ""),
+       "a lock that cannot be taken fails as phase lock, naming its path", r.stdout + r.stderr)
+    # A builder that ignores SIGTERM does not hold up serve's shutdown.
+    stubborn = os.path.join(RT, "stubborn-builder.sh")
+    open(stubborn, "w").write("#!/bin/sh\ntrap '' TERM\necho 'kernel: started'\nsleep 60\necho 'kernel: done'\n")
+    os.chmod(stubborn, 0o755)
+    h4 = os.path.join(RT, "h4")
+    s4 = os.path.join(RT, "s4.sock")
+    srv = start_serve(h4, s4, env=env_for(h4, CAPSULE_KERNEL=os.path.join(kdir, "vmlinux3"),
+                                          CAPSULE_TEMPLATES="0", CAPSULE_KERNEL_BUILDER=stubborn))
+    c = Conn(s4)
+    c.s.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "prepare"}\n')
+    c.s.settimeout(30)
+    seen = ""
+    while "kernel: started" not in seen:
+        line = c.f.readline()
+        if not line:
+            break
+        seen += line
+    t0 = time.time()
+    srv.terminate()
+    try:
+        srv.wait(20)
+    except subprocess.TimeoutExpired:
+        pass
+    took = time.time() - t0
+    ok(srv.poll() is not None and took < 12, f"serve's shutdown ends a builder that ignores SIGTERM ({took:.1f} s)",
+       seen[-2000:])
+    c.close()
 finally:
     for p in servers:
         if p.poll() is None:

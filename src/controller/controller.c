@@ -1275,6 +1275,8 @@ static void prep_finish(struct cap_ctl *c, struct prep_run *p)
 	c->kick = true;
 	if (p->r == 0)
 		c->prepared = true;
+	else if (c->cfg.warm_pool)
+		c->pool_retry_at = cap_now_ms() + 30000;	/* not at once again for the pool */
 	while (w) {
 		struct cap_ctl_call *k = w;
 		w = k->prep_next;
@@ -1766,6 +1768,17 @@ static void pool_fill(struct cap_ctl *c)
 {
 	if (c->shutting_down || !c->cfg.warm_pool || cap_now_ms() < c->pool_retry_at)
 		return;
+	if (!c->prepared) {
+		/* No warm sandbox before the kernel, image and template are
+		 * there: prepare first (the pool fills once that succeeded;
+		 * a failure waits like a failed start). */
+		struct cap_err err = { 0 };
+		if (!c->prep && prep_begin(c, &err) < 0) {
+			cap_log(CAP_LOG_WARN, "cannot prepare for the warm pool: %s", err.msg);
+			c->pool_retry_at = cap_now_ms() + 30000;
+		}
+		return;
+	}
 	unsigned members = 0;
 	for (struct ident *i = c->idents; i; i = i->next) {
 		if (!i->pool)

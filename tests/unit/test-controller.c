@@ -2513,14 +2513,23 @@ static void diff_and_merge_run_in_a_worker(void **state)
 
 static int prep_runs;
 static bool prep_fail;
+static int prep_hold;	/* while set, the fake preparation waits (atomics) */
 
 /* A fake preparation in the worker: four phases, failing at the image
  * when prep_fail, else building the template. */
 static int f_prepare(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, void *fud,
 		     struct cap_prep_cancel *cancel, struct cap_prep_out *out, struct cap_err *err)
 {
-	(void)ud, (void)req, (void)cancel;
+	(void)ud, (void)req;
 	__atomic_add_fetch(&prep_runs, 1, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(&prep_hold, __ATOMIC_SEQ_CST)) {
+		pthread_mutex_lock(&cancel->lock);
+		bool gone = cancel->cancelled;
+		pthread_mutex_unlock(&cancel->lock);
+		if (gone)
+			break;
+		usleep(1000);
+	}
 	memset(out, 0, sizeof(*out));
 	for (unsigned p = 0; p < CAP_PREP_NPHASES; p++) {
 		struct cap_prep_event ev = { .phase = (enum cap_prep_phase)p, .status = CAP_PREP_BUILDING, .done = p,
@@ -2599,6 +2608,31 @@ static void first_call_prepares(void **state)
 	assert_int_equal(prep_runs, 3);
 }
 
+/* A warm pool on an unprepared host: the controller prepares first and
+ * starts no pool sandbox until that succeeded; then the pool fills. */
+static void warm_pool_waits_for_the_preparation(void **state)
+{
+	struct t *t = *state;
+	static struct cap_ctl_backend pb;
+	pb = fake_backend;
+	pb.prepare = f_prepare;
+	t->cfg.backend = &pb;
+	t->cfg.warm_pool = 1;
+	prep_runs = 0;
+	prep_fail = false;
+	__atomic_store_n(&prep_hold, 1, __ATOMIC_SEQ_CST);
+	open_ctl(t);
+	UNTIL_WAIT(t, 10, __atomic_load_n(&prep_runs, __ATOMIC_SEQ_CST) == 1);
+	settle(t);
+	assert_int_equal(t->f.njobs, 0);	/* no pool sandbox while preparing */
+	assert_false(cap_ctl_prepared(t->c));
+	__atomic_store_n(&prep_hold, 0, __ATOMIC_SEQ_CST);
+	UNTIL_WAIT(t, 50, cap_ctl_prepared(t->c));
+	UNTIL(t, t->f.njobs == 1);
+	assert_int_equal(strncmp(t->f.jobs[0].name, "pool-", 5), 0);
+	assert_int_equal(prep_runs, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2640,6 +2674,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(transfer_paths, setup, teardown),
 		cmocka_unit_test(base64_both_ways),
 		cmocka_unit_test_setup_teardown(first_call_prepares, setup, teardown),
+		cmocka_unit_test_setup_teardown(warm_pool_waits_for_the_preparation, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1492,6 +1492,13 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 	}
 	out->sandbox = json_string_value(json_object_get(res, "sandbox"));
 	out->state = json_string_value(json_object_get(res, "state"));
+	json_t *prepared = json_object_get(res, "prepared"), *ph;
+	size_t k;
+	if (json_is_array(prepared))	/* a tool call that prepared first: its phases */
+		json_array_foreach(prepared, k, ph)
+			for (unsigned p = 0; p < CAP_PREP_NPHASES; p++)
+				if (json_is_string(ph) && strcmp(json_string_value(ph), cap_prep_phase_name((enum cap_prep_phase)p)) == 0)
+					out->prepared |= 1u << p;
 	if (kind == CAP_CTL_EXEC) {
 		json_t *ec = json_object_get(res, "exit_code");
 		out->exit.kind = json_is_integer(ec) ? CAP_EXIT_CODE : CAP_EXIT_SIGNAL;

@@ -278,6 +278,7 @@ struct mcp {
 	struct cap_buf srv_out;
 	long long next_rid;
 	bool srv_broken;	/* an answer was lost: give up on the server */
+	bool said_preparing;	/* the preparation's line on stderr is out */
 };
 
 /* What a tool call needs to turn the controller's answer into a result. */
@@ -292,6 +293,9 @@ struct mcp_call {
 	char shown[4300];	/* the path as the model sees it, /source/... */
 	struct cap_ctl_call *call;	/* local */
 	long long rid;	/* remote: the request's id on the server's socket */
+	json_t *progress_token;	/* params._meta.progressToken, or NULL */
+	double progress;	/* the last progress sent (it must grow) */
+	int64_t line_at;	/* when a build line was last sent (ms) */
 	struct mcp_call *next;
 };
 
@@ -441,6 +445,13 @@ static json_t *listing(const struct mcp_call *mc, const struct cap_ctl_entry *v,
 	return j;
 }
 
+static void call_free(struct mcp_call *mc)
+{
+	json_decref(mc->id);
+	json_decref(mc->progress_token);
+	free(mc);
+}
+
 static void unlink_call(struct mcp *m, struct mcp_call *mc)
 {
 	for (struct mcp_call **p = &m->calls; *p; p = &(*p)->next)
@@ -454,8 +465,25 @@ static void unlink_call(struct mcp *m, struct mcp_call *mc)
 /* A tool result (stolen), with the private import that ran before the
  * call when there was one: a line for the model in the content and the
  * whole outcome in _meta["capsule/import"] for the orchestrator. */
-static void reply_to(struct mcp *m, json_t *id, json_t *res, const struct cap_ctl_import *imp)
+static void reply_to(struct mcp *m, json_t *id, json_t *res, const struct cap_ctl_import *imp,
+		     unsigned prepared)
 {
+	if (prepared) {
+		/* The first call prepared (docs/mcp.md): said to the model
+		 * in a line, to the orchestrator in _meta. */
+		char line[200] = "[capsule: this first call prepared the sandboxes first, building:";
+		json_t *a = json_array();
+		for (unsigned ph = 0; ph < CAP_PREP_NPHASES; ph++)
+			if (prepared & (1u << ph)) {
+				const char *name = cap_prep_phase_name((enum cap_prep_phase)ph);
+				json_array_append_new(a, json_string(name));
+				snprintf(line + strlen(line), sizeof(line) - strlen(line), " %s", name);
+			}
+		snprintf(line + strlen(line), sizeof(line) - strlen(line), "]");
+		json_array_append_new(json_object_get(res, "content"),
+				      json_pack("{s:s, s:s}", "type", "text", "text", line));
+		json_object_set_new(res, "_meta", json_pack("{s:o}", "capsule/prepared", a));
+	}
 	if (imp) {
 		const struct cap_ctl_xfer_out *o = &imp->out;
 		char line[600];
@@ -469,7 +497,10 @@ static void reply_to(struct mcp *m, json_t *id, json_t *res, const struct cap_ct
 				 o->nconflicts || o->nrefused ? "; the details are in the result's _meta" : "");
 		json_array_append_new(json_object_get(res, "content"),
 				      json_pack("{s:s, s:o}", "type", "text", "text", cap_json_text(line)));
-		json_object_set_new(res, "_meta", json_pack("{s:o}", "capsule/import", cap_rpc_import_json(imp)));
+		json_t *meta = json_object_get(res, "_meta");
+		if (!meta)
+			json_object_set_new(res, "_meta", meta = json_object());
+		json_object_set_new(meta, "capsule/import", cap_rpc_import_json(imp));
 	}
 	result_to(m, id, res);
 }
@@ -478,8 +509,7 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 {
 	unlink_call(m, mc);
 	if (mc->gone) {
-		json_decref(mc->id);
-		free(mc);
+		call_free(mc);
 		return;
 	}
 	json_t *id = mc->id;
@@ -487,7 +517,7 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 		char msg[1200];
 		snprintf(msg, sizeof(msg), "%s%s", r->msg ? r->msg : "the tool failed",
 			 r->code == CAP_CTL_ECAPACITY ? " (every sandbox is busy; try again shortly)" : "");
-		reply_to(m, id, text_result(msg, true), r->import);
+		reply_to(m, id, text_result(msg, true), r->import, r->prepared);
 	} else if (mc->tool == CAP_TOOL_RUN_COMMAND) {
 		const struct cap_exit *ex = &r->exit;
 		bool timed = (ex->flags & CAP_EXIT_TIMED_OUT) != 0;
@@ -511,11 +541,11 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 			"exit_code", code ? json_integer(status) : json_null(),
 			"signal", code ? json_null() : json_integer(ex->value), "timed_out", timed,
 			"stdout", out, "stderr", err));
-		reply_to(m, id, res, r->import);
+		reply_to(m, id, res, r->import, r->prepared);
 	} else if (mc->tool == CAP_TOOL_WRITE_FILE) {
 		char text[4500];
 		snprintf(text, sizeof(text), "wrote %llu bytes to %s", (unsigned long long)r->written, mc->shown);
-		reply_to(m, id, text_result(text, false), r->import);
+		reply_to(m, id, text_result(text, false), r->import, r->prepared);
 	} else {
 		bool is_error = false;
 		json_t *text;
@@ -528,10 +558,9 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 		else
 			text = window(m, mc, (const char *)r->content, r->content_len, &is_error);
 		reply_to(m, id, json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", text,
-					  "isError", is_error), r->import);
+					  "isError", is_error), r->import, r->prepared);
 	}
-	json_decref(mc->id);
-	free(mc);
+	call_free(mc);
 }
 
 static json_t *schema_path(void)
@@ -649,6 +678,48 @@ static void cancel(struct mcp *m, json_t *request_id)
 	}
 }
 
+/* The preparation's progress for a tool call waiting for it (phase and
+ * status by name: the controller's, here or over its socket). stderr
+ * gets one line that the first call prepares; a call that sent
+ * _meta.progressToken gets notifications/progress: progress grows with
+ * each one (the MCP rule), done phases of total 4, a fraction while a
+ * phase works; a build's lines at most one a second. */
+static void progress_to(struct mcp *m, struct mcp_call *mc, const char *phase, const char *status,
+			unsigned done, const char *message)
+{
+	if (!m->said_preparing) {
+		cap_log(CAP_LOG_INFO, "the first tool call prepares the guest kernel, the initramfs, the image and the template before it runs (minutes when the kernel is built)");
+		m->said_preparing = true;
+	}
+	if (mc->gone || !mc->progress_token || done > CAP_PREP_NPHASES)
+		return;
+	double v;
+	int64_t now = cap_now_ms();
+	if (strcmp(status, "ready") == 0) {
+		v = done;
+	} else if (strcmp(status, "building") == 0) {
+		v = done + 0.1;
+	} else if (strcmp(status, "line") == 0) {
+		if (now - mc->line_at < 1000)
+			return;
+		/* Closer to the phase's end with each, never reaching it. */
+		double base = mc->progress > done ? mc->progress : done;
+		v = base + (done + 0.9 - base) / 8;
+	} else {
+		return;	/* failed: the result says it */
+	}
+	if (v <= mc->progress)
+		return;
+	if (strcmp(status, "line") == 0)
+		mc->line_at = now;
+	mc->progress = v;
+	char text[1400];
+	snprintf(text, sizeof(text), "preparing: %s %s: %s", phase, status, message ? message : "");
+	cap_rpc_put_request(&m->out, -1, "notifications/progress",
+			    json_pack("{s:O, s:f, s:i, s:o}", "progressToken", mc->progress_token, "progress", v,
+				      "total", CAP_PREP_NPHASES, "message", cap_json_text(text)));
+}
+
 /* --- MCP --------------------------------------------------------------------------- */
 
 static void tools_call(struct mcp *m, json_t *id, json_t *params)
@@ -720,6 +791,9 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 		return;
 	}
 	mc->id = json_incref(id);
+	json_t *token = json_object_get(json_object_get(params, "_meta"), "progressToken");
+	if (json_is_string(token) || json_is_integer(token))
+		mc->progress_token = json_incref(token);
 
 	struct cap_ctl_req req = { .kind = CAP_CTL_FILE };
 	if (t == CAP_TOOL_RUN_COMMAND) {
@@ -727,8 +801,7 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 		json_t *to = json_object_get(args, "timeout");
 		if (!cmd || strlen(cmd) > (1u << 20) ||
 		    (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 3600))) {
-			json_decref(mc->id);
-			free(mc);
+			call_free(mc);
 			return error_to(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string of at most 1 MiB) and an optional \"timeout\" from 1 to 3600");
 		}
 		mc->timeout_s = (uint32_t)(to ? json_integer_value(to) : m->cfg->run_timeout_s);
@@ -751,8 +824,7 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 			else
 				tool_error(m, id, "content is %zu bytes; write_file takes at most %u bytes per call",
 					   json_string_length(content), WRITE_MAX);
-			json_decref(mc->id);
-			free(mc);
+			call_free(mc);
 			return;
 		}
 		req.op = CAP_FILE_WRITE;
@@ -882,12 +954,20 @@ static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl
 	tool_reply(fe, tag, r);
 }
 
+static void fe_progress(void *fe, struct cap_ctl *c, void *tag, const struct cap_prep_event *ev)
+{
+	(void)c;
+	progress_to(fe, tag, cap_prep_phase_name(ev->phase), cap_prep_status_name(ev->status), ev->done,
+		    ev->message);
+}
+
 static const struct cap_ctl_frontend_ops mcp_ops = {
 	.name = "mcp",
 	.pollfds = fe_pollfds,
 	.ready = fe_ready,
 	.flush = fe_flush,
 	.done = fe_done,
+	.progress = fe_progress,
 };
 
 static int run_local(struct mcp *m, struct cap_err *err)
@@ -966,6 +1046,18 @@ static void on_answer(void *ud, const char *p, size_t n)
 		cap_log(CAP_LOG_WARN, "the controller refused a request: %s",
 			json_string_value(json_object_get(msg.error, "message")));
 		m->srv_broken = true;
+	}
+	if (code == 0 && msg.method && strcmp(msg.method, "progress") == 0) {
+		/* The controller's preparation, for one of our calls. */
+		json_t *req = json_object_get(msg.params, "request");
+		const char *ph = json_string_value(json_object_get(msg.params, "phase"));
+		const char *st = json_string_value(json_object_get(msg.params, "status"));
+		for (struct mcp_call *mc = m->calls; json_is_integer(req) && ph && st && mc; mc = mc->next)
+			if (mc->rid == json_integer_value(req)) {
+				progress_to(m, mc, ph, st, (unsigned)json_integer_value(json_object_get(msg.params, "done")),
+					    json_string_value(json_object_get(msg.params, "message")));
+				break;
+			}
 	}
 	if (code != 0 || msg.method || !json_is_integer(msg.id)) {
 		cap_rpc_msg_fini(&msg);
@@ -1194,8 +1286,7 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 	while (m.calls) {
 		struct mcp_call *mc = m.calls;
 		m.calls = mc->next;
-		json_decref(mc->id);
-		free(mc);
+		call_free(mc);
 	}
 	if (m.srv_fd >= 0)
 		close(m.srv_fd);

@@ -14,7 +14,7 @@ ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
 resp() { grep "\"id\":$1[,}]" "$out"; }
 mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
 
-echo "1..27"
+echo "1..29"
 
 { printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
 check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
@@ -71,6 +71,35 @@ check "run_command with timeout 1 says it timed out after 1 s" \
 	'resp 14 | grep -q "timed out after 1 s" && resp 14 | grep -q "\"timed_out\":true"'
 check "a fork bomb in run_command with timeout 3 ends on time" \
 	'resp 15 | grep -q "timed out after 3 s" && resp 15 | grep -q "\"timed_out\":true"'
+
+# The first call of an unprepared server prepares; one that sent
+# _meta.progressToken gets notifications/progress (growing, total 4)
+# before its result, which says what was built. The kernel is "built" by
+# a fake builder linking the real one.
+kmiss="$rt/kprog/vmlinux"
+mkdir -p "$rt/kprog"
+kreal=$(readlink -f "${CAPSULE_KERNEL:-${CAPSULE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capsule}/vmlinux}")
+printf '#!/bin/sh\necho "kernel: configuring"\nsleep 1.2\necho "kernel: compiling"\nln -s "%s" "%s"\n' "$kreal" "$kmiss" >"$rt/kb.sh"
+chmod +x "$rt/kb.sh"
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
+	'{"jsonrpc":"2.0","id":16,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"echo after-prepare"},"_meta":{"progressToken":"tok-16"}}}'
+	wait_for 'resp 16 >/dev/null' 900; } |
+	CAPSULE_KERNEL="$kmiss" CAPSULE_KERNEL_BUILDER="$rt/kb.sh" CAPSULE_TEMPLATES=0 \
+	"$capsule" mcp --agent a --peer p2 --source "$rt/pub" --config "$rt/run.json" 2>"$err" >"$out"
+check "a first call with a progressToken gets notifications/progress before its result, growing to 4 of 4" \
+	'python3 -c "
+import json, sys
+msgs = [json.loads(l) for l in open(sys.argv[1])]
+i = [k for k, m in enumerate(msgs) if m.get(\"id\") == 16][0]
+notes = [m[\"params\"] for m in msgs[:i] if m.get(\"method\") == \"notifications/progress\"]
+assert notes and all(p[\"progressToken\"] == \"tok-16\" and p[\"total\"] == 4 for p in notes), notes
+v = [p[\"progress\"] for p in notes]
+assert v == sorted(set(v)) and v[-1] == 4, v
+assert any(\"kernel\" in p[\"message\"] for p in notes) and any(\"compiling\" in p[\"message\"] or \"configuring\" in p[\"message\"] for p in notes), notes
+" "$out"'
+check "its result runs the command, says it prepared (kernel) in its text and _meta; stderr says it prepares" \
+	'resp 16 | grep -q "after-prepare" && resp 16 | grep -q "prepared the sandboxes first, building: kernel" &&
+	 resp 16 | grep -q "\"capsule/prepared\":\[\"kernel\"\]" && grep -q "the first tool call prepares" "$err"'
 
 "$capsule" mcp --peer p1 </dev/null >"$out" 2>"$err"
 check "no agent identity: refused with a message, nothing on stdout" '[ $? -ne 0 ] && grep -q "agent identity is required" "$err" && [ ! -s "$out" ]'

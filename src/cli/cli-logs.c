@@ -50,8 +50,14 @@ static bool sanitize;	/* stdout is a terminal */
 static const struct log *last_shown;	/* whose header is on screen */
 static bool headers;
 
+/* What drain and emit return when stdout took no more (errno in
+ * out_errno): a reader that left (EPIPE) is no error, and no read
+ * error either. */
+#define STDOUT_FAILED 1
+static int out_errno;
+
 /* Write p to stdout, made harmless for a terminal when it is one: the
- * console log is the guest's to write. */
+ * console log is the guest's to write. 0 or STDOUT_FAILED. */
 static int emit(const struct log *l, const char *p, size_t n)
 {
 	if (!n)
@@ -69,8 +75,10 @@ static int emit(const struct log *l, const char *p, size_t n)
 			if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
 				buf[i] = '?';
 		}
-	if (fwrite(buf, 1, k, stdout) != k)
-		return -EIO;
+	if (fwrite(buf, 1, k, stdout) != k) {
+		out_errno = errno ? errno : EIO;
+		return STDOUT_FAILED;
+	}
 	return k < n ? emit(l, p + k, n - k) : 0;
 }
 
@@ -129,8 +137,9 @@ static off_t tail_start(const struct log *l, unsigned long n)
 	return 0;
 }
 
-/* Print what l's file holds past l->off. 0 or -errno. A file cut
- * shorter than what was read is read again from its start. */
+/* Print what l's file holds past l->off. 0, STDOUT_FAILED or -errno (a
+ * read error). A file cut shorter than what was read is read again
+ * from its start. */
 static int drain(struct log *l)
 {
 	if (l->fd < 0)
@@ -147,10 +156,20 @@ static int drain(struct log *l)
 			return -errno;
 		if (n == 0)
 			return 0;
-		if (emit(l, buf, (size_t)n) < 0)
-			return -EIO;
+		if (emit(l, buf, (size_t)n) != 0)
+			return STDOUT_FAILED;
 		l->off += n;
 	}
+}
+
+/* stdout took no more: a reader that left ends the command quietly
+ * (exit 0, as Ctrl-C does); another write error is one. */
+static int out_failed(void)
+{
+	if (out_errno == EPIPE)
+		return 0;
+	cap_cli_error("logs: cannot write to stdout: %s", strerror(out_errno));
+	return CAP_EXIT_FAILURE;
 }
 
 int cap_cli_logs(int argc, char **argv)
@@ -216,6 +235,14 @@ int cap_cli_logs(int argc, char **argv)
 	static const int handled[] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
 	sigset_t sigs;
 	int sfd = follow ? cap_signalfd(handled, CAP_ARRAY_SIZE(handled), &sigs) : -1;
+	if (follow && sfd < 0) {
+		/* Blocked and never read, they could not stop -f. */
+		sigprocmask(SIG_UNBLOCK, &sigs, NULL);
+		cap_cli_error("logs: cannot follow: signalfd: %s", strerror(-sfd));
+		for (size_t i = 0; i < nlogs; i++)
+			free(logs[i].owned_path);
+		return CAP_EXIT_FAILURE;
+	}
 
 	int rc = 0, r;
 	for (size_t i = 0; i < nlogs && rc == 0; i++) {
@@ -232,9 +259,14 @@ int cap_cli_logs(int argc, char **argv)
 		}
 		if (l->fd >= 0 && tail)
 			l->off = lines ? tail_start(l, lines) : lseek(l->fd, 0, SEEK_END);
-		if ((r = drain(l)) < 0) {
+		if ((r = drain(l)) == STDOUT_FAILED) {
+			rc = out_failed();
+			follow = false;
+			break;
+		}
+		if (r < 0) {
 			cap_cli_error("logs: cannot read %s: %s", l->owned_path, strerror(-r));
-			rc = r == -EIO ? 0 : CAP_EXIT_FAILURE;	/* stdout closed: a reader that left */
+			rc = CAP_EXIT_FAILURE;
 			break;
 		}
 	}
@@ -268,8 +300,8 @@ int cap_cli_logs(int argc, char **argv)
 				e = reopen(l);
 			if (e >= 0)
 				e = drain(l);
-			if (e == -EIO) {
-				rc = 0;
+			if (e == STDOUT_FAILED) {
+				rc = out_failed();
 				follow = false;
 				break;
 			}

@@ -45,11 +45,50 @@ bool cap_cli_volume_refused(const char *arg)
 	return true;
 }
 
+/* The long options of run, exec and create that take a value (the next
+ * argument when not given with '='). */
+static const char *const valued[] = {
+	"cpus", "memory", "timeout", "output-cap", "pids-max", "accel", "console-log", "source", "env",
+	"workdir", "workspace", "workspace-size", "image", "root-size", "work-size", "allow-egress",
+	"publish", "secret",
+};
+
+/* Whether the option argument a (after its dashes; "--name" or a short
+ * cluster "-qe") takes the next argument as its value. */
+static bool takes_next(const char *a)
+{
+	if (a[1] == '-') {
+		const char *name = a + 2;
+		if (strchr(name, '='))
+			return false;
+		size_t n = strlen(name), hits = 0;
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(valued); i++) {
+			if (strcmp(name, valued[i]) == 0)
+				return true;
+			hits += n && strncmp(name, valued[i], n) == 0;	/* getopt's abbreviations */
+		}
+		return hits == 1;
+	}
+	for (const char *p = a + 1; *p; p++)
+		if (*p == 'e' || *p == 'w')	/* -e NAME=VALUE, -w DIR: the rest, or the next */
+			return p[1] == '\0';
+	return false;
+}
+
 bool cap_cli_volume_flag(int argc, char **argv)
 {
+	/* create takes its options anywhere (getopt permutes); run and exec
+	 * stop at their first operand (exec's NAME, run's command): what
+	 * follows is the command's, "-v" there is grep's. */
+	bool anywhere = argc > 0 && strcmp(argv[0], "create") == 0;
 	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
 		const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
 		const char *eq = strchr(a, '=');
+		if (a[0] != '-' || !a[1]) {
+			if (!anywhere)
+				return false;
+			continue;
+		}
 		if (strcmp(a, "--volume") == 0 || strcmp(a, "--mount") == 0 ||
 		    strncmp(a, "--volume=", 9) == 0 || strncmp(a, "--mount=", 8) == 0) {
 			if (!cap_cli_volume_refused(eq ? eq + 1 : next))
@@ -60,6 +99,8 @@ bool cap_cli_volume_flag(int argc, char **argv)
 			return true;
 		if (strncmp(a, "-v", 2) == 0 && a[2] && cap_cli_volume_refused(a + 2))
 			return true;
+		if (takes_next(a))
+			i++;
 	}
 	return false;
 }

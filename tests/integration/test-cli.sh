@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..123"
+echo "1..126"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -367,6 +367,7 @@ vol_refused "run -q -- ./src:/src"
 vol_refused "run --volume=data:/data -- true"
 vol_refused "exec vx -- name:/path"
 vol_refused "create vx -v /a:/b"
+vol_refused "run -e X=Y -w /tmp -v /tmp:/x -- true"
 "$capsule" run -q -- sh -c 'echo a:/b' >"$out" 2>"$err"
 check "a command's own arguments that look like volumes are not refused" '[ "$(cat "$out")" = a:/b ]'
 
@@ -407,6 +408,10 @@ assert n["policy"] == "--allow-egress 203.0.113.10" and n["route"].startswith("d
 assert d["directory"].endswith("/sandboxes/j") and isinstance(d["created"], int)
 import time; assert abs(d["created"] - time.time()) < 600'
 "$capsule" exec j -- true >/dev/null 2>&1
+"$capsule" exec j grep -v x:/y /etc/hostname >"$out" 2>"$err"
+rc=$?
+check "exec j grep -v x:/y (no --): the command's -v is grep's, not a volume (exit $rc)" \
+	'[ "$rc" -eq 0 ] && [ -s "$out" ] && ! grep -q "Docker volume" "$err"'
 "$capsule" ls --json >"$out" 2>"$err"
 jcheck "ls --json: an array of inspect's objects, running with its pids and jail; a broken one named" '
 assert isinstance(d, list) and sorted(x["name"] for x in d) == ["j", "n1"], d
@@ -463,6 +468,9 @@ wait $lpid
 rc=$?
 kill $guard 2>/dev/null
 check "logs -f follows the shim log (a stop shows) and ends on SIGTERM with 0 ($rc)" '[ "$rc" -eq 0 ] && grep -q "capsule shim j: stopped" "$out"'
+# A reader that left before anything was written: quiet, exit 0.
+(sleep 0.5; timeout 20 "$capsule" logs -f j 2>"$err"; echo $? >"$rt/lrc") | true
+check "logs -f into a closed pipe ends quietly with 0 ($(cat "$rt/lrc"))" '[ "$(cat "$rt/lrc")" = 0 ] && [ ! -s "$err" ]'
 timeout 20 "$capsule" logs -f j >"$out" 2>"$err" &
 lpid=$!
 sleep 0.3

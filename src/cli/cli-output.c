@@ -23,8 +23,7 @@ static bool progress_open;	/* a line on the terminal awaits its newline */
 static char phase[512];		/* the current phase line, as shown */
 static const char *phase_label;
 
-/* Whether stderr can take a line rewritten in place. */
-static bool live(void)
+bool cap_cli_progress_live(void)
 {
 	static int tty = -1;
 	if (tty < 0) {
@@ -56,7 +55,7 @@ void cap_cli_progress(void *ud, const char *line)
 	if (cap_cli_quiet)
 		return;
 	bool detail = cap_progress_is_detail(line);
-	if (!live()) {
+	if (!cap_cli_progress_live()) {
 		if (!detail) {
 			char s[4096];
 			snprintf(s, sizeof(s), "%s", line);

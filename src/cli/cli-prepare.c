@@ -39,14 +39,6 @@ static const char usage[] =
 
 static bool tty;
 
-/* Whether stderr takes a line rewritten in place: the test
- * cap_cli_progress makes (a terminal, TERM not dumb). */
-static bool live(void)
-{
-	const char *term = getenv("TERM");
-	return isatty(2) && !(term && strcmp(term, "dumb") == 0);
-}
-
 /* A phase's start and outcome are phase lines (proc.h); a line of its
  * build (the kernel's: thousands) is a detail line, which
  * cap_cli_progress rewrites in place on a terminal and drops elsewhere.
@@ -198,7 +190,7 @@ int cap_cli_prepare(int argc, char **argv)
 		cap_cli_error("prepare takes no arguments ('%s'); the image is given with --image REF", argv[optind]);
 		return CAP_EXIT_USAGE;
 	}
-	tty = live();
+	tty = cap_cli_progress_live();
 	struct cap_ctl_holder h;
 	if (!image && cap_ctl_holder(&h) == 1 && h.socket[0])
 		return remote(h.socket, json);

@@ -127,6 +127,9 @@ extern bool cap_cli_quiet;
  * otherwise plain lines. ud is the verb's label. */
 void cap_cli_progress(void *ud, const char *line);
 void cap_cli_progress_end(void);
+/* Whether stderr takes a line rewritten in place (a terminal, TERM not
+ * dumb): what cap_cli_progress decides by. */
+bool cap_cli_progress_live(void);
 
 /* Print v as JSON (indented, keys in insertion order) and a newline on
  * stdout, then drop the reference. 0, or CAP_EXIT_FAILURE when stdout

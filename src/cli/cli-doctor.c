@@ -31,22 +31,10 @@ static json_t *str_or_null(const char *s)
 
 int cap_cli_doctor(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	bool json = false;
-	int c;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		if (c == 'j') {
-			json = true;
-		} else {
-			fputs(usage, c == 'h' ? stdout : stderr);
-			return c == 'h' ? 0 : CAP_EXIT_USAGE;
-		}
-	}
+	bool json;
+	int r = cap_cli_one_flag(argc, argv, usage, "json", 0, &json);
+	if (r >= 0)
+		return r;
 	if (optind != argc) {
 		cap_cli_error("doctor takes no arguments but --json; see `capsule doctor --help`");
 		return CAP_EXIT_USAGE;

@@ -255,30 +255,20 @@ static const char stop_usage[] =
 	"A sandbox that a running controller (capsule serve or mcp) owns is\n"
 	"stopped only with --force, through that controller.\n";
 
-/* Parse "[--force] NAME" (and -h): the name, or NULL after printing
+/* Parse "[--FLAG] NAME" (and -h): the name, or NULL after printing
  * with *rc set. */
-static const char *forced_name(int argc, char **argv, const char *usage, bool *force, int *rc)
+static const char *flag_name(int argc, char **argv, const char *usage, const char *flag,
+			     char shortc, bool *set, int *rc)
 {
-	static const struct option opts[] = {
-		{ "force", no_argument, NULL, 'f' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	int c;
-	*force = false;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
-		if (c == 'f') {
-			*force = true;
-		} else {
-			fputs(usage, c == 'h' ? stdout : stderr);
-			*rc = c == 'h' ? 0 : 2;
-			return NULL;
-		}
+	int r = cap_cli_one_flag(argc, argv, usage, flag, shortc, set);
+	*rc = 0;
+	if (r >= 0) {
+		*rc = r;
+		return NULL;
 	}
 	if (optind != argc - 1) {
 		fputs(usage, stderr);
-		*rc = 2;
+		*rc = CAP_EXIT_USAGE;
 		return NULL;
 	}
 	return argv[optind];
@@ -289,7 +279,7 @@ int cap_cli_stop(int argc, char **argv)
 	struct cap_err err = { 0 };
 	bool force;
 	int rc;
-	const char *name = forced_name(argc, argv, stop_usage, &force, &rc);
+	const char *name = flag_name(argc, argv, stop_usage, "force", 'f', &force, &rc);
 	if (!name)
 		return rc;
 	if (through_owner(name, "stop", "stop", "stop", force, &rc))
@@ -590,40 +580,11 @@ static const char inspect_usage[] =
 	"Show the sandbox's settings, state, image and disks.\n"
 	"  --json  one JSON object (docs/cli.md, \"JSON output\")\n";
 
-/* Parse "[--json] NAME" (and -h): the name, or NULL after printing with
- * *rc set. */
-static const char *json_name(int argc, char **argv, const char *usage, bool *json, int *rc)
-{
-	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	int c;
-	*json = false;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		if (c == 'j') {
-			*json = true;
-		} else {
-			fputs(usage, c == 'h' ? stdout : stderr);
-			*rc = c == 'h' ? 0 : CAP_EXIT_USAGE;
-			return NULL;
-		}
-	}
-	if (optind != argc - 1) {
-		fputs(usage, stderr);
-		*rc = CAP_EXIT_USAGE;
-		return NULL;
-	}
-	return argv[optind];
-}
-
 int cap_cli_inspect(int argc, char **argv)
 {
 	int rc;
 	bool json;
-	const char *name = json_name(argc, argv, inspect_usage, &json, &rc);
+	const char *name = flag_name(argc, argv, inspect_usage, "json", 0, &json, &rc);
 	struct cap_err err = { 0 };
 	struct shown s;
 	if (!name)
@@ -697,7 +658,7 @@ int cap_cli_rm(int argc, char **argv)
 	struct cap_err err = { 0 };
 	bool force;
 	int rc;
-	const char *name = forced_name(argc, argv, rm_usage, &force, &rc);
+	const char *name = flag_name(argc, argv, rm_usage, "force", 'f', &force, &rc);
 	if (!name)
 		return rc;
 	if (through_owner(name, "rm", "remove", "remove", force, &rc))
@@ -716,22 +677,10 @@ static const char ls_usage[] =
 
 int cap_cli_ls(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	bool json = false;
-	int c;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		if (c == 'j') {
-			json = true;
-		} else {
-			fputs(ls_usage, c == 'h' ? stdout : stderr);
-			return c == 'h' ? 0 : CAP_EXIT_USAGE;
-		}
-	}
+	bool json;
+	int r = cap_cli_one_flag(argc, argv, ls_usage, "json", 0, &json);
+	if (r >= 0)
+		return r;
 	if (optind != argc) {
 		cap_cli_error("ls takes no arguments but --json; see `capsule ls --help`");
 		return CAP_EXIT_USAGE;

@@ -146,6 +146,13 @@ bool cap_cli_volume_flag(int argc, char **argv);
 /* Print "capsule: <msg>" to stderr. */
 __attribute__((format(printf, 1, 2))) void cap_cli_error(const char *fmt, ...);
 
+/* Parse the options of a verb whose one option is the flag --FLAG (and
+ * -SHORTC when not 0) besides -h/--help: *set says whether it was given.
+ * -1 to go on, the operands at argv[optind..argc); else the exit code
+ * after printing the usage (0 for --help, on stdout). */
+int cap_cli_one_flag(int argc, char **argv, const char *usage, const char *flag,
+		     char shortc, bool *set);
+
 /* Parse a decimal unsigned number in [min, max]; -EINVAL otherwise. */
 int cap_cli_parse_uint(const char *s, unsigned long min, unsigned long max,
 		       unsigned long *out);

@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -76,6 +77,31 @@ int cap_cli_parse_uint(const char *s, unsigned long min, unsigned long max,
 		return -EINVAL;
 	*out = v;
 	return 0;
+}
+
+int cap_cli_one_flag(int argc, char **argv, const char *usage, const char *flag,
+		     char shortc, bool *set)
+{
+	const struct option opts[] = {
+		{ flag, no_argument, NULL, 'F' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	char shorts[4] = { 'h' };
+	int c;
+	if (shortc)
+		shorts[1] = shortc;
+	*set = false;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, shorts, opts, NULL)) != -1) {
+		if (c == 'F' || (shortc && c == shortc)) {
+			*set = true;
+		} else {
+			fputs(usage, c == 'h' ? stdout : stderr);
+			return c == 'h' ? 0 : CAP_EXIT_USAGE;
+		}
+	}
+	return -1;
 }
 
 /* Descriptors 0-2 may be closed by whoever started us; make sure they are

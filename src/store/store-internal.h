@@ -12,6 +12,11 @@ int cap_store_busybox_applets(const char *busybox, char **out,
 extern const char cap_store_passwd[];
 extern const char cap_store_group[];
 
+/* The path of blob digest ("sha256:<64 hex>") in the OCI layout dir,
+ * its bytes checked against the digest: a new string, or NULL with err
+ * set (-EINVAL malformed digest, ENOENT missing, EBADMSG not matching). */
+char *cap_store_oci_blob(const char *dir, const char *digest, struct cap_err *err);
+
 /* CAPSULE_HOME/images, new string. */
 char *cap_store_images_dir(void);
 

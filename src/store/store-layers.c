@@ -272,7 +272,7 @@ static char *inside(const char *dir, const char *rel, struct cap_err *err)
 	return p;
 }
 
-static char *blob_path(const char *dir, const char *digest, struct cap_err *err)
+char *cap_store_oci_blob(const char *dir, const char *digest, struct cap_err *err)
 {
 	if (!digest || strncmp(digest, "sha256:", 7) != 0 || strlen(digest) != 71 ||
 	    strspn(digest + 7, "0123456789abcdef") != 64) {
@@ -314,7 +314,7 @@ static int oci_layers(const char *dir, char ***layers, size_t *n,
 			*layers = xcalloc(*n + 1, sizeof(char *));
 			for (size_t i = 0; i < *n; i++) {
 				const char *d = json_string_value(json_object_get(json_array_get(ls, i), "digest"));
-				if (!((*layers)[i] = blob_path(dir, d, err))) {
+				if (!((*layers)[i] = cap_store_oci_blob(dir, d, err))) {
 					r = -EBADMSG;
 					break;
 				}
@@ -335,7 +335,7 @@ static int oci_layers(const char *dir, char ***layers, size_t *n,
 				break;
 			}
 		}
-		_cleanup_free_ char *next = blob_path(dir, json_string_value(json_object_get(pick, "digest")), err);
+		_cleanup_free_ char *next = cap_store_oci_blob(dir, json_string_value(json_object_get(pick, "digest")), err);
 		json_decref(j);
 		if (!next)
 			return -EBADMSG;

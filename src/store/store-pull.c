@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "paths.h"
-#include "sha256.h"
 #include "store-internal.h"
 #include "store.h"
 #include "util.h"
@@ -244,16 +243,9 @@ static json_t *layout_json(const char *layout, const char *digest, struct cap_er
 		cap_err_set(err, EBADMSG, "%s/index.json names no valid digest; skopeo wrote an unexpected layout", layout);
 		return NULL;
 	}
-	_cleanup_free_ char *p = xasprintf("%s/blobs/sha256/%s", layout, digest + 7);
-	struct cap_sha256 h;
-	char hex[65];
-	cap_sha256_init(&h);
-	int r = cap_sha256_update_file(&h, p);
-	cap_sha256_final_hex(&h, hex);
-	if (r < 0 || strcmp(hex, digest + 7) != 0) {
-		cap_err_set(err, EBADMSG, "blob %s in %s is missing or does not match its digest", digest, layout);
+	_cleanup_free_ char *p = cap_store_oci_blob(layout, digest, err);
+	if (!p)
 		return NULL;
-	}
 	json_error_t je;
 	json_t *j = json_load_file(p, 0, &je);
 	if (!j)

@@ -168,6 +168,10 @@ echo "bench: workspace: create with a 10000-file project, diff, cp of 100 MiB in
 "$top/bench/bench-workspace.sh" "$capsule" "$tree" "$conv_runs" >"$bench_home/ws"
 ws_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/ws"; }
 
+echo "bench: images by reference: pull from a local registry vs skopeo copy alone, prepare of a prepared home..." >&2
+"$top/bench/bench-pull.sh" "$capsule" "$conv_runs" >"$bench_home/pull"
+pl_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/pull"; }
+
 echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." >&2
 "$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
 net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
@@ -233,3 +237,7 @@ awk -v a="$(ws_row cp_in 2)" -v b="$(ws_row cp_in 3)" 'BEGIN {
 	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(k) capsule cp 100 MiB in vs cat | cat on the host", a / 1e6, b / 1e6, a / b }'
 awk -v a="$(ws_row cp_out 2)" -v b="$(ws_row cp_out 3)" 'BEGIN {
 	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(k) capsule cp 100 MiB out vs cat | cat on the host", a / 1e6, b / 1e6, a / b }'
+awk -v a="$(pl_row pull 2)" -v b="$(pl_row pull 3)" 'BEGIN {
+	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(l) image pull (python3, local registry) vs skopeo copy", a / 1e6, b / 1e6, a / b }'
+awk -v a="$(pl_row prepare 2)" -v b="$(pl_row prepare 3)" 'BEGIN {
+	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(l) prepare of a prepared home vs capsule --version", a / 1e6, b / 1e6, a / b }'

@@ -346,20 +346,17 @@ static int phase_template(struct run *x, const struct cap_prep_req *req, struct 
 	int r = cap_store_image_find(out->image_digest, &img, err);
 	if (r < 0)
 		return r;
+	/* The shape of a new sandbox of this controller: a fresh record's
+	 * vCPUs and memory, its network. Per-sandbox disks are placeholders
+	 * in a template: their paths are not part of it. */
 	struct cap_record rec;
 	cap_record_init(&rec);
+	struct cap_net_policy *closed = xmalloc(sizeof(*closed));
+	cap_net_policy_init(closed);
 	struct cap_sandbox_spec *spec = xmalloc(sizeof(*spec));
-	/* Per-sandbox disks are placeholders in a template: their paths
-	 * are not part of it. */
-	cap_sandbox_spec_named(spec, img.owned_path, "upper", "work", "source", req->workspace ? "workspace" : NULL,
-			       "capsule");
-	if (req->network)
-		cap_sandbox_spec_network(spec, req->network);
 	struct cap_sandbox_opts o;
-	cap_sandbox_opts_init(&o);
-	o.cpus = rec.cpus;
-	o.memory_mib = rec.memory_mib;
-	o.spec = spec;
+	cap_named_shape(&rec, img.owned_path, "upper", "work", "source", req->workspace ? "workspace" : NULL,
+			"capsule", req->network ? req->network : closed, spec, &o);
 	struct cap_template_info *v = NULL;
 	size_t n = 0;
 	cap_template_list(&v, &n);
@@ -370,6 +367,7 @@ static int phase_template(struct run *x, const struct cap_prep_req *req, struct 
 		cap_template_info_fini(&v[i]);
 	free(v);
 	free(spec);
+	free(closed);
 	cap_image_fini(&img);
 	if (r < 0)
 		return r;

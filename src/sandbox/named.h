@@ -57,6 +57,19 @@ int cap_record_net(const struct cap_record *r, struct cap_net_policy *out,
 int cap_record_set_net(struct cap_record *r, const struct cap_net_policy *p,
 		       struct cap_err *err);
 
+/* The VM shape of a named sandbox, in one place: spec (its disks by
+ * role, its network p, which may be a closed policy) and o (initialized,
+ * with rec's vCPUs and memory and spec). Its shim boots from it and
+ * `prepare` builds the template from it, so that the template a
+ * preparation makes is the one a sandbox's start restores. Paths are
+ * borrowed; workspace NULL when the sandbox has none. */
+struct cap_sandbox_spec;
+struct cap_sandbox_opts;
+void cap_named_shape(const struct cap_record *rec, const char *image, const char *upper,
+		     const char *work, const char *source, const char *workspace,
+		     const char *name, const struct cap_net_policy *p,
+		     struct cap_sandbox_spec *spec, struct cap_sandbox_opts *o);
+
 /* Replace a sandbox's network policy in its record. When it runs with a
  * NIC, its shim applies the new one to new connections without a
  * restart (this call waits up to 5 s for it to confirm) — a policy with

@@ -1092,6 +1092,19 @@ int cap_named_stop(const char *name, int grace_ms, struct cap_err *err)
 	return reap_stopped(name, err);
 }
 
+void cap_named_shape(const struct cap_record *rec, const char *image, const char *upper,
+		     const char *work, const char *source, const char *workspace,
+		     const char *name, const struct cap_net_policy *p,
+		     struct cap_sandbox_spec *spec, struct cap_sandbox_opts *o)
+{
+	cap_sandbox_spec_named(spec, image, upper, work, source, workspace, name);
+	cap_sandbox_spec_network(spec, p);
+	cap_sandbox_opts_init(o);
+	o->cpus = rec->cpus;
+	o->memory_mib = rec->memory_mib;
+	o->spec = spec;
+}
+
 /* A sandbox whose record cannot be read: removed only with force, and
  * only when no shim holds it (its lock is free). */
 static int remove_broken(const char *name, bool force, struct cap_err *err)

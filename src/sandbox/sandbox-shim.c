@@ -819,24 +819,19 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	net = xmalloc(sizeof(*net));
 	if ((r = cap_record_net(&rec, net, err)) < 0)
 		goto out;
-	cap_sandbox_spec_named(spec, img.owned_path, upper, work, source,
-			       rec.workspace[0] ? workspace : NULL, name);
-	cap_sandbox_spec_network(spec, net);
+	struct cap_sandbox_opts o;
+	cap_named_shape(&rec, img.owned_path, upper, work, source, rec.workspace[0] ? workspace : NULL,
+			name, net, spec, &o);
 	s.spec = spec;
 	if (net->enabled && (netlog = open(netlog_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
 		r = cap_err_set(err, errno, "cannot open %s: %s", netlog_path, strerror(errno));
 		goto out;
 	}
-	struct cap_sandbox_opts o;
-	cap_sandbox_opts_init(&o);
-	o.cpus = rec.cpus;
-	o.memory_mib = rec.memory_mib;
 	/* Both logs next to the disks, kept after stop, wherever the
 	 * sockets are. */
 	o.console_log = console;
 	o.qemu_log = qemu_log;
 	o.dir = sockdir;
-	o.spec = spec;
 	o.name = name;
 	o.net_log_fd = netlog;
 	/* The sandbox's CA lives with it (and goes with `capsule rm`). */

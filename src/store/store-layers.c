@@ -4,8 +4,10 @@
  * NAME from the layers below, .wh..wh..opq empties its directory) are
  * applied before the layer's own entries. Nothing is extracted through a
  * symlink, to an absolute path or above the staging root. Device nodes,
- * FIFOs and sockets are left out and counted (struct cap_import_report):
- * the guest's /dev is its own devtmpfs, and its root is mounted nodev. */
+ * FIFOs and sockets, and hard links to them, are left out and counted
+ * (struct cap_import_report), and what they replaced in the layers below
+ * is removed: the guest's /dev is its own devtmpfs, and its root is
+ * mounted nodev. */
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
@@ -114,13 +116,51 @@ static int whiteout(int rootfd, const char *path)
 	return r;
 }
 
+/* Write name into out (len bytes) with what a terminal would act on
+ * escaped: C0 controls and DEL as \n, \t or \xNN, C1 controls (U+0080 to
+ * U+009F) and bytes that are not UTF-8 as \xNN, and the backslash itself
+ * doubled. Dropped names come from the image, not from the user. */
+static void escape_name(const char *name, char *out, size_t len)
+{
+	const unsigned char *s = (const unsigned char *)name;
+	size_t o = 0;
+	while (*s && o + 5 < len) {
+		unsigned char c = *s;
+		size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+		for (size_t i = 1; i < n; i++)
+			if ((s[i] & 0xc0) != 0x80)
+				n = 0;	/* also stops at the terminating NUL */
+		if (n == 2 && c == 0xc2 && s[1] < 0xa0)
+			n = 0;	/* C1 control, e.g. U+009B (CSI) */
+		if (n == 1 && c >= 0x20 && c != 0x7f && c != '\\') {
+			out[o++] = (char)c;
+		} else if (n == 1 && (c == '\n' || c == '\t' || c == '\\')) {
+			out[o++] = '\\';
+			out[o++] = c == '\n' ? 'n' : c == '\t' ? 't' : '\\';
+		} else if (n > 1 && o + n < len) {
+			memcpy(out + o, s, n);
+			o += n;
+			s += n;
+			continue;
+		} else if (n > 1) {
+			break;
+		} else {
+			o += (size_t)snprintf(out + o, len - o, "\\x%02x", c);
+		}
+		s++;
+	}
+	out[o] = '\0';
+}
+
 void cap_import_report_add(struct cap_import_report *report, const char *path)
 {
 	if (!report)
 		return;
+	char name[sizeof(report->shown)];
+	escape_name(path, name, sizeof(name));
 	size_t used = strlen(report->shown);
-	if (report->dropped < 4 && used + strlen(path) + 3 < sizeof(report->shown))
-		snprintf(report->shown + used, sizeof(report->shown) - used, "%s%s", used ? ", " : "", path);
+	if (report->dropped < 4 && used + strlen(name) + 3 < sizeof(report->shown))
+		snprintf(report->shown + used, sizeof(report->shown) - used, "%s%s", used ? ", " : "", name);
 	else if (!strstr(report->shown, ", ...") && used + 6 < sizeof(report->shown))
 		snprintf(report->shown + used, sizeof(report->shown) - used, ", ...");
 	report->dropped++;
@@ -130,6 +170,67 @@ static bool is_whiteout(const char *path)
 {
 	const char *slash = strrchr(path, '/');
 	return strncmp(slash ? slash + 1 : path, WH_PREFIX, strlen(WH_PREFIX)) == 0;
+}
+
+/* Remove what the stage holds at the cleaned path, as a whiteout would,
+ * never following a symlink: an entry left out must not uncover the file
+ * of a lower layer it replaced (overlayfs marks a deletion with a 0/0
+ * character device, which docker layers may carry). */
+static int remove_under(int rootfd, const char *path)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 0, path);
+	int dfd = open_dir_under(rootfd, dir);
+	if (dfd < 0)
+		return 0;	/* nothing below at that path */
+	int r = cap_remove_at(dfd, slash ? slash + 1 : path);
+	close(dfd);
+	return r;
+}
+
+/* The paths a layer left out, so that hard links to them are left out
+ * too. Bounded: past the bound a hard link to a forgotten node fails the
+ * layer with libarchive's message, as it did before. */
+#define DROPPED_MAX 65536
+struct dropped {
+	char **v;
+	size_t n, cap;
+};
+
+static bool dropped_has(const struct dropped *d, const char *path)
+{
+	for (size_t i = 0; i < d->n; i++)
+		if (strcmp(d->v[i], path) == 0)
+			return true;
+	return false;
+}
+
+static void dropped_add(struct dropped *d, const char *path)
+{
+	if (d->n == DROPPED_MAX || dropped_has(d, path))
+		return;
+	if (d->n == d->cap)
+		d->v = xrealloc(d->v, (d->cap = d->cap ? 2 * d->cap : 16) * sizeof(char *));
+	d->v[d->n++] = xstrdup(path);
+}
+
+/* A later entry at path puts something real there again. */
+static void dropped_forget(struct dropped *d, const char *path)
+{
+	for (size_t i = 0; i < d->n; i++)
+		if (strcmp(d->v[i], path) == 0) {
+			free(d->v[i]);
+			d->v[i] = d->v[--d->n];
+			return;
+		}
+}
+
+static void dropped_fini(struct dropped *d)
+{
+	for (size_t i = 0; i < d->n; i++)
+		free(d->v[i]);
+	free(d->v);
 }
 
 int cap_store_apply_layer(const char *root, const char *layer,
@@ -184,27 +285,36 @@ int cap_store_apply_layer(const char *root, const char *layer,
 		flags |= ARCHIVE_EXTRACT_OWNER;
 	archive_write_disk_set_options(w, flags);
 	archive_write_disk_set_standard_lookup(w);
+	struct dropped dropped = { 0 };
 	while ((k = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
 		clean_path(archive_entry_pathname(e), clean, sizeof(clean));
 		if (!*clean || is_whiteout(clean))
 			continue;
 		mode_t type = archive_entry_filetype(e);
-		if (type == AE_IFCHR || type == AE_IFBLK || type == AE_IFIFO || type == AE_IFSOCK) {
+		bool special = type == AE_IFCHR || type == AE_IFBLK || type == AE_IFIFO || type == AE_IFSOCK;
+		const char *hl = archive_entry_hardlink(e);
+		char hclean[4096];
+		if (hl && (clean_path(hl, hclean, sizeof(hclean)) < 0 || !*hclean)) {
+			r = cap_err_set(err, EINVAL, "%s: hard link %s points outside the root", layer, clean);
+			break;
+		}
+		if (special || (hl && dropped_has(&dropped, hclean))) {
+			/* devtmpfs provides devices; a hard link to a node
+			 * left out is that node under another name. */
+			if ((k = remove_under(rootfd, clean)) < 0) {
+				r = cap_err_set(err, -k, "%s: removing what %s replaces: %s", layer, clean, strerror(-k));
+				break;
+			}
 			char shown[4097];
 			snprintf(shown, sizeof(shown), "/%s", clean);
 			cap_import_report_add(report, shown);
-			continue;	/* devtmpfs provides devices */
+			dropped_add(&dropped, clean);
+			continue;
 		}
+		dropped_forget(&dropped, clean);
 		archive_entry_set_pathname(e, clean);
-		const char *hl = archive_entry_hardlink(e);
-		if (hl) {
-			char hclean[4096];
-			if (clean_path(hl, hclean, sizeof(hclean)) < 0 || !*hclean) {
-				r = cap_err_set(err, EINVAL, "%s: hard link %s points outside the root", layer, clean);
-				break;
-			}
+		if (hl)
 			archive_entry_set_hardlink(e, hclean);
-		}
 		if (archive_write_header(w, e) < ARCHIVE_WARN) {
 			r = cap_err_set(err, EIO, "%s: cannot extract %s: %s", layer, clean, archive_error_string(w));
 			break;
@@ -224,6 +334,7 @@ int cap_store_apply_layer(const char *root, const char *layer,
 	}
 	if (r == 0 && k != ARCHIVE_EOF)
 		r = cap_err_set(err, EINVAL, "%s: %s", layer, archive_error_string(a));
+	dropped_fini(&dropped);
 	archive_write_free(w);
 	archive_read_free(a);
 	if (fchdir(cwd) < 0 && r == 0)
@@ -515,8 +626,9 @@ int cap_store_image_import_with(const char *path,
 		r = cap_err_set(err, EINVAL, "cannot import %s: not a directory or a file", path);
 	}
 	if (r == 0 && tree == stage && report->dropped && progress) {
-		_cleanup_free_ char *msg = xasprintf("dropped %zu device node%s: %s (the guest's /dev provides devices)",
-						     report->dropped, report->dropped == 1 ? "" : "s", report->shown);
+		_cleanup_free_ char *msg = xasprintf("dropped %zu device node%s, FIFO%s or socket%s: %s (the guest's /dev provides devices)",
+						     report->dropped, report->dropped == 1 ? "" : "s", report->dropped == 1 ? "" : "s",
+						     report->dropped == 1 ? "" : "s", report->shown);
 		progress(ud, msg);
 	}
 	if (r == 0) {

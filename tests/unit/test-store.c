@@ -336,6 +336,121 @@ static void references_find_and_move(void **state)
 	cap_image_fini(&b);
 }
 
+/* A tar entry of any type for the tests below: link is a hard link's
+ * target or a symlink's; data a regular file's bytes. */
+static void put_entry(struct archive *a, const char *name, mode_t type,
+		      const char *data, const char *link)
+{
+	struct archive_entry *e = archive_entry_new();
+	archive_entry_set_pathname(e, name);
+	archive_entry_set_filetype(e, type);
+	archive_entry_set_perm(e, 0644);
+	if (type == AE_IFREG && link)
+		archive_entry_set_hardlink(e, link);
+	else if (type == AE_IFLNK)
+		archive_entry_set_symlink(e, link);
+	if (type == AE_IFREG && !link)
+		archive_entry_set_size(e, (la_int64_t)strlen(data));
+	assert_true(archive_write_header(a, e) >= ARCHIVE_WARN);
+	if (type == AE_IFREG && !link)
+		archive_write_data(a, data, strlen(data));
+	archive_entry_free(e);
+}
+
+static struct archive *tar_new(const char *path)
+{
+	struct archive *a = archive_write_new();
+	archive_write_set_format_pax_restricted(a);
+	assert_int_equal(archive_write_open_filename(a, path), ARCHIVE_OK);
+	return a;
+}
+
+static void tar_done(struct archive *a)
+{
+	archive_write_close(a);
+	archive_write_free(a);
+}
+
+/* A special file a layer leaves out takes with it what it replaced in the
+ * layers below (a 0/0 character device is overlayfs's deletion mark), and
+ * removing never follows a symlink. */
+static void dropped_node_hides_lower(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_import_report rep = { 0 };
+	_cleanup_free_ char *root = in_dir("root-dn"), *l1 = in_dir("dn1.tar"), *l2 = in_dir("dn2.tar"),
+			   *out = in_dir("dn-outside"), *victim = in_dir("dn-outside/x");
+	mkdir(root, 0755);
+	mkdir(out, 0755);
+	write_text(victim, "x");
+	struct archive *a = tar_new(l1);
+	put_entry(a, "etc", AE_IFDIR, NULL, NULL);
+	put_entry(a, "etc/secret", AE_IFREG, "s", NULL);
+	put_entry(a, "etc/keep", AE_IFREG, "k", NULL);
+	put_entry(a, "var", AE_IFDIR, NULL, NULL);
+	put_entry(a, "var/d", AE_IFDIR, NULL, NULL);
+	put_entry(a, "var/d/f", AE_IFREG, "f", NULL);
+	put_entry(a, "lnk", AE_IFLNK, NULL, out);
+	tar_done(a);
+	a = tar_new(l2);
+	put_entry(a, "etc/secret", AE_IFCHR, NULL, NULL);	/* rdev 0/0 */
+	put_entry(a, "var/d", AE_IFIFO, NULL, NULL);
+	put_entry(a, "lnk/x", AE_IFCHR, NULL, NULL);
+	tar_done(a);
+	assert_int_equal(cap_store_apply_layer(root, l1, &rep, &err), 0);
+	assert_int_equal(cap_store_apply_layer(root, l2, &rep, &err), 0);
+	assert_false(exists(root, "etc/secret"));
+	assert_false(exists(root, "var/d"));
+	assert_true(exists(root, "etc/keep"));
+	assert_true(exists(out, "x"));	/* not through the symlink */
+	assert_int_equal(rep.dropped, 3);
+}
+
+/* A hard link to a node left out is left out and counted too, and a
+ * chain of them; the import does not fail on the missing target. */
+static void hard_link_to_dropped_node(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_import_report rep = { 0 };
+	_cleanup_free_ char *root = in_dir("root-hl"), *l1 = in_dir("hl1.tar"), *l2 = in_dir("hl2.tar");
+	mkdir(root, 0755);
+	struct archive *a = tar_new(l1);
+	put_entry(a, "etc", AE_IFDIR, NULL, NULL);
+	put_entry(a, "etc/mem", AE_IFREG, "lower", NULL);
+	tar_done(a);
+	a = tar_new(l2);
+	put_entry(a, "dev", AE_IFDIR, NULL, NULL);
+	put_entry(a, "dev/mem", AE_IFCHR, NULL, NULL);
+	put_entry(a, "etc/mem", AE_IFREG, NULL, "dev/mem");
+	put_entry(a, "etc/mem2", AE_IFREG, NULL, "etc/mem");
+	put_entry(a, "etc/real", AE_IFREG, "r", NULL);
+	put_entry(a, "etc/real2", AE_IFREG, NULL, "etc/real");
+	tar_done(a);
+	assert_int_equal(cap_store_apply_layer(root, l1, &rep, &err), 0);
+	assert_int_equal(cap_store_apply_layer(root, l2, &rep, &err), 0);
+	assert_false(exists(root, "dev/mem"));
+	assert_false(exists(root, "etc/mem"));	/* nor the lower layer's */
+	assert_false(exists(root, "etc/mem2"));
+	assert_true(exists(root, "etc/real2"));	/* other hard links work */
+	assert_int_equal(rep.dropped, 3);
+	assert_string_equal(rep.shown, "/dev/mem, /etc/mem, /etc/mem2");
+}
+
+/* Names listed as left out reach a terminal: what it would act on is
+ * escaped; UTF-8 text is kept. */
+static void dropped_names_escaped(void **state)
+{
+	(void)state;
+	struct cap_import_report rep = { 0 };
+	cap_import_report_add(&rep, "/a\nb\x1b[2J");
+	cap_import_report_add(&rep, "/c\xc2\x9b" "1m\\");
+	cap_import_report_add(&rep, "/caf\xc3\xa9\xff\t");
+	assert_string_equal(rep.shown, "/a\\nb\\x1b[2J, /c\\xc2\\x9b1m\\\\, /caf\xc3\xa9\\xff\\t");
+	assert_int_equal(rep.dropped, 3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -347,6 +462,9 @@ int main(void)
 		cmocka_unit_test(device_nodes_dropped),
 		cmocka_unit_test(references_normalized),
 		cmocka_unit_test(references_find_and_move),
+		cmocka_unit_test(dropped_node_hides_lower),
+		cmocka_unit_test(hard_link_to_dropped_node),
+		cmocka_unit_test(dropped_names_escaped),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

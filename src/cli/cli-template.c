@@ -26,6 +26,12 @@ static const char usage[] =
 int cap_cli_template(int argc, char **argv)
 {
 	struct cap_err err = { 0 };
+	/* --help after a verb (template prune --help) is help, not a usage error. */
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+			fputs(usage, stdout);
+			return 0;
+		}
 	bool json = argc == 3 && strcmp(argv[2], "--json") == 0;
 	bool quiet = argc == 3 && (strcmp(argv[2], "-q") == 0 || strcmp(argv[2], "--quiet") == 0);
 	if ((argc == 2 || json) && strcmp(argv[1], "ls") == 0) {
@@ -78,7 +84,6 @@ int cap_cli_template(int argc, char **argv)
 		printf("removed %zu template(s)\n", n);
 		return 0;
 	}
-	bool help = argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0);
-	fputs(usage, help ? stdout : stderr);
-	return help ? 0 : 2;
+	fputs(usage, stderr);
+	return 2;
 }

@@ -24,7 +24,7 @@ static const char usage[] =
 	"                             HOST/REPO:TAG, HOST/REPO@sha256:DIGEST or a\n"
 	"                             Docker Hub name like python:3.12-slim.\n"
 	"                             --platform defaults to linux/amd64; registries\n"
-	"                             on localhost/127.0.0.0/8/[::1] are spoken to over\n"
+	"                             on localhost or 127.0.0.0/8 are spoken to over\n"
 	"                             plain HTTP, others only with --insecure\n"
 	"  import PATH [--name NAME] [-q]\n"
 	"                             Import a directory, a tar archive (plain, gzip,\n"
@@ -35,9 +35,10 @@ static const char usage[] =
 	"  rm IMAGE                   Remove an image no sandbox uses\n"
 	"  prune                      Remove every image no sandbox uses\n"
 	"\n"
-	"IMAGE is a name, sha256:DIGEST (12 or more hex digits), a reference as\n"
-	"pulled (REPO:TAG) or REPO@sha256:DIGEST with the OCI manifest digest a\n"
-	"pull recorded. Imports and pulls drop device nodes, FIFOs and sockets\n"
+	"IMAGE is a name (name:NAME when it is also a pulled reference),\n"
+	"sha256:DIGEST (12 or more hex digits), a reference as pulled (REPO:TAG)\n"
+	"or REPO@sha256:DIGEST with the registry or OCI manifest digest a pull\n"
+	"recorded. Imports and pulls drop device nodes, FIFOs and sockets\n"
 	"(listed in the summary). See docs/images.md.\n";
 
 static void print_image(const struct cap_image *img)
@@ -53,6 +54,8 @@ static void print_image(const struct cap_image *img)
 	if (img->owned_reference || img->owned_oci_digest) {
 		printf("reference: %s\n", img->owned_reference ? img->owned_reference : "(none: moved to another image)");
 		printf("oci digest: %s\n", img->owned_oci_digest ? img->owned_oci_digest : "(none)");
+		if (img->owned_registry_digest)
+			printf("registry digest: %s\n", img->owned_registry_digest);
 	}
 	if (img->owned_pinned_digest)
 		printf("pinned digest: %s\n", img->owned_pinned_digest);
@@ -72,6 +75,20 @@ static json_t *image_json(const struct cap_image *img)
 	json_object_set_new(o, "oci_digest", img->owned_oci_digest ? json_string(img->owned_oci_digest) : json_null());
 	json_object_set_new(o, "pinned_digest", img->owned_pinned_digest ? json_string(img->owned_pinned_digest) : json_null());
 	json_object_set_new(o, "file", json_string(img->owned_path));
+	json_object_set_new(o, "registry_digest", img->owned_registry_digest ? json_string(img->owned_registry_digest) : json_null());
+	json_t *origins = json_array();
+	for (size_t i = 0; i < img->n_origins; i++) {
+		const struct cap_image_origin *g = &img->owned_origins[i];
+		json_t *x = json_object();
+		json_object_set_new(x, "reference", json_string(g->owned_reference));
+		json_object_set_new(x, "oci_digest", g->owned_oci_digest ? json_string(g->owned_oci_digest) : json_null());
+		json_object_set_new(x, "registry_digest", g->owned_registry_digest ? json_string(g->owned_registry_digest) : json_null());
+		json_object_set_new(x, "pinned_digest", g->owned_pinned_digest ? json_string(g->owned_pinned_digest) : json_null());
+		json_object_set_new(x, "pulled", json_integer((json_int_t)g->pulled));
+		json_object_set_new(x, "current", json_boolean(g->current));
+		json_array_append_new(origins, x);
+	}
+	json_object_set_new(o, "origins", origins);
 	return o;
 }
 
@@ -90,6 +107,8 @@ static int done(int r, struct cap_err *err, struct cap_image *img, const char *v
 	putchar('\n');
 	if (img->owned_oci_digest && strcmp(verb, "pulled") == 0)
 		printf("oci digest: %s\n", img->owned_oci_digest);
+	if (img->owned_registry_digest && strcmp(verb, "pulled") == 0)
+		printf("registry digest: %s\n", img->owned_registry_digest);
 	cap_image_fini(img);
 	return 0;
 }
@@ -231,12 +250,13 @@ int cap_cli_image(int argc, char **argv)
 		cap_store_image_list(&v, &n, &err);
 		json_t *arr = json ? json_array() : NULL;
 		if (!json)
-			printf("%-16s %-20s %10s  %s\n", "NAME", "DIGEST", "SIZE", "SOURCE");
+			printf("%-16s %-20s %10s  %s\n", "NAME/REFERENCE", "DIGEST", "SIZE", "SOURCE");
 		for (size_t i = 0; i < n; i++) {
 			if (json)
 				json_array_append_new(arr, image_json(&v[i]));
 			else
-				printf("%-16s %.19s %9.1fM  %s\n", v[i].owned_name ? v[i].owned_name : "-",
+				printf("%-16s %.19s %9.1fM  %s\n",
+				       v[i].owned_name ? v[i].owned_name : v[i].owned_reference ? v[i].owned_reference : "-",
 				       v[i].digest, v[i].size / 1048576.0, v[i].owned_source);
 			cap_image_fini(&v[i]);
 		}

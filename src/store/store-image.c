@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "paths.h"
 #include "sha256.h"
 #include "store-internal.h"
@@ -32,6 +34,71 @@ char *cap_store_images_dir(void)
 	return xasprintf("%s/images", home);
 }
 
+#define TMP_LOCK ".lock"
+
+/* Temporary directories whose makers take the lock (cap_store_tmpdir):
+ * only these are removed without a lock file, once old. Others (a
+ * build's staging tree) may be long at work without one. */
+static bool locking_prefix(const char *n)
+{
+	return strncmp(n, "tmp-pull-", 9) == 0 || strncmp(n, "tmp-import-", 11) == 0 ||
+	       strncmp(n, "tmp-erofs-", 10) == 0;
+}
+
+void cap_store_tmp_sweep(const char *images)
+{
+	DIR *d = opendir(images);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (strncmp(e->d_name, "tmp-", 4) != 0)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+			continue;
+		_cleanup_free_ char *dir = xasprintf("%s/%s", images, e->d_name);
+		_cleanup_free_ char *lock = xasprintf("%s/" TMP_LOCK, dir);
+		_cleanup_close_ int fd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			/* No lock: one being made this instant, or an old one. */
+			if (errno == ENOENT && locking_prefix(e->d_name) && time(NULL) - st.st_mtime > 60) {
+				cap_log(CAP_LOG_INFO, "removing %s, a temporary directory left by an interrupted run", dir);
+				cap_remove_tree(dir);
+			}
+			continue;
+		}
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+			continue;	/* at work */
+		cap_log(CAP_LOG_INFO, "removing %s, a temporary directory left by an interrupted run", dir);
+		cap_remove_tree(dir);
+	}
+	if (d)
+		closedir(d);
+}
+
+int cap_store_tmpdir(const char *images, const char *prefix, char **path,
+		     struct cap_err *err)
+{
+	cap_store_tmp_sweep(images);
+	char *dir = xasprintf("%s/%s-XXXXXX", images, prefix);
+	if (!mkdtemp(dir)) {
+		int e = errno;
+		free(dir);
+		return cap_err_set(err, e, "cannot create a directory in %s: %s", images, strerror(e));
+	}
+	_cleanup_free_ char *lock = xasprintf("%s/" TMP_LOCK, dir);
+	int fd = open(lock, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || flock(fd, LOCK_EX) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		cap_remove_tree(dir);
+		free(dir);
+		return cap_err_set(err, e, "cannot lock %s: %s", lock, strerror(e));
+	}
+	*path = dir;
+	return fd;
+}
+
 void cap_image_fini(struct cap_image *img)
 {
 	free(img->owned_name);
@@ -40,6 +107,15 @@ void cap_image_fini(struct cap_image *img)
 	free(img->owned_reference);
 	free(img->owned_oci_digest);
 	free(img->owned_pinned_digest);
+	free(img->owned_registry_digest);
+	for (size_t i = 0; i < img->n_origins; i++) {
+		struct cap_image_origin *o = &img->owned_origins[i];
+		free(o->owned_reference);
+		free(o->owned_oci_digest);
+		free(o->owned_registry_digest);
+		free(o->owned_pinned_digest);
+	}
+	free(img->owned_origins);
 	memset(img, 0, sizeof(*img));
 }
 
@@ -171,8 +247,72 @@ static char *json_dup(json_t *m, const char *key)
 	return v ? xstrdup(v) : NULL;
 }
 
-static int load(const char *images, const char *hex, struct cap_image *out,
-		struct cap_err *err)
+/* The origins of a manifest: its "origins" array, or for a manifest
+ * written before there were several, its top-level fields as one. A new
+ * reference to a JSON array. */
+static json_t *origins_of(json_t *m)
+{
+	json_t *v = json_object_get(m, "origins");
+	if (json_is_array(v))
+		return json_incref(v);
+	v = json_array();
+	if (json_string_value(json_object_get(m, "reference"))) {
+		json_t *o = json_object();
+		const char *keys[] = { "reference", "oci_digest", "registry_digest", "pinned_digest" };
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(keys); i++)
+			if (json_string_value(json_object_get(m, keys[i])))
+				json_object_set(o, keys[i], json_object_get(m, keys[i]));
+		json_object_set(o, "pulled", json_object_get(m, "created"));
+		json_array_append_new(v, o);
+	}
+	return v;
+}
+
+/* Which origin a lookup meant: the one pulled as reference, or one
+ * pulled from repo whose registry, OCI or pinned digest starts with
+ * digest; all NULL: none in particular. */
+struct pick {
+	const char *reference;
+	const char *repo;
+	const char *digest;
+};
+
+static bool origin_has_digest(json_t *o, const char *repo, const char *digest)
+{
+	const char *ref = json_string_value(json_object_get(o, "reference"));
+	struct cap_image_ref pr;
+	if (!ref || cap_store_ref_parse(ref, &pr, NULL) < 0)
+		return false;
+	bool same = strcmp(pr.owned_repo, repo) == 0;
+	cap_image_ref_fini(&pr);
+	if (!same)
+		return false;
+	size_t dl = strlen(digest);
+	const char *keys[] = { "registry_digest", "oci_digest", "pinned_digest" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(keys); i++) {
+		const char *d = json_string_value(json_object_get(o, keys[i]));
+		if (d && strncmp(d, digest, dl) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Is origin i the better choice than the best so far (-1: none)? */
+static bool better(const struct cap_image_origin *v, int best, size_t i)
+{
+	if (best < 0)
+		return true;
+	const struct cap_image_origin *a = &v[i], *b = &v[best];
+	if (a->current != b->current)
+		return a->current;
+	bool at = !strchr(a->owned_reference, '@'), bt = !strchr(b->owned_reference, '@');
+	if (at != bt)
+		return at;
+	return a->pulled >= b->pulled;
+}
+
+static int load(const char *images, const char *hex, const struct pick *pick,
+		struct cap_image *out, struct cap_err *err)
 {
 	_cleanup_free_ char *dir = xasprintf("%s/%s", images, hex);
 	_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", dir);
@@ -187,22 +327,49 @@ static int load(const char *images, const char *hex, struct cap_image *out,
 		.owned_name = name_of(images, hex),
 		.owned_source = xstrdup(source ? source : "unknown"),
 		.created = json_integer_value(json_object_get(m, "created")),
-		.owned_oci_digest = json_dup(m, "oci_digest"),
-		.owned_pinned_digest = json_dup(m, "pinned_digest"),
 	};
 	snprintf(out->digest, sizeof(out->digest), "sha256:%s", hex);
-	/* The reference of the last pull while it still points here, a tag
-	 * rather than a digest (that is oci_digest already). */
-	const char *ref = json_string_value(json_object_get(m, "reference"));
-	if (ref) {
+	json_t *origins = origins_of(m);
+	size_t n = json_array_size(origins), k = 0;
+	out->owned_origins = n ? xcalloc(n, sizeof(*out->owned_origins)) : NULL;
+	int best = -1, picked = -1;
+	for (size_t i = 0; i < n; i++) {
+		json_t *o = json_array_get(origins, i);
+		const char *ref = json_string_value(json_object_get(o, "reference"));
+		if (!ref)
+			continue;
+		struct cap_image_origin *g = &out->owned_origins[k];
 		_cleanup_free_ char *link = ref_file(images, ref);
 		char h[65];
-		if (link_hex(link, h) && strcmp(h, hex) == 0 && !strchr(ref, '@'))
-			out->owned_reference = xstrdup(ref);
-		else
-			out->owned_reference = ref_of(images, hex);
+		*g = (struct cap_image_origin){
+			.owned_reference = xstrdup(ref),
+			.owned_oci_digest = json_dup(o, "oci_digest"),
+			.owned_registry_digest = json_dup(o, "registry_digest"),
+			.owned_pinned_digest = json_dup(o, "pinned_digest"),
+			.pulled = json_integer_value(json_object_get(o, "pulled")),
+			.current = link_hex(link, h) && strcmp(h, hex) == 0,
+		};
+		bool wanted = pick && ((pick->reference && strcmp(ref, pick->reference) == 0) ||
+				       (pick->digest && origin_has_digest(o, pick->repo, pick->digest)));
+		if (wanted && better(out->owned_origins, picked, k))
+			picked = (int)k;
+		if (better(out->owned_origins, best, k))
+			best = (int)k;
+		k++;
 	}
+	out->n_origins = k;
+	json_decref(origins);
 	json_decref(m);
+	if (picked >= 0)
+		best = picked;
+	if (best >= 0) {
+		const struct cap_image_origin *g = &out->owned_origins[best];
+		/* The reference only while it still points here. */
+		out->owned_reference = g->current ? xstrdup(g->owned_reference) : NULL;
+		out->owned_oci_digest = g->owned_oci_digest ? xstrdup(g->owned_oci_digest) : NULL;
+		out->owned_registry_digest = g->owned_registry_digest ? xstrdup(g->owned_registry_digest) : NULL;
+		out->owned_pinned_digest = g->owned_pinned_digest ? xstrdup(g->owned_pinned_digest) : NULL;
+	}
 	struct stat st;
 	if (stat(out->owned_path, &st) < 0) {
 		int e = errno;
@@ -214,33 +381,33 @@ static int load(const char *images, const char *hex, struct cap_image *out,
 	return 0;
 }
 
-/* The image whose manifest records a pull from repo with digest (or a
- * prefix of it) as its OCI manifest digest or pinned digest: how many
+/* The image one of whose origins was pulled from repo with digest (or a
+ * prefix of it) as its registry, OCI manifest or pinned digest: how many
  * images match, hex set to one of them. */
 static int find_by_oci_digest(const char *images, const char *repo,
 			      const char *digest, char hex[65])
 {
 	DIR *d = opendir(images);
 	struct dirent *e;
-	size_t dl = strlen(digest);
 	int found = 0;
 	while (d && (e = readdir(d))) {
 		if (!is_hex64(e->d_name))
 			continue;
 		_cleanup_free_ char *mpath = xasprintf("%s/%s/manifest.json", images, e->d_name);
 		json_t *m = json_load_file(mpath, 0, NULL);
-		const char *ref = json_string_value(json_object_get(m, "reference"));
-		const char *oci = json_string_value(json_object_get(m, "oci_digest"));
-		const char *pin = json_string_value(json_object_get(m, "pinned_digest"));
-		struct cap_image_ref pr;
-		if (ref && cap_store_ref_parse(ref, &pr, NULL) == 0) {
-			if (strcmp(pr.owned_repo, repo) == 0 &&
-			    ((oci && strncmp(oci, digest, dl) == 0) || (pin && strncmp(pin, digest, dl) == 0))) {
+		if (!m)
+			continue;
+		json_t *origins = origins_of(m);
+		size_t i;
+		json_t *o;
+		json_array_foreach(origins, i, o) {
+			if (origin_has_digest(o, repo, digest)) {
 				memcpy(hex, e->d_name, 65);
 				found++;
+				break;
 			}
-			cap_image_ref_fini(&pr);
 		}
+		json_decref(origins);
 		json_decref(m);
 	}
 	if (d)
@@ -249,8 +416,8 @@ static int find_by_oci_digest(const char *images, const char *repo,
 }
 
 /* Find by a registry reference: the link of that exact (normalized)
- * reference, else for REPO@sha256:X an image pulled from REPO whose
- * OCI manifest digest or pinned digest is X. */
+ * reference, else for REPO@sha256:X an image one of whose origins was
+ * pulled from REPO with registry, OCI manifest or pinned digest X. */
 static int find_ref(const char *images, const char *ref, struct cap_image *out,
 		    struct cap_err *err)
 {
@@ -275,27 +442,58 @@ static int find_ref(const char *images, const char *ref, struct cap_image *out,
 	int r;
 	if (prefix) {
 		int k = find_by_oci_digest(images, pr.owned_repo, prefix, hex);
-		r = k == 1 ? load(images, hex, out, err)
+		struct pick p = { .repo = pr.owned_repo, .digest = prefix };
+		r = k == 1 ? load(images, hex, &p, out, err)
 		    : k > 1 ? cap_err_set(err, EINVAL, "%s matches %d images; give more digits", ref, k)
-			    : cap_err_set(err, ENOENT, "no image pulled from %s with OCI digest %s...; see `capsule image ls`",
+			    : cap_err_set(err, ENOENT, "no image pulled from %s with digest %s...; see `capsule image ls`",
 					  pr.owned_repo, prefix);
 		cap_image_ref_fini(&pr);
 		return r;
 	}
 	_cleanup_free_ char *link = ref_file(images, pr.owned_full);
+	struct pick p = { .reference = pr.owned_full, .repo = pr.owned_repo, .digest = pr.owned_digest };
 	bool found = link_hex(link, hex) ||
 		     (pr.owned_digest && find_by_oci_digest(images, pr.owned_repo, pr.owned_digest, hex) > 0);
-	r = found ? load(images, hex, out, err)
+	r = found ? load(images, hex, &p, out, err)
 		  : cap_err_set(err, ENOENT, "no image pulled as %s; pull it with `capsule image pull %s` (see `capsule image ls`)",
 				pr.owned_full, ref);
 	cap_image_ref_fini(&pr);
 	return r;
 }
 
+/* The image a name link points at: 0 with hex set, -ENOENT, or -EBADMSG
+ * with err set for a link that is not an image's. */
+static int name_hex(const char *images, const char *name, char hex[65],
+		    struct cap_err *err)
+{
+	_cleanup_free_ char *link = xasprintf("%s/names/%s", images, name);
+	char target[512];
+	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (n <= 0)
+		return -ENOENT;
+	target[n] = '\0';
+	const char *h = strrchr(target, '/');
+	h = h ? h + 1 : target;
+	if (!is_hex64(h))
+		return cap_err_set(err, EBADMSG, "image name link %s points at '%s', not a digest; remove it", link, target);
+	memcpy(hex, h, 65);
+	return 0;
+}
+
+static int no_name(const char *ref, struct cap_err *err)
+{
+	bool buildable = strcmp(ref, "base") == 0 || strcmp(ref, "python") == 0;
+	return cap_err_set(err, ENOENT, "no image named '%s'; %s", ref,
+			   buildable ? "build it with `capsule image build NAME`"
+				     : "see `capsule image ls`, or `capsule image import PATH --name NAME`");
+}
+
 int cap_store_image_find(const char *ref, struct cap_image *out,
 			 struct cap_err *err)
 {
 	_cleanup_free_ char *images = cap_store_images_dir();
+	char hex[65];
+	int r;
 
 	if (strncmp(ref, "sha256:", 7) == 0) {
 		const char *want = ref + 7;
@@ -318,38 +516,45 @@ int cap_store_image_find(const char *ref, struct cap_image *out,
 			return cap_err_set(err, ENOENT, "no image %s in %s; see `capsule image ls`", ref, images);
 		if (count > 1)
 			return cap_err_set(err, EINVAL, "%s matches %d images; give more digits", ref, count);
-		return load(images, match, out, err);
+		return load(images, match, NULL, out, err);
+	}
+	/* name:NAME is the name, never a reference. */
+	if (strncmp(ref, "name:", 5) == 0 && cap_store_image_name_valid(ref + 5)) {
+		if ((r = name_hex(images, ref + 5, hex, err)) < 0)
+			return r == -ENOENT ? no_name(ref + 5, err) : r;
+		return load(images, hex, NULL, out, err);
 	}
 	if (!cap_store_image_name_valid(ref))
 		return find_ref(images, ref, out, err);
-	_cleanup_free_ char *link = xasprintf("%s/names/%s", images, ref);
-	char target[512];
-	ssize_t n = readlink(link, target, sizeof(target) - 1);
-	if (n <= 0 && errno == ENOENT) {
-		/* Not a name: maybe a reference ("alpine" pulled as
-		 * docker.io/library/alpine:latest). */
-		struct cap_image_ref pr;
-		if (cap_store_ref_parse(ref, &pr, NULL) == 0) {
-			_cleanup_free_ char *rl = ref_file(images, pr.owned_full);
-			char h[65];
-			bool found = link_hex(rl, h);
+	r = name_hex(images, ref, hex, err);
+	if (r < 0 && r != -ENOENT)
+		return r;
+	/* A valid name may also be a reference ("alpine" pulled as
+	 * docker.io/library/alpine:latest). */
+	struct cap_image_ref pr;
+	char rhex[65];
+	bool as_ref = false;
+	if (cap_store_ref_parse(ref, &pr, NULL) == 0) {
+		_cleanup_free_ char *rl = ref_file(images, pr.owned_full);
+		as_ref = link_hex(rl, rhex);
+		if (as_ref && r == 0 && strcmp(rhex, hex) != 0) {
+			r = cap_err_set(err, EINVAL, "'%s' is both the image named %s (sha256:%.12s) and the pull of %s (sha256:%.12s): "
+					"say name:%s for the named one, or the full reference %s for the pulled one",
+					ref, ref, hex, pr.owned_full, rhex, ref, pr.owned_full);
 			cap_image_ref_fini(&pr);
-			if (found)
-				return load(images, h, out, err);
+			return r;
 		}
+		if (as_ref && r < 0) {
+			struct pick p = { .reference = pr.owned_full };
+			r = load(images, rhex, &p, out, err);
+			cap_image_ref_fini(&pr);
+			return r;
+		}
+		cap_image_ref_fini(&pr);
 	}
-	if (n <= 0) {
-		bool buildable = strcmp(ref, "base") == 0 || strcmp(ref, "python") == 0;
-		return cap_err_set(err, ENOENT, "no image named '%s'; %s", ref,
-				   buildable ? "build it with `capsule image build NAME`"
-					     : "see `capsule image ls`, or `capsule image import PATH --name NAME`");
-	}
-	target[n] = '\0';
-	const char *hex = strrchr(target, '/');
-	hex = hex ? hex + 1 : target;
-	if (!is_hex64(hex))
-		return cap_err_set(err, EBADMSG, "image name link %s points at '%s', not a digest; remove it", link, target);
-	return load(images, hex, out, err);
+	if (r < 0)
+		return no_name(ref, err);
+	return load(images, hex, NULL, out, err);
 }
 
 static int hash_file(const char *path, char hex[65])
@@ -395,7 +600,7 @@ int cap_store_image_list(struct cap_image **out, size_t *n, struct cap_err *err)
 			continue;
 		if (k == cap)
 			v = xrealloc(v, (cap *= 2) * sizeof(*v));
-		if (load(images, e->d_name, &v[k], NULL) == 0)
+		if (load(images, e->d_name, NULL, &v[k], NULL) == 0)
 			k++;
 	}
 	if (d)
@@ -488,20 +693,43 @@ static int scan_special(int dfd, const char *rel, int depth, struct special *sp,
 	return r;
 }
 
-/* Write the origin of a pull into an image's manifest (kept otherwise). */
+/* Add the origin o describes to manifest m's origins, replacing the one
+ * of the same reference; the top-level fields say the latest (what
+ * readers from before origins show). */
+static void add_origin(json_t *m, const struct cap_import_opts *o)
+{
+	json_t *origins = origins_of(m), *kept = json_array();
+	size_t i;
+	json_t *g;
+	json_array_foreach(origins, i, g) {
+		const char *ref = json_string_value(json_object_get(g, "reference"));
+		if (ref && strcmp(ref, o->reference) != 0)
+			json_array_append(kept, g);
+	}
+	json_decref(origins);
+	g = json_object();
+	const char *keys[] = { "reference", "oci_digest", "registry_digest", "pinned_digest" };
+	const char *vals[] = { o->reference, o->oci_digest, o->registry_digest, o->pinned_digest };
+	for (i = 0; i < CAP_ARRAY_SIZE(keys); i++) {
+		if (vals[i]) {
+			json_object_set_new(g, keys[i], json_string(vals[i]));
+			json_object_set_new(m, keys[i], json_string(vals[i]));
+		} else {
+			json_object_del(m, keys[i]);
+		}
+	}
+	json_object_set_new(g, "pulled", json_integer((json_int_t)time(NULL)));
+	json_array_append_new(kept, g);
+	json_object_set_new(m, "origins", kept);
+}
+
+/* Add the origin of a pull to an image's manifest (kept otherwise). */
 static int record_origin(const char *mpath, const struct cap_import_opts *o)
 {
 	json_t *m = json_load_file(mpath, 0, NULL);
 	if (!m)
 		return -EBADMSG;
-	const char *keys[] = { "reference", "oci_digest", "pinned_digest" };
-	const char *vals[] = { o->reference, o->oci_digest, o->pinned_digest };
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(keys); i++) {
-		if (vals[i])
-			json_object_set_new(m, keys[i], json_string(vals[i]));
-		else
-			json_object_del(m, keys[i]);
-	}
+	add_origin(m, o);
 	char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	json_decref(m);
 	int r = cap_write_file_atomic(mpath, text, strlen(text), 0644);
@@ -524,7 +752,8 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 			      struct cap_err *err)
 {
 	_cleanup_free_ char *images = cap_store_images_dir();
-	_cleanup_free_ char *tmpdir = xasprintf("%s/tmp-erofs-XXXXXX", images);
+	_cleanup_free_ char *tmpdir = NULL;
+	_cleanup_close_ int lock = -1;
 	_cleanup_free_ char *final = NULL, *file = NULL;
 	const char *name = o->name;
 	struct cap_import_report own = { 0 };
@@ -551,8 +780,8 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 						     report->dropped, report->dropped == 1 ? "" : "s", report->shown);
 		o->progress(o->ud, msg);
 	}
-	if (!mkdtemp(tmpdir)) {
-		r = cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
+	if ((lock = cap_store_tmpdir(images, "tmp-erofs", &tmpdir, err)) < 0) {
+		r = lock;
 		goto out;
 	}
 	file = xasprintf("%s/" ROOTFS, tmpdir);
@@ -584,11 +813,6 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 	final = xasprintf("%s/%s", images, hex);
 	if (access(final, F_OK) == 0) {
 		cap_remove_tree(tmpdir);	/* same bytes already stored */
-		_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", final);
-		if (o->reference && (r = record_origin(mpath, o)) < 0) {
-			r = cap_err_set(err, -r, "cannot record the reference in %s: %s", mpath, strerror(-r));
-			goto out;
-		}
 	} else {
 		json_t *m = json_pack("{s:i, s:s+, s:s?, s:s, s:I, s:I}", "schema", 1,
 				      "digest", "sha256:", hex, "name", name,
@@ -597,12 +821,6 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 		struct stat fst;
 		if (stat(file, &fst) == 0)
 			json_object_set_new(m, "size", json_integer((json_int_t)fst.st_size));
-		if (o->reference)
-			json_object_set_new(m, "reference", json_string(o->reference));
-		if (o->oci_digest)
-			json_object_set_new(m, "oci_digest", json_string(o->oci_digest));
-		if (o->pinned_digest)
-			json_object_set_new(m, "pinned_digest", json_string(o->pinned_digest));
 		char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 		json_decref(m);
 		_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", tmpdir);
@@ -613,16 +831,28 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 			r = cap_err_set(err, -r, "cannot store the image in %s: %s", final, strerror(-r));
 			goto fail;
 		}
+		_cleanup_free_ char *lockf = xasprintf("%s/" TMP_LOCK, final);
+		unlink(lockf);
 	}
 	if (name && (r = set_name(images, name, hex)) < 0) {
 		r = cap_err_set(err, -r, "cannot name the image '%s': %s", name, strerror(-r));
 		goto out;
 	}
+	/* The link first: a reference that cannot be linked is not
+	 * recorded as an origin. */
 	if (o->reference && (r = set_ref(images, o->reference, hex)) < 0) {
 		r = cap_err_set(err, -r, "cannot record the reference '%s': %s", o->reference, strerror(-r));
 		goto out;
 	}
-	r = load(images, hex, out, err);
+	if (o->reference) {
+		_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", final);
+		if ((r = record_origin(mpath, o)) < 0) {
+			r = cap_err_set(err, -r, "cannot record the reference in %s: %s", mpath, strerror(-r));
+			goto out;
+		}
+	}
+	struct pick p = { .reference = o->reference };
+	r = load(images, hex, &p, out, err);
 	goto out;
 
 fail:

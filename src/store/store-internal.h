@@ -20,6 +20,19 @@ char *cap_store_oci_blob(const char *dir, const char *digest, struct cap_err *er
 /* CAPSULE_HOME/images, new string. */
 char *cap_store_images_dir(void);
 
+/* Make a private temporary directory images/<prefix>-XXXXXX (prefix
+ * starts with "tmp-") holding a lock file, .lock, flocked for as long as
+ * the returned descriptor is open: the caller closes it after removing
+ * (or renaming) the directory. Sweeps first (cap_store_tmp_sweep). *path
+ * is a new string. The descriptor (>= 0), or -errno with err set. */
+int cap_store_tmpdir(const char *images, const char *prefix, char **path,
+		     struct cap_err *err);
+
+/* Remove the images/tmp-* directories nobody works in: whose .lock is
+ * not flocked (the process that made it died: killed, SIGINT), or that
+ * have no .lock and are over a minute old (made before locks were). */
+void cap_store_tmp_sweep(const char *images);
+
 struct cap_projection_limits;
 struct cap_projection_info;
 /* cap_projection_build with a call between validation and copy, so that

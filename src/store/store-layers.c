@@ -585,9 +585,10 @@ int cap_store_image_import_with(const char *path,
 	int r = cap_mkdir_p(images, 0755);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
-	_cleanup_free_ char *work = xasprintf("%s/tmp-import-XXXXXX", images);
-	if (!mkdtemp(work))
-		return cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
+	_cleanup_free_ char *work = NULL;
+	_cleanup_close_ int lock = cap_store_tmpdir(images, "tmp-import", &work, err);
+	if (lock < 0)
+		return lock;
 	_cleanup_free_ char *stage = xasprintf("%s/root", work);
 	_cleanup_free_ char *meta = xasprintf("%s/meta", work);
 	mkdir(stage, 0755);

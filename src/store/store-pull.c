@@ -10,16 +10,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "paths.h"
+#include "sha256.h"
 #include "store-internal.h"
 #include "store.h"
 #include "util.h"
 
 #define PULL_TIMEOUT_S 1800
 #define TAIL 6
+#define SKOPEO_SAID "it failed; skopeo said:"
 
 void cap_image_ref_fini(struct cap_image_ref *ref)
 {
@@ -67,12 +71,46 @@ static bool tag_valid(const char *t)
 	return true;
 }
 
-static bool host_valid(const char *h)
+/* A registry host, lowercased in place: DNS labels or an IPv4 address,
+ * then an optional :PORT. */
+static bool host_valid(char *h)
 {
-	for (const char *c = h; *c; c++)
-		if (!(isalnum((unsigned char)*c) || strchr(".-:[]_", *c)))
+	for (char *c = h; *c; c++)
+		*c = (char)tolower((unsigned char)*c);
+	char *port = strchr(h, ':');
+	size_t hl = port ? (size_t)(port - h) : strlen(h);
+	if (port) {
+		char *end;
+		errno = 0;
+		unsigned long v = strtoul(port + 1, &end, 10);
+		if (!isdigit((unsigned char)port[1]) || *end || errno || v == 0 || v > 65535)
 			return false;
-	return *h != '\0';
+	}
+	if (hl == 0 || hl > 253)
+		return false;
+	size_t label = 0;
+	for (size_t i = 0; i <= hl; i++) {
+		char c = i < hl ? h[i] : '.';
+		if (c == '.') {
+			if (label == 0 || label > 63 || h[i - 1] == '-')
+				return false;
+			label = 0;
+		} else if (islower((unsigned char)c) || isdigit((unsigned char)c) || (c == '-' && label > 0)) {
+			label++;
+		} else {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* The bytes a reference takes as a link name in images/refs. */
+static size_t link_name_len(const char *full)
+{
+	size_t n = 0;
+	for (const char *c = full; *c; c++)
+		n += *c == '/' || *c == '%' ? 3 : 1;
+	return n;
 }
 
 int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
@@ -103,13 +141,16 @@ int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
 	/* The first component names a registry when it looks like a host. */
 	const char *domain = "docker.io", *path = s;
 	char *first = strchr(s, '/');
+	if (s[0] == '[')
+		return cap_err_set(err, EINVAL, "'%s': IPv6 address hosts are not supported (skopeo cannot pull from them); use a host name or an IPv4 address", ref);
 	if (first && (memchr(s, '.', (size_t)(first - s)) || memchr(s, ':', (size_t)(first - s)) ||
-		      strncmp(s, "localhost/", 10) == 0 || s[0] == '[')) {
+		      strncasecmp(s, "localhost/", 10) == 0)) {
 		*first = '\0';
 		domain = s;
 		path = first + 1;
-		if (!host_valid(domain))
-			return cap_err_set(err, EINVAL, "'%s' in '%s' is not a registry host", domain, ref);
+		if (!host_valid(s))
+			return cap_err_set(err, EINVAL, "'%s' in '%s' is not a registry host: a DNS name (letters, digits, '-' inside dot-separated labels) or an IPv4 address, with an optional :PORT",
+					   domain, ref);
 		if (strcmp(domain, "index.docker.io") == 0 || strcmp(domain, "registry-1.docker.io") == 0)
 			domain = "docker.io";
 	}
@@ -120,17 +161,24 @@ int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
 	char *repo = xasprintf("%s/%s%s", domain, library ? "library/" : "", path);
 	if (!tag && !digest)
 		tag = "latest";
-	/* The host without its port: "[::1]:5000" -> "[::1]". */
+	_cleanup_free_ char *full = xasprintf("%s%s%s%s%s", repo, tag ? ":" : "", tag ? tag : "",
+					      digest ? "@" : "", digest ? digest : "");
+	size_t ln = link_name_len(full);
+	if (ln > 255) {
+		free(repo);
+		return cap_err_set(err, EINVAL, "'%s' is too long: as %s it takes %zu bytes as a file name ('/' counts 3), over the limit of 255; use a shorter repository or tag",
+				   ref, full, ln);
+	}
+	/* The host without its port. */
 	char *host = xstrdup(domain);
-	char *port = host[0] == '[' ? strchr(host, ']') : host;
-	if (port && (port = strchr(port, ':')))
+	char *port = strchr(host, ':');
+	if (port)
 		*port = '\0';
 	*out = (struct cap_image_ref){
 		.owned_repo = repo,
 		.owned_tag = tag ? xstrdup(tag) : NULL,
 		.owned_digest = digest ? xstrdup(digest) : NULL,
-		.owned_full = xasprintf("%s%s%s%s%s", repo, tag ? ":" : "", tag ? tag : "",
-					digest ? "@" : "", digest ? digest : ""),
+		.owned_full = xstrdup(full),
 		.owned_host = host,
 	};
 	return 0;
@@ -139,7 +187,7 @@ int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
 bool cap_store_ref_loopback(const char *host)
 {
 	struct in_addr a4;
-	if (strcmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0)
+	if (strcasecmp(host, "localhost") == 0)
 		return true;
 	return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
 }
@@ -212,7 +260,7 @@ static const char *advice(const struct lines *l, const struct cap_image_ref *r,
 		return "the registry cannot be reached: check the host and port in the reference, that the registry runs, and HTTPS_PROXY/NO_PROXY if a proxy is needed";
 	}
 	if (tail_has(l, "unauthorized") || tail_has(l, "authentication required") ||
-	    tail_has(l, "denied")) {
+	    tail_has(l, "requested access to the resource is denied")) {
 		*code = EACCES;
 		return "the registry wants credentials, or the repository does not exist: log in with `skopeo login HOST` (or podman/docker login; skopeo reads ${XDG_RUNTIME_DIR}/containers/auth.json and ~/.docker/config.json), and check the name";
 	}
@@ -233,7 +281,7 @@ static const char *advice(const struct lines *l, const struct cap_image_ref *r,
 	}
 	if (tail_has(l, "policy"))
 		return "skopeo's signature policy refused the image: see /etc/containers/policy.json (or ~/.config/containers/policy.json)";
-	return "see skopeo's reason above";
+	return SKOPEO_SAID;
 }
 
 /* Read a blob of the layout whose digest is digest, checked; JSON. */
@@ -338,21 +386,77 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 		cap_image_ref_fini(&pr);
 		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
 	}
-	_cleanup_free_ char *work = xasprintf("%s/tmp-pull-XXXXXX", images);
-	if (!mkdtemp(work)) {
-		r = cap_err_set(err, errno, "cannot create a directory in %s: %s", images, strerror(errno));
+	_cleanup_free_ char *work = NULL;
+	_cleanup_close_ int lock = cap_store_tmpdir(images, "tmp-pull", &work, err);
+	if (lock < 0) {
 		cap_image_ref_fini(&pr);
-		return r;
+		return lock;
 	}
 	_cleanup_free_ char *layout = xasprintf("%s/layout", work);
 	_cleanup_free_ char *sktmp = xasprintf("%s/tmp", work);
 	_cleanup_free_ char *policy = xasprintf("%s/policy.json", work);
 	_cleanup_free_ char *timeout = xasprintf("%us", o->timeout_s ? o->timeout_s : PULL_TIMEOUT_S);
-	/* A reference with a tag and a digest is fetched by the digest. */
-	_cleanup_free_ char *src = xasprintf("docker://%s%s%s", pr.owned_digest ? pr.owned_repo : pr.owned_full,
-					     pr.owned_digest ? "@" : "", pr.owned_digest ? pr.owned_digest : "");
+	_cleanup_free_ char *registry_digest = NULL, *src = NULL, *oci_digest = NULL, *source = NULL;
 	_cleanup_free_ char *dst = xasprintf("oci:%s:capsule", layout);
+	bool plain = o->insecure || cap_store_ref_loopback(pr.owned_host);
+	struct lines lines = { .progress = o->progress, .ud = o->ud };
+	struct cap_err rerr = { 0 };
 	mkdir(sktmp, 0700);
+
+	if (o->progress) {
+		_cleanup_free_ char *msg = xasprintf("pulling %s for %s/%s%s%s%s", pr.owned_full, os, arch,
+						     *variant ? "/" : "", variant,
+						     plain ? " (plain HTTP allowed, no TLS verification)" : "");
+		o->progress(o->ud, msg);
+	}
+	if (pr.owned_digest) {
+		/* A reference with a tag and a digest is fetched by the digest. */
+		registry_digest = xstrdup(pr.owned_digest);
+	} else {
+		/* Resolve the tag to the digest of the registry's bytes (a
+		 * manifest or an index), then copy that digest: what is
+		 * pulled is what was resolved, whatever the tag does meanwhile. */
+		_cleanup_free_ char *tagged = xasprintf("docker://%s", pr.owned_full);
+		const char *iargv[10] = { skopeo, "--command-timeout", timeout, "inspect", "--raw",
+					  "--retry-times", "0" };
+		size_t ik = 7;
+		if (plain)
+			iargv[ik++] = "--tls-verify=false";
+		iargv[ik++] = tagged;
+		iargv[ik] = NULL;
+		struct cap_buf raw, eout;
+		cap_buf_init(&raw);
+		cap_buf_init(&eout);
+		int status = 0;
+		r = cap_run_capture((char *const *)iargv, &raw, 4 << 20, &eout, &status, &rerr);
+		if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+			r = -EIO;
+			/* Its stderr as lines, for the reason and the advice. */
+			cap_buf_append(&eout, "\n", 2);
+			char *text = (char *)eout.owned_data, *save = NULL;
+			for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+				on_line(&lines, line);
+		} else if (r == 0 && cap_buf_used(&raw) == 0) {
+			r = -EIO;
+			snprintf(rerr.msg, sizeof(rerr.msg), "skopeo inspect --raw %s printed nothing", tagged);
+		} else if (r == 0) {
+			struct cap_sha256 h;
+			char hex[65];
+			cap_sha256_init(&h);
+			cap_sha256_update(&h, cap_buf_head(&raw), cap_buf_used(&raw));
+			cap_sha256_final_hex(&h, hex);
+			registry_digest = xasprintf("sha256:%s", hex);
+		}
+		cap_buf_fini(&raw);
+		cap_buf_fini(&eout);
+		if (r < 0)
+			goto failed;
+		if (o->progress) {
+			_cleanup_free_ char *msg = xasprintf("%s is %s@%s", pr.owned_full, pr.owned_repo, registry_digest);
+			o->progress(o->ud, msg);
+		}
+	}
+	src = xasprintf("docker://%s@%s", pr.owned_repo, registry_digest);
 
 	const char *argv[32];
 	size_t k = 0;
@@ -381,23 +485,14 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 	argv[k++] = "--retry-times";
 	argv[k++] = "0";
 	argv[k++] = "--remove-signatures";
-	bool plain = o->insecure || cap_store_ref_loopback(pr.owned_host);
 	if (plain)
 		argv[k++] = "--src-tls-verify=false";
 	argv[k++] = src;
 	argv[k++] = dst;
 	argv[k] = NULL;
 
-	if (o->progress) {
-		_cleanup_free_ char *msg = xasprintf("pulling %s for %s/%s%s%s%s", pr.owned_full, os, arch,
-						     *variant ? "/" : "", variant,
-						     plain ? " (plain HTTP allowed, no TLS verification)" : "");
-		o->progress(o->ud, msg);
-	}
-	struct lines lines = { .progress = o->progress, .ud = o->ud };
-	struct cap_err rerr = { 0 };
 	r = cap_run((char *const *)argv, on_line, &lines, &rerr);
-	_cleanup_free_ char *oci_digest = NULL, *source = NULL;
+failed:
 	if (r < 0) {
 		int code;
 		const char *what = advice(&lines, &pr, o->insecure, &code);
@@ -405,7 +500,8 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 		size_t used = 0;
 		int first = lines.n > 3 ? lines.n - 3 : 0;
 		for (int i = first; i < lines.n && used < sizeof(tail) - 1; i++)
-			used += (size_t)snprintf(tail + used, sizeof(tail) - used, "\n  skopeo: %.300s", lines.tail[i % TAIL]);
+			used += (size_t)snprintf(tail + used, sizeof(tail) - used, "\n  %s%.300s",
+						 strcmp(what, SKOPEO_SAID) ? "skopeo: " : "", lines.tail[i % TAIL]);
 		if (lines.n == 0)
 			snprintf(tail, sizeof(tail), "\n  %.600s", rerr.msg);
 		r = cap_err_set(err, code, "cannot pull %s: %s%s", pr.owned_full, what, tail);
@@ -422,7 +518,7 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 						*variant ? "/" : "", variant);
 	struct cap_import_opts io = {
 		.name = o->name, .source = source, .reference = pr.owned_full,
-		.oci_digest = oci_digest, .pinned_digest = pinned,
+		.oci_digest = oci_digest, .registry_digest = registry_digest, .pinned_digest = pinned,
 		.progress = o->progress, .ud = o->ud,
 	};
 	r = cap_store_image_import_with(layout, &io, out, report, err);

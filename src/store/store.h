@@ -49,6 +49,17 @@ int cap_store_initramfs_write(const char *agent, const char *busybox,
 
 #include "proc.h"
 
+/* One pull whose bytes gave an image (several references may give the
+ * same erofs bytes); stored in the manifest's "origins". */
+struct cap_image_origin {
+	char *owned_reference;	/* normalized, as pulled */
+	char *owned_oci_digest;	/* the platform's OCI manifest skopeo wrote */
+	char *owned_registry_digest;	/* what the registry served for the reference (manifest or index) */
+	char *owned_pinned_digest;	/* the digest the reference named, when not oci_digest; or NULL */
+	int64_t pulled;	/* Unix time of the last pull as this reference */
+	bool current;	/* the reference's link still points at this image */
+};
+
 struct cap_image {
 	char digest[72];	/* "sha256:<64 hex>" of rootfs.erofs */
 	char *owned_name;	/* NULL when the image has no name */
@@ -64,6 +75,12 @@ struct cap_image {
 	char *owned_reference;
 	char *owned_oci_digest;
 	char *owned_pinned_digest;
+	char *owned_registry_digest;
+	/* Those four are of one origin: the one looked up (by reference or
+	 * REPO@digest), else a current one (a tag before a digest, the
+	 * latest), else the latest. Every origin, oldest first: */
+	struct cap_image_origin *owned_origins;
+	size_t n_origins;
 };
 void cap_image_fini(struct cap_image *img);
 
@@ -79,12 +96,15 @@ struct cap_image_ref {
 };
 void cap_image_ref_fini(struct cap_image_ref *ref);
 
-/* Parse a reference (at most 255 bytes). -EINVAL with err saying what is
- * wrong; *out written only on success. */
+/* Parse a reference (at most 255 bytes, and at most 255 once stored as a
+ * link name, '/' written %2F). The host is DNS labels or an IPv4 address,
+ * with an optional :port, lowercased ("LOCALHOST" is localhost); IPv6
+ * literals are refused (skopeo cannot pull from them). -EINVAL with err
+ * saying what is wrong; *out written only on success. */
 int cap_store_ref_parse(const char *ref, struct cap_image_ref *out,
 			struct cap_err *err);
 
-/* Is host a loopback address (localhost, 127.0.0.0/8, [::1])? Those
+/* Is host a loopback address (localhost, 127.0.0.0/8)? Those
  * registries are spoken to over HTTP without TLS verification. */
 bool cap_store_ref_loopback(const char *host);
 
@@ -102,7 +122,8 @@ struct cap_import_opts {
 	const char *name;	/* point this name at the image */
 	const char *source;	/* for inspect; NULL: said from the path */
 	const char *reference;	/* normalized reference: point it at the image */
-	const char *oci_digest;	/* recorded in the manifest */
+	const char *oci_digest;	/* recorded in the manifest (an origin) */
+	const char *registry_digest;
 	const char *pinned_digest;
 	cap_progress_fn progress;
 	void *ud;
@@ -114,9 +135,11 @@ bool cap_store_image_name_valid(const char *name);
 /* Find an image by name, by "sha256:<hex>" (a unique prefix of at least
  * 12 hex digits is enough), by the reference it was pulled as
  * (normalized first: "py:1" finds docker.io/library/py:1) or by
- * REPO@sha256:<hex>, the OCI manifest digest (or pinned digest) recorded
- * at a pull from REPO. A valid name is looked up as a name first.
- * -ENOENT with a message listing what to do. */
+ * REPO@sha256:<hex>, a registry, OCI manifest or pinned digest of one of
+ * its origins pulled from REPO; "name:NAME" is the name only. A valid
+ * name that is also a pulled reference of another image is refused
+ * (-EINVAL naming both and how to pick). -ENOENT with a message listing
+ * what to do. */
 int cap_store_image_find(const char *ref, struct cap_image *out,
 			 struct cap_err *err);
 
@@ -138,9 +161,10 @@ int cap_store_image_from_dir(const char *dir, const char *name,
 			     void *ud, struct cap_image *out,
 			     struct cap_err *err);
 
-/* The same with every option; the origin fields of o are written into the
- * manifest (also when the same bytes were stored before) and o->reference
- * is pointed at the image, moved from any other. report may be NULL. */
+/* The same with every option; o->reference is pointed at the image,
+ * moved from any other, then the origin fields of o are added to the
+ * manifest's origins (replacing the one of the same reference; also
+ * when the same bytes were stored before). report may be NULL. */
 int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 			      struct cap_image *out,
 			      struct cap_import_report *report,
@@ -184,9 +208,11 @@ struct cap_pull_opts {
 };
 
 /* Pull ref from its registry with skopeo (its resolver, its auth files
- * and its digest checks) into a private directory under CAPSULE_HOME,
- * import that OCI layout and record the reference and the OCI manifest
- * digest in the image's manifest. Registries on loopback hosts are spoken
+ * and its digest checks) into a private directory under CAPSULE_HOME:
+ * a tag is resolved first (`skopeo inspect --raw`), the digest of the
+ * registry's bytes is what is copied, so the copy is what was resolved.
+ * Import that OCI layout and record the reference, the registry digest
+ * and the OCI manifest digest as an origin in the image's manifest. Registries on loopback hosts are spoken
  * to over HTTP. Errors carry skopeo's reason, cut to its last lines, and
  * what to do; -EBADMSG when the registry's bytes do not match a pinned
  * digest. report may be NULL. */

@@ -11,8 +11,14 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "paths.h"
 #include "proc.h"
 #include "store.h"
 #include "util.h"
@@ -260,7 +266,6 @@ static void references_normalized(void **state)
 		{ "index.docker.io/library/busybox:1", "docker.io/library/busybox:1" },
 		{ "127.0.0.1:5000/py:latest", "127.0.0.1:5000/py:latest" },
 		{ "localhost/a/b", "localhost/a/b:latest" },
-		{ "[::1]:5000/x", "[::1]:5000/x:latest" },
 		{ "ghcr.io/org/img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		  "ghcr.io/org/img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" },
 	};
@@ -278,10 +283,7 @@ static void references_normalized(void **state)
 		assert_true(err.msg[0]);
 	}
 	struct cap_image_ref r;
-	assert_int_equal(cap_store_ref_parse("[::1]:5000/x", &r, NULL), 0);
-	assert_string_equal(r.owned_host, "[::1]");
-	assert_true(cap_store_ref_loopback(r.owned_host));
-	cap_image_ref_fini(&r);
+	assert_int_equal(cap_store_ref_parse("[::1]:5000/x", &r, NULL), -EINVAL);
 	assert_true(cap_store_ref_loopback("127.0.0.1"));
 	assert_true(cap_store_ref_loopback("127.1.2.3"));
 	assert_true(cap_store_ref_loopback("localhost"));
@@ -451,6 +453,140 @@ static void dropped_names_escaped(void **state)
 	assert_int_equal(rep.dropped, 3);
 }
 
+/* Registry hosts are DNS names or IPv4 with a port, lowercased; IPv6
+ * literals and over-long link names are refused before any pull. */
+static void reference_hosts_and_length(void **state)
+{
+	(void)state;
+	static const char *const bad[] = { "../x", ".hidden/x", "a..b/c", "-a.b/c", "a-.b/c",
+					   "a.b:0/c", "a.b:99999/c", "a.b:/c", "a_b.c/d", "[::1]:5000/x" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		struct cap_image_ref r;
+		struct cap_err err = { 0 };
+		assert_int_equal(cap_store_ref_parse(bad[i], &r, &err), -EINVAL);
+		assert_true(err.msg[0]);
+	}
+	struct cap_image_ref r;
+	assert_int_equal(cap_store_ref_parse("LOCALHOST/a", &r, NULL), 0);
+	assert_string_equal(r.owned_full, "localhost/a:latest");
+	assert_true(cap_store_ref_loopback(r.owned_host));
+	cap_image_ref_fini(&r);
+	assert_int_equal(cap_store_ref_parse("Reg.Example.COM:443/x", &r, NULL), 0);
+	assert_string_equal(r.owned_full, "reg.example.com:443/x:latest");
+	assert_string_equal(r.owned_host, "reg.example.com");
+	cap_image_ref_fini(&r);
+	/* 120 bytes with 60 '/': 240 once encoded, plus the rest: over 255. */
+	char longref[200] = "127.0.0.1:5000";
+	for (int i = 0; i < 60; i++)
+		strcat(longref, "/a");
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_store_ref_parse(longref, &r, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "255"));
+}
+
+/* Two references giving the same bytes: each keeps its origin. */
+static void origins_per_reference(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_image a = { 0 }, f = { 0 };
+	_cleanup_free_ char *t = in_dir("o1"), *f1 = in_dir("o1/x");
+	mkdir(t, 0755);
+	write_text(f1, "same");
+	const char *o1 = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
+	const char *r1 = "sha256:4444444444444444444444444444444444444444444444444444444444444444";
+	const char *o2 = "sha256:5555555555555555555555555555555555555555555555555555555555555555";
+	const char *r2 = "sha256:6666666666666666666666666666666666666666666666666666666666666666";
+	struct cap_import_opts x = { .reference = "127.0.0.1:5000/x:1", .oci_digest = o1, .registry_digest = r1 };
+	struct cap_import_opts v = { .reference = "127.0.0.1:5000/v2:1", .oci_digest = o2, .registry_digest = r2 };
+	assert_int_equal(cap_store_image_from_tree(t, &x, &a, NULL, &err), 0);
+	cap_image_fini(&a);
+	assert_int_equal(cap_store_image_from_tree(t, &v, &a, NULL, &err), 0);
+	assert_int_equal(a.n_origins, 2);
+	assert_int_equal(cap_store_image_find("127.0.0.1:5000/x:1", &f, &err), 0);
+	assert_string_equal(f.owned_reference, "127.0.0.1:5000/x:1");
+	assert_string_equal(f.owned_registry_digest, r1);
+	cap_image_fini(&f);
+	_cleanup_free_ char *byreg = xasprintf("127.0.0.1:5000/x@%s", r1), *byoci = xasprintf("127.0.0.1:5000/x@%s", o1);
+	_cleanup_free_ char *other = xasprintf("127.0.0.1:5000/x@%s", r2);
+	assert_int_equal(cap_store_image_find(byreg, &f, &err), 0);
+	assert_string_equal(f.digest, a.digest);
+	assert_string_equal(f.owned_oci_digest, o1);
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_find(byoci, &f, &err), 0);
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_find(other, &f, &err), -ENOENT);
+	/* Pulled again as x:1: replaced, not added. */
+	assert_int_equal(cap_store_image_from_tree(t, &x, &f, NULL, &err), 0);
+	assert_int_equal(f.n_origins, 2);
+	cap_image_fini(&f);
+	cap_image_fini(&a);
+}
+
+/* A valid name that is also another image's reference is refused. */
+static void name_or_reference(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_image a = { 0 }, b = { 0 }, f = { 0 };
+	_cleanup_free_ char *t1 = in_dir("n1"), *t2 = in_dir("n2"), *f1 = in_dir("n1/a"), *f2 = in_dir("n2/b");
+	mkdir(t1, 0755);
+	mkdir(t2, 0755);
+	write_text(f1, "named");
+	write_text(f2, "pulled");
+	struct cap_import_opts named = { .name = "pyth" };
+	struct cap_import_opts pulled = { .reference = "docker.io/library/pyth:latest",
+					  .oci_digest = "sha256:7777777777777777777777777777777777777777777777777777777777777777" };
+	assert_int_equal(cap_store_image_from_tree(t1, &named, &a, NULL, &err), 0);
+	assert_int_equal(cap_store_image_find("pyth", &f, &err), 0);	/* only a name yet */
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_from_tree(t2, &pulled, &b, NULL, &err), 0);
+	assert_int_equal(cap_store_image_find("pyth", &f, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "name:pyth"));
+	assert_non_null(strstr(err.msg, "docker.io/library/pyth:latest"));
+	assert_int_equal(cap_store_image_find("name:pyth", &f, &err), 0);
+	assert_string_equal(f.digest, a.digest);
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_find("docker.io/library/pyth:latest", &f, &err), 0);
+	assert_string_equal(f.digest, b.digest);
+	cap_image_fini(&f);
+	assert_int_equal(cap_store_image_find("name:nosuch", &f, &err), -ENOENT);
+	cap_image_fini(&a);
+	cap_image_fini(&b);
+}
+
+/* Temporary directories of dead runs are swept by the next import. */
+static void tmp_dirs_swept(void **state)
+{
+	(void)state;
+	_cleanup_free_ char *images = xasprintf("%s/home/images", dir);
+	_cleanup_free_ char *dead = xasprintf("%s/tmp-pull-dead", images), *old = xasprintf("%s/tmp-import-old", images);
+	_cleanup_free_ char *live = xasprintf("%s/tmp-pull-live", images), *stage = xasprintf("%s/tmp-stage-x", images);
+	_cleanup_free_ char *deadlock = xasprintf("%s/.lock", dead), *livelock = xasprintf("%s/.lock", live);
+	const char *dirs[] = { dead, old, live, stage };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(dirs); i++)
+		assert_int_equal(cap_mkdir_p(dirs[i], 0755), 0);
+	write_text(deadlock, "");
+	write_text(livelock, "");
+	int fd = open(livelock, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0 && flock(fd, LOCK_EX) == 0);
+	struct timeval tv[2] = { { .tv_sec = time(NULL) - 120 }, { .tv_sec = time(NULL) - 120 } };
+	assert_int_equal(utimes(old, tv), 0);
+	assert_int_equal(utimes(stage, tv), 0);
+	_cleanup_free_ char *t = in_dir("s1"), *f1 = in_dir("s1/a");
+	mkdir(t, 0755);
+	write_text(f1, "s");
+	struct cap_image img;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_store_image_import(t, NULL, NULL, NULL, &img, &err), 0);
+	cap_image_fini(&img);
+	assert_int_equal(access(dead, F_OK), -1);	/* its lock not held */
+	assert_int_equal(access(old, F_OK), -1);	/* no lock, old */
+	assert_int_equal(access(live, F_OK), 0);	/* at work */
+	assert_int_equal(access(stage, F_OK), 0);	/* not one that locks */
+	close(fd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -462,6 +598,10 @@ int main(void)
 		cmocka_unit_test(device_nodes_dropped),
 		cmocka_unit_test(references_normalized),
 		cmocka_unit_test(references_find_and_move),
+		cmocka_unit_test(reference_hosts_and_length),
+		cmocka_unit_test(origins_per_reference),
+		cmocka_unit_test(name_or_reference),
+		cmocka_unit_test(tmp_dirs_swept),
 		cmocka_unit_test(dropped_node_hides_lower),
 		cmocka_unit_test(hard_link_to_dropped_node),
 		cmocka_unit_test(dropped_names_escaped),

@@ -8,7 +8,9 @@
 # last line. <version> is meson.build's project version, which the top
 # entry of packaging/changelog must carry too (the package is native: its
 # packaging lives in this tree; a packaging-only release is VERSION+N).
-# The staging tree is OUTDIR/root. What goes where: docs/packaging.md.
+# The staging tree is a fresh OUTDIR/.stage.XXXXXX, removed on exit:
+# nothing the user named is ever removed. What goes where:
+# docs/packaging.md.
 set -eu
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,9 +46,12 @@ export SOURCE_DATE_EPOCH
 
 dist=${2:-$build/dist}
 mkdir -p "$dist" && dist=$(cd "$dist" && pwd)
-root="$dist/root"
-rm -rf "$root"
 umask 022
+root=$(mktemp -d "$dist/.stage.XXXXXX") || die "cannot create a staging directory in $dist"
+scratch=""
+trap 'rm -rf "$root" ${scratch:+"$scratch"}' EXIT
+trap 'exit 1' HUP INT TERM
+chmod 0755 "$root"	# mktemp's 0700 would become the package's ./
 mkdir -p "$root/DEBIAN"
 
 # Files. Binaries are stripped as dh_strip does; the agent stays static.
@@ -62,8 +67,9 @@ install -m 0644 "$top/guest/kernel.config" "$root/usr/share/capsule/guest/kernel
 install -m 0644 "$pkg/bash-completion/capsule" "$root/usr/share/bash-completion/completions/capsule"
 install -m 0644 "$pkg/systemd/capsule.service" "$pkg/systemd/capsule.socket" "$root/usr/lib/systemd/user/"
 
-# Documentation: README.md and docs/*.md keep their relative links
-# (README.md -> docs/x.md); Debian compresses what is over 4 KiB.
+# Documentation: README.md and docs/*.md. Debian compresses what is over
+# 4 KiB (policy 12.3, as dh_compress does), so README.md's links to the
+# larger docs/x.md name files installed as docs/x.md.gz (read with zless).
 doc="$root/usr/share/doc/capsule"
 install -m 0644 "$pkg/copyright" "$doc/copyright"
 install -m 0644 "$top/README.md" "$doc/README.md"
@@ -83,7 +89,6 @@ install -m 0644 "$pkg/lintian-overrides" "$root/usr/share/lintian/overrides/caps
 # Shared libraries the binary needs, as dpkg-shlibdeps computes them; it
 # wants a debian/control, so it runs in a scratch directory with one.
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/debian"
 printf 'Source: capsule\n\nPackage: capsule\nArchitecture: amd64\n' >"$scratch/debian/control"
 shlibs=$(cd "$scratch" && dpkg-shlibdeps -O "$root/usr/bin/capsule" 2>"$scratch/err") ||

@@ -16,19 +16,23 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 . "$(dirname "$0")/lib.sh"
 start=$(date +%s)
 
-echo "1..28"
+echo "1..31"
 
 dist="$rt/dist"
 root="$rt/root"
 status_before=$(md5sum /var/lib/dpkg/status)
 
 # --- the package -------------------------------------------------------------
+# What OUTDIR holds is the user's: a root/ there (as in OUTDIR=/) is kept.
+mkdir -p "$dist/root" && : >"$dist/root/keep"
 "$top/scripts/make-deb.sh" "$build" "$dist" >"$out" 2>"$err"
 rc=$?
 deb=$(tail -1 "$out")
 version=$(sed -n "s/^ *version *: *'\([^']*\)'.*/\1/p" "$top/meson.build" | head -1)
 check "make-deb.sh builds capsule_${version}_amd64.deb (exit $rc)" \
 	'[ "$rc" -eq 0 ] && [ "$deb" = "$dist/capsule_${version}_amd64.deb" ] && [ -s "$deb" ]'
+check "make-deb.sh leaves OUTDIR/root alone and no staging tree behind ($(ls -A "$dist" | tr '\n' ' '))" \
+	'[ -e "$dist/root/keep" ] && [ "$(ls -A "$dist" | sort | tr "\n" " ")" = "capsule_${version}_amd64.deb root " ]'
 elapsed "built"
 
 # The verbs capsule --help lists: each has a man page (and a completion).
@@ -137,6 +141,12 @@ check "every man page renders with man --warnings and no warning${bad:+ (bad:$ba
 MANWIDTH=80 man -l "$root/usr/share/man/man1/capsule-run.1.gz" 2>/dev/null >"$out"
 check "capsule-run(1) has NAME, SYNOPSIS and the --timeout option from run --help" \
 	'grep -qE "capsule-run +- run a command" "$out" && grep -q "capsule run \[OPTIONS\]" "$out" && grep -q -- "--timeout S" "$out"'
+bad=""
+for sub in ls build prune; do
+	"$ic" template $sub --help >"$out" 2>"$err" && head -1 "$out" | grep -q "^Usage: capsule template" &&
+		[ ! -s "$err" ] || bad="$bad $sub"
+done
+check "capsule template ls|build|prune --help prints the usage and exits 0${bad:+ (not:$bad)}" '[ -z "$bad" ]'
 
 # --- bash completion -----------------------------------------------------------
 comp="$root/usr/share/bash-completion/completions/capsule"
@@ -155,6 +165,22 @@ check "capsule start <TAB> gives the sandbox made (create exit $rc), --image <TA
 	'[ "$(compl "$ic" start "\"\"")" = box ] && compl "$ic" create x --image "\"\"" | grep -qx base'
 check "with no CAPSULE_HOME yet, capsule stop <TAB> is empty and quiet" \
 	'[ -z "$(CAPSULE_HOME="$rt/none" compl "$ic" stop "\"\"")" ] && [ ! -s "$err" ] && [ ! -e "$rt/none" ]'
+# A verb word that is not a verb (a glob that matches files here, a typo)
+# is never passed to capsule: a capsule that records its argv is asked
+# --help alone, and run --help for the real verb.
+mkdir -p "$rt/globdir" && : >"$rt/globdir/run" && : >"$rt/globdir/rx"
+cat >"$rt/fakecap" <<EOF
+#!/bin/sh
+printf '%s\n' "\$*" >>"$rt/argv.log"
+[ "\$*" = --help ] && exec "$ic" --help
+exit 0
+EOF
+chmod +x "$rt/fakecap"
+: >"$rt/argv.log"
+(cd "$rt/globdir" && compl "$rt/fakecap" "'r*'" --x && compl "$rt/fakecap" nosuchverb --x &&
+	compl "$rt/fakecap" run --x) >/dev/null
+check "completing flags after r* or an unknown verb runs nothing but capsule --help ($(sort -u "$rt/argv.log" | tr '\n' ';'))" \
+	'! grep -vxE -- "--help|run --help" "$rt/argv.log" && grep -qx -- "run --help" "$rt/argv.log"'
 
 # --- the systemd user units ----------------------------------------------------
 # No user manager runs here: systemd-analyze checks the units (ExecStart

@@ -469,19 +469,13 @@ static void reply_to(struct mcp *m, json_t *id, json_t *res, const struct cap_ct
 		     unsigned prepared)
 {
 	if (prepared) {
-		/* The first call prepared (docs/mcp.md): said to the model
-		 * in a line, to the orchestrator in _meta. */
-		char line[200] = "[capsule: this first call prepared the sandboxes first, building:";
+		/* The first call prepared (docs/mcp.md): said to the
+		 * orchestrator in _meta only; the content stays the tool's
+		 * own (a file read is the file). */
 		json_t *a = json_array();
 		for (unsigned ph = 0; ph < CAP_PREP_NPHASES; ph++)
-			if (prepared & (1u << ph)) {
-				const char *name = cap_prep_phase_name((enum cap_prep_phase)ph);
-				json_array_append_new(a, json_string(name));
-				snprintf(line + strlen(line), sizeof(line) - strlen(line), " %s", name);
-			}
-		snprintf(line + strlen(line), sizeof(line) - strlen(line), "]");
-		json_array_append_new(json_object_get(res, "content"),
-				      json_pack("{s:s, s:s}", "type", "text", "text", line));
+			if (prepared & (1u << ph))
+				json_array_append_new(a, json_string(cap_prep_phase_name((enum cap_prep_phase)ph)));
 		json_object_set_new(res, "_meta", json_pack("{s:o}", "capsule/prepared", a));
 	}
 	if (imp) {

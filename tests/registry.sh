@@ -14,6 +14,9 @@
 # e.g.  tests/registry.sh start && tests/registry.sh push-python 127.0.0.1:5000/py:latest
 #       capsule image pull 127.0.0.1:5000/py:latest
 #
+# CAPSULE_REGISTRY_FORMAT=v2s2 makes push-* store a Docker v2 schema 2
+# manifest instead of an OCI one (skopeo copy --format v2s2).
+#
 # State lives in ${CAPSULE_REGISTRY_DIR:-/tmp/capsule-registry-PORT}
 # (config.yml, storage/, pid, log). push-* print the pushed manifest digest.
 set -eu
@@ -127,6 +130,7 @@ push_dir() {
 	trap 'rm -rf "$tmp"' EXIT
 	layout "$1" "$tmp/layout"
 	skopeo copy --quiet --retry-times 0 --dest-tls-verify=false --digestfile "$tmp/digest" \
+		${CAPSULE_REGISTRY_FORMAT:+--format "$CAPSULE_REGISTRY_FORMAT"} \
 		"oci:$tmp/layout" "docker://$2" >&2
 	cat "$tmp/digest"
 	echo

@@ -12,7 +12,7 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 registry="$(cd "$(dirname "$0")/.." && pwd)/registry.sh"
 c() { "$capsule" "$@"; }
-plan=26
+plan=38
 suite="pull suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -110,6 +110,77 @@ check "the old image keeps its digest pin and loses the tag" 'c image inspect "$
 c exec p -- cat /marker >"$out" 2>"$err"
 check "the sandbox made before keeps its image" 'grep -qx one "$out"'
 c rm --force p >/dev/null 2>&1
+
+# --- one content under two references, one a Docker v2s2 manifest -------
+box "$rt/three" three
+dx=$("$registry" push-dir "$rt/three" "$reg/t/x:1" 2>"$err")
+CAPSULE_REGISTRY_FORMAT=v2s2 "$registry" push-dir "$rt/three" "$reg/t/v2:1" >/dev/null 2>"$err"
+dv2=$(curl -fsSI -H "Accept: application/vnd.docker.distribution.manifest.v2+json" "http://$reg/v2/t/v2/manifests/1" |
+	tr -d '\r' | sed -n 's/^[Dd]ocker-[Cc]ontent-[Dd]igest: *//p')
+check "a Docker v2s2 image is in the registry" 'curl -fsSI -H "Accept: application/vnd.docker.distribution.manifest.v2+json" "http://$reg/v2/t/v2/manifests/1" | grep -qi "content-type: application/vnd.docker.distribution.manifest.v2+json" && [ -n "$dv2" ] && [ "$dv2" != "$dx" ]'
+c image pull -q "$reg/t/x:1" >/dev/null 2>"$err"
+c image pull "$reg/t/v2:1" >"$out" 2>"$err"
+rc=$?
+img3=$(c image inspect "$reg/t/x:1" | sed -n 's/^digest: *//p')
+check "pull of the v2s2 image by tag records the registry's digest" '[ "$rc" -eq 0 ] && grep -qx "registry digest: $dv2" "$out" && ! grep -qx "oci digest: $dv2" "$out"'
+check "both references give the same bytes, each keeps its own origin" '[ -n "$img3" ] && grep -q " $img3$" "$out" && c image inspect "$reg/t/x:1" | grep -qx "reference: $reg/t/x:1" && c image inspect "$reg/t/x:1" | grep -qx "oci digest: $dx" && c image inspect "$reg/t/v2:1" | grep -qx "registry digest: $dv2"'
+check "REPO@sha256:<digest of the first reference> still finds it" '[ "$(c image inspect "$reg/t/x@$dx" | sed -n "s/^digest: *//p")" = "$img3" ]'
+c create p3 --image "$reg/t/v2@$dv2" >"$out" 2>"$err"
+check "create --image REPO@sha256:<registry digest of a v2s2 image>" 'grep -q "^created sandbox p3 .*$img3" "$out"'
+c rm --force p3 >/dev/null 2>&1
+c image pull -q "$reg/t/v2@$dv2" >"$out" 2>"$err"
+check "pull by the v2s2 registry digest gives the same image" '[ $? -eq 0 ] && grep -q " $img3$" "$out"'
+c image inspect --json "$reg/t/v2:1" >"$out" 2>"$err"
+check "image inspect --json: the looked-up origin on top, every origin listed" 'python3 - "$out" "$reg" "$dv2" "$dx" <<EOF
+import json, sys
+i = json.load(open(sys.argv[1])); reg = sys.argv[2]
+assert i["reference"] == reg + "/t/v2:1" and i["registry_digest"] == sys.argv[3], i
+refs = {o["reference"]: o for o in i["origins"]}
+assert set(refs) == {reg + "/t/x:1", reg + "/t/v2:1", reg + "/t/v2@" + sys.argv[3]}, refs
+assert refs[reg + "/t/x:1"]["oci_digest"] == sys.argv[4] and refs[reg + "/t/x:1"]["registry_digest"] == sys.argv[4]
+assert all(o["current"] for o in i["origins"]) and all(isinstance(o["pulled"], int) for o in i["origins"])
+EOF'
+check "image ls shows a pulled image's reference where it has no name" 'c image ls | grep -q "^$reg/t/\(x\|v2\):1 *sha256:"'
+
+# --- references refused before any pull -----------------------------------
+c image pull "../x" >"$out" 2>"$err"
+rc1=$?
+c image pull "[::1]:$port/t/box:v1" >"$out" 2>&1
+rc2=$?
+check "a malformed host and an IPv6 literal are usage errors" '[ "$rc1" -eq 2 ] && grep -q "is not a registry host" "$err" && [ "$rc2" -eq 2 ] && grep -q "IPv6" "$out"'
+long=$reg$(printf '/a%.0s' $(seq 70))
+c image pull "$long:v1" >"$out" 2>"$err"
+check "a reference too long to store is refused before pulling" '[ $? -eq 2 ] && grep -q "limit of 255" "$err" && ! grep -q skopeo "$err"'
+
+# --- a pull killed midway leaves a directory the next one sweeps -----------
+hang=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8)
+held = []
+while True: held.append(s.accept()[0])' "$hang" &
+hangpid=$!
+sleep 0.2
+# In its own process group, SIGINT not ignored (as a background job's is):
+# as a pull interrupted with ^C.
+python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL); os.setsid(); os.execv(sys.argv[1], sys.argv[1:])' \
+	"$capsule" image pull -q "127.0.0.1:$hang/t/x:1" >/dev/null 2>&1 &
+pullpid=$!
+i=0
+while [ -z "$(ls "$CAPSULE_HOME/images" | grep tmp-pull-)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+sleep 0.3
+kill -INT "-$pullpid" 2>/dev/null
+i=0
+while kill -0 "$pullpid" 2>/dev/null && [ $i -lt 30 ]; do sleep 0.1; i=$((i + 1)); done
+gone=$i
+kill -KILL "-$pullpid" 2>/dev/null
+wait "$pullpid" 2>/dev/null
+kill "$hangpid" 2>/dev/null
+wait "$hangpid" 2>/dev/null
+left=$(ls "$CAPSULE_HOME/images" | grep -c tmp-pull-)
+check "a pull interrupted by SIGINT ends and leaves its temporary directory" '[ "$gone" -lt 30 ] && [ "$left" -ge 1 ]'
+c image pull -q "$reg/t/x:1" >/dev/null 2>"$err"
+check "the next pull removes it (its lock is not held)" '[ -z "$(ls "$CAPSULE_HOME/images" | grep tmp-)" ]'
 
 # --- a registry serving other bytes for a digest ---------------------------
 blob="$CAPSULE_REGISTRY_DIR/storage/docker/registry/v2/blobs/sha256/$(echo "${d2#sha256:}" | cut -c1-2)/${d2#sha256:}/data"

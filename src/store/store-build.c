@@ -232,10 +232,19 @@ int cap_store_image_build(const char *which, cap_progress_fn progress,
 	int r = cap_mkdir_p(images, 0755);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot create %s: %s", images, strerror(-r));
-	_cleanup_free_ char *stage = xasprintf("%s/tmp-stage-XXXXXX", images);
-	if (!mkdtemp(stage))
-		return cap_err_set(err, errno, "cannot create a staging directory in %s: %s", images, strerror(errno));
-	chmod(stage, 0755);
+	/* The root is staged below a temporary directory whose lock says it
+	 * is in use (a killed build's is swept by the next one), so that
+	 * the lock file is not part of the image. */
+	_cleanup_free_ char *tmp = NULL;
+	_cleanup_close_ int lock = cap_store_tmpdir(images, "tmp-stage", &tmp, err);
+	if (lock < 0)
+		return lock;
+	_cleanup_free_ char *stage = xasprintf("%s/root", tmp);
+	if (mkdir(stage, 0755) < 0) {
+		r = cap_err_set(err, errno, "cannot create the staging directory %s: %s", stage, strerror(errno));
+		cap_remove_tree(tmp);
+		return r;
+	}
 
 	_cleanup_free_ char *source = NULL;
 	if (base) {
@@ -248,9 +257,9 @@ int cap_store_image_build(const char *which, cap_progress_fn progress,
 	}
 	if (r == 0)
 		r = cap_store_image_from_dir(stage, which, source, progress, ud, out, err);
-	int k = cap_remove_tree(stage);
+	int k = cap_remove_tree(tmp);
 	if (r == 0 && k < 0)
-		r = cap_err_set(err, -k, "cannot remove the staging directory %s: %s", stage, strerror(-k));
+		r = cap_err_set(err, -k, "cannot remove the staging directory %s: %s", tmp, strerror(-k));
 	return r;
 }
 

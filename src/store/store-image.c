@@ -42,7 +42,7 @@ char *cap_store_images_dir(void)
 static bool locking_prefix(const char *n)
 {
 	return strncmp(n, "tmp-pull-", 9) == 0 || strncmp(n, "tmp-import-", 11) == 0 ||
-	       strncmp(n, "tmp-erofs-", 10) == 0;
+	       strncmp(n, "tmp-erofs-", 10) == 0 || strncmp(n, "tmp-stage-", 10) == 0;
 }
 
 void cap_store_tmp_sweep(const char *images)

@@ -102,8 +102,10 @@ static int done(int r, struct cap_err *err, struct cap_image *img, const char *v
 	}
 	printf("%s %s %s", verb, img->owned_name ? img->owned_name : img->owned_reference ? img->owned_reference : "image",
 	       img->digest);
-	if (rep && rep->dropped)
-		printf(" (dropped %zu device node%s: %s)", rep->dropped, rep->dropped == 1 ? "" : "s", rep->shown);
+	if (rep && rep->dropped) {
+		_cleanup_free_ char *sum = cap_import_report_summary(rep);
+		printf(" (%s)", sum);
+	}
 	putchar('\n');
 	if (img->owned_oci_digest && strcmp(verb, "pulled") == 0)
 		printf("oci digest: %s\n", img->owned_oci_digest);

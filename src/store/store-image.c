@@ -776,8 +776,8 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 		return cap_err_set(err, -r, "cannot read the tree %s: %s", dir, strerror(-r));
 	}
 	if (sp.n && o->progress) {
-		_cleanup_free_ char *msg = xasprintf("dropped %zu device node%s: %s (the guest's /dev provides devices)",
-						     report->dropped, report->dropped == 1 ? "" : "s", report->shown);
+		_cleanup_free_ char *sum = cap_import_report_summary(report);
+		_cleanup_free_ char *msg = xasprintf("%s (the guest's /dev provides devices)", sum);
 		o->progress(o->ud, msg);
 	}
 	if ((lock = cap_store_tmpdir(images, "tmp-erofs", &tmpdir, err)) < 0) {

@@ -166,6 +166,13 @@ void cap_import_report_add(struct cap_import_report *report, const char *path)
 	report->dropped++;
 }
 
+char *cap_import_report_summary(const struct cap_import_report *report)
+{
+	bool one = report->dropped == 1;
+	return xasprintf("dropped %zu %s: %s", report->dropped,
+			 one ? "device node, FIFO or socket" : "device nodes, FIFOs or sockets", report->shown);
+}
+
 static bool is_whiteout(const char *path)
 {
 	const char *slash = strrchr(path, '/');
@@ -627,9 +634,8 @@ int cap_store_image_import_with(const char *path,
 		r = cap_err_set(err, EINVAL, "cannot import %s: not a directory or a file", path);
 	}
 	if (r == 0 && tree == stage && report->dropped && progress) {
-		_cleanup_free_ char *msg = xasprintf("dropped %zu device node%s, FIFO%s or socket%s: %s (the guest's /dev provides devices)",
-						     report->dropped, report->dropped == 1 ? "" : "s", report->dropped == 1 ? "" : "s",
-						     report->dropped == 1 ? "" : "s", report->shown);
+		_cleanup_free_ char *sum = cap_import_report_summary(report);
+		_cleanup_free_ char *msg = xasprintf("%s (the guest's /dev provides devices)", sum);
 		progress(ud, msg);
 	}
 	if (r == 0) {

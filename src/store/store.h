@@ -241,6 +241,9 @@ int cap_store_apply_layer(const char *root, const char *layer,
 
 /* Add path to what an import left out (report may be NULL). */
 void cap_import_report_add(struct cap_import_report *report, const char *path);
+/* "dropped N device nodes, FIFOs or sockets: PATHS" (singular for one):
+ * the one wording of what an import left out. New string. */
+char *cap_import_report_summary(const struct cap_import_report *report);
 
 /* --- public data projections ------------------------------------------ */
 

@@ -561,9 +561,9 @@ static void tmp_dirs_swept(void **state)
 	(void)state;
 	_cleanup_free_ char *images = xasprintf("%s/home/images", dir);
 	_cleanup_free_ char *dead = xasprintf("%s/tmp-pull-dead", images), *old = xasprintf("%s/tmp-import-old", images);
-	_cleanup_free_ char *live = xasprintf("%s/tmp-pull-live", images), *stage = xasprintf("%s/tmp-stage-x", images);
+	_cleanup_free_ char *live = xasprintf("%s/tmp-pull-live", images), *other = xasprintf("%s/tmp-other-x", images);
 	_cleanup_free_ char *deadlock = xasprintf("%s/.lock", dead), *livelock = xasprintf("%s/.lock", live);
-	const char *dirs[] = { dead, old, live, stage };
+	const char *dirs[] = { dead, old, live, other };
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(dirs); i++)
 		assert_int_equal(cap_mkdir_p(dirs[i], 0755), 0);
 	write_text(deadlock, "");
@@ -572,7 +572,7 @@ static void tmp_dirs_swept(void **state)
 	assert_true(fd >= 0 && flock(fd, LOCK_EX) == 0);
 	struct timeval tv[2] = { { .tv_sec = time(NULL) - 120 }, { .tv_sec = time(NULL) - 120 } };
 	assert_int_equal(utimes(old, tv), 0);
-	assert_int_equal(utimes(stage, tv), 0);
+	assert_int_equal(utimes(other, tv), 0);
 	_cleanup_free_ char *t = in_dir("s1"), *f1 = in_dir("s1/a");
 	mkdir(t, 0755);
 	write_text(f1, "s");
@@ -583,7 +583,7 @@ static void tmp_dirs_swept(void **state)
 	assert_int_equal(access(dead, F_OK), -1);	/* its lock not held */
 	assert_int_equal(access(old, F_OK), -1);	/* no lock, old */
 	assert_int_equal(access(live, F_OK), 0);	/* at work */
-	assert_int_equal(access(stage, F_OK), 0);	/* not one that locks */
+	assert_int_equal(access(other, F_OK), 0);	/* not a kind the store makes */
 	close(fd);
 }
 

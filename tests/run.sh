@@ -73,7 +73,7 @@ export CAPSULE_AGENT="$top/$build/capsule-agent"
 # them again (the python image: a minute of debootstrap each time).
 CAPSULE_TEST_SHARE=$(mktemp -d /tmp/cshare.XXXXXX)
 export CAPSULE_TEST_SHARE
-trap 'rm -f "$results"; rm -rf "$CAPSULE_TEST_SHARE"' EXIT
+trap 'rm -f "$results" "${bglog:-}"; rm -rf "$CAPSULE_TEST_SHARE"' EXIT
 vmhome=$(mktemp -d /tmp/cv.XXXXXX)
 CAPSULE_HOME="$vmhome" suite "integration/vm-restored" "$build/tests/test-vm"
 CAPSULE_HOME="$vmhome" CAPSULE_TEMPLATES=0 suite "integration/vm-cold" "$build/tests/test-vm"

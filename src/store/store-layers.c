@@ -240,9 +240,25 @@ static void dropped_fini(struct dropped *d)
 	free(d->v);
 }
 
+/* cap_store_apply_layer with the paths dropped so far carried in and
+ * out, so that a hard link in a later layer to a node an earlier one
+ * dropped is dropped too (and a real entry at a dropped path takes it
+ * off the list). */
+static int apply_layer(const char *root, const char *layer, struct cap_import_report *report,
+		       struct dropped *dropped, struct cap_err *err);
+
 int cap_store_apply_layer(const char *root, const char *layer,
 			  struct cap_import_report *report,
 			  struct cap_err *err)
+{
+	struct dropped dropped = { 0 };
+	int r = apply_layer(root, layer, report, &dropped, err);
+	dropped_fini(&dropped);
+	return r;
+}
+
+static int apply_layer(const char *root, const char *layer, struct cap_import_report *report,
+		       struct dropped *dropped, struct cap_err *err)
 {
 	struct archive *a;
 	struct archive_entry *e;
@@ -292,7 +308,6 @@ int cap_store_apply_layer(const char *root, const char *layer,
 		flags |= ARCHIVE_EXTRACT_OWNER;
 	archive_write_disk_set_options(w, flags);
 	archive_write_disk_set_standard_lookup(w);
-	struct dropped dropped = { 0 };
 	while ((k = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
 		clean_path(archive_entry_pathname(e), clean, sizeof(clean));
 		if (!*clean || is_whiteout(clean))
@@ -305,7 +320,7 @@ int cap_store_apply_layer(const char *root, const char *layer,
 			r = cap_err_set(err, EINVAL, "%s: hard link %s points outside the root", layer, clean);
 			break;
 		}
-		if (special || (hl && dropped_has(&dropped, hclean))) {
+		if (special || (hl && dropped_has(dropped, hclean))) {
 			/* devtmpfs provides devices; a hard link to a node
 			 * left out is that node under another name. */
 			if ((k = remove_under(rootfd, clean)) < 0) {
@@ -315,10 +330,10 @@ int cap_store_apply_layer(const char *root, const char *layer,
 			char shown[4097];
 			snprintf(shown, sizeof(shown), "/%s", clean);
 			cap_import_report_add(report, shown);
-			dropped_add(&dropped, clean);
+			dropped_add(dropped, clean);
 			continue;
 		}
-		dropped_forget(&dropped, clean);
+		dropped_forget(dropped, clean);
 		archive_entry_set_pathname(e, clean);
 		if (hl)
 			archive_entry_set_hardlink(e, hclean);
@@ -341,7 +356,6 @@ int cap_store_apply_layer(const char *root, const char *layer,
 	}
 	if (r == 0 && k != ARCHIVE_EOF)
 		r = cap_err_set(err, EINVAL, "%s: %s", layer, archive_error_string(a));
-	dropped_fini(&dropped);
 	archive_write_free(w);
 	archive_read_free(a);
 	if (fchdir(cwd) < 0 && r == 0)
@@ -505,14 +519,16 @@ static int import_layout(const char *dir, const char *stage, const char *what,
 	int r = access(oci, F_OK) == 0 && access(index, F_OK) == 0
 			? oci_layers(dir, &layers, &n, err)
 			: docker_layers(dir, &layers, &n, err);
+	struct dropped dropped = { 0 };
 	for (size_t i = 0; r == 0 && i < n; i++) {
 		if (progress) {
 			char msg[128];
 			snprintf(msg, sizeof(msg), "applying layer %zu of %zu (%s)", i + 1, n, what);
 			progress(ud, msg);
 		}
-		r = cap_store_apply_layer(stage, layers[i], report, err);
+		r = apply_layer(stage, layers[i], report, &dropped, err);
 	}
+	dropped_fini(&dropped);
 	free_layers(layers, n);
 	*nlayers = n;
 	return r;

@@ -440,6 +440,37 @@ static void hard_link_to_dropped_node(void **state)
 	assert_string_equal(rep.shown, "/dev/mem, /etc/mem, /etc/mem2");
 }
 
+/* Across layers too: a hard link in a later layer of a `docker save`
+ * archive to a node an earlier layer left out is left out (the import
+ * does not fail on the missing target). */
+static void hard_link_to_node_dropped_below(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	struct cap_import_report rep = { 0 };
+	struct cap_image img;
+	_cleanup_free_ char *ds = in_dir("ds"), *l1 = in_dir("ds/l1.tar"), *l2 = in_dir("ds/l2.tar"),
+			   *man = in_dir("ds/manifest.json"), *arch = in_dir("ds.tar");
+	mkdir(ds, 0755);
+	struct archive *a = tar_new(l1);
+	put_entry(a, "dev", AE_IFDIR, NULL, NULL);
+	put_entry(a, "dev/mem", AE_IFCHR, NULL, NULL);
+	put_entry(a, "etc", AE_IFDIR, NULL, NULL);
+	put_entry(a, "etc/keep", AE_IFREG, "k", NULL);
+	tar_done(a);
+	a = tar_new(l2);
+	put_entry(a, "etc/mem", AE_IFREG, NULL, "dev/mem");
+	tar_done(a);
+	write_text(man, "[{\"Config\": \"c.json\", \"RepoTags\": [], \"Layers\": [\"l1.tar\", \"l2.tar\"]}]");
+	_cleanup_free_ char *cmd = xasprintf("tar -C '%s' -cf '%s' manifest.json l1.tar l2.tar", ds, arch);
+	assert_int_equal(system(cmd), 0);
+	struct cap_import_opts o = { .name = "hl-below" };
+	assert_int_equal(cap_store_image_import_with(arch, &o, &img, &rep, &err), 0);
+	assert_int_equal(rep.dropped, 2);
+	assert_string_equal(rep.shown, "/dev/mem, /etc/mem");
+	cap_image_fini(&img);
+}
+
 /* Names listed as left out reach a terminal: what it would act on is
  * escaped; UTF-8 text is kept. */
 static void dropped_names_escaped(void **state)
@@ -604,6 +635,7 @@ int main(void)
 		cmocka_unit_test(tmp_dirs_swept),
 		cmocka_unit_test(dropped_node_hides_lower),
 		cmocka_unit_test(hard_link_to_dropped_node),
+		cmocka_unit_test(hard_link_to_node_dropped_below),
 		cmocka_unit_test(dropped_names_escaped),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -523,13 +523,20 @@ def main():
     # Contained in the guest: a fork bomb with a setsid escapee ends on
     # time and leaves nothing behind for the next call; pids_max is the
     # command's own.
+    # Timed from when the call runs: what comes before (the identity's
+    # VM resumed or started) is not the fork bomb's (one run here waited
+    # 11 s before it, for a guest duration of 5.3 s).
     t0 = time.time()
     bid = c.send("exec", {"identity": ident("p2"), "timeout": 5, "argv": [
         "sh", "-c", "setsid sleep 1000 & f(){ f|f& }; f 2>/dev/null; sleep 100"]})
+    wait_active(c, "p2")
+    t1 = time.time()
     br = wait_answer(c, bid, 60)
-    took = time.time() - t0
-    ok(br.get("result", {}).get("timed_out") is True and took < 12,
-       f"a fork bomb with timeout 5 answers timed out in {took:.1f} s", br)
+    took = time.time() - t1
+    ok(br.get("result", {}).get("timed_out") is True and took < 12 and
+       br["result"].get("duration_ms", 99999) < 7000,
+       f"a fork bomb with timeout 5 answers timed out {took:.1f} s after it ran "
+       f"({t1 - t0:.1f} s before; {br.get('result', {}).get('duration_ms')} ms in the guest)", br)
     r = exec_(c, "p2", "ps -o pid,args | grep -c '[s]leep 1000'", timeout=60)
     ok(r.get("result", {}).get("stdout") == "0\n", "nothing it started is left for the next call", r)
     r = call(c, "exec", {"identity": ident("p2"), "pids_max": 7, "argv": [

@@ -142,30 +142,6 @@ static bool is_hex64(const char *s)
 	return true;
 }
 
-/* The name pointing at hex, if any (first found). New string or NULL. */
-static char *name_of(const char *images, const char *hex)
-{
-	_cleanup_free_ char *names = xasprintf("%s/names", images);
-	DIR *d = opendir(names);
-	char *found = NULL;
-	struct dirent *e;
-	while (d && !found && (e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		char target[512];
-		ssize_t n = readlinkat(dirfd(d), e->d_name, target, sizeof(target) - 1);
-		if (n <= 0)
-			continue;
-		target[n] = '\0';
-		const char *base = strrchr(target, '/');
-		if (strcmp(base ? base + 1 : target, hex) == 0)
-			found = xstrdup(e->d_name);
-	}
-	if (d)
-		closedir(d);
-	return found;
-}
-
 /* A reference as a file name in images/refs: '%' and '/' escaped. */
 static char *ref_file(const char *images, const char *ref)
 {
@@ -211,6 +187,26 @@ static bool link_hex(const char *link, char hex[65])
 		return false;
 	memcpy(hex, h, 65);
 	return true;
+}
+
+/* The name pointing at hex, if any (first found). New string or NULL. */
+static char *name_of(const char *images, const char *hex)
+{
+	_cleanup_free_ char *names = xasprintf("%s/names", images);
+	DIR *d = opendir(names);
+	char *found = NULL;
+	struct dirent *e;
+	while (d && !found && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		_cleanup_free_ char *link = xasprintf("%s/%s", names, e->d_name);
+		char h[65];
+		if (link_hex(link, h) && strcmp(h, hex) == 0)
+			found = xstrdup(e->d_name);
+	}
+	if (d)
+		closedir(d);
+	return found;
 }
 
 /* A reference in images/refs pointing at hex, one with a tag rather than

@@ -37,8 +37,9 @@ def identity_json(who: IdentityLike) -> Dict[str, str]:
 
 class _Result:
     """Base of the results: fields from the answer, the answer in .raw."""
-    # Wire names that are Python keywords or clash: field name -> key.
-    _KEYS: Dict[str, str] = {}
+    # Wire names that are Python keywords or clash: field name -> key
+    # (a mapping applies only to a class that has the field).
+    _KEYS: Dict[str, str] = {"import_": "import"}
 
     @classmethod
     def from_json(cls, raw: Any):
@@ -54,7 +55,8 @@ class _Result:
 
     @classmethod
     def _convert(cls, name: str, value: Any) -> Any:
-        return value
+        # A directory's entries, in read_file's and list_directory's answers.
+        return _entries(value) if name == "entries" else value
 
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]
@@ -85,7 +87,6 @@ class ExecResult(_Result):
     import_: Optional[Dict[str, Any]] = None     # the private import's outcome ("import")
     prepared: Optional[List[str]] = None         # phases this call had to build first
     raw: Dict[str, Any] = _raw()
-    _KEYS = {"import_": "import"}
 
     @property
     def ok(self) -> bool:
@@ -116,11 +117,6 @@ class FileResult(_Result):
     import_: Optional[Dict[str, Any]] = None
     prepared: Optional[List[str]] = None
     raw: Dict[str, Any] = _raw()
-    _KEYS = {"import_": "import"}
-
-    @classmethod
-    def _convert(cls, name, value):
-        return _entries(value) if name == "entries" else value
 
 
 @dataclass
@@ -133,11 +129,6 @@ class DirectoryListing(_Result):
     import_: Optional[Dict[str, Any]] = None
     prepared: Optional[List[str]] = None
     raw: Dict[str, Any] = _raw()
-    _KEYS = {"import_": "import"}
-
-    @classmethod
-    def _convert(cls, name, value):
-        return _entries(value) if name == "entries" else value
 
 
 @dataclass
@@ -149,7 +140,6 @@ class WriteResult(_Result):
     import_: Optional[Dict[str, Any]] = None
     prepared: Optional[List[str]] = None
     raw: Dict[str, Any] = _raw()
-    _KEYS = {"import_": "import"}
 
 
 @dataclass

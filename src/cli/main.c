@@ -34,6 +34,7 @@ static const char usage[] =
 	"  serve     Serve per-identity sandboxes over JSON-RPC on a unix socket\n"
 	"  mcp       Model Context Protocol server on stdio (bounded file tools)\n"
 	"  prepare   Make sure the kernel, initramfs, image and template are ready\n"
+	"  oci       The OCI runtime (runc's command line) for Podman and containerd\n"
 	"  doctor    Show what capsule found on this host: QEMU, acceleration, cache\n"
 	"  version   Print the version\n"
 	"\n"
@@ -123,6 +124,11 @@ int main(int argc, char **argv)
 {
 	guard_stdio();
 	cap_log_set(cap_log_stderr, NULL);	/* front ends name themselves */
+	/* Run as capsule-oci (the name an engine is given): the OCI runtime's
+	 * command line, runc's global flags first. */
+	const char *base = strrchr(argv[0], '/');
+	if (strcmp(base ? base + 1 : argv[0], "capsule-oci") == 0)
+		return cap_cli_oci(argc, argv);
 	if (argc < 2) {
 		fputs(usage, stderr);
 		return 2;
@@ -150,6 +156,7 @@ int main(int argc, char **argv)
 		{ "template", cap_cli_template }, { "net", cap_cli_net },
 		{ "cp", cap_cli_cp }, { "diff", cap_cli_diff }, { "merge", cap_cli_merge },
 		{ "logs", cap_cli_logs }, { "prepare", cap_cli_prepare },
+		{ "oci", cap_cli_oci },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

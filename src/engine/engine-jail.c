@@ -45,7 +45,9 @@ static const char *const v1_controllers[] = { "memory", "pids", "cpu" };
 struct cgroups {
 	int version;		/* 1 or 2; 0: none usable */
 	char root[160];		/* where the hierarchies are mounted */
-	char parent[64];	/* our folder in each hierarchy */
+	char parent[512];	/* our folder in each hierarchy: a relative path,
+				 * "capsule" or CAPSULE_CGROUP_PARENT (an OCI
+				 * container's cgroupsPath, docs/oci.md) */
 	char why[480];		/* why none is usable */
 };
 
@@ -103,7 +105,18 @@ static void cg_detect(struct cgroups *cg)
 	const char *root = getenv("CAPSULE_CGROUP_ROOT");
 	const char *parent = getenv("CAPSULE_CGROUP_PARENT");
 	snprintf(cg->root, sizeof(cg->root), "%.159s", root && *root ? root : "/sys/fs/cgroup");
-	snprintf(cg->parent, sizeof(cg->parent), "%.63s", parent && *parent ? parent : "capsule");
+	/* A path below the hierarchies' roots: leading slashes dropped, no
+	 * "." or ".." component, else the default. */
+	while (parent && *parent == '/')
+		parent++;
+	bool ok = parent && *parent && strlen(parent) < sizeof(cg->parent) && !strstr(parent, "//");
+	for (const char *c = parent; ok && c && *c;) {
+		size_t n = strcspn(c, "/");
+		ok = !(n == 1 && c[0] == '.') && !(n == 2 && c[0] == '.' && c[1] == '.');
+		c += n;
+		c += *c == '/';
+	}
+	snprintf(cg->parent, sizeof(cg->parent), "%s", ok ? parent : "capsule");
 	cg->version = 0;
 	struct statfs sf;
 	if (statfs(cg->root, &sf) < 0) {
@@ -174,29 +187,46 @@ static int cg_remove(const char *dir)
 	return -EBUSY;
 }
 
-/* Make sure the parent folders exist (and, on v2, hand the controllers
- * down to them). */
+/* Make one folder (and, on v2, hand the controllers down from its parent
+ * to it and from it to its children). */
+static int cg_mkdir(const struct cgroups *cg, const char *p, struct cap_err *err)
+{
+	if (mkdir(p, 0755) < 0 && errno != EEXIST)
+		return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
+	if (cg->version != 2)
+		return 0;
+	_cleanup_free_ char *sub = xasprintf("%s/cgroup.subtree_control", p);
+	if (write_str(sub, "+memory +pids +cpu") < 0)
+		return cap_err_set(err, errno, "cannot enable the memory, pids and cpu controllers in %s: %s",
+				   sub, strerror(errno));
+	return 0;
+}
+
+/* Make sure the parent folders exist, every level of a nested parent
+ * (and, on v2, hand the controllers down to them). */
 static int cg_parents(const struct cgroups *cg, struct cap_err *err)
 {
-	if (cg->version == 2) {
-		char p[PATH_MAX + 160];
-		snprintf(p, sizeof(p), "%s/%s", cg->root, cg->parent);
-		if (mkdir(p, 0755) < 0 && errno != EEXIST)
-			return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
-		char sub[PATH_MAX + 200];
-		snprintf(sub, sizeof(sub), "%s/cgroup.subtree_control", cg->root);
-		write_str(sub, "+memory +pids +cpu");
-		snprintf(sub, sizeof(sub), "%s/cgroup.subtree_control", p);
-		if (write_str(sub, "+memory +pids +cpu") < 0)
-			return cap_err_set(err, errno, "cannot enable the memory, pids and cpu controllers in %s: %s",
-					   sub, strerror(errno));
-		return 0;
-	}
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(v1_controllers); i++) {
-		char p[PATH_MAX + 160];
-		snprintf(p, sizeof(p), "%s/%s/%s", cg->root, v1_controllers[i], cg->parent);
-		if (mkdir(p, 0755) < 0 && errno != EEXIST)
-			return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
+	unsigned nh = cg->version == 2 ? 1 : CAP_ARRAY_SIZE(v1_controllers);
+	for (unsigned i = 0; i < nh; i++) {
+		char base[PATH_MAX];
+		if (cg->version == 2) {
+			snprintf(base, sizeof(base), "%s", cg->root);
+			char sub[PATH_MAX + 32];
+			snprintf(sub, sizeof(sub), "%s/cgroup.subtree_control", cg->root);
+			write_str(sub, "+memory +pids +cpu");
+		} else {
+			snprintf(base, sizeof(base), "%s/%s", cg->root, v1_controllers[i]);
+		}
+		char p[PATH_MAX + 600];
+		int r;
+		for (const char *c = cg->parent; *c;) {
+			size_t n = strcspn(c, "/");
+			snprintf(p, sizeof(p), "%s/%.*s", base, (int)(c - cg->parent + n), cg->parent);
+			if ((r = cg_mkdir(cg, p, err)) < 0)
+				return r;
+			c += n;
+			c += *c == '/';
+		}
 	}
 	return 0;
 }
@@ -424,10 +454,10 @@ static int probe_cgroups(const struct cgroups *cg, char *detail, size_t len)
 		return r;
 	}
 	if (cg->version == 2)
-		snprintf(detail, len, "cgroup v2 %s/%s/vm-N: memory.max = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.weight 100 per vCPU",
+		snprintf(detail, len, "cgroup v2 %s/%.200s/vm-N: memory.max = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.weight 100 per vCPU",
 			 cg->root, cg->parent, OVERHEAD_MIB);
 	else
-		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%s/vm-N: memory limit = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.shares 1024 per vCPU",
+		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%.200s/vm-N: memory limit = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.shares 1024 per vCPU",
 			 cg->root, cg->parent, OVERHEAD_MIB);
 	return 0;
 }

@@ -85,6 +85,10 @@ int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,
 		     size_t n);
 /* Queue a signal for a stream's process group. */
 int cap_client_signal(struct cap_client *c, uint32_t id, int sig);
+/* Queue a signal for whom scope says (CAP_SIGNAL_GROUP is the call
+ * above). */
+int cap_client_signal_scope(struct cap_client *c, uint32_t id, int sig,
+			    enum cap_signal_scope scope);
 /* Queue a PTY window size change for a stream. */
 int cap_client_resize(struct cap_client *c, uint32_t id, uint16_t rows,
 		      uint16_t cols);

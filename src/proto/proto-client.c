@@ -282,11 +282,20 @@ int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,
 
 int cap_client_signal(struct cap_client *c, uint32_t id, int sig)
 {
+	return cap_client_signal_scope(c, id, sig, CAP_SIGNAL_GROUP);
+}
+
+int cap_client_signal_scope(struct cap_client *c, uint32_t id, int sig,
+			    enum cap_signal_scope scope)
+{
 	if (!find(c, id))
 		return -ENOENT;
-	uint8_t p[4];
+	/* The default scope is sent as before (no second word), so that
+	 * older agents still take it. */
+	uint8_t p[8];
 	cap_put_u32(p, (uint32_t)sig);
-	cap_proto_put(&c->out, CAP_MSG_SIGNAL, id, p, sizeof(p));
+	cap_put_u32(p + 4, (uint32_t)scope);
+	cap_proto_put(&c->out, CAP_MSG_SIGNAL, id, p, scope == CAP_SIGNAL_GROUP ? 4 : 8);
 	return 0;
 }
 

@@ -38,7 +38,7 @@ enum cap_msg {
 	CAP_MSG_STDOUT = 4,	/* g->h: bytes the process wrote to stdout */
 	CAP_MSG_STDERR = 5,	/* g->h: bytes the process wrote to stderr */
 	CAP_MSG_EXIT = 6,	/* g->h: struct cap_exit; the stream is then closed */
-	CAP_MSG_SIGNAL = 7,	/* h->g: u32 signal for the stream's process group */
+	CAP_MSG_SIGNAL = 7,	/* h->g: u32 signal[, u32 enum cap_signal_scope]; without a scope, the process group */
 	CAP_MSG_SHUTDOWN = 8,	/* h->g stream 0: sync, unmount, power off; g->h: ack */
 	CAP_MSG_ERROR = 9,	/* g->h: i32 errno, text; stream 0 or a rejected exec */
 	CAP_MSG_SETUP = 10,	/* h->g stream 0: struct cap_setup; g->h: i32 errno, text */
@@ -48,6 +48,16 @@ enum cap_msg {
 	CAP_MSG_FILE = 14,	/* h->g: a file operation (struct cap_file_req) on a new stream */
 	CAP_MSG_LISTENERS = 15,	/* g->h stream 0: u32 n, n x u16 TCP ports listened on (auto-publish) */
 	CAP_MSG_MAX_ = CAP_MSG_LISTENERS,
+};
+
+/* Whom a SIGNAL reaches: the command's process group (the default, and
+ * what a SIGNAL without a scope means), the command's process only (a
+ * container's init, as runc kill does), or every process in the
+ * command's cgroup (runc kill --all). */
+enum cap_signal_scope {
+	CAP_SIGNAL_GROUP = 0,
+	CAP_SIGNAL_PROCESS = 1,
+	CAP_SIGNAL_ALL = 2,
 };
 
 /* One parsed frame; payload points into the parser's input. */
@@ -72,6 +82,20 @@ void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
 
 #define CAP_EXEC_STDIN 0x1u	/* the host will send STDIN frames */
 #define CAP_EXEC_PTY 0x2u	/* run on a pseudo-terminal (stdout carries both) */
+/* Run with the request's credentials (uid, gid, groups; root allowed: the
+ * VM is the boundary), rlimits and umask, and exactly the request's
+ * environment (plus HOME from the guest's /etc/passwd, else "/", when it
+ * has none): a container's process (docs/oci.md). Without it a command
+ * runs as the tool user (1000) with the agent's default environment. */
+#define CAP_EXEC_USER 0x4u
+
+#define CAP_EXEC_MAX_GROUPS 32
+#define CAP_EXEC_MAX_RLIMITS 16
+/* One setrlimit of a CAP_EXEC_USER command. */
+struct cap_exec_rlimit {
+	uint32_t resource;	/* RLIMIT_* number */
+	uint64_t soft, hard;	/* RLIM_INFINITY is ~0 */
+};
 
 /* An exec request. For encoding, every pointer is borrowed from the
  * caller. After cap_proto_exec_decode, every pointer is owned by the
@@ -91,6 +115,15 @@ struct cap_exec_req {
 				 * optional trailing field: sent only when
 				 * nonzero, so older agents still parse the
 				 * requests of hosts that leave it 0. */
+	/* With CAP_EXEC_USER only: an optional section after pids_max
+	 * (which is then sent, 0 if need be), docs/protocol.md. Inline
+	 * arrays: nothing to free. */
+	uint32_t uid, gid;
+	uint32_t groups[CAP_EXEC_MAX_GROUPS];
+	uint32_t ngroups;
+	struct cap_exec_rlimit rlimits[CAP_EXEC_MAX_RLIMITS];
+	uint32_t nrlimits;
+	uint32_t umask;
 };
 
 /* The agent's pids.max for a command whose request leaves pids_max 0. */

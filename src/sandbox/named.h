@@ -40,9 +40,17 @@ struct cap_record {
 	 * manifest is workspace.base there). */
 	char workspace[4096];
 	unsigned workspace_size_mib;
+	/* The guest's hostname ("" for the sandbox's name when that is a
+	 * valid one, else "capsule"): 1 to 20 of [A-Za-z0-9._-]. */
+	char hostname[21];
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;
+	/* For cap_named_create only: a host directory whose tree becomes the
+	 * root's upper layer when the disk is made (its files, owners and
+	 * modes, as mke2fs -d copies them), so that they are in the root
+	 * from the first start; NULL for none. */
+	const char *root_seed;
 };
 
 /* Defaults of DESIGN §5: 1 vCPU, 512 MiB, 256 MiB root, 512 MiB /work. */

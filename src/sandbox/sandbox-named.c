@@ -176,6 +176,32 @@ static int make_disk(const char *path, unsigned mib, bool tool_owned, const char
 	return r;
 }
 
+/* The root's upper disk as mke2fs -d takes it: the overlay's upper
+ * directory is data/ on that disk (the agent's layout, docs/protocol.md
+ * SETUP), so the seed's tree is copied to <dir>/.seed/data. *out is the
+ * new .seed directory, removed by the caller. */
+static int seed_upper(const struct cap_record *rec, char **out, struct cap_err *err)
+{
+	_cleanup_free_ char *top = in_dir(rec->name, ".seed");
+	_cleanup_free_ char *data = xasprintf("%s/data", top);
+	struct stat st;
+	if (stat(rec->root_seed, &st) < 0 || !S_ISDIR(st.st_mode))
+		return cap_err_set(err, ENOTDIR, "the root's seed %s is not a directory", rec->root_seed);
+	if (mkdir(top, 0700) < 0)
+		return cap_err_set(err, errno, "cannot create %s: %s", top, strerror(errno));
+	_cleanup_free_ char *from = xasprintf("%s/.", rec->root_seed);
+	char *argv[] = { "cp", "-a", "--", from, data, NULL };
+	int r = cap_run(argv, NULL, NULL, err);
+	if (r < 0) {
+		cap_err_prefix(err, "copying %s into the root's upper disk", rec->root_seed);
+		cap_remove_tree(top);
+		return r;
+	}
+	*out = top;
+	top = NULL;
+	return 0;
+}
+
 static int write_record(const struct cap_record *rec, struct cap_err *err)
 {
 	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:I}",
@@ -188,6 +214,8 @@ static int write_record(const struct cap_record *rec, struct cap_err *err)
 							    "fingerprint", rec->source_fp,
 							    "entries", (json_int_t)rec->source_entries,
 							    "bytes", (json_int_t)rec->source_bytes));
+	if (rec->hostname[0])
+		json_object_set_new(j, "hostname", json_string(rec->hostname));
 	if (rec->workspace[0]) {
 		json_object_set_new(j, "workspace", json_string(rec->workspace));
 		json_object_set_new(j, "workspace_size_mib", json_integer(rec->workspace_size_mib));
@@ -599,7 +627,15 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	rec->created = time(NULL);
 	if (progress && rec->workspace[0])	/* a step worth naming beside the copy's */
 		progress(ud, "creating the root and /work disks");
-	if ((r = make_disk(upper, rec->root_size_mib, false, "root-upper", NULL, 0, err)) < 0 ||
+	_cleanup_free_ char *seed = NULL;
+	if (rec->root_seed && (r = seed_upper(rec, &seed, err)) < 0) {
+		cap_remove_tree(dir);
+		return r;
+	}
+	r = make_disk(upper, rec->root_size_mib, false, "root-upper", seed, 0, err);
+	if (seed)
+		cap_remove_tree(seed);
+	if (r < 0 ||
 	    (r = make_disk(work, rec->work_size_mib, true, "work", NULL, 0, err)) < 0 ||
 	    (r = project(rec, progress, ud, err)) < 0 ||
 	    (rec->workspace[0] && (r = ws_make(rec, &ws, progress, ud, err)) < 0) ||
@@ -647,6 +683,8 @@ int cap_named_load(const char *name, struct cap_record *out,
 		out->source_bytes = (uint64_t)json_integer_value(json_object_get(src, "bytes"));
 	}
 	/* Records from before workspaces have none. */
+	if ((s = json_string_value(json_object_get(j, "hostname"))) && cap_proto_valid_name(s))
+		snprintf(out->hostname, sizeof(out->hostname), "%s", s);
 	if ((s = json_string_value(json_object_get(j, "workspace")))) {
 		if (s[0] != '/' || strlen(s) >= sizeof(out->workspace)) {
 			json_decref(j);
@@ -1097,7 +1135,8 @@ void cap_named_shape(const struct cap_record *rec, const char *image, const char
 		     const char *name, const struct cap_net_policy *p,
 		     struct cap_sandbox_spec *spec, struct cap_sandbox_opts *o)
 {
-	cap_sandbox_spec_named(spec, image, upper, work, source, workspace, name);
+	cap_sandbox_spec_named(spec, image, upper, work, source, workspace,
+			       rec->hostname[0] ? rec->hostname : name);
 	cap_sandbox_spec_network(spec, p);
 	cap_sandbox_opts_init(o);
 	o->cpus = rec->cpus;

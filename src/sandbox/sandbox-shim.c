@@ -430,10 +430,12 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 		c->feeds = c->feeds || f->len > 0;
 		return true;
 	case CAP_MSG_SIGNAL:
-		if (f->len != 4)
+		if (f->len != 4 && f->len != 8)
 			return false;
 		if ((r = route_by_client(s, c, f->stream)))
-			cap_sandbox_signal(s->sb, r->aid, (int)cap_get_u32(f->payload));
+			cap_sandbox_signal_scope(s->sb, r->aid, (int)cap_get_u32(f->payload),
+						 f->len == 8 ? (enum cap_signal_scope)cap_get_u32(f->payload + 4)
+							     : CAP_SIGNAL_GROUP);
 		return true;
 	case CAP_MSG_RESIZE:
 		if (f->len != 4)

@@ -528,6 +528,12 @@ int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig)
 	return cap_client_signal(&sb->client, id, sig);
 }
 
+int cap_sandbox_signal_scope(struct cap_sandbox *sb, uint32_t id, int sig,
+			     enum cap_signal_scope scope)
+{
+	return cap_client_signal_scope(&sb->client, id, sig, scope);
+}
+
 int cap_sandbox_resize(struct cap_sandbox *sb, uint32_t id, uint16_t rows,
 		       uint16_t cols)
 {

@@ -156,6 +156,8 @@ int cap_sandbox_file(struct cap_sandbox *sb, const struct cap_file_req *req,
 int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
 		      size_t n);
 int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig);
+int cap_sandbox_signal_scope(struct cap_sandbox *sb, uint32_t id, int sig,
+			     enum cap_signal_scope scope);
 int cap_sandbox_resize(struct cap_sandbox *sb, uint32_t id, uint16_t rows,
 		       uint16_t cols);
 /* Bytes queued for the guest and not yet written. */

@@ -170,6 +170,23 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 			      struct cap_import_report *report,
 			      struct cap_err *err);
 
+/* A container's root directory (an OCI bundle's rootfs) as an image,
+ * cached by content: a fingerprint of the tree's metadata (every entry's
+ * path, type, mode, owner, size, modification time and link target;
+ * directories without their times) and of nothing under the paths in
+ * skip[0..nskip) (absolute in the container: mount points the runtime
+ * fills, e.g. /etc/hosts, whose files an engine makes fresh for each
+ * container) keys CAPSULE_HOME/images/rootfs/<fingerprint>, a link to the
+ * image's digest. A hit whose image still verifies is returned without
+ * reading a file's content; otherwise the tree (without what skip names)
+ * is imported as cap_store_image_from_tree does, and the link written.
+ * *cached says which happened. The image has no name; its source says
+ * "container rootfs DIR". */
+int cap_store_image_from_rootfs(const char *dir, const char *const *skip,
+				size_t nskip, cap_progress_fn progress, void *ud,
+				struct cap_image *out, bool *cached,
+				struct cap_err *err);
+
 /* Build a named image: "base" (busybox) or "python" (debootstrap minbase
  * with python3-minimal from the machine's Debian mirror; needs root). */
 int cap_store_image_build(const char *which, cap_progress_fn progress,

@@ -1,0 +1,133 @@
+/* capsule as an OCI runtime (docs/oci.md): a runc-compatible command line
+ * (`capsule oci`, or the capsule-oci link) that Podman (through conmon)
+ * and containerd (through its runc v2 shim) drive. One container is one
+ * named sandbox (oci-<hash of root and id>) whose root image is the
+ * bundle's rootfs, plus a host monitor process per container process:
+ * the pid runc would write to --pid-file.
+ *
+ * This is a front end: it reads config.json (JSON stays here), prints,
+ * and chooses exit codes; the sandbox, store and engine layers do the
+ * rest. Files:
+ *   oci-config.c   config.json / process.json into the structs below
+ *   oci-main.c     the command line, runc's global flags, --log, state
+ *   oci-monitor.c  the monitor processes (create's init, exec --detach)
+ *   oci-cgroup.c   cgroupsPath: made, limited, joined, removed */
+#ifndef CAP_OCI_H
+#define CAP_OCI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "proto.h"
+
+#define CAP_OCI_VERSION "1.0.2"	/* the runtime-spec version we speak */
+
+/* The guest's RAM is linux.resources.memory.limit less this much, which
+ * the monitor, the shim and QEMU's own memory (TCG translation cache,
+ * heap) take in the same cgroup; a limit that leaves less than
+ * CAP_MEMORY_MIN_MIB (named.h) is refused, naming the value. */
+#define CAP_OCI_MEMORY_RESERVE_MIB 96
+/* The VM without a memory limit. */
+#define CAP_OCI_MEMORY_DEFAULT_MIB 512
+/* A bind-mounted file copied into the root at create: at most this big. */
+#define CAP_OCI_FILE_MAX (1u << 20)
+#define CAP_OCI_MAX_GROUPS CAP_EXEC_MAX_GROUPS
+#define CAP_OCI_MAX_RLIMITS CAP_EXEC_MAX_RLIMITS
+
+/* A process: config.json's "process", or exec's --process file, or
+ * exec's command line. Strings owned (cap_oci_process_fini). */
+struct cap_oci_process {
+	char **args;	/* NULL-terminated, nargs >= 1 */
+	size_t nargs;
+	char **env;	/* "NAME=value", NULL-terminated */
+	size_t nenv;
+	char *cwd;	/* absolute */
+	uint32_t uid, gid;
+	uint32_t groups[CAP_OCI_MAX_GROUPS];	/* additionalGids */
+	uint32_t ngroups;
+	uint32_t umask;	/* 0022 when not given */
+	bool terminal;
+	uint16_t rows, cols;	/* consoleSize, 0 when not given */
+	struct cap_exec_rlimit rlimits[CAP_OCI_MAX_RLIMITS];
+	uint32_t nrlimits;
+};
+void cap_oci_process_fini(struct cap_oci_process *p);
+
+/* A bind mount of a regular file (at most CAP_OCI_FILE_MAX bytes),
+ * copied into the root's upper layer at create: /etc/hosts,
+ * /etc/resolv.conf, /etc/hostname, /run/.containerenv... */
+struct cap_oci_file {
+	char *dest;	/* absolute path in the container */
+	char *source;	/* absolute host path */
+};
+
+struct cap_oci_config {
+	char *bundle;	/* absolute, the directory holding config.json */
+	char *rootfs;	/* absolute: root.path resolved against the bundle */
+	bool root_readonly;
+	struct cap_oci_process process;
+	char *hostname;	/* NULL when not given */
+	/* annotations, in the file's order */
+	char **ann_keys, **ann_values;
+	size_t nann;
+	/* linux.resources */
+	uint64_t memory_limit;	/* bytes; 0: none */
+	unsigned memory_mib;	/* the guest's RAM derived from it */
+	unsigned cpus;	/* vCPUs: ceil(quota / period), else cpuset's count, else 1 */
+	int64_t cpu_quota;	/* 0: none */
+	uint64_t cpu_period, cpu_shares;	/* 0: none */
+	int64_t pids_limit;	/* 0: none */
+	/* linux.cgroupsPath as given ("" when none); with --systemd-cgroup
+	 * "slice:prefix:name" is turned into slice/prefix-name.scope. */
+	char *cgroups_path;
+	/* mounts */
+	struct cap_oci_file *files;
+	size_t nfiles;
+	char **guest_mounts;	/* destinations the guest provides (proc, sysfs,
+				 * tmpfs, devpts, mqueue, cgroup, /dev/shm bind) */
+	size_t nguest_mounts;
+	/* linux.namespaces "network": a path to join (checked to hold
+	 * nothing but loopback) or NULL for a new empty one. */
+	char *netns_path;
+};
+void cap_oci_config_fini(struct cap_oci_config *c);
+
+/* Read BUNDLE/config.json and check everything this runtime cannot honour,
+ * each refusal naming the field, the value and what to do: a bind mount of
+ * a directory (file sharing is not designed yet), a network namespace
+ * absent (the host's network) or holding an interface other than lo,
+ * a memory limit that leaves the guest less than CAP_MEMORY_MIN_MIB, more
+ * vCPUs than the host has, a hostname the guest cannot take (1 to 20 of
+ * [A-Za-z0-9._-]), a process without args. systemd_cgroup: the
+ * cgroupsPath is in systemd's "slice:prefix:name" form. -EINVAL (or
+ * -errno for a file) with err set. */
+int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
+			struct cap_oci_config *out, struct cap_err *err);
+
+/* Read a process.json (exec --process). */
+int cap_oci_process_load(const char *path, struct cap_oci_process *out,
+			 struct cap_err *err);
+
+/* Parse a signal as runc does: "9", "KILL", "SIGKILL", "sigkill".
+ * Returns the number or -EINVAL with err naming the value. */
+int cap_oci_signal_parse(const char *s, struct cap_err *err);
+
+/* ---- cgroupsPath (oci-cgroup.c) ---------------------------------------
+ * Under cgroup v1, the path in every hierarchy capsule limits or reports
+ * through (memory, pids, cpu, cpuacct, blkio, freezer); under v2, the
+ * path once. The monitor and the shim live in its leaf "capsule" (v2
+ * allows no process in a cgroup with children); the jail puts each VM's
+ * QEMU in <path>/vm-N (CAPSULE_CGROUP_PARENT), so the caller's limits and
+ * accounting cover all of it. */
+/* Make the path and write the limits of c (memory, pids, cpu shares and
+ * quota) on it. */
+int cap_oci_cgroup_create(const struct cap_oci_config *c, struct cap_err *err);
+/* Move the calling process into the path's leaf. */
+int cap_oci_cgroup_join(const char *cgroups_path, struct cap_err *err);
+/* Kill what is left in the path and remove it, leaves first. 0 when it
+ * is gone (also when it never existed). */
+int cap_oci_cgroup_remove(const char *cgroups_path, struct cap_err *err);
+
+#endif

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "util.h"
 
@@ -81,13 +82,48 @@ static uint8_t *put_str(uint8_t *p, const char *s)
 	return p + 4 + n;
 }
 
+/* Whether a CAP_EXEC_USER request's user section is one the decoder
+ * takes: counts within their bounds, known resources, soft <= hard, a
+ * umask of permission bits only. */
+static bool user_ok(const struct cap_exec_req *req)
+{
+	if (req->ngroups > CAP_EXEC_MAX_GROUPS || req->nrlimits > CAP_EXEC_MAX_RLIMITS ||
+	    req->umask > 0777)
+		return false;
+	for (uint32_t i = 0; i < req->nrlimits; i++) {
+		const struct cap_exec_rlimit *l = &req->rlimits[i];
+		if (l->resource >= RLIMIT_NLIMITS || l->soft > l->hard)
+			return false;
+	}
+	return true;
+}
+
+/* The user section's size: uid, gid, ngroups, groups, nrlimits, rlimits
+ * (resource u32, soft u64, hard u64), umask. */
+static size_t user_size(const struct cap_exec_req *req)
+{
+	return 4 * 3 + 4 * (size_t)req->ngroups + 4 + 20 * (size_t)req->nrlimits + 4;
+}
+
+static uint8_t *put_u64(uint8_t *p, uint64_t v)
+{
+	cap_put_u32(p, (uint32_t)(v & 0xffffffffu));
+	cap_put_u32(p + 4, (uint32_t)(v >> 32));
+	return p + 8;
+}
+
 int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 			  const struct cap_exec_req *req)
 {
+	bool user = req->flags & CAP_EXEC_USER;
 	if (req->argc == 0 || req->argc > CAP_PROTO_MAX_ARGS ||
-	    req->envc > CAP_PROTO_MAX_ARGS)
+	    req->envc > CAP_PROTO_MAX_ARGS || (user && !user_ok(req)))
 		return -EINVAL;
-	size_t size = 4 * 6 + str_size(req->cwd) + (req->pids_max ? 4 : 0);
+	/* With the user section pids_max is always sent (it comes first);
+	 * without it, only when nonzero, byte for byte what older agents
+	 * parse. */
+	size_t size = 4 * 6 + str_size(req->cwd) + (req->pids_max || user ? 4 : 0) +
+		      (user ? user_size(req) : 0);
 	for (uint32_t i = 0; i < req->argc; i++)
 		size += str_size(req->argv[i]);
 	for (uint32_t i = 0; i < req->envc; i++)
@@ -112,8 +148,25 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 	for (uint32_t i = 0; i < req->envc; i++)
 		p = put_str(p, req->env[i]);
 	p = put_str(p, req->cwd);
-	if (req->pids_max) {
+	if (req->pids_max || user) {
 		cap_put_u32(p, req->pids_max);
+		p += 4;
+	}
+	if (user) {
+		cap_put_u32(p, req->uid);
+		cap_put_u32(p + 4, req->gid);
+		cap_put_u32(p + 8, req->ngroups);
+		p += 12;
+		for (uint32_t i = 0; i < req->ngroups; i++, p += 4)
+			cap_put_u32(p, req->groups[i]);
+		cap_put_u32(p, req->nrlimits);
+		p += 4;
+		for (uint32_t i = 0; i < req->nrlimits; i++) {
+			cap_put_u32(p, req->rlimits[i].resource);
+			p = put_u64(p + 4, req->rlimits[i].soft);
+			p = put_u64(p, req->rlimits[i].hard);
+		}
+		cap_put_u32(p, req->umask);
 		p += 4;
 	}
 	CAP_BUG_ON((size_t)(p - h) != CAP_PROTO_HEADER + size);
@@ -150,6 +203,17 @@ static int rd_str(struct reader *r, char **out)
 	return 0;
 }
 
+static int rd_u64(struct reader *r, uint64_t *v)
+{
+	uint32_t lo, hi;
+	if (r->left < 8)
+		return -EBADMSG;
+	rd_u32(r, &lo);
+	rd_u32(r, &hi);
+	*v = ((uint64_t)hi << 32) | lo;
+	return 0;
+}
+
 static void free_strv(char **v, uint32_t n)
 {
 	if (!v)
@@ -178,6 +242,43 @@ static int rd_strv(struct reader *r, uint32_t max, char ***out, uint32_t *count)
 	return 0;
 }
 
+/* The user section of a CAP_EXEC_USER request (after pids_max): every
+ * count checked against its bound and the bytes left, every value
+ * against what setrlimit, setgroups and umask take. */
+static int rd_user(struct reader *r, struct cap_exec_req *req, struct cap_err *err)
+{
+	if (rd_u32(r, &req->uid) < 0 || rd_u32(r, &req->gid) < 0 ||
+	    rd_u32(r, &req->ngroups) < 0)
+		return cap_err_set(err, EBADMSG, "exec request's user section is shorter than uid, gid and the group count");
+	if (req->ngroups > CAP_EXEC_MAX_GROUPS || req->ngroups > r->left / 4)
+		return cap_err_set(err, EBADMSG, "exec request has %u supplementary groups (at most %d, and as many as its bytes hold)",
+				   req->ngroups, CAP_EXEC_MAX_GROUPS);
+	for (uint32_t i = 0; i < req->ngroups; i++)
+		rd_u32(r, &req->groups[i]);
+	if (rd_u32(r, &req->nrlimits) < 0)
+		return cap_err_set(err, EBADMSG, "exec request's user section ends before its rlimit count");
+	if (req->nrlimits > CAP_EXEC_MAX_RLIMITS || req->nrlimits > r->left / 20)
+		return cap_err_set(err, EBADMSG, "exec request has %u rlimits (at most %d, and as many as its bytes hold)",
+				   req->nrlimits, CAP_EXEC_MAX_RLIMITS);
+	for (uint32_t i = 0; i < req->nrlimits; i++) {
+		struct cap_exec_rlimit *l = &req->rlimits[i];
+		rd_u32(r, &l->resource);
+		rd_u64(r, &l->soft);
+		rd_u64(r, &l->hard);
+		if (l->resource >= RLIMIT_NLIMITS)
+			return cap_err_set(err, EBADMSG, "exec request's rlimit %u names resource %u (at most %d)",
+					   i, l->resource, RLIMIT_NLIMITS - 1);
+		if (l->soft > l->hard)
+			return cap_err_set(err, EBADMSG, "exec request's rlimit %u (resource %u) has a soft limit over its hard limit",
+					   i, l->resource);
+	}
+	if (rd_u32(r, &req->umask) < 0)
+		return cap_err_set(err, EBADMSG, "exec request's user section ends before its umask");
+	if (req->umask > 0777)
+		return cap_err_set(err, EBADMSG, "exec request's umask %#o has bits beyond 0777", req->umask);
+	return 0;
+}
+
 int cap_proto_exec_decode(const uint8_t *p, size_t n,
 			  struct cap_exec_req *out, struct cap_err *err)
 {
@@ -190,7 +291,7 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 		return cap_err_set(err, EBADMSG, "exec request shorter than its fixed fields (%zu bytes)", n);
 	req.rows = (uint16_t)(winsize & 0xffff);
 	req.cols = (uint16_t)(winsize >> 16);
-	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY))
+	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY | CAP_EXEC_USER))
 		return cap_err_set(err, EBADMSG, "exec request has unknown flags 0x%x", req.flags);
 	if (rd_strv(&r, CAP_PROTO_MAX_ARGS, &req.argv, &req.argc) < 0)
 		return cap_err_set(err, EBADMSG, "exec request has a malformed argument list");
@@ -209,10 +310,24 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 			return e;
 		}
 	}
-	if (rd_str(&r, &req.cwd) < 0 || (r.left == 4 && rd_u32(&r, &req.pids_max) < 0) ||
-	    r.left != 0) {
+	if (rd_str(&r, &req.cwd) < 0) {
 		cap_exec_req_fini(&req);
-		return cap_err_set(err, EBADMSG, "exec request has a malformed working directory or trailing bytes");
+		return cap_err_set(err, EBADMSG, "exec request has a malformed working directory");
+	}
+	int e = 0;
+	if (req.flags & CAP_EXEC_USER) {
+		if (rd_u32(&r, &req.pids_max) < 0)
+			e = cap_err_set(err, EBADMSG, "exec request with CAP_EXEC_USER lacks its pids_max and user section");
+		else
+			e = rd_user(&r, &req, err);
+	} else if (r.left == 4) {
+		rd_u32(&r, &req.pids_max);
+	}
+	if (e == 0 && r.left != 0)
+		e = cap_err_set(err, EBADMSG, "exec request has %zu trailing bytes", r.left);
+	if (e < 0) {
+		cap_exec_req_fini(&req);
+		return e;
 	}
 	*out = req;
 	return 0;

@@ -296,6 +296,37 @@ static void stdin_split_into_frames(void **state)
 	free(data);
 }
 
+/* SIGNAL: the default scope as the old 4-byte frame (older agents take
+ * it), another scope as a second word; an unknown stream is refused. */
+static void signal_scopes(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	fx->c.out.off = fx->c.out.len = 0;
+	assert_int_equal(cap_client_signal(&fx->c, id, 15), 0);
+	assert_int_equal(cap_client_signal_scope(&fx->c, id, 10, CAP_SIGNAL_GROUP), 0);
+	assert_int_equal(cap_client_signal_scope(&fx->c, id, 10, CAP_SIGNAL_PROCESS), 0);
+	assert_int_equal(cap_client_signal_scope(&fx->c, id, 9, CAP_SIGNAL_ALL), 0);
+	assert_int_equal(cap_client_signal_scope(&fx->c, 999, 9, CAP_SIGNAL_ALL), -ENOENT);
+	const struct { uint32_t len, sig, scope; } want[] = {
+		{ 4, 15, 0 }, { 4, 10, 0 }, { 8, 10, CAP_SIGNAL_PROCESS }, { 8, 9, CAP_SIGNAL_ALL },
+	};
+	struct cap_frame f;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(want); i++) {
+		int r = cap_proto_parse(cap_buf_head(&fx->c.out), cap_buf_used(&fx->c.out), &f);
+		assert_true(r > 0);
+		assert_int_equal(f.type, CAP_MSG_SIGNAL);
+		assert_int_equal(f.stream, id);
+		assert_int_equal(f.len, want[i].len);
+		assert_int_equal(cap_get_u32(f.payload), want[i].sig);
+		if (f.len == 8)
+			assert_int_equal(cap_get_u32(f.payload + 4), want[i].scope);
+		cap_buf_consume(&fx->c.out, (size_t)r);
+	}
+	assert_int_equal(cap_buf_used(&fx->c.out), 0);
+}
+
 static void listeners_replace_the_set(void **state)
 {
 	struct fixture *fx = *state;
@@ -405,6 +436,7 @@ int main(void)
 		T(too_many_streams),
 		T(exec_before_hello),
 		T(stdin_split_into_frames),
+		T(signal_scopes),
 		T(listeners_replace_the_set),
 		T(listeners_malformed_is_a_protocol_error),
 		T(listeners_before_hello),

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <cmocka.h>
 
 #include "proto.h"
@@ -234,6 +235,209 @@ static void exec_encode_too_big(void **state)
 	assert_int_equal(cap_proto_exec_encode(&b, 1, &req), -EINVAL);
 	cap_buf_fini(&b);
 	free(big);
+}
+
+/* --- CAP_EXEC_USER: the user section ------------------------------------ */
+
+/* A CAP_EXEC_USER request with ng groups and nr rlimits, encoded into b;
+ * its payload and length through p and n. */
+static void encode_user(struct cap_buf *b, uint32_t ng, uint32_t nr, const uint8_t **p,
+			size_t *n)
+{
+	char *argv[] = { "id", "-u", NULL };
+	char *env[] = { "PATH=/bin", NULL };
+	struct cap_exec_req req = {
+		.argv = argv, .argc = 2, .env = env, .envc = 1, .cwd = "/made",
+		.flags = CAP_EXEC_USER | CAP_EXEC_PTY, .rows = 30, .cols = 100,
+		.uid = 0, .gid = 1234, .ngroups = ng, .nrlimits = nr, .umask = 027,
+	};
+	for (uint32_t i = 0; i < ng; i++)
+		req.groups[i] = 100 + i;
+	for (uint32_t i = 0; i < nr; i++)
+		req.rlimits[i] = (struct cap_exec_rlimit){ i % RLIMIT_NLIMITS, 77 + i,
+							   i == 0 ? ~(uint64_t)0 : 77 + 2 * i };
+	cap_buf_init(b);
+	assert_int_equal(cap_proto_exec_encode(b, 5, &req), 0);
+	struct cap_frame f;
+	assert_true(cap_proto_parse(cap_buf_head(b), cap_buf_used(b), &f) > 0);
+	*p = f.payload;
+	*n = f.len;
+}
+
+/* Round trips with none, one and the most groups and rlimits; pids_max
+ * is sent even when 0, so the section's place is fixed. */
+static void exec_user_roundtrip(void **state)
+{
+	(void)state;
+	const uint32_t counts[][2] = { { 0, 0 }, { 1, 1 }, { 0, 1 }, { 1, 0 },
+				       { CAP_EXEC_MAX_GROUPS, CAP_EXEC_MAX_RLIMITS } };
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(counts); k++) {
+		uint32_t ng = counts[k][0], nr = counts[k][1];
+		struct cap_buf b;
+		const uint8_t *p;
+		size_t n;
+		struct cap_exec_req out;
+		struct cap_err err = { 0 };
+		encode_user(&b, ng, nr, &p, &n);
+		/* fixed 20 (argc last) + argv (4+2+4+2) + env (4+4+9) +
+		 * cwd (4+5) + pids_max + the section */
+		assert_int_equal(n, 20 + 12 + 17 + 9 + 4 + 12 + 4 * ng + 4 + 20 * nr + 4);
+		assert_int_equal(cap_proto_exec_decode(p, n, &out, &err), 0);
+		assert_int_equal(out.flags, CAP_EXEC_USER | CAP_EXEC_PTY);
+		assert_int_equal(out.pids_max, 0);
+		assert_int_equal(out.uid, 0);
+		assert_int_equal(out.gid, 1234);
+		assert_int_equal(out.ngroups, ng);
+		for (uint32_t i = 0; i < ng; i++)
+			assert_int_equal(out.groups[i], 100 + i);
+		assert_int_equal(out.nrlimits, nr);
+		for (uint32_t i = 0; i < nr; i++) {
+			assert_int_equal(out.rlimits[i].resource, i % RLIMIT_NLIMITS);
+			assert_true(out.rlimits[i].soft == 77 + i);
+			assert_true(out.rlimits[i].hard == (i == 0 ? ~(uint64_t)0 : 77 + 2 * i));
+		}
+		assert_int_equal(out.umask, 027);
+		assert_string_equal(out.cwd, "/made");
+		assert_string_equal(out.env[0], "PATH=/bin");
+		cap_exec_req_fini(&out);
+		/* every prefix is refused with a message */
+		for (size_t cut = 0; cut < n; cut++) {
+			memset(&err, 0, sizeof(err));
+			assert_int_equal(cap_proto_exec_decode(p, cut, &out, &err), -EBADMSG);
+			assert_true(err.msg[0] != '\0');
+		}
+		cap_buf_fini(&b);
+	}
+}
+
+/* Decode a copy of p with the u32 at off set to v (or, with wide, the
+ * u64); the result and the message. */
+static int decode_patched(const uint8_t *p, size_t n, size_t off, uint64_t v, bool wide,
+			  struct cap_err *err)
+{
+	uint8_t *q = xmalloc(n);
+	memcpy(q, p, n);
+	cap_put_u32(q + off, (uint32_t)(v & 0xffffffffu));
+	if (wide)
+		cap_put_u32(q + off + 4, (uint32_t)(v >> 32));
+	struct cap_exec_req out;
+	memset(err, 0, sizeof(*err));
+	int r = cap_proto_exec_decode(q, n, &out, err);
+	if (r == 0)
+		cap_exec_req_fini(&out);
+	free(q);
+	return r;
+}
+
+/* Each malformed user section is refused, naming what is wrong. */
+static void exec_user_refused(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	const uint8_t *p;
+	size_t n;
+	struct cap_err err;
+	encode_user(&b, 1, 1, &p, &n);
+	size_t s = n - 44;	/* uid, gid, ngroups, 1 group, nrlimits, 1 rlimit, umask */
+	/* the unpatched copy decodes (the offsets are right) */
+	assert_int_equal(decode_patched(p, n, s + 4, 1234, false, &err), 0);
+	assert_int_equal(decode_patched(p, n, s + 8, CAP_EXEC_MAX_GROUPS + 1, false, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "supplementary groups"));
+	assert_int_equal(decode_patched(p, n, s + 8, 0xffffffffu, false, &err), -EBADMSG);
+	/* more groups than the bytes hold (within the bound) */
+	assert_int_equal(decode_patched(p, n, s + 8, 9, false, &err), -EBADMSG);
+	/* two groups: the rest is read shifted and ends short or wrong */
+	assert_int_equal(decode_patched(p, n, s + 8, 2, false, &err), -EBADMSG);
+	assert_int_equal(decode_patched(p, n, s + 16, CAP_EXEC_MAX_RLIMITS + 1, false, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "rlimits"));
+	assert_int_equal(decode_patched(p, n, s + 16, 2, false, &err), -EBADMSG);
+	assert_int_equal(decode_patched(p, n, s + 16, 0xffffffffu, false, &err), -EBADMSG);
+	assert_int_equal(decode_patched(p, n, s + 20, RLIMIT_NLIMITS, false, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "resource"));
+	assert_int_equal(decode_patched(p, n, s + 20, RLIMIT_NLIMITS - 1, false, &err), 0);
+	/* soft over hard (the sample's hard is infinity: lower it) */
+	assert_int_equal(decode_patched(p, n, s + 32, 76, true, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "soft"));
+	assert_int_equal(decode_patched(p, n, s + 32, 77, true, &err), 0);
+	assert_int_equal(decode_patched(p, n, s + 40, 01000, false, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "umask"));
+	assert_int_equal(decode_patched(p, n, s + 40, 0777, false, &err), 0);
+
+	/* a trailing byte */
+	uint8_t *q = xmalloc(n + 1);
+	memcpy(q, p, n);
+	q[n] = 0;
+	struct cap_exec_req out;
+	assert_int_equal(cap_proto_exec_decode(q, n + 1, &out, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "trailing"));
+	free(q);
+	/* the flag without the section: an old request with the bit set,
+	 * with and without its optional pids_max */
+	struct cap_buf b0 = encode_sample();
+	uint8_t *o = b0.owned_data + CAP_PROTO_HEADER;
+	size_t on = cap_buf_used(&b0) - CAP_PROTO_HEADER;
+	cap_put_u32(o + 8, CAP_EXEC_USER);
+	assert_int_equal(cap_proto_exec_decode(o, on, &out, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "pids_max"));
+	q = xmalloc(on + 4);
+	memcpy(q, o, on);
+	cap_put_u32(q + on, 64);
+	assert_int_equal(cap_proto_exec_decode(q, on + 4, &out, &err), -EBADMSG);
+	cap_put_u32(q + 8, 0);	/* without the flag it is an old request */
+	assert_int_equal(cap_proto_exec_decode(q, on + 4, &out, NULL), 0);
+	assert_int_equal(out.pids_max, 64);
+	cap_exec_req_fini(&out);
+	free(q);
+	cap_buf_fini(&b0);
+	cap_buf_fini(&b);
+
+	/* the encoder refuses what the decoder would */
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1, .flags = CAP_EXEC_USER };
+	struct cap_buf e;
+	cap_buf_init(&e);
+	req.ngroups = CAP_EXEC_MAX_GROUPS + 1;
+	assert_int_equal(cap_proto_exec_encode(&e, 1, &req), -EINVAL);
+	req.ngroups = 0;
+	req.nrlimits = CAP_EXEC_MAX_RLIMITS + 1;
+	assert_int_equal(cap_proto_exec_encode(&e, 1, &req), -EINVAL);
+	req.nrlimits = 1;
+	req.rlimits[0] = (struct cap_exec_rlimit){ RLIMIT_NLIMITS, 1, 1 };
+	assert_int_equal(cap_proto_exec_encode(&e, 1, &req), -EINVAL);
+	req.rlimits[0] = (struct cap_exec_rlimit){ RLIMIT_NOFILE, 2, 1 };
+	assert_int_equal(cap_proto_exec_encode(&e, 1, &req), -EINVAL);
+	req.rlimits[0] = (struct cap_exec_rlimit){ RLIMIT_NOFILE, 1, 2 };
+	req.umask = 01000;
+	assert_int_equal(cap_proto_exec_encode(&e, 1, &req), -EINVAL);
+	assert_int_equal(cap_buf_used(&e), 0);
+	req.umask = 022;
+	assert_int_equal(cap_proto_exec_encode(&e, 1, &req), 0);
+	cap_buf_fini(&e);
+}
+
+/* Without the flag the user fields are not sent: the bytes are the old
+ * encoding's, whatever they hold. */
+static void exec_user_fields_ignored_without_flag(void **state)
+{
+	(void)state;
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1, .pids_max = 0 };
+	struct cap_buf a, b;
+	cap_buf_init(&a);
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_exec_encode(&a, 1, &req), 0);
+	req.uid = 7;
+	req.gid = 8;
+	req.ngroups = CAP_EXEC_MAX_GROUPS + 5;	/* not looked at */
+	req.nrlimits = 3;
+	req.umask = 077;
+	assert_int_equal(cap_proto_exec_encode(&b, 1, &req), 0);
+	assert_int_equal(cap_buf_used(&a), cap_buf_used(&b));
+	assert_memory_equal(cap_buf_head(&a), cap_buf_head(&b), cap_buf_used(&a));
+	/* 20 fixed + argv (4+4+4) + envc + cwd: no pids_max, no section */
+	assert_int_equal(cap_buf_used(&a), CAP_PROTO_HEADER + 20 + 8 + 4 + 4);
+	cap_buf_fini(&a);
+	cap_buf_fini(&b);
 }
 
 static void exit_codec(void **state)
@@ -860,6 +1064,9 @@ int main(void)
 		cmocka_unit_test(exec_rejects_nul_env_and_trailing),
 		cmocka_unit_test(exec_encode_too_big),
 		cmocka_unit_test(exec_pids_max_optional),
+		cmocka_unit_test(exec_user_roundtrip),
+		cmocka_unit_test(exec_user_refused),
+		cmocka_unit_test(exec_user_fields_ignored_without_flag),
 		cmocka_unit_test(exit_codec),
 		cmocka_unit_test(exit_status_mapping),
 		cmocka_unit_test(hello_and_error_text_sanitized),

@@ -1,0 +1,241 @@
+#!/bin/sh
+# capsule as an OCI runtime (docs/oci.md) under the engines that drive it:
+# Podman (through conmon) and a private containerd (through its runc v2
+# shim). The image is a local busybox tree (podman import, never a
+# registry) in a Podman storage of this suite's own. Podman: output and
+# exit status, the guest's kernel, root in the guest, exec, exec -it
+# under tmux (a terminal, its size, a resize), kill -s USR1 and stop -t 5
+# reaching a trap in the guest, a missing executable (127), --memory to
+# the VM's RAM and the cgroup, and rm leaving no sandbox, state
+# directory, cgroup or QEMU. containerd: run --rm, run -d with task exec,
+# task kill, delete, the same leftovers. TAP output.
+#
+#   tests/integration/test-oci.sh build/capsule
+# The runtime is capsule-oci beside it; CAPSULE_OCI_TEST_RUNTIME names
+# another runc-compatible binary (runc) to check this harness itself:
+# the checks of capsule's own state fail then, the rest pass.
+set -u
+capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+. "$here/oci-lib.sh"
+oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
+plan=44
+suite="oci suite"
+start=$(date +%s)
+echo "1..$plan"
+
+for tool in podman conmon containerd ctr tmux busybox python3; do
+	command -v "$tool" >/dev/null || fail_all "$tool is not installed (scripts/bootstrap.sh installs it)"
+done
+[ -x "$oci" ] || fail_all "$oci is missing (ninja makes the capsule-oci link)"
+
+img=localhost/capsule-oci-test:latest
+state="$rt/oci"	# the runtime's --root under Podman
+ctr_state="$rt/ctr-oci"	# ... under containerd
+wrapper="$rt/capsule-oci-wrapper"
+oci_podman_init "$rt/podman"
+pmr() { pm --runtime "$wrapper" "$@"; }
+cgroups=""	# cgroup paths seen, removed on exit if the runtime left them
+cpid=""
+oci_cleanup() {
+	pmr rm -af -t 0 >/dev/null 2>&1
+	if [ -n "$cpid" ]; then
+		ctr -a "$rt/c/sock" task kill -s KILL id2 >/dev/null 2>&1
+		kill "$cpid" 2>/dev/null
+		wait "$cpid" 2>/dev/null
+	fi
+	tmux -S "$rt/tmux" kill-server >/dev/null 2>&1
+	for p in $cgroups; do
+		for c in /sys/fs/cgroup/*/"$p"; do
+			[ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} + 2>/dev/null
+		done
+	done
+	oci_unmount "$rt"
+	cleanup
+}
+trap oci_cleanup EXIT
+
+# What capsule's own state holds: oci-* sandboxes in the home, QEMU
+# processes of this suite's home.
+sandboxes() { ls "$CAPSULE_HOME/sandboxes" 2>/dev/null | grep -c '^oci-'; }
+listed() { "$capsule" ls 2>/dev/null | grep -c '^oci-'; }
+# cgroup_of CONTAINER: linux.cgroupsPath of its config.json.
+cgroup_of() {
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["linux"].get("cgroupsPath", ""))' \
+		"$(pmr inspect --format '{{.OCIConfigPath}}' "$1")" 2>/dev/null
+}
+# The runtime's log of errors: Podman names none; say what capsule ls and
+# the state root hold.
+context() {
+	echo "# runtime: $oci, state root $state: $(ls "$state" 2>/dev/null | tr '\n' ' ')"
+	"$capsule" ls 2>&1 | sed 's/^/# capsule ls: /'
+}
+fail_ctx() { not_ok "$@"; context; }
+checkc() { # checkc NAME 'CONDITION': check, with the runtime's context on failure
+	if eval "$2"; then ok "$1"; else fail_ctx "$1" "failed: $2"; fi
+}
+
+oci_wrapper "$wrapper" "$oci" "$state" "$CAPSULE_HOME" || fail_all "cannot write $wrapper"
+oci_image "$rt/img" "$img" >"$out" 2>"$err"
+check "podman import makes $img from a local busybox tree" '[ $? -eq 0 ] && pm image exists "$img"'
+# The kernel capsule boots, to tell the guest's from the host's.
+kver=$("$capsule" run -q -- uname -r 2>"$err")
+check "capsule run -- uname -r names the guest kernel ($kver; host $(uname -r))" '[ -n "$kver" ] && [ "$kver" != "$(uname -r)" ]'
+elapsed "image and kernel"
+
+# --- podman run --rm ---------------------------------------------------------
+# shellcheck disable=SC2086
+pmr run --rm $oci_run_flags "$img" sh -c 'uname -r; id -u; exit 7' >"$out" 2>"$err"
+rc=$?
+checkc "podman run --rm exits with the container's status (7; got $rc)" '[ "$rc" -eq 7 ]'
+checkc "it prints the capsule guest's kernel ($kver)" '[ "$(sed -n 1p "$out")" = "$kver" ]'
+checkc "the process runs as root in the guest (id -u is 0)" '[ "$(sed -n 2p "$out")" = 0 ]'
+checkc "run --rm leaves no sandbox in the home" '[ "$(sandboxes)" -eq 0 ] && [ "$(listed)" -eq 0 ]'
+checkc "... no state directory under --root" '[ -z "$(ls -A "$state" 2>/dev/null)" ]'
+checkc "... no QEMU process" '[ "$(ours)" -eq 0 ]'
+elapsed "run --rm"
+
+# shellcheck disable=SC2086
+pmr run --rm $oci_run_flags "$img" /no/such/program >"$out" 2>"$err"
+rc=$?
+checkc "a missing executable exits 127 (got $rc)" '[ "$rc" -eq 127 ]'
+checkc "... and leaves no sandbox" '[ "$(sandboxes)" -eq 0 ]'
+elapsed "missing executable"
+
+# --- one long-running container: exec, memory, cgroup, signals, stop, rm -----
+# USR1 and TERM are trapped; TERM's trap exits 42.
+# shellcheck disable=SC2086
+pmr run -d --name c1 --memory 300m $oci_run_flags "$img" sh -c '
+	trap "echo got-usr1" USR1
+	trap "echo got-term; exit 42" TERM
+	echo started
+	while :; do sleep 0.1; done' >"$out" 2>"$err"
+rc=$?
+checkc "podman run -d starts a container (exit $rc)" '[ "$rc" -eq 0 ] && wait_for "pmr logs c1 2>/dev/null | grep -q started" 300'
+id1=$(pmr inspect --format '{{.Id}}' c1 2>/dev/null)
+cg1=$(cgroup_of c1)
+cgroups="$cgroups $cg1"
+checkc "one oci- sandbox while it runs, listed by capsule ls" '[ "$(sandboxes)" -eq 1 ] && [ "$(listed)" -eq 1 ]'
+checkc "its state directory is under --root ($state/$id1)" '[ -n "$id1" ] && [ -f "$state/$id1/state.json" ]'
+checkc "one QEMU process runs for it" '[ "$(ours)" -eq 1 ]'
+
+pmr exec c1 sh -c 'echo in-exec; exit 5' >"$out" 2>"$err"
+rc=$?
+checkc "podman exec exits with the process's status (5; got $rc)" '[ "$rc" -eq 5 ] && grep -qx in-exec "$out"'
+pmr exec c1 id -u >"$out" 2>"$err"
+checkc "exec runs as root too" '[ "$(cat "$out")" = 0 ]'
+
+# --memory 300m: the guest gets 300 - 96 MiB (CAP_OCI_MEMORY_RESERVE_MIB),
+# less what the kernel keeps; the cgroup gets the limit itself.
+mem=$(pmr exec c1 sh -c "awk '/^MemTotal:/ { print \$2 }' /proc/meminfo" 2>"$err")
+checkc "--memory 300m gives the guest about 204 MiB (MemTotal ${mem:-?} kB)" \
+	'[ -n "$mem" ] && [ "$mem" -gt $((150 * 1024)) ] && [ "$mem" -le $((204 * 1024)) ]'
+limit=$(cat "/sys/fs/cgroup/memory$cg1/memory.limit_in_bytes" 2>/dev/null)
+checkc "the cgroupsPath $cg1 is limited to 300 MiB (${limit:-none})" '[ "$limit" = 314572800 ]'
+# Every process of the container (monitor, shim, QEMU) is under it.
+qemu=$(pgrep -f "qemu-system.*$rt/" | head -1)
+checkc "QEMU ($qemu) is in the cgroupsPath's memory cgroup" \
+	'[ -n "$qemu" ] && grep -q "^[0-9]*:memory:$cg1/" "/proc/$qemu/cgroup"'
+
+# exec -it under tmux: a terminal, the pane's size, then a resize.
+cat >"$rt/tty.sh" <<EOF
+#!/bin/sh
+. '$here/oci-lib.sh'
+oci_pdir='$oci_pdir'
+pm --runtime '$wrapper' exec -it c1 sh -c '[ -t 0 ] && echo is-a-tty; echo "size \$(stty size)"; trap "echo \"winch \\\$(stty size)\"" WINCH; i=0; while [ \$i -lt 150 ]; do sleep 0.1; i=\$((i + 1)); done'
+echo "exec-done \$?"
+sleep 60
+EOF
+tmux -S "$rt/tmux" -f /dev/null new-session -d -s t -x 100 -y 30 "sh $rt/tty.sh" 2>"$err"
+pane() { tmux -S "$rt/tmux" capture-pane -p -t t 2>/dev/null; }
+wait_for 'pane | grep -q "^size"' 200
+pane >"$out"
+checkc "exec -it under tmux: the guest's stdin is a terminal" 'grep -q "^is-a-tty" "$out"'
+psize=$(tmux -S "$rt/tmux" display -p -t t '#{pane_height} #{pane_width}' 2>/dev/null)
+checkc "... of the pane's size ($psize)" '[ -n "$psize" ] && grep -q "^size $psize" "$out"'
+tmux -S "$rt/tmux" resize-window -t t -x 90 -y 20 2>>"$err"
+psize2=$(tmux -S "$rt/tmux" display -p -t t '#{pane_height} #{pane_width}' 2>/dev/null)
+wait_for 'pane | grep -q "^winch $psize2"' 100
+pane >"$out"
+checkc "... and a resize reaches it as SIGWINCH and the new size ($psize2)" '[ "$psize2" != "$psize" ] && grep -q "^winch $psize2" "$out"'
+tmux -S "$rt/tmux" kill-server >/dev/null 2>&1
+
+pmr kill -s USR1 c1 >"$out" 2>"$err"
+checkc "podman kill -s USR1 reaches the guest's trap (podman logs)" 'wait_for "pmr logs c1 2>/dev/null | grep -q got-usr1" 100'
+checkc "... and the container goes on running" '[ "$(pmr inspect --format "{{.State.Running}}" c1)" = true ]'
+
+t0=$(date +%s%N)
+pmr stop -t 5 c1 >"$out" 2>"$err"
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+checkc "podman stop -t 5 stops it ($rc) well before 5 s (${ms} ms)" '[ "$rc" -eq 0 ] && [ "$ms" -lt 4000 ]'
+pmr logs c1 >"$out" 2>"$err"
+checkc "the TERM trap ran in the guest (podman logs)" 'grep -qx got-term "$out"'
+code=$(pmr inspect --format '{{.State.ExitCode}}' c1 2>"$err")
+checkc "its exit status is the trap's (42; got $code)" '[ "$code" = 42 ]'
+checkc "stopped: no QEMU process left" 'wait_for "[ \$(ours) -eq 0 ]" 50'
+
+pmr rm c1 >"$out" 2>"$err"
+checkc "podman rm removes it" '[ $? -eq 0 ]'
+checkc "rm leaves no sandbox" '[ "$(sandboxes)" -eq 0 ] && [ "$(listed)" -eq 0 ]'
+checkc "... no state directory" '[ -n "$id1" ] && [ ! -e "$state/$id1" ]'
+checkc "... no cgroup ($cg1 in any hierarchy)" '[ -n "$cg1" ] && ! ls -d /sys/fs/cgroup/*"$cg1" 2>/dev/null | grep -q .'
+checkc "... no QEMU process" '[ "$(ours)" -eq 0 ]'
+elapsed "podman lifecycle"
+
+# --- containerd ---------------------------------------------------------------
+# A private instance (its own root, state, sockets; no CRI); the shim it
+# starts passes its environment (CAPSULE_HOME) on to the runtime.
+mkdir -p "$rt/c"
+cat >"$rt/c/config.toml" <<EOF
+version = 2
+root = "$rt/c/root"
+state = "$rt/c/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$rt/c/sock"
+[ttrpc]
+  address = "$rt/c/sock.ttrpc"
+[debug]
+  address = "$rt/c/debug.sock"
+EOF
+containerd --config "$rt/c/config.toml" >"$rt/c/log" 2>&1 &
+cpid=$!
+c() { ctr -a "$rt/c/sock" "$@"; }
+wait_for '[ -S "$rt/c/sock" ] && c version >/dev/null 2>&1' 100
+pm save -q --format oci-archive -o "$rt/img.tar" "$img" >"$out" 2>"$err" &&
+	c images import "$rt/img.tar" >"$out" 2>>"$err"
+checkc "a private containerd runs and imports the image (podman save, ctr images import)" 'c images ls -q | grep -qx "$img"'
+run_flags="--runc-binary $oci --runc-root $ctr_state"
+# The runc shim's --log, where the runtime writes its errors.
+clog() { for f in "$rt"/c/state/io.containerd.runtime.v2.task/default/*/log.json; do [ -f "$f" ] && sed "s|^|# $(basename "$(dirname "$f")") log: |" "$f"; done; }
+checkr() { # checkr NAME 'CONDITION': with the runtime's log on failure
+	if eval "$2"; then ok "$1"; else fail_ctx "$1" "failed: $2"; clog | tail -20; fi
+}
+
+# shellcheck disable=SC2086
+c run --rm $run_flags "$img" id1 sh -c 'uname -r; exit 3' >"$out" 2>"$err"
+rc=$?
+checkr "ctr run --rm exits with the container's status (3; got $rc)" '[ "$rc" -eq 3 ]'
+checkr "... in the capsule guest ($kver)" '[ "$(sed -n 1p "$out")" = "$kver" ]'
+checkr "... and leaves no sandbox, state directory or QEMU" '[ "$(sandboxes)" -eq 0 ] && [ ! -e "$ctr_state/id1" ] && [ "$(ours)" -eq 0 ]'
+
+# shellcheck disable=SC2086
+c run -d $run_flags "$img" id2 sh -c 'echo started; while :; do sleep 0.1; done' >"$out" 2>"$err"
+rc=$?
+checkr "ctr run -d starts a task (exit $rc)" '[ "$rc" -eq 0 ] && wait_for "c task ls 2>/dev/null | grep -q \"^id2 .*RUNNING\"" 100'
+cg2=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["linux"].get("cgroupsPath", ""))' \
+	"$rt/c/state/io.containerd.runtime.v2.task/default/id2/config.json" 2>/dev/null)
+cgroups="$cgroups $cg2"
+checkr "... in one sandbox with its state under --runc-root" '[ "$(sandboxes)" -eq 1 ] && [ -f "$ctr_state/id2/state.json" ]'
+c task exec --exec-id e1 id2 sh -c 'exit 5' >"$out" 2>"$err"
+rc=$?
+checkr "ctr task exec exits with the process's status (5; got $rc)" '[ "$rc" -eq 5 ]'
+c task kill -s KILL id2 >"$out" 2>"$err"
+checkr "ctr task kill -s KILL stops the task" 'wait_for "c task ls 2>/dev/null | grep -q \"^id2 .*STOPPED\"" 100'
+c task delete id2 >"$out" 2>"$err" && c container rm id2 >>"$out" 2>>"$err"
+checkr "ctr task delete and container rm succeed" '[ $? -eq 0 ]'
+checkr "nothing is left: no sandbox, state directory or QEMU" '[ "$(sandboxes)" -eq 0 ] && [ ! -e "$ctr_state/id2" ] && [ "$(ours)" -eq 0 ]'
+checkr "... and no cgroup ($cg2)" '[ -n "$cg2" ] && ! ls -d /sys/fs/cgroup/*"$cg2" 2>/dev/null | grep -q .'
+elapsed "containerd lifecycle"

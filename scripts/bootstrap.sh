@@ -12,6 +12,7 @@ PACKAGES="
   python3 procps util-linux tmux zstd runsc git
   libnftables-dev libmnl-dev iproute2 nftables wget
   skopeo docker-registry curl dpkg-dev fakeroot lintian man-db systemd file
+  podman conmon runc containerd
 "
 
 missing=""

@@ -172,6 +172,10 @@ echo "bench: images by reference: pull from a local registry vs skopeo copy alon
 "$top/bench/bench-pull.sh" "$capsule" "$conv_runs" >"$bench_home/pull"
 pl_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/pull"; }
 
+echo "bench: OCI runtime: podman run --rm true with capsule-oci, runc and runsc..." >&2
+"$top/bench/bench-oci.sh" "$capsule" "$runs" >"$bench_home/oci"
+oci_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/oci"; }
+
 echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." >&2
 "$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
 net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
@@ -241,3 +245,9 @@ awk -v a="$(pl_row pull 2)" -v b="$(pl_row pull 3)" 'BEGIN {
 	printf "%-59s %10.0fms %10.0fms %7.2fx\n", "(l) image pull (python3, local registry) vs skopeo copy", a / 1e6, b / 1e6, a / b }'
 awk -v a="$(pl_row prepare 2)" -v b="$(pl_row prepare 3)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(l) prepare of a prepared home vs capsule --version", a / 1e6, b / 1e6, a / b }'
+for k in runc runsc; do
+	awk -v k="$k" -v a="$(oci_row $k 2)" -v b="$(oci_row $k 3)" 'BEGIN {
+		m = "(m) podman run --rm true: capsule-oci vs " k
+		if (a > 0 && b > 0) printf "%-59s %10.0fms %10.0fms %7.2fx\n", m, a / 1e6, b / 1e6, a / b
+		else printf "%-59s %12s %12s %8s\n", m, (a > 0) ? sprintf("%10.0fms", a / 1e6) : "failed", (b > 0) ? sprintf("%10.0fms", b / 1e6) : "failed", "-" }'
+done

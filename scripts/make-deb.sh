@@ -60,6 +60,10 @@ install -d "$root/usr/bin" "$root/usr/lib/capsule" "$root/usr/share/capsule/gues
 	"$root/usr/share/bash-completion/completions" "$root/usr/lib/systemd/user"
 install -m 0755 "$build/capsule" "$root/usr/bin/capsule"
 install -m 0755 "$build/capsule-agent" "$root/usr/lib/capsule/capsule-agent"
+# The name Podman and containerd are given (docs/oci.md): the same binary
+# (it acts as `capsule oci` when called capsule-oci); its man page is
+# capsule-oci.1, the verb's.
+ln -s capsule "$root/usr/bin/capsule-oci"
 strip --remove-section=.comment --remove-section=.note --strip-unneeded \
 	"$root/usr/bin/capsule" "$root/usr/lib/capsule/capsule-agent"
 install -m 0755 "$top/guest/build-kernel.sh" "$root/usr/share/capsule/guest/build-kernel.sh"

@@ -16,7 +16,7 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 . "$(dirname "$0")/lib.sh"
 start=$(date +%s)
 
-echo "1..31"
+echo "1..32"
 
 dist="$rt/dist"
 root="$rt/root"
@@ -96,6 +96,8 @@ check "this machine's dpkg database is untouched" '[ "$(md5sum /var/lib/dpkg/sta
 ic="$root/usr/bin/capsule"
 "$ic" --version >"$out" 2>"$err"
 check "the installed capsule --version says $version" 'grep -qx "capsule $version .*" "$out"'
+check "capsule-oci is installed as a link to capsule ($(readlink "$root/usr/bin/capsule-oci"))" \
+	'[ "$(readlink "$root/usr/bin/capsule-oci")" = capsule ] && [ -x "$root/usr/bin/capsule-oci" ]'
 
 export CAPSULE_CACHE="$rt/cache"
 # The installed binary finds its own agent: make test points CAPSULE_AGENT

@@ -38,7 +38,7 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar; do
+for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
 

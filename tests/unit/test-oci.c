@@ -1,0 +1,697 @@
+/* The OCI runtime's library parts: config.json and process.json read
+ * (and every refusal naming its field), signals parsed as runc does, a
+ * cgroupsPath made, limited, joined and removed under the real cgroups,
+ * and a bundle's rootfs made an image once and then found by its
+ * fingerprint. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "named.h"
+#include "oci.h"
+#include "paths.h"
+#include "store.h"
+#include "util.h"
+
+static char dir[] = "/tmp/capsule-oci-XXXXXX";
+
+static void write_text(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	if (!mkdtemp(dir))
+		return -1;
+	char *home = xasprintf("%s/home", dir);
+	setenv("CAPSULE_HOME", home, 1);
+	free(home);
+	char *b = xasprintf("%s/bundle", dir);
+	char *r = xasprintf("%s/bundle/rootfs", dir);
+	char *f = xasprintf("%s/hosts", dir);
+	int k = mkdir(b, 0755) | mkdir(r, 0755);
+	FILE *h = fopen(f, "w");
+	if (h) {
+		fputs("127.0.0.1 localhost\n", h);
+		fclose(h);
+	}
+	free(b);
+	free(r);
+	free(f);
+	return k || !h ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char *cmd = xasprintf("rm -rf '%s'", dir);
+	int r = system(cmd);
+	free(cmd);
+	return r == 0 ? 0 : -1;
+}
+
+/* A config.json as Podman writes one (cut down). A new reference. */
+static json_t *base_config(void)
+{
+	char *hosts = xasprintf("%s/hosts", dir);
+	json_t *c = json_pack(
+		"{s:s, s:{s:s, s:b}, s:{s:b, s:{s:i, s:i}, s:{s:i, s:i, s:[i, i], s:i}, s:[s, s], s:[s, s], s:s,"
+		" s:[{s:s, s:f, s:f}, {s:s, s:i, s:i}]},"
+		" s:s, s:{s:s, s:s, s:s},"
+		" s:[{s:s, s:s, s:s}, {s:s, s:s, s:s}, {s:s, s:s, s:s, s:[s, s]}, {s:s, s:s, s:s, s:[s]}],"
+		" s:{s:s, s:[{s:s}, {s:s}, {s:s}], s:{s:{s:I}, s:{s:I, s:I, s:I}, s:{s:I}}}}",
+		"ociVersion", "1.0.2",
+		"root", "path", "rootfs", "readonly", 0,
+		"process", "terminal", 1, "consoleSize", "height", 40, "width", 120,
+		"user", "uid", 0, "gid", 0, "additionalGids", 10, 11, "umask", 077,
+		"args", "sh", "-c", "env", "PATH=/usr/bin:/bin", "TERM=xterm", "cwd", "/srv",
+		"rlimits", "type", "RLIMIT_NOFILE", "hard", 18446744073709551615.0, "soft", 1024.0,
+		"type", "RLIMIT_NPROC", "hard", 4096, "soft", 4096,
+		"hostname", "box-1",
+		"annotations", "z.first", "1", "a.second", "2", "m.third", "3",
+		"mounts",
+		"destination", "/proc", "type", "proc", "source", "proc",
+		"destination", "/dev", "type", "tmpfs", "source", "tmpfs",
+		"destination", "/etc/hosts", "type", "bind", "source", hosts, "options", "rbind", "ro",
+		"destination", "/dev/shm", "type", "bind", "source", dir, "options", "bind",
+		"linux", "cgroupsPath", "/libpod_parent/libpod-abc",
+		"namespaces", "type", "pid", "type", "mount", "type", "network",
+		"resources", "memory", "limit", (json_int_t)300 << 20,
+		"cpu", "quota", (json_int_t)50000, "period", (json_int_t)100000, "shares", (json_int_t)512,
+		"pids", "limit", (json_int_t)200);
+	free(hosts);
+	CAP_BUG_ON(!c);
+	return c;
+}
+
+static char *bundle(void) { return xasprintf("%s/bundle", dir); }
+
+static void save(json_t *c)
+{
+	char *p = xasprintf("%s/bundle/config.json", dir);
+	char *text = json_dumps(c, JSON_INDENT(1));
+	/* RLIM_INFINITY as engines write it (jansson writes a real). */
+	for (char *r; (r = strstr(text, "1.8446744073709552e+19"));)
+		memcpy(r, "18446744073709551615  ", 22);
+	write_text(p, text);
+	free(text);
+	free(p);
+}
+
+/* Load c (taken) as config.json: the result, err filled on failure. */
+static int load(json_t *c, bool systemd, struct cap_oci_config *out, struct cap_err *err)
+{
+	save(c);
+	json_decref(c);
+	char *b = bundle();
+	memset(err, 0, sizeof(*err));
+	int r = cap_oci_config_load(b, systemd, out, err);
+	free(b);
+	return r;
+}
+
+/* json_object_get along a dotted path ("linux.resources.memory"). */
+static json_t *at(json_t *c, const char *path)
+{
+	char *p = xstrdup(path), *save = NULL;
+	for (char *k = strtok_r(p, ".", &save); k && c; k = strtok_r(NULL, ".", &save))
+		c = json_object_get(c, k);
+	free(p);
+	CAP_BUG_ON(!c);
+	return c;
+}
+
+static void config_read(void **state)
+{
+	(void)state;
+	struct cap_oci_config c;
+	struct cap_err err;
+	int r = load(base_config(), false, &c, &err);
+	if (r < 0)
+		fail_msg("%s", err.msg);
+	char *want = xasprintf("%s/bundle/rootfs", dir);
+	assert_string_equal(c.rootfs, want);
+	free(want);
+	assert_false(c.root_readonly);
+	assert_int_equal(c.process.nargs, 2);
+	assert_string_equal(c.process.args[1], "-c");
+	assert_null(c.process.args[2]);
+	assert_int_equal(c.process.nenv, 2);
+	assert_string_equal(c.process.env[1], "TERM=xterm");
+	assert_string_equal(c.process.cwd, "/srv");
+	assert_int_equal(c.process.uid, 0);
+	assert_int_equal(c.process.ngroups, 2);
+	assert_int_equal(c.process.groups[1], 11);
+	assert_int_equal(c.process.umask, 077);
+	assert_true(c.process.terminal);
+	assert_int_equal(c.process.rows, 40);
+	assert_int_equal(c.process.cols, 120);
+	assert_int_equal(c.process.nrlimits, 2);
+	assert_int_equal(c.process.rlimits[0].resource, RLIMIT_NOFILE);
+	assert_true(c.process.rlimits[0].hard == UINT64_MAX);
+	assert_int_equal(c.process.rlimits[0].soft, 1024);
+	assert_int_equal(c.process.rlimits[1].resource, RLIMIT_NPROC);
+	assert_string_equal(c.hostname, "box-1");
+	assert_int_equal(c.nann, 3);
+	assert_string_equal(c.ann_keys[0], "z.first");
+	assert_string_equal(c.ann_keys[2], "m.third");
+	assert_string_equal(c.ann_values[1], "2");
+	assert_int_equal(c.memory_limit, 300u << 20);
+	assert_int_equal(c.memory_mib, 300 - CAP_OCI_MEMORY_RESERVE_MIB);
+	assert_int_equal(c.cpus, 1);
+	assert_int_equal(c.cpu_quota, 50000);
+	assert_int_equal(c.cpu_period, 100000);
+	assert_int_equal(c.cpu_shares, 512);
+	assert_int_equal(c.pids_limit, 200);
+	assert_string_equal(c.cgroups_path, "/libpod_parent/libpod-abc");
+	assert_int_equal(c.nfiles, 1);
+	assert_string_equal(c.files[0].dest, "/etc/hosts");
+	assert_int_equal(c.nguest_mounts, 3);
+	assert_string_equal(c.guest_mounts[0], "/proc");
+	assert_string_equal(c.guest_mounts[2], "/dev/shm");
+	assert_null(c.netns_path);
+	cap_oci_config_fini(&c);
+	cap_oci_config_fini(&c);	/* idempotent */
+	cap_oci_config_fini(NULL);
+
+	/* No limits: the default VM; an absolute root.path (Podman's). */
+	json_t *j = base_config();
+	json_object_del(at(j, "linux"), "resources");
+	json_object_del(at(j, "process"), "user");
+	json_object_del(at(j, "process"), "cwd");
+	char *abs = xasprintf("%s/bundle/rootfs", dir);
+	json_object_set_new(at(j, "root"), "path", json_string(abs));
+	free(abs);
+	r = load(j, false, &c, &err);
+	if (r < 0)
+		fail_msg("%s", err.msg);
+	assert_int_equal(c.memory_limit, 0);
+	assert_int_equal(c.memory_mib, CAP_OCI_MEMORY_DEFAULT_MIB);
+	assert_int_equal(c.cpus, 1);
+	assert_int_equal(c.process.umask, 0022);
+	assert_string_equal(c.process.cwd, "/");
+	cap_oci_config_fini(&c);
+
+	/* CPUs from a cpuset list. */
+	j = base_config();
+	json_object_del(at(j, "linux.resources.cpu"), "quota");
+	json_object_set_new(at(j, "linux.resources.cpu"), "cpus", json_string("0"));
+	r = load(j, false, &c, &err);
+	if (r < 0)
+		fail_msg("%s", err.msg);
+	assert_int_equal(c.cpus, 1);
+	cap_oci_config_fini(&c);
+}
+
+/* Set path's key in a base config to v (taken) and expect a refusal
+ * whose message holds each of the NULL-terminated words. */
+static void refused(const char *path, const char *key, json_t *v, ...)
+{
+	json_t *j = base_config();
+	if (v)
+		json_object_set_new(at(j, path), key, v);
+	else
+		json_object_del(at(j, path), key);
+	struct cap_oci_config c;
+	struct cap_err err;
+	int r = load(j, false, &c, &err);
+	if (r == 0)
+		fail_msg("%s.%s: accepted", path, key);
+	va_list ap;
+	va_start(ap, v);
+	for (const char *w; (w = va_arg(ap, const char *));)
+		if (!strstr(err.msg, w))
+			fail_msg("%s.%s: \"%s\" lacks \"%s\"", path, key, err.msg, w);
+	va_end(ap);
+}
+
+static void config_refusals(void **state)
+{
+	(void)state;
+	refused("process", "args", json_array(), "process.args", NULL);
+	refused("process", "cwd", json_string("srv"), "process.cwd", "\"srv\"", NULL);
+	refused("process", "env", json_pack("[s]", "NOEQUALS"), "NOEQUALS", NULL);
+	refused("process", "rlimits", json_pack("[{s:s, s:i, s:i}]", "type", "RLIMIT_BOGUS", "hard", 1, "soft", 1),
+		"RLIMIT_BOGUS", NULL);
+	refused("process.user", "additionalGids", json_pack("[i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i,i]",
+							     1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+							     22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33),
+		"additionalGids", "33", NULL);
+	refused("", "hostname", json_string("a-hostname-much-too-long"), "hostname", "a-hostname-much-too-long", NULL);
+	refused("", "hostname", json_string("bad host"), "\"bad host\"", NULL);
+	refused("linux.resources.memory", "limit", json_integer(200 << 20), "209715200 bytes", "200 MiB",
+		"96 MiB", "224 MiB", NULL);
+	refused("linux.resources.memory", "limit", json_integer((json_int_t)1 << 50), "memory.limit", NULL);
+	refused("linux.resources.cpu", "quota", json_integer(64 * 100000), "6400000", "64 CPUs", NULL);
+	json_t *j = base_config();
+	json_object_del(at(j, "linux.resources.cpu"), "quota");
+	json_object_set_new(at(j, "linux.resources.cpu"), "cpus", json_string("0-63"));
+	struct cap_oci_config c;
+	struct cap_err err;
+	assert_int_equal(load(j, false, &c, &err), -ERANGE);
+	assert_non_null(strstr(err.msg, "\"0-63\""));
+	refused("linux", "cgroupsPath", json_string("/a/../b"), "\"/a/../b\"", NULL);
+	refused("linux", "uidMappings", json_pack("[{s:i, s:i, s:i}]", "containerID", 0, "hostID", 1000, "size", 1),
+		"user namespaces", NULL);
+	refused("linux", "namespaces", json_pack("[{s:s}]", "type", "pid"), "no network namespace", "--network none", NULL);
+	refused("root", "path", json_string("nowhere"), "root.path", "nowhere", NULL);
+	/* Mounts: a directory bind, a type the guest does not give, a big file. */
+	refused("", "mounts", json_pack("[{s:s, s:s, s:s, s:[s]}]", "destination", "/data", "type", "bind",
+					"source", dir, "options", "rbind"),
+		"bind mount", dir, "/data", "cannot share a host directory", "remove the volume", NULL);
+	refused("", "mounts", json_pack("[{s:s, s:s, s:s}]", "destination", "/mnt", "type", "nfs", "source", "h:/x"),
+		"\"nfs\"", "/mnt", NULL);
+	char *big = xasprintf("%s/big", dir);
+	int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0 && ftruncate(fd, CAP_OCI_FILE_MAX + 1) == 0);
+	close(fd);
+	refused("", "mounts", json_pack("[{s:s, s:s, s:s}]", "destination", "/big", "type", "bind", "source", big),
+		"/big", big, "1048577", NULL);
+	free(big);
+	/* A missing config.json. */
+	char *cfg = xasprintf("%s/bundle/config.json", dir);
+	unlink(cfg);
+	char *b = bundle();
+	assert_int_equal(cap_oci_config_load(b, false, &c, &err), -ENOENT);
+	assert_non_null(strstr(err.msg, cfg));
+	assert_non_null(strstr(err.msg, "No such file or directory"));
+	free(b);
+	free(cfg);
+}
+
+static void network_namespaces(void **state)
+{
+	(void)state;
+	/* This process's namespace holds the host's interfaces. */
+	char *mine = xasprintf("/proc/%d/ns/net", (int)getpid());
+	refused("linux", "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", mine),
+		mine, "besides lo", "--network none", NULL);
+	free(mine);
+	refused("linux", "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", "/nonexistent/ns"),
+		"/nonexistent/ns", NULL);
+	/* An empty one (a child's new namespace, as podman --network none). */
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		char c = unshare(CLONE_NEWNET) == 0 ? 'y' : 'n';
+		(void)!write(p[1], &c, 1);
+		pause();
+		_exit(0);
+	}
+	char c = 0;
+	assert_int_equal(read(p[0], &c, 1), 1);
+	assert_int_equal(c, 'y');
+	char *path = xasprintf("/proc/%d/ns/net", (int)pid);
+	json_t *j = base_config();
+	json_object_set_new(at(j, "linux"), "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", path));
+	struct cap_oci_config cfg;
+	struct cap_err err;
+	int r = load(j, false, &cfg, &err);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	close(p[0]);
+	close(p[1]);
+	if (r < 0)
+		fail_msg("%s", err.msg);
+	assert_string_equal(cfg.netns_path, path);
+	cap_oci_config_fini(&cfg);
+	free(path);
+}
+
+static void systemd_paths(void **state)
+{
+	(void)state;
+	const struct {
+		const char *in, *out;
+	} cases[] = {
+		{ "machine.slice:libpod:abc", "machine.slice/libpod-abc.scope" },
+		{ "a-b-c.slice:cri:x1", "a.slice/a-b.slice/a-b-c.slice/cri-x1.scope" },
+		{ ":runc:id", "system.slice/runc-id.scope" },
+		{ "-.slice::id", "id.scope" },
+		{ "", "" },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(cases); i++) {
+		json_t *j = base_config();
+		json_object_set_new(at(j, "linux"), "cgroupsPath", json_string(cases[i].in));
+		struct cap_oci_config c;
+		struct cap_err err;
+		if (load(j, true, &c, &err) < 0)
+			fail_msg("%s: %s", cases[i].in, err.msg);
+		assert_string_equal(c.cgroups_path, cases[i].out);
+		cap_oci_config_fini(&c);
+	}
+	const char *bad[] = { "/plain/path", "a.slice:p", "noslice:p:n", "a.slice:p:../x" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		json_t *j = base_config();
+		json_object_set_new(at(j, "linux"), "cgroupsPath", json_string(bad[i]));
+		struct cap_oci_config c;
+		struct cap_err err;
+		if (load(j, true, &c, &err) == 0)
+			fail_msg("%s: accepted", bad[i]);
+		assert_non_null(strstr(err.msg, bad[i]));
+	}
+}
+
+static void process_file(void **state)
+{
+	(void)state;
+	char *p = xasprintf("%s/process.json", dir);
+	write_text(p, "{\"terminal\":false,\"user\":{\"uid\":1000,\"gid\":1000},\"args\":[\"ls\",\"-l\"],"
+		      "\"env\":[\"A=1\"],\"cwd\":\"/tmp\",\"rlimits\":[{\"type\":\"RLIMIT_CORE\",\"hard\":0,\"soft\":0}]}");
+	struct cap_oci_process proc;
+	struct cap_err err;
+	int r = cap_oci_process_load(p, &proc, &err);
+	if (r < 0)
+		fail_msg("%s", err.msg);
+	assert_int_equal(proc.nargs, 2);
+	assert_string_equal(proc.args[0], "ls");
+	assert_int_equal(proc.uid, 1000);
+	assert_string_equal(proc.cwd, "/tmp");
+	assert_int_equal(proc.nrlimits, 1);
+	assert_int_equal(proc.rlimits[0].resource, RLIMIT_CORE);
+	cap_oci_process_fini(&proc);
+	cap_oci_process_fini(&proc);
+	write_text(p, "{\"args\":[\"ls\"],\"cwd\":\"relative\"}");
+	assert_int_equal(cap_oci_process_load(p, &proc, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, "process.cwd"));
+	write_text(p, "{\"args\":[\"ls\"");
+	assert_int_equal(cap_oci_process_load(p, &proc, &err), -EINVAL);
+	assert_non_null(strstr(err.msg, p));
+	free(p);
+}
+
+static void signals(void **state)
+{
+	(void)state;
+	const struct {
+		const char *s;
+		int n;
+	} ok[] = {
+		{ "9", 9 }, { "KILL", SIGKILL }, { "SIGKILL", SIGKILL }, { "sigterm", SIGTERM },
+		{ "term", SIGTERM }, { "USR1", SIGUSR1 }, { "SIGWINCH", SIGWINCH }, { "64", 64 },
+		{ "SIGRTMIN+3", 37 }, { "RTMIN", 34 }, { "SIGRTMAX-1", 63 }, { "SIGIOT", SIGABRT },
+	};
+	struct cap_err err;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(ok); i++) {
+		int r = cap_oci_signal_parse(ok[i].s, &err);
+		if (r != ok[i].n)
+			fail_msg("%s: %d, not %d", ok[i].s, r, ok[i].n);
+	}
+	const char *bad[] = { "0", "65", "SIGNOPE", "", "9x", "SIGRTMIN+40", "-9", "SIG" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		assert_int_equal(cap_oci_signal_parse(bad[i], &err), -EINVAL);
+		char *q = xasprintf("\"%s\"", bad[i]);
+		assert_non_null(strstr(err.msg, q));
+		free(q);
+	}
+}
+
+static char *slurp(const char *path)
+{
+	char *s = NULL;
+	if (cap_read_file(path, 4096, &s) < 0) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+/* A throwaway cgroupsPath under the host's real cgroups (v1 here). */
+static void cgroups(void **state)
+{
+	(void)state;
+	char *name = xasprintf("capsule-test-oci-%d", (int)getpid());
+	char *cp = xasprintf("/%s", name);
+	struct cap_oci_config c = { .cgroups_path = cp, .memory_limit = 300u << 20, .pids_limit = 77,
+				    .cpu_shares = 512, .cpu_quota = 50000, .cpu_period = 100000 };
+	struct cap_err err;
+	/* Nothing to do without a path. */
+	struct cap_oci_config none = { .cgroups_path = (char *)"" };
+	assert_int_equal(cap_oci_cgroup_create(&none, &err), 0);
+	assert_int_equal(cap_oci_cgroup_remove("", &err), 0);
+	/* Never made: gone already. */
+	assert_int_equal(cap_oci_cgroup_remove(cp, &err), 0);
+	assert_int_equal(cap_oci_cgroup_remove("/../etc", &err), -EINVAL);
+
+	if (cap_oci_cgroup_create(&c, &err) < 0)
+		fail_msg("%s", err.msg);
+	bool v2 = access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0;
+	const char *files[][2] = {
+		{ v2 ? "" : "memory/", v2 ? "memory.max" : "memory.limit_in_bytes" },
+		{ v2 ? "" : "pids/", "pids.max" },
+		{ v2 ? "" : "cpu/", v2 ? "cpu.weight" : "cpu.shares" },
+		{ v2 ? "" : "cpu/", v2 ? "cpu.max" : "cpu.cfs_quota_us" },
+	};
+	const char *want[] = { "314572800\n", "77\n", v2 ? "20\n" : "512\n", v2 ? "50000 100000\n" : "50000\n" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(files); i++) {
+		char *p = xasprintf("/sys/fs/cgroup/%s%s/%s", files[i][0], name, files[i][1]);
+		char *s = slurp(p);
+		if (!s || strcmp(s, want[i]) != 0)
+			fail_msg("%s: \"%s\", not \"%s\"", p, s ? s : "(unreadable)", want[i]);
+		free(s);
+		free(p);
+	}
+	/* A child joins the leaf; a grandchild cgroup (the jail's vm-N)
+	 * holds another process. Remove kills both and leaves nothing. */
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct cap_err e2;
+		char ok = cap_oci_cgroup_join(cp, &e2) == 0 ? 'y' : 'n';
+		(void)!write(p[1], &ok, 1);
+		for (;;)
+			pause();
+	}
+	char ok = 0;
+	assert_int_equal(read(p[0], &ok, 1), 1);
+	assert_int_equal(ok, 'y');
+	char *procs = xasprintf("/sys/fs/cgroup/%s%s/capsule/cgroup.procs", v2 ? "" : "pids/", name);
+	char *s = slurp(procs);
+	char *pidline = xasprintf("%d\n", (int)pid);
+	assert_non_null(s);
+	assert_non_null(strstr(s, pidline));
+	free(s);
+	char *vm = xasprintf("/sys/fs/cgroup/%s%s/vm-1", v2 ? "" : "pids/", name);
+	assert_int_equal(mkdir(vm, 0755), 0);
+	pid_t other = fork();
+	assert_true(other >= 0);
+	if (other == 0) {
+		for (;;)
+			pause();
+	}
+	char *vprocs = xasprintf("%s/cgroup.procs", vm);
+	char *op = xasprintf("%d", (int)other);
+	write_text(vprocs, op);
+
+	int64_t t0 = cap_now_ms();
+	if (cap_oci_cgroup_remove(cp, &err) < 0)
+		fail_msg("%s", err.msg);
+	int64_t took = cap_now_ms() - t0;
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	assert_int_equal(waitpid(other, &status, 0), other);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	const char *hier[] = { "memory", "pids", "cpu", "cpuacct", "blkio", "freezer" };
+	for (size_t i = 0; i < (v2 ? 1 : CAP_ARRAY_SIZE(hier)); i++) {
+		char *d = xasprintf("/sys/fs/cgroup/%s%s%s", v2 ? "" : hier[i], v2 ? "" : "/", name);
+		if (access(d, F_OK) == 0)
+			fail_msg("%s is still there", d);
+		free(d);
+	}
+	print_message("# cgroup removed with 2 processes in %lld ms\n", (long long)took);
+	/* Gone: removing again is fine. */
+	assert_int_equal(cap_oci_cgroup_remove(cp, &err), 0);
+	close(p[0]);
+	close(p[1]);
+	free(vprocs);
+	free(op);
+	free(vm);
+	free(pidline);
+	free(procs);
+	free(name);
+	free(cp);
+}
+
+static void progress(void *ud, const char *line)
+{
+	(void)ud, (void)line;
+}
+
+/* A small root tree: a few files, a symlink, an empty mount point. */
+static char *make_tree(void)
+{
+	char *t = xasprintf("%s/tree", dir);
+	char *cmd = xasprintf("set -e; mkdir -p %s/etc %s/bin %s/usr/lib; echo hi > %s/bin/hello; chmod 755 %s/bin/hello;"
+			      " : > %s/etc/hosts; echo nameserver 1.1.1.1 > %s/etc/resolv.conf; ln -s ../bin/hello %s/usr/lib/link;"
+			      " head -c 300000 /dev/urandom > %s/usr/lib/blob",
+			      t, t, t, t, t, t, t, t, t);
+	assert_int_equal(system(cmd), 0);
+	free(cmd);
+	return t;
+}
+
+static void rootfs_cache(void **state)
+{
+	(void)state;
+	char *t = make_tree();
+	const char *skip[] = { "/etc/hosts", "/etc/resolv.conf" };
+	struct cap_image a, b;
+	bool cached = true;
+	struct cap_err err;
+	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &a, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_false(cached);
+	assert_null(a.owned_name);
+	assert_non_null(strstr(a.owned_source, "container rootfs"));
+	assert_non_null(strstr(a.owned_source, t));
+
+	/* The same tree: found, without a build. */
+	int64_t t0 = cap_now_ns();
+	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &b, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	int64_t took = cap_now_ns() - t0;
+	assert_true(cached);
+	assert_string_equal(a.digest, b.digest);
+	print_message("# cached lookup in %.2f ms\n", (double)took / 1e6);
+	assert_true(took < 500 * 1000000LL);
+	cap_image_fini(&b);
+
+	/* A file at a skip path changed: still the cached image. */
+	char *p = xasprintf("%s/etc/hosts", t);
+	write_text(p, "10.0.0.1 other\n");
+	free(p);
+	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &b, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_true(cached);
+	assert_string_equal(a.digest, b.digest);
+	cap_image_fini(&b);
+
+	/* Without the skip list, the change shows. */
+	if (cap_store_image_from_rootfs(t, NULL, 0, progress, NULL, &b, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_false(cached);
+	cap_image_fini(&b);
+
+	/* A changed file: a new image. */
+	p = xasprintf("%s/bin/hello", t);
+	write_text(p, "changed\n");
+	free(p);
+	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &b, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_false(cached);
+	assert_string_not_equal(a.digest, b.digest);
+	cap_image_fini(&b);
+
+	/* The cached image gone (image rm): built again, not a dangling hit. */
+	if (cap_store_image_remove(a.digest, NULL, NULL, &err) < 0)
+		fail_msg("%s", err.msg);
+	p = xasprintf("%s/etc/hosts", t);
+	write_text(p, "");
+	free(p);
+	p = xasprintf("%s/bin/hello", t);
+	write_text(p, "hi\n");
+	free(p);
+	/* Not the first tree's fingerprint any more (mtimes moved): the
+	 * link of the new tree is made, then removal of its image is seen. */
+	struct cap_image c1;
+	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &c1, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	if (cap_store_image_remove(c1.digest, NULL, NULL, &err) < 0)
+		fail_msg("%s", err.msg);
+	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &b, &cached, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_false(cached);
+	assert_string_equal(b.digest, c1.digest);
+	assert_int_equal(access(b.owned_path, R_OK), 0);
+	cap_image_fini(&b);
+	cap_image_fini(&c1);
+
+	assert_int_equal(cap_store_image_from_rootfs("/nonexistent/rootfs", NULL, 0, NULL, NULL, &b, &cached, &err), -ENOENT);
+	assert_non_null(strstr(err.msg, "/nonexistent/rootfs"));
+	cap_image_fini(&a);
+	free(t);
+}
+
+/* Two processes making the same rootfs's image at once: one builds, the
+ * other waits and finds it; both get the same digest. */
+static void rootfs_concurrent(void **state)
+{
+	(void)state;
+	char *t = xasprintf("%s/tree2", dir);
+	char *cmd = xasprintf("mkdir -p %s/a && head -c 200000 /dev/urandom > %s/a/f", t, t);
+	assert_int_equal(system(cmd), 0);
+	free(cmd);
+	int p[2][2];
+	pid_t pids[2];
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(pipe(p[i]), 0);
+		pids[i] = fork();
+		assert_true(pids[i] >= 0);
+		if (pids[i] == 0) {
+			struct cap_image img;
+			bool cached;
+			struct cap_err err;
+			char out[80] = "fail";
+			if (cap_store_image_from_rootfs(t, NULL, 0, NULL, NULL, &img, &cached, &err) == 0)
+				snprintf(out, sizeof(out), "%c%s", cached ? 'c' : 'b', img.digest);
+			(void)!write(p[i][1], out, strlen(out));
+			_exit(0);
+		}
+		close(p[i][1]);
+	}
+	char got[2][80];
+	for (int i = 0; i < 2; i++) {
+		ssize_t n = read(p[i][0], got[i], sizeof(got[i]) - 1);
+		assert_true(n > 0);
+		got[i][n] = '\0';
+		close(p[i][0]);
+		waitpid(pids[i], NULL, 0);
+	}
+	assert_string_not_equal(got[0], "fail");
+	assert_string_not_equal(got[1], "fail");
+	assert_string_equal(got[0] + 1, got[1] + 1);
+	assert_true((got[0][0] == 'b') != (got[1][0] == 'b'));
+	free(t);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(config_read),
+		cmocka_unit_test(config_refusals),
+		cmocka_unit_test(network_namespaces),
+		cmocka_unit_test(systemd_paths),
+		cmocka_unit_test(process_file),
+		cmocka_unit_test(signals),
+		cmocka_unit_test(cgroups),
+		cmocka_unit_test(rootfs_cache),
+		cmocka_unit_test(rootfs_concurrent),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -30,6 +30,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -129,6 +130,14 @@ static void setup_system(void)
 	mount_one("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
 		  "gid=5,mode=0620,ptmxmode=0666");
 	mount_one("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	/* POSIX message queues, which a container's root expects, when the
+	 * kernel has them (CONFIG_POSIX_MQUEUE); without, no directory. */
+	mkdir("/dev/mqueue", 0755);
+	if (mount("mqueue", "/dev/mqueue", "mqueue", nsx, NULL) < 0 && errno != EBUSY) {
+		if (errno != ENODEV)
+			agent_log("mount mqueue on /dev/mqueue: %s", strerror(errno));
+		rmdir("/dev/mqueue");
+	}
 	mount_one("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
 	mount_one("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
 	mount_one("cgroup2", "/sys/fs/cgroup", "cgroup2", nsx, NULL);
@@ -428,6 +437,42 @@ static void exec_kill(struct exec *x)
 		kill(-x->pid, SIGKILL);
 }
 
+/* Send sig to every process in the cgroup name (its cgroup.procs). */
+static void cg_signal(const char *name, int sig)
+{
+	char path[48];
+	snprintf(path, sizeof(path), "%s/cgroup.procs", name);
+	int fd = openat(A.cg_fd, path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		agent_log("cannot read %s: %s", path, strerror(errno));
+		return;
+	}
+	FILE *f = fdopen(fd, "r");
+	long pid;
+	while (f && fscanf(f, "%ld", &pid) == 1)
+		if (pid > 1)
+			kill((pid_t)pid, sig);
+	if (f)
+		fclose(f);
+	else
+		close(fd);
+}
+
+/* A SIGNAL to a running command, to whom scope says: its process group
+ * (SIGKILL: its whole cgroup, as when it ends), its process alone, or
+ * every process in its cgroup (without cgroups, its group). */
+static void exec_signal(struct exec *x, int sig, uint32_t scope)
+{
+	if (scope == CAP_SIGNAL_PROCESS)
+		kill(x->pid, sig);
+	else if (sig == SIGKILL)
+		exec_kill(x);
+	else if (scope == CAP_SIGNAL_ALL && x->cg[0])
+		cg_signal(x->cg, sig);
+	else
+		kill(-x->pid, sig);
+}
+
 static void close_fd(int *fd)
 {
 	if (*fd >= 0)
@@ -488,10 +533,61 @@ void agent_env_reset(void)
 		agent_env_put(base_env[i]);
 }
 
-/* Build the command's environment: the defaults the request does not set,
- * then the request's own variables. The strings are borrowed. */
-static char **make_env(const struct cap_exec_req *req)
+/* uid's home directory in the guest's /etc/passwd (a copy), or NULL. */
+static char *passwd_home(uint32_t uid)
 {
+	char *s = NULL, *home = NULL;
+	if (cap_read_file("/etc/passwd", 1u << 20, &s) < 0)
+		return NULL;
+	for (char *line = s, *next; line && *line && !home; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = '\0';
+		/* name:password:uid:gid:gecos:home:shell */
+		char *f[7];
+		size_t k = 0;
+		for (char *c = line; k < 7; k++) {
+			f[k] = c;
+			c = strchr(c, ':');
+			if (!c)
+				break;
+			*c++ = '\0';
+		}
+		char *end;
+		if (k < 6 || !*f[2])
+			continue;
+		unsigned long u = strtoul(f[2], &end, 10);
+		if (*end == '\0' && u == uid && *f[5])
+			home = xstrdup(f[5]);
+	}
+	free(s);
+	return home;
+}
+
+/* Build the command's environment. A CAP_EXEC_USER command gets exactly
+ * the request's variables, with HOME added (uid's home in /etc/passwd,
+ * else "/") when they have none; *owned is then that HOME string, for the
+ * caller to free. Any other command: the defaults the request does not
+ * set, then the request's own. The other strings are borrowed. */
+static char **make_env(const struct cap_exec_req *req, char **owned)
+{
+	*owned = NULL;
+	if (req->flags & CAP_EXEC_USER) {
+		char **env = xcalloc(req->envc + 2, sizeof(char *));
+		bool home = false;
+		for (uint32_t j = 0; j < req->envc; j++) {
+			env[j] = req->env[j];
+			home = home || strncmp(req->env[j], "HOME=", 5) == 0;
+		}
+		if (!home) {
+			char *dir = passwd_home(req->uid);
+			*owned = xmalloc(strlen(dir ? dir : "/") + 6);
+			sprintf(*owned, "HOME=%s", dir ? dir : "/");
+			free(dir);
+			env[req->envc] = *owned;
+		}
+		return env;
+	}
 	char **env = xcalloc(defaults.n + req->envc + 1, sizeof(char *));
 	size_t k = 0;
 	for (size_t i = 0; i < defaults.n; i++) {
@@ -508,7 +604,7 @@ static char **make_env(const struct cap_exec_req *req)
 }
 
 struct start_failure {
-	int stage;	/* 0 chdir, 1 exec, 2 credentials, 3 cgroup */
+	int stage;	/* 0 chdir, 1 exec, 2 credentials, 3 cgroup, 4 rlimits */
 	int errnum;
 };
 
@@ -521,6 +617,9 @@ struct spawn {
 	uint32_t pids_max, output_cap, timeout_ms;
 	const char *name;	/* named by a start failure: the command, the path */
 	const char *cwd;	/* named by a chdir failure */
+	/* A CAP_EXEC_USER command's request: its uid, gid, groups, rlimits
+	 * and umask; NULL: the tool user. */
+	const struct cap_exec_req *user;
 	/* In the child, as the tool user in its cgroup with fds 0-2 set:
 	 * exec or run. Returns only when that failed, with *f set; errfd
 	 * (close-on-exec) reports that, or closes to say all went well. */
@@ -528,9 +627,32 @@ struct spawn {
 	const void *ud;
 };
 
+/* In the child, as root: take a CAP_EXEC_USER request's rlimits (first:
+ * raising a hard limit needs root), groups, gid, uid and umask. */
+static int take_user(const struct cap_exec_req *req, struct start_failure *f)
+{
+	for (uint32_t i = 0; i < req->nrlimits; i++) {
+		const struct cap_exec_rlimit *l = &req->rlimits[i];
+		struct rlimit rl = { .rlim_cur = (rlim_t)l->soft, .rlim_max = (rlim_t)l->hard };
+		if (setrlimit((int)l->resource, &rl) < 0) {
+			*f = (struct start_failure){ 4, errno };
+			return -1;
+		}
+	}
+	gid_t groups[CAP_EXEC_MAX_GROUPS];
+	for (uint32_t i = 0; i < req->ngroups; i++)
+		groups[i] = req->groups[i];
+	if (setgroups(req->ngroups, groups) < 0 || setgid(req->gid) < 0 || setuid(req->uid) < 0) {
+		*f = (struct start_failure){ 2, errno };
+		return -1;
+	}
+	umask(req->umask);
+	return 0;
+}
+
 /* In the child: enter the cgroup (before anything can fork), become the
- * tool user in a new process group and run sp. Failures are reported
- * through errfd and end the child with 127. */
+ * tool user (or a CAP_EXEC_USER request's user) in a new session and run
+ * sp. Failures are reported through errfd and end the child with 127. */
 __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int out,
 					     int err, int errfd, const char *pty, int cgfd)
 {
@@ -547,9 +669,11 @@ __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int 
 	setsid();
 	if (pty) {
 		/* The session leader opening its terminal makes it the
-		 * controlling one; the tool user owns it, as after login. */
+		 * controlling one; the command's user owns it, as after
+		 * login. */
 		int t = open(pty, O_RDWR);
-		if (t < 0 || ioctl(t, TIOCSCTTY, 0) < 0 || fchown(t, TOOL_UID, 5) < 0) {
+		uid_t owner = sp->user ? sp->user->uid : TOOL_UID;
+		if (t < 0 || ioctl(t, TIOCSCTTY, 0) < 0 || fchown(t, owner, 5) < 0) {
 			f.errnum = errno;
 			goto fail;
 		}
@@ -558,8 +682,11 @@ __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int 
 	dup2(in, 0);
 	dup2(out, 1);
 	dup2(err, 2);
-	if (setgroups(0, NULL) < 0 || setgid(TOOL_GID) < 0 ||
-	    setuid(TOOL_UID) < 0) {
+	if (sp->user) {
+		if (take_user(sp->user, &f) < 0)
+			goto fail;
+	} else if (setgroups(0, NULL) < 0 || setgid(TOOL_GID) < 0 ||
+		   setuid(TOOL_UID) < 0) {
 		f.errnum = errno;
 		goto fail;
 	}
@@ -576,12 +703,21 @@ struct exec_job {
 	char **env;
 };
 
+/* A command's directory: the request's, else /work for the tool user and
+ * / for a CAP_EXEC_USER command. */
+static const char *exec_cwd(const struct cap_exec_req *req)
+{
+	if (req->cwd && req->cwd[0])
+		return req->cwd;
+	return req->flags & CAP_EXEC_USER ? "/" : "/work";
+}
+
 /* A command's run: its directory, its environment, exec. */
 static void run_exec(const void *ud, int errfd, struct start_failure *f)
 {
 	const struct exec_job *j = ud;
 	(void)errfd;	/* close-on-exec: a successful exec closes it */
-	const char *cwd = j->req->cwd && j->req->cwd[0] ? j->req->cwd : "/work";
+	const char *cwd = exec_cwd(j->req);
 	if (chdir(cwd) < 0) {
 		*f = (struct start_failure){ 0, errno };
 		return;
@@ -655,7 +791,10 @@ static void spawn(uint32_t id, struct exec *x, const struct spawn *sp)
 		const char *what = pid < 0 ? "cannot fork" :
 				   f.stage == 0 ? "cannot change to directory" :
 				   f.stage == 1 ? "cannot run" :
-				   f.stage == 3 ? "cannot enter the cgroup for" : "cannot switch to the tool user for";
+				   f.stage == 3 ? "cannot enter the cgroup for" :
+				   f.stage == 4 ? "cannot set the rlimits of" :
+				   sp->user ? "cannot take the requested uid, gid and groups for" :
+				   "cannot switch to the tool user for";
 		const char *arg = f.stage == 0 ? sp->cwd : sp->name;
 		char msg[600];
 		int m = snprintf(msg, sizeof(msg), "capsule: %s '%s': %s\n", what,
@@ -700,6 +839,27 @@ static struct exec *free_slot(void)
 	return NULL;
 }
 
+/* mkdir -p path, mode 0755; what fails shows at the chdir after. */
+static void make_dirs(const char *path)
+{
+	struct stat st;
+	if (stat(path, &st) == 0)
+		return;
+	char *p = xstrdup(path);
+	for (char *c = p + 1; ; c++) {
+		if (*c == '/' || *c == '\0') {
+			char end = *c;
+			*c = '\0';
+			if (mkdir(p, 0755) < 0 && errno != EEXIST)
+				agent_log("cannot make the command's directory %s: %s", p, strerror(errno));
+			*c = end;
+			if (!end)
+				break;
+		}
+	}
+	free(p);
+}
+
 static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 {
 	struct cap_exec_req req;
@@ -718,16 +878,23 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		send_error(id, EBADMSG, "%s", err.msg);
 		return;
 	}
-	struct exec_job job = { &req, make_env(&req) };
+	bool user = req.flags & CAP_EXEC_USER;
+	/* A container's directory is made when missing, as root, as runc
+	 * does; a chdir failure is then reported as for any command. */
+	if (user && req.cwd && req.cwd[0])
+		make_dirs(req.cwd);
+	char *home;
+	struct exec_job job = { &req, make_env(&req, &home) };
 	struct spawn sp = {
 		.stdin_pipe = req.flags & CAP_EXEC_STDIN, .pty = req.flags & CAP_EXEC_PTY,
 		.rows = req.rows, .cols = req.cols, .pids_max = req.pids_max,
 		.output_cap = req.output_cap, .timeout_ms = req.timeout_ms,
-		.name = req.argv[0], .cwd = req.cwd && req.cwd[0] ? req.cwd : "/work",
+		.name = req.argv[0], .cwd = exec_cwd(&req), .user = user ? &req : NULL,
 		.run = run_exec, .ud = &job,
 	};
 	spawn(id, x, &sp);
 	free(job.env);
+	free(home);
 	cap_exec_req_fini(&req);
 }
 
@@ -1327,15 +1494,19 @@ static void handle_frame(const struct cap_frame *f)
 		return;
 	case CAP_MSG_SIGNAL:
 		x = exec_find(f->stream);
-		if (f->len != 4) {
+		if (f->len != 4 && f->len != 8) {
 			send_error(0, EBADMSG, "malformed SIGNAL");
 			return;
 		}
 		uint32_t sig = cap_get_u32(f->payload);
-		if (x && !x->exited && sig == SIGKILL)
-			exec_kill(x);
-		else if (x && !x->exited && sig >= 1 && sig <= 64)
-			kill(-x->pid, (int)sig);
+		uint32_t scope = f->len == 8 ? cap_get_u32(f->payload + 4) : CAP_SIGNAL_GROUP;
+		if (scope > CAP_SIGNAL_ALL) {
+			send_error(0, EINVAL, "SIGNAL for stream %u has unknown scope %u (0 group, 1 process, 2 all)",
+				   f->stream, scope);
+			return;
+		}
+		if (x && !x->exited && sig >= 1 && sig <= 64)
+			exec_signal(x, (int)sig, scope);
 		return;
 	case CAP_MSG_RESIZE:
 		x = exec_find(f->stream);

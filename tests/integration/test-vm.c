@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <cmocka.h>
 
 #include <archive.h>
@@ -292,6 +293,172 @@ static void signal_forwarded_to_group(void **state)
 	wait_all();
 	assert_non_null(strstr(text(&r.out), "got-int"));
 	assert_int_equal(cap_exit_status(&r.ex), 3);
+	result_fini(&r);
+}
+
+/* --- CAP_EXEC_USER: a container's process ------------------------------- */
+
+/* Start req (argv, env, credentials filled by the caller) into r. */
+static uint32_t start_req(struct result *r, struct cap_exec_req *req)
+{
+	struct cap_err err = { 0 };
+	uint32_t id = 0;
+	if (!req->timeout_ms)
+		req->timeout_ms = 20000;
+	result_init(r);
+	if (cap_sandbox_exec(sb, req, &ev, r, &id, &err) < 0)
+		fail_msg("exec: %s", err.msg);
+	return id;
+}
+
+/* Dispatch the sandbox's events until r's stdout holds needle (true) or
+ * ms pass (false). */
+static bool wait_text(struct result *r, const char *needle, int ms)
+{
+	int64_t end = cap_now_ms() + ms;
+	struct cap_err err = { 0 };
+	while (!strstr(text(&r->out), needle)) {
+		int64_t left = end - cap_now_ms();
+		if (left <= 0)
+			return false;
+		struct pollfd pfd[CAP_SANDBOX_NPOLL];
+		cap_sandbox_pollfds(sb, pfd);
+		poll(pfd, CAP_SANDBOX_NPOLL, (int)CAP_MIN(left, 100));
+		if (cap_sandbox_dispatch(sb, pfd, &err) < 0)
+			fail_msg("dispatch: %s", err.msg);
+	}
+	return true;
+}
+
+/* Root with supplementary groups, a lowered rlimit, a umask, a directory
+ * the agent makes, exactly the request's environment (HOME from the
+ * guest's /etc/passwd when the request has none). */
+static void user_root_as_asked(void **state)
+{
+	(void)state;
+	struct result a, b;
+	char *argv[] = { "sh", "-c", "id -u; id -G; ulimit -n; umask; pwd; echo $HOME;"
+		         "stat -c '%a %u' /made/by; touch f; stat -c %a f", NULL };
+	char *env[] = { "PATH=/usr/bin:/bin", "HOME=/given" };
+	struct cap_exec_req req = {
+		.argv = argv, .argc = 3, .env = env, .envc = 2, .cwd = "/made/by/agent",
+		.flags = CAP_EXEC_USER, .uid = 0, .gid = 0, .groups = { 10, 1234 }, .ngroups = 2,
+		.rlimits = { { RLIMIT_NOFILE, 77, 77 } }, .nrlimits = 1, .umask = 027,
+	};
+	start_req(&a, &req);
+	/* env run directly (no shell adding PWD or SHLVL), found through
+	 * the request's PATH */
+	char *argv2[] = { "env", NULL };
+	char *env2[] = { "PATH=/nowhere:/usr/bin:/bin", "FOO=bar baz" };
+	struct cap_exec_req req2 = { .argv = argv2, .argc = 1, .env = env2, .envc = 2,
+				     .flags = CAP_EXEC_USER };
+	start_req(&b, &req2);
+	wait_all();
+	assert_string_equal(text(&a.err), "");
+	assert_string_equal(text(&a.out), "0\n0 10 1234\n77\n0027\n/made/by/agent\n/given\n755 0\n640\n");
+	assert_int_equal(cap_exit_status(&a.ex), 0);
+	assert_string_equal(text(&b.out), "PATH=/nowhere:/usr/bin:/bin\nFOO=bar baz\nHOME=/root\n");
+	assert_int_equal(cap_exit_status(&b.ex), 0);
+	result_fini(&a);
+	result_fini(&b);
+}
+
+/* Another user, with a hard limit raised over the agent's (it must be set
+ * before the uid is dropped), HOME "/" for a uid /etc/passwd does not
+ * know, "/" as the default directory; a command the request's PATH does
+ * not find is "not found" (127), though the agent's PATH has it. */
+static void user_other_as_asked(void **state)
+{
+	(void)state;
+	struct result a, b;
+	char *argv[] = { "sh", "-c", "id -u; id -g; id -G; echo $HOME; pwd; ulimit -n; ulimit -Hn", NULL };
+	char *env[] = { "PATH=/usr/bin:/bin" };
+	struct cap_exec_req req = {
+		.argv = argv, .argc = 3, .env = env, .envc = 1, .flags = CAP_EXEC_USER,
+		.uid = 1234, .gid = 1234, .rlimits = { { RLIMIT_NOFILE, 5000, 9000 } }, .nrlimits = 1,
+		.umask = 022,
+	};
+	start_req(&a, &req);
+	char *argv2[] = { "id", NULL };
+	char *env2[] = { "PATH=/nowhere" };
+	struct cap_exec_req req2 = { .argv = argv2, .argc = 1, .env = env2, .envc = 1,
+				     .flags = CAP_EXEC_USER };
+	start_req(&b, &req2);
+	wait_all();
+	assert_string_equal(text(&a.err), "");
+	assert_string_equal(text(&a.out), "1234\n1234\n1234\n/\n/\n5000\n9000\n");
+	assert_int_equal(b.ex.kind, CAP_EXIT_START_FAILED);
+	assert_int_equal(b.ex.value, ENOENT);
+	assert_int_equal(cap_exit_status(&b.ex), 127);
+	assert_non_null(strstr(text(&b.err), "'id'"));
+	result_fini(&a);
+	result_fini(&b);
+}
+
+/* Root on a PTY: the slave is the controlling terminal, owned by the
+ * command's uid, of the requested size, and a resize arrives as
+ * SIGWINCH with the new size. */
+static void user_root_pty(void **state)
+{
+	(void)state;
+	struct result r;
+	char *argv[] = { "sh", "-c", "trap 'echo winch $(stty size); exit 4' WINCH;"
+		         "[ -t 0 ] && echo is-tty; echo size $(stty size); echo owner $(stat -c %u $(tty));"
+		         "echo ready; while :; do sleep 0.1; done", NULL };
+	char *env[] = { "PATH=/usr/bin:/bin" };
+	struct cap_exec_req req = {
+		.argv = argv, .argc = 3, .env = env, .envc = 1, .rows = 30, .cols = 100,
+		.flags = CAP_EXEC_USER | CAP_EXEC_PTY | CAP_EXEC_STDIN, .uid = 0, .gid = 0,
+	};
+	uint32_t id = start_req(&r, &req);
+	assert_true(wait_text(&r, "ready", 10000));
+	assert_int_equal(cap_sandbox_resize(sb, id, 40, 120), 0);
+	wait_all();
+	const char *out = text(&r.out);
+	assert_non_null(strstr(out, "is-tty"));
+	assert_non_null(strstr(out, "size 30 100"));
+	assert_non_null(strstr(out, "owner 0"));
+	assert_non_null(strstr(out, "winch 40 120"));
+	assert_int_equal(cap_exit_status(&r.ex), 4);
+	result_fini(&r);
+}
+
+/* SIGNAL scopes in one command: a shell, a child in its process group and
+ * a process that left it (setsid). TERM to the PROCESS reaches the shell
+ * only, to the GROUP the child too; USR1 to the GROUP misses the escaped
+ * process, to ALL (its cgroup) reaches it; SIGKILL ends everything. */
+static void signal_scopes(void **state)
+{
+	(void)state;
+	struct result r;
+	char *argv[] = { "sh", "-c",
+		         "trap 'echo parent-term' TERM; trap 'echo parent-usr1' USR1;"
+		         "(trap 'echo child-term' TERM; echo child-ready; while :; do sleep 0.1; done) &"
+		         "setsid sh -c 'trap \"echo escaped-usr1\" USR1; echo escaped-ready;"
+		         " while :; do sleep 0.1; done' &"
+		         "while :; do sleep 0.1; done", NULL };
+	char *env[] = { "PATH=/usr/bin:/bin" };
+	struct cap_exec_req req = { .argv = argv, .argc = 3, .env = env, .envc = 1,
+				    .flags = CAP_EXEC_USER };
+	uint32_t id = start_req(&r, &req);
+	assert_true(wait_text(&r, "child-ready", 10000));
+	assert_true(wait_text(&r, "escaped-ready", 10000));
+
+	assert_int_equal(cap_sandbox_signal_scope(sb, id, SIGTERM, CAP_SIGNAL_PROCESS), 0);
+	assert_true(wait_text(&r, "parent-term", 10000));
+	assert_false(wait_text(&r, "child-term", 400));
+	assert_int_equal(cap_sandbox_signal_scope(sb, id, SIGTERM, CAP_SIGNAL_GROUP), 0);
+	assert_true(wait_text(&r, "child-term", 10000));
+
+	assert_int_equal(cap_sandbox_signal_scope(sb, id, SIGUSR1, CAP_SIGNAL_GROUP), 0);
+	assert_true(wait_text(&r, "parent-usr1", 10000));
+	assert_false(wait_text(&r, "escaped-usr1", 400));
+	assert_int_equal(cap_sandbox_signal_scope(sb, id, SIGUSR1, CAP_SIGNAL_ALL), 0);
+	assert_true(wait_text(&r, "escaped-usr1", 10000));
+
+	assert_int_equal(cap_sandbox_signal(sb, id, SIGKILL), 0);
+	wait_all();
+	assert_int_equal(cap_exit_status(&r.ex), 128 + SIGKILL);
 	result_fini(&r);
 }
 
@@ -599,6 +766,10 @@ int main(void)
 		cmocka_unit_test(env_cwd_and_stdin),
 		cmocka_unit_test(missing_command_and_bad_cwd),
 		cmocka_unit_test(signal_forwarded_to_group),
+		cmocka_unit_test(user_root_as_asked),
+		cmocka_unit_test(user_other_as_asked),
+		cmocka_unit_test(user_root_pty),
+		cmocka_unit_test(signal_scopes),
 		cmocka_unit_test(manifest_of_written_tree),
 		cmocka_unit_test(tar_in_and_out),
 		cmocka_unit_test(tar_in_refusals),

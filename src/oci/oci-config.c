@@ -75,9 +75,12 @@ static int get_i64(struct ctx *x, json_t *obj, const char *key, const char *fiel
 	if (!v || json_is_null(v))
 		return 0;
 	double d;
-	if (!num(v, &d) || d != (double)(int64_t)d)
+	/* 2^63 and above (INT64_MAX as written, rounded) is taken as
+	 * INT64_MAX: what engines write for "no limit" besides -1. */
+	if (!num(v, &d) || d < -9223372036854775807.0 ||
+	    (d < 9223372036854775807.0 && d != (double)(int64_t)d))
 		return cap_err_set(x->err, EINVAL, "%s: %s is not an integer; fix the file", x->file, field);
-	*out = (int64_t)d;
+	*out = d >= 9223372036854775807.0 ? INT64_MAX : (int64_t)d;
 	return 0;
 }
 
@@ -389,7 +392,9 @@ static int parse_resources(struct ctx *x, json_t *res, struct cap_oci_config *c)
 		c->cpus = 1;
 	}
 
-	if (limit > 0) {
+	/* cgroup v1's own "unlimited" (9223372036854771712), copied by some
+	 * tools, means no limit, as -1 does. */
+	if (limit > 0 && limit < (int64_t)1 << 62) {
 		uint64_t limit_mib = (uint64_t)limit >> 20;
 		uint64_t least = CAP_MEMORY_MIN_MIB + CAP_OCI_MEMORY_RESERVE_MIB;
 		if (limit_mib < least)
@@ -403,6 +408,10 @@ static int parse_resources(struct ctx *x, json_t *res, struct cap_oci_config *c)
 		/* The host's bounds (its memory less a reserve). The cpus
 		 * were checked above against the online CPUs already. */
 		if ((r = cap_named_check_size(c->cpus, c->memory_mib, 0, 0, false, x->err)) < 0) {
+			/* capsule's --force-size has no OCI equivalent. */
+			char *f = strstr(x->err->msg, ", or add --force-size");
+			if (f)
+				memmove(f, f + 21, strlen(f + 21) + 1);
 			cap_err_prefix(x->err, "%s: linux.resources.memory.limit %" PRId64 " bytes gives a VM of %u MiB",
 				       x->file, limit, c->memory_mib);
 			return r;

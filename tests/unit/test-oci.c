@@ -197,7 +197,8 @@ static void config_read(void **state)
 
 	/* No limits: the default VM; an absolute root.path (Podman's). */
 	json_t *j = base_config();
-	json_object_del(at(j, "linux"), "resources");
+	json_object_del(at(j, "linux.resources"), "cpu");
+	json_object_set_new(at(j, "linux.resources.memory"), "limit", json_integer(INT64_MAX));
 	json_object_del(at(j, "process"), "user");
 	json_object_del(at(j, "process"), "cwd");
 	char *abs = xasprintf("%s/bundle/rootfs", dir);
@@ -262,7 +263,8 @@ static void config_refusals(void **state)
 	refused("", "hostname", json_string("bad host"), "\"bad host\"", NULL);
 	refused("linux.resources.memory", "limit", json_integer(200 << 20), "209715200 bytes", "200 MiB",
 		"96 MiB", "224 MiB", NULL);
-	refused("linux.resources.memory", "limit", json_integer((json_int_t)1 << 50), "memory.limit", NULL);
+	refused("linux.resources.memory", "limit", json_integer((json_int_t)1 << 40), "memory.limit",
+		"1099511627776 bytes", "more than this host can give", NULL);
 	refused("linux.resources.cpu", "quota", json_integer(64 * 100000), "6400000", "64 CPUs", NULL);
 	json_t *j = base_config();
 	json_object_del(at(j, "linux.resources.cpu"), "quota");

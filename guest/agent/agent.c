@@ -130,6 +130,15 @@ static void setup_system(void)
 	mount_one("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
 		  "gid=5,mode=0620,ptmxmode=0666");
 	mount_one("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	/* The links a container's /dev has (runc makes them too); devtmpfs
+	 * has none of them. */
+	static const char *const links[][2] = {
+		{ "/proc/self/fd", "/dev/fd" }, { "/proc/self/fd/0", "/dev/stdin" },
+		{ "/proc/self/fd/1", "/dev/stdout" }, { "/proc/self/fd/2", "/dev/stderr" },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(links); i++)
+		if (symlink(links[i][0], links[i][1]) < 0 && errno != EEXIST)
+			agent_log("symlink %s: %s", links[i][1], strerror(errno));
 	/* POSIX message queues, which a container's root expects, when the
 	 * kernel has them (CONFIG_POSIX_MQUEUE); without, no directory. */
 	mkdir("/dev/mqueue", 0755);
@@ -628,7 +637,8 @@ struct spawn {
 };
 
 /* In the child, as root: take a CAP_EXEC_USER request's rlimits (first:
- * raising a hard limit needs root), groups, gid, uid and umask. */
+ * raising a hard limit needs root), its stdio pipes, groups, gid, uid and
+ * umask. */
 static int take_user(const struct cap_exec_req *req, struct start_failure *f)
 {
 	for (uint32_t i = 0; i < req->nrlimits; i++) {
@@ -636,6 +646,15 @@ static int take_user(const struct cap_exec_req *req, struct start_failure *f)
 		struct rlimit rl = { .rlim_cur = (rlim_t)l->soft, .rlim_max = (rlim_t)l->hard };
 		if (setrlimit((int)l->resource, &rl) < 0) {
 			*f = (struct start_failure){ 4, errno };
+			return -1;
+		}
+	}
+	/* The stdio pipes become the user's, so that it can open them again
+	 * as /dev/stdout or /proc/self/fd/N (runc's fixStdioPermissions). */
+	for (int fd = 0; fd <= 2; fd++) {
+		struct stat st;
+		if (fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && fchown(fd, req->uid, req->gid) < 0) {
+			*f = (struct start_failure){ 2, errno };
 			return -1;
 		}
 	}

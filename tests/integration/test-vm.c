@@ -365,13 +365,14 @@ static void user_root_as_asked(void **state)
 
 /* Another user, with a hard limit raised over the agent's (it must be set
  * before the uid is dropped), HOME "/" for a uid /etc/passwd does not
- * know, "/" as the default directory; a command the request's PATH does
+ * know, "/" as the default directory, /dev/stdout and /dev/fd; a command the request's PATH does
  * not find is "not found" (127), though the agent's PATH has it. */
 static void user_other_as_asked(void **state)
 {
 	(void)state;
 	struct result a, b;
-	char *argv[] = { "sh", "-c", "id -u; id -g; id -G; echo $HOME; pwd; ulimit -n; ulimit -Hn", NULL };
+	char *argv[] = { "sh", "-c", "id -u; id -g; id -G; echo $HOME; pwd; ulimit -n; ulimit -Hn;"
+		         "echo via-dev-stdout >/dev/stdout; ls /dev/fd/ >/dev/null && echo dev-fd", NULL };
 	char *env[] = { "PATH=/usr/bin:/bin" };
 	struct cap_exec_req req = {
 		.argv = argv, .argc = 3, .env = env, .envc = 1, .flags = CAP_EXEC_USER,
@@ -386,7 +387,7 @@ static void user_other_as_asked(void **state)
 	start_req(&b, &req2);
 	wait_all();
 	assert_string_equal(text(&a.err), "");
-	assert_string_equal(text(&a.out), "1234\n1234\n1234\n/\n/\n5000\n9000\n");
+	assert_string_equal(text(&a.out), "1234\n1234\n1234\n/\n/\n5000\n9000\nvia-dev-stdout\ndev-fd\n");
 	assert_int_equal(b.ex.kind, CAP_EXIT_START_FAILED);
 	assert_int_equal(b.ex.value, ENOENT);
 	assert_int_equal(cap_exit_status(&b.ex), 127);

@@ -174,7 +174,7 @@ static char *ref_unfile(const char *file)
 }
 
 /* The hex digest a link (a name or a reference) points at, or false. */
-static bool link_hex(const char *link, char hex[65])
+bool cap_store_link_hex(const char *link, char hex[65])
 {
 	char target[512];
 	ssize_t n = readlink(link, target, sizeof(target) - 1);
@@ -201,7 +201,7 @@ static char *name_of(const char *images, const char *hex)
 			continue;
 		_cleanup_free_ char *link = xasprintf("%s/%s", names, e->d_name);
 		char h[65];
-		if (link_hex(link, h) && strcmp(h, hex) == 0)
+		if (cap_store_link_hex(link, h) && strcmp(h, hex) == 0)
 			found = xstrdup(e->d_name);
 	}
 	if (d)
@@ -222,7 +222,7 @@ static char *ref_of(const char *images, const char *hex)
 			continue;
 		_cleanup_free_ char *link = xasprintf("%s/%s", refs, e->d_name);
 		char h[65];
-		if (!link_hex(link, h) || strcmp(h, hex) != 0)
+		if (!cap_store_link_hex(link, h) || strcmp(h, hex) != 0)
 			continue;
 		char *ref = ref_unfile(e->d_name);
 		if (!found || (strchr(found, '@') && !strchr(ref, '@'))) {
@@ -343,7 +343,7 @@ static int load(const char *images, const char *hex, const struct pick *pick,
 			.owned_registry_digest = json_dup(o, "registry_digest"),
 			.owned_pinned_digest = json_dup(o, "pinned_digest"),
 			.pulled = json_integer_value(json_object_get(o, "pulled")),
-			.current = link_hex(link, h) && strcmp(h, hex) == 0,
+			.current = cap_store_link_hex(link, h) && strcmp(h, hex) == 0,
 		};
 		bool wanted = pick && ((pick->reference && strcmp(ref, pick->reference) == 0) ||
 				       (pick->digest && origin_has_digest(o, pick->repo, pick->digest)));
@@ -448,7 +448,7 @@ static int find_ref(const char *images, const char *ref, struct cap_image *out,
 	}
 	_cleanup_free_ char *link = ref_file(images, pr.owned_full);
 	struct pick p = { .reference = pr.owned_full, .repo = pr.owned_repo, .digest = pr.owned_digest };
-	bool found = link_hex(link, hex) ||
+	bool found = cap_store_link_hex(link, hex) ||
 		     (pr.owned_digest && find_by_oci_digest(images, pr.owned_repo, pr.owned_digest, hex) > 0);
 	r = found ? load(images, hex, &p, out, err)
 		  : cap_err_set(err, ENOENT, "no image pulled as %s; pull it with `capsule image pull %s` (see `capsule image ls`)",
@@ -532,7 +532,7 @@ int cap_store_image_find(const char *ref, struct cap_image *out,
 	bool as_ref = false;
 	if (cap_store_ref_parse(ref, &pr, NULL) == 0) {
 		_cleanup_free_ char *rl = ref_file(images, pr.owned_full);
-		as_ref = link_hex(rl, rhex);
+		as_ref = cap_store_link_hex(rl, rhex);
 		if (as_ref && r == 0 && strcmp(rhex, hex) != 0) {
 			r = cap_err_set(err, EINVAL, "'%s' is both the image named %s (sha256:%.12s) and the pull of %s (sha256:%.12s): "
 					"say name:%s for the named one, or the full reference %s for the pulled one",
@@ -607,14 +607,11 @@ int cap_store_image_list(struct cap_image **out, size_t *n, struct cap_err *err)
 	return 0;
 }
 
-/* Point images/names/<name> at hex, replacing any older link atomically. */
-static int set_name(const char *images, const char *name, const char *hex)
+int cap_store_link_set(const char *dir, const char *link, const char *hex)
 {
-	_cleanup_free_ char *names = xasprintf("%s/names", images);
-	_cleanup_free_ char *tmp = xasprintf("%s/.%s.tmp.%d", names, name, (int)getpid());
-	_cleanup_free_ char *link = xasprintf("%s/%s", names, name);
+	_cleanup_free_ char *tmp = xasprintf("%s/.tmp.%d", dir, (int)getpid());
 	_cleanup_free_ char *target = xasprintf("../%s", hex);
-	int r = cap_mkdir_p(names, 0755);
+	int r = cap_mkdir_p(dir, 0755);
 	if (r < 0)
 		return r;
 	unlink(tmp);
@@ -626,25 +623,22 @@ static int set_name(const char *images, const char *name, const char *hex)
 	return 0;
 }
 
+/* Point images/names/<name> at hex, replacing any older link atomically. */
+static int set_name(const char *images, const char *name, const char *hex)
+{
+	_cleanup_free_ char *names = xasprintf("%s/names", images);
+	_cleanup_free_ char *link = xasprintf("%s/%s", names, name);
+	return cap_store_link_set(names, link, hex);
+}
+
 /* Point images/refs/<ref> at hex: a reference pulled again moves. */
 static int set_ref(const char *images, const char *ref, const char *hex)
 {
 	_cleanup_free_ char *refs = xasprintf("%s/refs", images);
 	_cleanup_free_ char *link = ref_file(images, ref);
-	_cleanup_free_ char *tmp = xasprintf("%s/.tmp.%d", refs, (int)getpid());
-	_cleanup_free_ char *target = xasprintf("../%s", hex);
-	int r = cap_mkdir_p(refs, 0755);
-	if (r < 0)
-		return r;
 	if (strlen(strrchr(link, '/') + 1) > 255)
 		return -ENAMETOOLONG;
-	unlink(tmp);
-	if (symlink(target, tmp) < 0 || rename(tmp, link) < 0) {
-		r = -errno;
-		unlink(tmp);
-		return r;
-	}
-	return 0;
+	return cap_store_link_set(refs, link, hex);
 }
 
 /* Paths of what an image leaves out, as mkfs.erofs --exclude-path
@@ -822,8 +816,15 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 		_cleanup_free_ char *mpath = xasprintf("%s/manifest.json", tmpdir);
 		r = cap_write_file_atomic(mpath, text, strlen(text), 0644);
 		free(text);
-		if (r < 0 || rename(tmpdir, final) < 0) {
-			r = r < 0 ? r : -errno;
+		if (r == 0 && rename(tmpdir, final) < 0) {
+			r = -errno;
+			/* Another import stored the same bytes meanwhile. */
+			if ((r == -ENOTEMPTY || r == -EEXIST) && access(final, F_OK) == 0) {
+				cap_remove_tree(tmpdir);
+				r = 0;
+			}
+		}
+		if (r < 0) {
 			r = cap_err_set(err, -r, "cannot store the image in %s: %s", final, strerror(-r));
 			goto fail;
 		}

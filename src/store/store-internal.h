@@ -2,6 +2,7 @@
 #ifndef CAP_STORE_INTERNAL_H
 #define CAP_STORE_INTERNAL_H
 
+#include <stdbool.h>
 #include "err.h"
 
 /* busybox --list-full output in a new NUL-terminated string. */
@@ -32,6 +33,13 @@ int cap_store_tmpdir(const char *images, const char *prefix, char **path,
  * not flocked (the process that made it died: killed, SIGINT), or that
  * have no .lock and are over a minute old (made before locks were). */
 void cap_store_tmp_sweep(const char *images);
+
+/* The store's links (images/names, images/refs, images/rootfs): a
+ * symbolic link ../<hex> in dir. _set replaces link atomically (readers
+ * see the old link or the new), creating dir; -errno. _hex reads the hex
+ * digest a link points at; false when it is missing or not one. */
+int cap_store_link_set(const char *dir, const char *link, const char *hex);
+bool cap_store_link_hex(const char *link, char hex[65]);
 
 struct cap_projection_limits;
 struct cap_projection_info;

@@ -181,14 +181,8 @@ static int64_t recorded_size(const char *images, const char *hex)
  * take it (the store is written by rename, never in place). */
 static bool cache_hit(const char *images, const char *link, struct cap_image *out)
 {
-	char target[512];
-	ssize_t n = readlink(link, target, sizeof(target) - 1);
-	if (n <= 0)
-		return false;
-	target[n] = '\0';
-	const char *h = strrchr(target, '/');
-	h = h ? h + 1 : target;
-	if (strlen(h) != 64 || strspn(h, "0123456789abcdef") != 64)
+	char h[65];
+	if (!cap_store_link_hex(link, h))
 		return false;
 	_cleanup_free_ char *digest = xasprintf("sha256:%s", h);
 	struct cap_err ignored;
@@ -200,20 +194,6 @@ static bool cache_hit(const char *images, const char *link, struct cap_image *ou
 		return false;
 	}
 	return true;
-}
-
-/* Point link at ../hex atomically (readers see the old link or the new). */
-static int set_link(const char *dir, const char *link, const char *hex)
-{
-	_cleanup_free_ char *tmp = xasprintf("%s/.tmp.%d", dir, (int)getpid());
-	_cleanup_free_ char *target = xasprintf("../%s", hex);
-	unlink(tmp);
-	if (symlink(target, tmp) < 0 || rename(tmp, link) < 0) {
-		int r = -errno;
-		unlink(tmp);
-		return r;
-	}
-	return 0;
 }
 
 __attribute__((format(printf, 3, 4)))
@@ -269,7 +249,7 @@ int cap_store_image_from_rootfs(const char *dir, const char *const *skip,
 		cap_err_prefix(err, "making an image of the container rootfs %s", dir);
 		return r;
 	}
-	if ((r = set_link(cache, link, img.digest + 7)) < 0) {
+	if ((r = cap_store_link_set(cache, link, img.digest + 7)) < 0) {
 		cap_image_fini(&img);
 		return cap_err_set(err, -r, "cannot write the rootfs cache link %s: %s", link, strerror(-r));
 	}

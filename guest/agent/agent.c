@@ -1,9 +1,11 @@
 /* capsule-agent: PID 1 of every capsule guest. It mounts the pseudo file
  * systems, finds the virtio-serial port "capsule.agent" and serves the
- * host over it (docs/protocol.md): runs commands as UID 1000, each in its
- * own process group and cgroup with a wall-clock timeout, a pids.max and
- * an output cap, streams their output back, kills whatever a command
- * left behind when it ends, and on SHUTDOWN syncs and powers the VM off.
+ * host over it (docs/protocol.md): runs commands as UID 1000 (a
+ * container's, CAP_EXEC_USER, as the uid, groups and rlimits it asks
+ * for), each in its own session and cgroup with a wall-clock timeout, a
+ * pids.max and an output cap, streams their output back, kills whatever
+ * a command left behind when it ends, and on SHUTDOWN syncs and powers
+ * the VM off.
  * With a NIC it configures the guest's network (agent-net.c) and may
  * report and relay TCP listeners (agent-publish.c); with secrets it
  * installs the sandbox's CA (agent-net.c) and gives every command the

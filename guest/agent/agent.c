@@ -565,7 +565,7 @@ static char *passwd_home(uint32_t uid)
 			*c++ = '\0';
 		}
 		char *end;
-		if (k < 6 || !*f[2])
+		if (k < 5 || !*f[2])	/* f[5], the home, is there */
 			continue;
 		unsigned long u = strtoul(f[2], &end, 10);
 		if (*end == '\0' && u == uid && *f[5])
@@ -631,7 +631,7 @@ struct spawn {
 	/* A CAP_EXEC_USER command's request: its uid, gid, groups, rlimits
 	 * and umask; NULL: the tool user. */
 	const struct cap_exec_req *user;
-	/* In the child, as the tool user in its cgroup with fds 0-2 set:
+	/* In the child, as its user in its cgroup with fds 0-2 set:
 	 * exec or run. Returns only when that failed, with *f set; errfd
 	 * (close-on-exec) reports that, or closes to say all went well. */
 	void (*run)(const void *ud, int errfd, struct start_failure *f);

@@ -218,6 +218,11 @@ static int state_load(const char *id, struct ostate *st, struct cap_err *err)
 	st->pid = (pid_t)json_integer_value(json_object_get(st->j, "pid"));
 	st->start = strtoull(jstr(st->j, "pidStart"), NULL, 10);
 	snprintf(st->sandbox, sizeof(st->sandbox), "%s", jstr(st->j, "sandbox"));
+	/* The capsule home the container was made in, whatever environment
+	 * this verb runs with (Podman runs create through conmon, with
+	 * conmon_env_vars, and delete itself, with its own). */
+	if (*jstr(st->j, "capsuleHome"))
+		setenv("CAPSULE_HOME", jstr(st->j, "capsuleHome"), 1);
 	st->status = compute_status(st);
 	return 0;
 }
@@ -582,6 +587,8 @@ static int oci_create(int argc, char **argv)
 	memset(&img, 0, sizeof(img));
 	_cleanup_free_ char *dir = cdir(id);
 	_cleanup_free_ char *seed = xasprintf("%s/seed", dir);
+	_cleanup_free_ char *home = NULL;
+	char home_real[PATH_MAX];
 	const char **skip = NULL;
 	json_t *st = NULL;
 
@@ -643,8 +650,10 @@ static int oci_create(int argc, char **argv)
 
 	char created[64];
 	rfc3339(created, sizeof(created), true);
-	st = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s}", "ociVersion", CAP_OCI_VERSION, "id", id,
+	home = cap_home_dir();
+	st = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s}", "ociVersion", CAP_OCI_VERSION, "id", id,
 		       "bundle", bundle, "rootfs", cfg.rootfs, "created", created, "sandbox", name,
+		       "capsuleHome", realpath(home, home_real) ? home_real : home,
 		       "cgroupsPath", cfg.cgroups_path ? cfg.cgroups_path : "", "pid", (json_int_t)0,
 		       "pidStart", "0");
 	json_t *ann = json_object();

@@ -188,6 +188,13 @@ int main(int argc, char **argv)
 	char *env[] = { "A=B", NULL };
 	struct cap_exec_req req = { .argv = eargv, .argc = 3, .env = env, .envc = 1, .cwd = "/" };
 	cap_proto_exec_encode(&seed, 4, &req);
+	/* A container's command (CAP_EXEC_USER): the user section, so that
+	 * mutations reach its decoder. */
+	struct cap_exec_req ureq = { .argv = eargv, .argc = 3, .env = env, .envc = 1, .cwd = "/",
+				     .flags = CAP_EXEC_USER, .uid = 0, .gid = 0, .ngroups = 1,
+				     .groups = { 10 }, .nrlimits = 1, .umask = 022 };
+	ureq.rlimits[0] = (struct cap_exec_rlimit){ .resource = 7, .soft = 1024, .hard = 4096 };
+	cap_proto_exec_encode(&seed, 6, &ureq);
 	const uint16_t ports[] = { 22, 80, 8080 };
 	cap_proto_listeners_encode(&seed, ports, 3);
 	cap_proto_listeners_encode(&seed, NULL, 0);

@@ -774,11 +774,12 @@ static int oci_state(int argc, char **argv)
 	return rc;
 }
 
-static int kill_opt(void *ud, int c, const char *arg)
+/* The one flag of kill (--all) and delete (--force). */
+static int flag_opt(void *ud, int c, const char *arg)
 {
+	(void)c;
 	(void)arg;
-	if (c == 'a')
-		*(bool *)ud = true;
+	*(bool *)ud = true;
 	return 0;
 }
 
@@ -792,7 +793,7 @@ static int oci_kill(int argc, char **argv)
 		"Send SIGNAL (default SIGTERM; a number or a name) to the container's process,\n"
 		"or with --all to every process of the container.\n";
 	bool all = false;
-	int rc = parse(argc, argv, "+ah", opts, usage, kill_opt, &all);
+	int rc = parse(argc, argv, "+ah", opts, usage, flag_opt, &all);
 	if (rc >= 0)
 		return rc;
 	if (optind != argc - 1 && optind != argc - 2) {
@@ -845,14 +846,6 @@ static int oci_kill(int argc, char **argv)
 	return 0;
 }
 
-static int force_opt(void *ud, int c, const char *arg)
-{
-	(void)arg;
-	if (c == 'f')
-		*(bool *)ud = true;
-	return 0;
-}
-
 static int oci_delete(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -863,7 +856,7 @@ static int oci_delete(int argc, char **argv)
 		"Remove the container: its sandbox (VM and disks), cgroup and state. A running\n"
 		"one only with --force (it is killed). A container already gone is no error.\n";
 	bool force = false;
-	int rc = parse(argc, argv, "+fh", opts, usage, force_opt, &force);
+	int rc = parse(argc, argv, "+fh", opts, usage, flag_opt, &force);
 	if (rc >= 0)
 		return rc;
 	if (optind != argc - 1) {

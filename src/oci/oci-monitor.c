@@ -645,7 +645,12 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 		}
 		if (cap_sandbox_dispatch(s->sb, pfd, &err) < 0) {
 			restore_tty(s);
-			cap_oci_error("the container's sandbox %s ended under its process: %s", m->sandbox, err.msg);
+			/* An exec ends with its container's VM, as runc's execs die
+			 * with their container's init: no error then. */
+			_cleanup_free_ char *exitf = xasprintf("%s/" CAP_OCI_EXIT, m->dir);
+			if (m->gate || access(exitf, F_OK) < 0)
+				cap_oci_error("the container's sandbox %s ended under its process: %s", m->sandbox,
+					      err.msg);
 			status = 137;
 			ready(s, NULL);
 			goto out;

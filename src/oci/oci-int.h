@@ -47,6 +47,11 @@ void cap_oci_sock_path(int dirfd, const char *name, char *buf, size_t len);
 int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 			 size_t len, int timeout_ms, struct cap_err *err);
 
+/* The live exec monitors of the container in dir (exec/<pid>-<start>.sock
+ * whose process is alive): their pids and, when socks is not NULL, their
+ * socket names in the exec directory; at most max. */
+size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], size_t max);
+
 /* One container process's monitor: create's (gate: held until "start")
  * or an exec's (started at once). Borrowed strings. */
 struct cap_oci_monitor {

@@ -264,28 +264,6 @@ static int print_json(json_t *v, size_t flags)
 	return fflush(stdout) == 0 ? 0 : 1;
 }
 
-/* The live exec monitors of a container: exec/<pid>-<start>.sock. */
-static size_t exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], size_t max)
-{
-	_cleanup_free_ char *edir = xasprintf("%s/" CAP_OCI_EXEC_DIR, dir);
-	DIR *d = opendir(edir);
-	size_t n = 0;
-	struct dirent *e;
-	while (d && n < max && (e = readdir(d))) {
-		int pid;
-		unsigned long long start;
-		if (sscanf(e->d_name, "%d-%llu.sock", &pid, &start) != 2 || !cap_oci_proc_same(pid, start))
-			continue;
-		pids[n] = pid;
-		if (socks)
-			snprintf(socks[n], 64, "%d-%llu.sock", pid, start);
-		n++;
-	}
-	if (d)
-		closedir(d);
-	return n;
-}
-
 /* Call the monitor socket name in dir (or its exec/ subdirectory). */
 static int call(const char *dir, const char *sub, const char *name, const char *line,
 		char *ans, size_t len, struct cap_err *err)
@@ -836,7 +814,7 @@ static int oci_kill(int argc, char **argv)
 	if (all) {
 		pid_t pids[256];
 		char socks[256][64];
-		size_t n = exec_monitors(st.dir, pids, socks, 256);
+		size_t n = cap_oci_exec_monitors(st.dir, pids, socks, 256);
 		for (size_t i = 0; i < n; i++) {
 			struct cap_err e2 = { 0 };
 			call(st.dir, CAP_OCI_EXEC_DIR, socks[i], line, ans, sizeof(ans), &e2);
@@ -886,7 +864,7 @@ static int oci_delete(int argc, char **argv)
 	}
 	char ans[600];
 	pid_t pids[256];
-	size_t n = exec_monitors(st.dir, pids, NULL, 256);
+	size_t n = cap_oci_exec_monitors(st.dir, pids, NULL, 256);
 	if (strcmp(st.status, "stopped") != 0) {
 		struct cap_err e2 = { 0 };
 		if (strcmp(st.status, "paused") == 0) {
@@ -1269,7 +1247,7 @@ static int oci_ps(int argc, char **argv)
 	size_t n = 0;
 	if (strcmp(st.status, "stopped") != 0)
 		pids[n++] = st.pid;
-	n += exec_monitors(st.dir, pids + n, NULL, 256);
+	n += cap_oci_exec_monitors(st.dir, pids + n, NULL, 256);
 	if (strcmp(fmt[0], "json") == 0) {
 		json_t *a = json_array();
 		for (size_t i = 0; i < n; i++)

@@ -7,6 +7,7 @@
  * catchable signal it receives to it, and exits with its status.
  * create's monitor is held at a gate until `start`; an exec's starts at
  * once. Each listens on a unix socket for the runtime's other verbs. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -108,6 +109,27 @@ int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 	if (n == 0)
 		return cap_err_set(err, EPIPE, "the container's monitor closed its socket without an answer");
 	return 0;
+}
+
+size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], size_t max)
+{
+	_cleanup_free_ char *edir = xasprintf("%s/" CAP_OCI_EXEC_DIR, dir);
+	DIR *d = opendir(edir);
+	size_t n = 0;
+	struct dirent *e;
+	while (d && n < max && (e = readdir(d))) {
+		int pid;
+		unsigned long long start;
+		if (sscanf(e->d_name, "%d-%llu.sock", &pid, &start) != 2 || !cap_oci_proc_same(pid, start))
+			continue;
+		pids[n] = pid;
+		if (socks)
+			snprintf(socks[n], 64, "%d-%llu.sock", pid, start);
+		n++;
+	}
+	if (d)
+		closedir(d);
+	return n;
 }
 
 #define MAX_CONNS 8
@@ -507,6 +529,22 @@ static void stop_sandbox(struct mon *s)
 	}
 }
 
+/* The exec monitors of the container in dir end before its monitor
+ * does, as runc's execs die before the engine sees its init's exit
+ * (Podman refuses to clean up a stopped container with a live exec):
+ * they end by themselves once the VM is stopped; one that has not
+ * within 3 s is killed. */
+static void end_execs(const char *dir)
+{
+	pid_t pids[256];
+	int64_t until = cap_now_ms() + 3000;
+	size_t n;
+	while ((n = cap_oci_exec_monitors(dir, pids, NULL, 256)) > 0 && cap_now_ms() < until)
+		usleep(20000);
+	for (size_t i = 0; i < n; i++)
+		kill(pids[i], SIGKILL);
+}
+
 /* Set up: cgroup, sandbox, attachment, terminal, socket. 0 or -errno. */
 static int setup(struct mon *s, struct cap_err *err)
 {
@@ -682,6 +720,7 @@ out:
 		/* The VM does not outlive its container. */
 		if (s->sb && !cap_sandbox_is_dead(s->sb))
 			stop_sandbox(s);
+		end_execs(m->dir);
 	} else if (s->dirfd >= 0) {
 		unlinkat(s->dirfd, s->sock_name, 0);
 	}

@@ -1402,6 +1402,14 @@ int cap_cli_oci(int argc, char **argv)
 		fputs(usage, stderr);
 		return 1;
 	}
+	/* The root's absolute path: a monitor's own later paths must not
+	 * depend on where the engine ran us from. */
+	static char root_abs[PATH_MAX];
+	if (g.root[0] != '/' && getcwd(root_abs, sizeof(root_abs) - strlen(g.root) - 2)) {
+		strcat(root_abs, "/");
+		strcat(root_abs, g.root);
+		g.root = root_abs;
+	}
 	static const struct {
 		const char *name;
 		int (*fn)(int, char **);

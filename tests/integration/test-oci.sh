@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=44
+plan=47
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -32,7 +32,8 @@ done
 
 img=localhost/capsule-oci-test:latest
 state="$rt/oci"	# the runtime's --root under Podman
-ctr_state="$rt/ctr-oci"	# ... under containerd
+ctr_root="$rt/ctr-oci"	# ... under containerd: ctr --runc-root,
+ctr_state="$ctr_root/default"	# which the shim gives as ROOT/NAMESPACE
 wrapper="$rt/capsule-oci-wrapper"
 oci_podman_init "$rt/podman"
 pmr() { pm --runtime "$wrapper" "$@"; }
@@ -143,7 +144,7 @@ cat >"$rt/tty.sh" <<EOF
 #!/bin/sh
 . '$here/oci-lib.sh'
 oci_pdir='$oci_pdir'
-pm --runtime '$wrapper' exec -it c1 sh -c '[ -t 0 ] && echo is-a-tty; echo "size \$(stty size)"; trap "echo \"winch \\\$(stty size)\"" WINCH; i=0; while [ \$i -lt 150 ]; do sleep 0.1; i=\$((i + 1)); done'
+pm --runtime '$wrapper' exec -it c1 sh -c '[ -t 0 ] && echo is-a-tty; echo "size \$(stty size)"; trap "echo \"winch \\\$(stty size)\"" WINCH; i=0; while [ \$i -lt 30 ] && ! read -t 1 line; do i=\$((i + 1)); done; echo "read \$line"; exit 6'
 echo "exec-done \$?"
 sleep 60
 EOF
@@ -159,6 +160,10 @@ psize2=$(tmux -S "$rt/tmux" display -p -t t '#{pane_height} #{pane_width}' 2>/de
 wait_for 'pane | grep -q "^winch $psize2"' 100
 pane >"$out"
 checkc "... and a resize reaches it as SIGWINCH and the new size ($psize2)" '[ "$psize2" != "$psize" ] && grep -q "^winch $psize2" "$out"'
+tmux -S "$rt/tmux" send-keys -t t quit Enter 2>>"$err"
+wait_for 'pane | grep -q "^exec-done"' 100
+pane >"$out"
+checkc "... which reads a typed line and exits with its status (6)" 'grep -q "^read quit" "$out" && grep -q "^exec-done 6" "$out"'
 tmux -S "$rt/tmux" kill-server >/dev/null 2>&1
 
 pmr kill -s USR1 c1 >"$out" 2>"$err"
@@ -182,6 +187,21 @@ checkc "rm leaves no sandbox" '[ "$(sandboxes)" -eq 0 ] && [ "$(listed)" -eq 0 ]
 checkc "... no state directory" '[ -n "$id1" ] && [ ! -e "$state/$id1" ]'
 checkc "... no cgroup ($cg1 in any hierarchy)" '[ -n "$cg1" ] && ! ls -d /sys/fs/cgroup/*"$cg1" 2>/dev/null | grep -q .'
 checkc "... no QEMU process" '[ "$(ours)" -eq 0 ]'
+# runc's exec processes die with the container's init (its PID namespace
+# goes): Podman's stop refuses to clean up while an exec session's pid
+# lives ("has active exec sessions"), so an exec's monitor must end with
+# the container.
+# shellcheck disable=SC2086
+pmr run -d --name c2 $oci_run_flags "$img" sh -c 'trap "exit 42" TERM; echo started; while :; do sleep 0.1; done' >"$out" 2>"$err" &&
+	wait_for "pmr logs c2 2>/dev/null | grep -q started" 300 &&
+	pmr exec -d c2 sleep 100 >"$out" 2>"$err"
+t0=$(date +%s%N)
+pmr stop -t 5 c2 >"$out" 2>"$err"
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+checkc "podman stop with an exec session running succeeds ($rc, ${ms} ms)" '[ "$rc" -eq 0 ] && [ "$ms" -lt 4000 ]'
+pmr rm -f c2 >"$out" 2>"$err"
+checkc "... and rm leaves no sandbox or QEMU" '[ "$(sandboxes)" -eq 0 ] && wait_for "[ \$(ours) -eq 0 ]" 50'
 elapsed "podman lifecycle"
 
 # --- containerd ---------------------------------------------------------------
@@ -207,7 +227,7 @@ wait_for '[ -S "$rt/c/sock" ] && c version >/dev/null 2>&1' 100
 pm save -q --format oci-archive -o "$rt/img.tar" "$img" >"$out" 2>"$err" &&
 	c images import "$rt/img.tar" >"$out" 2>>"$err"
 checkc "a private containerd runs and imports the image (podman save, ctr images import)" 'c images ls -q | grep -qx "$img"'
-run_flags="--runc-binary $oci --runc-root $ctr_state"
+run_flags="--runc-binary $oci --runc-root $ctr_root"
 # The runc shim's --log, where the runtime writes its errors.
 clog() { for f in "$rt"/c/state/io.containerd.runtime.v2.task/default/*/log.json; do [ -f "$f" ] && sed "s|^|# $(basename "$(dirname "$f")") log: |" "$f"; done; }
 checkr() { # checkr NAME 'CONDITION': with the runtime's log on failure

@@ -752,7 +752,6 @@ static int oci_state(int argc, char **argv)
 	return rc;
 }
 
-/* The one flag of kill (--all) and delete (--force). */
 static int flag_opt(void *ud, int c, const char *arg)
 {
 	(void)c;
@@ -761,17 +760,27 @@ static int flag_opt(void *ud, int c, const char *arg)
 	return 0;
 }
 
+/* Parse the options of a verb whose one flag is --FLAG/-SHORTC (kill's
+ * --all, delete's --force): like parse, *set says whether it was given. */
+static int flag_verb(int argc, char **argv, const char *flag, char shortc, const char *usage,
+		     bool *set)
+{
+	const struct option opts[] = {
+		{ flag, no_argument, NULL, shortc }, { "help", no_argument, NULL, 'h' }, { 0 },
+	};
+	char shorts[] = { '+', shortc, 'h', '\0' };
+	*set = false;
+	return parse(argc, argv, shorts, opts, usage, flag_opt, set);
+}
+
 static int oci_kill(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "all", no_argument, NULL, 'a' }, { "help", no_argument, NULL, 'h' }, { 0 },
-	};
 	static const char usage[] =
 		"Usage: capsule-oci kill [--all] ID [SIGNAL]\n\n"
 		"Send SIGNAL (default SIGTERM; a number or a name) to the container's process,\n"
 		"or with --all to every process of the container.\n";
 	bool all = false;
-	int rc = parse(argc, argv, "+ah", opts, usage, flag_opt, &all);
+	int rc = flag_verb(argc, argv, "all", 'a', usage, &all);
 	if (rc >= 0)
 		return rc;
 	if (optind != argc - 1 && optind != argc - 2) {
@@ -826,15 +835,12 @@ static int oci_kill(int argc, char **argv)
 
 static int oci_delete(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "force", no_argument, NULL, 'f' }, { "help", no_argument, NULL, 'h' }, { 0 },
-	};
 	static const char usage[] =
 		"Usage: capsule-oci delete [--force] ID\n\n"
 		"Remove the container: its sandbox (VM and disks), cgroup and state. A running\n"
 		"one only with --force (it is killed). A container already gone is no error.\n";
 	bool force = false;
-	int rc = parse(argc, argv, "+fh", opts, usage, flag_opt, &force);
+	int rc = flag_verb(argc, argv, "force", 'f', usage, &force);
 	if (rc >= 0)
 		return rc;
 	if (optind != argc - 1) {

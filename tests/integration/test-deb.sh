@@ -43,7 +43,8 @@ verbs=$("$capsule" --help | awk '
 		for (i = 2; i < n; i += 2)
 			if (cell[i] ~ /^[a-z][a-z-]*$/ && cell[i] != "version" && cell[i] != "help") print cell[i]
 	}' | sort)
-dpkg-deb -c "$deb" | awk '{ print $NF }' | sed 's|^\./||' >"$rt/list"
+# A link's line ends "PATH -> TARGET": the path is the field before the arrow.
+dpkg-deb -c "$deb" | sed 's/ -> .*//' | awk '{ print $NF }' | sed 's|^\./||' >"$rt/list"
 missing=""
 for f in usr/bin/capsule usr/lib/capsule/capsule-agent \
 	usr/share/capsule/guest/build-kernel.sh usr/share/capsule/guest/kernel.config \

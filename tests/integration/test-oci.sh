@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=47
+plan=49
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -166,6 +166,13 @@ pane >"$out"
 checkc "... which reads a typed line and exits with its status (6)" 'grep -q "^read quit" "$out" && grep -q "^exec-done 6" "$out"'
 tmux -S "$rt/tmux" kill-server >/dev/null 2>&1
 
+# pause and unpause (runc freezes the cgroup; capsule pauses the VM).
+pmr pause c1 >"$out" 2>"$err"
+rc=$?
+checkc "podman pause pauses it ($rc)" '[ "$rc" -eq 0 ] && [ "$(pmr inspect --format "{{.State.Status}}" c1)" = paused ]'
+pmr unpause c1 >"$out" 2>"$err"
+rc=$?
+checkc "podman unpause resumes it ($rc): exec runs again" '[ "$rc" -eq 0 ] && pmr exec c1 true 2>>"$err"'
 pmr kill -s USR1 c1 >"$out" 2>"$err"
 checkc "podman kill -s USR1 reaches the guest's trap (podman logs)" 'wait_for "pmr logs c1 2>/dev/null | grep -q got-usr1" 100'
 checkc "... and the container goes on running" '[ "$(pmr inspect --format "{{.State.Running}}" c1)" = true ]'

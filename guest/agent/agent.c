@@ -1073,6 +1073,69 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 
 /* Make sure the tool user has a name in the image's /etc/passwd (the
  * write lands in the upper layer). */
+/* Copy the image's tree at src (its /run: a container's files such as
+ * /run/.containerenv, seeded into the upper layer) into the tmpfs about
+ * to cover it: directories, symbolic links and regular files up to 1 MiB,
+ * with their modes and owners. Best effort, depth-bounded; what cannot be
+ * copied is logged. */
+static void copy_small_tree(int src, int dst, int depth)
+{
+	DIR *d = fdopendir(src);
+	if (!d) {
+		close(src);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue;
+		if (S_ISDIR(st.st_mode) && depth < 8) {
+			mkdirat(dst, e->d_name, st.st_mode & 07777);
+			int s2 = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			int d2 = openat(dst, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (s2 >= 0 && d2 >= 0)
+				copy_small_tree(s2, d2, depth + 1);
+			else if (s2 >= 0)
+				close(s2);
+			if (d2 >= 0) {
+				fchownat(dst, e->d_name, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW);
+				fchmodat(dst, e->d_name, st.st_mode & 07777, 0);
+				close(d2);
+			}
+		} else if (S_ISLNK(st.st_mode)) {
+			char t[4096];
+			ssize_t n = readlinkat(dirfd(d), e->d_name, t, sizeof(t) - 1);
+			if (n > 0) {
+				t[n] = '\0';
+				if (symlinkat(t, dst, e->d_name) == 0)
+					fchownat(dst, e->d_name, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW);
+			}
+		} else if (S_ISREG(st.st_mode) && st.st_size <= (1 << 20)) {
+			int in = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			int out = openat(dst, e->d_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+					 st.st_mode & 07777);
+			char buf[16384];
+			ssize_t n = 0;
+			while (in >= 0 && out >= 0 && (n = read(in, buf, sizeof(buf))) > 0)
+				if (write(out, buf, (size_t)n) != n)
+					break;
+			if (out >= 0) {
+				fchown(out, st.st_uid, st.st_gid);
+				fchmod(out, st.st_mode & 07777);
+				close(out);
+			}
+			if (in >= 0)
+				close(in);
+		} else {
+			agent_log("the image's /run/%s is not copied into the guest's /run", e->d_name);
+		}
+	}
+	closedir(d);
+}
+
 static void ensure_tool_user(void)
 {
 	char *s = NULL;
@@ -1175,6 +1238,17 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 
 	if (strcmp(root, "/") != 0) {
 		static const char *const moved[] = { "/dev", "/proc", "/sys", "/tmp", "/run" };
+		/* The tmpfs /run covers the image's: what the image (or its
+		 * seeded upper layer) holds there is copied in first. */
+		snprintf(path, sizeof(path), "%s/run", root);
+		int rsrc = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		int rdst = open("/run", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (rsrc >= 0 && rdst >= 0)
+			copy_small_tree(rsrc, rdst, 0);
+		else if (rsrc >= 0)
+			close(rsrc);
+		if (rdst >= 0)
+			close(rdst);
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(moved); i++) {
 			snprintf(path, sizeof(path), "%s%s", root, moved[i]);
 			mkdir(path, 0755);

@@ -47,7 +47,7 @@ if [ ! -f "$asan/build.ninja" ]; then
 	meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
 if ninja -C "$asan" >/dev/null; then
-	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar; do
+	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci; do
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"

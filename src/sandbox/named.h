@@ -43,6 +43,12 @@ struct cap_record {
 	/* The guest's hostname ("" for the sandbox's name when that is a
 	 * valid one, else "capsule"): 1 to 20 of [A-Za-z0-9._-]. */
 	char hostname[21];
+	/* The root file system is read-only in the guest (an OCI config's
+	 * root.readonly, Podman's --read-only): the agent remounts the
+	 * overlay root read-only once the guest's own mounts (/dev, /proc,
+	 * /sys, /tmp, /run, /work) and the seeded /etc files are in place.
+	 * Recorded as "root_readonly": true only when set. */
+	bool root_readonly;
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cgroup.h"
 #include "jail.h"
 #include "paths.h"
 #include "proc.h"
@@ -187,46 +188,17 @@ static int cg_remove(const char *dir)
 	return -EBUSY;
 }
 
-/* Make one folder (and, on v2, hand the controllers down from its parent
- * to it and from it to its children). */
-static int cg_mkdir(const struct cgroups *cg, const char *p, struct cap_err *err)
-{
-	if (mkdir(p, 0755) < 0 && errno != EEXIST)
-		return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
-	if (cg->version != 2)
-		return 0;
-	_cleanup_free_ char *sub = xasprintf("%s/cgroup.subtree_control", p);
-	if (write_str(sub, "+memory +pids +cpu") < 0)
-		return cap_err_set(err, errno, "cannot enable the memory, pids and cpu controllers in %s: %s",
-				   sub, strerror(errno));
-	return 0;
-}
-
 /* Make sure the parent folders exist, every level of a nested parent
  * (and, on v2, hand the controllers down to them). */
 static int cg_parents(const struct cgroups *cg, struct cap_err *err)
 {
-	unsigned nh = cg->version == 2 ? 1 : CAP_ARRAY_SIZE(v1_controllers);
-	for (unsigned i = 0; i < nh; i++) {
-		char base[PATH_MAX];
-		if (cg->version == 2) {
-			snprintf(base, sizeof(base), "%s", cg->root);
-			char sub[PATH_MAX + 32];
-			snprintf(sub, sizeof(sub), "%s/cgroup.subtree_control", cg->root);
-			write_str(sub, "+memory +pids +cpu");
-		} else {
-			snprintf(base, sizeof(base), "%s/%s", cg->root, v1_controllers[i]);
-		}
-		char p[PATH_MAX + 600];
-		int r;
-		for (const char *c = cg->parent; *c;) {
-			size_t n = strcspn(c, "/");
-			snprintf(p, sizeof(p), "%s/%.*s", base, (int)(c - cg->parent + n), cg->parent);
-			if ((r = cg_mkdir(cg, p, err)) < 0)
-				return r;
-			c += n;
-			c += *c == '/';
-		}
+	if (cg->version == 2)
+		return cap_cgroup_mkdir_p(cg->root, cg->parent, true, err);
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(v1_controllers); i++) {
+		_cleanup_free_ char *base = xasprintf("%s/%s", cg->root, v1_controllers[i]);
+		int r = cap_cgroup_mkdir_p(base, cg->parent, false, err);
+		if (r < 0)
+			return r;
 	}
 	return 0;
 }

@@ -28,6 +28,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include "cgroup.h"
 #include "oci.h"
 #include "util.h"
 
@@ -143,33 +144,14 @@ static int set(const char *dir, const char *file, const char *val, struct cap_er
 	return 0;
 }
 
-/* mkdir -p of dir below root, handing the v2 controllers down every level. */
+/* mkdir -p of dir below root, handing the v2 controllers down every
+ * level, and its leaf. */
 static int make_levels(const struct hier *h, size_t i, struct cap_err *err)
 {
 	const char *root = h->roots[i], *dir = h->dirs[i];
-	size_t rl = strlen(root);
-	if (h->version == 2) {
-		_cleanup_free_ char *sub = xasprintf("%s/cgroup.subtree_control", root);
-		int r = write_str(sub, "+memory +pids +cpu");
-		if (r < 0)
-			return cap_err_set(err, -r, "cannot enable the memory, pids and cpu controllers in %s: %s", sub, strerror(-r));
-	}
-	for (const char *c = dir + rl + 1;;) {
-		size_t n = strcspn(c, "/");
-		_cleanup_free_ char *p = xstrndup(dir, (size_t)(c + n - dir));
-		if (mkdir(p, 0755) < 0 && errno != EEXIST)
-			return cap_err_set(err, errno, "cannot create cgroup %s: %s", p, strerror(errno));
-		if (h->version == 2) {
-			_cleanup_free_ char *sub = xasprintf("%s/cgroup.subtree_control", p);
-			int r = write_str(sub, "+memory +pids +cpu");
-			if (r < 0)
-				return cap_err_set(err, -r, "cannot enable the memory, pids and cpu controllers in %s: %s", sub, strerror(-r));
-		}
-		c += n;
-		if (!*c)
-			break;
-		c++;
-	}
+	int r = cap_cgroup_mkdir_p(root, dir + strlen(root) + 1, h->version == 2, err);
+	if (r < 0)
+		return r;
 	_cleanup_free_ char *leaf = xasprintf("%s/" LEAF, dir);
 	if (mkdir(leaf, 0755) < 0 && errno != EEXIST)
 		return cap_err_set(err, errno, "cannot create cgroup %s: %s", leaf, strerror(errno));

@@ -1,0 +1,23 @@
+/* Making cgroup folders, shared by the jail (engine-jail.c) and the OCI
+ * runtime's cgroupsPath (src/oci/oci-cgroup.c). Host only. */
+#ifndef CAP_CGROUP_H
+#define CAP_CGROUP_H
+
+#include <stdbool.h>
+
+#include "err.h"
+
+/* cgroup v2: hand the memory, pids and cpu controllers down from dir to
+ * its children, each one separately and only those dir offers (its
+ * cgroup.controllers) and has not enabled yet, as runc does: a host that
+ * does not delegate cpu still gets memory and pids. 0, or -errno with
+ * err naming the file and the controller. */
+int cap_cgroup_delegate(const char *dir, struct cap_err *err);
+
+/* mkdir -p of root/rel ("a/b/c", relative), every level 0755; with v2,
+ * root and every level made delegate (above), so that limits can be
+ * written in the last level's children. 0, or -errno with err set. */
+int cap_cgroup_mkdir_p(const char *root, const char *rel, bool v2,
+		       struct cap_err *err);
+
+#endif

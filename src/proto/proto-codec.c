@@ -514,11 +514,13 @@ static bool has_secrets(const struct cap_setup *s)
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
-	bool workspace = s->workspace && *s->workspace;
+	uint32_t flags = s->root_readonly ? CAP_SETUP_ROOT_READONLY : 0;
+	bool has_ws = s->workspace && *s->workspace;
+	bool workspace = has_ws || flags;	/* the section, its serial "" without one */
 	bool secrets = has_secrets(s) || workspace;
 	if (s->net_prefix > 32 || s->envc > CAP_SETUP_MAX_ENV || (s->envc && !s->env))
 		return -EINVAL;
-	if (workspace && !cap_proto_valid_name(s->workspace))
+	if (has_ws && !cap_proto_valid_name(s->workspace))
 		return -EINVAL;
 	size_t size = 8 + sizeof(s->seed) + SETUP_NET_SIZE;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
@@ -537,7 +539,9 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 		}
 	}
 	if (workspace)
-		size += str_size(s->workspace);
+		size += str_size(has_ws ? s->workspace : "");
+	if (flags)
+		size += 4;
 	if (size > CAP_PROTO_MAX_PAYLOAD)
 		return -E2BIG;
 
@@ -565,7 +569,11 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 			q = put_str(q, s->env[i]);
 	}
 	if (workspace)
-		q = put_str(q, s->workspace);
+		q = put_str(q, has_ws ? s->workspace : "");
+	if (flags) {
+		cap_put_u32(q, flags);
+		q += 4;
+	}
 	CAP_BUG_ON((size_t)(q - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
 	return 0;
@@ -573,14 +581,16 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 
 /* The secrets section: string ca_pem ("" for none), u32 envc, envc
  * strings; then the optional workspace section: one string, the serial of
- * the /workspace disk. All of it must be used. The secrets section is
- * empty only when the workspace section follows it. */
+ * the /workspace disk; then the optional options section: u32 flags, not
+ * 0, only known bits. All of it must be used. The secrets section is
+ * empty only when the workspace section follows it, the workspace section
+ * only when the options section does. */
 static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *envc,
-		       char **workspace)
+		       char **workspace, uint32_t *flags)
 {
 	char *ca = NULL, *ws = NULL;
 	char **v = NULL;
-	uint32_t n = 0;
+	uint32_t n = 0, fl = 0;
 	if (rd_str(r, &ca) < 0)
 		return -EBADMSG;
 	if (!ca_pem_ok(ca) || rd_strv(r, CAP_SETUP_MAX_ENV, &v, &n) < 0)
@@ -588,12 +598,20 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 	for (uint32_t i = 0; i < n; i++)
 		if (!env_string_ok(v[i]))
 			goto bad;
-	if (r->left > 0 && (rd_str(r, &ws) < 0 || !cap_proto_valid_name(ws)))
-		goto bad;	/* an empty workspace section is never sent */
+	if (r->left > 0 && (rd_str(r, &ws) < 0 || (*ws && !cap_proto_valid_name(ws))))
+		goto bad;
+	if (r->left > 0 && (rd_u32(r, &fl) < 0 || fl == 0 || (fl & ~CAP_SETUP_ROOT_READONLY)))
+		goto bad;	/* an empty options section is never sent */
 	if (r->left != 0)
 		goto bad;
+	if (ws && !*ws && fl == 0)
+		goto bad;	/* an empty workspace section comes only before options */
 	if (!*ca && n == 0 && !ws)
 		goto bad;	/* an empty secrets section comes only before a workspace */
+	if (ws && !*ws) {
+		free(ws);
+		ws = NULL;
+	}
 	if (!*ca) {
 		free(ca);
 		ca = NULL;
@@ -606,6 +624,7 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 	*env = v;
 	*envc = n;
 	*workspace = ws;
+	*flags = fl;
 	return 0;
 bad:
 	free(ca);
@@ -628,7 +647,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 	uint32_t lo, hi;
 	const uint8_t *net = NULL, *seed = NULL;
 	char *ca_pem = NULL, **env = NULL, *workspace = NULL;
-	uint32_t envc = 0;
+	uint32_t envc = 0, flags = 0;
 	if (rd_u32(&r, &lo) == 0 && rd_u32(&r, &hi) == 0 &&
 	    r.left >= sizeof(out->seed) + SETUP_NET_SIZE) {
 		seed = r.p;
@@ -637,7 +656,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 		r.left -= sizeof(out->seed) + SETUP_NET_SIZE;
 	}
 	if (!net || net[12] > 32 || net[15] > 1 ||
-	    (r.left > 0 && rd_sections(&r, &ca_pem, &env, &envc, &workspace) < 0)) {
+	    (r.left > 0 && rd_sections(&r, &ca_pem, &env, &envc, &workspace, &flags) < 0)) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
@@ -652,7 +671,8 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .proxy_port = cap_get_u16(net + 13),
 				   .auto_publish = net[15] == 1,
 				   .ca_pem = ca_pem, .env = env, .envc = envc,
-				   .workspace = workspace ? workspace : xstrdup("") };
+				   .workspace = workspace ? workspace : xstrdup(""),
+				   .root_readonly = flags & CAP_SETUP_ROOT_READONLY };
 	memcpy(out->seed, seed, sizeof(out->seed));
 	return 0;
 }

@@ -307,8 +307,19 @@ struct cap_setup {
 	 * CAP_SETUP_MAX_ENV. */
 	char **env;
 	uint32_t envc;
+	/* Remount the overlay root read-only once everything is set up,
+	 * its /etc files written (an OCI config's root.readonly); /dev,
+	 * /proc, /sys, /tmp, /run, /work, /workspace and /source are mounts
+	 * of their own and keep their modes. Only with a root image: the
+	 * agent refuses it on the initramfs root (EINVAL). Sent in the options section (u32 flags, bit 0) after the
+	 * workspace section (which is then sent, its serial empty if need
+	 * be, and so is the secrets section), only when set: a SETUP without
+	 * it is byte for byte what older agents take, and one with it is
+	 * refused by them rather than half applied. */
+	bool root_readonly;
 };
 #define CAP_SETUP_MAX_ENV 64
+#define CAP_SETUP_ROOT_READONLY 0x1u	/* options section: flags bit 0 */
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);
 void cap_setup_fini(struct cap_setup *s);

@@ -892,6 +892,112 @@ static void setup_workspace_section(void **state)
 	cap_buf_fini(&b);
 }
 
+/* root_readonly: the options section (u32 flags) after the workspace
+ * section, sent only when set; older encodings unchanged without it. */
+static void setup_root_readonly(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f, plain;
+	struct cap_setup out;
+	struct cap_setup in = { .root_image = "capsule-root", .root_upper = "capsule-upper",
+				.work = "w", .source = "", .hostname = "h" };
+	cap_buf_init(&b);
+
+	/* Not set: byte for byte the SETUP without sections, false decoded. */
+	assert_int_equal(setup_roundtrip(&in, &b, &plain, &out), 0);
+	assert_false(out.root_readonly);
+	cap_setup_fini(&out);
+	size_t plain_len = plain.len;
+	uint8_t old[256];
+	assert_true(plain_len <= sizeof(old));
+	memcpy(old, plain.payload, plain_len);
+
+	/* Alone: an empty secrets section, an empty workspace serial, then
+	 * flags 1; everything before the sections as without it. */
+	struct cap_setup ro = in;
+	ro.root_readonly = true;
+	assert_int_equal(setup_roundtrip(&ro, &b, &f, &out), 0);
+	assert_int_equal(f.len, plain_len + 8 + 4 + 4);
+	assert_memory_equal(f.payload, old, plain_len);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12), CAP_SETUP_ROOT_READONLY);
+	assert_true(out.root_readonly);
+	assert_string_equal(out.workspace, "");
+	assert_null(out.ca_pem);
+	assert_null(out.env);
+	assert_string_equal(out.root_image, "capsule-root");
+	cap_setup_fini(&out);
+	/* Cut anywhere, refused, but right before the sections (a SETUP
+	 * without it: what an older host sends). */
+	for (uint32_t k = 0; k < f.len; k++) {
+		int r = cap_proto_setup_decode(f.payload, k, &out);
+		if (k == plain_len) {
+			assert_int_equal(r, 0);
+			assert_false(out.root_readonly);
+			cap_setup_fini(&out);
+		} else {
+			assert_int_equal(r, -EBADMSG);
+		}
+	}
+
+	/* With a workspace and secrets: each section kept. */
+	char *env[] = { "TOKEN=x" };
+	struct cap_setup all = ro;
+	all.workspace = "capsule-ws";
+	all.ca_pem = TEST_CA;
+	all.env = env;
+	all.envc = 1;
+	assert_int_equal(setup_roundtrip(&all, &b, &f, &out), 0);
+	assert_true(out.root_readonly);
+	assert_string_equal(out.workspace, "capsule-ws");
+	assert_string_equal(out.ca_pem, TEST_CA);
+	assert_int_equal(out.envc, 1);
+	cap_setup_fini(&out);
+	/* A workspace without it: no options section (as before). */
+	all.root_readonly = false;
+	struct cap_frame g;
+	assert_int_equal(setup_roundtrip(&all, &b, &g, &out), 0);
+	assert_false(out.root_readonly);
+	assert_int_equal(g.len + 4, f.len);
+	cap_setup_fini(&out);
+
+	/* Malformed options: flags 0, an unknown bit, a short or long
+	 * section, an empty workspace serial without options. */
+	assert_int_equal(setup_roundtrip(&ro, &b, &f, &out), 0);
+	cap_setup_fini(&out);
+	uint8_t buf[256];
+	size_t n = f.len;
+	assert_true(n + 8 <= sizeof(buf));
+	memcpy(buf, f.payload, n);
+	cap_put_u32(buf + n - 4, 0);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + n - 4, 2);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + n - 4, 0x80000001u);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + n - 4, CAP_SETUP_ROOT_READONLY);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	assert_true(out.root_readonly);
+	cap_setup_fini(&out);
+	assert_int_equal(cap_proto_setup_decode(buf, n - 1, &out), -EBADMSG);
+	buf[n] = 0;
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), -EBADMSG);
+	memset(buf + n, 0, 4);
+	assert_int_equal(cap_proto_setup_decode(buf, n + 4, &out), -EBADMSG);
+	assert_int_equal(cap_proto_setup_decode(buf, n - 4, &out), -EBADMSG);	/* "" alone */
+	/* A bad workspace serial before it is still refused. */
+	cap_put_u32(buf + n - 8, 1);
+	buf[n - 4] = '/';
+	cap_put_u32(buf + n - 3, CAP_SETUP_ROOT_READONLY);
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), -EBADMSG);
+	buf[n - 4] = 'x';
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), 0);
+	assert_string_equal(out.workspace, "x");
+	assert_true(out.root_readonly);
+	cap_setup_fini(&out);
+	cap_buf_fini(&b);
+}
+
 static void file_ops_and_roots(void **state)
 {
 	(void)state;
@@ -1075,6 +1181,7 @@ int main(void)
 		cmocka_unit_test(setup_secrets_roundtrip),
 		cmocka_unit_test(setup_secrets_refused),
 		cmocka_unit_test(setup_workspace_section),
+		cmocka_unit_test(setup_root_readonly),
 		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),
 	};

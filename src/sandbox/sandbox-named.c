@@ -216,6 +216,8 @@ static int write_record(const struct cap_record *rec, struct cap_err *err)
 							    "bytes", (json_int_t)rec->source_bytes));
 	if (rec->hostname[0])
 		json_object_set_new(j, "hostname", json_string(rec->hostname));
+	if (rec->root_readonly)
+		json_object_set_new(j, "root_readonly", json_true());
 	if (rec->workspace[0]) {
 		json_object_set_new(j, "workspace", json_string(rec->workspace));
 		json_object_set_new(j, "workspace_size_mib", json_integer(rec->workspace_size_mib));
@@ -685,6 +687,13 @@ int cap_named_load(const char *name, struct cap_record *out,
 	/* Records from before workspaces have none. */
 	if ((s = json_string_value(json_object_get(j, "hostname"))) && cap_proto_valid_name(s))
 		snprintf(out->hostname, sizeof(out->hostname), "%s", s);
+	/* Records from before it have none: a writable root. */
+	json_t *ro = json_object_get(j, "root_readonly");
+	if (ro && !json_is_boolean(ro)) {
+		json_decref(j);
+		return cap_err_set(err, EBADMSG, "%s: \"root_readonly\" must be true or false", path);
+	}
+	out->root_readonly = json_is_true(ro);
 	if ((s = json_string_value(json_object_get(j, "workspace")))) {
 		if (s[0] != '/' || strlen(s) >= sizeof(out->workspace)) {
 			json_decref(j);
@@ -1137,6 +1146,7 @@ void cap_named_shape(const struct cap_record *rec, const char *image, const char
 {
 	cap_sandbox_spec_named(spec, image, upper, work, source, workspace,
 			       rec->hostname[0] ? rec->hostname : name);
+	cap_sandbox_spec_root_readonly(spec, rec->root_readonly);
 	cap_sandbox_spec_network(spec, p);
 	cap_sandbox_opts_init(o);
 	o->cpus = rec->cpus;

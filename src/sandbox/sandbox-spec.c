@@ -50,6 +50,11 @@ void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
 		snprintf(s->hostname, sizeof(s->hostname), "capsule");
 }
 
+void cap_sandbox_spec_root_readonly(struct cap_sandbox_spec *s, bool readonly)
+{
+	s->setup.root_readonly = readonly;
+}
+
 void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image)
 {
 	cap_sandbox_spec_init(s);

@@ -43,6 +43,11 @@ void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
 			    const char *upper, const char *work,
 			    const char *source, const char *workspace,
 			    const char *hostname);
+/* Ask the agent for a read-only root (SETUP's root_readonly, after
+ * cap_sandbox_spec_named): the overlay root is remounted read-only once
+ * set up. Not part of the shape: SETUP reaches a VM after its restore,
+ * so a template serves sandboxes with either. */
+void cap_sandbox_spec_root_readonly(struct cap_sandbox_spec *s, bool readonly);
 /* A one-shot VM (capsule run) on the initramfs root, with /source from
  * source_image when it is not NULL. */
 void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image);

@@ -2,7 +2,7 @@
  * (and every refusal naming its field), signals parsed as runc does, a
  * cgroupsPath made, limited, joined and removed under the real cgroups,
  * and a bundle's rootfs made an image once and then found by its
- * fingerprint. */
+ * fingerprint: by content for a plain tree, by layers for an overlay. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,10 +16,12 @@
 #include <jansson.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -65,6 +67,11 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
+	/* An overlay test that failed half-way leaves its mounts. */
+	char *m = xasprintf("%s/ovl/merged", dir);
+	while (umount2(m, MNT_DETACH) == 0)
+		;
+	free(m);
 	char *cmd = xasprintf("rm -rf '%s'", dir);
 	int r = system(cmd);
 	free(cmd);
@@ -540,6 +547,180 @@ static void cgroups(void **state)
 	free(cp);
 }
 
+/* The rootfs cache's lock files left in the capsule home. */
+static int lock_files(void)
+{
+	char *cmd = xasprintf("ls '%s/home/images/rootfs' | grep -c '\\.lock$'", dir);
+	FILE *p = popen(cmd, "r");
+	int n = -1;
+	assert_non_null(p);
+	assert_int_equal(fscanf(p, "%d", &n), 1);
+	pclose(p);
+	free(cmd);
+	return n;
+}
+
+/* The progress lines of one lookup, joined. */
+struct said {
+	char text[4096];
+};
+
+static void collect(void *ud, const char *line)
+{
+	struct said *s = ud;
+	size_t n = strlen(s->text);
+	snprintf(s->text + n, sizeof(s->text) - n, "%s\n", line);
+}
+
+/* Look dir up with the usual skip list: its digest in digest, whether it
+ * was cached, what progress said in said (may be NULL). */
+static bool lookup(const char *t, char digest[80], struct said *said)
+{
+	const char *skip[] = { "/etc/hosts", "/etc/resolv.conf" };
+	struct cap_image img;
+	bool cached = false;
+	struct cap_err err;
+	struct said ignored;
+	if (!said)
+		said = &ignored;
+	said->text[0] = '\0';
+	if (cap_store_image_from_rootfs(t, skip, 2, collect, said, &img, &cached, &err) < 0)
+		fail_msg("%s: %s", t, err.msg);
+	snprintf(digest, 80, "%s", img.digest);
+	cap_image_fini(&img);
+	return cached;
+}
+
+static void sh(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	char *cmd = NULL;
+	assert_true(vasprintf(&cmd, fmt, ap) >= 0);
+	va_end(ap);
+	if (system(cmd) != 0)
+		fail_msg("failed: %s", cmd);
+	free(cmd);
+}
+
+/* Keyed by content: two trees that differ only in a file's bytes (same
+ * size, same pinned time, as SOURCE_DATE_EPOCH builds make) are two
+ * images; a symlink's time is not keyed, its target and xattrs are. */
+static void rootfs_content(void **state)
+{
+	(void)state;
+	char *t1 = xasprintf("%s/pinned1", dir), *t2 = xasprintf("%s/pinned2", dir);
+	sh("set -e; for t in %s %s; do mkdir -p $t/bin $t/etc; echo hi > $t/bin/sh; ln -s sh $t/bin/ash; done;"
+	   " printf AAAA > %s/msg; printf BBBB > %s/msg;"
+	   " touch -h -d '2020-01-01 00:00:00' %s/msg %s/msg %s/bin/ash %s/bin/ash %s/bin/sh %s/bin/sh",
+	   t1, t2, t1, t2, t1, t2, t1, t2, t1, t2);
+	char d1[80], d2[80], d[80];
+	struct said said;
+	assert_false(lookup(t1, d1, &said));
+	assert_false(lookup(t2, d2, NULL));	/* the reviewer's case: was a hit */
+	assert_string_not_equal(d1, d2);
+	assert_non_null(strstr(said.text, "keyed by content"));
+	assert_true(lookup(t1, d, NULL));
+	assert_string_equal(d, d1);
+
+	/* A symlink's time moves (Podman's fresh /etc/mtab): still cached. */
+	sh("touch -h -d '2024-05-05 05:05:05' %s/bin/ash", t1);
+	assert_true(lookup(t1, d, NULL));
+	assert_string_equal(d, d1);
+	/* ... its target changes: a miss. */
+	sh("ln -sfn /bin/sh %s/bin/ash", t2);
+	assert_false(lookup(t2, d, NULL));
+
+	/* An extended attribute: another key. */
+	char *f = xasprintf("%s/bin/sh", t1);
+	if (setxattr(f, "user.capsule-test", "1", 1, 0) == 0) {
+		assert_false(lookup(t1, d, NULL));
+		assert_true(lookup(t1, d, NULL));
+		assert_int_equal(setxattr(f, "user.capsule-test", "2", 1, 0), 0);
+		assert_false(lookup(t1, d, NULL));
+	} else {
+		print_message("# xattr check not run: %s cannot hold user.* xattrs (%s)\n", dir, strerror(errno));
+	}
+	assert_int_equal(lock_files(), 0);
+	free(f);
+	free(t1);
+	free(t2);
+}
+
+/* An overlay mount point (an engine's container rootfs) is keyed by its
+ * lower layers' identities and its upper layer's content. */
+static void rootfs_overlay(void **state)
+{
+	(void)state;
+	char *o = xasprintf("%s/ovl", dir);
+	/* A space and a colon in layer names: mountinfo's \040, overlay's \:. */
+	sh("set -e; cd %s/..; mkdir -p ovl; cd ovl; mkdir -p 'low er1/bin' 'low:2/etc' up/etc work merged;"
+	   " echo hi > 'low er1/bin/sh'; : > 'low:2/etc/hosts'; echo 1 > 'low:2/etc/f';"
+	   " printf AAAA > up/msg; : > up/etc/hosts; ln -s /proc/mounts up/etc/mtab", o);
+	char *merged = xasprintf("%s/merged", o);
+	char *opts = xasprintf("lowerdir=%s/low er1:%s/low\\:2,upperdir=%s/up,workdir=%s/work", o, o, o, o);
+	char *swapped = xasprintf("lowerdir=%s/low\\:2:%s/low er1,upperdir=%s/up,workdir=%s/work", o, o, o, o);
+	if (mount("overlay", merged, "overlay", 0, opts) < 0)
+		fail_msg("mount -t overlay -o %s %s: %s", opts, merged, strerror(errno));
+	char d1[80], d[80];
+	struct said said;
+	assert_false(lookup(merged, d1, &said));
+	if (!strstr(said.text, "keyed by its 2 overlay layers"))
+		fail_msg("not keyed by layers: %s", said.text);
+	assert_true(lookup(merged, d, NULL));
+	assert_string_equal(d, d1);
+
+	/* The engine's next container: the same upper made at another time
+	 * (and a fresh /etc/mtab link). */
+	sh("touch -d '2001-01-01' %s/msg %s/etc/hosts && touch -h -d '2002-02-02' %s/etc/mtab", merged, merged, merged);
+	assert_true(lookup(merged, d, NULL));
+	assert_string_equal(d, d1);
+	/* A skip path's content in the upper: not keyed. */
+	sh("echo 10.0.0.1 h > %s/etc/hosts", merged);
+	assert_true(lookup(merged, d, NULL));
+
+	/* Another upper content (same size): a miss. */
+	sh("printf BBBB > %s/msg", merged);
+	assert_false(lookup(merged, d, NULL));
+	assert_string_not_equal(d, d1);
+	sh("printf AAAA > %s/msg", merged);
+	assert_true(lookup(merged, d, NULL));
+	assert_string_equal(d, d1);
+	/* A whiteout in the upper: a miss. */
+	sh("rm %s/etc/f", merged);
+	assert_false(lookup(merged, d, NULL));
+	assert_int_equal(umount2(merged, 0), 0);
+	sh("rm -f %s/up/etc/f", o);	/* the whiteout */
+
+	/* The same layers in another order: another key. */
+	if (mount("overlay", merged, "overlay", 0, swapped) < 0)
+		fail_msg("mount -t overlay -o %s %s: %s", swapped, merged, strerror(errno));
+	assert_false(lookup(merged, d, &said));
+	assert_non_null(strstr(said.text, "overlay layers"));
+	assert_int_equal(umount2(merged, 0), 0);
+
+	/* A mount inside it: the layers do not tell it all, keyed by content. */
+	if (mount("overlay", merged, "overlay", 0, opts) < 0)
+		fail_msg("mount -t overlay -o %s %s: %s", opts, merged, strerror(errno));
+	char *inside = xasprintf("%s/bin", merged);
+	char *from = xasprintf("%s/low:2/etc", o);
+	assert_int_equal(mount(from, inside, NULL, MS_BIND, NULL), 0);
+	assert_false(lookup(merged, d, &said));
+	if (!strstr(said.text, "keyed by content (something is mounted inside it"))
+		fail_msg("%s", said.text);
+	assert_int_equal(umount2(inside, 0), 0);
+	assert_true(lookup(merged, d, NULL));
+	assert_string_equal(d, d1);
+	assert_int_equal(umount2(merged, 0), 0);
+	assert_int_equal(lock_files(), 0);
+	free(inside);
+	free(from);
+	free(opts);
+	free(swapped);
+	free(merged);
+	free(o);
+}
+
 static void progress(void *ud, const char *line)
 {
 	(void)ud, (void)line;
@@ -619,8 +800,9 @@ static void rootfs_cache(void **state)
 	p = xasprintf("%s/bin/hello", t);
 	write_text(p, "hi\n");
 	free(p);
-	/* Not the first tree's fingerprint any more (mtimes moved): the
-	 * link of the new tree is made, then removal of its image is seen. */
+	/* The first tree's bytes again, so its fingerprint (times are not
+	 * keyed): its image removed above, it is built again, the link
+	 * rewritten; then removal of that image is seen too. */
 	struct cap_image c1;
 	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &c1, &cached, &err) < 0)
 		fail_msg("%s", err.msg);
@@ -679,6 +861,7 @@ static void rootfs_concurrent(void **state)
 	assert_string_not_equal(got[1], "fail");
 	assert_string_equal(got[0] + 1, got[1] + 1);
 	assert_true((got[0][0] == 'b') != (got[1][0] == 'b'));
+	assert_int_equal(lock_files(), 0);
 	free(t);
 }
 
@@ -694,6 +877,8 @@ int main(void)
 		cmocka_unit_test(cgroups),
 		cmocka_unit_test(rootfs_cache),
 		cmocka_unit_test(rootfs_concurrent),
+		cmocka_unit_test(rootfs_content),
+		cmocka_unit_test(rootfs_overlay),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

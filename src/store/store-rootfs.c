@@ -425,7 +425,7 @@ static int hash_overlay(struct walk *w, char *opts, size_t *nlayers, const char 
 		    (v = after(o, "datadir+="))) {
 			/* lowerdir=A:B::D (data-only layers after "::"; "\:"
 			 * is a colon in a name); the + forms, one each. */
-			bool list = o[8] == '=', data = o[0] == 'd';
+			bool list = after(o, "lowerdir=") != NULL, data = o[0] == 'd';
 			char *cur = xstrdup(v), *out = cur;
 			for (const char *p = v;; p++) {
 				if (list && *p == '\\' && p[1]) {

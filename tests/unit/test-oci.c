@@ -699,6 +699,16 @@ static void rootfs_overlay(void **state)
 	assert_non_null(strstr(said.text, "overlay layers"));
 	assert_int_equal(umount2(merged, 0), 0);
 
+	/* The same layers given one by one (lowerdir+=, the new mount API's
+	 * form, which mountinfo shows so too): the same key. */
+	char *plus = xasprintf("lowerdir+=%s/low er1,lowerdir+=%s/low:2,upperdir=%s/up,workdir=%s/work", o, o, o, o);
+	if (mount("overlay", merged, "overlay", 0, plus) < 0)
+		fail_msg("mount -t overlay -o %s %s: %s", plus, merged, strerror(errno));
+	assert_true(lookup(merged, d, NULL));
+	assert_string_equal(d, d1);
+	assert_int_equal(umount2(merged, 0), 0);
+	free(plus);
+
 	/* A mount inside it: the layers do not tell it all, keyed by content. */
 	if (mount("overlay", merged, "overlay", 0, opts) < 0)
 		fail_msg("mount -t overlay -o %s %s: %s", opts, merged, strerror(errno));

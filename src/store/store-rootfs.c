@@ -519,8 +519,8 @@ static int fingerprint(const char *dir, const char *const *skip, size_t nskip,
 		cap_sha256_update(&w.h, "overlay", 8);
 		if ((r = hash_overlay(&w, opts, &nlayers, &why)) == 0) {
 			cap_sha256_final_hex(&w.h, hex);
-			*how = xasprintf("keyed by its %zu overlay layers and the content of its upper layer (%" PRIu64 " entries, %" PRIu64 " bytes)",
-					 nlayers, w.entries, w.bytes);
+			*how = xasprintf("keyed by its %zu overlay layer%s and the content of its upper layer (%" PRIu64 " entries, %" PRIu64 " bytes)",
+					 nlayers, nlayers == 1 ? "" : "s", w.entries, w.bytes);
 			goto out;
 		}
 		/* Never a key of less: the whole tree by content. */

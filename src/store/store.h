@@ -171,17 +171,22 @@ int cap_store_image_from_tree(const char *dir, const struct cap_import_opts *o,
 			      struct cap_err *err);
 
 /* A container's root directory (an OCI bundle's rootfs) as an image,
- * cached by content: a fingerprint of the tree's metadata (every entry's
- * path, type, mode, owner, size, modification time and link target;
- * directories without their times) and of nothing under the paths in
- * skip[0..nskip) (absolute in the container: mount points the runtime
+ * cached by content: a fingerprint keys CAPSULE_HOME/images/rootfs/<fp>,
+ * a link to the image's digest. For an overlay mount point (an engine's
+ * container rootfs) it covers the lower layers by identity (real path,
+ * device, inode, birth time), the mount options that change the merge
+ * and the upper directory by content; for any other tree (or an overlay
+ * whose layers cannot all be named) the whole tree by content: every
+ * entry's path, type, mode, owner, device number, file bytes, link
+ * target and extended attributes, never times. Nothing under the paths
+ * in skip[0..nskip) (absolute in the container: mount points the runtime
  * fills, e.g. /etc/hosts, whose files an engine makes fresh for each
- * container) keys CAPSULE_HOME/images/rootfs/<fingerprint>, a link to the
- * image's digest. A hit whose image still verifies is returned without
- * reading a file's content; otherwise the tree (without what skip names)
- * is imported as cap_store_image_from_tree does, and the link written.
- * *cached says which happened. The image has no name; its source says
- * "container rootfs DIR". */
+ * container) is keyed. A hit whose image is still in the store at its
+ * recorded size is returned; otherwise the whole tree (what skip names
+ * included, as the tree holds it) is imported as
+ * cap_store_image_from_tree does, and the link written. *cached says
+ * which happened. The image has no name; its source says "container
+ * rootfs DIR". */
 int cap_store_image_from_rootfs(const char *dir, const char *const *skip,
 				size_t nskip, cap_progress_fn progress, void *ud,
 				struct cap_image *out, bool *cached,

@@ -883,6 +883,22 @@ static void remove_names(const char *images, const char *hex)
 		if (unlink(link) < 0)
 			break;
 	}
+	/* The rootfs cache's links to it (store-rootfs.c), and any left
+	 * dangling by an older removal. */
+	_cleanup_free_ char *cache = xasprintf("%s/rootfs", images);
+	DIR *d = opendir(cache);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		char h[65];
+		_cleanup_free_ char *link = xasprintf("%s/%s", cache, e->d_name);
+		if (e->d_name[0] == '.' || !cap_store_link_hex(link, h))
+			continue;
+		_cleanup_free_ char *target = xasprintf("%s/%s", images, h);
+		if (strcmp(h, hex) == 0 || access(target, F_OK) != 0)
+			unlink(link);
+	}
+	if (d)
+		closedir(d);
 }
 
 int cap_store_image_remove(const char *ref, cap_image_in_use_fn in_use,

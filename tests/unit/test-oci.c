@@ -3,6 +3,7 @@
  * cgroupsPath made, limited, joined and removed under the real cgroups,
  * and a bundle's rootfs made an image once and then found by its
  * fingerprint: by content for a plain tree, by layers for an overlay. */
+#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -818,6 +819,32 @@ static void rootfs_cache(void **state)
 		fail_msg("%s", err.msg);
 	if (cap_store_image_remove(c1.digest, NULL, NULL, &err) < 0)
 		fail_msg("%s", err.msg);
+	/* Removing an image removes the cache's links to it (and dangling
+	 * ones): every link left names an image that is there (two: the
+	 * tree keyed without skips, and the changed one), none c1. */
+	{
+		_cleanup_free_ char *home = cap_home_dir();
+		_cleanup_free_ char *cache = xasprintf("%s/images/rootfs", home);
+		DIR *d = opendir(cache);
+		struct dirent *e;
+		unsigned links = 0;
+		while (d && (e = readdir(d))) {
+			if (e->d_name[0] == '.' || strstr(e->d_name, ".lock"))
+				continue;
+			char target[512];
+			_cleanup_free_ char *link = xasprintf("%s/%s", cache, e->d_name);
+			ssize_t n = readlink(link, target, sizeof(target) - 1);
+			assert_true(n > 0);
+			target[n] = '\0';
+			assert_null(strstr(target, c1.digest + 7));
+			_cleanup_free_ char *img = xasprintf("%s/%s", cache, target);
+			assert_int_equal(access(img, F_OK), 0);
+			links++;
+		}
+		if (d)
+			closedir(d);
+		assert_int_equal(links, 2);
+	}
 	if (cap_store_image_from_rootfs(t, skip, 2, progress, NULL, &b, &cached, &err) < 0)
 		fail_msg("%s", err.msg);
 	assert_false(cached);

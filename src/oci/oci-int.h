@@ -42,8 +42,10 @@ void cap_oci_sock_path(int dirfd, const char *name, char *buf, size_t len);
 
 /* Send one command line to the monitor listening at path (see
  * cap_oci_sock_path) and read its answer line (without "\n") into
- * answer: "ok[ ...]" or "error TEXT". 0, or -errno with err set when
- * the monitor cannot be reached (it is gone). */
+ * answer: "ok[ ...]" or "error TEXT". 0, or -errno with err set:
+ * -ENOENT or -ECONNREFUSED when nothing listens there (the monitor is
+ * gone), -ETIMEDOUT when it did not answer within timeout_ms (it is
+ * stopped or stuck), -EPIPE when it closed the connection unanswered. */
 int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 			 size_t len, int timeout_ms, struct cap_err *err);
 

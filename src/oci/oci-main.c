@@ -35,6 +35,12 @@
 #define DEFAULT_ROOT "/run/capsule-oci"
 /* The guest cgroup's pids.max of a container without a pids limit. */
 #define PIDS_MAX_DEFAULT 32768
+/* How long a monitor may take to answer: it serves its socket at all
+ * times (its output held for a slow reader) but in its last seconds,
+ * while it stops the VM; delete --force ends one that does not. */
+#define START_TIMEOUT_MS 30000
+#define KILL_TIMEOUT_MS 5000
+#define DELETE_TIMEOUT_MS 3000
 
 /* runc's global flags. */
 static struct {
@@ -186,9 +192,15 @@ static bool exists_at(const char *dir, const char *name)
 	return access(p, F_OK) == 0;
 }
 
-/* created, running, paused or stopped, as runc says. */
+/* creating, created, running, paused or stopped, as runc says. */
 static const char *compute_status(struct ostate *st)
 {
+	/* A create still under way, or one that died half-way: what it made
+	 * is in state.json already, for delete to remove. */
+	pid_t creator = (pid_t)json_integer_value(json_object_get(st->j, "creator"));
+	if (creator)
+		return cap_oci_proc_same(creator, strtoull(jstr(st->j, "creatorStart"), NULL, 10)) ? "creating"
+														     : "stopped";
 	if (!st->pid || exists_at(st->dir, CAP_OCI_EXIT) || !cap_oci_proc_same(st->pid, st->start))
 		return "stopped";
 	if (!exists_at(st->dir, CAP_OCI_STARTED))
@@ -241,7 +253,7 @@ static int state_write(const char *dir, json_t *j, struct cap_err *err)
 /* runc's state object. */
 static json_t *state_json(struct ostate *st)
 {
-	bool stopped = strcmp(st->status, "stopped") == 0;
+	bool stopped = strcmp(st->status, "stopped") == 0 || strcmp(st->status, "creating") == 0;
 	json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "ociVersion", CAP_OCI_VERSION, "id", st->id,
 			      "pid", (json_int_t)(stopped ? 0 : st->pid), "status", st->status, "bundle",
 			      jstr(st->j, "bundle"), "rootfs", jstr(st->j, "rootfs"), "created",
@@ -266,7 +278,7 @@ static int print_json(json_t *v, size_t flags)
 
 /* Call the monitor socket name in dir (or its exec/ subdirectory). */
 static int call(const char *dir, const char *sub, const char *name, const char *line,
-		char *ans, size_t len, struct cap_err *err)
+		char *ans, size_t len, int timeout_ms, struct cap_err *err)
 {
 	_cleanup_free_ char *d = sub ? xasprintf("%s/%s", dir, sub) : xstrdup(dir);
 	_cleanup_close_ int dfd = open(d, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -274,7 +286,7 @@ static int call(const char *dir, const char *sub, const char *name, const char *
 		return cap_err_set(err, errno, "%s: %s", d, strerror(errno));
 	char path[128];
 	cap_oci_sock_path(dfd, name, path, sizeof(path));
-	int r = cap_oci_monitor_call(path, line, ans, len, 30000, err);
+	int r = cap_oci_monitor_call(path, line, ans, len, timeout_ms, err);
 	if (r == 0 && strncmp(ans, "ok", 2) != 0)
 		return cap_err_set(err, EINVAL, "%s", strncmp(ans, "error ", 6) == 0 ? ans + 6 : ans);
 	return r;
@@ -383,6 +395,10 @@ static int destroy(const char *dir, const char *sandbox, const char *cgroups_pat
 {
 	struct cap_err e2 = { 0 };
 	int r = 0;
+	/* A VM still running here (a create that died, a monitor killed) is
+	 * not asked to shut down: its disks go next. */
+	if (sandbox && *sandbox)
+		cap_named_kill(sandbox, NULL);
 	if (sandbox && *sandbox && cap_named_remove(sandbox, true, &e2) < 0 && e2.code != ENOENT) {
 		r = cap_err_set(err, e2.code, "%s", e2.msg);
 		e2.code = 0;
@@ -584,6 +600,26 @@ static int oci_create(int argc, char **argv)
 	made_dir = true;
 	sandbox_name(id, name);
 
+	/* state.json before anything is made, naming what will be (the
+	 * sandbox, the cgroup) and who makes it: a create that dies half-way
+	 * leaves a container that state and list call stopped and delete
+	 * removes whole. */
+	char created[64], cstart[32];
+	rfc3339(created, sizeof(created), true);
+	snprintf(cstart, sizeof(cstart), "%llu", cap_oci_proc_start(getpid()));
+	home = cap_home_dir();
+	st = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s,s:I,s:s}", "ociVersion", CAP_OCI_VERSION,
+		       "id", id, "bundle", bundle, "rootfs", cfg.rootfs, "created", created, "sandbox", name,
+		       "capsuleHome", realpath(home, home_real) ? home_real : home,
+		       "cgroupsPath", cfg.cgroups_path ? cfg.cgroups_path : "", "pid", (json_int_t)0,
+		       "pidStart", "0", "creator", (json_int_t)getpid(), "creatorStart", cstart);
+	json_t *ann = json_object();
+	for (size_t i = 0; i < cfg.nann; i++)
+		json_object_set_new(ann, cfg.ann_keys[i], json_string(cfg.ann_values[i]));
+	json_object_set_new(st, "annotations", ann);
+	if (state_write(dir, st, &err) < 0)
+		goto out;
+
 	/* The rootfs as an image, without what the engine mounts over it. */
 	size_t nskip = 0;
 	skip = xcalloc(cfg.nfiles + cfg.nguest_mounts + 1, sizeof(*skip));
@@ -611,6 +647,7 @@ static int oci_create(int argc, char **argv)
 		rec.root_size_mib = want;
 	if (cfg.hostname)
 		snprintf(rec.hostname, sizeof(rec.hostname), "%s", cfg.hostname);
+	rec.root_readonly = cfg.root_readonly;
 	rec.root_seed = seed;
 	if ((r = cap_named_create(&rec, NULL, NULL, &err)) == -EEXIST) {
 		/* Left by a create of the same id that died half-way (its state
@@ -624,21 +661,6 @@ static int oci_create(int argc, char **argv)
 		goto out;
 	cap_remove_tree(seed);
 	if (cap_oci_cgroup_create(&cfg, &err) < 0)
-		goto out;
-
-	char created[64];
-	rfc3339(created, sizeof(created), true);
-	home = cap_home_dir();
-	st = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s}", "ociVersion", CAP_OCI_VERSION, "id", id,
-		       "bundle", bundle, "rootfs", cfg.rootfs, "created", created, "sandbox", name,
-		       "capsuleHome", realpath(home, home_real) ? home_real : home,
-		       "cgroupsPath", cfg.cgroups_path ? cfg.cgroups_path : "", "pid", (json_int_t)0,
-		       "pidStart", "0");
-	json_t *ann = json_object();
-	for (size_t i = 0; i < cfg.nann; i++)
-		json_object_set_new(ann, cfg.ann_keys[i], json_string(cfg.ann_values[i]));
-	json_object_set_new(st, "annotations", ann);
-	if (state_write(dir, st, &err) < 0)
 		goto out;
 
 	int pipefd[2];
@@ -664,12 +686,20 @@ static int oci_create(int argc, char **argv)
 		_exit(cap_oci_monitor_run(&m));
 	}
 	close(pipefd[1]);
-	if (wait_ready(pipefd[0], pid, &err) < 0)
-		goto out;
+	/* The monitor, for delete to end should we die before it is ready. */
 	char startbuf[32];
 	snprintf(startbuf, sizeof(startbuf), "%llu", cap_oci_proc_start(pid));
 	json_object_set_new(st, "pid", json_integer(pid));
 	json_object_set_new(st, "pidStart", json_string(startbuf));
+	if (state_write(dir, st, &err) < 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		goto out;
+	}
+	if (wait_ready(pipefd[0], pid, &err) < 0)
+		goto out;
+	json_object_del(st, "creator");
+	json_object_del(st, "creatorStart");
 	if (state_write(dir, st, &err) < 0 || (o.pid_file && write_pid_file(o.pid_file, pid, &err) < 0)) {
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
@@ -729,10 +759,12 @@ static int oci_start(int argc, char **argv)
 		return fail(&err);
 	if (strcmp(st.status, "stopped") == 0)
 		cap_err_set(&err, EINVAL, "cannot start a container that has stopped");
+	else if (strcmp(st.status, "creating") == 0)
+		cap_err_set(&err, EINVAL, "cannot start a container that is still being created");
 	else if (strcmp(st.status, "created") != 0)
 		cap_err_set(&err, EINVAL, "cannot start an already running container");
 	else
-		call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "start", ans, sizeof(ans), &err);
+		call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "start", ans, sizeof(ans), START_TIMEOUT_MS, &err);
 	ostate_fini(&st);
 	return err.code ? fail(&err) : 0;
 }
@@ -773,6 +805,8 @@ static int flag_verb(int argc, char **argv, const char *flag, char shortc, const
 	return parse(argc, argv, shorts, opts, usage, flag_opt, set);
 }
 
+static int vm_op(const char *sandbox, bool pause, struct cap_err *err);
+
 static int oci_kill(int argc, char **argv)
 {
 	static const char usage[] =
@@ -796,41 +830,56 @@ static int oci_kill(int argc, char **argv)
 		return fail(&err);
 	char line[64], ans[600];
 	snprintf(line, sizeof(line), "signal %d %s", sig, all ? "all" : "process");
+	if (strcmp(st.status, "creating") == 0) {
+		cap_err_set(&err, EINVAL, "cannot signal a container that is still being created");
+		goto out;
+	}
 	if (strcmp(st.status, "stopped") == 0) {
 		/* Its monitor is gone; a sandbox left running is stopped by
 		 * SIGKILL (its VM must not outlive the container). */
 		struct cap_named_status ns;
 		if (sig == SIGKILL && cap_named_status(st.sandbox, &ns, &err) == 0 &&
-		    ns.state != CAP_NAMED_STOPPED && !exists_at(st.dir, CAP_OCI_EXIT)) {
-			if (cap_named_kill(st.sandbox, &err) < 0)
-				rc = fail(&err);
-			else
-				rc = 0;
-		} else {
+		    ns.state != CAP_NAMED_STOPPED && !exists_at(st.dir, CAP_OCI_EXIT))
+			cap_named_kill(st.sandbox, &err);
+		else
 			cap_err_set(&err, ESRCH, "container not running");
-			rc = fail(&err);
-		}
-		ostate_fini(&st);
-		return rc;
+		goto out;
 	}
-	if (call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, line, ans, sizeof(ans), &err) < 0) {
-		/* Gone between our look and the call: runc's words. */
-		if (err.code != EINVAL)
+	bool paused = strcmp(st.status, "paused") == 0;
+	int r = call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, line, ans, sizeof(ans), KILL_TIMEOUT_MS, &err);
+	if (r < 0 && err.code != EINVAL) {
+		/* "not running" (runc's words) only when the monitor is gone;
+		 * one that is there and does not answer is its own error. */
+		if (r == -ENOENT || r == -ECONNREFUSED || !cap_oci_proc_same(st.pid, st.start) ||
+		    exists_at(st.dir, CAP_OCI_EXIT))
 			cap_err_set(&err, ESRCH, "container not running");
-		ostate_fini(&st);
-		return fail(&err);
+		else
+			cap_err_prefix(&err, "cannot signal the container (its monitor is process %d)", (int)st.pid);
+		goto out;
 	}
+	if (r < 0)
+		goto out;
 	if (all) {
 		pid_t pids[256];
 		char socks[256][64];
 		size_t n = cap_oci_exec_monitors(st.dir, pids, socks, 256);
 		for (size_t i = 0; i < n; i++) {
 			struct cap_err e2 = { 0 };
-			call(st.dir, CAP_OCI_EXEC_DIR, socks[i], line, ans, sizeof(ans), &e2);
+			call(st.dir, CAP_OCI_EXEC_DIR, socks[i], line, ans, sizeof(ans), KILL_TIMEOUT_MS, &e2);
 		}
 	}
+	/* A signal to a paused container waits for resume, as in runc's
+	 * frozen cgroup; SIGKILL does not (runc thaws for it): the VM goes on
+	 * so that the process dies and its status comes back. */
+	if (paused && sig == SIGKILL) {
+		struct cap_err e2 = { 0 };
+		if (vm_op(st.sandbox, false, &e2) < 0 && cap_named_kill(st.sandbox, &err) < 0)
+			cap_err_prefix(&err, "cannot resume the paused container for SIGKILL (%.200s), nor stop "
+				       "its sandbox", e2.msg);
+	}
+out:
 	ostate_fini(&st);
-	return 0;
+	return err.code ? fail(&err) : 0;
 }
 
 static int oci_delete(int argc, char **argv)
@@ -863,7 +912,8 @@ static int oci_delete(int argc, char **argv)
 		}
 		return 0;
 	}
-	if (!force && (strcmp(st.status, "running") == 0 || strcmp(st.status, "paused") == 0)) {
+	bool creating = strcmp(st.status, "creating") == 0;
+	if (!force && (creating || strcmp(st.status, "running") == 0 || strcmp(st.status, "paused") == 0)) {
 		cap_err_set(&err, EBUSY, "cannot delete container %s that is not stopped: %s", id, st.status);
 		ostate_fini(&st);
 		return fail(&err);
@@ -871,15 +921,29 @@ static int oci_delete(int argc, char **argv)
 	char ans[600];
 	pid_t pids[256];
 	size_t n = cap_oci_exec_monitors(st.dir, pids, NULL, 256);
-	if (strcmp(st.status, "stopped") != 0) {
+	if (creating) {
+		/* Its create is stopped where it is; what it made goes below. */
+		pid_t creator = (pid_t)json_integer_value(json_object_get(st.j, "creator"));
+		end_process(creator, strtoull(jstr(st.j, "creatorStart"), NULL, 10), 0);
+		end_process(st.pid, st.start, 0);
+	} else if (strcmp(st.status, "stopped") != 0) {
 		struct cap_err e2 = { 0 };
 		if (strcmp(st.status, "paused") == 0) {
 			/* A frozen guest cannot die: the sandbox goes as a whole. */
 			cap_named_kill(st.sandbox, &e2);
-		} else {
-			call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "signal 9 all", ans, sizeof(ans), &e2);
+		} else if (call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "signal 9 all", ans, sizeof(ans),
+				DELETE_TIMEOUT_MS, &e2) < 0 &&
+			   cap_oci_proc_same(st.pid, st.start)) {
+			/* A monitor that does not answer (stopped, stuck) is not
+			 * waited for: it and the sandbox it serves are killed. */
+			kill(st.pid, SIGKILL);
+			cap_named_kill(st.sandbox, &e2);
 		}
 		end_process(st.pid, st.start, 3000);
+	} else {
+		/* Stopped: its monitor may still be stopping the VM (the exit
+		 * is written) or be one whose create died (it is not). */
+		end_process(st.pid, st.start, exists_at(st.dir, CAP_OCI_EXIT) ? 3000 : 0);
 	}
 	for (size_t i = 0; i < n; i++)
 		end_process(pids[i], cap_oci_proc_start(pids[i]), 0);
@@ -1129,7 +1193,7 @@ static int oci_exec(int argc, char **argv)
 	rc = 1;
 	if (strcmp(st.status, "stopped") == 0)
 		cap_err_set(&err, EINVAL, "cannot exec in a stopped container");
-	else if (strcmp(st.status, "created") == 0)
+	else if (strcmp(st.status, "created") == 0 || strcmp(st.status, "creating") == 0)
 		cap_err_set(&err, EINVAL, "cannot exec in a container that has not started");
 	else if (strcmp(st.status, "paused") == 0)
 		cap_err_set(&err, EINVAL, "cannot exec in a paused container");

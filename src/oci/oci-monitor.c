@@ -28,6 +28,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "buf.h"
 #include "named.h"
 #include "oci-int.h"
 #include "paths.h"
@@ -67,6 +68,24 @@ void cap_oci_sock_path(int dirfd, const char *name, char *buf, size_t len)
 	snprintf(buf, len, "/proc/self/fd/%d/%s", dirfd, name);
 }
 
+/* Wait until fd is ready for events or the deadline passes. */
+static int wait_fd(int fd, short events, int64_t deadline, const char *line, int timeout_ms,
+		   struct cap_err *err)
+{
+	for (;;) {
+		int64_t left = deadline - cap_now_ms();
+		if (left <= 0)
+			return cap_err_set(err, ETIMEDOUT, "the container's monitor did not answer '%s' within %d ms",
+					   line, timeout_ms);
+		struct pollfd pfd = { .fd = fd, .events = events };
+		int k = poll(&pfd, 1, (int)left);
+		if (k > 0)
+			return 0;
+		if (k < 0 && errno != EINTR)
+			return cap_err_set(err, errno, "poll: %s", strerror(errno));
+	}
+}
+
 int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 			 size_t len, int timeout_ms, struct cap_err *err)
 {
@@ -74,30 +93,51 @@ int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 	if (strlen(path) >= sizeof(sa.sun_path))
 		return cap_err_set(err, ENAMETOOLONG, "socket path %s is too long", path);
 	strcpy(sa.sun_path, path);
-	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	/* Non-blocking throughout: a monitor that is stopped, stuck or
+	 * flooded must not hold the caller past its deadline. */
+	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return cap_err_set(err, errno, "socket: %s", strerror(errno));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return cap_err_set(err, errno, "the container's monitor does not answer (%s)", strerror(errno));
-	_cleanup_free_ char *msg = xasprintf("%s\n", line);
-	if (cap_write_all(fd, msg, strlen(msg)) < 0)
-		return cap_err_set(err, EPIPE, "the container's monitor closed its socket");
-	size_t n = 0;
 	int64_t deadline = cap_now_ms() + timeout_ms;
-	while (n + 1 < len) {
-		struct pollfd pfd = { .fd = fd, .events = POLLIN };
-		int64_t left = deadline - cap_now_ms();
-		if (left <= 0)
-			return cap_err_set(err, ETIMEDOUT, "the container's monitor did not answer '%s' within %d s",
-					   line, timeout_ms / 1000);
-		if (poll(&pfd, 1, (int)left) < 0) {
-			if (errno == EINTR)
-				continue;
-			return cap_err_set(err, errno, "poll: %s", strerror(errno));
+	while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		/* EAGAIN: its backlog is full (it does not accept). */
+		if (errno == EINTR || (errno == EAGAIN && cap_now_ms() < deadline)) {
+			if (errno == EAGAIN)
+				usleep(10000);
+			continue;
 		}
+		if (errno == EAGAIN)
+			return cap_err_set(err, ETIMEDOUT, "the container's monitor did not accept '%s' within %d ms",
+					   line, timeout_ms);
+		return cap_err_set(err, errno, "the container's monitor does not answer (%s)", strerror(errno));
+	}
+	_cleanup_free_ char *msg = xasprintf("%s\n", line);
+	size_t off = 0, mlen = strlen(msg);
+	while (off < mlen) {
+		ssize_t k = send(fd, msg + off, mlen - off, MSG_NOSIGNAL);
+		if (k > 0) {
+			off += (size_t)k;
+			continue;
+		}
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno != EAGAIN)
+			return cap_err_set(err, EPIPE, "the container's monitor closed its socket (%s)", strerror(errno));
+		int r = wait_fd(fd, POLLOUT, deadline, line, timeout_ms, err);
+		if (r < 0)
+			return r;
+	}
+	size_t n = 0;
+	while (n + 1 < len) {
 		ssize_t k = read(fd, answer + n, len - 1 - n);
 		if (k < 0 && errno == EINTR)
 			continue;
+		if (k < 0 && errno == EAGAIN) {
+			int r = wait_fd(fd, POLLIN, deadline, line, timeout_ms, err);
+			if (r < 0)
+				return r;
+			continue;
+		}
 		if (k <= 0)
 			break;
 		n += (size_t)k;
@@ -133,6 +173,11 @@ size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], si
 }
 
 #define MAX_CONNS 8
+/* The process's output waiting for a slow reader of our stdout or
+ * stderr, per stream. Over it, the shim's socket is not read, so that
+ * the guest's writes wait as they would on a full pipe under runc; our
+ * signals and socket are served all the while. */
+#define OUT_CAP (256u << 10)
 
 struct conn {
 	int fd;	/* -1: free */
@@ -154,7 +199,18 @@ struct mon {
 	char rej_msg[300];
 	bool stdin_open;
 	int tty_fd;	/* where the window size is read, -1 without a terminal */
+	/* Without a controlling terminal (a non-detached exec that cannot
+	 * take one) no SIGWINCH comes: the size is looked at every so often. */
+	bool poll_winsz;
+	uint16_t rows, cols;	/* the size last sent */
+	struct cap_buf out[3];	/* [1] stdout, [2] stderr, not yet written */
 	bool out_broken[3];
+	int out_flags[3];	/* fds 1 and 2's file status flags to restore, -1: none */
+	/* The output over OUT_CAP is dropped instead of held (after SIGKILL:
+	 * the process's exit must get through to us), or all output left is
+	 * (a terminating signal while draining it after the exit). */
+	bool drop_over_cap, give_up;
+	bool vm_gone;	/* the sandbox ended under the process */
 	int end_sig;	/* a signal that ended the gate before start */
 	int64_t kill_deadline;	/* after SIGKILL: give up on the guest then */
 	int ready_fd;
@@ -174,37 +230,73 @@ static void ready(struct mon *s, const char *err)
 	s->ready_fd = -1;
 }
 
-/* Write everything, waiting when fd is non-blocking (a caller's). */
-static int write_out(int fd, const uint8_t *p, size_t n)
+/* Write what stream fd holds as far as its reader takes it now (fds 1
+ * and 2 are non-blocking while we run). */
+static void flush_out(struct mon *s, int fd)
 {
-	while (n) {
-		ssize_t k = write(fd, p, n);
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN) {
-				struct pollfd q = { .fd = fd, .events = POLLOUT };
-				poll(&q, 1, -1);
-				continue;
-			}
-			return -errno;
+	struct cap_buf *b = &s->out[fd];
+	while (cap_buf_used(b) && !s->out_broken[fd]) {
+		ssize_t k = write(fd, cap_buf_head(b), cap_buf_used(b));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno == EAGAIN)
+			return;
+		if (k <= 0) {
+			/* A reader gone (EPIPE) drops the rest of that stream
+			 * only: the process goes on, as it would writing into a
+			 * closed log. */
+			s->out_broken[fd] = true;
+			break;
 		}
-		p += k;
-		n -= (size_t)k;
+		cap_buf_consume(b, (size_t)k);
 	}
-	return 0;
+	if (s->out_broken[fd])
+		cap_buf_consume(b, cap_buf_used(b));
+}
+
+static size_t out_pending(const struct mon *s)
+{
+	return cap_buf_used(&s->out[1]) + cap_buf_used(&s->out[2]);
+}
+
+static bool out_full(const struct mon *s)
+{
+	return cap_buf_used(&s->out[1]) > OUT_CAP || cap_buf_used(&s->out[2]) > OUT_CAP;
 }
 
 static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 {
 	struct mon *s = ud;
 	(void)id;
-	if (fd < 1 || fd > 2 || s->out_broken[fd])
+	if (fd < 1 || fd > 2 || s->out_broken[fd] || s->give_up)
 		return;
-	/* A reader gone (EPIPE) drops the rest of that stream only: the
-	 * process goes on, as it would writing into a closed log. */
-	if (write_out(fd, p, n) < 0)
-		s->out_broken[fd] = true;
+	if (s->drop_over_cap && cap_buf_used(&s->out[fd]) > OUT_CAP)
+		return;
+	cap_buf_append(&s->out[fd], p, n);
+	flush_out(s, fd);
+}
+
+/* Our stdout and stderr non-blocking (their flags kept to restore), so
+ * that a reader that stalls holds the process's output, not us. */
+static void out_nonblock(struct mon *s)
+{
+	for (int fd = 1; fd <= 2; fd++) {
+		int fl = fcntl(fd, F_GETFL);
+		s->out_flags[fd] = fl;
+		if (fl >= 0 && !(fl & O_NONBLOCK))
+			fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	}
+}
+
+/* fds 1 and 2's flags as they were: their file descriptions may be
+ * shared (a caller's terminal). */
+static void out_restore(struct mon *s)
+{
+	for (int fd = 1; fd <= 2; fd++)
+		if (s->out_flags[fd] >= 0) {
+			fcntl(fd, F_SETFL, s->out_flags[fd]);
+			s->out_flags[fd] = -1;
+		}
 }
 
 static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum,
@@ -281,6 +373,8 @@ static int start_process(struct mon *s, struct cap_err *err)
 			req.rows = p->rows ? p->rows : 24;
 			req.cols = p->cols ? p->cols : 80;
 		}
+		s->rows = req.rows;
+		s->cols = req.cols;
 	}
 	int r = cap_sandbox_exec(s->sb, &req, &events, s, &s->id, err);
 	if (r < 0)
@@ -297,8 +391,24 @@ static void forward(struct mon *s, int sig, enum cap_signal_scope scope)
 	cap_sandbox_signal_scope(s->sb, s->id, sig, scope);
 	/* A guest that does not end its process on SIGKILL is not waited
 	 * for long: the engine's kill must end the container. */
-	if (sig == SIGKILL && !s->kill_deadline)
+	if (sig == SIGKILL && !s->kill_deadline) {
 		s->kill_deadline = cap_now_ms() + 10000;
+		s->drop_over_cap = true;
+	}
+}
+
+/* Send the terminal's size when it changed. */
+static void check_winsz(struct mon *s)
+{
+	struct winsize ws;
+	if (!s->started || s->done || !s->m->proc->terminal || s->tty_fd < 0 ||
+	    ioctl(s->tty_fd, TIOCGWINSZ, &ws) < 0 || !ws.ws_row || !ws.ws_col)
+		return;
+	if (ws.ws_row == s->rows && ws.ws_col == s->cols)
+		return;
+	s->rows = ws.ws_row;
+	s->cols = ws.ws_col;
+	cap_sandbox_resize(s->sb, s->id, ws.ws_row, ws.ws_col);
 }
 
 static void on_signal(struct mon *s, int sig)
@@ -309,10 +419,14 @@ static void on_signal(struct mon *s, int sig)
 		return;
 	}
 	if (sig == SIGWINCH) {
-		struct winsize ws;
-		if (s->started && s->m->proc->terminal && s->tty_fd >= 0 &&
-		    ioctl(s->tty_fd, TIOCGWINSZ, &ws) == 0)
-			cap_sandbox_resize(s->sb, s->id, ws.ws_row, ws.ws_col);
+		check_winsz(s);
+		return;
+	}
+	if (s->done) {
+		/* The process ended; its output waits for a reader. A signal
+		 * that would end us ends that wait. */
+		if (terminates(sig))
+			s->give_up = true;
 		return;
 	}
 	if (!s->started) {
@@ -344,7 +458,7 @@ static void command(struct mon *s, struct conn *c, char *line)
 {
 	struct cap_err err = { 0 };
 	if (strcmp(line, "ping") == 0) {
-		answer(c, "ok %s", s->started ? "running" : "created");
+		answer(c, "ok %s", s->done ? "stopped" : s->started ? "running" : "created");
 	} else if (strcmp(line, "start") == 0) {
 		if (s->started || !s->m->gate)
 			answer(c, "error cannot start an already running container");
@@ -359,6 +473,12 @@ static void command(struct mon *s, struct conn *c, char *line)
 		int sig = 0;
 		if (sscanf(line + 7, "%d %15s", &sig, scope) < 1 || sig <= 0 || sig >= NSIG) {
 			answer(c, "error bad signal command '%s'", line);
+			return;
+		}
+		if (s->done) {
+			if (terminates(sig))
+				s->give_up = true;
+			answer(c, "ok");
 			return;
 		}
 		if (!s->started) {
@@ -477,9 +597,14 @@ static int setup_tty(struct mon *s, struct cap_err *err)
 		return r;
 	}
 	/* Our controlling terminal, so that a resize of the master by the
-	 * engine reaches us as SIGWINCH. */
-	if (s->m->detached)
-		ioctl(slave, TIOCSCTTY, 0);
+	 * engine reaches us as SIGWINCH. A non-detached exec takes a session
+	 * of its own for it (its stdio is this PTY now, not its caller's
+	 * terminal); a process group leader cannot, and looks at the size
+	 * every so often instead. */
+	if (!s->m->detached)
+		setsid();
+	if (ioctl(slave, TIOCSCTTY, 0) < 0)
+		s->poll_winsz = true;
 	for (int fd = 0; fd < 3; fd++)
 		dup2(slave, fd);
 	if (slave > 2)
@@ -595,6 +720,15 @@ static int end_status(struct mon *s)
 	return s->rej_errno == ENOENT ? 127 : s->rej_errno == EACCES ? 126 : 1;
 }
 
+static void mon_free(struct mon *s)
+{
+	out_restore(s);
+	cap_buf_fini(&s->out[1]);
+	cap_buf_fini(&s->out[2]);
+	cap_sandbox_free(s->sb);
+	free(s);
+}
+
 int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 {
 	struct mon *s = xcalloc(1, sizeof(*s));
@@ -603,6 +737,9 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 	s->m = m;
 	s->ready_fd = m->ready_fd;
 	s->dirfd = s->lfd = s->sfd = s->tty_fd = -1;
+	s->out_flags[1] = s->out_flags[2] = -1;
+	cap_buf_init(&s->out[1]);
+	cap_buf_init(&s->out[2]);
 	for (size_t i = 0; i < MAX_CONNS; i++)
 		s->conns[i].fd = -1;
 	if (m->detached) {
@@ -615,10 +752,6 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 			syscall(SYS_close_range, 3U, ~0U, 0U);
 		}
 		setsid();
-		/* Our stdout and stderr may be shared with a reader that made
-		 * them non-blocking; our writes wait instead. */
-		cap_set_nonblock(1, 0);
-		cap_set_nonblock(2, 0);
 	}
 	if ((s->sfd = block_signals()) < 0) {
 		cap_err_set(&err, -s->sfd, "signalfd: %s", strerror(-s->sfd));
@@ -626,25 +759,42 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 	}
 	if (setup(s, &err) < 0)
 		goto fail;
+	out_nonblock(s);
 	if (!m->gate && start_process(s, &err) < 0)
 		goto fail;
 	if (m->gate)
 		ready(s, NULL);
 
-	while (!s->done) {
-		struct pollfd pfd[CAP_SANDBOX_NPOLL + 3 + MAX_CONNS];
+	/* Until the process ends, then until its output is written (or a
+	 * terminating signal says not to wait for the reader). */
+	while (!s->done || (out_pending(s) && !s->give_up)) {
+		struct pollfd pfd[CAP_SANDBOX_NPOLL + 5 + MAX_CONNS];
 		int slot[MAX_CONNS];
 		cap_sandbox_pollfds(s->sb, pfd);
+		if (s->done) {
+			for (int i = 0; i < CAP_SANDBOX_NPOLL; i++)
+				pfd[i].fd = -1;
+		} else if (out_full(s) && !s->drop_over_cap) {
+			/* Backpressure: the guest's writes wait in the shim and
+			 * the guest, as on a full pipe. */
+			pfd[0].events &= (short)~POLLIN;
+		}
 		int n = CAP_SANDBOX_NPOLL;
 		int sig_slot = n;
 		pfd[n++] = (struct pollfd){ .fd = s->sfd, .events = POLLIN };
 		int lslot = n;
 		pfd[n++] = (struct pollfd){ .fd = s->lfd, .events = POLLIN };
 		int in_slot = -1;
-		if (s->stdin_open && cap_sandbox_backlog(s->sb) < (1u << 20)) {
+		if (s->stdin_open && !s->done && cap_sandbox_backlog(s->sb) < (1u << 20)) {
 			in_slot = n;
 			pfd[n++] = (struct pollfd){ .fd = 0, .events = POLLIN };
 		}
+		int out_slot[3] = { -1, -1, -1 };
+		for (int fd = 1; fd <= 2; fd++)
+			if (cap_buf_used(&s->out[fd])) {
+				out_slot[fd] = n;
+				pfd[n++] = (struct pollfd){ .fd = fd, .events = POLLOUT };
+			}
 		for (size_t i = 0; i < MAX_CONNS; i++) {
 			slot[i] = -1;
 			if (s->conns[i].fd >= 0) {
@@ -653,8 +803,10 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 			}
 		}
 		int timeout = -1;
-		if (s->kill_deadline)
+		if (s->kill_deadline && !s->done)
 			timeout = (int)CAP_MAX(s->kill_deadline - cap_now_ms(), 0);
+		if (s->poll_winsz && s->started && !s->done)
+			timeout = timeout < 0 ? 500 : CAP_MIN(timeout, 500);
 		if (s->ready_fd >= 0)
 			timeout = 20;	/* until the EXEC has gone out */
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
@@ -671,6 +823,13 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 		for (size_t i = 0; i < MAX_CONNS; i++)
 			if (slot[i] >= 0 && pfd[slot[i]].revents && s->conns[i].fd >= 0)
 				conn_read(s, &s->conns[i]);
+		for (int fd = 1; fd <= 2; fd++)
+			if (out_slot[fd] >= 0 && pfd[out_slot[fd]].revents)
+				flush_out(s, fd);
+		if (s->poll_winsz)
+			check_winsz(s);
+		if (s->done)
+			continue;
 		if (in_slot >= 0 && pfd[in_slot].revents) {
 			char buf[65536];
 			ssize_t k = read(0, buf, sizeof(buf));
@@ -689,9 +848,10 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 			if (m->gate || access(exitf, F_OK) < 0)
 				cap_oci_error("the container's sandbox %s ended under its process: %s", m->sandbox,
 					      err.msg);
-			status = 137;
 			ready(s, NULL);
-			goto out;
+			/* What it wrote before still goes out. */
+			s->vm_gone = s->done = true;
+			continue;
 		}
 		if (s->ready_fd >= 0 && s->started && (cap_sandbox_backlog(s->sb) == 0 || s->done))
 			ready(s, NULL);
@@ -710,9 +870,10 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 		}
 	}
 	restore_tty(s);
-	status = end_status(s);
+	status = s->vm_gone ? 137 : end_status(s);
 out:
 	restore_tty(s);
+	out_restore(s);
 	if (m->gate) {
 		char buf[16];
 		snprintf(buf, sizeof(buf), "%d\n", status);
@@ -724,11 +885,11 @@ out:
 	} else if (s->dirfd >= 0) {
 		unlinkat(s->dirfd, s->sock_name, 0);
 	}
-	cap_sandbox_free(s->sb);
-	free(s);
+	mon_free(s);
 	return status;
 fail:
 	restore_tty(s);
+	out_restore(s);
 	if (s->ready_fd >= 0)
 		ready(s, err.msg);
 	else
@@ -737,7 +898,6 @@ fail:
 		unlinkat(s->dirfd, s->sock_name, 0);
 	if (m->gate && s->sb)
 		stop_sandbox(s);
-	cap_sandbox_free(s->sb);
-	free(s);
+	mon_free(s);
 	return 1;
 }

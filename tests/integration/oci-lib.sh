@@ -59,3 +59,24 @@ oci_unmount() {
 	awk -v d="$1/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r |
 		while read -r m; do umount -l "$m" 2>/dev/null; done
 }
+
+# oci_bundle DIR ROOTFS CGROUPS_PATH ARGS_JSON: a bundle of the runtime's
+# own (for calling it without an engine): DIR/config.json running
+# ARGS_JSON (a JSON array) as root in ROOTFS, stdio without a terminal,
+# a new empty network namespace, cgroupsPath CGROUPS_PATH ("": none).
+oci_bundle() {
+	mkdir -p "$1" && python3 - "$@" <<'PY'
+import json, sys
+d, rootfs, cg, args = sys.argv[1:5]
+linux = {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}
+if cg:
+    linux["cgroupsPath"] = cg
+c = {"ociVersion": "1.0.2",
+     "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": json.loads(args),
+                 "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "cwd": "/"},
+     "root": {"path": rootfs}, "hostname": "direct",
+     "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+     "linux": linux}
+json.dump(c, open(d + "/config.json", "w"), indent=1)
+PY
+}

@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=49
+plan=56
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -210,6 +210,77 @@ checkc "podman stop with an exec session running succeeds ($rc, ${ms} ms)" '[ "$
 pmr rm -f c2 >"$out" 2>"$err"
 checkc "... and rm leaves no sandbox or QEMU" '[ "$(sandboxes)" -eq 0 ] && wait_for "[ \$(ours) -eq 0 ]" 50'
 elapsed "podman lifecycle"
+
+# --- the runtime alone: a flood nobody reads, a monitor that is stopped, a
+# create killed half-way ---------------------------------------------------
+# runc delivers signals whatever the container's stdout does: a monitor
+# whose stdout is a FIFO nobody reads must still answer kill and delete.
+dstate="$rt/direct"
+o() { timeout 30 "$oci" --root "$dstate" "$@"; }
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+gone() { # gone ID PIDFILE CGROUP: nothing of the container is left
+	! o state "$1" >/dev/null 2>&1 && [ ! -e "$dstate/$1" ] && [ "$(sandboxes)" -eq 0 ] &&
+		[ "$(ours)" -eq 0 ] && { [ ! -s "$2" ] || ! kill -0 "$(cat "$2")" 2>/dev/null; } &&
+		{ [ -z "$3" ] || ! ls -d /sys/fs/cgroup/*"$3" 2>/dev/null | grep -q .; } &&
+		! pgrep -f -- "--root $dstate create" >/dev/null
+}
+cgd1=/capsule-oci-test-flood-$$
+cgd3=/capsule-oci-test-half-$$
+cgroups="$cgroups $cgd1 $cgd3"
+oci_bundle "$rt/b1" "$rt/img/tree" "$cgd1" '["sh", "-c", "while :; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; done"]'
+mkfifo "$rt/fifo"
+exec 7<>"$rt/fifo"	# a reader that never reads
+o create --bundle "$rt/b1" --pid-file "$rt/d1.pid" d1 <"/dev/null" >"$rt/fifo" 2>"$err" && o start d1 2>>"$err"
+rc=$?
+sleep 2	# the pipe and what the monitor holds fill up
+t0=$(date +%s%N)
+o kill d1 TERM >"$out" 2>>"$err"
+rc2=$?
+ms=$(ms_since "$t0")
+checkc "kill TERM answers while the container's stdout is full and unread ($rc, $rc2, ${ms} ms)" \
+	'[ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$ms" -lt 3000 ]'
+t0=$(date +%s%N)
+o delete --force d1 >"$out" 2>>"$err"
+rc=$?
+ms=$(ms_since "$t0")
+checkc "... delete --force removes it ($rc, ${ms} ms): no sandbox, state, cgroup, QEMU or monitor" \
+	'[ "$rc" -eq 0 ] && [ "$ms" -lt 10000 ] && wait_for "gone d1 $rt/d1.pid $cgd1" 30'
+exec 7<&-
+
+# A monitor that does not answer (stopped here): kill says so after its
+# deadline, not "not running"; delete --force ends it and its sandbox.
+oci_bundle "$rt/b2" "$rt/img/tree" "" '["sleep", "1000"]'
+o create --bundle "$rt/b2" --pid-file "$rt/d2.pid" d2 </dev/null >/dev/null 2>"$err" && o start d2 2>>"$err" &&
+	kill -STOP "$(cat "$rt/d2.pid")"
+t0=$(date +%s%N)
+o kill d2 KILL >"$out" 2>&1
+rc=$?
+ms=$(ms_since "$t0")
+checkc "kill of a container whose monitor is stopped fails within its deadline ($rc, ${ms} ms), naming why" \
+	'[ "$rc" -ne 0 ] && [ "$ms" -lt 8000 ] && grep -q "did not answer" "$out" && ! grep -q "not running" "$out"'
+t0=$(date +%s%N)
+o delete --force d2 >"$out" 2>"$err"
+rc=$?
+ms=$(ms_since "$t0")
+checkc "... delete --force kills it and its sandbox ($rc, ${ms} ms) and leaves nothing" \
+	'[ "$rc" -eq 0 ] && [ "$ms" -lt 12000 ] && wait_for "gone d2 $rt/d2.pid \"\"" 30'
+
+# A create killed once its cgroup is made: state.json names what it made,
+# so state says stopped and delete removes all of it.
+oci_bundle "$rt/b3" "$rt/img/tree" "$cgd3" '["sleep", "1000"]'
+"$oci" --root "$dstate" create --bundle "$rt/b3" d3 </dev/null >/dev/null 2>"$err" &
+cr=$!
+wait_for '[ -d "/sys/fs/cgroup/memory$cgd3" ]' 300
+kill -KILL "$cr" 2>/dev/null
+wait "$cr" 2>/dev/null
+st3=$(o state d3 2>>"$err" | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"])' 2>>"$err")
+checkc "a create killed half-way leaves a container that state calls stopped (${st3:-none})" '[ "$st3" = stopped ]'
+checkc "... and list shows" 'o list -q 2>>"$err" | grep -qx d3'
+o delete d3 >"$out" 2>>"$err"
+rc=$?
+checkc "... which delete removes whole ($rc): no sandbox, state, cgroup, QEMU or monitor" \
+	'[ "$rc" -eq 0 ] && wait_for "gone d3 \"\" $cgd3" 30'
+elapsed "the runtime alone"
 
 # --- containerd ---------------------------------------------------------------
 # A private instance (its own root, state, sockets; no CRI); the shim it

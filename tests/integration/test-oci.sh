@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=56
+plan=61
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -170,11 +170,22 @@ tmux -S "$rt/tmux" kill-server >/dev/null 2>&1
 pmr pause c1 >"$out" 2>"$err"
 rc=$?
 checkc "podman pause pauses it ($rc)" '[ "$rc" -eq 0 ] && [ "$(pmr inspect --format "{{.State.Status}}" c1)" = paused ]'
+# A signal to a paused container waits for unpause, as in runc's frozen
+# cgroup.
+t0=$(date +%s%N)
+timeout 30 podman --root "$oci_pdir/storage" --runroot "$oci_pdir/runroot" --tmpdir "$oci_pdir/tmp" \
+	--cgroup-manager cgroupfs --events-backend file --runtime "$wrapper" kill -s USR1 c1 >"$out" 2>"$err"
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+checkc "podman kill -s USR1 of the paused container returns at once ($rc, ${ms} ms)" '[ "$rc" -eq 0 ] && [ "$ms" -lt 5000 ]'
 pmr unpause c1 >"$out" 2>"$err"
 rc=$?
 checkc "podman unpause resumes it ($rc): exec runs again" '[ "$rc" -eq 0 ] && pmr exec c1 true 2>>"$err"'
+checkc "... and the USR1 sent while paused reaches the guest's trap then" \
+	'wait_for "pmr logs c1 2>/dev/null | grep -c got-usr1 | grep -qx 1" 100'
 pmr kill -s USR1 c1 >"$out" 2>"$err"
-checkc "podman kill -s USR1 reaches the guest's trap (podman logs)" 'wait_for "pmr logs c1 2>/dev/null | grep -q got-usr1" 100'
+checkc "podman kill -s USR1 reaches the guest's trap (podman logs)" \
+	'wait_for "pmr logs c1 2>/dev/null | grep -c got-usr1 | grep -qx 2" 100'
 checkc "... and the container goes on running" '[ "$(pmr inspect --format "{{.State.Running}}" c1)" = true ]'
 
 t0=$(date +%s%N)
@@ -209,6 +220,28 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 checkc "podman stop with an exec session running succeeds ($rc, ${ms} ms)" '[ "$rc" -eq 0 ] && [ "$ms" -lt 4000 ]'
 pmr rm -f c2 >"$out" 2>"$err"
 checkc "... and rm leaves no sandbox or QEMU" '[ "$(sandboxes)" -eq 0 ] && wait_for "[ \$(ours) -eq 0 ]" 50'
+# SIGKILL to a paused container ends it (runc thaws for it), and rm -f
+# of a paused one leaves nothing.
+# shellcheck disable=SC2086
+pmr run -d --name c3 $oci_run_flags "$img" sh -c 'echo started; while :; do sleep 0.1; done' >"$out" 2>"$err" &&
+	wait_for "pmr logs c3 2>/dev/null | grep -q started" 300 && pmr pause c3 >"$out" 2>"$err"
+t0=$(date +%s%N)
+pmr kill c3 >"$out" 2>"$err" && wait_for '[ "$(pmr inspect --format "{{.State.Status}}" c3)" = exited ]' 100
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+code=$(pmr inspect --format '{{.State.ExitCode}}' c3 2>"$err")
+checkc "podman kill of a paused container ends it ($rc, ${ms} ms, exit status ${code:-?}: 137)" \
+	'[ "$rc" -eq 0 ] && [ "$ms" -lt 8000 ] && [ "$code" = 137 ]'
+pmr rm c3 >"$out" 2>"$err"
+# shellcheck disable=SC2086
+pmr run -d --name c4 $oci_run_flags "$img" sh -c 'echo started; while :; do sleep 0.1; done' >"$out" 2>"$err" &&
+	wait_for "pmr logs c4 2>/dev/null | grep -q started" 300 && pmr pause c4 >"$out" 2>"$err"
+cg4=$(cgroup_of c4)
+cgroups="$cgroups $cg4"
+pmr rm -f c4 >"$out" 2>"$err"
+rc=$?
+checkc "podman rm -f of a paused container ($rc) leaves no sandbox, state, cgroup or QEMU" \
+	'[ "$rc" -eq 0 ] && [ "$(sandboxes)" -eq 0 ] && [ -z "$(ls -A "$state" 2>/dev/null)" ] && [ -n "$cg4" ] && ! ls -d /sys/fs/cgroup/*"$cg4" 2>/dev/null | grep -q . && wait_for "[ \$(ours) -eq 0 ]" 50'
 elapsed "podman lifecycle"
 
 # --- the runtime alone: a flood nobody reads, a monitor that is stopped, a
@@ -250,8 +283,48 @@ exec 7<&-
 # A monitor that does not answer (stopped here): kill says so after its
 # deadline, not "not running"; delete --force ends it and its sandbox.
 oci_bundle "$rt/b2" "$rt/img/tree" "" '["sleep", "1000"]'
-o create --bundle "$rt/b2" --pid-file "$rt/d2.pid" d2 </dev/null >/dev/null 2>"$err" && o start d2 2>>"$err" &&
-	kill -STOP "$(cat "$rt/d2.pid")"
+o create --bundle "$rt/b2" --pid-file "$rt/d2.pid" d2 </dev/null >/dev/null 2>"$err" && o start d2 2>>"$err"
+# Before that, a non-detached exec --tty --console-socket: the engine's
+# resize of the PTY master reaches the guest as SIGWINCH and the size.
+python3 - "$oci" "$dstate" d2 "$rt/console.sock" >"$out" 2>>"$err" <<'PY'
+import array, fcntl, os, socket, struct, subprocess, sys, termios, time
+oci, root, cid, path = sys.argv[1:5]
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(path)
+srv.listen(1)
+srv.settimeout(20)
+p = subprocess.Popen([oci, "--root", root, "exec", "--tty", "--console-socket", path, cid, "sh", "-c",
+                      'echo "size $(stty size)"; trap "echo \\"winch \\$(stty size)\\"" WINCH; '
+                      'i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done'],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+try:
+    c, _ = srv.accept()
+    _, anc, _, _ = c.recvmsg(64, socket.CMSG_SPACE(4))
+    m = array.array("i", anc[0][2][:4])[0]
+    fcntl.ioctl(m, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    os.set_blocking(m, False)
+    buf, resized, until = b"", False, time.time() + 15
+    while time.time() < until and b"winch 33 99" not in buf:
+        try:
+            buf += os.read(m, 4096)
+        except BlockingIOError:
+            time.sleep(0.05)
+        if b"size" in buf and not resized:
+            time.sleep(0.3)
+            fcntl.ioctl(m, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 99, 0, 0))
+            resized = True
+    sys.stdout.write(buf.decode(errors="replace"))
+finally:
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+PY
+checkc "a non-detached exec --console-socket gets a resize of the master as SIGWINCH (33 99)" \
+	'grep -q "^size 24 80" "$out" && grep -q "^winch 33 99" "$out"'
+kill -STOP "$(cat "$rt/d2.pid")"
 t0=$(date +%s%N)
 o kill d2 KILL >"$out" 2>&1
 rc=$?

@@ -622,6 +622,25 @@ static int netns_interfaces(const char *path, char *out, size_t size)
 	return 0;
 }
 
+/* Hooks run in the runtime's namespaces at points of the container's
+ * life inside them; the container is in a VM here. Refused, named. */
+static int refuse_hooks(struct ctx *x, json_t *hooks)
+{
+	char names[256] = "";
+	const char *k;
+	json_t *v;
+	json_object_foreach(hooks, k, v) {
+		if (json_array_size(v) == 0)
+			continue;
+		size_t n = strlen(names);
+		snprintf(names + n, sizeof(names) - n, "%s%s", n ? ", " : "", k);
+	}
+	if (names[0])
+		return cap_err_set(x->err, EINVAL, "%s: hooks (%s) are not supported: the container runs in a VM "
+				   "whose processes a host hook cannot reach; remove them", x->file, names);
+	return 0;
+}
+
 static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config *c)
 {
 	json_t *um = json_object_get(linux_, "uidMappings");
@@ -732,7 +751,8 @@ int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
 	if ((r = get_str(&x, linux_, "cgroupsPath", "linux.cgroupsPath", &cp)) < 0 ||
 	    (r = parse_cgroups_path(&x, cp, systemd_cgroup, &c)) < 0 ||
 	    (r = parse_mounts(&x, json_object_get(j, "mounts"), &c)) < 0 ||
-	    (r = parse_namespaces(&x, linux_, &c)) < 0)
+	    (r = parse_namespaces(&x, linux_, &c)) < 0 ||
+	    (r = refuse_hooks(&x, json_object_get(j, "hooks"))) < 0)
 		goto fail;
 	json_decref(j);
 	*out = c;

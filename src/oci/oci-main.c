@@ -441,29 +441,6 @@ static int create_opt(void *ud, int c, const char *arg)
 	}
 }
 
-/* Hooks run in the runtime's namespaces at points of the container's
- * life inside them; the container is in a VM here. Refused, named. */
-static int refuse_hooks(const char *bundle, struct cap_err *err)
-{
-	_cleanup_free_ char *path = xasprintf("%s/config.json", bundle);
-	json_t *j = json_load_file(path, 0, NULL);
-	json_t *hooks = json_object_get(j, "hooks");
-	char names[256] = "";
-	const char *k;
-	json_t *v;
-	json_object_foreach(hooks, k, v) {
-		if (json_array_size(v) == 0)
-			continue;
-		size_t n = strlen(names);
-		snprintf(names + n, sizeof(names) - n, "%s%s", n ? ", " : "", k);
-	}
-	json_decref(j);
-	if (names[0])
-		return cap_err_set(err, EINVAL, "%s: hooks (%s) are not supported: the container runs in a VM "
-				   "whose processes a host hook cannot reach; remove them", path, names);
-	return 0;
-}
-
 /* mkdir -p of dest's parents below seed, each with the mode and owner
  * of the same directory in the rootfs (else root's 0755), so that the
  * seeded upper layer does not change them. */
@@ -570,10 +547,6 @@ static int oci_create(int argc, char **argv)
 	memset(&cfg, 0, sizeof(cfg));
 	if (cap_oci_config_load(bundle, g.systemd_cgroup, &cfg, &err) < 0)
 		return fail(&err);
-	if (refuse_hooks(bundle, &err) < 0) {
-		cap_oci_config_fini(&cfg);
-		return fail(&err);
-	}
 	int rc = 1;
 	bool made_dir = false;
 	char name[CAP_NAME_MAX + 1];

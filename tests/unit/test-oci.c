@@ -286,6 +286,8 @@ static void config_refusals(void **state)
 		"user namespaces", NULL);
 	refused("linux", "namespaces", json_pack("[{s:s}]", "type", "pid"), "no network namespace", "--network none", NULL);
 	refused("root", "path", json_string("nowhere"), "root.path", "nowhere", NULL);
+	refused("", "hooks", json_pack("{s:[], s:[{s:s}]}", "prestart", "poststart", "path", "/bin/true"),
+		"hooks (poststart)", "remove them", NULL);
 	/* Mounts: a directory bind, a type the guest does not give, a big file. */
 	refused("", "mounts", json_pack("[{s:s, s:s, s:s, s:[s]}]", "destination", "/data", "type", "bind",
 					"source", dir, "options", "rbind"),

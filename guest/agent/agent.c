@@ -1184,6 +1184,10 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 
 	fresh_start(s);
 	agent_env_reset();
+	if (s->root_readonly && !*s->root_image) {
+		snprintf(msg, mlen, "a read-only root needs a root image; this SETUP names none");
+		return -EINVAL;
+	}
 	if (*s->root_image) {
 		/* Overlay root: the image read-only below, an ext4 disk
 		 * above; then move into it, taking the pseudo file systems
@@ -1281,6 +1285,18 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	/* Last: the host's own variables win over the agent's defaults. */
 	for (uint32_t i = 0; i < s->envc; i++)
 		agent_env_put(s->env[i]);
+	/* A read-only root (an OCI config's root.readonly) once everything
+	 * in it is written (/etc/passwd, the network's and the CA's files):
+	 * only the overlay's own mount turns read-only; /dev, /proc, /sys,
+	 * /tmp, /run, /work, /workspace and /source are mounts of their own
+	 * and keep their modes. A bind remount replaces the mount's flags,
+	 * so the overlay's nodev,nosuid are given again. */
+	if (s->root_readonly &&
+	    mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NODEV | MS_NOSUID, NULL) < 0) {
+		r = -errno;
+		snprintf(msg, mlen, "cannot make the root file system read-only: %s", strerror(-r));
+		return r;
+	}
 	return 0;
 }
 

@@ -11,12 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <cmocka.h>
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <jansson.h>
 
+#include "named.h"
+#include "paths.h"
 #include "sandbox.h"
+#include "store.h"
 #include "tar.h"
 #include "util.h"
 
@@ -753,8 +758,172 @@ static void tar_in_refusals(void **state)
 	cap_buf_fini(&tar);
 }
 
-int main(void)
+/* --- a read-only root (SETUP's root_readonly) --------------------------- */
+
+/* Only an image root can be read-only, and the bare VM above has none: a
+ * named sandbox of the base image (busybox, built in the test's home)
+ * whose record asks for it, with /etc/hosts and /etc/hostname seeded into
+ * its upper layer as capsule-oci seeds them. It goes the whole way: the
+ * record, the shim's load of it, the spec's SETUP (after a template's
+ * restore in the first run), the agent's remount. */
+#define RO_NAME "ro-root-test"
+#define RO_HOSTS "192.0.2.7 seeded-host\n"
+
+static int ro_group_setup(void **state)
 {
+	(void)state;
+	struct cap_err err = { 0 };
+	/* The shim is `capsule shim`: this build's binary, beside tests/
+	 * (else the library would run this program as the shim). */
+	if (!getenv("CAPSULE_BIN")) {
+		char *dir = cap_exe_dir();
+		char bin[4200];
+		snprintf(bin, sizeof(bin), "%s/../capsule", dir);
+		free(dir);
+		setenv("CAPSULE_BIN", bin, 1);
+	}
+	struct cap_image img;
+	memset(&img, 0, sizeof(img));
+	if (cap_store_image_ensure("base", NULL, NULL, &img, &err) < 0) {
+		fprintf(stderr, "base image: %s\n", err.msg);
+		return -1;
+	}
+	cap_image_fini(&img);
+	char seed[] = "/tmp/cap-ro-seed.XXXXXX";
+	if (!mkdtemp(seed))
+		return -1;
+	char etc[64], hosts[80], hostname[80];
+	snprintf(etc, sizeof(etc), "%s/etc", seed);
+	snprintf(hosts, sizeof(hosts), "%s/hosts", etc);
+	snprintf(hostname, sizeof(hostname), "%s/hostname", etc);
+	struct cap_record rec;
+	cap_record_init(&rec);
+	snprintf(rec.name, sizeof(rec.name), RO_NAME);
+	snprintf(rec.image_ref, sizeof(rec.image_ref), "base");
+	snprintf(rec.hostname, sizeof(rec.hostname), "ro-box");
+	rec.root_readonly = true;
+	rec.root_seed = seed;
+	cap_named_remove(RO_NAME, true, &(struct cap_err){ 0 });	/* a killed run's */
+	int r = -1;
+	/* The seed's own mode becomes the root directory's (cp -a DIR/.):
+	 * mkdtemp made it 0700. */
+	if (chmod(seed, 0755) == 0 && mkdir(etc, 0755) == 0 &&
+	    cap_write_file_atomic(hosts, RO_HOSTS, strlen(RO_HOSTS), 0644) == 0 &&
+	    cap_write_file_atomic(hostname, "ro-box\n", 7, 0644) == 0 &&
+	    cap_named_create(&rec, NULL, NULL, &err) == 0)
+		r = 0;
+	cap_remove_tree(seed);
+	struct cap_named_status st;
+	if (r < 0 || cap_named_start(RO_NAME, &err) < 0 ||
+	    cap_named_status(RO_NAME, &st, &err) < 0 ||
+	    cap_sandbox_attach(st.control, &sb, &err) < 0) {
+		fprintf(stderr, "sandbox %s: %s\n", RO_NAME, err.msg);
+		char *dir = cap_named_dir(RO_NAME);
+		char cmd[4200];
+		snprintf(cmd, sizeof(cmd), "tail -n 20 %s/shim.log >&2", dir);
+		free(dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "no shim log\n");
+		cap_named_remove(RO_NAME, true, &(struct cap_err){ 0 });
+		return -1;
+	}
+	qemu_pid = st.qemu_pid;
+	return 0;
+}
+
+static int ro_group_teardown(void **state)
+{
+	(void)state;
+	struct cap_err err = { 0 };
+	if (sb)
+		cap_sandbox_free(sb);
+	sb = NULL;
+	int rc = cap_named_stop(RO_NAME, 5000, &err);
+	if (rc < 0)
+		fprintf(stderr, "stop %s: %s\n", RO_NAME, err.msg);
+	if (cap_named_remove(RO_NAME, false, &err) < 0) {
+		fprintf(stderr, "remove %s: %s\n", RO_NAME, err.msg);
+		rc = -1;
+	}
+	return rc < 0 ? -1 : 0;
+}
+
+/* The record holds it ("root_readonly": true) and loads it back; it is
+ * not part of the shape, so that templates are shared with writable
+ * roots (SETUP comes after the restore). */
+static void ro_root_recorded(void **state)
+{
+	(void)state;
+	struct cap_record rec;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_named_load(RO_NAME, &rec, &err), 0);
+	assert_true(rec.root_readonly);
+	char *dir = cap_named_dir(RO_NAME);
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/record.json", dir);
+	free(dir);
+	json_t *j = json_load_file(path, 0, NULL);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "root_readonly")));
+	json_decref(j);
+
+	struct cap_sandbox_spec a, b;
+	char sa[512], sb_[512];
+	cap_sandbox_spec_named(&a, "i", "u", "w", "s", NULL, "a");
+	cap_sandbox_spec_named(&b, "i", "u", "w", "s", NULL, "a");
+	cap_sandbox_spec_root_readonly(&b, true);
+	assert_true(b.setup.root_readonly);
+	assert_false(a.setup.root_readonly);
+	cap_sandbox_spec_shape(&a, sa, sizeof(sa));
+	cap_sandbox_spec_shape(&b, sb_, sizeof(sb_));
+	assert_string_equal(sa, sb_);
+}
+
+/* As root (a container's process), writes to the root fail with EROFS,
+ * in the image's files and in the seeded ones, which are there; the
+ * guest's own mounts and /work take them. The root keeps nodev,nosuid. */
+static void ro_root_refuses_writes(void **state)
+{
+	(void)state;
+	struct result r, u;
+	char *argv[] = { "sh", "-c",
+		         "touch /bin/x; echo bin=$?; echo y >> /etc/hosts; echo hosts=$?;"
+		         "mkdir /newdir; echo mkdir=$?;"
+		         "for d in /tmp /run /dev/shm /work; do touch $d/x && echo ok $d; done;"
+		         "cat /etc/hosts /etc/hostname; hostname;"
+		         "awk '$2 == \"/\" { o = $4 } END { print o }' /proc/mounts", NULL };
+	char *env[] = { "PATH=/usr/bin:/bin:/usr/sbin:/sbin" };
+	struct cap_exec_req req = { .argv = argv, .argc = 3, .env = env, .envc = 1,
+				    .flags = CAP_EXEC_USER, .uid = 0, .gid = 0 };
+	start_req(&r, &req);
+	wait_all();
+	const char *out = text(&r.out), *err = text(&r.err);
+	assert_int_equal(cap_exit_status(&r.ex), 0);
+	assert_non_null(strstr(err, "/bin/x: Read-only file system"));
+	assert_non_null(strstr(err, "/etc/hosts: Read-only file system"));
+	assert_non_null(strstr(out, "bin=1\nhosts=1\nmkdir=1\n"));
+	assert_non_null(strstr(out, "ok /tmp\nok /run\nok /dev/shm\nok /work\n"));
+	assert_non_null(strstr(out, RO_HOSTS "ro-box\nro-box\n"));
+	const char *opts = strstr(out, "ro-box\nro-box\n") + strlen("ro-box\nro-box\n");
+	assert_true(strncmp(opts, "ro,", 3) == 0);
+	assert_non_null(strstr(opts, "nosuid"));
+	assert_non_null(strstr(opts, "nodev"));
+	result_fini(&r);
+
+	/* The tool user's /work and /tmp as ever. */
+	run(&u, "touch /work/u /tmp/u && echo ok");
+	assert_string_equal(text(&u.err), "");
+	assert_string_equal(text(&u.out), "ok\n");
+	assert_int_equal(cap_exit_status(&u.ex), 0);
+	result_fini(&u);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1) {
+		fprintf(stderr, "test-vm takes no arguments (run as `%s %s`?)\n", argv[0], argv[1]);
+		return 2;
+	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(started_as_asked),
 		cmocka_unit_test(stdout_stderr_separated),
@@ -779,6 +948,18 @@ int main(void)
 	/* The VM must be gone once the group is torn down. */
 	if (qemu_pid > 0 && kill(qemu_pid, 0) == 0) {
 		fprintf(stderr, "QEMU pid %d is still running after teardown\n", (int)qemu_pid);
+		failed++;
+	}
+	sb = NULL;
+	qemu_pid = 0;
+	const struct CMUnitTest ro_tests[] = {
+		cmocka_unit_test(ro_root_recorded),
+		cmocka_unit_test(ro_root_refuses_writes),
+	};
+	failed += cmocka_run_group_tests_name("vm-readonly-root", ro_tests, ro_group_setup,
+					      ro_group_teardown);
+	if (qemu_pid > 0 && kill(qemu_pid, 0) == 0) {
+		fprintf(stderr, "QEMU pid %d of %s is still running after teardown\n", (int)qemu_pid, RO_NAME);
 		failed++;
 	}
 	return failed;

@@ -192,6 +192,11 @@ static int seed_upper(const struct cap_record *rec, char **out, struct cap_err *
 	_cleanup_free_ char *from = xasprintf("%s/.", rec->root_seed);
 	char *argv[] = { "cp", "-a", "--", from, data, NULL };
 	int r = cap_run(argv, NULL, NULL, err);
+	/* data/ is the overlay's upper root: its mode and owner are those of
+	 * the guest's /, root's 0755 as the agent makes it without a seed,
+	 * whatever the seed directory's own were. */
+	if (r == 0 && ((geteuid() == 0 && chown(data, 0, 0) < 0) || chmod(data, 0755) < 0))
+		r = cap_err_set(err, errno, "cannot set the mode of %s: %s", data, strerror(errno));
 	if (r < 0) {
 		cap_err_prefix(err, "copying %s into the root's upper disk", rec->root_seed);
 		cap_remove_tree(top);

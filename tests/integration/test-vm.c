@@ -805,9 +805,9 @@ static int ro_group_setup(void **state)
 	rec.root_seed = seed;
 	cap_named_remove(RO_NAME, true, &(struct cap_err){ 0 });	/* a killed run's */
 	int r = -1;
-	/* The seed's own mode becomes the root directory's (cp -a DIR/.):
-	 * mkdtemp made it 0700. */
-	if (chmod(seed, 0755) == 0 && mkdir(etc, 0755) == 0 &&
+	/* mkdtemp made the seed 0700: the guest's / must still be root's
+	 * 0755, whatever the seed directory's own mode. */
+	if (mkdir(etc, 0755) == 0 &&
 	    cap_write_file_atomic(hosts, RO_HOSTS, strlen(RO_HOSTS), 0644) == 0 &&
 	    cap_write_file_atomic(hostname, "ro-box\n", 7, 0644) == 0 &&
 	    cap_named_create(&rec, NULL, NULL, &err) == 0)
@@ -890,6 +890,7 @@ static void ro_root_refuses_writes(void **state)
 		         "touch /bin/x; echo bin=$?; echo y >> /etc/hosts; echo hosts=$?;"
 		         "mkdir /newdir; echo mkdir=$?;"
 		         "for d in /tmp /run /dev/shm /work; do touch $d/x && echo ok $d; done;"
+		         "stat -c 'root %a %u' /;"
 		         "cat /etc/hosts /etc/hostname; hostname;"
 		         "awk '$2 == \"/\" { o = $4 } END { print o }' /proc/mounts", NULL };
 	char *env[] = { "PATH=/usr/bin:/bin:/usr/sbin:/sbin" };
@@ -903,6 +904,7 @@ static void ro_root_refuses_writes(void **state)
 	assert_non_null(strstr(err, "/etc/hosts: Read-only file system"));
 	assert_non_null(strstr(out, "bin=1\nhosts=1\nmkdir=1\n"));
 	assert_non_null(strstr(out, "ok /tmp\nok /run\nok /dev/shm\nok /work\n"));
+	assert_non_null(strstr(out, "root 755 0\n"));
 	assert_non_null(strstr(out, RO_HOSTS "ro-box\nro-box\n"));
 	const char *opts = strstr(out, "ro-box\nro-box\n") + strlen("ro-box\nro-box\n");
 	assert_true(strncmp(opts, "ro,", 3) == 0);

@@ -21,6 +21,16 @@ static bool has_word(const char *list, const char *word)
 	return false;
 }
 
+int cap_cgroup_write(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int r = cap_write_all(fd, s, strlen(s));
+	close(fd);
+	return r;
+}
+
 int cap_cgroup_delegate(const char *dir, struct cap_err *err)
 {
 	static const char *const ctls[] = { "memory", "pids", "cpu" };
@@ -37,11 +47,7 @@ int cap_cgroup_delegate(const char *dir, struct cap_err *err)
 			continue;
 		char word[16];
 		snprintf(word, sizeof(word), "+%s", ctls[i]);
-		int fd = open(sub_path, O_WRONLY | O_CLOEXEC);
-		r = fd < 0 ? -errno : cap_write_all(fd, word, strlen(word));
-		if (fd >= 0)
-			close(fd);
-		if (r < 0)
+		if ((r = cap_cgroup_write(sub_path, word)) < 0)
 			return cap_err_set(err, -r, "cannot enable the %s controller in %s: %s",
 					   ctls[i], sub_path, strerror(-r));
 	}

@@ -7,6 +7,10 @@
 
 #include "err.h"
 
+/* Write s to an existing cgroup file (a limit, cgroup.procs): 0 or
+ * -errno. */
+int cap_cgroup_write(const char *path, const char *s);
+
 /* cgroup v2: hand the memory, pids and cpu controllers down from dir to
  * its children, each one separately and only those dir offers (its
  * cgroup.controllers) and has not enabled yet, as runc does: a host that

@@ -89,16 +89,6 @@ static uid_t uid_base(void)
 	return UID_BASE;
 }
 
-static int write_str(const char *path, const char *s)
-{
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	int r = cap_write_all(fd, s, strlen(s));
-	close(fd);
-	return r;
-}
-
 /* ---- cgroups ---------------------------------------------------------- */
 
 static void cg_detect(struct cgroups *cg)
@@ -211,7 +201,7 @@ static int cg_limit(const char *dir, const char *file, unsigned long long v,
 	snprintf(val, sizeof(val), "%llu", v);
 	if (optional && access(path, F_OK) != 0)
 		return 0;
-	int r = write_str(path, val);
+	int r = cap_cgroup_write(path, val);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot set %s to %s: %s", path, val, strerror(-r));
 	return 0;
@@ -887,7 +877,7 @@ static int join_cgroups(const struct cap_jail *j, int *failed)
 		if (!j->owned_cg[i])
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", j->owned_cg[i], j->cg_version == 1 ? "tasks" : "cgroup.procs");
-		int r = write_str(path, "0");
+		int r = cap_cgroup_write(path, "0");
 		if (r < 0) {
 			*failed = i;
 			return r;

@@ -125,20 +125,10 @@ static int hier_find(const char *cgroups_path, struct hier *h, struct cap_err *e
 	return 0;
 }
 
-static int write_str(const char *path, const char *s)
-{
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	int r = cap_write_all(fd, s, strlen(s));
-	close(fd);
-	return r;
-}
-
 static int set(const char *dir, const char *file, const char *val, struct cap_err *err)
 {
 	_cleanup_free_ char *path = xasprintf("%s/%s", dir, file);
-	int r = write_str(path, val);
+	int r = cap_cgroup_write(path, val);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot set %s to %s: %s", path, val, strerror(-r));
 	return 0;
@@ -259,7 +249,7 @@ static void kill_tree(const char *dir, int depth)
 		closedir(d);
 	_cleanup_free_ char *fz = xasprintf("%s/freezer.state", dir);
 	if (access(fz, F_OK) == 0)
-		write_str(fz, "THAWED");
+		cap_cgroup_write(fz, "THAWED");
 	_cleanup_free_ char *procs = xasprintf("%s/cgroup.procs", dir);
 	char *text = NULL;
 	if (cap_read_file(procs, 1 << 20, &text) >= 0) {

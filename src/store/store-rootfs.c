@@ -11,8 +11,10 @@
  *   Podman and containerd mount a container's rootfs as overlay in the
  *   host's mount namespace) — the topmost mount at realpath(dir) in
  *   /proc/self/mountinfo, of dir's device, with nothing mounted below it
- *   since — its lower directories are the engine's committed image
- *   layers, which it never writes: each is keyed by identity, in mount
+ *   since — whose lower directories are all an engine's committed image
+ *   layers (containers/storage's overlay/<id>/diff, containerd's
+ *   snapshots/<n>/fs: committed_layer), which it never writes: each is
+ *   keyed by identity, in mount
  *   order: real path, device, inode and birth time (statx; the change
  *   time where the file system keeps none), so that a layer deleted and
  *   made again on a reused inode is another layer. So are the mount
@@ -23,7 +25,8 @@
  *   A second container of an image hits although its engine made its
  *   files at another time, and the image's bytes are not read.
  * - Content. Any other directory (runc bundles, the vfs driver, tests),
- *   or an overlay whose layers cannot all be named (relative paths, as
+ *   or an overlay whose layers cannot all be named (a lower that is not
+ *   a committed layer, as podman run --rootfs DIR:O makes; relative paths, as
  *   containers/storage gives when the list outgrows a page; a lower that
  *   cannot be stat'ed; a mount inside it), is walked whole. Each entry
  *   gives its path, type, mode, owner, device number (a whiteout is a
@@ -367,6 +370,32 @@ static int overlay_at(const char *real, dev_t dev, char **opts, const char **why
 	return 1;
 }
 
+/* Whether real (a real path) is an engine's committed image layer, which
+ * the engine never writes: containers/storage's <store>/overlay/<64 hex
+ * id>/diff or containerd's overlayfs snapshotter's
+ * <root>/io.containerd.snapshotter.v1.overlayfs/snapshots/<n>/fs. Any
+ * other lower (podman run --rootfs DIR:O lays an overlay over the user's
+ * own directory, which the user edits) is keyed by content. */
+static bool committed_layer(const char *real)
+{
+	size_t n = strlen(real);
+	if (n > 5 && strcmp(real + n - 5, "/diff") == 0) {
+		const char *id = real + n - 5 - 64;
+		return id - real >= 9 && strncmp(id - 9, "/overlay/", 9) == 0 &&
+		       strspn(id, "0123456789abcdef") == 64;
+	}
+	static const char snaps[] = "/io.containerd.snapshotter.v1.overlayfs/snapshots/";
+	if (n > 3 && strcmp(real + n - 3, "/fs") == 0) {
+		const char *num = real + n - 3;
+		while (num > real && num[-1] >= '0' && num[-1] <= '9')
+			num--;
+		size_t sl = sizeof(snaps) - 1;
+		return num < real + n - 3 && (size_t)(num - real) >= sl &&
+		       strncmp(num - sl, snaps, sl) == 0;
+	}
+	return false;
+}
+
 /* Hash the identity of layer path (real path, device, inode, birth
  * time), tag saying lower or data-only. */
 static int hash_layer(struct walk *w, char tag, const char *path, const char **why)
@@ -376,6 +405,10 @@ static int hash_layer(struct walk *w, char tag, const char *path, const char **w
 		return -EINVAL;
 	}
 	_cleanup_free_ char *real = realpath(path, NULL);
+	if (real && !committed_layer(real)) {
+		*why = "a lower layer is not an engine's committed layer (containers/storage's overlay/ID/diff, containerd's snapshots/N/fs)";
+		return -EINVAL;
+	}
 	struct statx sx;
 	if (!real || statx(AT_FDCWD, real, 0, STATX_TYPE | STATX_INO | STATX_BTIME | STATX_CTIME, &sx) < 0) {
 		*why = "a layer cannot be stat'ed";

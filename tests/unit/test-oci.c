@@ -651,18 +651,25 @@ static void rootfs_content(void **state)
 }
 
 /* An overlay mount point (an engine's container rootfs) is keyed by its
- * lower layers' identities and its upper layer's content. */
+ * lower layers' identities when they are an engine's committed layers
+ * (containers/storage's overlay/<id>/diff, containerd's snapshots/<n>/fs),
+ * and its upper layer's content. */
+#define L1 "st ore:x/overlay/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/diff"
+#define L2 "st ore:x/io.containerd.snapshotter.v1.overlayfs/snapshots/12/fs"
 static void rootfs_overlay(void **state)
 {
 	(void)state;
 	char *o = xasprintf("%s/ovl", dir);
-	/* A space and a colon in layer names: mountinfo's \040, overlay's \:. */
-	sh("set -e; cd %s/..; mkdir -p ovl; cd ovl; mkdir -p 'low er1/bin' 'low:2/etc' up/etc work merged;"
-	   " echo hi > 'low er1/bin/sh'; : > 'low:2/etc/hosts'; echo 1 > 'low:2/etc/f';"
+	/* A space and a colon in the layers' paths: mountinfo's \040,
+	 * overlay's \:. */
+	sh("set -e; cd %s/..; mkdir -p ovl; cd ovl; mkdir -p '" L1 "/bin' '" L2 "/etc' up/etc work merged 'plain low/bin';"
+	   " echo hi > '" L1 "/bin/sh'; : > '" L2 "/etc/hosts'; echo 1 > '" L2 "/etc/f'; echo hi > 'plain low/bin/sh';"
 	   " printf AAAA > up/msg; : > up/etc/hosts; ln -s /proc/mounts up/etc/mtab", o);
 	char *merged = xasprintf("%s/merged", o);
-	char *opts = xasprintf("lowerdir=%s/low er1:%s/low\\:2,upperdir=%s/up,workdir=%s/work", o, o, o, o);
-	char *swapped = xasprintf("lowerdir=%s/low\\:2:%s/low er1,upperdir=%s/up,workdir=%s/work", o, o, o, o);
+	char *opts = xasprintf("lowerdir=%s/st ore\\:x/overlay/%s/diff:%s/st ore\\:x/io.containerd.snapshotter.v1.overlayfs/snapshots/12/fs,"
+			       "upperdir=%s/up,workdir=%s/work", o, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", o, o, o);
+	char *swapped = xasprintf("lowerdir=%s/st ore\\:x/io.containerd.snapshotter.v1.overlayfs/snapshots/12/fs:%s/st ore\\:x/overlay/%s/diff,"
+				  "upperdir=%s/up,workdir=%s/work", o, o, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", o, o);
 	if (mount("overlay", merged, "overlay", 0, opts) < 0)
 		fail_msg("mount -t overlay -o %s %s: %s", opts, merged, strerror(errno));
 	char d1[80], d[80];
@@ -704,7 +711,7 @@ static void rootfs_overlay(void **state)
 
 	/* The same layers given one by one (lowerdir+=, the new mount API's
 	 * form, which mountinfo shows so too): the same key. */
-	char *plus = xasprintf("lowerdir+=%s/low er1,lowerdir+=%s/low:2,upperdir=%s/up,workdir=%s/work", o, o, o, o);
+	char *plus = xasprintf("lowerdir+=%s/" L1 ",lowerdir+=%s/" L2 ",upperdir=%s/up,workdir=%s/work", o, o, o, o);
 	if (mount("overlay", merged, "overlay", 0, plus) < 0)
 		fail_msg("mount -t overlay -o %s %s: %s", plus, merged, strerror(errno));
 	assert_true(lookup(merged, d, NULL));
@@ -716,7 +723,7 @@ static void rootfs_overlay(void **state)
 	if (mount("overlay", merged, "overlay", 0, opts) < 0)
 		fail_msg("mount -t overlay -o %s %s: %s", opts, merged, strerror(errno));
 	char *inside = xasprintf("%s/bin", merged);
-	char *from = xasprintf("%s/low:2/etc", o);
+	char *from = xasprintf("%s/" L2 "/etc", o);
 	assert_int_equal(mount(from, inside, NULL, MS_BIND, NULL), 0);
 	assert_false(lookup(merged, d, &said));
 	if (!strstr(said.text, "keyed by content (something is mounted inside it"))
@@ -725,7 +732,29 @@ static void rootfs_overlay(void **state)
 	assert_true(lookup(merged, d, NULL));
 	assert_string_equal(d, d1);
 	assert_int_equal(umount2(merged, 0), 0);
+
+	/* A lower that is not an engine's committed layer (podman run
+	 * --rootfs DIR:O lays an overlay over the user's own directory, which
+	 * the user may edit): keyed by content, so an edit there misses. */
+	char *plain = xasprintf("lowerdir=%s/plain low,upperdir=%s/up,workdir=%s/work", o, o, o);
+	if (mount("overlay", merged, "overlay", 0, plain) < 0)
+		fail_msg("mount -t overlay -o %s %s: %s", plain, merged, strerror(errno));
+	char p1[80];
+	assert_false(lookup(merged, p1, &said));
+	if (!strstr(said.text, "not an engine's committed layer"))
+		fail_msg("%s", said.text);
+	assert_true(lookup(merged, d, NULL));
+	assert_string_equal(d, p1);
+	assert_int_equal(umount2(merged, 0), 0);
+	sh("printf bye > '%s/plain low/bin/sh'", o);	/* same size as "hi\n" */
+	if (mount("overlay", merged, "overlay", 0, plain) < 0)
+		fail_msg("mount -t overlay -o %s %s: %s", plain, merged, strerror(errno));
+	assert_false(lookup(merged, d, NULL));
+	assert_string_not_equal(d, p1);
+	assert_int_equal(umount2(merged, 0), 0);
+
 	assert_int_equal(lock_files(), 0);
+	free(plain);
 	free(inside);
 	free(from);
 	free(opts);

@@ -178,6 +178,9 @@ size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], si
  * the guest's writes wait as they would on a full pipe under runc; our
  * signals and socket are served all the while. */
 #define OUT_CAP (256u << 10)
+/* How long a process killed by SIGKILL waits for the reader of its last
+ * output: the engine waits for our exit to see the container stopped. */
+#define KILL_DRAIN_MS 2000
 
 struct conn {
 	int fd;	/* -1: free */
@@ -212,7 +215,9 @@ struct mon {
 	bool drop_over_cap, give_up;
 	bool vm_gone;	/* the sandbox ended under the process */
 	int end_sig;	/* a signal that ended the gate before start */
-	int64_t kill_deadline;	/* after SIGKILL: give up on the guest then */
+	/* After SIGKILL: give up on the guest then, or, once the process
+	 * ended, on the reader of its output (KILL_DRAIN_MS at most). */
+	int64_t kill_deadline;
 	int ready_fd;
 	bool raw;
 	struct termios saved;
@@ -276,23 +281,40 @@ static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 	flush_out(s, fd);
 }
 
-/* Our stdout and stderr non-blocking (their flags kept to restore), so
- * that a reader that stalls holds the process's output, not us. */
+/* Our stdout and stderr non-blocking, so that a reader that stalls holds
+ * the process's output, not us. O_NONBLOCK belongs to the file
+ * description, which our caller shares (a terminal, conmon's pipe, a
+ * FIFO; fds 1 and 2 often the same one): each fd gets a description of
+ * our own instead, opened anew through /proc, so that the caller's never
+ * changes, even if we are killed. A socket cannot be opened so (ENXIO):
+ * its shared description is made non-blocking and its flags restored at
+ * exit. Regular files and block devices never wait for a reader: as is. */
 static void out_nonblock(struct mon *s)
 {
 	for (int fd = 1; fd <= 2; fd++) {
+		struct stat st;
 		int fl = fcntl(fd, F_GETFL);
+		if (fl < 0 || (fl & O_NONBLOCK) || fstat(fd, &st) < 0 || S_ISREG(st.st_mode) ||
+		    S_ISBLK(st.st_mode))
+			continue;
+		char path[32];
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		int nfd = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (fl & O_APPEND));
+		if (nfd >= 0) {
+			dup2(nfd, fd);	/* without O_CLOEXEC, as fd was */
+			close(nfd);
+			continue;
+		}
 		s->out_flags[fd] = fl;
-		if (fl >= 0 && !(fl & O_NONBLOCK))
-			fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 	}
 }
 
-/* fds 1 and 2's flags as they were: their file descriptions may be
- * shared (a caller's terminal). */
+/* The shared descriptions' flags as they were, fd 2's first: when fds 1
+ * and 2 share one, fd 2's saved flags are fd 1's made non-blocking. */
 static void out_restore(struct mon *s)
 {
-	for (int fd = 1; fd <= 2; fd++)
+	for (int fd = 2; fd >= 1; fd--)
 		if (s->out_flags[fd] >= 0) {
 			fcntl(fd, F_SETFL, s->out_flags[fd]);
 			s->out_flags[fd] = -1;
@@ -770,6 +792,8 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 	while (!s->done || (out_pending(s) && !s->give_up)) {
 		struct pollfd pfd[CAP_SANDBOX_NPOLL + 5 + MAX_CONNS];
 		int slot[MAX_CONNS];
+		if (s->done && s->kill_deadline)
+			s->kill_deadline = CAP_MIN(s->kill_deadline, cap_now_ms() + KILL_DRAIN_MS);
 		cap_sandbox_pollfds(s->sb, pfd);
 		if (s->done) {
 			for (int i = 0; i < CAP_SANDBOX_NPOLL; i++)
@@ -803,7 +827,7 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 			}
 		}
 		int timeout = -1;
-		if (s->kill_deadline && !s->done)
+		if (s->kill_deadline)
 			timeout = (int)CAP_MAX(s->kill_deadline - cap_now_ms(), 0);
 		if (s->poll_winsz && s->started && !s->done)
 			timeout = timeout < 0 ? 500 : CAP_MIN(timeout, 500);
@@ -828,8 +852,13 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 				flush_out(s, fd);
 		if (s->poll_winsz)
 			check_winsz(s);
-		if (s->done)
+		if (s->done) {
+			/* Killed, ended, and its reader stalls: what is left of
+			 * its output is dropped. */
+			if (s->kill_deadline && cap_now_ms() >= s->kill_deadline)
+				s->give_up = true;
 			continue;
+		}
 		if (in_slot >= 0 && pfd[in_slot].revents) {
 			char buf[65536];
 			ssize_t k = read(0, buf, sizeof(buf));
@@ -870,6 +899,9 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 		}
 	}
 	restore_tty(s);
+	/* Given up on the reader: what it takes without waiting still goes. */
+	flush_out(s, 1);
+	flush_out(s, 2);
 	status = s->vm_gone ? 137 : end_status(s);
 out:
 	restore_tty(s);

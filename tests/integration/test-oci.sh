@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=61
+plan=63
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -247,7 +247,8 @@ elapsed "podman lifecycle"
 # --- the runtime alone: a flood nobody reads, a monitor that is stopped, a
 # create killed half-way ---------------------------------------------------
 # runc delivers signals whatever the container's stdout does: a monitor
-# whose stdout is a FIFO nobody reads must still answer kill and delete.
+# whose stdout is a FIFO nobody reads must still answer kill and delete,
+# and end once SIGKILL ended the process (its last output dropped).
 dstate="$rt/direct"
 o() { timeout 30 "$oci" --root "$dstate" "$@"; }
 ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
@@ -267,11 +268,16 @@ o create --bundle "$rt/b1" --pid-file "$rt/d1.pid" d1 <"/dev/null" >"$rt/fifo" 2
 rc=$?
 sleep 2	# the pipe and what the monitor holds fill up
 t0=$(date +%s%N)
-o kill d1 TERM >"$out" 2>>"$err"
+o kill d1 KILL >"$out" 2>>"$err"
 rc2=$?
 ms=$(ms_since "$t0")
-checkc "kill TERM answers while the container's stdout is full and unread ($rc, $rc2, ${ms} ms)" \
+checkc "kill KILL answers while the container's stdout is full and unread ($rc, $rc2, ${ms} ms)" \
 	'[ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$ms" -lt 3000 ]'
+st1() { o state d1 2>>"$err" | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"])' 2>>"$err"; }
+wait_for '! kill -0 "$(cat "$rt/d1.pid")" 2>/dev/null' 100
+ms=$(ms_since "$t0")
+checkc "... and its monitor exits ($ms ms) with 137 though nobody reads; state says stopped" \
+	'[ "$ms" -lt 10000 ] && [ "$(st1)" = stopped ] && [ "$(cat "$dstate/d1/exit" 2>/dev/null)" = 137 ]'
 t0=$(date +%s%N)
 o delete --force d1 >"$out" 2>>"$err"
 rc=$?
@@ -324,6 +330,18 @@ finally:
 PY
 checkc "a non-detached exec --console-socket gets a resize of the master as SIGWINCH (33 99)" \
 	'grep -q "^size 24 80" "$out" && grep -q "^winch 33 99" "$out"'
+# O_NONBLOCK belongs to a file description, which a monitor shares with
+# its caller: an exec -d whose stdout and stderr are the test's FIFO must
+# leave the test's description blocking while it runs.
+mkfifo "$rt/fifo2"
+exec 9<>"$rt/fifo2"
+exec 8>"$rt/fifo2"
+o exec -d --pid-file "$rt/e2.pid" d2 sleep 3 </dev/null >&8 2>&8
+rc=$?
+fl=$(sed -n 's/^flags:[[:space:]]*//p' "/proc/$$/fdinfo/8")
+checkc "exec -d leaves its caller's stdout blocking while it runs ($rc, flags ${fl:-?})" \
+	'[ "$rc" -eq 0 ] && kill -0 "$(cat "$rt/e2.pid")" 2>/dev/null && [ -n "$fl" ] && [ $((fl & 04000)) -eq 0 ]'
+exec 8>&- 9<&-
 kill -STOP "$(cat "$rt/d2.pid")"
 t0=$(date +%s%N)
 o kill d2 KILL >"$out" 2>&1

@@ -48,7 +48,8 @@
 /* Stop reading command output while this much waits for the host. */
 #define OUT_HIGH_WATER (1024 * 1024)
 /* After a command's leader exits, wait this long for its pipes to close
- * (children it left behind may hold them open). */
+ * (children it left behind may hold them open), counting only time in
+ * which they were read (see finish_if_done). */
 #define DRAIN_GRACE_MS 250
 /* After a command's cgroup is killed, wait at most this long for it to
  * empty before sending EXIT (so the next command sees none of it); after
@@ -72,6 +73,7 @@ struct exec {
 	struct cap_buf in_pending;
 	bool in_close;	/* host closed stdin: close once pending is written */
 	int64_t start_ms, deadline_ms, exit_ms;
+	int64_t drain_ms;	/* DRAIN_GRACE_MS runs from here */
 	uint32_t cap;
 	uint64_t sent;
 	bool truncated, timed_out, exited;
@@ -919,12 +921,20 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	cap_exec_req_fini(&req);
 }
 
-static void finish_if_done(struct exec *x, int64_t now)
+/* reading: its pipes were polled for reading in this round (no backlog
+ * to the host stopped it). */
+static void finish_if_done(struct exec *x, int64_t now, bool reading)
 {
 	if (!x->exited)
 		return;
 	bool drained = x->out_fd < 0 && x->err_fd < 0;
-	if (!drained && now - x->exit_ms < DRAIN_GRACE_MS)
+	/* The grace is for children that keep the pipes open, not for the
+	 * output still in them: while a slow host stops the reading, the
+	 * pipes hold up to 64 KiB of the command's output, and that is read
+	 * to EOF before the grace starts to run. */
+	if (!drained && !reading)
+		x->drain_ms = now;
+	if (!drained && now - x->drain_ms < DRAIN_GRACE_MS)
 		return;
 	/* Its cgroup was killed when the leader exited: report the end once
 	 * nothing of it runs, or after CG_EMPTY_WAIT_MS regardless. */
@@ -977,7 +987,7 @@ static void reap(void)
 			if (x->id && x->pid == pid && !x->exited) {
 				x->exited = true;
 				x->wstatus = status;
-				x->exit_ms = cap_now_ms();
+				x->exit_ms = x->drain_ms = cap_now_ms();
 				/* Nothing it started outlives it. */
 				exec_kill(x);
 			}
@@ -1751,7 +1761,7 @@ static void serve(void)
 				}
 			}
 			if (x->exited) {
-				int64_t left = x->exit_ms + DRAIN_GRACE_MS - now;
+				int64_t left = x->drain_ms + DRAIN_GRACE_MS - now;
 				left = left < 0 ? 0 : left;
 				if (x->cg[0])
 					left = 10;	/* check again whether its cgroup emptied */
@@ -1814,7 +1824,7 @@ static void serve(void)
 		now = cap_now_ms();
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
 			if (A.execs[i].id)
-				finish_if_done(&A.execs[i], now);
+				finish_if_done(&A.execs[i], now, !backlog);
 		if (A.cg_npending)
 			cg_sweep(now);
 		agent_publish_tick(now, &A.out);

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include <archive.h>
@@ -206,6 +208,57 @@ static void output_cut_at_cap_with_marker(void **state)
 	assert_true(r.ex.flags & CAP_EXIT_TRUNCATED);
 	assert_int_equal(cap_exit_status(&r.ex), 0);
 	result_fini(&r);
+}
+
+/* Write what is queued for the guest without reading anything from it. */
+static void send_only(void)
+{
+	struct pollfd pfd[CAP_SANDBOX_NPOLL];
+	struct cap_err err = { 0 };
+	cap_sandbox_pollfds(sb, pfd);
+	for (int i = 0; i < CAP_SANDBOX_NPOLL; i++)
+		pfd[i].revents = 0;
+	for (int i = 0; i < 100 && cap_sandbox_backlog(sb) > 0; i++) {
+		if (cap_sandbox_dispatch(sb, pfd, &err) < 0)
+			fail_msg("dispatch: %s", err.msg);
+		usleep(1000);
+	}
+	assert_int_equal(cap_sandbox_backlog(sb), 0);
+}
+
+/* A host that reads slowly makes the agent stop reading every command's
+ * pipes (its queue to the host is full). A command that ends meanwhile
+ * with its output still in its pipe loses none of it: "big" fills the
+ * agent's queue while the host reads nothing; "small" waits until big
+ * makes no progress (it stops switching context: the agent has stopped
+ * reading), then writes into its pipe and ends, well before the host
+ * reads again. */
+static void slow_host_gets_all_output(void **state)
+{
+	(void)state;
+	struct result big, small;
+	start(&big, "exec head -c 8388608 /dev/zero", 30000, 0, NULL, NULL, 0, false);
+	start(&small,
+	      "while ! p=$(pidof head); do sleep 0.05; done; a=; i=0;"
+	      "while b=$(grep ctxt /proc/$p/status) && [ \"$a\" != \"$b\" ]; do"
+	      "  a=$b; i=$((i+1)); [ $i -lt 50 ] || exit 9; sleep 0.2;"
+	      " done; [ -n \"$b\" ] || exit 8;"
+	      " head -c 60000 /dev/zero | tr '\\0' a",
+	      30000, 0, NULL, NULL, 0, false);
+	send_only();
+	int64_t t0 = cap_now_ms();
+	usleep(2200 * 1000);	/* read nothing meanwhile */
+	wait_all();
+	assert_true(small.done);
+	assert_int_equal(cap_exit_status(&small.ex), 0);
+	assert_int_equal(cap_buf_used(&small.out), 60000);
+	assert_int_equal(strspn(text(&small.out), "a"), 60000);
+	assert_true(big.done);
+	assert_int_equal(cap_exit_status(&big.ex), 0);
+	assert_int_equal(cap_buf_used(&big.out), 8388608);
+	fprintf(stderr, "# slow host check: %lld ms\n", (long long)(cap_now_ms() - t0));
+	result_fini(&small);
+	result_fini(&big);
 }
 
 static void timeout_kills_process_group(void **state)
@@ -933,6 +986,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(signal_propagated),
 		cmocka_unit_test(runs_as_uid_1000),
 		cmocka_unit_test(output_cut_at_cap_with_marker),
+		cmocka_unit_test(slow_host_gets_all_output),
 		cmocka_unit_test(timeout_kills_process_group),
 		cmocka_unit_test(concurrent_execs),
 		cmocka_unit_test(env_cwd_and_stdin),

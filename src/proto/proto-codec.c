@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 
 #include "util.h"
@@ -511,16 +512,62 @@ static bool has_secrets(const struct cap_setup *s)
 	return (s->ca_pem && *s->ca_pem) || s->envc > 0;
 }
 
+/* Linux's values, which the wire carries. */
+_Static_assert(CAP_SETUP_TMPFS_FLAGS == (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME),
+	       "CAP_SETUP_TMPFS_FLAGS");
+
+bool cap_proto_setup_tmpfs_ok(const struct cap_setup_tmpfs *t)
+{
+	const char *d = t->destination;
+	size_t n = strnlen(d, sizeof(t->destination));
+	if (n == 0 || n >= sizeof(t->destination) || d[0] != '/' ||
+	    strnlen(t->data, sizeof(t->data)) >= sizeof(t->data) ||
+	    (t->flags & ~CAP_SETUP_TMPFS_FLAGS))
+		return false;
+	if (n == 1)
+		return true;	/* "/": the agent refuses it, by name */
+	if (d[n - 1] == '/')
+		return false;
+	for (const char *c = d + 1;;) {
+		size_t k = strcspn(c, "/");
+		if (k == 0 || (k == 1 && c[0] == '.') || (k == 2 && c[0] == '.' && c[1] == '.'))
+			return false;
+		c += k;
+		if (!*c)
+			return true;
+		c++;
+	}
+}
+
+/* The tmpfs list's size on the wire: u32 n, then per mount two strings
+ * and u32 flags; 0 when a mount is not one the decoder takes. */
+static size_t tmpfs_size(const struct cap_setup *s)
+{
+	size_t size = 4;
+	if (s->ntmpfs > CAP_SETUP_MAX_TMPFS || !s->tmpfs)
+		return 0;
+	for (uint32_t i = 0; i < s->ntmpfs; i++) {
+		if (!cap_proto_setup_tmpfs_ok(&s->tmpfs[i]))
+			return 0;
+		size += str_size(s->tmpfs[i].destination) + str_size(s->tmpfs[i].data) + 4;
+	}
+	return size;
+}
+
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
-	uint32_t flags = s->root_readonly ? CAP_SETUP_ROOT_READONLY : 0;
+	uint32_t flags = (s->root_readonly ? CAP_SETUP_ROOT_READONLY : 0) |
+			 (s->ntmpfs ? CAP_SETUP_TMPFS : 0);
+	size_t tmpfs = s->ntmpfs ? tmpfs_size(s) : 0;
 	bool has_ws = s->workspace && *s->workspace;
 	bool workspace = has_ws || flags;	/* the section, its serial "" without one */
 	bool secrets = has_secrets(s) || workspace;
 	if (s->net_prefix > 32 || s->envc > CAP_SETUP_MAX_ENV || (s->envc && !s->env))
 		return -EINVAL;
 	if (has_ws && !cap_proto_valid_name(s->workspace))
+		return -EINVAL;
+	if (s->ntmpfs && !tmpfs)
 		return -EINVAL;
 	size_t size = 8 + sizeof(s->seed) + SETUP_NET_SIZE;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
@@ -541,7 +588,7 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 	if (workspace)
 		size += str_size(has_ws ? s->workspace : "");
 	if (flags)
-		size += 4;
+		size += 4 + tmpfs;
 	if (size > CAP_PROTO_MAX_PAYLOAD)
 		return -E2BIG;
 
@@ -574,23 +621,60 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 		cap_put_u32(q, flags);
 		q += 4;
 	}
+	if (s->ntmpfs) {
+		cap_put_u32(q, s->ntmpfs);
+		q += 4;
+		for (uint32_t i = 0; i < s->ntmpfs; i++) {
+			q = put_str(q, s->tmpfs[i].destination);
+			q = put_str(q, s->tmpfs[i].data);
+			cap_put_u32(q, s->tmpfs[i].flags);
+			q += 4;
+		}
+	}
 	CAP_BUG_ON((size_t)(q - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
+	return 0;
+}
+
+static int rd_str_into(struct reader *r, char *buf, size_t len);
+
+/* The options section's tmpfs list: u32 n (1 to CAP_SETUP_MAX_TMPFS),
+ * then n of (destination, data, u32 flags), each one
+ * cap_proto_setup_tmpfs_ok takes. *out is new (free it). */
+static int rd_tmpfs(struct reader *r, struct cap_setup_tmpfs **out, uint32_t *count)
+{
+	uint32_t n;
+	if (rd_u32(r, &n) < 0 || n == 0 || n > CAP_SETUP_MAX_TMPFS || n > r->left / 12)
+		return -EBADMSG;
+	struct cap_setup_tmpfs *t = xcalloc(n, sizeof(*t));
+	for (uint32_t i = 0; i < n; i++) {
+		if (rd_str_into(r, t[i].destination, sizeof(t[i].destination)) < 0 ||
+		    rd_str_into(r, t[i].data, sizeof(t[i].data)) < 0 ||
+		    rd_u32(r, &t[i].flags) < 0 || !cap_proto_setup_tmpfs_ok(&t[i])) {
+			free(t);
+			return -EBADMSG;
+		}
+	}
+	*out = t;
+	*count = n;
 	return 0;
 }
 
 /* The secrets section: string ca_pem ("" for none), u32 envc, envc
  * strings; then the optional workspace section: one string, the serial of
  * the /workspace disk; then the optional options section: u32 flags, not
- * 0, only known bits. All of it must be used. The secrets section is
- * empty only when the workspace section follows it, the workspace section
- * only when the options section does. */
+ * 0, only known bits, and with CAP_SETUP_TMPFS the tmpfs list. All of it
+ * must be used. The secrets section is empty only when the workspace
+ * section follows it, the workspace section only when the options section
+ * does. */
 static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *envc,
-		       char **workspace, uint32_t *flags)
+		       char **workspace, uint32_t *flags, struct cap_setup_tmpfs **tmpfs,
+		       uint32_t *ntmpfs)
 {
 	char *ca = NULL, *ws = NULL;
 	char **v = NULL;
-	uint32_t n = 0, fl = 0;
+	struct cap_setup_tmpfs *t = NULL;
+	uint32_t n = 0, fl = 0, nt = 0;
 	if (rd_str(r, &ca) < 0)
 		return -EBADMSG;
 	if (!ca_pem_ok(ca) || rd_strv(r, CAP_SETUP_MAX_ENV, &v, &n) < 0)
@@ -600,8 +684,11 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 			goto bad;
 	if (r->left > 0 && (rd_str(r, &ws) < 0 || (*ws && !cap_proto_valid_name(ws))))
 		goto bad;
-	if (r->left > 0 && (rd_u32(r, &fl) < 0 || fl == 0 || (fl & ~CAP_SETUP_ROOT_READONLY)))
+	if (r->left > 0 && (rd_u32(r, &fl) < 0 || fl == 0 ||
+			    (fl & ~(CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS))))
 		goto bad;	/* an empty options section is never sent */
+	if ((fl & CAP_SETUP_TMPFS) && rd_tmpfs(r, &t, &nt) < 0)
+		goto bad;
 	if (r->left != 0)
 		goto bad;
 	if (ws && !*ws && fl == 0)
@@ -625,8 +712,11 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 	*envc = n;
 	*workspace = ws;
 	*flags = fl;
+	*tmpfs = t;
+	*ntmpfs = nt;
 	return 0;
 bad:
+	free(t);
 	free(ca);
 	free(ws);
 	free_strv(v, n);
@@ -647,7 +737,8 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 	uint32_t lo, hi;
 	const uint8_t *net = NULL, *seed = NULL;
 	char *ca_pem = NULL, **env = NULL, *workspace = NULL;
-	uint32_t envc = 0, flags = 0;
+	struct cap_setup_tmpfs *tmpfs = NULL;
+	uint32_t envc = 0, flags = 0, ntmpfs = 0;
 	if (rd_u32(&r, &lo) == 0 && rd_u32(&r, &hi) == 0 &&
 	    r.left >= sizeof(out->seed) + SETUP_NET_SIZE) {
 		seed = r.p;
@@ -656,7 +747,8 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 		r.left -= sizeof(out->seed) + SETUP_NET_SIZE;
 	}
 	if (!net || net[12] > 32 || net[15] > 1 ||
-	    (r.left > 0 && rd_sections(&r, &ca_pem, &env, &envc, &workspace, &flags) < 0)) {
+	    (r.left > 0 && rd_sections(&r, &ca_pem, &env, &envc, &workspace, &flags, &tmpfs,
+						&ntmpfs) < 0)) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
@@ -672,7 +764,8 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .auto_publish = net[15] == 1,
 				   .ca_pem = ca_pem, .env = env, .envc = envc,
 				   .workspace = workspace ? workspace : xstrdup(""),
-				   .root_readonly = flags & CAP_SETUP_ROOT_READONLY };
+				   .root_readonly = flags & CAP_SETUP_ROOT_READONLY,
+				   .tmpfs = tmpfs, .ntmpfs = ntmpfs };
 	memcpy(out->seed, seed, sizeof(out->seed));
 	return 0;
 }
@@ -687,6 +780,7 @@ void cap_setup_fini(struct cap_setup *s)
 	free(s->workspace);
 	free(s->ca_pem);
 	free_strv(s->env, s->envc);
+	free(s->tmpfs);
 	memset(s, 0, sizeof(*s));
 }
 

@@ -259,6 +259,24 @@ int cap_proto_file_decode(const uint8_t *p, size_t n, struct cap_file_req *out,
  * component, at most 4096 bytes. */
 bool cap_proto_file_path_ok(const char *path);
 
+/* SETUP's tmpfs list (struct cap_setup's tmpfs), at most this long. */
+#define CAP_SETUP_MAX_TMPFS 16
+/* Linux's MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME: the
+ * only mount flags a tmpfs entry may carry (the wire holds MS_ values). */
+#define CAP_SETUP_TMPFS_FLAGS 0x40fu
+/* One tmpfs mount: an absolute destination (no "." or ".." component, no
+ * "//", at most 255 bytes) and tmpfs's mount data ("mode=1777,size=64m",
+ * at most 255 bytes, "" for none). */
+struct cap_setup_tmpfs {
+	char destination[256];
+	char data[256];
+	uint32_t flags;	/* within CAP_SETUP_TMPFS_FLAGS */
+};
+/* Whether t is one the decoder takes (the destination's rules above, the
+ * flags within CAP_SETUP_TMPFS_FLAGS). The agent refuses more (its own
+ * mount points). */
+bool cap_proto_setup_tmpfs_ok(const struct cap_setup_tmpfs *t);
+
 /* SETUP: what the agent mounts before any command runs. Disks are named
  * by their virtio-blk serial; an empty string means "none". With a root
  * image the agent builds an overlay root (image lower, ext4 upper) and
@@ -317,9 +335,20 @@ struct cap_setup {
 	 * it is byte for byte what older agents take, and one with it is
 	 * refused by them rather than half applied. */
 	bool root_readonly;
+	/* tmpfs mounts of the container (an OCI config's "mounts" of type
+	 * tmpfs), made in the final root in order, before the read-only
+	 * remount: each destination is made (mkdir -p, 0755 root's) unless
+	 * it is or passes through a symlink, and must not be /, /proc, /sys,
+	 * /dev, /work, /source or /workspace; a failure fails SETUP naming
+	 * the path. Sent in the options section (flags bit 1, then u32 n, 1
+	 * to CAP_SETUP_MAX_TMPFS, then per mount two strings and u32 flags)
+	 * only when ntmpfs > 0. Borrowed for encoding, owned after decoding. */
+	struct cap_setup_tmpfs *tmpfs;
+	uint32_t ntmpfs;
 };
 #define CAP_SETUP_MAX_ENV 64
 #define CAP_SETUP_ROOT_READONLY 0x1u	/* options section: flags bit 0 */
+#define CAP_SETUP_TMPFS 0x2u	/* options section: flags bit 1, a tmpfs list follows */
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);
 void cap_setup_fini(struct cap_setup *s);

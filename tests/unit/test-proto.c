@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <cmocka.h>
@@ -1157,6 +1158,159 @@ static void listeners_codec(void **state)
 	assert_string_equal(cap_msg_name(CAP_MSG_LISTENERS), "LISTENERS");
 }
 
+/* The tmpfs list: options bit 1, then u32 n and per mount destination,
+ * data and flags; sent only when not empty, with or without a read-only
+ * root; decoded strictly. */
+static void setup_tmpfs(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f, plain;
+	struct cap_setup out;
+	struct cap_setup in = { .root_image = "capsule-root", .root_upper = "capsule-upper",
+				.work = "w", .source = "", .hostname = "h" };
+	cap_buf_init(&b);
+	assert_int_equal(setup_roundtrip(&in, &b, &plain, &out), 0);
+	assert_int_equal(out.ntmpfs, 0);
+	assert_null(out.tmpfs);
+	cap_setup_fini(&out);
+	size_t plain_len = plain.len;
+	uint8_t old[256];
+	memcpy(old, plain.payload, plain_len);
+
+	struct cap_setup_tmpfs t[CAP_SETUP_MAX_TMPFS + 1] = {
+		{ "/var/tmp", "mode=1777", 0x2 | 0x4 },
+		{ "/cache/deep", "", 0x40f },
+	};
+	struct cap_setup tm = in;
+	tm.tmpfs = t;
+	tm.ntmpfs = 2;
+	assert_int_equal(setup_roundtrip(&tm, &b, &f, &out), 0);
+	/* secrets "" + 0, workspace "", flags, n, the two mounts */
+	size_t list = 4 + (4 + 8 + 4 + 9 + 4) + (4 + 11 + 4 + 0 + 4);
+	assert_int_equal(f.len, plain_len + 8 + 4 + 4 + list);
+	assert_memory_equal(f.payload, old, plain_len);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12), CAP_SETUP_TMPFS);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 16), 2);
+	assert_false(out.root_readonly);
+	assert_int_equal(out.ntmpfs, 2);
+	assert_string_equal(out.tmpfs[0].destination, "/var/tmp");
+	assert_string_equal(out.tmpfs[0].data, "mode=1777");
+	assert_int_equal(out.tmpfs[0].flags, 0x6);
+	assert_string_equal(out.tmpfs[1].destination, "/cache/deep");
+	assert_string_equal(out.tmpfs[1].data, "");
+	assert_int_equal(out.tmpfs[1].flags, CAP_SETUP_TMPFS_FLAGS);
+	cap_setup_fini(&out);
+	/* Cut anywhere, refused, but right before the sections. */
+	for (uint32_t k = 0; k < f.len; k++) {
+		int r = cap_proto_setup_decode(f.payload, k, &out);
+		if (k == plain_len) {
+			assert_int_equal(r, 0);
+			assert_int_equal(out.ntmpfs, 0);
+			cap_setup_fini(&out);
+		} else {
+			assert_int_equal(r, -EBADMSG);
+		}
+	}
+	/* With a read-only root: both bits, one list. */
+	tm.root_readonly = true;
+	assert_int_equal(setup_roundtrip(&tm, &b, &f, &out), 0);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12),
+			 CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS);
+	assert_true(out.root_readonly);
+	assert_int_equal(out.ntmpfs, 2);
+	cap_setup_fini(&out);
+	tm.root_readonly = false;
+
+	/* The encoder refuses what the decoder would. */
+	static const char *const bad_dest[] = { "", "var/tmp", "/a/../b", "/a/./b", "/a//b",
+						"/a/", "/..", "/." };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad_dest); i++) {
+		snprintf(t[0].destination, sizeof(t[0].destination), "%s", bad_dest[i]);
+		assert_false(cap_proto_setup_tmpfs_ok(&t[0]));
+		assert_int_equal(cap_proto_setup_encode(&b, &tm), -EINVAL);
+	}
+	memset(t[0].destination, 'a', sizeof(t[0].destination));
+	t[0].destination[0] = '/';
+	assert_int_equal(cap_proto_setup_encode(&b, &tm), -EINVAL);	/* 256 bytes */
+	t[0].destination[255] = '\0';
+	assert_true(cap_proto_setup_tmpfs_ok(&t[0]));	/* 255 */
+	snprintf(t[0].destination, sizeof(t[0].destination), "/var/tmp");
+	memset(t[0].data, 'd', sizeof(t[0].data));
+	assert_int_equal(cap_proto_setup_encode(&b, &tm), -EINVAL);
+	snprintf(t[0].data, sizeof(t[0].data), "mode=1777");
+	t[0].flags = 0x1000;	/* MS_BIND */
+	assert_int_equal(cap_proto_setup_encode(&b, &tm), -EINVAL);
+	t[0].flags = 0x6;
+	for (uint32_t i = 2; i <= CAP_SETUP_MAX_TMPFS; i++)
+		t[i] = t[0];
+	tm.ntmpfs = CAP_SETUP_MAX_TMPFS + 1;
+	assert_int_equal(cap_proto_setup_encode(&b, &tm), -EINVAL);
+	tm.ntmpfs = CAP_SETUP_MAX_TMPFS;
+	assert_int_equal(setup_roundtrip(&tm, &b, &f, &out), 0);
+	assert_int_equal(out.ntmpfs, CAP_SETUP_MAX_TMPFS);
+	cap_setup_fini(&out);
+	tm.tmpfs = NULL;
+	assert_int_equal(cap_proto_setup_encode(&b, &tm), -EINVAL);
+
+	/* The decoder: one mount "/x", "" and flags, then edits. */
+	tm.tmpfs = t;
+	tm.ntmpfs = 1;
+	snprintf(t[0].destination, sizeof(t[0].destination), "/x");
+	t[0].data[0] = '\0';
+	t[0].flags = 0;
+	assert_int_equal(setup_roundtrip(&tm, &b, &f, &out), 0);
+	cap_setup_fini(&out);
+	uint8_t buf[512];
+	size_t n = f.len, at = plain_len + 16;	/* n */
+	memcpy(buf, f.payload, n);
+	assert_int_equal(n, at + 4 + 4 + 2 + 4 + 4);
+	cap_put_u32(buf + at, 0);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + at, CAP_SETUP_MAX_TMPFS + 1);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + at, 2);	/* a second one missing */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + at, 1);
+	cap_put_u32(buf + n - 4, 0x10);	/* MS_SYNCHRONOUS */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + n - 4, 0x400);	/* MS_NOATIME */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	assert_int_equal(out.tmpfs[0].flags, 0x400);
+	cap_setup_fini(&out);
+	buf[at + 9] = '.';	/* "/." */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	buf[at + 9] = '\0';	/* a NUL in it */
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	buf[at + 9] = 'x';
+	buf[n] = 0;	/* a byte left over */
+	assert_int_equal(cap_proto_setup_decode(buf, n + 1, &out), -EBADMSG);
+	/* The list's bit without a list; a list without its bit. */
+	cap_put_u32(buf + plain_len + 12, CAP_SETUP_ROOT_READONLY);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), -EBADMSG);
+	cap_put_u32(buf + plain_len + 12, CAP_SETUP_TMPFS);
+	assert_int_equal(cap_proto_setup_decode(buf, plain_len + 16, &out), -EBADMSG);
+	assert_int_equal(cap_proto_setup_decode(buf, n, &out), 0);
+	assert_string_equal(out.tmpfs[0].destination, "/x");
+	cap_setup_fini(&out);
+	/* A 256-byte data string is refused, 255 taken. */
+	struct cap_setup_tmpfs big = { "/big", "", 0 };
+	uint8_t *p = buf + at + 4;
+	cap_put_u32(p, 4);
+	memcpy(p + 4, big.destination, 4);
+	cap_put_u32(p + 8, 256);
+	memset(p + 12, 'd', 256);
+	cap_put_u32(p + 12 + 256, 0);
+	assert_true(at + 4 + 12 + 256 + 4 <= sizeof(buf));
+	assert_int_equal(cap_proto_setup_decode(buf, at + 4 + 12 + 256 + 4, &out), -EBADMSG);
+	cap_put_u32(p + 8, 255);
+	cap_put_u32(p + 12 + 255, 0);
+	assert_int_equal(cap_proto_setup_decode(buf, at + 4 + 12 + 255 + 4, &out), 0);
+	assert_int_equal(strlen(out.tmpfs[0].data), 255);
+	cap_setup_fini(&out);
+	cap_buf_fini(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1182,6 +1336,7 @@ int main(void)
 		cmocka_unit_test(setup_secrets_refused),
 		cmocka_unit_test(setup_workspace_section),
 		cmocka_unit_test(setup_root_readonly),
+		cmocka_unit_test(setup_tmpfs),
 		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),
 	};

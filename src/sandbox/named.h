@@ -13,6 +13,7 @@
 #include "err.h"
 #include "log.h"	/* the shim and cap_named_reap report through cap_log */
 #include "proc.h"
+#include "proto.h"	/* struct cap_setup_tmpfs */
 
 #define CAP_NAME_MAX 48
 
@@ -49,6 +50,13 @@ struct cap_record {
 	 * /sys, /tmp, /run, /work) and the seeded /etc files are in place.
 	 * Recorded as "root_readonly": true only when set. */
 	bool root_readonly;
+	/* tmpfs mounts the agent makes at every start, in order, before a
+	 * read-only root's remount (an OCI config's tmpfs mounts, Podman's
+	 * --tmpfs; SETUP's tmpfs list). Recorded as "tmpfs": [{"destination",
+	 * "data", "flags"}...] only when there are some; cap_named_load
+	 * refuses an entry cap_proto_setup_tmpfs_ok does not take. */
+	struct cap_setup_tmpfs tmpfs[CAP_SETUP_MAX_TMPFS];
+	uint32_t ntmpfs;
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;

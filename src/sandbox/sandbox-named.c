@@ -223,6 +223,15 @@ static int write_record(const struct cap_record *rec, struct cap_err *err)
 		json_object_set_new(j, "hostname", json_string(rec->hostname));
 	if (rec->root_readonly)
 		json_object_set_new(j, "root_readonly", json_true());
+	if (rec->ntmpfs) {
+		json_t *list = json_array();
+		for (uint32_t i = 0; i < rec->ntmpfs && i < CAP_SETUP_MAX_TMPFS; i++)
+			json_array_append_new(list, json_pack("{s:s, s:s, s:I}",
+							      "destination", rec->tmpfs[i].destination,
+							      "data", rec->tmpfs[i].data,
+							      "flags", (json_int_t)rec->tmpfs[i].flags));
+		json_object_set_new(j, "tmpfs", list);
+	}
 	if (rec->workspace[0]) {
 		json_object_set_new(j, "workspace", json_string(rec->workspace));
 		json_object_set_new(j, "workspace_size_mib", json_integer(rec->workspace_size_mib));
@@ -576,6 +585,13 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		return r;
 	if (!rec->workspace[0] && rec->workspace_size_mib)
 		return cap_err_set(err, EINVAL, "--workspace-size needs --workspace DIR");
+	if (rec->ntmpfs > CAP_SETUP_MAX_TMPFS)
+		return cap_err_set(err, EINVAL, "%u tmpfs mounts: a sandbox takes at most %d", rec->ntmpfs,
+				   CAP_SETUP_MAX_TMPFS);
+	for (uint32_t i = 0; i < rec->ntmpfs; i++)
+		if (!cap_proto_setup_tmpfs_ok(&rec->tmpfs[i]))
+			return cap_err_set(err, EINVAL, "tmpfs mount %.255s: not an absolute clean path of at most 255 bytes, or flags other than nosuid, nodev, noexec, ro and noatime",
+					   rec->tmpfs[i].destination);
 	struct ws_prep ws __attribute__((cleanup(ws_prep_fini))) = { .dfd = -1 };
 	cap_tree_init(&ws.tree);
 	if (rec->workspace[0] &&
@@ -653,6 +669,37 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	return 0;
 }
 
+/* A record's "tmpfs" list (none in records from before it). */
+static int load_tmpfs(json_t *list, const char *path, struct cap_record *out, struct cap_err *err)
+{
+	size_t i;
+	json_t *m;
+	if (!list)
+		return 0;
+	if (!json_is_array(list) || json_array_size(list) > CAP_SETUP_MAX_TMPFS)
+		return cap_err_set(err, EBADMSG, "%s: \"tmpfs\" must be a list of at most %d mounts",
+				   path, CAP_SETUP_MAX_TMPFS);
+	json_array_foreach(list, i, m) {
+		struct cap_setup_tmpfs *t = &out->tmpfs[i];
+		const char *d = json_string_value(json_object_get(m, "destination"));
+		const char *data = json_string_value(json_object_get(m, "data"));
+		json_t *fl = json_object_get(m, "flags");
+		if (!d || !data || !json_is_integer(fl) || json_integer_value(fl) < 0 ||
+		    json_integer_value(fl) > UINT32_MAX || strlen(d) >= sizeof(t->destination) ||
+		    strlen(data) >= sizeof(t->data))
+			return cap_err_set(err, EBADMSG, "%s: tmpfs[%zu] must be {\"destination\", \"data\", \"flags\"}",
+					   path, i);
+		snprintf(t->destination, sizeof(t->destination), "%s", d);
+		snprintf(t->data, sizeof(t->data), "%s", data);
+		t->flags = (uint32_t)json_integer_value(fl);
+		if (!cap_proto_setup_tmpfs_ok(t))
+			return cap_err_set(err, EBADMSG, "%s: tmpfs[%zu] (%s): not an absolute clean path of at most 255 bytes, or flags other than nosuid, nodev, noexec, ro and noatime",
+					   path, i, d);
+	}
+	out->ntmpfs = (uint32_t)json_array_size(list);
+	return 0;
+}
+
 int cap_named_load(const char *name, struct cap_record *out,
 		   struct cap_err *err)
 {
@@ -699,6 +746,10 @@ int cap_named_load(const char *name, struct cap_record *out,
 		return cap_err_set(err, EBADMSG, "%s: \"root_readonly\" must be true or false", path);
 	}
 	out->root_readonly = json_is_true(ro);
+	if ((r = load_tmpfs(json_object_get(j, "tmpfs"), path, out, err)) < 0) {
+		json_decref(j);
+		return r;
+	}
 	if ((s = json_string_value(json_object_get(j, "workspace")))) {
 		if (s[0] != '/' || strlen(s) >= sizeof(out->workspace)) {
 			json_decref(j);
@@ -1152,6 +1203,7 @@ void cap_named_shape(const struct cap_record *rec, const char *image, const char
 	cap_sandbox_spec_named(spec, image, upper, work, source, workspace,
 			       rec->hostname[0] ? rec->hostname : name);
 	cap_sandbox_spec_root_readonly(spec, rec->root_readonly);
+	cap_sandbox_spec_tmpfs(spec, rec->tmpfs, rec->ntmpfs);
 	cap_sandbox_spec_network(spec, p);
 	cap_sandbox_opts_init(o);
 	o->cpus = rec->cpus;

@@ -55,6 +55,16 @@ void cap_sandbox_spec_root_readonly(struct cap_sandbox_spec *s, bool readonly)
 	s->setup.root_readonly = readonly;
 }
 
+void cap_sandbox_spec_tmpfs(struct cap_sandbox_spec *s, const struct cap_setup_tmpfs *t,
+			    uint32_t n)
+{
+	CAP_BUG_ON(n > CAP_SETUP_MAX_TMPFS);
+	if (n)
+		memcpy(s->tmpfs, t, n * sizeof(*t));
+	s->setup.tmpfs = n ? s->tmpfs : NULL;
+	s->setup.ntmpfs = n;
+}
+
 void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image)
 {
 	cap_sandbox_spec_init(s);

@@ -25,6 +25,7 @@ struct cap_sandbox_spec {
 	unsigned ndisks;
 	struct cap_setup setup;	/* its strings point into the spec or are static */
 	char hostname[21];
+	struct cap_setup_tmpfs tmpfs[CAP_SETUP_MAX_TMPFS];	/* setup.tmpfs */
 	struct cap_net_policy net;	/* net.enabled: a NIC */
 	/* Kernel arguments of the shape: with a NIC, its address for the
 	 * agent to configure at boot ("capsule.net=10.0.2.15/24,10.0.2.2"),
@@ -48,6 +49,12 @@ void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
  * set up. Not part of the shape: SETUP reaches a VM after its restore,
  * so a template serves sandboxes with either. */
 void cap_sandbox_spec_root_readonly(struct cap_sandbox_spec *s, bool readonly);
+/* Ask the agent for these tmpfs mounts (SETUP's tmpfs list, copied; n at
+ * most CAP_SETUP_MAX_TMPFS, each one cap_proto_setup_tmpfs_ok takes, or
+ * the SETUP will not encode), made before a read-only root's remount.
+ * Not part of the shape either. */
+void cap_sandbox_spec_tmpfs(struct cap_sandbox_spec *s, const struct cap_setup_tmpfs *t,
+			    uint32_t n);
 /* A one-shot VM (capsule run) on the initramfs root, with /source from
  * source_image when it is not NULL. */
 void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_image);

@@ -1081,6 +1081,68 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 	return 0;
 }
 
+/* One of SETUP's tmpfs mounts, in the final root: its destination made
+ * (mkdir -p, 0755 root's) one component at a time, refused where a
+ * component is a symbolic link or not a directory (nothing else runs in
+ * the guest yet, so what is checked is what is mounted on), then the
+ * tmpfs with its data and flags, mounted through the directory's fd. */
+static int mount_tmpfs(const struct cap_setup_tmpfs *t, char *msg, size_t mlen)
+{
+	static const char *const own[] = { "/", "/proc", "/sys", "/dev", "/work", "/source", "/workspace" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(own); i++) {
+		if (strcmp(t->destination, own[i]) == 0) {
+			snprintf(msg, mlen, "tmpfs at %s: the guest's own mount point, which a container's tmpfs cannot replace",
+				 t->destination);
+			return -EINVAL;
+		}
+	}
+	char path[sizeof(t->destination)];
+	snprintf(path, sizeof(path), "%s", t->destination);
+	int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), r = 0;
+	if (fd < 0) {
+		r = -errno;
+		snprintf(msg, mlen, "tmpfs at %s: cannot open /: %s", t->destination, strerror(-r));
+		return r;
+	}
+	char *save = NULL;
+	for (char *c = strtok_r(path + 1, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+		struct stat st;
+		if (fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT) {
+			if (mkdirat(fd, c, 0755) < 0 && errno != EEXIST) {
+				r = -errno;
+				snprintf(msg, mlen, "tmpfs at %s: cannot make its directory %s: %s",
+					 t->destination, c, strerror(-r));
+				break;
+			}
+		} else if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode)) {
+			r = S_ISLNK(st.st_mode) ? -ELOOP : -ENOTDIR;
+			snprintf(msg, mlen, "tmpfs at %s: %s in that path is %s; give the container a destination without one",
+				 t->destination, c, r == -ELOOP ? "a symbolic link" : "not a directory");
+			break;
+		}
+		int next = openat(fd, c, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (next < 0) {
+			r = -errno;
+			snprintf(msg, mlen, "tmpfs at %s: cannot open %s in it: %s", t->destination, c,
+				 strerror(-r));
+			break;
+		}
+		close(fd);
+		fd = next;
+	}
+	if (r == 0) {
+		char at[64];
+		snprintf(at, sizeof(at), "/proc/self/fd/%d", fd);
+		if (mount("tmpfs", at, "tmpfs", t->flags, t->data[0] ? t->data : NULL) < 0) {
+			r = -errno;
+			snprintf(msg, mlen, "cannot mount a tmpfs at %s (%.100s): %s", t->destination,
+				 t->data[0] ? t->data : "no options", strerror(-r));
+		}
+	}
+	close(fd);
+	return r;
+}
+
 /* Make sure the tool user has a name in the image's /etc/passwd (the
  * write lands in the upper layer). */
 /* Copy the image's tree at src (its /run: a container's files such as
@@ -1295,6 +1357,12 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	/* Last: the host's own variables win over the agent's defaults. */
 	for (uint32_t i = 0; i < s->envc; i++)
 		agent_env_put(s->env[i]);
+	/* The container's tmpfs mounts, over what the root holds there
+	 * (never copied in: no tmpcopyup), while the root is still writable
+	 * for their directories. */
+	for (uint32_t i = 0; i < s->ntmpfs; i++)
+		if ((r = mount_tmpfs(&s->tmpfs[i], msg, mlen)) < 0)
+			return r;
 	/* A read-only root (an OCI config's root.readonly) once everything
 	 * in it is written (/etc/passwd, the network's and the CA's files):
 	 * only the overlay's own mount turns read-only; /dev, /proc, /sys,

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -856,6 +857,11 @@ static int ro_group_setup(void **state)
 	snprintf(rec.hostname, sizeof(rec.hostname), "ro-box");
 	rec.root_readonly = true;
 	rec.root_seed = seed;
+	/* Podman's --read-only /var/tmp and a --tmpfs at a path the image
+	 * lacks, two levels deep. */
+	rec.tmpfs[0] = (struct cap_setup_tmpfs){ "/var/tmp", "mode=1777", MS_NOSUID | MS_NODEV };
+	rec.tmpfs[1] = (struct cap_setup_tmpfs){ "/cache/deep", "size=1m", MS_NOSUID | MS_NODEV | MS_NOEXEC };
+	rec.ntmpfs = 2;
 	cap_named_remove(RO_NAME, true, &(struct cap_err){ 0 });	/* a killed run's */
 	int r = -1;
 	/* mkdtemp made the seed 0700: the guest's / must still be root's
@@ -918,13 +924,27 @@ static void ro_root_recorded(void **state)
 	json_t *j = json_load_file(path, 0, NULL);
 	assert_non_null(j);
 	assert_true(json_is_true(json_object_get(j, "root_readonly")));
+	json_t *tl = json_object_get(j, "tmpfs");
+	assert_int_equal(json_array_size(tl), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(tl, 1), "destination")),
+			    "/cache/deep");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(tl, 1), "data")), "size=1m");
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(tl, 1), "flags")),
+			 MS_NOSUID | MS_NODEV | MS_NOEXEC);
 	json_decref(j);
+	assert_int_equal(rec.ntmpfs, 2);
+	assert_string_equal(rec.tmpfs[0].destination, "/var/tmp");
+	assert_string_equal(rec.tmpfs[0].data, "mode=1777");
+	assert_int_equal(rec.tmpfs[0].flags, MS_NOSUID | MS_NODEV);
 
 	struct cap_sandbox_spec a, b;
 	char sa[512], sb_[512];
 	cap_sandbox_spec_named(&a, "i", "u", "w", "s", NULL, "a");
 	cap_sandbox_spec_named(&b, "i", "u", "w", "s", NULL, "a");
 	cap_sandbox_spec_root_readonly(&b, true);
+	cap_sandbox_spec_tmpfs(&b, rec.tmpfs, rec.ntmpfs);
+	assert_int_equal(b.setup.ntmpfs, 2);
+	assert_string_equal(b.setup.tmpfs[1].destination, "/cache/deep");
 	assert_true(b.setup.root_readonly);
 	assert_false(a.setup.root_readonly);
 	cap_sandbox_spec_shape(&a, sa, sizeof(sa));
@@ -973,6 +993,44 @@ static void ro_root_refuses_writes(void **state)
 	result_fini(&u);
 }
 
+/* The record's tmpfs mounts are there, made before the remount (their
+ * directories too, which the image lacks), with their data and flags:
+ * writes go there, the root still refuses them. */
+static void ro_root_tmpfs_mounts(void **state)
+{
+	(void)state;
+	struct result r, u;
+	char *argv[] = { "sh", "-c",
+		         "echo x > /var/tmp/a && echo y > /cache/deep/b && cat /var/tmp/a /cache/deep/b;"
+		         "grep -E ' /(var/tmp|cache/deep) ' /proc/mounts;"
+		         "df -k /cache/deep | awk 'NR == 2 { print \"df\", $2 }';"
+		         "stat -c '%a %u' /var/tmp /cache;"
+		         "touch /bin/y; echo bin=$?; touch /cache/c; echo cache=$?", NULL };
+	char *env[] = { "PATH=/usr/bin:/bin:/usr/sbin:/sbin" };
+	struct cap_exec_req req = { .argv = argv, .argc = 3, .env = env, .envc = 1,
+				    .flags = CAP_EXEC_USER, .uid = 0, .gid = 0 };
+	start_req(&r, &req);
+	wait_all();
+	const char *out = text(&r.out);
+	assert_int_equal(cap_exit_status(&r.ex), 0);
+	assert_non_null(strstr(out, "x\ny\n"));
+	const char *vt = strstr(out, "tmpfs /var/tmp tmpfs rw,nosuid,nodev");
+	const char *cd = strstr(out, "tmpfs /cache/deep tmpfs rw,nosuid,nodev,noexec");
+	assert_non_null(vt);
+	assert_non_null(cd);
+	assert_non_null(strstr(cd, "size=1024k"));
+	assert_non_null(strstr(out, "df 1024\n"));
+	assert_non_null(strstr(out, "1777 0\n755 0\n"));
+	assert_non_null(strstr(out, "bin=1\ncache=1\n"));
+	assert_non_null(strstr(text(&r.err), "/bin/y: Read-only file system"));
+	result_fini(&r);
+	/* The tool user writes in /var/tmp (1777) too. */
+	run(&u, "echo z > /var/tmp/u && cat /var/tmp/u");
+	assert_string_equal(text(&u.out), "z\n");
+	assert_int_equal(cap_exit_status(&u.ex), 0);
+	result_fini(&u);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1) {
@@ -1011,6 +1069,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest ro_tests[] = {
 		cmocka_unit_test(ro_root_recorded),
 		cmocka_unit_test(ro_root_refuses_writes),
+		cmocka_unit_test(ro_root_tmpfs_mounts),
 	};
 	failed += cmocka_run_group_tests_name("vm-readonly-root", ro_tests, ro_group_setup,
 					      ro_group_teardown);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -513,6 +514,98 @@ static void add_guest_mount(struct cap_oci_config *c, const char *dest)
 	c->guest_mounts[c->nguest_mounts] = NULL;
 }
 
+/* Drop "//" and a trailing '/' from the absolute path d, in place. */
+static void squeeze_slashes(char *d)
+{
+	size_t len = 0;
+	for (const char *p = d; *p; p++)
+		if (*p != '/' || (p[1] != '/' && (p[1] != '\0' || len == 0)))
+			d[len++] = *p;
+	d[len] = '\0';
+}
+
+/* Whether a tmpfs at d is one of the guest's own mounts (or under /dev,
+ * /proc or /sys, which the guest fills itself): left out of the image
+ * only, not made by the agent. */
+static bool guest_tmpfs(const char *d)
+{
+	static const char *const own[] = { "/tmp", "/run" };
+	static const char *const under[] = { "/dev", "/proc", "/sys" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(own); i++)
+		if (strcmp(d, own[i]) == 0)
+			return true;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(under); i++) {
+		size_t n = strlen(under[i]);
+		if (strncmp(d, under[i], n) == 0 && (d[n] == '\0' || d[n] == '/'))
+			return true;
+	}
+	return false;
+}
+
+/* A tmpfs mount for the agent: its options as flags and mount data. */
+static int add_tmpfs(struct ctx *x, json_t *m, size_t i, const char *d, struct cap_oci_config *c,
+		     size_t *count)
+{
+	static const struct {
+		const char *name;
+		uint32_t set, clear;
+	} flags[] = {
+		{ "nosuid", MS_NOSUID, 0 }, { "suid", 0, MS_NOSUID },
+		{ "nodev", MS_NODEV, 0 },   { "dev", 0, MS_NODEV },
+		{ "noexec", MS_NOEXEC, 0 }, { "exec", 0, MS_NOEXEC },
+		{ "ro", MS_RDONLY, 0 },     { "rw", 0, MS_RDONLY },
+		{ "noatime", MS_NOATIME, 0 }, { "atime", 0, MS_NOATIME },
+	};
+	static const char *const data_keys[] = { "mode=", "size=", "nr_inodes=", "uid=", "gid=" };
+	static const char *const capsule_own[] = { "/", "/work", "/source", "/workspace" };
+	if (++*count > CAP_SETUP_MAX_TMPFS)
+		return 0;	/* refused once all are counted */
+	struct cap_setup_tmpfs t = { .flags = 0 };
+	if (strlen(d) >= sizeof(t.destination))
+		return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %.64s...: the path is over 255 bytes; shorten it",
+				   x->file, i, d);
+	snprintf(t.destination, sizeof(t.destination), "%s", d);
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(capsule_own); k++)
+		if (strcmp(d, capsule_own[k]) == 0)
+			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %s: capsule's guest mounts its own file system there; choose another destination",
+					   x->file, i, d);
+	size_t k, used = 0;
+	json_t *o;
+	json_array_foreach(json_object_get(m, "options"), k, o) {
+		const char *opt = json_string_value(o);
+		if (!opt)
+			continue;
+		bool flag = false, data = false;
+		for (size_t f = 0; f < CAP_ARRAY_SIZE(flags) && !flag; f++) {
+			if (strcmp(opt, flags[f].name) == 0) {
+				t.flags = (t.flags | flags[f].set) & ~flags[f].clear;
+				flag = true;
+			}
+		}
+		for (size_t f = 0; f < CAP_ARRAY_SIZE(data_keys) && !data; f++)
+			data = strncmp(opt, data_keys[f], strlen(data_keys[f])) == 0;
+		/* Anything else (Podman's tmpcopyup, rprivate, strictatime,
+		 * relatime...) is dropped: propagation and atime modes are the
+		 * guest's, and tmpcopyup (the image's content there copied into
+		 * the new tmpfs) is not done (docs/oci.md). */
+		if (!data)
+			continue;
+		if (strchr(opt, ','))
+			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu] (tmpfs at %s): option \"%s\" holds a ','; give each option as its own string",
+					   x->file, i, d, opt);
+		size_t n = strlen(opt);
+		if (used + !!used + n >= sizeof(t.data))
+			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu] (tmpfs at %s): its options are over 255 bytes; shorten them",
+					   x->file, i, d);
+		used += (size_t)snprintf(t.data + used, sizeof(t.data) - used, "%s%s", used ? "," : "", opt);
+	}
+	if (!cap_proto_setup_tmpfs_ok(&t))
+		return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %s: the guest cannot mount it there; fix the destination",
+				   x->file, i, d);
+	c->tmpfs[c->ntmpfs++] = t;
+	return 0;
+}
+
 static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 {
 	static const char *const guest_types[] = { "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2" };
@@ -520,8 +613,9 @@ static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 		return 0;
 	if (!json_is_array(mounts))
 		return cap_err_set(x->err, EINVAL, "%s: mounts is not an array; fix the file", x->file);
-	size_t i;
+	size_t i, ntmpfs = 0;
 	json_t *m;
+	int r;
 	json_array_foreach(mounts, i, m) {
 		const char *dest = json_string_value(json_object_get(m, "destination"));
 		const char *type = json_string_value(json_object_get(m, "type"));
@@ -531,6 +625,7 @@ static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 		_cleanup_free_ char *d = dest[0] == '/' ? xstrdup(dest) : xasprintf("/%s", dest);
 		if (!path_clean(d))
 			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu].destination \"%s\" has a \".\" or \"..\" component; fix it", x->file, i, dest);
+		squeeze_slashes(d);
 		bool bind = (type && strcmp(type, "bind") == 0) || has_option(m, "bind") || has_option(m, "rbind");
 		if (!bind) {
 			bool guest = false;
@@ -539,6 +634,9 @@ static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 			if (!guest)
 				return cap_err_set(x->err, EINVAL, "%s: mounts[%zu] (%s) of type \"%s\": capsule's guest provides proc, sysfs, tmpfs, devpts, mqueue and cgroup mounts and copies bind-mounted files; it cannot mount this type; remove the mount",
 						   x->file, i, d, type ? type : "(none)");
+			if (strcmp(type, "tmpfs") == 0 && !guest_tmpfs(d) &&
+			    (r = add_tmpfs(x, m, i, d, c, &ntmpfs)) < 0)
+				return r;
 			add_guest_mount(c, d);
 			continue;
 		}
@@ -560,6 +658,9 @@ static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 		c->files = xrealloc(c->files, (c->nfiles + 1) * sizeof(*c->files));
 		c->files[c->nfiles++] = (struct cap_oci_file){ .dest = xstrdup(d), .source = xstrdup(s) };
 	}
+	if (ntmpfs > CAP_SETUP_MAX_TMPFS)
+		return cap_err_set(x->err, EINVAL, "%s: %zu tmpfs mounts: capsule's guest makes at most %d (besides its own /dev, /dev/shm, /tmp and /run); remove some",
+				   x->file, ntmpfs, CAP_SETUP_MAX_TMPFS);
 	return 0;
 }
 

@@ -86,8 +86,18 @@ struct cap_oci_config {
 	struct cap_oci_file *files;
 	size_t nfiles;
 	char **guest_mounts;	/* destinations the guest provides (proc, sysfs,
-				 * tmpfs, devpts, mqueue, cgroup, /dev/shm bind) */
+				 * tmpfs, devpts, mqueue, cgroup, /dev/shm bind),
+				 * left out of the root image */
 	size_t nguest_mounts;
+	/* The tmpfs mounts the agent makes (also in guest_mounts): those not
+	 * at the guest's own /dev, /dev/shm, /tmp, /run or under /dev, /proc,
+	 * /sys, in the file's order. Options nosuid, nodev, noexec, ro and
+	 * noatime become flags (suid, dev, exec, rw and atime clear them);
+	 * mode=, size=, nr_inodes=, uid= and gid= the mount data; the rest
+	 * (Podman's tmpcopyup, rprivate, strictatime...) is dropped: the
+	 * image's content there is not copied in. */
+	struct cap_setup_tmpfs tmpfs[CAP_SETUP_MAX_TMPFS];
+	uint32_t ntmpfs;
 	/* linux.namespaces "network": a path to join (checked to hold
 	 * nothing but loopback) or NULL for a new empty one. */
 	char *netns_path;
@@ -100,7 +110,9 @@ void cap_oci_config_fini(struct cap_oci_config *c);
  * absent (the host's network) or holding an interface other than lo,
  * a memory limit that leaves the guest less than CAP_MEMORY_MIN_MIB, more
  * vCPUs than the host has, a hostname the guest cannot take (1 to 20 of
- * [A-Za-z0-9._-]), a process without args. systemd_cgroup: the
+ * [A-Za-z0-9._-]), a process without args, more than CAP_SETUP_MAX_TMPFS
+ * tmpfs mounts for the agent or one at /, /work, /source or /workspace
+ * (capsule's own) or whose path or options exceed 255 bytes. systemd_cgroup: the
  * cgroupsPath is in systemd's "slice:prefix:name" form. -EINVAL (or
  * -errno for a file) with err set. */
 int cap_oci_config_load(const char *bundle, bool systemd_cgroup,

@@ -472,12 +472,60 @@ static int seed_parents(const char *seed, const char *rootfs, const char *dest, 
 	return 0;
 }
 
+/* A read-only root's working directory, when the rootfs lacks it: made
+ * in the seed (root's, 0755), as runc makes it before the root turns
+ * read-only; the agent could not make it at EXEC any more. Not when a
+ * component that exists in the rootfs is a symbolic link or not a
+ * directory (a directory above it would hide it): EXEC then says so. */
+static int seed_cwd(const char *seed, const char *rootfs, const char *cwd, struct cap_err *err)
+{
+	char rel[PATH_MAX];
+	if (snprintf(rel, sizeof(rel), "%s/", cwd) >= (int)sizeof(rel) || strcmp(rel, "//") == 0 ||
+	    strstr(rel, "/./") || strstr(rel, "/../"))
+		return 0;	/* never outside the seed: the guest resolves it */
+	rel[strlen(rel) - 1] = '\0';
+	char *end = rel + strlen(rel);
+	for (char *p = rel + 1;; p++) {
+		if (*p != '/' && *p != '\0')
+			continue;
+		char c = *p;
+		*p = '\0';
+		_cleanup_free_ char *src = xasprintf("%s%s", rootfs, rel);
+		struct stat st;
+		if (lstat(src, &st) < 0) {
+			if (errno != ENOENT)
+				return cap_err_set(err, errno, "working directory %s: %s: %s", cwd, src, strerror(errno));
+			*p = c;
+			break;	/* missing from here on */
+		}
+		*p = c;
+		if (!S_ISDIR(st.st_mode))
+			return 0;
+		if (p == end)
+			return 0;	/* the image has it */
+	}
+	int r = seed_parents(seed, rootfs, cwd, err);
+	if (r < 0)
+		return r;
+	_cleanup_free_ char *in = xasprintf("%s%s", seed, cwd);
+	if (mkdir(in, 0755) < 0 && errno != EEXIST)
+		return cap_err_set(err, errno, "mkdir %s: %s", in, strerror(errno));
+	if (chown(in, 0, 0) < 0 || chmod(in, 0755) < 0)
+		return cap_err_set(err, errno, "%s: %s", in, strerror(errno));
+	return 0;
+}
+
 /* The bind-mounted files, copied into a seed tree for the root's upper
- * layer: their content and mode, owned by root. */
+ * layer: their content and mode, owned by root; with a read-only root,
+ * the working directory the rootfs lacks. */
 static int make_seed(const struct cap_oci_config *cfg, const char *seed, struct cap_err *err)
 {
 	if (mkdir(seed, 0755) < 0)
 		return cap_err_set(err, errno, "mkdir %s: %s", seed, strerror(errno));
+	int r;
+	if (cfg->root_readonly && cfg->process.cwd &&
+	    (r = seed_cwd(seed, cfg->rootfs, cfg->process.cwd, err)) < 0)
+		return r;
 	for (size_t i = 0; i < cfg->nfiles; i++) {
 		const struct cap_oci_file *f = &cfg->files[i];
 		struct stat st;
@@ -488,7 +536,7 @@ static int make_seed(const struct cap_oci_config *cfg, const char *seed, struct 
 		if (n < 0)
 			return cap_err_set(err, (int)-n, "mount source %s (for %s): %s", f->source, f->dest,
 					   n == -EFBIG ? "over 1 MiB: only small files are copied in" : strerror((int)-n));
-		int r = seed_parents(seed, cfg->rootfs, f->dest, err);
+		r = seed_parents(seed, cfg->rootfs, f->dest, err);
 		if (r < 0)
 			return r;
 		_cleanup_free_ char *to = xasprintf("%s%s", seed, f->dest);
@@ -621,6 +669,8 @@ static int oci_create(int argc, char **argv)
 	if (cfg.hostname)
 		snprintf(rec.hostname, sizeof(rec.hostname), "%s", cfg.hostname);
 	rec.root_readonly = cfg.root_readonly;
+	memcpy(rec.tmpfs, cfg.tmpfs, cfg.ntmpfs * sizeof(cfg.tmpfs[0]));
+	rec.ntmpfs = cfg.ntmpfs;
 	rec.root_seed = seed;
 	if ((r = cap_named_create(&rec, NULL, NULL, &err)) == -EEXIST) {
 		/* Left by a create of the same id that died half-way (its state

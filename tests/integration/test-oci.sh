@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=63
+plan=66
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -103,6 +103,20 @@ rc=$?
 checkc "a missing executable exits 127 (got $rc)" '[ "$rc" -eq 127 ]'
 checkc "... and leaves no sandbox" '[ "$(sandboxes)" -eq 0 ]'
 elapsed "missing executable"
+
+# --- a read-only root: --read-only's tmpfs at /var/tmp, a --tmpfs the image
+# lacks, a working directory in it (Podman refuses a -w the image lacks
+# unless a mount holds it; ctr's --cwd below is one made at create) ---------
+# shellcheck disable=SC2086
+pmr run --rm --read-only --tmpfs /cache -w /cache/new/dir $oci_run_flags "$img" sh -c '
+	echo x > /var/tmp/a && echo y > /cache/b && cat /var/tmp/a /cache/b && pwd
+	echo "tmpfs $(grep -c tmpfs /proc/mounts) $(awk "\$3 == \"tmpfs\" && (\$2 == \"/var/tmp\" || \$2 == \"/cache\") { print \$2 }" /proc/mounts | sort | tr "\n" " ")"
+	touch /z 2>/dev/null; echo "root $?"' >"$out" 2>"$err"
+rc=$?
+checkc "podman run --read-only --tmpfs /cache: writes in /var/tmp and /cache work ($rc)" \
+	'[ "$rc" -eq 0 ] && [ "$(sed -n 1p "$out")" = x ] && [ "$(sed -n 2p "$out")" = y ] && grep -q "^tmpfs [0-9]* /cache /var/tmp $" "$out" && grep -qx "root 1" "$out"'
+checkc "... and -w /cache/new/dir, in the tmpfs, is the working directory" 'grep -qx /cache/new/dir "$out"'
+elapsed "read-only root"
 
 # --- one long-running container: exec, memory, cgroup, signals, stop, rm -----
 # USR1 and TERM are trapped; TERM's trap exits 42.
@@ -404,10 +418,12 @@ checkr() { # checkr NAME 'CONDITION': with the runtime's log on failure
 }
 
 # shellcheck disable=SC2086
-c run --rm $run_flags "$img" id1 sh -c 'uname -r; exit 3' >"$out" 2>"$err"
+c run --rm --read-only --cwd /new/dir $run_flags "$img" id1 sh -c 'uname -r; pwd; touch /z 2>/dev/null; echo "root $?"; exit 3' >"$out" 2>"$err"
 rc=$?
 checkr "ctr run --rm exits with the container's status (3; got $rc)" '[ "$rc" -eq 3 ]'
 checkr "... in the capsule guest ($kver)" '[ "$(sed -n 1p "$out")" = "$kver" ]'
+checkr "... --read-only --cwd /new/dir, which the image lacks: made at create, the root read-only" \
+	'[ "$(sed -n 2,3p "$out" | paste -sd " ")" = "/new/dir root 1" ]'
 checkr "... and leaves no sandbox, state directory or QEMU" '[ "$(sandboxes)" -eq 0 ] && [ ! -e "$ctr_state/id1" ] && [ "$(ours)" -eq 0 ]'
 
 # shellcheck disable=SC2086

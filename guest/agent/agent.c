@@ -1081,70 +1081,81 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 	return 0;
 }
 
-/* One of SETUP's tmpfs mounts, in the final root: its destination made
- * (mkdir -p, 0755 root's) one component at a time, refused where a
- * component is a symbolic link or not a directory (nothing else runs in
- * the guest yet, so what is checked is what is mounted on), then the
- * tmpfs with its data and flags, mounted through the directory's fd. */
+/* One of SETUP's tmpfs mounts, in the final root: its destination
+ * resolved in that root and made (mkdir -p, 0755 root's) where missing,
+ * refused where it resolves to a guest's own mount point or is not a
+ * directory (nothing else runs in the guest yet, so what is checked is
+ * what is mounted on), then the tmpfs with its data and flags. */
 static int mount_tmpfs(const struct cap_setup_tmpfs *t, char *msg, size_t mlen)
 {
-	static const char *const own[] = { "/", "/proc", "/sys", "/dev", "/work", "/source", "/workspace" };
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(own); i++) {
-		if (strcmp(t->destination, own[i]) == 0) {
-			snprintf(msg, mlen, "tmpfs at %s: the guest's own mount point, which a container's tmpfs cannot replace",
-				 t->destination);
-			return -EINVAL;
-		}
-	}
-	char path[sizeof(t->destination)];
+	/* Symbolic links on the way are followed as runc follows them in the
+	 * container's root (Debian's /var/run -> /run): the agent is chrooted
+	 * into the final root, so a link cannot lead out of it; where it leads
+	 * is checked below. The deepest part of the destination that exists is
+	 * resolved; the rest is made, directory by directory. */
+	char path[sizeof(t->destination)], real[PATH_MAX];
 	snprintf(path, sizeof(path), "%s", t->destination);
-	int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), r = 0;
-	if (fd < 0) {
-		r = -errno;
-		snprintf(msg, mlen, "tmpfs at %s: cannot open /: %s", t->destination, strerror(-r));
+	size_t keep = strlen(path);
+	char rest[sizeof(t->destination)] = "";
+	for (;;) {
+		if (realpath(keep ? path : "/", real))
+			break;
+		if (errno != ENOENT || keep <= 1) {
+			int r = -errno;
+			snprintf(msg, mlen, "tmpfs at %.120s: cannot resolve %.120s: %s", t->destination, path, strerror(-r));
+			return r;
+		}
+		char *slash = strrchr(path, '/');
+		snprintf(rest, sizeof(rest), "%s%s", slash, t->destination + keep);
+		*slash = '\0';
+		keep = strlen(path);
+	}
+	char target[PATH_MAX + sizeof(t->destination)];
+	snprintf(target, sizeof(target), "%s%s", strcmp(real, "/") == 0 ? "" : real, rest);
+	if (!target[0])
+		snprintf(target, sizeof(target), "/");
+	static const char *const own[] = { "/proc", "/sys", "/dev", "/work", "/source", "/workspace" };
+	bool reserved = strcmp(target, "/") == 0;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(own) && !reserved; i++) {
+		size_t n = strlen(own[i]);
+		reserved = strncmp(target, own[i], n) == 0 && (target[n] == '\0' || target[n] == '/');
+	}
+	if (reserved) {
+		snprintf(msg, mlen, "tmpfs at %.120s (%.120s): the guest's own mount point, which a container's tmpfs cannot replace",
+			 t->destination, target);
+		return -EINVAL;
+	}
+	/* Make what is missing, one directory at a time (a name that exists
+	 * now is a dangling link or not a directory: refused by mkdir). */
+	for (char *c = target + strlen(real) + (strcmp(real, "/") != 0); *c;) {
+		char *end = strchr(c, '/');
+		if (end)
+			*end = '\0';
+		if (mkdir(target, 0755) < 0 && errno != EEXIST) {
+			int r = -errno;
+			snprintf(msg, mlen, "tmpfs at %.120s: cannot make %.120s: %s", t->destination, target, strerror(-r));
+			return r;
+		}
+		if (!end)
+			break;
+		*end = '/';
+		c = end + 1;
+	}
+	struct stat st;
+	if (lstat(target, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		snprintf(msg, mlen, "tmpfs at %.120s: %.120s is not a directory; give the container a destination that is one",
+			 t->destination, target);
+		return -ENOTDIR;
+	}
+	if (mount("tmpfs", target, "tmpfs", t->flags, t->data[0] ? t->data : NULL) < 0) {
+		int r = -errno;
+		snprintf(msg, mlen, "cannot mount a tmpfs at %s (%.100s): %s", t->destination,
+			 t->data[0] ? t->data : "no options", strerror(-r));
 		return r;
 	}
-	char *save = NULL;
-	for (char *c = strtok_r(path + 1, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
-		struct stat st;
-		if (fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT) {
-			if (mkdirat(fd, c, 0755) < 0 && errno != EEXIST) {
-				r = -errno;
-				snprintf(msg, mlen, "tmpfs at %s: cannot make its directory %s: %s",
-					 t->destination, c, strerror(-r));
-				break;
-			}
-		} else if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode)) {
-			r = S_ISLNK(st.st_mode) ? -ELOOP : -ENOTDIR;
-			snprintf(msg, mlen, "tmpfs at %s: %s in that path is %s; give the container a destination without one",
-				 t->destination, c, r == -ELOOP ? "a symbolic link" : "not a directory");
-			break;
-		}
-		int next = openat(fd, c, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (next < 0) {
-			r = -errno;
-			snprintf(msg, mlen, "tmpfs at %s: cannot open %s in it: %s", t->destination, c,
-				 strerror(-r));
-			break;
-		}
-		close(fd);
-		fd = next;
-	}
-	if (r == 0) {
-		char at[64];
-		snprintf(at, sizeof(at), "/proc/self/fd/%d", fd);
-		if (mount("tmpfs", at, "tmpfs", t->flags, t->data[0] ? t->data : NULL) < 0) {
-			r = -errno;
-			snprintf(msg, mlen, "cannot mount a tmpfs at %s (%.100s): %s", t->destination,
-				 t->data[0] ? t->data : "no options", strerror(-r));
-		}
-	}
-	close(fd);
-	return r;
+	return 0;
 }
 
-/* Make sure the tool user has a name in the image's /etc/passwd (the
- * write lands in the upper layer). */
 /* Copy the image's tree at src (its /run: a container's files such as
  * /run/.containerenv, seeded into the upper layer) into the tmpfs about
  * to cover it: directories, symbolic links and regular files up to 1 MiB,
@@ -1208,6 +1219,8 @@ static void copy_small_tree(int src, int dst, int depth)
 	closedir(d);
 }
 
+/* Make sure the tool user has a name in the image's /etc/passwd (the
+ * write lands in the upper layer). */
 static void ensure_tool_user(void)
 {
 	char *s = NULL;

@@ -575,6 +575,9 @@ static int add_tmpfs(struct ctx *x, json_t *m, size_t i, const char *d, struct c
 		const char *opt = json_string_value(o);
 		if (!opt)
 			continue;
+		if (strchr(opt, ','))
+			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu] (tmpfs at %s): option \"%s\" holds a ','; give each option as its own string",
+					   x->file, i, d, opt);
 		bool flag = false, data = false;
 		for (size_t f = 0; f < CAP_ARRAY_SIZE(flags) && !flag; f++) {
 			if (strcmp(opt, flags[f].name) == 0) {
@@ -590,9 +593,6 @@ static int add_tmpfs(struct ctx *x, json_t *m, size_t i, const char *d, struct c
 		 * the new tmpfs) is not done (docs/oci.md). */
 		if (!data)
 			continue;
-		if (strchr(opt, ','))
-			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu] (tmpfs at %s): option \"%s\" holds a ','; give each option as its own string",
-					   x->file, i, d, opt);
 		size_t n = strlen(opt);
 		if (used + !!used + n >= sizeof(t.data))
 			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu] (tmpfs at %s): its options are over 255 bytes; shorten them",
@@ -661,6 +661,18 @@ static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 	if (ntmpfs > CAP_SETUP_MAX_TMPFS)
 		return cap_err_set(x->err, EINVAL, "%s: %zu tmpfs mounts: capsule's guest makes at most %d (besides its own /dev, /dev/shm, /tmp and /run); remove some",
 				   x->file, ntmpfs, CAP_SETUP_MAX_TMPFS);
+	/* A copied file lives in the root's upper layer, which a tmpfs over
+	 * one of its parents would hide (runc mounts the file after the
+	 * tmpfs, on top of it). */
+	for (size_t f = 0; f < c->nfiles; f++) {
+		for (size_t t = 0; t < c->ntmpfs; t++) {
+			size_t n = strlen(c->tmpfs[t].destination);
+			if (strncmp(c->files[f].dest, c->tmpfs[t].destination, n) == 0 && c->files[f].dest[n] == '/')
+				return cap_err_set(x->err, EINVAL, "%s: the bind mount %s -> %s is inside the tmpfs at %s, which would hide it "
+						   "(capsule copies a file into the root, below its tmpfs mounts); mount the file elsewhere",
+						   x->file, c->files[f].source, c->files[f].dest, c->tmpfs[t].destination);
+		}
+	}
 	return 0;
 }
 

@@ -861,12 +861,18 @@ static int ro_group_setup(void **state)
 	 * lacks, two levels deep. */
 	rec.tmpfs[0] = (struct cap_setup_tmpfs){ "/var/tmp", "mode=1777", MS_NOSUID | MS_NODEV };
 	rec.tmpfs[1] = (struct cap_setup_tmpfs){ "/cache/deep", "size=1m", MS_NOSUID | MS_NODEV | MS_NOEXEC };
-	rec.ntmpfs = 2;
+	/* Through a symbolic link, as Debian's /var/run -> /run: followed in
+	 * the guest's root, the tmpfs lands at /srv/data/pg. */
+	rec.tmpfs[2] = (struct cap_setup_tmpfs){ "/lnk/pg", "size=2m", MS_NOSUID | MS_NODEV };
+	rec.ntmpfs = 3;
 	cap_named_remove(RO_NAME, true, &(struct cap_err){ 0 });	/* a killed run's */
 	int r = -1;
 	/* mkdtemp made the seed 0700: the guest's / must still be root's
 	 * 0755, whatever the seed directory's own mode. */
-	if (mkdir(etc, 0755) == 0 &&
+	char srv[80], lnk[80];
+	snprintf(srv, sizeof(srv), "%s/srv/data", seed);
+	snprintf(lnk, sizeof(lnk), "%s/lnk", seed);
+	if (cap_mkdir_p(srv, 0755) == 0 && symlink("/srv/data", lnk) == 0 && mkdir(etc, 0755) == 0 &&
 	    cap_write_file_atomic(hosts, RO_HOSTS, strlen(RO_HOSTS), 0644) == 0 &&
 	    cap_write_file_atomic(hostname, "ro-box\n", 7, 0644) == 0 &&
 	    cap_named_create(&rec, NULL, NULL, &err) == 0)
@@ -925,14 +931,14 @@ static void ro_root_recorded(void **state)
 	assert_non_null(j);
 	assert_true(json_is_true(json_object_get(j, "root_readonly")));
 	json_t *tl = json_object_get(j, "tmpfs");
-	assert_int_equal(json_array_size(tl), 2);
+	assert_int_equal(json_array_size(tl), 3);
 	assert_string_equal(json_string_value(json_object_get(json_array_get(tl, 1), "destination")),
 			    "/cache/deep");
 	assert_string_equal(json_string_value(json_object_get(json_array_get(tl, 1), "data")), "size=1m");
 	assert_int_equal(json_integer_value(json_object_get(json_array_get(tl, 1), "flags")),
 			 MS_NOSUID | MS_NODEV | MS_NOEXEC);
 	json_decref(j);
-	assert_int_equal(rec.ntmpfs, 2);
+	assert_int_equal(rec.ntmpfs, 3);
 	assert_string_equal(rec.tmpfs[0].destination, "/var/tmp");
 	assert_string_equal(rec.tmpfs[0].data, "mode=1777");
 	assert_int_equal(rec.tmpfs[0].flags, MS_NOSUID | MS_NODEV);
@@ -943,7 +949,7 @@ static void ro_root_recorded(void **state)
 	cap_sandbox_spec_named(&b, "i", "u", "w", "s", NULL, "a");
 	cap_sandbox_spec_root_readonly(&b, true);
 	cap_sandbox_spec_tmpfs(&b, rec.tmpfs, rec.ntmpfs);
-	assert_int_equal(b.setup.ntmpfs, 2);
+	assert_int_equal(b.setup.ntmpfs, 3);
 	assert_string_equal(b.setup.tmpfs[1].destination, "/cache/deep");
 	assert_true(b.setup.root_readonly);
 	assert_false(a.setup.root_readonly);
@@ -1002,7 +1008,8 @@ static void ro_root_tmpfs_mounts(void **state)
 	struct result r, u;
 	char *argv[] = { "sh", "-c",
 		         "echo x > /var/tmp/a && echo y > /cache/deep/b && cat /var/tmp/a /cache/deep/b;"
-		         "grep -E ' /(var/tmp|cache/deep) ' /proc/mounts;"
+		         "grep -E ' /(var/tmp|cache/deep|srv/data/pg) ' /proc/mounts;"
+		         "echo w > /lnk/pg/f && cat /srv/data/pg/f;"
 		         "df -k /cache/deep | awk 'NR == 2 { print \"df\", $2 }';"
 		         "stat -c '%a %u' /var/tmp /cache;"
 		         "touch /bin/y; echo bin=$?; touch /cache/c; echo cache=$?", NULL };
@@ -1019,6 +1026,10 @@ static void ro_root_tmpfs_mounts(void **state)
 	assert_non_null(vt);
 	assert_non_null(cd);
 	assert_non_null(strstr(cd, "size=1024k"));
+	const char *pg = strstr(out, "tmpfs /srv/data/pg tmpfs rw,nosuid,nodev");
+	assert_non_null(pg);
+	assert_non_null(strstr(pg, "size=2048k"));
+	assert_non_null(strstr(out, "\nw\n"));
 	assert_non_null(strstr(out, "df 1024\n"));
 	assert_non_null(strstr(out, "1777 0\n755 0\n"));
 	assert_non_null(strstr(out, "bin=1\ncache=1\n"));

@@ -385,6 +385,15 @@ static void tmpfs_mounts(void **state)
 	refused("", "mounts", json_pack("[o]", tmpfs_mount("/", "")), "tmpfs at /", NULL);
 	refused("", "mounts", json_pack("[o]", tmpfs_mount("/c", "size=1m,mode=1777")), "/c",
 		"size=1m,mode=1777", "','", NULL);
+	refused("", "mounts", json_pack("[o]", tmpfs_mount("/c", "rw,size=1m")), "/c", "rw,size=1m", "','", NULL);
+	/* A file copied into the root below a tmpfs would be hidden by it. */
+	{
+		char *hf = xasprintf("%s/hosts", dir);
+		refused("", "mounts", json_pack("[o, {s:s, s:s, s:s}]", tmpfs_mount("/app/cache", ""),
+						"destination", "/app/cache/settings.json", "type", "bind", "source", hf),
+			"/app/cache/settings.json", "inside the tmpfs at /app/cache", NULL);
+		free(hf);
+	}
 	char opt[300] = "mode=";
 	memset(opt + 5, '7', 251);
 	opt[256] = '\0';

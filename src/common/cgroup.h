@@ -7,6 +7,11 @@
 
 #include "err.h"
 
+/* A cgroup path below a hierarchy's root, as given by a caller (an OCI
+ * cgroupsPath, CAPSULE_CGROUP_PARENT): p without its leading slashes, or
+ * NULL when it has empty, "." or ".." components. */
+const char *cap_cgroup_rel_path(const char *p);
+
 /* Write s to an existing cgroup file (a limit, cgroup.procs): 0 or
  * -errno. */
 int cap_cgroup_write(const char *path, const char *s);
@@ -19,8 +24,9 @@ int cap_cgroup_write(const char *path, const char *s);
 int cap_cgroup_delegate(const char *dir, struct cap_err *err);
 
 /* mkdir -p of root/rel ("a/b/c", relative), every level 0755; with v2,
- * root and every level made delegate (above), so that limits can be
- * written in the last level's children. 0, or -errno with err set. */
+ * every level made delegate (above; root too, best effort), so that
+ * limits can be written in the last level's children. 0, or -errno with
+ * err set. */
 int cap_cgroup_mkdir_p(const char *root, const char *rel, bool v2,
 		       struct cap_err *err);
 

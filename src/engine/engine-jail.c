@@ -96,18 +96,10 @@ static void cg_detect(struct cgroups *cg)
 	const char *root = getenv("CAPSULE_CGROUP_ROOT");
 	const char *parent = getenv("CAPSULE_CGROUP_PARENT");
 	snprintf(cg->root, sizeof(cg->root), "%.159s", root && *root ? root : "/sys/fs/cgroup");
-	/* A path below the hierarchies' roots: leading slashes dropped, no
-	 * "." or ".." component, else the default. */
-	while (parent && *parent == '/')
-		parent++;
-	bool ok = parent && *parent && strlen(parent) < sizeof(cg->parent) && !strstr(parent, "//");
-	for (const char *c = parent; ok && c && *c;) {
-		size_t n = strcspn(c, "/");
-		ok = !(n == 1 && c[0] == '.') && !(n == 2 && c[0] == '.' && c[1] == '.');
-		c += n;
-		c += *c == '/';
-	}
-	snprintf(cg->parent, sizeof(cg->parent), "%s", ok ? parent : "capsule");
+	/* A path below the hierarchies' roots, else the default. */
+	const char *rel = parent ? cap_cgroup_rel_path(parent) : NULL;
+	bool ok = rel && *rel && strlen(rel) < sizeof(cg->parent);
+	snprintf(cg->parent, sizeof(cg->parent), "%s", ok ? rel : "capsule");
 	cg->version = 0;
 	struct statfs sf;
 	if (statfs(cg->root, &sf) < 0) {

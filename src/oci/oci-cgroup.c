@@ -61,30 +61,12 @@ static void hier_fini(struct hier *h)
 	h->n = 0;
 }
 
-/* The path without leading slashes; NULL when it has "." or ".."
- * components or empty ones. */
-static const char *clean_path(const char *p)
-{
-	while (*p == '/')
-		p++;
-	if (strstr(p, "//"))
-		return NULL;
-	for (const char *s = p; *s;) {
-		size_t n = strcspn(s, "/");
-		if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
-			return NULL;
-		s += n;
-		s += *s == '/';
-	}
-	return p;
-}
-
 /* Find the hierarchies and the path's folder in each. 0, or -errno with
  * err set. */
 static int hier_find(const char *cgroups_path, struct hier *h, struct cap_err *err)
 {
 	*h = (struct hier){ 0 };
-	const char *path = clean_path(cgroups_path);
+	const char *path = cap_cgroup_rel_path(cgroups_path);
 	if (!path || !*path)
 		return cap_err_set(err, EINVAL, "cgroupsPath \"%s\" is not a path below the cgroup root (no \".\" or \"..\" components)", cgroups_path);
 	const char *env = getenv("CAPSULE_CGROUP_ROOT");

@@ -49,10 +49,13 @@ void cap_oci_sock_path(int dirfd, const char *name, char *buf, size_t len);
 int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 			 size_t len, int timeout_ms, struct cap_err *err);
 
+/* An exec monitor's socket in the container's exec directory, named by
+ * its pid and start time. */
+#define CAP_OCI_EXEC_SOCK_FMT "%d-%llu.sock"
 /* The live exec monitors of the container in dir (exec/<pid>-<start>.sock
- * whose process is alive): their pids and, when socks is not NULL, their
- * socket names in the exec directory; at most max. */
-size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], size_t max);
+ * whose process is alive): their pids and, when starts is not NULL, their
+ * start times (cap_oci_proc_start); at most max. */
+size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, unsigned long long *starts, size_t max);
 
 /* One container process's monitor: create's (gate: held until "start")
  * or an exec's (started at once). Borrowed strings. */

@@ -325,26 +325,10 @@ static int parse(int argc, char **argv, const char *shorts, const struct option 
 static int write_pid_file(const char *path, pid_t pid, struct cap_err *err)
 {
 	char buf[32];
-	snprintf(buf, sizeof(buf), "%d", (int)pid);
-	char abs[PATH_MAX];
-	if (path[0] != '/') {
-		if (!getcwd(abs, sizeof(abs) - strlen(path) - 2))
-			return cap_err_set(err, errno, "getcwd: %s", strerror(errno));
-		strcat(abs, "/");
-		strcat(abs, path);
-		path = abs;
-	}
-	_cleanup_free_ char *tmp = xasprintf("%s.%d.tmp", path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return cap_err_set(err, errno, "--pid-file %s: %s", tmp, strerror(errno));
-	int r = cap_write_all(fd, buf, strlen(buf));
-	close(fd);
-	if (r < 0 || rename(tmp, path) < 0) {
-		int e = r < 0 ? -r : errno;
-		unlink(tmp);
-		return cap_err_set(err, e, "--pid-file %s: %s", path, strerror(e));
-	}
+	int n = snprintf(buf, sizeof(buf), "%d", (int)pid);
+	int r = cap_write_file_atomic(path, buf, (size_t)n, 0644);
+	if (r < 0)
+		return cap_err_set(err, -r, "--pid-file %s: %s", path, strerror(-r));
 	return 0;
 }
 
@@ -376,17 +360,21 @@ static int wait_ready(int fd, pid_t pid, struct cap_err *err)
 	return cap_err_set(err, EIO, "%s", buf);
 }
 
+/* Whether process pid (of that start time) is gone within ms. */
+static bool gone_within(pid_t pid, unsigned long long start, int ms)
+{
+	int64_t until = cap_now_ms() + ms;
+	while (cap_oci_proc_same(pid, start) && cap_now_ms() < until)
+		usleep(10000);
+	return !cap_oci_proc_same(pid, start);
+}
+
 /* Kill a monitor we may not wait for (the engine is its parent). */
 static void end_process(pid_t pid, unsigned long long start, int grace_ms)
 {
-	int64_t until = cap_now_ms() + grace_ms;
-	while (cap_oci_proc_same(pid, start) && cap_now_ms() < until)
-		usleep(20000);
-	if (cap_oci_proc_same(pid, start)) {
+	if (!gone_within(pid, start, grace_ms)) {
 		kill(pid, SIGKILL);
-		until = cap_now_ms() + 2000;
-		while (cap_oci_proc_same(pid, start) && cap_now_ms() < until)
-			usleep(10000);
+		gone_within(pid, start, 2000);
 	}
 }
 
@@ -884,11 +872,13 @@ static int oci_kill(int argc, char **argv)
 		goto out;
 	if (all) {
 		pid_t pids[256];
-		char socks[256][64];
-		size_t n = cap_oci_exec_monitors(st.dir, pids, socks, 256);
+		unsigned long long starts[256];
+		size_t n = cap_oci_exec_monitors(st.dir, pids, starts, 256);
 		for (size_t i = 0; i < n; i++) {
 			struct cap_err e2 = { 0 };
-			call(st.dir, CAP_OCI_EXEC_DIR, socks[i], line, ans, sizeof(ans), KILL_TIMEOUT_MS, &e2);
+			char sock[64];
+			snprintf(sock, sizeof(sock), CAP_OCI_EXEC_SOCK_FMT, (int)pids[i], starts[i]);
+			call(st.dir, CAP_OCI_EXEC_DIR, sock, line, ans, sizeof(ans), KILL_TIMEOUT_MS, &e2);
 		}
 	}
 	/* A signal to a paused container waits for resume, as in runc's
@@ -943,7 +933,8 @@ static int oci_delete(int argc, char **argv)
 	}
 	char ans[600];
 	pid_t pids[256];
-	size_t n = cap_oci_exec_monitors(st.dir, pids, NULL, 256);
+	unsigned long long starts[256];
+	size_t n = cap_oci_exec_monitors(st.dir, pids, starts, 256);
 	if (creating) {
 		/* Its create is stopped where it is; what it made goes below. */
 		pid_t creator = (pid_t)json_integer_value(json_object_get(st.j, "creator"));
@@ -969,7 +960,7 @@ static int oci_delete(int argc, char **argv)
 		end_process(st.pid, st.start, exists_at(st.dir, CAP_OCI_EXIT) ? 3000 : 0);
 	}
 	for (size_t i = 0; i < n; i++)
-		end_process(pids[i], cap_oci_proc_start(pids[i]), 0);
+		end_process(pids[i], starts[i], 0);
 	rc = destroy(st.dir, st.sandbox, jstr(st.j, "cgroupsPath"), &err) < 0 ? fail(&err) : 0;
 	ostate_fini(&st);
 	return rc;

@@ -151,7 +151,7 @@ int cap_oci_monitor_call(const char *path, const char *line, char *answer,
 	return 0;
 }
 
-size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], size_t max)
+size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, unsigned long long *starts, size_t max)
 {
 	_cleanup_free_ char *edir = xasprintf("%s/" CAP_OCI_EXEC_DIR, dir);
 	DIR *d = opendir(edir);
@@ -160,11 +160,11 @@ size_t cap_oci_exec_monitors(const char *dir, pid_t *pids, char (*socks)[64], si
 	while (d && n < max && (e = readdir(d))) {
 		int pid;
 		unsigned long long start;
-		if (sscanf(e->d_name, "%d-%llu.sock", &pid, &start) != 2 || !cap_oci_proc_same(pid, start))
+		if (sscanf(e->d_name, CAP_OCI_EXEC_SOCK_FMT, &pid, &start) != 2 || !cap_oci_proc_same(pid, start))
 			continue;
 		pids[n] = pid;
-		if (socks)
-			snprintf(socks[n], 64, "%d-%llu.sock", pid, start);
+		if (starts)
+			starts[n] = start;
 		n++;
 	}
 	if (d)
@@ -724,7 +724,7 @@ static int setup(struct mon *s, struct cap_err *err)
 	if (m->gate)
 		snprintf(s->sock_name, sizeof(s->sock_name), "%s", CAP_OCI_MONITOR_SOCK);
 	else
-		snprintf(s->sock_name, sizeof(s->sock_name), "%d-%llu.sock", (int)getpid(),
+		snprintf(s->sock_name, sizeof(s->sock_name), CAP_OCI_EXEC_SOCK_FMT, (int)getpid(),
 			 cap_oci_proc_start(getpid()));
 	char path[128];
 	cap_oci_sock_path(s->dirfd, s->sock_name, path, sizeof(path));

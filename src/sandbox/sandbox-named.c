@@ -176,6 +176,16 @@ static int make_disk(const char *path, unsigned mib, bool tool_owned, const char
 	return r;
 }
 
+/* What SETUP takes of a tmpfs mount, for create and load alike. */
+static int tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
+		       struct cap_err *err)
+{
+	if (cap_proto_setup_tmpfs_ok(t))
+		return 0;
+	return cap_err_set(err, code, "%s: tmpfs[%zu] (%.255s): not an absolute clean path of at most 255 bytes, or flags other than nosuid, nodev, noexec, ro and noatime",
+			   where, i, t->destination);
+}
+
 /* The root's upper disk as mke2fs -d takes it: the overlay's upper
  * directory is data/ on that disk (the agent's layout, docs/protocol.md
  * SETUP), so the seed's tree is copied to <dir>/.seed/data. *out is the
@@ -589,9 +599,8 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		return cap_err_set(err, EINVAL, "%u tmpfs mounts: a sandbox takes at most %d", rec->ntmpfs,
 				   CAP_SETUP_MAX_TMPFS);
 	for (uint32_t i = 0; i < rec->ntmpfs; i++)
-		if (!cap_proto_setup_tmpfs_ok(&rec->tmpfs[i]))
-			return cap_err_set(err, EINVAL, "tmpfs mount %.255s: not an absolute clean path of at most 255 bytes, or flags other than nosuid, nodev, noexec, ro and noatime",
-					   rec->tmpfs[i].destination);
+		if ((r = tmpfs_check(&rec->tmpfs[i], "a new sandbox", i, EINVAL, err)) < 0)
+			return r;
 	struct ws_prep ws __attribute__((cleanup(ws_prep_fini))) = { .dfd = -1 };
 	cap_tree_init(&ws.tree);
 	if (rec->workspace[0] &&
@@ -692,9 +701,9 @@ static int load_tmpfs(json_t *list, const char *path, struct cap_record *out, st
 		snprintf(t->destination, sizeof(t->destination), "%s", d);
 		snprintf(t->data, sizeof(t->data), "%s", data);
 		t->flags = (uint32_t)json_integer_value(fl);
-		if (!cap_proto_setup_tmpfs_ok(t))
-			return cap_err_set(err, EBADMSG, "%s: tmpfs[%zu] (%s): not an absolute clean path of at most 255 bytes, or flags other than nosuid, nodev, noexec, ro and noatime",
-					   path, i, d);
+		int r = tmpfs_check(t, path, i, EBADMSG, err);
+		if (r < 0)
+			return r;
 	}
 	out->ntmpfs = (uint32_t)json_array_size(list);
 	return 0;

@@ -31,11 +31,8 @@ void cap_sha256_final_hex(struct cap_sha256 *h, char hex[65])
 		snprintf(hex + 2 * i, 3, "%02x", md[i]);
 }
 
-int cap_sha256_update_file(struct cap_sha256 *h, const char *path)
+int cap_sha256_update_fd(struct cap_sha256 *h, int fd, uint64_t *size)
 {
-	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
 	char buf[65536];
 	for (;;) {
 		ssize_t n = read(fd, buf, sizeof(buf));
@@ -47,5 +44,15 @@ int cap_sha256_update_file(struct cap_sha256 *h, const char *path)
 		if (n == 0)
 			return 0;
 		cap_sha256_update(h, buf, (size_t)n);
+		if (size)
+			*size += (uint64_t)n;
 	}
+}
+
+int cap_sha256_update_file(struct cap_sha256 *h, const char *path)
+{
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	return cap_sha256_update_fd(h, fd, NULL);
 }

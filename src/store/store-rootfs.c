@@ -80,14 +80,12 @@
 #define ROOTFS_DEPTH_MAX 256
 /* Bump when what the fingerprint covers changes: old links then miss. */
 #define FINGERPRINT_VERSION "capsule-rootfs-2"
-#define READ_CHUNK (256 * 1024)
 
 struct walk {
 	struct cap_sha256 h;
 	const char *const *skip;	/* relative to the top, no leading '/' */
 	size_t nskip;
 	uint64_t entries, bytes;
-	char *owned_buf;		/* READ_CHUNK bytes */
 	bool upper;			/* an overlay's upper layer */
 };
 
@@ -120,18 +118,7 @@ static int content_hex(struct walk *w, int dfd, const char *name, char hex[65])
 		return -EAGAIN;
 	struct cap_sha256 h;
 	cap_sha256_init(&h);
-	int r = 0;
-	for (;;) {
-		ssize_t n = read(fd, w->owned_buf, READ_CHUNK);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			r = n < 0 ? -errno : 0;
-			break;
-		}
-		cap_sha256_update(&h, w->owned_buf, (size_t)n);
-		w->bytes += (uint64_t)n;
-	}
+	int r = cap_sha256_update_fd(&h, fd, &w->bytes);
 	cap_sha256_final_hex(&h, hex);
 	return r;
 }
@@ -540,7 +527,7 @@ static int fingerprint(const char *dir, const char *const *skip, size_t nskip,
 	/* The import maps owners only as root (mkfs.erofs -x2, else
 	 * --all-root): the same tree gives another image otherwise. */
 	const char *version = geteuid() == 0 ? FINGERPRINT_VERSION " owners" : FINGERPRINT_VERSION " all-root";
-	struct walk w = { .skip = rel, .nskip = k, .owned_buf = xmalloc(READ_CHUNK) };
+	struct walk w = { .skip = rel, .nskip = k };
 	const char *why = NULL;
 	_cleanup_free_ char *fallback = NULL;
 	char *opts = NULL;
@@ -571,7 +558,6 @@ static int fingerprint(const char *dir, const char *const *skip, size_t nskip,
 		*how = xasprintf("keyed by content (%s%s%" PRIu64 " entries, %" PRIu64 " bytes)",
 				 why ? why : "", why ? "; " : "", w.entries, w.bytes);
 out:
-	free(w.owned_buf);
 	free(rel);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot read the container rootfs %s: %s", dir, strerror(-r));

@@ -80,23 +80,9 @@ int cap_tree_hash_fd(int fd, uint8_t hash[32], uint64_t *size)
 {
 	struct cap_sha256 h;
 	char hex[65];
-	char buf[1 << 16];
 	uint64_t total = 0;
-	int r = 0;
 	cap_sha256_init(&h);
-	for (;;) {
-		ssize_t n = read(fd, buf, sizeof(buf));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			r = -errno;
-			break;
-		}
-		if (n == 0)
-			break;
-		cap_sha256_update(&h, buf, (size_t)n);
-		total += (uint64_t)n;
-	}
+	int r = cap_sha256_update_fd(&h, fd, &total);
 	cap_sha256_final_hex(&h, hex);
 	if (r < 0)
 		return r;

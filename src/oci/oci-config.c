@@ -301,15 +301,16 @@ static json_t *load_json(const char *path, struct cap_err *err)
 	return NULL;
 }
 
-int cap_oci_process_load(const char *path, struct cap_oci_process *out,
-			 struct cap_err *err)
+/* The process object of file path: the whole file, or its member key. */
+static int process_from(const char *path, const char *key, struct cap_oci_process *out,
+			struct cap_err *err)
 {
 	json_t *j = load_json(path, err);
 	if (!j)
 		return -err->code;
 	struct ctx x = { .file = path, .err = err };
 	struct cap_oci_process p = { 0 };
-	int r = parse_process(&x, j, "process", &p);
+	int r = parse_process(&x, key ? json_object_get(j, key) : j, "process", &p);
 	json_decref(j);
 	if (r < 0) {
 		cap_oci_process_fini(&p);
@@ -317,6 +318,19 @@ int cap_oci_process_load(const char *path, struct cap_oci_process *out,
 	}
 	*out = p;
 	return 0;
+}
+
+int cap_oci_process_load(const char *path, struct cap_oci_process *out,
+			 struct cap_err *err)
+{
+	return process_from(path, NULL, out, err);
+}
+
+int cap_oci_config_process(const char *bundle, struct cap_oci_process *out,
+			   struct cap_err *err)
+{
+	_cleanup_free_ char *path = xasprintf("%s/config.json", bundle);
+	return process_from(path, "process", out, err);
 }
 
 static bool hostname_ok(const char *h)

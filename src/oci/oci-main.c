@@ -1104,14 +1104,8 @@ static int exec_process(const struct exec_opts *o, char **args, size_t nargs, st
 	}
 	if (nargs == 0)
 		return cap_err_set(err, EINVAL, "exec needs a command after the container id, or --process FILE");
-	struct cap_oci_config cfg;
-	memset(&cfg, 0, sizeof(cfg));
 	struct cap_err e2 = { 0 };
-	if (cap_oci_config_load(jstr(st->j, "bundle"), g.systemd_cgroup, &cfg, &e2) == 0) {
-		*p = cfg.process;
-		memset(&cfg.process, 0, sizeof(cfg.process));
-		cap_oci_config_fini(&cfg);
-	} else {
+	if (cap_oci_config_process(jstr(st->j, "bundle"), p, &e2) < 0) {
 		memset(p, 0, sizeof(*p));
 		p->env = xcalloc(2, sizeof(char *));
 		p->env[p->nenv++] = xstrdup("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");

@@ -121,6 +121,10 @@ int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
 /* Read a process.json (exec --process). */
 int cap_oci_process_load(const char *path, struct cap_oci_process *out,
 			 struct cap_err *err);
+/* Read only the process of BUNDLE/config.json (exec's defaults), without
+ * the checks of the rest of the config. */
+int cap_oci_config_process(const char *bundle, struct cap_oci_process *out,
+			   struct cap_err *err);
 
 /* Parse a signal as runc does: "9", "KILL", "SIGKILL", "sigkill".
  * Returns the number or -EINVAL with err naming the value. */

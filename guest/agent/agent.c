@@ -868,19 +868,9 @@ static void make_dirs(const char *path)
 	struct stat st;
 	if (stat(path, &st) == 0)
 		return;
-	char *p = xstrdup(path);
-	for (char *c = p + 1; ; c++) {
-		if (*c == '/' || *c == '\0') {
-			char end = *c;
-			*c = '\0';
-			if (mkdir(p, 0755) < 0 && errno != EEXIST)
-				agent_log("cannot make the command's directory %s: %s", p, strerror(errno));
-			*c = end;
-			if (!end)
-				break;
-		}
-	}
-	free(p);
+	int r = cap_mkdir_p(path, 0755);
+	if (r < 0)
+		agent_log("cannot make the command's directory %s: %s", path, strerror(-r));
 }
 
 static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
@@ -1125,21 +1115,12 @@ static int mount_tmpfs(const struct cap_setup_tmpfs *t, char *msg, size_t mlen)
 			 t->destination, target);
 		return -EINVAL;
 	}
-	/* Make what is missing, one directory at a time (a name that exists
-	 * now is a dangling link or not a directory: refused by mkdir). */
-	for (char *c = target + strlen(real) + (strcmp(real, "/") != 0); *c;) {
-		char *end = strchr(c, '/');
-		if (end)
-			*end = '\0';
-		if (mkdir(target, 0755) < 0 && errno != EEXIST) {
-			int r = -errno;
-			snprintf(msg, mlen, "tmpfs at %.120s: cannot make %.120s: %s", t->destination, target, strerror(-r));
-			return r;
-		}
-		if (!end)
-			break;
-		*end = '/';
-		c = end + 1;
+	/* Make what is missing (a name that exists now is a dangling link or
+	 * not a directory: refused below). */
+	int r = cap_mkdir_p(target, 0755);
+	if (r < 0) {
+		snprintf(msg, mlen, "tmpfs at %.120s: cannot make %.120s: %s", t->destination, target, strerror(-r));
+		return r;
 	}
 	struct stat st;
 	if (lstat(target, &st) < 0 || !S_ISDIR(st.st_mode)) {

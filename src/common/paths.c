@@ -118,22 +118,6 @@ int cap_clear_dir(const char *path)
 	return d ? clear(d) : -errno;
 }
 
-int cap_mkdir_p(const char *path, unsigned mode)
-{
-	_cleanup_free_ char *p = xstrdup(path);
-	for (char *s = p + 1; *s; s++) {
-		if (*s != '/')
-			continue;
-		*s = '\0';
-		if (mkdir(p, mode) < 0 && errno != EEXIST)
-			return -errno;
-		*s = '/';
-	}
-	if (mkdir(p, mode) < 0 && errno != EEXIST)
-		return -errno;
-	return 0;
-}
-
 /* A base for run directories must be a real directory (not a symlink),
  * owned by us or root, and not writable by others unless sticky. */
 static bool usable_base(const char *base)

@@ -28,8 +28,7 @@ int cap_clear_dir(const char *path);
 /* The same for name relative to the directory dfd. */
 int cap_remove_at(int dfd, const char *name);
 
-/* mkdir -p with mode for the components it creates. 0 or -errno. */
-int cap_mkdir_p(const char *path, unsigned mode);
+/* cap_mkdir_p is in util.h (the guest agent uses it too). */
 
 /* Create a new private (0700) directory for one VM's sockets and logs,
  * short enough for unix socket paths (sun_path is 108 bytes): under

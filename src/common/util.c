@@ -259,3 +259,19 @@ const char *cap_path_shown(const char *path, char *buf, size_t size)
 	snprintf(buf, size, "%.100s[... %zu bytes ...]%s", path, n - 200, path + n - 100);
 	return buf;
 }
+
+int cap_mkdir_p(const char *path, unsigned mode)
+{
+	_cleanup_free_ char *p = xstrdup(path);
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = '\0';
+		if (mkdir(p, mode) < 0 && errno != EEXIST)
+			return -errno;
+		*s = '/';
+	}
+	if (mkdir(p, mode) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}

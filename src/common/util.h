@@ -59,6 +59,9 @@ static inline void cap_closep(int *fd)
 
 /* Write all of buf, retrying on EINTR and short writes. 0 or -errno. */
 int cap_write_all(int fd, const void *buf, size_t len);
+
+/* mkdir -p with mode for the components it creates. 0 or -errno. */
+int cap_mkdir_p(const char *path, unsigned mode);
 /* Read exactly len bytes. 0, -errno, or -EPIPE on early end of file. */
 int cap_read_exact(int fd, void *buf, size_t len);
 /* Read a whole small file (at most max bytes) into a new NUL-terminated

@@ -433,17 +433,10 @@ static void check_winsz(struct mon *s)
 	cap_sandbox_resize(s->sb, s->id, ws.ws_row, ws.ws_col);
 }
 
-static void on_signal(struct mon *s, int sig)
+/* A signal for the container's process, from our signalfd or from
+ * `kill` through the socket. */
+static void deliver(struct mon *s, int sig, enum cap_signal_scope scope)
 {
-	if (sig == SIGCHLD) {
-		while (waitpid(-1, NULL, WNOHANG) > 0)
-			;
-		return;
-	}
-	if (sig == SIGWINCH) {
-		check_winsz(s);
-		return;
-	}
 	if (s->done) {
 		/* The process ended; its output waits for a reader. A signal
 		 * that would end us ends that wait. */
@@ -457,7 +450,21 @@ static void on_signal(struct mon *s, int sig)
 			s->end_sig = sig;
 		return;
 	}
-	forward(s, sig, CAP_SIGNAL_PROCESS);
+	forward(s, sig, scope);
+}
+
+static void on_signal(struct mon *s, int sig)
+{
+	if (sig == SIGCHLD) {
+		while (waitpid(-1, NULL, WNOHANG) > 0)
+			;
+		return;
+	}
+	if (sig == SIGWINCH) {
+		check_winsz(s);
+		return;
+	}
+	deliver(s, sig, CAP_SIGNAL_PROCESS);
 }
 
 static void answer(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -497,19 +504,7 @@ static void command(struct mon *s, struct conn *c, char *line)
 			answer(c, "error bad signal command '%s'", line);
 			return;
 		}
-		if (s->done) {
-			if (terminates(sig))
-				s->give_up = true;
-			answer(c, "ok");
-			return;
-		}
-		if (!s->started) {
-			if (terminates(sig) && !s->end_sig)
-				s->end_sig = sig;
-			answer(c, "ok");
-			return;
-		}
-		forward(s, sig, strcmp(scope, "all") == 0 ? CAP_SIGNAL_ALL : CAP_SIGNAL_PROCESS);
+		deliver(s, sig, strcmp(scope, "all") == 0 ? CAP_SIGNAL_ALL : CAP_SIGNAL_PROCESS);
 		answer(c, "ok");
 	} else {
 		answer(c, "error unknown command '%.100s'", line);

@@ -60,7 +60,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench-exec: %s\n", err.msg);
 		return 1;
 	}
-	static const struct cap_exec_events ev = { NULL, on_done };
+	static const struct cap_exec_events ev = { NULL, on_done, NULL };
 	char *targv[] = { "true", NULL };
 	struct cap_exec_req req = { .argv = targv, .argc = 1, .timeout_ms = 30000 };
 	for (int i = 0; i < n; i++) {

@@ -45,7 +45,7 @@ static int64_t one(bool template, struct cap_sandbox **keep)
 	struct cap_sandbox_opts o;
 	struct cap_sandbox *sb;
 	struct cap_err err = { 0 };
-	static const struct cap_exec_events ev = { NULL, on_done };
+	static const struct cap_exec_events ev = { NULL, on_done, NULL };
 	char *argv[] = { "true", NULL };
 	struct cap_exec_req req = { .argv = argv, .argc = 1, .timeout_ms = 30000 };
 	uint32_t id;

@@ -171,6 +171,7 @@ struct stream {
 	bool rejected;
 	char reject_msg[300];
 	bool stdout_broken;
+	int64_t syncing_ms;	/* when the guest said it is flushing; 0: not yet */
 };
 
 static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
@@ -200,7 +201,14 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex,
 	}
 }
 
-static const struct cap_exec_events events = { on_output, on_done };
+static void on_syncing(void *ud, uint32_t id)
+{
+	struct stream *r = ud;
+	(void)id;
+	r->syncing_ms = cap_now_ms();
+}
+
+static const struct cap_exec_events events = { on_output, on_done, on_syncing };
 
 /* Explain how the command ended, where the exit code alone would not. */
 static void report(const struct stream *r, const struct cap_exec_req *req)
@@ -292,6 +300,9 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 			in_slot = n;
 			pfd[n++] = (struct pollfd){ .fd = 0, .events = POLLIN };
 		}
+		/* A flush of what the command wrote gets its own time. */
+		if (deadline && r.syncing_ms)
+			deadline = CAP_MAX(deadline, r.syncing_ms + CAP_SANDBOX_SYNC_GRACE_MS);
 		int64_t wake = give_up && (!deadline || give_up < deadline) ? give_up : deadline;
 		int timeout = wake ? (int)CAP_MAX(wake - cap_now_ms(), 0) : -1;
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {

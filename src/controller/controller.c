@@ -135,6 +135,8 @@ struct cap_ctl_call {
 	 * go of it, since the VM's callbacks still point here. */
 	bool abandoned;
 	int64_t deadline;	/* real ms: the timeout plus the grace; 0: none */
+	int64_t sent_ms;	/* real ms: when the command was sent (with a deadline) */
+	bool syncing;	/* the guest is flushing its writes (SYNCING) */
 	struct cap_buf out, err;
 	/* Waiting for the controller's preparation (on ctl->prep_waiters),
 	 * and what it built, for the result. */
@@ -763,7 +765,19 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	active_done(c, i, &r);
 }
 
-static const struct cap_exec_events events = { on_output, on_done };
+/* The command ended and the guest is flushing its writes: the deadline
+ * gives the flush its own time, so a command that wrote up to its
+ * timeout is not cut off in its flush (and lost with a killed VM). */
+static void on_syncing(void *ud, uint32_t id)
+{
+	struct cap_ctl_call *k = ud;
+	(void)id;
+	k->syncing = true;
+	if (k->deadline)
+		k->deadline = CAP_MAX(k->deadline, cap_now_ms() + CAP_SANDBOX_SYNC_GRACE_MS);
+}
+
+static const struct cap_exec_events events = { on_output, on_done, on_syncing };
 
 /* --- transfers, in worker threads ----------------------------------------------------- */
 
@@ -1835,8 +1849,10 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 		begin_ws(c, i, k);
 		return;	/* likewise */
 	}
-	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms)
-		k->deadline = cap_now_ms() + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
+	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms) {
+		k->sent_ms = cap_now_ms();
+		k->deadline = k->sent_ms + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
+	}
 	int r = k->kind == CAP_CTL_FILE
 			? c->be->file(i->vm, &k->file, k->file.limit + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
 				      &k->stream, &err)
@@ -2281,14 +2297,19 @@ static void deadlines(struct cap_ctl *c)
 		struct cap_ctl_call *k = i->active;
 		if (!k || !k->deadline || real < k->deadline || k->abandoned)
 			continue;
-		char note[200];
-		snprintf(note, sizeof(note),
-			 "the guest did not end the command within its timeout (%u s) and %d s more; its VM was killed (disks kept) and starts again on the next call",
-			 k->req.timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
+		char note[240];
+		if (k->syncing)
+			snprintf(note, sizeof(note),
+				 "the guest did not finish flushing the command's writes within %d s; its VM was killed (disks kept, the latest writes may be lost) and starts again on the next call",
+				 CAP_SANDBOX_SYNC_GRACE_MS / 1000);
+		else
+			snprintf(note, sizeof(note),
+				 "the guest did not end the command within its timeout (%u s) and %d s more; its VM was killed (disks kept) and starts again on the next call",
+				 k->req.timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
 		cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s): %s", i->name, i->agent, i->peer, note);
 		struct cap_ctl_result r = {
 			.exit = { .kind = CAP_EXIT_SIGNAL, .value = SIGKILL, .flags = CAP_EXIT_TIMED_OUT,
-				  .duration_ms = (uint32_t)(real - (k->deadline - k->req.timeout_ms - CAP_SANDBOX_EXEC_GRACE_MS)) },
+				  .duration_ms = (uint32_t)(real - k->sent_ms) },
 			.out = bytes(&k->out),
 			.out_len = cap_buf_used(&k->out),
 			.err = bytes(&k->err),

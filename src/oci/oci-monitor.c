@@ -336,7 +336,7 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	}
 }
 
-static const struct cap_exec_events events = { on_output, on_done };
+static const struct cap_exec_events events = { on_output, on_done, NULL };
 
 /* Whether a signal's default action ends a process. */
 static bool terminates(int sig)

@@ -11,6 +11,11 @@
 /* After a command's timeout, how long the host waits for the guest to
  * report its end before it gives up on the guest (and on its VM). */
 #define CAP_SANDBOX_EXEC_GRACE_MS 5000
+/* Once the guest says a command's writes are being flushed (SYNCING),
+ * how long from then the host waits for its EXIT, whatever the command's
+ * timeout had left: a flush of what a command wrote just before its
+ * timeout must not be cut by the host stopping the VM. */
+#define CAP_SANDBOX_SYNC_GRACE_MS 120000
 
 struct cap_exec_events {
 	/* Output of stream id; fd is 1 (stdout) or 2 (stderr). p is borrowed
@@ -22,6 +27,10 @@ struct cap_exec_events {
 	 * NULL and errnum/msg say why. */
 	void (*done)(void *ud, uint32_t id, const struct cap_exit *ex,
 		     int errnum, const char *msg);
+	/* Optional: the process of stream id has ended and the guest is
+	 * flushing its writes; done() follows. An owner keeping a deadline
+	 * moves it to at least CAP_SANDBOX_SYNC_GRACE_MS from now. */
+	void (*syncing)(void *ud, uint32_t id);
 };
 
 struct cap_client_stream {

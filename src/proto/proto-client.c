@@ -91,6 +91,14 @@ static int dispatch(struct cap_client *c, const struct cap_frame *f,
 					   cap_msg_name(f->type), f->stream);
 		deliver(s, f->type == CAP_MSG_STDOUT ? 1 : 2, f->payload, f->len);
 		return 0;
+	case CAP_MSG_SYNCING:
+		s = find(c, f->stream);
+		if (!s || f->len != 0)
+			return cap_err_set(err, EPROTO, "agent sent SYNCING for stream %u, which is not open, or with %u bytes",
+					   f->stream, f->len);
+		if (s->ev->syncing)
+			s->ev->syncing(s->ud, s->id);
+		return 0;
 	case CAP_MSG_EXIT: {
 		struct cap_exit ex;
 		s = find(c, f->stream);

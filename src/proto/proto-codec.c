@@ -17,6 +17,7 @@ static const char *const msg_names[] = {
 	[CAP_MSG_RESIZE] = "RESIZE",	 [CAP_MSG_PAUSE] = "PAUSE",
 	[CAP_MSG_RESUME] = "RESUME",	 [CAP_MSG_FILE] = "FILE",
 	[CAP_MSG_LISTENERS] = "LISTENERS",
+	[CAP_MSG_SYNCING] = "SYNCING",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -292,7 +293,7 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 		return cap_err_set(err, EBADMSG, "exec request shorter than its fixed fields (%zu bytes)", n);
 	req.rows = (uint16_t)(winsize & 0xffff);
 	req.cols = (uint16_t)(winsize >> 16);
-	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY | CAP_EXEC_USER))
+	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY | CAP_EXEC_USER | CAP_EXEC_NO_SYNC))
 		return cap_err_set(err, EBADMSG, "exec request has unknown flags 0x%x", req.flags);
 	if (rd_strv(&r, CAP_PROTO_MAX_ARGS, &req.argv, &req.argc) < 0)
 		return cap_err_set(err, EBADMSG, "exec request has a malformed argument list");
@@ -350,7 +351,7 @@ void cap_proto_exit_encode(struct cap_buf *out, uint32_t stream,
 	uint8_t p[12];
 	p[0] = ex->kind;
 	p[1] = ex->flags;
-	cap_put_u16(p + 2, 0);
+	cap_put_u16(p + 2, ex->sync_ms);
 	cap_put_u32(p + 4, (uint32_t)ex->value);
 	cap_put_u32(p + 8, ex->duration_ms);
 	cap_proto_put(out, CAP_MSG_EXIT, stream, p, sizeof(p));
@@ -365,8 +366,9 @@ int cap_proto_exit_decode(const uint8_t *p, size_t n, struct cap_exit *out)
 		.flags = p[1],
 		.value = (int32_t)cap_get_u32(p + 4),
 		.duration_ms = cap_get_u32(p + 8),
+		.sync_ms = cap_get_u16(p + 2),
 	};
-	if (ex.flags & ~(CAP_EXIT_TIMED_OUT | CAP_EXIT_TRUNCATED))
+	if (ex.flags & ~(CAP_EXIT_TIMED_OUT | CAP_EXIT_TRUNCATED | CAP_EXIT_DURABLE))
 		return -EBADMSG;
 	switch (ex.kind) {
 	case CAP_EXIT_CODE:

@@ -47,7 +47,9 @@ enum cap_msg {
 	CAP_MSG_RESUME = 13,	/* client->shim stream 0: continue it; same answer */
 	CAP_MSG_FILE = 14,	/* h->g: a file operation (struct cap_file_req) on a new stream */
 	CAP_MSG_LISTENERS = 15,	/* g->h stream 0: u32 n, n x u16 TCP ports listened on (auto-publish) */
-	CAP_MSG_MAX_ = CAP_MSG_LISTENERS,
+	CAP_MSG_SYNCING = 16,	/* g->h, empty: the stream's process ended; its writes are being
+				 * flushed, EXIT follows (the host's deadline allows for it) */
+	CAP_MSG_MAX_ = CAP_MSG_SYNCING,
 };
 
 /* Whom a SIGNAL reaches: the command's process group (the default, and
@@ -88,6 +90,11 @@ void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
  * has none): a container's process (docs/oci.md). Without it a command
  * runs as the tool user (1000) with the agent's default environment. */
 #define CAP_EXEC_USER 0x4u
+/* Report the end without making the command's writes durable first: by
+ * default the agent flushes the writable disks (/work, /workspace, the
+ * root's upper disk) to the host's disk files before EXIT, when they
+ * hold anything unflushed (docs/protocol.md, "Durable results"). */
+#define CAP_EXEC_NO_SYNC 0x8u
 
 #define CAP_EXEC_MAX_GROUPS 32
 #define CAP_EXEC_MAX_RLIMITS 16
@@ -149,12 +156,18 @@ enum cap_exit_kind {
 };
 #define CAP_EXIT_TIMED_OUT 0x1u
 #define CAP_EXIT_TRUNCATED 0x2u
+/* Everything written before the end is on the host's disk files: the
+ * agent flushed the writable disks (or found nothing to flush) before
+ * this EXIT. Absent with CAP_EXEC_NO_SYNC / CAP_FILE_NO_SYNC. */
+#define CAP_EXIT_DURABLE 0x4u
 
 struct cap_exit {
 	uint8_t kind;	/* enum cap_exit_kind */
 	uint8_t flags;	/* CAP_EXIT_* */
 	int32_t value;
-	uint32_t duration_ms;
+	uint32_t duration_ms;	/* the command's own run, without the flush */
+	uint16_t sync_ms;	/* time spent making it durable (capped at
+				 * 65535; 0 when nothing needed a flush) */
 };
 
 void cap_proto_exit_encode(struct cap_buf *out, uint32_t stream,
@@ -237,11 +250,15 @@ enum cap_file_op {
 /* limit flags of TAR_OUT and TAR_IN. */
 #define CAP_TAR_PATHS_STDIN 0x1u	/* TAR_OUT: the paths come on STDIN */
 #define CAP_TAR_NO_REPLACE 0x1u	/* TAR_IN: keep differing paths, report them */
+/* limit flag of WRITE and TAR_IN: report without flushing (as
+ * CAP_EXEC_NO_SYNC). */
+#define CAP_FILE_NO_SYNC 0x80000000u
 
 struct cap_file_req {
 	uint32_t op;	/* enum cap_file_op */
 	uint32_t limit;	/* READ: largest file in bytes; LIST/READ of a dir: entries;
-			 * TAR_OUT/TAR_IN: CAP_TAR_* flags */
+			 * TAR_OUT/TAR_IN: CAP_TAR_* flags; WRITE, TAR_IN:
+			 * CAP_FILE_NO_SYNC */
 	uint32_t limit_entries;
 	const char *root;	/* "/source", "/work" or "/workspace" */
 	const char *path;	/* relative, no ".." component; "" for the root */

@@ -148,7 +148,17 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	memset(r, 0, sizeof(*r));
 }
 
-static const struct cap_exec_events events = { on_output, on_done };
+/* The guest is flushing what the command wrote: its caller's deadline
+ * allows for it (CAP_SANDBOX_SYNC_GRACE_MS). */
+static void on_syncing(void *ud, uint32_t id)
+{
+	struct route *r = ud;
+	(void)id;
+	if (r->conn)
+		cap_proto_put(&r->conn->out, CAP_MSG_SYNCING, r->cid, NULL, 0);
+}
+
+static const struct cap_exec_events events = { on_output, on_done, on_syncing };
 
 static void conn_close(struct shim *s, struct conn *c)
 {

@@ -245,7 +245,7 @@ static void gc_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 static int guest_run(struct cap_sandbox *sb, char **argv, const char *cwd, struct guest_cmd *g,
 		     struct cap_err *err)
 {
-	static const struct cap_exec_events ev = { gc_output, gc_done };
+	static const struct cap_exec_events ev = { gc_output, gc_done, NULL };
 	uint32_t argc = 0;
 	while (argv[argc])
 		argc++;

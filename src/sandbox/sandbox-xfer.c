@@ -175,7 +175,7 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	cap_buf_consume(&o->errbuf, cap_buf_used(&o->errbuf));
 }
 
-static const struct cap_exec_events op_events = { on_output, on_done };
+static const struct cap_exec_events op_events = { on_output, on_done, NULL };
 
 static int op_start(struct op *o, uint32_t file_op, const char *root, const char *path,
 		    uint32_t limit, struct cap_err *err)

@@ -33,7 +33,7 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int e, con
 		(void)strlen(m);
 }
 
-static const struct cap_exec_events ev = { on_output, on_done };
+static const struct cap_exec_events ev = { on_output, on_done, NULL };
 
 /* The tar reader over data (through a memfd, as it reads an fd): every
  * entry and all its data, until the end or an error. */

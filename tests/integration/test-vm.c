@@ -57,7 +57,7 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex,
 	r->errnum = errnum;
 }
 
-static const struct cap_exec_events ev = { on_output, on_done };
+static const struct cap_exec_events ev = { on_output, on_done, NULL };
 
 static void result_init(struct result *r)
 {

@@ -18,6 +18,7 @@ struct seen {
 	bool has_exit;
 	int errnum;
 	char msg[256];
+	int syncing;
 };
 
 static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
@@ -42,7 +43,15 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex,
 		snprintf(s->msg, sizeof(s->msg), "%s", msg);
 }
 
-static const struct cap_exec_events ev = { on_output, on_done };
+static void on_syncing(void *ud, uint32_t id)
+{
+	(void)id;
+	struct seen *s = ud;
+	assert_int_equal(s->done, 0);	/* always before the end */
+	s->syncing++;
+}
+
+static const struct cap_exec_events ev = { on_output, on_done, on_syncing };
 
 struct fixture {
 	struct cap_client c;
@@ -417,6 +426,47 @@ static void listeners_before_hello(void **state)
 	assert_false(fx->c.listeners_changed);
 }
 
+/* SYNCING: the stream's process ended and its writes are being flushed;
+ * the owner hears of it before the EXIT, which carries the durable flag
+ * and the flush's time. */
+static void syncing_then_durable_exit(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	cap_proto_put(&fx->g, CAP_MSG_SYNCING, id, NULL, 0);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_int_equal(fx->s.syncing, 1);
+	assert_int_equal(fx->s.done, 0);
+	struct cap_exit ex = { .kind = CAP_EXIT_CODE, .flags = CAP_EXIT_DURABLE, .sync_ms = 12 };
+	cap_proto_exit_encode(&fx->g, id, &ex);
+	assert_int_equal(feed(fx, NULL), 0);
+	assert_int_equal(fx->s.done, 1);
+	assert_true(fx->s.ex.flags & CAP_EXIT_DURABLE);
+	assert_int_equal(fx->s.ex.sync_ms, 12);
+}
+
+/* SYNCING names an open stream and carries nothing; anything else ends
+ * the connection. */
+static void syncing_malformed_is_a_protocol_error(void **state)
+{
+	struct fixture *fx = *state;
+	hello(fx);
+	struct cap_err err = { 0 };
+	cap_proto_put(&fx->g, CAP_MSG_SYNCING, 77, NULL, 0);
+	assert_int_equal(feed(fx, &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "SYNCING for stream 77"));
+
+	teardown(state);
+	setup(state);
+	fx = *state;
+	hello(fx);
+	uint32_t id = start(fx, 0);
+	cap_proto_put(&fx->g, CAP_MSG_SYNCING, id, "x", 1);
+	assert_int_equal(feed(fx, NULL), -EPROTO);
+	assert_int_equal(fx->s.syncing, 0);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -440,6 +490,8 @@ int main(void)
 		T(listeners_replace_the_set),
 		T(listeners_malformed_is_a_protocol_error),
 		T(listeners_before_hello),
+		T(syncing_then_durable_exit),
+		T(syncing_malformed_is_a_protocol_error),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

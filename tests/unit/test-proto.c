@@ -456,6 +456,20 @@ static void exit_codec(void **state)
 	assert_int_equal(out.value, 9);
 	assert_int_equal(out.duration_ms, 42);
 	assert_int_equal(cap_exit_status(&out), 124);
+	assert_int_equal(out.sync_ms, 0);
+	assert_false(out.flags & CAP_EXIT_DURABLE);
+
+	/* A durable end carries the flush's time in the old reserved u16. */
+	ex = (struct cap_exit){ .kind = CAP_EXIT_CODE, .value = 3, .flags = CAP_EXIT_DURABLE,
+				.duration_ms = 7, .sync_ms = 65535 };
+	cap_buf_consume(&b, cap_buf_used(&b));
+	cap_proto_exit_encode(&b, 6, &ex);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_exit_decode(f.payload, f.len, &out), 0);
+	assert_int_equal(out.flags, CAP_EXIT_DURABLE);
+	assert_int_equal(out.sync_ms, 65535);
+	assert_int_equal(out.duration_ms, 7);
+	assert_int_equal(cap_exit_status(&out), 3);
 
 	uint8_t bad[12] = { 0 };
 	assert_int_equal(cap_proto_exit_decode(bad, 11, &out), -EBADMSG);

@@ -288,7 +288,7 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 		cap_buf_append(&r->out, msg, strlen(msg));
 }
 
-static const struct cap_exec_events ev = { on_output, on_done };
+static const struct cap_exec_events ev = { on_output, on_done, NULL };
 
 /* Move bytes both ways for up to ms. */
 static int pump(int ms)

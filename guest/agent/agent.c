@@ -78,6 +78,7 @@ struct exec {
 	uint64_t sent;
 	bool truncated, timed_out, exited;
 	bool pty;	/* out_fd is a PTY master; in_fd a dup of it */
+	bool no_sync;	/* report the end without flushing the disks */
 	int wstatus;
 	char cg[24];	/* its cgroup under /sys/fs/cgroup, "" once removed */
 	int64_t cg_kill_ms;	/* when it was last killed, 0: not yet */
@@ -630,6 +631,7 @@ struct spawn {
 	uint32_t pids_max, output_cap, timeout_ms;
 	const char *name;	/* named by a start failure: the command, the path */
 	const char *cwd;	/* named by a chdir failure */
+	bool no_sync;	/* its end is reported without a flush */
 	/* A CAP_EXEC_USER command's request: its uid, gid, groups, rlimits
 	 * and umask; NULL: the tool user. */
 	const struct cap_exec_req *user;
@@ -841,7 +843,7 @@ static void spawn(uint32_t id, struct exec *x, const struct spawn *sp)
 	*x = (struct exec){
 		.id = id, .pid = pid, .out_fd = out[0], .err_fd = er[0],
 		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = sp->output_cap,
-		.pty = sp->pty,
+		.pty = sp->pty, .no_sync = sp->no_sync,
 	};
 	memcpy(x->cg, cg, sizeof(cg));
 	cap_buf_init(&x->in_pending);
@@ -879,7 +881,7 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	struct cap_err err = { 0 };
 	struct exec *x;
 
-	if (id == 0 || exec_find(id)) {
+	if (id == 0 || exec_find(id) || agent_durable_waiting(id)) {
 		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
 		return;
 	}
@@ -903,7 +905,7 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		.rows = req.rows, .cols = req.cols, .pids_max = req.pids_max,
 		.output_cap = req.output_cap, .timeout_ms = req.timeout_ms,
 		.name = req.argv[0], .cwd = exec_cwd(&req), .user = user ? &req : NULL,
-		.run = run_exec, .ud = &job,
+		.no_sync = req.flags & CAP_EXEC_NO_SYNC, .run = run_exec, .ud = &job,
 	};
 	spawn(id, x, &sp);
 	free(job.env);
@@ -951,7 +953,8 @@ static void finish_if_done(struct exec *x, int64_t now, bool reading)
 		ex.flags |= CAP_EXIT_TIMED_OUT;
 	if (x->truncated)
 		ex.flags |= CAP_EXIT_TRUNCATED;
-	cap_proto_exit_encode(&A.out, x->id, &ex);
+	/* What it wrote is on the host's disks before its end is told. */
+	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync);
 	exec_release(x);
 }
 
@@ -1007,6 +1010,7 @@ static void do_shutdown(void)
 			agent_log("remount the root's upper disk read-only: %s", strerror(errno));
 	}
 	sync();
+	agent_durable_synced(&A.out);
 	cap_proto_put(&A.out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
 	flush_out_wait(2000);
 	power_off();
@@ -1068,6 +1072,8 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 			 dev, type, serial, dst, strerror(e));
 		return -e;
 	}
+	if (!(flags & MS_RDONLY))
+		agent_durable_add(dst, dev);
 	return 0;
 }
 
@@ -1283,6 +1289,8 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 			snprintf(msg, mlen, "cannot mount the overlay root: %s", strerror(-r));
 			return r;
 		}
+		if (*s->root_upper)
+			agent_durable_add_overlay("/.capsule/root");
 		root = "/.capsule/root";
 	}
 
@@ -1538,7 +1546,7 @@ static void run_xfer(const void *ud, int errfd, struct start_failure *f)
 static void file_stream(uint32_t id, const struct cap_file_req *req, const char *shown)
 {
 	uint32_t known = req->op == CAP_FILE_TAR_OUT ? CAP_TAR_PATHS_STDIN :
-			 req->op == CAP_FILE_TAR_IN ? CAP_TAR_NO_REPLACE : 0;
+			 req->op == CAP_FILE_TAR_IN ? CAP_TAR_NO_REPLACE | CAP_FILE_NO_SYNC : 0;
 	if (req->limit & ~known) {
 		file_fail(id, EINVAL, "%s: unknown flags 0x%x for this file operation", shown, req->limit);
 		return;
@@ -1557,6 +1565,8 @@ static void file_stream(uint32_t id, const struct cap_file_req *req, const char 
 		.stdin_pipe = req->op == CAP_FILE_TAR_IN ||
 			      (req->op == CAP_FILE_TAR_OUT && (req->limit & CAP_TAR_PATHS_STDIN)),
 		.name = shown, .cwd = "/", .run = run_xfer, .ud = req,
+		/* Only an upload writes: the reads report at once. */
+		.no_sync = req->op != CAP_FILE_TAR_IN || (req->limit & CAP_FILE_NO_SYNC),
 	};
 	spawn(id, x, &sp);
 }
@@ -1565,7 +1575,7 @@ static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 {
 	struct cap_file_req req;
 	char root[16], path[4100], shown[4200];
-	if (id == 0 || exec_find(id)) {
+	if (id == 0 || exec_find(id) || agent_durable_waiting(id)) {
 		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
 		return;
 	}
@@ -1626,7 +1636,7 @@ static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 			return;
 		}
 		struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 0 };
-		cap_proto_exit_encode(&A.out, id, &ex);
+		agent_durable_exit(&A.out, id, &ex, !(req.limit & CAP_FILE_NO_SYNC));
 		return;
 	}
 	if (S_ISDIR(st.st_mode)) {
@@ -1656,6 +1666,7 @@ static void handle_frame(const struct cap_frame *f)
 		/* A host opening a session; what an earlier one started ends
 		 * (a VM restored from a template may not have seen it go). */
 		kill_all_execs();
+		agent_durable_forget();
 		A.out.off = A.out.len = 0;
 		cap_proto_hello_encode(&A.out, AGENT_VERSION);
 		agent_publish_resend();
@@ -1782,13 +1793,14 @@ static void host_gone(void)
 		agent_log("host disconnected; ending its commands");
 	A.connected = false;
 	kill_all_execs();
+	agent_durable_forget();
 	A.in.off = A.in.len = 0;
 	A.out.off = A.out.len = 0;
 }
 
 static void serve(void)
 {
-	enum { MAXFD = 2 + 3 * CAP_PROTO_MAX_STREAMS };
+	enum { MAXFD = 3 + 3 * CAP_PROTO_MAX_STREAMS };
 	struct pollfd pfd[MAXFD];
 	struct {
 		struct exec *x;
@@ -1805,6 +1817,7 @@ static void serve(void)
 		if (cap_buf_used(&A.out) > 0)
 			pe |= POLLOUT;
 		pfd[n++] = (struct pollfd){ .fd = A.port, .events = pe };
+		pfd[n++] = (struct pollfd){ .fd = agent_durable_fd(), .events = POLLIN };
 		bool backlog = cap_buf_used(&A.out) > OUT_HIGH_WATER;
 
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++) {
@@ -1869,7 +1882,10 @@ static void serve(void)
 		if (A.connected && (pfd[1].revents & POLLIN))
 			read_port();
 
-		for (int i = 2; i < n; i++) {
+		if (pfd[2].revents)
+			agent_durable_ready(&A.out);
+
+		for (int i = 3; i < n; i++) {
 			if (!pfd[i].revents)
 				continue;
 			struct exec *x = owner[i].x;

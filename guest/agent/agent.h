@@ -35,6 +35,31 @@ void agent_env_reset(void);
  * same NAME. CAP_BUG_ON a string without '=' or with an empty NAME. */
 void agent_env_put(const char *var);
 
+/* --- agent-durable.c: a call's end only once its writes are durable --- */
+
+/* A writable disk mounted at mnt from the device node dev: flushed
+ * before each end reported after a change to it. */
+void agent_durable_add(const char *mnt, const char *dev);
+/* The overlay root over an upper disk added above: its writes count as
+ * changes (they reach the upper disk unseen). */
+void agent_durable_add_overlay(const char *mnt);
+/* Queue stream id's EXIT on out: at once when sync is false (no
+ * CAP_EXIT_DURABLE), when there is no writable disk, or when nothing
+ * changed since the last flush began (CAP_EXIT_DURABLE); otherwise
+ * SYNCING now and the EXIT, with CAP_EXIT_DURABLE and sync_ms, once a
+ * flush begun after this call has finished. */
+void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync);
+/* Whether stream id's EXIT waits for a flush (the id is still in use). */
+bool agent_durable_waiting(uint32_t id);
+/* The descriptor to poll for a flush's end, -1 when none runs; on
+ * POLLIN call agent_durable_ready. */
+int agent_durable_fd(void);
+void agent_durable_ready(struct cap_buf *out);
+/* After a full sync(): every waiting EXIT goes now, durable. */
+void agent_durable_synced(struct cap_buf *out);
+/* A new host session: the waiting EXITs were the old one's. */
+void agent_durable_forget(void);
+
 /* --- agent-net.c --- */
 
 /* Configure the guest's side of the NIC that SETUP describes (s->net_addr

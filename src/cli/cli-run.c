@@ -41,16 +41,22 @@ static const char usage[] =
 	"  -e, --env NAME=VAL  Set an environment variable (repeatable)\n"
 	"  -w, --workdir DIR   Working directory in the guest (default /work)\n"
 	"  -i, --interactive   Forward standard input even from a terminal\n"
+	"  --no-sync           Return without flushing the command's writes to the\n"
+	"                      host's disk (see Durable results below)\n"
 	"  --source DIR        Mount a validated read-only copy of DIR at /source\n"
 	"                      (see `capsule create --help` for the rules)\n"
 	"  --console-log FILE  Keep the guest's serial console in FILE\n"
 	"  -q, --quiet         Do not print the acceleration note\n"
 	"  -v, --verbose       Say how the VM started (template restore or cold boot),\n"
-	"                      its network policy and route, and each connection.\n"
+	"                      its network policy and route, each connection, and\n"
+	"                      at the end how long the command ran, how long the\n"
+	"                      flush of its writes took and whether they are durable.\n"
 	"                      Docker's -v HOST:GUEST is refused: capsule has no bind\n"
 	"                      mounts (use --source DIR, or a named sandbox with\n"
 	"                      --workspace DIR or `capsule cp`)\n"
 	"  -h, --help          Show this help\n"
+	"\n"
+	CAP_CLI_DURABLE_HELP
 	"\n"
 	CAP_CLI_NET_HELP
 	"  Refused connections are logged on stderr (\"capsule net: refused ...\").\n";
@@ -67,6 +73,7 @@ int cap_cli_run(int argc, char **argv)
 		{ "console-log", required_argument, NULL, CAP_OPT_CONSOLE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
+		{ "no-sync", no_argument, NULL, CAP_OPT_NO_SYNC },
 		CAP_CLI_NET_OPTS,
 		{ "env", required_argument, NULL, 'e' },
 		{ "workdir", required_argument, NULL, 'w' },
@@ -132,7 +139,7 @@ int cap_cli_run(int argc, char **argv)
 			source = optarg;
 			break;
 		case 'v':
-			verbose = true;
+			verbose = x.verbose = true;
 			break;
 		case 'h':
 			free(net);

@@ -309,7 +309,12 @@ static const char exec_usage[] =
 	"streaming its output; exits with its exit code as `capsule run` does.\n"
 	"\n"
 	"Options: --timeout S, --output-cap BYTES, --pids-max N, -e NAME=VAL, -w DIR, -i, -q\n"
-	"(see `capsule run --help`).\n";
+	"(see `capsule run --help`), and:\n"
+	"  --no-sync      Return without flushing the command's writes (below)\n"
+	"  -v, --verbose  At the end, say how long the command ran, how long the\n"
+	"                 flush of its writes took, and whether they are durable\n"
+	"\n"
+	CAP_CLI_DURABLE_HELP;
 
 static int exec_or_shell(int argc, char **argv, bool shell)
 {
@@ -317,10 +322,12 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 		{ "timeout", required_argument, NULL, CAP_OPT_TIMEOUT },
 		{ "output-cap", required_argument, NULL, CAP_OPT_OUTPUT_CAP },
 		{ "pids-max", required_argument, NULL, CAP_OPT_PIDS_MAX },
+		{ "no-sync", no_argument, NULL, CAP_OPT_NO_SYNC },
 		{ "env", required_argument, NULL, 'e' },
 		{ "workdir", required_argument, NULL, 'w' },
 		{ "interactive", no_argument, NULL, 'i' },
 		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -337,7 +344,7 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 	if (!shell && cap_cli_volume_flag(argc, argv))
 		return CAP_EXIT_USAGE;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, shell ? "+h" : "+e:w:iqh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, shell ? "+h" : "+e:w:iqvh", opts, NULL)) != -1) {
 		if (!shell && (k = cap_cli_exec_opt(&x, c, optarg)) != 0) {
 			if (k < 0)
 				return 2;
@@ -346,6 +353,10 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 		if (c == 'h') {
 			fputs(usage, stdout);
 			return 0;
+		}
+		if (c == 'v' && !shell) {
+			x.verbose = true;
+			continue;
 		}
 		fputs(usage, stderr);
 		return 2;

@@ -158,6 +158,9 @@ int cap_cli_exec_opt(struct cap_cli_exec *x, int c, const char *arg)
 	case 'q':
 		x->quiet = true;
 		return 1;
+	case CAP_OPT_NO_SYNC:
+		x->req.flags |= CAP_EXEC_NO_SYNC;
+		return 1;
 	default:
 		return 0;
 	}
@@ -221,6 +224,21 @@ static void report(const struct stream *r, const struct cap_exec_req *req)
 			      req->timeout_ms / 1000);
 	else if (r->ex.kind == CAP_EXIT_SIGNAL && r->ex.value != SIGPIPE && r->ex.value != SIGINT)
 		cap_cli_error("the command was killed by signal %d (%s)", r->ex.value, strsignal(r->ex.value));
+}
+
+/* -v: how long the command ran and its flush took, and whether what it
+ * wrote is on the host's disk (EXIT's CAP_EXIT_DURABLE). */
+static void timing(const struct stream *r, const struct cap_exec_req *req)
+{
+	if (r->ex.flags & CAP_EXIT_DURABLE)
+		cap_cli_error("the command ran %u ms; flush %u ms; durable: its writes are on the host's disk",
+			      r->ex.duration_ms, r->ex.sync_ms);
+	else if (req->flags & CAP_EXEC_NO_SYNC)
+		cap_cli_error("the command ran %u ms; not flushed (--no-sync); not durable: writes not yet flushed are lost if the VM or the host dies",
+			      r->ex.duration_ms);
+	else
+		cap_cli_error("the command ran %u ms; not durable: the guest did not flush its writes (an agent older than this capsule?)",
+			      r->ex.duration_ms);
 }
 
 /* The terminal's mode before raw mode, restored on every way out. */
@@ -364,6 +382,8 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 		goto out;
 	}
 	report(&r, req);
+	if (x->verbose)
+		timing(&r, req);
 	status = cap_exit_status(&r.ex);
 out:
 	restore_tty();

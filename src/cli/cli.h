@@ -47,6 +47,7 @@ enum {
 	/* The network flags (cap_cli_net_opt). */
 	CAP_OPT_ALLOW_EGRESS, CAP_OPT_ALLOW_PUBLIC, CAP_OPT_ALLOW_LAN,
 	CAP_OPT_ALLOW_HOST, CAP_OPT_PUBLISH, CAP_OPT_AUTO_PUBLISH, CAP_OPT_SECRET,
+	CAP_OPT_NO_SYNC,	/* exec, run, cp: the result without the flush */
 };
 
 /* The network flags as getopt_long entries, for a verb's option table:
@@ -86,6 +87,15 @@ enum {
 	"  Link-local and cloud metadata (169.254.0.0/16) stay closed unless named\n" \
 	"  exactly by --allow-egress; the host's loopback opens only with --allow-host.\n"
 
+/* The guarantee of exec and run and its opt-out, the same on both. */
+#define CAP_CLI_DURABLE_HELP \
+	"Durable results: when the command ends (exit, signal or timeout), what it\n" \
+	"wrote to /work, /workspace and the sandbox's root is on the host's disk\n" \
+	"before capsule returns (the guest flushes it; a command that wrote nothing\n" \
+	"pays nothing). What a process the command left behind writes after that\n" \
+	"is not covered. --no-sync gives the guarantee up for a faster return:\n" \
+	"writes not yet flushed are lost if QEMU or the host dies.\n"
+
 /* Handle one getopt result of the network flags into p: 1 handled, 0 not
  * ours, -1 bad value (already reported, naming it). */
 int cap_cli_net_opt(struct cap_net_policy *p, int c, const char *arg);
@@ -104,6 +114,9 @@ struct cap_cli_exec {
 	bool interactive;	/* forward stdin even from a terminal */
 	bool quiet;
 	bool pty;
+	/* -v: after the command, how long it ran and its flush took, and
+	 * whether its writes are durable. */
+	bool verbose;
 	/* Set by cap_cli_stream: the guest did not end the command within
 	 * its timeout plus CAP_SANDBOX_EXEC_GRACE_MS; the VM is not to be
 	 * trusted with another command. */
@@ -112,7 +125,7 @@ struct cap_cli_exec {
 
 void cap_cli_exec_init(struct cap_cli_exec *x);
 /* Handle one getopt result of the shared exec options (--timeout,
- * --output-cap, -e, -w, -i, -q): 1 handled, 0 not ours, -1 bad value
+ * --output-cap, --pids-max, --no-sync, -e, -w, -i, -q): 1 handled, 0 not ours, -1 bad value
  * (already reported). */
 int cap_cli_exec_opt(struct cap_cli_exec *x, int c, const char *arg);
 

@@ -53,6 +53,9 @@ static const char usage[] =
 	"Output: ls, inspect, template ls, doctor and diff take --json; exit codes\n"
 	"and JSON shapes are in docs/cli.md. No colour is used.\n"
 	"\n"
+	"Durability: what exec, run and cp into a sandbox wrote is on the host's\n"
+	"disk when they return; their --no-sync gives that up for a faster return.\n"
+	"\n"
 	"Example:\n"
 	"  capsule run -- sh -c 'uname -a; id'\n";
 

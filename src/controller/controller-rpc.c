@@ -477,6 +477,14 @@ json_t *cap_rpc_prepare_json(const struct cap_prep_out *o)
 			 "image", img, "template", o->template_on, "duration_ms", (json_int_t)o->duration_ms);
 }
 
+/* Whether what the call wrote is on the host's disk files (the guest
+ * flushed it before it reported the end), and how long that took. */
+static void durable_json(json_t *o, const struct cap_exit *ex)
+{
+	json_object_set_new(o, "durable", json_boolean((ex->flags & CAP_EXIT_DURABLE) != 0));
+	json_object_set_new(o, "sync_ms", json_integer(ex->sync_ms));
+}
+
 /* The answer to a tool method: a result, or an error whose data carries
  * errno, refused paths and the private import when there are. */
 static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
@@ -503,6 +511,7 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 				"truncated", (ex->flags & CAP_EXIT_TRUNCATED) != 0,
 				"stdout", cap_json_textn(r->out, r->out_len), "stderr", cap_json_textn(r->err, r->err_len),
 				"duration_ms", (int)ex->duration_ms);
+		durable_json(res, ex);
 		if (r->note)
 			json_object_set_new(res, "note", cap_json_text(r->note));
 	} else if (r->kind == CAP_CTL_FILE && p->method == M_DOWNLOAD) {
@@ -521,6 +530,7 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 	} else if (r->kind == CAP_CTL_FILE && p->op == CAP_FILE_WRITE) {
 		res = json_pack("{s:s, s:s, s:I}", "sandbox", r->sandbox, "path", p->path,
 				"bytes", (json_int_t)r->written);
+		durable_json(res, ex);
 	} else if (r->kind == CAP_CTL_FILE && r->is_dir) {
 		json_t *a = json_array();
 		for (size_t e = 0; e < r->nentries; e++) {
@@ -556,6 +566,10 @@ static void answer(struct cap_rpc_server *s, struct pending *p, const struct cap
 		res = json_pack("{s:s, s:s}", "sandbox", r->sandbox, "path", p->path);
 		if (r->xfer)
 			put_counts(res, r->xfer);
+		if (r->xfer && p->method == M_UPLOAD) {
+			json_object_set_new(res, "durable", json_boolean(r->xfer->durable));
+			json_object_set_new(res, "sync_ms", json_integer(r->xfer->sync_ms));
+		}
 		if (p->owned_to)
 			json_object_set_new(res, "to", cap_json_text(p->owned_to));
 	} else {
@@ -659,6 +673,21 @@ static void submit(struct cap_rpc_server *s, struct conn *k, json_t *id, const c
 	submit_as(s, k, id, agent, peer, req, path, M_TOOL, NULL);
 }
 
+/* params.durable: absent or true, the call returns once what it wrote is
+ * on the host's disk files; false gives that up (*no_sync). False with an
+ * error sent when it is not a boolean. */
+static bool durable_param(struct conn *k, json_t *id, json_t *params, bool *no_sync)
+{
+	json_t *v = json_object_get(params, "durable");
+	if (v && !json_is_boolean(v)) {
+		error_to(k, id, CAP_RPC_PARAMS,
+			 "params.durable must be true (the default: the call returns once its writes are on the host's disk) or false (sooner, and they may be lost if the VM dies)");
+		return false;
+	}
+	*no_sync = json_is_false(v);
+	return true;
+}
+
 static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
 {
 	json_t *argv = json_object_get(params, "argv");
@@ -669,6 +698,7 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	json_t *pids = json_object_get(params, "pids_max");
 	size_t n = json_array_size(argv);
 	const char *agent, *peer;
+	bool no_sync;
 	if (!json_is_array(argv) || n == 0 || n > CAP_PROTO_MAX_ARGS)
 		return error_to(k, id, CAP_RPC_PARAMS, "params.argv must be a non-empty array of strings");
 	if ((env && !json_is_object(env)) || (cwd && !json_is_string(cwd)) ||
@@ -687,7 +717,7 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	json_object_foreach(env, key, val)
 		if (!json_is_string(val) || !*key || strchr(key, '='))
 			return error_to(k, id, CAP_RPC_PARAMS, "env.%s must be a string value with a name without '='", key);
-	if (!identity(k, id, params, &agent, &peer))
+	if (!durable_param(k, id, params, &no_sync) || !identity(k, id, params, &agent, &peer))
 		return;
 
 	size_t ne = json_object_size(env);
@@ -703,6 +733,7 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 		.cwd = cwd ? (char *)json_string_value(cwd) : NULL,
 		.timeout_ms = (uint32_t)(t * 1000), .output_cap = 256 * 1024,
 		.pids_max = pids ? (uint32_t)json_integer_value(pids) : 0,
+		.flags = no_sync ? CAP_EXEC_NO_SYNC : 0,
 	};
 	struct cap_ctl_req req = { .kind = CAP_CTL_EXEC, .exec = &x };
 	if (in) {
@@ -748,13 +779,16 @@ static void m_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 				json_string_length(content), WRITE_MAX);
 	if (max && (!json_is_integer(max) || json_integer_value(max) < 1 || json_integer_value(max) > (64 << 20)))
 		return error_to(k, id, CAP_RPC_PARAMS, "max_bytes must be an integer from 1 to %d", 64 << 20);
-	if (!identity(k, id, params, &agent, &peer))
+	bool no_sync = false;
+	if ((op == CAP_FILE_WRITE && !durable_param(k, id, params, &no_sync)) ||
+	    !identity(k, id, params, &agent, &peer))
 		return;
 	struct cap_ctl_req req = {
 		.kind = CAP_CTL_FILE, .op = op, .root = pub ? "/source" : "/work", .path = path,
 		.data = op == CAP_FILE_WRITE ? json_string_value(content) : NULL,
 		.len = op == CAP_FILE_WRITE ? json_string_length(content) : 0,
 		.limit = max ? (uint32_t)json_integer_value(max) : 0,
+		.no_sync = no_sync,
 	};
 	submit(s, k, id, agent, peer, &req, path);
 }
@@ -845,6 +879,9 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 		return error_to(k, id, CAP_RPC_PARAMS, "params.%s must be a string", content ? "content_base64" : "from");
 	if (!xfer_path(k, id, path, from != NULL))
 		return;
+	bool no_sync;
+	if (!durable_param(k, id, params, &no_sync))
+		return;
 	unsigned bits = 0644;
 	if (mode && from)
 		return error_to(k, id, CAP_RPC_PARAMS, "params.mode applies to content_base64 only; an upload from the host keeps the host's modes");
@@ -858,7 +895,8 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 			return error_to(k, id, CAP_RPC_PARAMS, "params.mode must be permission bits: an octal string such as \"0755\" or a number from 0 to 4095");
 		bits = (unsigned)v;
 	}
-	struct cap_ctl_req req = { .kind = CAP_CTL_XFER, .put = true, .root = root, .path = path, .mode = bits };
+	struct cap_ctl_req req = { .kind = CAP_CTL_XFER, .put = true, .root = root, .path = path, .mode = bits,
+				   .no_sync = no_sync };
 	uint8_t *bytes = NULL;
 	char *host = NULL;
 	if (content) {
@@ -1438,6 +1476,14 @@ static void counts_from(json_t *o, struct cap_ctl_xfer_out *x)
 	x->dirs = (uint64_t)json_integer_value(json_object_get(o, "dirs"));
 	x->links = (uint64_t)json_integer_value(json_object_get(o, "links"));
 	x->bytes = (uint64_t)json_integer_value(json_object_get(o, "bytes"));
+	x->durable = json_is_true(json_object_get(o, "durable"));
+	x->sync_ms = (uint32_t)json_integer_value(json_object_get(o, "sync_ms"));
+}
+
+static uint16_t sync_ms_of(json_t *res)
+{
+	json_int_t v = json_integer_value(json_object_get(res, "sync_ms"));
+	return (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
 }
 
 void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl_result *out,
@@ -1505,7 +1551,9 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 		out->exit.value = (int32_t)(json_is_integer(ec) ? json_integer_value(ec)
 							       : json_integer_value(json_object_get(res, "signal")));
 		out->exit.flags = (json_is_true(json_object_get(res, "timed_out")) ? CAP_EXIT_TIMED_OUT : 0) |
-				  (json_is_true(json_object_get(res, "truncated")) ? CAP_EXIT_TRUNCATED : 0);
+				  (json_is_true(json_object_get(res, "truncated")) ? CAP_EXIT_TRUNCATED : 0) |
+				  (json_is_true(json_object_get(res, "durable")) ? CAP_EXIT_DURABLE : 0);
+		out->exit.sync_ms = sync_ms_of(res);
 		out->exit.duration_ms = (uint32_t)json_integer_value(json_object_get(res, "duration_ms"));
 		out->note = json_string_value(json_object_get(res, "note"));
 		out->out = (const uint8_t *)json_string_value(json_object_get(res, "stdout"));
@@ -1521,6 +1569,9 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 	if (kind != CAP_CTL_FILE)
 		return;
 	out->written = (uint64_t)json_integer_value(json_object_get(res, "bytes"));
+	if (json_is_true(json_object_get(res, "durable")))	/* write_file */
+		out->exit.flags |= CAP_EXIT_DURABLE;
+	out->exit.sync_ms = sync_ms_of(res);
 	if (is_dir) {
 		for (size_t e = 0; e < ne; e++) {
 			json_t *o = json_array_get(entries, e);

@@ -84,6 +84,7 @@ struct task {
 	const uint8_t *data;	/* borrowed from the call, which outlives the task */
 	size_t len;
 	unsigned mode;
+	bool no_sync;	/* put: CAP_XFER_NO_SYNC */
 	/* outputs */
 	int r;
 	bool absent;	/* import: the host directory does not exist */
@@ -126,6 +127,7 @@ struct cap_ctl_call {
 	char *owned_host;
 	size_t len;
 	unsigned mode;
+	bool no_sync;	/* put: CAP_XFER_NO_SYNC */
 	/* MERGE */
 	enum cap_merge_pick pick;
 	bool dry_run;
@@ -525,10 +527,13 @@ static struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl
 			.limit_entries = CAP_CTL_LIST_MAX, .root = k->root, .path = k->owned_path,
 			.data = k->owned_data, .len = r->len,
 		};
+		if (r->op == CAP_FILE_WRITE && r->no_sync)
+			k->file.limit |= CAP_FILE_NO_SYNC;
 	} else if (r->kind == CAP_CTL_XFER) {
 		snprintf(k->root, sizeof(k->root), "%s", r->root);
 		k->owned_path = xstrdup(r->path);
 		k->put = r->put;
+		k->no_sync = r->put && r->no_sync;
 		k->owned_host = r->host ? xstrdup(r->host) : NULL;
 		if (r->put && !r->host) {
 			k->owned_data = dup_bytes(r->data, r->len);
@@ -868,7 +873,7 @@ static int run_xfer(struct task *t)
 {
 	struct cap_ctl_xfer x = {
 		.name = t->name, .put = t->put, .root = t->root, .host = t->owned_host,
-		.flags = CAP_XFER_RECURSIVE,
+		.flags = CAP_XFER_RECURSIVE | (t->no_sync ? CAP_XFER_NO_SYNC : 0),
 	};
 	if (!t->put) {
 		x.path = t->owned_path;
@@ -888,7 +893,7 @@ static int run_xfer(struct task *t)
 	if (r < 0)
 		return r;
 	x.host = tfile;
-	x.flags = 0;	/* one file */
+	x.flags &= ~CAP_XFER_RECURSIVE;	/* one file */
 	r = t->be->xfer(t->bud, &x, &t->w, &t->res, &t->err);
 	unlink(tfile);
 	rmdir(tdir);
@@ -989,6 +994,7 @@ static void xfer_out(const struct cap_xfer_result *res, struct cap_ctl_xfer_out 
 		.files = res->files, .dirs = res->dirs, .links = res->links, .bytes = res->bytes,
 		.conflicts = (const char *const *)res->conflicts, .nconflicts = res->nconflicts,
 		.refused = (const char *const *)res->refused, .nrefused = res->nrefused,
+		.durable = res->durable, .sync_ms = res->sync_ms,
 	};
 }
 
@@ -1153,6 +1159,7 @@ static void begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 	t->data = k->owned_data;
 	t->len = k->len;
 	t->mode = k->mode;
+	t->no_sync = k->no_sync;
 	if (task_begin(i, t, &err) < 0) {
 		task_free(t);
 		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);

@@ -146,6 +146,10 @@ struct cap_ctl_req {
 	 * merge writes nothing then), and whether to plan only. */
 	enum cap_merge_pick pick;
 	bool dry_run;
+	/* FILE WRITE, XFER put: report without flushing what was written
+	 * (CAP_FILE_NO_SYNC; an EXEC says it with CAP_EXEC_NO_SYNC in
+	 * exec->flags): the result is then not durable. */
+	bool no_sync;
 };
 
 /* What a transfer copied (also when it failed part way): counts and the
@@ -156,6 +160,10 @@ struct cap_ctl_xfer_out {
 	size_t nconflicts;
 	const char *const *refused;	/* "PATH: why" */
 	size_t nrefused;
+	/* put: what was written is on the host's disk files (the guest
+	 * flushed it before it reported), and how long the flush took. */
+	bool durable;
+	uint32_t sync_ms;
 };
 
 /* The private import of an identity, reported with the first call that

@@ -773,7 +773,9 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 
 	/* Then the stream. */
 	if ((r = op_start(&p.op, CAP_FILE_TAR_IN, root, dest_dir,
-			  (flags & CAP_XFER_NO_REPLACE) ? CAP_TAR_NO_REPLACE : 0, err)) < 0)
+			  ((flags & CAP_XFER_NO_REPLACE) ? CAP_TAR_NO_REPLACE : 0) |
+				  ((flags & CAP_XFER_NO_SYNC) ? CAP_FILE_NO_SYNC : 0),
+			  err)) < 0)
 		goto out;
 	a = archive_write_new();
 	ae = archive_entry_new();
@@ -809,6 +811,8 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 		r = st_guest;
 		goto out;
 	}
+	res->durable = (p.op.ex.flags & CAP_EXIT_DURABLE) != 0;
+	res->sync_ms = p.op.ex.sync_ms;
 	if (p.bad_output) {
 		r = cap_err_set(err, EBADMSG, "%s: the sandbox sent a line that is not \"conflict PATH\": '%s'",
 				what, p.bad_line);

@@ -30,6 +30,10 @@
  * import). Without it, links that stay inside the tree are copied and
  * others refuse the whole put before anything is sent. */
 #define CAP_XFER_NO_LINKS 0x4u
+/* put: the guest reports the end without flushing what it wrote
+ * (TAR_IN's CAP_FILE_NO_SYNC): not durable until something else flushes
+ * it (docs/cli.md, "Durable results"). */
+#define CAP_XFER_NO_SYNC 0x8u
 
 struct cap_xfer_result {
 	uint64_t files, dirs, links, bytes;	/* what was written */
@@ -41,6 +45,12 @@ struct cap_xfer_result {
 	 * NO_LINKS, where refusals are expected and reported only. */
 	char **refused;
 	size_t nrefused;
+	/* put: what the guest wrote is on the host's disk files (it
+	 * flushed them before it reported the end: CAP_EXIT_DURABLE), and
+	 * how long that flush took. false with CAP_XFER_NO_SYNC, or from a
+	 * guest that does not flush. */
+	bool durable;
+	uint32_t sync_ms;
 };
 void cap_xfer_result_fini(struct cap_xfer_result *r);
 

@@ -53,7 +53,7 @@ rm -f /tmp/capsule-bench-e.$$
 # (c) named sandboxes: restart of a stopped sandbox to its first result,
 # against a fresh one-shot VM; (d) image conversion against mkfs.erofs.
 bench_home=$(mktemp -d /tmp/capsule-bench.XXXXXX)
-trap 'CAPSULE_HOME="$bench_home/home" "$capsule" rm --force b >/dev/null 2>&1 || true; rm -rf "$bench_home"' EXIT
+trap 'for s in b durable; do CAPSULE_HOME="$bench_home/home" "$capsule" rm --force $s >/dev/null 2>&1 || true; done; rm -rf "$bench_home"' EXIT
 export CAPSULE_HOME="$bench_home/home"
 "$capsule" image build base >/dev/null 2>&1
 "$capsule" create b >/dev/null
@@ -180,6 +180,21 @@ echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." 
 "$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
 net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
 
+# (n) durable results: warm exec in a named sandbox (through its shim) of
+# `true` and of a 4 KiB write to /work, each flushed before its end (the
+# default) and with --no-sync, interleaved; `true` must not pay for a flush.
+durable_execs=${BENCH_DURABLE_EXECS:-200}
+echo "bench: durable results: $durable_execs each of true and a 4 KiB write, flushed and --no-sync..." >&2
+if CAPSULE_HOME="$bench_home/home" "$capsule" create durable >/dev/null &&
+   CAPSULE_HOME="$bench_home/home" "$capsule" start durable >/dev/null &&
+   CAPSULE_HOME="$bench_home/home" "$top/$build/bench/bench-durable" durable "$durable_execs" >"$bench_home/durable"; then
+	:
+else
+	: >"$bench_home/durable"
+fi
+CAPSULE_HOME="$bench_home/home" "$capsule" rm --force durable >/dev/null 2>&1 || true
+du_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/durable"; }
+
 printf '\ncapsule bench: accel %s, %s, %d cold runs, %d warm execs\n\n' \
 	"$accel" "$(qemu-system-x86_64 --version | head -1 | sed 's/QEMU emulator //')" "$runs" "$execs"
 printf '%-59s %12s %12s %8s\n' "measure" "capsule" "baseline" "ratio"
@@ -251,3 +266,16 @@ for k in runc runsc; do
 		if (a > 0 && b > 0) printf "%-59s %10.0fms %10.0fms %7.2fx\n", m, a / 1e6, b / 1e6, a / b
 		else printf "%-59s %12s %12s %8s\n", m, (a > 0) ? sprintf("%10.0fms", a / 1e6) : "failed", (b > 0) ? sprintf("%10.0fms", b / 1e6) : "failed", "-" }'
 done
+for w in write true; do
+	for q in 2:p50 3:p99; do
+		awk -v w="$w" -v q="${q#*:}" -v a="$(du_row ${w}_durable ${q%:*})" -v b="$(du_row ${w}_nosync ${q%:*})" 'BEGIN {
+			m = "(n) exec " ((w == "write") ? "writing 4 KiB" : "`true`") " " q ": durable vs --no-sync"
+			if (a > 0 && b > 0) printf "%-59s %10.1fms %10.1fms %7.2fx\n", m, a / 1000, b / 1000, a / b
+			else printf "%-59s %12s %12s %8s\n", m, "failed", "-", "-" }'
+	done
+done
+awk -v s="$(du_row write_durable 5)" -v a="$(du_row write_durable 2)" -v ft="$(du_row true_durable 4)" -v fw="$(du_row write_durable 4)" -v n="$durable_execs" 'BEGIN {
+	if (a > 0) {
+		printf "%-59s %10.0fms %10.1fms %7.2fx\n", "(n) 4 KiB write: flush (EXIT sync_ms p50) vs its exec p50", s, a / 1000, s / (a / 1000)
+		printf "%-59s %12s %12s %8s\n", "(n) ends that flushed: `true` vs 4 KiB write (durable)", ft "/" n, fw "/" n, "-"
+	} }'

@@ -531,15 +531,19 @@ static void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_
 				       r->note ? "[capsule: " : "", r->note ? r->note : "", r->note ? "]\n" : "");
 		json_t *res = text_result(text, timed || !code || status != 0);
 		free(text);
-		json_object_set_new(res, "structuredContent", json_pack("{s:o, s:o, s:b, s:o, s:o}",
+		json_object_set_new(res, "structuredContent", json_pack("{s:o, s:o, s:b, s:o, s:o, s:b}",
 			"exit_code", code ? json_integer(status) : json_null(),
 			"signal", code ? json_null() : json_integer(ex->value), "timed_out", timed,
-			"stdout", out, "stderr", err));
+			"stdout", out, "stderr", err, "durable", (ex->flags & CAP_EXIT_DURABLE) != 0));
 		reply_to(m, id, res, r->import, r->prepared);
 	} else if (mc->tool == CAP_TOOL_WRITE_FILE) {
 		char text[4500];
 		snprintf(text, sizeof(text), "wrote %llu bytes to %s", (unsigned long long)r->written, mc->shown);
-		reply_to(m, id, text_result(text, false), r->import, r->prepared);
+		json_t *res = text_result(text, false);
+		json_object_set_new(res, "structuredContent",
+				    json_pack("{s:I, s:b}", "bytes", (json_int_t)r->written, "durable",
+					      (r->exit.flags & CAP_EXIT_DURABLE) != 0));
+		reply_to(m, id, res, r->import, r->prepared);
 	} else {
 		bool is_error = false;
 		json_t *text;
@@ -561,6 +565,12 @@ static json_t *schema_path(void)
 {
 	return json_pack("{s:s, s:s}", "type", "string", "description",
 			 "Path relative to the root, without '..' (for example docs/readme.md)");
+}
+
+static json_t *schema_durable(void)
+{
+	return json_pack("{s:s, s:b, s:s}", "type", "boolean", "default", 1, "description",
+			 "Default true: the call returns once what it wrote is on the host's disk. false returns sooner, but those writes may be lost if the sandbox's VM dies");
 }
 
 static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
@@ -591,11 +601,12 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 			"annotations", "readOnlyHint", 1, "destructiveHint", 0, "idempotentHint", 1, "openWorldHint", 0);
 	case CAP_TOOL_WRITE_FILE:
 		json_decref(root);
-		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:o, s:{s:s, s:s}}, s:[s, s], s:b}, s:{s:b, s:b, s:b, s:b}}",
+		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:o, s:{s:s, s:s}, s:o}, s:[s, s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "write_file", "title", "Write file",
 			"description", "Create or replace a UTF-8 text file (up to 60000 bytes) in your private workspace /work.",
 			"inputSchema", "type", "object", "properties", "path", schema_path(),
 			"content", "type", "string", "description", "The whole new content",
+			"durable", schema_durable(),
 			"required", "path", "content", "additionalProperties", 0,
 			"annotations", "readOnlyHint", 0, "destructiveHint", 1, "idempotentHint", 1, "openWorldHint", 0);
 	case CAP_TOOL_RUN_COMMAND:
@@ -604,10 +615,11 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 			 "Run a shell command (sh -c) in your sandbox as an unprivileged user, %s; cwd /work. Output is capped at 256 KiB; default timeout %u s.",
 			 cfg->has_network ? "with network access limited by a policy (refused connections fail)" : "with no network",
 			 cfg->run_timeout_s);
-		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:i, s:i, s:s}}, s:[s], s:b}, s:{s:b, s:b, s:b, s:b}}",
+		return json_pack("{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:i, s:i, s:s}, s:o}, s:[s], s:b}, s:{s:b, s:b, s:b, s:b}}",
 			"name", "run_command", "title", "Run command", "description", desc,
 			"inputSchema", "type", "object", "properties", "command", "type", "string", "description", "The command line",
 			"timeout", "type", "integer", "minimum", 1, "maximum", 3600, "description", "Seconds before the command is killed",
+			"durable", schema_durable(),
 			"required", "command", "additionalProperties", 0,
 			"annotations", "readOnlyHint", 0, "destructiveHint", 1, "idempotentHint", 0, "openWorldHint", 0);
 	default:
@@ -779,6 +791,14 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 		}
 		mc->limit = (uint32_t)json_integer_value(v);
 	}
+	bool no_sync = false;
+	if ((v = json_object_get(args, "durable")) && t != CAP_TOOL_READ_FILE && t != CAP_TOOL_LIST_DIRECTORY) {
+		if (!json_is_boolean(v)) {
+			free(mc);
+			return error_to(m, id, CAP_RPC_PARAMS, "durable must be true (the default) or false");
+		}
+		no_sync = json_is_false(v);
+	}
 	if (problem) {
 		tool_error(m, id, "path '%s' %s", path, problem);
 		free(mc);
@@ -805,6 +825,7 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 			.argv = (char **)argv, .argc = 3, .env = env,
 			.timeout_ms = mc->timeout_s * 1000,
 			.output_cap = 256 * 1024,
+			.flags = no_sync ? CAP_EXEC_NO_SYNC : 0,
 		};
 		req = (struct cap_ctl_req){ .kind = CAP_CTL_EXEC, .exec = &x };
 		submit(m, mc, m->cfg->owned_agent, peer, &req);
@@ -823,6 +844,7 @@ static void tools_call(struct mcp *m, json_t *id, json_t *params)
 		}
 		req.op = CAP_FILE_WRITE;
 		req.root = "/work";
+		req.no_sync = no_sync;
 		req.data = json_string_value(content);
 		req.len = json_string_length(content);
 	} else {
@@ -1009,12 +1031,16 @@ static void remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, c
 			json_array_append_new(argv, json_string(req->exec->argv[a]));
 		params = json_pack("{s:o, s:o, s:f}", "identity", identity_json(agent, peer), "argv", argv,
 				   "timeout", req->exec->timeout_ms / 1000.0);
+		if (req->exec->flags & CAP_EXEC_NO_SYNC)
+			json_object_set_new(params, "durable", json_false());
 		method = "exec";
 	} else {
 		params = json_pack("{s:o, s:s, s:s}", "identity", identity_json(agent, peer), "root",
 				   strcmp(req->root, "/work") == 0 ? "workspace" : "public", "path", req->path);
 		if (req->op == CAP_FILE_WRITE) {
 			json_object_set_new(params, "content", json_stringn(req->data, req->len));
+			if (req->no_sync)
+				json_object_set_new(params, "durable", json_false());
 			method = "write_file";
 		} else if (req->op == CAP_FILE_LIST) {
 			method = "list_directory";

@@ -43,7 +43,7 @@ LOG = os.path.join(RT, "serve.log")
 ENV = dict(os.environ, CAPSULE_HOME=HOME, XDG_RUNTIME_DIR=RT)
 WHO = Identity("py", "one")
 OTHER = Identity("py", "two")
-PLAN = 58
+PLAN = 61
 
 n = 0
 failed = 0
@@ -316,6 +316,30 @@ def rough_script(method, params, rid, send):
         send(exec_answer(rid, "x"))
 
 
+def durable_tests():
+    """durable=: "durable": false is sent only when asked, a non-bool is
+    refused before sending; the results read "durable" and "sync_ms"."""
+    fake = FakeServer(rough_script)
+    with Client(fake.path) as c:
+        c.exec(WHO, ["default"])
+        c.exec(WHO, ["fast"], durable=False)
+        c.write_file(WHO, "w", "x", durable=False)
+        c.upload(WHO, "u", b"1", durable=False)
+        c.upload(WHO, "v", b"1", durable=True)
+        e, why = raises(lambda: c.exec(WHO, ["x"], durable="no"), TypeError)
+        sent = [(m["method"], m["params"].get("durable", "absent")) for m in fake.seen
+                if m.get("method") in ("exec", "write_file", "upload")]
+    fake.close()
+    ok(sent == [("exec", "absent"), ("exec", False), ("write_file", False), ("upload", False),
+                ("upload", "absent")] and e is not None,
+       "durable=False sends \"durable\": false, the default sends nothing, a non-bool is refused", (sent, why))
+    r = cc.ExecResult.from_json({"exit_code": 0, "durable": True, "sync_ms": 7})
+    w = cc.WriteResult.from_json({"bytes": 1, "durable": False, "sync_ms": 0})
+    u = cc.TransferResult.from_json({"files": 1})
+    ok(r.durable is True and r.sync_ms == 7 and w.durable is False and u.durable is None,
+       "results expose durable and sync_ms (None when the server does not say)", (r, w, u))
+
+
 def rough_tests():
     fake = FakeServer(rough_script)
     quiet = logging.getLogger("capsule_client")
@@ -456,6 +480,12 @@ def real_tests(c):
     ok(r.ok and r.stdout == "y\n/tmp\nin", "exec: env, cwd and stdin are sent", r)
     r = c.exec(WHO, ["sleep", "5"], timeout=1)
     ok(r.timed_out and r.exit_code is None, "exec: the command's own timeout comes back as timed_out", r)
+    r = c.exec(WHO, ["sh", "-c", "echo kept > /work/durable.txt"])
+    q = c.exec(WHO, ["sh", "-c", "echo quick > /work/quick.txt"], durable=False)
+    w = c.write_file(WHO, "quick2.txt", "x", durable=False)
+    ok(r.ok and r.durable is True and isinstance(r.sync_ms, int) and q.ok and q.durable is False and
+       w.durable is False,
+       "exec: durable by default (sync_ms given); durable=False answers durable false, as write_file's", (r, q, w))
 
     # errors as exceptions
     e, why = raises(lambda: c.read_file(WHO, "../etc/passwd"), InvalidParams)
@@ -494,8 +524,9 @@ def real_tests(c):
     u = c.upload(WHO, "blob.bin", blob, mode=0o700)
     g = c.download(WHO, "blob.bin")
     m = c.exec(WHO, ["stat", "-c", "%a", "/work/blob.bin"]).stdout.strip()
-    ok(u.files == 1 and u.bytes == len(blob) and g.content == blob and g.bytes == len(blob) and m == "700",
-       "upload bytes then download them: the same 300000 bytes, the mode kept", (u, g, m))
+    ok(u.files == 1 and u.bytes == len(blob) and g.content == blob and g.bytes == len(blob) and m == "700" and
+       u.durable is True,
+       "upload bytes (durable) then download them: the same 300000 bytes, the mode kept", (u, g, m))
     src = os.path.join(XFER, "tree")
     os.makedirs(os.path.join(src, "sub"))
     with open(os.path.join(src, "sub", "f.txt"), "w") as fh:
@@ -663,6 +694,7 @@ try:
     with open(os.path.join(PROJ, "README.md"), "w") as fh:
         fh.write("# p\n")
     fake_tests()
+    durable_tests()
     rough_tests()
     SERVER = start_server()
     with Client(SOCK, call_timeout=120) as client:

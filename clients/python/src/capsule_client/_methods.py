@@ -25,6 +25,14 @@ def _put(params: Dict[str, Any], **kw: Any) -> Dict[str, Any]:
     return params
 
 
+def _durable(params: Dict[str, Any], durable: bool) -> None:
+    """"durable": false only when asked: the server's default is true."""
+    if not isinstance(durable, bool):
+        raise TypeError(f"durable must be True or False, not {durable!r}")
+    if not durable:
+        params["durable"] = False
+
+
 def _pathname(p: Union[str, "os.PathLike[str]"]) -> str:
     return os.fspath(p)
 
@@ -46,13 +54,16 @@ class Methods:
 
     def exec(self, identity: IdentityLike, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
              cwd: Optional[str] = None, timeout: Optional[float] = None, stdin: Optional[str] = None,
-             pids_max: Optional[int] = None, **opts: Any) -> ExecResult:
+             pids_max: Optional[int] = None, durable: bool = True, **opts: Any) -> ExecResult:
         """Run argv in the identity's sandbox (timeout: the command's, in
-        seconds, default 30 on the server)."""
+        seconds, default 30 on the server). The answer comes once what the
+        command wrote is on the host's disk; durable=False returns sooner
+        and gives that up (result.durable says which)."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of strings, e.g. ['sh', '-c', 'echo hi']")
         p = _put({"identity": identity_json(identity), "argv": list(argv)},
                  env=env, cwd=cwd, timeout=timeout, stdin=stdin, pids_max=pids_max)
+        _durable(p, durable)
         return self._invoke("exec", p, ExecResult.from_json, **opts)
 
     def read_file(self, identity: IdentityLike, path: str, *, root: Optional[str] = None,
@@ -67,18 +78,23 @@ class Methods:
         p = _put({"identity": identity_json(identity)}, path=path, root=root)
         return self._invoke("list_directory", p, DirectoryListing.from_json, **opts)
 
-    def write_file(self, identity: IdentityLike, path: str, content: str, **opts: Any) -> WriteResult:
-        """Write UTF-8 text (at most 60000 bytes) to path in /work."""
+    def write_file(self, identity: IdentityLike, path: str, content: str, *, durable: bool = True,
+                   **opts: Any) -> WriteResult:
+        """Write UTF-8 text (at most 60000 bytes) to path in /work (on the
+        host's disk when it returns, unless durable=False)."""
         p = {"identity": identity_json(identity), "path": path, "content": content}
+        _durable(p, durable)
         return self._invoke("write_file", p, WriteResult.from_json, **opts)
 
     def upload(self, identity: IdentityLike, path: str, content: Union[bytes, str, None] = None, *,
                from_path: Optional[Union[str, "os.PathLike[str]"]] = None, root: Optional[str] = None,
-               mode: Union[int, str, None] = None, **opts: Any) -> TransferResult:
+               mode: Union[int, str, None] = None, durable: bool = True, **opts: Any) -> TransferResult:
         """Put one file's bytes (content, at most 16 MiB; a str is sent as
         UTF-8) at path, or copy from_path (a host file or directory inside
         one of the server's --transfer-dir) there. root "workspace" (/work,
-        default) or "project" (/workspace). mode: an int (0o755) or "0755"."""
+        default) or "project" (/workspace). mode: an int (0o755) or "0755".
+        What was copied is on the host's disk when it returns, unless
+        durable=False."""
         if (content is None) == (from_path is None):
             raise TypeError("upload takes exactly one of content and from_path")
         p = _put({"identity": identity_json(identity), "path": path}, root=root)
@@ -93,6 +109,7 @@ class Methods:
                 p["mode"] = format(mode, "04o") if isinstance(mode, int) else mode
         else:
             p["from"] = _pathname(from_path)
+        _durable(p, durable)
         return self._invoke("upload", p, TransferResult.from_json, **opts)
 
     def download(self, identity: IdentityLike, path: str, *, root: Optional[str] = None,

@@ -83,6 +83,8 @@ class ExecResult(_Result):
     stdout: str = ""
     stderr: str = ""
     duration_ms: Optional[int] = None
+    durable: Optional[bool] = None               # its writes are on the host's disk (None: not said)
+    sync_ms: Optional[int] = None                # how long making them so took
     note: Optional[str] = None
     import_: Optional[Dict[str, Any]] = None     # the private import's outcome ("import")
     prepared: Optional[List[str]] = None         # phases this call had to build first
@@ -137,6 +139,8 @@ class WriteResult(_Result):
     sandbox: Optional[str] = None
     path: Optional[str] = None
     bytes: int = 0
+    durable: Optional[bool] = None
+    sync_ms: Optional[int] = None
     import_: Optional[Dict[str, Any]] = None
     prepared: Optional[List[str]] = None
     raw: Dict[str, Any] = _raw()
@@ -154,6 +158,8 @@ class TransferResult(_Result):
     dirs: int = 0
     links: int = 0
     bytes: int = 0
+    durable: Optional[bool] = None               # upload: what was copied is on the host's disk
+    sync_ms: Optional[int] = None
     content: Optional[builtins.bytes] = field(default=None, repr=False)
     import_: Optional[Dict[str, Any]] = None
     prepared: Optional[List[str]] = None

@@ -14,7 +14,7 @@ ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
 resp() { grep "\"id\":$1[,}]" "$out"; }
 mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
 
-echo "1..29"
+echo "1..32"
 
 { printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
 check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
@@ -63,7 +63,12 @@ printf '%s\n' '{"tools": {"run_command": true, "write_file": true}}' >"$rt/rw.js
 	'{"jsonrpc":"2.0","id":14,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"sleep 20","timeout":1}}}'
 	wait_for 'resp 14 >/dev/null' 900
 	printf '%s\n' '{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"f(){ f|f& }; f 2>/dev/null; sleep 100","timeout":3}}}'
-	wait_for 'resp 15 >/dev/null' 300; } |
+	wait_for 'resp 15 >/dev/null' 300
+	printf '%s\n' '{"jsonrpc":"2.0","id":17,"method":"tools/list"}' \
+		'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":"write_file","arguments":{"path":"d.txt","content":"quick","durable":false}}}' \
+		'{"jsonrpc":"2.0","id":19,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"cat d.txt; echo kept > k.txt","durable":true}}}' \
+		'{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"true","durable":"yes"}}}'
+	wait_for 'resp 19 >/dev/null && resp 20 >/dev/null' 300; } |
 	"$capsule" mcp --agent a --peer p1 --source "$rt/pub" --config "$rt/rw.json" 2>"$err" >"$out"
 check "write_file with root public is refused, naming the rule" \
 	'resp 13 | grep -q "\"code\":-32602" && resp 13 | grep -q "workspace (/work) only"'
@@ -71,6 +76,18 @@ check "run_command with timeout 1 says it timed out after 1 s" \
 	'resp 14 | grep -q "timed out after 1 s" && resp 14 | grep -q "\"timed_out\":true"'
 check "a fork bomb in run_command with timeout 3 ends on time" \
 	'resp 15 | grep -q "timed out after 3 s" && resp 15 | grep -q "\"timed_out\":true"'
+check "tools/list: run_command and write_file take a boolean \"durable\", default true" \
+	'resp 17 | python3 -c "
+import json, sys
+tools = {t[\"name\"]: t for t in json.load(sys.stdin)[\"result\"][\"tools\"]}
+for n in (\"run_command\", \"write_file\"):
+    d = tools[n][\"inputSchema\"][\"properties\"][\"durable\"]
+    assert d[\"type\"] == \"boolean\" and d[\"default\"] is True and \"lost\" in d[\"description\"], d
+"'
+check "write_file with durable false answers durable false; run_command (durable) reads it, answers durable true" \
+	'resp 18 | grep -q "\"durable\":false" && resp 19 | grep -q "quick" && resp 19 | grep -q "\"durable\":true"'
+check "a durable that is not a boolean gets -32602 naming it" \
+	'resp 20 | grep -q "\"code\":-32602" && resp 20 | grep -q "durable must be true"'
 
 # The first call of an unprepared server prepares; one that sent
 # _meta.progressToken gets notifications/progress (growing, total 4)

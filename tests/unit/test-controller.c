@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,6 +77,7 @@ struct fstream {
 	int signalled;	/* the last signal sent to it, 0 for none */
 	char in[64];	/* stdin received */
 	bool in_closed;
+	uint32_t flags;	/* exec: the request's flags; file: its limit */
 };
 
 struct fvm {
@@ -337,8 +339,10 @@ static int f_exec(void *vm, const struct cap_exec_req *req, const struct cap_exe
 	struct fvm *v = vm;
 	if (v->f->exec_fails)
 		return cap_err_set(err, v->f->exec_fails, "the agent refused the command (fake)");
-	if (!stream_new(v, false, req->argc ? req->argv[0] : "", ev, ud, id))
+	struct fstream *s = stream_new(v, false, req->argc ? req->argv[0] : "", ev, ud, id);
+	if (!s)
 		return cap_err_set(err, EMFILE, "too many streams");
+	s->flags = req->flags;
 	return 0;
 }
 
@@ -351,6 +355,7 @@ static int f_file(void *vm, const struct cap_file_req *req, uint32_t cap,
 	if (!s)
 		return cap_err_set(err, EMFILE, "too many streams");
 	s->op = req->op;
+	s->flags = req->limit;
 	return 0;
 }
 
@@ -518,6 +523,8 @@ static int f_xfer(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_wa
 	}
 	res->files = 1;
 	res->bytes = 5;
+	res->durable = !(x->flags & CAP_XFER_NO_SYNC);	/* as the agent answers */
+	res->sync_ms = res->durable ? 3 : 0;
 	if (fifo) {
 		res->refused = xcalloc(1, sizeof(char *));
 		res->refused[0] = xasprintf("%s/fifo: a FIFO, not copied", x->host);
@@ -874,6 +881,7 @@ struct t {
 	struct ffe fe1, fe2;
 	struct cap_controller_cfg cfg;
 	struct cap_ctl *c;
+	struct cap_rpc_server *srv;	/* a JSON-RPC front end, when a test makes one */
 };
 
 static char logbuf[16384];
@@ -926,6 +934,7 @@ static int teardown(void **state)
 {
 	struct t *t = *state;
 	cap_ctl_free(t->c);	/* frees every attached fake VM */
+	cap_rpc_server_free(t->srv);	/* after its controller, as serve does */
 	for (unsigned k = 0; k < t->f.njobs; k++)
 		if (!t->f.jobs[k].reported)
 			close(t->f.jobs[k].wfd);
@@ -2039,6 +2048,165 @@ static void file_calls_give_typed_results(void **state)
 	assert_int_equal(must_get(&t->fe1, 5)->errnum, EFBIG);
 }
 
+/* --- serve's "durable" --------------------------------------------------------------------- */
+
+static void rpc_send(int fd, int id, const char *method, const char *params)
+{
+	char line[1024];
+	int n = snprintf(line, sizeof(line), "{\"jsonrpc\":\"2.0\",\"id\":%d,\"method\":\"%s\",\"params\":%s}\n",
+			 id, method, params);
+	assert_int_equal(write(fd, line, (size_t)n), n);
+}
+
+/* Run the loop until the answer with id is there on fd (other lines are
+ * dropped). A new reference. */
+static json_t *rpc_wait(struct t *t, int fd, int id)
+{
+	static char buf[65536];
+	static size_t used;
+	for (int round = 0; round < 400; round++) {
+		char *nl;
+		while ((nl = memchr(buf, '\n', used))) {
+			json_t *m = json_loadb(buf, (size_t)(nl - buf), 0, NULL);
+			size_t len = (size_t)(nl - buf) + 1;
+			memmove(buf, nl + 1, used - len);
+			used -= len;
+			if (m && json_integer_value(json_object_get(m, "id")) == id)
+				return m;
+			json_decref(m);
+		}
+		step_wait(t, 5);
+		ssize_t k = read(fd, buf + used, sizeof(buf) - used);
+		if (k > 0)
+			used += (size_t)k;
+	}
+	fail_msg("no answer to request %d", id);
+	return NULL;
+}
+
+/* Send a tool request for a/p, let its call start, note what the guest
+ * was asked (exec flags, file limit), end it as ex; its answer. */
+static json_t *rpc_tool(struct t *t, int fd, int id, const char *method, const char *params,
+			struct cap_exit ex, uint32_t *asked)
+{
+	rpc_send(fd, id, method, params);
+	UNTIL_WAIT(t, 5, status(t, "a").active == 1);
+	*asked = stream_of(t, "a")->flags;
+	finish_as(t, "a", ex, "", "");
+	return rpc_wait(t, fd, id);
+}
+
+static bool is_true(json_t *m, const char *key)
+{
+	return json_is_true(json_object_get(json_object_get(m, "result"), key));
+}
+
+static bool is_false(json_t *m, const char *key)
+{
+	return json_is_false(json_object_get(json_object_get(m, "result"), key));
+}
+
+static json_int_t int_of(json_t *m, const char *key)
+{
+	json_t *v = json_object_get(json_object_get(m, "result"), key);
+	return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+#define WHO "\"identity\":{\"agent\":\"a\",\"peer\":\"p\"}"
+
+/* serve's "durable": a non-boolean is a params error naming it; false
+ * reaches the guest as CAP_EXEC_NO_SYNC, CAP_FILE_NO_SYNC and
+ * CAP_XFER_NO_SYNC; the answers say "durable" and "sync_ms" as the guest
+ * reported them, and read back (cap_rpc_result_parse) the same. */
+static void serve_durable_param(void **state)
+{
+	struct t *t = *state;
+	struct cap_err err = { 0 };
+	open_ctl(t);
+	run_one(t, "a", 1);
+	_cleanup_free_ char *path = xasprintf("%s/serve.sock", t->home);
+	if (cap_rpc_server_new(t->c, path, &t->srv, &err) < 0)
+		fail_msg("cap_rpc_server_new: %s", err.msg);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+
+	static const char *const bad[][2] = {
+		{ "exec", "{" WHO ",\"argv\":[\"x\"],\"durable\":\"no\"}" },
+		{ "write_file", "{" WHO ",\"path\":\"f\",\"content\":\"c\",\"durable\":1}" },
+		{ "upload", "{" WHO ",\"path\":\"u\",\"content_base64\":\"aGk=\",\"durable\":null}" },
+	};
+	for (int i = 0; i < 3; i++) {
+		rpc_send(fd, 10 + i, bad[i][0], bad[i][1]);
+		json_t *m = rpc_wait(t, fd, 10 + i);
+		json_t *e = json_object_get(m, "error");
+		assert_int_equal(json_integer_value(json_object_get(e, "code")), -32602);
+		assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "params.durable must be true"));
+		json_decref(m);
+	}
+	assert_int_equal(t->f.nstarted, 1);	/* none reached the guest */
+
+	/* exec: false sets the flag, the answer says not durable; the
+	 * default sends none and reports the guest's flush. */
+	uint32_t asked;
+	json_t *m = rpc_tool(t, fd, 20, "exec", "{" WHO ",\"argv\":[\"fast\"],\"durable\":false}",
+			     (struct cap_exit){ .kind = CAP_EXIT_CODE }, &asked);
+	assert_true(asked & CAP_EXEC_NO_SYNC);
+	assert_true(is_false(m, "durable"));
+	assert_int_equal(int_of(m, "sync_ms"), 0);
+	json_decref(m);
+	m = rpc_tool(t, fd, 21, "exec", "{" WHO ",\"argv\":[\"kept\"],\"durable\":true}",
+		     (struct cap_exit){ .kind = CAP_EXIT_CODE, .flags = CAP_EXIT_DURABLE, .sync_ms = 12 }, &asked);
+	assert_false(asked & CAP_EXEC_NO_SYNC);
+	assert_true(is_true(m, "durable"));
+	assert_int_equal(int_of(m, "sync_ms"), 12);
+	struct cap_ctl_result r;
+	void *owned;
+	cap_rpc_result_parse(m, CAP_CTL_EXEC, &r, &owned);	/* what mcp reads from serve */
+	assert_true(r.exit.flags & CAP_EXIT_DURABLE);
+	assert_int_equal(r.exit.sync_ms, 12);
+	free(owned);
+	json_decref(m);
+
+	/* write_file: CAP_FILE_NO_SYNC in the WRITE's limit. */
+	m = rpc_tool(t, fd, 22, "write_file", "{" WHO ",\"path\":\"f\",\"content\":\"c\",\"durable\":false}",
+		     (struct cap_exit){ .kind = CAP_EXIT_CODE }, &asked);
+	assert_true(asked & CAP_FILE_NO_SYNC);
+	assert_true(is_false(m, "durable"));
+	json_decref(m);
+	m = rpc_tool(t, fd, 23, "write_file", "{" WHO ",\"path\":\"f\",\"content\":\"c\"}",
+		     (struct cap_exit){ .kind = CAP_EXIT_CODE, .flags = CAP_EXIT_DURABLE, .sync_ms = 4 }, &asked);
+	assert_false(asked & CAP_FILE_NO_SYNC);
+	assert_true(is_true(m, "durable"));
+	assert_int_equal(int_of(m, "sync_ms"), 4);
+	cap_rpc_result_parse(m, CAP_CTL_FILE, &r, &owned);
+	assert_true(r.exit.flags & CAP_EXIT_DURABLE);
+	free(owned);
+	json_decref(m);
+
+	/* upload: CAP_XFER_NO_SYNC to the transfer, its durable back. */
+	rpc_send(fd, 24, "upload", "{" WHO ",\"path\":\"u\",\"content_base64\":\"aGk=\",\"durable\":false}");
+	m = rpc_wait(t, fd, 24);
+	assert_int_equal(t->f.x.flags, CAP_XFER_NO_SYNC);	/* one file, no flush */
+	assert_true(is_false(m, "durable"));
+	json_decref(m);
+	rpc_send(fd, 25, "upload", "{" WHO ",\"path\":\"u\",\"content_base64\":\"aGk=\"}");
+	m = rpc_wait(t, fd, 25);
+	assert_int_equal(t->f.x.flags, 0);
+	assert_true(is_true(m, "durable"));
+	assert_int_equal(int_of(m, "sync_ms"), 3);
+	cap_rpc_result_parse(m, CAP_CTL_XFER, &r, &owned);
+	assert_true(r.xfer->durable);
+	assert_int_equal(r.xfer->sync_ms, 3);
+	free(owned);
+	json_decref(m);
+}
+
+#undef WHO
+
 /* --- recovery ----------------------------------------------------------------------------- */
 
 static void recovery_reattaches_and_reaps(void **state)
@@ -2661,6 +2829,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(warm_pool_hands_over_a_started_vm, setup, teardown),
 		cmocka_unit_test_setup_teardown(results_go_to_the_submitting_front_end, setup, teardown),
 		cmocka_unit_test_setup_teardown(file_calls_give_typed_results, setup, teardown),
+		cmocka_unit_test_setup_teardown(serve_durable_param, setup, teardown),
 		cmocka_unit_test_setup_teardown(recovery_reattaches_and_reaps, setup, teardown),
 		cmocka_unit_test_setup_teardown(upload_runs_in_a_worker, setup, teardown),
 		cmocka_unit_test_setup_teardown(cancel_ends_a_transfer, setup, teardown),

@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..126"
+echo "1..130"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -412,6 +412,24 @@ import time; assert abs(d["created"] - time.time()) < 600'
 rc=$?
 check "exec j grep -v x:/y (no --): the command's -v is grep's, not a volume (exit $rc)" \
 	'[ "$rc" -eq 0 ] && [ -s "$out" ] && ! grep -q "Docker volume" "$err"'
+# Durable results: -v says how long the flush took and whether the
+# writes are durable; --no-sync gives it up (exec, run and cp).
+check "exec, run and cp --help offer --no-sync and state the guarantee" \
+	'"$capsule" exec --help | grep -q -- "--no-sync" && "$capsule" exec --help | grep -q "lost if QEMU or the host dies" &&
+	 "$capsule" run --help | grep -q -- "--no-sync" && "$capsule" cp --help | grep -q -- "--no-sync"'
+"$capsule" exec -v j -- sh -c 'echo kept >/work/d1' >"$out" 2>"$err"
+rc=$?
+check "exec -v: the command's run and flush times, durable (exit $rc)" \
+	'[ "$rc" -eq 0 ] && grep -Eq "^capsule: the command ran [0-9]+ ms; flush [0-9]+ ms; durable: its writes are on the host" "$err"'
+"$capsule" exec -v --no-sync j -- sh -c 'echo quick >/work/d2; cat /work/d1' >"$out" 2>"$err"
+rc=$?
+check "exec -v --no-sync: not flushed, not durable, said so (exit $rc)" \
+	'[ "$rc" -eq 0 ] && grep -qx kept "$out" && grep -q "not flushed (--no-sync); not durable" "$err"'
+echo copied >"$rt/cpfile"
+"$capsule" cp --no-sync -q "$rt/cpfile" j:/work/ >"$out" 2>"$err" && "$capsule" exec j -- cat /work/cpfile /work/d2 >"$out" 2>"$err"
+rc=$?
+check "cp --no-sync into a sandbox copies (exit $rc)" '[ "$rc" -eq 0 ] && [ "$(cat "$out")" = "copied
+quick" ]'
 "$capsule" ls --json >"$out" 2>"$err"
 jcheck "ls --json: an array of inspect's objects, running with its pids and jail; a broken one named" '
 assert isinstance(d, list) and sorted(x["name"] for x in d) == ["j", "n1"], d

@@ -1861,7 +1861,7 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 		k->deadline = k->sent_ms + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
 	}
 	int r = k->kind == CAP_CTL_FILE
-			? c->be->file(i->vm, &k->file, k->file.limit + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
+			? c->be->file(i->vm, &k->file, (k->file.limit & ~CAP_FILE_NO_SYNC) + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
 				      &k->stream, &err)
 			: c->be->exec(i->vm, &k->req, &events, k, &k->stream, &err);
 	if (r < 0) {

@@ -101,7 +101,7 @@ nlost=0
 failed_exec=""
 j=1
 while [ $j -le $ncycles ]; do
-	c exec d --no-sync -- sh -c "printf %s 'nosync-$j-$$' > /work/n_$j" >"$out" 2>"$err" || failed_exec="$failed_exec $j(exit $?)"
+	c exec --no-sync d -- sh -c "printf %s 'nosync-$j-$$' > /work/n_$j" >"$out" 2>"$err" || failed_exec="$failed_exec $j(exit $?)"
 	crash d || failed_exec="$failed_exec $j(no crash)"
 	j=$((j + 1))
 done

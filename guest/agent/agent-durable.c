@@ -28,6 +28,8 @@
 #include <string.h>
 #include <sys/fanotify.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "agent.h"
@@ -45,29 +47,33 @@ struct waiter {
 
 struct flush_req {
 	int fds[DURABLE_MAX_FS];
+	int idx[DURABLE_MAX_FS];	/* which D.fs each is */
 	size_t n;
 };
 
 struct flush_done {
-	uint32_t failed;	/* bit i: syncfs of fds[i] failed */
+	uint32_t failed;	/* bit i: syncfs of D.fs[i] failed */
 	int err[DURABLE_MAX_FS];
 };
 
 static struct {
 	int fan_fid, fan_plain;	/* the two fanotify groups, -1: none */
-	bool blind;	/* a mark could not be placed: every end flushes */
+	bool blind;	/* a mark could not be placed: every end flushes all */
 	struct {
 		int fd;	/* O_RDONLY directory of the mount, for syncfs */
 		char where[32];
+		fsid_t fsid;	/* what the FID group's events name it by */
+		dev_t rdev;	/* its device node's */
 	} fs[DURABLE_MAX_FS];
 	size_t nfs;
+	int upper;	/* the disk under the overlay root, -1: none */
 	int req[2], done[2];	/* to and from the flusher; -1 until it starts */
 	bool running;
-	bool changed;	/* a change seen since the last flush began */
+	uint32_t changed;	/* bit i: fs[i] changed since the last flush began */
 	uint64_t started, finished;	/* flush sequence numbers */
 	struct waiter wait[DURABLE_MAX_WAIT];
 	size_t nwait;
-} D = { .fan_fid = -1, .fan_plain = -1, .req = { -1, -1 }, .done = { -1, -1 } };
+} D = { .fan_fid = -1, .fan_plain = -1, .upper = -1, .req = { -1, -1 }, .done = { -1, -1 } };
 
 static int fan_open(unsigned int flags)
 {
@@ -101,6 +107,15 @@ void agent_durable_add(const char *mnt, const char *dev)
 		agent_log("durable: cannot open %s: %s; it is not flushed", mnt, strerror(errno));
 		return;
 	}
+	struct statfs sf;
+	struct stat st;
+	if (fstatfs(fd, &sf) < 0 || stat(dev, &st) < 0) {
+		agent_log("durable: cannot stat %s or %s: %s; every end will flush", mnt, dev, strerror(errno));
+		D.blind = true;
+	} else {
+		D.fs[D.nfs].fsid = sf.f_fsid;
+		D.fs[D.nfs].rdev = st.st_rdev;
+	}
 	D.fs[D.nfs].fd = fd;
 	snprintf(D.fs[D.nfs].where, sizeof(D.fs[D.nfs].where), "%s", mnt);
 	D.nfs++;
@@ -119,38 +134,72 @@ void agent_durable_add(const char *mnt, const char *dev)
 
 void agent_durable_add_overlay(const char *mnt)
 {
-	if (!mark(D.fan_plain, FAN_MARK_FILESYSTEM, FAN_MODIFY | FAN_CLOSE_WRITE, mnt))
+	D.upper = (int)D.nfs - 1;
+	if (D.upper < 0 || !mark(D.fan_plain, FAN_MARK_FILESYSTEM, FAN_MODIFY | FAN_CLOSE_WRITE, mnt))
 		D.blind = true;
 }
 
-/* Drain a group's queue; true when it held anything (an overflow is an
- * event too). */
-static bool drain(int group)
+static uint32_t all_disks(void)
+{
+	return (1u << D.nfs) - 1;
+}
+
+/* Which disk an event is about: the FID group's by the file system id
+ * of its first FID record; the plain group's by its descriptor (closed
+ * here): a device node is its disk, anything else is the overlay's
+ * file, so the upper disk. Unknown: all of them. */
+static uint32_t event_disks(const struct fanotify_event_metadata *m)
+{
+	if (m->mask & FAN_Q_OVERFLOW)
+		return all_disks();
+	if (m->fd >= 0) {
+		struct stat st;
+		uint32_t r = D.upper >= 0 ? 1u << D.upper : all_disks();
+		if (fstat(m->fd, &st) == 0 && S_ISBLK(st.st_mode)) {
+			r = all_disks();
+			for (size_t i = 0; i < D.nfs; i++)
+				if (D.fs[i].rdev == st.st_rdev)
+					r = 1u << i;
+		}
+		close(m->fd);
+		return r;
+	}
+	if (m->event_len >= m->metadata_len + sizeof(struct fanotify_event_info_fid)) {
+		const struct fanotify_event_info_fid *fid =
+			(const void *)((const char *)m + m->metadata_len);
+		for (size_t i = 0; i < D.nfs; i++)
+			if (memcmp(&fid->fsid, &D.fs[i].fsid, sizeof(fid->fsid)) == 0)
+				return 1u << i;
+	}
+	return all_disks();
+}
+
+/* Drain a group's queue into D.changed. */
+static void drain(int group)
 {
 	static char buf[8 * 1024] __attribute__((aligned(8)));
-	bool any = false;
 	if (group < 0)
-		return false;
+		return;
 	for (;;) {
 		ssize_t k = read(group, buf, sizeof(buf));
-		if (k > 0) {
-			any = true;
-			continue;
-		}
 		if (k < 0 && errno == EINTR)
 			continue;
-		return any;	/* EAGAIN: empty */
+		if (k <= 0)
+			return;	/* EAGAIN: empty */
+		const struct fanotify_event_metadata *m = (const void *)buf;
+		for (; FAN_EVENT_OK(m, k); m = FAN_EVENT_NEXT(m, k))
+			D.changed |= event_disks(m);
 	}
 }
 
-/* Whether the disks may hold anything not yet flushed: a change seen
- * since the last flush began. */
-static bool changed(void)
+/* Which disks may hold anything not yet flushed: those changed since
+ * the last flush began. */
+static uint32_t changed(void)
 {
-	bool a = drain(D.fan_fid);
-	bool b = drain(D.fan_plain);
-	if (a || b || D.blind)
-		D.changed = true;
+	drain(D.fan_fid);
+	drain(D.fan_plain);
+	if (D.blind)
+		D.changed = all_disks();
 	return D.changed;
 }
 
@@ -167,8 +216,8 @@ static void *flusher(void *arg)
 		struct flush_done d = { 0 };
 		for (size_t i = 0; i < r.n; i++)
 			if (syncfs(r.fds[i]) < 0) {
-				d.failed |= 1u << i;
-				d.err[i] = errno;
+				d.failed |= 1u << r.idx[i];
+				d.err[r.idx[i]] = errno;
 			}
 		while (write(D.done[1], &d, sizeof(d)) < 0 && errno == EINTR)
 			;
@@ -231,10 +280,16 @@ static void kick(struct cap_buf *out)
 	if (!wanted)
 		return;
 	D.started++;
-	D.changed = false;	/* what comes after this point needs the next one */
-	struct flush_req r = { .n = D.nfs };
+	/* The disks changed so far; what changes after this point needs
+	 * the next flush. A waiter's disks are among them: its changes
+	 * were seen before (need > finished means it asked for this one). */
+	struct flush_req r = { .n = 0 };
 	for (size_t i = 0; i < D.nfs; i++)
-		r.fds[i] = D.fs[i].fd;
+		if (D.changed & (1u << i)) {
+			r.idx[r.n] = (int)i;
+			r.fds[r.n++] = D.fs[i].fd;
+		}
+	D.changed = 0;
 	int e = start_thread();
 	if (e == 0 && write(D.req[1], &r, sizeof(r)) == (ssize_t)sizeof(r)) {
 		D.running = true;

@@ -183,7 +183,7 @@ net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
 # (n) durable results: warm exec in a named sandbox (through its shim) of
 # `true` and of a 4 KiB write to /work, each flushed before its end (the
 # default) and with --no-sync, interleaved; `true` must not pay for a flush.
-durable_execs=${BENCH_DURABLE_EXECS:-200}
+durable_execs=${BENCH_DURABLE_EXECS:-300}
 echo "bench: durable results: $durable_execs each of true and a 4 KiB write, flushed and --no-sync..." >&2
 if CAPSULE_HOME="$bench_home/home" "$capsule" create durable >/dev/null &&
    CAPSULE_HOME="$bench_home/home" "$capsule" start durable >/dev/null &&

@@ -9,9 +9,13 @@
  * writes reach the upper disk through files fanotify does not see) and
  * the disks' device nodes (a root process writing a disk directly) for
  * writes and closes after writing. Every process of a command is gone
- * before its end is reported, so every change it made has queued its
- * event by then. No event since the last flush began: nothing to flush,
- * and the end goes out at once.
+ * before its end is reported (unless its cgroup would not empty within
+ * 2 s), so every change it made has queued its event by then. One write
+ * raises none: through a shared mapping of a root file (overlay maps the
+ * upper file, opened without notification), after its last close; so
+ * with an image root, dirty pages in /proc/meminfo count as a change to
+ * the upper disk too. No change since the last flush began: nothing to
+ * flush, and the end goes out at once.
  *
  * Otherwise the stream gets SYNCING (its host allows the flush its own
  * time), a worker thread runs syncfs on each disk (ext4 commits its
@@ -61,19 +65,22 @@ static struct {
 	bool blind;	/* a mark could not be placed: every end flushes all */
 	struct {
 		int fd;	/* O_RDONLY directory of the mount, for syncfs */
-		char where[32];
+		char mnt[40];	/* where the agent mounted it */
+		char where[40];	/* what a command calls it */
 		fsid_t fsid;	/* what the FID group's events name it by */
 		dev_t rdev;	/* its device node's */
 	} fs[DURABLE_MAX_FS];
 	size_t nfs;
 	int upper;	/* the disk under the overlay root, -1: none */
+	int refresh_fd;	/* /proc/sys/vm/stat_refresh, -1: not open */
 	int req[2], done[2];	/* to and from the flusher; -1 until it starts */
 	bool running;
 	uint32_t changed;	/* bit i: fs[i] changed since the last flush began */
 	uint64_t started, finished;	/* flush sequence numbers */
 	struct waiter wait[DURABLE_MAX_WAIT];
 	size_t nwait;
-} D = { .fan_fid = -1, .fan_plain = -1, .upper = -1, .req = { -1, -1 }, .done = { -1, -1 } };
+} D = { .fan_fid = -1, .fan_plain = -1, .upper = -1, .refresh_fd = -1,
+	.req = { -1, -1 }, .done = { -1, -1 } };
 
 static int fan_open(unsigned int flags)
 {
@@ -96,7 +103,7 @@ static bool mark(int group, unsigned int how, uint64_t mask, const char *path)
 	return true;
 }
 
-void agent_durable_add(const char *mnt, const char *dev)
+void agent_durable_add(const char *mnt, const char *dev, const char *shown)
 {
 	if (D.nfs == DURABLE_MAX_FS) {
 		agent_log("durable: more than %d writable disks; %s is not flushed", DURABLE_MAX_FS, mnt);
@@ -117,7 +124,8 @@ void agent_durable_add(const char *mnt, const char *dev)
 		D.fs[D.nfs].rdev = st.st_rdev;
 	}
 	D.fs[D.nfs].fd = fd;
-	snprintf(D.fs[D.nfs].where, sizeof(D.fs[D.nfs].where), "%s", mnt);
+	snprintf(D.fs[D.nfs].mnt, sizeof(D.fs[D.nfs].mnt), "%s", mnt);
+	snprintf(D.fs[D.nfs].where, sizeof(D.fs[D.nfs].where), "%s", shown);
 	D.nfs++;
 	if (D.fan_fid < 0 && !D.blind && (D.fan_fid = fan_open(FAN_REPORT_FID)) < 0)
 		D.blind = true;
@@ -132,11 +140,30 @@ void agent_durable_add(const char *mnt, const char *dev)
 	 * mount's own, and the first end flushes nothing it did not do. */
 }
 
-void agent_durable_add_overlay(const char *mnt)
+void agent_durable_add_overlay(const char *mnt, const char *upper)
 {
-	D.upper = (int)D.nfs - 1;
+	for (size_t i = 0; i < D.nfs; i++)
+		if (strcmp(D.fs[i].mnt, upper) == 0)
+			D.upper = (int)i;
 	if (D.upper < 0 || !mark(D.fan_plain, FAN_MARK_FILESYSTEM, FAN_MODIFY | FAN_CLOSE_WRITE, mnt))
 		D.blind = true;
+	D.refresh_fd = open("/proc/sys/vm/stat_refresh", O_WRONLY | O_CLOEXEC);
+}
+
+void agent_durable_close(void)
+{
+	for (size_t i = 0; i < D.nfs; i++)
+		close(D.fs[i].fd);
+	int *fds[] = { &D.fan_fid, &D.fan_plain, &D.refresh_fd };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)
+		if (*fds[i] >= 0) {
+			close(*fds[i]);
+			*fds[i] = -1;
+		}
+	D.nfs = 0;
+	D.upper = -1;
+	D.blind = false;
+	D.changed = 0;
 }
 
 static uint32_t all_disks(void)
@@ -184,12 +211,43 @@ static void drain(int group)
 		ssize_t k = read(group, buf, sizeof(buf));
 		if (k < 0 && errno == EINTR)
 			continue;
+		if (k < 0 && errno != EAGAIN) {
+			/* The kernel could not hand over an event (the
+			 * plain group opens a file for each: EMFILE, ENOMEM)
+			 * and has dropped it: any disk may have changed. */
+			D.changed = all_disks();
+			return;
+		}
 		if (k <= 0)
 			return;	/* EAGAIN: empty */
 		const struct fanotify_event_metadata *m = (const void *)buf;
 		for (; FAN_EVENT_OK(m, k); m = FAN_EVENT_NEXT(m, k))
 			D.changed |= event_disks(m);
 	}
+}
+
+/* Whether the guest's page cache holds dirty or in-flight pages, with
+ * the per-CPU counters folded in first (stat_refresh) so that a few
+ * pages are not missed. */
+static bool pages_dirty(void)
+{
+	if (D.refresh_fd >= 0 && pwrite(D.refresh_fd, "1", 1, 0) < 0) {
+		close(D.refresh_fd);
+		D.refresh_fd = -1;
+	}
+	FILE *f = fopen("/proc/meminfo", "re");
+	if (!f)
+		return true;
+	char line[128];
+	unsigned long long kb, sum = 0;
+	int seen = 0;
+	while (seen < 2 && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Dirty: %llu", &kb) == 1 || sscanf(line, "Writeback: %llu", &kb) == 1) {
+			sum += kb;
+			seen++;
+		}
+	fclose(f);
+	return seen < 2 || sum > 0;
 }
 
 /* Which disks may hold anything not yet flushed: those changed since
@@ -200,6 +258,9 @@ static uint32_t changed(void)
 	drain(D.fan_plain);
 	if (D.blind)
 		D.changed = all_disks();
+	/* A shared mapping of a root file writes unseen (above). */
+	if (D.upper >= 0 && !(D.changed & (1u << D.upper)) && pages_dirty())
+		D.changed |= 1u << D.upper;
 	return D.changed;
 }
 
@@ -387,13 +448,17 @@ void agent_durable_ready(struct cap_buf *out)
 	finish(out, &d);
 }
 
-void agent_durable_synced(struct cap_buf *out)
+void agent_durable_shutdown(struct cap_buf *out)
 {
+	struct flush_done d;
+	flush_here(&d);
 	for (size_t i = 0; i < D.nwait; i++) {
-		D.wait[i].ex.flags |= CAP_EXIT_DURABLE;
+		if (!d.failed)
+			D.wait[i].ex.flags |= CAP_EXIT_DURABLE;
 		cap_proto_exit_encode(out, D.wait[i].id, &D.wait[i].ex);
 	}
 	D.nwait = 0;
+	agent_durable_close();
 }
 
 void agent_durable_forget(void)

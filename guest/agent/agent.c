@@ -998,6 +998,8 @@ static void do_shutdown(void)
 	for (int i = 0; i < 50 && waitpid(-1, NULL, WNOHANG) >= 0; i++)
 		usleep(2000);
 	sync();
+	/* The disks' watches hold them open: closed before the unmount. */
+	agent_durable_shutdown(&A.out);
 	umount2("/source", 0);
 	static const char *const disks[] = { "/work", "/workspace" };
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(disks); i++)
@@ -1010,7 +1012,6 @@ static void do_shutdown(void)
 			agent_log("remount the root's upper disk read-only: %s", strerror(errno));
 	}
 	sync();
-	agent_durable_synced(&A.out);
 	cap_proto_put(&A.out, CAP_MSG_SHUTDOWN, 0, NULL, 0);
 	flush_out_wait(2000);
 	power_off();
@@ -1056,8 +1057,9 @@ static void flush_disk(const char *dev)
 	}
 }
 
+/* shown: what commands call a writable disk (its end flushes it). */
 static int mount_disk(const char *serial, const char *dst, const char *type,
-		      unsigned long flags, char *msg, size_t mlen)
+		      unsigned long flags, const char *shown, char *msg, size_t mlen)
 {
 	char dev[64];
 	if (find_disk(serial, dev, sizeof(dev)) < 0) {
@@ -1073,7 +1075,7 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 		return -e;
 	}
 	if (!(flags & MS_RDONLY))
-		agent_durable_add(dst, dev);
+		agent_durable_add(dst, dev, shown);
 	return 0;
 }
 
@@ -1256,6 +1258,7 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 
 	fresh_start(s);
 	agent_env_reset();
+	agent_durable_close();	/* a SETUP tried again starts over */
 	if (s->root_readonly && !*s->root_image) {
 		snprintf(msg, mlen, "a read-only root needs a root image; this SETUP names none");
 		return -EINVAL;
@@ -1269,13 +1272,13 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		 * files are not a way to more privilege (imports drop device
 		 * nodes too; /dev is the devtmpfs moved in below). */
 		if ((r = mount_disk(s->root_image, "/.capsule/lower", "erofs",
-				    MS_RDONLY | MS_NODEV | MS_NOSUID, msg, mlen)) < 0)
+				    MS_RDONLY | MS_NODEV | MS_NOSUID, NULL, msg, mlen)) < 0)
 			return r;
 		const char *opts = "lowerdir=/.capsule/lower";
 		char buf[256];
 		if (*s->root_upper) {
 			if ((r = mount_disk(s->root_upper, "/.capsule/upper", "ext4",
-					    MS_NODEV | MS_NOSUID, msg, mlen)) < 0)
+					    MS_NODEV | MS_NOSUID, "the root's upper disk", msg, mlen)) < 0)
 				return r;
 			mkdir("/.capsule/upper/data", 0755);
 			mkdir("/.capsule/upper/work", 0755);
@@ -1290,25 +1293,25 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 			return r;
 		}
 		if (*s->root_upper)
-			agent_durable_add_overlay("/.capsule/root");
+			agent_durable_add_overlay("/.capsule/root", "/.capsule/upper");
 		root = "/.capsule/root";
 	}
 
 	char path[256];
 	if (*s->work) {
 		snprintf(path, sizeof(path), "%s/work", root);
-		if ((r = mount_disk(s->work, path, "ext4", MS_NOSUID | MS_NODEV, msg, mlen)) < 0)
+		if ((r = mount_disk(s->work, path, "ext4", MS_NOSUID | MS_NODEV, "/work", msg, mlen)) < 0)
 			return r;
 	}
 	if (s->workspace && *s->workspace) {
 		snprintf(path, sizeof(path), "%s/workspace", root);
-		if ((r = mount_disk(s->workspace, path, "ext4", MS_NOSUID | MS_NODEV, msg, mlen)) < 0)
+		if ((r = mount_disk(s->workspace, path, "ext4", MS_NOSUID | MS_NODEV, "/workspace", msg, mlen)) < 0)
 			return r;
 	}
 	if (*s->source) {
 		snprintf(path, sizeof(path), "%s/source", root);
 		if ((r = mount_disk(s->source, path, "erofs",
-				    MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, msg, mlen)) < 0)
+				    MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, msg, mlen)) < 0)
 			return r;
 	}
 	if (*s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)

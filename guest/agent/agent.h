@@ -37,12 +37,16 @@ void agent_env_put(const char *var);
 
 /* --- agent-durable.c: a call's end only once its writes are durable --- */
 
-/* A writable disk mounted at mnt from the device node dev: flushed
- * before each end reported after a change to it. */
-void agent_durable_add(const char *mnt, const char *dev);
-/* The overlay root over an upper disk added above: its writes count as
- * changes (they reach the upper disk unseen). */
-void agent_durable_add_overlay(const char *mnt);
+/* A writable disk mounted at mnt from the device node dev, called
+ * shown in messages: flushed before each end reported after a change
+ * to it. */
+void agent_durable_add(const char *mnt, const char *dev, const char *shown);
+/* The overlay root at mnt over the disk added at upper: its writes
+ * count as changes to that disk (they reach it unseen). */
+void agent_durable_add_overlay(const char *mnt, const char *upper);
+/* Close what the disks are watched and flushed through (they can then be
+ * unmounted) and forget them. */
+void agent_durable_close(void);
 /* Queue stream id's EXIT on out: at once when sync is false (no
  * CAP_EXIT_DURABLE), when there is no writable disk, or when nothing
  * changed since the last flush began (CAP_EXIT_DURABLE); otherwise
@@ -55,8 +59,10 @@ bool agent_durable_waiting(uint32_t id);
  * POLLIN call agent_durable_ready. */
 int agent_durable_fd(void);
 void agent_durable_ready(struct cap_buf *out);
-/* After a full sync(): every waiting EXIT goes now, durable. */
-void agent_durable_synced(struct cap_buf *out);
+/* Shutting down, after a full sync(): flush the disks once more to learn
+ * whether it worked, send every waiting EXIT (durable when it did), and
+ * close as agent_durable_close. */
+void agent_durable_shutdown(struct cap_buf *out);
 /* A new host session: the waiting EXITs were the old one's. */
 void agent_durable_forget(void);
 

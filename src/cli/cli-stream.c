@@ -318,26 +318,10 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 			in_slot = n;
 			pfd[n++] = (struct pollfd){ .fd = 0, .events = POLLIN };
 		}
-		/* A flush of what the command wrote gets its own time. */
-		if (deadline && r.syncing_ms)
-			deadline = CAP_MAX(deadline, r.syncing_ms + CAP_SANDBOX_SYNC_GRACE_MS);
 		int64_t wake = give_up && (!deadline || give_up < deadline) ? give_up : deadline;
 		int timeout = wake ? (int)CAP_MAX(wake - cap_now_ms(), 0) : -1;
 		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) {
 			cap_cli_error("poll: %s", strerror(errno));
-			goto out;
-		}
-		if (deadline && cap_now_ms() >= deadline) {
-			restore_tty();
-			cap_cli_error("the command timed out after %u s (--timeout) and the guest did not end it within %d s more; giving up on this VM",
-				      req->timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
-			x->gave_up = true;
-			status = 124;
-			goto out;
-		}
-		if (give_up && cap_now_ms() >= give_up) {
-			cap_cli_error("the command did not stop; giving up on it");
-			status = 128 + SIGINT;
 			goto out;
 		}
 		if (pfd[CAP_SANDBOX_NPOLL].revents) {
@@ -373,6 +357,35 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 		if (cap_sandbox_dispatch(sb, pfd, &err) < 0) {
 			restore_tty();
 			cap_cli_error("%s", err.msg);
+			goto out;
+		}
+		/* The deadlines after what the guest sent is read: its end, or
+		 * SYNCING, which gives the flush its own time. */
+		if (r.done)
+			break;
+		if (r.syncing_ms) {
+			if (deadline)
+				deadline = CAP_MAX(deadline, r.syncing_ms + CAP_SANDBOX_SYNC_GRACE_MS);
+			if (give_up)
+				give_up = CAP_MAX(give_up, r.syncing_ms + CAP_SANDBOX_SYNC_GRACE_MS);
+		}
+		int64_t now = cap_now_ms();
+		if (deadline && now >= deadline) {
+			restore_tty();
+			if (r.syncing_ms)
+				cap_cli_error("the guest did not finish flushing the command's writes within %d s; giving up on this VM (its latest writes may be lost)",
+					      CAP_SANDBOX_SYNC_GRACE_MS / 1000);
+			else
+				cap_cli_error("the command timed out after %u s (--timeout) and the guest did not end it within %d s more; giving up on this VM",
+					      req->timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
+			x->gave_up = true;
+			status = 124;
+			goto out;
+		}
+		if (give_up && now >= give_up) {
+			cap_cli_error(r.syncing_ms ? "the guest did not finish flushing the command's writes; giving up on it"
+						   : "the command did not stop; giving up on it");
+			status = 128 + SIGINT;
 			goto out;
 		}
 	}

@@ -91,8 +91,9 @@ enum {
 #define CAP_CLI_DURABLE_HELP \
 	"Durable results: when the command ends (exit, signal or timeout), what it\n" \
 	"wrote to /work, /workspace and the sandbox's root is on the host's disk\n" \
-	"before capsule returns (the guest flushes it; a command that wrote nothing\n" \
-	"pays nothing). What a process the command left behind writes after that\n" \
+	"before capsule returns (the guest flushes it; when nothing in the sandbox\n" \
+	"wrote since the last flush, nothing is paid). What a process the command\n" \
+	"left behind writes after that\n" \
 	"is not covered. --no-sync gives the guarantee up for a faster return:\n" \
 	"writes not yet flushed are lost if QEMU or the host dies.\n"
 

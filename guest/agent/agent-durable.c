@@ -13,9 +13,11 @@
  * 2 s), so every change it made has queued its event by then. One write
  * raises none: through a shared mapping of a root file (overlay maps the
  * upper file, opened without notification), after its last close; so
- * with an image root, dirty pages in /proc/meminfo count as a change to
- * the upper disk too. No change since the last flush began: nothing to
- * flush, and the end goes out at once.
+ * with an image root, once a root file was written, dirty pages in
+ * /proc/meminfo count as a change to the upper disk too, until an end
+ * finds no other command running (no process is left that could write
+ * through such a mapping). No change since the last flush began: nothing
+ * to flush, and the end goes out at once.
  *
  * Otherwise the stream gets SYNCING (its host allows the flush its own
  * time), a worker thread runs syncfs on each disk (ext4 commits its
@@ -72,6 +74,7 @@ static struct {
 	} fs[DURABLE_MAX_FS];
 	size_t nfs;
 	int upper;	/* the disk under the overlay root, -1: none */
+	bool armed;	/* a root file was written: a mapping may write unseen */
 	int refresh_fd;	/* /proc/sys/vm/stat_refresh, -1: not open */
 	int req[2], done[2];	/* to and from the flusher; -1 until it starts */
 	bool running;
@@ -162,6 +165,7 @@ void agent_durable_close(void)
 		}
 	D.nfs = 0;
 	D.upper = -1;
+	D.armed = false;
 	D.blind = false;
 	D.changed = 0;
 }
@@ -187,6 +191,8 @@ static uint32_t event_disks(const struct fanotify_event_metadata *m)
 			for (size_t i = 0; i < D.nfs; i++)
 				if (D.fs[i].rdev == st.st_rdev)
 					r = 1u << i;
+		} else {
+			D.armed = true;
 		}
 		close(m->fd);
 		return r;
@@ -251,16 +257,24 @@ static bool pages_dirty(void)
 }
 
 /* Which disks may hold anything not yet flushed: those changed since
- * the last flush began. */
-static uint32_t changed(void)
+ * the last flush began. others: commands other than the one ending are
+ * running. */
+static uint32_t changed(bool others)
 {
 	drain(D.fan_fid);
 	drain(D.fan_plain);
 	if (D.blind)
 		D.changed = all_disks();
-	/* A shared mapping of a root file writes unseen (above). */
-	if (D.upper >= 0 && !(D.changed & (1u << D.upper)) && pages_dirty())
-		D.changed |= 1u << D.upper;
+	/* A shared mapping of a root file writes unseen (above). With the
+	 * upper disk to be flushed anyway, or pages found dirty, the flush
+	 * takes all such writes so far; with no other command running, no
+	 * process is left to make more. */
+	if (D.armed && D.upper >= 0) {
+		if (!(D.changed & (1u << D.upper)) && pages_dirty())
+			D.changed |= 1u << D.upper;
+		if (!others)
+			D.armed = false;
+	}
 	return D.changed;
 }
 
@@ -393,7 +407,8 @@ static void finish(struct cap_buf *out, const struct flush_done *d)
 	kick(out);
 }
 
-void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync)
+void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync,
+			bool others)
 {
 	ex->sync_ms = 0;
 	if (!sync || D.nfs == 0) {
@@ -402,7 +417,7 @@ void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, b
 		return;
 	}
 	uint64_t need;
-	if (changed())
+	if (changed(others))
 		need = D.started + 1;	/* a flush that begins after now */
 	else if (D.running)
 		need = D.started;	/* changes seen before it began are its */

@@ -913,6 +913,15 @@ static void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	cap_exec_req_fini(&req);
 }
 
+/* Whether a command or transfer other than except runs (or ends). */
+static bool others_running(const struct exec *except)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
+		if (A.execs[i].id && &A.execs[i] != except)
+			return true;
+	return false;
+}
+
 /* reading: its pipes were polled for reading in this round (no backlog
  * to the host stopped it). */
 static void finish_if_done(struct exec *x, int64_t now, bool reading)
@@ -954,7 +963,7 @@ static void finish_if_done(struct exec *x, int64_t now, bool reading)
 	if (x->truncated)
 		ex.flags |= CAP_EXIT_TRUNCATED;
 	/* What it wrote is on the host's disks before its end is told. */
-	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync);
+	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync, others_running(x));
 	exec_release(x);
 }
 
@@ -1639,7 +1648,7 @@ static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 			return;
 		}
 		struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 0 };
-		agent_durable_exit(&A.out, id, &ex, !(req.limit & CAP_FILE_NO_SYNC));
+		agent_durable_exit(&A.out, id, &ex, !(req.limit & CAP_FILE_NO_SYNC), others_running(NULL));
 		return;
 	}
 	if (S_ISDIR(st.st_mode)) {

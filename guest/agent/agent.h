@@ -47,12 +47,14 @@ void agent_durable_add_overlay(const char *mnt, const char *upper);
 /* Close what the disks are watched and flushed through (they can then be
  * unmounted) and forget them. */
 void agent_durable_close(void);
-/* Queue stream id's EXIT on out: at once when sync is false (no
+/* Queue stream id's EXIT on out (others: whether commands other than
+ * the one ending still run): at once when sync is false (no
  * CAP_EXIT_DURABLE), when there is no writable disk, or when nothing
  * changed since the last flush began (CAP_EXIT_DURABLE); otherwise
  * SYNCING now and the EXIT, with CAP_EXIT_DURABLE and sync_ms, once a
  * flush begun after this call has finished. */
-void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync);
+void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync,
+			bool others);
 /* Whether stream id's EXIT waits for a flush (the id is still in use). */
 bool agent_durable_waiting(uint32_t id);
 /* The descriptor to poll for a flush's end, -1 when none runs; on

@@ -42,12 +42,15 @@
 #include "util.h"
 
 #define DURABLE_MAX_FS 3
-#define DURABLE_MAX_WAIT CAP_PROTO_MAX_STREAMS
+/* An end waits after its slot is freed, and write_file takes none: room
+ * for every stream id twice over. */
+#define DURABLE_MAX_WAIT (2 * CAP_PROTO_MAX_STREAMS)
 
 struct waiter {
 	uint32_t id;
 	struct cap_exit ex;
 	uint64_t need;	/* the flush that must have finished */
+	uint64_t since;	/* flushes finished before the call began */
 	int64_t since_ms;
 };
 
@@ -71,10 +74,21 @@ static struct {
 		char where[40];	/* what a command calls it */
 		fsid_t fsid;	/* what the FID group's events name it by */
 		dev_t rdev;	/* its device node's */
+		char stat[48];	/* /sys/block/DEV/stat */
 	} fs[DURABLE_MAX_FS];
 	size_t nfs;
 	int upper;	/* the disk under the overlay root, -1: none */
 	bool armed;	/* a root file was written: a mapping may write unseen */
+	/* The upper disk's completed writes when a flush of it last ended:
+	 * pages a mapping dirtied may be written back, unflushed, before an
+	 * end looks at the dirty counters. */
+	uint64_t upper_writes;
+	uint32_t inflight;	/* the disks the running flush covers */
+	/* The last flush that failed (0: none) and why: every call under
+	 * way when it ran may have lost writes, whatever later flushes say
+	 * (a writeback error is reported once). */
+	uint64_t failed_seq;
+	char fail_msg[200];
 	int refresh_fd;	/* /proc/sys/vm/stat_refresh, -1: not open */
 	int req[2], done[2];	/* to and from the flusher; -1 until it starts */
 	bool running;
@@ -126,6 +140,8 @@ void agent_durable_add(const char *mnt, const char *dev, const char *shown)
 		D.fs[D.nfs].fsid = sf.f_fsid;
 		D.fs[D.nfs].rdev = st.st_rdev;
 	}
+	const char *base = strrchr(dev, '/');
+	snprintf(D.fs[D.nfs].stat, sizeof(D.fs[D.nfs].stat), "/sys/block/%s/stat", base ? base + 1 : dev);
 	D.fs[D.nfs].fd = fd;
 	snprintf(D.fs[D.nfs].mnt, sizeof(D.fs[D.nfs].mnt), "%s", mnt);
 	snprintf(D.fs[D.nfs].where, sizeof(D.fs[D.nfs].where), "%s", shown);
@@ -139,8 +155,26 @@ void agent_durable_add(const char *mnt, const char *dev, const char *shown)
 	if (!mark(D.fan_fid, FAN_MARK_FILESYSTEM, all, mnt) ||
 	    !mark(D.fan_plain, FAN_MARK_INODE, FAN_MODIFY | FAN_CLOSE_WRITE, dev))
 		D.blind = true;
-	/* The disks were just mounted: what happened so far is the
-	 * mount's own, and the first end flushes nothing it did not do. */
+	/* SETUP's own writes after this point (the tool user, /etc, the
+	 * disks' owners) are changes too: the first end flushes them. */
+}
+
+/* A disk's completed writes (field 5 of its stat), 0 when unreadable. */
+static uint64_t disk_writes(int i)
+{
+	char buf[256];
+	int fd = open(D.fs[i].stat, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t k = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	unsigned long long v[5];
+	if (k <= 0)
+		return 0;
+	buf[k] = '\0';
+	if (sscanf(buf, "%llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4]) != 5)
+		return 0;
+	return v[4];
 }
 
 void agent_durable_add_overlay(const char *mnt, const char *upper)
@@ -150,6 +184,8 @@ void agent_durable_add_overlay(const char *mnt, const char *upper)
 			D.upper = (int)i;
 	if (D.upper < 0 || !mark(D.fan_plain, FAN_MARK_FILESYSTEM, FAN_MODIFY | FAN_CLOSE_WRITE, mnt))
 		D.blind = true;
+	if (D.upper >= 0)
+		D.upper_writes = disk_writes(D.upper);
 	D.refresh_fd = open("/proc/sys/vm/stat_refresh", O_WRONLY | O_CLOEXEC);
 }
 
@@ -181,8 +217,10 @@ static uint32_t all_disks(void)
  * file, so the upper disk. Unknown: all of them. */
 static uint32_t event_disks(const struct fanotify_event_metadata *m)
 {
-	if (m->mask & FAN_Q_OVERFLOW)
+	if (m->mask & FAN_Q_OVERFLOW) {
+		D.armed = true;	/* a root file's event may be the one lost */
 		return all_disks();
+	}
 	if (m->fd >= 0) {
 		struct stat st;
 		uint32_t r = D.upper >= 0 ? 1u << D.upper : all_disks();
@@ -222,6 +260,7 @@ static void drain(int group)
 			 * plain group opens a file for each: EMFILE, ENOMEM)
 			 * and has dropped it: any disk may have changed. */
 			D.changed = all_disks();
+			D.armed = true;
 			return;
 		}
 		if (k <= 0)
@@ -270,7 +309,8 @@ static uint32_t changed(bool others)
 	 * takes all such writes so far; with no other command running, no
 	 * process is left to make more. */
 	if (D.armed && D.upper >= 0) {
-		if (!(D.changed & (1u << D.upper)) && pages_dirty())
+		if (!(D.changed & (1u << D.upper)) &&
+		    (pages_dirty() || disk_writes(D.upper) != D.upper_writes))
 			D.changed |= 1u << D.upper;
 		if (!others)
 			D.armed = false;
@@ -364,6 +404,7 @@ static void kick(struct cap_buf *out)
 			r.idx[r.n] = (int)i;
 			r.fds[r.n++] = D.fs[i].fd;
 		}
+	D.inflight = D.changed;
 	D.changed = 0;
 	int e = start_thread();
 	if (e == 0 && write(D.req[1], &r, sizeof(r)) == (ssize_t)sizeof(r)) {
@@ -376,18 +417,33 @@ static void kick(struct cap_buf *out)
 	finish(out, &d);
 }
 
-/* A flush ended: report every end it covers. */
+/* Send a finished call's EXIT: durable unless a flush that may have
+ * held its writes failed, which its STDERR then says. */
+static void send_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, uint64_t since)
+{
+	if (D.failed_seq > since)
+		cap_proto_put(out, CAP_MSG_STDERR, id, D.fail_msg, strlen(D.fail_msg));
+	else
+		ex->flags |= CAP_EXIT_DURABLE;
+	cap_proto_exit_encode(out, id, ex);
+}
+
+/* A flush ended: remember a failure, report every end it covers. */
 static void finish(struct cap_buf *out, const struct flush_done *d)
 {
 	D.finished = D.started;
 	D.running = false;
-	char why[200] = "";
 	for (size_t i = 0; i < D.nfs; i++)
 		if (d->failed & (1u << i)) {
-			snprintf(why, sizeof(why), "capsule: the writes could not be made durable: flushing %s: %s (is the host's disk full?)\n",
+			D.failed_seq = D.finished;
+			snprintf(D.fail_msg, sizeof(D.fail_msg),
+				 "capsule: the writes could not be made durable: flushing %s: %s (is the host's disk full?)\n",
 				 D.fs[i].where, strerror(d->err[i]));
-			agent_log("%.*s", (int)strlen(why) - 1, why);
+			agent_log("%.*s", (int)strlen(D.fail_msg) - 1, D.fail_msg);
 		}
+	if (D.upper >= 0 && (D.inflight & (1u << D.upper)))
+		D.upper_writes = disk_writes(D.upper);
+	D.inflight = 0;
 	int64_t now = cap_now_ms();
 	size_t k = 0;
 	for (size_t i = 0; i < D.nwait; i++) {
@@ -397,18 +453,22 @@ static void finish(struct cap_buf *out, const struct flush_done *d)
 			continue;
 		}
 		w->ex.sync_ms = (uint16_t)CAP_MIN(now - w->since_ms, (int64_t)UINT16_MAX);
-		if (*why)
-			cap_proto_put(out, CAP_MSG_STDERR, w->id, why, strlen(why));
-		else
-			w->ex.flags |= CAP_EXIT_DURABLE;
-		cap_proto_exit_encode(out, w->id, &w->ex);
+		send_exit(out, w->id, &w->ex, w->since);
 	}
 	D.nwait = k;
 	kick(out);
 }
 
+uint64_t agent_durable_seq(void)
+{
+	/* Flushes finished so far: one that is running now may write back a
+	 * page this call dirties and take its error with it (a writeback
+	 * error is reported once), so it counts as after the call. */
+	return D.finished;
+}
+
 void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync,
-			bool others)
+			bool others, uint64_t since)
 {
 	ex->sync_ms = 0;
 	if (!sync || D.nfs == 0) {
@@ -424,20 +484,20 @@ void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, b
 	else
 		need = 0;
 	if (need <= D.finished) {
-		ex->flags |= CAP_EXIT_DURABLE;
-		cap_proto_exit_encode(out, id, ex);
+		send_exit(out, id, ex, since);
 		return;
 	}
 	if (D.nwait == DURABLE_MAX_WAIT) {
-		/* Cannot happen with one waiter per stream; flush here. */
-		struct flush_done d;
-		flush_here(&d);
-		ex->flags |= d.failed ? 0 : CAP_EXIT_DURABLE;
+		/* More waiting ends than streams twice over (the host is not
+		 * keeping to its limits): this one is not made to wait. */
+		static const char msg[] = "capsule: too many calls are waiting for a flush; this one's writes are not durable yet\n";
+		cap_proto_put(out, CAP_MSG_STDERR, id, msg, sizeof(msg) - 1);
 		cap_proto_exit_encode(out, id, ex);
 		return;
 	}
 	cap_proto_put(out, CAP_MSG_SYNCING, id, NULL, 0);
-	D.wait[D.nwait++] = (struct waiter){ .id = id, .ex = *ex, .need = need, .since_ms = cap_now_ms() };
+	D.wait[D.nwait++] = (struct waiter){ .id = id, .ex = *ex, .need = need, .since = since,
+					     .since_ms = cap_now_ms() };
 	kick(out);
 }
 
@@ -466,12 +526,22 @@ void agent_durable_ready(struct cap_buf *out)
 void agent_durable_shutdown(struct cap_buf *out)
 {
 	struct flush_done d;
-	flush_here(&d);
-	for (size_t i = 0; i < D.nwait; i++) {
-		if (!d.failed)
-			D.wait[i].ex.flags |= CAP_EXIT_DURABLE;
-		cap_proto_exit_encode(out, D.wait[i].id, &D.wait[i].ex);
+	/* The thread's flush first: a failure it saw is reported once. */
+	while (D.running) {
+		ssize_t k = read(D.done[0], &d, sizeof(d));
+		if (k == (ssize_t)sizeof(d))
+			finish(out, &d);
+		else if (k >= 0 || errno != EINTR)
+			break;
 	}
+	flush_here(&d);
+	if (d.failed) {
+		D.failed_seq = D.finished = ++D.started;
+		snprintf(D.fail_msg, sizeof(D.fail_msg),
+			 "capsule: the writes could not be made durable: a disk's flush at shutdown failed\n");
+	}
+	for (size_t i = 0; i < D.nwait; i++)
+		send_exit(out, D.wait[i].id, &D.wait[i].ex, D.wait[i].since);
 	D.nwait = 0;
 	agent_durable_close();
 }

@@ -79,6 +79,7 @@ struct exec {
 	bool truncated, timed_out, exited;
 	bool pty;	/* out_fd is a PTY master; in_fd a dup of it */
 	bool no_sync;	/* report the end without flushing the disks */
+	uint64_t flush_seq;	/* agent_durable_seq() when it started */
 	int wstatus;
 	char cg[24];	/* its cgroup under /sys/fs/cgroup, "" once removed */
 	int64_t cg_kill_ms;	/* when it was last killed, 0: not yet */
@@ -843,7 +844,7 @@ static void spawn(uint32_t id, struct exec *x, const struct spawn *sp)
 	*x = (struct exec){
 		.id = id, .pid = pid, .out_fd = out[0], .err_fd = er[0],
 		.in_fd = in[1], .start_ms = cap_now_ms(), .cap = sp->output_cap,
-		.pty = sp->pty, .no_sync = sp->no_sync,
+		.pty = sp->pty, .no_sync = sp->no_sync, .flush_seq = agent_durable_seq(),
 	};
 	memcpy(x->cg, cg, sizeof(cg));
 	cap_buf_init(&x->in_pending);
@@ -963,7 +964,7 @@ static void finish_if_done(struct exec *x, int64_t now, bool reading)
 	if (x->truncated)
 		ex.flags |= CAP_EXIT_TRUNCATED;
 	/* What it wrote is on the host's disks before its end is told. */
-	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync, others_running(x));
+	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync, others_running(x), x->flush_seq);
 	exec_release(x);
 }
 
@@ -1610,6 +1611,7 @@ static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 		file_fail(id, errno, "%s is not available in this sandbox: %s", root, strerror(errno));
 		return;
 	}
+	uint64_t since = agent_durable_seq();	/* a WRITE's writes come after this */
 	/* Resolve beneath the root, as the tool user: no "..", no absolute
 	 * or out-of-root symlink, no magic links, the user's permissions. */
 	struct open_how how = {
@@ -1648,7 +1650,8 @@ static void handle_file(uint32_t id, const uint8_t *p, size_t n)
 			return;
 		}
 		struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 0 };
-		agent_durable_exit(&A.out, id, &ex, !(req.limit & CAP_FILE_NO_SYNC), others_running(NULL));
+		agent_durable_exit(&A.out, id, &ex, !(req.limit & CAP_FILE_NO_SYNC), others_running(NULL),
+				   since);
 		return;
 	}
 	if (S_ISDIR(st.st_mode)) {

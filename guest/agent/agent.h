@@ -54,7 +54,11 @@ void agent_durable_close(void);
  * SYNCING now and the EXIT, with CAP_EXIT_DURABLE and sync_ms, once a
  * flush begun after this call has finished. */
 void agent_durable_exit(struct cap_buf *out, uint32_t id, struct cap_exit *ex, bool sync,
-			bool others);
+			bool others, uint64_t since);
+/* What a call records when it begins, for agent_durable_exit's since: a
+ * flush that ends after it began and fails makes its end not durable
+ * (with a STDERR line saying why). */
+uint64_t agent_durable_seq(void);
 /* Whether stream id's EXIT waits for a flush (the id is still in use). */
 bool agent_durable_waiting(uint32_t id);
 /* The descriptor to poll for a flush's end, -1 when none runs; on

@@ -41,22 +41,19 @@ static const char usage[] =
 	"  -e, --env NAME=VAL  Set an environment variable (repeatable)\n"
 	"  -w, --workdir DIR   Working directory in the guest (default /work)\n"
 	"  -i, --interactive   Forward standard input even from a terminal\n"
-	"  --no-sync           Return without flushing the command's writes to the\n"
-	"                      host's disk (see Durable results below)\n"
+	"  --no-sync           Accepted as on exec; changes nothing here: a run VM\n"
+	"                      has no disk that outlives it, so nothing is flushed\n"
 	"  --source DIR        Mount a validated read-only copy of DIR at /source\n"
 	"                      (see `capsule create --help` for the rules)\n"
 	"  --console-log FILE  Keep the guest's serial console in FILE\n"
 	"  -q, --quiet         Do not print the acceleration note\n"
 	"  -v, --verbose       Say how the VM started (template restore or cold boot),\n"
 	"                      its network policy and route, each connection, and\n"
-	"                      at the end how long the command ran, how long the\n"
-	"                      flush of its writes took and whether they are durable.\n"
+	"                      at the end how long the command ran.\n"
 	"                      Docker's -v HOST:GUEST is refused: capsule has no bind\n"
 	"                      mounts (use --source DIR, or a named sandbox with\n"
 	"                      --workspace DIR or `capsule cp`)\n"
 	"  -h, --help          Show this help\n"
-	"\n"
-	CAP_CLI_DURABLE_HELP
 	"\n"
 	CAP_CLI_NET_HELP
 	"  Refused connections are logged on stderr (\"capsule net: refused ...\").\n";
@@ -94,6 +91,7 @@ int cap_cli_run(int argc, char **argv)
 
 	cap_sandbox_opts_init(&so);
 	cap_cli_exec_init(&x);
+	x.ephemeral = true;
 	cap_net_policy_init(net);
 	if (cap_cli_volume_flag(argc, argv)) {
 		free(net);

@@ -228,9 +228,13 @@ static void report(const struct stream *r, const struct cap_exec_req *req)
 
 /* -v: how long the command ran and its flush took, and whether what it
  * wrote is on the host's disk (EXIT's CAP_EXIT_DURABLE). */
-static void timing(const struct stream *r, const struct cap_exec_req *req)
+static void timing(const struct stream *r, const struct cap_cli_exec *x)
 {
-	if (r->ex.flags & CAP_EXIT_DURABLE)
+	const struct cap_exec_req *req = &x->req;
+	if (x->ephemeral && !(r->ex.flags & CAP_EXIT_DURABLE))
+		cap_cli_error("the command ran %u ms; no flush: nothing it wrote outlives this VM",
+			      r->ex.duration_ms);
+	else if (r->ex.flags & CAP_EXIT_DURABLE)
 		cap_cli_error("the command ran %u ms; flush %u ms; durable: its writes are on the host's disk",
 			      r->ex.duration_ms, r->ex.sync_ms);
 	else if (req->flags & CAP_EXEC_NO_SYNC)
@@ -383,6 +387,7 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 			goto out;
 		}
 		if (give_up && now >= give_up) {
+			restore_tty();
 			cap_cli_error(r.syncing_ms ? "the guest did not finish flushing the command's writes; giving up on it"
 						   : "the command did not stop; giving up on it");
 			status = 128 + SIGINT;
@@ -396,7 +401,7 @@ int cap_cli_stream(struct cap_sandbox *sb, struct cap_cli_exec *x)
 	}
 	report(&r, req);
 	if (x->verbose)
-		timing(&r, req);
+		timing(&r, x);
 	status = cap_exit_status(&r.ex);
 out:
 	restore_tty();

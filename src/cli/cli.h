@@ -118,6 +118,9 @@ struct cap_cli_exec {
 	/* -v: after the command, how long it ran and its flush took, and
 	 * whether its writes are durable. */
 	bool verbose;
+	/* capsule run: no disk of the VM outlives it, so there is nothing
+	 * to flush (and -v says so rather than "not durable"). */
+	bool ephemeral;
 	/* Set by cap_cli_stream: the guest did not end the command within
 	 * its timeout plus CAP_SANDBOX_EXEC_GRACE_MS; the VM is not to be
 	 * trusted with another command. */

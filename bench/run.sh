@@ -134,6 +134,13 @@ echo "bench: capsule mcp: read_file of 100 KiB..." >&2
 python3 "$top/bench/bench-mcp.py" "$capsule" 10 >>"$bench_home/serve"
 serve_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/serve"; }
 
+# (o) a full host: serve --capacity N with N identities paused, then calls
+# spread over them (bench/bench-fullhost.py; about a minute and a half).
+fullhost_n=${BENCH_FULLHOST_N:-64}
+echo "bench: a full host: $fullhost_n identities paused, 3 rounds of calls over them, 4 at a time..." >&2
+python3 "$top/bench/bench-fullhost.py" "$capsule" "$fullhost_n" >"$bench_home/fullhost" || : >"$bench_home/fullhost"
+fh_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fullhost"; }
+
 # (h) templates: new sandbox to first result, restored against cold boot
 # (in-process, medians), and against gVisor's `runsc do true`.
 echo "bench: new sandboxes: template restore, cold boot, each with and without the jail; runsc do true..." >&2
@@ -279,3 +286,24 @@ awk -v s="$(du_row write_durable 5)" -v a="$(du_row write_durable 2)" -v ft="$(d
 		printf "%-59s %10.0fms %10.1fms %7.2fx\n", "(n) 4 KiB write: flush (EXIT sync_ms p50) vs its exec p50", s, a / 1000, s / (a / 1000)
 		printf "%-59s %12s %12s %8s\n", "(n) ends that flushed: `true` vs 4 KiB write (durable)", ft "/" n, fw "/" n, "-"
 	} }'
+if [ -s "$bench_home/fullhost" ]; then
+	awk -v a="$(fh_row answered 2)" -v b="$(fh_row answered 3)" -v n="$fullhost_n" 'BEGIN {
+		printf "%-59s %12s %12s %8s\n", "(o) full host, " n " identities: calls answered / sent", a "/" b, "-", "-" }'
+	for q in 2:p50 3:p99; do
+		awk -v q="${q#*:}" -v a="$(fh_row resume_${q#*:} 2)" -v b="$(fh_row resume_${q#*:} 3)" 'BEGIN {
+			printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(o) full host: call " q ", to a paused VM vs a running one", a, b, a / b }'
+	done
+	awk -v a="$(fh_row create_p50 2)" -v b="$(fh_row create_p50 3)" 'BEGIN {
+		printf "%-59s %10.0fms %10.1fms %7.1fx\n", "(o) full host: first call (new sandbox) p50 vs running p50", a, b, a / b }'
+	awk -v a="$(fh_row mem_total 2)" -v b="$(fh_row mem_total 3)" -v n="$fullhost_n" 'BEGIN {
+		printf "%-59s %8.0fMiB %8.0fMiB %7.3fx\n", "(o) full host: held at " n " paused (anon+shmem) vs host RAM", a / 1024, b / 1024, a / b }'
+	awk -v a="$(fh_row mem_per_vm 2)" -v b="$(fh_row mem_per_vm 3)" 'BEGIN {
+		if (b > 0) printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", "(o) full host: held per paused VM vs its jail cgroup", a / 1024, b / 1024, a / b
+		else printf "%-59s %8.1fMiB %12s %8s\n", "(o) full host: held per paused VM vs its jail cgroup", a / 1024, "-", "-" }'
+	awk -v l="$(fh_row lost 2)" -v n="$(fh_row lost 3)" -v q="$(fh_row qemu 2)" -v r="$(fh_row qemu 3)" 'BEGIN {
+		printf "%-59s %12s %12s %8s\n", "(o) full host: VMs lost; QEMU processes vs resident VMs", l "/" n " lost", q " vs " r, "-" }'
+	awk -v a="$(fh_row shutdown 2)" -v b="$(fh_row shutdown 3)" -v n="$fullhost_n" 'BEGIN {
+		printf "%-59s %10.0fms %12s %8s\n", "(o) full host: SIGTERM to exit with " n " VMs; QEMU left", a, b " left", "-" }'
+else
+	printf '%-59s %12s %12s %8s\n' "(o) full host: $fullhost_n identities" "failed" "-" "-"
+fi

@@ -106,6 +106,8 @@ suite "integration/pull" tests/integration/test-pull.sh "$build/capsule"
 suite "integration/oci" tests/integration/test-oci.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/serve-durable" python3 tests/integration/test-durable.py "$build/capsule"
+# A full host, small (issue 20): 8 identities at --capacity 8, paused, resumed, none lost.
+suite "integration/fullhost" python3 tests/integration/test-fullhost.py "$build/capsule"
 suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"
 suite "integration/prepare" python3 tests/integration/test-prepare.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"

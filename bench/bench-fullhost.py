@@ -233,7 +233,7 @@ def run_workers(jobs, fn):
             fn(c, i)
         c.close()
 
-    th = [threading.Thread(target=worker) for _ in range(CONC)]
+    th = [threading.Thread(target=worker, daemon=True) for _ in range(CONC)]
     for t in th:
         t.start()
     for t in th:

@@ -109,6 +109,18 @@ int cap_cli_doctor(int argc, char **argv)
 	if (missing && require)
 		problems++;
 
+	/* Shared template RAM: one sealed memfd per template, or a copy per
+	 * VM (docs/architecture.md, "Shared template RAM"). Not a problem
+	 * either way: the copy costs memory, not safety. */
+	char ram[600];
+	bool shared = cap_jail_ram_probe(ram, sizeof(ram)) == 0;
+	const char *off = getenv("CAPSULE_SHARED_RAM");
+	bool forced_copy = off && strcmp(off, "0") == 0;
+	fprintf(t, "shared RAM: %s: %s\n", shared && !forced_copy ? "available" : "NOT USED, each restored VM copies its template's RAM",
+		ram);
+	json_object_set_new(o, "shared_ram", json_pack("{s:b, s:b, s:o}", "available", shared, "used", shared && !forced_copy,
+						       "detail", cap_json_text(ram)));
+
 	_cleanup_free_ char *cache = cap_cache_dir();
 	fprintf(t, "cache:      %s\n", cache);
 	json_object_set_new(o, "cache_dir", cap_json_text(cache));

@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "cli.h"
 #include "log.h"
+#include "sandbox-internal.h"	/* cap_ramhold_serve: belongs in sandbox.h */
 
 static const char usage[] =
 	"Usage: capsule COMMAND [OPTIONS]\n"
@@ -123,6 +125,21 @@ static void guard_stdio(void)
 	}
 }
 
+/* capsule ram-holder TEMPLATE_DIR: hidden, started by a restore with its
+ * listening socket as descriptor 3 (src/sandbox/sandbox-ramhold.c);
+ * stderr is the template's ram-holder.log. */
+static int ram_holder(int argc, char **argv)
+{
+	int on = 0;
+	socklen_t len = sizeof(on);
+	if (argc != 2 || getsockopt(3, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) < 0 || !on) {
+		cap_cli_error("ram-holder is internal: a restore starts it itself (docs/architecture.md, \"Shared template RAM\")");
+		return 2;
+	}
+	cap_log_set(cap_log_stderr, "ram-holder");
+	return cap_ramhold_serve(argv[1], 3);
+}
+
 int main(int argc, char **argv)
 {
 	guard_stdio();
@@ -159,7 +176,7 @@ int main(int argc, char **argv)
 		{ "template", cap_cli_template }, { "net", cap_cli_net },
 		{ "cp", cap_cli_cp }, { "diff", cap_cli_diff }, { "merge", cap_cli_merge },
 		{ "logs", cap_cli_logs }, { "prepare", cap_cli_prepare },
-		{ "oci", cap_cli_oci },
+		{ "oci", cap_cli_oci }, { "ram-holder", ram_holder },
 	};
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (strcmp(cmd, verbs[i].name) == 0)

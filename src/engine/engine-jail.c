@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -66,6 +67,8 @@ struct cap_jail {
 	char *owned_kernel;
 	char *owned_initrd;
 	pid_t copier;		/* filling the jail's RAM copy, or -1 */
+	bool ram_proc;		/* a proc for QEMU to open spec.ram_fd, detached by cap_jail_ready */
+	pid_t pid;		/* QEMU, once spawned; else -1 */
 	int netns;		/* QEMU's network namespace (borrowed), or -1: a new one */
 	bool kvm;
 	char note[512];
@@ -370,6 +373,8 @@ static int slot_try(int n)
 
 /* ---- probing ---------------------------------------------------------- */
 
+static bool may_confine(void);
+
 /* Can we make the namespaces? 0 or -errno. */
 static int probe_namespaces(void)
 {
@@ -495,6 +500,55 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 	return missing;
 }
 
+int cap_jail_ram_probe(char *detail, size_t len)
+{
+	int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+	int fd = (int)syscall(SYS_memfd_create, "capsule-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		int e = errno;
+		snprintf(detail, len, "memfd_create: %s", strerror(e));
+		return -e;
+	}
+	int r = ftruncate(fd, 4096) < 0 || fcntl(fd, F_ADD_SEALS, need) < 0 ? -errno : 0;
+	if (r == 0 && (fcntl(fd, F_GET_SEALS) & need) != need)
+		r = -EPERM;
+	if (r == 0 && write(fd, "x", 1) >= 0)
+		r = -EPERM;	/* a seal that does not hold */
+	close(fd);
+	if (r < 0) {
+		snprintf(detail, len, "this kernel cannot seal a memfd against writes: %s", strerror(-r));
+		return r;
+	}
+	if (env_is("CAPSULE_JAIL", "0") || !may_confine()) {
+		snprintf(detail, len, "no jail: an unconfined QEMU maps the template's RAM file privately");
+		return -EPERM;
+	}
+	/* The jail's proc, tried in a throwaway child. */
+	if ((r = cap_mkdir_p(ROOT_MNT, 0755)) < 0) {
+		snprintf(detail, len, "cannot create %s: %s", ROOT_MNT, strerror(-r));
+		return r;
+	}
+	struct clone_args ca = { .flags = CLONE_NEWNS | CLONE_NEWPID, .exit_signal = SIGCHLD };
+	long pid = syscall(SYS_clone3, &ca, sizeof(ca));
+	if (pid == 0) {
+		if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+			_exit(1);
+		_exit(mount("proc", ROOT_MNT, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			    "subset=pid,hidepid=invisible") < 0 ? 2 : 0);
+	}
+	int st = 0;
+	while (pid > 0 && waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		snprintf(detail, len, "a jail cannot mount a proc of its own (subset=pid, Linux >= 5.8)");
+		return -ENOSYS;
+	}
+	snprintf(detail, len, "one sealed memfd per template (F_SEAL_WRITE, GROW, SHRINK, SEAL), mapped privately by each jailed QEMU%s",
+		 getenv("CAPSULE_SHARED_RAM") && strcmp(getenv("CAPSULE_SHARED_RAM"), "0") == 0
+		 ? "; but CAPSULE_SHARED_RAM=0 asks for a per-VM copy" : "");
+	return 0;
+}
+
 /* ---- one jail --------------------------------------------------------- */
 
 bool cap_jail_confined(const struct cap_jail *j) { return j->confined; }
@@ -523,6 +577,11 @@ static bool may_confine(void)
 	return true;
 }
 
+bool cap_jail_would_confine(void)
+{
+	return !env_is("CAPSULE_JAIL", "0") && may_confine();
+}
+
 static void note_missing(struct cap_jail *j, const char *what, const char *why)
 {
 	size_t used = strlen(j->note);
@@ -536,6 +595,7 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	j->slot = -1;
 	j->lock_fd = -1;
 	j->copier = -1;
+	j->pid = -1;
 	j->netns = -1;
 	j->kvm_gid = (gid_t)-1;
 	j->kvm = spec->kvm;
@@ -554,6 +614,18 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		j->confined = true;
 	if (!j->confined)
 		goto done;
+	if (spec->ram_fd > 0) {
+		/* The one thing that keeps a compromised QEMU from rewriting
+		 * the RAM every later VM starts from: looked at here. */
+		int seals = fcntl(spec->ram_fd, F_GET_SEALS);
+		int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+		if (seals < 0 || (seals & need) != need) {
+			r = cap_err_set(err, EPERM, "refusing to give QEMU a RAM descriptor not sealed against writes (seals %#x)",
+					seals < 0 ? 0 : seals);
+			goto fail;
+		}
+		j->ram_proc = true;
+	}
 
 	cap_jail_sweep(NULL, NULL);	/* cgroups of owners that died */
 	for (int n = 0; n < SLOTS && j->lock_fd < 0; n++)
@@ -787,6 +859,15 @@ static void build_root(const struct child *c)
 	if (j->kvm)
 		bind_file(c, "/dev/kvm", "/dev/kvm", MS_NOSUID | MS_NOEXEC);
 
+	if (j->ram_proc) {
+		/* QEMU opens its RAM as /proc/self/fd/N: a proc of its own
+		 * PID namespace showing its processes only, gone again once
+		 * the RAM is open (cap_jail_ready). */
+		if (mkdir(ROOT_MNT "/proc", 0555) < 0 ||
+		    mount("proc", ROOT_MNT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			  "subset=pid,hidepid=invisible") < 0)
+			die(c, "mounting a proc for the shared RAM", errno);
+	}
 	if (j->owned_ram_bind) {
 		int fd = open(j->owned_ram_bind, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 		if (fd < 0 || fchown(fd, j->uid, j->gid) < 0)
@@ -954,8 +1035,38 @@ static int start_copier(struct cap_jail *j, pid_t qemu, int ramfd, struct cap_er
 	_exit(copy_sparse(ramfd, fd) < 0 ? 12 : 0);
 }
 
+/* Detach the proc that QEMU opened its shared RAM through, from a child
+ * of ours in QEMU's mount namespace. 0, or -errno with err set. */
+static int detach_proc(struct cap_jail *j, struct cap_err *err)
+{
+	j->ram_proc = false;
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/ns/mnt", (int)j->pid);
+	int ns = open(path, O_RDONLY | O_CLOEXEC);
+	if (ns < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (setns(ns, CLONE_NEWNS) < 0)
+			_exit(10);
+		_exit(umount2("/proc", MNT_DETACH) < 0 ? 11 : 0);
+	}
+	int e = errno, st = 0;
+	close(ns);
+	if (pid < 0)
+		return cap_err_set(err, e, "fork: %s", strerror(e));
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	return cap_err_set(err, EPERM, "cannot detach the proc of QEMU's jail: %s failed",
+			   WIFEXITED(st) && WEXITSTATUS(st) == 10 ? "joining its mount namespace" : "unmounting it");
+}
+
 int cap_jail_ready(struct cap_jail *j, struct cap_err *err)
 {
+	if (j->ram_proc && j->pid > 0)
+		return detach_proc(j, err);
 	if (j->copier <= 0)
 		return 0;
 	int st = 0;
@@ -1195,6 +1306,7 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		pid = -1;
 		goto out;
 	}
+	j->pid = pid;
 	if (ramfd >= 0 && (r = start_copier(j, pid, ramfd, err)) < 0) {
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);

@@ -42,6 +42,8 @@ struct cap_vm {
 	char *owned_qmp_path;
 	char *owned_agent_path;
 	char *owned_ram_path;	/* a template's RAM file being built, or NULL */
+	bool ram_shared;	/* a restore mapping cfg.restore_ram_fd privately */
+	const char *ram_note;	/* static: cap_vm_ram_note */
 	struct cap_jail *jail;
 	struct cap_jail_net *net;	/* a VM with a NIC: its namespace and policy process */
 	uint16_t *owned_forwards;	/* guest ports QEMU forwards (hostfwd) */
@@ -58,6 +60,8 @@ int cap_vm_event_fd(const struct cap_vm *vm) { return vm->qmp_gone ? -1 : vm->qm
 int cap_vm_exit_fd(const struct cap_vm *vm) { return vm->pidfd; }
 pid_t cap_vm_pid(const struct cap_vm *vm) { return vm->pid; }
 const char *cap_vm_exit_reason(const struct cap_vm *vm) { return vm->exit_reason; }
+const char *cap_vm_ram_note(const struct cap_vm *vm) { return vm->ram_note; }
+bool cap_vm_wants_ram_fd(void) { return cap_jail_would_confine(); }
 
 static void first_line(void *ud, const char *line)
 {
@@ -131,6 +135,12 @@ static unsigned twin_slot(const struct cap_vm_config *cfg, unsigned disk)
 	return k;
 }
 
+/* The shared RAM's memfd comes last, after the twins. */
+static unsigned ram_slot(const struct cap_vm_config *cfg)
+{
+	return twin_slot(cfg, cfg->ndisks);
+}
+
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		       const struct cap_vm *vm)
 {
@@ -155,7 +165,14 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("-m"));
 	arg(a, xasprintf("%uM", cfg->memory_mib));
 	arg(a, xstrdup("-object"));
-	if (cfg->restore_state && !jailed) {
+	if (vm->ram_shared) {
+		/* One sealed memfd per template, mapped privately: the
+		 * guest's writes are copy-on-write, the memfd cannot be
+		 * written. QEMU 7.2 opens mem-path by path (not through a
+		 * descriptor set): its descriptor through the jail's proc. */
+		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=/proc/self/fd/%d,share=off",
+				 cfg->memory_mib, FD_NUM(ram_slot(cfg))));
+	} else if (cfg->restore_state && !jailed) {
 		/* Unconfined, a restored VM maps the template's RAM file
 		 * privately: pages are shared with the template until the
 		 * guest writes them, and the template is never changed. */
@@ -858,8 +875,8 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	struct cap_vm *vm = xcalloc(1, sizeof(*vm));
 	struct argv a = { 0 };
 	unsigned nfds = fd_count(cfg);
-	int fds[nfds], logfd = -1;
-	for (unsigned i = 0; i < nfds; i++)
+	int fds[nfds + 1], logfd = -1;	/* + the shared RAM */
+	for (unsigned i = 0; i <= nfds; i++)
 		fds[i] = -1;
 	int r;
 
@@ -890,10 +907,20 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		.memory_mib = cfg->memory_mib,
 		.cpus = cfg->cpus,
 		.ram_bind = cfg->ram_file,
-		.ram_copy = cfg->restore_state ? cfg->restore_ram : NULL,
+		.ram_copy = cfg->restore_state && cfg->restore_ram_fd <= 0 ? cfg->restore_ram : NULL,
+		.ram_fd = cfg->restore_state ? cfg->restore_ram_fd : -1,
 	};
 	if ((r = cap_jail_new(&js, &vm->jail, err)) < 0)
 		goto fail;
+	if (cfg->restore_state) {
+		bool jailed = cap_jail_confined(vm->jail);
+		vm->ram_shared = jailed && cfg->restore_ram_fd > 0;
+		vm->ram_note = vm->ram_shared ? "shared RAM" : jailed ? "RAM copied" : "template file mapped privately";
+		if (!jailed && cfg->restore_ram_fd > 0)
+			vm->ram_note = "template file mapped privately: not confined";
+	} else {
+		vm->ram_note = "";
+	}
 	if (cfg->net) {
 		/* Its namespace, rules and policy process exist before QEMU. */
 		if ((r = cap_jail_net_new(vm->jail, cfg->net, &vm->net, err)) < 0)
@@ -913,6 +940,13 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	}
 	if ((r = open_fds(cfg, vm, fds, err)) < 0)
 		goto fail;
+	if (vm->ram_shared) {
+		if ((fds[nfds] = fcntl(cfg->restore_ram_fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+			r = cap_err_set(err, errno, "cannot pass the shared RAM: %s", strerror(errno));
+			goto fail;
+		}
+		nfds++;
+	}
 	if ((logfd = open(vm->owned_qemu_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		r = cap_err_set(err, errno, "cannot create %s: %s", vm->owned_qemu_log, strerror(errno));
 		goto fail;

@@ -120,9 +120,19 @@ struct cap_vm_config {
 	 * the RAM file saved with it (mapped privately: never changed). */
 	const char *restore_state;
 	const char *restore_ram;
+	/* With restore_state, when > 0: a memfd holding restore_ram's
+	 * contents, sealed against writes, growing and shrinking (F_SEAL_WRITE,
+	 * F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_SEAL), shared by every VM of the
+	 * template. A jailed QEMU maps it privately instead of a copy of its
+	 * own; borrowed for the call. <= 0: none (a jailed restore copies). */
+	int restore_ram_fd;
 };
 
 struct cap_vm;
+
+/* Whether a VM started now would map cfg.restore_ram_fd (it is jailed):
+ * else getting one is not worth it. */
+bool cap_vm_wants_ram_fd(void);
 
 /* Start QEMU and connect to its QMP and agent sockets. On success *out
  * owns the process and both connections; free with cap_vm_free. On
@@ -174,6 +184,11 @@ int cap_vm_net_forward(struct cap_vm *vm, uint16_t port, bool add,
 /* The jail protections this host could not give this VM ("" when none):
  * each named with the reason. Borrowed. */
 const char *cap_vm_jail_note(const struct cap_vm *vm);
+
+/* How a restored VM got its RAM: "shared RAM" (restore_ram_fd mapped
+ * privately), "RAM copied" (a copy in its jail), "template file mapped
+ * privately" (not confined); "" when not restored. Borrowed. */
+const char *cap_vm_ram_note(const struct cap_vm *vm);
 
 /* Reap QEMU if it has exited, waiting up to timeout_ms (0: just check).
  * Returns 1 if it has exited, 0 if still running. */

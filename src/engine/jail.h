@@ -45,6 +45,16 @@ struct cap_jail_spec {
 	 * gets the template's). At most one; neither: QEMU uses a memfd. */
 	const char *ram_bind;
 	const char *ram_copy;
+	/* Or, when > 0, a memfd sealed against writes (F_SEAL_WRITE,
+	 * F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_SEAL: checked here, anything
+	 * less is refused) that the caller passes among cap_jail_spawn's
+	 * descriptors: QEMU 7.2 opens its RAM by path only, so the jail
+	 * mounts a proc of QEMU's own PID namespace (subset=pid,
+	 * hidepid=invisible: its own /proc/PID and /proc/self, nothing of
+	 * the host's) for it to open /proc/self/fd/N, and detaches that proc
+	 * in cap_jail_ready, once QEMU has its RAM. Borrowed for
+	 * cap_jail_new. */
+	int ram_fd;
 };
 
 /* One protection and whether this host gives it. */
@@ -61,6 +71,11 @@ struct cap_jail_check {
  * a throwaway cgroup). Returns how many are missing. */
 int cap_jail_probe(struct cap_jail_check checks[CAP_JAIL_NCHECKS]);
 
+/* Whether a jailed restore can map one shared template RAM (spec.ram_fd):
+ * a memfd can be sealed against writes and a jail can mount a proc of its
+ * own (subset=pid). 0 with what it is in detail, or -errno with why not. */
+int cap_jail_ram_probe(char *detail, size_t len);
+
 struct cap_jail;
 
 /* Reserve a jail for one VM: a UID slot (held until cap_jail_free) and its
@@ -70,6 +85,10 @@ struct cap_jail;
  * the whole jail off. *out is owned by the caller: cap_jail_free. */
 int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		 struct cap_err *err);
+
+/* Whether a jail made now would confine its process (what cap_jail_new
+ * decides, without making one). */
+bool cap_jail_would_confine(void);
 
 /* True when QEMU runs in a private root: paths in its arguments must be
  * the CAP_JAIL_* ones. */
@@ -125,8 +144,10 @@ pid_t cap_jail_helper(struct cap_jail *j, int netns, const char *const *files,
 		      int (*fn)(void *ud), void *ud, int *pidfd, struct cap_err *err);
 
 /* Wait until the jail's RAM copy (spec.ram_copy) is complete: QEMU must
- * not read guest RAM before (a restore's device state does). 0, or
- * -errno with err saying what failed. Nothing to wait for: 0. */
+ * not read guest RAM before (a restore's device state does); with
+ * spec.ram_fd, detach the proc mounted for QEMU to open it (QEMU has
+ * opened its RAM once it answers QMP). 0, or -errno with err saying what
+ * failed. Nothing to do: 0. */
 int cap_jail_ready(struct cap_jail *j, struct cap_err *err);
 
 /* Remove the jail once its process has been reaped: cgroups removed, a

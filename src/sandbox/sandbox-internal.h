@@ -17,6 +17,21 @@ int cap_template_for(const struct cap_sandbox_opts *o, const struct cap_vm_confi
 /* Remove a template that failed to restore. */
 void cap_template_discard(const char *dir);
 
+/* Shared template RAM (sandbox-ramhold.c, docs/architecture.md "Shared
+ * template RAM"). A descriptor of the sealed memfd holding the RAM of the
+ * template in directory tdir, from its holder (started now if there is
+ * none): all four seals and the size are checked here. *conn is the
+ * connection to the holder, to be kept open (and closed by the caller)
+ * while a VM maps the memfd: the holder ends only once no connection has
+ * been open for a while. Both are the caller's to close. -errno with err
+ * saying why (the caller then copies the RAM instead). */
+int cap_ramhold_get(const char *tdir, int *conn, struct cap_err *err);
+/* The holder itself, serving listening socket lfd until it is idle or its
+ * template goes; logs through cap_log. The exit code. */
+int cap_ramhold_serve(const char *tdir, int lfd);
+/* False when CAPSULE_SHARED_RAM=0 asks for a per-VM copy. */
+bool cap_ramhold_enabled(void);
+
 /* Boot cfg, wait for the agent, save the device state to state, stop. */
 int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
 			 const char *state, struct cap_err *err);

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <unistd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -23,6 +24,9 @@ struct cap_sandbox {
 	bool restored;	/* from a template */
 	char boot_note[512];
 	struct cap_sandbox_net *net;	/* owner of a VM with a NIC, else NULL */
+	/* Connection to the RAM holder of the template this VM maps
+	 * (sandbox-ramhold.c), kept while the VM runs; -1 when none. */
+	int ram_conn;
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
@@ -287,6 +291,7 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	}
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	sb->fd = fd;
+	sb->ram_conn = -1;
 	cap_client_init(&sb->client);
 	int r = wait_hello(sb, 10000, err);
 	if (r < 0) {
@@ -369,6 +374,42 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 	return 0;
 }
 
+/* Restore rc from the template in tdir: its RAM shared through the
+ * template's holder when there is one to be had (why says why not), else
+ * copied; a restore that fails with the shared RAM is tried once more
+ * with a copy. */
+static int restore(struct cap_sandbox *sb, struct cap_vm_config *rc, const char *tdir,
+		   const struct cap_setup *setup, int timeout_ms, char *why, size_t len,
+		   struct cap_err *err)
+{
+	struct cap_err herr = { 0 };
+	int conn = -1, mfd = -1;
+	if (!cap_ramhold_enabled())
+		snprintf(why, len, "CAPSULE_SHARED_RAM=0");
+	else if (cap_vm_wants_ram_fd() && (mfd = cap_ramhold_get(tdir, &conn, &herr)) < 0)
+		snprintf(why, len, "%.290s", herr.msg);
+	rc->restore_ram_fd = mfd;
+	int r = start_vm(sb, rc, setup, timeout_ms, err);
+	if (mfd >= 0)
+		close(mfd);	/* QEMU has its own */
+	if (r == 0 && mfd >= 0) {
+		sb->ram_conn = conn;
+		return 0;
+	}
+	if (conn >= 0)
+		close(conn);
+	if (r == 0 || mfd < 0)
+		return r;
+	snprintf(why, len, "the restore from the shared RAM failed: %.250s", err->msg);
+	for (char *p = why; *p; p++)
+		if (*p == '\n')
+			*p = ';';
+	cap_log(CAP_LOG_WARN, "template %s: %s; trying a copy of its RAM", tdir, why);
+	*err = (struct cap_err){ 0 };
+	rc->restore_ram_fd = -1;
+	return start_vm(sb, rc, setup, timeout_ms, err);
+}
+
 static bool templates_enabled(const struct cap_sandbox_opts *o)
 {
 	const char *env = getenv("CAPSULE_TEMPLATES");
@@ -384,6 +425,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	int r;
 
 	sb->fd = -1;
+	sb->ram_conn = -1;
 	cap_client_init(&sb->client);
 	if ((r = cap_sandbox_prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
 		goto fail;
@@ -426,9 +468,13 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 			struct cap_vm_config rc = cfg;
 			rc.restore_state = state;
 			rc.restore_ram = ram;
-			if (start_vm(sb, &rc, setup, o->boot_timeout_ms, &terr) == 0) {
+			char why[300] = "";
+			if (restore(sb, &rc, tdir, setup, o->boot_timeout_ms, why, sizeof(why), &terr) == 0) {
 				sb->restored = true;
-				snprintf(sb->boot_note, sizeof(sb->boot_note), "restored from template %.16s", key);
+				const char *how = cap_vm_ram_note(sb->vm);
+				snprintf(sb->boot_note, sizeof(sb->boot_note), "restored from template %.16s (%s%s%.300s)", key,
+					 how, *why && strcmp(how, "RAM copied") == 0 ? ": " : "",
+					 strcmp(how, "RAM copied") == 0 ? why : "");
 			} else {
 				cap_template_discard(tdir);	/* rebuilt on next use */
 			}
@@ -491,6 +537,7 @@ int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
 {
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	sb->fd = -1;
+	sb->ram_conn = -1;
 	cap_client_init(&sb->client);
 	int r = start_vm(sb, cfg, NULL, timeout_ms, err);
 	if (r == 0)
@@ -600,6 +647,8 @@ void cap_sandbox_free(struct cap_sandbox *sb)
 		cap_vm_free(sb->vm);
 	else if (sb->fd >= 0)
 		close(sb->fd);
+	if (sb->ram_conn >= 0)
+		close(sb->ram_conn);
 	cap_sandbox_net_free(sb->net);
 	cap_client_fini(&sb->client);
 	if (sb->owned_run_dir)

@@ -5,7 +5,8 @@ call each (it writes a mark in /work, on disk, and in /tmp, in guest RAM),
 left idle until the server has paused every VM (a short --idle-pause,
 real time), and the host memory held at N paused VMs is read: the change
 in AnonPages + Shmem in /proc/meminfo since before the first identity, and
-the sum of the VMs' memory cgroups. Then ROUNDS rounds of calls spread over
+the sum of the VMs' memory cgroups, and the CPU that the paused QEMUs and
+the server use over 5 s. Then ROUNDS rounds of calls spread over
 all N in random order, CONCURRENCY at a time: each identity's status (must
 be paused), a call that resumes it, and a second call at once to the now
 running VM, both reading the two marks back. Between rounds the server
@@ -105,6 +106,19 @@ def cgroup_usage(pid):
                 except OSError:
                     pass
     return None
+
+
+def cpu_ticks(pids):
+    """utime + stime of these processes (every thread), in clock ticks."""
+    t = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            t += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return t
 
 
 def pct(xs, q):
@@ -287,6 +301,13 @@ try:
         f"cgroups {cg_sum // 1024} MiB; QEMU processes {len(qp)}, resident {resident}")
     if len(qp) != resident:
         problem(f"{len(qp)} QEMU processes, {resident} resident VMs, at {N} paused")
+    # What the paused VMs cost the host's CPU (they should cost nothing).
+    a = cpu_ticks(qp + [proc.pid])
+    t = time.perf_counter()
+    time.sleep(5)
+    b = cpu_ticks(qp + [proc.pid])
+    paused_cpu = (b - a) / os.sysconf("SC_CLK_TCK") / (time.perf_counter() - t) * 100
+    say(f"{N} paused QEMUs and the server over 5 s: {paused_cpu:.2f} % of a core")
 
     # Calls spread over them.
     resume_ms, warm_ms, bad_state = [], [], []
@@ -355,6 +376,7 @@ try:
     print(f"lost {len(lost)} {N}")
     print(f"qemu {len(qp)} {resident}")
     print(f"shutdown {took * 1000:.0f} {qleft}")
+    print(f"paused_cpu {paused_cpu:.2f} {N}")
     say(f"{len(resume_ms)} resumes p50 {statistics.median(resume_ms):.1f} p99 {pct(resume_ms, 99):.1f} max "
         f"{max(resume_ms):.1f} ms; {len(warm_ms)} warm p50 {statistics.median(warm_ms):.1f} p99 "
         f"{pct(warm_ms, 99):.1f} max {max(warm_ms):.1f} ms")

@@ -300,6 +300,8 @@ if [ -s "$bench_home/fullhost" ]; then
 	awk -v a="$(fh_row mem_per_vm 2)" -v b="$(fh_row mem_per_vm 3)" 'BEGIN {
 		if (b > 0) printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", "(o) full host: held per paused VM vs its jail cgroup", a / 1024, b / 1024, a / b
 		else printf "%-59s %8.1fMiB %12s %8s\n", "(o) full host: held per paused VM vs its jail cgroup", a / 1024, "-", "-" }'
+	awk -v a="$(fh_row paused_cpu 2)" -v n="$(fh_row paused_cpu 3)" 'BEGIN {
+		printf "%-59s %11.2f%% %12s %8s\n", "(o) full host: CPU of " n " paused QEMUs + serve, % of a core", a, "-", "-" }'
 	awk -v l="$(fh_row lost 2)" -v n="$(fh_row lost 3)" -v q="$(fh_row qemu 2)" -v r="$(fh_row qemu 3)" 'BEGIN {
 		printf "%-59s %12s %12s %8s\n", "(o) full host: VMs lost; QEMU processes vs resident VMs", l "/" n " lost", q " vs " r, "-" }'
 	awk -v a="$(fh_row shutdown 2)" -v b="$(fh_row shutdown 3)" -v n="$fullhost_n" 'BEGIN {

@@ -332,6 +332,22 @@ try:
             if r2 is not None:
                 (warm_ms if s2 == "running" else resume_ms).append(b)
 
+    # While the rounds run: the CPU of every QEMU and the server, and how
+    # many VMs are running (not paused) on average, sampled every 0.5 s.
+    running_samples = []
+    sampling = threading.Event()
+
+    def sampler():
+        k = Connection(sock, timeout=60)
+        while not sampling.wait(0.5):
+            sb = k.call("list")["result"]["sandboxes"]
+            running_samples.append(sum(1 for x in sb if x["state"] == "running"))
+        k.close()
+
+    sth = threading.Thread(target=sampler, daemon=True)
+    sth.start()
+    rounds_a = cpu_ticks(qp + [proc.pid])
+    rounds_t = time.perf_counter()
     for rnd in range(ROUNDS):
         t = time.perf_counter()
         run_workers(random.sample(range(N), N), visit)
@@ -340,6 +356,12 @@ try:
         if left:
             problem(f"round {rnd + 1}: not every VM paused again: "
                     f"{sorted((k, v) for k, v in left.items() if v != 'paused')}")
+    rounds_cpu = (cpu_ticks(qp + [proc.pid]) - rounds_a) / os.sysconf("SC_CLK_TCK") / (time.perf_counter() - rounds_t) * 100
+    sampling.set()
+    sth.join()
+    say(f"during the rounds: QEMUs and the server used {rounds_cpu:.0f} % of a core; "
+        f"{statistics.mean(running_samples) if running_samples else 0:.1f} VMs running on average "
+        f"(max {max(running_samples, default=0)}), the rest paused")
     if bad_state:
         say(f"{len(bad_state)} visits did not find paused-then-running: {bad_state[:10]}")
 

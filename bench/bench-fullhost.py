@@ -135,7 +135,7 @@ def log_lines(names, limit=20):
             lines = f.read().splitlines()
     except OSError:
         return []
-    keys = [n for n in names if n] + ["error", "fail", "cannot", "lost", "died", "killed"]
+    keys = [n for n in names if n] + ["error", "fail", "cannot", "lost", "died", "killed", "went away", "refus"]
     return [l for l in lines if any(k in l for k in keys)][-limit:]
 
 
@@ -408,8 +408,9 @@ except BaseException as e:
 finally:
     if proc is not None:
         stop_server()
-    if problems:
-        say(f"{len(problems)} problem(s); server log lines about them:")
-        for line in log_lines([names.get(i) for i in faulty]):
+    lines = log_lines([names.get(i) for i in faulty])
+    if problems or lines:
+        say(f"{len(problems)} problem(s); server log lines about them or about failures:")
+        for line in lines:
             print(f"bench-fullhost: log: {line}", file=sys.stderr)
     subprocess.run(["rm", "-rf", rt])

@@ -141,6 +141,17 @@ echo "bench: a full host: $fullhost_n identities paused, 3 rounds of calls over 
 python3 "$top/bench/bench-fullhost.py" "$capsule" "$fullhost_n" >"$bench_home/fullhost" || : >"$bench_home/fullhost"
 fh_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fullhost"; }
 
+# (p) idle cost: host memory held by N = 1, 10, 50 idle named sandboxes,
+# paused and running, and host CPU per idle running one (N = 1, 10), with
+# the template's RAM shared and with a per-VM copy (CAPSULE_SHARED_RAM=0),
+# each about two and a half minutes on a busy 2-core host (bench/bench-density.py).
+echo "bench: idle cost: 1, 10 and 50 sandboxes paused and running, shared RAM and per-VM copy..." >&2
+python3 "$top/bench/bench-density.py" "$capsule" "$top/$build/bench/bench-pause" 1 10 50 >"$bench_home/density" 2>/dev/null ||
+	: >"$bench_home/density"
+CAPSULE_SHARED_RAM=0 python3 "$top/bench/bench-density.py" "$capsule" "$top/$build/bench/bench-pause" 1 10 50 \
+	>"$bench_home/density-copy" 2>/dev/null || : >"$bench_home/density-copy"
+dn_row() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n { print $'"$3"' }' "$bench_home/density${4:-}"; }
+
 # (h) templates: new sandbox to first result, restored against cold boot
 # (in-process, medians), and against gVisor's `runsc do true`.
 echo "bench: new sandboxes: template restore, cold boot, each with and without the jail; runsc do true..." >&2
@@ -229,8 +240,9 @@ awk -v a="$(start_row restore)" -v b="$(start_row cold)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox to result: template vs cold", a, b, a / b }'
 awk -v a="$(start_row restore)" -v b="$runsc_ms" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox: template vs runsc do true", a, b, a / b }'
-awk -v a="$(start_row pss_restore)" -v b="$(start_row pss_cold)" 'BEGIN {
-	printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", "(h) idle QEMU PSS: restored vs cold-booted", a / 1024, b / 1024, a / b }'
+awk -v a="$(dn_row mem_released 10 3)" -v b="$(start_row pss_restore)" 'BEGIN {
+	if (a > 0) printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", "(h) idle restored VM: held per sandbox at N=10 vs QEMU PSS", a / 1024, b / 1024, a / b
+	else printf "%-59s %12s %8.1fMiB %8s\n", "(h) idle restored VM: held per sandbox at N=10 vs QEMU PSS", "failed", b / 1024, "-" }'
 awk -v a="$(start_row restore)" -v b="$(nojail_row restore)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.2fx\n", "(i) new sandbox (template): jail vs no jail", a, b, a / b }'
 awk -v a="$(start_row cold)" -v b="$(nojail_row cold)" 'BEGIN {
@@ -286,6 +298,29 @@ awk -v s="$(du_row write_durable 5)" -v a="$(du_row write_durable 2)" -v ft="$(d
 		printf "%-59s %10.0fms %10.1fms %7.2fx\n", "(n) 4 KiB write: flush (EXIT sync_ms p50) vs its exec p50", s, a / 1000, s / (a / 1000)
 		printf "%-59s %12s %12s %8s\n", "(n) ends that flushed: `true` vs 4 KiB write (durable)", ft "/" n, fw "/" n, "-"
 	} }'
+# (p): "held" is what removing them released (AnonPages + Shmem of
+# /proc/meminfo, read around each stage of the teardown), "host" the change
+# since before the first start (noisier: all other work on the host), "jail"
+# the VMs' memory cgroups (anon + shmem) plus their shims' anonymous memory.
+for n in 1 10 50; do
+	awk -v n="$n" -v a="$(dn_row mem_released $n 3)" -v b="$(dn_row mem_released $n 3 -copy)" 'BEGIN {
+		m = "(p) held per paused sandbox, N=" n ": shared vs per-VM RAM"
+		if (a > 0 && b > 0) printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", m, a / 1024, b / 1024, a / b
+		else printf "%-59s %12s %12s %8s\n", m, (a > 0) ? sprintf("%8.1fMiB", a / 1024) : "failed", (b > 0) ? sprintf("%8.1fMiB", b / 1024) : "failed", "-" }'
+	for r in running:3:host paused:4:jail; do
+		st=${r%%:*}; c=${r#*:}
+		awk -v n="$n" -v st="$st" -v w="${c#*:}" -v a="$(dn_row mem_$st $n ${c%:*})" -v b="$(dn_row mem_$st $n ${c%:*} -copy)" 'BEGIN {
+			m = "(p) " w " per " st " sandbox, N=" n ": shared vs per-VM RAM"
+			if (a != "" && b > 0) printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", m, a / 1024, b / 1024, a / b
+			else printf "%-59s %12s %12s %8s\n", m, "failed", "-", "-" }'
+	done
+done
+for n in 1 10; do
+	awk -v n="$n" -v a="$(dn_row cpu $n 3)" -v b="$(dn_row cpu $n 3 -copy)" -v s="$(dn_row cpu $n 4)" 'BEGIN {
+		m = "(p) CPU per idle running QEMU, N=" n ", % core: shared vs copy"
+		if (a != "" && b != "") printf "%-59s %11.2f%% %11.2f%% %7.2fx\n", m, a, b, (b > 0) ? a / b : 0
+		else printf "%-59s %12s %12s %8s\n", m, "failed", "-", "-" }'
+done
 if [ -s "$bench_home/fullhost" ]; then
 	awk -v a="$(fh_row answered 2)" -v b="$(fh_row answered 3)" -v n="$fullhost_n" 'BEGIN {
 		printf "%-59s %12s %12s %8s\n", "(o) full host, " n " identities: calls answered / sent", a "/" b, "-", "-" }'

@@ -207,6 +207,12 @@ static int cg_create(const struct cgroups *cg, const char *name,
 		     struct cap_err *err)
 {
 	unsigned long long mem = ((unsigned long long)spec->memory_mib + OVERHEAD_MIB) << 20;
+	/* A guest's first write to a page the template never touched
+	 * fills that hole of the shared memfd with a zero page (shmem has
+	 * no shared zero page), charged here, besides its private copy:
+	 * up to guest RAM more, unreclaimable without swap. */
+	if (spec->ram_fd > 0)
+		mem += (unsigned long long)spec->memory_mib << 20;
 	unsigned pids = 128 + 2 * spec->cpus;
 	unsigned n = cg_dirs(cg, name, out), i;
 	int r;

@@ -5,7 +5,8 @@ call each (it writes a mark in /work, on disk, and in /tmp, in guest RAM),
 left idle until the server has paused every VM (a short --idle-pause,
 real time), and the host memory held at N paused VMs is read: the change
 in AnonPages + Shmem in /proc/meminfo since before the first identity, and
-the sum of the VMs' memory cgroups, and the CPU that the paused QEMUs and
+the sum of the VMs' memory cgroups (the template's shared RAM, held by
+its capsule ram-holder outside them, is in the first figure only), and the CPU that the paused QEMUs and
 the server use over 5 s. Then ROUNDS rounds of calls spread over
 all N in random order, CONCURRENCY at a time: each identity's status (must
 be paused), a call that resumes it, and a second call at once to the now

@@ -419,10 +419,10 @@ static int probe_cgroups(const struct cgroups *cg, char *detail, size_t len)
 		return r;
 	}
 	if (cg->version == 2)
-		snprintf(detail, len, "cgroup v2 %s/%.200s/vm-N: memory.max = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.weight 100 per vCPU",
+		snprintf(detail, len, "cgroup v2 %s/%.200s/vm-N: memory.max = guest RAM + %d MiB (twice the RAM with shared template RAM), pids.max = 128 + 2 per vCPU, cpu.weight 100 per vCPU",
 			 cg->root, cg->parent, OVERHEAD_MIB);
 	else
-		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%.200s/vm-N: memory limit = guest RAM + %d MiB, pids.max = 128 + 2 per vCPU, cpu.shares 1024 per vCPU",
+		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%.200s/vm-N: memory limit = guest RAM + %d MiB (twice the RAM with shared template RAM), pids.max = 128 + 2 per vCPU, cpu.shares 1024 per vCPU",
 			 cg->root, cg->parent, OVERHEAD_MIB);
 	return 0;
 }

@@ -10,7 +10,6 @@
 
 #include "cli.h"
 #include "log.h"
-#include "sandbox-internal.h"	/* cap_ramhold_serve: belongs in sandbox.h */
 
 static const char usage[] =
 	"Usage: capsule COMMAND [OPTIONS]\n"

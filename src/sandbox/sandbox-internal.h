@@ -26,9 +26,6 @@ void cap_template_discard(const char *dir);
  * been open for a while. Both are the caller's to close. -errno with err
  * saying why (the caller then copies the RAM instead). */
 int cap_ramhold_get(const char *tdir, int *conn, struct cap_err *err);
-/* The holder itself, serving listening socket lfd until it is idle or its
- * template goes; logs through cap_log. The exit code. */
-int cap_ramhold_serve(const char *tdir, int lfd);
 /* False when CAPSULE_SHARED_RAM=0 asks for a per-VM copy. */
 bool cap_ramhold_enabled(void);
 

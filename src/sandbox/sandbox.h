@@ -221,4 +221,10 @@ int cap_sandbox_shutdown(struct cap_sandbox *sb, int grace_ms,
 /* Kill what is still running and remove the run directory. NULL is ok. */
 void cap_sandbox_free(struct cap_sandbox *sb);
 
+/* The holder of a template's shared RAM (`capsule ram-holder`, started
+ * by the sandbox layer itself; src/sandbox/sandbox-ramhold.c): serves the
+ * listening socket lfd until it is idle or its template in directory
+ * tdir goes; logs through cap_log. The process's exit code. */
+int cap_ramhold_serve(const char *tdir, int lfd);
+
 #endif

@@ -36,7 +36,7 @@
 #include "sandbox-internal.h"
 #include "util.h"
 
-#define IDLE_S 600
+#define IDLE_S 60
 #define CHECK_MS 2000
 #define RECV_TIMEOUT_S 10
 #define MAGIC 0x6361707372616d31ull	/* "capsram1" */

@@ -22,6 +22,9 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 tests=$(cd "$(dirname "$0")/.." && pwd)
 top=$(cd "$tests/.." && pwd)
 . "$(dirname "$0")/lib.sh"
+# A template's RAM holder outlives its VMs by this long (it is ours too:
+# the last check waits for it to end).
+export CAPSULE_RAM_HOLDER_IDLE_S=1
 . "$top/scripts/fake-internet.sh"
 fake="$tests/net/fakenet.py"
 client="$tests/net/guest-https.py"
@@ -350,6 +353,7 @@ check "net log names the secrets (by name) and never a value" \
 c rm -f "$sb" >/dev/null 2>&1
 c rm -f miss >/dev/null 2>&1
 sandboxes=
+wait_for '! ip netns pids "$capns" | xargs -r ps -o args= -p | grep -q "ram-holder"' 100
 for p in $(ip netns pids "$capns"); do
 	[ "$p" = "$holder" ] || echo "# left in CAPNS: $(ps -o pid=,args= -p "$p")"
 done

@@ -80,7 +80,7 @@ export CAPSULE_AGENT="$top/$build/capsule-agent"
 # them again (the python image: a minute of debootstrap each time).
 CAPSULE_TEST_SHARE=$(mktemp -d /tmp/cshare.XXXXXX)
 export CAPSULE_TEST_SHARE
-trap 'kill "$asanpid" 2>/dev/null; rm -f "$results" "${bglog:-}" "$asanlog" "$asanok"; rm -rf "$CAPSULE_TEST_SHARE"' EXIT
+trap 'kill "$asanpid" 2>/dev/null; rm -f "$results" "${bglog:-}" "${durlog:-}" "$asanlog" "$asanok"; rm -rf "$CAPSULE_TEST_SHARE"' EXIT
 vmhome=$(mktemp -d /tmp/cv.XXXXXX)
 CAPSULE_HOME="$vmhome" suite "integration/vm-restored" "$build/tests/test-vm"
 CAPSULE_HOME="$vmhome" CAPSULE_TEMPLATES=0 suite "integration/vm-cold" "$build/tests/test-vm"
@@ -91,15 +91,20 @@ suite "integration/cli" tests/integration/test-cli.sh "$build/capsule"
 # debootstrap; its lines are printed when it ends. Not beside the jail
 # suite: its `capsule serve` removes leftover jail cgroups, which that
 # suite checks for.
+# Durable results (issue 19: writes kept through SIGKILL of QEMU) runs
+# there too: its checks count and compare, none is timed, and it kills
+# only its own QEMUs.
 bglog=$(mktemp)
+durlog=$(mktemp)
 suite "integration/deb" tests/integration/test-deb.sh "$build/capsule" >"$bglog" 2>&1 &
 bgpid=$!
+suite "integration/durable" tests/integration/test-durable.sh "$build/capsule" >"$durlog" 2>&1 &
+durpid=$!
 suite "integration/sandbox" tests/integration/test-sandbox.sh "$build/capsule"
 wait "$bgpid"
-cat "$bglog"
-rm -f "$bglog"
-# Durable results (issue 19): writes kept through SIGKILL of QEMU.
-suite "integration/durable" tests/integration/test-durable.sh "$build/capsule"
+wait "$durpid"
+cat "$bglog" "$durlog"
+rm -f "$bglog" "$durlog"
 suite "integration/contain" tests/integration/test-contain.sh "$build/capsule"
 suite "integration/disk" tests/integration/test-disk.sh "$build/capsule"
 suite "integration/source" tests/integration/test-source.sh "$build/capsule"

@@ -59,6 +59,10 @@ clean_after "Ctrl-C"
 
 # A guest that does not end a command on time (its QEMU frozen with
 # SIGSTOP) is given up on at the timeout + 5 s and its VM destroyed.
+# $out still says "started" from the Ctrl-C test: emptied first, or the
+# wait below could end before this command's redirection (a run under
+# load froze no QEMU that way).
+: >"$out"
 timeout -s KILL 30 "$capsule" run -q --timeout 2 -- sh -c 'echo started; exec sleep 100' >"$out" 2>"$err" &
 pid=$!
 wait_for 'grep -q started "$out" 2>/dev/null'

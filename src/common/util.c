@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/sendfile.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -64,6 +65,26 @@ char *xasprintf(const char *fmt, ...)
 	if (r < 0)
 		oom(strlen(fmt));
 	return s;
+}
+
+int cap_copy_sparse(int in, int out, off_t end)
+{
+	for (off_t off = 0; off < end;) {
+		off_t data = lseek(in, off, SEEK_DATA);
+		if (data < 0)
+			return errno == ENXIO ? 0 : -errno;
+		off_t hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0 || lseek(out, data, SEEK_SET) < 0)
+			return -errno;
+		for (off = data; off < hole;) {
+			ssize_t k = sendfile(out, in, &off, (size_t)(hole - off));
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0)
+				return k < 0 ? -errno : -EIO;
+		}
+	}
+	return 0;
 }
 
 int cap_write_all(int fd, const void *buf, size_t len)

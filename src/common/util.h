@@ -59,6 +59,10 @@ static inline void cap_closep(int *fd)
 
 /* Write all of buf, retrying on EINTR and short writes. 0 or -errno. */
 int cap_write_all(int fd, const void *buf, size_t len);
+/* Copy the data parts of in's first end bytes into out at the same
+ * offsets (sendfile: once, in the kernel); holes stay holes. out's size
+ * is the caller's to set. 0 or -errno. */
+int cap_copy_sparse(int in, int out, off_t end);
 
 /* mkdir -p with mode for the components it creates. 0 or -errno. */
 int cap_mkdir_p(const char *path, unsigned mode);

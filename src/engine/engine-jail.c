@@ -17,7 +17,6 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -818,29 +817,13 @@ static void bind_file(const struct child *c, const char *src, const char *dst,
 	}
 }
 
-/* Copy the data parts of a sparse file; holes stay holes. sendfile
- * copies once, in the kernel. */
+/* A sparse file copied whole, holes kept (cap_copy_sparse). */
 static int copy_sparse(int in, int out)
 {
 	off_t end = lseek(in, 0, SEEK_END);
 	if (end < 0 || ftruncate(out, end) < 0)
 		return -errno;
-	for (off_t off = 0; off < end;) {
-		off_t data = lseek(in, off, SEEK_DATA);
-		if (data < 0)
-			return errno == ENXIO ? 0 : -errno;
-		off_t hole = lseek(in, data, SEEK_HOLE);
-		if (hole < 0 || lseek(out, data, SEEK_SET) < 0)
-			return -errno;
-		for (off = data; off < hole;) {
-			ssize_t k = sendfile(out, in, &off, (size_t)(hole - off));
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k <= 0)
-				return k < 0 ? -errno : -EIO;
-		}
-	}
-	return 0;
+	return cap_copy_sparse(in, out, end);
 }
 
 static void build_root(const struct child *c)

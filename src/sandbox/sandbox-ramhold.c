@@ -23,7 +23,6 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -74,27 +73,6 @@ static int try_connect(int dirfd)
 	return fd;
 }
 
-/* Copy the data parts of a sparse file; holes stay holes. */
-static int copy_sparse(int in, int out, off_t end)
-{
-	for (off_t off = 0; off < end;) {
-		off_t data = lseek(in, off, SEEK_DATA);
-		if (data < 0)
-			return errno == ENXIO ? 0 : -errno;
-		off_t hole = lseek(in, data, SEEK_HOLE);
-		if (hole < 0 || lseek(out, data, SEEK_SET) < 0)
-			return -errno;
-		for (off = data; off < hole;) {
-			ssize_t k = sendfile(out, in, &off, (size_t)(hole - off));
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k <= 0)
-				return k < 0 ? -errno : -EIO;
-		}
-	}
-	return 0;
-}
-
 /* The template's RAM in a new sealed memfd; *id says which file it was. */
 static int make_memfd(const char *tdir, struct hello *id, struct cap_err *err)
 {
@@ -106,7 +84,7 @@ static int make_memfd(const char *tdir, struct hello *id, struct cap_err *err)
 	int fd = (int)syscall(SYS_memfd_create, "capsule-template-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return cap_err_set(err, errno, "memfd_create: %s", strerror(errno));
-	int r = ftruncate(fd, st.st_size) < 0 ? -errno : copy_sparse(in, fd, st.st_size);
+	int r = ftruncate(fd, st.st_size) < 0 ? -errno : cap_copy_sparse(in, fd, st.st_size);
 	if (r < 0) {
 		close(fd);
 		return cap_err_set(err, -r, "cannot copy %s into a memfd: %s", path, strerror(-r));

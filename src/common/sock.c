@@ -80,3 +80,24 @@ int cap_unix_activated(char **path, struct cap_err *err)
 		return cap_err_set(err, ENOMEM, "out of memory");
 	return fd;
 }
+
+ssize_t cap_send_fd(int sock, int fd, const void *p, size_t len, int flags)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct iovec iov = { (void *)p, len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	ssize_t n;
+	while ((n = sendmsg(sock, &m, MSG_NOSIGNAL | flags)) < 0 && errno == EINTR)
+		;
+	return n < 0 ? -errno : n;
+}

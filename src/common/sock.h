@@ -2,6 +2,8 @@
 #ifndef CAP_SOCK_H
 #define CAP_SOCK_H
 
+#include <sys/types.h>
+
 #include "err.h"
 
 /* Listen on path (a stale socket file there is replaced) with mode 0600,
@@ -19,5 +21,11 @@ int cap_unix_listen(const char *path, struct cap_err *err);
  * when nothing was passed to this process, other -errno with err saying
  * what is wrong with what was passed. */
 int cap_unix_activated(char **path, struct cap_err *err);
+
+/* sendmsg of the len bytes at p with descriptor fd attached
+ * (SCM_RIGHTS), retried on EINTR; flags as sendmsg's (MSG_NOSIGNAL is
+ * added). The bytes sent (the descriptor went with the first), or
+ * -errno. */
+ssize_t cap_send_fd(int sock, int fd, const void *p, size_t len, int flags);
 
 #endif

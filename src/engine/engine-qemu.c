@@ -467,26 +467,12 @@ static int qmp_send(struct cap_vm *vm, const char *req, int fd)
 {
 	if (fd < 0)
 		return cap_write_all(vm->qmp_fd, req, strlen(req));
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	memset(&u, 0, sizeof(u));
-	struct iovec iov = { (void *)req, strlen(req) };
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof(int));
-	ssize_t n;
-	while ((n = sendmsg(vm->qmp_fd, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-		;
+	size_t len = strlen(req);
+	ssize_t n = cap_send_fd(vm->qmp_fd, fd, req, len, 0);
 	if (n < 0)
-		return -errno;
+		return (int)n;
 	/* The descriptor went with the first byte; the rest is plain. */
-	return (size_t)n < iov.iov_len ? cap_write_all(vm->qmp_fd, req + n, iov.iov_len - (size_t)n) : 0;
+	return (size_t)n < len ? cap_write_all(vm->qmp_fd, req + n, len - (size_t)n) : 0;
 }
 
 static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,

@@ -33,6 +33,7 @@
 #include "log.h"
 #include "paths.h"
 #include "sandbox-internal.h"
+#include "sock.h"
 #include "util.h"
 
 #define IDLE_S 60
@@ -102,23 +103,7 @@ static int make_memfd(const char *tdir, struct hello *id, struct cap_err *err)
 
 static int send_fd(int sock, const struct hello *id, int fd)
 {
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	memset(&u, 0, sizeof(u));
-	struct iovec iov = { (void *)id, sizeof(*id) };
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof(int));
-	ssize_t n;
-	while ((n = sendmsg(sock, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR)
-		;
-	return n == (ssize_t)sizeof(*id) ? 0 : -EIO;
+	return cap_send_fd(sock, fd, id, sizeof(*id), MSG_DONTWAIT) == (ssize_t)sizeof(*id) ? 0 : -EIO;
 }
 
 /* Whether tdir still holds the RAM file the memfd was made from and

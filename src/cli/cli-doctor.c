@@ -84,6 +84,17 @@ int cap_cli_doctor(int argc, char **argv)
 				   "            CAPSULE_REQUIRE_KVM=1 so that capsule refuses to start without it.\n");
 		}
 	}
+	/* Under TCG, the guest's clock: the host's TSC, or jiffies. */
+	if (err.code == 0 && ac.accel == CAP_ACCEL_TCG) {
+		unsigned khz = cap_engine_tsc_khz();
+		if (khz)
+			fprintf(t, "guest clock: the host's TSC at %u kHz (an idle guest's tick stops)\n", khz);
+		else
+			fprintf(t, "guest clock: jiffies (%s): an idle guest ticks 250 times a second, about 5 %% of a core\n",
+				getenv("CAPSULE_GUEST_TSC") && strcmp(getenv("CAPSULE_GUEST_TSC"), "0") == 0
+				? "CAPSULE_GUEST_TSC=0" : "this host's TSC is not constant and nonstop");
+		json_object_set_new(o, "guest_clock", json_pack("{s:s, s:i}", "source", khz ? "tsc" : "jiffies", "tsc_khz", (int)khz));
+	}
 	bool kvm_dev = access("/dev/kvm", F_OK) == 0;
 	json_object_set_new(o, "kvm", json_pack("{s:s, s:b, s:b, s:b}", "device", "/dev/kvm", "present", kvm_dev,
 						"writable", kvm_dev && access("/dev/kvm", R_OK | W_OK) == 0, "used",

@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <signal.h>
 #include <sys/sendfile.h>
@@ -65,6 +67,17 @@ char *xasprintf(const char *fmt, ...)
 	if (r < 0)
 		oom(strlen(fmt));
 	return s;
+}
+
+void cap_file_id(const char *path, char *buf, size_t len)
+{
+	char real[PATH_MAX];
+	struct stat st = { 0 };
+	if (!realpath(path, real))
+		snprintf(real, sizeof(real), "%s", path);
+	stat(real, &st);
+	snprintf(buf, len, "%s:%lld:%lld.%09ld", real, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+		 st.st_mtim.tv_nsec);
 }
 
 int cap_copy_sparse(int in, int out, off_t end)

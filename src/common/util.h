@@ -64,6 +64,10 @@ int cap_write_all(int fd, const void *buf, size_t len);
  * is the caller's to set. 0 or -errno. */
 int cap_copy_sparse(int in, int out, off_t end);
 
+/* A file's identity for a cache key, "REALPATH:SIZE:MTIME" into buf
+ * (path as given, size 0, when it cannot be resolved or stat'ed). */
+void cap_file_id(const char *path, char *buf, size_t len);
+
 /* mkdir -p with mode for the components it creates. 0 or -errno. */
 int cap_mkdir_p(const char *path, unsigned mode);
 /* Read exactly len bytes. 0, -errno, or -EPIPE on early end of file. */

@@ -1,5 +1,6 @@
 /* QEMU microvm behind the engine interface. */
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
@@ -68,6 +69,14 @@ static void first_line(void *ud, const char *line)
 	char **out = ud;
 	if (!*out)
 		*out = xstrdup(line);
+}
+
+char *cap_engine_identity(enum cap_accel accel)
+{
+	_cleanup_free_ char *found = cap_find_program(QEMU);
+	char id[PATH_MAX + 64];
+	cap_file_id(found ? found : QEMU, id, sizeof(id));
+	return xasprintf("qemu=%s tsc_khz=%u", id, accel == CAP_ACCEL_TCG ? cap_engine_tsc_khz() : 0);
 }
 
 int cap_engine_version(char **out, struct cap_err *err)
@@ -207,8 +216,15 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup(jailed ? CAP_JAIL_KERNEL : cfg->kernel));
 	arg(a, xstrdup("-initrd"));
 	arg(a, xstrdup(jailed ? CAP_JAIL_INITRD : cfg->initrd));
+	/* Under TCG the guest's TSC is the host's, but its kernel's
+	 * calibration fails: given the rate, it keeps the TSC as its clock
+	 * and an idle guest's tick stops (cap_engine_tsc_khz). */
+	unsigned tsc = kvm ? 0 : cap_engine_tsc_khz();
+	char clock[64] = "";
+	if (tsc)
+		snprintf(clock, sizeof(clock), " tsc_early_khz=%u tsc=reliable", tsc);
 	arg(a, xstrdup("-append"));
-	arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s",
+	arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s%s", clock,
 			 cfg->append_extra ? " " : "",
 			 cfg->append_extra ? cfg->append_extra : ""));
 	/* Descriptor sets: set N+1 holds descriptor slot N. */

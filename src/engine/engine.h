@@ -30,6 +30,20 @@ const char *cap_engine_accel_name(enum cap_accel a);
 int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 			    struct cap_err *err);
 
+/* What in the engine shapes a VM's saved state, for a template's key: its
+ * binary's identity and, under TCG, the guest's TSC rate. New string. */
+char *cap_engine_identity(enum cap_accel accel);
+
+/* The host's TSC rate in kHz, which a guest under TCG reads as its own
+ * (QEMU's rdtsc is the host's counter): given to the guest kernel
+ * (tsc_early_khz, tsc=reliable), whose calibration fails under TCG and
+ * leaves it on the jiffies clock, whose tick never stops (about 5 % of a
+ * core per idle VM). Measured once per host boot against
+ * CLOCK_MONOTONIC_RAW and kept in the cache directory; /proc/cpuinfo's
+ * figure when it agrees. 0 when the TSC is not constant and nonstop
+ * (the constant_tsc and nonstop_tsc flags), or with CAPSULE_GUEST_TSC=0. */
+unsigned cap_engine_tsc_khz(void);
+
 /* "QEMU emulator version 7.2.22 ..." first line, new string; or -errno. */
 int cap_engine_version(char **out, struct cap_err *err);
 

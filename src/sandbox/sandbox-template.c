@@ -37,13 +37,9 @@ static char *templates_dir(void)
 /* Identity of a file for the key: real path, size, mtime. */
 static void hash_file_id(struct cap_sha256 *h, const char *what, const char *path)
 {
-	char real[PATH_MAX], line[PATH_MAX + 128];
-	struct stat st = { 0 };
-	if (!realpath(path, real))
-		snprintf(real, sizeof(real), "%s", path);
-	stat(real, &st);
-	int n = snprintf(line, sizeof(line), "%s=%s:%lld:%lld.%09ld\n", what, real, (long long)st.st_size,
-			 (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+	char id[PATH_MAX + 64], line[PATH_MAX + 128];
+	cap_file_id(path, id, sizeof(id));
+	int n = snprintf(line, sizeof(line), "%s=%s\n", what, id);
 	cap_sha256_update(h, line, (size_t)n);
 }
 
@@ -54,14 +50,16 @@ static void template_key(const struct cap_sandbox_opts *o, const struct cap_vm_c
 	struct cap_sha256 h;
 	char line[512];
 	int n;
-	/* The QEMU binary that will run. */
-	_cleanup_free_ char *found = cap_find_program("qemu-system-x86_64");
-	const char *qemu = found ? found : "qemu-system-x86_64";
+	/* The engine that will run it: its binary, its guest clock. */
+	_cleanup_free_ char *engine = cap_engine_identity(cfg->accel);
 
 	cap_sha256_init(&h);
 	n = snprintf(line, sizeof(line), "%s placeholder=%llu\n", LAYOUT, PLACEHOLDER_BYTES);
 	cap_sha256_update(&h, line, (size_t)n);
-	hash_file_id(&h, "qemu", qemu);
+	n = snprintf(line, sizeof(line), "engine=");
+	cap_sha256_update(&h, line, (size_t)n);
+	cap_sha256_update(&h, engine, strlen(engine));
+	cap_sha256_update(&h, "\n", 1);
 	hash_file_id(&h, "kernel", cfg->kernel);
 	hash_file_id(&h, "initrd", cfg->initrd);
 	n = snprintf(line, sizeof(line), "accel=%s cpus=%u mem=%u append=%s\n", cap_engine_accel_name(cfg->accel),

@@ -9,7 +9,7 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 c() { "$capsule" "$@"; }
 count() { c template ls | tail -n +2 | wc -l; }
 
-echo "1..15"
+echo "1..17"
 
 check "no template before the first VM" '[ "$(count)" -eq 0 ]'
 c run -q -v -- echo one >"$out" 2>"$err"
@@ -56,4 +56,21 @@ check "a restored sandbox with a 64 MiB /work sees its own size ($size MiB)" '[ 
 c exec s3 -- sh -c 'dd if=/dev/zero of=/work/big bs=1M count=100' >"$out" 2>"$err"
 check "and its quota: ENOSPC at 64 MiB" 'grep -q "No space left on device" "$err"'
 for s in s1 s2 s3; do c rm --force $s >/dev/null 2>&1; done
+
+# Under TCG the guest's TSC is the host's; told its rate, the guest keeps
+# it as its clock, and an idle guest's tick can stop (the jiffies clock
+# it falls back to otherwise ticks 250 times a second: ~5 % of a core).
+c run -v -- cat /sys/devices/system/clocksource/clocksource0/current_clocksource >"$out" 2>"$err"
+cs=$(cat "$out")
+if ! grep -q "using TCG" "$err"; then
+	skip "the guest's clock under TCG" "this host runs VMs under KVM"
+	skip "CAPSULE_GUEST_TSC=0" "this host runs VMs under KVM"
+elif ! grep -q ' constant_tsc' /proc/cpuinfo || ! grep -q ' nonstop_tsc' /proc/cpuinfo; then
+	skip "the guest's clock under TCG" "this host's TSC is not constant and nonstop"
+	skip "CAPSULE_GUEST_TSC=0" "this host's TSC is not constant and nonstop"
+else
+	check "under TCG the restored guest keeps the host's TSC as its clock ($cs)" 'case "$cs" in tsc|tsc-early) true ;; *) false ;; esac'
+	cs=$(CAPSULE_GUEST_TSC=0 c run -q -- cat /sys/devices/system/clocksource/clocksource0/current_clocksource)
+	check "CAPSULE_GUEST_TSC=0 makes another template, whose guest falls back to jiffies ($cs)" '[ "$cs" = refined-jiffies ] && [ "$(count)" -eq 5 ]'
+fi
 clean_after "template suite"

@@ -48,18 +48,35 @@ int cap_cli_doctor(int argc, char **argv)
 	json_t *o = json_object();
 	int problems = 0;
 	struct cap_err err = { 0 };
-	_cleanup_free_ char *qemu = NULL;
+	_cleanup_free_ char *version = NULL;
 
 	fprintf(t, "capsule %s (protocol v1)\n", CAPSULE_VERSION);
 	json_object_set_new(o, "version", json_string(CAPSULE_VERSION));
 	json_object_set_new(o, "protocol", json_integer(1));
-	if (cap_engine_version(&qemu, &err) < 0) {
-		fprintf(t, "qemu:       MISSING: %s\n", err.msg);
-		json_object_set_new(o, "qemu", json_pack("{s:b, s:n, s:o}", "ok", 0, "version", "error", cap_json_text(err.msg)));
+	/* The engine (CAPSULE_ENGINE, else the default), under its own name
+	 * too: "qemu" in the JSON, as before engines. */
+	const struct cap_engine_ops *engine = NULL;
+	if (cap_engine_get(NULL, &engine, &err) < 0) {
+		fprintf(t, "engine:     REFUSED: %s\n", err.msg);
+		json_object_set_new(o, "engine", json_pack("{s:n, s:b, s:n, s:o}", "name", "ok", 0, "version", "error",
+							   cap_json_text(err.msg)));
 		problems++;
 	} else {
-		fprintf(t, "qemu:       %s\n", qemu);
-		json_object_set_new(o, "qemu", json_pack("{s:b, s:o, s:n}", "ok", 1, "version", cap_json_text(qemu), "error"));
+		const char *name = cap_engine_name(engine);
+		char label[40];
+		snprintf(label, sizeof(label), "%s:", name);
+		json_t *e;
+		if (cap_engine_version(engine, &version, &err) < 0) {
+			fprintf(t, "%-11s MISSING: %s\n", label, err.msg);
+			e = json_pack("{s:b, s:n, s:o}", "ok", 0, "version", "error", cap_json_text(err.msg));
+			problems++;
+		} else {
+			fprintf(t, "%-11s %s\n", label, version);
+			e = json_pack("{s:b, s:o, s:n}", "ok", 1, "version", cap_json_text(version), "error");
+		}
+		json_object_set(o, name, e);
+		json_object_set_new(e, "name", json_string(name));
+		json_object_set_new(o, "engine", e);
 	}
 
 	struct cap_accel_choice ac;

@@ -432,16 +432,16 @@ static void age(int64_t created, char *buf, size_t len)
 		snprintf(buf, len, "%lldd", (long long)(s / 86400));
 }
 
-/* Where a running QEMU is confined, read from /proc: its user and its
- * memory cgroup. false when it cannot tell. */
-static bool read_jail(pid_t qemu, char *uid, size_t ulen, char *cgroup, size_t clen)
+/* Where a running VM's hypervisor process is confined, read from /proc:
+ * its user and its memory cgroup. false when it cannot tell. */
+static bool read_jail(pid_t vmm, char *uid, size_t ulen, char *cgroup, size_t clen)
 {
 	char path[64];
 	_cleanup_free_ char *status = NULL, *cg = NULL;
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)qemu);
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)vmm);
 	if (cap_read_file(path, 1 << 16, &status) < 0)
 		return false;
-	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)qemu);
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)vmm);
 	if (cap_read_file(path, 1 << 16, &cg) < 0) {
 		free(cg);
 		cg = xstrdup("");
@@ -498,7 +498,7 @@ static int shown_load(const char *name, struct shown *s, struct cap_err *err)
 	s->owned_policy = cap_net_policy_describe(s->owned_net);
 	s->owned_dir = cap_named_dir(name);
 	if (s->st.state != CAP_NAMED_STOPPED)
-		s->jail = read_jail(s->st.qemu_pid, s->uid, sizeof(s->uid), s->cgroup, sizeof(s->cgroup));
+		s->jail = read_jail(s->st.vmm_pid, s->uid, sizeof(s->uid), s->cgroup, sizeof(s->cgroup));
 	if (s->rec.workspace[0]) {
 		struct cap_tree base;
 		struct cap_err e = { 0 };
@@ -540,7 +540,10 @@ static json_t *shown_json(const struct shown *s)
 	json_object_set_new(o, "name", cap_json_text(r->name));
 	json_object_set_new(o, "state", json_string(state_name(st->state)));
 	json_object_set_new(o, "shim_pid", up ? json_integer(st->shim_pid) : json_null());
-	json_object_set_new(o, "qemu_pid", up ? json_integer(st->qemu_pid) : json_null());
+	json_object_set_new(o, "engine", up && st->engine[0] ? json_string(st->engine) : json_null());
+	json_object_set_new(o, "vmm_pid", up ? json_integer(st->vmm_pid) : json_null());
+	/* vmm_pid's older name, kept for scripts (docs/cli.md). */
+	json_object_set_new(o, "qemu_pid", up ? json_integer(st->vmm_pid) : json_null());
 	json_object_set_new(o, "jail", s->jail ? json_pack("{s:s, s:o}", "uid", s->uid, "cgroup", cap_json_text(s->cgroup))
 					       : json_null());
 	json_object_set_new(o, "image", json_pack("{s:o, s:s}", "ref", cap_json_text(r->image_ref), "digest", r->image));
@@ -615,7 +618,7 @@ int cap_cli_inspect(int argc, char **argv)
 	printf("name:       %s\n", r->name);
 	printf("state:      %s\n", state_name(s.st.state));
 	if (s.st.state != CAP_NAMED_STOPPED) {
-		printf("processes:  shim %d, qemu %d\n", (int)s.st.shim_pid, (int)s.st.qemu_pid);
+		printf("processes:  shim %d, %s %d\n", (int)s.st.shim_pid, s.st.engine, (int)s.st.vmm_pid);
 		if (s.jail)
 			printf("jail:       uid %s, cgroup %s\n", s.uid, s.cgroup);
 	}

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "buf.h"
-#include "engine.h"
+#include "engine-ops.h"
 #include "jail.h"
 #include "proc.h"
 #include "sock.h"
@@ -24,7 +24,8 @@
 #define CONNECT_TIMEOUT_MS 10000
 #define QMP_TIMEOUT_MS 5000
 
-struct cap_vm {
+struct qemu_vm {
+	struct cap_vm base;	/* first: a struct qemu_vm * is a struct qemu_vm * (QVM) */
 	pid_t pid;
 	int pidfd;
 	int qmp_fd;
@@ -56,13 +57,16 @@ struct cap_vm {
 enum { FD_QMP, FD_AGENT, FD_CONSOLE, FD_DISK0 };
 #define FD_NUM(i) (3 + (i))
 
-int cap_vm_agent_fd(const struct cap_vm *vm) { return vm->agent_fd; }
-int cap_vm_event_fd(const struct cap_vm *vm) { return vm->qmp_gone ? -1 : vm->qmp_fd; }
-int cap_vm_exit_fd(const struct cap_vm *vm) { return vm->pidfd; }
-pid_t cap_vm_pid(const struct cap_vm *vm) { return vm->pid; }
-const char *cap_vm_exit_reason(const struct cap_vm *vm) { return vm->exit_reason; }
-const char *cap_vm_ram_note(const struct cap_vm *vm) { return vm->ram_note; }
-bool cap_vm_wants_ram_fd(void) { return cap_jail_would_confine(); }
+#define QVM(v) ((struct qemu_vm *)(v))
+#define CQVM(v) ((const struct qemu_vm *)(v))
+
+static int agent_fd(const struct cap_vm *v) { return CQVM(v)->agent_fd; }
+static int event_fd(const struct cap_vm *v) { return CQVM(v)->qmp_gone ? -1 : CQVM(v)->qmp_fd; }
+static int exit_fd(const struct cap_vm *v) { return CQVM(v)->pidfd; }
+static pid_t pid_of(const struct cap_vm *v) { return CQVM(v)->pid; }
+static const char *exit_reason(const struct cap_vm *v) { return CQVM(v)->exit_reason; }
+static const char *ram_note(const struct cap_vm *v) { return CQVM(v)->ram_note; }
+static bool wants_ram_fd(void) { return cap_jail_would_confine(); }
 
 static void first_line(void *ud, const char *line)
 {
@@ -71,7 +75,7 @@ static void first_line(void *ud, const char *line)
 		*out = xstrdup(line);
 }
 
-char *cap_engine_identity(enum cap_accel accel)
+static char *identity(enum cap_accel accel)
 {
 	_cleanup_free_ char *found = cap_find_program(QEMU);
 	char id[PATH_MAX + 64];
@@ -79,7 +83,7 @@ char *cap_engine_identity(enum cap_accel accel)
 	return xasprintf("qemu=%s tsc_khz=%u", id, accel == CAP_ACCEL_TCG ? cap_engine_tsc_khz() : 0);
 }
 
-int cap_engine_version(char **out, struct cap_err *err)
+static int version(char **out, struct cap_err *err)
 {
 	char *argv[] = { QEMU, "--version", NULL };
 	char *s = NULL;
@@ -151,7 +155,7 @@ static unsigned ram_slot(const struct cap_vm_config *cfg)
 }
 
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
-		       const struct cap_vm *vm)
+		       const struct qemu_vm *vm)
 {
 	bool kvm = cfg->accel == CAP_ACCEL_KVM;
 	bool jailed = cap_jail_confined(vm->jail);
@@ -288,7 +292,7 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	}
 }
 
-static void vm_reap(struct cap_vm *vm, int status)
+static void vm_reap(struct qemu_vm *vm, int status)
 {
 	vm->exited = true;
 	vm->wstatus = status;
@@ -299,8 +303,9 @@ static void vm_reap(struct cap_vm *vm, int status)
 			 WTERMSIG(status), strsignal(WTERMSIG(status)));
 }
 
-int cap_vm_wait(struct cap_vm *vm, int timeout_ms)
+static int vm_wait(struct cap_vm *v, int timeout_ms)
 {
+	struct qemu_vm *vm = QVM(v);
 	if (vm->exited)
 		return 1;
 	if (timeout_ms > 0) {
@@ -322,8 +327,9 @@ int cap_vm_wait(struct cap_vm *vm, int timeout_ms)
 	return 0;
 }
 
-void cap_vm_kill(struct cap_vm *vm)
+static void vm_kill(struct cap_vm *v)
 {
+	struct qemu_vm *vm = QVM(v);
 	/* The policy process and the connector go with QEMU. */
 	if (vm->net)
 		cap_jail_net_stop(vm->net);
@@ -337,7 +343,7 @@ void cap_vm_kill(struct cap_vm *vm)
 	vm_reap(vm, status);
 }
 
-static int connect_unix(const char *path, struct cap_vm *vm, int *out,
+static int connect_unix(const char *path, struct qemu_vm *vm, int *out,
 			struct cap_err *err)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -356,7 +362,7 @@ static int connect_unix(const char *path, struct cap_vm *vm, int *out,
 		}
 		int e = errno;
 		close(fd);
-		if (cap_vm_wait(vm, 0))
+		if (vm_wait(&vm->base, 0))
 			return cap_err_set(err, ECHILD, "%s before its socket %s was ready", vm->exit_reason, path);
 		if ((e != ENOENT && e != ECONNREFUSED) || cap_now_ms() > end)
 			return cap_err_set(err, e, "cannot connect to %s: %s", path, strerror(e));
@@ -367,7 +373,7 @@ static int connect_unix(const char *path, struct cap_vm *vm, int *out,
 /* Read one newline-terminated QMP message into buf, waiting up to
  * timeout_ms (0: only what has arrived). Reads in chunks: what follows
  * the line stays in vm->qmp_in for the next call. */
-static int qmp_read(struct cap_vm *vm, char *buf, size_t len, int timeout_ms)
+static int qmp_read(struct qemu_vm *vm, char *buf, size_t len, int timeout_ms)
 {
 	int64_t end = cap_now_ms() + timeout_ms;
 	for (;;) {
@@ -409,7 +415,7 @@ static int qmp_read(struct cap_vm *vm, char *buf, size_t len, int timeout_ms)
 
 /* An event from QEMU: a disk's I/O error is counted and kept (the
  * latest) for cap_vm_io_errors; the rest does not concern us. */
-static void qmp_event(struct cap_vm *vm, json_t *j)
+static void qmp_event(struct qemu_vm *vm, json_t *j)
 {
 	const char *ev = json_string_value(json_object_get(j, "event"));
 	json_t *d = json_object_get(j, "data");
@@ -436,8 +442,9 @@ static void qmp_event(struct cap_vm *vm, json_t *j)
 	snprintf(vm->io_last.reason, sizeof(vm->io_last.reason), "%s", why ? why : "I/O error");
 }
 
-int cap_vm_io_errors(struct cap_vm *vm, struct cap_vm_io_error *last)
+static int io_errors(struct cap_vm *v, struct cap_vm_io_error *last)
 {
+	struct qemu_vm *vm = QVM(v);
 	char line[8192];
 	int r = 0;
 	while (vm->qmp_fd >= 0 && (r = qmp_read(vm, line, sizeof(line), 0)) != -ETIMEDOUT) {
@@ -460,18 +467,18 @@ int cap_vm_io_errors(struct cap_vm *vm, struct cap_vm_io_error *last)
 	return (int)CAP_MIN(n, (unsigned)INT32_MAX);
 }
 
-static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
+static int qmp_call_fd(struct qemu_vm *vm, const char *cmd, json_t *args,
 		       json_t **ret, int fd, struct cap_err *err);
 
 /* Send one QMP command and wait for its return, skipping events. */
-static int qmp_execute(struct cap_vm *vm, const char *cmd, struct cap_err *err)
+static int qmp_execute(struct qemu_vm *vm, const char *cmd, struct cap_err *err)
 {
 	return qmp_call_fd(vm, cmd, NULL, NULL, -1, err);
 }
 
 /* The same with arguments (owned by the call) and the "return" value
  * (*ret, owned by the caller, when ret is not NULL). */
-static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **ret,
+static int qmp_call(struct qemu_vm *vm, const char *cmd, json_t *args, json_t **ret,
 		    struct cap_err *err)
 {
 	return qmp_call_fd(vm, cmd, args, ret, -1, err);
@@ -479,7 +486,7 @@ static int qmp_call(struct cap_vm *vm, const char *cmd, json_t *args, json_t **r
 
 /* Write a QMP request, with descriptor fd attached when fd >= 0 (for
  * `getfd`). 0 or -errno. */
-static int qmp_send(struct cap_vm *vm, const char *req, int fd)
+static int qmp_send(struct qemu_vm *vm, const char *req, int fd)
 {
 	if (fd < 0)
 		return cap_write_all(vm->qmp_fd, req, strlen(req));
@@ -491,7 +498,7 @@ static int qmp_send(struct cap_vm *vm, const char *req, int fd)
 	return (size_t)n < len ? cap_write_all(vm->qmp_fd, req + n, len - (size_t)n) : 0;
 }
 
-static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
+static int qmp_call_fd(struct qemu_vm *vm, const char *cmd, json_t *args,
 		       json_t **ret, int fd, struct cap_err *err)
 {
 	char line[8192];
@@ -534,7 +541,7 @@ static int qmp_call_fd(struct cap_vm *vm, const char *cmd, json_t *args,
 	}
 }
 
-static int qmp_handshake(struct cap_vm *vm, struct cap_err *err)
+static int qmp_handshake(struct qemu_vm *vm, struct cap_err *err)
 {
 	char line[8192];
 	/* The socket was listening before QEMU started: the greeting comes
@@ -548,7 +555,7 @@ static int qmp_handshake(struct cap_vm *vm, struct cap_err *err)
 	return qmp_execute(vm, "qmp_capabilities", err);
 }
 
-static int ignore_shared(struct cap_vm *vm, struct cap_err *err)
+static int ignore_shared(struct qemu_vm *vm, struct cap_err *err)
 {
 	return qmp_call(vm, "migrate-set-capabilities",
 			json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 1),
@@ -556,7 +563,7 @@ static int ignore_shared(struct cap_vm *vm, struct cap_err *err)
 }
 
 /* Wait until the migration in either direction has completed. */
-static int migration_done(struct cap_vm *vm, int timeout_ms, struct cap_err *err)
+static int migration_done(struct qemu_vm *vm, int timeout_ms, struct cap_err *err)
 {
 	int64_t end = cap_now_ms() + timeout_ms;
 	for (;;) {
@@ -581,8 +588,9 @@ static int migration_done(struct cap_vm *vm, int timeout_ms, struct cap_err *err
 	}
 }
 
-int cap_vm_save(struct cap_vm *vm, const char *state_path, struct cap_err *err)
+static int save(struct cap_vm *v, const char *state_path, struct cap_err *err)
 {
+	struct qemu_vm *vm = QVM(v);
 	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
 	int r;
 
@@ -607,7 +615,7 @@ out:
 
 /* Feed the saved state (passed to QEMU as a descriptor at start) into a
  * QEMU started with -incoming defer; the guest stays paused until `cont`. */
-static int restore(struct cap_vm *vm, const struct cap_vm_config *cfg, struct cap_err *err)
+static int restore(struct qemu_vm *vm, const struct cap_vm_config *cfg, struct cap_err *err)
 {
 	_cleanup_free_ char *uri = xasprintf("fd:%d", FD_NUM(state_slot(cfg)));
 	int r;
@@ -618,18 +626,21 @@ static int restore(struct cap_vm *vm, const struct cap_vm_config *cfg, struct ca
 	return migration_done(vm, 10000, err);
 }
 
-int cap_vm_pause(struct cap_vm *vm, struct cap_err *err)
+static int pause_vm(struct cap_vm *v, struct cap_err *err)
 {
+	struct qemu_vm *vm = QVM(v);
 	return qmp_execute(vm, "stop", err);
 }
 
-int cap_vm_resume(struct cap_vm *vm, struct cap_err *err)
+static int resume(struct cap_vm *v, struct cap_err *err)
 {
+	struct qemu_vm *vm = QVM(v);
 	return qmp_execute(vm, "cont", err);
 }
 
-int cap_vm_quit(struct cap_vm *vm)
+static int quit(struct cap_vm *v)
 {
+	struct qemu_vm *vm = QVM(v);
 	if (vm->exited || vm->qmp_fd < 0)
 		return 0;
 	return qmp_execute(vm, "quit", NULL);
@@ -659,15 +670,16 @@ static char *tail_file(const char *path, int lines)
 	return out;
 }
 
-char *cap_vm_logs_tail(const struct cap_vm *vm, int lines)
+static char *logs_tail(const struct cap_vm *v, int lines)
 {
+	const struct qemu_vm *vm = CQVM(v);
 	_cleanup_free_ char *q = tail_file(vm->owned_qemu_log, lines);
 	_cleanup_free_ char *c = tail_file(vm->owned_console, lines);
 	return xasprintf("%s%s%s%s%s%s", *q ? "QEMU said:\n" : "", q, *q ? "\n" : "",
 			 *c ? "guest console (last lines):\n" : "", c, *c ? "\n" : "");
 }
 
-static void vm_close(struct cap_vm *vm)
+static void vm_close(struct qemu_vm *vm)
 {
 	int *fds[] = { &vm->qmp_fd, &vm->agent_fd, &vm->pidfd };
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++) {
@@ -677,11 +689,12 @@ static void vm_close(struct cap_vm *vm)
 	}
 }
 
-void cap_vm_free(struct cap_vm *vm)
+static void vm_free(struct cap_vm *v)
 {
+	struct qemu_vm *vm = QVM(v);
 	if (!vm)
 		return;
-	cap_vm_kill(vm);
+	vm_kill(v);
 	vm_close(vm);
 	/* QEMU and the VM's helpers are reaped: their namespaces, and with
 	 * them the jail's mounts, are gone; the cgroups and the slot go now. */
@@ -732,8 +745,14 @@ static bool is_vm_of(pid_t pid, const char *dir)
 	return false;
 }
 
-int cap_vm_kill_orphan(pid_t pid, const char *dir)
+static int end_leftover(const char *dir, pid_t pid)
 {
+	/* The sockets first: whoever looks meanwhile finds none to try. */
+	static const char *const socks[] = { "qmp.sock", "agent.sock" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(socks); i++) {
+		_cleanup_free_ char *path = xasprintf("%s/%s", dir, socks[i]);
+		unlink(path);
+	}
 	if (pid <= 0 || !is_vm_of(pid, dir))
 		return 0;
 	if (kill(pid, SIGKILL) < 0)
@@ -747,25 +766,28 @@ int cap_vm_kill_orphan(pid_t pid, const char *dir)
 	return -ETIMEDOUT;
 }
 
-int cap_vm_net_control_fd(const struct cap_vm *vm)
+static int net_control_fd(const struct cap_vm *v)
 {
+	const struct qemu_vm *vm = CQVM(v);
 	return vm->net ? cap_jail_net_control_fd(vm->net) : -1;
 }
 
-pid_t cap_vm_net_pid(const struct cap_vm *vm)
+static pid_t net_pid(const struct cap_vm *v)
 {
+	const struct qemu_vm *vm = CQVM(v);
 	return vm->net ? cap_jail_net_pid(vm->net) : -1;
 }
 
-int cap_vm_net_deny(struct cap_vm *vm, const uint32_t (*deny)[2], unsigned n,
+static int net_deny(struct cap_vm *v, const uint32_t (*deny)[2], unsigned n,
 		    struct cap_err *err)
 {
+	struct qemu_vm *vm = QVM(v);
 	if (!vm->net)
 		return cap_err_set(err, ENODEV, "this VM has no network interface");
 	return cap_jail_net_deny(vm->net, deny, n, err);
 }
 
-static int forward_index(const struct cap_vm *vm, uint16_t port)
+static int forward_index(const struct qemu_vm *vm, uint16_t port)
 {
 	for (unsigned i = 0; i < vm->nforwards; i++)
 		if (vm->owned_forwards[i] == port)
@@ -774,7 +796,7 @@ static int forward_index(const struct cap_vm *vm, uint16_t port)
 }
 
 /* A monitor command through QMP: QEMU answers errors as text. */
-static int hmp(struct cap_vm *vm, const char *cmd, struct cap_err *err)
+static int hmp(struct qemu_vm *vm, const char *cmd, struct cap_err *err)
 {
 	json_t *ret = NULL;
 	int r = qmp_call(vm, "human-monitor-command", json_pack("{s:s}", "command-line", cmd), &ret, err);
@@ -791,9 +813,10 @@ static int hmp(struct cap_vm *vm, const char *cmd, struct cap_err *err)
 	return r;
 }
 
-int cap_vm_net_forward(struct cap_vm *vm, uint16_t port, bool add,
+static int net_forward(struct cap_vm *v, uint16_t port, bool add,
 		       struct cap_err *err)
 {
+	struct qemu_vm *vm = QVM(v);
 	if (!vm->net)
 		return cap_err_set(err, ENODEV, "this VM has no network interface");
 	if (port == 0)
@@ -818,8 +841,9 @@ int cap_vm_net_forward(struct cap_vm *vm, uint16_t port, bool add,
 	return 0;
 }
 
-const char *cap_vm_jail_note(const struct cap_vm *vm)
+static const char *jail_note(const struct cap_vm *v)
 {
+	const struct qemu_vm *vm = CQVM(v);
 	return vm->jail ? cap_jail_note(vm->jail) : "";
 }
 
@@ -840,7 +864,7 @@ static int open_disk(const struct cap_vm_disk *d, int flags, struct cap_err *err
 /* Open what QEMU is handed, each in its slot of fds (fd_count of them,
  * all -1 on entry). 0, or -errno with err naming the file; what was
  * opened stays in fds for the caller to close. */
-static int open_fds(const struct cap_vm_config *cfg, struct cap_vm *vm, int *fds,
+static int open_fds(const struct cap_vm_config *cfg, struct qemu_vm *vm, int *fds,
 		    struct cap_err *err)
 {
 	if ((fds[FD_QMP] = cap_unix_listen(vm->owned_qmp_path, err)) < 0)
@@ -871,10 +895,11 @@ static void close_fds(int *fds, unsigned n)
 		}
 }
 
-int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
+static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		 struct cap_err *err)
 {
-	struct cap_vm *vm = xcalloc(1, sizeof(*vm));
+	struct qemu_vm *vm = xcalloc(1, sizeof(*vm));
+	vm->base.ops = &cap_engine_qemu;
 	struct argv a = { 0 };
 	unsigned nfds = fd_count(cfg);
 	int fds[nfds + 1], logfd = -1;	/* + the shared RAM */
@@ -980,7 +1005,7 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		unlink(vm->owned_agent_path);
 	}
 	argv_free(&a);
-	*out = vm;
+	*out = &vm->base;
 	return 0;
 
 fail:
@@ -988,15 +1013,44 @@ fail:
 	if (logfd >= 0)
 		close(logfd);
 	if (vm->pid > 0) {
-		cap_vm_wait(vm, 200);
-		cap_vm_kill(vm);
-		_cleanup_free_ char *logs = cap_vm_logs_tail(vm, 15);
+		vm_wait(&vm->base, 200);
+		vm_kill(&vm->base);
+		_cleanup_free_ char *logs = logs_tail(&vm->base, 15);
 		if (*logs && err) {
 			size_t used = strlen(err->msg);
 			snprintf(err->msg + used, sizeof(err->msg) - used, "\n%s", logs);
 		}
 	}
 	argv_free(&a);
-	cap_vm_free(vm);
+	vm_free(&vm->base);
 	return r;
 }
+
+const struct cap_engine_ops cap_engine_qemu = {
+	.name = "qemu",
+	.identity = identity,
+	.version = version,
+	.wants_ram_fd = wants_ram_fd,
+	.end_leftover = end_leftover,
+	.start = start,
+	.event_fd = event_fd,
+	.io_errors = io_errors,
+	.agent_fd = agent_fd,
+	.exit_fd = exit_fd,
+	.pid = pid_of,
+	.net_control_fd = net_control_fd,
+	.net_pid = net_pid,
+	.net_deny = net_deny,
+	.net_forward = net_forward,
+	.jail_note = jail_note,
+	.ram_note = ram_note,
+	.wait = vm_wait,
+	.exit_reason = exit_reason,
+	.pause = pause_vm,
+	.resume = resume,
+	.save = save,
+	.quit = quit,
+	.kill = vm_kill,
+	.logs_tail = logs_tail,
+	.free = vm_free,
+};

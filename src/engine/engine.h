@@ -1,6 +1,9 @@
-/* The engine: starts and controls one hypervisor process per VM. Today
- * QEMU's microvm machine driven over QMP; the interface is kept narrow so
- * that another VMM can replace it without touching anything above. */
+/* The engine: starts and controls one hypervisor process per VM. An
+ * engine is a table of operations (engine-ops.h) chosen at run time by
+ * name; today's only one is "qemu" (QEMU's microvm machine driven over
+ * QMP, engine-qemu.c). Nothing above src/engine names a hypervisor: it
+ * picks an engine with cap_engine_get and drives its VMs through
+ * cap_vm_*, which dispatch to the engine the VM was started with. */
 #ifndef CAP_ENGINE_H
 #define CAP_ENGINE_H
 
@@ -30,9 +33,21 @@ const char *cap_engine_accel_name(enum cap_accel a);
 int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 			    struct cap_err *err);
 
-/* What in the engine shapes a VM's saved state, for a template's key: its
- * binary's identity and, under TCG, the guest's TSC rate. New string. */
-char *cap_engine_identity(enum cap_accel accel);
+/* An engine (engine-ops.h); opaque here. */
+struct cap_engine_ops;
+
+/* The engine called name; NULL: $CAPSULE_ENGINE, else the default
+ * ("qemu"). -ENOENT with err listing the engines there are when none has
+ * that name. The table is static: nothing to free. */
+int cap_engine_get(const char *name, const struct cap_engine_ops **out,
+		   struct cap_err *err);
+/* Its name ("qemu"), as CAPSULE_ENGINE and runtime.json's "engine" give it. */
+const char *cap_engine_name(const struct cap_engine_ops *e);
+
+/* What in the engine shapes a VM's saved state, for a template's key
+ * (QEMU's: its binary's identity and, under TCG, the guest's TSC rate).
+ * New string. */
+char *cap_engine_identity(const struct cap_engine_ops *e, enum cap_accel accel);
 
 /* The host's TSC rate in kHz, which a guest under TCG reads as its own
  * (QEMU's rdtsc is the host's counter): given to the guest kernel
@@ -44,8 +59,9 @@ char *cap_engine_identity(enum cap_accel accel);
  * (the constant_tsc and nonstop_tsc flags), or with CAPSULE_GUEST_TSC=0. */
 unsigned cap_engine_tsc_khz(void);
 
-/* "QEMU emulator version 7.2.22 ..." first line, new string; or -errno. */
-int cap_engine_version(char **out, struct cap_err *err);
+/* The engine's own version line ("QEMU emulator version 7.2.22 ..."), new
+ * string; or -errno with err saying what to install. */
+int cap_engine_version(const struct cap_engine_ops *e, char **out, struct cap_err *err);
 
 /* A virtio-blk disk; the guest finds it by serial (a cap_proto_valid_name). */
 struct cap_vm_disk {
@@ -140,20 +156,35 @@ struct cap_vm_config {
 	 * template. A jailed QEMU maps it privately instead of a copy of its
 	 * own; borrowed for the call. <= 0: none (a jailed restore copies). */
 	int restore_ram_fd;
+	/* The engine that runs it (cap_engine_get); NULL: cap_engine_get(NULL). */
+	const struct cap_engine_ops *engine;
 };
 
 struct cap_vm;
 
-/* Whether a VM started now would map cfg.restore_ram_fd (it is jailed):
- * else getting one is not worth it. */
-bool cap_vm_wants_ram_fd(void);
+/* Whether a VM that e starts now would map cfg.restore_ram_fd (it is
+ * jailed): else getting one is not worth it. */
+bool cap_engine_wants_ram_fd(const struct cap_engine_ops *e);
 
-/* Start QEMU and connect to its QMP and agent sockets. On success *out
- * owns the process and both connections; free with cap_vm_free. On
- * failure nothing is left running and err says what QEMU reported.
- * The QEMU process gets SIGKILL if this process dies. */
+/* After the death of a VM's owner, end what is left of the VM e started
+ * with cfg.dir = dir: the sockets it made there, and its hypervisor
+ * process if that still runs (pid: cap_vm_pid as the owner recorded it,
+ * <= 0 when unknown; it is checked to still be that VM's, since a pid may
+ * have been reused): SIGKILL, then wait up to 2 s for it to be gone. 1
+ * when a process was killed, 0 when none was left, -errno when it could
+ * not be killed or did not go. */
+int cap_engine_end_leftover(const struct cap_engine_ops *e, const char *dir, pid_t pid);
+
+/* Start the VM's hypervisor (cfg.engine's) and connect to it. On success
+ * *out owns the process and its connections; free with cap_vm_free. On
+ * failure nothing is left running and err says what the hypervisor
+ * reported (-ENOENT listing the engines when cfg.engine is NULL and
+ * CAPSULE_ENGINE names none). The process gets SIGKILL if this process
+ * dies. */
 int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		 struct cap_err *err);
+/* The engine vm was started with. */
+const struct cap_engine_ops *cap_vm_engine(const struct cap_vm *vm);
 
 /* An I/O error on a disk that QEMU passed to the guest (QMP
  * BLOCK_IO_ERROR). Every disk's policy is to report errors to the guest,
@@ -227,13 +258,6 @@ void cap_vm_kill(struct cap_vm *vm);
 /* The last lines of the guest console and of QEMU's own stderr, for error
  * messages. New string the caller frees (empty when there is nothing). */
 char *cap_vm_logs_tail(const struct cap_vm *vm, int lines);
-
-/* After the death of a VM's owner: if process pid still is the hypervisor
- * of a VM started with cfg.dir = dir (a recorded pid may have been reused
- * since), SIGKILL it and wait up to 2 s for it to be gone. 1 when it was
- * killed, 0 when pid is no such process, -errno when it could not be
- * killed or did not go. */
-int cap_vm_kill_orphan(pid_t pid, const char *dir);
 
 /* Kill QEMU if still running, close everything and remove the sockets
  * and <dir>/qemu.log. The directory itself, the console log and a

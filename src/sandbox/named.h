@@ -175,7 +175,8 @@ enum cap_named_state { CAP_NAMED_STOPPED, CAP_NAMED_RUNNING, CAP_NAMED_PAUSED };
 struct cap_named_status {
 	enum cap_named_state state;
 	pid_t shim_pid;	/* when running */
-	pid_t qemu_pid;
+	pid_t vmm_pid;	/* its VM's hypervisor process, when running */
+	char engine[32];	/* the engine running it ("qemu"), when running */
 	char control[256];	/* control socket path, when running */
 	uint64_t disk_bytes;	/* space the disks use on the host */
 	bool has_source;	/* it projects public data at /source */

@@ -849,6 +849,21 @@ static uint64_t used_bytes(const char *path)
 	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
 
+/* The VM's engine and hypervisor process as the shim recorded them in
+ * runtime.json j ("engine", "vmm_pid"); a file from before engines has
+ * only "qemu_pid", of the one engine there was. */
+static void runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid)
+{
+	const char *e = json_string_value(json_object_get(j, "engine"));
+	json_t *p = json_object_get(j, "vmm_pid");
+	if (!e) {
+		e = "qemu";
+		p = json_object_get(j, "qemu_pid");
+	}
+	snprintf(engine, len, "%s", e);
+	*pid = (pid_t)json_integer_value(p);
+}
+
 int cap_named_status(const char *name, struct cap_named_status *out,
 		     struct cap_err *err)
 {
@@ -878,7 +893,7 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 		if (json_is_true(json_object_get(j, "paused")))
 			out->state = CAP_NAMED_PAUSED;
 		out->shim_pid = (pid_t)json_integer_value(json_object_get(j, "shim_pid"));
-		out->qemu_pid = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
+		runtime_vmm(j, out->engine, sizeof(out->engine), &out->vmm_pid);
 		const char *c = json_string_value(json_object_get(j, "control"));
 		snprintf(out->control, sizeof(out->control), "%s", c ? c : "");
 		const char *net = json_string_value(json_object_get(j, "network"));
@@ -962,11 +977,12 @@ int cap_named_reap(const char *name, struct cap_err *err)
 				   name, lockp, name);
 
 	pid_t vmm = 0;
+	char ename[32] = "";
 	_cleanup_free_ char *sockdir = NULL;
 	bool run_dir = false;
 	json_t *j = json_load_file(rt, 0, NULL);
 	if (j) {
-		vmm = (pid_t)json_integer_value(json_object_get(j, "qemu_pid"));
+		runtime_vmm(j, ename, sizeof(ename), &vmm);
 		const char *c = json_string_value(json_object_get(j, "control"));
 		if (c && (sockdir = control_dir(c, dir, &run_dir)) && run_dir)
 			unlink(c);
@@ -975,12 +991,16 @@ int cap_named_reap(const char *name, struct cap_err *err)
 	/* The sockets first (whoever looks meanwhile finds none to try),
 	 * runtime.json once its VM is surely gone. */
 	char removed[256] = "";
-	static const char *const socks[] = { "control.sock", "agent.sock", "qmp.sock" };
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(socks); i++)
-		unlink_noted(name, socks[i], removed, sizeof(removed));
+	unlink_noted(name, "control.sock", removed, sizeof(removed));
 	/* The VM, if it outlived its shim (it has PDEATHSIG, so only if that
-	 * failed), is named by the directory of its sockets. */
-	r = cap_vm_kill_orphan(vmm, sockdir ? sockdir : dir);
+	 * failed), is named by the directory of its sockets: its engine ends
+	 * it and removes what else it left there. */
+	const struct cap_engine_ops *engine;
+	if ((r = cap_engine_get(*ename ? ename : NULL, &engine, err)) < 0) {
+		cap_err_prefix(err, "sandbox '%s': %s names its VM's engine", name, rt);
+		return r;
+	}
+	r = cap_engine_end_leftover(engine, sockdir ? sockdir : dir, vmm);
 	if (r > 0)
 		cap_log(CAP_LOG_INFO, "sandbox %s: killed VM process %d left running by its dead shim", name, (int)vmm);
 	if (r >= 0)

@@ -339,8 +339,8 @@ static bool recover_disks(struct shim *s)
 	}
 	free(s->owned_secrets);
 	s->owned_secrets = cap_net_policy_secrets_line(&s->spec->net);
-	cap_log(CAP_LOG_INFO, "running again (QEMU pid %d; %s)", (int)cap_sandbox_vmm_pid(s->sb),
-		cap_sandbox_boot_note(s->sb));
+	cap_log(CAP_LOG_INFO, "running again (%s pid %d; %s)", cap_sandbox_engine(s->sb),
+		(int)cap_sandbox_vmm_pid(s->sb), cap_sandbox_boot_note(s->sb));
 	write_runtime_log(s);
 	return true;
 }
@@ -737,8 +737,15 @@ static void write_runtime_log(struct shim *s)
 static int write_runtime(const struct shim *s, struct cap_err *err)
 {
 	json_t *j = json_pack("{s:i, s:i, s:s, s:b}", "shim_pid", (int)getpid(),
-			      "qemu_pid", s->sb ? (int)cap_sandbox_vmm_pid(s->sb) : -1, "control", s->control,
+			      "vmm_pid", s->sb ? (int)cap_sandbox_vmm_pid(s->sb) : -1, "control", s->control,
 			      "paused", s->paused);
+	const char *engine = s->sb ? cap_sandbox_engine(s->sb) : NULL;
+	if (engine) {
+		json_object_set_new(j, "engine", json_string(engine));
+		/* The older name ("qemu_pid"), still read by scripts. */
+		_cleanup_free_ char *alias = xasprintf("%s_pid", engine);
+		json_object_set_new(j, alias, json_integer(cap_sandbox_vmm_pid(s->sb)));
+	}
 	pid_t netd = s->sb ? cap_sandbox_net_pid(s->sb) : -1;
 	if (netd > 0 && !s->netd_dead) {
 		json_object_set_new(j, "netd_pid", json_integer(netd));
@@ -877,8 +884,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if ((r = write_runtime(&s, err)) < 0)
 		goto out;
-	cap_log(CAP_LOG_INFO, "running (QEMU pid %d, %s; %s)", (int)cap_sandbox_vmm_pid(s.sb),
-		control, cap_sandbox_boot_note(s.sb));
+	cap_log(CAP_LOG_INFO, "running (%s pid %d, %s; %s)", cap_sandbox_engine(s.sb),
+		(int)cap_sandbox_vmm_pid(s.sb), control, cap_sandbox_boot_note(s.sb));
 	report_ready(&ready_fd, "ok\n");
 
 	serve(&s, lfd, sfd);

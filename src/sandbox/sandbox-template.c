@@ -51,7 +51,7 @@ static void template_key(const struct cap_sandbox_opts *o, const struct cap_vm_c
 	char line[512];
 	int n;
 	/* The engine that will run it: its binary, its guest clock. */
-	_cleanup_free_ char *engine = cap_engine_identity(cfg->accel);
+	_cleanup_free_ char *engine = cap_engine_identity(cfg->engine, cfg->accel);
 
 	cap_sha256_init(&h);
 	n = snprintf(line, sizeof(line), "%s placeholder=%llu\n", LAYOUT, PLACEHOLDER_BYTES);

@@ -56,6 +56,11 @@ pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb)
 	return sb->vm ? cap_vm_pid(sb->vm) : -1;
 }
 
+const char *cap_sandbox_engine(const struct cap_sandbox *sb)
+{
+	return sb->vm ? cap_engine_name(cap_vm_engine(sb->vm)) : NULL;
+}
+
 int cap_sandbox_pause(struct cap_sandbox *sb, bool pause, struct cap_err *err)
 {
 	if (!sb->vm)
@@ -347,7 +352,9 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 		return cap_err_set(err, EINVAL, "--cpus %u is out of range (1 to 64)", o->cpus);
 	if (o->memory_mib < 64 || o->memory_mib > 65536)
 		return cap_err_set(err, EINVAL, "--memory %u MiB is out of range (64 to 65536)", o->memory_mib);
-	if ((r = cap_engine_accel_choose(o->accel, accel, err)) < 0)
+	const struct cap_engine_ops *engine;
+	if ((r = cap_engine_get(NULL, &engine, err)) < 0 ||
+	    (r = cap_engine_accel_choose(o->accel, accel, err)) < 0)
 		return r;
 	*kernel = cap_store_kernel_path(&have_kernel);
 	if (!have_kernel)
@@ -370,6 +377,7 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 		/* Nothing connects to QEMU's sockets later, and files of a
 		 * killed process would be left behind: unlink them at once. */
 		.unlink_sockets = true,
+		.engine = engine,
 	};
 	return 0;
 }
@@ -386,7 +394,7 @@ static int restore(struct cap_sandbox *sb, struct cap_vm_config *rc, const char 
 	int conn = -1, mfd = -1;
 	if (!cap_ramhold_enabled())
 		snprintf(why, len, "CAPSULE_SHARED_RAM=0");
-	else if (cap_vm_wants_ram_fd() && (mfd = cap_ramhold_get(tdir, &conn, &herr)) < 0)
+	else if (cap_engine_wants_ram_fd(rc->engine) && (mfd = cap_ramhold_get(tdir, &conn, &herr)) < 0)
 		snprintf(why, len, "%.290s", herr.msg);
 	rc->restore_ram_fd = mfd;
 	int r = start_vm(sb, rc, setup, timeout_ms, err);

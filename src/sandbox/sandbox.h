@@ -155,6 +155,8 @@ const struct cap_accel_choice *cap_sandbox_accel(const struct cap_sandbox *sb);
 const char *cap_sandbox_agent_version(const struct cap_sandbox *sb);
 /* Process id of the hypervisor, for tests and diagnostics. */
 pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb);
+/* The engine running the VM ("qemu"); NULL when sb is attached to a shim. */
+const char *cap_sandbox_engine(const struct cap_sandbox *sb);
 
 /* Start a command; see cap_client_exec for the callbacks' lifetimes. */
 int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,

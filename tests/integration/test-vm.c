@@ -892,7 +892,7 @@ static int ro_group_setup(void **state)
 		cap_named_remove(RO_NAME, true, &(struct cap_err){ 0 });
 		return -1;
 	}
-	qemu_pid = st.qemu_pid;
+	qemu_pid = st.vmm_pid;
 	return 0;
 }
 

@@ -1,0 +1,56 @@
+/* What an engine implements: one const table of operations per kind of
+ * hypervisor process (QEMU's is in engine-qemu.c), chosen at run time by
+ * name (engine.c, cap_engine_get). Only src/engine includes this: above
+ * it, an engine is an opaque const struct cap_engine_ops * and a VM a
+ * struct cap_vm driven through engine.h's cap_vm_* calls, which dispatch
+ * here. Contracts are engine.h's, under the cap_vm_* or cap_engine_*
+ * call of the same name. */
+#ifndef CAP_ENGINE_OPS_H
+#define CAP_ENGINE_OPS_H
+
+#include "engine.h"
+
+/* The part of every engine's VM that engine.c reads: an engine's own
+ * struct starts with it (struct qemu_vm { struct cap_vm base; ... }) and
+ * gets back to itself with container_of. */
+struct cap_vm {
+	const struct cap_engine_ops *ops;
+};
+
+struct cap_engine_ops {
+	const char *name;	/* "qemu": CAPSULE_ENGINE, runtime.json's "engine" */
+
+	/* Engine-wide, no VM needed. */
+	char *(*identity)(enum cap_accel accel);
+	int (*version)(char **out, struct cap_err *err);
+	bool (*wants_ram_fd)(void);
+	int (*end_leftover)(const char *dir, pid_t pid);
+
+	/* One VM. start fills *out with a VM whose base.ops is this table. */
+	int (*start)(const struct cap_vm_config *cfg, struct cap_vm **out, struct cap_err *err);
+	int (*event_fd)(const struct cap_vm *vm);
+	int (*io_errors)(struct cap_vm *vm, struct cap_vm_io_error *last);
+	int (*agent_fd)(const struct cap_vm *vm);
+	int (*exit_fd)(const struct cap_vm *vm);
+	pid_t (*pid)(const struct cap_vm *vm);
+	int (*net_control_fd)(const struct cap_vm *vm);
+	pid_t (*net_pid)(const struct cap_vm *vm);
+	int (*net_deny)(struct cap_vm *vm, const uint32_t (*deny)[2], unsigned n, struct cap_err *err);
+	int (*net_forward)(struct cap_vm *vm, uint16_t port, bool add, struct cap_err *err);
+	const char *(*jail_note)(const struct cap_vm *vm);
+	const char *(*ram_note)(const struct cap_vm *vm);
+	int (*wait)(struct cap_vm *vm, int timeout_ms);
+	const char *(*exit_reason)(const struct cap_vm *vm);
+	int (*pause)(struct cap_vm *vm, struct cap_err *err);
+	int (*resume)(struct cap_vm *vm, struct cap_err *err);
+	int (*save)(struct cap_vm *vm, const char *state_path, struct cap_err *err);
+	int (*quit)(struct cap_vm *vm);
+	void (*kill)(struct cap_vm *vm);
+	char *(*logs_tail)(const struct cap_vm *vm, int lines);
+	void (*free)(struct cap_vm *vm);
+};
+
+/* The engines, in engine.c's table. */
+extern const struct cap_engine_ops cap_engine_qemu;
+
+#endif

@@ -4,17 +4,31 @@
 
 #include "sandbox.h"
 
-/* Resolve what a VM for o needs (accelerator, kernel, initramfs) into cfg;
- * *kernel and *initrd are new strings cfg points into. */
-int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *cfg,
-			struct cap_accel_choice *accel, char **kernel, char **initrd,
-			struct cap_err *err);
-
-/* The template for cfg (built now if missing): its key and directory
- * (*dir a new string). */
-int cap_template_for(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
-		     char key[65], char **dir, struct cap_err *err);
-/* Remove a template that failed to restore. */
+/* The template cache (sandbox-template.c): it never starts a VM;
+ * sandbox-vm.c boots one and saves it into a staging directory.
+ * The key of the template for o and cfg: everything that shapes the VM's
+ * saved state (the engine's identity, kernel, initramfs, accelerator,
+ * vCPUs, memory, the sandbox's shape and the files it shares). */
+void cap_template_key(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
+		      char key[65]);
+/* The directory of key's complete template (a new string), or NULL when
+ * there is none (an incomplete one is removed). */
+char *cap_template_lookup(const char *key);
+/* A new staging directory (*tmp, a new string) for a template of a
+ * mem_mib VM, on a file system with room for one (-ENOSPC naming it
+ * otherwise). It is to hold "state" and "ram", then be stored or
+ * discarded. */
+int cap_template_stage(unsigned mem_mib, char **tmp, struct cap_err *err);
+/* A sparse placeholder for per-sandbox disk i in staging directory tmp
+ * (*path, a new string). */
+int cap_template_placeholder(const char *tmp, unsigned i, char **path, struct cap_err *err);
+/* Store staging directory tmp as key's template, described by desc (for
+ * `capsule template ls`): *dir its directory, a new string. tmp is gone
+ * afterwards, stored or not (another process may have stored the same
+ * key first: that one is kept). */
+int cap_template_store(const char *tmp, const char *key, const char *desc, char **dir,
+		       struct cap_err *err);
+/* Remove a staging directory, or a template that failed to restore. */
 void cap_template_discard(const char *dir);
 
 /* Shared template RAM (sandbox-ramhold.c, docs/architecture.md "Shared
@@ -28,10 +42,6 @@ void cap_template_discard(const char *dir);
 int cap_ramhold_get(const char *tdir, int *conn, struct cap_err *err);
 /* False when CAPSULE_SHARED_RAM=0 asks for a per-VM copy. */
 bool cap_ramhold_enabled(void);
-
-/* Boot cfg, wait for the agent, save the device state to state, stop. */
-int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
-			 const char *state, struct cap_err *err);
 
 /* The owner's side of a sandbox's NIC (sandbox-net.c). */
 struct cap_sandbox_net;

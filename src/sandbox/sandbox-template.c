@@ -1,10 +1,12 @@
-/* Template snapshots: a VM booted once to the point where the agent is
- * ready and nothing is mounted, saved as QEMU device state plus its RAM
- * file, and restored for every new VM of the same shape instead of a boot
- * (DESIGN §8). Per-sandbox disks sit in the template's slots as sparse
- * placeholders of PLACEHOLDER_BYTES; a restored guest sees that capacity
- * and uses only what the real disk's file system declares, so one template
- * serves every disk size. */
+/* The template cache: templates/<key>/{state, ram, meta.json}, a VM booted
+ * once to the point where the agent is ready and nothing is mounted,
+ * saved as the engine's device state plus its RAM file, and restored for
+ * every new VM of the same shape instead of a boot (DESIGN §8). Only the
+ * cache: key, lookup, staging and store, list and prune; booting and
+ * saving one is sandbox-vm.c's. Per-sandbox disks sit in the template's
+ * slots as sparse placeholders of PLACEHOLDER_BYTES; a restored guest
+ * sees that capacity and uses only what the real disk's file system
+ * declares, so one template serves every disk size. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -44,8 +46,8 @@ static void hash_file_id(struct cap_sha256 *h, const char *what, const char *pat
 }
 
 /* Everything that shapes a VM's saved state goes into the key. */
-static void template_key(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
-			 char key[65])
+void cap_template_key(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
+		      char key[65])
 {
 	struct cap_sha256 h;
 	char line[512];
@@ -83,11 +85,16 @@ void cap_template_discard(const char *dir)
 	cap_remove_tree(dir);
 }
 
-static int make_placeholder(const char *path, struct cap_err *err)
+int cap_template_placeholder(const char *tmp, unsigned i, char **path, struct cap_err *err)
 {
-	_cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0 || ftruncate(fd, (off_t)PLACEHOLDER_BYTES) < 0)
-		return cap_err_set(err, errno, "cannot create placeholder %s: %s", path, strerror(errno));
+	char *p = xasprintf("%s/placeholder%u", tmp, i);
+	_cleanup_close_ int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)PLACEHOLDER_BYTES) < 0) {
+		int r = cap_err_set(err, errno, "cannot create placeholder %s: %s", p, strerror(errno));
+		free(p);
+		return r;
+	}
+	*path = p;
 	return 0;
 }
 
@@ -139,121 +146,61 @@ static int check_space(const char *root, unsigned mem_mib, struct cap_err *err)
 			   mnt, root, need, mem_mib, free_mib);
 }
 
-/* Boot once with placeholders and save: into a temporary directory that
- * becomes templates/<key> only when complete. */
-static int build(const struct cap_sandbox_opts *o, const struct cap_vm_config *base,
-		 const char *key, const char *final, struct cap_err *err)
+int cap_template_stage(unsigned mem_mib, char **tmp, struct cap_err *err)
 {
 	_cleanup_free_ char *root = templates_dir();
-	_cleanup_free_ char *tmp = xasprintf("%s/tmp-XXXXXX", root);
-	_cleanup_free_ char *rundir = NULL;
-	_cleanup_free_ char *ram = NULL, *state = NULL, *console = NULL, *meta = NULL;
-	struct cap_vm_disk disks[16];
-	char *names[16] = { 0 };
+	char *t = xasprintf("%s/tmp-XXXXXX", root);
 	int r;
-
-	if (base->ndisks > CAP_ARRAY_SIZE(disks))
-		return cap_err_set(err, E2BIG, "too many disks for a template");
 	if ((r = cap_mkdir_p(root, 0700)) < 0)
-		return cap_err_set(err, -r, "cannot create %s: %s", root, strerror(-r));
-	if ((r = check_space(root, base->memory_mib, err)) < 0)
+		r = cap_err_set(err, -r, "cannot create %s: %s", root, strerror(-r));
+	else if ((r = check_space(root, mem_mib, err)) < 0)
+		;
+	else if (!mkdtemp(t))
+		r = cap_err_set(err, errno, "cannot create a directory in %s: %s", root, strerror(errno));
+	if (r < 0) {
+		free(t);
 		return r;
-	if (!mkdtemp(tmp))
-		return cap_err_set(err, errno, "cannot create a directory in %s: %s", root, strerror(errno));
-	ram = xasprintf("%s/ram", tmp);
-	state = xasprintf("%s/state", tmp);
-	console = xasprintf("%s/console.log", tmp);
-	meta = xasprintf("%s/meta.json", tmp);
-	for (unsigned i = 0; i < base->ndisks; i++) {
-		disks[i] = base->disks[i];
-		if (!disks[i].per_sandbox)
-			continue;
-		names[i] = xasprintf("%s/placeholder%u", tmp, i);
-		disks[i].path = names[i];
-		if ((r = make_placeholder(names[i], err)) < 0)
-			goto out;
 	}
-	if ((r = cap_make_run_dir(&rundir, err)) < 0)
-		goto out;
-	struct cap_vm_config cfg = *base;
-	cfg.disks = disks;
-	cfg.dir = rundir;
-	cfg.console_log = console;
-	cfg.ram_file = ram;
-	cfg.unlink_sockets = true;
-	if ((r = cap_sandbox_snapshot(&cfg, o->boot_timeout_ms, state, err)) < 0) {
-		cap_err_prefix(err, "building template %.16s", key);
-		goto out;
-	}
-	for (unsigned i = 0; i < base->ndisks; i++)
-		if (names[i])
-			unlink(names[i]);
+	*tmp = t;
+	return 0;
+}
 
-	char desc[512];
-	size_t used = (size_t)snprintf(desc, sizeof(desc), "%u vCPU, %u MiB, %s", cfg.cpus, cfg.memory_mib,
-				       cap_engine_accel_name(cfg.accel));
-	for (unsigned i = 0; i < base->ndisks && used < sizeof(desc); i++)
-		used += (size_t)snprintf(desc + used, sizeof(desc) - used, ", %s%s", base->disks[i].serial,
-					 base->disks[i].per_sandbox ? "" : " (shared)");
-	if (base->net && used < sizeof(desc))
-		snprintf(desc + used, sizeof(desc) - used, ", NIC");
+int cap_template_store(const char *tmp, const char *key, const char *desc, char **dir,
+		       struct cap_err *err)
+{
+	_cleanup_free_ char *root = templates_dir();
+	_cleanup_free_ char *meta = xasprintf("%s/meta.json", tmp);
+	char *final = xasprintf("%s/%s", root, key);
 	json_t *m = json_pack("{s:i, s:s, s:s, s:I}", "schema", 1, "key", key, "desc", desc,
 			      "created", (json_int_t)time(NULL));
 	char *text = json_dumps(m, JSON_INDENT(2));
 	json_decref(m);
-	r = cap_write_file_atomic(meta, text, strlen(text), 0600);
+	int r = cap_write_file_atomic(meta, text, strlen(text), 0600);
 	free(text);
-	if (r < 0) {
+	if (r < 0)
 		r = cap_err_set(err, -r, "cannot write %s: %s", meta, strerror(-r));
-		goto out;
-	}
-	if (rename(tmp, final) < 0 && errno != ENOTEMPTY && errno != EEXIST) {
+	else if (rename(tmp, final) < 0 && errno != ENOTEMPTY && errno != EEXIST)
 		r = cap_err_set(err, errno, "cannot store template %s: %s", final, strerror(errno));
-		goto out;
-	}
-out:
 	cap_remove_tree(tmp);	/* gone if renamed; a loser of a race cleans up */
-	if (rundir)
-		cap_remove_run_dir(rundir);
-	for (unsigned i = 0; i < CAP_ARRAY_SIZE(names); i++)
-		free(names[i]);
-	return r;
-}
-
-int cap_template_for(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
-		     char key[65], char **dir, struct cap_err *err)
-{
-	_cleanup_free_ char *root = templates_dir();
-	template_key(o, cfg, key);
-	char *final = xasprintf("%s/%s", root, key);
-	_cleanup_free_ char *state = xasprintf("%s/state", final);
-	_cleanup_free_ char *ram = xasprintf("%s/ram", final);
-	if (access(state, R_OK) != 0 || access(ram, R_OK) != 0) {
-		cap_remove_tree(final);	/* incomplete: start over */
-		int r = build(o, cfg, key, final, err);
-		if (r < 0) {
-			free(final);
-			return r;
-		}
+	if (r < 0) {
+		free(final);
+		return r;
 	}
 	*dir = final;
 	return 0;
 }
 
-int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,
-			struct cap_err *err)
+char *cap_template_lookup(const char *key)
 {
-	struct cap_vm_config cfg;
-	struct cap_accel_choice accel;
-	_cleanup_free_ char *kernel = NULL, *initrd = NULL, *dir = NULL;
-	int r = cap_sandbox_prepare(o, &cfg, &accel, &kernel, &initrd, err);
-	if (r < 0)
-		return r;
-	/* As cap_sandbox_boot builds one: a shape with a NIC gets the
-	 * template's NIC, else its restores would not match. */
-	if (o->spec && o->spec->net.enabled)
-		cfg.net = cap_sandbox_net_template();
-	return cap_template_for(o, &cfg, key_out, &dir, err);
+	_cleanup_free_ char *root = templates_dir();
+	char *dir = xasprintf("%s/%s", root, key);
+	_cleanup_free_ char *state = xasprintf("%s/state", dir);
+	_cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+	if (access(state, R_OK) == 0 && access(ram, R_OK) == 0)
+		return dir;
+	cap_remove_tree(dir);	/* incomplete: start over */
+	free(dir);
+	return NULL;
 }
 
 void cap_template_info_fini(struct cap_template_info *t)

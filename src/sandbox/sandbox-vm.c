@@ -340,9 +340,11 @@ static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 	return r;
 }
 
-int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *cfg,
-			struct cap_accel_choice *accel, char **kernel, char **initrd,
-			struct cap_err *err)
+/* Resolve what a VM for o needs (engine, accelerator, kernel, initramfs)
+ * into cfg; *kernel and *initrd are new strings cfg points into. */
+static int prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *cfg,
+		   struct cap_accel_choice *accel, char **kernel, char **initrd,
+		   struct cap_err *err)
 {
 	_cleanup_free_ char *agent = NULL;
 	bool have_kernel, have_agent;
@@ -380,6 +382,111 @@ int cap_sandbox_prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *
 		.engine = engine,
 	};
 	return 0;
+}
+
+/* Boot cfg, wait for HELLO, save the device state to state, stop. */
+static int snapshot(const struct cap_vm_config *cfg, int timeout_ms, const char *state,
+		    struct cap_err *err)
+{
+	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	sb->fd = -1;
+	sb->ram_conn = -1;
+	cap_client_init(&sb->client);
+	int r = start_vm(sb, cfg, NULL, timeout_ms, err);
+	if (r == 0)
+		r = cap_vm_save(sb->vm, state, err);
+	cap_sandbox_free(sb);
+	return r;
+}
+
+/* Build key's template: boot base once with placeholders for its
+ * per-sandbox disks and save it into a staging directory of the cache,
+ * stored under key when complete (*dir, a new string). */
+static int template_build(const struct cap_sandbox_opts *o, const struct cap_vm_config *base,
+			  const char *key, char **dir, struct cap_err *err)
+{
+	_cleanup_free_ char *tmp = NULL, *rundir = NULL;
+	_cleanup_free_ char *ram = NULL, *state = NULL, *console = NULL;
+	struct cap_vm_disk disks[16];
+	char *names[16] = { 0 };
+	int r;
+
+	if (base->ndisks > CAP_ARRAY_SIZE(disks))
+		return cap_err_set(err, E2BIG, "too many disks for a template");
+	if ((r = cap_template_stage(base->memory_mib, &tmp, err)) < 0)
+		return r;
+	ram = xasprintf("%s/ram", tmp);
+	state = xasprintf("%s/state", tmp);
+	console = xasprintf("%s/console.log", tmp);
+	for (unsigned i = 0; i < base->ndisks; i++) {
+		disks[i] = base->disks[i];
+		if (!disks[i].per_sandbox)
+			continue;
+		if ((r = cap_template_placeholder(tmp, i, &names[i], err)) < 0)
+			goto fail;
+		disks[i].path = names[i];
+	}
+	if ((r = cap_make_run_dir(&rundir, err)) < 0)
+		goto fail;
+	struct cap_vm_config cfg = *base;
+	cfg.disks = disks;
+	cfg.dir = rundir;
+	cfg.console_log = console;
+	cfg.ram_file = ram;
+	cfg.unlink_sockets = true;
+	r = snapshot(&cfg, o->boot_timeout_ms, state, err);
+	cap_remove_run_dir(rundir);
+	if (r < 0) {
+		cap_err_prefix(err, "building template %.16s", key);
+		goto fail;
+	}
+	for (unsigned i = 0; i < base->ndisks; i++)
+		if (names[i])
+			unlink(names[i]);
+
+	char desc[512];
+	size_t used = (size_t)snprintf(desc, sizeof(desc), "%u vCPU, %u MiB, %s", cfg.cpus, cfg.memory_mib,
+				       cap_engine_accel_name(cfg.accel));
+	for (unsigned i = 0; i < base->ndisks && used < sizeof(desc); i++)
+		used += (size_t)snprintf(desc + used, sizeof(desc) - used, ", %s%s", base->disks[i].serial,
+					 base->disks[i].per_sandbox ? "" : " (shared)");
+	if (base->net && used < sizeof(desc))
+		snprintf(desc + used, sizeof(desc) - used, ", NIC");
+	r = cap_template_store(tmp, key, desc, dir, err);
+	goto out;
+fail:
+	cap_template_discard(tmp);
+out:
+	for (unsigned i = 0; i < CAP_ARRAY_SIZE(names); i++)
+		free(names[i]);
+	return r;
+}
+
+/* The template for cfg, built now if the cache has none: its key and
+ * directory (*dir a new string). */
+static int template_for(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
+			char key[65], char **dir, struct cap_err *err)
+{
+	cap_template_key(o, cfg, key);
+	if ((*dir = cap_template_lookup(key)))
+		return 0;
+	return template_build(o, cfg, key, dir, err);
+}
+
+int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,
+			struct cap_err *err)
+{
+	struct cap_vm_config cfg;
+	struct cap_accel_choice accel;
+	_cleanup_free_ char *kernel = NULL, *initrd = NULL, *dir = NULL;
+	int r = prepare(o, &cfg, &accel, &kernel, &initrd, err);
+	if (r < 0)
+		return r;
+	/* As cap_sandbox_boot builds one: a shape with a NIC gets the
+	 * template's NIC, else its restores would not match. */
+	if (o->spec && o->spec->net.enabled)
+		cfg.net = cap_sandbox_net_template();
+	return template_for(o, &cfg, key_out, &dir, err);
 }
 
 /* Restore rc from the template in tdir: its RAM shared through the
@@ -435,7 +542,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	sb->fd = -1;
 	sb->ram_conn = -1;
 	cap_client_init(&sb->client);
-	if ((r = cap_sandbox_prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
+	if ((r = prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
 		goto fail;
 	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
 		goto fail;
@@ -470,7 +577,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		struct cap_err terr = { 0 };
 		char key[65] = "";
 		_cleanup_free_ char *tdir = NULL;
-		if (cap_template_for(o, &tcfg, key, &tdir, &terr) == 0) {
+		if (template_for(o, &tcfg, key, &tdir, &terr) == 0) {
 			_cleanup_free_ char *state = xasprintf("%s/state", tdir);
 			_cleanup_free_ char *ram = xasprintf("%s/ram", tdir);
 			struct cap_vm_config rc = cfg;
@@ -536,22 +643,6 @@ pid_t cap_sandbox_net_pid(const struct cap_sandbox *sb)
 bool cap_sandbox_restored(const struct cap_sandbox *sb)
 {
 	return sb->restored;
-}
-
-/* For the template builder: boot cfg, wait for HELLO, save the device
- * state to state, stop. */
-int cap_sandbox_snapshot(const struct cap_vm_config *cfg, int timeout_ms,
-			 const char *state, struct cap_err *err)
-{
-	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
-	sb->fd = -1;
-	sb->ram_conn = -1;
-	cap_client_init(&sb->client);
-	int r = start_vm(sb, cfg, NULL, timeout_ms, err);
-	if (r == 0)
-		r = cap_vm_save(sb->vm, state, err);
-	cap_sandbox_free(sb);
-	return r;
 }
 
 int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,

@@ -25,7 +25,7 @@
 #define QMP_TIMEOUT_MS 5000
 
 struct qemu_vm {
-	struct cap_vm base;	/* first: a struct qemu_vm * is a struct qemu_vm * (QVM) */
+	struct cap_vm base;	/* first: this engine's struct cap_vm * is a struct qemu_vm * (QVM) */
 	pid_t pid;
 	int pidfd;
 	int qmp_fd;

@@ -38,7 +38,7 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci; do
+for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
 
@@ -132,7 +132,7 @@ CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 wait "$asanpid"
 cat "$asanlog"
 if [ -s "$asanok" ]; then
-	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci; do
+	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine; do
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"

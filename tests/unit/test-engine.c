@@ -1,0 +1,101 @@
+/* Unit tests of the engine table (src/engine/engine.c): engines chosen
+ * by name or $CAPSULE_ENGINE, an unknown name refused with the list, and
+ * QEMU's end_leftover on a directory whose VM is gone. No VM starts. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "engine.h"
+#include "paths.h"
+#include "util.h"
+
+static void get_by_name_and_default(void **state)
+{
+	(void)state;
+	const struct cap_engine_ops *e = NULL, *d = NULL;
+	struct cap_err err = { 0 };
+	unsetenv("CAPSULE_ENGINE");
+	assert_int_equal(cap_engine_get("qemu", &e, &err), 0);
+	assert_string_equal(cap_engine_name(e), "qemu");
+	assert_int_equal(cap_engine_get(NULL, &d, &err), 0);
+	assert_ptr_equal(d, e);	/* the default */
+	setenv("CAPSULE_ENGINE", "qemu", 1);
+	assert_int_equal(cap_engine_get(NULL, &d, &err), 0);
+	assert_ptr_equal(d, e);
+	unsetenv("CAPSULE_ENGINE");
+}
+
+static void unknown_is_refused_with_the_list(void **state)
+{
+	(void)state;
+	const struct cap_engine_ops *e = NULL;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_engine_get("firecracker", &e, &err), -ENOENT);
+	assert_null(e);	/* *out written only on success */
+	assert_non_null(strstr(err.msg, "\"firecracker\""));
+	assert_non_null(strstr(err.msg, "the engines are: qemu"));
+	setenv("CAPSULE_ENGINE", "nope", 1);
+	err = (struct cap_err){ 0 };
+	assert_int_equal(cap_engine_get(NULL, &e, &err), -ENOENT);
+	assert_non_null(strstr(err.msg, "CAPSULE_ENGINE"));
+	unsetenv("CAPSULE_ENGINE");
+}
+
+/* The identity names the engine, so templates never cross engines. */
+static void identity_names_the_engine(void **state)
+{
+	(void)state;
+	const struct cap_engine_ops *e;
+	assert_int_equal(cap_engine_get("qemu", &e, NULL), 0);
+	char *id = cap_engine_identity(e, CAP_ACCEL_KVM);
+	assert_true(strncmp(id, "qemu=", 5) == 0);
+	free(id);
+}
+
+/* A leftover whose process is gone (or is not that VM's: this test's own
+ * pid) is not killed; the sockets it left are removed, nothing else. */
+static void end_leftover_spares_other_processes(void **state)
+{
+	(void)state;
+	const struct cap_engine_ops *e;
+	assert_int_equal(cap_engine_get("qemu", &e, NULL), 0);
+	char dir[] = "/tmp/test-engine.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	const char *files[] = { "qmp.sock", "agent.sock", "console.log" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(files); i++) {
+		char *p = xasprintf("%s/%s", dir, files[i]);
+		assert_int_equal(cap_write_file_atomic(p, "x", 1, 0600), 0);
+		free(p);
+	}
+	assert_int_equal(cap_engine_end_leftover(e, dir, getpid()), 0);
+	assert_int_equal(cap_engine_end_leftover(e, dir, 0), 0);
+	char *p = xasprintf("%s/qmp.sock", dir);
+	assert_int_not_equal(access(p, F_OK), 0);
+	free(p);
+	p = xasprintf("%s/agent.sock", dir);
+	assert_int_not_equal(access(p, F_OK), 0);
+	free(p);
+	p = xasprintf("%s/console.log", dir);
+	assert_int_equal(access(p, F_OK), 0);
+	free(p);
+	assert_int_equal(cap_remove_tree(dir), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(get_by_name_and_default),
+		cmocka_unit_test(unknown_is_refused_with_the_list),
+		cmocka_unit_test(identity_names_the_engine),
+		cmocka_unit_test(end_leftover_spares_other_processes),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -89,6 +91,51 @@ static void end_leftover_spares_other_processes(void **state)
 	assert_int_equal(cap_remove_tree(dir), 0);
 }
 
+/* A process that looks like the VM of dir (QEMU's name, -name
+ * guest=<dir>) is killed and reported; one of another directory is not. */
+static pid_t fake_vm(const char *dir)
+{
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		char *guest = xasprintf("guest=%s", dir);
+		char *argv[] = { "/usr/bin/qemu-system-x86_64", "-c", "while :; do sleep 1; done", "-name", guest, NULL };
+		execv("/bin/sh", argv);
+		_exit(127);
+	}
+	/* Until it runs sh (its cmdline is QEMU's name). */
+	char *path = xasprintf("/proc/%d/cmdline", (int)pid);
+	for (int i = 0; i < 200; i++) {
+		char *s = NULL;
+		ssize_t n = cap_read_file(path, 4096, &s);
+		bool ready = n > 0 && strstr(s, "qemu-system-x86_64");
+		free(s);
+		if (ready)
+			break;
+		usleep(5000);
+	}
+	free(path);
+	return pid;
+}
+
+static void end_leftover_kills_the_vm_of_that_directory(void **state)
+{
+	(void)state;
+	const struct cap_engine_ops *e;
+	assert_int_equal(cap_engine_get("qemu", &e, NULL), 0);
+	char dir[] = "/tmp/test-engine.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	pid_t pid = fake_vm(dir);
+	int status;
+	/* Another directory's VM is left alone. */
+	assert_int_equal(cap_engine_end_leftover(e, "/tmp/elsewhere", pid), 0);
+	assert_int_equal(waitpid(pid, &status, WNOHANG), 0);
+	assert_int_equal(cap_engine_end_leftover(e, dir, pid), 1);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	assert_int_equal(cap_remove_tree(dir), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -96,6 +143,7 @@ int main(void)
 		cmocka_unit_test(unknown_is_refused_with_the_list),
 		cmocka_unit_test(identity_names_the_engine),
 		cmocka_unit_test(end_leftover_spares_other_processes),
+		cmocka_unit_test(end_leftover_kills_the_vm_of_that_directory),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -468,8 +468,11 @@ static int template_for(const struct cap_sandbox_opts *o, const struct cap_vm_co
 			char key[65], char **dir, struct cap_err *err)
 {
 	cap_template_key(o, cfg, key);
-	if ((*dir = cap_template_lookup(key)))
+	char *found = cap_template_lookup(key);
+	if (found) {
+		*dir = found;
 		return 0;
+	}
 	return template_build(o, cfg, key, dir, err);
 }
 

@@ -402,6 +402,7 @@ mkdir -p "$rt/pub" && echo hi >"$rt/pub/a.txt"
 jcheck "inspect --json of a stopped sandbox, field by field" '
 assert d["name"] == "j" and d["state"] == "stopped", d
 assert d["shim_pid"] is None and d["qemu_pid"] is None and d["jail"] is None
+assert d["engine"] is None and d["vmm_pid"] is None
 assert d["image"]["ref"] == "base" and d["image"]["digest"].startswith("sha256:") and len(d["image"]["digest"]) == 71
 assert d["cpus"] == 1 and d["memory_mib"] == 256 and d["root_size_mib"] == 256 and d["work_size_mib"] == 512
 assert isinstance(d["disk_bytes"], int) and d["disk_bytes"] > 0
@@ -439,6 +440,7 @@ jcheck "ls --json: an array of inspect's objects, running with its pids and jail
 assert isinstance(d, list) and sorted(x["name"] for x in d) == ["j", "n1"], d
 b = [x for x in d if x["name"] == "n1"][0]; assert b["state"] == "broken" and "record.json" in b["error"], b
 x = [x for x in d if x["name"] == "j"][0]; assert x["state"] == "running" and x["shim_pid"] > 1 and x["qemu_pid"] > 1, x
+assert x["engine"] == "qemu" and x["vmm_pid"] == x["qemu_pid"], x
 assert x["jail"]["uid"].isdigit() and x["jail"]["cgroup"], x["jail"]
 assert x["network"]["nic"] is True and x["network"]["policy_pid"] > 1 and x["network"]["state"].startswith("policy process pid")'
 "$capsule" inspect --json j >"$rt/i.json" 2>"$err"
@@ -455,6 +457,7 @@ rc=$?
 jcheck "doctor --json: every check a field, ok matching the exit code ($rc)" '
 assert d["ok"] is (sys.argv[2] == "0") and d["problems"] == (0 if d["ok"] else d["problems"]), d["ok"]
 assert d["qemu"]["ok"] and d["qemu"]["version"].startswith("QEMU")
+assert d["engine"]["name"] == "qemu" and d["engine"]["version"] == d["qemu"]["version"]
 assert d["accel"]["name"] in ("kvm", "tcg") and d["accel"]["reason"]
 assert (d["isolation_warning"] is None) == (d["accel"]["name"] == "kvm")
 assert set(d["kvm"]) == {"device", "present", "writable", "used"}

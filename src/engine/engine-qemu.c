@@ -913,8 +913,8 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->owned_dir = xstrdup(cfg->dir);
 	vm->owned_console = cfg->console_log ? xstrdup(cfg->console_log)
 					     : xasprintf("%s/console.log", cfg->dir);
-	vm->owned_qemu_log = cfg->qemu_log ? xstrdup(cfg->qemu_log) : xasprintf("%s/qemu.log", cfg->dir);
-	vm->keep_qemu_log = cfg->qemu_log != NULL;
+	vm->owned_qemu_log = cfg->vmm_log ? xstrdup(cfg->vmm_log) : xasprintf("%s/qemu.log", cfg->dir);
+	vm->keep_qemu_log = cfg->vmm_log != NULL;
 	vm->owned_qmp_path = xasprintf("%s/qmp.sock", cfg->dir);
 	vm->owned_agent_path = xasprintf("%s/agent.sock", cfg->dir);
 	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file) : NULL;

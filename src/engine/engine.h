@@ -129,7 +129,9 @@ struct cap_vm_config {
 	const char *initrd;
 	const char *dir;	/* existing private directory: sockets, logs */
 	const char *console_log;	/* NULL: <dir>/console.log */
-	const char *qemu_log;	/* NULL: <dir>/qemu.log, removed with the VM; else this file, kept */
+	/* The hypervisor's own stderr. NULL: in dir (QEMU's: qemu.log), removed
+	 * with the VM; else this file, kept. */
+	const char *vmm_log;
 	unsigned cpus;
 	unsigned memory_mib;
 	enum cap_accel accel;	/* KVM or TCG (resolved) */
@@ -259,9 +261,9 @@ void cap_vm_kill(struct cap_vm *vm);
  * messages. New string the caller frees (empty when there is nothing). */
 char *cap_vm_logs_tail(const struct cap_vm *vm, int lines);
 
-/* Kill QEMU if still running, close everything and remove the sockets
- * and <dir>/qemu.log. The directory itself, the console log and a
- * cfg.qemu_log stay (the caller owns them). */
+/* Kill the hypervisor if still running, close everything and remove the
+ * sockets and its log in dir. The directory itself, the console log and
+ * a cfg.vmm_log stay (the caller owns them). */
 void cap_vm_free(struct cap_vm *vm);
 
 #endif

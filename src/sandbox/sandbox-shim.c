@@ -792,7 +792,7 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *lockp = xasprintf("%s/shim.lock", dir);
 	_cleanup_free_ char *runtime = xasprintf("%s/runtime.json", dir);
 	_cleanup_free_ char *console = xasprintf("%s/console.log", dir);
-	_cleanup_free_ char *qemu_log = xasprintf("%s/qemu.log", dir);
+	_cleanup_free_ char *vmm_log = NULL;
 	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
 	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
 	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
@@ -855,7 +855,12 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	/* Both logs next to the disks, kept after stop, wherever the
 	 * sockets are. */
 	o.console_log = console;
-	o.qemu_log = qemu_log;
+	/* The hypervisor's log, named after its engine: qemu.log. */
+	const struct cap_engine_ops *engine;
+	if ((r = cap_engine_get(NULL, &engine, err)) < 0)
+		goto out;
+	vmm_log = xasprintf("%s/%s.log", dir, cap_engine_name(engine));
+	o.vmm_log = vmm_log;
 	o.dir = sockdir;
 	o.name = name;
 	o.net_log_fd = netlog;

@@ -553,7 +553,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	/* Not in the template's configuration: the VM that builds one logs
 	 * in its own run directory, never in a sandbox's file. */
 	struct cap_vm_config tcfg = cfg;
-	cfg.qemu_log = o->qemu_log;
+	cfg.vmm_log = o->vmm_log;
 	if (o->spec && o->spec->net.enabled) {
 		if ((r = cap_sandbox_net_new(o, &sb->net, err)) < 0)
 			goto fail;

@@ -72,7 +72,7 @@ struct cap_sandbox_opts {
 	unsigned memory_mib;	/* default 512 */
 	enum cap_accel accel;	/* default AUTO */
 	const char *console_log;	/* NULL: kept in the run dir, removed */
-	const char *qemu_log;	/* NULL: <dir>/qemu.log, removed with the VM; else this file, kept */
+	const char *vmm_log;	/* NULL: the engine's, in dir, removed with the VM; else this file, kept */
 	int boot_timeout_ms;	/* default 60000 */
 	/* Disks, NIC and what the agent sets up (borrowed). NULL: the bare
 	 * initramfs root, no disk, no NIC. */

@@ -132,7 +132,14 @@ def cgroup_kib(pid):
             return v["total_rss"] // 1024, v["total_shmem"] // 1024, kernel // 1024
     path = next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
     v = read_kv(f"/sys/fs/cgroup{path}/memory.stat")
-    return v["anon"] // 1024, v["shmem"] // 1024, v.get("kernel", 0) // 1024
+    return v["anon"] // 1024, v["shmem"] // 1024, kernel_v2(v) // 1024
+
+
+def kernel_v2(v):
+    """Kernel memory of a v2 memory.stat ("kernel" since Linux 5.18)."""
+    if "kernel" in v:
+        return v["kernel"]
+    return sum(v.get(k, 0) for k in ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "sock", "slab"))
 
 
 def cg_dir():
@@ -154,14 +161,15 @@ def own_cgroup():
     d = f"{parent}/bench-density-{os.getpid()}"
     try:
         os.mkdir(d)
+    except OSError:
+        return None
+    try:
+        cg_dir_kib(d)	# v2: memory not enabled for children
         with open(f"{d}/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
         return d
     except OSError:
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
+        leave_cgroup(d)
         return None
 
 
@@ -187,7 +195,7 @@ def cg_dir_kib(d):
     if "total_rss" in v:
         with open(f"{d}/memory.kmem.usage_in_bytes") as f:
             return (v["total_rss"] + v["total_shmem"] + int(f.read())) // 1024
-    return (v["anon"] + v["shmem"] + v.get("kernel", 0)) // 1024
+    return (v["anon"] + v["shmem"] + kernel_v2(v)) // 1024
 
 
 def pss_kib(pid):

@@ -145,9 +145,10 @@ fh_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fullhost"; }
 # paused and running, and host CPU per idle running one (N = 1, 10): with
 # the template's RAM shared, with a per-VM copy (CAPSULE_SHARED_RAM=0),
 # and "before" (shared, with the engine's old guest timer and QEMU huge
-# pages: CAPSULE_GUEST_TSC=0 CAPSULE_QEMU_THP=1), each about two and a
-# half minutes on a busy 2-core host (bench/bench-density.py says what
-# each figure is).
+# pages: CAPSULE_GUEST_TSC=0 CAPSULE_QEMU_THP=1), each 80 to 110 s on
+# this 2-core host (bench/bench-density.py says what each figure is).
+# Goal (issue 20): <= 20 MiB held per idle sandbox at N=50, <= 1 % of a
+# core per idle running one.
 echo "bench: idle cost: 1, 10 and 50 sandboxes paused and running, shared RAM, per-VM copy, before..." >&2
 for dn_p in : -copy:CAPSULE_SHARED_RAM=0 -before:CAPSULE_GUEST_TSC=0:CAPSULE_QEMU_THP=1; do
 	dn_f=${dn_p%%:*}

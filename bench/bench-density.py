@@ -278,8 +278,7 @@ def wait_holders_gone(limit):
 
 
 try:
-    for k, e in (("shared_ram", "CAPSULE_SHARED_RAM"), ("guest_tsc", "CAPSULE_GUEST_TSC"),
-                 ("qemu_thp", "CAPSULE_QEMU_THP")):
+    for k, e in (("shared_ram", "CAPSULE_SHARED_RAM"), ("guest_tsc", "CAPSULE_GUEST_TSC")):
         print(f"config {k} {os.environ.get(e, 'default')}", flush=True)
     idle = int(env["CAPSULE_RAM_HOLDER_IDLE_S"]) + 5
     own = own_cgroup()

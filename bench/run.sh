@@ -144,13 +144,13 @@ fh_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fullhost"; }
 # (p) idle cost: host memory held by N = 1, 10, 50 idle named sandboxes,
 # paused and running, and host CPU per idle running one (N = 1, 10): with
 # the template's RAM shared, with a per-VM copy (CAPSULE_SHARED_RAM=0),
-# and "before" (shared, with the engine's old guest timer and QEMU huge
-# pages: CAPSULE_GUEST_TSC=0 CAPSULE_QEMU_THP=1), each 80 to 110 s on
+# and "before" (shared, with the guest's old clock, jiffies, whose tick
+# never stops: CAPSULE_GUEST_TSC=0), each 80 to 110 s on
 # this 2-core host (bench/bench-density.py says what each figure is).
 # Goal (issue 20): <= 20 MiB held per idle sandbox at N=50, <= 1 % of a
 # core per idle running one.
 echo "bench: idle cost: 1, 10 and 50 sandboxes paused and running, shared RAM, per-VM copy, before..." >&2
-for dn_p in : -copy:CAPSULE_SHARED_RAM=0 -before:CAPSULE_GUEST_TSC=0:CAPSULE_QEMU_THP=1; do
+for dn_p in : -copy:CAPSULE_SHARED_RAM=0 -before:CAPSULE_GUEST_TSC=0; do
 	dn_f=${dn_p%%:*}
 	env $(echo "${dn_p#*:}" | tr : ' ') python3 "$top/bench/bench-density.py" "$capsule" "$top/$build/bench/bench-pause" \
 		1 10 50 >"$bench_home/density$dn_f" 2>/dev/null || : >"$bench_home/density$dn_f"
@@ -308,7 +308,7 @@ awk -v s="$(du_row write_durable 5)" -v a="$(du_row write_durable 2)" -v ft="$(d
 # (p): "held" is what the host holds for them, attributed: their jail
 # cgroups' anonymous + shmem + kernel memory, the shims' and RAM holders'
 # proportional anonymous memory, the template's memfd once; "before" the
-# same with the engine's old guest timer and QEMU huge pages. Checks:
+# same with the guest's old clock (CAPSULE_GUEST_TSC=0). Checks:
 # "charged" counts the same by the kernel's charges (a cgroup of the
 # bench's own for the shims and holder), "released" is the AnonPages +
 # Shmem of /proc/meminfo that removing them released (no kernel memory;

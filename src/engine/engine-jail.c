@@ -1,4 +1,4 @@
-/* The jail around each QEMU (jail.h; docs/architecture.md, "The jail"). */
+/* The jail around each VM's process (jail.h; docs/architecture.md, "The jail"). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,9 +33,6 @@
 #define ROOT_MNT RUN_DIR "/root"
 #define SLOTS 4096
 #define UID_BASE 1900000000u
-/* QEMU's own memory on top of the guest's: TCG's translation cache
- * (bounded by the engine), device state, page cache of the disks. */
-#define OVERHEAD_MIB 256
 #define NOFILE 4096
 #define NPROC 256
 #define HELPER_NPROC 16
@@ -52,24 +49,33 @@ struct cgroups {
 	char why[480];		/* why none is usable */
 };
 
+/* One bind into the root: host path, path in the root, mount flags. */
+struct bind {
+	char *owned_host;
+	char *owned_at;
+	unsigned long flags;
+};
+
 struct cap_jail {
 	bool confined;		/* namespaces + private root + own user */
 	int slot;		/* -1: none */
 	int lock_fd;		/* holds the slot */
 	uid_t uid;
 	gid_t gid;
-	gid_t kvm_gid;		/* extra group for /dev/kvm, or (gid_t)-1 */
+	gid_t groups[CAP_JAIL_MAX_DEVICES];	/* of the devices: supplementary */
+	unsigned ngroups;
 	char *owned_cg[3];	/* cgroup folders, NULL when none */
 	int cg_version;
-	char *owned_ram_bind;
-	char *owned_ram_copy;
-	char *owned_kernel;
-	char *owned_initrd;
-	pid_t copier;		/* filling the jail's RAM copy, or -1 */
-	bool ram_proc;		/* a proc for QEMU to open spec.ram_fd, detached by cap_jail_ready */
-	pid_t pid;		/* QEMU, once spawned; else -1 */
-	int netns;		/* QEMU's network namespace (borrowed), or -1: a new one */
-	bool kvm;
+	char *owned_exe;
+	const char *name;	/* the program's base name, in owned_exe */
+	struct bind *owned_binds;	/* the program, its files, the devices */
+	unsigned nbinds;
+	char *owned_rw_file, *owned_rw_at;
+	char *owned_copy_file, *owned_copy_at;
+	pid_t copier;		/* filling the jail's copy_at, or -1 */
+	bool own_proc;		/* a proc for the program to open spec.sealed_fd, detached by cap_jail_ready */
+	pid_t pid;		/* the program, once spawned; else -1 */
+	int netns;		/* its network namespace (borrowed), or -1: a new one */
 	char note[512];
 };
 
@@ -205,14 +211,8 @@ static int cg_create(const struct cgroups *cg, const char *name,
 		     const struct cap_jail_spec *spec, char *out[3],
 		     struct cap_err *err)
 {
-	unsigned long long mem = ((unsigned long long)spec->memory_mib + OVERHEAD_MIB) << 20;
-	/* A guest's first write to a page the template never touched
-	 * fills that hole of the shared memfd with a zero page (shmem has
-	 * no shared zero page), charged here, besides its private copy:
-	 * up to guest RAM more, unreclaimable without swap. */
-	if (spec->ram_fd > 0)
-		mem += (unsigned long long)spec->memory_mib << 20;
-	unsigned pids = 128 + 2 * spec->cpus;
+	unsigned long long mem = spec->memory_max;
+	unsigned pids = spec->pids_max;
 	unsigned n = cg_dirs(cg, name, out), i;
 	int r;
 	if ((r = cg_parents(cg, err)) < 0)
@@ -235,127 +235,6 @@ static int cg_create(const struct cgroups *cg, const char *name,
 	    (r = cg_limit(out[1], "pids.max", pids, false, err)) < 0 ||
 	    (r = cg_limit(out[2], "cpu.shares", 1024ull * spec->cpus, false, err)) < 0)
 		return r;
-	return 0;
-}
-
-/* ---- what goes into the root ----------------------------------------- */
-
-struct lines {
-	char **v;
-	size_t n;
-};
-
-static void lines_add(struct lines *l, const char *s)
-{
-	for (size_t i = 0; i < l->n; i++)
-		if (strcmp(l->v[i], s) == 0)
-			return;
-	l->v = xrealloc(l->v, (l->n + 1) * sizeof(char *));
-	l->v[l->n++] = xstrdup(s);
-}
-
-static void lines_free(struct lines *l)
-{
-	for (size_t i = 0; i < l->n; i++)
-		free(l->v[i]);
-	free(l->v);
-	l->v = NULL;
-	l->n = 0;
-}
-
-/* ldd's answer, one path per line ("libz.so.1 => /lib/.../libz.so.1"). */
-static void ldd_line(void *ud, const char *line)
-{
-	struct lines *l = ud;
-	const char *p = strstr(line, "=> ");
-	p = p ? p + 3 : line;
-	while (*p == ' ' || *p == '\t')
-		p++;
-	if (*p != '/')
-		return;
-	size_t n = strcspn(p, " ");
-	_cleanup_free_ char *path = xstrndup(p, n);
-	lines_add(l, path);
-}
-
-/* QEMU's TCG accelerator is a loadable module in Debian's build. */
-static const char *const modules[] = {
-	"/usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so",
-};
-/* The microvm machine's firmware (Debian names it qboot.rom) and the
- * option ROM that boots a PVH kernel. */
-static const char *const firmware[] = {
-	"/usr/share/qemu/bios-microvm.bin",
-	"/usr/share/qemu/qboot.rom",
-	"/usr/share/qemu/pvh.bin",
-};
-
-/* The files QEMU needs, as paths valid both on the host and in the jail:
- * the binary, its libraries and loader, its modules and firmware. ldd
- * costs ~35 ms, so the list is cached, keyed by the files it was made
- * from. */
-static int qemu_files(const char *qemu, struct lines *out, struct cap_err *err)
-{
-	struct stat st;
-	/* Bump with the lists above. */
-	unsigned long long key = 1469598103934665603ull + 2;
-	const char *keyed[1 + CAP_ARRAY_SIZE(modules)] = { qemu };
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(modules); i++)
-		keyed[i + 1] = modules[i];
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(keyed); i++) {
-		if (stat(keyed[i], &st) < 0)
-			continue;
-		unsigned long long parts[] = { st.st_dev, st.st_ino, (unsigned long long)st.st_size,
-					       (unsigned long long)st.st_mtim.tv_sec, (unsigned long long)st.st_mtim.tv_nsec };
-		for (size_t k = 0; k < CAP_ARRAY_SIZE(parts); k++)
-			key = (key ^ parts[k]) * 1099511628211ull;
-	}
-	_cleanup_free_ char *cache = cap_cache_dir();
-	_cleanup_free_ char *dir = xasprintf("%s/jail", cache);
-	_cleanup_free_ char *file = xasprintf("%s/qemu-files-%016llx", dir, key);
-	char *text = NULL;
-	if (cap_read_file(file, 1 << 20, &text) > 0) {
-		char *save = NULL;
-		bool stale = false;
-		for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
-			if (*l == '/') {
-				lines_add(out, l);
-				stale |= access(l, R_OK) != 0;	/* a library moved */
-			}
-		free(text);
-		if (out->n > 1 && !stale)
-			return 0;
-		lines_free(out);
-		text = NULL;
-	}
-	free(text);
-
-	lines_add(out, qemu);
-	char *argv[] = { "ldd", (char *)qemu, NULL };
-	struct cap_err lerr = { 0 };
-	if (cap_run(argv, ldd_line, out, &lerr) < 0) {
-		lines_free(out);
-		return cap_err_set(err, lerr.code ? lerr.code : EIO, "cannot list the libraries of %s: %s", qemu, lerr.msg);
-	}
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(modules); i++) {
-		if (access(modules[i], R_OK) != 0)
-			continue;
-		lines_add(out, modules[i]);
-		char *margv[] = { "ldd", (char *)modules[i], NULL };
-		cap_run(margv, ldd_line, out, NULL);
-	}
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(firmware); i++)
-		if (access(firmware[i], R_OK) == 0)
-			lines_add(out, firmware[i]);
-	size_t len = 0;
-	for (size_t i = 0; i < out->n; i++)
-		len += strlen(out->v[i]) + 1;
-	_cleanup_free_ char *list = xmalloc(len + 1);
-	char *p = list;
-	for (size_t i = 0; i < out->n; i++)
-		p += sprintf(p, "%s\n", out->v[i]);
-	if (cap_mkdir_p(dir, 0755) == 0)
-		cap_write_file_atomic(file, list, len, 0644);
 	return 0;
 }
 
@@ -418,11 +297,11 @@ static int probe_cgroups(const struct cgroups *cg, char *detail, size_t len)
 		return r;
 	}
 	if (cg->version == 2)
-		snprintf(detail, len, "cgroup v2 %s/%.200s/vm-N: memory.max = guest RAM + %d MiB (twice the RAM with shared template RAM), pids.max = 128 + 2 per vCPU, cpu.weight 100 per vCPU",
-			 cg->root, cg->parent, OVERHEAD_MIB);
+		snprintf(detail, len, "cgroup v2 %s/%.200s/vm-N: memory.max and pids.max as the engine sets them, swap 0, cpu.weight 100 per vCPU",
+			 cg->root, cg->parent);
 	else
-		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%.200s/vm-N: memory limit = guest RAM + %d MiB (twice the RAM with shared template RAM), pids.max = 128 + 2 per vCPU, cpu.shares 1024 per vCPU",
-			 cg->root, cg->parent, OVERHEAD_MIB);
+		snprintf(detail, len, "cgroup v1 %s/{memory,pids,cpu}/%.200s/vm-N: memory limit and pids.max as the engine sets them, swap 0, cpu.shares 1024 per vCPU",
+			 cg->root, cg->parent);
 	return 0;
 }
 
@@ -457,28 +336,17 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 	} else if (mk < 0) {
 		snprintf(c[1].detail, sizeof(c[1].detail), "cannot create %s: %s", ROOT_MNT, strerror(-mk));
 	} else {
-		_cleanup_free_ char *qemu = cap_find_program("qemu-system-x86_64");
-		struct lines files = { 0 };
-		struct cap_err err = { 0 };
-		if (!qemu)
-			snprintf(c[1].detail, sizeof(c[1].detail), "qemu-system-x86_64 is not in PATH");
-		else if (qemu_files(qemu, &files, &err) < 0)
-			snprintf(c[1].detail, sizeof(c[1].detail), "%.300s", err.msg);
-		else {
-			c[1].active = true;
-			snprintf(c[1].detail, sizeof(c[1].detail), "pivot_root into a tmpfs holding %zu QEMU files (binary, libraries, firmware), the kernel, the initramfs and the VM's RAM; disks and sockets passed as descriptors",
-				 files.n);
-		}
-		lines_free(&files);
+		c[1].active = true;
+		snprintf(c[1].detail, sizeof(c[1].detail), "pivot_root into a tmpfs holding only the files the engine lists (its program, libraries, firmware, the guest's kernel and initramfs), /dev/null, /dev/urandom, its devices and the VM's RAM; disks and sockets passed as descriptors");
 	}
 
 	if (!c[0].active)
 		snprintf(c[2].detail, sizeof(c[2].detail), "%s", c[0].detail);
 	else if (geteuid() != 0)
-		snprintf(c[2].detail, sizeof(c[2].detail), "capsule is not root: it cannot switch QEMU to a user of its own");
+		snprintf(c[2].detail, sizeof(c[2].detail), "capsule is not root: it cannot switch a VM's process to a user of its own");
 	else {
 		c[2].active = true;
-		snprintf(c[2].detail, sizeof(c[2].detail), "UID and GID %u + slot, one per running VM (%d slots, locks in %s); a VM's policy process %u + slot",
+		snprintf(c[2].detail, sizeof(c[2].detail), "UID and GID %u + slot, one per running VM (%d slots, locks in %s); a VM's helpers %u + slot",
 			 (unsigned)uid_base(), SLOTS, RUN_DIR, (unsigned)uid_base() + CAP_JAIL_HELPER_OFFSET);
 	}
 
@@ -493,7 +361,7 @@ int cap_jail_probe(struct cap_jail_check c[CAP_JAIL_NCHECKS])
 
 	c[4].active = prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0;
 	snprintf(c[4].detail, sizeof(c[4].detail), c[4].active
-		 ? "QEMU -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+		 ? "this kernel has seccomp filters; the VM's program installs its own (the engine's options deny all it can)"
 		 : "this kernel has no seccomp");
 	c[5].active = true;
 	snprintf(c[5].detail, sizeof(c[5].detail), "no_new_privs; RLIMIT_CORE 0, RLIMIT_NOFILE %d, RLIMIT_NPROC %d; every other descriptor closed",
@@ -525,7 +393,7 @@ int cap_jail_ram_probe(char *detail, size_t len)
 		return r;
 	}
 	if (env_is("CAPSULE_JAIL", "0") || !may_confine()) {
-		snprintf(detail, len, "no jail: an unconfined QEMU maps the template's RAM file privately");
+		snprintf(detail, len, "no jail: an unconfined VM maps the template's RAM file privately");
 		return -EPERM;
 	}
 	/* The jail's proc, tried in a throwaway child. */
@@ -548,7 +416,7 @@ int cap_jail_ram_probe(char *detail, size_t len)
 		snprintf(detail, len, "a jail cannot mount a proc of its own (subset=pid, Linux >= 5.8)");
 		return -ENOSYS;
 	}
-	snprintf(detail, len, "one sealed memfd per template (F_SEAL_WRITE, GROW, SHRINK, SEAL), mapped privately by each jailed QEMU%s",
+	snprintf(detail, len, "one sealed memfd per template (F_SEAL_WRITE, GROW, SHRINK, SEAL), mapped privately by each jailed VM%s",
 		 getenv("CAPSULE_SHARED_RAM") && strcmp(getenv("CAPSULE_SHARED_RAM"), "0") == 0
 		 ? "; but CAPSULE_SHARED_RAM=0 asks for a per-VM copy" : "");
 	return 0;
@@ -593,22 +461,80 @@ static void note_missing(struct cap_jail *j, const char *what, const char *why)
 	snprintf(j->note + used, sizeof(j->note) - used, "%s%s (%s)", used ? "; " : "", what, why);
 }
 
+static bool absolute(const char *path)
+{
+	return path && path[0] == '/' && strlen(path) < PATH_MAX - 64;
+}
+
+/* Whether spec can be confined as it says; -EINVAL with err if not. */
+static int spec_check(const struct cap_jail_spec *spec, struct cap_err *err)
+{
+	if (!absolute(spec->exe))
+		return cap_err_set(err, EINVAL, "a jail's program must be an absolute path, not %s",
+				   spec->exe ? spec->exe : "(none)");
+	for (unsigned i = 0; i < spec->nfiles; i++) {
+		const struct cap_jail_file *f = &spec->files[i];
+		if (!absolute(f->host) || (f->at && !absolute(f->at)))
+			return cap_err_set(err, EINVAL, "a jail cannot hold %s%s%s: not an absolute path",
+					   f->host ? f->host : "(none)", f->at ? " at " : "", f->at ? f->at : "");
+	}
+	if (spec->ndevices > CAP_JAIL_MAX_DEVICES)
+		return cap_err_set(err, EINVAL, "a jail holds at most %d devices, not %u", CAP_JAIL_MAX_DEVICES,
+				   spec->ndevices);
+	for (unsigned i = 0; i < spec->ndevices; i++)
+		if (!absolute(spec->devices[i]))
+			return cap_err_set(err, EINVAL, "a jail cannot hold device %s: not an absolute path",
+					   spec->devices[i] ? spec->devices[i] : "(none)");
+	int mems = !!spec->rw_file + !!spec->copy_file + (spec->sealed_fd > 0);
+	if (mems > 1)
+		return cap_err_set(err, EINVAL, "a jail takes one memory file: rw_file, copy_file or sealed_fd");
+	if (spec->rw_file && (!absolute(spec->rw_file) || !absolute(spec->rw_at)))
+		return cap_err_set(err, EINVAL, "a jail's read-write file and its place must be absolute paths");
+	const char *slash = spec->copy_at ? strrchr(spec->copy_at, '/') : NULL;
+	if (spec->copy_file && (!absolute(spec->copy_file) || !absolute(spec->copy_at) ||
+				slash == spec->copy_at || !slash[1]))
+		return cap_err_set(err, EINVAL, "a jail's copied file must go to /dir/name, not %s",
+				   spec->copy_at ? spec->copy_at : "(none)");
+	return 0;
+}
+
+static void bind_add(struct cap_jail *j, const char *host, const char *at, unsigned long flags)
+{
+	for (unsigned i = 0; i < j->nbinds; i++)
+		if (strcmp(j->owned_binds[i].owned_at, at) == 0)
+			return;
+	j->owned_binds = xrealloc(j->owned_binds, (j->nbinds + 1) * sizeof(*j->owned_binds));
+	j->owned_binds[j->nbinds++] = (struct bind){ xstrdup(host), xstrdup(at), flags };
+}
+
+static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
+
 int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		 struct cap_err *err)
 {
+	int r = spec_check(spec, err);
+	if (r < 0)
+		return r;
 	struct cap_jail *j = xcalloc(1, sizeof(*j));
 	j->slot = -1;
 	j->lock_fd = -1;
 	j->copier = -1;
 	j->pid = -1;
 	j->netns = -1;
-	j->kvm_gid = (gid_t)-1;
-	j->kvm = spec->kvm;
-	j->owned_kernel = xstrdup(spec->kernel);
-	j->owned_initrd = xstrdup(spec->initrd);
-	j->owned_ram_bind = spec->ram_bind ? xstrdup(spec->ram_bind) : NULL;
-	j->owned_ram_copy = spec->ram_copy ? xstrdup(spec->ram_copy) : NULL;
-	int r;
+	j->owned_exe = xstrdup(spec->exe);
+	j->name = strrchr(j->owned_exe, '/') + 1;
+	unsigned long ro = MS_RDONLY | MS_NOSUID | MS_NODEV;
+	bind_add(j, spec->exe, spec->exe, ro);
+	for (unsigned i = 0; i < spec->nfiles; i++) {
+		const struct cap_jail_file *f = &spec->files[i];
+		bind_add(j, f->host, f->at ? f->at : f->host, ro | (f->exec ? 0 : MS_NOEXEC));
+	}
+	for (unsigned i = 0; i < spec->ndevices; i++)
+		bind_add(j, spec->devices[i], spec->devices[i], MS_NOSUID | MS_NOEXEC);
+	j->owned_rw_file = dup_or_null(spec->rw_file);
+	j->owned_rw_at = dup_or_null(spec->rw_at);
+	j->owned_copy_file = dup_or_null(spec->copy_file);
+	j->owned_copy_at = dup_or_null(spec->copy_at);
 
 	if (env_is("CAPSULE_JAIL", "0"))
 		note_missing(j, "the jail", "CAPSULE_JAIL=0, a debug setting");
@@ -619,17 +545,17 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		j->confined = true;
 	if (!j->confined)
 		goto done;
-	if (spec->ram_fd > 0) {
-		/* The one thing that keeps a compromised QEMU from rewriting
-		 * the RAM every later VM starts from: looked at here. */
-		int seals = fcntl(spec->ram_fd, F_GET_SEALS);
+	if (spec->sealed_fd > 0) {
+		/* The one thing that keeps a compromised program from
+		 * rewriting what every later VM starts from: looked at here. */
+		int seals = fcntl(spec->sealed_fd, F_GET_SEALS);
 		int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
 		if (seals < 0 || (seals & need) != need) {
-			r = cap_err_set(err, EPERM, "refusing to give QEMU a RAM descriptor not sealed against writes (seals %#x)",
-					seals < 0 ? 0 : seals);
+			r = cap_err_set(err, EPERM, "refusing to give %s a memory descriptor not sealed against writes (seals %#x)",
+					j->name, seals < 0 ? 0 : seals);
 			goto fail;
 		}
-		j->ram_proc = true;
+		j->own_proc = true;
 	}
 
 	cap_jail_sweep(NULL, NULL);	/* cgroups of owners that died */
@@ -642,9 +568,17 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	}
 	j->uid = uid_base() + (uid_t)j->slot;
 	j->gid = (gid_t)j->uid;
-	struct stat st;
-	if (spec->kvm && stat("/dev/kvm", &st) == 0)
-		j->kvm_gid = st.st_gid;
+	/* Each device is the jail user's through its group. */
+	for (unsigned i = 0; i < spec->ndevices; i++) {
+		struct stat st;
+		if (stat(spec->devices[i], &st) < 0)
+			continue;
+		bool have = false;
+		for (unsigned k = 0; k < j->ngroups; k++)
+			have |= j->groups[k] == st.st_gid;
+		if (!have)
+			j->groups[j->ngroups++] = st.st_gid;
+	}
 	/* No usable cgroups: the VM runs without limits, and says so. */
 	struct cgroups cg;
 	cg_detect(&cg);
@@ -667,8 +601,8 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	}
 done:
 	if (*j->note && env_is("CAPSULE_REQUIRE_JAIL", "1")) {
-		r = cap_err_set(err, EPERM, "CAPSULE_REQUIRE_JAIL=1 and this host cannot confine QEMU fully: missing %s; `capsule doctor` lists each protection",
-				j->note);
+		r = cap_err_set(err, EPERM, "CAPSULE_REQUIRE_JAIL=1 and this host cannot confine %s fully: missing %s; `capsule doctor` lists each protection",
+				j->name, j->note);
 		goto fail;
 	}
 	*out = j;
@@ -693,14 +627,20 @@ void cap_jail_free(struct cap_jail *j)
 	}
 	/* A template's RAM goes back to root. Should that fail, the file
 	 * stays in root's 0700 template folder, out of every jail. */
-	if (j->confined && j->owned_ram_bind && chown(j->owned_ram_bind, 0, 0) < 0)
+	if (j->confined && j->owned_rw_file && chown(j->owned_rw_file, 0, 0) < 0)
 		errno = 0;
 	if (j->lock_fd >= 0)
 		close(j->lock_fd);
-	free(j->owned_ram_bind);
-	free(j->owned_ram_copy);
-	free(j->owned_kernel);
-	free(j->owned_initrd);
+	for (unsigned i = 0; i < j->nbinds; i++) {
+		free(j->owned_binds[i].owned_host);
+		free(j->owned_binds[i].owned_at);
+	}
+	free(j->owned_binds);
+	free(j->owned_exe);
+	free(j->owned_rw_file);
+	free(j->owned_rw_at);
+	free(j->owned_copy_file);
+	free(j->owned_copy_at);
 	free(j);
 }
 
@@ -769,12 +709,11 @@ static size_t read_failure(int fd, char *msg, size_t size)
 
 struct child {
 	const struct cap_jail *j;
-	const char *qemu;
 	char *const *argv;
-	int errfd, logfd, nullfd, ramfd;
+	int errfd, logfd, nullfd;
+	int copyfd;		/* spec.copy_file, to size its tmpfs; or -1 */
 	const int *fds;
 	unsigned n;
-	const struct lines *files;
 };
 
 __attribute__((noreturn)) static void die(const struct child *c, const char *what, int e)
@@ -829,7 +768,6 @@ static int copy_sparse(int in, int out)
 static void build_root(const struct child *c)
 {
 	const struct cap_jail *j = c->j;
-	unsigned long ro = MS_RDONLY | MS_NOSUID | MS_NODEV;
 	char opts[128];
 
 	/* Nothing we mount here reaches the host, nothing of the host's
@@ -839,51 +777,50 @@ static void build_root(const struct child *c)
 	if (mount("capsule-jail", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV,
 		  "size=1m,nr_inodes=1024,mode=0755") < 0)
 		die(c, "mounting the jail's root", errno);
-	for (size_t i = 0; i < c->files->n; i++)
-		bind_file(c, c->files->v[i], c->files->v[i], ro);
-	bind_file(c, j->owned_kernel, CAP_JAIL_KERNEL, ro | MS_NOEXEC);
-	bind_file(c, j->owned_initrd, CAP_JAIL_INITRD, ro | MS_NOEXEC);
+	for (unsigned i = 0; i < j->nbinds; i++)
+		bind_file(c, j->owned_binds[i].owned_host, j->owned_binds[i].owned_at, j->owned_binds[i].flags);
 	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
 	bind_file(c, "/dev/urandom", "/dev/urandom", MS_RDONLY | MS_NOSUID | MS_NOEXEC);
-	if (j->kvm)
-		bind_file(c, "/dev/kvm", "/dev/kvm", MS_NOSUID | MS_NOEXEC);
 
-	if (j->ram_proc) {
-		/* QEMU opens its RAM as /proc/self/fd/N: a proc of its own
-		 * PID namespace showing its processes only, gone again once
-		 * the RAM is open (cap_jail_ready). */
+	if (j->own_proc) {
+		/* The program opens its sealed memory as /proc/self/fd/N: a
+		 * proc of its own PID namespace showing its processes only,
+		 * gone again once it is open (cap_jail_ready). */
 		if (mkdir(ROOT_MNT "/proc", 0555) < 0 ||
 		    mount("proc", ROOT_MNT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
 			  "subset=pid,hidepid=invisible") < 0)
-			die(c, "mounting a proc for the shared RAM", errno);
+			die(c, "mounting a proc for the sealed memory", errno);
 	}
-	if (j->owned_ram_bind) {
-		int fd = open(j->owned_ram_bind, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (j->owned_rw_file) {
+		int fd = open(j->owned_rw_file, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 		if (fd < 0 || fchown(fd, j->uid, j->gid) < 0)
-			die(c, "preparing the RAM file", errno);
+			die(c, "preparing the read-write file", errno);
 		close(fd);
-		bind_file(c, j->owned_ram_bind, CAP_JAIL_RAM, MS_NOSUID | MS_NODEV | MS_NOEXEC);
-	} else if (c->ramfd >= 0) {
+		bind_file(c, j->owned_rw_file, j->owned_rw_at, MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	} else if (c->copyfd >= 0) {
 		char dir[PATH_MAX], file[PATH_MAX];
-		snprintf(dir, sizeof(dir), ROOT_MNT "/mem");
-		snprintf(file, sizeof(file), ROOT_MNT "%s", CAP_JAIL_RAM);
+		snprintf(file, sizeof(file), ROOT_MNT "%s", j->owned_copy_at);
+		snprintf(dir, sizeof(dir), "%s", file);
+		*strrchr(dir, '/') = '\0';
 		struct stat st;
-		if (fstat(c->ramfd, &st) < 0)
-			die(c, "reading the template's RAM", errno);
+		if (fstat(c->copyfd, &st) < 0)
+			die(c, "reading the file to copy", errno);
 		snprintf(opts, sizeof(opts), "size=%lldk,nr_inodes=4,mode=0700,uid=%u,gid=%u",
 			 (long long)(st.st_size + 1023) / 1024 + 4, (unsigned)j->uid, (unsigned)j->gid);
-		if (mkdir(dir, 0700) < 0 ||
-		    mount("capsule-ram", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
-			die(c, "mounting the RAM tmpfs", errno);
-		/* Empty for now: the copier fills it while QEMU starts. */
+		int r = cap_mkdir_p(dir, 0700);
+		if (r < 0)
+			die(c, "creating the copy's tmpfs", -r);
+		if (mount("capsule-ram", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
+			die(c, "mounting the copy's tmpfs", errno);
+		/* Empty for now: the copier fills it while the program starts. */
 		int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (fd < 0 || ftruncate(fd, st.st_size) < 0 || fchown(fd, j->uid, j->gid) < 0)
-			die(c, "creating the RAM file", errno);
+			die(c, "creating the copy", errno);
 		close(fd);
 	}
 
-	/* QEMU's user networking sends the guest's DNS queries to the first
-	 * nameserver here: the policy process's socket in the namespace. */
+	/* Given a network namespace, a program's DNS queries go to the
+	 * first nameserver here: the policy process's socket in it. */
 	if (j->netns >= 0) {
 		static const char resolv[] = "nameserver 127.0.0.1\n";
 		int fd = -1;
@@ -979,15 +916,14 @@ __attribute__((noreturn)) static void child_main(struct child *c)
 			die(c, "setting rlimits", errno);
 	}
 	if (j->confined) {
-		gid_t groups[1] = { j->kvm_gid };
-		if (setgroups(j->kvm_gid != (gid_t)-1 ? 1 : 0, groups) < 0 ||
+		if (setgroups(j->ngroups, j->groups) < 0 ||
 		    setresgid(j->gid, j->gid, j->gid) < 0 || setresuid(j->uid, j->uid, j->uid) < 0)
 			die(c, "switching to the jail's user", errno);
 		/* A change of credentials clears the parent-death signal. */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		parent_alive(c);
 	}
-	/* Nothing QEMU execs could gain privileges. */
+	/* Nothing it execs could gain privileges. */
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die(c, "setting no_new_privs", errno);
 	place_fds(c);
@@ -995,18 +931,18 @@ __attribute__((noreturn)) static void child_main(struct child *c)
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	char *envp[] = { NULL };
-	execve(c->qemu, c->argv, envp);
-	die(c, c->qemu, errno);
+	execve(j->owned_exe, c->argv, envp);
+	die(c, j->owned_exe, errno);
 }
 
-/* The template's RAM goes into the jail's copy while QEMU starts (the
- * copy takes ~17 ms here, about as long as QEMU's own start). A process
- * of ours in the VM's cgroup, so that the pages are charged to the VM,
- * writes through /proc/PID/root. cap_jail_ready waits for it. */
-static int start_copier(struct cap_jail *j, pid_t qemu, int ramfd, struct cap_err *err)
+/* spec.copy_file goes into the jail's copy while the program starts (a
+ * template's RAM: ~17 ms here, about as long as the program's start). A
+ * process of ours in the VM's cgroup, so that the pages are charged to
+ * the VM, writes through /proc/PID/root. cap_jail_ready waits for it. */
+static int start_copier(struct cap_jail *j, pid_t prog, int copyfd, struct cap_err *err)
 {
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/root%s", (int)qemu, CAP_JAIL_RAM);
+	char path[PATH_MAX + 32];
+	snprintf(path, sizeof(path), "/proc/%d/root%s", (int)prog, j->owned_copy_at);
 	pid_t pid = fork();
 	if (pid < 0)
 		return cap_err_set(err, errno, "fork: %s", strerror(errno));
@@ -1021,14 +957,14 @@ static int start_copier(struct cap_jail *j, pid_t qemu, int ramfd, struct cap_er
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
 	if (fd < 0)
 		_exit(11);
-	_exit(copy_sparse(ramfd, fd) < 0 ? 12 : 0);
+	_exit(copy_sparse(copyfd, fd) < 0 ? 12 : 0);
 }
 
-/* Detach the proc that QEMU opened its shared RAM through, from a child
- * of ours in QEMU's mount namespace. 0, or -errno with err set. */
+/* Detach the proc that the program opened its sealed memory through,
+ * from a child of ours in its mount namespace. 0, or -errno with err. */
 static int detach_proc(struct cap_jail *j, struct cap_err *err)
 {
-	j->ram_proc = false;
+	j->own_proc = false;
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%d/ns/mnt", (int)j->pid);
 	int ns = open(path, O_RDONLY | O_CLOEXEC);
@@ -1048,13 +984,13 @@ static int detach_proc(struct cap_jail *j, struct cap_err *err)
 		;
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
 		return 0;
-	return cap_err_set(err, EPERM, "cannot detach the proc of QEMU's jail: %s failed",
+	return cap_err_set(err, EPERM, "cannot detach the proc of %s's jail: %s failed", j->name,
 			   WIFEXITED(st) && WEXITSTATUS(st) == 10 ? "joining its mount namespace" : "unmounting it");
 }
 
 int cap_jail_ready(struct cap_jail *j, struct cap_err *err)
 {
-	if (j->ram_proc && j->pid > 0)
+	if (j->own_proc && j->pid > 0)
 		return detach_proc(j, err);
 	if (j->copier <= 0)
 		return 0;
@@ -1065,12 +1001,12 @@ int cap_jail_ready(struct cap_jail *j, struct cap_err *err)
 	j->copier = -1;
 	if (r < 0)
 		return cap_err_set(err, errno, "cannot wait for the copy of %s into the jail: %s",
-				   j->owned_ram_copy, strerror(errno));
+				   j->owned_copy_file, strerror(errno));
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
 		return 0;
-	static const char *const what[] = { "joining the VM's cgroup", "opening the jail's RAM file", "copying" };
+	static const char *const what[] = { "joining the VM's cgroup", "opening the jail's copy", "copying" };
 	int code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-	return cap_err_set(err, EIO, "cannot copy %s into the jail: %s failed", j->owned_ram_copy,
+	return cap_err_set(err, EIO, "cannot copy %s into the jail: %s failed", j->owned_copy_file,
 			   code >= 10 && code <= 12 ? what[code - 10] : "the copier was killed; it");
 }
 
@@ -1212,7 +1148,7 @@ pid_t cap_jail_helper(struct cap_jail *j, int netns, const char *const *files,
 	}
 	if (pid == 0) {
 		close(ep[0]);
-		struct child c = { .j = j, .errfd = ep[1], .logfd = -1, .nullfd = -1, .ramfd = -1 };
+		struct child c = { .j = j, .errfd = ep[1], .logfd = -1, .nullfd = -1, .copyfd = -1 };
 		helper_main(&c, netns, files, nfiles, keep, nkeep, fn, ud);
 	}
 	close(ep[1]);
@@ -1239,26 +1175,18 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 		     const int *fds, unsigned n, int *pidfd,
 		     struct cap_err *err)
 {
-	_cleanup_free_ char *qemu = cap_find_program(argv[0]);
-	struct lines files = { 0 };
 	_cleanup_close_ int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
-	_cleanup_close_ int ramfd = -1;
+	_cleanup_close_ int copyfd = -1;
 	int ep[2] = { -1, -1 }, r;
 	pid_t pid = -1;
 
-	if (!qemu)
-		return cap_err_set(err, ENOENT, "%s is not installed (in PATH); run scripts/bootstrap.sh", argv[0]);
 	if (nullfd < 0)
 		return cap_err_set(err, errno, "/dev/null: %s", strerror(errno));
 	if (j->confined) {
 		if ((r = cap_mkdir_p(ROOT_MNT, 0755)) < 0)
 			return cap_err_set(err, -r, "cannot create %s: %s", ROOT_MNT, strerror(-r));
-		if ((r = qemu_files(qemu, &files, err)) < 0)
-			return r;
-		if (j->owned_ram_copy && (ramfd = open(j->owned_ram_copy, O_RDONLY | O_CLOEXEC)) < 0) {
-			r = cap_err_set(err, errno, "cannot open %s: %s", j->owned_ram_copy, strerror(errno));
-			goto out;
-		}
+		if (j->owned_copy_file && (copyfd = open(j->owned_copy_file, O_RDONLY | O_CLOEXEC)) < 0)
+			return cap_err_set(err, errno, "cannot open %s: %s", j->owned_copy_file, strerror(errno));
 	}
 	if (pipe2(ep, O_CLOEXEC) < 0) {
 		r = cap_err_set(err, errno, "pipe: %s", strerror(errno));
@@ -1271,18 +1199,18 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 	};
 	pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
 	if (pid < 0) {
-		r = cap_err_set(err, errno, "cannot start QEMU in its jail (clone3): %s", strerror(errno));
+		r = cap_err_set(err, errno, "cannot start %s in its jail (clone3): %s", j->name, strerror(errno));
 		goto out;
 	}
 	if (pid == 0) {
 		close(ep[0]);
-		struct child c = { j, qemu, argv, ep[1], logfd, nullfd, ramfd, fds, n, &files };
+		struct child c = { j, argv, ep[1], logfd, nullfd, copyfd, fds, n };
 		child_main(&c);
 	}
 	close(ep[1]);
 	ep[1] = -1;
 	/* The child reports a failed step on the pipe; end of file means
-	 * QEMU is running. */
+	 * the program is running. */
 	char msg[512];
 	size_t len = read_failure(ep[0], msg, sizeof(msg));
 	if (len > 0) {
@@ -1291,12 +1219,12 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 			;
 		close(*pidfd);
 		*pidfd = -1;
-		r = cap_err_set(err, EPERM, "cannot confine QEMU: %s", msg);
+		r = cap_err_set(err, EPERM, "cannot confine %s: %s", j->name, msg);
 		pid = -1;
 		goto out;
 	}
 	j->pid = pid;
-	if (ramfd >= 0 && (r = start_copier(j, pid, ramfd, err)) < 0) {
+	if (copyfd >= 0 && (r = start_copier(j, pid, copyfd, err)) < 0) {
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
 		close(*pidfd);
@@ -1310,6 +1238,5 @@ out:
 		close(ep[0]);
 	if (ep[1] >= 0)
 		close(ep[1]);
-	lines_free(&files);
 	return r < 0 ? r : pid;
 }

@@ -15,6 +15,7 @@
 
 #include "buf.h"
 #include "engine.h"
+#include "engine-net.h"
 #include "jail.h"
 #include "paths.h"
 #include "proc.h"

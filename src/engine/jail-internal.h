@@ -50,9 +50,8 @@ struct cap_jail {
 	char note[512];
 };
 
-
-/* ---- the child -------------------------------------------------------- */
-
+/* A child being confined (the program or a helper), until it execs or
+ * runs its function: failures go to errfd (close-on-exec). */
 struct child {
 	const struct cap_jail *j;
 	char *const *argv;

@@ -27,23 +27,20 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python", "src"))
-from capsule_client import Connection  # noqa: E402  (the bare wire)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integration"))
+from servelib import Connection, Home, run_workers as pool  # noqa: E402
 
 capsule = os.path.abspath(sys.argv[1])
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 CONC = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 PAUSE = sys.argv[5] if len(sys.argv) > 5 else "2"
-rt = tempfile.mkdtemp(prefix="bfh.", dir="/tmp")
-home = os.path.join(rt, "home")
-env = dict(os.environ, CAPSULE_HOME=home, XDG_RUNTIME_DIR=rt)
-sock = os.path.join(rt, "serve.sock")
-log_path = os.path.join(rt, "serve.log")
+H = Home("bfh.")
+rt, home, env, sock, log_path = H.rt, H.home, H.env, H.sock, H.log
+qemu_pids, runtime_qemu = H.qemu_pids, H.runtime_qemu
 t0 = time.time()
 problems = []       # what the controller did wrong, for stderr
 faulty = set()      # identities named in them
@@ -72,20 +69,6 @@ def meminfo():
             k, rest = line.split(":", 1)
             v[k] = int(rest.split()[0])
     return v["AnonPages"] + v["Shmem"], v["MemTotal"]
-
-
-def qemu_pids():
-    out = subprocess.run(["pgrep", "-f", f"qemu-system.*{home}/"], capture_output=True, text=True).stdout
-    return sorted(int(p) for p in out.split())
-
-
-def runtime_qemu(name):
-    import json
-    try:
-        with open(os.path.join(home, "sandboxes", name, "runtime.json")) as f:
-            return json.load(f).get("qemu_pid")
-    except (OSError, ValueError):
-        return None
 
 
 def cgroup_usage(pid):
@@ -235,24 +218,7 @@ MARK = ["cat", "/work/mark", "/tmp/mark"]
 
 
 def run_workers(jobs, fn):
-    q = list(jobs)
-    ql = threading.Lock()
-
-    def worker():
-        c = Connection(sock, timeout=180)
-        while True:
-            with ql:
-                if not q:
-                    break
-                i = q.pop()
-            fn(c, i)
-        c.close()
-
-    th = [threading.Thread(target=worker, daemon=True) for _ in range(CONC)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
+    pool(sock, jobs, fn, CONC, timeout=180)
 
 
 signal.signal(signal.SIGTERM, on_signal)

@@ -1,4 +1,4 @@
-/* Making cgroup folders, shared by the jail (engine-jail.c) and the OCI
+/* Making cgroup folders, shared by the jail (jail-cgroup.c) and the OCI
  * runtime's cgroupsPath (src/oci/oci-cgroup.c). Host only. */
 #ifndef CAP_CGROUP_H
 #define CAP_CGROUP_H

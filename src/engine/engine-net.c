@@ -23,6 +23,7 @@
 
 #include "buf.h"
 #include "engine.h"
+#include "engine-net.h"
 #include "jail.h"
 #include "nflog.h"
 #include "util.h"

@@ -15,7 +15,9 @@
 
 #include "buf.h"
 #include "engine-ops.h"
+#include "engine-net.h"
 #include "jail.h"
+#include "paths.h"
 #include "proc.h"
 #include "sock.h"
 #include "util.h"
@@ -23,6 +25,14 @@
 #define QEMU "qemu-system-x86_64"
 #define CONNECT_TIMEOUT_MS 10000
 #define QMP_TIMEOUT_MS 5000
+/* Where things are in QEMU's private root (jail.h). */
+#define JAIL_KERNEL "/vm/vmlinux"
+#define JAIL_INITRD "/vm/initrd"
+#define JAIL_RAM "/mem/ram"
+/* QEMU's own memory on top of the guest's, for its jail's ceiling: TCG's
+ * translation cache (bounded by tb-size), device state, page cache of
+ * the disks. */
+#define OVERHEAD_MIB 256
 
 struct qemu_vm {
 	struct cap_vm base;	/* first: this engine's struct cap_vm * is a struct qemu_vm * (QVM) */
@@ -40,7 +50,7 @@ struct qemu_vm {
 	char *owned_dir;
 	char *owned_console;
 	char *owned_qemu_log;
-	bool keep_qemu_log;	/* the caller's file (cfg.qemu_log), not ours */
+	bool keep_qemu_log;	/* the caller's file (cfg.vmm_log), not ours */
 	char *owned_qmp_path;
 	char *owned_agent_path;
 	char *owned_ram_path;	/* a template's RAM file being built, or NULL */
@@ -196,7 +206,7 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		/* A template being built shares its RAM file; a confined
 		 * restore gets the jail's own copy of the template's (QEMU
 		 * 7.2 opens a RAM file read-write even to map it privately). */
-		_cleanup_free_ char *ram = esc(jailed ? CAP_JAIL_RAM : vm->owned_ram_path);
+		_cleanup_free_ char *ram = esc(jailed ? JAIL_RAM : vm->owned_ram_path);
 		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=on",
 				 cfg->memory_mib, ram));
 	} else {
@@ -217,9 +227,9 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
 	arg(a, xstrdup("-no-reboot"));
 	arg(a, xstrdup("-kernel"));
-	arg(a, xstrdup(jailed ? CAP_JAIL_KERNEL : cfg->kernel));
+	arg(a, xstrdup(jailed ? JAIL_KERNEL : cfg->kernel));
 	arg(a, xstrdup("-initrd"));
-	arg(a, xstrdup(jailed ? CAP_JAIL_INITRD : cfg->initrd));
+	arg(a, xstrdup(jailed ? JAIL_INITRD : cfg->initrd));
 	/* Under TCG the guest's TSC is the host's, but its kernel's
 	 * calibration fails: given the rate, it keeps the TSC as its clock
 	 * and an idle guest's tick stops (cap_engine_tsc_khz). */
@@ -886,6 +896,198 @@ static int open_fds(const struct cap_vm_config *cfg, struct qemu_vm *vm, int *fd
 	return 0;
 }
 
+/* ---- what QEMU's jail holds ------------------------------------------ */
+
+struct lines {
+	char **v;
+	size_t n;
+};
+
+static void lines_add(struct lines *l, const char *s)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (strcmp(l->v[i], s) == 0)
+			return;
+	l->v = xrealloc(l->v, (l->n + 1) * sizeof(char *));
+	l->v[l->n++] = xstrdup(s);
+}
+
+static void lines_free(struct lines *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+	l->v = NULL;
+	l->n = 0;
+}
+
+/* ldd's answer, one path per line ("libz.so.1 => /lib/.../libz.so.1"). */
+static void ldd_line(void *ud, const char *line)
+{
+	struct lines *l = ud;
+	const char *p = strstr(line, "=> ");
+	p = p ? p + 3 : line;
+	while (*p == ' ' || *p == '\t')
+		p++;
+	if (*p != '/')
+		return;
+	size_t n = strcspn(p, " ");
+	_cleanup_free_ char *path = xstrndup(p, n);
+	lines_add(l, path);
+}
+
+/* QEMU's TCG accelerator is a loadable module in Debian's build. */
+static const char *const modules[] = {
+	"/usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so",
+};
+/* The microvm machine's firmware (Debian names it qboot.rom) and the
+ * option ROM that boots a PVH kernel. */
+static const char *const firmware[] = {
+	"/usr/share/qemu/bios-microvm.bin",
+	"/usr/share/qemu/qboot.rom",
+	"/usr/share/qemu/pvh.bin",
+};
+
+/* The files QEMU needs, as paths valid both on the host and in the jail:
+ * the binary, its libraries and loader, its modules and firmware. ldd
+ * costs ~35 ms, so the list is cached, keyed by the files it was made
+ * from. */
+static int qemu_files(const char *qemu, struct lines *out, struct cap_err *err)
+{
+	struct stat st;
+	/* Bump with the lists above. */
+	unsigned long long key = 1469598103934665603ull + 2;
+	const char *keyed[1 + CAP_ARRAY_SIZE(modules)] = { qemu };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(modules); i++)
+		keyed[i + 1] = modules[i];
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(keyed); i++) {
+		if (stat(keyed[i], &st) < 0)
+			continue;
+		unsigned long long parts[] = { st.st_dev, st.st_ino, (unsigned long long)st.st_size,
+					       (unsigned long long)st.st_mtim.tv_sec, (unsigned long long)st.st_mtim.tv_nsec };
+		for (size_t k = 0; k < CAP_ARRAY_SIZE(parts); k++)
+			key = (key ^ parts[k]) * 1099511628211ull;
+	}
+	_cleanup_free_ char *cache = cap_cache_dir();
+	_cleanup_free_ char *dir = xasprintf("%s/jail", cache);
+	_cleanup_free_ char *file = xasprintf("%s/qemu-files-%016llx", dir, key);
+	char *text = NULL;
+	if (cap_read_file(file, 1 << 20, &text) > 0) {
+		char *save = NULL;
+		bool stale = false;
+		for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+			if (*l == '/') {
+				lines_add(out, l);
+				stale |= access(l, R_OK) != 0;	/* a library moved */
+			}
+		free(text);
+		if (out->n > 1 && !stale)
+			return 0;
+		lines_free(out);
+		text = NULL;
+	}
+	free(text);
+
+	lines_add(out, qemu);
+	char *argv[] = { "ldd", (char *)qemu, NULL };
+	struct cap_err lerr = { 0 };
+	if (cap_run(argv, ldd_line, out, &lerr) < 0) {
+		lines_free(out);
+		return cap_err_set(err, lerr.code ? lerr.code : EIO, "cannot list the libraries of %s: %s", qemu, lerr.msg);
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(modules); i++) {
+		if (access(modules[i], R_OK) != 0)
+			continue;
+		lines_add(out, modules[i]);
+		char *margv[] = { "ldd", (char *)modules[i], NULL };
+		cap_run(margv, ldd_line, out, NULL);
+	}
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(firmware); i++)
+		if (access(firmware[i], R_OK) == 0)
+			lines_add(out, firmware[i]);
+	size_t len = 0;
+	for (size_t i = 0; i < out->n; i++)
+		len += strlen(out->v[i]) + 1;
+	_cleanup_free_ char *list = xmalloc(len + 1);
+	char *p = list;
+	for (size_t i = 0; i < out->n; i++)
+		p += sprintf(p, "%s\n", out->v[i]);
+	if (cap_mkdir_p(dir, 0755) == 0)
+		cap_write_file_atomic(file, list, len, 0644);
+	return 0;
+}
+
+/* A jail's spec for cfg, with what it points to (jail_fini). */
+struct qemu_jail {
+	struct cap_jail_spec spec;
+	char *owned_exe;
+	struct lines libs;	/* qemu_files */
+	struct cap_jail_file *owned_files;
+	const char *devices[1];
+};
+
+/* What QEMU's jail holds and how much it may use: QEMU, its files, the
+ * guest's kernel and initramfs at JAIL_KERNEL and JAIL_INITRD, /dev/kvm
+ * under KVM, the RAM file at JAIL_RAM (a template being built shares
+ * cfg.ram_file; a restore gets a copy of the template's in a tmpfs of
+ * the jail's own, as QEMU 7.2 opens a RAM file read-write even to map it
+ * privately; or the sealed memfd cfg.restore_ram_fd, which it opens
+ * through the jail's proc). The list of files only when the jail will
+ * confine. 0, or -errno with err. */
+static int jail_init(struct qemu_jail *q, const struct cap_vm_config *cfg, struct cap_err *err)
+{
+	memset(q, 0, sizeof(*q));
+	if (!(q->owned_exe = cap_find_program(QEMU)))
+		return cap_err_set(err, ENOENT, "%s is not installed (in PATH); run scripts/bootstrap.sh", QEMU);
+	unsigned n = 0;
+	if (cap_jail_would_confine()) {
+		int r = qemu_files(q->owned_exe, &q->libs, err);
+		if (r < 0)
+			return r;
+		q->owned_files = xcalloc(q->libs.n + 2, sizeof(*q->owned_files));
+		for (size_t i = 0; i < q->libs.n; i++)
+			q->owned_files[n++] = (struct cap_jail_file){ q->libs.v[i], NULL, true };
+		q->owned_files[n++] = (struct cap_jail_file){ cfg->kernel, JAIL_KERNEL, false };
+		q->owned_files[n++] = (struct cap_jail_file){ cfg->initrd, JAIL_INITRD, false };
+	}
+	bool kvm = cfg->accel == CAP_ACCEL_KVM;
+	q->devices[0] = "/dev/kvm";
+	int sealed = cfg->restore_state ? cfg->restore_ram_fd : -1;
+	unsigned long long mib = (unsigned long long)cfg->memory_mib + OVERHEAD_MIB;
+	/* A guest's first write to a page the template never touched fills
+	 * that hole of the shared memfd with a zero page (shmem has no
+	 * shared zero page), charged to the VM besides its private copy: up
+	 * to guest RAM more, unreclaimable without swap. */
+	if (sealed > 0)
+		mib += cfg->memory_mib;
+	q->spec = (struct cap_jail_spec){
+		.exe = q->owned_exe,
+		.files = q->owned_files,
+		.nfiles = n,
+		.devices = q->devices,
+		.ndevices = kvm ? 1 : 0,
+		.memory_max = mib << 20,
+		/* QEMU's I/O thread pool alone may use 64. */
+		.pids_max = 128 + 2 * cfg->cpus,
+		.cpus = cfg->cpus,
+		.rw_file = cfg->ram_file,
+		.rw_at = cfg->ram_file ? JAIL_RAM : NULL,
+		.copy_file = cfg->restore_state && cfg->restore_ram_fd <= 0 ? cfg->restore_ram : NULL,
+		.copy_at = JAIL_RAM,
+		.sealed_fd = sealed,
+	};
+	if (!q->spec.copy_file)
+		q->spec.copy_at = NULL;
+	return 0;
+}
+
+static void jail_fini(struct qemu_jail *q)
+{
+	free(q->owned_exe);
+	free(q->owned_files);
+	lines_free(&q->libs);
+}
+
 static void close_fds(int *fds, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++)
@@ -927,17 +1129,12 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		r = cap_err_set(err, ENOENT, "initramfs %s is missing", cfg->initrd);
 		goto fail;
 	}
-	struct cap_jail_spec js = {
-		.kernel = cfg->kernel,
-		.initrd = cfg->initrd,
-		.kvm = cfg->accel == CAP_ACCEL_KVM,
-		.memory_mib = cfg->memory_mib,
-		.cpus = cfg->cpus,
-		.ram_bind = cfg->ram_file,
-		.ram_copy = cfg->restore_state && cfg->restore_ram_fd <= 0 ? cfg->restore_ram : NULL,
-		.ram_fd = cfg->restore_state ? cfg->restore_ram_fd : -1,
-	};
-	if ((r = cap_jail_new(&js, &vm->jail, err)) < 0)
+	struct qemu_jail qj;
+	r = jail_init(&qj, cfg, err);
+	if (r == 0)
+		r = cap_jail_new(&qj.spec, &vm->jail, err);
+	jail_fini(&qj);
+	if (r < 0)
 		goto fail;
 	if (cfg->restore_state) {
 		bool jailed = cap_jail_confined(vm->jail);

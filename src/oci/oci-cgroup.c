@@ -2,7 +2,7 @@
  * capsule limits or reports through, limited as linux.resources says,
  * joined by the monitor (its leaf "capsule"), removed with whatever is
  * left in it. The host's cgroups are found as the jail finds them
- * (engine-jail.c): CAPSULE_CGROUP_ROOT, else /sys/fs/cgroup, v2 when
+ * (jail-cgroup.c): CAPSULE_CGROUP_ROOT, else /sys/fs/cgroup, v2 when
  * that is a cgroup2 file system, else v1 hierarchies below it.
  *
  * The path is taken below each hierarchy's root whether or not it starts

@@ -9,96 +9,44 @@ and upload then a kill: kept. "durable": false shows the old behaviour
 result), so the test can fail. TAP output; every wait is bounded."""
 import base64
 import hashlib
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
-from capsule_client import Connection  # noqa: E402  (the bare wire: these tests speak the protocol itself)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import servelib  # noqa: E402
+from servelib import Connection, Home, Tap  # noqa: E402
 
 CAPSULE = os.path.abspath(sys.argv[1])
-RT = tempfile.mkdtemp(prefix="cd.", dir="/tmp")
-HOME = os.path.join(RT, "home")
-ENV = dict(os.environ, CAPSULE_HOME=HOME, XDG_RUNTIME_DIR=RT)
-SOCK = os.path.join(RT, "serve.sock")
-LOG = os.path.join(RT, "serve.log")
+H = Home("cd.")
+RT, HOME, SOCK, LOG = H.rt, H.home, H.sock, H.log
 PLAN = 12
 CYCLES = 20
 NOSYNC_CYCLES = 5
 TOKEN = os.getpid()
 
-n = 0
-failed = 0
-PROCS = []
+T = Tap()
+ok, elapsed = T.ok, T.elapsed
+SERVERS = []
 NAMES = set()
-START = time.time()
-
-
-def ok(cond, name, detail=""):
-    global n, failed
-    n += 1
-    if cond:
-        print(f"ok {n} - {name}", flush=True)
-    else:
-        failed += 1
-        print(f"not ok {n} - {name}", flush=True)
-        for line in str(detail).splitlines()[:20]:
-            print(f"# {line}", flush=True)
-
-
-def elapsed(what):
-    print(f"# {what} after {time.time() - START:.1f} s", flush=True)
 
 
 def ident(peer, agent="a"):
     return {"agent": agent, "peer": peer}
 
 
-class Server:
-    """capsule serve on our home and socket, as tests/integration/test-serve.py starts it."""
-
-    def __init__(self, *args):
-        self.log = open(LOG, "a")
-        self.proc = subprocess.Popen([CAPSULE, "serve", "--socket", SOCK, *args], env=ENV,
-                                     stdout=self.log, stderr=self.log)
-        PROCS.append(self.proc)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"capsule serve exited with {self.proc.returncode}")
-            try:
-                Connection(SOCK, timeout=5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("capsule serve did not start")
-
-    def term(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return "hung"
+def Server(*args):
+    s = servelib.Server(CAPSULE, H, *args)
+    SERVERS.append(s)
+    return s
 
 
 def call(c, method, params=None, timeout=60):
-    """c.call that reports a silent or closed server as an answer
-    {"exception": ...} instead of raising, waiting at most timeout s."""
-    old = c.sock.gettimeout()
-    c.sock.settimeout(timeout)
-    try:
-        r = c.call(method, params)
-    except (OSError, EOFError, ValueError) as e:
-        return {"exception": repr(e)}
-    finally:
-        c.sock.settimeout(old)
+    """servelib.call, noting the sandboxes the answers name (cleanup)."""
+    r = servelib.call(c, method, params, timeout)
     sb = r.get("result", {}).get("sandbox") if isinstance(r.get("result"), dict) else None
     if sb:
         NAMES.add(sb)
@@ -118,10 +66,9 @@ def state(c, peer):
 def crash(c, peer, name):
     """SIGKILL the QEMU of the visitor's sandbox at once; wait (bounded)
     until the controller has seen it stop. Returns what went wrong, or ""."""
-    try:
-        qpid = json.load(open(os.path.join(HOME, "sandboxes", name, "runtime.json")))["qemu_pid"]
-    except (OSError, ValueError, KeyError) as e:
-        return f"no qemu_pid for {name}: {e!r}"
+    qpid = H.runtime_qemu(name)
+    if not qpid:
+        return f"no qemu_pid for {name}"
     os.kill(qpid, signal.SIGKILL)
     deadline = time.time() + 10
     st = None
@@ -134,16 +81,15 @@ def crash(c, peer, name):
 
 
 def cleanup():
-    for p in PROCS:
-        if p.poll() is None:
-            p.kill()
+    for sv in SERVERS:
+        sv.kill()
     subprocess.run(["pkill", "-KILL", "-f", f"capsule serve --socket {RT}/"])
     sbs = os.path.join(HOME, "sandboxes")
     for d in set(os.listdir(sbs) if os.path.isdir(sbs) else []) | NAMES:
         subprocess.run(["pkill", "-KILL", "-f", f"capsule shim --ready-fd=3 {d}$"])
     subprocess.run(["pkill", "-KILL", "-f", f"qemu-system.*{HOME}/"])
     time.sleep(0.3)
-    if failed and os.path.exists(LOG):
+    if T.failed and os.path.exists(LOG):
         for line in open(LOG, errors="replace").read().splitlines()[-10:]:
             print(f"# serve.log: {line}", flush=True)
     shutil.rmtree(RT, ignore_errors=True)
@@ -162,7 +108,7 @@ def read_back(c, peer, prefix, count):
 
 def main():
     print(f"1..{PLAN}", flush=True)
-    subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
+    subprocess.run([CAPSULE, "image", "build", "base"], env=H.env, capture_output=True, check=True)
     s = Server("--test-clock")
     c = Connection(SOCK, timeout=90)
     peer = "d1"
@@ -273,4 +219,4 @@ except Exception as e:  # a crash is a failure, counted by the runner
     traceback.print_exc()
 finally:
     cleanup()
-sys.exit(1 if failed or n != PLAN else 0)
+sys.exit(1 if T.failed or T.n != PLAN else 0)

@@ -10,75 +10,31 @@ resident VMs), a ninth identity at capacity stops exactly one idle VM,
 whose next call starts it again with /work kept, and SIGTERM leaves no
 QEMU. The lifecycle runs on the manual clock (--test-clock), so a VM is
 paused exactly when the test says. TAP output; every wait is bounded."""
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
-from capsule_client import Connection  # noqa: E402  (the bare wire: these tests speak the protocol itself)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servelib import Connection, Home, Server, Tap, call, run_workers as pool  # noqa: E402
 
 CAPSULE = os.path.abspath(sys.argv[1])
-RT = tempfile.mkdtemp(prefix="cfh.", dir="/tmp")
-HOME = os.path.join(RT, "home")
-ENV = dict(os.environ, CAPSULE_HOME=HOME, XDG_RUNTIME_DIR=RT)
-SOCK = os.path.join(RT, "serve.sock")
-LOG = os.path.join(RT, "serve.log")
+H = Home("cfh.")
 N = 8
 ROUNDS = 2
 CONC = 2
 PLAN = 10
-START = time.time()
-
-n = 0
-failed = 0
-proc = None
-
-
-def ok(cond, name, detail=""):
-    global n, failed
-    n += 1
-    if cond:
-        print(f"ok {n} - {name}", flush=True)
-    else:
-        failed += 1
-        print(f"not ok {n} - {name}", flush=True)
-        for line in str(detail).splitlines()[:20]:
-            print(f"# {line}", flush=True)
-
-
-def elapsed(what):
-    print(f"# {what} after {time.time() - START:.1f} s", flush=True)
+T = Tap()
+ok, elapsed = T.ok, T.elapsed
+qemu_pids, runtime_qemu, log_tail = H.qemu_pids, H.runtime_qemu, H.log_tail
+server = None
 
 
 def who(i):
     return {"agent": "fullhost", "peer": f"p{i}"}
-
-
-def qemu_pids():
-    out = subprocess.run(["pgrep", "-f", f"qemu-system.*{HOME}/"], capture_output=True, text=True).stdout
-    return sorted(int(p) for p in out.split())
-
-
-def runtime_qemu(name):
-    try:
-        with open(os.path.join(HOME, "sandboxes", name, "runtime.json")) as f:
-            return json.load(f).get("qemu_pid")
-    except (OSError, ValueError):
-        return None
-
-
-def call(c, method, params=None):
-    """c.call that reports a silent or closed server as {"exception": ...}."""
-    try:
-        return c.call(method, params)
-    except (OSError, EOFError, ValueError) as e:
-        return {"exception": repr(e)}
 
 
 def states(c):
@@ -104,34 +60,9 @@ def advance_until_paused(c):
     return False, st
 
 
-def log_tail():
-    try:
-        with open(LOG, errors="replace") as f:
-            return "\n".join(f.read().splitlines()[-15:])
-    except OSError:
-        return ""
-
-
 def run_workers(jobs, fn):
     """fn(connection, i) for every i in jobs, CONC at a time."""
-    q = list(jobs)
-    lock = threading.Lock()
-
-    def worker():
-        c = Connection(SOCK, timeout=120)
-        while True:
-            with lock:
-                if not q:
-                    break
-                i = q.pop()
-            fn(c, i)
-        c.close()
-
-    th = [threading.Thread(target=worker) for _ in range(CONC)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
+    pool(H.sock, jobs, fn, CONC)
 
 
 def marks(i):
@@ -140,21 +71,10 @@ def marks(i):
 
 print(f"1..{PLAN}", flush=True)
 try:
-    subprocess.run([CAPSULE, "image", "build", "base"], env=ENV, capture_output=True, check=True)
-    log = open(LOG, "a")
-    proc = subprocess.Popen([CAPSULE, "serve", "--socket", SOCK, "--capacity", str(N), "--test-clock"],
-                            env=ENV, stdout=log, stderr=log)
-    up = False
-    deadline = time.time() + 30
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            Connection(SOCK, timeout=5).close()
-            up = True
-            break
-        except OSError:
-            time.sleep(0.05)
-    c = Connection(SOCK, timeout=300) if up else None
-    r = call(c, "prepare") if c else {"exception": "capsule serve did not start"}
+    subprocess.run([CAPSULE, "image", "build", "base"], env=H.env, capture_output=True, check=True)
+    server = Server(CAPSULE, H, "--capacity", str(N), "--test-clock")
+    c = Connection(H.sock, timeout=300)
+    r = call(c, "prepare")
     ok("result" in r, f"capsule serve --capacity {N} started and prepared", f"{r}\n{log_tail()}")
     elapsed("prepared")
 
@@ -246,30 +166,20 @@ try:
         ok(False, "the stopped identity's next call started it again", "no identity was stopped")
     c.close()
 
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = "hung"
-    proc = None
+    rc = server.term(120)
+    server = None
     left = qemu_pids()
     ok(rc == 0 and not left, "SIGTERM: the server exits 0 and no QEMU is left", f"exit {rc}; QEMU {left}\n{log_tail()}")
     elapsed("done")
 except Exception as e:
     ok(False, "the suite ran to its end", f"{e!r}\n{log_tail()}")
 finally:
-    if proc is not None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    if server is not None:
+        server.term(120)
     for p in qemu_pids():
         try:
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
-    subprocess.run(["rm", "-rf", RT])
-sys.exit(1 if failed else 0)
+    subprocess.run(["rm", "-rf", H.rt])
+sys.exit(1 if T.failed else 0)

@@ -1,0 +1,297 @@
+/* The jail's private roots: the program's (its files, devices, memory
+ * file, private proc) and its helpers', the copy of spec.copy_file
+ * (jail.h; docs/architecture.md, "The jail"). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "jail-internal.h"
+#include "paths.h"
+#include "util.h"
+
+/* Bind host file src at dst in the new root, read-only unless rw. */
+static void bind_file(const struct child *c, const char *src, const char *dst,
+		      unsigned long flags)
+{
+	char path[PATH_MAX + 64], what[PATH_MAX + 64];
+	snprintf(path, sizeof(path), ROOT_MNT "%s", dst);
+	char *slash = strrchr(path, '/');
+	*slash = '\0';
+	int r = cap_mkdir_p(path, 0755);
+	*slash = '/';
+	if (r < 0) {
+		snprintf(what, sizeof(what), "creating %s in the jail", dst);
+		jail_die(c, what, -r);
+	}
+	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+	if (fd >= 0)
+		close(fd);
+	if (mount(src, path, NULL, MS_BIND, NULL) < 0 ||
+	    mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | flags, NULL) < 0) {
+		snprintf(what, sizeof(what), "binding %s at %s in the jail", src, dst);
+		jail_die(c, what, errno);
+	}
+}
+
+/* A sparse file copied whole, holes kept (cap_copy_sparse). */
+static int copy_sparse(int in, int out)
+{
+	off_t end = lseek(in, 0, SEEK_END);
+	if (end < 0 || ftruncate(out, end) < 0)
+		return -errno;
+	return cap_copy_sparse(in, out, end);
+}
+
+void jail_root_build(const struct child *c)
+{
+	const struct cap_jail *j = c->j;
+	char opts[128];
+
+	/* Nothing we mount here reaches the host, nothing of the host's
+	 * later mounts reaches us. */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		jail_die(c, "making mounts private", errno);
+	if (mount("capsule-jail", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV,
+		  "size=1m,nr_inodes=1024,mode=0755") < 0)
+		jail_die(c, "mounting the jail's root", errno);
+	for (unsigned i = 0; i < j->nbinds; i++)
+		bind_file(c, j->owned_binds[i].owned_host, j->owned_binds[i].owned_at, j->owned_binds[i].flags);
+	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
+	bind_file(c, "/dev/urandom", "/dev/urandom", MS_RDONLY | MS_NOSUID | MS_NOEXEC);
+
+	if (j->own_proc) {
+		/* The program opens its sealed memory as /proc/self/fd/N: a
+		 * proc of its own PID namespace showing its processes only,
+		 * gone again once it is open (cap_jail_ready). */
+		if (mkdir(ROOT_MNT "/proc", 0555) < 0 ||
+		    mount("proc", ROOT_MNT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			  "subset=pid,hidepid=invisible") < 0)
+			jail_die(c, "mounting a proc for the sealed memory", errno);
+	}
+	if (j->owned_rw_file) {
+		int fd = open(j->owned_rw_file, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fd < 0 || fchown(fd, j->uid, j->gid) < 0)
+			jail_die(c, "preparing the read-write file", errno);
+		close(fd);
+		bind_file(c, j->owned_rw_file, j->owned_rw_at, MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	} else if (c->copyfd >= 0) {
+		char dir[PATH_MAX], file[PATH_MAX];
+		snprintf(file, sizeof(file), ROOT_MNT "%s", j->owned_copy_at);
+		snprintf(dir, sizeof(dir), "%s", file);
+		*strrchr(dir, '/') = '\0';
+		struct stat st;
+		if (fstat(c->copyfd, &st) < 0)
+			jail_die(c, "reading the file to copy", errno);
+		snprintf(opts, sizeof(opts), "size=%lldk,nr_inodes=4,mode=0700,uid=%u,gid=%u",
+			 (long long)(st.st_size + 1023) / 1024 + 4, (unsigned)j->uid, (unsigned)j->gid);
+		int r = cap_mkdir_p(dir, 0700);
+		if (r < 0)
+			jail_die(c, "creating the copy's tmpfs", -r);
+		if (mount("capsule-ram", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
+			jail_die(c, "mounting the copy's tmpfs", errno);
+		/* Empty for now: the copier fills it while the program starts. */
+		int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0 || ftruncate(fd, st.st_size) < 0 || fchown(fd, j->uid, j->gid) < 0)
+			jail_die(c, "creating the copy", errno);
+		close(fd);
+	}
+
+	/* Given a network namespace, a program's DNS queries go to the
+	 * first nameserver here: the policy process's socket in it. */
+	if (j->netns >= 0) {
+		static const char resolv[] = "nameserver 127.0.0.1\n";
+		int fd = -1;
+		if ((mkdir(ROOT_MNT "/etc", 0755) < 0 && errno != EEXIST) ||
+		    (fd = open(ROOT_MNT "/etc/resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0 ||
+		    cap_write_all(fd, resolv, sizeof(resolv) - 1) < 0)
+			jail_die(c, "writing /etc/resolv.conf in the jail", errno);
+		close(fd);
+	}
+
+	if (sethostname("capsule", 7) < 0)
+		jail_die(c, "setting the host name", errno);
+	if (chdir(ROOT_MNT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+		jail_die(c, "pivot_root into the jail", errno);
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+		jail_die(c, "making the jail's root read-only", errno);
+}
+
+/* spec.copy_file goes into the jail's copy while the program starts (a
+ * template's RAM: ~17 ms here, about as long as the program's start). A
+ * process of ours in the VM's cgroup, so that the pages are charged to
+ * the VM, writes through /proc/PID/root. cap_jail_ready waits for it. */
+int jail_root_start_copier(struct cap_jail *j, pid_t prog, int copyfd, struct cap_err *err)
+{
+	char path[PATH_MAX + 32];
+	snprintf(path, sizeof(path), "/proc/%d/root%s", (int)prog, j->owned_copy_at);
+	pid_t pid = fork();
+	if (pid < 0)
+		return cap_err_set(err, errno, "fork: %s", strerror(errno));
+	if (pid > 0) {
+		j->copier = pid;
+		return 0;
+	}
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	int failed = 0;
+	if (jail_cg_join(j, &failed) < 0)
+		_exit(10);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		_exit(11);
+	_exit(copy_sparse(copyfd, fd) < 0 ? 12 : 0);
+}
+
+/* Detach the proc that the program opened its sealed memory through,
+ * from a child of ours in its mount namespace. 0, or -errno with err. */
+static int detach_proc(struct cap_jail *j, struct cap_err *err)
+{
+	j->own_proc = false;
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/ns/mnt", (int)j->pid);
+	int ns = open(path, O_RDONLY | O_CLOEXEC);
+	if (ns < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (setns(ns, CLONE_NEWNS) < 0)
+			_exit(10);
+		_exit(umount2("/proc", MNT_DETACH) < 0 ? 11 : 0);
+	}
+	int e = errno, st = 0;
+	close(ns);
+	if (pid < 0)
+		return cap_err_set(err, e, "fork: %s", strerror(e));
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	return cap_err_set(err, EPERM, "cannot detach the proc of %s's jail: %s failed", j->name,
+			   WIFEXITED(st) && WEXITSTATUS(st) == 10 ? "joining its mount namespace" : "unmounting it");
+}
+
+int cap_jail_ready(struct cap_jail *j, struct cap_err *err)
+{
+	if (j->own_proc && j->pid > 0)
+		return detach_proc(j, err);
+	if (j->copier <= 0)
+		return 0;
+	int st = 0;
+	pid_t r;
+	while ((r = waitpid(j->copier, &st, 0)) < 0 && errno == EINTR)
+		;
+	j->copier = -1;
+	if (r < 0)
+		return cap_err_set(err, errno, "cannot wait for the copy of %s into the jail: %s",
+				   j->owned_copy_file, strerror(errno));
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	static const char *const what[] = { "joining the VM's cgroup", "opening the jail's copy", "copying" };
+	int code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+	return cap_err_set(err, EIO, "cannot copy %s into the jail: %s failed", j->owned_copy_file,
+			   code >= 10 && code <= 12 ? what[code - 10] : "the copier was killed; it");
+}
+
+/* A helper's own mount and IPC namespaces and its root: a small tmpfs
+ * holding /dev/null and those of files[0..nfiles) that exist, bound
+ * read-only at their own paths, then pivot_root and the root made
+ * read-only. Nothing else of the host is reachable by path. */
+void jail_root_helper(const struct child *c, const char *const *files, unsigned nfiles)
+{
+	if (unshare(CLONE_NEWNS | CLONE_NEWIPC) < 0)
+		jail_die(c, "creating the helper's mount and IPC namespaces", errno);
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		jail_die(c, "making mounts private", errno);
+	if (mount("capsule-helper", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+		  "size=16k,nr_inodes=64,mode=0755") < 0)
+		jail_die(c, "mounting the helper's root", errno);
+	umask(022);	/* the helper's user must traverse what we make (a shim's is 077) */
+	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
+	for (unsigned i = 0; i < nfiles; i++) {
+		struct stat st;
+		/* A host without the file: the helper does without, as it
+		 * would outside. A directory or device is not bound. */
+		if (stat(files[i], &st) < 0 || !S_ISREG(st.st_mode))
+			continue;
+		bind_file(c, files[i], files[i], MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	}
+	if (chdir(ROOT_MNT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+	    umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+		jail_die(c, "pivot_root into the helper's root", errno);
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		jail_die(c, "making the helper's root read-only", errno);
+}
+
+int cap_jail_ram_probe(char *detail, size_t len)
+{
+	int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+	int fd = (int)syscall(SYS_memfd_create, "capsule-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		int e = errno;
+		snprintf(detail, len, "memfd_create: %s", strerror(e));
+		return -e;
+	}
+	int r = ftruncate(fd, 4096) < 0 || fcntl(fd, F_ADD_SEALS, need) < 0 ? -errno : 0;
+	if (r == 0 && (fcntl(fd, F_GET_SEALS) & need) != need)
+		r = -EPERM;
+	if (r == 0 && write(fd, "x", 1) >= 0)
+		r = -EPERM;	/* a seal that does not hold */
+	close(fd);
+	if (r < 0) {
+		snprintf(detail, len, "this kernel cannot seal a memfd against writes: %s", strerror(-r));
+		return r;
+	}
+	if (jail_env_is("CAPSULE_JAIL", "0") || !jail_user_may_confine()) {
+		snprintf(detail, len, "no jail: an unconfined VM maps the template's RAM file privately");
+		return -EPERM;
+	}
+	/* The jail's proc, tried in a throwaway child. */
+	if ((r = cap_mkdir_p(ROOT_MNT, 0755)) < 0) {
+		snprintf(detail, len, "cannot create %s: %s", ROOT_MNT, strerror(-r));
+		return r;
+	}
+	struct clone_args ca = { .flags = CLONE_NEWNS | CLONE_NEWPID, .exit_signal = SIGCHLD };
+	long pid = syscall(SYS_clone3, &ca, sizeof(ca));
+	if (pid == 0) {
+		if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+			_exit(1);
+		_exit(mount("proc", ROOT_MNT, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+			    "subset=pid,hidepid=invisible") < 0 ? 2 : 0);
+	}
+	int st = 0;
+	while (pid > 0 && waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		snprintf(detail, len, "a jail cannot mount a proc of its own (subset=pid, Linux >= 5.8)");
+		return -ENOSYS;
+	}
+	snprintf(detail, len, "one sealed memfd per template (F_SEAL_WRITE, GROW, SHRINK, SEAL), mapped privately by each jailed VM%s",
+		 getenv("CAPSULE_SHARED_RAM") && strcmp(getenv("CAPSULE_SHARED_RAM"), "0") == 0
+		 ? "; but CAPSULE_SHARED_RAM=0 asks for a per-VM copy" : "");
+	return 0;
+}
+
+void jail_root_probe(struct cap_jail_check *c, const struct cap_jail_check *ns)
+{
+	int mk = ns->active ? cap_mkdir_p(ROOT_MNT, 0755) : 0;
+	if (!ns->active) {
+		snprintf(c->detail, sizeof(c->detail), "%s", ns->detail);
+	} else if (mk < 0) {
+		snprintf(c->detail, sizeof(c->detail), "cannot create %s: %s", ROOT_MNT, strerror(-mk));
+	} else {
+		c->active = true;
+		snprintf(c->detail, sizeof(c->detail), "pivot_root into a tmpfs holding only the files the engine lists (its program, libraries, firmware, the guest's kernel and initramfs), /dev/null, /dev/urandom, its devices and the VM's RAM; disks and sockets passed as descriptors");
+	}
+}

@@ -878,6 +878,8 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->owned_agent_path = xasprintf("%s/agent.sock", cfg->dir);
 	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file) : NULL;
 
+	struct cap_vm_times ignored, *t = cfg->times ? cfg->times : &ignored;
+	*t = (struct cap_vm_times){ .start = cap_now_ns() };
 	if (access(cfg->kernel, R_OK) != 0) {
 		r = cap_err_set(err, ENOENT, "guest kernel %s is missing: build it once with `capsule prepare` (or `make kernel` in a source tree)", cfg->kernel);
 		goto fail;
@@ -945,20 +947,28 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		goto fail;
 	}
 	vm->pid = pid;
+	t->spawned = cap_now_ns();
 	/* QEMU holds its own copies now. */
 	close_fds(fds, nfds);
 	close(logfd);
 	logfd = -1;
 
 	if ((r = connect_unix(vm->owned_qmp_path, vm, &vm->qmp_fd, err)) < 0 ||
-	    (r = qmp_handshake(vm, err)) < 0 ||
-	    (cfg->restore_state && (r = restore(vm, cfg, err)) < 0) ||
-	    (r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
+	    (r = qmp_handshake(vm, err)) < 0)
+		goto fail;
+	t->monitor = cap_now_ns();
+	if (cfg->restore_state) {
+		if ((r = restore(vm, cfg, err)) < 0)
+			goto fail;
+		t->restored = cap_now_ns();
+	}
+	if ((r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
 		goto fail;
 	/* A restored guest runs only once the agent's channel is connected,
 	 * so it never sees its host missing. */
 	if (cfg->restore_state && (r = qmp_execute(vm, "cont", err)) < 0)
 		goto fail;
+	t->running = cap_now_ns();
 	if (cfg->unlink_sockets) {
 		unlink(vm->owned_qmp_path);
 		unlink(vm->owned_agent_path);

@@ -203,14 +203,19 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("-sandbox"));
 	arg(a, xstrdup("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
 	arg(a, xstrdup("-no-reboot"));
-	arg(a, xstrdup("-kernel"));
-	arg(a, xstrdup(jailed ? CAP_JAIL_KERNEL : cfg->kernel));
-	arg(a, xstrdup("-initrd"));
-	arg(a, xstrdup(jailed ? CAP_JAIL_INITRD : cfg->initrd));
-	arg(a, xstrdup("-append"));
-	arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s",
-			 cfg->append_extra ? " " : "",
-			 cfg->append_extra ? cfg->append_extra : ""));
+	/* A restored guest's kernel is in its RAM already: loading the
+	 * kernel and initramfs again (about 20 MiB, read and copied by QEMU
+	 * at start) would be thrown away. The template key names both. */
+	if (!cfg->restore_state) {
+		arg(a, xstrdup("-kernel"));
+		arg(a, xstrdup(jailed ? CAP_JAIL_KERNEL : cfg->kernel));
+		arg(a, xstrdup("-initrd"));
+		arg(a, xstrdup(jailed ? CAP_JAIL_INITRD : cfg->initrd));
+		arg(a, xstrdup("-append"));
+		arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s",
+				 cfg->append_extra ? " " : "",
+				 cfg->append_extra ? cfg->append_extra : ""));
+	}
 	/* Descriptor sets: set N+1 holds descriptor slot N. */
 	arg(a, xstrdup("-add-fd"));
 	arg(a, xasprintf("fd=%d,set=%d", FD_NUM(FD_CONSOLE), FD_CONSOLE + 1));

@@ -2,7 +2,9 @@
  * in one process, medians of N; each also with the jail off. Prints
  * "restore MS", "cold MS", "restore_nojail MS", "cold_nojail MS", then
  * the idle host memory (PSS of QEMU) of each: "pss_restore KIB",
- * "pss_cold KIB". */
+ * "pss_cold KIB"; and where a restore's time went, medians in ms of the
+ * phases of cap_sandbox_times and the first exec: "phases_restore
+ * prepare MS jail MS qemu MS restore MS agent MS exec MS". */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,9 +40,12 @@ static long pss(pid_t pid)
 	return kb;
 }
 
+enum { P_PREPARE, P_JAIL, P_QEMU, P_RESTORE, P_AGENT, P_EXEC, NPHASES };
+static const char *const phase_names[NPHASES] = { "prepare", "jail", "qemu", "restore", "agent", "exec" };
+
 /* One start to first result; the sandbox is left running in *keep when
- * keep is not NULL. */
-static int64_t one(bool template, struct cap_sandbox **keep)
+ * keep is not NULL; its phases (ns) in phases when not NULL. */
+static int64_t one(bool template, struct cap_sandbox **keep, int64_t *phases)
 {
 	struct cap_sandbox_opts o;
 	struct cap_sandbox *sb;
@@ -54,12 +59,25 @@ static int64_t one(bool template, struct cap_sandbox **keep)
 	o.use_template = template;
 	int64_t t = cap_now_ns();
 	done = false;
-	if (cap_sandbox_boot(&o, &sb, &err) < 0 || cap_sandbox_exec(sb, &req, &ev, NULL, &id, &err) < 0 ||
+	if (cap_sandbox_boot(&o, &sb, &err) < 0) {
+		fprintf(stderr, "bench-start: %s\n", err.msg);
+		exit(1);
+	}
+	int64_t booted = cap_now_ns();
+	if (cap_sandbox_exec(sb, &req, &ev, NULL, &id, &err) < 0 ||
 	    cap_sandbox_wait(sb, 30000, &err) < 0 || !done) {
 		fprintf(stderr, "bench-start: %s\n", err.msg);
 		exit(1);
 	}
-	t = cap_now_ns() - t;
+	int64_t end = cap_now_ns();
+	if (phases) {
+		const struct cap_sandbox_times *st = cap_sandbox_times(sb);
+		int64_t us[NPHASES] = { st->prepare, st->jail, st->qemu, st->restore, st->agent, 0 };
+		for (int k = 0; k < P_EXEC; k++)
+			phases[k] = us[k] * 1000;
+		phases[P_EXEC] = end - booted;
+	}
+	t = end - t;
 	if (template != cap_sandbox_restored(sb)) {
 		fprintf(stderr, "bench-start: %s\n", cap_sandbox_boot_note(sb));
 		exit(1);
@@ -84,24 +102,36 @@ int main(int argc, char **argv)
 	int64_t *t[4];
 	for (int k = 0; k < 4; k++)
 		t[k] = xcalloc((size_t)n, sizeof(int64_t));
-	one(true, NULL);	/* builds the template if needed */
+	int64_t *ph[NPHASES], cur[NPHASES];
+	for (int p = 0; p < NPHASES; p++)
+		ph[p] = xcalloc((size_t)n, sizeof(int64_t));
+	one(true, NULL, NULL);	/* builds the template if needed */
 	for (int i = 0; i < n; i++) {
 		for (int k = 0; k < 4; k++) {
 			if (k >= 2)
 				setenv("CAPSULE_JAIL", "0", 1);
-			t[k][i] = one(k % 2 == 0, NULL);
+			t[k][i] = one(k % 2 == 0, NULL, k == 0 ? cur : NULL);
 			unsetenv("CAPSULE_JAIL");
+			for (int p = 0; k == 0 && p < NPHASES; p++)
+				ph[p][i] = cur[p];
 		}
 	}
 	for (int k = 0; k < 4; k++) {
 		qsort(t[k], (size_t)n, sizeof(int64_t), cmp);
 		printf("%s %.1f\n", names[k], t[k][(n - 1) / 2] / 1e6);
 	}
+	printf("phases_restore");
+	for (int p = 0; p < NPHASES; p++) {
+		qsort(ph[p], (size_t)n, sizeof(int64_t), cmp);
+		printf(" %s %.1f", phase_names[p], ph[p][(n - 1) / 2] / 1e6);
+		free(ph[p]);
+	}
+	printf("\n");
 
 	struct cap_sandbox *r, *c;
 	struct cap_err err;
-	one(true, &r);
-	one(false, &c);
+	one(true, &r, NULL);
+	one(false, &c, NULL);
 	sleep(2);	/* idle at the agent prompt */
 	printf("pss_restore %ld\npss_cold %ld\n", pss(cap_sandbox_vmm_pid(r)), pss(cap_sandbox_vmm_pid(c)));
 	cap_sandbox_shutdown(r, 5000, &err);

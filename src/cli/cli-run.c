@@ -49,7 +49,9 @@ static const char usage[] =
 	"  -q, --quiet         Do not print the acceleration note\n"
 	"  -v, --verbose       Say how the VM started (template restore or cold boot),\n"
 	"                      its network policy and route, each connection, and\n"
-	"                      at the end how long the command ran.\n"
+	"                      at the end how long the command ran, and where the\n"
+	"                      time went: the start's phases, the command as the\n"
+	"                      host saw it, the teardown.\n"
 	"                      Docker's -v HOST:GUEST is refused: capsule has no bind\n"
 	"                      mounts (use --source DIR, or a named sandbox with\n"
 	"                      --workspace DIR or `capsule cp`)\n"
@@ -57,6 +59,18 @@ static const char usage[] =
 	"\n"
 	CAP_CLI_NET_HELP
 	"  Refused connections are logged on stderr (\"capsule net: refused ...\").\n";
+
+/* -v: where the time of the run went, in one line (ms). */
+static void timings(const struct cap_sandbox_times *t, int64_t command_ns,
+		    int64_t teardown_ns)
+{
+	char restore[32] = "";
+	if (t->restore)
+		snprintf(restore, sizeof(restore), ", restore %.1f", t->restore / 1e3);
+	cap_cli_error("start %.1f ms: prepare %.1f, jail %.1f, qemu %.1f%s, %s %.1f; command %.1f ms; teardown %.1f ms",
+		      t->total / 1e3, t->prepare / 1e3, t->jail / 1e3, t->qemu / 1e3, restore,
+		      t->restore ? "agent" : "boot", t->agent / 1e3, command_ns / 1e6, teardown_ns / 1e6);
+}
 
 int cap_cli_run(int argc, char **argv)
 {
@@ -222,11 +236,17 @@ int cap_cli_run(int argc, char **argv)
 	if (!x.quiet && ac->accel == CAP_ACCEL_TCG)
 		cap_cli_error("using TCG software emulation (%s); not a security boundary, see `capsule doctor`",
 			      ac->reason);
+	int64_t t_cmd = cap_now_ns();
 	int status = cap_cli_stream(sb, &x);
+	int64_t t_down = cap_now_ns();
+	/* A one-shot VM keeps nothing: no disk of it outlives it, so there
+	 * is nothing for a clean shutdown to flush, and the teardown is a
+	 * kill (cap_sandbox_free), not a wait for the guest to power off. */
 	if (x.gave_up)
 		cap_cli_error("destroying the VM (a one-shot VM keeps nothing)");
-	else if (status != CAP_EXIT_FAILURE && cap_sandbox_shutdown(sb, 5000, &err) < 0)
-		cap_cli_error("warning: %s", err.msg);
+	struct cap_sandbox_times st = *cap_sandbox_times(sb);
 	cap_sandbox_free(sb);
+	if (verbose)
+		timings(&st, t_down - t_cmd, cap_now_ns() - t_down);
 	return status;
 }

@@ -226,21 +226,26 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("-sandbox"));
 	arg(a, xstrdup("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
 	arg(a, xstrdup("-no-reboot"));
-	arg(a, xstrdup("-kernel"));
-	arg(a, xstrdup(jailed ? JAIL_KERNEL : cfg->kernel));
-	arg(a, xstrdup("-initrd"));
-	arg(a, xstrdup(jailed ? JAIL_INITRD : cfg->initrd));
-	/* Under TCG the guest's TSC is the host's, but its kernel's
-	 * calibration fails: given the rate, it keeps the TSC as its clock
-	 * and an idle guest's tick stops (cap_engine_tsc_khz). */
-	unsigned tsc = kvm ? 0 : cap_engine_tsc_khz();
-	char clock[64] = "";
-	if (tsc)
-		snprintf(clock, sizeof(clock), " tsc_early_khz=%u tsc=reliable", tsc);
-	arg(a, xstrdup("-append"));
-	arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s%s", clock,
-			 cfg->append_extra ? " " : "",
-			 cfg->append_extra ? cfg->append_extra : ""));
+	/* A restored guest's kernel is in its RAM already: loading the
+	 * kernel and initramfs again (about 20 MiB, read and copied by QEMU
+	 * at start) would be thrown away. The template key names both. */
+	if (!cfg->restore_state) {
+		/* Under TCG the guest's TSC is the host's, but its kernel's
+		 * calibration fails: given the rate, it keeps the TSC as its
+		 * clock and an idle guest's tick stops (cap_engine_tsc_khz). */
+		unsigned tsc = kvm ? 0 : cap_engine_tsc_khz();
+		char clock[64] = "";
+		if (tsc)
+			snprintf(clock, sizeof(clock), " tsc_early_khz=%u tsc=reliable", tsc);
+		arg(a, xstrdup("-kernel"));
+		arg(a, xstrdup(jailed ? JAIL_KERNEL : cfg->kernel));
+		arg(a, xstrdup("-initrd"));
+		arg(a, xstrdup(jailed ? JAIL_INITRD : cfg->initrd));
+		arg(a, xstrdup("-append"));
+		arg(a, xasprintf("console=ttyS0 panic=-1 reboot=t quiet%s%s%s", clock,
+				 cfg->append_extra ? " " : "",
+				 cfg->append_extra ? cfg->append_extra : ""));
+	}
 	/* Descriptor sets: set N+1 holds descriptor slot N. */
 	arg(a, xstrdup("-add-fd"));
 	arg(a, xasprintf("fd=%d,set=%d", FD_NUM(FD_CONSOLE), FD_CONSOLE + 1));
@@ -1121,6 +1126,8 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->owned_agent_path = xasprintf("%s/agent.sock", cfg->dir);
 	vm->owned_ram_path = cfg->ram_file ? xstrdup(cfg->ram_file) : NULL;
 
+	struct cap_vm_times ignored, *t = cfg->times ? cfg->times : &ignored;
+	*t = (struct cap_vm_times){ .start = cap_now_ns() };
 	if (access(cfg->kernel, R_OK) != 0) {
 		r = cap_err_set(err, ENOENT, "guest kernel %s is missing: build it once with `capsule prepare` (or `make kernel` in a source tree)", cfg->kernel);
 		goto fail;
@@ -1183,20 +1190,28 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		goto fail;
 	}
 	vm->pid = pid;
+	t->spawned = cap_now_ns();
 	/* QEMU holds its own copies now. */
 	close_fds(fds, nfds);
 	close(logfd);
 	logfd = -1;
 
 	if ((r = connect_unix(vm->owned_qmp_path, vm, &vm->qmp_fd, err)) < 0 ||
-	    (r = qmp_handshake(vm, err)) < 0 ||
-	    (cfg->restore_state && (r = restore(vm, cfg, err)) < 0) ||
-	    (r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
+	    (r = qmp_handshake(vm, err)) < 0)
+		goto fail;
+	t->monitor = cap_now_ns();
+	if (cfg->restore_state) {
+		if ((r = restore(vm, cfg, err)) < 0)
+			goto fail;
+		t->restored = cap_now_ns();
+	}
+	if ((r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
 		goto fail;
 	/* A restored guest runs only once the agent's channel is connected,
 	 * so it never sees its host missing. */
 	if (cfg->restore_state && (r = qmp_execute(vm, "cont", err)) < 0)
 		goto fail;
+	t->running = cap_now_ns();
 	if (cfg->unlink_sockets) {
 		unlink(vm->owned_qmp_path);
 		unlink(vm->owned_agent_path);

@@ -124,6 +124,16 @@ struct cap_vm_net {
 	unsigned nkeep;
 };
 
+/* When cap_vm_start reached each step (cap_now_ns), for start-up
+ * timings; 0 for a step not reached or not taken. */
+struct cap_vm_times {
+	int64_t start;	/* called */
+	int64_t spawned;	/* the jail set up and the hypervisor exec'd in it */
+	int64_t monitor;	/* the hypervisor's own start-up done (QMP answers) */
+	int64_t restored;	/* the saved device state loaded (restore only) */
+	int64_t running;	/* guest running, the agent's channel connected */
+};
+
 struct cap_vm_config {
 	const char *kernel;	/* vmlinux with a PVH entry */
 	const char *initrd;
@@ -160,6 +170,8 @@ struct cap_vm_config {
 	int restore_ram_fd;
 	/* The engine that runs it (cap_engine_get); NULL: cap_engine_get(NULL). */
 	const struct cap_engine_ops *engine;
+	/* NULL, or filled in by cap_vm_start as it goes (borrowed). */
+	struct cap_vm_times *times;
 };
 
 struct cap_vm;

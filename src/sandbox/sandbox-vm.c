@@ -27,6 +27,9 @@ struct cap_sandbox {
 	/* Connection to the RAM holder of the template this VM maps
 	 * (sandbox-ramhold.c), kept while the VM runs; -1 when none. */
 	int ram_conn;
+	struct cap_vm_times vm_times;	/* of the last start_vm */
+	int64_t ready_ns;	/* when start_vm last got its answers */
+	struct cap_sandbox_times times;
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
@@ -316,7 +319,9 @@ static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 	int r;
 	if (setup && (r = queue_setup(sb, setup, err)) < 0)
 		return r;
-	if ((r = cap_vm_start(cfg, &sb->vm, err)) < 0) {
+	struct cap_vm_config c = *cfg;
+	c.times = &sb->vm_times;
+	if ((r = cap_vm_start(&c, &sb->vm, err)) < 0) {
 		cap_err_prefix(err, "starting the VM");
 		cap_client_fini(&sb->client);
 		cap_client_init(&sb->client);
@@ -329,6 +334,7 @@ static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 		cap_err_prefix(err, "booting the VM");
 	else if (setup)
 		r = wait_setup(sb, 30000, err);
+	sb->ready_ns = cap_now_ns();
 	if (r < 0) {
 		cap_vm_free(sb->vm);
 		sb->vm = NULL;
@@ -528,6 +534,27 @@ static int restore(struct cap_sandbox *sb, struct cap_vm_config *rc, const char 
 	return start_vm(sb, rc, setup, timeout_ms, err);
 }
 
+/* The phases of the start that began at t0 and just ended, from the
+ * last (successful) start_vm's steps. */
+static void set_times(struct cap_sandbox *sb, int64_t t0)
+{
+	const struct cap_vm_times *v = &sb->vm_times;
+	int64_t now = cap_now_ns(), booted = v->restored ? v->restored : v->monitor;
+	sb->times = (struct cap_sandbox_times){
+		.total = (now - t0) / 1000,
+		.prepare = (v->start - t0) / 1000,
+		.jail = (v->spawned - v->start) / 1000,
+		.qemu = (v->monitor - v->spawned) / 1000,
+		.restore = v->restored ? (v->restored - v->monitor) / 1000 : 0,
+		.agent = (sb->ready_ns - booted) / 1000,
+	};
+}
+
+const struct cap_sandbox_times *cap_sandbox_times(const struct cap_sandbox *sb)
+{
+	return &sb->times;
+}
+
 static bool templates_enabled(const struct cap_sandbox_opts *o)
 {
 	const char *env = getenv("CAPSULE_TEMPLATES");
@@ -540,6 +567,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	_cleanup_free_ char *kernel = NULL, *initrd = NULL;
 	struct cap_vm_config cfg;
+	int64_t t0 = cap_now_ns();
 	int r;
 
 	sb->fd = -1;
@@ -610,6 +638,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		goto fail;
 	if (sb->net)
 		cap_sandbox_net_started(sb->net);
+	set_times(sb, t0);
 	*out = sb;
 	return 0;
 

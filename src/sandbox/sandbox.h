@@ -149,6 +149,20 @@ pid_t cap_sandbox_net_pid(const struct cap_sandbox *sb);
 /* Whether the VM was restored from a template. */
 bool cap_sandbox_restored(const struct cap_sandbox *sb);
 
+/* Where the start of an owned VM went, in microseconds: its phases add
+ * up to total. All 0 for an attached sandbox. */
+struct cap_sandbox_times {
+	int64_t total;	/* cap_sandbox_boot, from call to return */
+	int64_t prepare;	/* kernel and initramfs, template lookup, RAM holder */
+	int64_t jail;	/* the jail set up and QEMU exec'd in it */
+	int64_t qemu;	/* QEMU's own start-up, to its monitor's answer */
+	int64_t restore;	/* the template's device state loaded; 0 for a cold boot */
+	int64_t agent;	/* guest running to the agent's HELLO and SETUP answered
+			 * (a cold boot's whole boot) */
+};
+/* Borrowed from sb. */
+const struct cap_sandbox_times *cap_sandbox_times(const struct cap_sandbox *sb);
+
 /* The accelerator chosen and why. Borrowed from sb. */
 const struct cap_accel_choice *cap_sandbox_accel(const struct cap_sandbox *sb);
 /* Agent version reported in HELLO. Borrowed from sb. */

@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..130"
+echo "1..131"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -426,6 +426,12 @@ check "exec, run and cp --help offer --no-sync and state the guarantee" \
 rc=$?
 check "exec -v: the command's run and flush times, durable (exit $rc)" \
 	'[ "$rc" -eq 0 ] && grep -Eq "^capsule: the command ran [0-9]+ ms; flush [0-9]+ ms; durable: its writes are on the host" "$err"'
+# run -v: where the time went, one line (issue 20): the start's phases,
+# restored here, then the command and the teardown.
+"$capsule" run -v -- true >"$out" 2>"$err"
+rc=$?
+check "run -v: the start's phases, the command and the teardown in one line (exit $rc)" \
+	'[ "$rc" -eq 0 ] && grep -Eq "^capsule: start [0-9.]+ ms: prepare [0-9.]+, jail [0-9.]+, qemu [0-9.]+, restore [0-9.]+, agent [0-9.]+; command [0-9.]+ ms; teardown [0-9.]+ ms$" "$err"'
 "$capsule" exec -v --no-sync j -- sh -c 'echo quick >/work/d2; cat /work/d1' >"$out" 2>"$err"
 rc=$?
 check "exec -v --no-sync: not flushed, not durable, said so (exit $rc)" \

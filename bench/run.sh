@@ -246,6 +246,9 @@ awk -v a="$(start_row restore)" -v b="$(start_row cold)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox to result: template vs cold", a, b, a / b }'
 awk -v a="$(start_row restore)" -v b="$runsc_ms" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox: template vs runsc do true", a, b, a / b }'
+# Where a restore's time goes (bench-start's medians, ms): the first exec
+# is TCG translating the guest's kernel paths for the first time.
+awk '$1 == "phases_restore" { printf "%-59s %s\n", "(h) restore phases, medians (ms):", substr($0, 16) }' "$bench_home/start"
 awk -v a="$(dn '' 4 held running 10)" -v b="$(start_row pss_restore)" 'BEGIN {
 	m = "(h) idle restored VM: held (p, N=10 running) vs QEMU PSS"
 	if (a > 0) printf "%-59s %8.1fMiB %8.1fMiB %7.2fx\n", m, a / 1024, b / 1024, a / b

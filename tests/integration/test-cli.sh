@@ -48,6 +48,7 @@ check "piped stdin is forwarded" 'grep -qx 2 "$out"'
 check "commands run as UID 1000" 'grep -qx 1000 "$out"'
 
 # Ctrl-C: the command is interrupted and the VM removed.
+: >"$out"	# not the "started" of a command before
 "$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &
 pid=$!
 wait_for 'grep -q started "$out" 2>/dev/null'
@@ -77,6 +78,7 @@ clean_after "a frozen guest"
 
 # QEMU runs confined by what capsule sets before exec: seccomp filter
 # mode, no new privileges, no core dumps.
+: >"$out"	# not the "started" of a command before
 "$capsule" run -q -- sh -c 'echo started; sleep 5' >"$out" 2>"$err" &
 pid=$!
 wait_for 'grep -q started "$out" 2>/dev/null'
@@ -88,6 +90,7 @@ check "QEMU may not dump core" 'echo "$limits" | grep -q "^Max core file size *0
 wait "$pid"
 
 # SIGKILL of capsule itself: QEMU must not outlive it.
+: >"$out"	# not the "started" of a command before
 "$capsule" run -q -- sh -c 'echo started; sleep 100' >"$out" 2>"$err" &
 pid=$!
 wait_for 'grep -q started "$out" 2>/dev/null'

@@ -130,6 +130,7 @@ check "concurrent execs on a stopped sandbox all run in one VM" 'grep -qx run-1 
 # on time, its VM killed, its disks kept.
 c exec p -- sh -c 'echo kept > /work/dl; sync' >/dev/null 2>&1
 t0=$(date +%s%N)
+: >"$out"	# not the "started" of a command before
 timeout -s KILL 30 "$capsule" exec --timeout 2 p -- sh -c 'echo started; exec sleep 60' >"$out" 2>"$err" &
 dl=$!
 wait_for 'grep -q started "$out"' 20

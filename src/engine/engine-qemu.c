@@ -1052,8 +1052,11 @@ static int jail_init(struct qemu_jail *q, const struct cap_vm_config *cfg, struc
 		q->owned_files = xcalloc(q->libs.n + 2, sizeof(*q->owned_files));
 		for (size_t i = 0; i < q->libs.n; i++)
 			q->owned_files[n++] = (struct cap_jail_file){ q->libs.v[i], NULL, true };
-		q->owned_files[n++] = (struct cap_jail_file){ cfg->kernel, JAIL_KERNEL, false };
-		q->owned_files[n++] = (struct cap_jail_file){ cfg->initrd, JAIL_INITRD, false };
+		/* A restore loads no kernel (build_argv): it is in the RAM. */
+		if (!cfg->restore_state) {
+			q->owned_files[n++] = (struct cap_jail_file){ cfg->kernel, JAIL_KERNEL, false };
+			q->owned_files[n++] = (struct cap_jail_file){ cfg->initrd, JAIL_INITRD, false };
+		}
 	}
 	bool kvm = cfg->accel == CAP_ACCEL_KVM;
 	q->devices[0] = "/dev/kvm";

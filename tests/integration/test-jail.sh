@@ -66,9 +66,9 @@ find "/proc/$p1/root/" -mindepth 1 ! -type d | sed "s|^/proc/$p1/root||" | sort 
 echo "# root of QEMU $p1 ($(wc -l <"$rt/root-list") files):"
 sed 's|/[^/]*\.so[.0-9]*$|/*.so|' "$rt/root-list" | uniq -c | say
 stray=$(grep -Ev '^(/usr/bin/qemu-system-x86_64|/lib64/ld-linux-x86-64\.so\.2|/lib/x86_64-linux-gnu/[^/]+|/usr/lib/x86_64-linux-gnu/qemu/[^/]+\.so|/usr/share/qemu/[^/]+|/dev/(null|urandom|kvm)|/vm/(vmlinux|initrd)|/mem/ram)$' "$rt/root-list")
-check "its root holds only QEMU, its libraries and firmware, the kernel, the initramfs, /dev/null, /dev/urandom and its RAM" 'grep -qx /usr/bin/qemu-system-x86_64 "$rt/root-list" && [ -z "$stray" ]'
-check "its root holds no sandbox's disks, no state directory, no home" '[ -d "/proc/$p1/root/vm" ] && ! grep -Eq "ext4|erofs|sandboxes|/home|/root" "$rt/root-list" && [ ! -e "/proc/$p1/root$CAPSULE_HOME" ] && [ ! -e "/proc/$p1/root$(sbdir j2)" ] && [ ! -e "/proc/$p1/root/etc" ]'
-check "its root is read-only" '[ -d "/proc/$p1/root/vm" ] && ! touch "/proc/$p1/root/x" 2>/dev/null && ! mkdir "/proc/$p1/root/vm/x" 2>/dev/null'
+check "its root holds only QEMU, its libraries and firmware, /dev/null, /dev/urandom and its RAM (restored: no kernel, no initramfs)" 'grep -qx /usr/bin/qemu-system-x86_64 "$rt/root-list" && [ -z "$stray" ] && ! grep -q "^/vm/" "$rt/root-list"'
+check "its root holds no sandbox's disks, no state directory, no home" '[ -d "/proc/$p1/root/dev" ] && ! grep -Eq "ext4|erofs|sandboxes|/home|/root" "$rt/root-list" && [ ! -e "/proc/$p1/root$CAPSULE_HOME" ] && [ ! -e "/proc/$p1/root$(sbdir j2)" ] && [ ! -e "/proc/$p1/root/etc" ]'
+check "its root is read-only" '[ -d "/proc/$p1/root/dev" ] && ! touch "/proc/$p1/root/x" 2>/dev/null && ! mkdir "/proc/$p1/root/dev/x" 2>/dev/null'
 
 ls -l "/proc/$p1/fd" | awk 'NR > 1 { print $NF }' | sort -u >"$rt/fds"
 echo "# descriptors of QEMU $p1: $(grep -c . "$rt/fds") distinct targets"

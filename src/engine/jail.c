@@ -309,13 +309,15 @@ static void place_fds(struct child *c)
 	syscall(SYS_close_range, (unsigned)efd + 1, ~0U, 0U);
 }
 
-__attribute__((noreturn)) static void child_main(struct child *c)
-{
-	const struct cap_jail *j = c->j;
 
+/* First steps of every jailed child: die with the parent, join the
+ * network namespace netns (-1: keep the one it has) and the jail's
+ * cgroups. */
+static void jail_enter(const struct child *c, const struct cap_jail *j, int netns)
+{
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	jail_parent_alive(c);
-	if (j->confined && j->netns >= 0 && setns(j->netns, CLONE_NEWNET) < 0)
+	if (netns >= 0 && setns(netns, CLONE_NEWNET) < 0)
 		jail_die(c, "joining the VM's network namespace", errno);
 	int failed = 0, r = jail_cg_join(j, &failed);
 	if (r < 0) {
@@ -323,6 +325,12 @@ __attribute__((noreturn)) static void child_main(struct child *c)
 		snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[failed]);
 		jail_die(c, what, -r);
 	}
+}
+__attribute__((noreturn)) static void child_main(struct child *c)
+{
+	const struct cap_jail *j = c->j;
+
+	jail_enter(c, j, j->confined ? j->netns : -1);
 	if (j->confined) {
 		umask(022);	/* the jail's user must traverse what we make */
 		jail_root_build(c);
@@ -376,17 +384,8 @@ __attribute__((noreturn)) static void helper_main(struct child *c, int netns,
 	uid_t uid = cap_jail_helper_uid(j);
 	gid_t gid = (gid_t)uid;
 
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	jail_parent_alive(c);
-	if (netns >= 0 && setns(netns, CLONE_NEWNET) < 0)
-		jail_die(c, "joining the VM's network namespace", errno);
 	/* The cgroup files are reached by path: before the new root. */
-	int failed = 0, r = jail_cg_join(j, &failed);
-	if (r < 0) {
-		char what[PATH_MAX + 64];
-		snprintf(what, sizeof(what), "joining cgroup %s", j->owned_cg[failed]);
-		jail_die(c, what, -r);
-	}
+	jail_enter(c, j, netns);
 	jail_root_helper(c, files, nfiles);
 	jail_user_limit(c, HELPER_NPROC);
 	jail_user_become(c, uid, gid, NULL, 0, "the jail's helper user");

@@ -26,6 +26,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
 from capsule_client import Connection  # noqa: E402  (the bare wire: these tests speak the protocol itself)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servelib import call  # noqa: E402  (reports a silent server as {"exception": ...})
 
 CAPSULE = os.path.abspath(sys.argv[1])
 RT = tempfile.mkdtemp(prefix="cs.", dir="/tmp")
@@ -120,20 +122,6 @@ class Server:
     def kill9(self):
         self.proc.kill()
         self.proc.wait()
-
-
-def call(c, method, params=None, timeout=None):
-    """c.call that reports a silent or closed server as an answer
-    {"exception": ...} instead of raising, waiting at most timeout s."""
-    old = c.sock.gettimeout()
-    if timeout is not None:
-        c.sock.settimeout(timeout)
-    try:
-        return c.call(method, params)
-    except (OSError, EOFError, ValueError) as e:
-        return {"exception": repr(e)}
-    finally:
-        c.sock.settimeout(old)
 
 
 def wait_answer(c, id, timeout):

@@ -54,7 +54,10 @@ Printed keys (memory in KiB per sandbox, i.e. divided by N):
   cpu N QEMU_PCT SHIM_PCT
                        host CPU (utime + stime) per idle running sandbox
                        over 10 s, QEMU and shim, in % of one core.
-  config NAME VALUE    what ran: shared_ram, guest_tsc and qemu_thp (the
+  clock NAME           the clock the first sandbox's guest keeps (tsc,
+                       tsc-early, refined-jiffies: /sys/devices/system/
+                       clocksource/clocksource0/current_clocksource).
+  config NAME VALUE    what ran: shared_ram and guest_tsc (the
                        environment's value or "default"), seconds.
 
 Every sandbox is removed at the end, also on failure or a signal."""
@@ -305,6 +308,9 @@ try:
         measure("paused", base, own_base)
         pause("resume", names)
         measure("running", base, own_base)
+        if target == ns[0]:
+            r = cap("exec", names[0], "--", "cat", "/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            print(f"clock {r.stdout.strip() or 'unknown'}", flush=True)
         if target <= 10:
             ps = [pids(n) for n in names]
             q0 = sum(cpu_ticks(q) for q, _ in ps)

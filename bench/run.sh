@@ -145,12 +145,12 @@ fh_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fullhost"; }
 # paused and running, and host CPU per idle running one (N = 1, 10): with
 # the template's RAM shared, with a per-VM copy (CAPSULE_SHARED_RAM=0),
 # and "before" (shared, with the guest's old clock, jiffies, whose tick
-# never stops: CAPSULE_GUEST_TSC=0), each 80 to 110 s on
+# never stops: CAPSULE_GUEST_TSC=unstable), each 80 to 110 s on
 # this 2-core host (bench/bench-density.py says what each figure is).
 # Goal (issue 20): <= 20 MiB held per idle sandbox at N=50, <= 1 % of a
 # core per idle running one.
 echo "bench: idle cost: 1, 10 and 50 sandboxes paused and running, shared RAM, per-VM copy, before..." >&2
-for dn_p in : -copy:CAPSULE_SHARED_RAM=0 -before:CAPSULE_GUEST_TSC=0; do
+for dn_p in : -copy:CAPSULE_SHARED_RAM=0 -before:CAPSULE_GUEST_TSC=unstable; do
 	dn_f=${dn_p%%:*}
 	env $(echo "${dn_p#*:}" | tr : ' ') python3 "$top/bench/bench-density.py" "$capsule" "$top/$build/bench/bench-pause" \
 		1 10 50 >"$bench_home/density$dn_f" 2>/dev/null || : >"$bench_home/density$dn_f"
@@ -311,7 +311,7 @@ awk -v s="$(du_row write_durable 5)" -v a="$(du_row write_durable 2)" -v ft="$(d
 # (p): "held" is what the host holds for them, attributed: their jail
 # cgroups' anonymous + shmem + kernel memory, the shims' and RAM holders'
 # proportional anonymous memory, the template's memfd once; "before" the
-# same with the guest's old clock (CAPSULE_GUEST_TSC=0). Checks:
+# same with the guest's old clock (CAPSULE_GUEST_TSC=unstable). Checks:
 # "charged" counts the same by the kernel's charges (a cgroup of the
 # bench's own for the shims and holder), "released" is the AnonPages +
 # Shmem of /proc/meminfo that removing them released (no kernel memory;
@@ -331,8 +331,9 @@ for n in 1 10 50; do
 		"$(awk -v a="$(dn '' 4 held paused $n)" -v k="$(dn '' 6 parts paused $n)" 'BEGIN { if (a != "") print a - k }')"
 done
 for n in 1 10; do
-	awk -v n="$n" -v a="$(dn '' 3 cpu $n)" -v s="$(dn '' 4 cpu $n)" -v b="$(dn -before 3 cpu $n)" -v t="$(dn -before 4 cpu $n)" 'BEGIN {
-		m = "(p) CPU per idle running sandbox, N=" n ": today vs before"
+	awk -v n="$n" -v a="$(dn '' 3 cpu $n)" -v s="$(dn '' 4 cpu $n)" -v b="$(dn -before 3 cpu $n)" -v t="$(dn -before 4 cpu $n)" \
+		-v ca="$(dn '' 2 clock)" -v cb="$(dn -before 2 clock)" 'BEGIN {
+		m = "(p) CPU per idle running sandbox, N=" n ": " ca " vs " cb
 		if (a != "" && b != "") printf "%-59s %11.2f%% %11.2f%% %7.2fx\n", m, a + s, b + t, (b + t > 0) ? (a + s) / (b + t) : 0
 		else printf "%-59s %12s %12s %8s\n", m, (a != "") ? sprintf("%11.2f%%", a + s) : "failed", (b != "") ? sprintf("%11.2f%%", b + t) : "failed", "-" }'
 done

@@ -104,12 +104,16 @@ int cap_cli_doctor(int argc, char **argv)
 	/* Under TCG, the guest's clock: the host's TSC, or jiffies. */
 	if (err.code == 0 && ac.accel == CAP_ACCEL_TCG) {
 		unsigned khz = cap_engine_tsc_khz();
+		const char *env = getenv("CAPSULE_GUEST_TSC");
 		if (khz)
 			fprintf(t, "guest clock: the host's TSC at %u kHz (an idle guest's tick stops)\n", khz);
+		else if (env && *env && strcmp(env, "1") != 0)
+			fprintf(t, "guest clock: no TSC rate given (CAPSULE_GUEST_TSC=%s): under TCG the guest usually\n"
+				   "            falls back to jiffies, whose tick never stops (about 5 %% of a core when idle)\n", env);
 		else
-			fprintf(t, "guest clock: jiffies (%s): an idle guest ticks 250 times a second, about 5 %% of a core\n",
-				getenv("CAPSULE_GUEST_TSC") && strcmp(getenv("CAPSULE_GUEST_TSC"), "0") == 0
-				? "CAPSULE_GUEST_TSC=0" : "this host's TSC is not constant and nonstop");
+			fprintf(t, "guest clock: no TSC rate given (this host's TSC is not constant and nonstop, or not\n"
+				   "            its own clock): under TCG the guest usually falls back to jiffies, whose tick\n"
+				   "            never stops (about 5 %% of a core when idle)\n");
 		json_object_set_new(o, "guest_clock", json_pack("{s:s, s:i}", "source", khz ? "tsc" : "jiffies", "tsc_khz", (int)khz));
 	}
 	bool kvm_dev = access("/dev/kvm", F_OK) == 0;

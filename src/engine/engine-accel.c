@@ -3,6 +3,7 @@
  * guest kernel fails ("KVM internal error. Suberror: 1") or crawls, so
  * KVM is used only with hardware virtualization (vmx or svm). */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -162,74 +163,79 @@ static unsigned tsc_calibrate_khz(void)
 }
 #endif
 
-/* From /proc/cpuinfo: whether the TSC ticks at one rate, also in deep
- * idle states, and the "cpu MHz" figure (the TSC's rate where nothing
- * scales the clock) in kHz, 0 when absent. */
-static bool cpuinfo_tsc(unsigned *khz)
+/* Whether the host's TSC can be the guests' clock: it ticks at one rate,
+ * also in deep idle states (/proc/cpuinfo's constant_tsc and nonstop_tsc),
+ * and the host's own kernel keeps it as its clock (it found it in step
+ * across CPUs: a guest's vCPU threads read it on any of them). */
+static bool host_tsc_usable(void)
 {
 	char *s = NULL;
-	bool constant = false, nonstop = false;
-	*khz = 0;
-	if (cap_read_file("/proc/cpuinfo", 16u << 20, &s) < 0)
+	bool ok = false;
+	if (cap_read_file("/sys/devices/system/clocksource/clocksource0/current_clocksource", 64, &s) > 0)
+		ok = strncmp(s, "tsc\n", 4) == 0;
+	free(s);
+	s = NULL;
+	if (!ok || cap_read_file("/proc/cpuinfo", 16u << 20, &s) < 0)
 		return false;
-	char *save = NULL;
-	for (char *line = strtok_r(s, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		double mhz;
-		if (strncmp(line, "flags", 5) == 0 && !constant) {
-			constant = strstr(line, " constant_tsc") != NULL;
-			nonstop = strstr(line, " nonstop_tsc") != NULL;
-		} else if (!*khz && sscanf(line, "cpu MHz : %lf", &mhz) == 1 && mhz > 0 && mhz < 100000) {
-			*khz = (unsigned)(mhz * 1000 + 0.5);
-		}
-		if (constant && *khz)
-			break;
+	const char *flags = strstr(s, "\nflags");
+	const char *end = flags ? strchr(flags + 1, '\n') : NULL;
+	ok = false;
+	if (flags && end) {
+		_cleanup_free_ char *line = xstrndup(flags, (size_t)(end - flags));
+		ok = strstr(line, " constant_tsc") && strstr(line, " nonstop_tsc");
 	}
 	free(s);
-	return constant && nonstop;
+	return ok;
 }
 
-unsigned cap_engine_tsc_khz(void)
+/* A rate the guest can be given: 100 MHz to 10 GHz. */
+static bool tsc_khz_sane(unsigned long khz)
 {
-	static unsigned khz;
-	static bool known;
-	const char *env = getenv("CAPSULE_GUEST_TSC");
+	return khz >= 100000 && khz <= 10000000;
+}
 
-	if (env && strcmp(env, "0") == 0)
-		return 0;
-	if (known)
-		return khz;
-	known = true;
+static unsigned tsc_khz;
+static pthread_once_t tsc_once = PTHREAD_ONCE_INIT;
+
+/* Once per process; measured once per host boot (the file in the cache
+ * directory keeps it for the others, 0 when the TSC is not usable). */
+static void tsc_probe(void)
+{
 #if defined(__x86_64__)
-	unsigned info;
-	if (!cpuinfo_tsc(&info))
-		return khz = 0;
-	/* Once per boot of the host: the calibration takes 20 ms. */
-	char boot[64] = "", line[128];
+	char boot[64] = "";
 	_cleanup_free_ char *b = NULL, *cached = NULL;
 	if (cap_read_file("/proc/sys/kernel/random/boot_id", 64, &b) > 0)
 		snprintf(boot, sizeof(boot), "%.*s", (int)strcspn(b, "\n"), b);
 	_cleanup_free_ char *dir = cap_cache_dir();
 	_cleanup_free_ char *path = xasprintf("%s/host-tsc", dir);
-	unsigned seen;
-	char seen_boot[64];
-	if (*boot && cap_read_file(path, 256, &cached) > 0 &&
-	    sscanf(cached, "%63s %u", seen_boot, &seen) == 2 && strcmp(seen_boot, boot) == 0 && seen > 0)
-		return khz = seen;
-	unsigned measured = tsc_calibrate_khz();
-	if (!measured)
-		return khz = 0;
-	/* cpuinfo's figure is exact and the same every time: taken when the
-	 * measurement agrees within 0.05 %, else the measurement to the MHz,
-	 * so that the key of a template stays the same. */
-	if (info && (info > measured ? info - measured : measured - info) * 2000ull <= measured)
-		khz = info;
-	else
-		khz = (measured + 500) / 1000 * 1000;
+	if (*boot && cap_read_file(path, 256, &cached) > 0) {
+		size_t n = strlen(boot);
+		char *end = NULL;
+		if (strncmp(cached, boot, n) == 0 && cached[n] == ' ') {
+			errno = 0;
+			unsigned long v = strtoul(cached + n + 1, &end, 10);
+			if (!errno && end != cached + n + 1 && *end == '\n' && (v == 0 || tsc_khz_sane(v))) {
+				tsc_khz = (unsigned)v;
+				return;
+			}
+		}
+	}
+	unsigned long v = host_tsc_usable() ? tsc_calibrate_khz() : 0;
+	tsc_khz = tsc_khz_sane(v) ? (unsigned)v : 0;
 	if (*boot) {
-		int n = snprintf(line, sizeof(line), "%s %u\n", boot, khz);
+		char line[128];
+		int n = snprintf(line, sizeof(line), "%s %u\n", boot, tsc_khz);
 		cap_mkdir_p(dir, 0755);
 		cap_write_file_atomic(path, line, (size_t)n, 0644);
 	}
 #endif
-	return khz;
+}
+
+unsigned cap_engine_tsc_khz(void)
+{
+	const char *env = getenv("CAPSULE_GUEST_TSC");
+	if (env && *env && strcmp(env, "1") != 0)
+		return 0;	/* "0", "unstable": no rate (engine-qemu.c) */
+	pthread_once(&tsc_once, tsc_probe);
+	return tsc_khz;
 }

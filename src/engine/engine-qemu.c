@@ -85,12 +85,35 @@ static void first_line(void *ud, const char *line)
 		*out = xstrdup(line);
 }
 
+/* What the guest is told of its clock under TCG (docs/architecture.md,
+ * "The guest's clock under TCG"): the TSC's rate, so that it keeps the
+ * TSC as its clock; nothing (CAPSULE_GUEST_TSC=0: its own calibration
+ * decides, which under TCG usually fails); or, to measure what that
+ * costs, that its TSC is unstable (CAPSULE_GUEST_TSC=unstable: the
+ * jiffies clock, as before issue 20). *khz: the rate given, else 0. */
+static const char *guest_clock(enum cap_accel accel, unsigned *khz)
+{
+	const char *env = getenv("CAPSULE_GUEST_TSC");
+	*khz = 0;
+	if (accel != CAP_ACCEL_TCG)
+		return "";
+	if (env && strcmp(env, "unstable") == 0)
+		return " tsc=unstable";
+	*khz = cap_engine_tsc_khz();
+	return *khz ? " tsc=reliable" : "";
+}
+
 static char *identity(enum cap_accel accel)
 {
 	_cleanup_free_ char *found = cap_find_program(QEMU);
 	char id[PATH_MAX + 64];
 	cap_file_id(found ? found : QEMU, id, sizeof(id));
-	return xasprintf("qemu=%s tsc_khz=%u", id, accel == CAP_ACCEL_TCG ? cap_engine_tsc_khz() : 0);
+	/* The guest's TSC rate to the MHz: measured again on each host
+	 * boot, it may differ by a few kHz; a template keeps the rate its
+	 * guest was given, a few parts per million from this boot's. */
+	unsigned khz;
+	const char *clock = guest_clock(accel, &khz);
+	return xasprintf("qemu=%s tsc_mhz=%u clock=%s", id, (khz + 500) / 1000, clock);
 }
 
 static int version(char **out, struct cap_err *err)
@@ -233,10 +256,12 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		/* Under TCG the guest's TSC is the host's, but its kernel's
 		 * calibration fails: given the rate, it keeps the TSC as its
 		 * clock and an idle guest's tick stops (cap_engine_tsc_khz). */
-		unsigned tsc = kvm ? 0 : cap_engine_tsc_khz();
+		unsigned tsc;
+		const char *how = guest_clock(cfg->accel, &tsc);
 		char clock[64] = "";
 		if (tsc)
-			snprintf(clock, sizeof(clock), " tsc_early_khz=%u tsc=reliable", tsc);
+			snprintf(clock, sizeof(clock), " tsc_early_khz=%u", tsc);
+		snprintf(clock + strlen(clock), sizeof(clock) - strlen(clock), "%s", how);
 		arg(a, xstrdup("-kernel"));
 		arg(a, xstrdup(jailed ? JAIL_KERNEL : cfg->kernel));
 		arg(a, xstrdup("-initrd"));

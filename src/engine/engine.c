@@ -31,6 +31,7 @@ int cap_engine_get(const char *name, const struct cap_engine_ops **out,
 			   name ? "" : " (CAPSULE_ENGINE)", list);
 }
 
+const struct cap_engine_ops *cap_engine_default(void) { return engines[0]; }
 const char *cap_engine_name(const struct cap_engine_ops *e) { return e->name; }
 char *cap_engine_identity(const struct cap_engine_ops *e, enum cap_accel accel) { return e->identity(accel); }
 int cap_engine_version(const struct cap_engine_ops *e, char **out, struct cap_err *err) { return e->version(out, err); }

@@ -41,6 +41,9 @@ struct cap_engine_ops;
  * that name. The table is static: nothing to free. */
 int cap_engine_get(const char *name, const struct cap_engine_ops **out,
 		   struct cap_err *err);
+/* The default engine, whatever CAPSULE_ENGINE says (what a VM recorded
+ * by an older version, without an engine's name, ran on). */
+const struct cap_engine_ops *cap_engine_default(void);
 /* Its name ("qemu"), as CAPSULE_ENGINE and runtime.json's "engine" give it. */
 const char *cap_engine_name(const struct cap_engine_ops *e);
 
@@ -53,10 +56,12 @@ char *cap_engine_identity(const struct cap_engine_ops *e, enum cap_accel accel);
  * (QEMU's rdtsc is the host's counter): given to the guest kernel
  * (tsc_early_khz, tsc=reliable), whose calibration fails under TCG and
  * leaves it on the jiffies clock, whose tick never stops (about 5 % of a
- * core per idle VM). Measured once per host boot against
- * CLOCK_MONOTONIC_RAW and kept in the cache directory; /proc/cpuinfo's
- * figure when it agrees. 0 when the TSC is not constant and nonstop
- * (the constant_tsc and nonstop_tsc flags), or with CAPSULE_GUEST_TSC=0. */
+ * core per idle VM). Measured against CLOCK_MONOTONIC_RAW once per host
+ * boot (kept in the cache directory, keyed by the boot id). 0 when the
+ * TSC is not constant and nonstop (constant_tsc, nonstop_tsc) or not the
+ * host's own clock, or when CAPSULE_GUEST_TSC is set to anything but 1
+ * ("0": no rate; "unstable": the guest is told its TSC is unstable, the
+ * jiffies clock of before, to measure). Thread-safe. */
 unsigned cap_engine_tsc_khz(void);
 
 /* The engine's own version line ("QEMU emulator version 7.2.22 ..."), new

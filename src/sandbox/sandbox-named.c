@@ -995,8 +995,8 @@ int cap_named_reap(const char *name, struct cap_err *err)
 	/* The VM, if it outlived its shim (it has PDEATHSIG, so only if that
 	 * failed), is named by the directory of its sockets: its engine ends
 	 * it and removes what else it left there. */
-	const struct cap_engine_ops *engine;
-	if ((r = cap_engine_get(*ename ? ename : NULL, &engine, err)) < 0) {
+	const struct cap_engine_ops *engine = cap_engine_default();
+	if (*ename && (r = cap_engine_get(ename, &engine, err)) < 0) {
 		cap_err_prefix(err, "sandbox '%s': %s names its VM's engine", name, rt);
 		return r;
 	}

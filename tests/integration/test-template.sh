@@ -66,9 +66,10 @@ rate=$(c doctor --json | sed -n 's/.*"tsc_khz": *\([0-9]*\).*/\1/p')
 if ! grep -q "using TCG" "$err"; then
 	skip "the guest's clock under TCG" "this host runs VMs under KVM"
 	skip "CAPSULE_GUEST_TSC=0" "this host runs VMs under KVM"
-elif ! grep -q ' constant_tsc' /proc/cpuinfo || ! grep -q ' nonstop_tsc' /proc/cpuinfo; then
-	skip "the guest's clock under TCG" "this host's TSC is not constant and nonstop"
-	skip "CAPSULE_GUEST_TSC=0" "this host's TSC is not constant and nonstop"
+elif ! grep -q ' constant_tsc' /proc/cpuinfo || ! grep -q ' nonstop_tsc' /proc/cpuinfo ||
+	[ "$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)" != tsc ]; then
+	skip "the guest's clock under TCG" "this host's TSC is not constant and nonstop, or not its own clock"
+	skip "CAPSULE_GUEST_TSC=0" "this host's TSC is not constant and nonstop, or not its own clock"
 else
 	check "under TCG the restored guest is told the host's TSC rate ($rate kHz) and keeps the TSC as its clock ($cs)" \
 		'[ -n "$rate" ] && grep -q " tsc_early_khz=$rate tsc=reliable" "$out" && case "$cs" in tsc|tsc-early) true ;; *) false ;; esac'

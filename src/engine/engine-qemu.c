@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -793,9 +794,16 @@ static int end_leftover(const char *dir, pid_t pid)
 		_cleanup_free_ char *path = xasprintf("%s/%s", dir, socks[i]);
 		unlink(path);
 	}
-	if (pid <= 0 || !is_vm_of(pid, dir))
+	if (pid <= 0)
 		return 0;
-	if (kill(pid, SIGKILL) < 0)
+	/* A pidfd first, then the check: the signal goes to the process
+	 * checked, never to another that got its pid meanwhile. */
+	_cleanup_close_ int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pfd < 0)
+		return errno == ESRCH ? 0 : -errno;
+	if (!is_vm_of(pid, dir))
+		return 0;
+	if (syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0) < 0)
 		return errno == ESRCH ? 0 : -errno;
 	/* Not our child: whoever inherited it reaps it. */
 	for (int i = 0; i < 200; i++) {

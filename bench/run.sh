@@ -333,6 +333,7 @@ done
 for n in 1 10; do
 	awk -v n="$n" -v a="$(dn '' 3 cpu $n)" -v s="$(dn '' 4 cpu $n)" -v b="$(dn -before 3 cpu $n)" -v t="$(dn -before 4 cpu $n)" \
 		-v ca="$(dn '' 2 clock)" -v cb="$(dn -before 2 clock)" 'BEGIN {
+		sub(/^refined-/, "", ca); sub(/^refined-/, "", cb)
 		m = "(p) CPU per idle running sandbox, N=" n ": " ca " vs " cb
 		if (a != "" && b != "") printf "%-59s %11.2f%% %11.2f%% %7.2fx\n", m, a + s, b + t, (b + t > 0) ? (a + s) / (b + t) : 0
 		else printf "%-59s %12s %12s %8s\n", m, (a != "") ? sprintf("%11.2f%%", a + s) : "failed", (b != "") ? sprintf("%11.2f%%", b + t) : "failed", "-" }'

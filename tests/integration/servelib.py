@@ -91,17 +91,22 @@ class Server:
     def term(self, timeout=60):
         """SIGTERM, then its exit code, or "hung" (then SIGKILL)."""
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return "hung"
+        return wait_or_kill(self.proc, timeout)
 
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def wait_or_kill(proc, timeout):
+    """proc's exit code within timeout s, else SIGKILL and "hung"."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "hung"
 
 
 def call(c, method, params=None, timeout=None):

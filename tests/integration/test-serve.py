@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
 from capsule_client import Connection  # noqa: E402  (the bare wire: these tests speak the protocol itself)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servelib import call  # noqa: E402  (reports a silent server as {"exception": ...})
+from servelib import call, wait_or_kill  # noqa: E402  (call reports a silent server as {"exception": ...})
 
 CAPSULE = os.path.abspath(sys.argv[1])
 RT = tempfile.mkdtemp(prefix="cs.", dir="/tmp")
@@ -258,12 +258,7 @@ class Mcp:
             pass
 
     def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return "hung"
+        return wait_or_kill(self.proc, timeout)
 
     def stderr(self):
         self.err.flush()

@@ -557,23 +557,11 @@ static int send_master(const char *path, int master, struct cap_err *err)
 	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return cap_err_set(err, errno, "--console-socket %s: %s", path, strerror(errno));
-	char name[] = "/dev/ptmx";
-	struct iovec iov = { .iov_base = name, .iov_len = sizeof(name) - 1 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	memset(&u, 0, sizeof(u));
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			      .msg_controllen = sizeof(u.buf) };
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &master, sizeof(int));
-	if (sendmsg(fd, &msg, MSG_NOSIGNAL) < 0)
-		return cap_err_set(err, errno, "sending the terminal to --console-socket %s: %s", path,
-				   strerror(errno));
+	static const char name[] = "/dev/ptmx";
+	ssize_t n = cap_send_fd(fd, master, name, sizeof(name) - 1, 0);
+	if (n < 0)
+		return cap_err_set(err, (int)-n, "sending the terminal to --console-socket %s: %s", path,
+				   strerror((int)-n));
 	return 0;
 }
 

@@ -537,9 +537,13 @@ static int parse_head(struct parse *ps, struct cap_tree_entry *e)
 	if (n != 1 || (f[0] != 'f' && f[0] != 'd' && f[0] != 'l' && f[0] != 'o'))
 		return bad(ps, "has a bad type (f, d, l or o)");
 	e->type = f[0];
-	if (!space(ps) || !parse_mode(f, field(ps, &f), &e->mode))
+	/* field() sets f: it is called before, never inside, the call that
+	 * reads f (C leaves the order of arguments open; clang reads f first). */
+	n = space(ps) ? field(ps, &f) : 0;
+	if (!parse_mode(f, n, &e->mode))
 		return bad(ps, "has a bad mode (1 to 4 octal digits)");
-	if (!space(ps) || !parse_size(f, field(ps, &f), &e->size))
+	n = space(ps) ? field(ps, &f) : 0;
+	if (!parse_size(f, n, &e->size))
 		return bad(ps, "has a bad size (a decimal number without leading zeros)");
 	if (!space(ps))
 		return bad(ps, "has no hash");

@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -378,8 +379,40 @@ static void end_process(pid_t pid, unsigned long long start, int grace_ms)
 	}
 }
 
-/* Remove everything of a container: its sandbox, cgroup and directory. */
-static int destroy(const char *dir, const char *sandbox, const char *cgroups_path, struct cap_err *err)
+/* The cgroups of a container as its state.json records them ("cgroups":
+ * [{"dir", "ino", "made", "madeIno"}], inodes as decimal strings). */
+static json_t *cgroups_json(const struct cap_oci_cgroups *cg)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; i < cg->n; i++) {
+		char ino[24], made_ino[24];
+		snprintf(ino, sizeof(ino), "%" PRIu64, cg->h[i].ino);
+		snprintf(made_ino, sizeof(made_ino), "%" PRIu64, cg->h[i].made_ino);
+		json_array_append_new(a, json_pack("{s:s,s:s,s:s,s:s}", "dir", cg->h[i].dir, "ino", ino,
+						   "made", cg->h[i].made ? cg->h[i].made : "", "madeIno", made_ino));
+	}
+	return a;
+}
+
+static void cgroups_load(json_t *st, struct cap_oci_cgroups *cg)
+{
+	memset(cg, 0, sizeof(*cg));
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(st, "cgroups"), i, e) {
+		if (cg->n == CAP_OCI_CGROUP_MAX || !*jstr(e, "dir"))
+			break;
+		struct cap_oci_cgroup *g = &cg->h[cg->n++];
+		g->dir = xstrdup(jstr(e, "dir"));
+		g->made = *jstr(e, "made") ? xstrdup(jstr(e, "made")) : NULL;
+		g->ino = strtoull(jstr(e, "ino"), NULL, 10);
+		g->made_ino = strtoull(jstr(e, "madeIno"), NULL, 10);
+	}
+}
+
+/* Remove everything of a container: its sandbox, cgroups (only those
+ * its create made or took, cg; NULL: none) and directory. */
+static int destroy(const char *dir, const char *sandbox, const struct cap_oci_cgroups *cg, struct cap_err *err)
 {
 	struct cap_err e2 = { 0 };
 	int r = 0;
@@ -391,7 +424,7 @@ static int destroy(const char *dir, const char *sandbox, const char *cgroups_pat
 		r = cap_err_set(err, e2.code, "%s", e2.msg);
 		e2.code = 0;
 	}
-	if (cgroups_path && *cgroups_path && cap_oci_cgroup_remove(cgroups_path, &e2) < 0 && !r)
+	if (cg && cap_oci_cgroup_remove(cg, &e2) < 0 && !r)
 		r = cap_err_set(err, e2.code, "%s", e2.msg);
 	int k = cap_remove_tree(dir);
 	if (k < 0 && !r)
@@ -594,6 +627,7 @@ static int oci_create(int argc, char **argv)
 	char home_real[PATH_MAX];
 	const char **skip = NULL;
 	json_t *st = NULL;
+	struct cap_oci_cgroups cg = { 0 };
 
 	if ((r = cap_mkdir_p(g.root, 0711)) < 0) {
 		cap_err_set(&err, -r, "--root %s: %s", g.root, strerror(-r));
@@ -608,6 +642,10 @@ static int oci_create(int argc, char **argv)
 	}
 	made_dir = true;
 	sandbox_name(id, name);
+	/* The cgroups it will make or take, or a refusal of a cgroup that
+	 * holds someone else's processes, before anything is made. */
+	if (cap_oci_cgroup_plan(cfg.cgroups_path, &cg, &err) < 0)
+		goto out;
 
 	/* state.json before anything is made, naming what will be (the
 	 * sandbox, the cgroup) and who makes it: a create that dies half-way
@@ -626,6 +664,7 @@ static int oci_create(int argc, char **argv)
 	for (size_t i = 0; i < cfg.nann; i++)
 		json_object_set_new(ann, cfg.ann_keys[i], json_string(cfg.ann_values[i]));
 	json_object_set_new(st, "annotations", ann);
+	json_object_set_new(st, "cgroups", cgroups_json(&cg));
 	if (state_write(dir, st, &err) < 0)
 		goto out;
 
@@ -671,7 +710,11 @@ static int oci_create(int argc, char **argv)
 	if (r < 0)
 		goto out;
 	cap_remove_tree(seed);
-	if (cap_oci_cgroup_create(&cfg, &err) < 0)
+	r = cap_oci_cgroup_create(&cfg, &cg, &err);
+	/* What it made, with the inodes that tell it from a folder made
+	 * again by someone else, before any process joins it. */
+	json_object_set_new(st, "cgroups", cgroups_json(&cg));
+	if (r < 0 || (cg.n && state_write(dir, st, &err) < 0))
 		goto out;
 
 	int pipefd[2];
@@ -722,9 +765,10 @@ out:
 		cap_oci_error("%s", err.msg);
 		if (made_dir) {
 			struct cap_err e2 = { 0 };
-			destroy(dir, name, cfg.cgroups_path, &e2);
+			destroy(dir, name, &cg, &e2);
 		}
 	}
+	cap_oci_cgroups_fini(&cg);
 	json_decref(st);
 	free(skip);
 	cap_image_fini(&img);
@@ -961,7 +1005,10 @@ static int oci_delete(int argc, char **argv)
 	}
 	for (size_t i = 0; i < n; i++)
 		end_process(pids[i], starts[i], 0);
-	rc = destroy(st.dir, st.sandbox, jstr(st.j, "cgroupsPath"), &err) < 0 ? fail(&err) : 0;
+	struct cap_oci_cgroups cg;
+	cgroups_load(st.j, &cg);
+	rc = destroy(st.dir, st.sandbox, &cg, &err) < 0 ? fail(&err) : 0;
+	cap_oci_cgroups_fini(&cg);
 	ostate_fini(&st);
 	return rc;
 }

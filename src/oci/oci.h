@@ -137,13 +137,48 @@ int cap_oci_signal_parse(const char *s, struct cap_err *err);
  * allows no process in a cgroup with children); the jail puts each VM's
  * QEMU in <path>/vm-N (CAPSULE_CGROUP_PARENT), so the caller's limits and
  * accounting cover all of it. */
-/* Make the path and write the limits of c (memory, pids, cpu shares and
- * quota) on it. */
-int cap_oci_cgroup_create(const struct cap_oci_config *c, struct cap_err *err);
+/* A container's cgroup in one hierarchy, as its state records it. Only
+ * what create made, or found empty and used, is ever touched again. */
+struct cap_oci_cgroup {
+	char *dir;	/* <hierarchy>/<cgroupsPath>, owned */
+	/* The topmost level of dir create makes (dir or an ancestor), NULL
+	 * when dir was there already (empty: it is used, never removed).
+	 * Owned. */
+	char *made;
+	uint64_t ino;	/* dir's inode once found or made; 0 before */
+	uint64_t made_ino;	/* made's inode once made; 0 before */
+};
+#define CAP_OCI_CGROUP_MAX 6	/* v1: memory, pids, cpu, cpuacct, blkio, freezer */
+struct cap_oci_cgroups {
+	struct cap_oci_cgroup h[CAP_OCI_CGROUP_MAX];
+	size_t n;	/* 0: no cgroupsPath */
+};
+void cap_oci_cgroups_fini(struct cap_oci_cgroups *cg);
+
+/* What create will do with cgroups_path in each hierarchy, before it
+ * makes anything (the state records it first, so that a create that dies
+ * half-way leaves what delete can find). A path that exists and holds a
+ * process (in it or below it) or is frozen is refused with -EBUSY, naming
+ * the cgroup and the pids, as runc refuses it: capsule-oci never limits,
+ * signals or removes what it did not start. An existing empty one is
+ * used. out is filled on success (n = 0 without a path). */
+int cap_oci_cgroup_plan(const char *cgroups_path, struct cap_oci_cgroups *out,
+			struct cap_err *err);
+/* Make the planned folders (the first missing level with mkdir itself:
+ * one made by someone else since the plan is refused), record their
+ * inodes in cg, and write the limits of c (memory, pids, cpu shares and
+ * quota). cg is updated also on failure, for the cleanup. */
+int cap_oci_cgroup_create(const struct cap_oci_config *c, struct cap_oci_cgroups *cg,
+			  struct cap_err *err);
 /* Move the calling process into the path's leaf. */
 int cap_oci_cgroup_join(const char *cgroups_path, struct cap_err *err);
-/* Kill what is left in the path and remove it, leaves first. 0 when it
- * is gone (also when it never existed). */
-int cap_oci_cgroup_remove(const char *cgroups_path, struct cap_err *err);
+/* End the container's cgroups: SIGKILL the processes of its leaf and of
+ * the jail's vm-N folders (where all of the container's processes live;
+ * nothing else), then remove the folders create made (the levels above
+ * the path only while empty) or, in a path that create found, only the
+ * leaf and vm-N folders. A folder whose inode is not the recorded one is
+ * not touched. 0 when done (also when nothing was recorded); -EBUSY when
+ * processes are left in a folder to remove, which stays. */
+int cap_oci_cgroup_remove(const struct cap_oci_cgroups *cg, struct cap_err *err);
 
 #endif

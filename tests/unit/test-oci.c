@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -555,15 +556,21 @@ static void cgroups(void **state)
 	struct cap_oci_config c = { .cgroups_path = cp, .memory_limit = 300u << 20, .pids_limit = 77,
 				    .cpu_shares = 512, .cpu_quota = 50000, .cpu_period = 100000 };
 	struct cap_err err;
+	struct cap_oci_cgroups cg;
 	/* Nothing to do without a path. */
 	struct cap_oci_config none = { .cgroups_path = (char *)"" };
-	assert_int_equal(cap_oci_cgroup_create(&none, &err), 0);
-	assert_int_equal(cap_oci_cgroup_remove("", &err), 0);
+	assert_int_equal(cap_oci_cgroup_plan("", &cg, &err), 0);
+	assert_int_equal(cg.n, 0);
+	assert_int_equal(cap_oci_cgroup_create(&none, &cg, &err), 0);
+	assert_int_equal(cap_oci_cgroup_remove(&cg, &err), 0);
 	/* Never made: gone already. */
-	assert_int_equal(cap_oci_cgroup_remove(cp, &err), 0);
-	assert_int_equal(cap_oci_cgroup_remove("/../etc", &err), -EINVAL);
+	if (cap_oci_cgroup_plan(cp, &cg, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_int_equal(cap_oci_cgroup_remove(&cg, &err), 0);
+	cap_oci_cgroups_fini(&cg);
+	assert_int_equal(cap_oci_cgroup_plan("/../etc", &cg, &err), -EINVAL);
 
-	if (cap_oci_cgroup_create(&c, &err) < 0)
+	if (cap_oci_cgroup_plan(cp, &cg, &err) < 0 || cap_oci_cgroup_create(&c, &cg, &err) < 0)
 		fail_msg("%s", err.msg);
 	bool v2 = access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0;
 	const char *files[][2] = {
@@ -616,7 +623,7 @@ static void cgroups(void **state)
 	write_text(vprocs, op);
 
 	int64_t t0 = cap_now_ms();
-	if (cap_oci_cgroup_remove(cp, &err) < 0)
+	if (cap_oci_cgroup_remove(&cg, &err) < 0)
 		fail_msg("%s", err.msg);
 	int64_t took = cap_now_ms() - t0;
 	int status;
@@ -633,7 +640,8 @@ static void cgroups(void **state)
 	}
 	print_message("# cgroup removed with 2 processes in %lld ms\n", (long long)took);
 	/* Gone: removing again is fine. */
-	assert_int_equal(cap_oci_cgroup_remove(cp, &err), 0);
+	assert_int_equal(cap_oci_cgroup_remove(&cg, &err), 0);
+	cap_oci_cgroups_fini(&cg);
 	close(p[0]);
 	close(p[1]);
 	free(vprocs);
@@ -641,6 +649,164 @@ static void cgroups(void **state)
 	free(vm);
 	free(pidline);
 	free(procs);
+	free(name);
+	free(cp);
+}
+
+/* Move process pid into the cgroup dir. */
+static void write_text_in(const char *cgdir, pid_t pid)
+{
+	char *procs = xasprintf("%s/cgroup.procs", cgdir);
+	char *s = xasprintf("%d", (int)pid);
+	write_text(procs, s);
+	free(s);
+	free(procs);
+}
+
+/* A process that pauses until killed, moved into the cgroup dir. */
+static pid_t spawn_in(const char *cgdir)
+{
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		/* Gone with the test, and holding none of its output open,
+		 * should an assertion end it first. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int null = open("/dev/null", O_RDWR);
+		dup2(null, 1);
+		dup2(null, 2);
+		for (;;)
+			pause();
+	}
+	write_text_in(cgdir, pid);
+	return pid;
+}
+
+static bool alive(pid_t pid)
+{
+	return waitpid(pid, NULL, WNOHANG) == 0 && kill(pid, 0) == 0;
+}
+
+static void end_child(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
+static void rm_cgroups(const char *name)
+{
+	char *cmd = xasprintf("for d in /sys/fs/cgroup/%s /sys/fs/cgroup/*/%s; do [ -d \"$d\" ] && "
+			      "find \"$d\" -depth -type d -exec rmdir {} +; done 2>/dev/null; true", name, name);
+	assert_int_equal(system(cmd), 0);
+	free(cmd);
+}
+
+/* A cgroupsPath that is someone else's: one holding a process is refused
+ * before anything is written (its limits stay); in one found empty, and
+ * in one made by create, remove kills only the container's processes (of
+ * its leaf and vm-N) and removes only what create made; a folder made
+ * again by someone else after create is not touched. */
+static void foreign_cgroups(void **state)
+{
+	(void)state;
+	bool v2 = access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0;
+	const char *h = v2 ? "" : "pids/";
+	char *name = xasprintf("capsule-test-oci-foreign-%d", (int)getpid());
+	char *cp = xasprintf("/%s", name);
+	char *path = xasprintf("/sys/fs/cgroup/%s%s", h, name);
+	char *max = xasprintf("%s/pids.max", path);
+	struct cap_oci_config c = { .cgroups_path = cp, .pids_limit = 77 };
+	struct cap_oci_cgroups cg;
+	struct cap_err err = { 0 };
+
+	/* Populated: refused, naming the cgroup and the pid; nothing changed. */
+	assert_int_equal(mkdir(path, 0755), 0);
+	char *other = xasprintf("%s/other", path);
+	assert_int_equal(mkdir(other, 0755), 0);
+	write_text(max, "33");
+	pid_t foreign = spawn_in(other);
+	char *fp = xasprintf("pid %d", (int)foreign);
+	assert_int_equal(cap_oci_cgroup_plan(cp, &cg, &err), -EBUSY);
+	assert_non_null(strstr(err.msg, path));
+	assert_non_null(strstr(err.msg, fp));
+	assert_non_null(strstr(err.msg, "not this container's"));
+	assert_int_equal(cg.n, 0);
+	assert_true(alive(foreign));
+	char *s = slurp(max);
+	assert_string_equal(s, "33\n");
+	free(s);
+
+	/* Found empty (the foreign process moved out): used and limited. */
+	char *root = xasprintf("/sys/fs/cgroup/%s", h);
+	write_text_in(root, foreign);
+	if (cap_oci_cgroup_plan(cp, &cg, &err) < 0 || cap_oci_cgroup_create(&c, &cg, &err) < 0)
+		fail_msg("%s", err.msg);
+	s = slurp(max);
+	assert_string_equal(s, "77\n");
+	free(s);
+	/* The container's processes: the monitor in the leaf, QEMU in the
+	 * jail's vm-N. Someone else's arrives in a sibling folder. */
+	char *leaf = xasprintf("%s/capsule", path);
+	char *vm = xasprintf("%s/vm-7", path);
+	assert_int_equal(mkdir(vm, 0755), 0);
+	pid_t mine = spawn_in(leaf), qemu = spawn_in(vm);
+	write_text_in(other, foreign);
+	if (cap_oci_cgroup_remove(&cg, &err) < 0)
+		fail_msg("%s", err.msg);
+	int status;
+	assert_int_equal(waitpid(mine, &status, 0), mine);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	assert_int_equal(waitpid(qemu, &status, 0), qemu);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	assert_true(alive(foreign));
+	assert_int_equal(access(other, F_OK), 0);
+	assert_int_equal(access(path, F_OK), 0);
+	assert_int_not_equal(access(leaf, F_OK), 0);
+	assert_int_not_equal(access(vm, F_OK), 0);
+	cap_oci_cgroups_fini(&cg);
+
+	/* Made by create, and someone else's process moved into it: it is
+	 * not signalled, and the folder stays (-EBUSY, saying so). */
+	write_text_in(root, foreign);
+	rm_cgroups(name);
+	if (cap_oci_cgroup_plan(cp, &cg, &err) < 0 || cap_oci_cgroup_create(&c, &cg, &err) < 0)
+		fail_msg("%s", err.msg);
+	mine = spawn_in(leaf);
+	assert_int_equal(mkdir(other, 0755), 0);
+	write_text_in(other, foreign);
+	assert_int_equal(cap_oci_cgroup_remove(&cg, &err), -EBUSY);
+	assert_non_null(strstr(err.msg, "left in place"));
+	assert_int_equal(waitpid(mine, &status, 0), mine);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	assert_true(alive(foreign));
+	assert_int_equal(access(other, F_OK), 0);
+	cap_oci_cgroups_fini(&cg);
+
+	/* Made by create, then removed and made again by someone else, who
+	 * put a process in a folder named as the leaf: not the container's. */
+	write_text_in(root, foreign);
+	rm_cgroups(name);
+	if (cap_oci_cgroup_plan(cp, &cg, &err) < 0 || cap_oci_cgroup_create(&c, &cg, &err) < 0)
+		fail_msg("%s", err.msg);
+	rm_cgroups(name);
+	assert_int_equal(mkdir(path, 0755), 0);
+	assert_int_equal(mkdir(leaf, 0755), 0);
+	write_text_in(leaf, foreign);
+	if (cap_oci_cgroup_remove(&cg, &err) < 0)
+		fail_msg("%s", err.msg);
+	assert_true(alive(foreign));
+	assert_int_equal(access(leaf, F_OK), 0);
+	cap_oci_cgroups_fini(&cg);
+
+	end_child(foreign);
+	rm_cgroups(name);
+	free(root);
+	free(leaf);
+	free(vm);
+	free(fp);
+	free(other);
+	free(max);
+	free(path);
 	free(name);
 	free(cp);
 }
@@ -1039,6 +1205,7 @@ int main(void)
 		cmocka_unit_test(process_file),
 		cmocka_unit_test(signals),
 		cmocka_unit_test(cgroups),
+		cmocka_unit_test(foreign_cgroups),
 		cmocka_unit_test(rootfs_cache),
 		cmocka_unit_test(rootfs_concurrent),
 		cmocka_unit_test(rootfs_content),

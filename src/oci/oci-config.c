@@ -8,6 +8,8 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <linux/magic.h>
+#include <linux/nsfs.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -15,9 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -690,10 +694,42 @@ static int parse_mounts(struct ctx *x, json_t *mounts, struct cap_oci_config *c)
 	return 0;
 }
 
-/* The interfaces of the network namespace at path other than "lo", as
- * one ", "-separated string (empty when none); a child joins it, so
- * that this process stays where it was. */
-static int netns_interfaces(const char *path, char *out, size_t size)
+/* Open the network namespace at path: the descriptor, or -errno, with
+ * -EINVAL and *why when path is not a namespace file or one of another
+ * type. The path is first opened O_PATH, which neither blocks (a FIFO
+ * would, until a writer came) nor acts on a device; it is reopened for
+ * setns only once it is known to be nsfs. Links are followed: the usual
+ * spelling, /proc/PID/ns/net, is one. */
+static int netns_open(const char *path, const char **why)
+{
+	int p = open(path, O_PATH | O_CLOEXEC);
+	if (p < 0)
+		return -errno;
+	struct statfs sf;
+	if (fstatfs(p, &sf) < 0 || sf.f_type != NSFS_MAGIC) {
+		close(p);
+		*why = "it is not a namespace file (nsfs), such as /proc/PID/ns/net or a bind mount of one under /run/netns";
+		return -EINVAL;
+	}
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", p);
+	int ns = open(self, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	int e = errno;
+	close(p);
+	if (ns < 0)
+		return -e;
+	if (ioctl(ns, NS_GET_NSTYPE) != CLONE_NEWNET) {
+		close(ns);
+		*why = "it is a namespace of another type, not a network namespace";
+		return -EINVAL;
+	}
+	return ns;
+}
+
+/* The interfaces of the network namespace ns (netns_open) other than
+ * "lo", as one ", "-separated string (empty when none); a child joins
+ * it, so that this process stays where it was. */
+static int netns_interfaces(int ns, char *out, size_t size)
 {
 	int fds[2];
 	if (pipe2(fds, O_CLOEXEC) < 0)
@@ -707,9 +743,8 @@ static int netns_interfaces(const char *path, char *out, size_t size)
 	}
 	if (pid == 0) {
 		close(fds[0]);
-		int ns = open(path, O_RDONLY | O_CLOEXEC);
-		char err = (char)(ns < 0 ? errno : 0);
-		if (ns >= 0 && setns(ns, CLONE_NEWNET) < 0)
+		char err = 0;
+		if (setns(ns, CLONE_NEWNET) < 0)
 			err = (char)errno;
 		if (err) {
 			(void)!write(fds[1], &err, 1);
@@ -788,7 +823,16 @@ static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config
 		if (!path || !*path)
 			continue;	/* a new, empty namespace */
 		char ifs[512];
-		int r = netns_interfaces(path, ifs, sizeof(ifs));
+		const char *why = NULL;
+		int r = netns_open(path, &why);
+		if (r < 0 && why)
+			return cap_err_set(x->err, -r, "%s: linux.namespaces network path %s: %s; give a network namespace's path, or none for a new one",
+					   x->file, path, why);
+		if (r >= 0) {
+			int ns = r;
+			r = netns_interfaces(ns, ifs, sizeof(ifs));
+			close(ns);
+		}
 		if (r < 0)
 			return cap_err_set(x->err, -r, "%s: linux.namespaces network path %s: cannot look into it: %s", x->file, path, strerror(-r));
 		if (*ifs)

@@ -418,6 +418,23 @@ static void network_namespaces(void **state)
 	free(mine);
 	refused("linux", "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", "/nonexistent/ns"),
 		"/nonexistent/ns", NULL);
+	/* What is not a network namespace is refused at once, named: a FIFO
+	 * (whose open would wait for a writer for ever; the alarm ends the
+	 * test then), a device, a namespace of another type. */
+	char *fifo = xasprintf("%s/netns-fifo", dir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	alarm(20);
+	int64_t t0 = cap_now_ms();
+	refused("linux", "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", fifo),
+		fifo, "not a namespace file", NULL);
+	alarm(0);
+	assert_true(cap_now_ms() - t0 < 2000);
+	unlink(fifo);
+	free(fifo);
+	refused("linux", "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", "/dev/null"),
+		"/dev/null", "not a namespace file", NULL);
+	refused("linux", "namespaces", json_pack("[{s:s, s:s}]", "type", "network", "path", "/proc/self/ns/uts"),
+		"/proc/self/ns/uts", "another type", NULL);
 	/* An empty one (a child's new namespace, as podman --network none). */
 	int p[2];
 	assert_int_equal(pipe(p), 0);

@@ -94,6 +94,13 @@ void jail_root_build(const struct child *c);
 /* In a helper, as root: its own mount and IPC namespaces and a root of
  * its own holding /dev/null and those of files[0..nfiles) that exist. */
 void jail_root_helper(const struct child *c, const char *const *files, unsigned nfiles);
+/* Open the jail's copy at `at` ("/dir/name", spec.copy_at) below the
+ * root rootfd for writing, each level without following a link (the
+ * program owns the copy's folder and could plant one there, and the
+ * copier is root): a descriptor of a regular file owned by uid with one
+ * link, or -ELOOP (a link), -ENOTDIR, -EINVAL (not a regular file, or
+ * "", "." or ".." in at), -EPERM (another owner, more links). */
+int jail_root_open_copy(int rootfd, const char *at, uid_t uid);
 /* Start copying copyfd into the jail's copy of program prog. 0, or -errno. */
 int jail_root_start_copier(struct cap_jail *j, pid_t prog, int copyfd, struct cap_err *err);
 /* Fill check with the private root's state, given the namespaces'. */

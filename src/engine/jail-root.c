@@ -129,14 +129,59 @@ void jail_root_build(const struct child *c)
 		jail_die(c, "making the jail's root read-only", errno);
 }
 
+int jail_root_open_copy(int rootfd, const char *at, uid_t uid)
+{
+	int dfd = -1, r = 0;
+	const char *c = at;
+	for (;;) {
+		c += strspn(c, "/");
+		size_t n = strcspn(c, "/");
+		char name[NAME_MAX + 1];
+		if (n == 0 || n > NAME_MAX || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) {
+			r = -EINVAL;
+			break;
+		}
+		memcpy(name, c, n);
+		name[n] = '\0';
+		c += n;
+		bool last = c[strspn(c, "/")] == '\0';
+		int base = dfd >= 0 ? dfd : rootfd;
+		int fd = last ? openat(base, name, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)
+			      : openat(base, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		r = fd < 0 ? -errno : 0;
+		if (dfd >= 0)
+			close(dfd);
+		dfd = fd;
+		if (r < 0 || last)
+			break;
+	}
+	if (r < 0) {
+		if (dfd >= 0)
+			close(dfd);
+		return r;
+	}
+	struct stat st;
+	if (fstat(dfd, &st) < 0)
+		r = -errno;
+	else if (!S_ISREG(st.st_mode))
+		r = -EINVAL;
+	else if (st.st_uid != uid || st.st_nlink != 1)
+		r = -EPERM;
+	if (r < 0) {
+		close(dfd);
+		return r;
+	}
+	return dfd;
+}
+
 /* spec.copy_file goes into the jail's copy while the program starts (a
  * template's RAM: ~17 ms here, about as long as the program's start). A
  * process of ours in the VM's cgroup, so that the pages are charged to
  * the VM, writes through /proc/PID/root. cap_jail_ready waits for it. */
 int jail_root_start_copier(struct cap_jail *j, pid_t prog, int copyfd, struct cap_err *err)
 {
-	char path[PATH_MAX + 32];
-	snprintf(path, sizeof(path), "/proc/%d/root%s", (int)prog, j->owned_copy_at);
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/root", (int)prog);
 	pid_t pid = fork();
 	if (pid < 0)
 		return cap_err_set(err, errno, "fork: %s", strerror(errno));
@@ -148,7 +193,8 @@ int jail_root_start_copier(struct cap_jail *j, pid_t prog, int copyfd, struct ca
 	int failed = 0;
 	if (jail_cg_join(j, &failed) < 0)
 		_exit(10);
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int fd = root < 0 ? -1 : jail_root_open_copy(root, j->owned_copy_at, j->uid);
 	if (fd < 0)
 		_exit(11);
 	_exit(copy_sparse(copyfd, fd) < 0 ? 12 : 0);

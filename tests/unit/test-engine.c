@@ -2,6 +2,7 @@
  * by name or $CAPSULE_ENGINE, an unknown name refused with the list, and
  * QEMU's end_leftover on a directory whose VM is gone. No VM starts. */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 
 #include "engine.h"
+#include "jail-internal.h"
 #include "paths.h"
 #include "util.h"
 
@@ -136,6 +138,76 @@ static void end_leftover_kills_the_vm_of_that_directory(void **state)
 	assert_int_equal(cap_remove_tree(dir), 0);
 }
 
+/* The copier (as root) opens the jail's copy, /mem/ram below the
+ * program's root, whose folder the jailed program owns: a link planted
+ * at any level, another file type, another owner or a hard link are
+ * refused; a temporary directory stands in for the root. */
+static void jail_copy_is_opened_without_links(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/test-engine-jail.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char *mem = xasprintf("%s/mem", dir), *ram = xasprintf("%s/mem/ram", dir);
+	char *target = xasprintf("%s/target", dir), *other = xasprintf("%s/other", dir);
+	assert_int_equal(mkdir(mem, 0700), 0);
+	int t = open(target, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	assert_true(t >= 0);
+	close(t);
+	int root = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	assert_true(root >= 0);
+	uid_t me = geteuid();
+
+	/* The file itself a link (to a host file): refused, target untouched. */
+	assert_int_equal(symlink(target, ram), 0);
+	assert_int_equal(jail_root_open_copy(root, "/mem/ram", me), -ELOOP);
+	unlink(ram);
+	/* The folder a link (to one holding a file of that name). */
+	assert_int_equal(mkdir(other, 0700), 0);
+	char *oram = xasprintf("%s/ram", other);
+	t = open(oram, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	assert_true(t >= 0);
+	close(t);
+	assert_int_equal(rmdir(mem), 0);
+	assert_int_equal(symlink(other, mem), 0);
+	int r = jail_root_open_copy(root, "/mem/ram", me);
+	assert_true(r == -ENOTDIR || r == -ELOOP);
+	unlink(mem);
+	assert_int_equal(mkdir(mem, 0700), 0);
+	/* A FIFO (opened without blocking, refused), a directory. */
+	assert_int_equal(mkfifo(ram, 0600), 0);
+	r = jail_root_open_copy(root, "/mem/ram", me);
+	assert_true(r == -ENXIO || r == -EINVAL);
+	unlink(ram);
+	assert_int_equal(mkdir(ram, 0700), 0);
+	assert_true(jail_root_open_copy(root, "/mem/ram", me) < 0);
+	rmdir(ram);
+	/* A hard link to another file, another owner. */
+	assert_int_equal(link(target, ram), 0);
+	assert_int_equal(jail_root_open_copy(root, "/mem/ram", me), -EPERM);
+	unlink(ram);
+	t = open(ram, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	assert_true(t >= 0);
+	close(t);
+	assert_int_equal(jail_root_open_copy(root, "/mem/ram", me + 1), -EPERM);
+	assert_int_equal(jail_root_open_copy(root, "/mem/../target", me), -EINVAL);
+	assert_int_equal(jail_root_open_copy(root, "", me), -EINVAL);
+	/* The real thing: a regular file of its owner, open for writing. */
+	int fd = jail_root_open_copy(root, "/mem/ram", me);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "x", 1), 1);
+	close(fd);
+	struct stat st;
+	assert_int_equal(stat(target, &st), 0);
+	assert_int_equal(st.st_size, 0);
+	close(root);
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(oram);
+	free(mem);
+	free(ram);
+	free(target);
+	free(other);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -144,6 +216,7 @@ int main(void)
 		cmocka_unit_test(identity_names_the_engine),
 		cmocka_unit_test(end_leftover_spares_other_processes),
 		cmocka_unit_test(end_leftover_kills_the_vm_of_that_directory),
+		cmocka_unit_test(jail_copy_is_opened_without_links),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,7 +19,7 @@ uint8_t *cap_buf_reserve(struct cap_buf *b, size_t n)
 	if (b->off > 0 && b->off == b->len) {
 		b->off = b->len = 0;
 	}
-	if (b->cap - b->len < n) {
+	if (b->cap - b->len < n || !b->owned_data) {
 		/* Compact first; grow only when that is not enough. */
 		if (b->off > 0) {
 			memmove(b->owned_data, b->owned_data + b->off,
@@ -29,7 +29,7 @@ uint8_t *cap_buf_reserve(struct cap_buf *b, size_t n)
 			b->len -= b->off;
 			b->off = 0;
 		}
-		if (b->cap - b->len < n) {
+		if (b->cap - b->len < n || !b->owned_data) {
 			size_t want = b->cap ? b->cap : 4096;
 			while (want - b->len < n)
 				want *= 2;

@@ -20,8 +20,8 @@ struct cap_buf {
 void cap_buf_init(struct cap_buf *b);
 void cap_buf_fini(struct cap_buf *b);
 void cap_buf_append(struct cap_buf *b, const void *p, size_t n);
-/* Make room for n more bytes and return where to write them; commit with
- * cap_buf_commit once written. */
+/* Make room for n more bytes and return where to write them (never NULL,
+ * also for n = 0); commit with cap_buf_commit once written. */
 uint8_t *cap_buf_reserve(struct cap_buf *b, size_t n);
 void cap_buf_commit(struct cap_buf *b, size_t n);
 void cap_buf_consume(struct cap_buf *b, size_t n);
@@ -29,9 +29,13 @@ static inline size_t cap_buf_used(const struct cap_buf *b)
 {
 	return b->len - b->off;
 }
+/* The unconsumed bytes; never NULL (a buffer without storage yet gives
+ * an empty array: no arithmetic on a null pointer, which C leaves
+ * undefined even for offset 0). */
 static inline const uint8_t *cap_buf_head(const struct cap_buf *b)
 {
-	return b->owned_data + b->off;
+	static const uint8_t empty[1];
+	return b->owned_data ? b->owned_data + b->off : empty;
 }
 
 /* Where cap_buf_lines is in a stream of lines, between calls. */

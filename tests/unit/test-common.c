@@ -66,6 +66,49 @@ static void buf_append_consume_compact(void **state)
 	cap_buf_fini(&b);
 }
 
+static void never_called(void *ud, const char *p, size_t n)
+{
+	(void)ud;
+	(void)p;
+	(void)n;
+	fail_msg("a line in an empty buffer");
+}
+
+static void never_too_long(void *ud)
+{
+	(void)ud;
+	fail_msg("too long in an empty buffer");
+}
+
+/* A buffer that never held a byte (no storage yet): its head, text and
+ * lines, a reserve of nothing and a consume of nothing do no arithmetic
+ * on a null pointer (UBSan: "applying zero offset to null pointer"). */
+static void buf_empty(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	cap_buf_init(&b);
+	b.wipe = true;
+	assert_int_equal(cap_buf_used(&b), 0);
+	const uint8_t *h = cap_buf_head(&b);
+	assert_non_null(h);
+	char out[1] = { 'x' };
+	memcpy(out, h, cap_buf_used(&b));
+	assert_int_equal(out[0], 'x');
+	char *t = cap_buf_text(&b);
+	assert_string_equal(t, "");
+	free(t);
+	struct cap_lines st = { 0 };
+	cap_buf_lines(&b, 16, &st, never_called, never_too_long, NULL);
+	cap_buf_consume(&b, 0);
+	uint8_t *w = cap_buf_reserve(&b, 0);
+	assert_non_null(w);
+	cap_buf_commit(&b, 0);
+	cap_buf_append(&b, "", 0);
+	assert_int_equal(cap_buf_used(&b), 0);
+	cap_buf_fini(&b);
+}
+
 static void err_set_and_prefix(void **state)
 {
 	(void)state;
@@ -165,6 +208,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(buf_append_consume_compact),
 		cmocka_unit_test(buf_wipe),
+		cmocka_unit_test(buf_empty),
 		cmocka_unit_test(err_set_and_prefix),
 		cmocka_unit_test(read_file_limits),
 		cmocka_unit_test(sha256_known_vector),

@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/oci-lib.sh"
 oci=${CAPSULE_OCI_TEST_RUNTIME:-$(dirname "$capsule")/capsule-oci}
-plan=66
+plan=69
 suite="oci suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -385,6 +385,60 @@ o delete d3 >"$out" 2>>"$err"
 rc=$?
 checkc "... which delete removes whole ($rc): no sandbox, state, cgroup, QEMU or monitor" \
 	'[ "$rc" -eq 0 ] && wait_for "gone d3 \"\" $cgd3" 30'
+
+# A cgroupsPath naming someone else's cgroup, a process in it and limits
+# of its own: create is refused (runc's rule: a new or empty cgroup
+# only), and delete --force signals nothing and removes nothing of it.
+cgf=/capsule-oci-test-foreign-$$
+cgroups="$cgroups $cgf"
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+	fdirs=/sys/fs/cgroup$cgf
+	fpids=$fdirs/pids.max fmem=$fdirs/memory.max
+else
+	fdirs="/sys/fs/cgroup/pids$cgf /sys/fs/cgroup/memory$cgf"
+	fpids=/sys/fs/cgroup/pids$cgf/pids.max fmem=/sys/fs/cgroup/memory$cgf/memory.limit_in_bytes
+fi
+sleep 1000 </dev/null >/dev/null 2>&1 &
+fpid=$!
+for d in $fdirs; do mkdir -p "$d" && echo "$fpid" >"$d/cgroup.procs"; done
+echo 55 >"$fpids"
+echo 209715200 >"$fmem"
+oci_bundle "$rt/b4" "$rt/img/tree" "$cgf" '["sleep", "1000"]'
+python3 - "$rt/b4/config.json" <<'PY2'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["linux"]["resources"] = {"memory": {"limit": 300 << 20}, "pids": {"limit": 77}}
+json.dump(c, open(sys.argv[1], "w"), indent=1)
+PY2
+o create --bundle "$rt/b4" d4 </dev/null >/dev/null 2>"$err"
+rc=$?
+checkc "create with a cgroupsPath holding someone else's process is refused ($rc), naming the cgroup and the pid" \
+	'[ "$rc" -ne 0 ] && grep -q "not this container" "$err" && grep -q "$cgf" "$err" && grep -q "pid $fpid" "$err"'
+o delete --force d4 >"$out" 2>>"$err"
+checkc "... and delete --force leaves that process alive and its cgroup as it was (pids.max $(cat "$fpids" 2>/dev/null), memory $(cat "$fmem" 2>/dev/null))" \
+	'kill -0 "$fpid" 2>/dev/null && [ "$(cat "$fpids")" = 55 ] && [ "$(cat "$fmem")" = 209715200 ] && [ "$(sandboxes)" -eq 0 ]'
+kill "$fpid" 2>/dev/null
+wait "$fpid" 2>/dev/null
+
+# A network namespace path that is a FIFO: refused at once, named (its
+# open waited for a writer for ever).
+mkfifo "$rt/netns-fifo"
+oci_bundle "$rt/b5" "$rt/img/tree" "" '["true"]'
+python3 - "$rt/b5/config.json" "$rt/netns-fifo" <<'PY2'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["linux"]["namespaces"] = [n if n["type"] != "network" else {"type": "network", "path": sys.argv[2]}
+                            for n in c["linux"]["namespaces"]]
+json.dump(c, open(sys.argv[1], "w"), indent=1)
+PY2
+t0=$(date +%s%N)
+timeout 10 "$oci" --root "$dstate" create --bundle "$rt/b5" d5 </dev/null >/dev/null 2>"$err"
+rc=$?
+ms=$(ms_since "$t0")
+checkc "create with a FIFO as the network namespace's path is refused at once ($rc, ${ms} ms), naming it" \
+	'[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$ms" -lt 5000 ] && grep -q "$rt/netns-fifo: it is not a namespace file" "$err" && ! o state d5 >/dev/null 2>&1'
+exec 6<>"$rt/netns-fifo"	# frees an open stuck on it, should one be
+exec 6<&-
 elapsed "the runtime alone"
 
 # --- containerd ---------------------------------------------------------------

@@ -1,7 +1,9 @@
 /* An OCI container's cgroupsPath (docs/oci.md): made in every hierarchy
- * capsule limits or reports through, limited as linux.resources says,
- * joined by the monitor (its leaf "capsule"), removed with whatever is
- * left in it. The host's cgroups are found as the jail finds them
+ * capsule limits or reports through (or taken when it is there and
+ * empty; refused when it holds someone else's process), limited as
+ * linux.resources says, joined by the monitor (its leaf "capsule"); at
+ * delete the processes of the leaf and the jail's vm-N folders are
+ * killed and what create made is removed, nothing else. The host's cgroups are found as the jail finds them
  * (jail-cgroup.c): CAPSULE_CGROUP_ROOT, else /sys/fs/cgroup, v2 when
  * that is a cgroup2 file system, else v1 hierarchies below it.
  *

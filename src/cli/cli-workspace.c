@@ -491,12 +491,19 @@ static void print_merged(const char *dir, const struct cap_merge_plan *p)
 	       n.written, n.removed, n.links, n.created, n.chmod, dir);
 }
 
-/* Changes inside .git are never merged: say so when there were any. */
+/* Changes inside repositories are never merged: say so, and which, when
+ * there were any. */
 static void print_git_left_out(const char *name, const struct cap_merge_plan *p)
 {
-	if (p->ngit)
-		fprintf(stderr, "capsule: left out %zu change%s inside .git (a repository's own files are never merged: its config and hooks would run here); `capsule merge %s --git` brings the sandbox's commits back\n",
-			p->ngit, p->ngit == 1 ? "" : "s", name);
+	if (!p->ngit)
+		return;
+	fprintf(stderr, "capsule: left out %zu change%s inside .git or other git repositories (a repository's own files are never merged: its config and hooks would run here):",
+		p->ngit, p->ngit == 1 ? "" : "s");
+	for (size_t i = 0; i < p->nrepos; i++) {
+		_cleanup_free_ char *q = quote_path(*p->repos[i].path ? p->repos[i].path : ".");
+		fprintf(stderr, "%s %s (%s)", i ? "," : "", q, p->repos[i].why);
+	}
+	fprintf(stderr, "; `capsule merge %s --git` brings the sandbox's commits back\n", name);
 }
 
 int cap_cli_merge(int argc, char **argv)

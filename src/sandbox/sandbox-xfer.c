@@ -29,7 +29,7 @@
 /* Most bytes queued for the guest before the loop waits for them to go. */
 #define XFER_BACKLOG (1u << 20)
 /* Most manifest text accepted from a guest. */
-#define XFER_MANIFEST_MAX (1ull << 30)
+#define XFER_MANIFEST_MAX CAP_TREE_MAX_TEXT
 /* Longest line accepted from a guest: an escaped path and its reason. */
 #define XFER_LINE_MAX (3 * CAP_TREE_MAX_PATH + 1024)
 /* STDERR lines kept from one operation (the rest are counted). */
@@ -335,24 +335,25 @@ out:
 
 struct manifest_op {
 	struct op op;	/* first: the sink finds us from it */
-	struct cap_buf text;
+	struct cap_tree_parser *parser;	/* parses the text as it comes */
+	uint64_t bytes;
+	struct cap_err perr;	/* the parser's refusal */
 };
 
 static int manifest_out(struct op *o, const uint8_t *p, size_t n)
 {
 	struct manifest_op *m = (struct manifest_op *)o;
-	if (cap_buf_used(&m->text) + n > XFER_MANIFEST_MAX)
+	if (n > XFER_MANIFEST_MAX - m->bytes)
 		return -EFBIG;
-	cap_buf_append(&m->text, p, n);
-	return 0;
+	m->bytes += n;
+	return cap_tree_parser_feed(m->parser, (const char *)p, n, &m->perr);
 }
 
 int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path,
 		      struct cap_tree *out, struct cap_err *err)
 {
-	struct manifest_op m;
+	struct manifest_op m = { .parser = cap_tree_parser_new(0) };
 	op_init(&m.op, sb, manifest_out);
-	cap_buf_init(&m.text);
 	_cleanup_free_ char *shown = shown_path(root, path);
 	_cleanup_free_ char *what = xasprintf("the manifest of %s", shown);
 	int r = op_start(&m.op, CAP_FILE_MANIFEST, root, path, 0, err);
@@ -361,6 +362,12 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 	if (m.op.sink_err == -EFBIG) {
 		r = cap_err_set(err, EFBIG, "%s is over %llu bytes; the sandbox's tree is too large to compare",
 				what, (unsigned long long)XFER_MANIFEST_MAX);
+		goto out;
+	}
+	if (m.op.sink_err < 0 && m.perr.msg[0]) {
+		*err = m.perr;
+		r = m.op.sink_err;
+		cap_err_prefix(err, "%s from the sandbox: ", what);
 		goto out;
 	}
 	if ((r = op_status(&m.op, what, err)) < 0)
@@ -372,13 +379,13 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 				*msg ? msg : "no reason given");
 		goto out;
 	}
-	r = cap_tree_parse((const char *)cap_buf_head(&m.text), cap_buf_used(&m.text), 0, out, err);
+	r = cap_tree_parser_finish(m.parser, out, err);
 	if (r < 0)
 		cap_err_prefix(err, "%s from the sandbox: ", what);
 out:
 	op_abort(&m.op);
 	op_fini(&m.op);
-	cap_buf_fini(&m.text);
+	cap_tree_parser_free(m.parser);
 	return r < 0 ? r : 0;
 }
 

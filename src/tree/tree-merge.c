@@ -260,7 +260,11 @@ static void fit(struct plan *pl, size_t i)
 {
 	struct node *nd = &pl->v[i];
 	const struct node *q = nd->parent == SIZE_MAX ? NULL : &pl->v[nd->parent];
-	if (q && q->gone && nd->o) {
+	if (q && q->gone && nd->o && nd->git) {
+		/* A repository is never touched, not even to go with the
+		 * directory theirs removed: that directory stays for it. */
+		keep_above(pl, nd->parent);
+	} else if (q && q->gone && nd->o) {
 		/* The host's entry must go with the directory theirs removed. */
 		if (nd->d == KEEP && !nd->ours)
 			conflict(pl, nd, "changed on the host in a directory the sandbox removed", false);

@@ -279,7 +279,22 @@ void cap_merge_plan_fini(struct cap_merge_plan *p);
  * chmods of new directories whose mode lacks u+rwx (deepest first). A
  * plan with conflicts still lists the ops of the other paths; apply it
  * only when nconflicts is 0. The plan borrows from the three trees; *out
- * is filled on success (cap_merge_plan_fini). */
+ * is filled on success (cap_merge_plan_fini).
+ *
+ * Pure (no I/O): it can be called on any trees cap_tree_parse accepted,
+ * ours may be the same tree as base (a host that did not change), and
+ * whatever the trees and the pick, every plan holds, for each op (what
+ * the fuzz target checks):
+ *  - its path has no component ".git", is not at or below a directory
+ *    shaped like a repository's (see ngit) in ours or theirs, and is not
+ *    below the top when the top is so shaped: a repository is neither
+ *    written nor removed;
+ *  - its path's first component does not start with
+ *    CAP_MERGE_STAGE_PREFIX, unless the op is a REMOVE of the host's;
+ *  - a LINK's target stays in the tree (cap_tree_link_inside), a WRITE's
+ *    and CHMOD's theirs is a FILE, a MKDIR's a DIR: no special file and
+ *    no escaping link is ever made;
+ *  - stage is below nwrites and each staged file is used once. */
 int cap_merge_plan(const struct cap_tree *base, const struct cap_tree *ours,
 		   const struct cap_tree *theirs, enum cap_merge_pick pick,
 		   struct cap_merge_plan *out, struct cap_err *err);

@@ -750,6 +750,22 @@ static void test_plan_nested_repos(void **state)
 	put("t/f", "theirs\n");
 	one_plan(CAP_MERGE_REFUSE, "write f\n", NULL, NULL);
 
+	/* The sandbox removes a directory holding the host's repository:
+	 * whatever the pick, the repository and its directory stay. */
+	start3();
+	put("b/sub/.git/config", "[core]\n");
+	put("b/sub/code.c", "x\n");
+	cp_tree("b", "o");
+	cp_tree("b", "t");
+	rm("t/sub");
+	for (int k = 0; k < 3; k++) {
+		struct three y = { 0 };
+		plan(&y, "b", "o", "t", picks[k]);
+		expect_ops(&y.p, "remove sub/code.c\n");
+		expect_conflicts(&y.p, NULL, NULL);
+		three_fini(&y);
+	}
+
 	/* The top of the sandbox's tree shaped like a bare repository:
 	 * nothing of theirs is written. */
 	start3();

@@ -249,7 +249,10 @@ wait $pid
 rc=$?
 t2=$(date +%s)
 echo "# diff $((t1 - t0)) s, diff --patch $((t2 - t1)) s, TMPDIR peak $peak KiB"
-check "--patch of a 1 GiB sparse file: binary, quickly, TMPDIR never over 4 MiB ($peak KiB, $((t2 - t1)) s vs $((t1 - t0)) s)" '[ "$rc" -eq 0 ] && grep -qx "Binary files /dev/null and b/sparse.bin differ" "$out" && [ "$peak" -lt 4096 ] && [ $((t2 - t1)) -le $((t1 - t0 + 20)) ]'
+# Both take the guest's manifest, which hashes the 1 GiB (a minute or
+# more under TCG, varying with load): the bound on time is loose, the
+# one on TMPDIR is what tells (the review wrote 1 GiB there before).
+check "--patch of a 1 GiB sparse file: binary, TMPDIR never over 4 MiB ($peak KiB), in $((t2 - t1)) s (diff: $((t1 - t0)) s)" '[ "$rc" -eq 0 ] && grep -qx "Binary files /dev/null and b/sparse.bin differ" "$out" && [ "$peak" -lt 4096 ] && [ $((t2 - t1)) -le $((2 * (t1 - t0) + 30)) ]'
 check "--patch to a pipe keeps a file's bytes (the patch still applies)" 'grep -qF "$(printf "+run_evil();\033[2K\r// harmless")" "$out"'
 script -qec "\"$capsule\" diff w --patch" /dev/null >"$rt/tty.out" 2>&1
 check "--patch on a terminal shows ESC and CR visibly" 'grep -qF "+run_evil();^[[2K^M// harmless" "$rt/tty.out" && ! grep -qF "$(printf "\033[2K")" "$rt/tty.out"'
@@ -257,10 +260,15 @@ c merge w >"$out" 2>"$err"
 rc=$?
 used=$(du -k "$proj/sparse.bin" 2>/dev/null | cut -f1)
 size=$(stat -c %s "$proj/sparse.bin" 2>/dev/null)
-check "merge keeps the holes: 1 GiB of size, $used KiB on disk" '[ "$rc" -eq 0 ] && [ "$size" = 1073741824 ] && [ "$used" -lt 4096 ] && [ "$(c exec w -- sha256sum /workspace/sparse.bin | cut -c1-64)" = "$(sha256sum <"$proj/sparse.bin" | cut -c1-64)" ]'
+# The same file made on the host (hashing 1 GiB in a TCG guest outlasts
+# exec's timeout; the merge checked the staged copy against the guest's
+# hash already).
+truncate -s 1G "$rt/sparse.want" && printf 'data\000' | dd of="$rt/sparse.want" bs=4096 seek=16 conv=notrunc 2>/dev/null
+check "merge keeps the holes: 1 GiB of size, $used KiB on disk" '[ "$rc" -eq 0 ] && [ "$size" = 1073741824 ] && [ "$used" -lt 4096 ] && cmp -s "$rt/sparse.want" "$proj/sparse.bin"'
 check "a directory shaped like a bare repository is left out of the merge, named; the rest merged" '[ ! -e "$proj/vendor/evil" ] && [ "$(cat "$proj/vendor/plain.txt")" = ok ] && grep -q "left out [0-9]* changes inside .git or other git repositories" "$err" && grep -q "vendor/evil (shaped like a git repository" "$err"'
 c exec w -- sh -c 'rm -rf /workspace/vendor/evil /workspace/sparse.bin /workspace/evil.c' >/dev/null 2>&1
 c merge w >/dev/null 2>&1
+rm -f "$rt/sparse.want"
 
 # --- kill -9 during a merge of 1000 files --------------------------------------
 big="$rt/big"

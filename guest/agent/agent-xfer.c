@@ -32,6 +32,7 @@ static struct {
 	char shown[MAX_PATH + 32];	/* "/work/dir", the path messages start from */
 	int status;	/* 0, or 1 once something was refused or failed */
 	struct cap_buf out;	/* STDOUT, flushed at CHUNK */
+	bool prefix;	/* TAR_OUT with CAP_TAR_PREFIX: files cut to their start */
 } X;
 
 /* --- output ---------------------------------------------------------- */
@@ -498,14 +499,86 @@ struct tar_out {
 	bool recurse;
 };
 
+/* The data extents of the first size bytes of fd (SEEK_DATA, SEEK_HOLE),
+ * into *v (new, free it), when it has holes: their count, 0 when it has
+ * none or the file system cannot say, or when there are too many to send
+ * as a map (then it is sent whole). */
+static size_t data_extents(int fd, uint64_t size, struct cap_tar_extent **v)
+{
+	struct cap_tar_extent *x = NULL;
+	size_t n = 0, cap = 0;
+	uint64_t sum = 0;
+	off_t off = 0;
+	*v = NULL;
+	while ((uint64_t)off < size) {
+		off_t data = lseek(fd, off, SEEK_DATA);
+		if (data < 0 && errno == ENXIO)
+			break;	/* a hole up to the end */
+		off_t hole = data < 0 ? -1 : lseek(fd, data, SEEK_HOLE);
+		if (data < 0 || hole < 0 || hole <= data || n == CAP_TAR_MAX_EXTENTS) {
+			free(x);
+			return 0;
+		}
+		if ((uint64_t)data >= size)
+			break;
+		uint64_t end = CAP_MIN((uint64_t)hole, size);
+		if (n == cap)
+			x = xrealloc(x, (cap = cap ? 2 * cap : 16) * sizeof(*x));
+		x[n++] = (struct cap_tar_extent){ (uint64_t)data, end - (uint64_t)data };
+		sum += end - (uint64_t)data;
+		off = hole;
+	}
+	if (sum == size) {	/* no hole: a plain entry */
+		free(x);
+		return 0;
+	}
+	lseek(fd, 0, SEEK_SET);
+	if (n == 0)
+		x = xmalloc(sizeof(*x));	/* all a hole: a map without data */
+	*v = x;
+	return n;
+}
+
+/* Send len bytes of fd from off (the announced size is the size at open:
+ * a file that shrinks is padded with zeros, one that grows is cut).
+ * Whether it could all be read. */
+static bool send_data(int fd, uint64_t off, uint64_t len, const char *rel, bool short_read)
+{
+	while (len > 0) {
+		size_t want = (size_t)CAP_MIN(len, (uint64_t)CHUNK);
+		uint8_t *p = cap_buf_reserve(&X.out, want);
+		ssize_t k = short_read ? 0 : pread(fd, p, want, (off_t)off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			if (!short_read)
+				refuse(rel, k < 0 ? "a read failed (%s); the rest of it is sent as zeros"
+						  : "it shrank while being read; the rest of it is sent as zeros%s",
+				       k < 0 ? strerror(errno) : "");
+			short_read = true;
+			memset(p, 0, want);
+			k = (ssize_t)want;
+		}
+		cap_buf_commit(&X.out, (size_t)k);
+		len -= (uint64_t)k;
+		off += (uint64_t)k;
+		if (cap_buf_used(&X.out) >= CHUNK)
+			flush();
+	}
+	return !short_read;
+}
+
 /* Send one entry: name is its name in the stream, rel names it in
- * messages. Returns whether it is a directory to descend into. */
+ * messages. Returns whether it is a directory to descend into. A file
+ * with holes goes as a sparse entry (its holes are not sent), and with
+ * X.prefix a file goes cut to its first CAP_TAR_PREFIX_BYTES. */
 static bool send_entry(int dirfd, const char *name, const char *entry, const char *rel,
 		       const struct stat *st)
 {
 	struct cap_tar_entry te = { .path = entry, .mode = st->st_mode & 07777,
 				    .mtime = st->st_mtim.tv_sec, .uid = st->st_uid, .gid = st->st_gid };
 	char *target = NULL;
+	struct cap_tar_extent *ext = NULL;
 	int fd = -1, r;
 	if (strlen(entry) > CAP_TAR_PATH_MAX) {
 		refuse(rel, "its name is over 4096 bytes; not copied");
@@ -534,6 +607,13 @@ static bool send_entry(int dirfd, const char *name, const char *entry, const cha
 		}
 		te.type = CAP_TAR_FILE;
 		te.size = (uint64_t)now.st_size;
+		if (X.prefix)
+			te.size = CAP_MIN(te.size, (uint64_t)CAP_TAR_PREFIX_BYTES);
+		/* Blocks fewer than the size says: there are holes. */
+		if ((uint64_t)now.st_blocks * 512 < te.size) {
+			te.nextents = data_extents(fd, te.size, &ext);
+			te.extents = ext;
+		}
 	} else {
 		refuse(rel, "not a regular file, directory or symbolic link; skipped");
 		return false;
@@ -543,36 +623,22 @@ static bool send_entry(int dirfd, const char *name, const char *entry, const cha
 	if (r < 0) {
 		if (fd >= 0)
 			close(fd);
+		free(ext);
 		refuse(rel, "cannot be put in a tar stream: %s", strerror(-r));
 		return false;
 	}
 	if (fd >= 0) {
-		/* The size announced is the size at open: a file that grows is
-		 * cut there, one that shrinks is padded with zeros. */
-		uint64_t left = te.size;
-		bool short_read = false;
-		while (left > 0) {
-			size_t want = (size_t)CAP_MIN(left, (uint64_t)CHUNK);
-			uint8_t *p = cap_buf_reserve(&X.out, want);
-			ssize_t k = short_read ? 0 : read(fd, p, want);
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k <= 0) {
-				if (!short_read)
-					refuse(rel, k < 0 ? "a read failed (%s); the rest of it is sent as zeros"
-							  : "it shrank while being read; the rest of it is sent as zeros%s",
-					       k < 0 ? strerror(errno) : "");
-				short_read = true;
-				memset(p, 0, want);
-				k = (ssize_t)want;
-			}
-			cap_buf_commit(&X.out, (size_t)k);
-			left -= (uint64_t)k;
-			if (cap_buf_used(&X.out) >= CHUNK)
-				flush();
+		bool ok = true;
+		if (ext) {
+			for (size_t i = 0; i < te.nextents; i++)
+				ok = send_data(fd, ext[i].offset, ext[i].length, rel, !ok) && ok;
+		} else {
+			ok = send_data(fd, 0, te.size, rel, false);
 		}
+		(void)ok;
 		close(fd);
-		cap_tar_pad(&X.out, te.size);
+		cap_tar_pad(&X.out, cap_tar_data_size(&te));
+		free(ext);
 		if (cap_buf_used(&X.out) >= CHUNK)
 			flush();
 	}
@@ -1104,6 +1170,7 @@ void agent_xfer_run(const struct cap_file_req *req)
 	umask(0);
 	cap_buf_init(&X.out);
 	X.root = req->root;
+	X.prefix = req->op == CAP_FILE_TAR_OUT && (req->limit & CAP_TAR_PREFIX);
 	snprintf(X.shown, sizeof(X.shown), "%s%s%s", req->root, *req->path ? "/" : "", req->path);
 
 	int rootfd = open(req->root, O_PATH | O_DIRECTORY | O_CLOEXEC);

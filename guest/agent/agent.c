@@ -1558,7 +1558,7 @@ static void run_xfer(const void *ud, int errfd, struct start_failure *f)
  * answered like a command (no timeout, no output cap). */
 static void file_stream(uint32_t id, const struct cap_file_req *req, const char *shown)
 {
-	uint32_t known = req->op == CAP_FILE_TAR_OUT ? CAP_TAR_PATHS_STDIN :
+	uint32_t known = req->op == CAP_FILE_TAR_OUT ? CAP_TAR_PATHS_STDIN | CAP_TAR_PREFIX :
 			 req->op == CAP_FILE_TAR_IN ? CAP_TAR_NO_REPLACE | CAP_FILE_NO_SYNC : 0;
 	if (req->limit & ~known) {
 		file_fail(id, EINVAL, "%s: unknown flags 0x%x for this file operation", shown, req->limit);

@@ -20,8 +20,10 @@
 #include "cli.h"
 #include "named.h"
 #include "paths.h"
+#include "proto.h"
 #include "serve.h"
 #include "tree.h"
+#include "utf8.h"
 #include "util.h"
 #include "workspace.h"
 #include "xfer.h"
@@ -160,14 +162,25 @@ static void print_summary(const char *name, const struct cap_tree_change *ch, si
 		count[CAP_TREE_MODE], count[CAP_TREE_TYPE]);
 }
 
-/* Copy what is left of fd into a new file name in dirfd (0600), and hash
- * the copy. 0 or -errno. */
+/* A patch shows a file's text up to this size (each side), and fetches
+ * at most this much from the guest in all; beyond, a file's first
+ * CAP_TAR_PREFIX_BYTES decide whether it is called binary or too large
+ * to show. The review reads only what it shows. */
+#define PATCH_FILE_MAX (1u << 20)
+#define PATCH_FETCH_MAX (64ull << 20)
+/* Most diff output taken from one file pair (two files of PATCH_FILE_MAX
+ * of empty lines make 4 MiB). */
+#define PATCH_DIFF_MAX (16u << 20)
+
+/* Copy what is left of fd (at most PATCH_FILE_MAX bytes) into a new file
+ * name in dirfd (0600), and hash the copy. 0 or -errno (-EFBIG over). */
 static int copy_hash(int fd, int dirfd, const char *name, uint8_t hash[32], uint64_t *size)
 {
 	_cleanup_close_ int out = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (out < 0)
 		return -errno;
 	char buf[65536];
+	uint64_t total = 0;
 	for (;;) {
 		ssize_t n = read(fd, buf, sizeof(buf));
 		if (n < 0 && errno == EINTR)
@@ -176,6 +189,8 @@ static int copy_hash(int fd, int dirfd, const char *name, uint8_t hash[32], uint
 			return -errno;
 		if (n == 0)
 			break;
+		if ((total += (uint64_t)n) > PATCH_FILE_MAX)
+			return -EFBIG;
 		int r = cap_write_all(out, buf, (size_t)n);
 		if (r < 0)
 			return r;
@@ -185,23 +200,31 @@ static int copy_hash(int fd, int dirfd, const char *name, uint8_t hash[32], uint
 	return cap_tree_hash_fd(out, hash, size);
 }
 
-/* Whether the file at dirfd/name looks binary: a NUL byte in its first
- * 8 KiB (what git and diff look at). */
+/* Whether what fd reads first looks binary: a NUL byte in its first
+ * CAP_TAR_PREFIX_BYTES (git looks at 8000). */
+static bool fd_binary(int fd)
+{
+	char buf[CAP_TAR_PREFIX_BYTES];
+	ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf), 0) : -1;
+	return n > 0 && memchr(buf, 0, (size_t)n) != NULL;
+}
+
 static bool looks_binary(int dirfd, const char *name)
 {
 	_cleanup_close_ int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	char buf[8192];
-	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf)) : -1;
-	return n > 0 && memchr(buf, 0, (size_t)n) != NULL;
+	return fd_binary(fd);
 }
 
 struct patch_ctx {
 	const char *name;
 	const char *project;	/* the host project: where the base versions are read */
 	int projfd;	/* -1 when it cannot be opened */
-	const char *tmp;	/* private directory: fetched files "0".."n-1", base copies "b0"... */
-	int tmpfd;
+	const char *tmp;	/* private directory: base copies "b0"...; fetched files
+			 * "w/0".. (whole), "p/0".. (their first CAP_TAR_PREFIX_BYTES) */
+	int tmpfd, wholefd, prefixfd;
 	size_t *fetched;	/* change i's fetched file index, or SIZE_MAX */
+	bool *prefix;	/* ... and whether only its start was fetched */
+	bool tty;	/* stdout is a terminal: file content shown visibly */
 };
 
 /* The base version of a changed path into tmp/bI, from the host project
@@ -227,21 +250,42 @@ static int base_version(struct patch_ctx *c, const struct cap_tree_entry *from, 
 	return 0;
 }
 
+/* Write diff's output to stdout: on a terminal with what the terminal
+ * would act on shown visibly (a file of the sandbox's must not rewrite
+ * the review: ESC as ^[, CR as ^M...), to a pipe as it is (a patch that
+ * still applies). */
+static void show(const struct patch_ctx *c, const struct cap_buf *out)
+{
+	if (!c->tty) {
+		fwrite(cap_buf_head(out), 1, cap_buf_used(out), stdout);
+		return;
+	}
+	struct cap_buf v;
+	cap_buf_init(&v);
+	cap_utf8_visible((const char *)cap_buf_head(out), cap_buf_used(out), &v);
+	fwrite(cap_buf_head(&v), 1, cap_buf_used(&v), stdout);
+	cap_buf_fini(&v);
+}
+
 /* Run diff -u on two files (either may be /dev/null) with git's labels,
- * its output on our stdout. */
-static int run_diff(const char *a, const char *b, const char *la, const char *lb, struct cap_err *err)
+ * its output shown (show). */
+static int run_diff(const struct patch_ctx *c, const char *a, const char *b, const char *la, const char *lb,
+		    struct cap_err *err)
 {
 	char *argv[] = { "diff", "-u", "--label", (char *)la, "--label", (char *)lb, (char *)a, (char *)b, NULL };
-	struct cap_buf e;
+	struct cap_buf e, out;
 	int status = 0;
 	cap_buf_init(&e);
-	fflush(stdout);	/* diff writes to our stdout */
-	int r = cap_run_capture(argv, NULL, 0, &e, &status, err);
+	cap_buf_init(&out);
+	int r = cap_run_capture(argv, &out, PATCH_DIFF_MAX, &e, &status, err);
 	if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) <= 1)) {
 		_cleanup_free_ char *msg = cap_buf_text(&e);
 		r = cap_err_set(err, EIO, "diff -u %s %s failed: %s", a, b, *msg ? msg : "no message");
 	}
+	if (r == 0)
+		show(c, &out);
 	cap_buf_fini(&e);
+	cap_buf_fini(&out);
 	return r;
 }
 
@@ -277,45 +321,103 @@ static int patch_one(struct patch_ctx *c, const struct cap_tree_change *ch, size
 		return 0;
 	if (file_a && file_b && memcmp(from->hash, to->hash, 32) == 0)
 		return 0;	/* a mode change only */
+	const char *sa = file_a ? la : "/dev/null", *sb = file_b ? lb : "/dev/null";
 	char aname[32] = "", bname[32] = "";
+	if (file_b)
+		cap_merge_stage_name(c->fetched[i], bname);
+	int bfd = file_b ? (c->prefix[i] ? c->prefixfd : c->wholefd) : -1;
+	bool big_a = file_a && from->size > PATCH_FILE_MAX, big_b = file_b && c->prefix[i];
+	if (big_a || big_b) {
+		/* Only the start of each side is read: enough to call it binary. */
+		_cleanup_close_ int afd = file_a && c->projfd >= 0 ? open_beneath(c->projfd, from->path) : -1;
+		if ((file_a && fd_binary(afd)) || (file_b && looks_binary(bfd, bname))) {
+			printf("Binary files %s and %s differ\n", sa, sb);
+		} else if (big_b && to->size <= PATCH_FILE_MAX && !big_a) {
+			printf("%s: not shown: the patch has shown %llu MiB of the sandbox's files already (run `capsule diff %s --patch` on fewer changes, or `capsule cp %s:/workspace/PATH FILE`)\n",
+			       sb, PATCH_FETCH_MAX >> 20, c->name, c->name);
+		} else {
+			printf("%s and %s: too large to show (%llu and %llu bytes; a patch shows files up to %u KiB): `capsule cp %s:/workspace/PATH FILE` copies it out\n",
+			       sa, sb, file_a ? (unsigned long long)from->size : 0ull,
+			       file_b ? (unsigned long long)to->size : 0ull, PATCH_FILE_MAX >> 10, c->name);
+		}
+		return 0;
+	}
 	const char *why = NULL;
 	if (file_a && base_version(c, from, i, aname, sizeof(aname), &why) != 0) {
 		printf("%s\n", why);
+		unlinkat(c->tmpfd, aname, 0);
 		return 0;
 	}
+	int r = 0;
+	if ((file_a && looks_binary(c->tmpfd, aname)) || (file_b && looks_binary(bfd, bname))) {
+		printf("Binary files %s and %s differ\n", sa, sb);
+	} else {
+		_cleanup_free_ char *pa = file_a ? xasprintf("%s/%s", c->tmp, aname) : xstrdup("/dev/null");
+		_cleanup_free_ char *pb = file_b ? xasprintf("%s/w/%s", c->tmp, bname) : xstrdup("/dev/null");
+		fflush(stdout);
+		r = run_diff(c, pa, pb, sa, sb, err);
+	}
+	/* What was shown is not kept: the copies never add up. */
+	if (file_a)
+		unlinkat(c->tmpfd, aname, 0);
 	if (file_b)
-		cap_merge_stage_name(c->fetched[i], bname);
-	if ((file_a && looks_binary(c->tmpfd, aname)) || (file_b && looks_binary(c->tmpfd, bname))) {
-		printf("Binary files %s and %s differ\n", file_a ? la : "/dev/null", file_b ? lb : "/dev/null");
-		return 0;
-	}
-	_cleanup_free_ char *pa = file_a ? xasprintf("%s/%s", c->tmp, aname) : xstrdup("/dev/null");
-	_cleanup_free_ char *pb = file_b ? xasprintf("%s/%s", c->tmp, bname) : xstrdup("/dev/null");
-	return run_diff(pa, pb, file_a ? la : "/dev/null", file_b ? lb : "/dev/null", err);
+		unlinkat(bfd, bname, 0);
+	return r;
 }
 
-/* --patch: fetch the guest's versions of the changed files, then diff
- * each against its base version. */
+/* Fetch paths[0..n) (whole, or their starts) into the subdirectory sub
+ * of the review's directory; its fd in *fd. */
+static int fetch_into(struct patch_ctx *c, struct cap_sandbox *sb, const char *sub, int *fd, const char **paths,
+		      const uint64_t *sizes, size_t n, bool prefix, struct cap_err *err)
+{
+	if (mkdirat(c->tmpfd, sub, 0700) < 0 || (*fd = openat(c->tmpfd, sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		return cap_err_set(err, errno, "cannot make %s/%s: %s", c->tmp, sub, strerror(errno));
+	_cleanup_free_ char *where = xasprintf("%s/%s", c->tmp, sub);
+	struct cap_xfer_fetch_opts fo = { .where = where, .prefix = prefix,
+					  .max_bytes = prefix ? (uint64_t)n * CAP_TAR_PREFIX_BYTES : PATCH_FETCH_MAX };
+	int r = n ? cap_xfer_fetch(sb, "/workspace", paths, sizes, n, *fd, &fo, err) : 0;
+	if (r == -ESTALE)
+		cap_err_prefix(err, "the sandbox changed /workspace while diff read it; run it again");
+	return r;
+}
+
+/* --patch: fetch the guest's versions of the changed files that are
+ * shown (the starts of the others), then diff each against its base
+ * version. */
 static int print_patch(const char *name, const struct cap_record *rec, struct cap_sandbox *sb,
 		       const struct cap_tree_change *ch, size_t n, struct cap_err *err)
 {
-	struct patch_ctx c = { .name = name, .project = rec->workspace, .projfd = -1, .tmpfd = -1 };
+	struct patch_ctx c = { .name = name, .project = rec->workspace, .projfd = -1, .tmpfd = -1, .wholefd = -1,
+			       .prefixfd = -1, .tty = isatty(STDOUT_FILENO) };
 	_cleanup_free_ char *tmp = cap_make_tmpdir("capsule-ws", err);
 	if (!tmp)
 		return -err->code;
 	c.tmp = tmp;
 	c.fetched = xcalloc(n ? n : 1, sizeof(size_t));
-	const char **paths = xcalloc(n ? n : 1, sizeof(char *));
-	uint64_t *sizes = xcalloc(n ? n : 1, sizeof(uint64_t));
-	size_t nf = 0;
+	c.prefix = xcalloc(n ? n : 1, sizeof(bool));
+	const char **wp = xcalloc(n ? n : 1, sizeof(char *)), **pp = xcalloc(n ? n : 1, sizeof(char *));
+	uint64_t *ws = xcalloc(n ? n : 1, sizeof(uint64_t)), *ps = xcalloc(n ? n : 1, sizeof(uint64_t));
+	size_t nw = 0, np = 0;
+	uint64_t whole = 0;
 	int r = 0;
 	for (size_t i = 0; i < n; i++) {
 		c.fetched[i] = SIZE_MAX;
-		if (ch[i].to && ch[i].to->type == CAP_TREE_FILE &&
-		    !(ch[i].from && ch[i].from->type == CAP_TREE_FILE && memcmp(ch[i].from->hash, ch[i].to->hash, 32) == 0)) {
-			c.fetched[i] = nf;
-			sizes[nf] = ch[i].to->size;
-			paths[nf++] = ch[i].to->path;
+		const struct cap_tree_entry *from = ch[i].from, *to = ch[i].to;
+		if (!to || to->type != CAP_TREE_FILE ||
+		    (from && from->type == CAP_TREE_FILE && memcmp(from->hash, to->hash, 32) == 0))
+			continue;
+		bool shown = to->size <= PATCH_FILE_MAX && to->size <= PATCH_FETCH_MAX - whole &&
+			     !(from && from->type == CAP_TREE_FILE && from->size > PATCH_FILE_MAX);
+		c.prefix[i] = !shown;
+		if (shown) {
+			whole += to->size;
+			c.fetched[i] = nw;
+			ws[nw] = to->size;
+			wp[nw++] = to->path;
+		} else {
+			c.fetched[i] = np;
+			ps[np] = to->size;
+			pp[np++] = to->path;
 		}
 	}
 	if ((c.tmpfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -323,17 +425,15 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 		goto out;
 	}
 	c.projfd = open(rec->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (nf && (r = cap_xfer_fetch(sb, "/workspace", paths, sizes, nf, c.tmpfd, err)) < 0) {
-		if (r == -ESTALE)
-			cap_err_prefix(err, "the sandbox changed /workspace while diff read it; run it again");
+	if ((r = fetch_into(&c, sb, "w", &c.wholefd, wp, ws, nw, false, err)) < 0 ||
+	    (r = fetch_into(&c, sb, "p", &c.prefixfd, pp, ps, np, true, err)) < 0)
 		goto out;
-	}
 	for (size_t i = 0; i < n; i++) {
-		if (c.fetched[i] == SIZE_MAX)
+		if (c.fetched[i] == SIZE_MAX || c.prefix[i])
 			continue;
 		struct cap_merge_op op = { .action = CAP_MERGE_WRITE, .path = ch[i].to->path, .theirs = ch[i].to,
 					   .stage = c.fetched[i] };
-		if ((r = cap_merge_stage_verify(c.tmpfd, &op, err)) < 0) {
+		if ((r = cap_merge_stage_verify(c.wholefd, &op, err)) < 0) {
 			cap_err_prefix(err, "the sandbox changed /workspace while diff read it; run it again");
 			goto out;
 		}
@@ -344,12 +444,19 @@ static int print_patch(const char *name, const struct cap_record *rec, struct ca
 out:
 	if (c.tmpfd >= 0)
 		close(c.tmpfd);
+	if (c.wholefd >= 0)
+		close(c.wholefd);
+	if (c.prefixfd >= 0)
+		close(c.prefixfd);
 	if (c.projfd >= 0)
 		close(c.projfd);
 	cap_remove_tree(tmp);
 	free(c.fetched);
-	free(paths);
-	free(sizes);
+	free(c.prefix);
+	free(wp);
+	free(pp);
+	free(ws);
+	free(ps);
 	return r;
 }
 
@@ -491,12 +598,19 @@ static void print_merged(const char *dir, const struct cap_merge_plan *p)
 	       n.written, n.removed, n.links, n.created, n.chmod, dir);
 }
 
-/* Changes inside .git are never merged: say so when there were any. */
+/* Changes inside repositories are never merged: say so, and which, when
+ * there were any. */
 static void print_git_left_out(const char *name, const struct cap_merge_plan *p)
 {
-	if (p->ngit)
-		fprintf(stderr, "capsule: left out %zu change%s inside .git (a repository's own files are never merged: its config and hooks would run here); `capsule merge %s --git` brings the sandbox's commits back\n",
-			p->ngit, p->ngit == 1 ? "" : "s", name);
+	if (!p->ngit)
+		return;
+	fprintf(stderr, "capsule: left out %zu change%s inside .git or other git repositories (a repository's own files are never merged: its config and hooks would run here):",
+		p->ngit, p->ngit == 1 ? "" : "s");
+	for (size_t i = 0; i < p->nrepos; i++) {
+		_cleanup_free_ char *q = quote_path(*p->repos[i].path ? p->repos[i].path : ".");
+		fprintf(stderr, "%s %s (%s)", i ? "," : "", q, p->repos[i].why);
+	}
+	fprintf(stderr, "; `capsule merge %s --git` brings the sandbox's commits back\n", name);
 }
 
 int cap_cli_merge(int argc, char **argv)

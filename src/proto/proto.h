@@ -228,7 +228,13 @@ int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
  * entries (never followed); anything else is skipped with a STDERR line.
  * With CAP_TAR_PATHS_STDIN in limit, the host instead sends on STDIN
  * NUL-terminated paths relative to root/path, and each one is one entry
- * named by that relative path, not recursed into.
+ * named by that relative path, not recursed into. With CAP_TAR_PREFIX,
+ * each regular file is sent cut to its first CAP_TAR_PREFIX_BYTES (the
+ * entry's size is what was sent): what a review needs to tell a binary
+ * file from text without taking the whole of it. A file with holes
+ * (fewer blocks than its size) is sent in the pax sparse format 1.0
+ * (src/proto/tar.h): its holes do not cross, and the host writes them
+ * as holes.
  *
  * TAR_IN: STDIN is a tar stream (as above; types regular file, directory
  * and symbolic link, others refused by name), extracted beneath root/path,
@@ -249,6 +255,9 @@ enum cap_file_op {
 };
 /* limit flags of TAR_OUT and TAR_IN. */
 #define CAP_TAR_PATHS_STDIN 0x1u	/* TAR_OUT: the paths come on STDIN */
+#define CAP_TAR_PREFIX 0x2u	/* TAR_OUT: files cut to CAP_TAR_PREFIX_BYTES */
+/* What a NUL is looked for in to call a file binary (git looks at 8000). */
+#define CAP_TAR_PREFIX_BYTES 8192u
 #define CAP_TAR_NO_REPLACE 0x1u	/* TAR_IN: keep differing paths, report them */
 /* limit flag of WRITE and TAR_IN: report without flushing (as
  * CAP_EXEC_NO_SYNC). */

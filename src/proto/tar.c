@@ -131,6 +131,50 @@ static size_t ustar_split(const char *s, size_t n)
 	return 0;
 }
 
+uint64_t cap_tar_data_size(const struct cap_tar_entry *e)
+{
+	if (e->type != CAP_TAR_FILE)
+		return 0;
+	if (!e->extents)
+		return e->size;
+	uint64_t sum = 0;
+	for (size_t i = 0; i < e->nextents; i++)
+		sum += e->extents[i].length;
+	return sum;
+}
+
+/* Whether a FILE's extents are sorted, apart and inside its size. */
+static bool extents_ok(const struct cap_tar_entry *e)
+{
+	if (e->nextents > CAP_TAR_MAX_EXTENTS)
+		return false;
+	uint64_t end = 0;
+	for (size_t i = 0; i < e->nextents; i++) {
+		const struct cap_tar_extent *x = &e->extents[i];
+		if (x->offset < end || x->length > e->size || x->offset > e->size - x->length)
+			return false;
+		end = x->offset + x->length;
+	}
+	return true;
+}
+
+/* The sparse map of a FILE with extents, padded to a block: the extents
+ * and a last one of length 0 at the file's end (what GNU tar writes, so
+ * that a trailing hole is kept by every reader). */
+static void sparse_map(struct cap_buf *b, const struct cap_tar_entry *e)
+{
+	char num[48];
+	int m = snprintf(num, sizeof(num), "%zu\n", e->nextents + 1);
+	cap_buf_append(b, num, (size_t)m);
+	for (size_t i = 0; i <= e->nextents; i++) {
+		uint64_t off = i < e->nextents ? e->extents[i].offset : e->size;
+		uint64_t len = i < e->nextents ? e->extents[i].length : 0;
+		m = snprintf(num, sizeof(num), "%llu\n%llu\n", (unsigned long long)off, (unsigned long long)len);
+		cap_buf_append(b, num, (size_t)m);
+	}
+	cap_tar_pad(b, cap_buf_used(b));
+}
+
 int cap_tar_header(struct cap_buf *out, const struct cap_tar_entry *e)
 {
 	if (!e->path || !*e->path)
@@ -154,11 +198,30 @@ int cap_tar_header(struct cap_buf *out, const struct cap_tar_entry *e)
 	uint64_t size = e->type == CAP_TAR_FILE ? e->size : 0;
 	if (size > (uint64_t)INT64_MAX)
 		return -EFBIG;
+	bool sparse = e->type == CAP_TAR_FILE && e->extents;
+	struct cap_buf map;
+	cap_buf_init(&map);
+	if (sparse) {
+		if (!extents_ok(e)) {
+			cap_buf_fini(&map);
+			return -EINVAL;
+		}
+		sparse_map(&map, e);
+		size = cap_buf_used(&map) + cap_tar_data_size(e);	/* what follows the header */
+	}
 
 	const char *name = full, *prefix = "";
 	size_t nlen = plen, pfx = 0;
 	bool pax_path = false;
-	if (plen > 100) {
+	char sname[101];
+	if (sparse) {
+		/* The real name is GNU.sparse.name; the header's is GNU tar's
+		 * placeholder, for readers without the format. */
+		const char *base = strrchr(e->path, '/');
+		base = base ? base + 1 : e->path;
+		nlen = (size_t)snprintf(sname, sizeof(sname), "GNUSparseFile.0/%.80s", base);
+		name = sname;
+	} else if (plen > 100) {
 		size_t cut = ustar_split(full, plen);
 		if (cut) {
 			prefix = full;
@@ -173,15 +236,23 @@ int cap_tar_header(struct cap_buf *out, const struct cap_tar_entry *e)
 	bool pax_link = llen > 100;
 	bool pax_size = size > (uint64_t)OCTAL11_MAX;
 	bool pax_mtime = e->mtime < 0 || e->mtime > OCTAL11_MAX;
-	bool pax = pax_path || pax_link || pax_size || pax_mtime;
+	bool pax = pax_path || pax_link || pax_size || pax_mtime || sparse;
 
 	if (pax) {
 		struct cap_buf rec;
 		cap_buf_init(&rec);
-		if ((pax_path && !ascii(full, plen)) || (pax_link && !ascii(link, llen)))
+		if (((pax_path || sparse) && !ascii(full, plen)) || (pax_link && !ascii(link, llen)))
 			pax_record(&rec, "hdrcharset", "BINARY", 6);
 		if (pax_path)
 			pax_record(&rec, "path", full, plen);
+		if (sparse) {
+			char num[32];
+			int m = snprintf(num, sizeof(num), "%llu", (unsigned long long)e->size);
+			pax_record(&rec, "GNU.sparse.major", "1", 1);
+			pax_record(&rec, "GNU.sparse.minor", "0", 1);
+			pax_record(&rec, "GNU.sparse.name", full, plen);
+			pax_record(&rec, "GNU.sparse.realsize", num, (size_t)m);
+		}
 		if (pax_link)
 			pax_record(&rec, "linkpath", link, llen);
 		if (pax_size || pax_mtime) {
@@ -223,6 +294,9 @@ int cap_tar_header(struct cap_buf *out, const struct cap_tar_entry *e)
 		    e->gid, link, CAP_MIN(llen, (size_t)100));
 	put_checksum(h);
 	cap_buf_commit(out, CAP_TAR_BLOCK);
+	if (sparse)
+		cap_buf_append(out, cap_buf_head(&map), cap_buf_used(&map));
+	cap_buf_fini(&map);
 	return 0;
 }
 

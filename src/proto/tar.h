@@ -5,7 +5,13 @@
  * Writer: POSIX ustar headers; a name that does not fit ustar's name and
  * prefix fields, a link target over 100 bytes, a size of 8 GiB or more or
  * an mtime outside ustar's range goes in a pax 'x' extended header
- * (records path, linkpath, size, mtime) before the entry.
+ * (records path, linkpath, size, mtime) before the entry. A file with
+ * holes may go in the pax sparse format 1.0 (GNU tar's and libarchive's:
+ * records GNU.sparse.major=1, minor=0, name and realsize; the entry's
+ * data is the map, "COUNT\n" then "OFFSET\nLENGTH\n" per extent in
+ * decimal, padded to a block, then the extents' bytes), so that its holes
+ * cross as holes. The reader below does not take that format (only the
+ * host, with libarchive, reads what TAR_OUT sends).
  *
  * Reader: ustar and pre-POSIX ("old GNU") headers with their checksum
  * verified (unsigned or signed sum), numbers in octal or GNU base-256;
@@ -39,6 +45,11 @@ enum cap_tar_type {
 	CAP_TAR_OTHER = 'o',	/* anything else (hard links, devices, FIFOs...): refuse by name */
 };
 
+/* A run of data in a sparse file: what is not in one is a hole. */
+struct cap_tar_extent {
+	uint64_t offset, length;
+};
+
 /* One entry. For the writer every pointer is borrowed. From the reader,
  * path and linkname point into the reader and stay valid until the next
  * cap_tar_next or cap_tar_reader_fini. */
@@ -52,17 +63,32 @@ struct cap_tar_entry {
 			 * a sparse file); 0 for DIR and SYMLINK */
 	int64_t mtime;	/* seconds since the epoch */
 	uint32_t uid, gid;	/* written when they fit ustar's fields, else 0 */
+	/* Writer, FILE: the data of a file with holes, sorted, apart, inside
+	 * size (at most CAP_TAR_MAX_EXTENTS), or NULL for a plain file. */
+	const struct cap_tar_extent *extents;
+	size_t nextents;
 };
+
+/* Most extents a sparse entry is written with. */
+#define CAP_TAR_MAX_EXTENTS 65536
 
 /* --- writer ---------------------------------------------------------- */
 
 /* Append the header block(s) of e to out: a pax 'x' header first when
  * needed, then the ustar header (a directory's name gets a trailing '/').
- * The caller then appends e->size data bytes and cap_tar_pad. -EINVAL for
+ * The caller then appends e->size data bytes and cap_tar_pad; for a FILE
+ * with extents, the header is followed by its sparse map already, and the
+ * caller appends each extent's bytes in order, then cap_tar_pad of their
+ * sum (cap_tar_data_size gives what follows the header in all). -EINVAL for
+ * extents that are not sorted, apart and inside size, or over
+ * CAP_TAR_MAX_EXTENTS;
  * an empty path or link target of a SYMLINK, a type other than FILE, DIR
  * or SYMLINK, a FILE or SYMLINK path ending in '/', -ENAMETOOLONG for a name over CAP_TAR_PATH_MAX; out is
  * unchanged on failure. */
 int cap_tar_header(struct cap_buf *out, const struct cap_tar_entry *e);
+/* The data bytes the caller appends after cap_tar_header of e (its size,
+ * or for a sparse FILE the sum of its extents). */
+uint64_t cap_tar_data_size(const struct cap_tar_entry *e);
 /* The zero bytes that pad size data bytes to a whole block. */
 size_t cap_tar_padding(uint64_t size);
 /* Append that padding to out. */

@@ -153,7 +153,9 @@ static int apply_ops(const char *name, struct cap_sandbox *sb, const struct cap_
 			paths[p->ops[i].stage] = p->ops[i].path;
 			sizes[p->ops[i].stage] = p->ops[i].theirs->size;
 		}
-	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, sizes, p->nwrites, sfd, err)) < 0) {
+	/* Bounded by the project's free space (holes stay holes). */
+	struct cap_xfer_fetch_opts fo = { .where = m->dir };
+	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, sizes, p->nwrites, sfd, &fo, err)) < 0) {
 		if (r == -ESTALE)
 			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
 		goto out;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -29,7 +30,7 @@
 /* Most bytes queued for the guest before the loop waits for them to go. */
 #define XFER_BACKLOG (1u << 20)
 /* Most manifest text accepted from a guest. */
-#define XFER_MANIFEST_MAX (1ull << 30)
+#define XFER_MANIFEST_MAX CAP_TREE_MAX_TEXT
 /* Longest line accepted from a guest: an escaped path and its reason. */
 #define XFER_LINE_MAX (3 * CAP_TREE_MAX_PATH + 1024)
 /* STDERR lines kept from one operation (the rest are counted). */
@@ -335,24 +336,25 @@ out:
 
 struct manifest_op {
 	struct op op;	/* first: the sink finds us from it */
-	struct cap_buf text;
+	struct cap_tree_parser *parser;	/* parses the text as it comes */
+	uint64_t bytes;
+	struct cap_err perr;	/* the parser's refusal */
 };
 
 static int manifest_out(struct op *o, const uint8_t *p, size_t n)
 {
 	struct manifest_op *m = (struct manifest_op *)o;
-	if (cap_buf_used(&m->text) + n > XFER_MANIFEST_MAX)
+	if (n > XFER_MANIFEST_MAX - m->bytes)
 		return -EFBIG;
-	cap_buf_append(&m->text, p, n);
-	return 0;
+	m->bytes += n;
+	return cap_tree_parser_feed(m->parser, (const char *)p, n, &m->perr);
 }
 
 int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path,
 		      struct cap_tree *out, struct cap_err *err)
 {
-	struct manifest_op m;
+	struct manifest_op m = { .parser = cap_tree_parser_new(0) };
 	op_init(&m.op, sb, manifest_out);
-	cap_buf_init(&m.text);
 	_cleanup_free_ char *shown = shown_path(root, path);
 	_cleanup_free_ char *what = xasprintf("the manifest of %s", shown);
 	int r = op_start(&m.op, CAP_FILE_MANIFEST, root, path, 0, err);
@@ -361,6 +363,12 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 	if (m.op.sink_err == -EFBIG) {
 		r = cap_err_set(err, EFBIG, "%s is over %llu bytes; the sandbox's tree is too large to compare",
 				what, (unsigned long long)XFER_MANIFEST_MAX);
+		goto out;
+	}
+	if (m.op.sink_err < 0 && m.perr.msg[0]) {
+		*err = m.perr;
+		r = m.op.sink_err;
+		cap_err_prefix(err, "%s from the sandbox: ", what);
 		goto out;
 	}
 	if ((r = op_status(&m.op, what, err)) < 0)
@@ -372,13 +380,13 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 				*msg ? msg : "no reason given");
 		goto out;
 	}
-	r = cap_tree_parse((const char *)cap_buf_head(&m.text), cap_buf_used(&m.text), 0, out, err);
+	r = cap_tree_parser_finish(m.parser, out, err);
 	if (r < 0)
 		cap_err_prefix(err, "%s from the sandbox: ", what);
 out:
 	op_abort(&m.op);
 	op_fini(&m.op);
-	cap_buf_fini(&m.text);
+	cap_tree_parser_free(m.parser);
 	return r < 0 ? r : 0;
 }
 
@@ -1262,14 +1270,61 @@ struct fetch {
 	const uint64_t *sizes;	/* NULL: any */
 	size_t n, i;
 	int stagefd;
+	const struct cap_xfer_fetch_opts *o;
+	uint64_t budget;	/* bytes the staged copies may still take */
+	uint64_t bound;	/* ... in all, and why, for the message */
+	const char *why;
 };
+
+/* Whether p[0..n) is all zero bytes. */
+static bool zero(const uint8_t *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/* Write a block of the entry's data at off into fd, leaving runs of zeros
+ * that fill whole pages as holes (as the guest's holes are: they never
+ * cross), and count what was written against the budget. 0, -ENOSPC over
+ * it, or the write's -errno. */
+static int put_block(struct fetch *f, int fd, const uint8_t *p, size_t n, uint64_t off)
+{
+	const size_t page = 4096;
+	size_t i = 0;
+	while (i < n) {
+		/* the page-aligned piece from here */
+		size_t len = CAP_MIN(n - i, page - (size_t)((off + i) % page));
+		if (len == page && zero(p + i, len)) {
+			i += len;
+			continue;
+		}
+		size_t j = i + len;	/* grow over what is not a zero page */
+		while (j < n) {
+			size_t l2 = CAP_MIN(n - j, page);
+			if (l2 == page && zero(p + j, l2))
+				break;
+			j += l2;
+		}
+		if (j - i > f->budget)
+			return -ENOSPC;
+		f->budget -= j - i;
+		for (size_t k = i; k < j;) {
+			ssize_t w = pwrite(fd, p + k, j - k, (off_t)(off + k));
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0)
+				return -errno;
+			k += (size_t)w;
+		}
+		i = j;
+	}
+	return 0;
+}
 
 static int fetch_consume(struct reader *rd, struct archive *a)
 {
 	struct fetch *f = (struct fetch *)rd;
 	struct archive_entry *e;
 	int k;
-	_cleanup_free_ uint8_t *buf = xmalloc(XFER_CHUNK);
 	while (next(a, &e, &k)) {
 		const char *p = archive_entry_pathname(e);
 		if (f->i == f->n)
@@ -1281,7 +1336,12 @@ static int fetch_consume(struct reader *rd, struct archive *a)
 		if (archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e))
 			return cap_err_set(&rd->err, ESTALE, "%s/%s is not a regular file in the sandbox any more (it changed during the merge; run it again)",
 					   f->root, want);
-		if (f->sizes && (archive_entry_size(e) < 0 || (uint64_t)archive_entry_size(e) != f->sizes[f->i]))
+		uint64_t size = f->sizes ? f->sizes[f->i] : 0;
+		if (f->sizes && f->o->prefix)
+			size = CAP_MIN(size, (uint64_t)CAP_TAR_PREFIX_BYTES);
+		la_int64_t esize = archive_entry_size(e);
+		if (esize < 0 || (f->sizes && (uint64_t)esize != size) ||
+		    (f->o->prefix && (uint64_t)esize > CAP_TAR_PREFIX_BYTES))
 			return cap_err_set(&rd->err, ESTALE, "%s/%s is not the size its manifest said (it changed during the merge; run it again)",
 					   f->root, want);
 		char name[24];
@@ -1291,16 +1351,29 @@ static int fetch_consume(struct reader *rd, struct archive *a)
 		if (fd < 0)
 			return cap_err_set(&rd->err, errno, "cannot create the staged copy %s of %s/%s: %s", name,
 					   f->root, want, strerror(errno));
-		la_ssize_t got;
-		while ((got = archive_read_data(a, buf, XFER_CHUNK)) > 0) {
-			int w = cap_write_all(fd, buf, (size_t)got);
+		const void *buf;
+		size_t got;
+		la_int64_t off;
+		while ((k = archive_read_data_block(a, &buf, &got, &off)) == ARCHIVE_OK) {
+			if (off < 0 || (uint64_t)off > (uint64_t)esize || got > (uint64_t)esize - (uint64_t)off)
+				return cap_err_set(&rd->err, EBADMSG, "the sandbox's tar stream puts data outside %s/%s",
+						   f->root, want);
+			int w = put_block(f, fd, buf, got, (uint64_t)off);
+			if (w == -ENOSPC)
+				return cap_err_set(&rd->err, ENOSPC, "%s/%s (%llu bytes) does not fit in the %llu MiB the copies from the sandbox may take in %s (%s); free space there, or remove or shrink the file in the sandbox",
+						   f->root, want, (unsigned long long)esize,
+						   (unsigned long long)(f->bound >> 20), f->o->where, f->why);
 			if (w < 0)
 				return cap_err_set(&rd->err, -w, "writing the staged copy %s of %s/%s: %s", name,
 						   f->root, want, strerror(-w));
 		}
-		if (got < 0)
+		if (k != ARCHIVE_EOF)
 			return cap_err_set(&rd->err, EBADMSG, "the sandbox's tar stream broke in %s/%s: %s", f->root,
 					   want, archive_error_string(a));
+		/* The holes at the end, and all of a file that is all zeros. */
+		if (ftruncate(fd, (off_t)esize) < 0)
+			return cap_err_set(&rd->err, errno, "writing the staged copy %s of %s/%s: %s", name,
+					   f->root, want, strerror(errno));
 		if (fsync(fd) < 0)
 			return cap_err_set(&rd->err, errno, "fsync of the staged copy %s of %s/%s: %s", name, f->root,
 					   want, strerror(errno));
@@ -1316,21 +1389,36 @@ static int fetch_consume(struct reader *rd, struct archive *a)
 
 int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 		   const char *const *paths, const uint64_t *sizes, size_t n,
-		   int dirfd, struct cap_err *err)
+		   int dirfd, const struct cap_xfer_fetch_opts *o, struct cap_err *err)
 {
 	for (size_t i = 0; i < n; i++)
 		if (!cap_tree_path_ok(paths[i]) || !cap_proto_file_path_ok(paths[i]))
 			return cap_err_set(err, EINVAL, "'%s' is not a path below %s that can be fetched", paths[i], root);
 	if (n == 0)
 		return 0;
-	struct fetch f = { .root = root, .paths = paths, .sizes = sizes, .n = n, .stagefd = dirfd };
+	struct fetch f = { .root = root, .paths = paths, .sizes = sizes, .n = n, .stagefd = dirfd, .o = o };
+	/* What the staged copies may take: the free space less what stays
+	 * free, and the caller's limit. */
+	struct statvfs vfs;
+	if (fstatvfs(dirfd, &vfs) < 0)
+		return cap_err_set(err, errno, "cannot tell the free space in %s: %s", o->where, strerror(errno));
+	uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+	uint64_t keep = o->keep_free ? o->keep_free : CAP_XFER_KEEP_FREE;
+	f.bound = avail > keep ? avail - keep : 0;
+	f.why = "its file system's free space, less what is kept free";
+	if (o->max_bytes && o->max_bytes < f.bound) {
+		f.bound = o->max_bytes;
+		f.why = "the limit of this operation";
+	}
+	f.budget = f.bound;
 	int r = reader_start(&f.rd, sb, -1, fetch_consume, err);
 	if (r < 0) {
 		reader_end(&f.rd);
 		return r;
 	}
 	_cleanup_free_ char *what = xasprintf("fetching %zu file%s from %s", n, n == 1 ? "" : "s", root);
-	if ((r = op_start(&f.rd.op, CAP_FILE_TAR_OUT, root, "", CAP_TAR_PATHS_STDIN, err)) < 0)
+	if ((r = op_start(&f.rd.op, CAP_FILE_TAR_OUT, root, "", CAP_TAR_PATHS_STDIN | (o->prefix ? CAP_TAR_PREFIX : 0),
+			  err)) < 0)
 		goto out;
 	struct cap_buf batch;
 	cap_buf_init(&batch);

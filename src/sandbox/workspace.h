@@ -86,7 +86,7 @@ void cap_workspace_merge_fini(struct cap_workspace_merge *m);
 /* A plan's ops counted by what they do. */
 struct cap_workspace_counts {
 	size_t written, removed, links, created, chmod;	/* WRITE, REMOVE, LINK, MKDIR, CHMOD */
-	size_t git;	/* changes inside .git, left out (cap_merge_plan's ngit) */
+	size_t git;	/* changes inside .git or other repositories, left out (cap_merge_plan's ngit) */
 };
 void cap_workspace_count(const struct cap_merge_plan *p, struct cap_workspace_counts *out);
 

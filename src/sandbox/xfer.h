@@ -91,14 +91,37 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path,
 		      struct cap_tree *out, struct cap_err *err);
 
+/* What a fetch keeps free on its destination's file system by default. */
+#define CAP_XFER_KEEP_FREE (256ull << 20)
+
+/* What bounds a fetch. */
+struct cap_xfer_fetch_opts {
+	const char *where;	/* the destination directory, for messages */
+	/* Each file cut to its first CAP_TAR_PREFIX_BYTES (CAP_TAR_PREFIX):
+	 * enough to call it binary; sizes still give the whole sizes. */
+	bool prefix;
+	/* Most bytes the staged copies may take on disk in all (0: only the
+	 * free space bounds them). */
+	uint64_t max_bytes;
+	/* Bytes to leave free on the destination's file system (0:
+	 * CAP_XFER_KEEP_FREE). */
+	uint64_t keep_free;
+};
+
 /* Fetch regular files root/paths[i] into dirfd as files named
  * cap_merge_stage_name(i) (mode 0600, created or replaced, fsync'd). A
  * path that is not a regular file in the guest any more, or (with sizes)
- * whose size is not sizes[i] (what its manifest said), fails with
- * -ESTALE naming it before any of its bytes is written: a guest cannot
- * make the host store more than the manifest it sent. */
+ * whose size is not sizes[i] (what its manifest said; with o->prefix, its
+ * first CAP_TAR_PREFIX_BYTES), fails with -ESTALE naming it before any of
+ * its bytes is written: a guest cannot make the host store more than the
+ * manifest it sent. Holes stay holes: the guest sends a file's holes as
+ * such (src/proto/tar.h, sparse) and every page of zeros is left a hole,
+ * so what the copies take is their data. That is bounded by o: the free
+ * space of dirfd's file system when the fetch starts, less o->keep_free,
+ * and o->max_bytes; a file that would take more fails the fetch with
+ * -ENOSPC naming it, the bound and what to do. */
 int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 		   const char *const *paths, const uint64_t *sizes, size_t n,
-		   int dirfd, struct cap_err *err);
+		   int dirfd, const struct cap_xfer_fetch_opts *o, struct cap_err *err);
 
 #endif

@@ -34,13 +34,22 @@ struct node {
 	bool settled;	/* KEEP because a directory above is a conflict or ours */
 	bool gone;	/* the host's directory here goes (TAKE of a non-dir) */
 	bool stays;	/* ... but something below it stays, so it does too */
-	bool git;	/* KEEP: a change of theirs inside .git, left out */
+	bool git;	/* KEEP: a change of theirs inside a repository, left out */
+	bool shaped;	/* a directory shaped like a repository's (repo_shape) */
+	bool listed;	/* a repository (repo == self) some change was left out of */
+	size_t repo;	/* the repository it is in (its .git or shaped directory,
+			 * the outermost), ROOT_REPO, or NO_REPO */
 };
+
+#define NO_REPO SIZE_MAX
+#define ROOT_REPO (SIZE_MAX - 1)
 
 struct plan {
 	struct node *v;
 	size_t n;
 	enum cap_merge_pick pick;
+	bool root_shaped;	/* the tree's top is shaped like a repository */
+	bool root_listed;
 };
 
 /* Entries as the merge sees them: modes by their 0777 bits only, the
@@ -132,16 +141,56 @@ static bool reserved(const char *path)
 	return strncmp(path, CAP_MERGE_STAGE_PREFIX, strlen(CAP_MERGE_STAGE_PREFIX)) == 0;
 }
 
-/* Whether a component of path is ".git": a repository's own files. */
-static bool in_git(const char *path)
+/* An entry that is there on the host or in the sandbox. */
+static const struct cap_tree_entry *either(const struct node *nd)
 {
-	for (const char *p = path; p; p = strchr(p, '/')) {
-		if (*p == '/')
-			p++;
-		if (strncmp(p, ".git", 4) == 0 && (p[4] == '/' || p[4] == '\0'))
-			return true;
+	return nd->t ? nd->t : nd->o;
+}
+
+static const struct node *sibling(const struct plan *pl, const char *dir, const char *name)
+{
+	_cleanup_free_ char *p = *dir ? xasprintf("%s/%s", dir, name) : xstrdup(name);
+	return bsearch(p, pl->v, pl->n, sizeof(*pl->v), cmp_node);
+}
+
+/* Whether the directory dir ("" for the top) holds what makes git take
+ * a directory for a repository's (setup.c, is_git_directory): HEAD, and
+ * objects and refs or a commondir naming where they are, each on the
+ * host or in the sandbox (a merge must not complete one either side
+ * began). Types are not asked: git follows links, and a file where git
+ * expects a directory is as suspect. */
+static bool repo_shape(const struct plan *pl, const char *dir)
+{
+	const struct node *head = sibling(pl, dir, "HEAD");
+	if (!head || !either(head))
+		return false;
+	const struct node *objects = sibling(pl, dir, "objects"), *refs = sibling(pl, dir, "refs");
+	const struct node *common = sibling(pl, dir, "commondir");
+	return (objects && either(objects) && refs && either(refs)) || (common && either(common));
+}
+
+static const char *last_name(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	return slash ? slash + 1 : path;
+}
+
+/* Which repository each path is in: below a ".git" (a directory, or a
+ * file "gitdir: ..." pointing at one) or a directory shaped like a
+ * repository's, the outermost; everything when the top is shaped like
+ * one. A repository's own files are never merged: its config and hooks
+ * run code on the host the next time git looks at it. */
+static void find_repos(struct plan *pl)
+{
+	pl->root_shaped = repo_shape(pl, "");
+	for (size_t i = 0; i < pl->n; i++) {
+		struct node *nd = &pl->v[i];
+		const struct cap_tree_entry *e = either(nd);
+		nd->shaped = e && e->type == CAP_TREE_DIR && repo_shape(pl, nd->path);
+		nd->repo = nd->parent != SIZE_MAX ? pl->v[nd->parent].repo : pl->root_shaped ? ROOT_REPO : NO_REPO;
+		if (nd->repo == NO_REPO && (strcmp(last_name(nd->path), ".git") == 0 || nd->shaped))
+			nd->repo = i;
 	}
-	return false;
 }
 
 /* The path on its own: the rules of cap_merge_plan. */
@@ -156,9 +205,13 @@ static void decide(struct plan *pl, struct node *nd)
 		nd->d = TAKE;	/* a directory both made: theirs' mode */
 	else
 		nd->d = CONFLICT;
-	if (nd->d != KEEP && in_git(nd->path)) {
+	if (nd->d != KEEP && nd->repo != NO_REPO) {
 		nd->d = KEEP;	/* never written: counted in the plan's ngit */
 		nd->git = true;
+		if (nd->repo == ROOT_REPO)
+			pl->root_listed = true;
+		else
+			pl->v[nd->repo].listed = true;
 		return;
 	}
 	if (nd->d == KEEP || !t) {
@@ -207,7 +260,11 @@ static void fit(struct plan *pl, size_t i)
 {
 	struct node *nd = &pl->v[i];
 	const struct node *q = nd->parent == SIZE_MAX ? NULL : &pl->v[nd->parent];
-	if (q && q->gone && nd->o) {
+	if (q && q->gone && nd->o && nd->git) {
+		/* A repository is never touched, not even to go with the
+		 * directory theirs removed: that directory stays for it. */
+		keep_above(pl, nd->parent);
+	} else if (q && q->gone && nd->o) {
 		/* The host's entry must go with the directory theirs removed. */
 		if (nd->d == KEEP && !nd->ours)
 			conflict(pl, nd, "changed on the host in a directory the sandbox removed", false);
@@ -280,13 +337,22 @@ static void reverse(struct cap_merge_op *v, size_t n)
 static void fill(struct cap_merge_plan *out, const struct plan *pl)
 {
 	struct phases ph = { 0 };
-	size_t nc = 0;
+	size_t nc = 0, nr = pl->root_listed;
 	for (size_t i = 0; i < pl->n; i++) {
 		if (pl->v[i].d == TAKE && !pl->v[i].stays)
 			ops_of(&ph, &pl->v[i]);
 		nc += pl->v[i].d == CONFLICT;
 		out->ngit += pl->v[i].git;
+		nr += pl->v[i].listed;
 	}
+	out->repos = xcalloc(nr + 1, sizeof(*out->repos));
+	if (pl->root_listed)
+		out->repos[out->nrepos++] = (struct cap_merge_repo){ "", "the top of the tree is shaped like a git repository (HEAD, objects, refs)" };
+	for (size_t i = 0; i < pl->n; i++)
+		if (pl->v[i].listed)
+			out->repos[out->nrepos++] = (struct cap_merge_repo){
+				pl->v[i].path, pl->v[i].shaped ? "shaped like a git repository (HEAD, objects, refs)"
+							       : "a .git" };
 	reverse(ph.v[1], ph.n[1]);
 	reverse(ph.v[4], ph.n[4]);
 	size_t total = 0;
@@ -312,6 +378,7 @@ void cap_merge_plan_fini(struct cap_merge_plan *p)
 {
 	free(p->ops);
 	free(p->conflicts);
+	free(p->repos);
 	*p = (struct cap_merge_plan){ 0 };
 }
 
@@ -323,6 +390,7 @@ int cap_merge_plan(const struct cap_tree *base, const struct cap_tree *ours,
 		return cap_err_set(err, EINVAL, "unknown merge pick %d", (int)pick);
 	struct plan pl = { .pick = pick };
 	build_union(&pl, base, ours, theirs);
+	find_repos(&pl);
 	for (size_t i = 0; i < pl.n; i++) {
 		decide(&pl, &pl.v[i]);
 		fit(&pl, i);

@@ -16,7 +16,6 @@
 #include "sha256.h"
 #include "util.h"
 
-#define MANIFEST_FILE_MAX (1ull << 30)
 
 void cap_tree_init(struct cap_tree *t)
 {
@@ -458,6 +457,7 @@ struct parse {
 	size_t line;
 	struct cap_tree t;
 	size_t cap, max;
+	uint64_t names;	/* bytes of the paths and link targets so far */
 	struct cap_err *err;
 };
 
@@ -600,13 +600,18 @@ static int place(struct parse *ps, const struct cap_tree_entry *e)
 	}
 	if (e->type == CAP_TREE_FILE && e->size > UINT64_MAX - ps->t.bytes)
 		return bad(ps, "takes the sum of the sizes over 2^64 bytes");
+	uint64_t names = strlen(e->path) + (e->target ? strlen(e->target) : 0);
+	if (names > CAP_TREE_MAX_NAMES - ps->names)
+		return cap_err_set(ps->err, EBADMSG, "manifest line %zu takes the paths and link targets over their limit of %u MiB in all (CAP_TREE_MAX_NAMES); the tree is too large to compare: remove files or shorten paths",
+				   ps->line, CAP_TREE_MAX_NAMES >> 20);
 	return 0;
 }
 
 static int parse_line(struct parse *ps)
 {
 	if (ps->t.n >= ps->max)
-		return bad(ps, "is over the limit of entries");
+		return cap_err_set(ps->err, EBADMSG, "manifest line %zu is over the limit of %zu entries; the tree is too large to compare: remove files",
+				   ps->line, ps->max);
 	struct cap_tree_entry e = { 0 };
 	int r = parse_head(ps, &e);
 	if (r == 0)
@@ -625,52 +630,158 @@ static int parse_line(struct parse *ps)
 	ps->t.v[ps->t.n++] = e;
 	if (e.type == CAP_TREE_FILE)
 		ps->t.bytes += e.size;
+	ps->names += strlen(e.path) + (e.target ? strlen(e.target) : 0);
+	return 0;
+}
+
+/* One whole line p[0..n), without its newline. */
+static int take_line(struct parse *ps, const char *p, size_t n)
+{
+	ps->line++;
+	if (memchr(p, '\0', n))
+		return bad(ps, "holds a NUL byte");
+	if (n == 0)
+		return bad(ps, "is empty");
+	ps->p = p;
+	ps->end = p + n;
+	return parse_line(ps);
+}
+
+struct cap_tree_parser {
+	struct parse ps;
+	struct cap_buf part;	/* the start of a line the next feed ends */
+	int failed;	/* the first failure, returned again */
+	struct cap_err err;	/* its message */
+};
+
+struct cap_tree_parser *cap_tree_parser_new(size_t max_entries)
+{
+	struct cap_tree_parser *p = xcalloc(1, sizeof(*p));
+	p->ps.max = max_entries ? CAP_MIN(max_entries, (size_t)CAP_TREE_MAX_ENTRIES) : CAP_TREE_MAX_ENTRIES;
+	p->ps.err = &p->err;
+	cap_buf_init(&p->part);
+	return p;
+}
+
+void cap_tree_parser_free(struct cap_tree_parser *p)
+{
+	if (!p)
+		return;
+	cap_tree_fini(&p->ps.t);
+	cap_buf_fini(&p->part);
+	free(p);
+}
+
+static int parser_failed(struct cap_tree_parser *p, int r, struct cap_err *err)
+{
+	if (!p->failed) {
+		p->failed = r;
+		cap_tree_fini(&p->ps.t);
+		cap_tree_init(&p->ps.t);
+		cap_buf_fini(&p->part);
+		cap_buf_init(&p->part);
+	}
+	*err = p->err;
+	return p->failed;
+}
+
+int cap_tree_parser_feed(struct cap_tree_parser *p, const char *text, size_t len, struct cap_err *err)
+{
+	if (p->failed)
+		return parser_failed(p, p->failed, err);
+	const char *end = text + len;
+	int r = 0;
+	if (cap_buf_used(&p->part)) {	/* finish the line begun before */
+		const char *nl = memchr(text, '\n', len);
+		size_t n = nl ? (size_t)(nl - text) : len;
+		if (cap_buf_used(&p->part) + n > CAP_TREE_MAX_LINE) {
+			p->ps.line++;
+			return parser_failed(p, bad(&p->ps, "is too long (a path and a link target of at most 4096 bytes each)"), err);
+		}
+		cap_buf_append(&p->part, text, n);
+		if (!nl)
+			return 0;
+		r = take_line(&p->ps, (const char *)cap_buf_head(&p->part), cap_buf_used(&p->part));
+		cap_buf_consume(&p->part, cap_buf_used(&p->part));
+		text = nl + 1;
+	}
+	while (r == 0 && text < end) {
+		const char *nl = memchr(text, '\n', (size_t)(end - text));
+		if (!nl) {
+			if ((size_t)(end - text) > CAP_TREE_MAX_LINE) {
+				p->ps.line++;
+				r = bad(&p->ps, "is too long (a path and a link target of at most 4096 bytes each)");
+				break;
+			}
+			cap_buf_append(&p->part, text, (size_t)(end - text));
+			break;
+		}
+		r = take_line(&p->ps, text, (size_t)(nl - text));
+		text = nl + 1;
+	}
+	return r < 0 ? parser_failed(p, r, err) : 0;
+}
+
+int cap_tree_parser_finish(struct cap_tree_parser *p, struct cap_tree *out, struct cap_err *err)
+{
+	if (p->failed)
+		return parser_failed(p, p->failed, err);
+	if (cap_buf_used(&p->part)) {
+		p->ps.line++;
+		return parser_failed(p, bad(&p->ps, "does not end with a newline (the manifest was cut short)"), err);
+	}
+	*out = p->ps.t;
+	cap_tree_init(&p->ps.t);
 	return 0;
 }
 
 int cap_tree_parse(const char *text, size_t len, size_t max_entries,
 		   struct cap_tree *out, struct cap_err *err)
 {
-	struct parse ps = { .err = err };
-	ps.max = max_entries ? CAP_MIN(max_entries, (size_t)CAP_TREE_MAX_ENTRIES) : CAP_TREE_MAX_ENTRIES;
-	const char *p = text, *end = text + len;
-	int r = 0;
-	while (p < end && r == 0) {
-		ps.line++;
-		const char *nl = memchr(p, '\n', (size_t)(end - p));
-		if (!nl)
-			r = bad(&ps, "does not end with a newline (the manifest was cut short)");
-		else if (memchr(p, '\0', (size_t)(nl - p)))
-			r = bad(&ps, "holds a NUL byte");
-		else if (nl == p)
-			r = bad(&ps, "is empty");
-		if (r < 0)
-			break;
-		ps.p = p;
-		ps.end = nl;
-		r = parse_line(&ps);
-		p = nl + 1;
-	}
-	if (r < 0) {
-		cap_tree_fini(&ps.t);
-		return r;
-	}
-	*out = ps.t;
-	return 0;
+	struct cap_tree_parser *p = cap_tree_parser_new(max_entries);
+	int r = cap_tree_parser_feed(p, text, len, err);
+	if (r == 0)
+		r = cap_tree_parser_finish(p, out, err);
+	cap_tree_parser_free(p);
+	return r;
 }
 
 /* --- files ---------------------------------------------------------------- */
 
 int cap_tree_load(const char *path, struct cap_tree *out, struct cap_err *err)
 {
-	char *text;
-	ssize_t n = cap_read_file(path, MANIFEST_FILE_MAX, &text);
-	if (n < 0)
-		return cap_err_set(err, (int)-n, "cannot read the manifest %s: %s", path, strerror((int)-n));
-	int r = cap_tree_parse(text, (size_t)n, 0, out, err);
-	free(text);
-	if (r < 0)
-		cap_err_prefix(err, "%s", path);
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return cap_err_set(err, errno, "cannot read the manifest %s: %s", path, strerror(errno));
+	/* Read and parsed a block at a time: the text is never held whole. */
+	struct cap_tree_parser *p = cap_tree_parser_new(0);
+	_cleanup_free_ char *buf = xmalloc(65536);
+	uint64_t total = 0;
+	int r = 0;
+	for (;;) {
+		ssize_t n = read(fd, buf, 65536);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			r = cap_err_set(err, errno, "cannot read the manifest %s: %s", path, strerror(errno));
+			break;
+		}
+		if (n == 0) {
+			if ((r = cap_tree_parser_finish(p, out, err)) < 0)
+				cap_err_prefix(err, "%s", path);
+			break;
+		}
+		if ((total += (uint64_t)n) > CAP_TREE_MAX_TEXT) {
+			r = cap_err_set(err, EFBIG, "the manifest %s is over %llu bytes", path,
+					(unsigned long long)CAP_TREE_MAX_TEXT);
+			break;
+		}
+		if ((r = cap_tree_parser_feed(p, buf, (size_t)n, err)) < 0) {
+			cap_err_prefix(err, "%s", path);
+			break;
+		}
+	}
+	cap_tree_parser_free(p);
 	return r;
 }
 

@@ -23,10 +23,19 @@
 #include "err.h"
 
 /* Bounds of one manifest: entries, the length of one path or link target
- * (bytes, before escaping) and the depth of a path. */
+ * (bytes, before escaping), the depth of a path, and the bytes of all its
+ * paths and link targets together (before escaping): 268 bytes per entry
+ * at the most entries, far more than real trees use, so that a manifest
+ * from a guest costs the host at most about 400 MiB parsed (its text is
+ * parsed as it arrives, never held whole). */
 #define CAP_TREE_MAX_ENTRIES 1000000u
 #define CAP_TREE_MAX_PATH 4096u
 #define CAP_TREE_MAX_DEPTH 256u
+#define CAP_TREE_MAX_NAMES (256u << 20)
+/* The longest line of the text form (both names escaped, %XX each byte),
+ * and the most text a manifest within the bounds above can take. */
+#define CAP_TREE_MAX_LINE (128u + 6u * CAP_TREE_MAX_PATH)
+#define CAP_TREE_MAX_TEXT (128ull * CAP_TREE_MAX_ENTRIES + 3ull * CAP_TREE_MAX_NAMES)
 
 enum cap_tree_type {
 	CAP_TREE_FILE = 'f',
@@ -115,10 +124,23 @@ void cap_tree_format_entry(const struct cap_tree_entry *e, struct cap_buf *out);
  * max_entries (0: CAP_TREE_MAX_ENTRIES). A link's SIZE must be its
  * target's length and its HASH that of the target; d and o entries have
  * SIZE 0 and HASH "-". The text must end with a newline (empty text is an
- * empty tree). -EBADMSG with err naming the line number and the rule; *out
+ * empty tree); at most CAP_TREE_MAX_NAMES bytes of paths and targets. -EBADMSG with err naming the line number and the rule; *out
  * is new on success (cap_tree_fini), untouched on failure. */
 int cap_tree_parse(const char *text, size_t len, size_t max_entries,
 		   struct cap_tree *out, struct cap_err *err);
+/* The same a piece at a time, for text that arrives in pieces (split
+ * anywhere): only the unfinished line is kept between feeds, at most
+ * CAP_TREE_MAX_LINE bytes. Over max_entries, or over CAP_TREE_MAX_NAMES
+ * bytes of paths and targets, is -EBADMSG naming the line and the limit,
+ * as is everything cap_tree_parse refuses. After a failure every call returns it again (err
+ * filled each time). finish checks the text ended with a newline and
+ * fills *out (new, cap_tree_fini; untouched on failure). The parser is
+ * the caller's (cap_tree_parser_free). */
+struct cap_tree_parser;
+struct cap_tree_parser *cap_tree_parser_new(size_t max_entries);
+int cap_tree_parser_feed(struct cap_tree_parser *p, const char *text, size_t len, struct cap_err *err);
+int cap_tree_parser_finish(struct cap_tree_parser *p, struct cap_tree *out, struct cap_err *err);
+void cap_tree_parser_free(struct cap_tree_parser *p);
 /* A relative path as a manifest may hold one: not empty, no leading or
  * trailing '/', no empty, "." or ".." component, no NUL, at most
  * CAP_TREE_MAX_PATH bytes and CAP_TREE_MAX_DEPTH components. */
@@ -130,8 +152,9 @@ bool cap_tree_path_ok(const char *path);
 void cap_tree_escape(const char *s, struct cap_buf *out);
 int cap_tree_unescape(const char *s, size_t n, char **out);
 
-/* Read (at most 1 GiB, parsed as cap_tree_parse does) and write a
- * manifest file (0600, written atomically). */
+/* Read (at most CAP_TREE_MAX_TEXT bytes, parsed as it is read, as
+ * cap_tree_parse does) and write a manifest file (0600, written
+ * atomically). */
 int cap_tree_load(const char *path, struct cap_tree *out, struct cap_err *err);
 int cap_tree_save(const char *path, const struct cap_tree *t, struct cap_err *err);
 
@@ -192,17 +215,34 @@ struct cap_merge_conflict {
 	const char *why;	/* static text: "changed on both sides", ... */
 };
 
+/* A repository some change of theirs was left out of. */
+struct cap_merge_repo {
+	const char *path;	/* borrowed: the .git or the directory shaped like a
+				 * repository's; "" for the top of the tree */
+	const char *why;	/* static text: "a .git", "shaped like a git repository ..." */
+};
+
 struct cap_merge_plan {
 	struct cap_merge_op *ops;	/* in the order apply runs them */
 	size_t nops;
 	size_t nwrites;	/* ops with action WRITE: staged files 0..nwrites-1 */
 	struct cap_merge_conflict *conflicts;	/* sorted by path */
 	size_t nconflicts;
-	/* Changes of theirs inside a directory named .git (at any depth),
-	 * which a merge never writes: a repository's config and hooks run
-	 * code on the host the next time git looks at it, unseen in any
-	 * diff of the project (merge --git brings commits back instead). */
+	/* Changes of theirs inside a repository, which a merge never
+	 * writes: a repository's config and hooks run code on the host the
+	 * next time git looks at it, unseen in any diff of the project
+	 * (merge --git brings commits back instead). A repository is an
+	 * entry named .git at any depth (a directory, or a file "gitdir: X"
+	 * sending git elsewhere) and everything below it, or a directory
+	 * shaped like one, on the host or in the sandbox: holding HEAD, and
+	 * objects and refs or commondir (what git's is_git_directory looks
+	 * for), itself and everything below it; when the top of the tree
+	 * is so shaped, every path. ngit counts the paths left out, repos
+	 * names the outermost repositories they are in, sorted (the top,
+	 * "", first). */
 	size_t ngit;
+	struct cap_merge_repo *repos;
+	size_t nrepos;
 };
 
 void cap_merge_plan_fini(struct cap_merge_plan *p);
@@ -220,7 +260,8 @@ void cap_merge_plan_fini(struct cap_merge_plan *p);
  * merge uses for its staging"). (A directory of theirs replacing a host
  * entry that changed is an ordinary conflict: CAP_MERGE_THEIRS takes the
  * directory, as it takes any version of theirs.) Changes of theirs
- * inside a .git directory are left out, counted in ngit, never written
+ * inside a repository (a .git, or a directory shaped like a
+ * repository's: see ngit) are left out, counted in ngit, never written
  * whatever the pick. A directory theirs removed (or replaced) whose
  * host subtree changed stays: the changed paths are conflicts ("changed
  * on the host in a directory the sandbox removed"), and a path theirs
@@ -238,7 +279,22 @@ void cap_merge_plan_fini(struct cap_merge_plan *p);
  * chmods of new directories whose mode lacks u+rwx (deepest first). A
  * plan with conflicts still lists the ops of the other paths; apply it
  * only when nconflicts is 0. The plan borrows from the three trees; *out
- * is filled on success (cap_merge_plan_fini). */
+ * is filled on success (cap_merge_plan_fini).
+ *
+ * Pure (no I/O): it can be called on any trees cap_tree_parse accepted,
+ * ours may be the same tree as base (a host that did not change), and
+ * whatever the trees and the pick, every plan holds, for each op (what
+ * the fuzz target checks):
+ *  - its path has no component ".git", is not at or below a directory
+ *    shaped like a repository's (see ngit) in ours or theirs, and is not
+ *    below the top when the top is so shaped: a repository is neither
+ *    written nor removed;
+ *  - its path's first component does not start with
+ *    CAP_MERGE_STAGE_PREFIX, unless the op is a REMOVE of the host's;
+ *  - a LINK's target stays in the tree (cap_tree_link_inside), a WRITE's
+ *    and CHMOD's theirs is a FILE, a MKDIR's a DIR: no special file and
+ *    no escaping link is ever made;
+ *  - stage is below nwrites and each staged file is used once. */
 int cap_merge_plan(const struct cap_tree *base, const struct cap_tree *ours,
 		   const struct cap_tree *theirs, enum cap_merge_pick pick,
 		   struct cap_merge_plan *out, struct cap_err *err);

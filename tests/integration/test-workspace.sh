@@ -35,7 +35,7 @@ FLIST='cd "$1" && find . -type f ! -path "./.capsule-merge.*" -exec sha256sum {}
 hflist() { sh -c "$FLIST" sh "$1"; }
 gflist() { c exec "$1" -- sh -c "$FLIST" sh /workspace; }
 
-echo "1..45"
+echo "1..50"
 
 # --- the project ------------------------------------------------------------
 proj="$rt/proj"
@@ -220,6 +220,55 @@ c merge w --git >"$out" 2>"$err"
 rc=$?
 check "merge --git refuses a project that is not a git work tree" '[ "$rc" -ne 0 ] && grep -q "not a git work tree" "$err"'
 elapsed "diff and merge done"
+
+# --- what a review reads, what a merge writes (issue 30) -------------------------
+# A 1 GiB sparse file of the guest's (a few KiB of data): --patch reads
+# only its start and says binary, writing next to nothing into TMPDIR
+# (sampled while it runs: capsule removes its directory at the end); a
+# file of text with terminal controls shows them visibly on a terminal
+# and as they are to a pipe; a directory shaped like a bare repository
+# is left out of the merge, named; the merge keeps the holes.
+c exec w -- sh -c 'cd /workspace && truncate -s 1G sparse.bin && printf "data\000" | dd of=sparse.bin bs=4096 seek=16 conv=notrunc 2>/dev/null &&
+	printf "run_evil();\033[2K\r// harmless\n" > evil.c &&
+	mkdir -p vendor/evil/objects vendor/evil/refs/heads && echo "ref: refs/heads/main" > vendor/evil/HEAD &&
+	printf "[core]\n\tfsmonitor = /tmp/evil-ran\n" > vendor/evil/config && echo ok > vendor/plain.txt' >"$out" 2>"$err"
+ptmp="$rt/ptmp"
+mkdir -p "$ptmp"
+t0=$(date +%s)
+c diff w >/dev/null 2>&1
+t1=$(date +%s)
+TMPDIR="$ptmp" "$capsule" diff w --patch >"$out" 2>"$err" &
+pid=$!
+peak=0
+while kill -0 $pid 2>/dev/null; do
+	k=$(du -sk "$ptmp" 2>/dev/null | cut -f1)
+	[ "${k:-0}" -gt $peak ] && peak=$k
+	sleep 0.2
+done
+wait $pid
+rc=$?
+t2=$(date +%s)
+echo "# diff $((t1 - t0)) s, diff --patch $((t2 - t1)) s, TMPDIR peak $peak KiB"
+# Both take the guest's manifest, which hashes the 1 GiB (a minute or
+# more under TCG, varying with load): the bound on time is loose, the
+# one on TMPDIR is what tells (the review wrote 1 GiB there before).
+check "--patch of a 1 GiB sparse file: binary, TMPDIR never over 4 MiB ($peak KiB), in $((t2 - t1)) s (diff: $((t1 - t0)) s)" '[ "$rc" -eq 0 ] && grep -qx "Binary files /dev/null and b/sparse.bin differ" "$out" && [ "$peak" -lt 4096 ] && [ $((t2 - t1)) -le $((2 * (t1 - t0) + 30)) ]'
+check "--patch to a pipe keeps a file's bytes (the patch still applies)" 'grep -qF "$(printf "+run_evil();\033[2K\r// harmless")" "$out"'
+script -qec "\"$capsule\" diff w --patch" /dev/null >"$rt/tty.out" 2>&1
+check "--patch on a terminal shows ESC and CR visibly" 'grep -qF "+run_evil();^[[2K^M// harmless" "$rt/tty.out" && ! grep -qF "$(printf "\033[2K")" "$rt/tty.out"'
+c merge w >"$out" 2>"$err"
+rc=$?
+used=$(du -k "$proj/sparse.bin" 2>/dev/null | cut -f1)
+size=$(stat -c %s "$proj/sparse.bin" 2>/dev/null)
+# The same file made on the host (hashing 1 GiB in a TCG guest outlasts
+# exec's timeout; the merge checked the staged copy against the guest's
+# hash already).
+truncate -s 1G "$rt/sparse.want" && printf 'data\000' | dd of="$rt/sparse.want" bs=4096 seek=16 conv=notrunc 2>/dev/null
+check "merge keeps the holes: 1 GiB of size, $used KiB on disk" '[ "$rc" -eq 0 ] && [ "$size" = 1073741824 ] && [ "$used" -lt 4096 ] && cmp -s "$rt/sparse.want" "$proj/sparse.bin"'
+check "a directory shaped like a bare repository is left out of the merge, named; the rest merged" '[ ! -e "$proj/vendor/evil" ] && [ "$(cat "$proj/vendor/plain.txt")" = ok ] && grep -q "left out [0-9]* changes inside .git or other git repositories" "$err" && grep -q "vendor/evil (shaped like a git repository" "$err"'
+c exec w -- sh -c 'rm -rf /workspace/vendor/evil /workspace/sparse.bin /workspace/evil.c' >/dev/null 2>&1
+c merge w >/dev/null 2>&1
+rm -f "$rt/sparse.want"
 
 # --- kill -9 during a merge of 1000 files --------------------------------------
 big="$rt/big"

@@ -15,6 +15,7 @@
 #include "buf.h"
 #include "err.h"
 #include "sha256.h"
+#include "utf8.h"
 #include "util.h"
 
 /* A wiping buffer leaves no byte it no longer holds: consumed bytes are
@@ -203,6 +204,42 @@ static void path_last(void **state)
 	}
 }
 
+static char *visible(const char *p, size_t n)
+{
+	struct cap_buf b;
+	cap_buf_init(&b);
+	cap_utf8_visible(p, n, &b);
+	cap_buf_append(&b, "", 1);
+	char *s = xstrdup((const char *)cap_buf_head(&b));
+	cap_buf_fini(&b);
+	return s;
+}
+
+/* Review output shown on a terminal: what the terminal would act on is
+ * shown instead, so "run_evil();" cannot be erased by ESC [2K and CR. */
+static void utf8_visible(void **state)
+{
+	(void)state;
+	static const struct { const char *in; size_t n; const char *want; } cases[] = {
+		{ "+run_evil();\033[2K\r// harmless\n", 0, "+run_evil();^[[2K^M// harmless\n" },
+		{ "tab\tand\nnewline kept", 0, "tab\tand\nnewline kept" },
+		{ "nul\0del\177bs\b", 11, "nul^@del^?bs^H" },
+		{ "\x01\x1f", 0, "^A^_" },
+		{ "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82", 0, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82" },
+		{ "bad \xff\xc3( \xed\xa0\x80", 0, "bad <FF><C3>( <ED><A0><80>" },	/* not UTF-8, a surrogate */
+		{ "csi \xc2\x9b" "2J", 0, "csi <U+009B>2J" },	/* a C1 control */
+		{ "if (admin \xe2\x80\xae{ \xe2\x81\xa6x", 0, "if (admin <U+202E>{ <U+2066>x" },	/* bidi */
+		{ "cut \xe2\x82", 0, "cut <E2><82>" },	/* a sequence cut at the end */
+		{ "", 0, "" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		size_t n = cases[i].n ? cases[i].n : strlen(cases[i].in);
+		_cleanup_free_ char *got = visible(cases[i].in, n);
+		if (strcmp(got, cases[i].want) != 0)
+			fail_msg("case %zu: got \"%s\", wanted \"%s\"", i, got, cases[i].want);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -214,6 +251,7 @@ int main(void)
 		cmocka_unit_test(sha256_known_vector),
 		cmocka_unit_test(dir_names_sorted),
 		cmocka_unit_test(path_last),
+		cmocka_unit_test(utf8_visible),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -785,6 +785,83 @@ static void agent_sha256_matches_openssl(void **state)
 	}
 }
 
+/* A file with holes, written as a pax sparse 1.0 entry, is read by
+ * libarchive (the host's reader) under its real name and size, with only
+ * its data extents given (at their offsets); a long non-ASCII name, an
+ * all-hole file and a trailing hole are kept; bad extents are refused. */
+static void sparse_entries(void **state)
+{
+	(void)state;
+	char longname[300];
+	long_path(longname, 250, 'q');
+	memcpy(longname + 240, "\xc3\xa9.bin", 7);
+	struct cap_tar_extent ext[] = { { 4096, 10 }, { 1 << 20, 3 } };
+	struct cap_tar_entry e = { .path = longname, .type = CAP_TAR_FILE, .mode = 0640, .size = 1ull << 30,
+				   .mtime = 1700000000, .extents = ext, .nextents = 2 };
+	struct cap_tar_entry hole = { .path = "empty/all-hole", .type = CAP_TAR_FILE, .mode = 0600, .size = 5000,
+				      .mtime = 1700000000, .extents = ext, .nextents = 0 };
+	struct cap_buf b;
+	cap_buf_init(&b);
+	assert_int_equal(cap_tar_header(&b, &e), 0);
+	assert_int_equal(cap_tar_data_size(&e), 13);
+	cap_buf_append(&b, "0123456789abc", 13);
+	cap_tar_pad(&b, cap_tar_data_size(&e));
+	assert_int_equal(cap_tar_header(&b, &hole), 0);
+	assert_int_equal(cap_tar_data_size(&hole), 0);
+	cap_tar_end(&b);
+	assert_true(cap_buf_used(&b) < 8192);	/* 1 GiB in a few blocks */
+
+	struct archive *a = archive_read_new();
+	archive_read_support_format_tar(a);
+	assert_int_equal(archive_read_open_memory(a, cap_buf_head(&b), cap_buf_used(&b)), ARCHIVE_OK);
+	struct archive_entry *ae;
+	int k = archive_read_next_header(a, &ae);
+	assert_true(k == ARCHIVE_OK || k == ARCHIVE_WARN);
+	assert_string_equal(archive_entry_pathname(ae), longname);
+	assert_int_equal(archive_entry_size(ae), 1ll << 30);
+	assert_int_equal(archive_entry_perm(ae), 0640);
+	const void *buf;
+	size_t size;
+	la_int64_t off;
+	char got[64] = "";
+	size_t nblocks = 0;
+	while ((k = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK) {
+		if (!size)
+			continue;
+		char line[64];
+		snprintf(line, sizeof(line), "%lld:%.*s;", (long long)off, (int)size, (const char *)buf);
+		strncat(got, line, sizeof(got) - strlen(got) - 1);
+		nblocks++;
+	}
+	assert_int_equal(k, ARCHIVE_EOF);
+	assert_string_equal(got, "4096:0123456789;1048576:abc;");
+	k = archive_read_next_header(a, &ae);
+	assert_true(k == ARCHIVE_OK || k == ARCHIVE_WARN);
+	assert_string_equal(archive_entry_pathname(ae), "empty/all-hole");
+	assert_int_equal(archive_entry_size(ae), 5000);
+	while ((k = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK)
+		assert_int_equal(size, 0);
+	assert_int_equal(k, ARCHIVE_EOF);
+	assert_int_equal(archive_read_next_header(a, &ae), ARCHIVE_EOF);
+	archive_read_free(a);
+	cap_buf_fini(&b);
+
+	/* Extents out of order, overlapping, or past the end are refused. */
+	struct cap_tar_extent bad1[] = { { 100, 10 }, { 50, 10 } }, bad2[] = { { 0, 10 }, { 5, 10 } },
+			      bad3[] = { { 4990, 20 } };
+	struct cap_tar_extent *bads[] = { bad1, bad2, bad3 };
+	size_t nb[] = { 2, 2, 1 };
+	for (size_t i = 0; i < 3; i++) {
+		struct cap_tar_entry x = hole;
+		x.extents = bads[i];
+		x.nextents = nb[i];
+		cap_buf_init(&b);
+		assert_int_equal(cap_tar_header(&b, &x), -EINVAL);
+		assert_int_equal(cap_buf_used(&b), 0);
+		cap_buf_fini(&b);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -797,6 +874,7 @@ int main(void)
 		cmocka_unit_test(truncated_archive),
 		cmocka_unit_test(absurd_numbers),
 		cmocka_unit_test(pax_records),
+		cmocka_unit_test(sparse_entries),
 		cmocka_unit_test(agent_sha256_matches_openssl),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -419,6 +419,69 @@ static void test_parse_refusals(void **state)
 	assert_int_equal(cap_tree_parse(nul, sizeof(nul) - 1, 0, &t, &err), -EBADMSG);
 }
 
+/* Feed a manifest of a directory "d" and files below it whose paths
+ * take n_full * 4096 + last bytes, line by line as a guest's arrives. */
+static int feed_names(size_t n_full, size_t last, struct cap_tree *t, struct cap_err *err)
+{
+	struct cap_tree_parser *p = cap_tree_parser_new(0);
+	int r = cap_tree_parser_feed(p, "d 0755 0 - d\n", 13, err);
+	_cleanup_free_ char *path = xmalloc(CAP_TREE_MAX_PATH + 1);
+	for (size_t i = 0; i <= n_full && r == 0; i++) {
+		size_t len = i < n_full ? CAP_TREE_MAX_PATH : last;
+		snprintf(path, CAP_TREE_MAX_PATH + 1, "d/%07zu", i);
+		memset(path + 9, 'x', len - 9);
+		path[len] = 0;
+		_cleanup_free_ char *line = xasprintf("f 0644 3 " HI " %s\n", path);
+		/* in two pieces, as a stream may cut it anywhere */
+		size_t half = strlen(line) / 2;
+		r = cap_tree_parser_feed(p, line, half, err);
+		if (r == 0)
+			r = cap_tree_parser_feed(p, line + half, strlen(line) - half, err);
+	}
+	if (r == 0)
+		r = cap_tree_parser_finish(p, t, err);
+	cap_tree_parser_free(p);
+	return r;
+}
+
+/* The paths and targets of one manifest are bounded (CAP_TREE_MAX_NAMES):
+ * a guest's largest accepted manifest costs the host a few hundred MiB,
+ * not 2 GiB. Exactly at the bound is taken; a byte over is refused,
+ * naming the line and the limit. */
+static void test_parse_names_cap(void **state)
+{
+	(void)state;
+	size_t n_full = (CAP_TREE_MAX_NAMES - 1) / CAP_TREE_MAX_PATH;	/* 1: "d" */
+	size_t last = CAP_TREE_MAX_NAMES - 1 - n_full * CAP_TREE_MAX_PATH;
+	assert_true(last >= 16 && last < CAP_TREE_MAX_PATH);
+	struct cap_tree t;
+	struct cap_err err = { 0 };
+	if (feed_names(n_full, last, &t, &err) != 0)
+		fail_msg("at the bound: %s", err.msg);
+	assert_int_equal(t.n, n_full + 2);
+	cap_tree_fini(&t);
+	struct cap_tree u = { .n = 7 };
+	assert_int_equal(feed_names(n_full, last + 1, &u, &err), -EBADMSG);
+	assert_int_equal(u.n, 7);
+	_cleanup_free_ char *line = xasprintf("manifest line %zu ", n_full + 2);
+	if (!strstr(err.msg, line) || !strstr(err.msg, "256 MiB") || !strstr(err.msg, "too large"))
+		fail_msg("message \"%s\" does not name the line and the limit", err.msg);
+	/* A line cut short at the end, and one over any line's length. */
+	struct cap_tree_parser *p = cap_tree_parser_new(0);
+	assert_int_equal(cap_tree_parser_feed(p, "d 0755 0 - a\nd 07", 17, &err), 0);
+	assert_int_equal(cap_tree_parser_finish(p, &u, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "line 2 does not end with a newline"));
+	cap_tree_parser_free(p);
+	p = cap_tree_parser_new(0);
+	_cleanup_free_ char *junk = xmalloc(CAP_TREE_MAX_LINE + 2);
+	memset(junk, 'a', CAP_TREE_MAX_LINE + 1);
+	assert_int_equal(cap_tree_parser_feed(p, junk, 100, &err), 0);
+	assert_int_equal(cap_tree_parser_feed(p, junk, CAP_TREE_MAX_LINE + 1 - 100, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "line 1 is too long"));
+	assert_int_equal(cap_tree_parser_feed(p, "\n", 1, &err), -EBADMSG);	/* and stays refused */
+	cap_tree_parser_free(p);
+}
+
 /* --- diff ----------------------------------------------------------------- */
 
 static void test_diff(void **state)
@@ -612,6 +675,112 @@ static void test_plan_rules(void **state)
 	start3();
 	put("t/.capsule-merge.w", "x\n");
 	one_plan(CAP_MERGE_REFUSE, "", ".capsule-merge.w", "staging");
+}
+
+/* The repositories the plan names as left out, "PATH (why)" lines. */
+static char *repos_text(const struct cap_merge_plan *p)
+{
+	struct cap_buf b;
+	cap_buf_init(&b);
+	for (size_t i = 0; i < p->nrepos; i++) {
+		_cleanup_free_ char *l = xasprintf("%s (%s)\n", p->repos[i].path, p->repos[i].why);
+		cap_buf_append(&b, l, strlen(l));
+	}
+	cap_buf_append(&b, "", 1);
+	char *s = xstrdup((const char *)cap_buf_head(&b));
+	cap_buf_fini(&b);
+	return s;
+}
+
+/* A directory shaped like a bare repository (HEAD, objects, refs, and a
+ * config git would honour) is left out as .git is, whatever the pick, on
+ * either side, and named; so is a .git file, and everything when the top
+ * itself takes that shape. */
+static void test_plan_nested_repos(void **state)
+{
+	(void)state;
+	enum cap_merge_pick picks[] = { CAP_MERGE_REFUSE, CAP_MERGE_THEIRS, CAP_MERGE_OURS };
+	start3();
+	put("t/evil/HEAD", "ref: refs/heads/main\n");
+	put("t/evil/config", "[core]\n\tfsmonitor = /work/evil\n");
+	mkd("t/evil/objects");
+	mkd("t/evil/refs/heads");
+	put("t/wt/HEAD", "ref: refs/heads/main\n");	/* a worktree's: commondir */
+	put("t/wt/commondir", "../evil\n");
+	put("t/wt/config", "x\n");
+	put("t/sub/.git", "gitdir: ../evil\n");	/* a .git file */
+	put("t/sub/code.c", "int x;\n");
+	put("t/notrepo/HEAD", "just a file named HEAD\n");	/* no objects, refs */
+	mkd("t/notrepo/objects");
+	put("t/f", "theirs\n");
+	for (int k = 0; k < 3; k++) {
+		struct three x = { 0 };
+		plan(&x, "b", "o", "t", picks[k]);
+		expect_ops(&x.p, "mkdir notrepo\nmkdir notrepo/objects\nmkdir sub\nwrite f\nwrite notrepo/HEAD\nwrite sub/code.c\n");
+		expect_conflicts(&x.p, NULL, NULL);
+		/* evil and its 5 entries, sub/.git, wt and its 3 */
+		assert_int_equal(x.p.ngit, 6 + 1 + 4);
+		_cleanup_free_ char *got = repos_text(&x.p);
+		assert_string_equal(got, "evil (shaped like a git repository (HEAD, objects, refs))\n"
+					 "sub/.git (a .git)\n"
+					 "wt (shaped like a git repository (HEAD, objects, refs))\n");
+		for (size_t i = 0; i < x.p.nops; i++)
+			assert_null(strstr(x.p.ops[i].path, "evil"));
+		three_fini(&x);
+	}
+
+	/* The host's half of the shape counts: the sandbox adds HEAD and a
+	 * config to a directory that has objects and refs on the host. */
+	start3();
+	mkd("o/half/objects");
+	mkd("o/half/refs");
+	mkd("t/half");
+	put("t/half/HEAD", "ref: refs/heads/main\n");
+	put("t/half/config", "[core]\n\thooksPath = /work\n");
+	one_plan(CAP_MERGE_THEIRS, "", NULL, NULL);
+
+	/* A repository on the host: the sandbox deleting it is left out. */
+	start3();
+	put("b/repo.git/HEAD", "ref: refs/heads/main\n");
+	mkd("b/repo.git/objects");
+	mkd("b/repo.git/refs");
+	cp_tree("b", "o");
+	cp_tree("b", "t");
+	rm("t/repo.git");
+	put("t/f", "theirs\n");
+	one_plan(CAP_MERGE_REFUSE, "write f\n", NULL, NULL);
+
+	/* The sandbox removes a directory holding the host's repository:
+	 * whatever the pick, the repository and its directory stay. */
+	start3();
+	put("b/sub/.git/config", "[core]\n");
+	put("b/sub/code.c", "x\n");
+	cp_tree("b", "o");
+	cp_tree("b", "t");
+	rm("t/sub");
+	for (int k = 0; k < 3; k++) {
+		struct three y = { 0 };
+		plan(&y, "b", "o", "t", picks[k]);
+		expect_ops(&y.p, "remove sub/code.c\n");
+		expect_conflicts(&y.p, NULL, NULL);
+		three_fini(&y);
+	}
+
+	/* The top of the sandbox's tree shaped like a bare repository:
+	 * nothing of theirs is written. */
+	start3();
+	put("t/HEAD", "ref: refs/heads/main\n");
+	mkd("t/objects");
+	mkd("t/refs");
+	put("t/config", "[core]\n\tfsmonitor = /work/evil\n");
+	put("t/f", "theirs\n");
+	struct three x = { 0 };
+	plan(&x, "b", "o", "t", CAP_MERGE_THEIRS);
+	expect_ops(&x.p, "");
+	assert_int_equal(x.p.ngit, 5);
+	_cleanup_free_ char *got = repos_text(&x.p);
+	assert_string_equal(got, " (the top of the tree is shaped like a git repository (HEAD, objects, refs))\n");
+	three_fini(&x);
 }
 
 static void test_plan_types(void **state)
@@ -1035,8 +1204,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
 		cmocka_unit_test(test_escape),
 		cmocka_unit_test(test_parse_refusals),
+		cmocka_unit_test(test_parse_names_cap),
 		cmocka_unit_test_setup_teardown(test_diff, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_plan_rules, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_plan_nested_repos, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_plan_types, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_apply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_apply_rerun_same_plan, setup, teardown),

@@ -34,8 +34,9 @@ static const int allowed[] = {
 	SYS_getsockopt, SYS_getsockname, SYS_fcntl, SYS_fstat, SYS_newfstatat,
 	/* memory (mmap and mprotect: below, never executable) */
 	SYS_brk, SYS_munmap, SYS_mremap, SYS_madvise,
-	/* the clock, randomness (TLS keys, DNS IDs; OpenSSL's getpid checks) */
-	SYS_clock_gettime, SYS_gettimeofday, SYS_time, SYS_getrandom, SYS_getpid,
+	/* the clock, randomness (TLS keys, DNS IDs; OpenSSL's getpid checks),
+	 * locks (contended only where netd shares its process: the tests) */
+	SYS_clock_gettime, SYS_gettimeofday, SYS_time, SYS_getrandom, SYS_getpid, SYS_futex,
 	/* signals and the end (sigaltstack, rt_sigprocmask, exit: a thread's
 	 * end, under a sanitizer too) */
 	SYS_rt_sigreturn, SYS_rt_sigprocmask, SYS_sigaltstack, SYS_restart_syscall, SYS_exit,

@@ -64,8 +64,9 @@ static ssize_t nbuf_read(int fd, struct nbuf *b, size_t max)
 	return r;
 }
 
-/* Write what b holds to fd: 0 (all or some written, or would block) or -errno. */
-static int nbuf_write(int fd, struct nbuf *b)
+/* Write what b holds to fd: how many bytes were written (0 when it
+ * would block), or -errno. */
+static ssize_t nbuf_write(int fd, struct nbuf *b)
 {
 	if (!used(b))
 		return 0;
@@ -75,14 +76,42 @@ static int nbuf_write(int fd, struct nbuf *b)
 	b->off += (size_t)r;
 	if (b->off == b->len)
 		b->off = b->len = 0;
-	return 0;
+	return r;
 }
 
 /* ---- life ------------------------------------------------------------------ */
 
+/* Whether c may give its slot up to a new connection: spliced or
+ * intercepted, and idle for head_ms or more. */
+static bool evictable(const struct netd *d, const struct conn *c, int64_t now)
+{
+	return (c->state == ST_SPLICE || c->state == ST_TLS) && now - c->active >= d->head_ms;
+}
+
+/* Every slot is taken: close the connection idle the longest, if it may
+ * give its slot up. Whether one was closed. */
+static bool evict(struct netd *d, int64_t now)
+{
+	struct conn *old = NULL;
+
+	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
+		struct conn *c = d->conns[i];
+		if (c && evictable(d, c, now) && (!old || c->active < old->active))
+			old = c;
+	}
+	if (!old)
+		return false;
+	netd_log(d, "closed %s to make room for a new connection: %u connections are open, and it was idle for %lld s",
+		 old->desc, d->max_conns, (long long)((now - old->active) / 1000));
+	conn_free(d, old, true);
+	return true;
+}
+
 struct conn *conn_new(struct netd *d, enum conn_kind kind, int fd)
 {
-	if (d->nconns >= d->max_conns)
+	int64_t now = cap_now_ms();
+
+	if (d->nconns >= d->max_conns && !evict(d, now))
 		return NULL;
 	unsigned slot = 0;
 	while (d->conns[slot])
@@ -93,6 +122,7 @@ struct conn *conn_new(struct netd *d, enum conn_kind kind, int fd)
 	c->kind = kind;
 	c->a = fd;
 	c->b = -1;
+	c->active = now;
 	c->up.owned_data = xmalloc(NETD_BUF);
 	c->down.owned_data = xmalloc(NETD_BUF);
 	d->conns[slot] = c;
@@ -251,6 +281,10 @@ void conn_established(struct netd *d, struct conn *c)
 	(void)d;
 	c->state = ST_SPLICE;
 	c->deadline = 0;
+	/* The head phase again, from now: nothing has moved through yet
+	 * (what a proxy client sent before was its request's head). */
+	c->active = cap_now_ms();
+	c->moved = false;
 	c->sniff = c->kind != CONN_PUBLISH && (c->kind != CONN_PROXY || c->connect);
 	if (c->kind == CONN_PROXY && c->connect) {
 		static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
@@ -354,8 +388,8 @@ static void accept_one(struct netd *d, int fd)
 										  : CONN_DIRECT;
 	struct conn *c = conn_new(d, kind, fd);
 	if (!c) {
-		netd_log(d, "refused tcp %s:%u: too many connections (%u)", cap_net_addr_str(addr, a),
-			 port, d->max_conns);
+		netd_log(d, "refused tcp %s:%u: too many connections (%u open, none idle for %lld s)",
+			 cap_net_addr_str(addr, a), port, d->max_conns, (long long)(d->head_ms / 1000));
 		close_reset(fd);
 		return;
 	}
@@ -364,7 +398,7 @@ static void accept_one(struct netd *d, int fd)
 	snprintf(c->desc, sizeof(c->desc), "tcp %s:%u", cap_net_addr_str(addr, a), port);
 	if (kind == CONN_PROXY || kind == CONN_DNS) {
 		c->state = kind == CONN_PROXY ? ST_HEAD : ST_DNS;
-		c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+		c->deadline = cap_now_ms() + (kind == CONN_PROXY ? d->head_ms : NETD_TIMEOUT_MS);
 		return;
 	}
 	struct cap_net_verdict v;
@@ -493,7 +527,7 @@ static bool sniff(struct netd *d, struct conn *c)
 		}
 		if (!c->a_eof && room(&c->up)) {
 			if (used(&c->up) && !c->deadline)
-				c->deadline = cap_now_ms() + NETD_TIMEOUT_MS;
+				c->deadline = cap_now_ms() + d->head_ms;
 			return true;
 		}
 		netd_log(d, "refused %s: incomplete TLS ClientHello", c->desc);
@@ -525,6 +559,15 @@ static bool sniff(struct netd *d, struct conn *c)
 	return false;
 }
 
+/* r bytes moved (read or written) on c: its idle time starts again. */
+static void moved(struct conn *c, ssize_t r)
+{
+	if (r > 0) {
+		c->active = cap_now_ms();
+		c->moved = true;
+	}
+}
+
 static void splice(struct netd *d, struct conn *c, short ra, short rb)
 {
 	ssize_t r;
@@ -535,6 +578,7 @@ static void splice(struct netd *d, struct conn *c, short ra, short rb)
 			c->a_eof = true;
 		else if (r < 0 && r != -EAGAIN)
 			goto abort;
+		moved(c, r);
 	}
 	if (c->sniff && !sniff(d, c))
 		return;
@@ -544,11 +588,16 @@ static void splice(struct netd *d, struct conn *c, short ra, short rb)
 			c->b_eof = true;
 		else if (r < 0 && r != -EAGAIN)
 			goto abort;
+		moved(c, r);
 	}
-	if (!c->sniff && nbuf_write(c->b, &c->up) < 0)
+	if (!c->sniff) {
+		if ((r = nbuf_write(c->b, &c->up)) < 0)
+			goto abort;
+		moved(c, r);
+	}
+	if ((r = nbuf_write(c->a, &c->down)) < 0)
 		goto abort;
-	if (nbuf_write(c->a, &c->down) < 0)
-		goto abort;
+	moved(c, r);
 	if (c->a_eof && !used(&c->up) && !c->sniff && !c->b_shut) {
 		shutdown(c->b, SHUT_WR);
 		c->b_shut = true;
@@ -739,17 +788,41 @@ void conn_events(struct netd *d, struct conn *c, short ra, short rb)
 		dns_events(d, c, ra);
 		break;
 	case ST_TLS:
+		/* What arrives on either socket is read by the interception:
+		 * as near to "a byte moved" as this side sees. */
+		if ((ra | rb) & POLLIN)
+			moved(c, 1);
 		intercept_events(d, c, ra, rb);
 		break;
 	}
+}
+
+int64_t conn_due(const struct netd *d, const struct conn *c)
+{
+	if (c->deadline || (c->state != ST_SPLICE && c->state != ST_TLS))
+		return c->deadline;
+	return c->active + (c->moved ? d->idle_ms : d->head_ms);
+}
+
+/* A spliced or intercepted connection without a deadline of its own
+ * passed its idle limit. */
+static void idle_timeout(struct netd *d, struct conn *c)
+{
+	if (c->moved)
+		netd_log(d, "closed %s: idle (no byte either way) for %lld s", c->desc,
+			 (long long)(d->idle_ms / 1000));
+	else
+		netd_log(d, "closed %s: nothing sent either way within %lld s of its start", c->desc,
+			 (long long)(d->head_ms / 1000));
+	conn_free(d, c, true);
 }
 
 void conn_timeout(struct netd *d, struct conn *c)
 {
 	switch (c->state) {
 	case ST_HEAD:
-		netd_log(d, "refused proxy request: no complete request head within %d s",
-			 NETD_TIMEOUT_MS / 1000);
+		netd_log(d, "refused proxy request: no complete request head within %lld s",
+			 (long long)(d->head_ms / 1000));
 		conn_fail(d, c, 400, "no complete request head in time");
 		break;
 	case ST_RESOLVE:
@@ -770,8 +843,12 @@ void conn_timeout(struct netd *d, struct conn *c)
 		conn_fail(d, c, 504, "upstream proxy timed out");
 		break;
 	case ST_SPLICE:
-		netd_log(d, "refused %s: no complete TLS ClientHello within %d s", c->desc,
-			 NETD_TIMEOUT_MS / 1000);
+		if (!c->deadline) {
+			idle_timeout(d, c);
+			break;
+		}
+		netd_log(d, "refused %s: no complete TLS ClientHello within %lld s", c->desc,
+			 (long long)(d->head_ms / 1000));
 		conn_free(d, c, true);
 		break;
 	case ST_REPLY:
@@ -788,7 +865,10 @@ void conn_timeout(struct netd *d, struct conn *c)
 		conn_free(d, c, false);
 		break;
 	case ST_TLS:
-		intercept_timeout(d, c);
+		if (!c->deadline)
+			idle_timeout(d, c);
+		else
+			intercept_timeout(d, c);
 		break;
 	}
 }

@@ -19,8 +19,10 @@
 #define NETD_BUF 65536		/* each way, per connection */
 #define NETD_MAX_CONNS 1024
 #define NETD_HEAD_MAX 16384	/* a proxy request head, an upstream proxy's reply head */
-#define NETD_TIMEOUT_MS 10000	/* request head, dial, upstream proxy, connector, ClientHello,
-				   an intercepted request's head, an unread answer */
+#define NETD_TIMEOUT_MS 10000	/* dial, upstream proxy, connector, an intercepted
+				   request's head, an unread answer */
+#define NETD_HEAD_MS 10000	/* default head phase (cap_netd_config.head_timeout_ms) */
+#define NETD_IDLE_MS 300000	/* default idle limit (cap_netd_config.idle_timeout_ms) */
 #define NETD_LINGER_MS 2000	/* reading what a refused client still sends */
 #define NETD_DNS_TRY_MS 2000	/* one try of an upstream query (two tries) */
 #define NETD_DNS_PENDING 256
@@ -68,7 +70,9 @@ struct conn {
 	enum conn_state state;
 	int a;			/* accepted: the guest, or a published port's client */
 	int b;			/* dialed (or from the connector), -1 before */
-	int64_t deadline;	/* ms, 0: none */
+	int64_t deadline;	/* ms, 0: none (ST_SPLICE, ST_TLS: the idle limits apply) */
+	int64_t active;		/* ms: the last byte either way, or its start */
+	bool moved;		/* a byte moved either way (ST_SPLICE, ST_TLS) */
 
 	/* Where b goes: the destination's address, port and the name it is
 	 * known by ("" for none), the route. */
@@ -168,6 +172,7 @@ struct netd {
 
 	struct conn *conns[NETD_MAX_CONNS];
 	unsigned nconns, max_conns;
+	int64_t head_ms, idle_ms;	/* cfg's timeouts, or the defaults */
 	uint64_t next_id;
 
 	struct listener listeners[NETD_MAX_LISTENERS];
@@ -225,6 +230,9 @@ const struct cap_net_policy *netd_policy(const struct netd *d);
 void netd_connector_request(struct netd *d, struct conn *c, uint16_t guest_port);
 
 /* netd-conn.c */
+/* A connection in a free slot; when every slot is taken, the connection
+ * idle the longest is closed for it if it has been idle head_ms or more
+ * (logged); NULL when none has (the caller refuses fd and logs it). */
 struct conn *conn_new(struct netd *d, enum conn_kind kind, int fd);
 void conn_free(struct netd *d, struct conn *c, bool reset);
 struct conn *conn_find(struct netd *d, unsigned slot, uint64_t id);
@@ -232,6 +240,10 @@ void conn_accept_guest(struct netd *d, int listen_fd);
 void conn_events(struct netd *d, struct conn *c, short ra, short rb);
 void conn_poll_events(const struct conn *c, short *ea, short *eb);
 void conn_timeout(struct netd *d, struct conn *c);
+/* When c's phase ends, ms (0: never): its deadline, else, spliced or
+ * intercepted, head_ms after its start while no byte has moved either
+ * way, idle_ms after the last byte once one has. */
+int64_t conn_due(const struct netd *d, const struct conn *c);
 /* b is set (dialing or connected): go on as ST_DIAL. */
 void conn_dialing(struct netd *d, struct conn *c);
 /* Dial c->addr-or-candidate: decide, choose the route, connect. 0 (in
@@ -280,6 +292,11 @@ int dns_resolve(struct netd *d, struct conn *c, const char *name);
 /* The names the guest was answered addr with, newest first (at most max);
  * returns how many. */
 unsigned dns_names_for(struct netd *d, uint32_t addr, const char **out, unsigned max);
+
+/* netd-seccomp.c: no_new_privs and the policy process's syscall filter
+ * for the calling thread, for good (netd.h, cap_netd_config.seccomp). 0,
+ * -ENOTSUP on an architecture it has no filter for, or -errno. */
+int netd_seccomp(void);
 
 /* netd-tls.c: a TLS connection whose name is one of some secret's hosts
  * (netd.h) is intercepted once its ClientHello is read and the server's

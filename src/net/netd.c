@@ -313,8 +313,9 @@ static void publish_accept(struct netd *d, const struct listener *l)
 		}
 		struct conn *c = conn_new(d, CONN_PUBLISH, fd);
 		if (!c) {
-			netd_log(d, "refused a client of %s:%u: too many connections (%u)",
-				 cap_net_addr_str(l->bind, a), l->host_port, d->max_conns);
+			netd_log(d, "refused a client of %s:%u: too many connections (%u open, none idle for %lld s)",
+				 cap_net_addr_str(l->bind, a), l->host_port, d->max_conns,
+				 (long long)(d->head_ms / 1000));
 			struct linger lg = { 1, 0 };
 			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 			close(fd);
@@ -511,7 +512,8 @@ static int step(struct netd *d, struct loop *lp)
 
 	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
 		struct conn *c = d->conns[i];
-		if (c && c->deadline && c->deadline <= now)
+		int64_t due = c ? conn_due(d, c) : 0;
+		if (due && due <= now)
 			conn_timeout(d, c);
 	}
 	dns_timeouts(d, now, &next);
@@ -519,8 +521,9 @@ static int step(struct netd *d, struct loop *lp)
 	/* After the timeouts, which may have set new deadlines. */
 	for (unsigned i = 0; i < NETD_MAX_CONNS; i++) {
 		struct conn *c = d->conns[i];
-		if (c && c->deadline && (!next || c->deadline < next))
-			next = c->deadline;
+		int64_t due = c ? conn_due(d, c) : 0;
+		if (due && (!next || due < next))
+			next = due;
 	}
 
 	struct pollfd *f = lp->fds;
@@ -598,8 +601,9 @@ static int step(struct netd *d, struct loop *lp)
 	return 0;
 }
 
-/* How many connections the descriptor limit allows (two each). */
-static unsigned conn_limit(unsigned nlisteners)
+/* How many connections the descriptor limit allows (two each), at most
+ * want (0: NETD_MAX_CONNS). */
+static unsigned conn_limit(unsigned nlisteners, unsigned want)
 {
 	struct rlimit rl;
 
@@ -611,7 +615,8 @@ static unsigned conn_limit(unsigned nlisteners)
 			getrlimit(RLIMIT_NOFILE, &rl);
 	}
 	rlim_t spare = rl.rlim_cur > FD_RESERVE + nlisteners ? rl.rlim_cur - FD_RESERVE - nlisteners : 2;
-	return (unsigned)CAP_MAX(1, CAP_MIN(spare / 2, NETD_MAX_CONNS));
+	unsigned most = want && want < NETD_MAX_CONNS ? want : NETD_MAX_CONNS;
+	return (unsigned)CAP_MAX(1, CAP_MIN(spare / 2, most));
 }
 
 static void netd_free(struct netd *d)
@@ -659,12 +664,27 @@ int cap_netd_main(const struct cap_netd_config *cfg)
 		d->listeners[d->nlisteners++] =
 			(struct listener){ cfg->publish_fds[i], p->bind, p->host_port, p->guest_port };
 	}
-	d->max_conns = conn_limit(d->nlisteners);
+	d->max_conns = conn_limit(d->nlisteners, cfg->max_conns);
+	d->head_ms = cfg->head_timeout_ms ? cfg->head_timeout_ms : NETD_HEAD_MS;
+	d->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms : NETD_IDLE_MS;
 	dns_init(d);
 	upstream_init(d);
 	if (intercept_init(d) < 0) {
 		netd_free(d);
 		return 1;
+	}
+	/* Last: every file it reads is read, every socket it starts with
+	 * made, the TLS keys loaded. */
+	if (cfg->seccomp) {
+		int r = netd_seccomp();
+		if (r == -ENOTSUP) {
+			netd_log(d, "no system call filter on this architecture: the policy process runs without one");
+		} else if (r < 0) {
+			netd_log(d, "cannot install the policy process's system call filter: %s; the network of %s stops",
+				 strerror(-r), cfg->name);
+			netd_free(d);
+			return 1;
+		}
 	}
 
 	struct loop *lp = xmalloc(sizeof(*lp));

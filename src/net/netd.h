@@ -84,6 +84,25 @@ struct cap_netd_config {
 	/* The host's proxy settings (the owner's environment), NULL when unset. */
 	const char *https_proxy, *http_proxy, *all_proxy, *no_proxy;
 
+	/* Timeouts, ms (0: the default). A connection still in its head
+	 * phase (a proxy request's head, an incomplete TLS ClientHello, a
+	 * connection over which no byte has moved either way yet) ends
+	 * head_timeout_ms after it began (10 s); one over which bytes have
+	 * moved ends once none has moved either way for idle_timeout_ms (300
+	 * s). Both end with a reset and a log line ("capsule net: closed tcp
+	 * 203.0.113.10:443: idle (no byte either way) for 300 s"). */
+	unsigned head_timeout_ms, idle_timeout_ms;
+	/* At most this many connections at once (0: 1024, fewer when the
+	 * descriptor limit says so). When all are taken, a new one takes
+	 * the slot of the connection idle the longest, if that one has been
+	 * idle head_timeout_ms or more; else it is refused (logged). */
+	unsigned max_conns;
+	/* Once set up, confine the process's system calls to what serving
+	 * needs (netd-seccomp.c; a filter of its own, with no_new_privs),
+	 * for good. The engine's policy process sets it; tests running
+	 * netd in a thread of theirs do not. */
+	bool seccomp;
+
 	/* Secrets (docs/network.md, rewrite.h), fixed for the process's
 	 * life (a "policy" line changes what may be reached, never these):
 	 * a TLS connection whose name (the CONNECT host, or the SNI of a

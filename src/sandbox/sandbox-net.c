@@ -50,6 +50,17 @@ struct cap_sandbox_net {
 	char *envp[CAP_NET_MAX_SECRETS];
 };
 
+/* A timeout of the policy process from the owner's environment (whole
+ * seconds, 1 to 86400), in ms; 0 (netd's default) when unset or not one. */
+static unsigned env_timeout_ms(const char *name)
+{
+	const char *v = getenv(name);
+	char *end = NULL;
+	long s = v && *v ? strtol(v, &end, 10) : 0;
+
+	return s > 0 && s <= 86400 && *end == '\0' ? (unsigned)s * 1000u : 0;
+}
+
 /* Runs in the policy process (forked and confined by the engine). */
 static int policy_main(void *ud, const struct cap_vm_net_fds *fds)
 {
@@ -66,6 +77,9 @@ static int policy_main(void *ud, const struct cap_vm_net_fds *fds)
 		.npublish = n->npublish,
 		.log_fd = n->log_fd >= 0 ? n->log_fd : STDERR_FILENO,
 		.verbose = n->verbose,
+		.head_timeout_ms = env_timeout_ms("CAPSULE_NET_HEAD_TIMEOUT_S"),
+		.idle_timeout_ms = env_timeout_ms("CAPSULE_NET_IDLE_TIMEOUT_S"),
+		.seccomp = true,
 		.https_proxy = getenv("HTTPS_PROXY") ? getenv("HTTPS_PROXY") : getenv("https_proxy"),
 		.http_proxy = getenv("HTTP_PROXY") ? getenv("HTTP_PROXY") : getenv("http_proxy"),
 		.all_proxy = getenv("ALL_PROXY") ? getenv("ALL_PROXY") : getenv("all_proxy"),

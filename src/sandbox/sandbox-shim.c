@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,6 +110,9 @@ struct shim {
 	int netd_fd;	/* pidfd of the policy process, -1: none or gone */
 	bool netd_dead;
 };
+
+/* waitid on a pidfd (linux/wait.h; glibc 2.36 does not name it). */
+#define IDTYPE_PIDFD ((idtype_t)3)
 
 static struct route *route_by_client(struct shim *s, struct conn *c, uint32_t cid)
 {
@@ -268,7 +272,7 @@ static void reload_network(struct shim *s)
 }
 
 /* Watch the VM's policy process (a child of ours, not reaped: its pid
- * is its own until the engine reaps it). */
+ * is its own until it is reaped, by netd_died or the engine's stop). */
 static void watch_netd(struct shim *s)
 {
 	if (s->netd_fd >= 0)
@@ -285,6 +289,12 @@ static void watch_netd(struct shim *s)
  * is no other path), which the owner must be told. */
 static void netd_died(struct shim *s)
 {
+	siginfo_t info;
+
+	/* Reaped now, not at the VM's end: a zombie would stay for the
+	 * sandbox's life. (The engine's stop then finds it gone, ECHILD.) */
+	while (waitid(IDTYPE_PIDFD, (id_t)s->netd_fd, &info, WEXITED | WNOHANG) < 0 && errno == EINTR)
+		;
 	close(s->netd_fd);
 	s->netd_fd = -1;
 	s->netd_dead = true;

@@ -33,7 +33,7 @@ py=/usr/bin/python3
 # The host's proxy settings must not leak into the policy process.
 unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
-plan=69
+plan=71
 suite="network suite"
 echo "1..$plan"
 start=$(date +%s)
@@ -78,6 +78,8 @@ zero() { for k in "$@"; do [ "$(counter "$k")" = 0 ] || return 1; done; }
 reset_counters() { in_inet nft reset counters table inet capnet >/dev/null; }
 lines() { cat "$1" 2>/dev/null | wc -l; }
 ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+# pstate PID: the process's state letter (Z: a zombie), nothing once it is reaped.
+pstate() { sed -n 's/^[0-9]* (.*) \([A-Za-z]\) .*/\1/p' "/proc/$1/stat" 2>/dev/null; }
 
 # --- the fake internet -------------------------------------------------------
 setup() {
@@ -242,6 +244,10 @@ reset_counters
 c create "$web" --allow-egress 203.0.113.10 --allow-egress allowed.test --allow-egress rebind.test \
 	--publish 127.0.0.1:18080:8080 --auto-publish >"$out" 2>"$err" && c start "$web" >>"$out" 2>>"$err"
 check "create and start a named sandbox with a policy" '[ -n "$(rtv "$web" qemu_pid)" ] && [ -n "$(rtv "$web" netd_pid)" ]'
+npid=$(rtv "$web" netd_pid)
+grep "^Seccomp\|^NoNewPrivs" "/proc/$npid/status" 2>/dev/null | tr '\t\n' '  ' | sed 's/^/# policy process: /'; echo
+check "the policy process $npid runs under its seccomp filter, with no_new_privs" \
+	'grep -q "^Seccomp:[[:space:]]*2$" "/proc/$npid/status" && grep -q "^NoNewPrivs:[[:space:]]*1$" "/proc/$npid/status"'
 c inspect "$web" >"$out" 2>"$err"
 grep "^network:\|^route:" "$out" | sed 's/^/# inspect: /'
 check "inspect shows the network line" \
@@ -443,6 +449,10 @@ g 'timeout 15 wget -Y off -q -O- http://203.0.113.10/; echo "wget=$?"; timeout 1
 took=$(ms_since "$t0")
 check "policy process $npid killed: the next connections (direct and by the proxy) fail (${took} ms), no packet reaches the fake internet another way" \
 	'[ -n "$npid" ] && [ "$(grep -c "^wget=[1-9]" "$out")" -eq 2 ] && zero direct10 udp icmp other && [ "$(lines "$logs/http-203.0.113.10.log")" -eq "$h10" ]'
+wait_for '[ -z "$(pstate "$npid")" ] && [ -n "$(rtv "$web" network_error)" ]' 50
+echo "# policy process $npid after the kill: state '$(pstate "$npid")' (empty: reaped)"
+check "... it is reaped within 5 s (no zombie), and runtime.json says the network is gone" \
+	'[ -n "$npid" ] && [ -z "$(pstate "$npid")" ] && [ -n "$(rtv "$web" network_error)" ]'
 c rm -f "$web" >/dev/null 2>&1
 
 elapsed "web done"

@@ -13,13 +13,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -890,6 +895,10 @@ static void test_log_size_cap(void **state)
 #define IC_LPORT 15001
 #define IC_DNS_PORT 5353	/* netd's guest DNS socket (the guest's 10.0.2.3:53) */
 #define IC_MARK 0x2a
+#define IC_LPORT2 15002	/* the second netd's listener (test_idle_*) */
+#define IC_DNS_PORT2 5354
+#define IC_MARK2 0x2b
+#define IC_HOLD_PORT 7070	/* a server of this test on 203.0.113.10 */
 #define IC_GOOD 0xcb00710au	/* 203.0.113.10 */
 #define IC_BAD 0xcb007114u	/* 203.0.113.20 */
 #define IC_VALUE "real-token-4f9a2c81d7e6"
@@ -1347,8 +1356,9 @@ static bool ic_network(void)
 	snprintf(rules, sizeof(rules),
 		 "add table ip ic\n"
 		 "add chain ip ic out { type nat hook output priority -100; }\n"
+		 "add rule ip ic out meta mark %d tcp dport != %d redirect to :%d\n"
 		 "add rule ip ic out meta mark %d tcp dport != %d redirect to :%d\n",
-		 IC_MARK, IC_LPORT, IC_LPORT);
+		 IC_MARK, IC_LPORT, IC_LPORT, IC_MARK2, IC_LPORT2, IC_LPORT2);
 	nft_ctx_buffer_output(nft);
 	nft_ctx_buffer_error(nft);
 	ok = nft && nft_run_cmd_from_buffer(nft, rules) == 0;
@@ -1443,6 +1453,8 @@ static int ic_setup(void **state)
 	assert_int_equal(pipe2(ic.control, O_CLOEXEC), 0);
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ic.connector), 0);
 	ic_netd_config(&ic.cfg);
+	/* Its syscall filter (its thread only): every case below runs under it. */
+	ic.cfg.seccomp = true;
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(IC_LPORT),
 				  .sin_addr.s_addr = htonl(0x7f000001u) };
 	ic.cfg.tcp_listen = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -1528,12 +1540,11 @@ static int ic_teardown(void **state)
 		}                                 \
 	} while (0)
 
-/* A socket of the guest to addr:port (redirected to netd). */
-static int ic_guest_connect(uint32_t addr, uint16_t port)
+/* A socket of the guest to addr:port, redirected to the netd of mark. */
+static int ic_guest_connect_mark(uint32_t addr, uint16_t port, int mark)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
 				  .sin_addr.s_addr = htonl(addr) };
-	int mark = IC_MARK;
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	assert_true(fd >= 0);
@@ -1541,6 +1552,12 @@ static int ic_guest_connect(uint32_t addr, uint16_t port)
 	ic_timeouts(fd);
 	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
 	return fd;
+}
+
+/* A socket of the guest to addr:port (redirected to netd). */
+static int ic_guest_connect(uint32_t addr, uint16_t port)
+{
+	return ic_guest_connect_mark(addr, port, IC_MARK);
 }
 
 /* Through the proxy: CONNECT target, its answer's status. */
@@ -2150,6 +2167,340 @@ static void test_intercept_expect_streamed(void **state)
 	assert_non_null(strstr(last, want));
 }
 
+/* ---- idle connections, running out of slots, the syscall filter -------------
+ *
+ * A second netd in the same namespace (its own listener, for the sockets
+ * marked IC_MARK2), with short timeouts (head phase 1 s, idle 3 s), two
+ * slots, and its syscall filter on (its thread only). What it dials is
+ * a listener of this test on 203.0.113.10:7070, accepted here. */
+
+#define IT_HEAD_MS 1000
+#define IT_IDLE_MS 3000
+
+static struct {
+	struct cap_net_policy policy;
+	struct cap_netd_config cfg;
+	int control[2], connector[2];
+	char log_path[64];
+	int log_fd;
+	int hold;	/* listening on 203.0.113.10:7070 */
+	pthread_t th;
+	int rc;
+	bool started;
+} it;
+
+static void *it_main(void *arg)
+{
+	(void)arg;
+	it.rc = cap_netd_main(&it.cfg);
+	return NULL;
+}
+
+/* Each test's setup: the second netd, when the namespace is there. */
+static int it_start(void **state)
+{
+	struct cap_err err = { 0 };
+	int one = 1;
+
+	(void)state;
+	if (!ic.ready)
+		return 0;
+
+	cap_net_policy_init(&it.policy);
+	assert_int_equal(cap_net_rule_add(&it.policy, "203.0.113.10", &err), 0);
+	snprintf(it.log_path, sizeof(it.log_path), "/tmp/test-netd-it.XXXXXX");
+	it.log_fd = mkstemp(it.log_path);
+	assert_true(it.log_fd >= 0);
+	assert_int_equal(pipe2(it.control, O_CLOEXEC), 0);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, it.connector), 0);
+	memset(&it.cfg, 0, sizeof(it.cfg));
+	it.cfg.name = "it";
+	it.cfg.policy = &it.policy;
+	it.cfg.control = it.control[0];
+	it.cfg.connector = it.connector[0];
+	it.cfg.nflog = -1;
+	it.cfg.log_fd = it.log_fd;
+	it.cfg.resolv_conf = ic.resolv_path;
+	it.cfg.head_timeout_ms = IT_HEAD_MS;
+	it.cfg.idle_timeout_ms = IT_IDLE_MS;
+	it.cfg.max_conns = 2;
+	it.cfg.seccomp = true;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(IC_LPORT2),
+				  .sin_addr.s_addr = htonl(0x7f000001u) };
+	it.cfg.tcp_listen = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	setsockopt(it.cfg.tcp_listen, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	assert_int_equal(bind(it.cfg.tcp_listen, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(it.cfg.tcp_listen, 64), 0);
+	it.cfg.dns = ic_udp(0x7f000001u, IC_DNS_PORT2);
+	struct sockaddr_in hs = { .sin_family = AF_INET, .sin_port = htons(IC_HOLD_PORT),
+				  .sin_addr.s_addr = htonl(IC_GOOD) };
+	it.hold = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	setsockopt(it.hold, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ic_timeouts(it.hold);	/* accept waits 5 s at most */
+	assert_int_equal(bind(it.hold, (struct sockaddr *)&hs, sizeof(hs)), 0);
+	assert_int_equal(listen(it.hold, 16), 0);
+	assert_int_equal(pthread_create(&it.th, NULL, it_main, NULL), 0);
+	it.started = true;
+	return 0;
+}
+
+static int it_stop(void **state)
+{
+	(void)state;
+	if (!it.started)
+		return 0;
+	it.started = false;
+	close(it.control[1]);
+	pthread_join(it.th, NULL);
+	assert_int_equal(it.rc, 0);
+	close(it.control[0]);
+	close(it.connector[0]);
+	close(it.connector[1]);
+	close(it.cfg.tcp_listen);
+	close(it.cfg.dns);
+	close(it.hold);
+	if (getenv("TEST_NETD_LOG")) {
+		char buf[4096];
+		ssize_t n = pread(it.log_fd, buf, sizeof(buf) - 1, 0);
+		buf[n > 0 ? n : 0] = '\0';
+		fputs(buf, stderr);
+	}
+	close(it.log_fd);
+	unlink(it.log_path);
+	return 0;
+}
+
+/* The second netd's log (the caller frees), waiting up to 3 s for want. */
+static char *it_log(const char *want)
+{
+	for (int i = 0;; i++) {
+		off_t end = lseek(it.log_fd, 0, SEEK_END);
+		char *t = calloc(1, (size_t)end + 1);
+		assert_non_null(t);
+		assert_true(pread(it.log_fd, t, (size_t)end, 0) == end);
+		if (!want || strstr(t, want) || i == 150)
+			return t;
+		free(t);
+		usleep(20000);
+	}
+}
+
+/* A guest's connection to the test's server, through the second netd,
+ * and the server's end of it (accepted; -1 when nothing came). */
+static int it_connect(int *server)
+{
+	int fd = ic_guest_connect_mark(IC_GOOD, IC_HOLD_PORT, IC_MARK2);
+
+	*server = accept4(it.hold, NULL, NULL, SOCK_CLOEXEC);
+	if (*server >= 0)
+		ic_timeouts(*server);
+	return fd;
+}
+
+/* One byte from `from` arrives at `to`. */
+static bool it_byte(int from, int to, char b)
+{
+	char got = 0;
+
+	return write(from, &b, 1) == 1 && read(to, &got, 1) == 1 && got == b;
+}
+
+/* How long, in ms, until fd ends (end of file or a reset), waiting at
+ * most max ms; -1 when it is still open then. */
+static int64_t it_ends(int fd, int max)
+{
+	int64_t t0 = cap_now_ms();
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char b;
+
+	while (cap_now_ms() - t0 < max) {
+		if (poll(&p, 1, 50) == 1) {
+			ssize_t r = recv(fd, &b, 1, MSG_DONTWAIT);
+			if (r == 0 || (r < 0 && errno != EAGAIN))
+				return cap_now_ms() - t0;
+		}
+	}
+	return -1;
+}
+
+/* The threads of this process that run a netd (the interception's and
+ * the second): filtered, with no_new_privs; no other thread is. */
+static void it_check_filtered(void)
+{
+	char path[300], line[256];
+	unsigned filtered = 0, nnp = 0;
+	DIR *dir = opendir("/proc/self/task");
+	struct dirent *e;
+
+	assert_non_null(dir);
+	while ((e = readdir(dir))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		while (fgets(line, sizeof(line), f)) {
+			filtered += !strcmp(line, "Seccomp:\t2\n");
+			nnp += !strcmp(line, "NoNewPrivs:\t1\n");
+		}
+		fclose(f);
+	}
+	closedir(dir);
+	assert_int_equal(filtered, 2);
+	assert_int_equal(nnp, 2);
+}
+
+/* A connection over which nothing is sent either way ends once the head
+ * phase is over (1 s here), logged; the slot is free again. All the while
+ * netd ran under its syscall filter. */
+static void test_idle_head(void **state)
+{
+	int srv;
+
+	(void)state;
+	IC_REQUIRE();
+	int fd = it_connect(&srv);
+	assert_true(srv >= 0);	/* netd dialed the server */
+	int64_t took = it_ends(fd, IT_HEAD_MS + 4000);
+	assert_true(took >= 0);	/* today: open for ever */
+	assert_true(took < IT_HEAD_MS + 3000);
+	assert_true(it_ends(srv, 2000) >= 0);	/* the server's end is closed too */
+	char *log = it_log("closed tcp");
+	assert_non_null(strstr(log, "capsule net: closed tcp 203.0.113.10:7070: nothing sent either way "
+				    "within 1 s of its start\n"));
+	free(log);
+	close(fd);
+	close(srv);
+	/* Two more fit: the slot was given back. */
+	int srv1, srv2;
+	int fd1 = it_connect(&srv1), fd2 = it_connect(&srv2);
+	assert_true(srv1 >= 0 && srv2 >= 0);
+	assert_true(it_byte(fd1, srv1, 'a') && it_byte(fd2, srv2, 'b'));
+	close(fd1);
+	close(fd2);
+	close(srv1);
+	close(srv2);
+	it_check_filtered();
+}
+
+/* Once bytes have moved, a connection lives while a byte moves either way
+ * at least every idle limit (3 s here), and ends that long after the last. */
+static void test_idle_established(void **state)
+{
+	int srv;
+
+	(void)state;
+	IC_REQUIRE();
+	int fd = it_connect(&srv);
+	assert_true(srv >= 0);
+	/* 6 s, twice the limit, with a byte a second: one way, then the other. */
+	for (int i = 0; i < 6; i++) {
+		assert_true(i % 2 ? it_byte(srv, fd, 'd') : it_byte(fd, srv, 'u'));
+		usleep(1000000);
+	}
+	assert_true(it_byte(fd, srv, 'x'));
+	int64_t took = it_ends(fd, IT_IDLE_MS + 4000);
+	assert_true(took >= IT_IDLE_MS - 200);
+	assert_true(took < IT_IDLE_MS + 3000);
+	assert_true(it_ends(srv, 2000) >= 0);
+	char *log = it_log("closed tcp");
+	assert_non_null(strstr(log, "capsule net: closed tcp 203.0.113.10:7070: idle (no byte either way) "
+				    "for 3 s\n"));
+	assert_null(strstr(log, "nothing sent either way"));
+	free(log);
+	close(fd);
+	close(srv);
+}
+
+/* Every slot taken (2 here): a new connection takes the slot of the one
+ * idle the longest, if idle for the head phase (1 s) or more; when none
+ * is, it is refused, and the log says why. */
+static void test_idle_slots(void **state)
+{
+	int s1, s2, s3, s4;
+
+	(void)state;
+	IC_REQUIRE();
+	int c1 = it_connect(&s1);
+	assert_true(s1 >= 0 && it_byte(c1, s1, '1'));
+	usleep(100000);
+	int c2 = it_connect(&s2);
+	assert_true(s2 >= 0 && it_byte(c2, s2, '2'));
+	usleep(1500000);	/* both idle for the head phase, neither for the idle limit */
+	int c3 = it_connect(&s3);
+	assert_true(s3 >= 0);	/* today: refused */
+	assert_true(it_byte(c3, s3, '3'));
+	assert_true(it_ends(c1, 2000) >= 0);	/* the idlest made room */
+	assert_true(it_byte(c2, s2, '2'));	/* the other still works */
+	assert_true(it_byte(s2, c2, '2'));
+	char *log = it_log("to make room");
+	assert_non_null(strstr(log, "capsule net: closed tcp 203.0.113.10:7070 to make room for a new "
+				    "connection: 2 connections are open, and it was idle for 1 s\n"));
+	free(log);
+	/* None idle now: the next is refused (a reset), and logged. */
+	int c4 = ic_guest_connect_mark(IC_GOOD, IC_HOLD_PORT, IC_MARK2);
+	assert_true(it_ends(c4, 2000) >= 0);
+	log = it_log("refused tcp");
+	assert_non_null(strstr(log, "capsule net: refused tcp 203.0.113.10:7070: too many connections "
+				    "(2 open, none idle for 1 s)\n"));
+	free(log);
+	struct pollfd p = { .fd = it.hold, .events = POLLIN };
+	assert_int_equal(poll(&p, 1, 200), 0);	/* nothing was dialed for it */
+	assert_true(it_byte(c3, s3, '3'));
+	close(c1);
+	close(c2);
+	close(c3);
+	close(c4);
+	close(s1);
+	close(s2);
+	close(s3);
+	(void)s4;
+}
+
+/* The filter itself, in a child: what serving needs passes; exec, files,
+ * other sockets, tracing and executable memory end the process. */
+static void test_seccomp_filter(void **state)
+{
+	enum { PASS, EXEC, OPEN, UNIX_SOCK, NETLINK, PTRACE, EXEC_MEM, N };
+
+	(void)state;
+	for (int what = PASS; what < N; what++) {
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			if (netd_seccomp() < 0)
+				_exit(2);
+			int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			if (fd < 0 || close(fd) < 0)
+				_exit(3);
+			void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (m == MAP_FAILED || mprotect(m, 4096, PROT_READ) < 0)
+				_exit(4);
+			char *argv[] = { "true", NULL };
+			switch (what) {
+			case EXEC: execve("/bin/true", argv, argv + 1); break;
+			case OPEN: open("/etc/hostname", O_RDONLY | O_CLOEXEC); break;
+			case UNIX_SOCK: socket(AF_UNIX, SOCK_STREAM, 0); break;
+			case NETLINK: socket(AF_NETLINK, SOCK_RAW, 0); break;
+			case PTRACE: syscall(SYS_ptrace, 0 /* PTRACE_TRACEME */, 0, 0, 0); break;
+			case EXEC_MEM: mprotect(m, 4096, PROT_READ | PROT_EXEC); break;
+			}
+			_exit(0);
+		}
+		int st = 0;
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		if (what == PASS) {
+			assert_true(WIFEXITED(st));
+			assert_int_equal(WEXITSTATUS(st), 0);
+		} else {
+			print_message("case %d: status %#x\n", what, st);
+			assert_true(WIFSIGNALED(st));
+			assert_int_equal(WTERMSIG(st), SIGSYS);
+		}
+	}
+}
+
 /* A CA key that is not one: netd does not start, and says why. */
 static void test_intercept_bad_ca(void **state)
 {
@@ -2223,6 +2574,10 @@ int main(void)
 		cmocka_unit_test(test_intercept_expect_held),
 		cmocka_unit_test(test_intercept_expect_streamed),
 		cmocka_unit_test(test_intercept_bad_ca),
+		cmocka_unit_test_setup_teardown(test_idle_head, it_start, it_stop),
+		cmocka_unit_test_setup_teardown(test_idle_established, it_start, it_stop),
+		cmocka_unit_test_setup_teardown(test_idle_slots, it_start, it_stop),
+		cmocka_unit_test(test_seccomp_filter),
 	};
 	/* The group's setup moves this process into a network namespace of
 	 * its own, for the interception tests (the others do not mind). */

@@ -32,7 +32,7 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=$(command -v python3)
 unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
-plan=42
+plan=44
 suite="secrets suite"
 echo "1..$plan"
 start=$(date +%s)
@@ -252,6 +252,19 @@ check "echo: the API echoed the real value; the guest got the placeholder (whole
 	'[ "$(req api.test "$a0" "h.get(\"authorization\")" | sort -u)" = "['"'"'Bearer $TOKEN'"'"']" ] && grep -qx "auth=Bearer $ph" "$rt/echo1" && grep -qx "auth=Bearer $ph" "$out" && ! has_value "$out" && ! has_value "$rt/echo1"'
 check "echo: net.log says TOKEN's value was replaced in the response" \
 	'wait_for "newlog | grep -q \"held secret TOKEN.s value\"" 30'
+
+# A server that reflects the request's Authorization (the real value, once
+# swapped) into its Content-Encoding: refused as encoded, and the refusal's
+# text, to the guest and in net.log, quotes none of it (issue 30).
+mark
+h 'api.test "GET /reflect-encoding HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer $TOKEN\r\n\r\n"'
+check "reflect: the server's Content-Encoding held the value; the guest got a 502 saying so, without the value" \
+	'grep -q "^HTTP/1.1 502 " "$out" && grep -q "encoded its response (Content-Encoding: one not registered, not quoted)" "$out" && ! has_value "$out"'
+wait_for "newlog | grep -q \"refused the response to https api.test:443 GET \\\"/reflect-encoding\\\"\"" 30
+newlog >"$rt/reflect.log"
+sed 's/^/# net.log: /' "$rt/reflect.log"
+check "reflect: net.log says why the response was refused, and holds no value" \
+	'grep -q "refused the response to https api.test:443 GET \"/reflect-encoding\": the server encoded its response" "$rt/reflect.log" && ! has_value "$rt/reflect.log"'
 
 # The body option: BODY's placeholder in a JSON body, Content-Length fixed;
 # TOKEN (without :body) stays a placeholder there.

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "sniff.h"
 #include "util.h"
 
 #define CONN_OPTS_MAX 32	/* tokens named by Connection headers */
@@ -318,7 +317,6 @@ struct fields {
 	uint64_t length;
 	bool has_length, has_te;
 	bool te_other;		/* a transfer coding other than chunked */
-	struct span te_other_name;
 	unsigned chunked;	/* how many times "chunked" is listed */
 	unsigned hosts;
 	struct span host;
@@ -373,9 +371,8 @@ static int read_codings(const uint8_t *b, struct span v, struct fields *f, const
 		}
 		if (span_is(b, el, "chunked")) {
 			f->chunked++;
-		} else if (!f->te_other) {
+		} else {
 			f->te_other = true;
-			f->te_other_name = el;
 		}
 	}
 	return 0;
@@ -915,9 +912,14 @@ static bool substitutable(const uint8_t *b, struct span name)
 	return !span_is(b, name, "host") && !span_is(b, name, "accept-encoding");
 }
 
+static void write_head(const struct cap_http_req *r, int64_t length, put_fn put, void *dst);
+
 /* Whether each value to put in the head fits where its placeholder is,
- * and the head is within CAP_HTTP_HEAD_MAX with the values in (a value
- * can be 160 times its placeholder's length): 0 with r->substituted set,
+ * and the head as it goes upstream is within CAP_HTTP_HEAD_MAX: counted
+ * as write_head writes it, with the values in (a value can be 160 times
+ * its placeholder's length), the blank after each colon, the framing,
+ * Accept-Encoding and Connection (a held body's Content-Length counted
+ * at its longest, CAP_HTTP_BODY_MAX's digits). 0 with r->substituted set,
  * or the status with *why. Nothing is built before this says so. */
 static int check_head_values(struct cap_http_req *r, const char **why)
 {
@@ -925,29 +927,25 @@ static int check_head_values(struct cap_http_req *r, const char **why)
 	const struct cap_http_secret *s = r->s;
 	struct span line, name, value;
 	uint32_t in_target, in_fields = 0;
-	size_t pos = r->fields, n = 0;
-	/* The head as received, each part's length replaced by its length
-	 * with the values in: never below 0, every part being in it. */
-	size_t len = r->head.len - r->target.len;
+	size_t pos = r->fields, len = 0;
 
 	in_target = replace(s, r->ns, r->head_mask, TO_VALUE, b + r->target.off, r->target.len,
-			    r->target.len, NULL, put_count, &n);
-	len += n;
+			    r->target.len, NULL, NULL, NULL);
 	while (next_line(&r->head, &pos, &line)) {
 		parse_field(b, line, &name, &value, why);
 		if (hop_by_hop(b, name, &r->f) || framing_field(b, name) || !substitutable(b, name))
 			continue;
-		n = 0;
 		in_fields |= replace(s, r->ns, r->head_mask, TO_VALUE, b + value.off, value.len,
-				     value.len, NULL, put_count, &n);
-		len = len - value.len + n;
+				     value.len, NULL, NULL, NULL);
 	}
 	if ((in_target & ~r->target_ok) || (in_fields & ~r->field_ok)) {
 		*why = "a secret's value that cannot go where its placeholder is";
 		return 400;
 	}
+	write_head(r, r->hold ? (int64_t)CAP_HTTP_BODY_MAX : -1, put_count, &len);
 	if (len > CAP_HTTP_HEAD_MAX) {
-		*why = "a request head over the size limit once the secrets' values are in";
+		*why = "a request head over the size limit as it would go upstream (the secrets' values "
+		       "in, the fields the rewriting adds)";
 		return 431;
 	}
 	r->substituted = in_target | in_fields;
@@ -1010,6 +1008,7 @@ static void emit(struct cap_http_req *r, struct cap_buf *out, size_t body_len)
 	size_t head_len = 0;
 
 	write_head(r, length, put_count, &head_len);
+	CAP_BUG_ON(head_len > CAP_HTTP_HEAD_MAX);	/* check_head_values counted it */
 	struct room room;
 	room.p = cap_buf_reserve(out, head_len + body_len);
 	room.end = room.p + head_len + body_len;
@@ -1256,28 +1255,46 @@ static int resp_fail(struct cap_http_resp *r, const char *reason, struct cap_htt
 	return -1;
 }
 
+/* The content codings of IANA's registry (RFC 9110 18.6) but identity,
+ * as a refusal may name them: its own text, never the server's bytes. */
+static const char *const registered_codings[] = {
+	"aes128gcm", "br", "compress", "dcb", "dcz", "deflate", "exi", "gzip",
+	"pack200-gzip", "x-compress", "x-gzip", "zstd",
+};
+
 /* A body in a content coding (gzip...): a value in it could not be seen,
- * so it is refused, naming the coding (a token as it is, else quoted). */
+ * so it is refused, naming the coding when it is a registered one. An
+ * unregistered one is not quoted: the server's bytes may be anything,
+ * a request's header with a secret's value in it reflected (issue 30). */
 static int resp_fail_encoded(struct cap_http_resp *r, const struct fields *f,
 			     struct cap_http_refusal *why)
 {
-	const char *c = (const char *)r->head.buf + f->coding.off;
-	char q[48], reason[sizeof(r->refusal.reason)];
+	const char *name = "one not registered, not quoted";
+	char reason[sizeof(r->refusal.reason)];
 
-	if (all_tchar(r->head.buf, f->coding) && f->coding.len < sizeof(q))
-		snprintf(q, sizeof(q), "%.*s", (int)f->coding.len, c);
-	else
-		cap_sniff_quote(c, f->coding.len, q, sizeof(q));
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(registered_codings); i++)
+		if (span_is(r->head.buf, f->coding, registered_codings[i]))
+			name = registered_codings[i];
 	snprintf(reason, sizeof(reason),
 		 "the server encoded its response (Content-Encoding: %s) despite Accept-Encoding: "
-		 "identity: an echoed value could not be replaced", q);
+		 "identity: an echoed value could not be replaced", name);
 	return resp_fail(r, reason, why);
 }
 
-/* Pass p[0..n) to out with every value replaced by its placeholder. */
-static void scrub_whole(struct cap_http_resp *r, const uint8_t *p, size_t n, struct cap_buf *out)
+/* Pass a head p[0..n) to out with every value replaced by its
+ * placeholder (51 bytes, where a value may have 8), when it is
+ * within CAP_HTTP_HEAD_MAX so: 0, or -1 (refused, nothing appended). */
+static int scrub_head(struct cap_http_resp *r, const uint8_t *p, size_t n, struct cap_buf *out,
+		      struct cap_http_refusal *why)
 {
+	size_t len = 0;
+
+	replace(r->s, r->ns, r->all, TO_PLACEHOLDER, p, n, n, NULL, put_count, &len);
+	if (len > CAP_HTTP_HEAD_MAX)
+		return resp_fail(r, "a response head over the size limit as it would go to the guest "
+				 "(the secrets' placeholders in, Connection added)", why);
 	r->echoed |= replace(r->s, r->ns, r->all, TO_PLACEHOLDER, p, n, n, NULL, put_cap_buf, out);
+	return 0;
 }
 
 /* Pass body bytes on, replaced, holding back the last r->keep bytes
@@ -1332,8 +1349,9 @@ static int parse_status_line(const uint8_t *b, struct span line, bool *http10)
  * keep_length (a response to HEAD, a 304) one Content-Length stays: it is
  * the representation's, not this message's (RFC 9110 8.6), and no body
  * follows the head to be delimited by the connection's end. */
-static void write_final_head(struct cap_http_resp *r, struct span status_line, size_t pos,
-			     const struct fields *f, bool keep_length, struct cap_buf *out)
+static int write_final_head(struct cap_http_resp *r, struct span status_line, size_t pos,
+			    const struct fields *f, bool keep_length, struct cap_buf *out,
+			    struct cap_http_refusal *why)
 {
 	const uint8_t *b = r->head.buf;
 	struct span line, name, value;
@@ -1357,8 +1375,9 @@ static void write_final_head(struct cap_http_resp *r, struct span status_line, s
 		put_str(put_cap_buf, &h, cl);
 	}
 	put_str(put_cap_buf, &h, "Connection: close\r\n\r\n");
-	scrub_whole(r, cap_buf_head(&h), cap_buf_used(&h), out);
+	int rc = scrub_head(r, cap_buf_head(&h), cap_buf_used(&h), out, why);
 	cap_buf_fini(&h);
+	return rc;
 }
 
 /* A whole response head: an interim one passes, the final one is
@@ -1382,7 +1401,8 @@ static int resp_head_done(struct cap_http_resp *r, struct cap_buf *out,
 	if (status == 101)
 		return resp_fail(r, "a protocol switch (101) that was not asked for", why);
 	if (status < 200) {
-		scrub_whole(r, r->head.buf, r->head.len, out);
+		if (scrub_head(r, r->head.buf, r->head.len, out, why) < 0)
+			return -1;
 		head_reset(&r->head);
 		return CAP_HTTP_MORE;
 	}
@@ -1391,8 +1411,9 @@ static int resp_head_done(struct cap_http_resp *r, struct cap_buf *out,
 	bool bodiless = r->head_request || status == 204 || status == 304;
 	if (f.encoded && !bodiless)
 		return resp_fail_encoded(r, &f, why);
+	if (write_final_head(r, line, pos, &f, r->head_request || status == 304, out, why) < 0)
+		return -1;
 	r->status = status;
-	write_final_head(r, line, pos, &f, r->head_request || status == 304, out);
 	head_reset(&r->head);
 	if (bodiless) {
 		resp_done(r, out);

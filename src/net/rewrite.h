@@ -40,10 +40,14 @@
  * several differing Content-Lengths, a bad chunk 400; a transfer coding
  * other than chunked 501; a head over CAP_HTTP_HEAD_MAX 431; a body to
  * rewrite over CAP_HTTP_BODY_MAX 413; HTTP other than 1.0/1.1 505. The
- * same two bounds hold for what is built upstream, the values in (a
- * value can be 160 times as long as its placeholder): a head over
- * CAP_HTTP_HEAD_MAX with them 431, a held body over CAP_HTTP_BODY_MAX
- * with them 413, refused before anything is built.
+ * same two bounds hold for what is built upstream, counted as it is
+ * sent: a head over CAP_HTTP_HEAD_MAX 431 with the values in (a value
+ * can be 160 times as long as its placeholder), the blank written after
+ * each colon, the framing, Accept-Encoding and Connection fields added (a
+ * held body's Content-Length counted at CAP_HTTP_BODY_MAX's digits); a
+ * held body over CAP_HTTP_BODY_MAX with the values in 413; refused
+ * before anything is built. (So a guest's head a little under the bound
+ * may be refused: 46 bytes are added to a GET's.)
  *
  * The response, as it goes to the guest: 1xx interim responses pass
  * unchanged (101 is refused: the upgrade was not asked for, Connection
@@ -54,10 +58,36 @@
  * HEAD and a 304 keep one Content-Length: it describes the
  * representation, and there is no body to delimit.) In head and body
  * every secret's value (whichever its host) becomes its placeholder, also
- * across the boundaries of what is fed. A final response with a body
- * (not HEAD, 204 or 304) whose Content-Encoding names a coding other
- * than identity is refused (502): a value in an encoded body could not
- * be seen. */
+ * across the boundaries of what is fed. A head (interim or final) over
+ * CAP_HTTP_HEAD_MAX as it goes to the guest, with the placeholders in
+ * (51 bytes, where a value may have 8) and Connection added, is refused
+ * (502). A final response with a body (not HEAD, 204 or 304) whose
+ * Content-Encoding names a coding other than identity is refused (502):
+ * a value in an encoded body could not be seen.
+ *
+ * What reaches the guest and the log (the oracle of tests/fuzz: "no
+ * secret's value reaches anything the guest or the log receives unless
+ * the input already held it"):
+ *  - a response's out, for the guest: never a value, of any secret,
+ *    whatever the server sent, however it is fed (values are replaced
+ *    across feeds; a tail that may begin one is dropped when the
+ *    response is cut short). An oracle picks values that share no byte
+ *    with a placeholder ("capsule-ph-" and lower-case hex: say, upper-case
+ *    letters), else a value could be spelt by a placeholder put in and
+ *    the server's bytes beside it;
+ *  - a refusal's reason (struct cap_http_refusal: the guest's 502 or 4xx
+ *    body, and net.log), of a request or a response: one of this file's
+ *    fixed texts, which quote no byte of the guest's or the server's (a
+ *    content coding is named only from the registry's list, in this
+ *    file's spelling). It holds no value, nor a piece of one: an oracle
+ *    looks for every 8-byte piece of each value (no fixed text holds 8
+ *    upper-case letters in a row);
+ *  - cap_http_req_method() and cap_http_req_target(), logged: the
+ *    request's as the guest sent them, placeholders and not values, so
+ *    a value only when the guest's input held it;
+ *  - a request's out goes to the server, not to the guest: the values of
+ *    the secrets that apply in place of their placeholders, and no
+ *    other secret's value than the guest's input held. */
 #ifndef CAP_NET_REWRITE_H
 #define CAP_NET_REWRITE_H
 
@@ -81,7 +111,8 @@ struct cap_http_secret {
 };
 
 /* A request or response that cannot go on: the status for the guest
- * (400, 413, 421, 431, 501, 502, 505) and why, for the log. */
+ * (400, 413, 421, 431, 501, 502, 505) and why, for the guest's answer
+ * and the log: a fixed text, never the peer's bytes (see above). */
 struct cap_http_refusal {
 	int status;
 	char reason[200];
@@ -140,8 +171,8 @@ void cap_http_resp_free(struct cap_http_resp *r);
 /* Feed upstream plaintext; what goes to the guest is appended to out.
  * CAP_HTTP_MORE, CAP_HTTP_DONE (the response is complete: a bodiless
  * one, a Content-Length or chunked body ended; later bytes are ignored),
- * or -1 with why (502: a malformed or oversized head, a bad chunk, 101,
- * a content coding). */
+ * or -1 with why (502: a malformed or oversized head, one over the size
+ * limit with the placeholders in, a bad chunk, 101, a content coding). */
 int cap_http_resp_feed(struct cap_http_resp *r, const uint8_t *p, size_t n,
 		       struct cap_buf *out, struct cap_http_refusal *why);
 /* Upstream ended: the held tail is flushed to out. CAP_HTTP_DONE, or -1

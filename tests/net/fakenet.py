@@ -31,8 +31,10 @@ clients to check them. Standard library only.
       client sent, at most 5: "" for none), or "bad request" with "why". Every answer is 200 with a
       Content-Length and no Connection header, so the connection stays
       open for another request: GET /echo answers "auth=AUTHORIZATION";
-      /echo-chunked the same in two chunks split inside the value; any
-      other path "hello from NAME PATH conn C seq K".
+      /echo-chunked the same in two chunks split inside the value;
+      /reflect-encoding answers "ok" with AUTHORIZATION as its
+      Content-Encoding (a server that sets headers from what it is sent);
+      any other path "hello from NAME PATH conn C seq K".
   fakenet.py certs CERTDIR
       Make, with the openssl command: a test CA (ca.pem, ca.key), another
       one (bad-ca.pem, bad-ca.key), and for each HTTPS name NAME.pem and
@@ -279,7 +281,10 @@ class HTTPSAPI(socketserver.ThreadingTCPServer):
                     for part in (text[:cut], text[cut:], b""):
                         inner.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
                     return
-                if path == "/echo":
+                if path == "/reflect-encoding":
+                    inner.send_header("Content-Encoding", auth)
+                    text = "ok\n"
+                elif path == "/echo":
                     text = "auth=%s\n" % auth
                 else:
                     text = "hello from %s %s conn %d seq %d\n" % (name, path, inner.conn, inner.seq)

@@ -1109,7 +1109,7 @@ static void *ic_serve(void *arg)
 						w = SSL_write(s, block, sizeof(block));
 					break;
 				}
-				char body[600] = "ok\n", resp[1024];
+				char body[600] = "ok\n", resp[2048];
 				if (strstr(req, " /echo ")) {
 					const char *a = strcasestr(req, "\r\nauthorization: ");
 					size_t al = a ? strcspn(a + 17, "\r") : 0;
@@ -1117,8 +1117,19 @@ static void *ic_serve(void *arg)
 					snprintf(body, sizeof(body), "you sent %.*s\n%s%.200s%s", (int)al,
 						 a ? a + 17 : "", *rb ? "and " : "", rb, *rb ? "\n" : "");
 				}
-				/* "/gzip": whatever was asked, an encoded answer. */
-				const char *enc = strstr(req, " /gzip ") ? "Content-Encoding: gzip\r\n" : "";
+				/* "/gzip": whatever was asked, an encoded answer;
+				 * "/reflect": the Authorization it got as the
+				 * Content-Encoding (a server that sets headers
+				 * from what it was sent). */
+				char enc[600] = "";
+				if (strstr(req, " /gzip "))
+					snprintf(enc, sizeof(enc), "Content-Encoding: gzip\r\n");
+				if (strstr(req, " /reflect ")) {
+					const char *a = strcasestr(req, "\r\nauthorization: ");
+					int al = a ? (int)strcspn(a + 17, "\r") : 0;
+					snprintf(enc, sizeof(enc), "Content-Encoding: %.*s\r\n", CAP_MIN(al, 500),
+						 a ? a + 17 : "");
+				}
 				int n = snprintf(resp, sizeof(resp),
 						 "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n%s"
 						 "Content-Length: %zu\r\n\r\n%s", enc, strlen(body), body);
@@ -1753,6 +1764,48 @@ static void test_intercept_identity(void **state)
 	char *log = ic_log_since(at, "Content-Encoding");
 	assert_non_null(strstr(log, "the server encoded its response (Content-Encoding: gzip) despite "
 				    "Accept-Encoding: identity"));
+	free(log);
+}
+
+/* A server that reflects the request's Authorization (the value in it,
+ * the placeholder having been replaced) into its Content-Encoding: the
+ * response is refused, and neither the guest's 502 nor net.log holds the
+ * value (issue 30: the reason quoted the coding). */
+static void test_intercept_refusal_no_value(void **state)
+{
+	char req[512];
+	bool clean = false;
+
+	(void)state;
+	IC_REQUIRE();
+	off_t at = ic_log_at();
+	const char *auth[] = { "%s", "Bearer %s" };
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(auth); k++) {
+		char a[128];
+		snprintf(a, sizeof(a), auth[k], ic.secrets[0].placeholder);
+		int fd = ic_guest_connect_proxy("api.test:443");
+		SSL *s = ic_guest_tls(fd, "api.test", "api.test", ic.ca_pem);
+		assert_non_null(s);
+		snprintf(req, sizeof(req), "GET /reflect HTTP/1.1\r\nHost: api.test\r\nAuthorization: %s\r\n\r\n",
+			 a);
+		char *resp = ic_exchange(s, req, &clean);
+		assert_true(!strncmp(resp, "HTTP/1.1 502 ", 13));
+		assert_non_null(strstr(resp, "encoded its response"));
+		assert_null(strstr(resp, IC_VALUE));
+		assert_null(strstr(resp, "real-tok"));
+		free(resp);
+		ic_close(s, fd);
+	}
+	unsigned n;
+	char last[8192];
+	ic_server_get(&ic.good, &n, last, sizeof(last));
+	assert_non_null(strstr(last, "Authorization: Bearer " IC_VALUE "\r\n"));
+	char *log = ic_log_since(at, "refused the response to https api.test:443 GET \"/reflect\": "
+				     "the server encoded its response (Content-Encoding: one not registered");
+	assert_non_null(strstr(log, "refused the response to https api.test:443 GET \"/reflect\": "
+				    "the server encoded its response (Content-Encoding: one not registered"));
+	assert_null(strstr(log, IC_VALUE));
+	assert_null(strstr(log, "real-tok"));
 	free(log);
 }
 
@@ -2562,6 +2615,7 @@ int main(void)
 		cmocka_unit_test(test_intercept_connect),
 		cmocka_unit_test(test_intercept_echo),
 		cmocka_unit_test(test_intercept_identity),
+		cmocka_unit_test(test_intercept_refusal_no_value),
 		cmocka_unit_test(test_intercept_cut_short),
 		cmocka_unit_test(test_intercept_idle),
 		cmocka_unit_test(test_intercept_untrusted),

@@ -498,12 +498,17 @@ static void test_req_head_too_large(void **state)
 	assert_int_equal(x.out_len, 0);
 	run_free(&x);
 
-	/* A head of exactly the limit is fine. */
-	in = big_input("GET / HTTP/1.1\r\nHost: api.test\r\nX-Big: ", CAP_HTTP_HEAD_MAX,
+	/* A head of exactly the limit as it goes upstream (46 bytes of
+	 * Accept-Encoding and Connection added) is fine; a byte more, 431. */
+	in = big_input("GET / HTTP/1.1\r\nHost: api.test\r\nX-Big: ", CAP_HTTP_HEAD_MAX - 46,
 		       "\r\n\r\n");
 	x = feed_req(in);
 	assert_int_equal(x.rc, CAP_HTTP_DONE);
+	assert_int_equal(x.out_len, CAP_HTTP_HEAD_MAX);
 	run_free(&x);
+	in = big_input("GET / HTTP/1.1\r\nHost: api.test\r\nX-Big: ", CAP_HTTP_HEAD_MAX - 45,
+		       "\r\n\r\n");
+	assert_refused(in, 431);
 }
 
 static void test_req_host(void **state)
@@ -1112,7 +1117,9 @@ static void test_resp_echo_split(void **state)
 	assert_int_equal(cap_http_resp_feed(r, (const uint8_t *)in, strlen(in), &out, &why),
 			 CAP_HTTP_MORE);
 	assert_null(memmem(cap_buf_head(&out), cap_buf_used(&out), "tok-", 4));
-	const char *rest = VAL1 + 8;
+	/* All 11 bytes of the body are held (a value is 16): only the head went. */
+	assert_int_equal(cap_buf_used(&out), strlen("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"));
+	const char *rest = &VAL1[8];	/* the value's last 8 bytes */
 	assert_int_equal(cap_http_resp_feed(r, (const uint8_t *)rest, strlen(rest), &out, &why),
 			 CAP_HTTP_MORE);
 	assert_int_equal(cap_http_resp_eof(r, &out, &why), CAP_HTTP_DONE);
@@ -1329,12 +1336,15 @@ static void test_resp_content_encoding(void **state)
 
 	x = feed_resp("HTTP/1.1 200 OK\r\ncontent-encoding: identity, BR\r\n\r\nabc", true);
 	assert_int_equal(x.rc, -1);
-	assert_non_null(strstr(x.why.reason, "(Content-Encoding: BR)"));
+	/* A registered coding is named, as this code spells it. */
+	assert_non_null(strstr(x.why.reason, "(Content-Encoding: br)"));
 	run_free(&x);
 	x = feed_resp("HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\n"
 		      "Content-Encoding: x\"y\r\n\r\nabc", true);
 	assert_int_equal(x.rc, -1);
-	assert_non_null(strstr(x.why.reason, "(Content-Encoding: \"x\\\"y\")"));
+	/* Another is not quoted: the server's bytes may hold a value. */
+	assert_non_null(strstr(x.why.reason, "(Content-Encoding: one not registered, not quoted)"));
+	assert_null(strchr(x.why.reason, '"'));
 	run_free(&x);
 
 	/* identity is no encoding; an interim response's fields do not count. */
@@ -1424,6 +1434,263 @@ static void test_resp_split_random(void **state)
 	run_free(&whole);
 }
 
+/* ---- no value in what the guest or the log gets ----------------------------- */
+
+/* The oracle of rewrite.h ("What reaches the guest and the log"): whether
+ * p[0..n) holds a value of s[0..ns), or with piece > 0 any piece bytes of
+ * one (a quote cut short leaks its start). */
+static bool holds_value(const void *p, size_t n, const struct cap_http_secret *s, unsigned ns,
+			size_t piece)
+{
+	for (unsigned k = 0; k < ns; k++) {
+		size_t l = piece && piece < s[k].value_len ? piece : s[k].value_len;
+		for (size_t i = 0; l && i + l <= s[k].value_len; i++)
+			if (memmem(p, n, s[k].value + i, l))
+				return true;
+	}
+	return false;
+}
+
+/* Neither the refusal's reason (the guest's 502 body, net.log) nor what
+ * the guest got holds a value; x was refused with status. */
+static void assert_no_leak(const char *in, const struct run *x, int status,
+			   const struct cap_http_secret *s, unsigned ns)
+{
+	if (x->rc != -1 || x->why.status != status)
+		fail_msg("%s: rc %d status %d (%s), wanted %d", in, x->rc, x->why.status,
+			 x->why.reason, status);
+	if (holds_value(x->why.reason, strlen(x->why.reason), s, ns, 8))
+		fail_msg("%s: the reason \"%s\" holds a secret's value", in, x->why.reason);
+	if (holds_value(x->out, x->out_len, s, ns, 0))
+		fail_msg("%s: the guest got a secret's value: %s", in, x->out);
+}
+
+/* An upstream that reflects a request's header (holding the value once
+ * the placeholder was swapped) into a response's header, then has the
+ * response refused: the reason never quotes it, whole or in part. */
+static void test_resp_refusal_quotes_no_value(void **state)
+{
+	(void)state;
+	const char *bad[] = {
+		/* Content-Encoding: the reason once quoted it. */
+		"HTTP/1.1 200 OK\r\nContent-Encoding: " VAL1 "\r\nContent-Length: 3\r\n\r\nabc",
+		"HTTP/1.1 200 OK\r\nContent-Encoding: Bearer " VAL1 "\r\n\r\nabc",
+		"HTTP/1.1 200 OK\r\nContent-Encoding: identity, " VAL2 "\r\n\r\nabc",
+		"HTTP/1.1 200 OK\r\nContent-Encoding: \"" VAL1 "\"\r\n\r\nabc",
+		/* Every other refusal of a response, the value nearby. */
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: " VAL1 "\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: " VAL1 ", chunked\r\n\r\n",
+		"HTTP/1.1 200 " VAL1 "\x01\r\n\r\n",
+		"HTTP/1.1 " VAL1 "\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX-A: " VAL1 "\x01\r\n\r\n",
+		"HTTP/1.1 200 OK\r\n" VAL1 " : x\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX: " VAL1 "\r\n " VAL2 "\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX: " VAL1 "\n\n",
+		"HTTP/1.1 200 OK\r\nConnection: " VAL1 ",@\r\n\r\n",
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: " VAL1 "\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: " VAL1 "\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX: " VAL1 "\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;" VAL1 "\x01\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" VAL1 "\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n" VAL1 "\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: " VAL1 "\x01\r\n",
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		struct run x = feed_resp(bad[i], true);
+		assert_no_leak(bad[i], &x, 502, secrets, 3);
+		run_free(&x);
+		x = feed_resp_bytes(bad[i], true);
+		assert_no_leak(bad[i], &x, 502, secrets, 3);
+		run_free(&x);
+	}
+
+	/* Cut short: the guest has the head and what came of the body, the
+	 * value in it replaced, and what is held back (a value's start) is
+	 * dropped. */
+	const char *cut = "HTTP/1.1 200 OK\r\nX: " VAL1 "\r\nContent-Length: 100\r\n\r\n" VAL1 "tok-R";
+	struct run x = feed_resp(cut, true);
+	assert_no_leak(cut, &x, 502, secrets, 3);
+	assert_non_null(strstr(x.out, "X: " PH1 "\r\n"));
+	run_free(&x);
+
+	/* A head over the limit, the value in it. */
+	const char *in = big_input("HTTP/1.1 200 OK\r\nX: " VAL1 " ", CAP_HTTP_HEAD_MAX + 63, "");
+	x = feed_resp(in, false);
+	assert_no_leak("a big head", &x, 502, secrets, 3);
+	run_free(&x);
+
+	/* A long value: a quote of its start, cut short to fit, is a leak
+	 * too (its first 8 bytes are looked for). */
+	char lv[101];
+	for (size_t i = 0; i < 100; i++)
+		lv[i] = (char)('A' + i % 26);
+	lv[100] = '\0';
+	struct cap_http_secret ls = { "LONG", PH1, lv, 100, false, true };
+	char resp[512];
+	snprintf(resp, sizeof(resp), "HTTP/1.1 200 OK\r\nContent-Encoding: %s\r\n\r\nabc", lv);
+	struct cap_http_resp *r = cap_http_resp_new(&ls, 1, false);
+	struct cap_buf out;
+	cap_buf_init(&out);
+	x = (struct run){ 0 };
+	x.rc = cap_http_resp_feed(r, (const uint8_t *)resp, strlen(resp), &out, &x.why);
+	x.out = take_out(&out, &x.out_len);
+	assert_no_leak(resp, &x, 502, &ls, 1);
+	run_free(&x);
+	cap_buf_fini(&out);
+	cap_http_resp_free(r);
+}
+
+/* A request refused after its placeholders were read (and some of its
+ * values counted in): the reason never holds a value. */
+static void test_req_refusal_quotes_no_value(void **state)
+{
+	(void)state;
+	const char *bad[] = {
+		"GET /" PH1 " HTTP/1.1\r\nHost: else.test\r\nAuthorization: " PH1 "\r\n\r\n",
+		"GET https://else.test/" PH1 " HTTP/1.1\r\nHost: api.test\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\r\nTransfer-Encoding: " PH1 "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\r\nContent-Length: " PH1 "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: api.test\r\nConnection: " PH1 ",@\r\n\r\n",
+		"GET /" PH3 " HTTP/1.1\r\nHost: api.test\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\x01\r\n\r\n",
+		"GET / HTTP/9.9\r\nHost: api.test\r\nX: " PH1 "\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\r\nTransfer-Encoding: chunked\r\n\r\n"
+		"33\r\n" PH3 "\r\nZZ",
+		"POST / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\r\nTransfer-Encoding: chunked\r\n\r\n"
+		"33;" PH3 "\x01",
+	};
+	const int status[] = { 421, 421, 501, 400, 400, 400, 400, 505, 400, 400 };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		struct run x = feed_req(bad[i]);
+		assert_no_leak(bad[i], &x, status[i], secrets, 3);
+		run_free(&x);
+	}
+	/* Ended early with a held body of placeholders. */
+	const char *early = "POST / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\r\n"
+			    "Content-Length: 200\r\n\r\n" PH3;
+	struct cap_http_req *r = cap_http_req_new("api.test", 443, secrets, 3);
+	struct cap_buf out;
+	struct run x = { 0 };
+	cap_buf_init(&out);
+	assert_int_equal(cap_http_req_feed(r, (const uint8_t *)early, strlen(early), &x.used, &out,
+					   &x.why), CAP_HTTP_MORE);
+	x.rc = cap_http_req_eof(r, &x.why);
+	x.out = take_out(&out, &x.out_len);
+	assert_no_leak(early, &x, 400, secrets, 3);
+	run_free(&x);
+	cap_buf_fini(&out);
+	cap_http_req_free(r);
+}
+
+/* What goes upstream is within CAP_HTTP_HEAD_MAX too, counted as sent:
+ * the blank after each colon and the fields the rewriting adds count. */
+static void test_req_upstream_head_bounded(void **state)
+{
+	(void)state;
+	/* 32,764 bytes of "a:b" fields: 39,356 went upstream. */
+	static char in[CAP_HTTP_HEAD_MAX + 1];
+	size_t n = (size_t)snprintf(in, sizeof(in), "GET / HTTP/1.1\r\nHost: api.test\r\n");
+	while (n + 5 + 2 <= 32764) {
+		memcpy(in + n, "a:b\r\n", 5);
+		n += 5;
+	}
+	memcpy(in + n, "\r\n", 3);
+	n += 2;
+	assert_int_equal(n, 32764);
+	struct run x = feed_req(in);
+	if (x.rc == CAP_HTTP_DONE) {
+		if (x.out_len > CAP_HTTP_HEAD_MAX)
+			fail_msg("a %zu-byte head sent %zu bytes upstream, over %d", n, x.out_len,
+				 CAP_HTTP_HEAD_MAX);
+	} else {
+		assert_int_equal(x.rc, -1);
+		assert_int_equal(x.why.status, 431);
+		assert_int_equal(x.out_len, 0);
+	}
+	run_free(&x);
+
+	/* Near the limit, with a streamed body and a held one (its
+	 * Content-Length written anew): the head sent is within the limit,
+	 * or the request is refused with 431; both happen. */
+	const char *pre[] = {
+		"GET / HTTP/1.1\r\nHost: api.test\r\nX-Big: ",
+		"GET / HTTP/1.1\r\nHost: api.test\r\nX: " PH1 "\r\nX-Big:",
+		"POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\nX: " PH3 "\r\nX-Big: ",
+	};
+	for (size_t p = 0; p < CAP_ARRAY_SIZE(pre); p++) {
+		unsigned done = 0, refused = 0;
+		bool post = !strncmp(pre[p], "POST", 4);
+		for (size_t total = CAP_HTTP_HEAD_MAX - 120; total <= CAP_HTTP_HEAD_MAX; total++) {
+			char *head = big_input(pre[p], total, "\r\n\r\n");
+			char *req = xmalloc(total + 3);
+			memcpy(req, head, total);
+			memcpy(req + total, post ? "ab" : "", post ? 3 : 1);
+			x = feed_req(req);
+			free(req);
+			if (x.rc == CAP_HTTP_DONE) {
+				const char *end = strstr(x.out, "\r\n\r\n");
+				assert_non_null(end);
+				size_t hl = (size_t)(end + 4 - x.out);
+				if (hl > CAP_HTTP_HEAD_MAX)
+					fail_msg("%s...: a %zu-byte head sent as %zu bytes", pre[p], total, hl);
+				done++;
+			} else {
+				assert_int_equal(x.rc, -1);
+				assert_int_equal(x.why.status, 431);
+				assert_int_equal(x.out_len, 0);
+				refused++;
+			}
+			run_free(&x);
+		}
+		assert_true(done > 0 && refused > 0);
+	}
+}
+
+/* What goes to the guest is within CAP_HTTP_HEAD_MAX too, counted as
+ * sent: the Connection field added, each value's (longer) placeholder. */
+static void test_resp_head_bounded(void **state)
+{
+	(void)state;
+	/* A head of the limit exactly, Connection: close added: refused;
+	 * 19 bytes less, it fits exactly. */
+	for (unsigned less = 0; less <= 19; less += 19) {
+		char *in = big_input("HTTP/1.1 200 OK\r\nX: ", CAP_HTTP_HEAD_MAX - less, "\r\n\r\n");
+		struct run x = feed_resp(in, true);
+		if (less == 0) {
+			if (x.rc == CAP_HTTP_DONE && x.out_len > CAP_HTTP_HEAD_MAX)
+				fail_msg("a %d-byte head sent as %zu", CAP_HTTP_HEAD_MAX, x.out_len);
+			assert_int_equal(x.rc, -1);
+			assert_int_equal(x.why.status, 502);
+			assert_int_equal(x.out_len, 0);
+		} else {
+			assert_int_equal(x.rc, CAP_HTTP_DONE);
+			assert_int_equal(x.out_len, CAP_HTTP_HEAD_MAX);
+		}
+		run_free(&x);
+	}
+
+	/* 1000 echoed values (17 KiB) become 1000 placeholders (52 KiB), in
+	 * a final head and in an interim one. */
+	const char *first[] = { "HTTP/1.1 200 OK\r\nX: ", "HTTP/1.1 103 Early Hints\r\nLink: " };
+	for (size_t f = 0; f < CAP_ARRAY_SIZE(first); f++) {
+		size_t vl = strlen(VAL1) + 1;
+		char *in = xmalloc(1000 * vl + 128);
+		size_t n = (size_t)snprintf(in, 128, "%s", first[f]);
+		for (unsigned i = 0; i < 1000; i++) {
+			memcpy(in + n, VAL1 " ", vl);
+			n += vl;
+		}
+		n += (size_t)snprintf(in + n, 128, "\r\nContent-Length: 0\r\n\r\n");
+		struct run x = feed_resp_cuts(in, n, NULL, 0, false, true);
+		if (x.out_len > CAP_HTTP_HEAD_MAX)
+			fail_msg("%s...: a %zu-byte head sent as %zu", first[f], n, x.out_len);
+		assert_int_equal(x.rc, -1);
+		assert_int_equal(x.why.status, 502);
+		run_free(&x);
+		free(in);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1460,6 +1727,10 @@ int main(void)
 		cmocka_unit_test(test_resp_content_encoding),
 		cmocka_unit_test(test_resp_malformed),
 		cmocka_unit_test(test_resp_split_random),
+		cmocka_unit_test(test_resp_refusal_quotes_no_value),
+		cmocka_unit_test(test_req_refusal_quotes_no_value),
+		cmocka_unit_test(test_req_upstream_head_bounded),
+		cmocka_unit_test(test_resp_head_bounded),
 	};
 	return cmocka_run_group_tests(tests, setup, NULL);
 }

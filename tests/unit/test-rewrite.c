@@ -1111,8 +1111,12 @@ static void test_resp_echo_split(void **state)
 	snprintf(in, sizeof(in), "%sabc%.8s", head, VAL1);
 	assert_int_equal(cap_http_resp_feed(r, (const uint8_t *)in, strlen(in), &out, &why),
 			 CAP_HTTP_MORE);
-	assert_null(memmem(cap_buf_head(&out), cap_buf_used(&out), "tok-", 4));
-	const char *rest = VAL1 + 8;
+	/* None of the 8 bytes held back is out yet, nor any byte of them:
+	 * what is out is a prefix of the head and "abc". */
+	const char *sofar = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc";
+	assert_true(cap_buf_used(&out) <= strlen(sofar));
+	assert_memory_equal(cap_buf_head(&out), sofar, cap_buf_used(&out));
+	const char *rest = &VAL1[8];
 	assert_int_equal(cap_http_resp_feed(r, (const uint8_t *)rest, strlen(rest), &out, &why),
 			 CAP_HTTP_MORE);
 	assert_int_equal(cap_http_resp_eof(r, &out, &why), CAP_HTTP_DONE);

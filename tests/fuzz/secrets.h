@@ -21,17 +21,31 @@ static const struct cap_http_secret fz_secrets[FZ_NSECRETS] = {
 	{ "ODD", "capsule-ph-4444444444444444444444444444444444444444", "p\xc3\xa4ss\tW0rd", 11, true, true },
 };
 
+/* Whether text (n bytes) holds secret i's value as it is. */
+__attribute__((unused)) static bool fz_has_value(const void *text, size_t n, unsigned i)
+{
+	const struct cap_http_secret *s = &fz_secrets[i];
+	return n >= s->value_len && memmem(text, n, s->value, s->value_len);
+}
+
+/* Secret i's value as cap_sniff_quote writes it, without the quotes. */
+static const char *fz_quoted(unsigned i, char q[64])
+{
+	const struct cap_http_secret *s = &fz_secrets[i];
+	cap_sniff_quote(s->value, s->value_len, q, 64);
+	size_t ql = strlen(q);
+	memmove(q, q + 1, ql - 2);
+	q[ql - 2] = '\0';
+	return q;
+}
+
 /* Whether text (n bytes) shows secret i's value: as it is, or as
  * cap_sniff_quote writes it (a quoted reason). */
 __attribute__((unused)) static bool fz_shows(const void *text, size_t n, unsigned i)
 {
-	const struct cap_http_secret *s = &fz_secrets[i];
-	if (n >= s->value_len && memmem(text, n, s->value, s->value_len))
-		return true;
 	char q[64];
-	cap_sniff_quote(s->value, s->value_len, q, sizeof(q));
-	size_t ql = strlen(q);	/* without its quotes */
-	return ql > 2 && n >= ql - 2 && memmem(text, n, q + 1, ql - 2);
+	fz_quoted(i, q);
+	return fz_has_value(text, n, i) || (n >= strlen(q) && memmem(text, n, q, strlen(q)));
 }
 
 static bool fz_subseq(const uint8_t *p, size_t n, const char *v, size_t m)
@@ -49,8 +63,17 @@ __attribute__((unused)) static bool fz_spelt(const uint8_t *p, size_t n, unsigne
 {
 	const struct cap_http_secret *s = &fz_secrets[i];
 	char q[64];
-	cap_sniff_quote(s->value, s->value_len, q, sizeof(q));
-	return fz_subseq(p, n, s->value, s->value_len) || fz_subseq(p, n, q + 1, strlen(q) - 2);
+	fz_quoted(i, q);
+	return fz_subseq(p, n, s->value, s->value_len) || fz_subseq(p, n, q, strlen(q));
+}
+
+/* Whether p[0..n) holds secret i's escaped text (cap_sniff_quote's) as
+ * it is. */
+__attribute__((unused)) static bool fz_has_quoted(const uint8_t *p, size_t n, unsigned i)
+{
+	char q[64];
+	fz_quoted(i, q);
+	return n >= strlen(q) && memmem(p, n, q, strlen(q));
 }
 
 #endif

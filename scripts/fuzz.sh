@@ -34,16 +34,22 @@ esac
 build=${1:-build-clang}
 [ $# -gt 0 ] && shift
 
-# The sanitizers' settings of every run: leaks and UBSan's findings are
-# failures; tests/fuzz/ubsan.supp lists the known ones not fixed yet.
-ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
-UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:suppressions=$top/tests/fuzz/ubsan.supp}
+# The sanitizers' settings of every run (whatever the caller's): leaks
+# and UBSan's findings are failures; tests/fuzz/ubsan.supp lists the
+# known ones not fixed yet.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$top/tests/fuzz/ubsan.supp
 export ASAN_OPTIONS UBSAN_OPTIONS
 
-# The tree: clang, ASan and UBSan, libFuzzer's instrumentation.
+# The tree: clang (CLANG, default clang-14), ASan and UBSan, libFuzzer's
+# instrumentation. llvm-symbolizer (llvm-14) names the frames of a report.
 if [ ! -f "$build/build.ninja" ]; then
-	CC=clang meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false \
+	CC=${CLANG:-clang-14} meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false \
 		-Dfuzzing=true >/dev/null || exit 1
+elif ! meson introspect "$build" --buildoptions | grep -q '"name": "fuzzing", "value": true'; then
+	# A clang tree made without it (CC=clang meson setup build-clang).
+	meson configure "$build" -Db_sanitize=address,undefined -Db_lundef=false -Dfuzzing=true >/dev/null ||
+		{ echo "fuzz: $build is not a clang tree: remove it or name another (make fuzz CLANG_BUILD=...)" >&2; exit 1; }
 fi
 if [ -n "$setup_only" ]; then
 	ninja -C "$build" >/dev/null

@@ -138,7 +138,9 @@ static void make_tree(struct cap_tree *t, char *const *paths, size_t np, struct 
 	t->v = xcalloc(np, sizeof(*t->v));
 	for (size_t i = 0; i < np; i++) {
 		const struct pick *k = &pk[i][which];
-		if (!k->type)
+		/* The host's side is a scan, which skips the staging names
+		 * (skip_prefix CAP_MERGE_STAGE_PREFIX): never in ours. */
+		if (!k->type || (which == 1 && staging_name(paths[i])))
 			continue;
 		struct cap_tree_entry *e = &t->v[t->n++];
 		e->path = xstrdup(paths[i]);

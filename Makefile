@@ -2,10 +2,12 @@
 # Each target first does whatever set-up is missing: Debian packages
 # (scripts/bootstrap.sh), the Meson build, the guest kernel in the cache.
 
-BUILD      ?= build
-ASAN_BUILD ?= build-asan
+BUILD       ?= build
+ASAN_BUILD  ?= build-asan
+# clang: ASan, UBSan and libFuzzer's instrumentation (scripts/fuzz.sh).
+CLANG_BUILD ?= build-clang
 
-.PHONY: all bootstrap build kernel demo test bench deb clean
+.PHONY: all bootstrap build kernel demo test fuzz bench deb clean
 
 all: build
 
@@ -25,7 +27,15 @@ demo: build kernel
 	@scripts/demo.sh $(BUILD)
 
 test: build kernel
-	@tests/run.sh $(BUILD) $(ASAN_BUILD)
+	@tests/run.sh $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD)
+
+# Coverage-guided fuzzing (docs/architecture.md, "Tests"): each target of
+# tests/fuzz for FUZZ_TIME seconds (default 60; FUZZ_TARGETS picks some),
+# from its seeds; prints inputs run, coverage and crashes per target.
+# What it finds is in fuzz-out/<target>/ (crashes/, corpus/); FUZZ_MERGE=1
+# adds the inputs that add coverage to tests/fuzz/corpus/<target>.
+fuzz: bootstrap
+	@scripts/fuzz.sh $(CLANG_BUILD)
 
 bench: build kernel
 	@bench/run.sh $(BUILD)
@@ -36,4 +46,4 @@ deb: build
 	@scripts/make-deb.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD) fuzz-out

@@ -13,6 +13,7 @@ PACKAGES="
   libnftables-dev libmnl-dev iproute2 nftables wget
   skopeo docker-registry curl dpkg-dev fakeroot lintian man-db systemd file
   podman conmon runc containerd
+  clang-14 libclang-rt-14-dev llvm-14
 "
 
 missing=""

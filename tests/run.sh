@@ -1,11 +1,15 @@
 #!/bin/sh
 # The one test command (make test): unit tests, the same unit tests under
-# ASan+UBSan, VM integration tests through the library, and black-box CLI
-# tests. Every suite speaks TAP; this script counts and prints one closing
-# line "N passed, N failed, N skipped".
+# ASan+UBSan (gcc) and built by clang (with ASan, UBSan and libFuzzer's
+# instrumentation), the fuzz targets' corpora replayed and each target
+# run briefly, VM integration tests through the library, and black-box
+# CLI tests. Every suite speaks TAP; this script counts and prints one
+# closing line "N passed, N failed, N skipped".
+#   tests/run.sh [BUILD [ASAN_BUILD [CLANG_BUILD]]]
 set -u
 build=${1:-build}
 asan=${2:-build-asan}
+clang=${3:-build-clang}
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top" || exit 1
 
@@ -38,9 +42,12 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine; do
+units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine"
+for t in $units; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
+# The fuzz targets: one per directory of seeds.
+fuzz_targets=$(ls tests/fuzz/corpus)
 
 # The unit suite again under AddressSanitizer and UBSan. Its build and
 # the fuzz drivers (CPU only, seeded, no timing) run beside the VM suites
@@ -57,22 +64,48 @@ asanok=$(mktemp)
 	fi
 	if ninja -C "$asan" >/dev/null; then
 		echo ok >"$asanok"
-		# The fuzz drivers, seeded and bounded: iterations sized for
+		export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+		export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+		# The seeded mutation drivers, bounded: iterations sized for
 		# under ~30 s each on a 2-core machine.
-		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-			suite "asan/fuzz-proto" "$asan/tests/fuzz-proto" 200000
-		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-			suite "asan/fuzz-rpc" "$asan/tests/fuzz-rpc" 8000
-		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-			suite "asan/fuzz-projection" "$asan/tests/fuzz-projection" 1000
+		suite "asan/mutate-proto" "$asan/tests/fuzz/mutate-proto" 200000
+		suite "asan/mutate-rpc" "$asan/tests/fuzz/mutate-rpc" 8000
+		suite "asan/mutate-projection" "$asan/tests/fuzz/mutate-projection" 1000
+		# Every fuzz target's seed corpus, replayed (gcc's sanitizers).
+		for t in $fuzz_targets; do
+			suite "asan/replay-$t" "$asan/tests/fuzz/fuzz-$t" "tests/fuzz/corpus/$t"
+		done
 	else
 		echo "not ok - the ASan+UBSan build failed" | suite "asan/build" cat
 	fi
 ) >"$asanlog" 2>&1 &
 asanpid=$!
+
+# The clang tree (ASan, UBSan with clang's checks, libFuzzer's coverage:
+# scripts/fuzz.sh makes it): its build, every unit suite, then each fuzz
+# target briefly (FUZZ_TEST_TIME seconds, default 10, from its seeds; a
+# crash is a failure, unless tests/fuzz/known-failures names the target:
+# then a skip). Beside the VM suites at the lowest priority too, beside
+# the ASan build; its lines are printed after the VM suites.
+clanglog=$(mktemp)
+(
+	renice -n 19 -p "$(exec sh -c 'echo $PPID')" >/dev/null 2>&1
+	if ! command -v "${CLANG:-clang-14}" >/dev/null 2>&1; then
+		echo "not ok - clang is not installed (scripts/bootstrap.sh installs clang-14)" | suite "clang/build" cat
+	elif scripts/fuzz.sh --setup "$clang" >/dev/null 2>&1; then
+		export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+		export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+		for t in $units; do
+			suite "clang/$t" "$clang/tests/test-$t"
+		done
+		for t in $fuzz_targets; do
+			FUZZ_TIME=${FUZZ_TEST_TIME:-10} suite "fuzz/$t" scripts/fuzz.sh --tap "$clang" "$t"
+		done
+	else
+		echo "not ok - the clang build failed: scripts/fuzz.sh --setup $clang" | suite "clang/build" cat
+	fi
+) >"$clanglog" 2>&1 &
+clangpid=$!
 
 # Real VMs, TCG on hosts without hardware virtualization.
 export CAPSULE_AGENT="$top/$build/capsule-agent"
@@ -80,7 +113,7 @@ export CAPSULE_AGENT="$top/$build/capsule-agent"
 # them again (the python image: a minute of debootstrap each time).
 CAPSULE_TEST_SHARE=$(mktemp -d /tmp/cshare.XXXXXX)
 export CAPSULE_TEST_SHARE
-trap 'kill "$asanpid" 2>/dev/null; rm -f "$results" "${bglog:-}" "${durlog:-}" "$asanlog" "$asanok"; rm -rf "$CAPSULE_TEST_SHARE"' EXIT
+trap 'kill "$asanpid" "$clangpid" 2>/dev/null; rm -f "$results" "${bglog:-}" "${durlog:-}" "$asanlog" "$asanok" "$clanglog"; rm -rf "$CAPSULE_TEST_SHARE"' EXIT
 vmhome=$(mktemp -d /tmp/cv.XXXXXX)
 CAPSULE_HOME="$vmhome" suite "integration/vm-restored" "$build/tests/test-vm"
 CAPSULE_HOME="$vmhome" CAPSULE_TEMPLATES=0 suite "integration/vm-cold" "$build/tests/test-vm"
@@ -132,12 +165,15 @@ CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 wait "$asanpid"
 cat "$asanlog"
 if [ -s "$asanok" ]; then
-	for t in proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine; do
+	for t in $units; do
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			suite "asan/$t" "$asan/tests/test-$t"
 	done
 fi
+# The clang half: its unit suites and fuzz runs (beside the VM suites).
+wait "$clangpid"
+cat "$clanglog"
 
 awk '{ p += $1; f += $2; s += $3 }
 	END {

@@ -1,6 +1,7 @@
 /* What an engine implements: one const table of operations per kind of
  * hypervisor process (QEMU's is in engine-qemu.c), chosen at run time by
- * name (engine.c, cap_engine_get). Only src/engine includes this: above
+ * name (engine.c, cap_engine_get). Only src/engine includes this (and
+ * tests/fuzz/fuzz-qmp.c, for the QMP reader at its end): above
  * it, an engine is an opaque const struct cap_engine_ops * and a VM a
  * struct cap_vm driven through engine.h's cap_vm_* calls, which dispatch
  * here. Contracts are engine.h's, under the cap_vm_* or cap_engine_*
@@ -52,5 +53,25 @@ struct cap_engine_ops {
 
 /* The engines, in engine.c's table. */
 extern const struct cap_engine_ops cap_engine_qemu;
+
+/* QEMU's QMP reader (engine-qemu.c), its parts that see QEMU's bytes (a
+ * jailed QEMU is untrusted), callable alone for tests/fuzz/fuzz-qmp.c. */
+struct cap_buf;
+struct json_t;
+/* Take one newline-terminated message from in: 0 with it in buf (len
+ * bytes, NUL-terminated, without its newline); -EMSGSIZE when it does not
+ * fit (the line, or len bytes of it without an end yet, consumed all the
+ * same); -EAGAIN when in holds no whole one and fewer than len bytes. */
+int cap_qmp_take_line(struct cap_buf *in, char *buf, size_t len);
+/* An event message: a disk's BLOCK_IO_ERROR is counted in *io_errors and
+ * kept in *io_last; the rest does not concern us. */
+void cap_qmp_event(struct json_t *j, unsigned *io_errors, struct cap_vm_io_error *io_last);
+/* One message read while waiting for the answer to cmd: 1 when it is not
+ * the answer (an event, taken as cap_qmp_event does), 0 for the answer
+ * (*ret, when ret is not NULL, a new reference to its "return" value),
+ * -EIO for an error answer, -EPROTO for a line that is not JSON; err
+ * names cmd. */
+int cap_qmp_reply(const char *line, const char *cmd, unsigned *io_errors,
+		  struct cap_vm_io_error *io_last, struct json_t **ret, struct cap_err *err);
 
 #endif

@@ -414,23 +414,30 @@ static int connect_unix(const char *path, struct qemu_vm *vm, int *out,
 /* Read one newline-terminated QMP message into buf, waiting up to
  * timeout_ms (0: only what has arrived). Reads in chunks: what follows
  * the line stays in vm->qmp_in for the next call. */
+int cap_qmp_take_line(struct cap_buf *in, char *buf, size_t len)
+{
+	const uint8_t *h = cap_buf_head(in);
+	size_t used = cap_buf_used(in);
+	const uint8_t *nl = used ? memchr(h, '\n', used) : NULL;
+	if (!nl && used < len)
+		return -EAGAIN;
+	size_t n = nl ? (size_t)(nl - h) : used;
+	bool fits = n < len;
+	if (fits) {
+		memcpy(buf, h, n);
+		buf[n] = '\0';
+	}
+	cap_buf_consume(in, nl ? n + 1 : n);
+	return fits ? 0 : -EMSGSIZE;
+}
+
 static int qmp_read(struct qemu_vm *vm, char *buf, size_t len, int timeout_ms)
 {
 	int64_t end = cap_now_ms() + timeout_ms;
 	for (;;) {
-		const uint8_t *h = cap_buf_head(&vm->qmp_in);
-		size_t used = cap_buf_used(&vm->qmp_in);
-		const uint8_t *nl = used ? memchr(h, '\n', used) : NULL;
-		if (nl || used >= len) {
-			size_t n = nl ? (size_t)(nl - h) : used;
-			bool fits = n < len;
-			if (fits) {
-				memcpy(buf, h, n);
-				buf[n] = '\0';
-			}
-			cap_buf_consume(&vm->qmp_in, nl ? n + 1 : n);
-			return fits ? 0 : -EMSGSIZE;
-		}
+		int t = cap_qmp_take_line(&vm->qmp_in, buf, len);
+		if (t != -EAGAIN)
+			return t;
 		if (vm->qmp_gone)
 			return -EPIPE;
 		struct pollfd p = { .fd = vm->qmp_fd, .events = POLLIN };
@@ -456,7 +463,7 @@ static int qmp_read(struct qemu_vm *vm, char *buf, size_t len, int timeout_ms)
 
 /* An event from QEMU: a disk's I/O error is counted and kept (the
  * latest) for cap_vm_io_errors; the rest does not concern us. */
-static void qmp_event(struct qemu_vm *vm, json_t *j)
+void cap_qmp_event(json_t *j, unsigned *io_errors, struct cap_vm_io_error *io_last)
 {
 	const char *ev = json_string_value(json_object_get(j, "event"));
 	json_t *d = json_object_get(j, "data");
@@ -470,8 +477,8 @@ static void qmp_event(struct qemu_vm *vm, json_t *j)
 	/* build_argv names the drives disk<index>. */
 	if (!dev || sscanf(dev, "disk%u%c", &disk, &end) != 1)
 		return;
-	vm->io_errors++;
-	vm->io_last = (struct cap_vm_io_error){
+	(*io_errors)++;
+	*io_last = (struct cap_vm_io_error){
 		.disk = disk,
 		.write = op && strcmp(op, "write") == 0,
 		/* QEMU sets "nospace" only for drives that may stop on
@@ -480,7 +487,7 @@ static void qmp_event(struct qemu_vm *vm, json_t *j)
 		.nospace = json_is_true(json_object_get(d, "nospace")) ||
 			   (why && strcmp(why, "No space left on device") == 0),
 	};
-	snprintf(vm->io_last.reason, sizeof(vm->io_last.reason), "%s", why ? why : "I/O error");
+	snprintf(io_last->reason, sizeof(io_last->reason), "%s", why ? why : "I/O error");
 }
 
 static int io_errors(struct cap_vm *v, struct cap_vm_io_error *last)
@@ -495,7 +502,7 @@ static int io_errors(struct cap_vm *v, struct cap_vm_io_error *last)
 			break;
 		json_t *j = json_loads(line, 0, NULL);
 		if (j)
-			qmp_event(vm, j);
+			cap_qmp_event(j, &vm->io_errors, &vm->io_last);
 		json_decref(j);
 		r = 0;
 	}
@@ -557,29 +564,35 @@ static int qmp_call_fd(struct qemu_vm *vm, const char *cmd, json_t *args,
 	for (;;) {
 		if ((r = qmp_read(vm, line, sizeof(line), QMP_TIMEOUT_MS)) < 0)
 			return cap_err_set(err, -r, "QMP %s: no answer: %s", cmd, strerror(-r));
-		json_t *j = json_loads(line, 0, NULL);
-		if (!j)
-			return cap_err_set(err, EPROTO, "QMP %s: unparsable answer", cmd);
-		if (json_object_get(j, "event")) {
-			qmp_event(vm, j);	/* kept for cap_vm_io_errors */
-			json_decref(j);
-			continue;
-		}
-		json_t *rv = json_object_get(j, "return");
-		bool done = rv != NULL;
-		if (done && ret)
-			*ret = json_incref(rv);
-		json_t *e = json_object_get(j, "error");
-		if (e) {
-			const char *desc = json_string_value(json_object_get(e, "desc"));
-			r = cap_err_set(err, EIO, "QMP %s failed: %s", cmd, desc ? desc : "unknown error");
-			json_decref(j);
+		if ((r = cap_qmp_reply(line, cmd, &vm->io_errors, &vm->io_last, ret, err)) <= 0)
 			return r;
-		}
-		json_decref(j);
-		if (done)
-			return 0;
 	}
+}
+
+int cap_qmp_reply(const char *line, const char *cmd, unsigned *io_errors,
+		  struct cap_vm_io_error *io_last, json_t **ret, struct cap_err *err)
+{
+	json_t *j = json_loads(line, 0, NULL);
+	if (!j)
+		return cap_err_set(err, EPROTO, "QMP %s: unparsable answer", cmd);
+	if (json_object_get(j, "event")) {
+		cap_qmp_event(j, io_errors, io_last);	/* kept for cap_vm_io_errors */
+		json_decref(j);
+		return 1;
+	}
+	json_t *rv = json_object_get(j, "return");
+	bool done = rv != NULL;
+	if (done && ret)
+		*ret = json_incref(rv);
+	json_t *e = json_object_get(j, "error");
+	if (e) {
+		const char *desc = json_string_value(json_object_get(e, "desc"));
+		int r = cap_err_set(err, EIO, "QMP %s failed: %s", cmd, desc ? desc : "unknown error");
+		json_decref(j);
+		return r;
+	}
+	json_decref(j);
+	return done ? 0 : 1;
 }
 
 static int qmp_handshake(struct qemu_vm *vm, struct cap_err *err)

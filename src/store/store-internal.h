@@ -3,6 +3,7 @@
 #define CAP_STORE_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include "err.h"
 
 /* busybox --list-full output in a new NUL-terminated string. */
@@ -49,6 +50,20 @@ int cap_projection_build_hook(const char *dir,
 			      const struct cap_projection_limits *l,
 			      const char *path, struct cap_projection_info *out,
 			      void (*after_scan)(void *ud), void *ud,
+			      struct cap_err *err);
+
+/* What an image's JSON leads to, for tests/fuzz/fuzz-image.c (the
+ * readers of import and pull, store-layers.c and store-pull.c):
+ * the layers of an unpacked OCI layout (index.json, through an index or
+ * not, to a manifest) or `docker save` directory (manifest.json), each a
+ * new path of a file inside dir (an OCI blob checked against its
+ * digest); *layers is allocated (n entries, some NULL after a failure:
+ * free each and it) whenever *n is set. And the digest of the image
+ * manifest of a layout skopeo wrote, its config checked to be for os and
+ * arch (*out new). 0 or -errno with err set. */
+int cap_store_oci_layers(const char *dir, char ***layers, size_t *n, struct cap_err *err);
+int cap_store_docker_layers(const char *dir, char ***layers, size_t *n, struct cap_err *err);
+int cap_store_layout_manifest(const char *layout, const char *os, const char *arch, char **out,
 			      struct cap_err *err);
 
 #endif

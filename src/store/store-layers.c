@@ -663,3 +663,13 @@ int cap_store_image_import_with(const char *path,
 	cap_remove_tree(work);
 	return r;
 }
+
+int cap_store_oci_layers(const char *dir, char ***layers, size_t *n, struct cap_err *err)
+{
+	return oci_layers(dir, layers, n, err);
+}
+
+int cap_store_docker_layers(const char *dir, char ***layers, size_t *n, struct cap_err *err)
+{
+	return docker_layers(dir, layers, n, err);
+}

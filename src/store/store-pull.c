@@ -527,3 +527,9 @@ out:
 	cap_image_ref_fini(&pr);
 	return r;
 }
+
+int cap_store_layout_manifest(const char *layout, const char *os, const char *arch, char **out,
+			      struct cap_err *err)
+{
+	return layout_manifest(layout, os, arch, out, err);
+}

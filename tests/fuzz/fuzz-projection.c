@@ -23,11 +23,11 @@
  *   path over 3072, more than 128 levels) is refused by the scan itself.
  * Trees are made under $TMPDIR, else /dev/shm, else /tmp, and removed.
  *
- * Built two ways, as fuzz-proto is: as a libFuzzer target
- *   clang -fsanitize=fuzzer,address,undefined -DCAP_LIBFUZZER ...
- * (LLVMFuzzerTestOneInput; a failed check aborts), and by default as a
- * standalone driver run under ASan+UBSan in `make test`:
- *   fuzz-projection [ITERATIONS [SEED [BUILD_EVERY]]]
+ * Built three ways, as fuzz-proto is: as a libFuzzer target and as a
+ * replay driver of the files given (a failed check aborts in both), and
+ * with -DCAP_FUZZ_MUTATE as a standalone driver run under ASan+UBSan in
+ * `make test`:
+ *   mutate-projection [ITERATIONS [SEED [BUILD_EVERY]]]
  * which prints TAP and exits non-zero at the first failed check (leaving
  * the failing tree in place when FUZZ_KEEP is set). */
 #include <dirent.h>
@@ -80,7 +80,7 @@ struct tree {
 static struct tree *cur;	/* for the failure report */
 static const char *test_name = "setup";
 static int test_no = 0;
-static char again[160];	/* the command that replays a standalone run */
+static __attribute__((unused)) char again[160];	/* the command that replays a standalone run */
 
 static bool excluded_name(const char *name) { return strcasecmp(name, "node_modules") == 0; }
 
@@ -124,7 +124,7 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fail(const char *fmt
 		else
 			cap_remove_tree(cur->top);
 	}
-#ifdef CAP_LIBFUZZER
+#ifndef CAP_FUZZ_MUTATE
 	printf("# in: %s\n", test_no ? test_name : "LLVMFuzzerTestOneInput");
 	fflush(stdout);
 	abort();
@@ -315,7 +315,7 @@ static void add(struct tree *t, int parent, char *name, enum kind kind, bool cle
 			break;
 		CHECK(errno == EPERM, "cannot make device %s: %s", esc(x->rel), strerror(errno));
 		x->kind = K_FIFO;	/* not allowed here: a FIFO instead */
-		/* fall through */
+		__attribute__((fallthrough));	/* clang takes no comment for it */
 	case K_FIFO:
 		if (mkfifoat(pfd, name, 0600) < 0)
 			fail("cannot make FIFO %s: %s", esc(x->rel), strerror(errno));
@@ -720,7 +720,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	return 0;
 }
 
-#ifndef CAP_LIBFUZZER
+#ifdef CAP_FUZZ_MUTATE
 /* Standalone driver: random inputs from a fixed seed. */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t next(void)

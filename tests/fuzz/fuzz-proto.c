@@ -3,10 +3,11 @@
  * SETUP, LISTENERS and FILE decoders fed arbitrary payloads, and the
  * guest's tar reader (src/proto/tar.c) fed arbitrary streams.
  *
- * Built two ways: with clang -fsanitize=fuzzer as a libFuzzer target
- * (LLVMFuzzerTestOneInput), and, without clang, as a standalone driver
- * that runs seeded random mutations of valid frames under ASan+UBSan in
- * `make test`. */
+ * Built three ways (tests/fuzz/meson.build): as a libFuzzer target
+ * fuzz-proto in a -Dfuzzing=true clang tree, as fuzz-proto replaying
+ * the files given (replay.c) elsewhere, and with -DCAP_FUZZ_MUTATE as
+ * mutate-proto [ITERATIONS], a standalone driver that runs seeded random
+ * mutations of valid frames under ASan+UBSan in `make test`. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 	volatile uint8_t sink = 0;
 	for (size_t i = 0; i < n; i++)
 		sink ^= p[i];
+	(void)sink;
 }
 
 static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int e, const char *m)
@@ -145,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	return 0;
 }
 
-#ifndef CAP_LIBFUZZER
+#ifdef CAP_FUZZ_MUTATE
 /* Standalone driver: mutate valid seed frames with a fixed seed. */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t next(void)
@@ -174,9 +176,21 @@ static size_t mutate(uint8_t *buf, size_t len)
 	return len;
 }
 
+static void write_seed(const char *dir, const char *name, const void *p, size_t n)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0)
+		abort();
+}
+
 int main(int argc, char **argv)
 {
-	long iters = argc > 1 ? atol(argv[1]) : 100000;
+	/* mutate-proto --seeds DIR: write the seeds as files (the stream,
+	 * each frame's payload, the tar stream), for corpus/proto. */
+	const char *seeds = argc > 2 && strcmp(argv[1], "--seeds") == 0 ? argv[2] : NULL;
+	long iters = argc > 1 && !seeds ? atol(argv[1]) : 100000;
 	struct cap_buf seed;
 	cap_buf_init(&seed);
 	cap_proto_put(&seed, CAP_MSG_STDOUT, 1, "hello", 5);
@@ -253,6 +267,16 @@ int main(int argc, char **argv)
 	}
 	cap_tar_end(&tar);
 
+	if (seeds) {
+		write_seed(seeds, "stream", all, n);
+		write_seed(seeds, "tar", cap_buf_head(&tar), cap_buf_used(&tar));
+		for (size_t k = 0; k < nframes; k++) {
+			char name[32];
+			snprintf(name, sizeof(name), "payload-%02zu", k);
+			write_seed(seeds, name, all + frames[k].off, frames[k].len);
+		}
+		return 0;
+	}
 	uint8_t *buf = xmalloc(CAP_MAX(n, cap_buf_used(&tar)) + 64);
 	for (long i = 0; i < iters; i++) {
 		if (i % 10 == 0) {

@@ -23,11 +23,11 @@
  * arrives, whole, in pieces cut at the edges, and through cap_rpc_read on
  * a socket.
  *
- * Built two ways, as fuzz-proto is: as a libFuzzer target
- *   clang -fsanitize=fuzzer,address,undefined -DCAP_LIBFUZZER ...
- * (LLVMFuzzerTestOneInput; a failed check aborts), and by default as a
- * standalone driver run under ASan+UBSan in `make test`:
- *   fuzz-rpc [ITERATIONS [SEED]]
+ * Built three ways, as fuzz-proto is: as a libFuzzer target and as a
+ * replay driver of the files given (a failed check aborts in both), and
+ * with -DCAP_FUZZ_MUTATE as a standalone driver run under ASan+UBSan in
+ * `make test`:
+ *   mutate-rpc [ITERATIONS [SEED]]
  * which prints TAP and exits non-zero at the first failed check. */
 #include <errno.h>
 #include <inttypes.h>
@@ -56,7 +56,7 @@ static const uint8_t *cur_in;	/* the stream being checked, for the report */
 static size_t cur_n;
 static const char *cur_line;	/* the line being parsed */
 static size_t cur_line_n;
-static char again[128];	/* the command that replays a standalone run */
+static __attribute__((unused)) char again[128];	/* the command that replays a standalone run */
 
 static void show(const char *what, const void *p, size_t n)
 {
@@ -86,7 +86,7 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fail(const char *fmt
 		show("line", cur_line, cur_line_n);
 	if (cur_in)
 		show("input stream", cur_in, cur_n);
-#ifdef CAP_LIBFUZZER
+#ifndef CAP_FUZZ_MUTATE
 	printf("# in: %s\n", test_no ? test_name : "LLVMFuzzerTestOneInput");
 	fflush(stdout);
 	abort();
@@ -481,7 +481,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	return 0;
 }
 
-#ifndef CAP_LIBFUZZER
+#ifdef CAP_FUZZ_MUTATE
 /* --- the standalone driver ------------------------------------------------ */
 
 /* What the driver generates comes from its own seeded sequence. */

@@ -227,6 +227,7 @@ static void scan_refuses_what_the_image_cannot_hold(void **state)
 	assert_int_equal(scan(&info, &err), 0);
 	remove_under_pub(deepest);
 	_cleanup_free_ char *deeper = long_path(2 * CAP_PROJECTION_DEPTH_MAX + 1, 1, 'a');
+	(void)deeper;	/* made for the scan; freed at the end */
 	assert_int_equal(scan(&info, &err), -ENAMETOOLONG);
 	assert_non_null(strstr(err.msg, "is 129 levels deep, over the limit of 128 levels"));
 	lim = saved;
@@ -245,6 +246,7 @@ static void build_takes_what_the_scan_passes(void **state)
 	_cleanup_free_ char *file254 = xasprintf("pub/%s", name);
 	put(file254, "x");
 	_cleanup_free_ char *longest = long_path(CAP_PROJECTION_PATH_MAX, 200, 'a');
+	(void)longest;	/* made for the build; freed at the end */
 	_cleanup_free_ char *pub = at("pub"), *img = at("out.erofs");
 	mode_t old = umask(022);
 	int r = cap_projection_build(pub, &lim, img, &info, &err);

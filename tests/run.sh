@@ -84,8 +84,7 @@ asanpid=$!
 # The clang tree (ASan, UBSan with clang's checks, libFuzzer's coverage:
 # scripts/fuzz.sh makes it): its build, every unit suite, then each fuzz
 # target briefly (FUZZ_TEST_TIME seconds, default 10, from its seeds; a
-# crash is a failure, unless tests/fuzz/known-failures names the target:
-# then a skip). Beside the VM suites at the lowest priority too, beside
+# crash is a failure). Beside the VM suites at the lowest priority too, beside
 # the ASan build; its lines are printed after the VM suites.
 clanglog=$(mktemp)
 (

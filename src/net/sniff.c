@@ -282,8 +282,14 @@ static int parse_port(const char *s, size_t len, uint16_t *port, const char **wh
 
 static int parse_host(const char *s, size_t len, struct cap_target *t, const char **why)
 {
+	/* One trailing dot (the root) is dropped; "name.." is an empty label,
+	 * not a name with its root spelled twice. */
 	if (len > 1 && s[len - 1] == '.')
 		len--;
+	if (len > 0 && s[len - 1] == '.') {
+		*why = "not a valid host name";
+		return -EINVAL;
+	}
 	if (len == 0) {
 		*why = "empty host";
 		return -EINVAL;

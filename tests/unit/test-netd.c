@@ -673,6 +673,11 @@ static void test_target_authority(void **state)
 		{ "999.1.1.1:80", "not a valid IPv4 address" },
 		{ "[::1]:443", "not a valid host name" },
 		{ "a..b:80", "not a valid host name" },
+		/* One trailing dot is the root; two are an empty label (they
+		 * had left "api.test." as the host, and "10.220.." a name). */
+		{ "api.test..:443", "not a valid host name" },
+		{ "10.220..:80", "not a valid host name" },
+		{ "..:80", "not a valid host name" },
 		{ "caf\xc3\xa9.fr:80", "not a valid host name" },
 		{ "x:y:80", "not a valid host name" },
 	};

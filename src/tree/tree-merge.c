@@ -260,9 +260,11 @@ static void fit(struct plan *pl, size_t i)
 {
 	struct node *nd = &pl->v[i];
 	const struct node *q = nd->parent == SIZE_MAX ? NULL : &pl->v[nd->parent];
-	if (q && q->gone && nd->o && nd->git) {
+	if (q && q->gone && nd->o && nd->repo != NO_REPO) {
 		/* A repository is never touched, not even to go with the
-		 * directory theirs removed: that directory stays for it. */
+		 * directory theirs removed: that directory stays for it. This
+		 * asks where the path is, not whether theirs changed it (git):
+		 * a .git the host alone made is changed on neither side. */
 		keep_above(pl, nd->parent);
 	} else if (q && q->gone && nd->o) {
 		/* The host's entry must go with the directory theirs removed. */

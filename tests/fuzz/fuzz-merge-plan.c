@@ -88,19 +88,40 @@ static bool escapes(const char *path, const char *target)
 	}
 }
 
-/* NESTED REPOSITORIES (issue 30; the helper `tree-review` is extending
- * the rule): a plain merge must leave out every nested repository, as it
- * does .git. Today's rule of cap_merge_plan leaves out only paths with a
- * ".git" component, so this check matches it and adds nothing yet. When
- * the exclusion of repository-shaped directories lands (a directory of
- * theirs holding HEAD, objects and refs, as a bare repository does),
- * extend this to say so, e.g. true when an ancestor of path (or path)
- * in theirs holds HEAD, objects/ and refs/ -- the universe of names
- * above already makes such trees. */
-static bool nested_repo(const struct cap_tree *theirs, const char *path)
+/* NESTED REPOSITORIES (tree.h, struct cap_merge_plan's ngit): git takes
+ * a directory for a repository when it holds HEAD, and objects and refs
+ * or commondir (setup.c, is_git_directory), of any type; a merge must
+ * neither write nor remove anything at or below such a directory of the
+ * host's (ours) or the sandbox's (theirs), nor anything at all when the
+ * top is one. Written here from that rule, not from tree-merge.c's. */
+static bool has(const struct cap_tree *a, const struct cap_tree *b, const char *dir, const char *name)
 {
-	(void)theirs;
-	return git_component(path);
+	char p[CAP_TREE_MAX_PATH + 16];
+	snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name);
+	return cap_tree_find(a, p) || cap_tree_find(b, p);
+}
+
+static bool shaped(const struct cap_tree *ours, const struct cap_tree *theirs, const char *dir)
+{
+	return has(ours, theirs, dir, "HEAD") &&
+	       ((has(ours, theirs, dir, "objects") && has(ours, theirs, dir, "refs")) ||
+		has(ours, theirs, dir, "commondir"));
+}
+
+static bool nested_repo(const struct cap_tree *ours, const struct cap_tree *theirs, const char *path)
+{
+	if (shaped(ours, theirs, ""))
+		return true;
+	char dir[CAP_TREE_MAX_PATH + 1];
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (;;) {
+		if (shaped(ours, theirs, dir))
+			return true;
+		char *slash = strrchr(dir, '/');
+		if (!slash)
+			return false;
+		*slash = '\0';
+	}
 }
 
 /* --- making the trees ----------------------------------------------------- */
@@ -176,7 +197,7 @@ static void reparse(struct cap_tree *t)
 	cap_buf_fini(&text);
 }
 
-static void check_plan(const struct cap_merge_plan *p, const struct cap_tree *theirs)
+static void check_plan(const struct cap_merge_plan *p, const struct cap_tree *ours, const struct cap_tree *theirs)
 {
 	size_t writes = 0;
 	bool *staged = xcalloc(p->nwrites + 1, 1);
@@ -184,7 +205,7 @@ static void check_plan(const struct cap_merge_plan *p, const struct cap_tree *th
 		const struct cap_merge_op *op = &p->ops[i];
 		const struct cap_tree_entry *t = op->theirs;
 		FUZZ_CHECK(!git_component(op->path), "op %zu (action %d) touches %s, inside .git", i, (int)op->action, op->path);
-		FUZZ_CHECK(!nested_repo(theirs, op->path), "op %zu (action %d) touches %s, in a nested repository", i,
+		FUZZ_CHECK(!nested_repo(ours, theirs, op->path), "op %zu (action %d) touches %s, in a nested repository", i,
 			   (int)op->action, op->path);
 		FUZZ_CHECK(!staging_name(op->path), "op %zu (action %d) touches %s, a staging name", i, (int)op->action,
 			   op->path);
@@ -324,7 +345,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(r == 0, "no plan: %s", err.msg);
 	if (getenv("FUZZ_SHOW"))	/* to see what a failing input makes */
 		show(t, &plan, pick);
-	check_plan(&plan, &t[2]);
+	check_plan(&plan, &t[1], &t[2]);
 	cap_merge_plan_fini(&plan);
 	for (int w = 0; w < 3; w++)
 		cap_tree_fini(&t[w]);

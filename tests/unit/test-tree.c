@@ -766,6 +766,18 @@ static void test_plan_nested_repos(void **state)
 		three_fini(&y);
 	}
 
+	/* The same with a .git the host alone made (in neither base nor
+	 * theirs): --theirs had removed it with the directory (found by
+	 * fuzz-merge-plan). The conflict on the host's own file is settled;
+	 * the repository and its directory stay. */
+	start3();
+	put("b/sub/code.c", "x\n");
+	cp_tree("b", "o");
+	cp_tree("b", "t");
+	put("o/sub/.git/config", "[core]\n");
+	rm("t/sub");
+	one_plan(CAP_MERGE_THEIRS, "remove sub/code.c\n", NULL, NULL);
+
 	/* The top of the sandbox's tree shaped like a bare repository:
 	 * nothing of theirs is written. */
 	start3();

@@ -30,7 +30,8 @@ test: build kernel
 	@tests/run.sh $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD)
 
 # Coverage-guided fuzzing (docs/architecture.md, "Tests"): each target of
-# tests/fuzz for FUZZ_TIME seconds (default 60; FUZZ_TARGETS picks some),
+# tests/fuzz for FUZZ_TIME seconds (default 60; FUZZ_TARGETS picks some;
+# FUZZ_JOBS=N runs N at once, each still for FUZZ_TIME s of the clock),
 # from its seeds; prints inputs run, coverage and crashes per target.
 # What it finds is in fuzz-out/<target>/ (crashes/, corpus/); FUZZ_MERGE=1
 # adds the inputs that add coverage to tests/fuzz/corpus/<target>.

@@ -12,6 +12,7 @@
 #   scripts/fuzz.sh --setup BUILD    only make and build the tree
 #
 # FUZZ_TARGETS: the targets (default: every tests/fuzz/corpus/<target>).
+# FUZZ_JOBS: how many run at once (default 1).
 # Each target starts from its checked-in seeds, tests/fuzz/corpus/<t>/.
 # What a run finds goes to fuzz-out/<t>/ (not checked in):
 #   corpus/   the inputs it added (new coverage); to grow the checked-in
@@ -93,12 +94,10 @@ time=${FUZZ_TIME:-60}
 found=""
 summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
-for t in $targets; do
+# One target for $time s; its summary lines go to $summary.$t.
+run_one() {
+	t=$1
 	bin=$build/tests/fuzz/fuzz-$t
-	if [ ! -x "$bin" ] || [ ! -d "tests/fuzz/corpus/$t" ]; then
-		echo "fuzz: no target $t (tests/fuzz/corpus/$t and $bin)" >&2
-		exit 1
-	fi
 	dir=fuzz-out/$t
 	mkdir -p "$dir/corpus" "$dir/crashes"
 	echo "fuzz: $t for $time s" >&2
@@ -114,11 +113,37 @@ for t in $targets; do
 	if [ -n "${FUZZ_MERGE:-}" ]; then
 		"$bin" -merge=1 "tests/fuzz/corpus/$t" "$dir/corpus" >>"$dir/log" 2>&1
 	fi
-	printf '%-14s %10s inputs  %-22s %3d crash(es)%s\n' "$t" "${execs:-?}" "${cov:-cov: ? ft: ?}" "$crashes" \
-		"$([ "$crashes" -gt 0 ] && echo "  in $dir/crashes/")" >>"$summary"
-	find "$dir/crashes" -type f | sed 's/^/    /' >>"$summary"
-	[ "$crashes" -gt 0 ] && found=1
+	{
+		printf '%-14s %10s inputs  %-22s %3d crash(es)%s\n' "$t" "${execs:-?}" "${cov:-cov: ? ft: ?}" "$crashes" \
+			"$([ "$crashes" -gt 0 ] && echo "  in $dir/crashes/")"
+		find "$dir/crashes" -type f | sed 's/^/    /'
+	} >"$summary.$t"
+}
+
+for t in $targets; do
+	if [ ! -x "$build/tests/fuzz/fuzz-$t" ] || [ ! -d "tests/fuzz/corpus/$t" ]; then
+		echo "fuzz: no target $t (tests/fuzz/corpus/$t and $build/tests/fuzz/fuzz-$t)" >&2
+		exit 1
+	fi
 done
+# FUZZ_JOBS targets at a time (default 1), in batches: each still runs
+# for $time s of the wall clock, sharing the cores.
+jobs=${FUZZ_JOBS:-1}
+n=0
+for t in $targets; do
+	run_one "$t" &
+	n=$((n + 1))
+	if [ "$n" -ge "$jobs" ]; then
+		wait
+		n=0
+	fi
+done
+wait
+for t in $targets; do
+	cat "$summary.$t" >>"$summary"
+	rm -f "$summary.$t"
+done
+grep -q 'crash(es)  in' "$summary" && found=1
 echo "fuzz: $time s per target; inputs, coverage (libFuzzer's cov: edges, ft: features), crashes:"
 cat "$summary"
 [ -z "${FUZZ_MERGE:-}" ] &&

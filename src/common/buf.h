@@ -32,10 +32,11 @@ static inline size_t cap_buf_used(const struct cap_buf *b)
 /* The unconsumed bytes; never NULL (a buffer without storage yet gives
  * an empty array: no arithmetic on a null pointer, which C leaves
  * undefined even for offset 0). */
+extern const uint8_t cap_buf_no_data[];	/* its size is buf.c's: gcc's
+						 * bounds checks must not see it */
 static inline const uint8_t *cap_buf_head(const struct cap_buf *b)
 {
-	static const uint8_t empty[1];
-	return b->owned_data ? b->owned_data + b->off : empty;
+	return b->owned_data ? b->owned_data + b->off : cap_buf_no_data;
 }
 
 /* Where cap_buf_lines is in a stream of lines, between calls. */

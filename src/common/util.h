@@ -25,13 +25,14 @@ __attribute__((noreturn)) void cap_bug(const char *file, int line,
 				       const char *what);
 
 /* Allocation: these never return NULL; out of memory aborts here. */
-void *xmalloc(size_t n);
-void *xcalloc(size_t n, size_t size);
-void *xrealloc(void *p, size_t n);
-char *xstrdup(const char *s);
-char *xstrndup(const char *s, size_t n);
+#define CAP_NONNULL_RESULT __attribute__((returns_nonnull))
+CAP_NONNULL_RESULT void *xmalloc(size_t n);
+CAP_NONNULL_RESULT void *xcalloc(size_t n, size_t size);
+CAP_NONNULL_RESULT void *xrealloc(void *p, size_t n);
+CAP_NONNULL_RESULT char *xstrdup(const char *s);
+CAP_NONNULL_RESULT char *xstrndup(const char *s, size_t n);
 /* Returns a new string the caller frees. */
-__attribute__((format(printf, 1, 2))) char *xasprintf(const char *fmt, ...);
+CAP_NONNULL_RESULT __attribute__((format(printf, 1, 2))) char *xasprintf(const char *fmt, ...);
 /* Free n strings and the array holding them (NULL is fine). */
 void cap_strv_free(char **v, size_t n);
 /* The names in the directory open at dfd (not "." or ".."), sorted with

@@ -738,7 +738,7 @@ static void foreign_cgroups(void **state)
 
 	/* Populated: refused, naming the cgroup and the pid; nothing changed. */
 	assert_int_equal(mkdir(path, 0755), 0);
-	char *other = xasprintf("%s/other", path);
+	char *other = xasprintf("/sys/fs/cgroup/%s%s/other", h, name);
 	assert_int_equal(mkdir(other, 0755), 0);
 	write_text(max, "33");
 	pid_t foreign = spawn_in(other);

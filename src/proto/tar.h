@@ -55,7 +55,7 @@ struct cap_tar_extent {
  * cap_tar_next or cap_tar_reader_fini. */
 struct cap_tar_entry {
 	const char *path;	/* NUL-free, 1..CAP_TAR_PATH_MAX bytes; the reader strips trailing '/' */
-	const char *linkname;	/* SYMLINK: the target; the reader gives "" otherwise */
+	const char *linkname;	/* SYMLINK: the target; OTHER: the header's link name (a hard link's target, or ""); "" for FILE and DIR */
 	enum cap_tar_type type;
 	char typeflag;	/* the header's raw type byte (names an OTHER) */
 	uint32_t mode;	/* permission bits, 07777 */

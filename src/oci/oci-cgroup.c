@@ -186,6 +186,27 @@ static int limit_v2(const struct cap_oci_config *c, const char *dir, struct cap_
 	return r;
 }
 
+/* The pids in dir's cgroup.procs, stored from pids[n] while below max;
+ * the new count (it goes on counting past max). */
+static size_t procs_of(const char *dir, long *pids, size_t max, size_t n)
+{
+	_cleanup_free_ char *procs = xasprintf("%s/cgroup.procs", dir);
+	_cleanup_free_ char *text = NULL;
+	if (cap_read_file(procs, 1 << 20, &text) < 0)
+		return n;
+	for (char *p = text; *p;) {
+		char *end;
+		long pid = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		if (pid > 0 && n < max)
+			pids[n] = pid;
+		n += pid > 0;
+		p = end + strspn(end, "\n");
+	}
+	return n;
+}
+
 /* The pids in dir's cgroup.procs and those of the folders below it
  * (at most max kept in pids, all counted), the way runc's GetAllPids
  * looks: a cgroup found with any is not the container's to take. */
@@ -203,22 +224,7 @@ static size_t tree_pids(const char *dir, int depth, long *pids, size_t max, size
 	}
 	if (d)
 		closedir(d);
-	_cleanup_free_ char *procs = xasprintf("%s/cgroup.procs", dir);
-	char *text = NULL;
-	if (cap_read_file(procs, 1 << 20, &text) >= 0) {
-		for (char *p = text; *p;) {
-			char *end;
-			long pid = strtol(p, &end, 10);
-			if (end == p)
-				break;
-			if (pid > 0 && n < max)
-				pids[n] = pid;
-			n += pid > 0;
-			p = end + strspn(end, "\n");
-		}
-	}
-	free(text);
-	return n;
+	return procs_of(dir, pids, max, n);
 }
 
 /* Whether the existing cgroup dir is frozen (v1 freezer.state, v2
@@ -384,20 +390,11 @@ static void kill_tree(const char *dir, int depth)
 	_cleanup_free_ char *fz = xasprintf("%s/freezer.state", dir);
 	if (access(fz, F_OK) == 0)
 		cap_cgroup_write(fz, "THAWED");
-	_cleanup_free_ char *procs = xasprintf("%s/cgroup.procs", dir);
-	char *text = NULL;
-	if (cap_read_file(procs, 1 << 20, &text) >= 0) {
-		for (char *p = text; *p;) {
-			char *end;
-			long pid = strtol(p, &end, 10);
-			if (end == p)
-				break;
-			if (pid > 0 && pid != getpid())
-				kill((pid_t)pid, SIGKILL);
-			p = end + strspn(end, "\n");
-		}
-	}
-	free(text);
+	long pids[4096];
+	size_t n = procs_of(dir, pids, CAP_ARRAY_SIZE(pids), 0);
+	for (size_t i = 0; i < n && i < CAP_ARRAY_SIZE(pids); i++)
+		if (pids[i] != getpid())
+			kill((pid_t)pids[i], SIGKILL);
 }
 
 /* Remove dir's folders, deepest first, then dir; 0 or -errno (EBUSY

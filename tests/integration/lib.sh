@@ -73,3 +73,22 @@ wait_for() {
 	while ! eval "$1" && [ $i -lt "${2:-300}" ]; do sleep 0.1; i=$((i + 1)); done
 	eval "$1"
 }
+# rtv DIR KEY: a value from the sandbox's runtime.json
+rtv() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1/runtime.json" "$2" 2>/dev/null; }
+# pause_vm CONTROL: ask the shim to pause its VM; prints the errno it answers
+pause_vm() {
+	python3 - "$1" <<'EOF'
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(struct.pack("<IHHI", 0, 12, 0, 0))  # PAUSE, stream 0, empty
+buf = b""
+while len(buf) < 16:
+    d = s.recv(4096)
+    if not d:
+        break
+    buf += d
+ok = len(buf) >= 16 and struct.unpack_from("<H", buf, 4)[0] == 12
+print(struct.unpack_from("<i", buf, 12)[0] if ok else "no answer")
+EOF
+}

@@ -116,29 +116,31 @@ run() {
 	fi
 	mkdir -p "$rundir"
 	rundir=$(cd "$rundir" && pwd)
-	rm -f "$rundir/rc" "$rundir/out" "$rundir/console"
+	rm -f "$rundir/rc" "$rundir/out" "$rundir/console" "$rundir/qemu.log"
 	printf '%s\n' "$*" >"$rundir/cmd"
 	pwd >"$rundir/cwd"
 	# What the command sees of this environment: CAPSULE_* and a few more.
 	env | grep -E '^(CAPSULE_[A-Z_]*|FAKE_[A-Z_]*|TMPDIR|HOME)=' | sed "s/'/'\\\\''/g; s/=/='/; s/\$/'/; s/^/export /" >"$rundir/env" || true
 	: >"$rundir/out"
-	"$qemu" -machine q35,accel=tcg -cpu "$cpu" -smp "$smp" -m "$mem" \
+	timeout "$timeout" "$qemu" -machine q35,accel=tcg -cpu "$cpu" -smp "$smp" -m "$mem" \
 		-nodefaults -no-user-config -display none -no-reboot \
 		-kernel "$dir/vmlinuz" -initrd "$dir/initrd" \
 		-append "console=ttyS0 quiet panic=-1 capsule.run=$rundir capsule.modules=$dir/modules" \
 		-serial "file:$rundir/console" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs "local,path=$rundir,mount_tag=run,security_model=none,multidevs=remap" \
-		-device virtio-rng-pci &
+		-device virtio-rng-pci 2>"$rundir/qemu.log" &
 	qpid=$!
-	# Print the command's output while it runs; stop L1 after the timeout.
-	( sleep "$timeout"; kill "$qpid" 2>/dev/null && echo "l1: stopped after $timeout s" >>"$rundir/out" ) &
-	tpid=$!
+	# Print the command's output while it runs.
 	tail -n +1 -f --pid="$qpid" "$rundir/out" &
 	lpid=$!
-	wait "$qpid" || true
-	kill "$tpid" 2>/dev/null || true
+	qrc=0
+	wait "$qpid" || qrc=$?
 	wait "$lpid" 2>/dev/null || true
+	[ "$qrc" -ne 124 ] || echo "l1: L1 was stopped after $timeout s (--timeout)" >&2
+	# QEMU's own warnings (features TCG lacks for a named CPU model) are
+	# kept in qemu.log; its errors are shown.
+	grep -v "warning: TCG doesn't support requested feature" "$rundir/qemu.log" >&2 || true
 	if [ -f "$rundir/rc" ]; then
 		rc=$(cat "$rundir/rc")
 	else

@@ -201,31 +201,41 @@ int jail_root_start_copier(struct cap_jail *j, pid_t prog, int copyfd, struct ca
 }
 
 /* Detach the proc that the program opened its sealed memory through,
- * from a child of ours in its mount namespace. 0, or -errno with err. */
+ * from a child of ours in its mount namespace. Joining a mount namespace
+ * puts the child at that namespace's first root, which is the program's
+ * root only when capsule's own root is its namespace's: run from a
+ * chroot it is not, so the child goes to the program's root by its
+ * descriptor and unmounts "proc" from there. 0, or -errno with err. */
 static int detach_proc(struct cap_jail *j, struct cap_err *err)
 {
 	j->own_proc = false;
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%d/ns/mnt", (int)j->pid);
-	int ns = open(path, O_RDONLY | O_CLOEXEC);
+	_cleanup_close_ int ns = open(path, O_RDONLY | O_CLOEXEC);
 	if (ns < 0)
+		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
+	snprintf(path, sizeof(path), "/proc/%d/root", (int)j->pid);
+	_cleanup_close_ int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0)
 		return cap_err_set(err, errno, "cannot open %s: %s", path, strerror(errno));
 	pid_t pid = fork();
 	if (pid == 0) {
 		if (setns(ns, CLONE_NEWNS) < 0)
 			_exit(10);
-		_exit(umount2("/proc", MNT_DETACH) < 0 ? 11 : 0);
+		if (fchdir(root) < 0)
+			_exit(12);
+		_exit(umount2("proc", MNT_DETACH) < 0 ? 11 : 0);
 	}
 	int e = errno, st = 0;
-	close(ns);
 	if (pid < 0)
 		return cap_err_set(err, e, "fork: %s", strerror(e));
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
 		return 0;
+	int code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
 	return cap_err_set(err, EPERM, "cannot detach the proc of %s's jail: %s failed", j->name,
-			   WIFEXITED(st) && WEXITSTATUS(st) == 10 ? "joining its mount namespace" : "unmounting it");
+			   code == 10 ? "joining its mount namespace" : code == 12 ? "entering its root" : "unmounting it");
 }
 
 int cap_jail_ready(struct cap_jail *j, struct cap_err *err)

@@ -27,7 +27,7 @@ shmem_of() { # shmem_of PID: bytes of shmem charged to PID's memory cgroup
 }
 mib() { echo $(($1 >> 20)); }
 
-echo "1..13"
+echo "1..15"
 start=$(date +%s)
 
 c doctor >"$out" 2>"$err"
@@ -45,6 +45,22 @@ qfd=$(memfd_fd "$q1")
 hfd=$(memfd_fd "$h")
 echo "# QEMU $q1 holds the memfd as fd $qfd; holder $h as fd $hfd; template $tdir"
 check "QEMU holds the template's memfd and maps it privately (rw-p)" '[ -n "$qfd" ] && [ -n "$hfd" ] && grep -q "rw-p .*memfd:capsule-template-ram" "/proc/$q1/maps"'
+
+# The proc the jail opened the memfd through is detached before QEMU
+# runs, also when capsule itself runs in a chroot (its root then is not
+# its mount namespace's first one, where joining that namespace lands).
+procs_in() { grep -c ' - proc ' "/proc/$1/mountinfo" 2>/dev/null; }
+check "QEMU's mount namespace holds no proc" '[ -n "$q1" ] && [ "$(procs_in "$q1")" -eq 0 ]'
+mkdir -p "$rt/chroot"
+unshare -m sh -c 'mount --rbind / "$1" && exec chroot "$1" "$2" run -q -v -- sleep 8' sh "$rt/chroot" "$capsule" >"$out" 2>"$err" &
+cr=$!
+wait_for 'grep -q "restored from template" "$err"' 300
+qc=$(pgrep -n -f "qemu-system.*$rt/")
+grep "restored from template" "$err" | say
+echo "# QEMU $qc, run from a chroot: $(procs_in "$qc") proc mount(s) in its namespace"
+check "run from a chroot: the VM maps the shared RAM and its namespace holds no proc" 'grep -q "restored from template [0-9a-f]* (shared RAM)" "$err" && [ -n "$qc" ] && [ "$qc" != "$q1" ] && [ "$(procs_in "$qc")" -eq 0 ]'
+wait "$cr"
+umount -R "$rt/chroot" 2>/dev/null
 
 # (1) As the jail's user, with QEMU's own descriptor: every way of
 # writing is refused, though reading works.

@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "engine.h"
+#include "engine-ops.h"
 #include "jail-internal.h"
 #include "paths.h"
 #include "util.h"
@@ -399,6 +399,69 @@ static void device_probe_tries_what_the_program_would(void **state)
 	free(dev);
 }
 
+/* What a user is told when a VM's program cannot open /dev/kvm (a
+ * stand-in node here): jailed, that the host's permissions are not the
+ * cause and what is; unjailed, the node's mode and owners, the group or
+ * udev rule to add, or root; a missing node or driver, the module. */
+static void kvm_advice_says_why_and_what_to_do(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip();	/* makes a device node */
+	char dir[] = "/tmp/test-engine-dev.XXXXXX";
+	char *dev = private_zero(dir);
+	char buf[1000];
+	unsetenv("CAPSULE_JAIL");
+	assert_ptr_equal(cap_engine_kvm_advice(dev, EACCES, true, buf, sizeof(buf)), buf);
+	assert_non_null(strstr(buf, "the jail makes a"));
+	assert_non_null(strstr(buf, "(1:5, its user's, mode 0600)"));
+	assert_non_null(strstr(buf, "not the cause"));
+	assert_non_null(strstr(buf, "device cgroup"));
+	cap_engine_kvm_advice(dev, EACCES, false, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "(mode 0600, owner 0, group 0)"));
+	assert_non_null(strstr(buf, "udev rule"));
+	assert_non_null(strstr(buf, "run capsule as root, where the jail makes"));
+	/* A group that may read and write it: join that group. */
+	assert_int_equal(chown(dev, 0, 0), 0);
+	struct group *g = getgrnam("disk");
+	if (g) {
+		assert_int_equal(chown(dev, 0, g->gr_gid), 0);
+		assert_int_equal(chmod(dev, 0660), 0);
+		cap_engine_kvm_advice(dev, EACCES, false, buf, sizeof(buf));
+		assert_non_null(strstr(buf, "to group disk (usermod -aG disk "));
+	}
+	cap_engine_kvm_advice(dev, ENXIO, true, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "no KVM driver answers"));
+	assert_non_null(strstr(buf, "modprobe kvm_intel or kvm_amd"));
+	char *missing = xasprintf("%s/missing", dir);
+	cap_engine_kvm_advice(missing, EACCES, true, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "there is no "));
+	assert_non_null(strstr(buf, "modprobe"));
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(missing);
+	free(dev);
+}
+
+/* QEMU's own "Could not access KVM kernel module" becomes a cause and
+ * what to do; a log without it gets nothing. */
+static void qemu_log_kvm_failure_is_explained(void **state)
+{
+	(void)state;
+	char buf[1000], want[1000];
+	const char *log = "qemu-system-x86_64: -accel kvm: Could not access KVM kernel module: Permission denied\n"
+			  "qemu-system-x86_64: -accel kvm: failed to initialize kvm: Permission denied\n";
+	assert_ptr_equal(cap_qemu_log_explain(log, true, buf, sizeof(buf)), buf);
+	char advice[700];
+	cap_engine_kvm_advice("/dev/kvm", EACCES, true, advice, sizeof(advice));
+	snprintf(want, sizeof(want), "QEMU could not open /dev/kvm (Permission denied): %s", advice);
+	assert_string_equal(buf, want);
+	assert_non_null(cap_qemu_log_explain("Could not access KVM kernel module: Something new\n", false, buf, sizeof(buf)));
+	assert_string_equal(buf, "QEMU could not open /dev/kvm (Something new): see `capsule doctor`");
+	assert_null(cap_qemu_log_explain("qemu-system-x86_64: -drive: file not found\n", true, buf, sizeof(buf)));
+	assert_null(cap_qemu_log_explain("", true, buf, sizeof(buf)));
+	assert_null(cap_qemu_log_explain(NULL, true, buf, sizeof(buf)));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -411,6 +474,8 @@ int main(void)
 		cmocka_unit_test(jail_makes_its_own_device_node),
 		cmocka_unit_test(jail_refuses_what_is_not_a_char_device),
 		cmocka_unit_test(device_probe_tries_what_the_program_would),
+		cmocka_unit_test(kvm_advice_says_why_and_what_to_do),
+		cmocka_unit_test(qemu_log_kvm_failure_is_explained),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -121,7 +121,7 @@ int cap_cli_doctor(int argc, char **argv)
 	bool kvm_dev = access("/dev/kvm", F_OK) == 0, kvm_confined = false;
 	char kvm_detail[300];
 	json_object_set_new(o, "kvm", json_pack("{s:s, s:b, s:b, s:b}", "device", "/dev/kvm", "present", kvm_dev,
-						"writable", kvm_dev && cap_jail_device_probe("/dev/kvm", &kvm_confined, kvm_detail,
+						"writable", kvm_dev && cap_jail_device_probe("/dev/kvm", NULL, &kvm_confined, kvm_detail,
 											   sizeof(kvm_detail)) == 0,
 						"used", err.code == 0 && ac.accel == CAP_ACCEL_KVM));
 	json_object_set_new(o, "isolation_warning", str_or_null(isolation));

@@ -7,11 +7,13 @@
 #include <pthread.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/kvm.h>
 #include <pwd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
@@ -74,6 +76,9 @@ const char *cap_engine_kvm_advice(const char *dev, int e, bool confined, char *b
 		snprintf(buf, len, "there is no %s: %s", dev, load);
 	} else if (e == ENXIO || e == ENODEV) {
 		snprintf(buf, len, "no KVM driver answers %s: %s", dev, load);
+	} else if (e == ENOTTY) {
+		snprintf(buf, len, "%s (%u:%u) is not KVM's device (it does not answer KVM_GET_API_VERSION): remove what is at that path and %s",
+			 dev, major(st.st_rdev), minor(st.st_rdev), load);
 	} else if ((e == EACCES || e == EPERM) && confined) {
 		unsigned ma = major(st.st_rdev), mi = minor(st.st_rdev);
 		snprintf(buf, len, "the jail makes a %s node of its own (%u:%u, its user's, mode 0600), so the host node's owner, group and mode are not the cause: "
@@ -106,6 +111,14 @@ const char *cap_engine_kvm_advice(const char *dev, int e, bool confined, char *b
 	return buf;
 }
 
+/* Whether fd is KVM's: it answers KVM_GET_API_VERSION with the only
+ * version there is (12), as QEMU asks first. 0, or -ENOTTY. */
+static int kvm_answers(int fd)
+{
+	int v = ioctl(fd, KVM_GET_API_VERSION, 0);
+	return v == KVM_API_VERSION ? 0 : v < 0 && errno != ENOTTY && errno != EINVAL ? -errno : -ENOTTY;
+}
+
 /* Why KVM cannot be used here, or NULL when it can, with what was found
  * in ok. What counts is whether the VM's program could open /dev/kvm:
  * the jail's user on the node the jail makes, or capsule's own user
@@ -128,7 +141,7 @@ static const char *kvm_problem(char *buf, size_t len, char *ok, size_t oklen)
 		return cap_engine_kvm_advice(KVM_DEV, ENOENT, false, buf, len);
 	bool confined = false;
 	char detail[300], advice[600];
-	int r = cap_jail_device_probe(KVM_DEV, &confined, detail, sizeof(detail));
+	int r = cap_jail_device_probe(KVM_DEV, kvm_answers, &confined, detail, sizeof(detail));
 	if (r == 0) {
 		snprintf(ok, oklen, "hardware virtualization present; %s", detail);
 		return NULL;

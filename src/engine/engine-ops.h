@@ -64,7 +64,8 @@ const char *cap_engine_kvm_advice(const char *dev, int e, bool confined, char *b
 
 /* What QEMU's log (its stderr) says went wrong, as a cause and what to do
  * in buf (returned), or NULL when it says nothing this knows: "Could not
- * access KVM kernel module: ..." (confined: whether QEMU ran in the jail).
+ * access KVM kernel module: ...", "kvm version too old" (a /dev/kvm that
+ * is not KVM's) (confined: whether QEMU ran in the jail).
  * engine-qemu.c. */
 const char *cap_qemu_log_explain(const char *log, bool confined, char *buf, size_t len);
 

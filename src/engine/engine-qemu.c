@@ -728,19 +728,25 @@ const char *cap_qemu_log_explain(const char *log, bool confined, char *buf, size
 {
 	static const char kvm[] = "Could not access KVM kernel module: ";
 	const char *at = log ? strstr(log, kvm) : NULL;
+	char advice[700];
+	if (!at && log && strstr(log, "kvm version too old")) {
+		/* It opened, but KVM_GET_API_VERSION failed: not KVM's node. */
+		snprintf(buf, len, "QEMU's /dev/kvm did not answer as KVM: %s",
+			 cap_engine_kvm_advice("/dev/kvm", ENOTTY, confined, advice, sizeof(advice)));
+		return buf;
+	}
 	if (!at)
 		return NULL;
 	at += sizeof(kvm) - 1;
 	size_t n = strcspn(at, "\n");
 	/* QEMU printed strerror(errno) ("%m"): back to the number. */
-	static const int known[] = { EACCES, EPERM, ENOENT, ENXIO, ENODEV, EBUSY, ENOMEM };
+	static const int known[] = { EACCES, EPERM, ENOENT, ENXIO, ENODEV, ENOTTY, EBUSY, ENOMEM };
 	int e = 0;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(known) && !e; i++) {
 		const char *m = strerror(known[i]);
 		if (strlen(m) == n && strncmp(at, m, n) == 0)
 			e = known[i];
 	}
-	char advice[700];
 	if (e)
 		cap_engine_kvm_advice("/dev/kvm", e, confined, advice, sizeof(advice));
 	else

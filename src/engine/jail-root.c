@@ -371,7 +371,7 @@ int cap_jail_ram_probe(char *detail, size_t len)
 	return 0;
 }
 
-int cap_jail_device_probe(const char *path, bool *confined, char *detail, size_t len)
+int cap_jail_device_probe(const char *path, int (*use)(int fd), bool *confined, char *detail, size_t len)
 {
 	*confined = cap_jail_would_confine();
 	if (!*confined) {
@@ -382,7 +382,13 @@ int cap_jail_device_probe(const char *path, bool *confined, char *detail, size_t
 			snprintf(detail, len, "opening %s as uid %u (no jail): %s", path, (unsigned)geteuid(), strerror(e));
 			return -e;
 		}
+		int u = use ? use(fd) : 0;
 		close(fd);
+		if (u < 0) {
+			snprintf(detail, len, "%s opens as uid %u (no jail) but does not answer as expected: %s", path,
+				 (unsigned)geteuid(), strerror(-u));
+			return u;
+		}
 		snprintf(detail, len, "%s opens read-write as uid %u (no jail: the VM's program runs as capsule's user)",
 			 path, (unsigned)geteuid());
 		return 0;
@@ -423,8 +429,14 @@ int cap_jail_device_probe(const char *path, bool *confined, char *detail, size_t
 		jail_user_become(&c, uid, (gid_t)uid, "a jail's user");
 		char at[PATH_MAX + 64];
 		snprintf(at, sizeof(at), ROOT_MNT "%s", path);
-		if (open(at, O_RDWR | O_NOCTTY | O_CLOEXEC) < 0)
+		int fd = open(at, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (fd < 0)
 			jail_die(&c, "opening it as a jail's user", errno);
+		int u = use ? use(fd) : 0;
+		if (u < 0) {
+			snprintf(at, sizeof(at), "the jail's node of %s opens, but does not answer as expected", path);
+			jail_die(&c, at, -u);
+		}
 		_exit(0);
 	}
 	int e = errno;

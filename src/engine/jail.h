@@ -109,14 +109,16 @@ int cap_jail_probe(struct cap_jail_check checks[CAP_JAIL_NCHECKS]);
 int cap_jail_ram_probe(char *detail, size_t len);
 
 /* Whether the program of a jail made now could open device path (a host
- * path, as in spec.devices) read-write, tried for real. When the jail
- * would confine (*confined true): a throwaway child in a mount namespace
- * of its own makes the node as cap_jail_spawn does and opens it as a
- * jail's UID without groups (in this process's cgroups, not a VM's).
+ * path, as in spec.devices) read-write and use it, tried for real. When
+ * the jail would confine (*confined true): a throwaway child in a mount
+ * namespace of its own makes the node as cap_jail_spawn does and opens it
+ * as a jail's UID without groups (in this process's cgroups, not a VM's).
  * Else this process opens the host's node, as the unconfined program
- * would. 0 with what was found in detail, or -errno with the step that
- * failed and why (-ENODEV: not a character device). */
-int cap_jail_device_probe(const char *path, bool *confined, char *detail, size_t len);
+ * would. use, when not NULL, is then called with the descriptor (in the
+ * child, as that user) and says whether the device answers as the
+ * program needs: 0, or -errno. 0 with what was found in detail, or -errno
+ * with the step that failed and why (-ENODEV: not a character device). */
+int cap_jail_device_probe(const char *path, int (*use)(int fd), bool *confined, char *detail, size_t len);
 
 struct cap_jail;
 

@@ -341,6 +341,19 @@ static void jail_refuses_what_is_not_a_char_device(void **state)
 	free(missing);
 }
 
+/* A probe's use of the device runs as a jail's user with no group. */
+static int use_as_jail_user(int fd)
+{
+	(void)fd;
+	return geteuid() >= 1900000000u && getgroups(0, NULL) == 0 ? 0 : -EPERM;
+}
+
+static int use_not_what_was_asked(int fd)
+{
+	(void)fd;
+	return -ENOTTY;
+}
+
 /* What doctor and the choice of accelerator ask (cap_jail_device_probe):
  * whether the VM's program could open a device. Jailed, a root:root 0600
  * node opens (the jail makes its own); not jailed, it opens for root and
@@ -357,17 +370,20 @@ static void device_probe_tries_what_the_program_would(void **state)
 	char detail[600];
 	bool confined = false;
 	unsetenv("CAPSULE_JAIL");
-	assert_int_equal(cap_jail_device_probe(dev, &confined, detail, sizeof(detail)), 0);
+	assert_int_equal(cap_jail_device_probe(dev, NULL, &confined, detail, sizeof(detail)), 0);
 	assert_true(confined);
 	assert_non_null(strstr(detail, "its own node"));
 	assert_non_null(strstr(detail, "1:5"));
-	assert_int_equal(cap_jail_device_probe(missing, &confined, detail, sizeof(detail)), -ENOENT);
+	assert_int_equal(cap_jail_device_probe(dev, use_as_jail_user, &confined, detail, sizeof(detail)), 0);
+	assert_int_equal(cap_jail_device_probe(dev, use_not_what_was_asked, &confined, detail, sizeof(detail)), -ENOTTY);
+	assert_non_null(strstr(detail, "opens, but does not answer as expected"));
+	assert_int_equal(cap_jail_device_probe(missing, NULL, &confined, detail, sizeof(detail)), -ENOENT);
 	assert_non_null(strstr(detail, missing));
-	assert_int_equal(cap_jail_device_probe(file, &confined, detail, sizeof(detail)), -ENODEV);
+	assert_int_equal(cap_jail_device_probe(file, NULL, &confined, detail, sizeof(detail)), -ENODEV);
 	assert_non_null(strstr(detail, "not a character device"));
 	/* Without the jail (a debug setting): the host's node, as root. */
 	setenv("CAPSULE_JAIL", "0", 1);
-	assert_int_equal(cap_jail_device_probe(dev, &confined, detail, sizeof(detail)), 0);
+	assert_int_equal(cap_jail_device_probe(dev, NULL, &confined, detail, sizeof(detail)), 0);
 	assert_false(confined);
 	unsetenv("CAPSULE_JAIL");
 	/* As another user, no jail: the host's 0600 node does not open. */
@@ -381,7 +397,7 @@ static void device_probe_tries_what_the_program_would(void **state)
 			_exit(1);
 		bool c = true;
 		char d[600];
-		int r = cap_jail_device_probe(dev, &c, d, sizeof(d));
+		int r = cap_jail_device_probe(dev, NULL, &c, d, sizeof(d));
 		dprintf(p[1], "%d %d %s", r, c, d);
 		_exit(0);
 	}
@@ -430,6 +446,8 @@ static void kvm_advice_says_why_and_what_to_do(void **state)
 		cap_engine_kvm_advice(dev, EACCES, false, buf, sizeof(buf));
 		assert_non_null(strstr(buf, "to group disk (usermod -aG disk "));
 	}
+	cap_engine_kvm_advice(dev, ENOTTY, true, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "(1:5) is not KVM's device"));
 	cap_engine_kvm_advice(dev, ENXIO, true, buf, sizeof(buf));
 	assert_non_null(strstr(buf, "no KVM driver answers"));
 	assert_non_null(strstr(buf, "modprobe kvm_intel or kvm_amd"));
@@ -457,6 +475,9 @@ static void qemu_log_kvm_failure_is_explained(void **state)
 	assert_string_equal(buf, want);
 	assert_non_null(cap_qemu_log_explain("Could not access KVM kernel module: Something new\n", false, buf, sizeof(buf)));
 	assert_string_equal(buf, "QEMU could not open /dev/kvm (Something new): see `capsule doctor`");
+	assert_non_null(cap_qemu_log_explain("kvm version too old\nqemu-system-x86_64: -accel kvm: failed to initialize kvm: Inappropriate ioctl for device\n",
+					     true, buf, sizeof(buf)));
+	assert_true(strncmp(buf, "QEMU's /dev/kvm did not answer as KVM: ", 39) == 0);
 	assert_null(cap_qemu_log_explain("qemu-system-x86_64: -drive: file not found\n", true, buf, sizeof(buf)));
 	assert_null(cap_qemu_log_explain("", true, buf, sizeof(buf)));
 	assert_null(cap_qemu_log_explain(NULL, true, buf, sizeof(buf)));

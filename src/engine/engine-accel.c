@@ -173,8 +173,8 @@ int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 	switch (want) {
 	case CAP_ACCEL_KVM:
 		if (problem)
-			return cap_err_set(err, ENODEV, "%s asks for KVM, but %s; refusing to start (TCG would not be a security boundary)",
-					   source, problem);
+			return cap_err_set(err, ENODEV, "%s asks for KVM, but %s; refusing to start (TCG would not be a security boundary; without %s%s, capsule would use TCG)",
+					   source, problem, source, strcmp(source, "--accel") == 0 ? " kvm" : strcmp(source, "CAPSULE_ACCEL") == 0 ? "=kvm" : "");
 		out->accel = CAP_ACCEL_KVM;
 		snprintf(out->reason, sizeof(out->reason), "KVM requested by %s and usable: %s", source, found);
 		return 0;

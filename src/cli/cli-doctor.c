@@ -116,10 +116,14 @@ int cap_cli_doctor(int argc, char **argv)
 				   "            never stops (about 5 %% of a core when idle)\n");
 		json_object_set_new(o, "guest_clock", json_pack("{s:s, s:i}", "source", khz ? "tsc" : "jiffies", "tsc_khz", (int)khz));
 	}
-	bool kvm_dev = access("/dev/kvm", F_OK) == 0;
+	/* Writable for the VM's program, not for us: the jail's user on the
+	 * node the jail makes, or this user without the jail. */
+	bool kvm_dev = access("/dev/kvm", F_OK) == 0, kvm_confined = false;
+	char kvm_detail[300];
 	json_object_set_new(o, "kvm", json_pack("{s:s, s:b, s:b, s:b}", "device", "/dev/kvm", "present", kvm_dev,
-						"writable", kvm_dev && access("/dev/kvm", R_OK | W_OK) == 0, "used",
-						err.code == 0 && ac.accel == CAP_ACCEL_KVM));
+						"writable", kvm_dev && cap_jail_device_probe("/dev/kvm", NULL, &kvm_confined, kvm_detail,
+											   sizeof(kvm_detail)) == 0,
+						"used", err.code == 0 && ac.accel == CAP_ACCEL_KVM));
 	json_object_set_new(o, "isolation_warning", str_or_null(isolation));
 
 	/* The jail: each protection, active or missing and why. */

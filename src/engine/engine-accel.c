@@ -1,19 +1,25 @@
 /* Choosing between KVM and TCG. A host's /dev/kvm is not enough: on PVM
  * hosts (kvm_pvm, a paravirtual KVM) the device opens but a standard
  * guest kernel fails ("KVM internal error. Suberror: 1") or crawls, so
- * KVM is used only with hardware virtualization (vmx or svm). */
+ * KVM is used only with hardware virtualization (vmx or svm), and only
+ * when the VM's program could open /dev/kvm (cap_jail_device_probe). */
 #include <errno.h>
 #include <pthread.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <linux/kvm.h>
+#include <pwd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "engine-ops.h"
 #include "paths.h"
 #include "util.h"
 
@@ -52,35 +58,103 @@ static bool cpu_has_hw_virt(void)
 	return found;
 }
 
-/* Why KVM cannot be used here, or NULL when it can. */
-static const char *kvm_problem(char *buf, size_t len)
+#define KVM_DEV "/dev/kvm"
+
+/* Why the VM's program is without the jail, for a message. */
+static const char *why_unconfined(void)
+{
+	const char *v = getenv("CAPSULE_JAIL");
+	return v && strcmp(v, "0") == 0 ? "CAPSULE_JAIL=0, a debug setting" : "capsule is not root";
+}
+
+const char *cap_engine_kvm_advice(const char *dev, int e, bool confined, char *buf, size_t len)
+{
+	static const char load[] = "load the KVM module for this CPU (modprobe kvm_intel or kvm_amd) and check that virtualization is enabled in the firmware";
+	struct stat st;
+	bool have = stat(dev, &st) == 0;
+	if (e == ENOENT || !have) {
+		snprintf(buf, len, "there is no %s: %s", dev, load);
+	} else if (e == ENXIO || e == ENODEV) {
+		snprintf(buf, len, "no KVM driver answers %s: %s", dev, load);
+	} else if (e == ENOTTY) {
+		snprintf(buf, len, "%s (%u:%u) is not KVM's device (it does not answer KVM_GET_API_VERSION): remove what is at that path and %s",
+			 dev, major(st.st_rdev), minor(st.st_rdev), load);
+	} else if ((e == EACCES || e == EPERM) && confined) {
+		unsigned ma = major(st.st_rdev), mi = minor(st.st_rdev);
+		snprintf(buf, len, "the jail makes a %s node of its own (%u:%u, its user's, mode 0600), so the host node's owner, group and mode are not the cause: "
+			 "something above them refuses it (a device cgroup, a container without that device or CAP_MKNOD, or a security module such as AppArmor or SELinux); "
+			 "allow character device %u:%u to capsule there, or run capsule on the host itself", dev, ma, mi, ma, mi);
+	} else if (e == EACCES || e == EPERM) {
+		/* The program opens the host's node as capsule's user. */
+		char user[64] = "", name[64] = "", what[300];
+		struct passwd pw, *pwp = NULL;
+		struct group gr, *grp = NULL;
+		char pbuf[2048], gbuf[4096];
+		if (getpwuid_r(geteuid(), &pw, pbuf, sizeof(pbuf), &pwp) == 0 && pwp)
+			snprintf(user, sizeof(user), "%s", pw.pw_name);
+		else
+			snprintf(user, sizeof(user), "%u", (unsigned)geteuid());
+		if (st.st_gid != 0 && getgrgid_r(st.st_gid, &gr, gbuf, sizeof(gbuf), &grp) == 0 && grp)
+			snprintf(name, sizeof(name), "%s", gr.gr_name);
+		if (*name && (st.st_mode & 0060) == 0060)
+			snprintf(what, sizeof(what), "add %s to group %s (usermod -aG %s %s, then log in again)", user, name, name, user);
+		else
+			snprintf(what, sizeof(what), "give %s a group of its own with a udev rule (KERNEL==\"kvm\", GROUP=\"kvm\", MODE=\"0660\", then udevadm trigger) and add %s to it",
+				 dev, user);
+		snprintf(buf, len, "without the jail (%s) QEMU opens the host's %s (mode %04o, owner %u, group %u) as this user (uid %u), which may not: "
+			 "%s; or run capsule as root, where the jail makes a %s node of its own for each VM",
+			 why_unconfined(), dev, (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid, (unsigned)st.st_gid,
+			 (unsigned)geteuid(), what, dev);
+	} else {
+		snprintf(buf, len, "%s cannot be opened: %s", dev, strerror(e));
+	}
+	return buf;
+}
+
+/* Whether fd is KVM's: it answers KVM_GET_API_VERSION with the only
+ * version there is (12), as QEMU asks first. 0, or -ENOTTY. */
+static int kvm_answers(int fd)
+{
+	int v = ioctl(fd, KVM_GET_API_VERSION, 0);
+	return v == KVM_API_VERSION ? 0 : v < 0 && errno != ENOTTY && errno != EINVAL ? -errno : -ENOTTY;
+}
+
+/* Why KVM cannot be used here, or NULL when it can, with what was found
+ * in ok. What counts is whether the VM's program could open /dev/kvm:
+ * the jail's user on the node the jail makes, or capsule's own user
+ * without the jail; never root on the host's node. */
+static const char *kvm_problem(char *buf, size_t len, char *ok, size_t oklen)
 {
 	struct stat st;
 	bool pvm = stat("/sys/module/kvm_pvm", &st) == 0;
 
 	if (!cpu_has_hw_virt()) {
 		if (pvm)
-			snprintf(buf, len, "/dev/kvm is PVM (module kvm_pvm, a paravirtual KVM without vmx/svm), on which standard guest kernels fail");
-		else if (access("/dev/kvm", F_OK) == 0)
-			snprintf(buf, len, "/dev/kvm exists but the CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo)");
+			snprintf(buf, len, KVM_DEV " is PVM (module kvm_pvm, a paravirtual KVM without vmx/svm), on which standard guest kernels fail");
+		else if (access(KVM_DEV, F_OK) == 0)
+			snprintf(buf, len, KVM_DEV " exists but the CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo)");
 		else
-			snprintf(buf, len, "the CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo) and there is no /dev/kvm");
+			snprintf(buf, len, "the CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo) and there is no " KVM_DEV);
 		return buf;
 	}
-	int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-	if (fd < 0) {
-		snprintf(buf, len, "/dev/kvm cannot be opened: %s (load kvm_intel or kvm_amd, or add this user to the kvm group)",
-			 strerror(errno));
-		return buf;
+	if (stat(KVM_DEV, &st) < 0)
+		return cap_engine_kvm_advice(KVM_DEV, ENOENT, false, buf, len);
+	bool confined = false;
+	char detail[300], advice[600];
+	int r = cap_jail_device_probe(KVM_DEV, kvm_answers, &confined, detail, sizeof(detail));
+	if (r == 0) {
+		snprintf(ok, oklen, "hardware virtualization present; %s", detail);
+		return NULL;
 	}
-	close(fd);
-	return NULL;
+	cap_engine_kvm_advice(KVM_DEV, -r, confined, advice, sizeof(advice));
+	snprintf(buf, len, "a VM's QEMU could not use " KVM_DEV " (%s): %s", detail, advice);
+	return buf;
 }
 
 int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 			    struct cap_err *err)
 {
-	char why[400];
+	char why[1000], found[450] = "";
 	const char *env = getenv("CAPSULE_ACCEL");
 	const char *req = getenv("CAPSULE_REQUIRE_KVM");
 	const char *source = "--accel";
@@ -95,14 +169,14 @@ int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 		source = "CAPSULE_REQUIRE_KVM=1";
 	}
 
-	const char *problem = kvm_problem(why, sizeof(why));
+	const char *problem = kvm_problem(why, sizeof(why), found, sizeof(found));
 	switch (want) {
 	case CAP_ACCEL_KVM:
 		if (problem)
-			return cap_err_set(err, ENODEV, "%s asks for KVM, but %s; refusing to start (TCG would not be a security boundary)",
-					   source, problem);
+			return cap_err_set(err, ENODEV, "%s asks for KVM, but %s; refusing to start (TCG would not be a security boundary; without %s%s, capsule would use TCG)",
+					   source, problem, source, strcmp(source, "--accel") == 0 ? " kvm" : strcmp(source, "CAPSULE_ACCEL") == 0 ? "=kvm" : "");
 		out->accel = CAP_ACCEL_KVM;
-		snprintf(out->reason, sizeof(out->reason), "KVM requested by %s and usable", source);
+		snprintf(out->reason, sizeof(out->reason), "KVM requested by %s and usable: %s", source, found);
 		return 0;
 	case CAP_ACCEL_TCG:
 		out->accel = CAP_ACCEL_TCG;
@@ -116,7 +190,7 @@ int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 		snprintf(out->reason, sizeof(out->reason), "KVM not used: %s", problem);
 	} else {
 		out->accel = CAP_ACCEL_KVM;
-		snprintf(out->reason, sizeof(out->reason), "hardware virtualization present and /dev/kvm opens");
+		snprintf(out->reason, sizeof(out->reason), "%s", found);
 	}
 	return 0;
 }

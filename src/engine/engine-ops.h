@@ -1,7 +1,8 @@
 /* What an engine implements: one const table of operations per kind of
  * hypervisor process (QEMU's is in engine-qemu.c), chosen at run time by
  * name (engine.c, cap_engine_get). Only src/engine includes this (and
- * tests/fuzz/fuzz-qmp.c, for the QMP reader at its end): above
+ * tests/fuzz/fuzz-qmp.c, for the QMP reader at its end, and
+ * tests/unit/test-engine.c): above
  * it, an engine is an opaque const struct cap_engine_ops * and a VM a
  * struct cap_vm driven through engine.h's cap_vm_* calls, which dispatch
  * here. Contracts are engine.h's, under the cap_vm_* or cap_engine_*
@@ -53,6 +54,20 @@ struct cap_engine_ops {
 
 /* The engines, in engine.c's table. */
 extern const struct cap_engine_ops cap_engine_qemu;
+
+/* Why a VM's program could not open the host's KVM device dev
+ * ("/dev/kvm") and what to do, in buf (returned): e is the errno it met,
+ * confined whether it ran in the jail (cap_jail_device_probe;
+ * cap_jail_confined). engine-accel.c; for the choice of accelerator and
+ * for an engine explaining its process's failure. */
+const char *cap_engine_kvm_advice(const char *dev, int e, bool confined, char *buf, size_t len);
+
+/* What QEMU's log (its stderr) says went wrong, as a cause and what to do
+ * in buf (returned), or NULL when it says nothing this knows: "Could not
+ * access KVM kernel module: ...", "kvm version too old" (a /dev/kvm that
+ * is not KVM's) (confined: whether QEMU ran in the jail).
+ * engine-qemu.c. */
+const char *cap_qemu_log_explain(const char *log, bool confined, char *buf, size_t len);
 
 /* QEMU's QMP reader (engine-qemu.c), its parts that see QEMU's bytes (a
  * jailed QEMU is untrusted), callable alone for tests/fuzz/fuzz-qmp.c. */

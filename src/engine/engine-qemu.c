@@ -724,6 +724,37 @@ static char *tail_file(const char *path, int lines)
 	return out;
 }
 
+const char *cap_qemu_log_explain(const char *log, bool confined, char *buf, size_t len)
+{
+	static const char kvm[] = "Could not access KVM kernel module: ";
+	const char *at = log ? strstr(log, kvm) : NULL;
+	char advice[700];
+	if (!at && log && strstr(log, "kvm version too old")) {
+		/* It opened, but KVM_GET_API_VERSION failed: not KVM's node. */
+		snprintf(buf, len, "QEMU's /dev/kvm did not answer as KVM: %s",
+			 cap_engine_kvm_advice("/dev/kvm", ENOTTY, confined, advice, sizeof(advice)));
+		return buf;
+	}
+	if (!at)
+		return NULL;
+	at += sizeof(kvm) - 1;
+	size_t n = strcspn(at, "\n");
+	/* QEMU printed strerror(errno) ("%m"): back to the number. */
+	static const int known[] = { EACCES, EPERM, ENOENT, ENXIO, ENODEV, ENOTTY, EBUSY, ENOMEM };
+	int e = 0;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(known) && !e; i++) {
+		const char *m = strerror(known[i]);
+		if (strlen(m) == n && strncmp(at, m, n) == 0)
+			e = known[i];
+	}
+	if (e)
+		cap_engine_kvm_advice("/dev/kvm", e, confined, advice, sizeof(advice));
+	else
+		snprintf(advice, sizeof(advice), "see `capsule doctor`");
+	snprintf(buf, len, "QEMU could not open /dev/kvm (%.*s): %s", (int)CAP_MIN(n, (size_t)80), at, advice);
+	return buf;
+}
+
 static char *logs_tail(const struct cap_vm *v, int lines)
 {
 	const struct qemu_vm *vm = CQVM(v);
@@ -1277,6 +1308,13 @@ fail:
 		vm_wait(&vm->base, 200);
 		vm_kill(&vm->base);
 		_cleanup_free_ char *logs = logs_tail(&vm->base, 15);
+		_cleanup_free_ char *said = tail_file(vm->owned_qemu_log, 15);
+		char why[900];
+		/* The cause first; then what QEMU said. */
+		if (err && cap_qemu_log_explain(said, vm->jail && cap_jail_confined(vm->jail), why, sizeof(why))) {
+			size_t used = strlen(err->msg);
+			snprintf(err->msg + used, sizeof(err->msg) - used, "\n%s", why);
+		}
 		if (*logs && err) {
 			size_t used = strlen(err->msg);
 			snprintf(err->msg + used, sizeof(err->msg) - used, "\n%s", logs);

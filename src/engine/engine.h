@@ -18,7 +18,7 @@ enum cap_accel { CAP_ACCEL_AUTO, CAP_ACCEL_KVM, CAP_ACCEL_TCG };
 
 struct cap_accel_choice {
 	enum cap_accel accel;	/* KVM or TCG, never AUTO */
-	char reason[512];	/* why, in a sentence a user can act on */
+	char reason[1024];	/* why, in a sentence a user can act on */
 };
 
 /* Parse "auto", "kvm" or "tcg". -EINVAL otherwise. */
@@ -27,9 +27,12 @@ const char *cap_engine_accel_name(enum cap_accel a);
 
 /* Resolve want (AUTO, or KVM/TCG) against this host, per
  * docs/architecture.md "Acceleration". CAPSULE_ACCEL overrides AUTO;
- * CAPSULE_REQUIRE_KVM=1 turns AUTO into KVM. Asking for KVM on a host
- * without usable KVM fails with -ENODEV and the reason in err; nothing
- * ever falls back to running on the host. */
+ * CAPSULE_REQUIRE_KVM=1 turns AUTO into KVM. KVM is usable when the CPU
+ * has hardware virtualization and a VM's program could open /dev/kvm
+ * (tried for real: the jail's user on the node the jail makes, or this
+ * user without the jail). Asking for KVM on a host without usable KVM
+ * fails with -ENODEV and the reason and what to do in err; nothing ever
+ * falls back to running on the host. */
 int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
 			    struct cap_err *err);
 

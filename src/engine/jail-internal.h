@@ -13,6 +13,9 @@
 
 #define RUN_DIR "/run/capsule/jail"
 #define ROOT_MNT RUN_DIR "/root"
+/* Where a child mounts the tmpfs it makes its device nodes in (its own
+ * mount namespace; outside the root, detached before the program runs). */
+#define DEV_MNT RUN_DIR "/dev"
 #define SLOTS 4096
 #define UID_BASE 1900000000u
 #define NOFILE 4096
@@ -27,20 +30,27 @@ struct bind {
 	unsigned long flags;
 };
 
+/* A device node the jail makes in its root: where, and the host's
+ * character device's number. */
+struct node {
+	char *owned_at;
+	dev_t rdev;
+};
+
 struct cap_jail {
 	bool confined;		/* namespaces + private root + own user */
 	int slot;		/* -1: none */
 	int lock_fd;		/* holds the slot */
 	uid_t uid;
 	gid_t gid;
-	gid_t groups[CAP_JAIL_MAX_DEVICES];	/* of the devices: supplementary */
-	unsigned ngroups;
 	char *owned_cg[3];	/* cgroup folders, NULL when none */
 	int cg_version;
 	char *owned_exe;
 	const char *name;	/* the program's base name, in owned_exe */
-	struct bind *owned_binds;	/* the program, its files, the devices */
+	struct bind *owned_binds;	/* the program and its files */
 	unsigned nbinds;
+	struct node nodes[CAP_JAIL_MAX_DEVICES];	/* spec.devices */
+	unsigned nnodes;
 	char *owned_rw_file, *owned_rw_at;
 	char *owned_copy_file, *owned_copy_at;
 	pid_t copier;		/* filling the jail's copy_at, or -1 */
@@ -67,8 +77,12 @@ struct child {
 bool jail_env_is(const char *name, const char *value);
 /* Add "what (why)" to the protections j lacks. */
 void jail_note_missing(struct cap_jail *j, const char *what, const char *why);
-/* In a child: report "what: strerror(e)" on c->errfd and exit 127. */
+/* In a child: report "what: strerror(e)" on c->errfd and exit with e
+ * (127 when e is not within 1-126). */
 __attribute__((noreturn)) void jail_die(const struct child *c, const char *what, int e);
+/* What a child wrote on its close-on-exec error pipe fd before exec or
+ * exit, NUL-terminated in msg; 0 bytes (end of file): it got through. */
+size_t jail_read_failure(int fd, char *msg, size_t size);
 /* In a child: exit if the parent is gone (its end of c->errfd closed). */
 void jail_parent_alive(const struct child *c);
 
@@ -87,9 +101,14 @@ void jail_cg_probe(struct cap_jail_check *check, bool off);
 
 /* ---- jail-root.c ------------------------------------------------------ */
 
+/* The node a jail makes for host device path: 0 with its number in *rdev,
+ * or -errno with err naming path (-ENODEV: not a character device). */
+int jail_root_node(const char *path, dev_t *rdev, struct cap_err *err);
+
 /* In the child, as root: the program's private root at ROOT_MNT (its
- * binds, /dev/null, /dev/urandom, the memory file, the private proc,
- * resolv.conf with a network namespace), then pivot_root into it. */
+ * binds, its device nodes, /dev/null, /dev/urandom, the memory file, the
+ * private proc, resolv.conf with a network namespace), then pivot_root
+ * into it. */
 void jail_root_build(const struct child *c);
 /* In a helper, as root: its own mount and IPC namespaces and a root of
  * its own holding /dev/null and those of files[0..nfiles) that exist. */
@@ -110,18 +129,20 @@ void jail_root_probe(struct cap_jail_check *check, const struct cap_jail_check *
 
 /* Whether this process may make namespaces and switch users. */
 bool jail_user_may_confine(void);
-/* Take a free slot for j: its lock, UID and GID, and the groups of
- * spec's devices. 0, or -EAGAIN with err when all are taken. */
-int jail_user_take_slot(struct cap_jail *j, const struct cap_jail_spec *spec, struct cap_err *err);
+/* Take a free slot for j: its lock, UID and GID. 0, or -EAGAIN with err
+ * when all are taken. */
+int jail_user_take_slot(struct cap_jail *j, struct cap_err *err);
+/* The UID and GID cap_jail_device_probe opens a node as: base + SLOTS,
+ * one no program or helper of a VM runs as. */
+uid_t jail_user_probe_uid(void);
 /* Hold slot n: an open descriptor holding its lock, or -1. */
 int jail_user_slot_try(int n);
 /* In a child: RLIMIT_CORE 0, RLIMIT_NOFILE NOFILE and, when nproc,
  * RLIMIT_NPROC nproc. */
 void jail_user_limit(const struct child *c, unsigned nproc);
-/* In a child: become uid/gid with groups[0..n) only (who names that
- * user in a failure), keeping the parent-death signal. */
-void jail_user_become(const struct child *c, uid_t uid, gid_t gid, const gid_t *groups,
-		      unsigned n, const char *who);
+/* In a child: become uid/gid with no supplementary group (who names
+ * that user in a failure), keeping the parent-death signal. */
+void jail_user_become(const struct child *c, uid_t uid, gid_t gid, const char *who);
 /* Fill the user, seccomp and limits checks, given the namespaces'. */
 void jail_user_probe(struct cap_jail_check *user, struct cap_jail_check *seccomp,
 		     struct cap_jail_check *limits, const struct cap_jail_check *ns);

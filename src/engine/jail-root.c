@@ -1,6 +1,7 @@
-/* The jail's private roots: the program's (its files, devices, memory
- * file, private proc) and its helpers', the copy of spec.copy_file
- * (jail.h; docs/architecture.md, "The jail"). */
+/* The jail's private roots: the program's (its files, device nodes,
+ * memory file, private proc) and its helpers', the copy of
+ * spec.copy_file, the device probe (jail.h; docs/architecture.md, "The
+ * jail"). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -14,6 +15,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +47,45 @@ static void bind_file(const struct child *c, const char *src, const char *dst,
 	}
 }
 
+int jail_root_node(const char *path, dev_t *rdev, struct cap_err *err)
+{
+	struct stat st;
+	if (stat(path, &st) < 0)
+		return cap_err_set(err, errno, "a jail cannot hold device %s: %s", path, strerror(errno));
+	if (!S_ISCHR(st.st_mode))
+		return cap_err_set(err, ENODEV, "a jail cannot hold device %s: it is not a character device (a jail makes character device nodes only)",
+				   path);
+	*rdev = st.st_rdev;
+	return 0;
+}
+
+/* The device nodes of the root at ROOT_MNT (mounted, nodev): each made,
+ * not bound from the host, so that the host node's owner, group and mode
+ * do not matter (devtmpfs without udev makes /dev/kvm root's, 0600). The
+ * root stays nodev: each node is made in a tmpfs of this child's own
+ * mounted without nodev at DEV_MNT, outside the root, as the host's
+ * major:minor, the user uid:gid's, 0600, then bound into the root at its
+ * path like any other file (read-only, nosuid, noexec: a device node
+ * opens read-write on a read-only mount), and that tmpfs detached. */
+static void make_nodes(const struct child *c, const struct node *nodes, unsigned n, uid_t uid, gid_t gid)
+{
+	if (!n)
+		return;
+	if (mount("capsule-dev", DEV_MNT, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=4k,nr_inodes=16,mode=0700") < 0)
+		jail_die(c, "mounting the tmpfs of the jail's device nodes", errno);
+	for (unsigned i = 0; i < n; i++) {
+		char path[64], what[PATH_MAX + 64];
+		snprintf(path, sizeof(path), DEV_MNT "/%u", i);
+		snprintf(what, sizeof(what), "making the jail's node of %s (%u:%u)", nodes[i].owned_at,
+			 major(nodes[i].rdev), minor(nodes[i].rdev));
+		if (mknod(path, S_IFCHR | 0600, nodes[i].rdev) < 0 || chown(path, uid, gid) < 0 || chmod(path, 0600) < 0)
+			jail_die(c, what, errno);
+		bind_file(c, path, nodes[i].owned_at, MS_RDONLY | MS_NOSUID | MS_NOEXEC);
+	}
+	if (umount2(DEV_MNT, MNT_DETACH) < 0)
+		jail_die(c, "detaching the tmpfs of the jail's device nodes", errno);
+}
+
 /* A sparse file copied whole, holes kept (cap_copy_sparse). */
 static int copy_sparse(int in, int out)
 {
@@ -68,6 +109,7 @@ void jail_root_build(const struct child *c)
 		jail_die(c, "mounting the jail's root", errno);
 	for (unsigned i = 0; i < j->nbinds; i++)
 		bind_file(c, j->owned_binds[i].owned_host, j->owned_binds[i].owned_at, j->owned_binds[i].flags);
+	make_nodes(c, j->nodes, j->nnodes, j->uid, j->gid);
 	bind_file(c, "/dev/null", "/dev/null", MS_NOSUID | MS_NOEXEC);
 	bind_file(c, "/dev/urandom", "/dev/urandom", MS_RDONLY | MS_NOSUID | MS_NOEXEC);
 
@@ -339,6 +381,95 @@ int cap_jail_ram_probe(char *detail, size_t len)
 	return 0;
 }
 
+int cap_jail_device_probe(const char *path, int (*use)(int fd), bool *confined, char *detail, size_t len)
+{
+	*confined = cap_jail_would_confine();
+	if (!*confined) {
+		/* Unconfined, the program opens the host's node as we are. */
+		int fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (fd < 0) {
+			int e = errno;
+			snprintf(detail, len, "opening %s as uid %u (no jail): %s", path, (unsigned)geteuid(), strerror(e));
+			return -e;
+		}
+		int u = use ? use(fd) : 0;
+		close(fd);
+		if (u < 0) {
+			snprintf(detail, len, "%s opens as uid %u (no jail) but does not answer as expected: %s", path,
+				 (unsigned)geteuid(), strerror(-u));
+			return u;
+		}
+		snprintf(detail, len, "%s opens read-write as uid %u (no jail: the VM's program runs as capsule's user)",
+			 path, (unsigned)geteuid());
+		return 0;
+	}
+	struct node n = { .owned_at = (char *)path };
+	struct cap_err err = { 0 };
+	int r = jail_root_node(path, &n.rdev, &err);
+	if (r < 0) {
+		snprintf(detail, len, "%s", err.msg);
+		return r;
+	}
+	if ((r = cap_mkdir_p(ROOT_MNT, 0755)) < 0 || (r = cap_mkdir_p(DEV_MNT, 0700)) < 0) {
+		snprintf(detail, len, "cannot create %s: %s", r == 0 ? DEV_MNT : ROOT_MNT, strerror(-r));
+		return r;
+	}
+	int ep[2];
+	if (pipe2(ep, O_CLOEXEC) < 0) {
+		int e = errno;
+		snprintf(detail, len, "pipe: %s", strerror(e));
+		return -e;
+	}
+	uid_t uid = jail_user_probe_uid();
+	/* What cap_jail_spawn does for the node, in a throwaway child: a
+	 * mount namespace, a nodev root, the node made and bound, then the
+	 * open as a jail's user without groups. */
+	struct clone_args ca = { .flags = CLONE_NEWNS, .exit_signal = SIGCHLD };
+	long pid = syscall(SYS_clone3, &ca, sizeof(ca));
+	if (pid == 0) {
+		close(ep[0]);
+		struct child c = { .errfd = ep[1], .logfd = -1, .nullfd = -1, .copyfd = -1 };
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		umask(022);
+		if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+			jail_die(&c, "making mounts private", errno);
+		if (mount("capsule-probe", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV, "size=16k,nr_inodes=64,mode=0755") < 0)
+			jail_die(&c, "mounting a jail's root", errno);
+		make_nodes(&c, &n, 1, uid, (gid_t)uid);
+		jail_user_become(&c, uid, (gid_t)uid, "a jail's user");
+		char at[PATH_MAX + 64];
+		snprintf(at, sizeof(at), ROOT_MNT "%s", path);
+		int fd = open(at, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (fd < 0)
+			jail_die(&c, "opening it as a jail's user", errno);
+		int u = use ? use(fd) : 0;
+		if (u < 0) {
+			snprintf(at, sizeof(at), "the jail's node of %s opens, but does not answer as expected", path);
+			jail_die(&c, at, -u);
+		}
+		_exit(0);
+	}
+	int e = errno;
+	close(ep[1]);
+	char msg[400] = "";
+	size_t got = pid > 0 ? jail_read_failure(ep[0], msg, sizeof(msg)) : 0;
+	close(ep[0]);
+	int st = 0;
+	while (pid > 0 && waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (pid < 0) {
+		snprintf(detail, len, "cannot start a child in a mount namespace of its own (clone3): %s", strerror(e));
+		return -e;
+	}
+	if (got == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+		snprintf(detail, len, "the jail makes its own node of %s (%u:%u, its user's, 0600), which opens read-write as that user",
+			 path, major(n.rdev), minor(n.rdev));
+		return 0;
+	}
+	snprintf(detail, len, "%s", got ? msg : "the probe was killed");
+	return WIFEXITED(st) && WEXITSTATUS(st) > 0 && WEXITSTATUS(st) < 127 ? -WEXITSTATUS(st) : -EPERM;
+}
+
 void jail_root_probe(struct cap_jail_check *c, const struct cap_jail_check *ns)
 {
 	int mk = ns->active ? cap_mkdir_p(ROOT_MNT, 0755) : 0;
@@ -348,6 +479,6 @@ void jail_root_probe(struct cap_jail_check *c, const struct cap_jail_check *ns)
 		snprintf(c->detail, sizeof(c->detail), "cannot create %s: %s", ROOT_MNT, strerror(-mk));
 	} else {
 		c->active = true;
-		snprintf(c->detail, sizeof(c->detail), "pivot_root into a tmpfs holding only the files the engine lists (its program, libraries, firmware, the guest's kernel and initramfs), /dev/null, /dev/urandom, its devices and the VM's RAM; disks and sockets passed as descriptors");
+		snprintf(c->detail, sizeof(c->detail), "pivot_root into a tmpfs holding only the files the engine lists (its program, libraries, firmware, the guest's kernel and initramfs), /dev/null, /dev/urandom, device nodes of its own (its user's, 0600) and the VM's RAM; disks and sockets passed as descriptors");
 	}
 }

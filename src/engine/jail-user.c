@@ -11,7 +11,6 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -60,7 +59,7 @@ bool jail_user_may_confine(void)
 	return true;
 }
 
-int jail_user_take_slot(struct cap_jail *j, const struct cap_jail_spec *spec, struct cap_err *err)
+int jail_user_take_slot(struct cap_jail *j, struct cap_err *err)
 {
 	for (int n = 0; n < SLOTS && j->lock_fd < 0; n++)
 		if ((j->lock_fd = jail_user_slot_try(n)) >= 0)
@@ -69,18 +68,12 @@ int jail_user_take_slot(struct cap_jail *j, const struct cap_jail_spec *spec, st
 		return cap_err_set(err, EAGAIN, "all %d jail slots in %s are taken: too many VMs are running", SLOTS, RUN_DIR);
 	j->uid = uid_base() + (uid_t)j->slot;
 	j->gid = (gid_t)j->uid;
-	/* Each device is the jail user's through its group. */
-	for (unsigned i = 0; i < spec->ndevices; i++) {
-		struct stat st;
-		if (stat(spec->devices[i], &st) < 0)
-			continue;
-		bool have = false;
-		for (unsigned k = 0; k < j->ngroups; k++)
-			have |= j->groups[k] == st.st_gid;
-		if (!have)
-			j->groups[j->ngroups++] = st.st_gid;
-	}
 	return 0;
+}
+
+uid_t jail_user_probe_uid(void)
+{
+	return uid_base() + SLOTS;
 }
 
 void jail_user_limit(const struct child *c, unsigned nproc)
@@ -98,10 +91,11 @@ void jail_user_limit(const struct child *c, unsigned nproc)
 	}
 }
 
-void jail_user_become(const struct child *c, uid_t uid, gid_t gid, const gid_t *groups,
-		      unsigned n, const char *who)
+void jail_user_become(const struct child *c, uid_t uid, gid_t gid, const char *who)
 {
-	if (setgroups(n, groups) < 0 || setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0) {
+	/* No group but its own: a device is reached through a node the jail
+	 * made for its user (jail-root.c), never through a group. */
+	if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0) {
 		char what[64];
 		snprintf(what, sizeof(what), "switching to %s", who);
 		jail_die(c, what, errno);

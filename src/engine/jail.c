@@ -173,8 +173,16 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 		const struct cap_jail_file *f = &spec->files[i];
 		bind_add(j, f->host, f->at ? f->at : f->host, ro | (f->exec ? 0 : MS_NOEXEC));
 	}
-	for (unsigned i = 0; i < spec->ndevices; i++)
-		bind_add(j, spec->devices[i], spec->devices[i], MS_NOSUID | MS_NOEXEC);
+	for (unsigned i = 0; i < spec->ndevices; i++) {
+		bool have = false;
+		for (unsigned k = 0; k < j->nnodes; k++)
+			have |= strcmp(j->nodes[k].owned_at, spec->devices[i]) == 0;
+		if (have)
+			continue;
+		if ((r = jail_root_node(spec->devices[i], &j->nodes[j->nnodes].rdev, err)) < 0)
+			goto fail;
+		j->nodes[j->nnodes++].owned_at = xstrdup(spec->devices[i]);
+	}
 	j->owned_rw_file = dup_or_null(spec->rw_file);
 	j->owned_rw_at = dup_or_null(spec->rw_at);
 	j->owned_copy_file = dup_or_null(spec->copy_file);
@@ -203,7 +211,7 @@ int cap_jail_new(const struct cap_jail_spec *spec, struct cap_jail **out,
 	}
 
 	cap_jail_sweep(NULL, NULL);	/* cgroups of owners that died */
-	if ((r = jail_user_take_slot(j, spec, err)) < 0)
+	if ((r = jail_user_take_slot(j, err)) < 0)
 		goto fail;
 	jail_cg_setup(j, spec);
 done:
@@ -243,6 +251,8 @@ void cap_jail_free(struct cap_jail *j)
 		free(j->owned_binds[i].owned_at);
 	}
 	free(j->owned_binds);
+	for (unsigned i = 0; i < j->nnodes; i++)
+		free(j->nodes[i].owned_at);
 	free(j->owned_exe);
 	free(j->owned_rw_file);
 	free(j->owned_rw_at);
@@ -251,9 +261,7 @@ void cap_jail_free(struct cap_jail *j)
 	free(j);
 }
 
-/* What a child wrote on its close-on-exec error pipe before exec or
- * exit, NUL-terminated; 0 bytes (end of file) means it got through. */
-static size_t read_failure(int fd, char *msg, size_t size)
+size_t jail_read_failure(int fd, char *msg, size_t size)
 {
 	size_t len = 0;
 	while (len < size - 1) {
@@ -274,7 +282,7 @@ __attribute__((noreturn)) void jail_die(const struct child *c, const char *what,
 	int len = snprintf(msg, sizeof(msg), "%s: %s", what, strerror(e));
 	if (write(c->errfd, msg, (size_t)CAP_MIN(len, (int)sizeof(msg) - 1)) < 0)
 		(void)0;
-	_exit(127);
+	_exit(e > 0 && e < 127 ? e : 127);
 }
 
 void jail_parent_alive(const struct child *c)
@@ -339,7 +347,7 @@ __attribute__((noreturn)) static void child_main(struct child *c)
 	/* RLIMIT_NPROC counts per user: only for a user of its own. */
 	jail_user_limit(c, j->confined ? NPROC : 0);
 	if (j->confined)
-		jail_user_become(c, j->uid, j->gid, j->groups, j->ngroups, "the jail's user");
+		jail_user_become(c, j->uid, j->gid, "the jail's user");
 	/* Nothing it execs could gain privileges. */
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		jail_die(c, "setting no_new_privs", errno);
@@ -388,7 +396,7 @@ __attribute__((noreturn)) static void helper_main(struct child *c, int netns,
 	jail_enter(c, j, netns);
 	jail_root_helper(c, files, nfiles);
 	jail_user_limit(c, HELPER_NPROC);
-	jail_user_become(c, uid, gid, NULL, 0, "the jail's helper user");
+	jail_user_become(c, uid, gid, "the jail's helper user");
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		jail_die(c, "setting no_new_privs", errno);
 	/* The owner's handlers and mask are its own business. */
@@ -448,7 +456,7 @@ pid_t cap_jail_helper(struct cap_jail *j, int netns, const char *const *files,
 	int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
 	int e = pfd < 0 ? errno : 0;
 	char msg[512] = "";
-	size_t len = pfd >= 0 ? read_failure(ep[0], msg, sizeof(msg)) : 0;
+	size_t len = pfd >= 0 ? jail_read_failure(ep[0], msg, sizeof(msg)) : 0;
 	close(ep[0]);
 	if (pfd < 0 || len > 0) {
 		kill(pid, SIGKILL);
@@ -477,6 +485,8 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 	if (j->confined) {
 		if ((r = cap_mkdir_p(ROOT_MNT, 0755)) < 0)
 			return cap_err_set(err, -r, "cannot create %s: %s", ROOT_MNT, strerror(-r));
+		if (j->nnodes && (r = cap_mkdir_p(DEV_MNT, 0700)) < 0)
+			return cap_err_set(err, -r, "cannot create %s: %s", DEV_MNT, strerror(-r));
 		if (j->owned_copy_file && (copyfd = open(j->owned_copy_file, O_RDONLY | O_CLOEXEC)) < 0)
 			return cap_err_set(err, errno, "cannot open %s: %s", j->owned_copy_file, strerror(errno));
 	}
@@ -504,7 +514,7 @@ pid_t cap_jail_spawn(struct cap_jail *j, char *const argv[], int logfd,
 	/* The child reports a failed step on the pipe; end of file means
 	 * the program is running. */
 	char msg[512];
-	size_t len = read_failure(ep[0], msg, sizeof(msg));
+	size_t len = jail_read_failure(ep[0], msg, sizeof(msg));
 	if (len > 0) {
 		int st;
 		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)

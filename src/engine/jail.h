@@ -51,9 +51,13 @@ struct cap_jail_spec {
 	 * spawn. */
 	const struct cap_jail_file *files;
 	unsigned nfiles;
-	/* Devices bound read-write (nosuid, noexec) at their own paths; the
-	 * jail's user joins each one's group (e.g. /dev/kvm). Every jail
-	 * has /dev/null and /dev/urandom besides. */
+	/* Character devices (host paths, e.g. /dev/kvm): the jail makes a
+	 * node of its own for each at the same path in the root, the host
+	 * node's major:minor, owned by the jail's user, 0600, whatever the
+	 * host node's owner, group and mode; its user gets no group for it
+	 * (it has none but its own). Anything but a character device is
+	 * refused by cap_jail_new. Every jail has /dev/null and /dev/urandom
+	 * (bound from the host) besides. */
 	const char *const *devices;
 	unsigned ndevices;	/* at most CAP_JAIL_MAX_DEVICES */
 	/* Its cgroup: memory ceiling in bytes (swap 0), PID limit, and a
@@ -103,6 +107,18 @@ int cap_jail_probe(struct cap_jail_check checks[CAP_JAIL_NCHECKS]);
  * a memfd can be sealed against writes and a jail can mount a proc of its
  * own (subset=pid). 0 with what it is in detail, or -errno with why not. */
 int cap_jail_ram_probe(char *detail, size_t len);
+
+/* Whether the program of a jail made now could open device path (a host
+ * path, as in spec.devices) read-write and use it, tried for real. When
+ * the jail would confine (*confined true): a throwaway child in a mount
+ * namespace of its own makes the node as cap_jail_spawn does and opens it
+ * as a jail's UID without groups (in this process's cgroups, not a VM's).
+ * Else this process opens the host's node, as the unconfined program
+ * would. use, when not NULL, is then called with the descriptor (in the
+ * child, as that user) and says whether the device answers as the
+ * program needs: 0, or -errno. 0 with what was found in detail, or -errno
+ * with the step that failed and why (-ENODEV: not a character device). */
+int cap_jail_device_probe(const char *path, int (*use)(int fd), bool *confined, char *detail, size_t len);
 
 struct cap_jail;
 

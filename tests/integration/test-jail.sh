@@ -27,11 +27,12 @@ cgread() { # cgread PID V1-CONTROLLER V1-FILE V2-FILE
 	if $v2; then cat "$(cgdir "$1" memory)/$4"; else cat "$(cgdir "$1" "$2")/$3"; fi
 }
 
-echo "1..35"
+echo "1..36"
 
 c doctor >"$out" 2>"$err"
 sed -n '/^jail:/,/^cache:/p' "$out" | sed '$d' | say
 check "doctor lists six protections, each active here" '[ "$(grep -c "^  .* active: " "$out")" -eq 6 ] && ! grep -q MISSING "$out"'
+accel=$(sed -n 's/^accel: *\([a-z]*\) .*/\1/p' "$out")
 
 c image build base >"$out" 2>"$err"
 c create --memory 256 j1 >"$out" 2>"$err" && c create j2 >>"$out" 2>>"$err"
@@ -61,6 +62,14 @@ check "its network namespace has loopback only" '[ "$ifaces" = "lo " ]'
 
 echo "# Seccomp: $(status Seccomp "$p1"), NoNewPrivs: $(status NoNewPrivs "$p1")"
 check "seccomp filter mode (2) and no_new_privs" '[ "$(status Seccomp "$p1")" = 2 ] && [ "$(status NoNewPrivs "$p1")" = 1 ]'
+# No group but its own, for any device (the jail used to hand over
+# /dev/kvm's group: gid 0 where devtmpfs makes it root's); under KVM its
+# /dev/kvm is a node the jail made for its user (10:232 is a:e8 in hex).
+groups=$(awk '$1 == "Groups:" { $1 = ""; print }' "/proc/$p1/status" | tr -d ' \t')
+kvmnode=none
+[ -e "/proc/$p1/root/dev/kvm" ] && kvmnode=$(stat -c '%u:%g %a %F %t:%T' "/proc/$p1/root/dev/kvm")
+echo "# accel $accel; QEMU $p1: supplementary groups '$groups', /dev/kvm in its root: $kvmnode"
+check "QEMU has no supplementary group; under KVM its /dev/kvm is its own (its uid:gid, 0600, 10:232)" '[ -z "$groups" ] && if [ "$accel" = kvm ]; then [ "$kvmnode" = "$u1:$g1 600 character special file a:e8" ]; else [ "$kvmnode" = none ]; fi'
 
 find "/proc/$p1/root/" -mindepth 1 ! -type d | sed "s|^/proc/$p1/root||" | sort >"$rt/root-list"
 echo "# root of QEMU $p1 ($(wc -l <"$rt/root-list") files):"

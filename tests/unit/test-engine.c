@@ -3,6 +3,7 @@
  * QEMU's end_leftover on a directory whose VM is gone. No VM starts. */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,16 +11,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "engine.h"
+#include "engine-ops.h"
 #include "jail-internal.h"
 #include "paths.h"
 #include "util.h"
+
+#define BUSYBOX "/bin/busybox"	/* static: the jail binds it alone */
 
 static void get_by_name_and_default(void **state)
 {
@@ -208,6 +213,276 @@ static void jail_copy_is_opened_without_links(void **state)
 	free(other);
 }
 
+/* A character device node like devtmpfs's /dev/kvm without udev (root's,
+ * group root, 0600), with /dev/zero's numbers, in a new temporary folder
+ * *dir; its path (new string). */
+static char *private_zero(char *dir)
+{
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(chmod(dir, 0755), 0);	/* only the node keeps others out */
+	char *dev = xasprintf("%s/kvm", dir);
+	assert_int_equal(mknod(dev, S_IFCHR | 0600, makedev(1, 5)), 0);
+	assert_int_equal(chown(dev, 0, 0), 0);
+	assert_int_equal(chmod(dev, 0600), 0);
+	return dev;
+}
+
+/* The value of field (e.g. "Groups:") in /proc/PID/status, spaces
+ * trimmed; new string, NULL when there is none. */
+static char *status_field(pid_t pid, const char *field)
+{
+	char *path = xasprintf("/proc/%d/status", (int)pid), *s = NULL, *v = NULL;
+	if (cap_read_file(path, 1u << 16, &s) > 0) {
+		char *at = strstr(s, field);
+		if (at) {
+			at += strlen(field);
+			at += strspn(at, " \t");
+			size_t n = strcspn(at, "\n");
+			while (n && (at[n - 1] == ' ' || at[n - 1] == '\t'))
+				n--;
+			v = xstrndup(at, n);
+		}
+	}
+	free(s);
+	free(path);
+	return v;
+}
+
+/* Issue 31: a jailed program opens its device read-write whatever the
+ * host's node's owner, group and mode. The jail used to bind the host's
+ * node and give its user the node's group: for a root:root 0600 node
+ * (devtmpfs's /dev/kvm without udev) that was gid 0, and the open still
+ * failed. Now it sees a node of its own (its UID and GID, 0600, the
+ * host's major:minor) and holds no supplementary group at all. */
+static void jail_makes_its_own_device_node(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip();	/* the jail needs root */
+	char dir[] = "/tmp/test-engine-dev.XXXXXX";
+	char *dev = private_zero(dir);
+	char *log = xasprintf("%s/log", dir);
+	int logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	assert_true(logfd >= 0);
+	const char *devs[] = { dev };
+	struct cap_jail_spec spec = {
+		.exe = BUSYBOX, .devices = devs, .ndevices = 1,
+		.memory_max = 64u << 20, .pids_max = 16, .cpus = 1,
+	};
+	unsetenv("CAPSULE_JAIL");
+	unsetenv("CAPSULE_REQUIRE_JAIL");
+	struct cap_jail *j = NULL;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_jail_new(&spec, &j, &err), 0);
+	assert_true(cap_jail_confined(j));
+	char *script = xasprintf(BUSYBOX " stat -c 'node %%u:%%g %%a %%t:%%T' %s; "
+				 BUSYBOX " head -c 4 %s | " BUSYBOX " od -An -tx1 | " BUSYBOX " tr -d ' ' && "
+				 "echo x >%s && echo wrote; echo done; exec " BUSYBOX " sleep 30",
+				 dev, dev, dev);
+	char *argv[] = { "sh", "-c", script, NULL };
+	int pidfd = -1;
+	pid_t pid = cap_jail_spawn(j, argv, logfd, NULL, 0, &pidfd, &err);
+	if (pid < 0)
+		fail_msg("spawn: %s", err.msg);
+	close(logfd);
+	char *out = NULL;
+	for (int i = 0; i < 500; i++) {
+		free(out);
+		out = NULL;
+		if (cap_read_file(log, 4096, &out) > 0 && strstr(out, "done\n"))
+			break;
+		usleep(10000);
+	}
+	char *groups = status_field(pid, "Groups:");
+	char *want = xasprintf("node %u:%u 600 1:5\n00000000\nwrote\ndone\n", (unsigned)cap_jail_uid(j), (unsigned)cap_jail_uid(j));
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	close(pidfd);
+	cap_jail_free(j);
+	assert_non_null(out);
+	assert_string_equal(out, want);
+	assert_non_null(groups);
+	assert_string_equal(groups, "");
+	/* The host's node is untouched. */
+	struct stat st;
+	assert_int_equal(stat(dev, &st), 0);
+	assert_true(st.st_uid == 0 && st.st_gid == 0 && (st.st_mode & 07777) == 0600);
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(want);
+	free(groups);
+	free(out);
+	free(script);
+	free(log);
+	free(dev);
+}
+
+/* A device that is not a character device is refused, naming it. */
+static void jail_refuses_what_is_not_a_char_device(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/test-engine-dev.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char *file = xasprintf("%s/file", dir), *missing = xasprintf("%s/missing", dir);
+	assert_int_equal(cap_write_file_atomic(file, "x", 1, 0600), 0);
+	const char *cases[] = { file, dir, missing };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(cases); i++) {
+		const char *devs[] = { cases[i] };
+		struct cap_jail_spec spec = { .exe = BUSYBOX, .devices = devs, .ndevices = 1 };
+		struct cap_jail *j = NULL;
+		struct cap_err err = { 0 };
+		int r = cap_jail_new(&spec, &j, &err);
+		assert_true(r < 0);
+		assert_null(j);
+		assert_non_null(strstr(err.msg, cases[i]));
+		assert_non_null(strstr(err.msg, i < 2 ? "not a character device" : "No such file"));
+	}
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(file);
+	free(missing);
+}
+
+/* A probe's use of the device runs as a jail's user with no group. */
+static int use_as_jail_user(int fd)
+{
+	(void)fd;
+	return geteuid() >= 1900000000u && getgroups(0, NULL) == 0 ? 0 : -EPERM;
+}
+
+static int use_not_what_was_asked(int fd)
+{
+	(void)fd;
+	return -ENOTTY;
+}
+
+/* What doctor and the choice of accelerator ask (cap_jail_device_probe):
+ * whether the VM's program could open a device. Jailed, a root:root 0600
+ * node opens (the jail makes its own); not jailed, it opens for root and
+ * not for another user, whose failure says so. */
+static void device_probe_tries_what_the_program_would(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip();
+	char dir[] = "/tmp/test-engine-dev.XXXXXX";
+	char *dev = private_zero(dir);
+	char *file = xasprintf("%s/file", dir), *missing = xasprintf("%s/missing", dir);
+	assert_int_equal(cap_write_file_atomic(file, "x", 1, 0600), 0);
+	char detail[600];
+	bool confined = false;
+	unsetenv("CAPSULE_JAIL");
+	assert_int_equal(cap_jail_device_probe(dev, NULL, &confined, detail, sizeof(detail)), 0);
+	assert_true(confined);
+	assert_non_null(strstr(detail, "its own node"));
+	assert_non_null(strstr(detail, "1:5"));
+	assert_int_equal(cap_jail_device_probe(dev, use_as_jail_user, &confined, detail, sizeof(detail)), 0);
+	assert_int_equal(cap_jail_device_probe(dev, use_not_what_was_asked, &confined, detail, sizeof(detail)), -ENOTTY);
+	assert_non_null(strstr(detail, "opens, but does not answer as expected"));
+	assert_int_equal(cap_jail_device_probe(missing, NULL, &confined, detail, sizeof(detail)), -ENOENT);
+	assert_non_null(strstr(detail, missing));
+	assert_int_equal(cap_jail_device_probe(file, NULL, &confined, detail, sizeof(detail)), -ENODEV);
+	assert_non_null(strstr(detail, "not a character device"));
+	/* Without the jail (a debug setting): the host's node, as root. */
+	setenv("CAPSULE_JAIL", "0", 1);
+	assert_int_equal(cap_jail_device_probe(dev, NULL, &confined, detail, sizeof(detail)), 0);
+	assert_false(confined);
+	unsetenv("CAPSULE_JAIL");
+	/* As another user, no jail: the host's 0600 node does not open. */
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(p[0]);
+		if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+			_exit(1);
+		bool c = true;
+		char d[600];
+		int r = cap_jail_device_probe(dev, NULL, &c, d, sizeof(d));
+		dprintf(p[1], "%d %d %s", r, c, d);
+		_exit(0);
+	}
+	close(p[1]);
+	char got[700] = "";
+	assert_true(read(p[0], got, sizeof(got) - 1) > 0);
+	close(p[0]);
+	waitpid(pid, NULL, 0);
+	char *want = xasprintf("%d 0 opening %s as uid 65534 (no jail): %s", -EACCES, dev, strerror(EACCES));
+	assert_string_equal(got, want);
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(want);
+	free(file);
+	free(missing);
+	free(dev);
+}
+
+/* What a user is told when a VM's program cannot open /dev/kvm (a
+ * stand-in node here): jailed, that the host's permissions are not the
+ * cause and what is; unjailed, the node's mode and owners, the group or
+ * udev rule to add, or root; a missing node or driver, the module. */
+static void kvm_advice_says_why_and_what_to_do(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip();	/* makes a device node */
+	char dir[] = "/tmp/test-engine-dev.XXXXXX";
+	char *dev = private_zero(dir);
+	char buf[1000];
+	unsetenv("CAPSULE_JAIL");
+	assert_ptr_equal(cap_engine_kvm_advice(dev, EACCES, true, buf, sizeof(buf)), buf);
+	assert_non_null(strstr(buf, "the jail makes a"));
+	assert_non_null(strstr(buf, "(1:5, its user's, mode 0600)"));
+	assert_non_null(strstr(buf, "not the cause"));
+	assert_non_null(strstr(buf, "device cgroup"));
+	cap_engine_kvm_advice(dev, EACCES, false, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "(mode 0600, owner 0, group 0)"));
+	assert_non_null(strstr(buf, "udev rule"));
+	assert_non_null(strstr(buf, "run capsule as root, where the jail makes"));
+	/* A group that may read and write it: join that group. */
+	assert_int_equal(chown(dev, 0, 0), 0);
+	struct group *g = getgrnam("disk");
+	if (g) {
+		assert_int_equal(chown(dev, 0, g->gr_gid), 0);
+		assert_int_equal(chmod(dev, 0660), 0);
+		cap_engine_kvm_advice(dev, EACCES, false, buf, sizeof(buf));
+		assert_non_null(strstr(buf, "to group disk (usermod -aG disk "));
+	}
+	cap_engine_kvm_advice(dev, ENOTTY, true, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "(1:5) is not KVM's device"));
+	cap_engine_kvm_advice(dev, ENXIO, true, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "no KVM driver answers"));
+	assert_non_null(strstr(buf, "modprobe kvm_intel or kvm_amd"));
+	char *missing = xasprintf("%s/missing", dir);
+	cap_engine_kvm_advice(missing, EACCES, true, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "there is no "));
+	assert_non_null(strstr(buf, "modprobe"));
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(missing);
+	free(dev);
+}
+
+/* QEMU's own "Could not access KVM kernel module" becomes a cause and
+ * what to do; a log without it gets nothing. */
+static void qemu_log_kvm_failure_is_explained(void **state)
+{
+	(void)state;
+	char buf[1000], want[1000];
+	const char *log = "qemu-system-x86_64: -accel kvm: Could not access KVM kernel module: Permission denied\n"
+			  "qemu-system-x86_64: -accel kvm: failed to initialize kvm: Permission denied\n";
+	assert_ptr_equal(cap_qemu_log_explain(log, true, buf, sizeof(buf)), buf);
+	char advice[700];
+	cap_engine_kvm_advice("/dev/kvm", EACCES, true, advice, sizeof(advice));
+	snprintf(want, sizeof(want), "QEMU could not open /dev/kvm (Permission denied): %s", advice);
+	assert_string_equal(buf, want);
+	assert_non_null(cap_qemu_log_explain("Could not access KVM kernel module: Something new\n", false, buf, sizeof(buf)));
+	assert_string_equal(buf, "QEMU could not open /dev/kvm (Something new): see `capsule doctor`");
+	assert_non_null(cap_qemu_log_explain("kvm version too old\nqemu-system-x86_64: -accel kvm: failed to initialize kvm: Inappropriate ioctl for device\n",
+					     true, buf, sizeof(buf)));
+	assert_true(strncmp(buf, "QEMU's /dev/kvm did not answer as KVM: ", 39) == 0);
+	assert_null(cap_qemu_log_explain("qemu-system-x86_64: -drive: file not found\n", true, buf, sizeof(buf)));
+	assert_null(cap_qemu_log_explain("", true, buf, sizeof(buf)));
+	assert_null(cap_qemu_log_explain(NULL, true, buf, sizeof(buf)));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -217,6 +492,11 @@ int main(void)
 		cmocka_unit_test(end_leftover_spares_other_processes),
 		cmocka_unit_test(end_leftover_kills_the_vm_of_that_directory),
 		cmocka_unit_test(jail_copy_is_opened_without_links),
+		cmocka_unit_test(jail_makes_its_own_device_node),
+		cmocka_unit_test(jail_refuses_what_is_not_a_char_device),
+		cmocka_unit_test(device_probe_tries_what_the_program_would),
+		cmocka_unit_test(kvm_advice_says_why_and_what_to_do),
+		cmocka_unit_test(qemu_log_kvm_failure_is_explained),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

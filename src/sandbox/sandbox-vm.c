@@ -458,7 +458,7 @@ static int template_build(const struct cap_sandbox_opts *o, const struct cap_vm_
 					 base->disks[i].per_sandbox ? "" : " (shared)");
 	if (base->net && used < sizeof(desc))
 		snprintf(desc + used, sizeof(desc) - used, ", NIC");
-	r = cap_template_store(tmp, key, desc, dir, err);
+	r = cap_template_store(tmp, key, desc, base, dir, err);
 	goto out;
 fail:
 	cap_template_discard(tmp);

@@ -42,7 +42,7 @@ suite() {
 }
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine"
+units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template"
 for t in $units; do
 	suite "unit/$t" "$build/tests/test-$t"
 done

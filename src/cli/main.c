@@ -30,7 +30,7 @@ static const char usage[] =
 	"  merge     Apply a sandbox's /workspace changes to the project, three-way\n"
 	"  net       Show or change a sandbox's network policy, read its log\n"
 	"  image     Build, import, list and remove images\n"
-	"  template  List, build and prune the snapshots new VMs start from\n"
+	"  template  List, inspect, build and prune the snapshots new VMs start from\n"
 	"  source    Check or build a public data projection by hand\n"
 	"  serve     Serve per-identity sandboxes over JSON-RPC on a unix socket\n"
 	"  mcp       Model Context Protocol server on stdio (bounded file tools)\n"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "buf.h"
+#include "engine-kvm.h"
 #include "engine-ops.h"
 #include "engine-net.h"
 #include "jail.h"
@@ -104,19 +105,6 @@ static const char *guest_clock(enum cap_accel accel, unsigned *khz)
 	return *khz ? " tsc=reliable" : "";
 }
 
-static char *identity(enum cap_accel accel)
-{
-	_cleanup_free_ char *found = cap_find_program(QEMU);
-	char id[PATH_MAX + 64];
-	cap_file_id(found ? found : QEMU, id, sizeof(id));
-	/* The guest's TSC rate to the MHz: measured again on each host
-	 * boot, it may differ by a few kHz; a template keeps the rate its
-	 * guest was given, a few parts per million from this boot's. */
-	unsigned khz;
-	const char *clock = guest_clock(accel, &khz);
-	return xasprintf("qemu=%s tsc_mhz=%u clock=%s", id, (khz + 500) / 1000, clock);
-}
-
 static int version(char **out, struct cap_err *err)
 {
 	char *argv[] = { QEMU, "--version", NULL };
@@ -127,6 +115,56 @@ static int version(char **out, struct cap_err *err)
 	}
 	*out = s;
 	return 0;
+}
+
+/* QEMU's version line for the binary whose identity (path, size, mtime)
+ * is id: `--version` costs a QEMU start, and the identity is computed at
+ * every start, so it is kept in the cache directory (qemu-version: id,
+ * then the line) and asked again only when the binary changed. "unknown"
+ * when QEMU does not answer. New string. */
+static char *cached_version(const char *id)
+{
+	_cleanup_free_ char *dir = cap_cache_dir();
+	_cleanup_free_ char *path = xasprintf("%s/qemu-version", dir);
+	_cleanup_free_ char *s = NULL;
+	size_t n = strlen(id);
+	if (cap_read_file(path, 8192, &s) > 0 && strncmp(s, id, n) == 0 && s[n] == '\n') {
+		const char *v = s + n + 1;
+		size_t len = strcspn(v, "\n");
+		if (len && v[len] == '\n')
+			return xstrndup(v, len);
+	}
+	char *v = NULL;
+	if (version(&v, NULL) < 0)
+		return xstrdup("unknown");
+	v[strcspn(v, "\n")] = '\0';
+	_cleanup_free_ char *line = xasprintf("%s\n%s\n", id, v);
+	if (cap_mkdir_p(dir, 0755) == 0)
+		cap_write_file_atomic(path, line, strlen(line), 0644);
+	return v;
+}
+
+/* docs/architecture.md, "Acceleration": QEMU's binary and version and
+ * the accelerator; under KVM (-cpu host) the host's CPU as KVM exposes
+ * it, KVM and the kernel; under TCG (-cpu max, the same CPU on any host)
+ * the one thing of the host's a guest reads, the TSC's rate. */
+static char *identity(enum cap_accel accel)
+{
+	_cleanup_free_ char *found = cap_find_program(QEMU);
+	char id[PATH_MAX + 64];
+	cap_file_id(found ? found : QEMU, id, sizeof(id));
+	_cleanup_free_ char *ver = cached_version(id);
+	if (accel == CAP_ACCEL_KVM) {
+		_cleanup_free_ char *host = cap_kvm_host_identity();
+		return xasprintf("qemu=%s\nqemu_version=%s\naccel=kvm\n%s", id, ver, host);
+	}
+	/* The guest's TSC rate to the MHz: measured again on each host
+	 * boot, it may differ by a few kHz; a template keeps the rate its
+	 * guest was given, a few parts per million from this boot's. */
+	unsigned khz;
+	const char *clock = guest_clock(accel, &khz);
+	return xasprintf("qemu=%s\nqemu_version=%s\naccel=%s\ntsc_mhz=%u\nclock=%s\n", id, ver,
+			 cap_engine_accel_name(accel), (khz + 500) / 1000, *clock ? clock + 1 : "the guest's own");
 }
 
 struct argv {

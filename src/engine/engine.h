@@ -50,9 +50,15 @@ const struct cap_engine_ops *cap_engine_default(void);
 /* Its name ("qemu"), as CAPSULE_ENGINE and runtime.json's "engine" give it. */
 const char *cap_engine_name(const struct cap_engine_ops *e);
 
-/* What in the engine shapes a VM's saved state, for a template's key
- * (QEMU's: its binary's identity and, under TCG, the guest's TSC rate).
- * New string. */
+/* What in the engine and its host shapes a VM's saved state under accel
+ * (KVM or TCG), hashed into a template's key and recorded with the
+ * template to show which part differs on another host: one "name=value\n"
+ * per line, names [a-z_]+ in a fixed order, values without a newline.
+ * QEMU's (docs/architecture.md, "Acceleration"): its binary's identity
+ * and version, the accelerator, and under KVM the host's CPU, its
+ * features as KVM exposes them, KVM's API version and the host kernel,
+ * under TCG the guest's TSC rate and clock. Identities of two engines or
+ * two accelerators always differ. New string. */
 char *cap_engine_identity(const struct cap_engine_ops *e, enum cap_accel accel);
 
 /* The host's TSC rate in kHz, which a guest under TCG reads as its own

@@ -23,11 +23,12 @@ int cap_template_stage(unsigned mem_mib, char **tmp, struct cap_err *err);
  * (*path, a new string). */
 int cap_template_placeholder(const char *tmp, unsigned i, char **path, struct cap_err *err);
 /* Store staging directory tmp as key's template, described by desc (for
- * `capsule template ls`): *dir its directory, a new string. tmp is gone
- * afterwards, stored or not (another process may have stored the same
- * key first: that one is kept). */
-int cap_template_store(const char *tmp, const char *key, const char *desc, char **dir,
-		       struct cap_err *err);
+ * `capsule template ls`), with the engine, accelerator and engine
+ * identity of cfg, the VM it was made with: *dir its directory, a new
+ * string. tmp is gone afterwards, stored or not (another process may have
+ * stored the same key first: that one is kept). */
+int cap_template_store(const char *tmp, const char *key, const char *desc,
+		       const struct cap_vm_config *cfg, char **dir, struct cap_err *err);
 /* Remove a staging directory, or a template that failed to restore. */
 void cap_template_discard(const char *dir);
 

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "jsonrpc.h"
 #include "paths.h"
 #include "proc.h"
 #include "sandbox-internal.h"
@@ -165,14 +166,34 @@ int cap_template_stage(unsigned mem_mib, char **tmp, struct cap_err *err)
 	return 0;
 }
 
-int cap_template_store(const char *tmp, const char *key, const char *desc, char **dir,
-		       struct cap_err *err)
+/* An engine identity's "name=value" lines as a JSON object, in order. */
+static json_t *identity_json(const char *id)
+{
+	json_t *o = json_object();
+	for (const char *p = id; *p;) {
+		size_t len = strcspn(p, "\n");
+		const char *eq = memchr(p, '=', len);
+		if (eq && eq > p) {
+			_cleanup_free_ char *name = xstrndup(p, (size_t)(eq - p));
+			json_object_set_new(o, name, cap_json_textn(eq + 1, len - (size_t)(eq + 1 - p)));
+		}
+		p += len + (p[len] == '\n');
+	}
+	return o;
+}
+
+int cap_template_store(const char *tmp, const char *key, const char *desc,
+		       const struct cap_vm_config *cfg, char **dir, struct cap_err *err)
 {
 	_cleanup_free_ char *root = templates_dir();
 	_cleanup_free_ char *meta = xasprintf("%s/meta.json", tmp);
+	_cleanup_free_ char *id = cap_engine_identity(cfg->engine, cfg->accel);
 	char *final = xasprintf("%s/%s", root, key);
-	json_t *m = json_pack("{s:i, s:s, s:s, s:I}", "schema", 1, "key", key, "desc", desc,
-			      "created", (json_int_t)time(NULL));
+	/* The host it was made for, so that `template ls` can say what
+	 * differs on another (the key only says that something does). */
+	json_t *m = json_pack("{s:i, s:s, s:s, s:I, s:s, s:s, s:o}", "schema", 1, "key", key, "desc", desc,
+			      "created", (json_int_t)time(NULL), "engine", cap_engine_name(cfg->engine),
+			      "accel", cap_engine_accel_name(cfg->accel), "host", identity_json(id));
 	char *text = json_dumps(m, JSON_INDENT(2));
 	json_decref(m);
 	int r = cap_write_file_atomic(meta, text, strlen(text), 0600);
@@ -205,6 +226,13 @@ char *cap_template_lookup(const char *key)
 
 void cap_template_info_fini(struct cap_template_info *t)
 {
+	for (size_t i = 0; i < t->nhost; i++) {
+		free(t->host[i].owned_name);
+		free(t->host[i].owned_made);
+		free(t->host[i].owned_now);
+	}
+	free(t->host);
+	free(t->owned_mismatch);
 	free(t->owned_dir);
 	free(t->owned_desc);
 	memset(t, 0, sizeof(*t));
@@ -216,12 +244,79 @@ static uint64_t used(const char *path)
 	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
 
+/* This host's identity for an engine and accelerator, computed once per
+ * listing: the last few asked (a listing holds one or two). */
+struct host_cache {
+	char engine[32], accel[8];
+	json_t *id;	/* NULL: no such engine here */
+};
+
+static const json_t *host_now(struct host_cache *c, size_t *n, size_t cap, const char *engine,
+			      const char *accel)
+{
+	for (size_t i = 0; i < *n; i++)
+		if (strcmp(c[i].engine, engine) == 0 && strcmp(c[i].accel, accel) == 0)
+			return c[i].id;
+	const struct cap_engine_ops *e;
+	enum cap_accel a;
+	json_t *id = NULL;
+	if (cap_engine_get(engine, &e, NULL) == 0 && cap_engine_accel_parse(accel, &a) == 0 && a != CAP_ACCEL_AUTO) {
+		_cleanup_free_ char *text = cap_engine_identity(e, a);
+		id = identity_json(text);
+	}
+	if (*n == cap) {
+		json_decref(id);
+		return NULL;
+	}
+	c[*n] = (struct host_cache){ .id = id };
+	snprintf(c[*n].engine, sizeof(c[*n].engine), "%s", engine);
+	snprintf(c[*n].accel, sizeof(c[*n].accel), "%s", accel);
+	return c[(*n)++].id;
+}
+
+static char *dup_or_null(const json_t *s)
+{
+	const char *v = json_string_value(s);
+	return v ? xstrdup(v) : NULL;
+}
+
+/* t's host fields from the recorded object made and this host's now. */
+static void compare_host(struct cap_template_info *t, const json_t *made, const json_t *now)
+{
+	size_t cap = json_object_size(made) + json_object_size(now), k = 0;
+	char mismatch[512] = "";
+	size_t used_len = 0;
+	const char *name;
+	const json_t *v;
+	t->host = xcalloc(cap ? cap : 1, sizeof(*t->host));
+	json_object_foreach((json_t *)made, name, v) {
+		t->host[k] = (struct cap_template_host_field){ .owned_name = xstrdup(name), .owned_made = dup_or_null(v),
+							      .owned_now = dup_or_null(json_object_get(now, name)) };
+		k++;
+	}
+	json_object_foreach((json_t *)now, name, v) {
+		if (json_object_get(made, name))
+			continue;
+		t->host[k++] = (struct cap_template_host_field){ .owned_name = xstrdup(name), .owned_now = dup_or_null(v) };
+	}
+	t->nhost = k;
+	for (size_t i = 0; i < k; i++) {
+		struct cap_template_host_field *f = &t->host[i];
+		f->differs = !f->owned_made || !f->owned_now || strcmp(f->owned_made, f->owned_now) != 0;
+		if (f->differs && used_len < sizeof(mismatch))
+			used_len += (size_t)snprintf(mismatch + used_len, sizeof(mismatch) - used_len, "%s%s",
+						     used_len ? ", " : "", f->owned_name);
+	}
+	t->owned_mismatch = xstrdup(mismatch);
+}
+
 int cap_template_list(struct cap_template_info **out, size_t *n)
 {
 	_cleanup_free_ char *root = templates_dir();
 	DIR *d = opendir(root);
-	size_t cap = 8, k = 0;
+	size_t cap = 8, k = 0, nhosts = 0;
 	struct cap_template_info *v = xcalloc(cap, sizeof(*v));
+	struct host_cache hosts[8];
 	struct dirent *e;
 	while (d && (e = readdir(d))) {
 		if (strlen(e->d_name) != 64)
@@ -234,6 +329,8 @@ int cap_template_list(struct cap_template_info **out, size_t *n)
 		if (k == cap)
 			v = xrealloc(v, (cap *= 2) * sizeof(*v));
 		const char *desc = json_string_value(json_object_get(j, "desc"));
+		const char *engine = json_string_value(json_object_get(j, "engine"));
+		const char *accel = json_string_value(json_object_get(j, "accel"));
 		_cleanup_free_ char *state = xasprintf("%s/state", dir);
 		_cleanup_free_ char *ram = xasprintf("%s/ram", dir);
 		v[k] = (struct cap_template_info){
@@ -242,11 +339,18 @@ int cap_template_list(struct cap_template_info **out, size_t *n)
 			.state_bytes = used(state), .ram_bytes = used(ram),
 		};
 		snprintf(v[k].key, sizeof(v[k].key), "%s", e->d_name);
+		snprintf(v[k].engine, sizeof(v[k].engine), "%s", engine ? engine : "");
+		snprintf(v[k].accel, sizeof(v[k].accel), "%s", accel ? accel : "");
+		const json_t *made = json_object_get(j, "host");
+		if (json_is_object(made) && engine && accel)
+			compare_host(&v[k], made, host_now(hosts, &nhosts, CAP_ARRAY_SIZE(hosts), engine, accel));
 		k++;
 		json_decref(j);
 	}
 	if (d)
 		closedir(d);
+	for (size_t i = 0; i < nhosts; i++)
+		json_decref(hosts[i].id);
 	*out = v;
 	*n = k;
 	return 0;

@@ -458,7 +458,7 @@ static int template_build(const struct cap_sandbox_opts *o, const struct cap_vm_
 					 base->disks[i].per_sandbox ? "" : " (shared)");
 	if (base->net && used < sizeof(desc))
 		snprintf(desc + used, sizeof(desc) - used, ", NIC");
-	r = cap_template_store(tmp, key, desc, dir, err);
+	r = cap_template_store(tmp, key, desc, base, dir, err);
 	goto out;
 fail:
 	cap_template_discard(tmp);
@@ -608,6 +608,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		struct cap_err terr = { 0 };
 		char key[65] = "";
 		_cleanup_free_ char *tdir = NULL;
+		bool removed = false;
 		if (template_for(o, &tcfg, key, &tdir, &terr) == 0) {
 			_cleanup_free_ char *state = xasprintf("%s/state", tdir);
 			_cleanup_free_ char *ram = xasprintf("%s/ram", tdir);
@@ -622,7 +623,10 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 					 how, *why && strcmp(how, "RAM copied") == 0 ? ": " : "",
 					 strcmp(how, "RAM copied") == 0 ? why : "");
 			} else {
-				cap_template_discard(tdir);	/* rebuilt on next use */
+				/* Its state did not load, or the guest did not
+				 * come back: rebuilt on next use. */
+				cap_template_discard(tdir);
+				removed = true;
 			}
 		}
 		if (!sb->restored) {
@@ -630,12 +634,18 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 			for (char *p = terr.msg; *p; p++)
 				if (*p == '\n')
 					*p = ';';
-			snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot (template %.16s unusable: %.400s)",
-				 *key ? key : "-", terr.msg);
+			snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot (template %.16s unusable%s: %.380s)",
+				 *key ? key : "-", removed ? ", removed and built again at the next start" : "", terr.msg);
 		}
 	}
-	if (!sb->restored && (r = start_vm(sb, &cfg, setup, o->boot_timeout_ms, err)) < 0)
+	if (!sb->restored && (r = start_vm(sb, &cfg, setup, o->boot_timeout_ms, err)) < 0) {
+		/* Whatever stopped the template too, never lost. */
+		if (err && strncmp(sb->boot_note, "cold boot (", 11) == 0) {
+			size_t used = strlen(err->msg);
+			snprintf(err->msg + used, sizeof(err->msg) - used, "\n(before it: %s)", sb->boot_note);
+		}
 		goto fail;
+	}
 	if (sb->net)
 		cap_sandbox_net_started(sb->net);
 	set_times(sb, t0);

@@ -99,16 +99,41 @@ struct cap_sandbox_opts {
 };
 
 /* Templates: CAPSULE_HOME/templates/<key>/{state, ram, meta.json}, one per
- * combination of kernel, initramfs, QEMU, accelerator, vCPUs, memory and
- * device layout (images included). */
+ * combination of kernel, initramfs, engine and its host (QEMU, the
+ * accelerator, under KVM the host's CPU, KVM and kernel), vCPUs, memory
+ * and device layout (images included). */
+
+/* One field of the engine's identity (cap_engine_identity): as recorded
+ * when the template was made, and as this host gives it now. A template
+ * whose fields differ is never restored here (its key is not this
+ * host's); which fields differ says why. */
+struct cap_template_host_field {
+	char *owned_name;	/* "cpu", "cpuid", "kvm_api", "kernel", "qemu_version", ... */
+	char *owned_made;	/* NULL: not recorded */
+	char *owned_now;	/* NULL: this host has no such field, or the engine is unknown here */
+	bool differs;	/* made and now are not the same value */
+};
+
 struct cap_template_info {
 	char key[65];
 	char *owned_dir;
 	char *owned_desc;	/* what it was made for */
 	int64_t created;
 	uint64_t state_bytes, ram_bytes;	/* on disk */
+	char engine[32];	/* "qemu"; "" when not recorded (made before issue 31) */
+	char accel[8];	/* "kvm", "tcg"; "" when not recorded */
+	/* The recorded fields in their order, then any field only this host
+	 * has; NULL (nhost 0) when the template recorded none. */
+	struct cap_template_host_field *host;
+	size_t nhost;
+	/* Names of the fields that differ, ", " between them; "" when none;
+	 * NULL when host is. */
+	char *owned_mismatch;
 };
 void cap_template_info_fini(struct cap_template_info *t);
+/* Every complete template, in no order, its host fields compared with
+ * this host's. *out is a new array of *n (cap_template_info_fini each,
+ * then free). 0. */
 int cap_template_list(struct cap_template_info **out, size_t *n);
 /* Make sure the template for these options exists (boots once if not). */
 int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,

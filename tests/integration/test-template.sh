@@ -1,21 +1,35 @@
 #!/bin/sh
 # Template snapshots: new VMs are restored instead of booted, get their
 # own entropy and the host's clock, any disk size works, a changed input
-# makes a new template, and a broken template falls back to a cold boot.
-# TAP output.
+# makes a new template, a template records the host it was made on and
+# says what differs on another, and a broken template falls back to a
+# cold boot, removed to be rebuilt. TAP output.
 set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 c() { "$capsule" "$@"; }
 count() { c template ls | tail -n +2 | wc -l; }
 
-echo "1..17"
+echo "1..21"
 
 check "no template before the first VM" '[ "$(count)" -eq 0 ]'
 c run -q -v -- echo one >"$out" 2>"$err"
 check "the first run builds a template and starts from it" 'grep -qx one "$out" && grep -q "restored from template" "$err" && [ "$(count)" -eq 1 ]'
 c run -q -v -- echo two >"$out" 2>"$err"
 check "the next run restores the same template" 'grep -qx two "$out" && grep -q "restored from template" "$err" && [ "$(count)" -eq 1 ]'
+
+# What the template was made on, compared with this host: the same.
+# hosts: each template's accel, its recorded fields and what differs.
+hosts() { c template ls --json | python3 -c 'import json, sys
+for t in json.load(sys.stdin):
+    print(t["accel"], " ".join(sorted(t["host"])), "differs:", ",".join(t["host_mismatch"]) or "-")'; }
+hosts >"$out" 2>"$err"
+check "template ls --json records the engine's identity it was made with, which this host matches" \
+	'grep -Eq "^(tcg accel clock qemu qemu_version tsc_mhz|kvm accel cpu cpuid kernel kvm_api qemu qemu_version) differs: -$" "$out"'
+key=$(c template ls --json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["key"])')
+c template inspect "$(echo "$key" | cut -c1-8)" >"$out" 2>"$err"
+check "template inspect KEY-PREFIX shows the host it was made on, and that this host matches" \
+	'grep -q "^key: *$key$" "$out" && grep -q "(this host matches)" "$out" && grep -q "^  qemu_version  QEMU emulator version" "$out"'
 
 a=$(c run -q -- sh -c 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n"')
 b=$(c run -q -- sh -c 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n"')
@@ -31,7 +45,8 @@ state=$(ls "$CAPSULE_HOME"/templates/*/state)
 truncate -s 1000 "$state"
 c run -q -v -- echo fine >"$out" 2>"$err"
 rc=$?
-check "a truncated template: the run still succeeds, cold-booted, and says so" '[ "$rc" -eq 0 ] && grep -qx fine "$out" && grep -q "cold boot (template .* unusable" "$err"'
+check "a truncated template: the run still succeeds, cold-booted, and says so, naming the template" \
+	'[ "$rc" -eq 0 ] && grep -qx fine "$out" && grep -q "cold boot (template $(echo "$key" | cut -c1-16) unusable, removed and built again at the next start: " "$err"'
 c run -q -v -- true >"$out" 2>"$err"
 check "the broken template is rebuilt on the next run" 'grep -q "restored from template" "$err" && [ "$(count)" -eq 1 ]'
 
@@ -62,6 +77,7 @@ for s in s1 s2 s3; do c rm --force $s >/dev/null 2>&1; done
 # it falls back to otherwise ticks 250 times a second: ~5 % of a core).
 c run -v -- cat /sys/devices/system/clocksource/clocksource0/current_clocksource /proc/cmdline >"$out" 2>"$err"
 cs=$(head -1 "$out")
+grep -q "using TCG" "$err" && tcg=1 || tcg=0
 rate=$(c doctor --json | sed -n 's/.*"tsc_khz": *\([0-9]*\).*/\1/p')
 if ! grep -q "using TCG" "$err"; then
 	skip "the guest's clock under TCG" "this host runs VMs under KVM"
@@ -78,5 +94,18 @@ else
 	CAPSULE_GUEST_TSC=0 c run -q -- cat /proc/cmdline >"$out" 2>"$err"
 	check "CAPSULE_GUEST_TSC=0 makes another template, whose guest is told no TSC rate" \
 		'grep -q "^console=" "$out" && ! grep -q tsc_early_khz "$out" && [ "$(count)" -eq 5 ]'
+fi
+# Another identity (here a guest clock that TCG keys) is another template;
+# the first then shows the field that differs from this host's identity.
+if [ "$tcg" -eq 1 ]; then
+	before=$(count)
+	CAPSULE_GUEST_TSC=unstable c run -q -v -- true >"$out" 2>"$err"
+	check "under TCG another guest clock makes another template" 'grep -q "restored from template" "$err" && [ "$(count)" -eq $((before + 1)) ]'
+	hosts >"$out" 2>"$err"
+	check "template ls: the template of that clock differs from this host in its clock, the others match" \
+		'[ "$(grep -c "differs: .*clock$" "$out")" -eq 1 ] && [ "$(grep -c "differs: -$" "$out")" -eq "$before" ]'
+else
+	skip "under TCG another guest clock makes another template" "this host runs VMs under KVM"
+	skip "template ls: the template of that clock differs from this host" "this host runs VMs under KVM"
 fi
 clean_after "template suite"

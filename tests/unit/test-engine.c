@@ -1,5 +1,7 @@
 /* Unit tests of the engine table (src/engine/engine.c): engines chosen
- * by name or $CAPSULE_ENGINE, an unknown name refused with the list, and
+ * by name or $CAPSULE_ENGINE, an unknown name refused with the list,
+ * QEMU's identity under each accelerator and the host's under KVM
+ * (engine-kvm.c, from fixed CPUID leaves and /proc/cpuinfo texts), and
  * QEMU's end_leftover on a directory whose VM is gone. No VM starts. */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "engine-kvm.h"
 #include "engine-ops.h"
 #include "jail-internal.h"
 #include "paths.h"
@@ -58,14 +61,327 @@ static void unknown_is_refused_with_the_list(void **state)
 	unsetenv("CAPSULE_ENGINE");
 }
 
+/* A private cache directory for the identity's qemu-version file. */
+static char *private_cache(void)
+{
+	char *dir = xstrdup("/tmp/test-engine-cache.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	setenv("CAPSULE_CACHE", dir, 1);
+	return dir;
+}
+
+static void end_private_cache(char *dir)
+{
+	unsetenv("CAPSULE_CACHE");
+	assert_int_equal(cap_remove_tree(dir), 0);
+	free(dir);
+}
+
 /* The identity names the engine, so templates never cross engines. */
 static void identity_names_the_engine(void **state)
 {
 	(void)state;
+	char *cache = private_cache();
 	const struct cap_engine_ops *e;
 	assert_int_equal(cap_engine_get("qemu", &e, NULL), 0);
 	char *id = cap_engine_identity(e, CAP_ACCEL_KVM);
 	assert_true(strncmp(id, "qemu=", 5) == 0);
+	free(id);
+	end_private_cache(cache);
+}
+
+/* Every line "name=value", names [a-z_]+: the format engine.h promises. */
+static void assert_identity_lines(const char *id)
+{
+	assert_true(*id);
+	for (const char *p = id; *p;) {
+		size_t len = strcspn(p, "\n");
+		assert_int_equal(p[len], '\n');	/* ends with one */
+		size_t name = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+		assert_true(name > 0 && name < len && p[name] == '=');
+		p += len + 1;
+	}
+}
+
+static bool has_line(const char *id, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	for (const char *p = id; *p; p += strcspn(p, "\n") + 1) {
+		if (strncmp(p, prefix, n) == 0)
+			return true;
+		if (!p[strcspn(p, "\n")])
+			break;
+	}
+	return false;
+}
+
+/* A template never crosses accelerators: QEMU's identity under TCG
+ * (-cpu max: the guest's clock) is not its identity under KVM (-cpu host:
+ * the host's CPU, KVM, the kernel). Here /dev/kvm may be missing: the
+ * CPU then comes from /proc/cpuinfo and KVM's API is "none (why)". */
+static void identity_differs_between_accelerators(void **state)
+{
+	(void)state;
+	char *cache = private_cache();
+	const struct cap_engine_ops *e;
+	assert_int_equal(cap_engine_get("qemu", &e, NULL), 0);
+	char *tcg = cap_engine_identity(e, CAP_ACCEL_TCG), *kvm = cap_engine_identity(e, CAP_ACCEL_KVM);
+	assert_identity_lines(tcg);
+	assert_identity_lines(kvm);
+	assert_string_not_equal(tcg, kvm);
+	assert_true(has_line(tcg, "accel=tcg\n") && has_line(kvm, "accel=kvm\n"));
+	assert_true(has_line(tcg, "tsc_mhz=") && has_line(tcg, "clock="));
+	assert_false(has_line(tcg, "cpu="));	/* -cpu max is the same CPU on any host */
+	assert_true(has_line(kvm, "cpu=") && has_line(kvm, "cpuid=") && has_line(kvm, "kvm_api=") &&
+		    has_line(kvm, "kernel="));
+	assert_false(has_line(kvm, "tsc_mhz="));
+	assert_true(has_line(tcg, "qemu_version=") && has_line(kvm, "qemu_version="));
+	char *again = cap_engine_identity(e, CAP_ACCEL_KVM);
+	assert_string_equal(again, kvm);	/* stable from one start to the next */
+	free(again);
+	free(tcg);
+	free(kvm);
+	end_private_cache(cache);
+}
+
+/* QEMU's version line is asked once per binary and kept beside the
+ * binary's identity: a line kept for this binary is used as it is, one
+ * kept for another binary (an update) is asked again. */
+static void qemu_version_is_kept_per_binary(void **state)
+{
+	(void)state;
+	char *cache = private_cache();
+	const struct cap_engine_ops *e;
+	assert_int_equal(cap_engine_get("qemu", &e, NULL), 0);
+	char *id = cap_engine_identity(e, CAP_ACCEL_TCG);
+	/* The first line's value is the binary's identity. */
+	char *bin = xstrndup(id + 5, strcspn(id + 5, "\n"));
+	char *path = xasprintf("%s/qemu-version", cache);
+	char *kept = NULL;
+	assert_true(cap_read_file(path, 8192, &kept) > 0);
+	assert_true(strncmp(kept, bin, strlen(bin)) == 0 && kept[strlen(bin)] == '\n');
+	free(kept);
+	char *fake = xasprintf("%s\nQEMU emulator version 0.0.1 (kept)\n", bin);
+	assert_int_equal(cap_write_file_atomic(path, fake, strlen(fake), 0644), 0);
+	char *id2 = cap_engine_identity(e, CAP_ACCEL_TCG);
+	assert_true(has_line(id2, "qemu_version=QEMU emulator version 0.0.1 (kept)\n"));
+	free(fake);
+	fake = xstrdup("/usr/bin/another:1:2.000000000\nQEMU emulator version 0.0.2\n");
+	assert_int_equal(cap_write_file_atomic(path, fake, strlen(fake), 0644), 0);
+	char *id3 = cap_engine_identity(e, CAP_ACCEL_TCG);
+	assert_false(has_line(id3, "qemu_version=QEMU emulator version 0.0.2"));
+	free(id3);
+	free(fake);
+	free(id2);
+	free(path);
+	free(bin);
+	free(id);
+	end_private_cache(cache);
+}
+
+/* Leaf registers spelling text (the vendor in EBX, EDX, ECX; a brand in
+ * EAX..EDX of three leaves). */
+static uint32_t word(const char *s)
+{
+	uint32_t w;
+	memcpy(&w, s, 4);
+	return w;
+}
+
+/* A CPU's leaves as KVM_GET_SUPPORTED_CPUID gives them, in e (at least
+ * 12 entries); the count. */
+static unsigned fixed_cpu(struct cap_cpuid_entry *e, const char *vendor, uint32_t sig, const char *brand)
+{
+	char b[49] = { 0 };
+	snprintf(b, sizeof(b), "%-48s", brand);
+	unsigned n = 0;
+	e[n++] = (struct cap_cpuid_entry){ 0, 0, 0, 0x10, word(vendor), word(vendor + 8), word(vendor + 4) };
+	e[n++] = (struct cap_cpuid_entry){ 1, 0, 0, sig, 0x00000800, 0xfed83203, 0x178bfbff };
+	e[n++] = (struct cap_cpuid_entry){ 7, 0, 1, 0, 0x219c97a9, 0x0040069c, 0x00000010 };
+	e[n++] = (struct cap_cpuid_entry){ 0xb, 0, 1, 1, 1, 0x100, 0 };	/* EDX: this CPU's x2APIC ID */
+	e[n++] = (struct cap_cpuid_entry){ 0xd, 0, 1, 0x207, 0x340, 0x988, 0 };
+	e[n++] = (struct cap_cpuid_entry){ 0xd, 1, 1, 0xf, 0x340, 0, 0 };
+	e[n++] = (struct cap_cpuid_entry){ 0x80000000, 0, 0, 0x80000021, 0, 0, 0 };
+	for (int i = 0; i < 3; i++)
+		e[n++] = (struct cap_cpuid_entry){ 0x80000002 + i, 0, 0, word(b + 16 * i), word(b + 16 * i + 4),
+						   word(b + 16 * i + 8), word(b + 16 * i + 12) };
+	e[n++] = (struct cap_cpuid_entry){ 0x80000008, 0, 0, 0x3030, 0x791ef257, 0x1f, 0 };
+	e[n++] = (struct cap_cpuid_entry){ 0x8000001e, 0, 0, 0, 0x100, 0, 0 };	/* this core's IDs */
+	return n;
+}
+
+/* Family, model and stepping as Linux computes them from leaf 1's EAX:
+ * the extended family only for family 15, the extended model from
+ * family 6 up; the brand string without its padding. */
+static void cpuid_describes_the_cpu(void **state)
+{
+	(void)state;
+	struct cap_cpuid_entry e[16];
+	char d[256];
+	unsigned n = fixed_cpu(e, "AuthenticAMD", 0x00a00f11, "AMD EPYC 7B13 64-Core Processor");
+	cap_cpuid_describe(e, n, d, sizeof(d));
+	assert_string_equal(d, "AuthenticAMD family 25 model 1 stepping 1 (AMD EPYC 7B13 64-Core Processor)");
+	n = fixed_cpu(e, "GenuineIntel", 0x00050657, "  Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz");
+	cap_cpuid_describe(e, n, d, sizeof(d));
+	assert_string_equal(d, "GenuineIntel family 6 model 85 stepping 7 (Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz)");
+	n = fixed_cpu(e, "GenuineIntel", 0x00000f29, "");	/* a Pentium 4: family 15, model 2 */
+	cap_cpuid_describe(e, n, d, sizeof(d));
+	assert_string_equal(d, "GenuineIntel family 15 model 2 stepping 9");
+	/* Without the brand leaves (0x80000000's EAX below 0x80000004). */
+	n = fixed_cpu(e, "AuthenticAMD", 0x00a00f11, "AMD EPYC");
+	e[6].eax = 0x80000001;
+	cap_cpuid_describe(e, n, d, sizeof(d));
+	assert_string_equal(d, "AuthenticAMD family 25 model 1 stepping 1");
+	cap_cpuid_describe(e + 2, 1, d, sizeof(d));
+	assert_string_equal(d, "unknown");
+}
+
+/* The hash keeps what a restored guest depends on and nothing that
+ * changes with the CPU that asked: the order of the entries, leaf 1's
+ * APIC ID, the topology leaves. A feature bit, an XSAVE size, the
+ * physical address width change it. */
+static void cpuid_hash_sees_features_not_cores(void **state)
+{
+	(void)state;
+	struct cap_cpuid_entry e[16], f[16];
+	char a[65], b[65];
+	unsigned n = fixed_cpu(e, "AuthenticAMD", 0x00a00f11, "AMD EPYC 7B13 64-Core Processor");
+	cap_cpuid_hash(e, n, a);
+	assert_int_equal(strlen(a), 64);
+	/* Reversed, on another core (APIC IDs, x2APIC ID, core IDs). */
+	for (unsigned i = 0; i < n; i++)
+		f[i] = e[n - 1 - i];
+	for (unsigned i = 0; i < n; i++) {
+		if (f[i].function == 1)
+			f[i].ebx |= 0x07000000;
+		if (f[i].function == 0xb)
+			f[i].edx = 7;
+		if (f[i].function == 0x8000001e)
+			f[i].eax = 7, f[i].ebx = 0x103;
+	}
+	cap_cpuid_hash(f, n, b);
+	assert_string_equal(a, b);
+	/* One feature less (AVX2, leaf 7 EBX bit 5). */
+	memcpy(f, e, sizeof(f));
+	f[2].ebx &= ~(1u << 5);
+	cap_cpuid_hash(f, n, b);
+	assert_string_not_equal(a, b);
+	/* A larger XSAVE area (leaf 0xd). */
+	memcpy(f, e, sizeof(f));
+	f[4].ecx = 0xa88;
+	cap_cpuid_hash(f, n, b);
+	assert_string_not_equal(a, b);
+	/* Another physical address width (leaf 0x80000008 EAX). */
+	memcpy(f, e, sizeof(f));
+	f[10].eax = 0x3028;
+	cap_cpuid_hash(f, n, b);
+	assert_string_not_equal(a, b);
+	/* Another stepping (leaf 1 EAX). */
+	memcpy(f, e, sizeof(f));
+	f[1].eax = 0x00a00f12;
+	cap_cpuid_hash(f, n, b);
+	assert_string_not_equal(a, b);
+	/* A leaf fewer (leaf 0); the topology leaf 0x8000001e fewer is the same. */
+	cap_cpuid_hash(e + 1, n - 1, b);
+	assert_string_not_equal(a, b);
+	cap_cpuid_hash(e, n - 1, b);
+	assert_string_equal(a, b);
+}
+
+static const char cpuinfo_amd[] =
+	"processor\t: 0\n"
+	"vendor_id\t: AuthenticAMD\n"
+	"cpu family\t: 25\n"
+	"model\t\t: 1\n"
+	"model name\t: AMD EPYC 7B13 64-Core Processor\n"
+	"stepping\t: 1\n"
+	"microcode\t: 0xa001173\n"
+	"cpu MHz\t\t: 2449.998\n"
+	"flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep avx2 svm\n"
+	"bugs\t\t: sysret_ss_attrs spectre_v1\n"
+	"\n"
+	"processor\t: 1\n"
+	"vendor_id\t: GenuineIntel\n"
+	"cpu family\t: 6\n"
+	"model\t\t: 85\n"
+	"stepping\t: 7\n"
+	"flags\t\t: fpu\n"
+	"\n";
+
+/* From /proc/cpuinfo (when KVM does not answer): the first processor's
+ * fields, described as the CPUID leaves are; its flags hashed. */
+static void cpuinfo_describes_the_first_cpu(void **state)
+{
+	(void)state;
+	char d[256], h[65], h2[65];
+	assert_int_equal(cap_cpuinfo_describe(cpuinfo_amd, d, sizeof(d), h), 0);
+	assert_string_equal(d, "AuthenticAMD family 25 model 1 stepping 1 (AMD EPYC 7B13 64-Core Processor)");
+	struct cap_cpuid_entry e[16];
+	unsigned n = fixed_cpu(e, "AuthenticAMD", 0x00a00f11, "AMD EPYC 7B13 64-Core Processor");
+	char c[256];
+	cap_cpuid_describe(e, n, c, sizeof(c));
+	assert_string_equal(c, d);
+	/* Another flag, another hash; the MHz line does not count. */
+	char *other = xstrdup(cpuinfo_amd);
+	memcpy(strstr(other, "avx2"), "avx3", 4);
+	assert_int_equal(cap_cpuinfo_describe(other, d, sizeof(d), h2), 0);
+	assert_string_not_equal(h, h2);
+	free(other);
+	other = xstrdup(cpuinfo_amd);
+	memcpy(strstr(other, "2449.998"), "1500.000", 8);
+	assert_int_equal(cap_cpuinfo_describe(other, d, sizeof(d), h2), 0);
+	assert_string_equal(h, h2);
+	free(other);
+	assert_int_equal(cap_cpuinfo_describe("processor\t: 0\nvendor_id\t: X\n", d, sizeof(d), h2), -ENOENT);
+}
+
+/* The identity lines of a host, from either source, and what a change of
+ * CPU, KVM or kernel does to them. */
+static void kvm_identity_names_cpu_kvm_and_kernel(void **state)
+{
+	(void)state;
+	struct cap_cpuid_entry e[16];
+	unsigned n = fixed_cpu(e, "AuthenticAMD", 0x00a00f11, "AMD EPYC 7B13 64-Core Processor");
+	char hex[65];
+	cap_cpuid_hash(e, n, hex);
+	struct cap_kvm_host h = { .cpuid = e, .ncpuid = n, .api_version = 12, .kernel_release = "6.1.0-18-amd64",
+				  .kernel_version = "#1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01)" };
+	char *id = cap_kvm_identity_format(&h);
+	char *want = xasprintf("cpu=AuthenticAMD family 25 model 1 stepping 1 (AMD EPYC 7B13 64-Core Processor)\n"
+			       "cpuid=kvm:%s\nkvm_api=12\n"
+			       "kernel=6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01)\n", hex);
+	assert_string_equal(id, want);
+	assert_identity_lines(id);
+	/* Each change shows. */
+	struct cap_kvm_host g = h;
+	g.kernel_version = "#1 SMP PREEMPT_DYNAMIC Debian 6.1.85-1 (2024-04-11)";
+	char *other = cap_kvm_identity_format(&g);
+	assert_string_not_equal(id, other);
+	free(other);
+	g = h;
+	g.api_version = 13;
+	other = cap_kvm_identity_format(&g);
+	assert_string_not_equal(id, other);
+	free(other);
+	e[1].eax = 0x00a00f12;	/* the same model, another stepping */
+	other = cap_kvm_identity_format(&h);
+	assert_true(strstr(other, "stepping 2") != NULL);
+	assert_string_not_equal(id, other);
+	free(other);
+	/* No KVM: /proc/cpuinfo stands in, and says so; nothing at all. */
+	g = (struct cap_kvm_host){ .cpuinfo = cpuinfo_amd, .api_version = -1, .why = "/dev/kvm: No such file or directory",
+				   .kernel_release = "6.1.0-18-amd64", .kernel_version = "#1" };
+	other = cap_kvm_identity_format(&g);
+	assert_true(has_line(other, "cpu=AuthenticAMD family 25 model 1 stepping 1 (AMD EPYC 7B13 64-Core Processor)\n"));
+	assert_true(has_line(other, "cpuid=cpuinfo:"));
+	assert_true(has_line(other, "kvm_api=none (/dev/kvm: No such file or directory)\n"));
+	assert_identity_lines(other);
+	free(other);
+	g.cpuinfo = NULL;
+	other = cap_kvm_identity_format(&g);
+	assert_true(has_line(other, "cpu=unknown\n") && has_line(other, "cpuid=none\n"));
+	free(other);
+	free(want);
 	free(id);
 }
 
@@ -489,6 +805,12 @@ int main(void)
 		cmocka_unit_test(get_by_name_and_default),
 		cmocka_unit_test(unknown_is_refused_with_the_list),
 		cmocka_unit_test(identity_names_the_engine),
+		cmocka_unit_test(identity_differs_between_accelerators),
+		cmocka_unit_test(qemu_version_is_kept_per_binary),
+		cmocka_unit_test(cpuid_describes_the_cpu),
+		cmocka_unit_test(cpuid_hash_sees_features_not_cores),
+		cmocka_unit_test(cpuinfo_describes_the_first_cpu),
+		cmocka_unit_test(kvm_identity_names_cpu_kvm_and_kernel),
 		cmocka_unit_test(end_leftover_spares_other_processes),
 		cmocka_unit_test(end_leftover_kills_the_vm_of_that_directory),
 		cmocka_unit_test(jail_copy_is_opened_without_links),

@@ -55,16 +55,21 @@ echo "# L1, first boot: $(($(date +%s) - start)) s"
 # The CPU model: a template made on one CPU is not restored on another.
 # The state is kept in $run (the shared directory) across two boots.
 t0=$(date +%s)
+# CAPSULE_HOME stays on L1's tmpfs (QEMU cannot map guest RAM from a
+# file on 9p) and is carried between the boots as a sparse tar in $run.
 cpucheck='
-	export CAPSULE_HOME=$0/home XDG_RUNTIME_DIR=$(mktemp -d)
+	export XDG_RUNTIME_DIR=$(mktemp -d) CAPSULE_HOME=/tmp/home
+	mkdir -p $CAPSULE_HOME
+	[ -f $0/home.tar ] && tar -C $CAPSULE_HOME -xSf $0/home.tar
 	grep -m1 "^model name" /proc/cpuinfo | sed "s/^/# L1 CPU: /"
 	capsule=$1
 	$capsule run -q -v -- true 2>$0/err-$2
 	echo "rc=$?" >>$0/err-$2
 	$capsule template ls --json >$0/templates-$2
+	tar -C $CAPSULE_HOME -cSf $0/home.tar .
 '
-"$l1" run --mem 2048 --run "$run" --timeout 300 -- "sh -c '$cpucheck' $run $capsule max" >/dev/null
-"$l1" run --cpu EPYC,+svm,+npt --mem 2048 --run "$run" --timeout 300 -- "sh -c '$cpucheck' $run $capsule epyc" >/dev/null
+"$l1" run --mem 2048 --run "$run" --timeout 300 -- "sh -c '$cpucheck' $run $capsule max"
+"$l1" run --cpu EPYC,+svm,+npt --mem 2048 --run "$run" --timeout 300 -- "sh -c '$cpucheck' $run $capsule epyc"
 echo "1..3"
 n() { python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))))' "$1" 2>/dev/null; }
 if grep -q rc=0 "$run/err-max" && [ "$(n "$run/templates-max")" = 1 ]; then
@@ -79,7 +84,9 @@ else
 	echo "not ok 2 - L1 with -cpu EPYC: the run works"
 	sed 's/^/# /' "$run/err-epyc" 2>/dev/null | tail -5
 fi
-if [ "$(n "$run/templates-epyc")" = 2 ]; then
+# The first boot's template is listed as made on another CPU.
+stale() { python3 -c 'import json, sys; print(sum(1 for t in json.load(open(sys.argv[1])) if "cpu" in t.get("host_mismatch", [])))' "$1" 2>/dev/null; }
+if [ "$(n "$run/templates-epyc")" = 2 ] && [ "$(stale "$run/templates-epyc")" = 1 ]; then
 	echo "ok 3 - another CPU model makes another template instead of restoring the first"
 else
 	echo "not ok 3 - another CPU model makes another template instead of restoring the first ($(n "$run/templates-epyc") templates)"

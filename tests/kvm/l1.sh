@@ -75,6 +75,16 @@ setup() {
 		rm -rf "$tmp"
 		echo "$ver" >"$dir/ready"
 	fi
+	# The initramfs again when l1-init changed.
+	if ! cmp -s "$(dirname "$0")/l1-init" "$dir/init"; then
+		tmp=$(mktemp -d "$cache/.init.XXXXXX")
+		mkdir -p "$tmp/root/lib/modules"
+		ln -s "$dir/modules" "$tmp/root/lib/modules/$ver"
+		initramfs "$tmp" "$ver" || { rm -rf "$tmp"; die "cannot make L1's initramfs"; }
+		mv "$tmp/initrd" "$dir/initrd"
+		cp "$(dirname "$0")/l1-init" "$dir/init"
+		rm -rf "$tmp"
+	fi
 	echo "$dir"
 }
 
@@ -84,7 +94,7 @@ initramfs() { # TMP VERSION
 	mkdir -p "$t/bin" "$t/mods" "$t/proc" "$t/sys" "$t/dev" "$t/lower" "$t/upper" "$t/new"
 	cp "$busybox" "$t/bin/busybox"
 	for m in $early; do
-		f=$(find "$1/root/lib/modules/$2" -name "$m.ko" -o -name "$(echo "$m" | tr _ -).ko" | head -1)
+		f=$(find -L "$1/root/lib/modules/$2" -name "$m.ko" -o -name "$(echo "$m" | tr _ -).ko" | head -1)
 		[ -n "$f" ] || { echo "l1: module $m is not in $2" >&2; return 1; }
 		cp "$f" "$t/mods/$m.ko"
 	done

@@ -19,7 +19,7 @@ sbdir() { echo "$CAPSULE_HOME/sandboxes/$1"; }
 state() { c ls | awk -v n="$1" '$1 == n { print $3 }'; }
 status() { awk -v k="$1:" '$1 == k { print $2 }' "/proc/$2/status"; }
 count() { c template ls | tail -n +2 | wc -l; }
-plan=30
+plan=31
 suite="KVM suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -126,6 +126,10 @@ rc=$?
 check "with /dev/kvm root:root 0600 a run works, or fails naming /dev/kvm and what to do" '{ [ "$rc" -eq 0 ] && grep -q -- "-capsule$" "$out"; } || { grep -q "/dev/kvm" "$err" && ! grep -q "^Could not access KVM" "$err"; }'
 check "with /dev/kvm root:root 0600 a run works" '[ "$rc" -eq 0 ] && grep -q -- "-capsule$" "$out"'
 chmod "${mode%% *}" /dev/kvm && chown "${mode#* }" /dev/kvm 2>/dev/null
+"$here/check-devkvm.sh" "$capsule" >"$rt/devkvm" 2>&1
+kvmok=$?
+sed 's/^/#   /' "$rt/devkvm"
+check "/dev/kvm root:root 0600: doctor as root and as another user, --accel kvm not root" '[ "$kvmok" -eq 0 ]'
 
 # --- the OCI runtime on cgroup v2 -------------------------------------------
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then

@@ -5,6 +5,13 @@
 rt=$(mktemp -d /tmp/ct.XXXXXX)
 export XDG_RUNTIME_DIR="$rt"
 export CAPSULE_HOME="$rt/home"
+# CAPSULE_TEST_TEMPLATES: a templates directory the suites share (the
+# KVM suite's parts, where building one takes half a minute), in place
+# of each home's own.
+if [ -n "${CAPSULE_TEST_TEMPLATES:-}" ]; then
+	mkdir -p "$CAPSULE_HOME" "$CAPSULE_TEST_TEMPLATES"
+	ln -s "$CAPSULE_TEST_TEMPLATES" "$CAPSULE_HOME/templates"
+fi
 out="$rt/out"
 err="$rt/err"
 n=0

@@ -19,7 +19,8 @@
 #       --cpu MODEL   L1's CPU (default max; e.g. EPYC with +svm,+npt)
 #       --mem MIB     L1's memory (default 4096)
 #       --smp N       L1's vCPUs (default 1)
-#       --run DIR     the shared directory (default: a new one, removed)
+#       --run DIR     the shared directory (default: a new one, removed);
+#                     `touch DIR/ask` makes L1 write its ps listing to DIR/ps
 #       --timeout S   power L1 off after S seconds (default 900)
 #
 # Environment: CAPSULE_CACHE_DIR (default ~/.cache/capsule) holds

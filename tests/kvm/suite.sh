@@ -151,6 +151,8 @@ check "CAPSULE_REQUIRE_KVM=1 with a /dev/kvm that is not KVM refuses (125), nami
 nokvm "$capsule" doctor >"$out" 2>"$err"
 check "without it, auto would take TCG and doctor says why, naming /dev/kvm" 'grep -q "^accel: *tcg (KVM not used: .*/dev/kvm" "$out"'
 
+elapsed "CAPSULE_REQUIRE_KVM"
+
 # --- /dev/kvm as devtmpfs makes it without udev -----------------------------
 mode=$(stat -c '%a %U:%G' /dev/kvm)
 chown root:root /dev/kvm && chmod 0600 /dev/kvm
@@ -163,6 +165,7 @@ chmod "${mode%% *}" /dev/kvm && chown "${mode#* }" /dev/kvm 2>/dev/null
 kvmok=$?
 sed 's/^/#   /' "$rt/devkvm"
 check "/dev/kvm root:root 0600: doctor as root and as another user, --accel kvm not root" '[ "$kvmok" -eq 0 ]'
+elapsed "/dev/kvm"
 
 # --- the OCI runtime on cgroup v2 -------------------------------------------
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then

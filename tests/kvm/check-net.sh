@@ -153,7 +153,7 @@ elapsed "the fake internet up"
 c run -- sh -c 'timeout 5 wget -Y off -q -O- http://203.0.113.10/; echo "wget=$?"; ls /sys/class/net' >"$out" 2>"$err"
 check "run without a network flag: the guest has lo only and wget fails" \
 	'grep -q "^wget=[1-9]" "$out" && grep -qx lo "$out" && [ "$(grep -cv "^wget=" "$out")" -eq 1 ] && ! grep -q "hello from" "$out"'
-elapsed "run without network (template built)"
+elapsed "run without network (the template built, or found shared)"
 
 # --- a named sandbox with a policy -----------------------------------------------
 web=web

@@ -98,7 +98,7 @@ def main():
         name = r.get("sandbox")
         t.ok(b.returncode == 0 and r.get("stdout") == "hello\n" and r.get("exit_code") == 0 and name,
              "the identity's first call creates its sandbox and answers", [b.stderr[-500:], r, home.log_tail()])
-        t.elapsed("first call (template built)")
+        t.elapsed("first call (the template built, or found shared)")
         qemu = home.runtime_qemu(name) if name else None
         try:
             args = open(f"/proc/{qemu}/cmdline", "rb").read().split(b"\0")

@@ -87,8 +87,9 @@ trap 'exit 130' INT TERM HUP PIPE
 in_inet() { ip netns exec "$inet" "$@"; }
 in_capns() { ip netns exec "$capns" "$@"; }
 # -r -w: the holder's root and directory too, for a caller in a chroot
-# (L1's command runs in one): entering a mount namespace alone puts
-# nsenter at that namespace's root, where this tree may not be.
+# (L1's command ran in one before its switch_root): entering a mount
+# namespace alone puts nsenter at that namespace's root, where this tree
+# may not be.
 cn() { nsenter -t "$holder" -m -n -r -w -- "$@"; }
 c() { cn "$capsule" "$@"; }
 denied() { in_inet nft list counter inet capnet cnt_denied 2>/dev/null | sed -n 's/.*packets \([0-9]*\) .*/\1/p'; }

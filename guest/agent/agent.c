@@ -1735,6 +1735,18 @@ static void handle_frame(const struct cap_frame *f)
 	case CAP_MSG_SHUTDOWN:
 		do_shutdown();
 		return;
+	case CAP_MSG_CLOCK: {
+		/* After a resume: the clock stood still while the VM was paused. */
+		int64_t ns;
+		if (f->stream != 0 || cap_proto_clock_decode(f->payload, f->len, &ns) < 0) {
+			send_error(0, EBADMSG, "malformed CLOCK");
+			return;
+		}
+		struct timespec ts = { .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
+		if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+			agent_log("cannot set the clock: %s", strerror(errno));
+		return;
+	}
 	default:
 		send_error(0, EPROTO, "host sent %s, which only the agent sends",
 			   cap_msg_name(f->type));

@@ -105,6 +105,8 @@ int cap_client_resize(struct cap_client *c, uint32_t id, uint16_t rows,
  * with setup_errno/setup_msg saying whether it worked. -EINVAL for a
  * disk name the protocol does not allow. */
 int cap_client_setup(struct cap_client *c, const struct cap_setup *s);
+/* Queue CLOCK: the host's wall clock now, for the guest to take. */
+void cap_client_clock(struct cap_client *c);
 /* Queue PAUSE or RESUME (control socket of a shim only); vm_ops_pending
  * counts them until the shim answers. */
 void cap_client_vm_op(struct cap_client *c, enum cap_msg op);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -328,6 +329,13 @@ int cap_client_setup(struct cap_client *c, const struct cap_setup *s)
 	c->setup_errno = 0;
 	c->setup_msg[0] = '\0';
 	return 0;
+}
+
+void cap_client_clock(struct cap_client *c)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	cap_proto_clock_encode(&c->out, (int64_t)now.tv_sec * 1000000000 + now.tv_nsec);
 }
 
 void cap_client_vm_op(struct cap_client *c, enum cap_msg op)

@@ -17,7 +17,7 @@ static const char *const msg_names[] = {
 	[CAP_MSG_RESIZE] = "RESIZE",	 [CAP_MSG_PAUSE] = "PAUSE",
 	[CAP_MSG_RESUME] = "RESUME",	 [CAP_MSG_FILE] = "FILE",
 	[CAP_MSG_LISTENERS] = "LISTENERS",
-	[CAP_MSG_SYNCING] = "SYNCING",
+	[CAP_MSG_SYNCING] = "SYNCING",	 [CAP_MSG_CLOCK] = "CLOCK",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -404,7 +404,7 @@ int cap_exit_status(const struct cap_exit *ex)
 	}
 }
 
-/* --- HELLO, ERROR ---------------------------------------------------- */
+/* --- HELLO, CLOCK, ERROR ---------------------------------------------------- */
 
 void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version)
 {
@@ -414,6 +414,25 @@ void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version)
 	cap_put_u32(p + 4, 0);
 	memcpy(p + 8, agent_version, vn);
 	cap_proto_put(out, CAP_MSG_HELLO, 0, p, 8 + vn);
+}
+
+void cap_proto_clock_encode(struct cap_buf *out, int64_t realtime_ns)
+{
+	uint8_t p[8];
+	cap_put_u32(p, (uint32_t)((uint64_t)realtime_ns & 0xffffffffu));
+	cap_put_u32(p + 4, (uint32_t)((uint64_t)realtime_ns >> 32));
+	cap_proto_put(out, CAP_MSG_CLOCK, 0, p, sizeof(p));
+}
+
+int cap_proto_clock_decode(const uint8_t *p, size_t n, int64_t *realtime_ns)
+{
+	if (n != 8)
+		return -EBADMSG;
+	int64_t ns = (int64_t)(((uint64_t)cap_get_u32(p + 4) << 32) | cap_get_u32(p));
+	if (ns <= 0)
+		return -EBADMSG;
+	*realtime_ns = ns;
+	return 0;
 }
 
 /* Copy untrusted text into a bounded C string, replacing control bytes. */

@@ -49,7 +49,9 @@ enum cap_msg {
 	CAP_MSG_LISTENERS = 15,	/* g->h stream 0: u32 n, n x u16 TCP ports listened on (auto-publish) */
 	CAP_MSG_SYNCING = 16,	/* g->h, empty: the stream's process ended; its writes are being
 				 * flushed, EXIT follows (the host's deadline allows for it) */
-	CAP_MSG_MAX_ = CAP_MSG_SYNCING,
+	CAP_MSG_CLOCK = 17,	/* h->g stream 0: u64 realtime_ns, the host's wall clock after a
+				 * resume (a paused guest's clock stood still); no answer */
+	CAP_MSG_MAX_ = CAP_MSG_CLOCK,
 };
 
 /* Whom a SIGNAL reaches: the command's process group (the default, and
@@ -184,6 +186,11 @@ int cap_exit_status(const struct cap_exit *ex);
 void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version);
 int cap_proto_hello_decode(const uint8_t *p, size_t n, uint32_t *version,
 			   char *agent_version, size_t vlen);
+
+/* CLOCK: the host's wall clock (CLOCK_REALTIME) in ns. -EBADMSG unless
+ * the payload is 8 bytes and the time after 1970. */
+void cap_proto_clock_encode(struct cap_buf *out, int64_t realtime_ns);
+int cap_proto_clock_decode(const uint8_t *p, size_t n, int64_t *realtime_ns);
 
 /* ERROR: errno and a message (copied, NUL-terminated, cut to mlen-1,
  * non-printable bytes replaced). */

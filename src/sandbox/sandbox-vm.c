@@ -68,7 +68,15 @@ int cap_sandbox_pause(struct cap_sandbox *sb, bool pause, struct cap_err *err)
 {
 	if (!sb->vm)
 		return cap_err_set(err, EINVAL, "only the owner of a VM can pause it");
-	return pause ? cap_vm_pause(sb->vm, err) : cap_vm_resume(sb->vm, err);
+	if (pause)
+		return cap_vm_pause(sb->vm, err);
+	int r = cap_vm_resume(sb->vm, err);
+	/* The guest's clock stood still while it was paused (QEMU stops
+	 * kvmclock and TCG's virtual clock with the vCPUs): it takes the
+	 * host's before the next command, which follows on this channel. */
+	if (r == 0)
+		cap_client_clock(&sb->client);
+	return r;
 }
 
 void cap_sandbox_vm_op(struct cap_sandbox *sb, bool pause)

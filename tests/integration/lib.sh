@@ -15,6 +15,7 @@ fi
 out="$rt/out"
 err="$rt/err"
 n=0
+nfail=0	# checks that failed, for a suite another one judges by its exit status
 cleanup() {
 	for d in "$CAPSULE_HOME"/sandboxes/*/; do
 		[ -f "$d/runtime.json" ] && pkill -KILL -f "$d" 2>/dev/null
@@ -28,6 +29,7 @@ trap cleanup EXIT
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() {
 	n=$((n + 1))
+	nfail=$((nfail + 1))
 	echo "not ok $n - $1"
 	shift
 	for line in "$@"; do echo "# $line"; done
@@ -54,7 +56,7 @@ skip_all() {
 	exit 0
 }
 fail_all() {
-	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); echo "not ok $n - $suite: $1"; done
+	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); nfail=$((nfail + 1)); echo "not ok $n - $suite: $1"; done
 	exit 1
 }
 # fakenet_serve INET CAPNS LOGS [CERTS]: tests/net/fakenet.py's servers

@@ -46,6 +46,12 @@ class Home:
         self.sock = os.path.join(self.rt, "serve.sock")
         self.log = os.path.join(self.rt, "serve.log")
         self.env = dict(os.environ, CAPSULE_HOME=self.home, XDG_RUNTIME_DIR=self.rt)
+        # CAPSULE_TEST_TEMPLATES: a templates directory the suites share, as in lib.sh.
+        shared = os.environ.get("CAPSULE_TEST_TEMPLATES")
+        if shared:
+            os.makedirs(self.home, exist_ok=True)
+            os.makedirs(shared, exist_ok=True)
+            os.symlink(shared, os.path.join(self.home, "templates"))
 
     def runtime_qemu(self, name):
         """The QEMU pid a running sandbox's runtime.json names, or None."""

@@ -8,7 +8,7 @@ c() { "$capsule" "$@"; }
 sbdir() { echo "$CAPSULE_HOME/sandboxes/$1"; }
 state() { c ls | awk -v n="$1" '$1 == n { print $3 }'; }
 qemu_pid() { c inspect "$1" | sed -n 's/^processes: *shim [0-9]*, qemu \([0-9]*\)/\1/p'; }
-echo "1..53"
+echo "1..54"
 
 # --- images ----------------------------------------------------------------
 c image build base >"$out" 2>"$err"
@@ -122,6 +122,15 @@ check "a command the guest does not end is given up on at its timeout + 5 s (exi
 	'[ "$rc" -eq 124 ] && [ "$took" -lt 9500 ] && grep -q "did not end it within 5 s more" "$err" && grep -q "stopping sandbox" "$err" && [ "$(state p)" = stopped ]'
 c exec p -- cat /work/dl >"$out" 2>"$err"
 check "that sandbox is stopped, then starts again with its disks" '[ $? -eq 0 ] && grep -qx kept "$out"'
+
+# A paused guest's clock stands still with its vCPUs; the resume gives it
+# the host's (CLOCK), before the command that resumed it runs.
+answer=$(pause_vm "$(rtv "$(sbdir p)" control)")
+sleep 4
+c exec p -- date +%s >"$out" 2>"$err"
+skew=$(($(date +%s) - $(grep -x "[0-9]*" "$out" || echo 0)))
+check "after 4 s paused, exec resumes it with the host's clock (${skew} s behind)" \
+	'[ "$answer" = 0 ] && [ "$skew" -ge -1 ] && [ "$skew" -le 2 ]'
 
 # --- removal ----------------------------------------------------------------
 c rm p >"$out" 2>"$err"

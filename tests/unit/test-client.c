@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "client.h"
@@ -224,6 +225,29 @@ static void host_only_message_from_guest(void **state)
 	uint8_t sig[4] = { 9, 0, 0, 0 };
 	cap_proto_put(&fx->g, CAP_MSG_SIGNAL, 1, sig, 4);
 	assert_int_equal(feed(fx, &err), -EPROTO);
+}
+
+/* CLOCK goes to the guest only, and carries the host's time now. */
+static void clock_queued_and_host_only(void **state)
+{
+	struct fixture *fx = *state;
+	struct cap_err err = { 0 };
+	hello(fx);
+	size_t before = cap_buf_used(&fx->c.out);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_REALTIME, &t0);
+	cap_client_clock(&fx->c);
+	clock_gettime(CLOCK_REALTIME, &t1);
+	struct cap_frame f;
+	assert_true(cap_proto_parse(cap_buf_head(&fx->c.out) + before, cap_buf_used(&fx->c.out) - before, &f) > 0);
+	assert_int_equal(f.type, CAP_MSG_CLOCK);
+	int64_t ns;
+	assert_int_equal(cap_proto_clock_decode(f.payload, f.len, &ns), 0);
+	assert_true(ns >= (int64_t)t0.tv_sec * 1000000000 + t0.tv_nsec);
+	assert_true(ns <= (int64_t)t1.tv_sec * 1000000000 + t1.tv_nsec);
+	cap_proto_clock_encode(&fx->g, ns);
+	assert_int_equal(feed(fx, &err), -EPROTO);
+	assert_non_null(strstr(err.msg, "CLOCK"));
 }
 
 /* The host enforces the cap too: a guest that ignores it cannot flood. */
@@ -481,6 +505,7 @@ int main(void)
 		T(oversized_length_refused_early),
 		T(unknown_type),
 		T(host_only_message_from_guest),
+		T(clock_queued_and_host_only),
 		T(host_enforces_output_cap),
 		T(rejected_exec),
 		T(too_many_streams),

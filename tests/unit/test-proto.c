@@ -1101,6 +1101,34 @@ static size_t listeners_frame(uint8_t *buf, uint32_t n, const uint16_t *ports, u
 	return 4 + 2 * (size_t)k;
 }
 
+/* CLOCK: 8 bytes, the ns since 1970, little-endian; nothing else. */
+static void clock_codec(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	int64_t ns;
+	const int64_t t = INT64_C(1764633600123456789);	/* 2025-12-02, past 2^32 s of ns */
+	cap_buf_init(&b);
+	cap_proto_clock_encode(&b, t);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(f.type, CAP_MSG_CLOCK);
+	assert_int_equal(f.stream, 0);
+	assert_int_equal(f.len, 8);
+	assert_int_equal(cap_get_u32(f.payload), (uint32_t)((uint64_t)t & 0xffffffffu));
+	assert_int_equal(cap_proto_clock_decode(f.payload, f.len, &ns), 0);
+	assert_true(ns == t);
+	for (uint32_t k = 0; k < 12; k++)
+		if (k != 8)
+			assert_int_equal(cap_proto_clock_decode(f.payload, k, &ns), -EBADMSG);
+	uint8_t bad[8] = { 0 };
+	assert_int_equal(cap_proto_clock_decode(bad, 8, &ns), -EBADMSG);	/* 1970 */
+	memset(bad, 0xff, sizeof(bad));
+	assert_int_equal(cap_proto_clock_decode(bad, 8, &ns), -EBADMSG);	/* before it */
+	assert_string_equal(cap_msg_name(CAP_MSG_CLOCK), "CLOCK");
+	cap_buf_fini(&b);
+}
+
 static void listeners_codec(void **state)
 {
 	(void)state;
@@ -1353,6 +1381,7 @@ int main(void)
 		cmocka_unit_test(setup_tmpfs),
 		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),
+		cmocka_unit_test(clock_codec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,6 +46,13 @@ trap 'rm -rf "$run"' EXIT
 # sparse tar for the second boot.
 "$l1" run --mem 6144 --smp 2 --run "$run" --timeout 900 -- \
 	"unset CAPSULE_TEST_SHARE; tests/kvm/parts.sh $capsule /tmp/templates; tar -C /tmp/templates -cSf $run/templates.tar ."
+rc=$?
+# The parts print their own plans and results; a boot that printed none
+# (L1 did not come up, or could not enter this checkout) must still fail.
+if [ "$rc" -ne 0 ]; then
+	echo "1..1"
+	echo "not ok 1 - L1's first boot: its command ended with status $rc (125: L1 did not come up, or could not run the parts; the lines above say which)"
+fi
 echo "# L1, first boot: $(($(date +%s) - start)) s"
 
 # The CPU model: L1 booted again with another one, over the templates

@@ -29,7 +29,8 @@ Printed keys (memory in KiB per sandbox, i.e. divided by N):
                        the template, less the pages of them the VMs'
                        cgroups already count as shmem: the holes a VM's
                        first writes filled). STATE: paused or running.
-                       This is the figure make bench's row (p) shows.
+                       This is the figure make bench's rows (p) and
+                       (q) show.
   parts STATE N VM_ANON VM_SHMEM VM_KERNEL SHIMS HOLDERS
                        the same, by part (HOLDERS: anonymous + memfd).
   charged STATE N KIB  cross-check of "held" by what the kernel charged:
@@ -45,6 +46,9 @@ Printed keys (memory in KiB per sandbox, i.e. divided by N):
                        Shmem in /proc/meminfo since before the first
                        start (everything else on the host adds to it;
                        has no kernel memory).
+  avail STATE N AVAIL TOTAL
+                       the host's MemAvailable and MemTotal then, KiB
+                       (not per sandbox): how much room is left.
   released N KIB       cross-check of "held paused" without its kernel
                        memory: the AnonPages + Shmem of /proc/meminfo that
                        the teardown stages ending s1..sN released (each
@@ -58,7 +62,14 @@ Printed keys (memory in KiB per sandbox, i.e. divided by N):
                        tsc-early, refined-jiffies: /sys/devices/system/
                        clocksource/clocksource0/current_clocksource).
   config NAME VALUE    what ran: shared_ram and guest_tsc (the
-                       environment's value or "default"), seconds.
+                       environment's value or "default"); accel, what
+                       the sandboxes' QEMUs were started with (the value
+                       of their -accel up to a comma: kvm or tcg;
+                       "mixed:A,B" if they differ; printed after each N,
+                       the last one counts); seconds.
+
+BENCH_DENSITY_CPU=0 leaves out the CPU figures (and their 10 s waits):
+in a nested guest they measure nothing real.
 
 Every sandbox is removed at the end, also on failure or a signal."""
 import json
@@ -79,6 +90,7 @@ home = os.path.join(rt, "home")
 env = dict(os.environ, CAPSULE_HOME=home)
 env.setdefault("CAPSULE_RAM_HOLDER_IDLE_S", "2")
 names = []
+accels = set()
 own = None
 
 
@@ -103,12 +115,17 @@ signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
 
 
-def meminfo_kib():
+def meminfo():
     v = {}
     with open("/proc/meminfo") as f:
         for line in f:
             k, rest = line.split(":", 1)
             v[k] = int(rest.split()[0])
+    return v
+
+
+def meminfo_kib():
+    v = meminfo()
     return v["AnonPages"] + v["Shmem"]
 
 
@@ -240,9 +257,27 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])	# utime, stime
 
 
+pid_cache = {}
+
+
 def pids(n):
-    j = json.loads(cap("inspect", "--json", n).stdout)
-    return j["qemu_pid"], j["shim_pid"]
+    """(QEMU, shim) pids of sandbox n, asked once: pausing and resuming
+    keep them (each `capsule inspect` takes ~0.6 s in a nested guest)."""
+    if n not in pid_cache:
+        j = json.loads(cap("inspect", "--json", n).stdout)
+        pid_cache[n] = j["qemu_pid"], j["shim_pid"]
+    return pid_cache[n]
+
+
+def accel(pid):
+    """The accelerator QEMU pid was started with: its -accel's value up
+    to a comma ("kvm", "tcg")."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    for a, v in zip(argv, argv[1:]):
+        if a == "-accel":
+            return v.split(",")[0]
+    return "unknown"
 
 
 def pause(op, which):
@@ -272,6 +307,8 @@ def measure(state, base, own_base):
     if own:
         print(f"charged {state} {k} {(anon + shmem + kernel + own_now - own_base) // k}", flush=True)
     print(f"host {state} {k} {host // k}", flush=True)
+    m = meminfo()
+    print(f"avail {state} {k} {m['MemAvailable']} {m['MemTotal']}", flush=True)
 
 
 def wait_holders_gone(limit):
@@ -304,6 +341,7 @@ try:
             cap("create", n)
             names.append(n)
             cap("start", n)
+            accels.add(accel(pids(n)[0]))
             pause("pause", [n])
         measure("paused", base, own_base)
         pause("resume", names)
@@ -311,7 +349,7 @@ try:
         if target == ns[0]:
             r = cap("exec", names[0], "--", "cat", "/sys/devices/system/clocksource/clocksource0/current_clocksource")
             print(f"clock {r.stdout.strip() or 'unknown'}", flush=True)
-        if target <= 10:
+        if target <= 10 and os.environ.get("BENCH_DENSITY_CPU") != "0":
             ps = [pids(n) for n in names]
             q0 = sum(cpu_ticks(q) for q, _ in ps)
             s0 = sum(cpu_ticks(s) for _, s in ps)
@@ -321,6 +359,10 @@ try:
             k = 100.0 / tick / 10 / len(names)
             print(f"cpu {len(names)} {(q1 - q0) * k:.2f} {(s1 - s0) * k:.2f}", flush=True)
         pause("pause", names)
+        # After each N (the last one counts), so that the figures of a
+        # pass cut short still say what they ran under.
+        print(f"config accel {next(iter(accels)) if len(accels) == 1 else 'mixed:' + ','.join(sorted(accels))}",
+              flush=True)
     # Teardown in stages, last started first, each stage's release of
     # AnonPages + Shmem read right before and 2 s after it (a short
     # window, little noise from the rest of the host); the last stage

@@ -155,6 +155,11 @@ for dn_p in : -copy:CAPSULE_SHARED_RAM=0 -before:CAPSULE_GUEST_TSC=unstable; do
 	env $(echo "${dn_p#*:}" | tr : ' ') python3 "$top/bench/bench-density.py" "$capsule" "$top/$build/bench/bench-pause" \
 		1 10 50 >"$bench_home/density$dn_f" 2>/dev/null || : >"$bench_home/density$dn_f"
 done
+# (q) KVM vs TCG: row (p)'s shared-RAM measurement under each accelerator,
+# the host's own pass reused; under KVM in an L1 guest with nested KVM when
+# this host has none (bench/bench-kvm.sh says what it chose: N = 1, 10, 50,
+# about 5 minutes here).
+"$top/bench/bench-kvm.sh" "$capsule" "$top/$build/bench/bench-pause" "$bench_home/density" >"$bench_home/kvm" || true
 # dn FILE-SUFFIX FIELD KEY...: field FIELD of the line starting with KEY.
 dn() { dn_f=$1 dn_c=$2; shift 2; awk -v k="$* " -v c="$dn_c" 'index($0, k) == 1 { print $c }' "$bench_home/density$dn_f"; }
 
@@ -338,6 +343,7 @@ for n in 1 10; do
 		if (a != "" && b != "") printf "%-59s %11.2f%% %11.2f%% %7.2fx\n", m, a + s, b + t, (b + t > 0) ? (a + s) / (b + t) : 0
 		else printf "%-59s %12s %12s %8s\n", m, (a != "") ? sprintf("%11.2f%%", a + s) : "failed", (b != "") ? sprintf("%11.2f%%", b + t) : "failed", "-" }'
 done
+cat "$bench_home/kvm"
 if [ -s "$bench_home/fullhost" ]; then
 	awk -v a="$(fh_row answered 2)" -v b="$(fh_row answered 3)" -v n="$fullhost_n" 'BEGIN {
 		printf "%-59s %12s %12s %8s\n", "(o) full host, " n " identities: calls answered / sent", a "/" b, "-", "-" }'

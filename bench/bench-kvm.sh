@@ -72,12 +72,11 @@ elif [ ! -s "$work/kvm" ]; then
 	kvm_where="L1"
 	echo "bench: KVM vs TCG: no usable KVM here ($host_accel); idle sandboxes under KVM in an L1 guest ($l1_mem MiB, $l1_smp vCPUs, nested SVM under TCG), N = $ns..." >&2
 	mkdir -p "$work/l1"
-	# In L1, /dev/kvm is devtmpfs's crw------- root root: opened up for
-	# the jail's user until the jail makes a node of its own (issue 31,
-	# item 2). Doctor must say kvm there, or the column fails.
+	# In L1, /dev/kvm is devtmpfs's crw------- root root, as it is left:
+	# the jail makes its own node. Doctor must say kvm there, or the
+	# column fails.
 	# shellcheck disable=SC2016
-	cmd='chmod 0666 /dev/kvm
-		a=$("$1" doctor --json | python3 -c "import json, sys; print(json.load(sys.stdin)[\"accel\"][\"name\"] or \"none\")")
+	cmd='a=$("$1" doctor --json | python3 -c "import json, sys; print(json.load(sys.stdin)[\"accel\"][\"name\"] or \"none\")")
 		echo "$a" >"$4/doctor-accel"
 		[ "$a" = kvm ] || { echo "bench: capsule doctor in L1 says accel $a, not kvm" >"$4/kvm.err"; exit 3; }
 		CAPSULE_ACCEL=kvm CAPSULE_REQUIRE_KVM=1 BENCH_DENSITY_CPU=0 python3 "$3" "$1" "$2" $5 >"$4/kvm" 2>"$4/kvm.err"'

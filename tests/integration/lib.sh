@@ -59,6 +59,22 @@ fail_all() {
 	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); nfail=$((nfail + 1)); echo "not ok $n - $suite: $1"; done
 	exit 1
 }
+# net_suite_start TOOL...: the start of a suite on a fake internet, with
+# $tests, $plan and $suite set: $fake and $py, none of the host's proxy
+# settings (they must not reach the policy process), the plan printed
+# and $start, and every check skipped unless root with each TOOL.
+net_suite_start() {
+	fake="$tests/net/fakenet.py"
+	py=/usr/bin/python3
+	[ -x "$py" ] || py=$(command -v python3)
+	unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
+	echo "1..$plan"
+	start=$(date +%s)
+	[ "$(id -u)" -eq 0 ] || skip_all "not root: network namespaces need CAP_SYS_ADMIN"
+	for tool in "$@"; do
+		command -v "$tool" >/dev/null || skip_all "$tool is not installed"
+	done
+}
 # fakenet_serve INET CAPNS LOGS [CERTS]: tests/net/fakenet.py's servers
 # in namespace INET (logging to LOGS; HTTPS APIs with CERTS), its DNS
 # named in /etc/netns/CAPNS/resolv.conf, and $holder: a process in

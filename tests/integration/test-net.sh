@@ -27,20 +27,10 @@ tests=$(cd "$(dirname "$0")/.." && pwd)
 # A template's RAM holder outlives its VMs by this long (it is ours too:
 # the last check waits for it to end).
 export CAPSULE_RAM_HOLDER_IDLE_S=1
-fake="$tests/net/fakenet.py"
-py=/usr/bin/python3
-[ -x "$py" ] || py=$(command -v python3)
-# The host's proxy settings must not leak into the policy process.
-unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
 plan=71
 suite="network suite"
-echo "1..$plan"
-start=$(date +%s)
-[ "$(id -u)" -eq 0 ] || skip_all "not root: network namespaces need CAP_SYS_ADMIN"
-for tool in ip nft nsenter unshare setpriv curl wget busybox; do
-	command -v "$tool" >/dev/null || skip_all "$tool is not installed"
-done
+net_suite_start ip nft nsenter unshare setpriv curl wget busybox
 
 inet=capinet-$$
 capns=capns-$$

@@ -26,20 +26,11 @@ top=$(cd "$tests/.." && pwd)
 # the last check waits for it to end).
 export CAPSULE_RAM_HOLDER_IDLE_S=1
 . "$top/scripts/fake-internet.sh"
-fake="$tests/net/fakenet.py"
 client="$tests/net/guest-https.py"
-py=/usr/bin/python3
-[ -x "$py" ] || py=$(command -v python3)
-unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
 plan=44
 suite="secrets suite"
-echo "1..$plan"
-start=$(date +%s)
-[ "$(id -u)" -eq 0 ] || skip_all "not root: network namespaces need CAP_SYS_ADMIN"
-for tool in ip nsenter unshare openssl; do
-	command -v "$tool" >/dev/null || skip_all "$tool is not installed"
-done
+net_suite_start ip nsenter unshare openssl
 
 inet=csinet-$$
 capns=csns-$$

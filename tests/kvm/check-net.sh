@@ -35,19 +35,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 tests=$(dirname "$here")
 . "$tests/integration/lib.sh"
 export CAPSULE_RAM_HOLDER_IDLE_S=1
-fake="$tests/net/fakenet.py"
-py=/usr/bin/python3
-[ -x "$py" ] || py=$(command -v python3)
-unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy ALL_PROXY all_proxy NO_PROXY no_proxy
 
 plan=12
 suite="KVM network checks"
-echo "1..$plan"
-start=$(date +%s)
-[ "$(id -u)" -eq 0 ] || skip_all "not root: network namespaces need CAP_SYS_ADMIN"
-for tool in ip nft nsenter unshare curl; do
-	command -v "$tool" >/dev/null || skip_all "$tool is not installed"
-done
+net_suite_start ip nft nsenter unshare curl
 
 # --- the accelerator -----------------------------------------------------------
 # "# accel: NAME", and why when it is not kvm.

@@ -9,7 +9,11 @@
  * and chooses exit codes; the sandbox, store and engine layers do the
  * rest. Files:
  *   oci-config.c   config.json / process.json into the structs below
- *   oci-main.c     the command line, runc's global flags, --log, state
+ *   oci-main.c     the command line, runc's global flags, the verb table
+ *   oci-<verb>.c   one verb each (create, start, state, kill, delete,
+ *                  pause and resume, exec, ps, list, features)
+ *   oci-common.c   what the verbs share: the state directory, options
+ *   oci-error.c    errors and --log
  *   oci-monitor.c  the monitor processes (create's init, exec --detach)
  *   oci-cgroup.c   cgroupsPath: made, limited, joined, removed */
 #ifndef CAP_OCI_H

@@ -10,7 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
 #include "log.h"
 #include "oci-int.h"
 #include "util.h"

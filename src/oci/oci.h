@@ -28,6 +28,11 @@
 
 #define CAP_OCI_VERSION "1.0.2"	/* the runtime-spec version we speak */
 
+/* The OCI runtime's command line (oci-main.c), `capsule oci`: argv[0] is
+ * "oci" or the capsule-oci link's name, runc's global flags and verb
+ * follow. Returns the exit code. */
+int cap_cli_oci(int argc, char **argv);
+
 /* The guest's RAM is linux.resources.memory.limit less this much, which
  * the monitor, the shim and QEMU's own memory (TCG translation cache,
  * heap) take in the same cgroup; a limit that leaves less than

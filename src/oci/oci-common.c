@@ -23,7 +23,7 @@
 #include "util.h"
 
 /* runc's rule for ids: [A-Za-z0-9_+.-]+, not "." or "..". */
-bool id_ok(const char *id)
+bool cap_oci_id_ok(const char *id)
 {
 	if (!*id || strcmp(id, ".") == 0 || strcmp(id, "..") == 0 || strlen(id) > 1024)
 		return false;
@@ -35,10 +35,10 @@ bool id_ok(const char *id)
 
 /* The sandbox of a container: oci-<40 hex of sha256(root "\0" id)>,
  * so that two roots (Podman's, containerd's) never share one. */
-void sandbox_name(const char *id, char out[CAP_NAME_MAX + 1])
+void cap_oci_sandbox_name(const char *id, char out[CAP_NAME_MAX + 1])
 {
 	char real[PATH_MAX], hex[65];
-	const char *root = realpath(g.root, real) ? real : g.root;
+	const char *root = realpath(cap_oci_flags.root, real) ? real : cap_oci_flags.root;
 	struct cap_sha256 h;
 	cap_sha256_init(&h);
 	cap_sha256_update(&h, root, strlen(root) + 1);
@@ -47,41 +47,41 @@ void sandbox_name(const char *id, char out[CAP_NAME_MAX + 1])
 	snprintf(out, CAP_NAME_MAX + 1, "oci-%.40s", hex);
 }
 
-char *cdir(const char *id) { return xasprintf("%s/%s", g.root, id); }
+char *cap_oci_dir(const char *id) { return xasprintf("%s/%s", cap_oci_flags.root, id); }
 
 /* ---- state ------------------------------------------------------------ */
 
-const char *jstr(json_t *o, const char *k)
+const char *cap_oci_jstr(json_t *o, const char *k)
 {
 	const char *s = json_string_value(json_object_get(o, k));
 	return s ? s : "";
 }
 
-void ostate_fini(struct ostate *st)
+void cap_oci_state_fini(struct cap_oci_state *st)
 {
 	free(st->dir);
 	json_decref(st->j);
 	memset(st, 0, sizeof(*st));
 }
 
-bool exists_at(const char *dir, const char *name)
+bool cap_oci_exists_at(const char *dir, const char *name)
 {
 	_cleanup_free_ char *p = xasprintf("%s/%s", dir, name);
 	return access(p, F_OK) == 0;
 }
 
 /* creating, created, running, paused or stopped, as runc says. */
-static const char *compute_status(struct ostate *st)
+static const char *compute_status(struct cap_oci_state *st)
 {
 	/* A create still under way, or one that died half-way: what it made
 	 * is in state.json already, for delete to remove. */
 	pid_t creator = (pid_t)json_integer_value(json_object_get(st->j, "creator"));
 	if (creator)
-		return cap_oci_proc_same(creator, strtoull(jstr(st->j, "creatorStart"), NULL, 10)) ? "creating"
+		return cap_oci_proc_same(creator, strtoull(cap_oci_jstr(st->j, "creatorStart"), NULL, 10)) ? "creating"
 														     : "stopped";
-	if (!st->pid || exists_at(st->dir, CAP_OCI_EXIT) || !cap_oci_proc_same(st->pid, st->start))
+	if (!st->pid || cap_oci_exists_at(st->dir, CAP_OCI_EXIT) || !cap_oci_proc_same(st->pid, st->start))
 		return "stopped";
-	if (!exists_at(st->dir, CAP_OCI_STARTED))
+	if (!cap_oci_exists_at(st->dir, CAP_OCI_STARTED))
 		return "created";
 	struct cap_named_status ns;
 	struct cap_err err = { 0 };
@@ -91,33 +91,33 @@ static const char *compute_status(struct ostate *st)
 }
 
 /* Load a container's state: -ENOENT when there is none. */
-int state_load(const char *id, struct ostate *st, struct cap_err *err)
+int cap_oci_state_load(const char *id, struct cap_oci_state *st, struct cap_err *err)
 {
 	memset(st, 0, sizeof(*st));
-	if (!id_ok(id))
+	if (!cap_oci_id_ok(id))
 		return cap_err_set(err, ENOENT, "container does not exist");
 	snprintf(st->id, sizeof(st->id), "%s", id);
-	st->dir = cdir(id);
+	st->dir = cap_oci_dir(id);
 	_cleanup_free_ char *path = xasprintf("%s/state.json", st->dir);
 	json_error_t je;
 	st->j = json_load_file(path, 0, &je);
 	if (!st->j) {
-		ostate_fini(st);
+		cap_oci_state_fini(st);
 		return cap_err_set(err, ENOENT, "container does not exist");
 	}
 	st->pid = (pid_t)json_integer_value(json_object_get(st->j, "pid"));
-	st->start = strtoull(jstr(st->j, "pidStart"), NULL, 10);
-	snprintf(st->sandbox, sizeof(st->sandbox), "%s", jstr(st->j, "sandbox"));
+	st->start = strtoull(cap_oci_jstr(st->j, "pidStart"), NULL, 10);
+	snprintf(st->sandbox, sizeof(st->sandbox), "%s", cap_oci_jstr(st->j, "sandbox"));
 	/* The capsule home the container was made in, whatever environment
 	 * this verb runs with (Podman runs create through conmon, with
 	 * conmon_env_vars, and delete itself, with its own). */
-	if (*jstr(st->j, "capsuleHome"))
-		setenv("CAPSULE_HOME", jstr(st->j, "capsuleHome"), 1);
+	if (*cap_oci_jstr(st->j, "capsuleHome"))
+		setenv("CAPSULE_HOME", cap_oci_jstr(st->j, "capsuleHome"), 1);
 	st->status = compute_status(st);
 	return 0;
 }
 
-int state_write(const char *dir, json_t *j, struct cap_err *err)
+int cap_oci_state_write(const char *dir, json_t *j, struct cap_err *err)
 {
 	_cleanup_free_ char *path = xasprintf("%s/state.json", dir);
 	char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -129,13 +129,13 @@ int state_write(const char *dir, json_t *j, struct cap_err *err)
 }
 
 /* runc's state object. */
-json_t *state_json(struct ostate *st)
+json_t *cap_oci_state_json(struct cap_oci_state *st)
 {
 	bool stopped = strcmp(st->status, "stopped") == 0 || strcmp(st->status, "creating") == 0;
 	json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "ociVersion", CAP_OCI_VERSION, "id", st->id,
 			      "pid", (json_int_t)(stopped ? 0 : st->pid), "status", st->status, "bundle",
-			      jstr(st->j, "bundle"), "rootfs", jstr(st->j, "rootfs"), "created",
-			      jstr(st->j, "created"));
+			      cap_oci_jstr(st->j, "bundle"), "rootfs", cap_oci_jstr(st->j, "rootfs"), "created",
+			      cap_oci_jstr(st->j, "created"));
 	json_t *ann = json_object_get(st->j, "annotations");
 	if (json_object_size(ann))
 		json_object_set(o, "annotations", ann);
@@ -143,7 +143,7 @@ json_t *state_json(struct ostate *st)
 	return o;
 }
 
-int print_json(json_t *v, size_t flags)
+int cap_oci_print_json(json_t *v, size_t flags)
 {
 	char *s = json_dumps(v, flags | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
 	json_decref(v);
@@ -155,7 +155,7 @@ int print_json(json_t *v, size_t flags)
 }
 
 /* Call the monitor socket name in dir (or its exec/ subdirectory). */
-int call(const char *dir, const char *sub, const char *name, const char *line,
+int cap_oci_call(const char *dir, const char *sub, const char *name, const char *line,
 		char *ans, size_t len, int timeout_ms, struct cap_err *err)
 {
 	_cleanup_free_ char *d = sub ? xasprintf("%s/%s", dir, sub) : xstrdup(dir);
@@ -175,8 +175,8 @@ int call(const char *dir, const char *sub, const char *name, const char *line,
 /* Parse a verb's options with table opts and short string shorts (with
  * '+': options before the operands). Returns -1 to go on, else the exit
  * code (usage printed). cb handles each option: 0 ok, else exit code. */
-int parse(int argc, char **argv, const char *shorts, const struct option *opts,
-		 const char *usage, opt_fn cb, void *ud)
+int cap_oci_parse(int argc, char **argv, const char *shorts, const struct option *opts,
+		 const char *usage, cap_oci_opt_fn cb, void *ud)
 {
 	int c;
 	optind = 1;
@@ -207,10 +207,10 @@ static int no_opt(void *ud, int c, const char *arg)
 }
 
 /* The one operand of a verb without options but --help. */
-const char *one_id(int argc, char **argv, const char *usage, int *rc)
+const char *cap_oci_one_id(int argc, char **argv, const char *usage, int *rc)
 {
 	static const struct option opts[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
-	*rc = parse(argc, argv, "+h", opts, usage, no_opt, NULL);
+	*rc = cap_oci_parse(argc, argv, "+h", opts, usage, no_opt, NULL);
 	if (*rc >= 0)
 		return NULL;
 	if (optind != argc - 1) {
@@ -230,8 +230,8 @@ static int flag_opt(void *ud, int c, const char *arg)
 }
 
 /* Parse the options of a verb whose one flag is --FLAG/-SHORTC (kill's
- * --all, delete's --force): like parse, *set says whether it was given. */
-int flag_verb(int argc, char **argv, const char *flag, char shortc, const char *usage,
+ * --all, delete's --force): like cap_oci_parse, *set says whether it was given. */
+int cap_oci_flag_verb(int argc, char **argv, const char *flag, char shortc, const char *usage,
 		     bool *set)
 {
 	const struct option opts[] = {
@@ -239,10 +239,10 @@ int flag_verb(int argc, char **argv, const char *flag, char shortc, const char *
 	};
 	char shorts[] = { '+', shortc, 'h', '\0' };
 	*set = false;
-	return parse(argc, argv, shorts, opts, usage, flag_opt, set);
+	return cap_oci_parse(argc, argv, shorts, opts, usage, flag_opt, set);
 }
 
-int preserve_ok(const char *arg)
+int cap_oci_preserve_ok(const char *arg)
 {
 	if (strcmp(arg, "0") != 0) {
 		cap_oci_error("--preserve-fds %s: capsule-oci passes no descriptors into a VM; only 0 is supported", arg);
@@ -251,7 +251,7 @@ int preserve_ok(const char *arg)
 	return 0;
 }
 
-int format_opt(void *ud, int c, const char *arg)
+int cap_oci_format_opt(void *ud, int c, const char *arg)
 {
 	const char **fmt = ud;
 	if (c == 'f') {
@@ -269,7 +269,7 @@ int format_opt(void *ud, int c, const char *arg)
 /* ---- processes -------------------------------------------------------- */
 
 /* Write a pid file as runc does: a temporary file, then rename. */
-int write_pid_file(const char *path, pid_t pid, struct cap_err *err)
+int cap_oci_write_pid_file(const char *path, pid_t pid, struct cap_err *err)
 {
 	char buf[32];
 	int n = snprintf(buf, sizeof(buf), "%d", (int)pid);
@@ -281,7 +281,7 @@ int write_pid_file(const char *path, pid_t pid, struct cap_err *err)
 
 /* Read what a forked monitor says once ready: 0 for "ok", else -1 with
  * its error in err. */
-int wait_ready(int fd, pid_t pid, struct cap_err *err)
+int cap_oci_wait_ready(int fd, pid_t pid, struct cap_err *err)
 {
 	char buf[2048];
 	size_t n = 0;
@@ -309,7 +309,7 @@ int wait_ready(int fd, pid_t pid, struct cap_err *err)
 
 /* Remove everything of a container: its sandbox, cgroups (only those
  * its create made or took, cg; NULL: none) and directory. */
-int destroy(const char *dir, const char *sandbox, const struct cap_oci_cgroups *cg, struct cap_err *err)
+int cap_oci_destroy(const char *dir, const char *sandbox, const struct cap_oci_cgroups *cg, struct cap_err *err)
 {
 	struct cap_err e2 = { 0 };
 	int r = 0;
@@ -330,7 +330,7 @@ int destroy(const char *dir, const char *sandbox, const struct cap_oci_cgroups *
 }
 
 /* Pause or resume the sandbox through its shim. */
-int vm_op(const char *sandbox, bool pause, struct cap_err *err)
+int cap_oci_vm_op(const char *sandbox, bool pause, struct cap_err *err)
 {
 	struct cap_named_status ns;
 	struct cap_sandbox *sb = NULL;

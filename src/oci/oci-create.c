@@ -29,10 +29,10 @@ static int create_opt(void *ud, int c, const char *arg)
 {
 	struct create_opts *o = ud;
 	switch (c) {
-	case 'b': case O_BUNDLE: o->bundle = arg; return 0;
-	case O_PID_FILE: o->pid_file = arg; return 0;
-	case O_CONSOLE: o->console_socket = arg; return 0;
-	case O_PRESERVE: return preserve_ok(arg);
+	case 'b': case CAP_OCI_OPT_BUNDLE: o->bundle = arg; return 0;
+	case CAP_OCI_OPT_PID_FILE: o->pid_file = arg; return 0;
+	case CAP_OCI_OPT_CONSOLE: o->console_socket = arg; return 0;
+	case CAP_OCI_OPT_PRESERVE: return cap_oci_preserve_ok(arg);
 	default: return 0;	/* --no-pivot, --no-new-keyring, --detach: nothing to do in a VM */
 	}
 }
@@ -170,21 +170,21 @@ static const char create_usage[] =
 	"sandbox's root image and a monitor process, held until `start`, stands for its\n"
 	"process (its pid goes to --pid-file).\n";
 
-int oci_create(int argc, char **argv)
+int cap_oci_cmd_create(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "bundle", required_argument, NULL, 'b' },
-		{ "pid-file", required_argument, NULL, O_PID_FILE },
-		{ "console-socket", required_argument, NULL, O_CONSOLE },
-		{ "no-pivot", no_argument, NULL, O_NO_PIVOT },
-		{ "no-new-keyring", no_argument, NULL, O_NO_KEYRING },
-		{ "preserve-fds", required_argument, NULL, O_PRESERVE },
+		{ "pid-file", required_argument, NULL, CAP_OCI_OPT_PID_FILE },
+		{ "console-socket", required_argument, NULL, CAP_OCI_OPT_CONSOLE },
+		{ "no-pivot", no_argument, NULL, CAP_OCI_OPT_NO_PIVOT },
+		{ "no-new-keyring", no_argument, NULL, CAP_OCI_OPT_NO_KEYRING },
+		{ "preserve-fds", required_argument, NULL, CAP_OCI_OPT_PRESERVE },
 		{ "detach", no_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct create_opts o = { .bundle = "." };
-	int r = parse(argc, argv, "+b:dh", opts, create_usage, create_opt, &o);
+	int r = cap_oci_parse(argc, argv, "+b:dh", opts, create_usage, create_opt, &o);
 	if (r >= 0)
 		return r;
 	if (optind != argc - 1) {
@@ -193,7 +193,7 @@ int oci_create(int argc, char **argv)
 	}
 	const char *id = argv[optind];
 	struct cap_err err = { 0 };
-	if (!id_ok(id)) {
+	if (!cap_oci_id_ok(id)) {
 		cap_oci_error("invalid container id '%s': use letters, digits, '_', '+', '-' and '.'", id);
 		return 1;
 	}
@@ -204,14 +204,14 @@ int oci_create(int argc, char **argv)
 	}
 	struct cap_oci_config cfg;
 	memset(&cfg, 0, sizeof(cfg));
-	if (cap_oci_config_load(bundle, g.systemd_cgroup, &cfg, &err) < 0)
-		return fail(&err);
+	if (cap_oci_config_load(bundle, cap_oci_flags.systemd_cgroup, &cfg, &err) < 0)
+		return cap_oci_fail(&err);
 	int rc = 1;
 	bool made_dir = false;
 	char name[CAP_NAME_MAX + 1];
 	struct cap_image img;
 	memset(&img, 0, sizeof(img));
-	_cleanup_free_ char *dir = cdir(id);
+	_cleanup_free_ char *dir = cap_oci_dir(id);
 	_cleanup_free_ char *seed = xasprintf("%s/seed", dir);
 	_cleanup_free_ char *home = NULL;
 	char home_real[PATH_MAX];
@@ -219,8 +219,8 @@ int oci_create(int argc, char **argv)
 	json_t *st = NULL;
 	struct cap_oci_cgroups cg = { 0 };
 
-	if ((r = cap_mkdir_p(g.root, 0711)) < 0) {
-		cap_err_set(&err, -r, "--root %s: %s", g.root, strerror(-r));
+	if ((r = cap_mkdir_p(cap_oci_flags.root, 0711)) < 0) {
+		cap_err_set(&err, -r, "--root %s: %s", cap_oci_flags.root, strerror(-r));
 		goto out;
 	}
 	if (mkdir(dir, 0711) < 0) {
@@ -231,7 +231,7 @@ int oci_create(int argc, char **argv)
 		goto out;
 	}
 	made_dir = true;
-	sandbox_name(id, name);
+	cap_oci_sandbox_name(id, name);
 	/* The cgroups it will make or take, or a refusal of a cgroup that
 	 * holds someone else's processes, before anything is made. */
 	if (cap_oci_cgroup_plan(cfg.cgroups_path, &cg, &err) < 0)
@@ -242,7 +242,7 @@ int oci_create(int argc, char **argv)
 	 * leaves a container that state and list call stopped and delete
 	 * removes whole. */
 	char created[64], cstart[32];
-	rfc3339(created, sizeof(created), true);
+	cap_oci_rfc3339(created, sizeof(created), true);
 	snprintf(cstart, sizeof(cstart), "%llu", cap_oci_proc_start(getpid()));
 	home = cap_home_dir();
 	st = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s,s:I,s:s}", "ociVersion", CAP_OCI_VERSION,
@@ -255,7 +255,7 @@ int oci_create(int argc, char **argv)
 		json_object_set_new(ann, cfg.ann_keys[i], json_string(cfg.ann_values[i]));
 	json_object_set_new(st, "annotations", ann);
 	json_object_set_new(st, "cgroups", cgroups_json(&cg));
-	if (state_write(dir, st, &err) < 0)
+	if (cap_oci_state_write(dir, st, &err) < 0)
 		goto out;
 
 	/* The rootfs as an image, without what the engine mounts over it. */
@@ -304,7 +304,7 @@ int oci_create(int argc, char **argv)
 	/* What it made, with the inodes that tell it from a folder made
 	 * again by someone else, before any process joins it. */
 	json_object_set_new(st, "cgroups", cgroups_json(&cg));
-	if (r < 0 || (cg.n && state_write(dir, st, &err) < 0))
+	if (r < 0 || (cg.n && cap_oci_state_write(dir, st, &err) < 0))
 		goto out;
 
 	int pipefd[2];
@@ -324,7 +324,7 @@ int oci_create(int argc, char **argv)
 		close(pipefd[0]);
 		struct cap_oci_monitor m = {
 			.dir = dir, .sandbox = name, .cgroups_path = cfg.cgroups_path, .proc = &cfg.process,
-			.pids_max = cfg.pids_limit > 0 ? (uint32_t)CAP_MIN(cfg.pids_limit, 1 << 22) : PIDS_MAX_DEFAULT,
+			.pids_max = cfg.pids_limit > 0 ? (uint32_t)CAP_MIN(cfg.pids_limit, 1 << 22) : CAP_OCI_PIDS_MAX_DEFAULT,
 			.gate = true, .detached = true, .console_socket = o.console_socket, .ready_fd = pipefd[1],
 		};
 		_exit(cap_oci_monitor_run(&m));
@@ -335,16 +335,16 @@ int oci_create(int argc, char **argv)
 	snprintf(startbuf, sizeof(startbuf), "%llu", cap_oci_proc_start(pid));
 	json_object_set_new(st, "pid", json_integer(pid));
 	json_object_set_new(st, "pidStart", json_string(startbuf));
-	if (state_write(dir, st, &err) < 0) {
+	if (cap_oci_state_write(dir, st, &err) < 0) {
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
 		goto out;
 	}
-	if (wait_ready(pipefd[0], pid, &err) < 0)
+	if (cap_oci_wait_ready(pipefd[0], pid, &err) < 0)
 		goto out;
 	json_object_del(st, "creator");
 	json_object_del(st, "creatorStart");
-	if (state_write(dir, st, &err) < 0 || (o.pid_file && write_pid_file(o.pid_file, pid, &err) < 0)) {
+	if (cap_oci_state_write(dir, st, &err) < 0 || (o.pid_file && cap_oci_write_pid_file(o.pid_file, pid, &err) < 0)) {
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
 		goto out;
@@ -355,7 +355,7 @@ out:
 		cap_oci_error("%s", err.msg);
 		if (made_dir) {
 			struct cap_err e2 = { 0 };
-			destroy(dir, name, &cg, &e2);
+			cap_oci_destroy(dir, name, &cg, &e2);
 		}
 	}
 	cap_oci_cgroups_fini(&cg);

@@ -16,7 +16,7 @@
 
 /* "2006-01-02T15:04:05Z" (nanos: with .NNNNNNNNN trimmed as Go's
  * RFC3339Nano does). */
-void rfc3339(char *buf, size_t len, bool nanos)
+void cap_oci_rfc3339(char *buf, size_t len, bool nanos)
 {
 	struct timespec ts;
 	struct tm tm;
@@ -37,12 +37,12 @@ void rfc3339(char *buf, size_t len, bool nanos)
 
 void cap_oci_log_only(const char *level, const char *msg)
 {
-	if (!g.log)
+	if (!cap_oci_flags.log)
 		return;
 	char now[40];
-	rfc3339(now, sizeof(now), false);
+	cap_oci_rfc3339(now, sizeof(now), false);
 	char *line;
-	if (g.log_json) {
+	if (cap_oci_flags.log_json) {
 		json_t *o = json_pack("{s:s,s:s,s:s}", "level", level, "msg", msg, "time", now);
 		char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		json_decref(o);
@@ -61,7 +61,7 @@ void cap_oci_log_only(const char *level, const char *msg)
 		line = xasprintf("time=\"%s\" level=%s msg=\"%s\"\n", now, level, q);
 		free(q);
 	}
-	int fd = open(g.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	int fd = open(cap_oci_flags.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 	if (fd >= 0) {
 		cap_write_all(fd, line, strlen(line));
 		close(fd);
@@ -83,15 +83,15 @@ void cap_oci_error(const char *fmt, ...)
 
 /* The library's lines go to the log file only: our stderr is often the
  * container's (a monitor's), and runc prints nothing but errors. */
-void log_sink(void *ud, enum cap_log_level level, const char *line)
+void cap_oci_log_sink(void *ud, enum cap_log_level level, const char *line)
 {
 	(void)ud;
-	if (level == CAP_LOG_INFO && !g.debug)
+	if (level == CAP_LOG_INFO && !cap_oci_flags.debug)
 		return;
 	cap_oci_log_only(level == CAP_LOG_ERROR ? "error" : level == CAP_LOG_WARN ? "warning" : "info", line);
 }
 
-int fail(const struct cap_err *err)
+int cap_oci_fail(const struct cap_err *err)
 {
 	cap_oci_error("%s", err->msg);
 	return 1;

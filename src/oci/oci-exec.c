@@ -39,12 +39,12 @@ static int exec_opt(void *ud, int c, const char *arg)
 {
 	struct exec_opts *o = ud;
 	switch (c) {
-	case 'p': case O_PROCESS: o->process = arg; return 0;
+	case 'p': case CAP_OCI_OPT_PROCESS: o->process = arg; return 0;
 	case 'd': o->detach = true; return 0;
 	case 't': o->tty = true; return 0;
-	case O_PID_FILE: o->pid_file = arg; return 0;
-	case O_CONSOLE: o->console_socket = arg; return 0;
-	case O_CWD: o->cwd = arg; return 0;
+	case CAP_OCI_OPT_PID_FILE: o->pid_file = arg; return 0;
+	case CAP_OCI_OPT_CONSOLE: o->console_socket = arg; return 0;
+	case CAP_OCI_OPT_CWD: o->cwd = arg; return 0;
 	case 'u': o->user = arg; return 0;
 	case 'e':
 		if (!strchr(arg, '=')) {
@@ -57,7 +57,7 @@ static int exec_opt(void *ud, int c, const char *arg)
 		}
 		o->env[o->nenv++] = arg;
 		return 0;
-	case 'g': case O_GIDS: {
+	case 'g': case CAP_OCI_OPT_GIDS: {
 		_cleanup_free_ char *copy = xstrdup(arg);
 		char *save = NULL;
 		for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -70,14 +70,14 @@ static int exec_opt(void *ud, int c, const char *arg)
 		}
 		return 0;
 	}
-	case O_PRESERVE: return preserve_ok(arg);
+	case CAP_OCI_OPT_PRESERVE: return cap_oci_preserve_ok(arg);
 	default: return 0;	/* --no-new-privs, --cap, --process-label, --apparmor: a VM's own */
 	}
 }
 
 /* exec's process from its command line over the container's config
  * process, as runc builds it. */
-static int exec_process(const struct exec_opts *o, char **args, size_t nargs, struct ostate *st,
+static int exec_process(const struct exec_opts *o, char **args, size_t nargs, struct cap_oci_state *st,
 			struct cap_oci_process *p, struct cap_err *err)
 {
 	if (o->process) {
@@ -90,7 +90,7 @@ static int exec_process(const struct exec_opts *o, char **args, size_t nargs, st
 	if (nargs == 0)
 		return cap_err_set(err, EINVAL, "exec needs a command after the container id, or --process FILE");
 	struct cap_err e2 = { 0 };
-	if (cap_oci_config_process(jstr(st->j, "bundle"), p, &e2) < 0) {
+	if (cap_oci_config_process(cap_oci_jstr(st->j, "bundle"), p, &e2) < 0) {
 		memset(p, 0, sizeof(*p));
 		p->env = xcalloc(2, sizeof(char *));
 		p->env[p->nenv++] = xstrdup("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
@@ -141,24 +141,24 @@ static int exec_process(const struct exec_opts *o, char **args, size_t nargs, st
 	return 0;
 }
 
-int oci_exec(int argc, char **argv)
+int cap_oci_cmd_exec(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "process", required_argument, NULL, 'p' },
 		{ "detach", no_argument, NULL, 'd' },
-		{ "pid-file", required_argument, NULL, O_PID_FILE },
+		{ "pid-file", required_argument, NULL, CAP_OCI_OPT_PID_FILE },
 		{ "tty", no_argument, NULL, 't' },
-		{ "console-socket", required_argument, NULL, O_CONSOLE },
-		{ "cwd", required_argument, NULL, O_CWD },
+		{ "console-socket", required_argument, NULL, CAP_OCI_OPT_CONSOLE },
+		{ "cwd", required_argument, NULL, CAP_OCI_OPT_CWD },
 		{ "env", required_argument, NULL, 'e' },
 		{ "user", required_argument, NULL, 'u' },
 		{ "additional-gids", required_argument, NULL, 'g' },
-		{ "no-new-privs", no_argument, NULL, O_NNP },
+		{ "no-new-privs", no_argument, NULL, CAP_OCI_OPT_NNP },
 		{ "cap", required_argument, NULL, 'c' },
-		{ "preserve-fds", required_argument, NULL, O_PRESERVE },
-		{ "process-label", required_argument, NULL, O_LABEL },
-		{ "apparmor", required_argument, NULL, O_APPARMOR },
-		{ "ignore-paused", no_argument, NULL, O_IGNORE_PAUSED },
+		{ "preserve-fds", required_argument, NULL, CAP_OCI_OPT_PRESERVE },
+		{ "process-label", required_argument, NULL, CAP_OCI_OPT_LABEL },
+		{ "apparmor", required_argument, NULL, CAP_OCI_OPT_APPARMOR },
+		{ "ignore-paused", no_argument, NULL, CAP_OCI_OPT_IGNORE_PAUSED },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -170,17 +170,17 @@ int oci_exec(int argc, char **argv)
 		"for it (its pid goes to --pid-file); otherwise this process does and exits\n"
 		"with the process's status.\n";
 	struct exec_opts o = { 0 };
-	int rc = parse(argc, argv, "+p:dte:u:g:c:h", opts, usage, exec_opt, &o);
+	int rc = cap_oci_parse(argc, argv, "+p:dte:u:g:c:h", opts, usage, exec_opt, &o);
 	if (rc >= 0)
 		return rc;
 	if (optind >= argc) {
 		cap_oci_error("exec needs a container id");
 		return 1;
 	}
-	struct ostate st;
+	struct cap_oci_state st;
 	struct cap_err err = { 0 };
-	if (state_load(argv[optind], &st, &err) < 0)
-		return fail(&err);
+	if (cap_oci_state_load(argv[optind], &st, &err) < 0)
+		return cap_oci_fail(&err);
 	struct cap_oci_process p;
 	memset(&p, 0, sizeof(p));
 	rc = 1;
@@ -193,11 +193,11 @@ int oci_exec(int argc, char **argv)
 	else
 		exec_process(&o, argv + optind + 1, (size_t)(argc - optind - 1), &st, &p, &err);
 	if (err.code) {
-		fail(&err);
+		cap_oci_fail(&err);
 		goto out;
 	}
 	struct cap_oci_monitor m = {
-		.dir = st.dir, .sandbox = st.sandbox, .proc = &p, .pids_max = PIDS_MAX_DEFAULT,
+		.dir = st.dir, .sandbox = st.sandbox, .proc = &p, .pids_max = CAP_OCI_PIDS_MAX_DEFAULT,
 		.console_socket = o.console_socket, .ready_fd = -1,
 	};
 	if (!o.detach) {
@@ -221,17 +221,17 @@ int oci_exec(int argc, char **argv)
 		close(pipefd[0]);
 		m.detached = true;
 		m.ready_fd = pipefd[1];
-		m.cgroups_path = jstr(st.j, "cgroupsPath");
+		m.cgroups_path = cap_oci_jstr(st.j, "cgroupsPath");
 		_exit(cap_oci_monitor_run(&m));
 	}
 	close(pipefd[1]);
-	if (wait_ready(pipefd[0], pid, &err) < 0 || (o.pid_file && write_pid_file(o.pid_file, pid, &err) < 0)) {
-		fail(&err);
+	if (cap_oci_wait_ready(pipefd[0], pid, &err) < 0 || (o.pid_file && cap_oci_write_pid_file(o.pid_file, pid, &err) < 0)) {
+		cap_oci_fail(&err);
 		goto out;
 	}
 	rc = 0;
 out:
 	cap_oci_process_fini(&p);
-	ostate_fini(&st);
+	cap_oci_state_fini(&st);
 	return rc;
 }

@@ -3,7 +3,7 @@
 
 #include "oci-int.h"
 
-int oci_features(int argc, char **argv)
+int cap_oci_cmd_features(int argc, char **argv)
 {
 	(void)argc;
 	(void)argv;
@@ -20,5 +20,5 @@ int oci_features(int argc, char **argv)
 		"capabilities", "cgroup", "v1", true, "v2", true, "systemd", false, "systemdUser", false,
 		"seccomp", "enabled", false, "apparmor", "enabled", false, "selinux", "enabled", false,
 		"annotations", "io.capsule.runtime", "vm");
-	return print_json(f, JSON_INDENT(4));
+	return cap_oci_print_json(f, JSON_INDENT(4));
 }

@@ -21,23 +21,23 @@
 struct option;
 
 /* runc's global flags (oci-main.c). */
-struct oci_globals {
+struct cap_oci_flags {
 	const char *root;
 	const char *log;
 	bool log_json;
 	bool systemd_cgroup;
 	bool debug;
 };
-extern struct oci_globals g;
+extern struct cap_oci_flags cap_oci_flags;
 
 /* The guest cgroup's pids.max of a container without a pids limit. */
-#define PIDS_MAX_DEFAULT 32768
+#define CAP_OCI_PIDS_MAX_DEFAULT 32768
 /* How long a monitor may take to answer: it serves its socket at all
  * times (its output held for a slow reader) but in its last seconds,
  * while it stops the VM; delete --force ends one that does not. */
-#define START_TIMEOUT_MS 30000
-#define KILL_TIMEOUT_MS 5000
-#define DELETE_TIMEOUT_MS 3000
+#define CAP_OCI_START_TIMEOUT_MS 30000
+#define CAP_OCI_KILL_TIMEOUT_MS 5000
+#define CAP_OCI_DELETE_TIMEOUT_MS 3000
 
 /* Files in <root>/<id>/ besides state.json:
  *   monitor.sock   the container monitor's control socket (0600)
@@ -53,14 +53,14 @@ extern struct oci_globals g;
  * --log, a line in the log file in its --log-format. */
 __attribute__((format(printf, 1, 2))) void cap_oci_error(const char *fmt, ...);
 /* cap_oci_error of err's message; returns the exit code 1. */
-int fail(const struct cap_err *err);
+int cap_oci_fail(const struct cap_err *err);
 /* The same, to the log file only (library warnings in a monitor, whose
  * stderr is the container's). */
 void cap_oci_log_only(const char *level, const char *msg);
 /* The sink cap_cli_oci installs for the library's lines (cap_log_set). */
-void log_sink(void *ud, enum cap_log_level level, const char *line);
+void cap_oci_log_sink(void *ud, enum cap_log_level level, const char *line);
 /* The time now in RFC 3339, as runc writes it (oci-error.c). */
-void rfc3339(char *buf, size_t len, bool nanos);
+void cap_oci_rfc3339(char *buf, size_t len, bool nanos);
 
 /* The start time of process pid (field 22 of /proc/PID/stat, clock
  * ticks since boot), 0 when it does not exist. With it, a recorded pid
@@ -120,7 +120,7 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m);
 /* ---- the verbs (oci-common.c) ----------------------------------------- */
 
 /* A container's state directory and its state.json, loaded. */
-struct ostate {
+struct cap_oci_state {
 	char id[1100];
 	char *dir;
 	json_t *j;	/* state.json */
@@ -130,47 +130,51 @@ struct ostate {
 	const char *status;
 };
 
-bool id_ok(const char *id);
-void sandbox_name(const char *id, char out[CAP_NAME_MAX + 1]);
-char *cdir(const char *id);
-const char *jstr(json_t *o, const char *k);
-void ostate_fini(struct ostate *st);
-bool exists_at(const char *dir, const char *name);
-int state_load(const char *id, struct ostate *st, struct cap_err *err);
-int state_write(const char *dir, json_t *j, struct cap_err *err);
-json_t *state_json(struct ostate *st);
-int print_json(json_t *v, size_t flags);
-int call(const char *dir, const char *sub, const char *name, const char *line,
+bool cap_oci_id_ok(const char *id);
+void cap_oci_sandbox_name(const char *id, char out[CAP_NAME_MAX + 1]);
+char *cap_oci_dir(const char *id);
+const char *cap_oci_jstr(json_t *o, const char *k);
+void cap_oci_state_fini(struct cap_oci_state *st);
+bool cap_oci_exists_at(const char *dir, const char *name);
+int cap_oci_state_load(const char *id, struct cap_oci_state *st, struct cap_err *err);
+int cap_oci_state_write(const char *dir, json_t *j, struct cap_err *err);
+json_t *cap_oci_state_json(struct cap_oci_state *st);
+int cap_oci_print_json(json_t *v, size_t flags);
+int cap_oci_call(const char *dir, const char *sub, const char *name, const char *line,
 	 char *ans, size_t len, int timeout_ms, struct cap_err *err);
-int write_pid_file(const char *path, pid_t pid, struct cap_err *err);
-int wait_ready(int fd, pid_t pid, struct cap_err *err);
-int destroy(const char *dir, const char *sandbox, const struct cap_oci_cgroups *cg, struct cap_err *err);
-int vm_op(const char *sandbox, bool pause, struct cap_err *err);
+int cap_oci_write_pid_file(const char *path, pid_t pid, struct cap_err *err);
+int cap_oci_wait_ready(int fd, pid_t pid, struct cap_err *err);
+int cap_oci_destroy(const char *dir, const char *sandbox, const struct cap_oci_cgroups *cg, struct cap_err *err);
+int cap_oci_vm_op(const char *sandbox, bool pause, struct cap_err *err);
 
 /* The verbs' long options without a short one. */
-enum { O_BUNDLE = 0x100, O_PID_FILE, O_CONSOLE, O_NO_PIVOT, O_NO_KEYRING, O_PRESERVE, O_DETACH,
-       O_PROCESS, O_CWD, O_GIDS, O_NNP, O_CAP, O_LABEL, O_APPARMOR, O_FORMAT, O_IGNORE_PAUSED };
+enum {
+	CAP_OCI_OPT_BUNDLE = 0x100, CAP_OCI_OPT_PID_FILE, CAP_OCI_OPT_CONSOLE, CAP_OCI_OPT_NO_PIVOT,
+	CAP_OCI_OPT_NO_KEYRING, CAP_OCI_OPT_PRESERVE, CAP_OCI_OPT_DETACH, CAP_OCI_OPT_PROCESS,
+	CAP_OCI_OPT_CWD, CAP_OCI_OPT_GIDS, CAP_OCI_OPT_NNP, CAP_OCI_OPT_CAP, CAP_OCI_OPT_LABEL,
+	CAP_OCI_OPT_APPARMOR, CAP_OCI_OPT_FORMAT, CAP_OCI_OPT_IGNORE_PAUSED,
+};
 
-typedef int (*opt_fn)(void *ud, int c, const char *arg);
-int parse(int argc, char **argv, const char *shorts, const struct option *opts,
-	  const char *usage, opt_fn cb, void *ud);
-const char *one_id(int argc, char **argv, const char *usage, int *rc);
-int flag_verb(int argc, char **argv, const char *flag, char shortc, const char *usage,
+typedef int (*cap_oci_opt_fn)(void *ud, int c, const char *arg);
+int cap_oci_parse(int argc, char **argv, const char *shorts, const struct option *opts,
+	  const char *usage, cap_oci_opt_fn cb, void *ud);
+const char *cap_oci_one_id(int argc, char **argv, const char *usage, int *rc);
+int cap_oci_flag_verb(int argc, char **argv, const char *flag, char shortc, const char *usage,
 	      bool *set);
-int preserve_ok(const char *arg);
-int format_opt(void *ud, int c, const char *arg);
+int cap_oci_preserve_ok(const char *arg);
+int cap_oci_format_opt(void *ud, int c, const char *arg);
 
 /* The verbs, argv[0] the verb's name: the exit code. */
-int oci_create(int argc, char **argv);
-int oci_start(int argc, char **argv);
-int oci_state(int argc, char **argv);
-int oci_kill(int argc, char **argv);
-int oci_delete(int argc, char **argv);
-int oci_pause(int argc, char **argv);
-int oci_resume(int argc, char **argv);
-int oci_exec(int argc, char **argv);
-int oci_ps(int argc, char **argv);
-int oci_list(int argc, char **argv);
-int oci_features(int argc, char **argv);
+int cap_oci_cmd_create(int argc, char **argv);
+int cap_oci_cmd_start(int argc, char **argv);
+int cap_oci_cmd_state(int argc, char **argv);
+int cap_oci_cmd_kill(int argc, char **argv);
+int cap_oci_cmd_delete(int argc, char **argv);
+int cap_oci_cmd_pause(int argc, char **argv);
+int cap_oci_cmd_resume(int argc, char **argv);
+int cap_oci_cmd_exec(int argc, char **argv);
+int cap_oci_cmd_ps(int argc, char **argv);
+int cap_oci_cmd_list(int argc, char **argv);
+int cap_oci_cmd_features(int argc, char **argv);
 
 #endif

@@ -9,14 +9,14 @@
 #include "named.h"
 #include "oci-int.h"
 
-int oci_kill(int argc, char **argv)
+int cap_oci_cmd_kill(int argc, char **argv)
 {
 	static const char usage[] =
 		"Usage: capsule-oci kill [--all] ID [SIGNAL]\n\n"
 		"Send SIGNAL (default SIGTERM; a number or a name) to the container's process,\n"
 		"or with --all to every process of the container.\n";
 	bool all = false;
-	int rc = flag_verb(argc, argv, "all", 'a', usage, &all);
+	int rc = cap_oci_flag_verb(argc, argv, "all", 'a', usage, &all);
 	if (rc >= 0)
 		return rc;
 	if (optind != argc - 1 && optind != argc - 2) {
@@ -26,10 +26,10 @@ int oci_kill(int argc, char **argv)
 	struct cap_err err = { 0 };
 	int sig = cap_oci_signal_parse(optind + 1 < argc ? argv[optind + 1] : "SIGTERM", &err);
 	if (sig < 0)
-		return fail(&err);
-	struct ostate st;
-	if (state_load(argv[optind], &st, &err) < 0)
-		return fail(&err);
+		return cap_oci_fail(&err);
+	struct cap_oci_state st;
+	if (cap_oci_state_load(argv[optind], &st, &err) < 0)
+		return cap_oci_fail(&err);
 	char line[64], ans[600];
 	snprintf(line, sizeof(line), "signal %d %s", sig, all ? "all" : "process");
 	if (strcmp(st.status, "creating") == 0) {
@@ -41,19 +41,19 @@ int oci_kill(int argc, char **argv)
 		 * SIGKILL (its VM must not outlive the container). */
 		struct cap_named_status ns;
 		if (sig == SIGKILL && cap_named_status(st.sandbox, &ns, &err) == 0 &&
-		    ns.state != CAP_NAMED_STOPPED && !exists_at(st.dir, CAP_OCI_EXIT))
+		    ns.state != CAP_NAMED_STOPPED && !cap_oci_exists_at(st.dir, CAP_OCI_EXIT))
 			cap_named_kill(st.sandbox, &err);
 		else
 			cap_err_set(&err, ESRCH, "container not running");
 		goto out;
 	}
 	bool paused = strcmp(st.status, "paused") == 0;
-	int r = call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, line, ans, sizeof(ans), KILL_TIMEOUT_MS, &err);
+	int r = cap_oci_call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, line, ans, sizeof(ans), CAP_OCI_KILL_TIMEOUT_MS, &err);
 	if (r < 0 && err.code != EINVAL) {
 		/* "not running" (runc's words) only when the monitor is gone;
 		 * one that is there and does not answer is its own error. */
 		if (r == -ENOENT || r == -ECONNREFUSED || !cap_oci_proc_same(st.pid, st.start) ||
-		    exists_at(st.dir, CAP_OCI_EXIT))
+		    cap_oci_exists_at(st.dir, CAP_OCI_EXIT))
 			cap_err_set(&err, ESRCH, "container not running");
 		else
 			cap_err_prefix(&err, "cannot signal the container (its monitor is process %d)", (int)st.pid);
@@ -69,7 +69,7 @@ int oci_kill(int argc, char **argv)
 			struct cap_err e2 = { 0 };
 			char sock[64];
 			snprintf(sock, sizeof(sock), CAP_OCI_EXEC_SOCK_FMT, (int)pids[i], starts[i]);
-			call(st.dir, CAP_OCI_EXEC_DIR, sock, line, ans, sizeof(ans), KILL_TIMEOUT_MS, &e2);
+			cap_oci_call(st.dir, CAP_OCI_EXEC_DIR, sock, line, ans, sizeof(ans), CAP_OCI_KILL_TIMEOUT_MS, &e2);
 		}
 	}
 	/* A signal to a paused container waits for resume, as in runc's
@@ -77,11 +77,11 @@ int oci_kill(int argc, char **argv)
 	 * so that the process dies and its status comes back. */
 	if (paused && sig == SIGKILL) {
 		struct cap_err e2 = { 0 };
-		if (vm_op(st.sandbox, false, &e2) < 0 && cap_named_kill(st.sandbox, &err) < 0)
+		if (cap_oci_vm_op(st.sandbox, false, &e2) < 0 && cap_named_kill(st.sandbox, &err) < 0)
 			cap_err_prefix(&err, "cannot resume the paused container for SIGKILL (%.200s), nor stop "
 				       "its sandbox", e2.msg);
 	}
 out:
-	ostate_fini(&st);
-	return err.code ? fail(&err) : 0;
+	cap_oci_state_fini(&st);
+	return err.code ? cap_oci_fail(&err) : 0;
 }

@@ -9,7 +9,7 @@
 #include "oci-int.h"
 #include "util.h"
 
-int oci_list(int argc, char **argv)
+int cap_oci_cmd_list(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "format", required_argument, NULL, 'f' }, { "quiet", no_argument, NULL, 'q' },
@@ -17,10 +17,10 @@ int oci_list(int argc, char **argv)
 	};
 	static const char usage[] = "Usage: capsule-oci list [--format table|json] [--quiet]\n\nList the containers under --root.\n";
 	const char *fmt[2] = { "table", NULL };
-	int rc = parse(argc, argv, "+f:qh", opts, usage, format_opt, fmt);
+	int rc = cap_oci_parse(argc, argv, "+f:qh", opts, usage, cap_oci_format_opt, fmt);
 	if (rc >= 0)
 		return rc;
-	int dfd = open(g.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int dfd = open(cap_oci_flags.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	char **names = NULL;
 	size_t n = 0;
 	if (dfd >= 0) {
@@ -32,23 +32,23 @@ int oci_list(int argc, char **argv)
 	if (!json && !fmt[1])
 		printf("%-12s %-8s %-10s %-40s %-31s %s\n", "ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER");
 	for (size_t i = 0; i < n; i++) {
-		struct ostate st;
+		struct cap_oci_state st;
 		struct cap_err err = { 0 };
-		if (state_load(names[i], &st, &err) < 0)
+		if (cap_oci_state_load(names[i], &st, &err) < 0)
 			continue;
 		if (json)
-			json_array_append_new(a, state_json(&st));
+			json_array_append_new(a, cap_oci_state_json(&st));
 		else if (fmt[1])
 			printf("%s\n", st.id);
 		else
 			printf("%-12s %-8d %-10s %-40s %-31s %s\n", st.id,
 			       strcmp(st.status, "stopped") == 0 ? 0 : (int)st.pid, st.status,
-			       jstr(st.j, "bundle"), jstr(st.j, "created"), "root");
-		ostate_fini(&st);
+			       cap_oci_jstr(st.j, "bundle"), cap_oci_jstr(st.j, "created"), "root");
+		cap_oci_state_fini(&st);
 	}
 	cap_strv_free(names, n);
 	if (json)
-		return print_json(a, JSON_COMPACT);
+		return cap_oci_print_json(a, JSON_COMPACT);
 	json_decref(a);
 	return 0;
 }

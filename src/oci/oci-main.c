@@ -17,7 +17,7 @@
 #define DEFAULT_ROOT "/run/capsule-oci"
 
 /* runc's global flags. */
-struct oci_globals g = { .root = DEFAULT_ROOT };
+struct cap_oci_flags cap_oci_flags = { .root = DEFAULT_ROOT };
 
 /* ---- the command line ------------------------------------------------- */
 
@@ -54,22 +54,22 @@ int cap_cli_oci(int argc, char **argv)
 		{ 0 },
 	};
 	int c;
-	cap_log_set(log_sink, NULL);
+	cap_log_set(cap_oci_log_sink, NULL);
 	optind = 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "+hv", opts, NULL)) != -1) {
 		switch (c) {
-		case G_ROOT: g.root = optarg; break;
-		case G_LOG: g.log = optarg; break;
+		case G_ROOT: cap_oci_flags.root = optarg; break;
+		case G_LOG: cap_oci_flags.log = optarg; break;
 		case G_LOG_FORMAT:
 			if (strcmp(optarg, "json") != 0 && strcmp(optarg, "text") != 0) {
 				cap_oci_error("--log-format %s: text or json", optarg);
 				return 1;
 			}
-			g.log_json = strcmp(optarg, "json") == 0;
+			cap_oci_flags.log_json = strcmp(optarg, "json") == 0;
 			break;
-		case G_SYSTEMD: g.systemd_cgroup = true; break;
-		case G_DEBUG: g.debug = true; break;
+		case G_SYSTEMD: cap_oci_flags.systemd_cgroup = true; break;
+		case G_DEBUG: cap_oci_flags.debug = true; break;
 		case G_CRIU: break;
 		case G_ROOTLESS:
 			if (strcmp(optarg, "false") != 0 && strcmp(optarg, "auto") != 0) {
@@ -95,19 +95,19 @@ int cap_cli_oci(int argc, char **argv)
 	/* The root's absolute path: a monitor's own later paths must not
 	 * depend on where the engine ran us from. */
 	static char root_abs[PATH_MAX];
-	if (g.root[0] != '/' && getcwd(root_abs, sizeof(root_abs) - strlen(g.root) - 2)) {
+	if (cap_oci_flags.root[0] != '/' && getcwd(root_abs, sizeof(root_abs) - strlen(cap_oci_flags.root) - 2)) {
 		strcat(root_abs, "/");
-		strcat(root_abs, g.root);
-		g.root = root_abs;
+		strcat(root_abs, cap_oci_flags.root);
+		cap_oci_flags.root = root_abs;
 	}
 	static const struct {
 		const char *name;
 		int (*fn)(int, char **);
 	} verbs[] = {
-		{ "create", oci_create }, { "start", oci_start }, { "state", oci_state },
-		{ "kill", oci_kill }, { "delete", oci_delete }, { "exec", oci_exec },
-		{ "ps", oci_ps }, { "pause", oci_pause }, { "resume", oci_resume },
-		{ "list", oci_list }, { "features", oci_features },
+		{ "create", cap_oci_cmd_create }, { "start", cap_oci_cmd_start }, { "state", cap_oci_cmd_state },
+		{ "kill", cap_oci_cmd_kill }, { "delete", cap_oci_cmd_delete }, { "exec", cap_oci_cmd_exec },
+		{ "ps", cap_oci_cmd_ps }, { "pause", cap_oci_cmd_pause }, { "resume", cap_oci_cmd_resume },
+		{ "list", cap_oci_cmd_list }, { "features", cap_oci_cmd_features },
 	};
 	const char *verb = argv[optind];
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(verbs); i++)

@@ -7,25 +7,25 @@
 static int pause_resume(int argc, char **argv, bool pause)
 {
 	int rc;
-	const char *id = one_id(argc, argv,
+	const char *id = cap_oci_one_id(argc, argv,
 				pause ? "Usage: capsule-oci pause ID\n\nFreeze the container's VM.\n"
 				      : "Usage: capsule-oci resume ID\n\nContinue the container's frozen VM.\n",
 				&rc);
-	struct ostate st;
+	struct cap_oci_state st;
 	struct cap_err err = { 0 };
 	if (!id)
 		return rc;
-	if (state_load(id, &st, &err) < 0)
-		return fail(&err);
+	if (cap_oci_state_load(id, &st, &err) < 0)
+		return cap_oci_fail(&err);
 	if (pause && strcmp(st.status, "running") != 0)
 		cap_err_set(&err, EINVAL, strcmp(st.status, "paused") == 0 ? "container already paused" : "container not running");
 	else if (!pause && strcmp(st.status, "paused") != 0)
 		cap_err_set(&err, EINVAL, "container not paused");
 	else
-		vm_op(st.sandbox, pause, &err);
-	ostate_fini(&st);
-	return err.code ? fail(&err) : 0;
+		cap_oci_vm_op(st.sandbox, pause, &err);
+	cap_oci_state_fini(&st);
+	return err.code ? cap_oci_fail(&err) : 0;
 }
 
-int oci_pause(int argc, char **argv) { return pause_resume(argc, argv, true); }
-int oci_resume(int argc, char **argv) { return pause_resume(argc, argv, false); }
+int cap_oci_cmd_pause(int argc, char **argv) { return pause_resume(argc, argv, true); }
+int cap_oci_cmd_resume(int argc, char **argv) { return pause_resume(argc, argv, false); }

@@ -42,7 +42,7 @@ static void ps_row(pid_t pid)
  * for its process and one per live exec. These host pids are what the
  * engine signals and waits on; the guest's own processes are inside the
  * VM, where a host pid means nothing. */
-int oci_ps(int argc, char **argv)
+int cap_oci_cmd_ps(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "format", required_argument, NULL, 'f' }, { "help", no_argument, NULL, 'h' }, { 0 },
@@ -52,17 +52,17 @@ int oci_ps(int argc, char **argv)
 		"The host processes standing for the container's processes: its monitor and\n"
 		"one per running exec (the guest's processes run inside the VM).\n";
 	const char *fmt[2] = { "table", NULL };
-	int rc = parse(argc, argv, "+f:h", opts, usage, format_opt, fmt);
+	int rc = cap_oci_parse(argc, argv, "+f:h", opts, usage, cap_oci_format_opt, fmt);
 	if (rc >= 0)
 		return rc;
 	if (optind != argc - 1) {
 		cap_oci_error("ps needs exactly one container id");
 		return 1;
 	}
-	struct ostate st;
+	struct cap_oci_state st;
 	struct cap_err err = { 0 };
-	if (state_load(argv[optind], &st, &err) < 0)
-		return fail(&err);
+	if (cap_oci_state_load(argv[optind], &st, &err) < 0)
+		return cap_oci_fail(&err);
 	pid_t pids[257];
 	size_t n = 0;
 	if (strcmp(st.status, "stopped") != 0)
@@ -72,13 +72,13 @@ int oci_ps(int argc, char **argv)
 		json_t *a = json_array();
 		for (size_t i = 0; i < n; i++)
 			json_array_append_new(a, json_integer(pids[i]));
-		rc = print_json(a, JSON_COMPACT);
+		rc = cap_oci_print_json(a, JSON_COMPACT);
 	} else {
 		printf("UID          PID    PPID  C STIME    TTY          TIME CMD\n");
 		for (size_t i = 0; i < n; i++)
 			ps_row(pids[i]);
 		rc = 0;
 	}
-	ostate_fini(&st);
+	cap_oci_state_fini(&st);
 	return rc;
 }

@@ -5,17 +5,17 @@
 
 #include "oci-int.h"
 
-int oci_start(int argc, char **argv)
+int cap_oci_cmd_start(int argc, char **argv)
 {
 	int rc;
-	const char *id = one_id(argc, argv, "Usage: capsule-oci start ID\n\nStart the created container's process.\n", &rc);
-	struct ostate st;
+	const char *id = cap_oci_one_id(argc, argv, "Usage: capsule-oci start ID\n\nStart the created container's process.\n", &rc);
+	struct cap_oci_state st;
 	struct cap_err err = { 0 };
 	char ans[600];
 	if (!id)
 		return rc;
-	if (state_load(id, &st, &err) < 0)
-		return fail(&err);
+	if (cap_oci_state_load(id, &st, &err) < 0)
+		return cap_oci_fail(&err);
 	if (strcmp(st.status, "stopped") == 0)
 		cap_err_set(&err, EINVAL, "cannot start a container that has stopped");
 	else if (strcmp(st.status, "creating") == 0)
@@ -23,7 +23,7 @@ int oci_start(int argc, char **argv)
 	else if (strcmp(st.status, "created") != 0)
 		cap_err_set(&err, EINVAL, "cannot start an already running container");
 	else
-		call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "start", ans, sizeof(ans), START_TIMEOUT_MS, &err);
-	ostate_fini(&st);
-	return err.code ? fail(&err) : 0;
+		cap_oci_call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "start", ans, sizeof(ans), CAP_OCI_START_TIMEOUT_MS, &err);
+	cap_oci_state_fini(&st);
+	return err.code ? cap_oci_fail(&err) : 0;
 }

@@ -156,7 +156,7 @@ int cap_oci_print_json(json_t *v, size_t flags)
 
 /* Call the monitor socket name in dir (or its exec/ subdirectory). */
 int cap_oci_call(const char *dir, const char *sub, const char *name, const char *line,
-		char *ans, size_t len, int timeout_ms, struct cap_err *err)
+		 char *ans, size_t len, int timeout_ms, struct cap_err *err)
 {
 	_cleanup_free_ char *d = sub ? xasprintf("%s/%s", dir, sub) : xstrdup(dir);
 	_cleanup_close_ int dfd = open(d, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -176,7 +176,7 @@ int cap_oci_call(const char *dir, const char *sub, const char *name, const char 
  * '+': options before the operands). Returns -1 to go on, else the exit
  * code (usage printed). cb handles each option: 0 ok, else exit code. */
 int cap_oci_parse(int argc, char **argv, const char *shorts, const struct option *opts,
-		 const char *usage, cap_oci_opt_fn cb, void *ud)
+		  const char *usage, cap_oci_opt_fn cb, void *ud)
 {
 	int c;
 	optind = 1;
@@ -230,9 +230,10 @@ static int flag_opt(void *ud, int c, const char *arg)
 }
 
 /* Parse the options of a verb whose one flag is --FLAG/-SHORTC (kill's
- * --all, delete's --force): like cap_oci_parse, *set says whether it was given. */
+ * --all, delete's --force): like cap_oci_parse, *set says whether it was
+ * given. */
 int cap_oci_flag_verb(int argc, char **argv, const char *flag, char shortc, const char *usage,
-		     bool *set)
+		      bool *set)
 {
 	const struct option opts[] = {
 		{ flag, no_argument, NULL, shortc }, { "help", no_argument, NULL, 'h' }, { 0 },

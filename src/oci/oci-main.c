@@ -2,8 +2,8 @@
  * verbs as Podman (through conmon) and containerd (through its runc v2
  * shim) call them, with runc's exit codes and error words. One container
  * is one named sandbox plus a monitor process (oci-monitor.c); its state
- * lives in <root>/<id>/ (oci-int.h). */
-
+ * lives in <root>/<id>/ (oci-int.h). Here: the global flags and the table
+ * of verbs, each in a file of its own (oci-<verb>.c). */
 #include <getopt.h>
 #include <limits.h>
 #include <stdio.h>

@@ -30,9 +30,6 @@ int cap_cli_diff(int argc, char **argv);	/* cli-workspace.c */
 int cap_cli_merge(int argc, char **argv);
 int cap_cli_logs(int argc, char **argv);	/* cli-logs.c */
 int cap_cli_prepare(int argc, char **argv);	/* cli-prepare.c */
-/* The OCI runtime (src/oci/oci-main.c): argv[0] is "oci" or the
- * capsule-oci link's name, runc's global flags and verb follow. */
-int cap_cli_oci(int argc, char **argv);
 
 /* Before a call on a named sandbox: refresh its public data if that
  * changed, start it if needed, and attach to it (cli-sandbox.c). */

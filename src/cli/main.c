@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "log.h"
+#include "oci.h"
 
 static const char usage[] =
 	"Usage: capsule COMMAND [OPTIONS]\n"

@@ -9,7 +9,11 @@
  * and chooses exit codes; the sandbox, store and engine layers do the
  * rest. Files:
  *   oci-config.c   config.json / process.json into the structs below
- *   oci-main.c     the command line, runc's global flags, --log, state
+ *   oci-main.c     the command line, runc's global flags, the verb table
+ *   oci-<verb>.c   one verb each (create, start, state, kill, delete,
+ *                  pause and resume, exec, ps, list, features)
+ *   oci-common.c   what the verbs share: the state directory, options
+ *   oci-error.c    errors and --log
  *   oci-monitor.c  the monitor processes (create's init, exec --detach)
  *   oci-cgroup.c   cgroupsPath: made, limited, joined, removed */
 #ifndef CAP_OCI_H
@@ -23,6 +27,11 @@
 #include "proto.h"
 
 #define CAP_OCI_VERSION "1.0.2"	/* the runtime-spec version we speak */
+
+/* The OCI runtime's command line (oci-main.c), `capsule oci`: argv[0] is
+ * "oci" or the capsule-oci link's name, runc's global flags and verb
+ * follow. Returns the exit code. */
+int cap_cli_oci(int argc, char **argv);
 
 /* The guest's RAM is linux.resources.memory.limit less this much, which
  * the monitor, the shim and QEMU's own memory (TCG translation cache,

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "log.h"
+#include "paths.h"
 #include "serve.h"
 #include "util.h"
 

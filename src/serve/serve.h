@@ -57,13 +57,6 @@ json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch,
  * "template", "duration_ms"}. A new reference. */
 json_t *cap_rpc_prepare_json(const struct cap_prep_out *o);
 
-/* Base64 (RFC 4648, padded, no line breaks). Encode: a new
- * NUL-terminated string of *len characters. Decode: the byte count with
- * *out a new buffer, or -EINVAL with *bad the offset of the first
- * character (or the length) at fault. */
-char *cap_base64_encode(const void *p, size_t n, size_t *len);
-ssize_t cap_base64_decode(const char *s, size_t n, uint8_t **out, size_t *bad);
-
 /* One request and its answer, synchronously (the CLI): connect to socket,
  * send method with params (stolen), wait up to timeout_ms. The result is
  * a new reference; a JSON-RPC error becomes -EIO with its message. */

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base64.h"
 #include "controller-internal.h"
 #include "controller.h"
 #include "paths.h"

@@ -58,19 +58,19 @@ struct cap_rpc_server {
 };
 
 /* An error answer to request id (none to a notification). */
-void error_to(struct conn *k, json_t *id, int code, const char *fmt, ...)
+void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* The answer to a request (none to a notification); result is stolen. */
-void result_to(struct conn *k, json_t *id, json_t *result);
+void serve_result(struct conn *k, json_t *id, json_t *result);
 
 /* serve-methods.c: one request line of connection k, decoded and run. */
-void handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len);
+void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len);
 
 /* serve-json.c: the answer to p's tool method, r its result. */
-void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
+void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
 /* v[0..n) as a JSON array of strings. A new reference. */
-json_t *strings(const char *const *v, size_t n);
+json_t *serve_strings(const char *const *v, size_t n);
 /* One identity's status as status and list answer it. A new reference. */
-json_t *status_json(const struct cap_ctl_status *st);
+json_t *serve_status_json(const struct cap_ctl_status *st);
 
 #endif

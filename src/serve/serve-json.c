@@ -33,7 +33,7 @@ static int code_of(enum cap_ctl_code c)
 	}
 }
 
-json_t *strings(const char *const *v, size_t n)
+json_t *serve_strings(const char *const *v, size_t n)
 {
 	json_t *a = json_array();
 	for (size_t i = 0; i < n; i++)
@@ -46,8 +46,8 @@ json_t *cap_rpc_import_json(const struct cap_ctl_import *imp)
 	const struct cap_ctl_xfer_out *o = &imp->out;
 	json_t *j = json_pack("{s:o, s:I, s:I, s:I, s:o, s:o}", "from", cap_json_text(imp->from),
 			      "files", (json_int_t)o->files, "dirs", (json_int_t)o->dirs,
-			      "bytes", (json_int_t)o->bytes, "conflicts", strings(o->conflicts, o->nconflicts),
-			      "refused", strings(o->refused, o->nrefused));
+			      "bytes", (json_int_t)o->bytes, "conflicts", serve_strings(o->conflicts, o->nconflicts),
+			      "refused", serve_strings(o->refused, o->nrefused));
 	if (imp->r < 0)
 		json_object_set_new(j, "error", cap_json_text(imp->msg ? imp->msg : strerror(-imp->r)));
 	return j;
@@ -182,7 +182,7 @@ static void durable_json(json_t *o, const struct cap_exit *ex)
 
 /* The answer to a tool method: a result, or an error whose data carries
  * errno, refused paths and the private import when there are. */
-void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
+void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
 {
 	struct conn *k = p->conn;
 	if (!k || !p->id)
@@ -275,7 +275,7 @@ void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_re
 			json_object_set_new(res, "import", cap_rpc_import_json(r->import));
 		if (r->prepared && r->kind != CAP_CTL_PREPARE)
 			json_object_set_new(res, "prepared", phases_json(r->prepared));
-		result_to(k, p->id, res);
+		serve_result(k, p->id, res);
 		return;
 	}
 	json_t *data = NULL;
@@ -290,7 +290,7 @@ void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_re
 	if (r->xfer && (r->xfer->nrefused || r->xfer->files || r->xfer->dirs)) {
 		if (!data)
 			data = json_object();
-		json_object_set_new(data, "refused", strings(r->xfer->refused, r->xfer->nrefused));
+		json_object_set_new(data, "refused", serve_strings(r->xfer->refused, r->xfer->nrefused));
 		put_counts(data, r->xfer);
 	}
 	if (r->merge && r->merge->nconflicts) {
@@ -307,7 +307,7 @@ void answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_re
 	cap_rpc_put_error(&k->out, p->id, code, msg, data);
 }
 
-json_t *status_json(const struct cap_ctl_status *st)
+json_t *serve_status_json(const struct cap_ctl_status *st)
 {
 	json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i}", "agent", st->agent, "peer", st->peer,
 			      "state", cap_vm_state_name(st->state), "active", (int)st->active,

@@ -25,11 +25,11 @@ static bool identity(struct conn *k, json_t *id, json_t *params, const char **ag
 	*agent = json_string_value(json_object_get(who, "agent"));
 	*peer = json_string_value(json_object_get(who, "peer"));
 	if (!*agent || !*peer) {
-		error_to(k, id, CAP_RPC_PARAMS, "params.identity must be {\"agent\": string, \"peer\": string}");
+		serve_error(k, id, CAP_RPC_PARAMS, "params.identity must be {\"agent\": string, \"peer\": string}");
 		return false;
 	}
 	if (!cap_controller_id_valid(*agent) || !cap_controller_id_valid(*peer)) {
-		error_to(k, id, CAP_RPC_PARAMS, "identity parts must be 1 to 64 of A-Z a-z 0-9 . _ @ + = : - and not start with '.'");
+		serve_error(k, id, CAP_RPC_PARAMS, "identity parts must be 1 to 64 of A-Z a-z 0-9 . _ @ + = : - and not start with '.'");
 		return false;
 	}
 	return true;
@@ -67,7 +67,7 @@ static bool durable_param(struct conn *k, json_t *id, json_t *params, bool *no_s
 {
 	json_t *v = json_object_get(params, "durable");
 	if (v && !json_is_boolean(v)) {
-		error_to(k, id, CAP_RPC_PARAMS,
+		serve_error(k, id, CAP_RPC_PARAMS,
 			 "params.durable must be true (the default: the call returns once its writes are on the host's disk) or false (sooner, and they may be lost if the VM dies)");
 		return false;
 	}
@@ -87,23 +87,23 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	const char *agent, *peer;
 	bool no_sync;
 	if (!json_is_array(argv) || n == 0 || n > CAP_PROTO_MAX_ARGS)
-		return error_to(k, id, CAP_RPC_PARAMS, "params.argv must be a non-empty array of strings");
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.argv must be a non-empty array of strings");
 	if ((env && !json_is_object(env)) || (cwd && !json_is_string(cwd)) ||
 	    (in && !json_is_string(in)) || (timeout && !json_is_number(timeout)))
-		return error_to(k, id, CAP_RPC_PARAMS, "env must be an object of strings, cwd and stdin strings, timeout a number of seconds");
+		return serve_error(k, id, CAP_RPC_PARAMS, "env must be an object of strings, cwd and stdin strings, timeout a number of seconds");
 	if (pids && (!json_is_integer(pids) || json_integer_value(pids) < 1 || json_integer_value(pids) > (1 << 22)))
-		return error_to(k, id, CAP_RPC_PARAMS, "pids_max must be an integer from 1 to %d", 1 << 22);
+		return serve_error(k, id, CAP_RPC_PARAMS, "pids_max must be an integer from 1 to %d", 1 << 22);
 	double t = timeout ? json_number_value(timeout) : 30;
 	if (t < 0 || t > 86400)
-		return error_to(k, id, CAP_RPC_PARAMS, "timeout %g is out of range (0 to 86400 seconds)", t);
+		return serve_error(k, id, CAP_RPC_PARAMS, "timeout %g is out of range (0 to 86400 seconds)", t);
 	for (size_t a = 0; a < n; a++)
 		if (!json_is_string(json_array_get(argv, a)))
-			return error_to(k, id, CAP_RPC_PARAMS, "params.argv[%zu] is not a string", a);
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.argv[%zu] is not a string", a);
 	const char *key;
 	json_t *val;
 	json_object_foreach(env, key, val)
 		if (!json_is_string(val) || !*key || strchr(key, '='))
-			return error_to(k, id, CAP_RPC_PARAMS, "env.%s must be a string value with a name without '='", key);
+			return serve_error(k, id, CAP_RPC_PARAMS, "env.%s must be a string value with a name without '='", key);
 	if (!durable_param(k, id, params, &no_sync) || !identity(k, id, params, &agent, &peer))
 		return;
 
@@ -148,24 +148,24 @@ static void m_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 		root = op == CAP_FILE_WRITE ? "workspace" : "public";
 	bool pub = strcmp(root, "public") == 0;
 	if (!pub && strcmp(root, "workspace") != 0)
-		return error_to(k, id, CAP_RPC_PARAMS, "root must be \"public\" or \"workspace\"");
+		return serve_error(k, id, CAP_RPC_PARAMS, "root must be \"public\" or \"workspace\"");
 	if (op == CAP_FILE_WRITE && pub)
-		return error_to(k, id, CAP_RPC_PARAMS, "the public data is read-only; write_file writes to root \"workspace\" (/work)");
+		return serve_error(k, id, CAP_RPC_PARAMS, "the public data is read-only; write_file writes to root \"workspace\" (/work)");
 	if (!path && op == CAP_FILE_LIST)
 		path = "";
 	if (!path || (!*path && op != CAP_FILE_LIST) || strlen(path) > 4096)
-		return error_to(k, id, CAP_RPC_PARAMS, "path must be a non-empty string of at most 4096 bytes");
+		return serve_error(k, id, CAP_RPC_PARAMS, "path must be a non-empty string of at most 4096 bytes");
 	if (path[0] == '/')
-		return error_to(k, id, CAP_RPC_PARAMS, "path %s is absolute; give it relative to the %s root", path, root);
+		return serve_error(k, id, CAP_RPC_PARAMS, "path %s is absolute; give it relative to the %s root", path, root);
 	if (!cap_proto_file_path_ok(path))
-		return error_to(k, id, CAP_RPC_PARAMS, "path %s climbs out of its root with '..'", path);
+		return serve_error(k, id, CAP_RPC_PARAMS, "path %s climbs out of its root with '..'", path);
 	if (op == CAP_FILE_WRITE && !json_is_string(content))
-		return error_to(k, id, CAP_RPC_PARAMS, "write_file needs \"content\", a string");
+		return serve_error(k, id, CAP_RPC_PARAMS, "write_file needs \"content\", a string");
 	if (op == CAP_FILE_WRITE && json_string_length(content) > WRITE_MAX)
-		return error_to(k, id, CAP_RPC_PARAMS, "content is %zu bytes; write_file takes at most %u bytes per call",
+		return serve_error(k, id, CAP_RPC_PARAMS, "content is %zu bytes; write_file takes at most %u bytes per call",
 				json_string_length(content), WRITE_MAX);
 	if (max && (!json_is_integer(max) || json_integer_value(max) < 1 || json_integer_value(max) > (64 << 20)))
-		return error_to(k, id, CAP_RPC_PARAMS, "max_bytes must be an integer from 1 to %d", 64 << 20);
+		return serve_error(k, id, CAP_RPC_PARAMS, "max_bytes must be an integer from 1 to %d", 64 << 20);
 	bool no_sync = false;
 	if ((op == CAP_FILE_WRITE && !durable_param(k, id, params, &no_sync)) ||
 	    !identity(k, id, params, &agent, &peer))
@@ -194,9 +194,9 @@ static const char *xfer_root(struct conn *k, json_t *id, json_t *params, bool do
 	if (root && strcmp(root, "public") == 0 && download)
 		return "/source";
 	if (root && strcmp(root, "public") == 0)
-		error_to(k, id, CAP_RPC_PARAMS, "params.root: the public data is read-only; upload writes to root \"workspace\" (/work) or \"project\" (/workspace)");
+		serve_error(k, id, CAP_RPC_PARAMS, "params.root: the public data is read-only; upload writes to root \"workspace\" (/work) or \"project\" (/workspace)");
 	else
-		error_to(k, id, CAP_RPC_PARAMS, "params.root must be %s", download ? "\"workspace\" (/work), \"project\" (/workspace) or \"public\" (/source)"
+		serve_error(k, id, CAP_RPC_PARAMS, "params.root must be %s", download ? "\"workspace\" (/work), \"project\" (/workspace) or \"public\" (/source)"
 									       : "\"workspace\" (/work) or \"project\" (/workspace)");
 	return NULL;
 }
@@ -206,16 +206,16 @@ static const char *xfer_root(struct conn *k, json_t *id, json_t *params, bool do
 static bool xfer_path(struct conn *k, json_t *id, const char *path, bool empty_ok)
 {
 	if (!path || strlen(path) > 4096)
-		return error_to(k, id, CAP_RPC_PARAMS, "params.path must be a string of at most 4096 bytes"), false;
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.path must be a string of at most 4096 bytes"), false;
 	if (!*path && !empty_ok)
-		return error_to(k, id, CAP_RPC_PARAMS, "params.path must name a file (a relative path)"), false;
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.path must name a file (a relative path)"), false;
 	if (path[0] == '/')
-		return error_to(k, id, CAP_RPC_PARAMS, "params.path %s is absolute; give it relative to its root", path), false;
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.path %s is absolute; give it relative to its root", path), false;
 	for (const char *c = path; *path; c++) {
 		const char *end = strchr(c, '/');
 		size_t n = end ? (size_t)(end - c) : strlen(c);
 		if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
-			return error_to(k, id, CAP_RPC_PARAMS, "params.path %s: every component must be a name (no empty, '.' or '..' component)",
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.path %s: every component must be a name (no empty, '.' or '..' component)",
 					path), false;
 		if (!end)
 			break;
@@ -235,14 +235,14 @@ static void refuse_host(struct cap_rpc_server *s, struct conn *k, json_t *id, co
 	if (id)
 		cap_rpc_put_error(&k->out, id, CAP_RPC_PARAMS, msg,
 				  json_pack("{s:[o], s:o, s:i}", "refused", cap_json_text(path), "transfer_dirs",
-					    strings(cfg->transfer_dirs, cfg->ntransfer_dirs), "errno", err->code));
+					    serve_strings(cfg->transfer_dirs, cfg->ntransfer_dirs), "errno", err->code));
 }
 
 static bool have_transfer_dirs(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *field)
 {
 	if (cap_ctl_cfg(s->ctl)->ntransfer_dirs)
 		return true;
-	error_to(k, id, CAP_RPC_PARAMS, "params.%s names a host path, and this server was given no directory for transfers: start capsule serve with --transfer-dir DIR (repeatable)",
+	serve_error(k, id, CAP_RPC_PARAMS, "params.%s names a host path, and this server was given no directory for transfers: start capsule serve with --transfer-dir DIR (repeatable)",
 		 field);
 	return false;
 }
@@ -261,9 +261,9 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 	if (!root)
 		return;
 	if (!content == !from)
-		return error_to(k, id, CAP_RPC_PARAMS, "upload needs exactly one of params.content_base64 (a file's bytes) and params.from (a host path in a --transfer-dir)");
+		return serve_error(k, id, CAP_RPC_PARAMS, "upload needs exactly one of params.content_base64 (a file's bytes) and params.from (a host path in a --transfer-dir)");
 	if ((content && !json_is_string(content)) || (from && !json_is_string(from)))
-		return error_to(k, id, CAP_RPC_PARAMS, "params.%s must be a string", content ? "content_base64" : "from");
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.%s must be a string", content ? "content_base64" : "from");
 	if (!xfer_path(k, id, path, from != NULL))
 		return;
 	bool no_sync;
@@ -271,7 +271,7 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 		return;
 	unsigned bits = 0644;
 	if (mode && from)
-		return error_to(k, id, CAP_RPC_PARAMS, "params.mode applies to content_base64 only; an upload from the host keeps the host's modes");
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.mode applies to content_base64 only; an upload from the host keeps the host's modes");
 	if (mode && json_is_integer(mode) && json_integer_value(mode) >= 0 && json_integer_value(mode) <= 07777) {
 		bits = (unsigned)json_integer_value(mode);
 	} else if (mode) {
@@ -279,7 +279,7 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 		char *end = NULL;
 		unsigned long v = m && *m ? strtoul(m, &end, 8) : 0;
 		if (!m || !*m || *end || v > 07777 || strspn(m, "01234567") != strlen(m))
-			return error_to(k, id, CAP_RPC_PARAMS, "params.mode must be permission bits: an octal string such as \"0755\" or a number from 0 to 4095");
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.mode must be permission bits: an octal string such as \"0755\" or a number from 0 to 4095");
 		bits = (unsigned)v;
 	}
 	struct cap_ctl_req req = { .kind = CAP_CTL_XFER, .put = true, .root = root, .path = path, .mode = bits,
@@ -289,15 +289,15 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 	if (content) {
 		size_t n = json_string_length(content), bad = 0;
 		if (n > 4 * (((size_t)CAP_CTL_INLINE_MAX + 2) / 3))
-			return error_to(k, id, CAP_RPC_PARAMS, "params.content_base64 holds more than %u bytes (16 MiB), the cap of an inline upload; put the file in a --transfer-dir and upload it with \"from\"",
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.content_base64 holds more than %u bytes (16 MiB), the cap of an inline upload; put the file in a --transfer-dir and upload it with \"from\"",
 					CAP_CTL_INLINE_MAX);
 		ssize_t len = cap_base64_decode(json_string_value(content), n, &bytes, &bad);
 		if (len < 0)
-			return error_to(k, id, CAP_RPC_PARAMS, "params.content_base64 is not base64 (RFC 4648, with padding, no line breaks): bad character or length at offset %zu",
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.content_base64 is not base64 (RFC 4648, with padding, no line breaks): bad character or length at offset %zu",
 					bad);
 		if ((size_t)len > CAP_CTL_INLINE_MAX) {
 			free(bytes);
-			return error_to(k, id, CAP_RPC_PARAMS, "params.content_base64 holds %zd bytes, over the %u-byte (16 MiB) cap of an inline upload; put the file in a --transfer-dir and upload it with \"from\"",
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.content_base64 holds %zd bytes, over the %u-byte (16 MiB) cap of an inline upload; put the file in a --transfer-dir and upload it with \"from\"",
 					len, CAP_CTL_INLINE_MAX);
 		}
 		req.data = bytes;
@@ -329,7 +329,7 @@ static void m_download(struct cap_rpc_server *s, struct conn *k, json_t *id, jso
 	if (!root)
 		return;
 	if (to && !json_is_string(to))
-		return error_to(k, id, CAP_RPC_PARAMS, "params.to must be a string: a new host path in a --transfer-dir");
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.to must be a string: a new host path in a --transfer-dir");
 	if (!xfer_path(k, id, path, to != NULL))
 		return;
 	if (!to) {
@@ -361,7 +361,7 @@ static bool have_workspace(struct cap_rpc_server *s, struct conn *k, json_t *id,
 {
 	if (cap_ctl_cfg(s->ctl)->workspace)
 		return true;
-	error_to(k, id, CAP_RPC_PARAMS, "%s needs a project: this server was started without --workspace DIR (start capsule serve with --workspace DIR; each identity's sandbox then gets a copy of it at /workspace)",
+	serve_error(k, id, CAP_RPC_PARAMS, "%s needs a project: this server was started without --workspace DIR (start capsule serve with --workspace DIR; each identity's sandbox then gets a copy of it at /workspace)",
 		 method);
 	return false;
 }
@@ -395,10 +395,10 @@ static void m_merge(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t
 		else if (v && strcmp(v, "ours") == 0)
 			req.pick = CAP_MERGE_OURS;
 		else if (!v || strcmp(v, "refuse") != 0)
-			return error_to(k, id, CAP_RPC_PARAMS, "params.pick must be \"refuse\" (conflicts refuse the merge; the default), \"theirs\" (the sandbox's version wins) or \"ours\" (the host's version stays)");
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.pick must be \"refuse\" (conflicts refuse the merge; the default), \"theirs\" (the sandbox's version wins) or \"ours\" (the host's version stays)");
 	}
 	if (dry && !json_is_boolean(dry))
-		return error_to(k, id, CAP_RPC_PARAMS, "params.dry_run must be true or false");
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.dry_run must be true or false");
 	req.dry_run = json_is_true(dry);
 	if (!identity(k, id, params, &agent, &peer))
 		return;
@@ -412,12 +412,12 @@ static void m_status(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 	if (!identity(k, id, params, &agent, &peer))
 		return;
 	cap_ctl_status(s->ctl, agent, peer, &st);	/* creates nothing */
-	result_to(k, id, status_json(&st));
+	serve_result(k, id, serve_status_json(&st));
 }
 
 static void list_one(void *ud, const struct cap_ctl_status *st)
 {
-	json_array_append_new(ud, status_json(st));
+	json_array_append_new(ud, serve_status_json(st));
 }
 
 static void m_list(struct cap_rpc_server *s, struct conn *k, json_t *id)
@@ -425,7 +425,7 @@ static void m_list(struct cap_rpc_server *s, struct conn *k, json_t *id)
 	json_t *a = json_array();
 	struct cap_ctl_pool_info pool;
 	cap_ctl_list(s->ctl, list_one, a, &pool);
-	result_to(k, id, json_pack("{s:o, s:i, s:{s:i, s:i, s:i}}", "sandboxes", a,
+	serve_result(k, id, json_pack("{s:o, s:i, s:{s:i, s:i, s:i}}", "sandboxes", a,
 						  "capacity", cap_ctl_cfg(s->ctl)->lc.capacity, "warm_pool",
 						  "size", (int)pool.size, "members", (int)pool.members,
 						  "ready", (int)pool.ready));
@@ -443,7 +443,7 @@ static void m_info(struct cap_rpc_server *s, struct conn *k, json_t *id)
 	json_object_set_new(j, "source", cfg->source ? json_string(cfg->source) : json_null());
 	json_object_set_new(j, "workspace", cfg->workspace ? cap_json_text(cfg->workspace) : json_null());
 	json_object_set_new(j, "private_import", cfg->private_import ? cap_json_text(cfg->private_import) : json_null());
-	json_object_set_new(j, "transfer_dirs", strings(cfg->transfer_dirs, cfg->ntransfer_dirs));
+	json_object_set_new(j, "transfer_dirs", serve_strings(cfg->transfer_dirs, cfg->ntransfer_dirs));
 	json_object_set_new(j, "inline_max", json_integer(CAP_CTL_INLINE_MAX));
 	json_t *net = json_array();
 	if (cfg->network) {
@@ -457,7 +457,7 @@ static void m_info(struct cap_rpc_server *s, struct conn *k, json_t *id)
 		free(words);
 	}
 	json_object_set_new(j, "network", net);
-	result_to(k, id, j);
+	serve_result(k, id, j);
 }
 
 static void m_stop_remove(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params,
@@ -470,9 +470,9 @@ static void m_stop_remove(struct cap_rpc_server *s, struct conn *k, json_t *id, 
 		/* The administrative form (`capsule rm --force`, `capsule stop
 		 * --force` on a sandbox this controller owns). */
 		if (json_object_get(params, "identity"))
-			return error_to(k, id, CAP_RPC_PARAMS, "give either identity or sandbox, not both");
+			return serve_error(k, id, CAP_RPC_PARAMS, "give either identity or sandbox, not both");
 		if (cap_ctl_identity_of(s->ctl, name, a, p) < 0)
-			return error_to(k, id, CAP_RPC_PARAMS, "sandbox '%s' belongs to no identity of this controller", name);
+			return serve_error(k, id, CAP_RPC_PARAMS, "sandbox '%s' belongs to no identity of this controller", name);
 		agent = a;
 		peer = p;
 	} else if (!identity(k, id, params, &agent, &peer)) {
@@ -500,16 +500,16 @@ static void m_cancel(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 	json_t *target = json_object_get(params, "id");
 	bool done = false;
 	if (!target || !(json_is_string(target) || json_is_integer(target)))
-		return error_to(k, id, CAP_RPC_PARAMS, "params.id must be the id of one of your requests");
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.id must be the id of one of your requests");
 	for (struct pending *p = k->calls; p; p = p->next)
 		if (p->id && p->call && json_equal(p->id, target)) {
 			done = cap_ctl_cancel(s->ctl, p->call);	/* may free p */
 			break;
 		}
-	result_to(k, id, json_pack("{s:b}", "cancelled", done));
+	serve_result(k, id, json_pack("{s:b}", "cancelled", done));
 }
 
-void handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len)
+void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len)
 {
 	struct cap_rpc_msg m;
 	json_t *bad_id;
@@ -528,7 +528,7 @@ void handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t l
 	json_t *params = m.params ? m.params : empty;
 	const char *method = m.method;
 	if (s->stopped)
-		error_to(k, id, CAP_RPC_SANDBOX, "the controller is shutting down");
+		serve_error(k, id, CAP_RPC_SANDBOX, "the controller is shutting down");
 	else if (strcmp(method, "exec") == 0)
 		m_exec(s, k, id, params);
 	else if (strcmp(method, "read_file") == 0)
@@ -563,11 +563,11 @@ void handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t l
 		json_t *ms = json_object_get(params, "ms");
 		int64_t now;
 		if (!json_is_integer(ms) || json_integer_value(ms) < 0)
-			error_to(k, id, CAP_RPC_PARAMS, "params.ms must be a non-negative integer");
+			serve_error(k, id, CAP_RPC_PARAMS, "params.ms must be a non-negative integer");
 		else if (cap_ctl_advance(s->ctl, json_integer_value(ms), &now) == 0)
-			result_to(k, id, json_pack("{s:I}", "now", (json_int_t)now));
+			serve_result(k, id, json_pack("{s:I}", "now", (json_int_t)now));
 	} else
-		error_to(k, id, CAP_RPC_METHOD, "method '%s' not found", method);
+		serve_error(k, id, CAP_RPC_METHOD, "method '%s' not found", method);
 	json_decref(empty);
 	cap_rpc_msg_fini(&m);
 }

@@ -52,7 +52,7 @@ static void conn_free(struct cap_rpc_server *s, struct conn *k)
 	s->nconns--;
 }
 
-void error_to(struct conn *k, json_t *id, int code, const char *fmt, ...)
+void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)
 {
 	char msg[700];
 	va_list ap;
@@ -65,7 +65,7 @@ void error_to(struct conn *k, json_t *id, int code, const char *fmt, ...)
 }
 
 /* The answer to a request (none to a notification); result is stolen. */
-void result_to(struct conn *k, json_t *id, json_t *result)
+void serve_result(struct conn *k, json_t *id, json_t *result)
 {
 	if (id)
 		cap_rpc_put_result(&k->out, id, result);
@@ -78,7 +78,7 @@ static void rpc_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ct
 	struct cap_rpc_server *s = fe;
 	struct pending *p = tag;
 	(void)c;
-	answer(s, p, r);
+	serve_answer(s, p, r);
 	if (p->conn)
 		for (struct pending **q = &p->conn->calls; *q; q = &(*q)->next)
 			if (*q == p) {
@@ -116,7 +116,7 @@ static void on_line(void *ud, const char *p, size_t n)
 {
 	struct line_ctx *lc = ud;
 	if (!lc->k->closing)
-		handle(lc->s, lc->k, p, n);
+		serve_handle(lc->s, lc->k, p, n);
 }
 
 static void on_too_long(void *ud)

@@ -141,7 +141,7 @@ static void m_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 {
 	const char *path = json_string_value(json_object_get(params, "path"));
 	const char *root = json_string_value(json_object_get(params, "root"));
-	json_t *content = json_object_get(params, "content");
+	json_t *content = json_object_get(params, "content");	/* write_file's */
 	json_t *max = json_object_get(params, "max_bytes");
 	const char *agent, *peer;
 	if (!root)
@@ -420,8 +420,9 @@ static void list_one(void *ud, const struct cap_ctl_status *st)
 	json_array_append_new(ud, serve_status_json(st));
 }
 
-static void m_list(struct cap_rpc_server *s, struct conn *k, json_t *id)
+static void m_list(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
 {
+	(void)params;
 	json_t *a = json_array();
 	struct cap_ctl_pool_info pool;
 	cap_ctl_list(s->ctl, list_one, a, &pool);
@@ -431,8 +432,9 @@ static void m_list(struct cap_rpc_server *s, struct conn *k, json_t *id)
 						  "ready", (int)pool.ready));
 }
 
-static void m_info(struct cap_rpc_server *s, struct conn *k, json_t *id)
+static void m_info(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
 {
+	(void)params;
 	const struct cap_controller_cfg *cfg = cap_ctl_cfg(s->ctl);
 	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:b}", "pid", (int)getpid(),
 			      "frontend", cfg->frontend ? cfg->frontend : "serve", "home", cap_ctl_home(s->ctl),
@@ -484,8 +486,9 @@ static void m_stop_remove(struct cap_rpc_server *s, struct conn *k, json_t *id, 
 
 /* prepare: {} (params may be omitted): kernel, initramfs, image and
  * template made sure of, with progress notifications on this connection. */
-static void m_prepare(struct cap_rpc_server *s, struct conn *k, json_t *id)
+static void m_prepare(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
 {
+	(void)params;
 	struct pending *p = xcalloc(1, sizeof(*p));
 	p->conn = k;
 	p->id = id ? json_incref(id) : NULL;
@@ -509,6 +512,156 @@ static void m_cancel(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 	serve_result(k, id, json_pack("{s:b}", "cancelled", done));
 }
 
+static void m_read_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	m_file(s, k, id, params, CAP_FILE_READ);
+}
+
+static void m_list_directory(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	m_file(s, k, id, params, CAP_FILE_LIST);
+}
+
+static void m_write_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	m_file(s, k, id, params, CAP_FILE_WRITE);
+}
+
+static void m_stop(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	m_stop_remove(s, k, id, params, false);
+}
+
+static void m_remove(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	m_stop_remove(s, k, id, params, true);
+}
+
+/* _test.advance: {ms}: the manual clock (--test-clock) moved on. */
+static void m_advance(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	json_t *ms = json_object_get(params, "ms");
+	int64_t now;
+	if (!json_is_integer(ms) || json_integer_value(ms) < 0)
+		serve_error(k, id, CAP_RPC_PARAMS, "params.ms must be a non-negative integer");
+	else if (cap_ctl_advance(s->ctl, json_integer_value(ms), &now) == 0)
+		serve_result(k, id, json_pack("{s:I}", "now", (json_int_t)now));
+}
+
+/* --- the method table ------------------------------------------------------------------ */
+
+/* One parameter of a method: its name, its JSON type ("string",
+ * "integer", "number", "boolean", "object", "array", or two of them
+ * joined by '|'), whether the method refuses a request without it, and
+ * whether it only tolerates it (read and checked, but of no use to a
+ * client: a client need not offer it). */
+struct param_def {
+	const char *name;
+	const char *type;
+	bool required;
+	bool tolerated;
+};
+
+/* A method: its name, what runs it, and its parameters, the only members
+ * of a request's params that reach it. one_of: two parameters of which a
+ * request gives exactly one ("a|b"), or NULL. */
+struct method_def {
+	const char *name;
+	void (*run)(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params);
+	bool test_only;	/* served only under --test-clock */
+	const char *one_of;
+	struct param_def params[9];	/* up to the first without a name */
+};
+
+#define P_IDENTITY { "identity", "object", true, false }	/* {"agent", "peer"} */
+#define P_DURABLE { "durable", "boolean", false, false }
+
+/* The serve protocol's methods, written once: serve_handle dispatches by
+ * it, and `capsule serve --schema` prints it (cap_serve_schema), which
+ * the Python client's methods are checked against
+ * (tests/integration/test-serve-schema.py). */
+static const struct method_def methods[] = {
+	{ "exec", m_exec, false, NULL,
+	  { P_IDENTITY, { "argv", "array", true, false }, { "env", "object", false, false },
+	    { "cwd", "string", false, false }, { "timeout", "number", false, false },
+	    { "stdin", "string", false, false }, { "pids_max", "integer", false, false }, P_DURABLE } },
+	{ "read_file", m_read_file, false, NULL,
+	  { P_IDENTITY, { "path", "string", true, false }, { "root", "string", false, false },
+	    { "max_bytes", "integer", false, false } } },
+	{ "list_directory", m_list_directory, false, NULL,
+	  { P_IDENTITY, { "path", "string", false, false }, { "root", "string", false, false },
+	    { "max_bytes", "integer", false, true } } },
+	{ "write_file", m_write_file, false, NULL,
+	  { P_IDENTITY, { "path", "string", true, false }, { "content", "string", true, false }, P_DURABLE,
+	    { "root", "string", false, true }, { "max_bytes", "integer", false, true } } },
+	{ "upload", m_upload, false, "content_base64|from",
+	  { P_IDENTITY, { "path", "string", true, false }, { "root", "string", false, false },
+	    { "content_base64", "string", false, false }, { "mode", "string|integer", false, false },
+	    { "from", "string", false, false }, P_DURABLE } },
+	{ "download", m_download, false, NULL,
+	  { P_IDENTITY, { "path", "string", true, false }, { "root", "string", false, false },
+	    { "to", "string", false, false } } },
+	{ "diff", m_diff, false, NULL, { P_IDENTITY } },
+	{ "merge", m_merge, false, NULL,
+	  { P_IDENTITY, { "pick", "string", false, false }, { "dry_run", "boolean", false, false } } },
+	{ "status", m_status, false, NULL, { P_IDENTITY } },
+	{ "list", m_list, false, NULL, { { NULL } } },
+	{ "info", m_info, false, NULL, { { NULL } } },
+	{ "stop", m_stop, false, "identity|sandbox",
+	  { { "identity", "object", false, false }, { "sandbox", "string", false, false } } },
+	{ "remove", m_remove, false, "identity|sandbox",
+	  { { "identity", "object", false, false }, { "sandbox", "string", false, false } } },
+	{ "cancel", m_cancel, false, NULL, { { "id", "string|integer", true, false } } },
+	{ "prepare", m_prepare, false, NULL, { { NULL } } },
+	{ "_test.advance", m_advance, true, NULL, { { "ms", "integer", true, false } } },
+};
+
+/* The method named name that this server serves, or NULL. */
+static const struct method_def *method_find(const struct cap_rpc_server *s, const char *name)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(methods); i++)
+		if (strcmp(methods[i].name, name) == 0)
+			return methods[i].test_only && !cap_ctl_cfg(s->ctl)->manual_clock ? NULL : &methods[i];
+	return NULL;
+}
+
+/* The members of params that m declares (a new object; params may be
+ * anything): a parameter a method reads is one its table entry names. */
+static json_t *declared(const struct method_def *m, json_t *params)
+{
+	json_t *o = json_object();
+	for (const struct param_def *p = m->params; p->name; p++) {
+		json_t *v = json_object_get(params, p->name);
+		if (v)
+			json_object_set(o, p->name, v);
+	}
+	return o;
+}
+
+json_t *cap_serve_schema(void)
+{
+	json_t *all = json_object();
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(methods); i++) {
+		const struct method_def *m = &methods[i];
+		json_t *params = json_object();
+		for (const struct param_def *p = m->params; p->name; p++) {
+			json_t *o = json_pack("{s:s, s:b}", "type", p->type, "required", p->required);
+			if (p->tolerated)
+				json_object_set_new(o, "tolerated", json_true());
+			json_object_set_new(params, p->name, o);
+		}
+		json_t *j = json_pack("{s:o}", "params", params);
+		if (m->one_of) {
+			const char *bar = strchr(m->one_of, '|');
+			json_object_set_new(j, "one_of", json_pack("[s%, s]", m->one_of, (size_t)(bar - m->one_of), bar + 1));
+		}
+		if (m->test_only)
+			json_object_set_new(j, "test_only", json_true());
+		json_object_set_new(all, m->name, j);
+	}
+	return json_pack("{s:s, s:o}", "protocol", "JSON-RPC 2.0, one message per line (docs/serve.md)", "methods", all);
+}
+
 void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len)
 {
 	struct cap_rpc_msg m;
@@ -524,50 +677,15 @@ void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, si
 	}
 	/* A notification (no id) runs but is never answered, errors included. */
 	json_t *id = m.id;
-	json_t *empty = m.params ? NULL : json_object();
-	json_t *params = m.params ? m.params : empty;
-	const char *method = m.method;
-	if (s->stopped)
+	const struct method_def *e = s->stopped ? NULL : method_find(s, m.method);
+	if (s->stopped) {
 		serve_error(k, id, CAP_RPC_SANDBOX, "the controller is shutting down");
-	else if (strcmp(method, "exec") == 0)
-		m_exec(s, k, id, params);
-	else if (strcmp(method, "read_file") == 0)
-		m_file(s, k, id, params, CAP_FILE_READ);
-	else if (strcmp(method, "list_directory") == 0)
-		m_file(s, k, id, params, CAP_FILE_LIST);
-	else if (strcmp(method, "write_file") == 0)
-		m_file(s, k, id, params, CAP_FILE_WRITE);
-	else if (strcmp(method, "upload") == 0)
-		m_upload(s, k, id, params);
-	else if (strcmp(method, "download") == 0)
-		m_download(s, k, id, params);
-	else if (strcmp(method, "diff") == 0)
-		m_diff(s, k, id, params);
-	else if (strcmp(method, "merge") == 0)
-		m_merge(s, k, id, params);
-	else if (strcmp(method, "status") == 0)
-		m_status(s, k, id, params);
-	else if (strcmp(method, "list") == 0)
-		m_list(s, k, id);
-	else if (strcmp(method, "info") == 0)
-		m_info(s, k, id);
-	else if (strcmp(method, "stop") == 0)
-		m_stop_remove(s, k, id, params, false);
-	else if (strcmp(method, "remove") == 0)
-		m_stop_remove(s, k, id, params, true);
-	else if (strcmp(method, "cancel") == 0)
-		m_cancel(s, k, id, params);
-	else if (strcmp(method, "prepare") == 0)
-		m_prepare(s, k, id);
-	else if (strcmp(method, "_test.advance") == 0 && cap_ctl_cfg(s->ctl)->manual_clock) {
-		json_t *ms = json_object_get(params, "ms");
-		int64_t now;
-		if (!json_is_integer(ms) || json_integer_value(ms) < 0)
-			serve_error(k, id, CAP_RPC_PARAMS, "params.ms must be a non-negative integer");
-		else if (cap_ctl_advance(s->ctl, json_integer_value(ms), &now) == 0)
-			serve_result(k, id, json_pack("{s:I}", "now", (json_int_t)now));
-	} else
-		serve_error(k, id, CAP_RPC_METHOD, "method '%s' not found", method);
-	json_decref(empty);
+	} else if (!e) {
+		serve_error(k, id, CAP_RPC_METHOD, "method '%s' not found", m.method);
+	} else {
+		json_t *params = declared(e, m.params);
+		e->run(s, k, id, params);
+		json_decref(params);
+	}
 	cap_rpc_msg_fini(&m);
 }

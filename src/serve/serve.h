@@ -20,6 +20,13 @@
 int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path,
 		  struct cap_err *err);
 
+/* The method table as JSON, for `capsule serve --schema` and the clients
+ * checked against it (docs/serve.md, "The method table"): {"protocol",
+ * "methods": {NAME: {"params": {PARAM: {"type", "required"[,
+ * "tolerated"]}}[, "one_of": [A, B]][, "test_only": true]}}}. A new
+ * reference. */
+json_t *cap_serve_schema(void);
+
 struct cap_rpc_server;
 /* Listen on path for controller c (one server per socket path: a lock
  * file beside it); *out is owned by the caller and freed after c's loop. */

@@ -1015,40 +1015,11 @@ static int run_local(struct mcp *m, struct cap_err *err)
 
 /* --- remote: the home's controller runs elsewhere ---------------------------------------- */
 
-static json_t *identity_json(const char *agent, const char *peer)
-{
-	return json_pack("{s:s, s:s}", "agent", agent, "peer", peer);
-}
-
 static void remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
 			const struct cap_ctl_req *req)
 {
-	json_t *params;
 	const char *method;
-	if (req->kind == CAP_CTL_EXEC) {
-		json_t *argv = json_array();
-		for (uint32_t a = 0; a < req->exec->argc; a++)
-			json_array_append_new(argv, json_string(req->exec->argv[a]));
-		params = json_pack("{s:o, s:o, s:f}", "identity", identity_json(agent, peer), "argv", argv,
-				   "timeout", req->exec->timeout_ms / 1000.0);
-		if (req->exec->flags & CAP_EXEC_NO_SYNC)
-			json_object_set_new(params, "durable", json_false());
-		method = "exec";
-	} else {
-		params = json_pack("{s:o, s:s, s:s}", "identity", identity_json(agent, peer), "root",
-				   strcmp(req->root, "/work") == 0 ? "workspace" : "public", "path", req->path);
-		if (req->op == CAP_FILE_WRITE) {
-			json_object_set_new(params, "content", json_stringn(req->data, req->len));
-			if (req->no_sync)
-				json_object_set_new(params, "durable", json_false());
-			method = "write_file";
-		} else if (req->op == CAP_FILE_LIST) {
-			method = "list_directory";
-		} else {
-			json_object_set_new(params, "max_bytes", json_integer(req->limit));
-			method = "read_file";
-		}
-	}
+	json_t *params = cap_rpc_request_params(agent, peer, req, &method);
 	mc->rid = m->next_rid++;
 	cap_rpc_put_request(&m->srv_out, mc->rid, method, params);
 }

@@ -173,6 +173,44 @@ void cap_rpc_result_parse(json_t *answer, enum cap_ctl_kind kind, struct cap_ctl
 	}
 }
 
+static json_t *identity_json(const char *agent, const char *peer)
+{
+	return json_pack("{s:s, s:s}", "agent", agent, "peer", peer);
+}
+
+json_t *cap_rpc_request_params(const char *agent, const char *peer, const struct cap_ctl_req *req,
+			       const char **out_method)
+{
+	json_t *params;
+	const char *method;
+	if (req->kind == CAP_CTL_EXEC) {
+		json_t *argv = json_array();
+		for (uint32_t a = 0; a < req->exec->argc; a++)
+			json_array_append_new(argv, json_string(req->exec->argv[a]));
+		params = json_pack("{s:o, s:o, s:f}", "identity", identity_json(agent, peer), "argv", argv,
+				   "timeout", req->exec->timeout_ms / 1000.0);
+		if (req->exec->flags & CAP_EXEC_NO_SYNC)
+			json_object_set_new(params, "durable", json_false());
+		method = "exec";
+	} else {
+		params = json_pack("{s:o, s:s, s:s}", "identity", identity_json(agent, peer), "root",
+				   strcmp(req->root, "/work") == 0 ? "workspace" : "public", "path", req->path);
+		if (req->op == CAP_FILE_WRITE) {
+			json_object_set_new(params, "content", json_stringn(req->data, req->len));
+			if (req->no_sync)
+				json_object_set_new(params, "durable", json_false());
+			method = "write_file";
+		} else if (req->op == CAP_FILE_LIST) {
+			method = "list_directory";
+		} else {
+			json_object_set_new(params, "max_bytes", json_integer(req->limit));
+			method = "read_file";
+		}
+	}
+	*out_method = method;
+	return params;
+}
+
 int cap_rpc_call_notify(const char *socket_path, const char *method, json_t *params, int timeout_ms,
 			cap_rpc_notify_fn notify, void *ud, json_t **result, json_t **error_data,
 			struct cap_err *err)

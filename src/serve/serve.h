@@ -64,6 +64,13 @@ json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch,
  * "template", "duration_ms"}. A new reference. */
 json_t *cap_rpc_prepare_json(const struct cap_prep_out *o);
 
+/* A tool call for the core (exec, or a FILE read, list or write) as the
+ * serve request that asks a controller in another process for the same
+ * (capsule mcp's remote mode): *method the method's name (static), the
+ * params a new reference. agent, peer and req are borrowed. */
+json_t *cap_rpc_request_params(const char *agent, const char *peer,
+			       const struct cap_ctl_req *req, const char **method);
+
 /* One request and its answer, synchronously (the CLI): connect to socket,
  * send method with params (stolen), wait up to timeout_ms. The result is
  * a new reference; a JSON-RPC error becomes -EIO with its message. */

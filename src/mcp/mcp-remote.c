@@ -20,7 +20,7 @@
 
 /* --- remote: the home's controller runs elsewhere ---------------------------------------- */
 
-void remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+void mcp_remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
 			const struct cap_ctl_req *req)
 {
 	const char *method;
@@ -50,7 +50,7 @@ static void on_answer(void *ud, const char *p, size_t n)
 		const char *st = json_string_value(json_object_get(msg.params, "status"));
 		for (struct mcp_call *mc = m->calls; json_is_integer(req) && ph && st && mc; mc = mc->next)
 			if (mc->rid == json_integer_value(req)) {
-				progress_to(m, mc, ph, st, (unsigned)json_integer_value(json_object_get(msg.params, "done")),
+				mcp_progress(m, mc, ph, st, (unsigned)json_integer_value(json_object_get(msg.params, "done")),
 					    json_string_value(json_object_get(msg.params, "message")));
 				break;
 			}
@@ -66,7 +66,7 @@ static void on_answer(void *ud, const char *p, size_t n)
 		struct cap_ctl_result r;
 		void *owned;
 		cap_rpc_result_parse(msg.owned_root, mc->kind, &r, &owned);
-		tool_reply(m, mc, &r);
+		mcp_tool_reply(m, mc, &r);
 		free(owned);
 		break;
 	}
@@ -171,7 +171,7 @@ static int check_server(struct mcp *m, struct cap_err *err)
 	return r;
 }
 
-int run_remote(struct mcp *m, struct cap_err *err)
+int mcp_run_remote(struct mcp *m, struct cap_err *err)
 {
 	int r = check_server(m, err);
 	if (r < 0)
@@ -197,13 +197,13 @@ int run_remote(struct mcp *m, struct cap_err *err)
 		if (p[3].revents)
 			break;
 		if (p[0].revents)
-			read_stdin(m);
+			mcp_read_stdin(m);
 		if (p[1].revents & (POLLIN | POLLHUP | POLLERR))
 			lost = cap_rpc_read(&m->srv_in, m->srv_fd, on_answer, on_answer_too_long, m) == 0 ||
 			       m->srv_broken;
 		if (cap_rpc_flush(&m->srv_out, m->srv_fd) < 0)
 			lost = true;
-		if (!write_stdout(m))
+		if (!mcp_write_stdout(m))
 			break;
 	}
 	if (lost) {
@@ -212,9 +212,9 @@ int run_remote(struct mcp *m, struct cap_err *err)
 		struct cap_ctl_result res = { .code = CAP_CTL_ESANDBOX,
 					      .msg = "the capsule controller this server used went away; restart capsule mcp" };
 		while (m->calls)
-			tool_reply(m, m->calls, &res);
+			mcp_tool_reply(m, m->calls, &res);
 		cap_set_nonblock(1, 0);
-		write_stdout(m);
+		mcp_write_stdout(m);
 		r = cap_err_set(err, EPIPE, "the controller (capsule %s, pid %d) went away", m->holder.frontend,
 				(int)m->holder.pid);
 	}

@@ -56,30 +56,30 @@ struct mcp_call {
 };
 
 /* mcp.c */
-void result_to(struct mcp *m, json_t *id, json_t *result);
-void error_to(struct mcp *m, json_t *id, int code, const char *fmt, ...)
+void mcp_result(struct mcp *m, json_t *id, json_t *result);
+void mcp_error(struct mcp *m, json_t *id, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* Hand a tool call to the controller: this process's, or the home's
- * controller over its socket. mc is on m->calls until tool_reply. */
-void submit(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+ * controller over its socket. mc is on m->calls until mcp_tool_reply. */
+void mcp_submit(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
 	    const struct cap_ctl_req *req);
-void progress_to(struct mcp *m, struct mcp_call *mc, const char *phase, const char *status,
+void mcp_progress(struct mcp *m, struct mcp_call *mc, const char *phase, const char *status,
 		 unsigned done, const char *message);
 /* Read stdin; false at its end. */
-bool read_stdin(struct mcp *m);
+bool mcp_read_stdin(struct mcp *m);
 /* Write stdout; false when nobody reads it any more. */
-bool write_stdout(struct mcp *m);
+bool mcp_write_stdout(struct mcp *m);
 
 /* mcp-tools.c */
-void call_free(struct mcp_call *mc);
+void mcp_call_free(struct mcp_call *mc);
 /* The controller answered a tool call: make it an MCP tool result. */
-void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result *r);
-void tools_list(struct mcp *m, json_t *id);
-void tools_call(struct mcp *m, json_t *id, json_t *params);
+void mcp_tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result *r);
+void mcp_tools_list(struct mcp *m, json_t *id);
+void mcp_tools_call(struct mcp *m, json_t *id, json_t *params);
 
 /* mcp-remote.c */
-void remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+void mcp_remote_send(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
 		 const struct cap_ctl_req *req);
-int run_remote(struct mcp *m, struct cap_err *err);
+int mcp_run_remote(struct mcp *m, struct cap_err *err);
 
 #endif

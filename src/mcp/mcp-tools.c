@@ -31,7 +31,7 @@ static void tool_error(struct mcp *m, json_t *id, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	result_to(m, id, text_result(msg, true));
+	mcp_result(m, id, text_result(msg, true));
 }
 
 /* The number of UTF-8 characters in p[0..n). */
@@ -145,7 +145,7 @@ static json_t *listing(const struct mcp_call *mc, const struct cap_ctl_entry *v,
 	return j;
 }
 
-void call_free(struct mcp_call *mc)
+void mcp_call_free(struct mcp_call *mc)
 {
 	json_decref(mc->id);
 	json_decref(mc->progress_token);
@@ -196,14 +196,14 @@ static void reply_to(struct mcp *m, json_t *id, json_t *res, const struct cap_ct
 			json_object_set_new(res, "_meta", meta = json_object());
 		json_object_set_new(meta, "capsule/import", cap_rpc_import_json(imp));
 	}
-	result_to(m, id, res);
+	mcp_result(m, id, res);
 }
 
-void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result *r)
+void mcp_tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result *r)
 {
 	unlink_call(m, mc);
 	if (mc->gone) {
-		call_free(mc);
+		mcp_call_free(mc);
 		return;
 	}
 	json_t *id = mc->id;
@@ -258,7 +258,7 @@ void tool_reply(struct mcp *m, struct mcp_call *mc, const struct cap_ctl_result 
 		reply_to(m, id, json_pack("{s:[{s:s, s:o}], s:b}", "content", "type", "text", "text", text,
 					  "isError", is_error), r->import, r->prepared);
 	}
-	call_free(mc);
+	mcp_call_free(mc);
 }
 
 static json_t *schema_path(void)
@@ -328,13 +328,13 @@ static json_t *tool_def(enum cap_mcp_tool t, const struct cap_mcp_cfg *cfg)
 	}
 }
 
-void tools_list(struct mcp *m, json_t *id)
+void mcp_tools_list(struct mcp *m, json_t *id)
 {
 	json_t *a = json_array();
 	for (int t = 0; t < CAP_TOOL_COUNT_; t++)
 		if (m->cfg->tools[t])
 			json_array_append_new(a, tool_def((enum cap_mcp_tool)t, m->cfg));
-	result_to(m, id, json_pack("{s:o}", "tools", a));
+	mcp_result(m, id, json_pack("{s:o}", "tools", a));
 }
 
 /* A model-supplied path: relative to its root and free of "..". Returns a
@@ -350,26 +350,26 @@ static const char *path_problem(const char *path)
 	return NULL;
 }
 
-void tools_call(struct mcp *m, json_t *id, json_t *params)
+void mcp_tools_call(struct mcp *m, json_t *id, json_t *params)
 {
 	const char *name = json_string_value(json_object_get(params, "name"));
 	json_t *args = json_object_get(params, "arguments");
 	enum cap_mcp_tool t;
 	if (!name || cap_mcp_tool_parse(name, &t) < 0 || !m->cfg->tools[t])
-		return error_to(m, id, CAP_RPC_PARAMS, "unknown tool '%s'; tools/list names the tools this server offers",
+		return mcp_error(m, id, CAP_RPC_PARAMS, "unknown tool '%s'; tools/list names the tools this server offers",
 				name ? name : "(none)");
 	if (args && !json_is_object(args))
-		return error_to(m, id, CAP_RPC_PARAMS, "tools/call arguments must be an object");
+		return mcp_error(m, id, CAP_RPC_PARAMS, "tools/call arguments must be an object");
 	/* The peer: fixed by --peer, or set by the orchestrator in _meta;
 	 * never taken from the arguments a model writes. */
 	const char *peer = m->cfg->owned_peer;
 	if (!peer)
 		peer = json_string_value(json_object_get(json_object_get(params, "_meta"), PEER_META));
 	if (!peer)
-		return error_to(m, id, CAP_RPC_PARAMS, "no peer identity: start capsule mcp with --peer, or have the orchestrator set params._meta[\"%s\"]",
+		return mcp_error(m, id, CAP_RPC_PARAMS, "no peer identity: start capsule mcp with --peer, or have the orchestrator set params._meta[\"%s\"]",
 				PEER_META);
 	if (!cap_controller_id_valid(peer))
-		return error_to(m, id, CAP_RPC_PARAMS, "peer identity '%s' is not valid (1 to 64 of A-Z a-z 0-9 . _ @ + = : -)", peer);
+		return mcp_error(m, id, CAP_RPC_PARAMS, "peer identity '%s' is not valid (1 to 64 of A-Z a-z 0-9 . _ @ + = : -)", peer);
 
 	struct mcp_call *mc = xcalloc(1, sizeof(*mc));
 	mc->tool = t;
@@ -380,7 +380,7 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 	const char *root = json_string_value(json_object_get(args, "root"));
 	if (t == CAP_TOOL_WRITE_FILE && root && strcmp(root, "workspace") != 0) {
 		free(mc);
-		return error_to(m, id, CAP_RPC_PARAMS, "write_file writes to your workspace (/work) only; root \"%s\" cannot be written", root);
+		return mcp_error(m, id, CAP_RPC_PARAMS, "write_file writes to your workspace (/work) only; root \"%s\" cannot be written", root);
 	}
 	bool workspace = (root && strcmp(root, "workspace") == 0) || t == CAP_TOOL_WRITE_FILE;
 	const char *problem = NULL;
@@ -389,11 +389,11 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 			path = "";
 		if (!path) {
 			free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "%s needs a \"path\" string argument", name);
+			return mcp_error(m, id, CAP_RPC_PARAMS, "%s needs a \"path\" string argument", name);
 		}
 		if (root && strcmp(root, "public") != 0 && strcmp(root, "workspace") != 0) {
 			free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "root must be \"public\" or \"workspace\", not '%s'", root);
+			return mcp_error(m, id, CAP_RPC_PARAMS, "root must be \"public\" or \"workspace\", not '%s'", root);
 		}
 		snprintf(mc->shown, sizeof(mc->shown), "%s/%s", workspace ? "/work" : "/source", path);
 		problem = path_problem(path);
@@ -401,7 +401,7 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 	if ((v = json_object_get(args, "offset"))) {
 		if (!json_is_integer(v) || json_integer_value(v) < 1) {
 			free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "offset must be an integer from 1");
+			return mcp_error(m, id, CAP_RPC_PARAMS, "offset must be an integer from 1");
 		}
 		mc->offset = (uint64_t)json_integer_value(v);
 	}
@@ -409,7 +409,7 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 		if (!json_is_integer(v) || json_integer_value(v) < 1 ||
 		    json_integer_value(v) > (json_int_t)m->cfg->read_max_lines) {
 			free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "limit must be an integer from 1 to %u", m->cfg->read_max_lines);
+			return mcp_error(m, id, CAP_RPC_PARAMS, "limit must be an integer from 1 to %u", m->cfg->read_max_lines);
 		}
 		mc->limit = (uint32_t)json_integer_value(v);
 	}
@@ -417,7 +417,7 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 	if ((v = json_object_get(args, "durable")) && t != CAP_TOOL_READ_FILE && t != CAP_TOOL_LIST_DIRECTORY) {
 		if (!json_is_boolean(v)) {
 			free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "durable must be true (the default) or false");
+			return mcp_error(m, id, CAP_RPC_PARAMS, "durable must be true (the default) or false");
 		}
 		no_sync = json_is_false(v);
 	}
@@ -437,8 +437,8 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 		json_t *to = json_object_get(args, "timeout");
 		if (!cmd || strlen(cmd) > (1u << 20) ||
 		    (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 3600))) {
-			call_free(mc);
-			return error_to(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string of at most 1 MiB) and an optional \"timeout\" from 1 to 3600");
+			mcp_call_free(mc);
+			return mcp_error(m, id, CAP_RPC_PARAMS, "run_command needs \"command\" (a string of at most 1 MiB) and an optional \"timeout\" from 1 to 3600");
 		}
 		mc->timeout_s = (uint32_t)(to ? json_integer_value(to) : m->cfg->run_timeout_s);
 		const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
@@ -450,18 +450,18 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 			.flags = no_sync ? CAP_EXEC_NO_SYNC : 0,
 		};
 		req = (struct cap_ctl_req){ .kind = CAP_CTL_EXEC, .exec = &x };
-		submit(m, mc, m->cfg->owned_agent, peer, &req);
+		mcp_submit(m, mc, m->cfg->owned_agent, peer, &req);
 		return;
 	}
 	if (t == CAP_TOOL_WRITE_FILE) {
 		json_t *content = json_object_get(args, "content");
 		if (!json_is_string(content) || json_string_length(content) > WRITE_MAX) {
 			if (!json_is_string(content))
-				error_to(m, id, CAP_RPC_PARAMS, "write_file needs a \"content\" string");
+				mcp_error(m, id, CAP_RPC_PARAMS, "write_file needs a \"content\" string");
 			else
 				tool_error(m, id, "content is %zu bytes; write_file takes at most %u bytes per call",
 					   json_string_length(content), WRITE_MAX);
-			call_free(mc);
+			mcp_call_free(mc);
 			return;
 		}
 		req.op = CAP_FILE_WRITE;
@@ -475,5 +475,5 @@ void tools_call(struct mcp *m, json_t *id, json_t *params)
 		req.limit = m->cfg->read_max_bytes;
 	}
 	req.path = path;
-	submit(m, mc, m->cfg->owned_agent, peer, &req);
+	mcp_submit(m, mc, m->cfg->owned_agent, peer, &req);
 }

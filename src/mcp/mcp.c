@@ -25,12 +25,12 @@ static const char *const versions[] = { "2025-11-25", "2025-06-18" };
 
 /* --- the server ------------------------------------------------------------------ */
 
-void result_to(struct mcp *m, json_t *id, json_t *result)
+void mcp_result(struct mcp *m, json_t *id, json_t *result)
 {
 	cap_rpc_put_result(&m->out, id, result);
 }
 
-void error_to(struct mcp *m, json_t *id, int code, const char *fmt, ...)
+void mcp_error(struct mcp *m, json_t *id, int code, const char *fmt, ...)
 {
 	char msg[700];
 	va_list ap;
@@ -43,8 +43,8 @@ void error_to(struct mcp *m, json_t *id, int code, const char *fmt, ...)
 /* --- reaching the controller ---------------------------------------------------- */
 
 /* Hand a tool call to the controller: this process's, or the home's
- * controller over its socket. mc is on m->calls until tool_reply. */
-void submit(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
+ * controller over its socket. mc is on m->calls until mcp_tool_reply. */
+void mcp_submit(struct mcp *m, struct mcp_call *mc, const char *agent, const char *peer,
 		   const struct cap_ctl_req *req)
 {
 	mc->kind = req->kind;
@@ -53,7 +53,7 @@ void submit(struct mcp *m, struct mcp_call *mc, const char *agent, const char *p
 	if (m->ctl)
 		mc->call = cap_ctl_submit(m->ctl, m->fe, agent, peer, req, mc);
 	else
-		remote_send(m, mc, agent, peer, req);
+		mcp_remote_send(m, mc, agent, peer, req);
 }
 
 static void cancel(struct mcp *m, json_t *request_id)
@@ -77,7 +77,7 @@ static void cancel(struct mcp *m, json_t *request_id)
  * _meta.progressToken gets notifications/progress: progress grows with
  * each one (the MCP rule), done phases of total 4, a fraction while a
  * phase works; a build's lines at most one a second. */
-void progress_to(struct mcp *m, struct mcp_call *mc, const char *phase, const char *status,
+void mcp_progress(struct mcp *m, struct mcp_call *mc, const char *phase, const char *status,
 			unsigned done, const char *message)
 {
 	if (!m->said_preparing) {
@@ -123,7 +123,7 @@ static void initialize(struct mcp *m, json_t *id, json_t *params)
 		if (strcmp(want, versions[i]) == 0)
 			use = versions[i];
 	m->initialized = true;
-	result_to(m, id, json_pack("{s:s, s:{s:{s:b}}, s:{s:s, s:s, s:s}, s:s}",
+	mcp_result(m, id, json_pack("{s:s, s:{s:{s:b}}, s:{s:s, s:s, s:s}, s:s}",
 		"protocolVersion", use, "capabilities", "tools", "listChanged", 0,
 		"serverInfo", "name", "capsule", "title", "capsule sandboxes", "version", CAPSULE_VERSION,
 		"instructions",
@@ -137,7 +137,7 @@ static void handle(struct mcp *m, const char *line, size_t len)
 	char text[600];
 	int code = cap_rpc_parse(line, len, &msg, &bad_id, text, sizeof(text));
 	if (code != 0) {
-		error_to(m, bad_id, code, "%s", text);
+		mcp_error(m, bad_id, code, "%s", text);
 		cap_rpc_msg_fini(&msg);
 		return;
 	}
@@ -151,15 +151,15 @@ static void handle(struct mcp *m, const char *line, size_t len)
 	} else if (strcmp(method, "initialize") == 0) {
 		initialize(m, id, params);
 	} else if (strcmp(method, "ping") == 0) {
-		result_to(m, id, json_object());
+		mcp_result(m, id, json_object());
 	} else if (!m->initialized) {
-		error_to(m, id, CAP_RPC_INVALID, "the server is not initialized: send initialize first");
+		mcp_error(m, id, CAP_RPC_INVALID, "the server is not initialized: send initialize first");
 	} else if (strcmp(method, "tools/list") == 0) {
-		tools_list(m, id);
+		mcp_tools_list(m, id);
 	} else if (strcmp(method, "tools/call") == 0) {
-		tools_call(m, id, params);
+		mcp_tools_call(m, id, params);
 	} else {
-		error_to(m, id, CAP_RPC_METHOD, "method '%s' not found", method);
+		mcp_error(m, id, CAP_RPC_METHOD, "method '%s' not found", method);
 	}
 	cap_rpc_msg_fini(&msg);
 }
@@ -171,11 +171,11 @@ static void on_line(void *ud, const char *p, size_t n)
 
 static void on_too_long(void *ud)
 {
-	error_to(ud, NULL, CAP_RPC_INVALID, "message line over %u bytes; it was dropped", CAP_RPC_LINE_MAX);
+	mcp_error(ud, NULL, CAP_RPC_INVALID, "message line over %u bytes; it was dropped", CAP_RPC_LINE_MAX);
 }
 
 /* Read stdin; false at its end. */
-bool read_stdin(struct mcp *m)
+bool mcp_read_stdin(struct mcp *m)
 {
 	if (cap_rpc_read(&m->in, 0, on_line, on_too_long, m) == 0)
 		m->eof = true;
@@ -183,7 +183,7 @@ bool read_stdin(struct mcp *m)
 }
 
 /* Write stdout; false when nobody reads it any more. */
-bool write_stdout(struct mcp *m)
+bool mcp_write_stdout(struct mcp *m)
 {
 	if (cap_rpc_flush(&m->out, 1) < 0) {
 		m->out.off = m->out.len = 0;
@@ -210,14 +210,14 @@ static void fe_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
 	(void)tag;
 	if (!(revents & (POLLIN | POLLHUP | POLLERR)) || m->eof)
 		return;
-	if (!read_stdin(m))
+	if (!mcp_read_stdin(m))
 		cap_ctl_shutdown(c, "the MCP client closed stdin");
 }
 
 static void fe_flush(void *fe, struct cap_ctl *c)
 {
 	struct mcp *m = fe;
-	if (!write_stdout(m) && !m->eof) {
+	if (!mcp_write_stdout(m) && !m->eof) {
 		m->eof = true;
 		cap_ctl_shutdown(c, "the MCP client stopped reading");
 	}
@@ -226,13 +226,13 @@ static void fe_flush(void *fe, struct cap_ctl *c)
 static void fe_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ctl_result *r)
 {
 	(void)c;
-	tool_reply(fe, tag, r);
+	mcp_tool_reply(fe, tag, r);
 }
 
 static void fe_progress(void *fe, struct cap_ctl *c, void *tag, const struct cap_prep_event *ev)
 {
 	(void)c;
-	progress_to(fe, tag, cap_prep_phase_name(ev->phase), cap_prep_status_name(ev->status), ev->done,
+	mcp_progress(fe, tag, cap_prep_phase_name(ev->phase), cap_prep_status_name(ev->status), ev->done,
 		    ev->message);
 }
 
@@ -317,7 +317,7 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		if (held < 0) {
 			r = cap_err_set(err, -held, "cannot read the home's controller lock: %s", strerror(-held));
 		} else if (held == 1 && m.holder.socket[0]) {
-			r = run_remote(&m, err);
+			r = mcp_run_remote(&m, err);
 		} else if (held == 1) {
 			r = cap_err_set(err, EBUSY, "capsule %s (pid %d) owns this CAPSULE_HOME and listens on no socket; stop it or use another CAPSULE_HOME",
 					m.holder.frontend, (int)m.holder.pid);
@@ -326,11 +326,11 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		}
 	}
 	cap_set_nonblock(1, 0);
-	write_stdout(&m);
+	mcp_write_stdout(&m);
 	while (m.calls) {
 		struct mcp_call *mc = m.calls;
 		m.calls = mc->next;
-		call_free(mc);
+		mcp_call_free(mc);
 	}
 	if (m.srv_fd >= 0)
 		close(m.srv_fd);

@@ -51,7 +51,7 @@ static char *existing_dir(const char *opt, const char *arg)
 {
 	struct cap_err err = { 0 };
 	char *real;
-	if (cap_ctl_resolve_dir(opt, arg, &real, &err) < 0) {
+	if (cap_resolve_dir(opt, arg, &real, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		return NULL;
 	}
@@ -180,7 +180,7 @@ int cap_cli_serve(int argc, char **argv)
 	}
 	if (net->enabled)
 		cfg.network = net;
-	if (cap_ctl_transfer_dirs_resolve(given, ngiven, &transfer, &err) < 0) {
+	if (cap_transfer_dirs_resolve(given, ngiven, &transfer, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		return rc;
 	}
@@ -194,6 +194,6 @@ int cap_cli_serve(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		rc = CAP_EXIT_FAILURE;
 	}
-	cap_ctl_transfer_dirs_free(transfer);
+	cap_transfer_dirs_free(transfer);
 	return rc;
 }

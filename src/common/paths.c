@@ -190,7 +190,7 @@ char *cap_make_tmpdir(const char *prefix, struct cap_err *err)
 
 /* --- transfer directories ------------------------------------------------------- */
 
-bool cap_ctl_path_within(const char *dir, const char *path)
+bool cap_path_within(const char *dir, const char *path)
 {
 	size_t n = strlen(dir);
 	if (strcmp(dir, "/") == 0)
@@ -198,7 +198,7 @@ bool cap_ctl_path_within(const char *dir, const char *path)
 	return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
 }
 
-int cap_ctl_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err)
+int cap_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err)
 {
 	struct stat st;
 	char *real = realpath(path, NULL);
@@ -213,21 +213,21 @@ int cap_ctl_resolve_dir(const char *what, const char *path, char **out, struct c
 	return 0;
 }
 
-void cap_ctl_transfer_dirs_free(char **dirs)
+void cap_transfer_dirs_free(char **dirs)
 {
 	for (size_t i = 0; dirs && dirs[i]; i++)
 		free(dirs[i]);
 	free(dirs);
 }
 
-int cap_ctl_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
-				  struct cap_err *err)
+int cap_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
+			      struct cap_err *err)
 {
 	char **v = xcalloc(n + 1, sizeof(char *));
 	for (size_t i = 0; i < n; i++) {
-		int r = cap_ctl_resolve_dir("--transfer-dir", dirs[i], &v[i], err);
+		int r = cap_resolve_dir("--transfer-dir", dirs[i], &v[i], err);
 		if (r < 0) {
-			cap_ctl_transfer_dirs_free(v);
+			cap_transfer_dirs_free(v);
 			return r;
 		}
 	}
@@ -249,13 +249,13 @@ static void dirs_list(const char *const *dirs, size_t n, char *buf, size_t len)
 static bool within_any(const char *const *dirs, size_t n, const char *path)
 {
 	for (size_t i = 0; i < n; i++)
-		if (cap_ctl_path_within(dirs[i], path))
+		if (cap_path_within(dirs[i], path))
 			return true;
 	return false;
 }
 
-int cap_ctl_transfer_source(const char *const *dirs, size_t n, const char *path, char **out,
-			    struct cap_err *err)
+int cap_transfer_source(const char *const *dirs, size_t n, const char *path, char **out,
+			struct cap_err *err)
 {
 	char list[2048];
 	dirs_list(dirs, n, list, sizeof(list));
@@ -278,8 +278,8 @@ int cap_ctl_transfer_source(const char *const *dirs, size_t n, const char *path,
 	return 0;
 }
 
-int cap_ctl_transfer_dest(const char *const *dirs, size_t n, const char *path, char **out,
-			  struct cap_err *err)
+int cap_transfer_dest(const char *const *dirs, size_t n, const char *path, char **out,
+		      struct cap_err *err)
 {
 	char list[2048];
 	dirs_list(dirs, n, list, sizeof(list));

@@ -287,7 +287,7 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		int r;
 		if (!*dirs[i])
 			continue;
-		if ((r = cap_ctl_resolve_dir(names[i], *dirs[i], &real, err)) < 0)
+		if ((r = cap_resolve_dir(names[i], *dirs[i], &real, err)) < 0)
 			return r;
 		free(*dirs[i]);
 		*dirs[i] = real;

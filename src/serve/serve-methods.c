@@ -306,7 +306,7 @@ static void m_upload(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 		struct cap_err err = { 0 };
 		if (!have_transfer_dirs(s, k, id, "from"))
 			return;
-		if (cap_ctl_transfer_source(cfg->transfer_dirs, cfg->ntransfer_dirs, json_string_value(from), &host,
+		if (cap_transfer_source(cfg->transfer_dirs, cfg->ntransfer_dirs, json_string_value(from), &host,
 					    &err) < 0)
 			return refuse_host(s, k, id, "from", json_string_value(from), &err);
 		req.host = host;
@@ -344,7 +344,7 @@ static void m_download(struct cap_rpc_server *s, struct conn *k, json_t *id, jso
 	char *dest = NULL;
 	if (!have_transfer_dirs(s, k, id, "to"))
 		return;
-	if (cap_ctl_transfer_dest(cfg->transfer_dirs, cfg->ntransfer_dirs, json_string_value(to), &dest, &err) < 0)
+	if (cap_transfer_dest(cfg->transfer_dirs, cfg->ntransfer_dirs, json_string_value(to), &dest, &err) < 0)
 		return refuse_host(s, k, id, "to", json_string_value(to), &err);
 	if (!identity(k, id, params, &agent, &peer)) {
 		free(dest);

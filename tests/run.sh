@@ -46,6 +46,9 @@ units="proto client common store projection lifecycle jsonrpc controller net net
 for t in $units; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
+# The serve method table (capsule serve --schema) against the Python
+# client's methods; no VM.
+suite "integration/serve-schema" python3 tests/integration/test-serve-schema.py "$build/capsule"
 # The fuzz targets: one per directory of seeds.
 fuzz_targets=$(ls tests/fuzz/corpus)
 

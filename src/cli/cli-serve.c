@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "log.h"
+#include "paths.h"
 #include "serve.h"
 #include "util.h"
 
@@ -50,7 +51,7 @@ static char *existing_dir(const char *opt, const char *arg)
 {
 	struct cap_err err = { 0 };
 	char *real;
-	if (cap_ctl_resolve_dir(opt, arg, &real, &err) < 0) {
+	if (cap_resolve_dir(opt, arg, &real, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		return NULL;
 	}
@@ -72,7 +73,7 @@ static int seconds(const char *opt, const char *arg, double *out)
 int cap_cli_serve(int argc, char **argv)
 {
 	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL, O_WORKSPACE, O_IMPORT,
-	       O_TRANSFER };
+	       O_TRANSFER, O_SCHEMA };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
@@ -86,6 +87,7 @@ int cap_cli_serve(int argc, char **argv)
 		{ "workspace", required_argument, NULL, O_WORKSPACE },
 		{ "private-import", required_argument, NULL, O_IMPORT },
 		{ "transfer-dir", required_argument, NULL, O_TRANSFER },
+		{ "schema", no_argument, NULL, O_SCHEMA },	/* not in usage: for clients' checks */
 		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -155,6 +157,15 @@ int cap_cli_serve(int argc, char **argv)
 			}
 			cfg.warm_pool = (unsigned)v;
 			break;
+		case O_SCHEMA: {
+			/* The method table as JSON (docs/serve.md), the clients'
+			 * tests check themselves against it. */
+			json_t *j = cap_serve_schema();
+			json_dumpf(j, stdout, JSON_INDENT(2));
+			fputc('\n', stdout);
+			json_decref(j);
+			return 0;
+		}
 		case 'h':
 			fputs(usage, stdout);
 			return 0;
@@ -169,7 +180,7 @@ int cap_cli_serve(int argc, char **argv)
 	}
 	if (net->enabled)
 		cfg.network = net;
-	if (cap_ctl_transfer_dirs_resolve(given, ngiven, &transfer, &err) < 0) {
+	if (cap_transfer_dirs_resolve(given, ngiven, &transfer, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		return rc;
 	}
@@ -183,6 +194,6 @@ int cap_cli_serve(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		rc = CAP_EXIT_FAILURE;
 	}
-	cap_ctl_transfer_dirs_free(transfer);
+	cap_transfer_dirs_free(transfer);
 	return rc;
 }

@@ -187,3 +187,130 @@ char *cap_make_tmpdir(const char *prefix, struct cap_err *err)
 	}
 	return dir;
 }
+
+/* --- transfer directories ------------------------------------------------------- */
+
+bool cap_path_within(const char *dir, const char *path)
+{
+	size_t n = strlen(dir);
+	if (strcmp(dir, "/") == 0)
+		return path[0] == '/';
+	return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+int cap_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err)
+{
+	struct stat st;
+	char *real = realpath(path, NULL);
+	int e = real ? 0 : errno;
+	if (real && (stat(real, &st) < 0 || !S_ISDIR(st.st_mode)))
+		e = ENOTDIR;
+	if (e) {
+		free(real);
+		return cap_err_set(err, e, "%s %s: %s (give an existing directory)", what, path, strerror(e));
+	}
+	*out = real;
+	return 0;
+}
+
+void cap_transfer_dirs_free(char **dirs)
+{
+	for (size_t i = 0; dirs && dirs[i]; i++)
+		free(dirs[i]);
+	free(dirs);
+}
+
+int cap_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
+			      struct cap_err *err)
+{
+	char **v = xcalloc(n + 1, sizeof(char *));
+	for (size_t i = 0; i < n; i++) {
+		int r = cap_resolve_dir("--transfer-dir", dirs[i], &v[i], err);
+		if (r < 0) {
+			cap_transfer_dirs_free(v);
+			return r;
+		}
+	}
+	*out = v;
+	return 0;
+}
+
+/* "DIR1, DIR2" or "none" into buf, for messages. */
+static void dirs_list(const char *const *dirs, size_t n, char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < n && used < len; i++)
+		used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "", dirs[i]);
+	if (!n)
+		snprintf(buf, len, "none");
+}
+
+static bool within_any(const char *const *dirs, size_t n, const char *path)
+{
+	for (size_t i = 0; i < n; i++)
+		if (cap_path_within(dirs[i], path))
+			return true;
+	return false;
+}
+
+int cap_transfer_source(const char *const *dirs, size_t n, const char *path, char **out,
+			struct cap_err *err)
+{
+	char list[2048];
+	dirs_list(dirs, n, list, sizeof(list));
+	if (path[0] != '/')
+		return cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
+				   path, list);
+	char *real = realpath(path, NULL);
+	if (!real)
+		return cap_err_set(err, errno, "cannot resolve %s: %s", path, strerror(errno));
+	if (!within_any(dirs, n, real)) {
+		int r = strcmp(real, path) != 0
+			? cap_err_set(err, EACCES, "%s resolves to %s, outside the transfer directories (%s); the server copies only from beneath a --transfer-dir",
+				      path, real, list)
+			: cap_err_set(err, EACCES, "%s is outside the transfer directories (%s); the server copies only from beneath a --transfer-dir",
+				      path, list);
+		free(real);
+		return r;
+	}
+	*out = real;
+	return 0;
+}
+
+int cap_transfer_dest(const char *const *dirs, size_t n, const char *path, char **out,
+		      struct cap_err *err)
+{
+	char list[2048];
+	dirs_list(dirs, n, list, sizeof(list));
+	if (path[0] != '/')
+		return cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
+				   path, list);
+	_cleanup_free_ char *copy = xstrdup(path);
+	size_t len = strlen(copy);
+	while (len > 1 && copy[len - 1] == '/')
+		copy[--len] = '\0';
+	char *slash = strrchr(copy, '/');
+	const char *name = slash + 1;
+	if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return cap_err_set(err, EINVAL, "%s does not end in a name for the copy", path);
+	struct stat st;
+	if (lstat(copy, &st) == 0)
+		return cap_err_set(err, EEXIST, "%s exists already; download to a new path", path);
+	if (errno != ENOENT)
+		return cap_err_set(err, errno, "cannot check %s: %s", path, strerror(errno));
+	*slash = '\0';
+	char *parent = realpath(slash == copy ? "/" : copy, NULL);
+	if (!parent)
+		return cap_err_set(err, errno, "the directory of %s cannot be resolved: %s (it must exist)", path,
+				   strerror(errno));
+	if (!within_any(dirs, n, parent)) {
+		int r = cap_err_set(err, EACCES, "%s is outside the transfer directories (%s): its directory resolves to %s; the server writes only beneath a --transfer-dir",
+				    path, list, parent);
+		free(parent);
+		return r;
+	}
+	*out = strcmp(parent, "/") == 0 ? xasprintf("/%s", name) : xasprintf("%s/%s", parent, name);
+	free(parent);
+	return 0;
+}

@@ -1,8 +1,10 @@
 /* Where capsule keeps things: the cache (kernels, initramfs) and short
- * private directories for sockets. */
+ * private directories for sockets; and which host paths a transfer may
+ * name (the --transfer-dir rules). */
 #ifndef CAP_PATHS_H
 #define CAP_PATHS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "err.h"
@@ -46,5 +48,37 @@ void cap_remove_run_dir(const char *dir);
 
 /* Directory of the running executable (from /proc/self/exe); new string. */
 char *cap_exe_dir(void);
+
+/* --- transfer directories ------------------------------------------------------- */
+
+/* Resolve the directories given with --transfer-dir (realpath: each must
+ * exist and be a directory). *out is a new NULL-terminated array of new
+ * strings (cap_transfer_dirs_free). -errno with err naming the one
+ * at fault. */
+int cap_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
+			      struct cap_err *err);
+void cap_transfer_dirs_free(char **dirs);
+
+/* A directory setting (what names it in messages: "--workspace"),
+ * resolved with realpath; it must exist and be a directory. *out is a
+ * new string. -errno with err naming it. */
+int cap_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err);
+
+/* Whether path (absolute, resolved) is dir or beneath it (dir absolute,
+ * resolved, without a trailing '/' unless it is "/"). Pure. */
+bool cap_path_within(const char *dir, const char *path);
+
+/* A host path an upload copies from: it must exist and resolve (every
+ * symbolic link followed) inside one of dirs. *out: the resolved path, a
+ * new string. -EACCES naming the path and the directories when it is
+ * outside (or there are none), -errno when it cannot be resolved. */
+int cap_transfer_source(const char *const *dirs, size_t n, const char *path,
+			char **out, struct cap_err *err);
+/* A host path a download writes to: it must not exist, and its parent
+ * must resolve inside one of dirs; its last component must be a name
+ * (not "." or ".."). *out: the resolved parent joined with that name, a
+ * new string. -EEXIST, -EACCES, -errno with err set. */
+int cap_transfer_dest(const char *const *dirs, size_t n, const char *path,
+		      char **out, struct cap_err *err);
 
 #endif

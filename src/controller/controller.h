@@ -435,38 +435,6 @@ int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now);
 /* The lifecycle clock (ms). */
 int64_t cap_ctl_now(const struct cap_ctl *c);
 
-/* --- transfer directories ------------------------------------------------------- */
-
-/* Resolve the directories given with --transfer-dir (realpath: each must
- * exist and be a directory). *out is a new NULL-terminated array of new
- * strings (cap_ctl_transfer_dirs_free). -errno with err naming the one
- * at fault. */
-int cap_ctl_transfer_dirs_resolve(const char *const *dirs, size_t n, char ***out,
-				  struct cap_err *err);
-void cap_ctl_transfer_dirs_free(char **dirs);
-
-/* A directory setting (what names it in messages: "--workspace"),
- * resolved with realpath; it must exist and be a directory. *out is a
- * new string. -errno with err naming it. */
-int cap_ctl_resolve_dir(const char *what, const char *path, char **out, struct cap_err *err);
-
-/* Whether path (absolute, resolved) is dir or beneath it (dir absolute,
- * resolved, without a trailing '/' unless it is "/"). Pure. */
-bool cap_ctl_path_within(const char *dir, const char *path);
-
-/* A host path an upload copies from: it must exist and resolve (every
- * symbolic link followed) inside one of dirs. *out: the resolved path, a
- * new string. -EACCES naming the path and the directories when it is
- * outside (or there are none), -errno when it cannot be resolved. */
-int cap_ctl_transfer_source(const char *const *dirs, size_t n, const char *path,
-			    char **out, struct cap_err *err);
-/* A host path a download writes to: it must not exist, and its parent
- * must resolve inside one of dirs; its last component must be a name
- * (not "." or ".."). *out: the resolved parent joined with that name, a
- * new string. -EEXIST, -EACCES, -errno with err set. */
-int cap_ctl_transfer_dest(const char *const *dirs, size_t n, const char *path,
-			  char **out, struct cap_err *err);
-
 /* --- sandboxes, behind a table (the real one drives named sandboxes;
  * unit tests give a fake) ----------------------------------------------------- */
 

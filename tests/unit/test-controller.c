@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base64.h"
 #include "controller-internal.h"
 #include "controller.h"
 #include "paths.h"
@@ -2456,12 +2457,12 @@ static void failed_import_runs_again(void **state)
 static void path_within(void **state)
 {
 	(void)state;
-	assert_true(cap_ctl_path_within("/a/b", "/a/b"));
-	assert_true(cap_ctl_path_within("/a/b", "/a/b/c"));
-	assert_false(cap_ctl_path_within("/a/b", "/a/bc"));
-	assert_false(cap_ctl_path_within("/a/b", "/a"));
-	assert_false(cap_ctl_path_within("/a/b", "/x/a/b"));
-	assert_true(cap_ctl_path_within("/", "/anything"));
+	assert_true(cap_path_within("/a/b", "/a/b"));
+	assert_true(cap_path_within("/a/b", "/a/b/c"));
+	assert_false(cap_path_within("/a/b", "/a/bc"));
+	assert_false(cap_path_within("/a/b", "/a"));
+	assert_false(cap_path_within("/a/b", "/x/a/b"));
+	assert_true(cap_path_within("/", "/anything"));
 }
 
 static void transfer_paths(void **state)
@@ -2480,54 +2481,54 @@ static void transfer_paths(void **state)
 	assert_int_equal(symlink("f", inner), 0);	/* inside, pointing inside */
 	char **dirs;
 	const char *given[] = { in };
-	assert_int_equal(cap_ctl_transfer_dirs_resolve(given, 1, &dirs, &err), 0);
+	assert_int_equal(cap_transfer_dirs_resolve(given, 1, &dirs, &err), 0);
 	const char *const *d = (const char *const *)dirs;
 	const char *none[] = { file };
 	char **bad;
-	assert_int_equal(cap_ctl_transfer_dirs_resolve(none, 1, &bad, &err), -ENOTDIR);
+	assert_int_equal(cap_transfer_dirs_resolve(none, 1, &bad, &err), -ENOTDIR);
 	assert_non_null(strstr(err.msg, file));
 
-	assert_int_equal(cap_ctl_transfer_source(d, 1, file, &got, &err), 0);
+	assert_int_equal(cap_transfer_source(d, 1, file, &got, &err), 0);
 	assert_string_equal(got, file);
 	free(got);
-	assert_int_equal(cap_ctl_transfer_source(d, 1, inner, &got, &err), 0);
+	assert_int_equal(cap_transfer_source(d, 1, inner, &got, &err), 0);
 	assert_string_equal(got, file);	/* resolved */
 	free(got);
-	assert_int_equal(cap_ctl_transfer_source(d, 1, in, &got, &err), 0);	/* the directory itself */
+	assert_int_equal(cap_transfer_source(d, 1, in, &got, &err), 0);	/* the directory itself */
 	free(got);
-	assert_int_equal(cap_ctl_transfer_source(d, 1, secret, &got, &err), -EACCES);
+	assert_int_equal(cap_transfer_source(d, 1, secret, &got, &err), -EACCES);
 	p = xasprintf("%s/s", link);
-	assert_int_equal(cap_ctl_transfer_source(d, 1, p, &got, &err), -EACCES);
+	assert_int_equal(cap_transfer_source(d, 1, p, &got, &err), -EACCES);
 	assert_non_null(strstr(err.msg, "resolves to"));
 	free(p);
 	p = xasprintf("%s/../out/s", in);
-	assert_int_equal(cap_ctl_transfer_source(d, 1, p, &got, &err), -EACCES);
+	assert_int_equal(cap_transfer_source(d, 1, p, &got, &err), -EACCES);
 	free(p);
-	assert_int_equal(cap_ctl_transfer_source(d, 1, "in/f", &got, &err), -EINVAL);
-	assert_int_equal(cap_ctl_transfer_source(NULL, 0, file, &got, &err), -EACCES);
+	assert_int_equal(cap_transfer_source(d, 1, "in/f", &got, &err), -EINVAL);
+	assert_int_equal(cap_transfer_source(NULL, 0, file, &got, &err), -EACCES);
 
 	p = xasprintf("%s/new", in);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), 0);
+	assert_int_equal(cap_transfer_dest(d, 1, p, &got, &err), 0);
 	assert_string_equal(got, p);
 	free(got);
 	free(p);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, file, &got, &err), -EEXIST);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, inner, &got, &err), -EEXIST);	/* a link is there */
+	assert_int_equal(cap_transfer_dest(d, 1, file, &got, &err), -EEXIST);
+	assert_int_equal(cap_transfer_dest(d, 1, inner, &got, &err), -EEXIST);	/* a link is there */
 	p = xasprintf("%s/new", out);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -EACCES);
+	assert_int_equal(cap_transfer_dest(d, 1, p, &got, &err), -EACCES);
 	free(p);
 	p = xasprintf("%s/new", link);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -EACCES);
+	assert_int_equal(cap_transfer_dest(d, 1, p, &got, &err), -EACCES);
 	free(p);
 	p = xasprintf("%s/missing/new", in);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -ENOENT);
+	assert_int_equal(cap_transfer_dest(d, 1, p, &got, &err), -ENOENT);
 	free(p);
 	p = xasprintf("%s/..", in);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, p, &got, &err), -EINVAL);
+	assert_int_equal(cap_transfer_dest(d, 1, p, &got, &err), -EINVAL);
 	free(p);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, "/", &got, &err), -EINVAL);
-	assert_int_equal(cap_ctl_transfer_dest(d, 1, "rel", &got, &err), -EINVAL);
-	cap_ctl_transfer_dirs_free(dirs);
+	assert_int_equal(cap_transfer_dest(d, 1, "/", &got, &err), -EINVAL);
+	assert_int_equal(cap_transfer_dest(d, 1, "rel", &got, &err), -EINVAL);
+	cap_transfer_dirs_free(dirs);
 	free(in);
 	free(out);
 	free(file);

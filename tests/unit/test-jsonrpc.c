@@ -8,7 +8,9 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "controller.h"
 #include "jsonrpc.h"
+#include "serve.h"
 #include "util.h"
 
 static struct cap_rpc_msg m;
@@ -337,6 +339,66 @@ static void put_result_and_request(void **state)
 	cap_buf_fini(&out);
 }
 
+/* Whether v is of the method table's type t ("string", "integer"|...). */
+static bool of_type(json_t *v, const char *t)
+{
+	static const struct { const char *name; int type; } types[] = {
+		{ "string", JSON_STRING }, { "integer", JSON_INTEGER },
+		{ "object", JSON_OBJECT }, { "array", JSON_ARRAY },
+	};
+	for (const char *at = t; at; at = strchr(at, '|') ? strchr(at, '|') + 1 : NULL) {
+		size_t n = strcspn(at, "|");
+		if (strncmp(at, "number", n) == 0 && n == 6 && json_is_number(v))
+			return true;
+		if (strncmp(at, "boolean", n) == 0 && n == 7 && json_is_boolean(v))
+			return true;
+		for (size_t i = 0; i < CAP_ARRAY_SIZE(types); i++)
+			if (strlen(types[i].name) == n && strncmp(at, types[i].name, n) == 0 &&
+			    (int)json_typeof(v) == types[i].type)
+				return true;
+	}
+	return false;
+}
+
+/* What the serve client's request encoder (capsule mcp's remote mode)
+ * sends is what the method table declares: each member a declared
+ * parameter of its type, each required one there. */
+static void client_requests_follow_the_table(void **state)
+{
+	(void)state;
+	json_t *schema = cap_serve_schema();
+	json_t *methods = json_object_get(schema, "methods");
+	const char *argv[] = { "/bin/sh", "-c", "true", NULL };
+	char *env[] = { NULL };
+	struct cap_exec_req x = { .argv = (char **)argv, .argc = 3, .env = env, .timeout_ms = 1500,
+				  .flags = CAP_EXEC_NO_SYNC };
+	const struct cap_ctl_req reqs[] = {
+		{ .kind = CAP_CTL_EXEC, .exec = &x },
+		{ .kind = CAP_CTL_FILE, .op = CAP_FILE_READ, .root = "/source", .path = "a", .limit = 10 },
+		{ .kind = CAP_CTL_FILE, .op = CAP_FILE_LIST, .root = "/work", .path = "" },
+		{ .kind = CAP_CTL_FILE, .op = CAP_FILE_WRITE, .root = "/work", .path = "b", .data = "hi", .len = 2,
+		  .no_sync = true },
+	};
+	const char *want[] = { "exec", "read_file", "list_directory", "write_file" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(reqs); i++) {
+		const char *method = NULL, *key;
+		json_t *params = cap_rpc_request_params("agent", "peer", &reqs[i], &method), *v;
+		json_t *decl = json_object_get(json_object_get(methods, method), "params");
+		assert_string_equal(method, want[i]);
+		assert_non_null(decl);
+		json_object_foreach(params, key, v) {
+			json_t *d = json_object_get(decl, key);
+			if (!d || !of_type(v, json_string_value(json_object_get(d, "type"))))
+				fail_msg("%s: params.%s is not declared, or not of its type", method, key);
+		}
+		json_object_foreach(decl, key, v)
+			if (json_is_true(json_object_get(v, "required")) && !json_object_get(params, key))
+				fail_msg("%s: params.%s is required and not sent", method, key);
+		json_decref(params);
+	}
+	json_decref(schema);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -353,6 +415,7 @@ int main(void)
 		cmocka_unit_test(line_limit),
 		cmocka_unit_test(put_error_null_id),
 		cmocka_unit_test(put_result_and_request),
+		cmocka_unit_test(client_requests_follow_the_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,13 @@
 int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path,
 		  struct cap_err *err);
 
+/* The method table as JSON, for `capsule serve --schema` and the clients
+ * checked against it (docs/serve.md, "The method table"): {"protocol",
+ * "methods": {NAME: {"params": {PARAM: {"type", "required"[,
+ * "tolerated"]}}[, "one_of": [A, B]][, "test_only": true]}}}. A new
+ * reference. */
+json_t *cap_serve_schema(void);
+
 struct cap_rpc_server;
 /* Listen on path for controller c (one server per socket path: a lock
  * file beside it); *out is owned by the caller and freed after c's loop. */
@@ -57,12 +64,12 @@ json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch,
  * "template", "duration_ms"}. A new reference. */
 json_t *cap_rpc_prepare_json(const struct cap_prep_out *o);
 
-/* Base64 (RFC 4648, padded, no line breaks). Encode: a new
- * NUL-terminated string of *len characters. Decode: the byte count with
- * *out a new buffer, or -EINVAL with *bad the offset of the first
- * character (or the length) at fault. */
-char *cap_base64_encode(const void *p, size_t n, size_t *len);
-ssize_t cap_base64_decode(const char *s, size_t n, uint8_t **out, size_t *bad);
+/* A tool call for the core (exec, or a FILE read, list or write) as the
+ * serve request that asks a controller in another process for the same
+ * (capsule mcp's remote mode): *method the method's name (static), the
+ * params a new reference. agent, peer and req are borrowed. */
+json_t *cap_rpc_request_params(const char *agent, const char *peer,
+			       const struct cap_ctl_req *req, const char **method);
 
 /* One request and its answer, synchronously (the CLI): connect to socket,
  * send method with params (stolen), wait up to timeout_ms. The result is

@@ -2,7 +2,11 @@
 #ifndef CAP_SANDBOX_INTERNAL_H
 #define CAP_SANDBOX_INTERNAL_H
 
+#include <jansson.h>
+
+#include "named.h"
 #include "sandbox.h"
+#include "tree.h"
 
 /* The template cache (sandbox-template.c): it never starts a VM;
  * sandbox-vm.c boots one and saves it into a staging directory.
@@ -75,5 +79,52 @@ int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
  * on the host's 127.0.0.1, stop forwarding the gone ones (auto-publish). */
 int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,
 			      const uint16_t *ports, uint32_t nports, struct cap_err *err);
+
+/* Named sandboxes on disk, in parts: records (sandbox-named.c), disks
+ * (sandbox-named-disk.c), creation (sandbox-named-create.c) and running
+ * (sandbox-named-run.c). */
+/* The path of file in name's directory; new string. */
+char *in_dir(const char *name, const char *file);
+/* What SETUP takes of a tmpfs mount, for create and load alike. */
+int tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
+		struct cap_err *err);
+/* Write rec's record.json (atomically). */
+int write_record(const struct cap_record *rec, struct cap_err *err);
+/* The VM's engine and hypervisor process as the shim recorded them in
+ * runtime.json j ("engine", "vmm_pid"); a file from before engines has
+ * only "qemu_pid", of the one engine there was. */
+void runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid);
+/* cap_named_check_size with the workspace's disk (ws_mib, 0: none)
+ * counted in the host-space check with the other two. */
+int check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
+	       unsigned work_mib, unsigned ws_mib, bool force, struct cap_err *err);
+/* An ext4 disk of mib MiB at path (new, 0600): empty, or with a copy of
+ * the host directory from (mke2fs -d: no root needed) and room for at
+ * least inodes inodes (0: mke2fs's default). */
+int make_disk(const char *path, unsigned mib, bool tool_owned, const char *label,
+	      const char *from, uint64_t inodes, struct cap_err *err);
+/* Build source.erofs from rec->source (or an empty tree, so that every
+ * sandbox has the same devices) and note what it holds in rec. */
+int project(struct cap_record *rec, cap_progress_fn progress, void *ud,
+	    struct cap_err *err);
+/* What one entry of the project looked like on the host (sandbox-named-disk.c). */
+struct stamp;
+/* A new sandbox's workspace, prepared before anything is made. */
+struct ws_prep {
+	struct cap_tree tree;	/* the base manifest */
+	struct stamp *st;	/* st[i] for tree.v[i], st[tree.n] for the root */
+	uint64_t inodes;	/* for mke2fs -N */
+	int dfd;	/* the project directory, O_PATH */
+};
+void ws_prep_fini(struct ws_prep *w);
+/* rec->workspace made canonical and scanned by the copy-in rules, the
+ * size of its disk chosen (or the one asked for checked), and every
+ * entry stamped. */
+int ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
+	       struct ws_prep *w, struct cap_err *err);
+/* Make workspace.ext4 holding a copy of the project, check that the
+ * project did not change meanwhile, and save the base manifest. */
+int ws_make(const struct cap_record *rec, struct ws_prep *w, cap_progress_fn progress,
+	    void *ud, struct cap_err *err);
 
 #endif

@@ -7,6 +7,7 @@
 #include "named.h"
 #include "sandbox.h"
 #include "tree.h"
+#include "xfer.h"
 
 /* The template cache (sandbox-template.c): it never starts a VM;
  * sandbox-vm.c boots one and saves it into a staging directory.
@@ -126,5 +127,62 @@ int ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
  * project did not change meanwhile, and save the base manifest. */
 int ws_make(const struct cap_record *rec, struct ws_prep *w, cap_progress_fn progress,
 	    void *ud, struct cap_err *err);
+
+/* Transfers over the agent channel, in parts: the FILE operation every
+ * transfer runs, kind and manifest (sandbox-xfer.c), put
+ * (sandbox-xfer-put.c), get and fetch (sandbox-xfer-get.c). */
+/* Longest line accepted from a guest: an escaped path and its reason. */
+#define XFER_LINE_MAX (3 * CAP_TREE_MAX_PATH + 1024)
+/* Append s (owned) to the array *v of *n strings. */
+void push(char ***v, size_t *n, char *s);
+/* Add a formatted line to res->refused. */
+__attribute__((format(printf, 2, 3))) void refuse(struct cap_xfer_result *res,
+						  const char *fmt, ...);
+/* "root/path", or root for the path "". New string. */
+char *shown_path(const char *root, const char *path);
+/* Whether name is one path component we may give an entry. */
+bool component_ok(const char *name);
+/* One FILE streaming operation: its stream, how it ended, its STDERR lines,
+ * and where its STDOUT goes (out). */
+struct op {
+	struct cap_sandbox *sb;
+	uint32_t id;
+	bool started, done;
+	struct cap_exit ex;
+	bool rejected;	/* the agent or the shim refused the stream */
+	int rej_errno;
+	char rej_msg[512];
+	/* Takes the STDOUT bytes; < 0 stops the transfer: the stream is
+	 * killed, the error kept in sink_err. */
+	int (*out)(struct op *o, const uint8_t *p, size_t n);
+	int sink_err;
+	struct cap_buf errbuf;
+	struct cap_lines errst;
+	char **msgs;	/* STDERR lines, "capsule: " taken off, sanitized */
+	size_t nmsgs, dropped;
+};
+void op_init(struct op *o, struct cap_sandbox *sb,
+	     int (*out)(struct op *, const uint8_t *, size_t));
+void op_fini(struct op *o);
+int op_start(struct op *o, uint32_t file_op, const char *root, const char *path,
+	     uint32_t limit, struct cap_err *err);
+/* The one loop every transfer runs in: drive the agent channel until the
+ * operation ends or, unless until_done, until what is queued for the
+ * guest is down to XFER_BACKLOG (the flow control of STDIN). */
+int pump(struct op *o, bool until_done, struct cap_err *err);
+/* Queue bytes for the operation's STDIN, keeping the backlog bounded;
+ * once the operation has ended they are dropped (its status says why). */
+int feed(struct op *o, const void *p, size_t n, struct cap_err *err);
+/* Up to a few of the guest's messages joined with "; " (for an error). */
+void messages(const struct op *o, char *buf, size_t len);
+/* How the guest ended the operation: its exit code 0 or 1 (some paths
+ * refused, in msgs), or -errno with err naming what (the path missing,
+ * nothing could be done, a signal). */
+int op_status(const struct op *o, const char *what, struct cap_err *err);
+/* Move the guest's messages into res->refused. */
+void take_messages(struct op *o, struct cap_xfer_result *res);
+/* After an error of ours: make sure the operation is over (kill it if it
+ * runs) so that the connection can serve the next call. */
+void op_abort(struct op *o);
 
 #endif

@@ -4,6 +4,7 @@
 
 #include <jansson.h>
 
+#include "engine.h"
 #include "named.h"
 #include "sandbox.h"
 #include "tree.h"

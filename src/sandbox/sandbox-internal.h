@@ -86,66 +86,66 @@ int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,
  * (sandbox-named-disk.c), creation (sandbox-named-create.c) and running
  * (sandbox-named-run.c). */
 /* The path of file in name's directory; new string. */
-char *in_dir(const char *name, const char *file);
+char *cap_named_path(const char *name, const char *file);
 /* What SETUP takes of a tmpfs mount, for create and load alike. */
-int tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
-		struct cap_err *err);
+int cap_named_tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
+			  struct cap_err *err);
 /* Write rec's record.json (atomically). */
-int write_record(const struct cap_record *rec, struct cap_err *err);
+int cap_named_write_record(const struct cap_record *rec, struct cap_err *err);
 /* The VM's engine and hypervisor process as the shim recorded them in
  * runtime.json j ("engine", "vmm_pid"); a file from before engines has
  * only "qemu_pid", of the one engine there was. */
-void runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid);
+void cap_named_runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid);
 /* cap_named_check_size with the workspace's disk (ws_mib, 0: none)
  * counted in the host-space check with the other two. */
-int check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
-	       unsigned work_mib, unsigned ws_mib, bool force, struct cap_err *err);
+int cap_named_check_size_ws(unsigned cpus, unsigned memory_mib, unsigned root_mib,
+			    unsigned work_mib, unsigned ws_mib, bool force, struct cap_err *err);
 /* An ext4 disk of mib MiB at path (new, 0600): empty, or with a copy of
  * the host directory from (mke2fs -d: no root needed) and room for at
  * least inodes inodes (0: mke2fs's default). */
-int make_disk(const char *path, unsigned mib, bool tool_owned, const char *label,
-	      const char *from, uint64_t inodes, struct cap_err *err);
+int cap_named_make_disk(const char *path, unsigned mib, bool tool_owned, const char *label,
+			const char *from, uint64_t inodes, struct cap_err *err);
 /* Build source.erofs from rec->source (or an empty tree, so that every
  * sandbox has the same devices) and note what it holds in rec. */
-int project(struct cap_record *rec, cap_progress_fn progress, void *ud,
-	    struct cap_err *err);
+int cap_named_project(struct cap_record *rec, cap_progress_fn progress, void *ud,
+		      struct cap_err *err);
 /* What one entry of the project looked like on the host (sandbox-named-disk.c). */
-struct stamp;
+struct cap_named_stamp;
 /* A new sandbox's workspace, prepared before anything is made. */
-struct ws_prep {
+struct cap_named_ws {
 	struct cap_tree tree;	/* the base manifest */
-	struct stamp *st;	/* st[i] for tree.v[i], st[tree.n] for the root */
+	struct cap_named_stamp *st;	/* st[i] for tree.v[i], st[tree.n] for the root */
 	uint64_t inodes;	/* for mke2fs -N */
 	int dfd;	/* the project directory, O_PATH */
 };
-void ws_prep_fini(struct ws_prep *w);
+void cap_named_ws_fini(struct cap_named_ws *w);
 /* rec->workspace made canonical and scanned by the copy-in rules, the
  * size of its disk chosen (or the one asked for checked), and every
  * entry stamped. */
-int ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
-	       struct ws_prep *w, struct cap_err *err);
+int cap_named_ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
+			 struct cap_named_ws *w, struct cap_err *err);
 /* Make workspace.ext4 holding a copy of the project, check that the
  * project did not change meanwhile, and save the base manifest. */
-int ws_make(const struct cap_record *rec, struct ws_prep *w, cap_progress_fn progress,
-	    void *ud, struct cap_err *err);
+int cap_named_ws_make(const struct cap_record *rec, struct cap_named_ws *w, cap_progress_fn progress,
+		      void *ud, struct cap_err *err);
 
 /* Transfers over the agent channel, in parts: the FILE operation every
  * transfer runs, kind and manifest (sandbox-xfer.c), put
  * (sandbox-xfer-put.c), get and fetch (sandbox-xfer-get.c). */
 /* Longest line accepted from a guest: an escaped path and its reason. */
-#define XFER_LINE_MAX (3 * CAP_TREE_MAX_PATH + 1024)
+#define CAP_XFER_LINE_MAX (3 * CAP_TREE_MAX_PATH + 1024)
 /* Append s (owned) to the array *v of *n strings. */
-void push(char ***v, size_t *n, char *s);
+void cap_xfer_push(char ***v, size_t *n, char *s);
 /* Add a formatted line to res->refused. */
-__attribute__((format(printf, 2, 3))) void refuse(struct cap_xfer_result *res,
-						  const char *fmt, ...);
+__attribute__((format(printf, 2, 3))) void cap_xfer_refuse(struct cap_xfer_result *res,
+							   const char *fmt, ...);
 /* "root/path", or root for the path "". New string. */
-char *shown_path(const char *root, const char *path);
+char *cap_xfer_shown_path(const char *root, const char *path);
 /* Whether name is one path component we may give an entry. */
-bool component_ok(const char *name);
+bool cap_xfer_component_ok(const char *name);
 /* One FILE streaming operation: its stream, how it ended, its STDERR lines,
  * and where its STDOUT goes (out). */
-struct op {
+struct cap_xfer_op {
 	struct cap_sandbox *sb;
 	uint32_t id;
 	bool started, done;
@@ -155,35 +155,35 @@ struct op {
 	char rej_msg[512];
 	/* Takes the STDOUT bytes; < 0 stops the transfer: the stream is
 	 * killed, the error kept in sink_err. */
-	int (*out)(struct op *o, const uint8_t *p, size_t n);
+	int (*out)(struct cap_xfer_op *o, const uint8_t *p, size_t n);
 	int sink_err;
 	struct cap_buf errbuf;
 	struct cap_lines errst;
 	char **msgs;	/* STDERR lines, "capsule: " taken off, sanitized */
 	size_t nmsgs, dropped;
 };
-void op_init(struct op *o, struct cap_sandbox *sb,
-	     int (*out)(struct op *, const uint8_t *, size_t));
-void op_fini(struct op *o);
-int op_start(struct op *o, uint32_t file_op, const char *root, const char *path,
-	     uint32_t limit, struct cap_err *err);
+void cap_xfer_op_init(struct cap_xfer_op *o, struct cap_sandbox *sb,
+		      int (*out)(struct cap_xfer_op *, const uint8_t *, size_t));
+void cap_xfer_op_fini(struct cap_xfer_op *o);
+int cap_xfer_op_start(struct cap_xfer_op *o, uint32_t file_op, const char *root, const char *path,
+		      uint32_t limit, struct cap_err *err);
 /* The one loop every transfer runs in: drive the agent channel until the
  * operation ends or, unless until_done, until what is queued for the
  * guest is down to XFER_BACKLOG (the flow control of STDIN). */
-int pump(struct op *o, bool until_done, struct cap_err *err);
+int cap_xfer_pump(struct cap_xfer_op *o, bool until_done, struct cap_err *err);
 /* Queue bytes for the operation's STDIN, keeping the backlog bounded;
  * once the operation has ended they are dropped (its status says why). */
-int feed(struct op *o, const void *p, size_t n, struct cap_err *err);
+int cap_xfer_feed(struct cap_xfer_op *o, const void *p, size_t n, struct cap_err *err);
 /* Up to a few of the guest's messages joined with "; " (for an error). */
-void messages(const struct op *o, char *buf, size_t len);
+void cap_xfer_messages(const struct cap_xfer_op *o, char *buf, size_t len);
 /* How the guest ended the operation: its exit code 0 or 1 (some paths
  * refused, in msgs), or -errno with err naming what (the path missing,
  * nothing could be done, a signal). */
-int op_status(const struct op *o, const char *what, struct cap_err *err);
+int cap_xfer_op_status(const struct cap_xfer_op *o, const char *what, struct cap_err *err);
 /* Move the guest's messages into res->refused. */
-void take_messages(struct op *o, struct cap_xfer_result *res);
+void cap_xfer_take_messages(struct cap_xfer_op *o, struct cap_xfer_result *res);
 /* After an error of ours: make sure the operation is over (kill it if it
  * runs) so that the connection can serve the next call. */
-void op_abort(struct op *o);
+void cap_xfer_op_abort(struct cap_xfer_op *o);
 
 #endif

@@ -33,7 +33,7 @@
  * new .seed directory, removed by the caller. */
 static int seed_upper(const struct cap_record *rec, char **out, struct cap_err *err)
 {
-	_cleanup_free_ char *top = in_dir(rec->name, ".seed");
+	_cleanup_free_ char *top = cap_named_path(rec->name, ".seed");
 	_cleanup_free_ char *data = xasprintf("%s/data", top);
 	struct stat st;
 	if (stat(rec->root_seed, &st) < 0 || !S_ISDIR(st.st_mode))
@@ -73,13 +73,13 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		return cap_err_set(err, EINVAL, "%u tmpfs mounts: a sandbox takes at most %d", rec->ntmpfs,
 				   CAP_SETUP_MAX_TMPFS);
 	for (uint32_t i = 0; i < rec->ntmpfs; i++)
-		if ((r = tmpfs_check(&rec->tmpfs[i], "a new sandbox", i, EINVAL, err)) < 0)
+		if ((r = cap_named_tmpfs_check(&rec->tmpfs[i], "a new sandbox", i, EINVAL, err)) < 0)
 			return r;
-	struct ws_prep ws __attribute__((cleanup(ws_prep_fini))) = { .dfd = -1 };
+	struct cap_named_ws ws __attribute__((cleanup(cap_named_ws_fini))) = { .dfd = -1 };
 	cap_tree_init(&ws.tree);
 	if (rec->workspace[0] &&
-	    ((r = ws_prepare(rec, progress, ud, &ws, err)) < 0 ||
-	     (r = check_size(rec->cpus, rec->memory_mib, rec->root_size_mib, rec->work_size_mib,
+	    ((r = cap_named_ws_prepare(rec, progress, ud, &ws, err)) < 0 ||
+	     (r = cap_named_check_size_ws(rec->cpus, rec->memory_mib, rec->root_size_mib, rec->work_size_mib,
 			     rec->workspace_size_mib, rec->force_size, err)) < 0))
 		return r;
 
@@ -103,7 +103,7 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 	_cleanup_free_ char *dir = cap_named_dir(rec->name);
 	if ((r = cap_mkdir_p(root, 0700)) < 0)
 		return cap_err_set(err, -r, "cannot create %s: %s", root, strerror(-r));
-	_cleanup_free_ char *recp = in_dir(rec->name, "record.json");
+	_cleanup_free_ char *recp = cap_named_path(rec->name, "record.json");
 	bool made = mkdir(dir, 0700) == 0;
 	if (!made && errno != EEXIST)
 		return cap_err_set(err, errno, "cannot create %s: %s", dir, strerror(errno));
@@ -128,8 +128,8 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		if ((r = cap_clear_dir(dir)) < 0)
 			return cap_err_set(err, -r, "cannot clear %s: %s", dir, strerror(-r));
 	}
-	_cleanup_free_ char *upper = in_dir(rec->name, "root-upper.ext4");
-	_cleanup_free_ char *work = in_dir(rec->name, "private.ext4");
+	_cleanup_free_ char *upper = cap_named_path(rec->name, "root-upper.ext4");
+	_cleanup_free_ char *work = cap_named_path(rec->name, "private.ext4");
 	rec->created = time(NULL);
 	if (progress && rec->workspace[0])	/* a step worth naming beside the copy's */
 		progress(ud, "creating the root and /work disks");
@@ -138,14 +138,14 @@ int cap_named_create(struct cap_record *rec, cap_progress_fn progress,
 		cap_remove_tree(dir);
 		return r;
 	}
-	r = make_disk(upper, rec->root_size_mib, false, "root-upper", seed, 0, err);
+	r = cap_named_make_disk(upper, rec->root_size_mib, false, "root-upper", seed, 0, err);
 	if (seed)
 		cap_remove_tree(seed);
 	if (r < 0 ||
-	    (r = make_disk(work, rec->work_size_mib, true, "work", NULL, 0, err)) < 0 ||
-	    (r = project(rec, progress, ud, err)) < 0 ||
-	    (rec->workspace[0] && (r = ws_make(rec, &ws, progress, ud, err)) < 0) ||
-	    (r = write_record(rec, err)) < 0) {
+	    (r = cap_named_make_disk(work, rec->work_size_mib, true, "work", NULL, 0, err)) < 0 ||
+	    (r = cap_named_project(rec, progress, ud, err)) < 0 ||
+	    (rec->workspace[0] && (r = cap_named_ws_make(rec, &ws, progress, ud, err)) < 0) ||
+	    (r = cap_named_write_record(rec, err)) < 0) {
 		cap_remove_tree(dir);	/* only what this call just made */
 		return r;
 	}

@@ -46,8 +46,8 @@ static int free_mib(const char *path, uint64_t *out)
 
 /* cap_named_check_size with the workspace's disk (ws_mib, 0: none)
  * counted in the host-space check with the other two. */
-int check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
-	       unsigned work_mib, unsigned ws_mib, bool force, struct cap_err *err)
+int cap_named_check_size_ws(unsigned cpus, unsigned memory_mib, unsigned root_mib,
+			    unsigned work_mib, unsigned ws_mib, bool force, struct cap_err *err)
 {
 	if (cpus < 1 || cpus > CAP_CPUS_MAX)
 		return cap_err_set(err, ERANGE, "--cpus %u is out of range: 1 to %d vCPUs", cpus, CAP_CPUS_MAX);
@@ -98,14 +98,14 @@ int check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
 int cap_named_check_size(unsigned cpus, unsigned memory_mib, unsigned root_mib,
 			 unsigned work_mib, bool force, struct cap_err *err)
 {
-	return check_size(cpus, memory_mib, root_mib, work_mib, 0, force, err);
+	return cap_named_check_size_ws(cpus, memory_mib, root_mib, work_mib, 0, force, err);
 }
 
 /* An ext4 disk of mib MiB at path (new, 0600): empty, or with a copy of
  * the host directory from (mke2fs -d: no root needed) and room for at
  * least inodes inodes (0: mke2fs's default). */
-int make_disk(const char *path, unsigned mib, bool tool_owned, const char *label,
-	      const char *from, uint64_t inodes, struct cap_err *err)
+int cap_named_make_disk(const char *path, unsigned mib, bool tool_owned, const char *label,
+			const char *from, uint64_t inodes, struct cap_err *err)
 {
 	char size[32], owner[64], ninodes[32];
 	snprintf(size, sizeof(size), "%uM", mib);
@@ -141,17 +141,17 @@ int make_disk(const char *path, unsigned mib, bool tool_owned, const char *label
 
 /* Build source.erofs from rec->source (or an empty tree, so that every
  * sandbox has the same devices) and note what it holds in rec. */
-int project(struct cap_record *rec, cap_progress_fn progress, void *ud,
-	    struct cap_err *err)
+int cap_named_project(struct cap_record *rec, cap_progress_fn progress, void *ud,
+		      struct cap_err *err)
 {
 	struct cap_projection_limits lim;
 	struct cap_projection_info info;
-	_cleanup_free_ char *img = in_dir(rec->name, "source.erofs");
+	_cleanup_free_ char *img = cap_named_path(rec->name, "source.erofs");
 	int r = cap_projection_limits_init(&lim, err);
 	if (r < 0)
 		return r;
 	if (!rec->source[0]) {
-		_cleanup_free_ char *empty = in_dir(rec->name, "empty-XXXXXX");
+		_cleanup_free_ char *empty = cap_named_path(rec->name, "empty-XXXXXX");
 		if (!mkdtemp(empty))
 			return cap_err_set(err, errno, "cannot create %s: %s", empty, strerror(errno));
 		r = cap_projection_build(empty, &lim, img, &info, err);
@@ -178,19 +178,19 @@ int cap_named_refresh_source(const char *name, bool *changed, bool *has_source,
 	*changed = false;
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		return r;
-	_cleanup_free_ char *img = in_dir(name, "source.erofs");
+	_cleanup_free_ char *img = cap_named_path(name, "source.erofs");
 	if (has_source)
 		*has_source = rec.source[0] != '\0';
 	if (!rec.source[0])	/* the empty projection, made if missing */
-		return access(img, R_OK) == 0 ? 0 : project(&rec, NULL, NULL, err);
+		return access(img, R_OK) == 0 ? 0 : cap_named_project(&rec, NULL, NULL, err);
 	if ((r = cap_projection_limits_init(&lim, err)) < 0 ||
 	    (r = cap_projection_scan(rec.source, &lim, &info, err)) < 0)
 		return r;
 	if (strcmp(info.fingerprint, rec.source_fp) == 0 && access(img, R_OK) == 0)
 		return 0;
 	/* Changed: the running VM has the old image open; stop it first. */
-	if ((r = cap_named_stop(name, 10000, err)) < 0 || (r = project(&rec, NULL, NULL, err)) < 0 ||
-	    (r = write_record(&rec, err)) < 0)
+	if ((r = cap_named_stop(name, 10000, err)) < 0 || (r = cap_named_project(&rec, NULL, NULL, err)) < 0 ||
+	    (r = cap_named_write_record(&rec, err)) < 0)
 		return r;
 	*changed = true;
 	return 0;
@@ -200,7 +200,7 @@ int cap_named_refresh_source(const char *name, bool *changed, bool *has_source,
 
 /* What one entry of the project looked like on the host, to tell whether
  * it changed while it was being copied. */
-struct stamp {
+struct cap_named_stamp {
 	dev_t dev;
 	ino_t ino;
 	mode_t mode;	/* type and permission bits */
@@ -208,7 +208,7 @@ struct stamp {
 	struct timespec mtime, ctime;
 };
 
-void ws_prep_fini(struct ws_prep *w)
+void cap_named_ws_fini(struct cap_named_ws *w)
 {
 	cap_tree_fini(&w->tree);
 	free(w->st);
@@ -218,16 +218,16 @@ void ws_prep_fini(struct ws_prep *w)
 	w->dfd = -1;
 }
 
-static int take_stamp(int dfd, const char *path, struct stamp *out)
+static int take_stamp(int dfd, const char *path, struct cap_named_stamp *out)
 {
 	struct stat st;
 	if (fstatat(dfd, path, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
-	*out = (struct stamp){ st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtim, st.st_ctim };
+	*out = (struct cap_named_stamp){ st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtim, st.st_ctim };
 	return 0;
 }
 
-static bool same_stamp(const struct stamp *a, const struct stamp *b)
+static bool same_stamp(const struct cap_named_stamp *a, const struct cap_named_stamp *b)
 {
 	return a->dev == b->dev && a->ino == b->ino && a->mode == b->mode && a->size == b->size &&
 	       a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec &&
@@ -300,8 +300,8 @@ static uint64_t round_up64(uint64_t mib)
 /* rec->workspace made canonical and scanned by the copy-in rules, the
  * size of its disk chosen (or the one asked for checked), and every
  * entry stamped. */
-int ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
-	       struct ws_prep *w, struct cap_err *err)
+int cap_named_ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
+			 struct cap_named_ws *w, struct cap_err *err)
 {
 	char real[4096];
 	struct stat st;
@@ -390,11 +390,11 @@ static void debugfs_line(void *ud, const char *line)
 
 /* Make workspace.ext4 holding a copy of the project, check that the
  * project did not change meanwhile, and save the base manifest. */
-int ws_make(const struct cap_record *rec, struct ws_prep *w, cap_progress_fn progress,
-	    void *ud, struct cap_err *err)
+int cap_named_ws_make(const struct cap_record *rec, struct cap_named_ws *w, cap_progress_fn progress,
+		      void *ud, struct cap_err *err)
 {
-	_cleanup_free_ char *disk = in_dir(rec->name, "workspace.ext4");
-	_cleanup_free_ char *base = in_dir(rec->name, "workspace.base");
+	_cleanup_free_ char *disk = cap_named_path(rec->name, "workspace.ext4");
+	_cleanup_free_ char *base = cap_named_path(rec->name, "workspace.base");
 	int r;
 	if (progress) {
 		char line[4200];
@@ -402,15 +402,15 @@ int ws_make(const struct cap_record *rec, struct ws_prep *w, cap_progress_fn pro
 			 rec->workspace, w->tree.n, w->tree.bytes, rec->workspace_size_mib);
 		progress(ud, line);
 	}
-	if ((r = make_disk(disk, rec->workspace_size_mib, false, "workspace", rec->workspace, w->inodes,
-			   err)) < 0) {
+	if ((r = cap_named_make_disk(disk, rec->workspace_size_mib, false, "workspace", rec->workspace, w->inodes,
+				     err)) < 0) {
 		cap_err_prefix(err, "copying %s (%u MiB; a larger --workspace-size may help)", rec->workspace,
 			       rec->workspace_size_mib);
 		return r;
 	}
 	for (size_t i = 0; i <= w->tree.n; i++) {
 		const char *path = i < w->tree.n ? w->tree.v[i].path : ".";
-		struct stamp now;
+		struct cap_named_stamp now;
 		if (take_stamp(w->dfd, path, &now) < 0 || !same_stamp(&now, &w->st[i]))
 			return changed_while_copied(rec->workspace, path, err);
 	}
@@ -437,7 +437,7 @@ int cap_named_workspace_base(const char *name, struct cap_tree *out,
 	if (!rec.workspace[0])
 		return cap_err_set(err, ENOENT, "sandbox '%s' has no workspace; `capsule create NAME --workspace DIR` makes one with it",
 				   name);
-	_cleanup_free_ char *base = in_dir(name, "workspace.base");
+	_cleanup_free_ char *base = cap_named_path(name, "workspace.base");
 	return cap_tree_load(base, out, err);
 }
 
@@ -447,6 +447,6 @@ int cap_named_workspace_set_base(const char *name, const struct cap_tree *t,
 	int r;
 	if ((r = cap_named_check_name(name, err)) < 0)
 		return r;
-	_cleanup_free_ char *base = in_dir(name, "workspace.base");
+	_cleanup_free_ char *base = cap_named_path(name, "workspace.base");
 	return cap_tree_save(base, t, err);
 }

@@ -74,7 +74,7 @@ no:
  * name to the list (for the log). */
 static void unlink_noted(const char *name, const char *file, char *list, size_t size)
 {
-	_cleanup_free_ char *p = in_dir(name, file);
+	_cleanup_free_ char *p = cap_named_path(name, file);
 	size_t used = strlen(list);
 	if (unlink(p) == 0)
 		snprintf(list + used, size - used, "%s%s", used ? ", " : "", file);
@@ -86,8 +86,8 @@ int cap_named_reap(const char *name, struct cap_err *err)
 	if ((r = cap_named_check_name(name, err)) < 0)
 		return r;
 	_cleanup_free_ char *dir = cap_named_dir(name);
-	_cleanup_free_ char *lockp = in_dir(name, "shim.lock");
-	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
+	_cleanup_free_ char *lockp = cap_named_path(name, "shim.lock");
+	_cleanup_free_ char *rt = cap_named_path(name, "runtime.json");
 	if (access(dir, F_OK) != 0)
 		return 0;	/* no sandbox, nothing left */
 	/* Holding the shim's lock, we know no shim runs, and none can start
@@ -103,7 +103,7 @@ int cap_named_reap(const char *name, struct cap_err *err)
 	bool run_dir = false;
 	json_t *j = json_load_file(rt, 0, NULL);
 	if (j) {
-		runtime_vmm(j, ename, sizeof(ename), &vmm);
+		cap_named_runtime_vmm(j, ename, sizeof(ename), &vmm);
 		const char *c = json_string_value(json_object_get(j, "control"));
 		if (c && (sockdir = control_dir(c, dir, &run_dir)) && run_dir)
 			unlink(c);
@@ -227,7 +227,7 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 	int ready[2];
 	if (pipe2(ready, O_CLOEXEC) < 0)
 		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
-	_cleanup_free_ char *log = in_dir(name, "shim.log");
+	_cleanup_free_ char *log = cap_named_path(name, "shim.log");
 	pid_t pid = fork();
 	if (pid < 0) {
 		int e = errno;
@@ -276,7 +276,7 @@ int cap_named_start_begin(const char *name, int *fd, struct cap_err *err)
 
 int cap_named_start_end(const char *name, int fd, struct cap_err *err)
 {
-	_cleanup_free_ char *log = in_dir(name, "shim.log");
+	_cleanup_free_ char *log = cap_named_path(name, "shim.log");
 	char msg[sizeof(err->msg)];
 	size_t len = 0;
 	ssize_t n;
@@ -355,7 +355,7 @@ static int remove_broken(const char *name, bool force, struct cap_err *err)
 		return cap_err_set(err, EBADMSG, "%s; `capsule rm --force %s` removes the sandbox and its disks (%s) anyway",
 				   why, name, dir);
 	}
-	_cleanup_free_ char *lockp = in_dir(name, "shim.lock");
+	_cleanup_free_ char *lockp = cap_named_path(name, "shim.lock");
 	_cleanup_close_ int fd = lock_shim(lockp);
 	if (fd < 0)
 		return cap_err_set(err, EBUSY, "sandbox '%s' has an unreadable record and its shim still runs (%s is locked); kill it first",
@@ -414,7 +414,7 @@ int cap_named_kill(const char *name, struct cap_err *err)
 static bool shim_network(const char *name, const char *words, bool *has_nic,
 			 const char *secrets, bool *same_secrets)
 {
-	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
+	_cleanup_free_ char *rt = cap_named_path(name, "runtime.json");
 	json_t *j = json_load_file(rt, 0, NULL);
 	const char *s = j ? json_string_value(json_object_get(j, "network")) : NULL;
 	const char *sec = j ? json_string_value(json_object_get(j, "secrets")) : NULL;
@@ -436,7 +436,7 @@ int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 	*restart_needed = false;
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		return r;
-	if ((r = cap_record_set_net(&rec, p, err)) < 0 || (r = write_record(&rec, err)) < 0)
+	if ((r = cap_record_set_net(&rec, p, err)) < 0 || (r = cap_named_write_record(&rec, err)) < 0)
 		return r;
 	if ((r = cap_named_status(name, &st, err)) < 0)
 		return r;

@@ -61,15 +61,15 @@ char *cap_named_dir(const char *name)
 	return xasprintf("%s/%s", root, name);
 }
 
-char *in_dir(const char *name, const char *file)
+char *cap_named_path(const char *name, const char *file)
 {
 	_cleanup_free_ char *dir = cap_named_dir(name);
 	return xasprintf("%s/%s", dir, file);
 }
 
 /* What SETUP takes of a tmpfs mount, for create and load alike. */
-int tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
-		struct cap_err *err)
+int cap_named_tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
+			  struct cap_err *err)
 {
 	if (cap_proto_setup_tmpfs_ok(t))
 		return 0;
@@ -77,7 +77,7 @@ int tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, in
 			   where, i, t->destination);
 }
 
-int write_record(const struct cap_record *rec, struct cap_err *err)
+int cap_named_write_record(const struct cap_record *rec, struct cap_err *err)
 {
 	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:I}",
 			      "schema", 1, "name", rec->name, "image", rec->image,
@@ -116,7 +116,7 @@ int write_record(const struct cap_record *rec, struct cap_err *err)
 	}
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
-	_cleanup_free_ char *path = in_dir(rec->name, "record.json");
+	_cleanup_free_ char *path = cap_named_path(rec->name, "record.json");
 	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
 	free(text);
 	if (r < 0)
@@ -147,7 +147,7 @@ static int load_tmpfs(json_t *list, const char *path, struct cap_record *out, st
 		snprintf(t->destination, sizeof(t->destination), "%s", d);
 		snprintf(t->data, sizeof(t->data), "%s", data);
 		t->flags = (uint32_t)json_integer_value(fl);
-		int r = tmpfs_check(t, path, i, EBADMSG, err);
+		int r = cap_named_tmpfs_check(t, path, i, EBADMSG, err);
 		if (r < 0)
 			return r;
 	}
@@ -161,7 +161,7 @@ int cap_named_load(const char *name, struct cap_record *out,
 	int r;
 	if ((r = cap_named_check_name(name, err)) < 0)
 		return r;
-	_cleanup_free_ char *path = in_dir(name, "record.json");
+	_cleanup_free_ char *path = cap_named_path(name, "record.json");
 	json_error_t je;
 	json_t *j = json_load_file(path, 0, &je);
 	if (!j) {
@@ -298,7 +298,7 @@ static uint64_t used_bytes(const char *path)
 /* The VM's engine and hypervisor process as the shim recorded them in
  * runtime.json j ("engine", "vmm_pid"); a file from before engines has
  * only "qemu_pid", of the one engine there was. */
-void runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid)
+void cap_named_runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid)
 {
 	const char *e = json_string_value(json_object_get(j, "engine"));
 	json_t *p = json_object_get(j, "vmm_pid");
@@ -318,28 +318,28 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 	if (r < 0)
 		return r;
 	memset(out, 0, sizeof(*out));
-	_cleanup_free_ char *upper = in_dir(name, "root-upper.ext4");
-	_cleanup_free_ char *work = in_dir(name, "private.ext4");
-	_cleanup_free_ char *ws = in_dir(name, "workspace.ext4");
+	_cleanup_free_ char *upper = cap_named_path(name, "root-upper.ext4");
+	_cleanup_free_ char *work = cap_named_path(name, "private.ext4");
+	_cleanup_free_ char *ws = cap_named_path(name, "workspace.ext4");
 	out->disk_bytes = used_bytes(upper) + used_bytes(work) + used_bytes(ws);
 	out->has_source = rec.source[0] != '\0';
 
 	/* The shim holds shim.lock for its whole life: a lock we cannot take
 	 * means a live shim, whatever files a crash may have left. */
-	_cleanup_free_ char *lock = in_dir(name, "shim.lock");
+	_cleanup_free_ char *lock = cap_named_path(name, "shim.lock");
 	_cleanup_close_ int fd = open(lock, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || flock(fd, LOCK_SH | LOCK_NB) == 0) {
 		out->state = CAP_NAMED_STOPPED;
 		return 0;
 	}
 	out->state = CAP_NAMED_RUNNING;
-	_cleanup_free_ char *rt = in_dir(name, "runtime.json");
+	_cleanup_free_ char *rt = cap_named_path(name, "runtime.json");
 	json_t *j = json_load_file(rt, 0, NULL);
 	if (j) {
 		if (json_is_true(json_object_get(j, "paused")))
 			out->state = CAP_NAMED_PAUSED;
 		out->shim_pid = (pid_t)json_integer_value(json_object_get(j, "shim_pid"));
-		runtime_vmm(j, out->engine, sizeof(out->engine), &out->vmm_pid);
+		cap_named_runtime_vmm(j, out->engine, sizeof(out->engine), &out->vmm_pid);
 		const char *c = json_string_value(json_object_get(j, "control"));
 		snprintf(out->control, sizeof(out->control), "%s", c ? c : "");
 		const char *net = json_string_value(json_object_get(j, "network"));

@@ -39,7 +39,7 @@
  * reader that fails closes the queue: the loop's next write fails, and
  * the loop kills the stream and waits for its end. */
 struct reader {
-	struct op op;	/* first */
+	struct cap_xfer_op op;	/* first */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct cap_buf q;	/* under mu: bytes not read yet */
@@ -116,7 +116,7 @@ out:
 	return NULL;
 }
 
-static int reader_out(struct op *o, const uint8_t *p, size_t n)
+static int reader_out(struct cap_xfer_op *o, const uint8_t *p, size_t n)
 {
 	struct reader *r = (struct reader *)o;
 	int rc = 0;
@@ -145,7 +145,7 @@ static void reader_eof(struct reader *r)
 static int reader_start(struct reader *r, struct cap_sandbox *sb, int dirfd,
 			int (*consume)(struct reader *, struct archive *), struct cap_err *err)
 {
-	op_init(&r->op, sb, reader_out);
+	cap_xfer_op_init(&r->op, sb, reader_out);
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	cap_buf_init(&r->q);
@@ -171,9 +171,9 @@ static void reader_join(struct reader *r)
  * for it and free what it used. */
 static void reader_end(struct reader *r)
 {
-	op_abort(&r->op);
+	cap_xfer_op_abort(&r->op);
 	reader_join(r);
-	op_fini(&r->op);
+	cap_xfer_op_fini(&r->op);
 	cap_buf_fini(&r->q);
 	pthread_cond_destroy(&r->cv);
 	pthread_mutex_destroy(&r->mu);
@@ -235,7 +235,7 @@ static int get_consume(struct reader *rd, struct archive *a)
 			break;
 		}
 		_cleanup_free_ char *gpath = *rel ? xasprintf("%s%s%s/%s", g->root, *g->path ? "/" : "", g->path, rel)
-						  : shown_path(g->root, g->path);
+						  : cap_xfer_shown_path(g->root, g->path);
 		mode_t type = archive_entry_filetype(e);
 		if (type == AE_IFDIR && !*rel && !g->recursive) {
 			r = cap_err_set(&rd->err, EISDIR, "%s is a directory; it is copied only recursively",
@@ -247,19 +247,19 @@ static int get_consume(struct reader *rd, struct archive *a)
 			break;
 		}
 		if (archive_entry_hardlink(e) || (type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)) {
-			refuse(g->res, "%s: not a regular file, directory or symbolic link", gpath);
+			cap_xfer_refuse(g->res, "%s: not a regular file, directory or symbolic link", gpath);
 			continue;
 		}
 		if (type == AE_IFLNK) {
 			const char *t = archive_entry_symlink(e);
 			if (!*rel) {
-				refuse(g->res, "%s: a symbolic link (to %s); copy what it points to instead", gpath,
-				       t ? t : "nothing");
+				cap_xfer_refuse(g->res, "%s: a symbolic link (to %s); copy what it points to instead", gpath,
+						t ? t : "nothing");
 				continue;
 			}
 			if (!t || !*t || strlen(t) > CAP_TREE_MAX_PATH || !cap_tree_link_inside(rel, t)) {
-				refuse(g->res, "%s: a symbolic link to %.1024s, which leaves the copied tree", gpath,
-				       t ? t : "nothing");
+				cap_xfer_refuse(g->res, "%s: a symbolic link to %.1024s, which leaves the copied tree", gpath,
+						t ? t : "nothing");
 				continue;
 			}
 		}
@@ -275,7 +275,7 @@ static int get_consume(struct reader *rd, struct archive *a)
 			break;
 		}
 		if (h < ARCHIVE_WARN) {
-			refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
+			cap_xfer_refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
 			continue;
 		}
 		if (type == AE_IFREG) {
@@ -285,7 +285,7 @@ static int get_consume(struct reader *rd, struct archive *a)
 			bool failed = false;
 			while ((k = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK) {
 				if (!failed && archive_write_data_block(w, buf, size, off) < ARCHIVE_WARN) {
-					refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
+					cap_xfer_refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
 					failed = true;
 				}
 			}
@@ -295,7 +295,7 @@ static int get_consume(struct reader *rd, struct archive *a)
 				break;
 			}
 			if (archive_write_finish_entry(w) < ARCHIVE_WARN && !failed) {
-				refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
+				cap_xfer_refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
 				failed = true;
 			}
 			if (failed)
@@ -305,7 +305,7 @@ static int get_consume(struct reader *rd, struct archive *a)
 			continue;
 		}
 		if (archive_write_finish_entry(w) < ARCHIVE_WARN) {
-			refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
+			cap_xfer_refuse(g->res, "%s: cannot write it here: %s", gpath, archive_error_string(w));
 			continue;
 		}
 		if (type == AE_IFDIR)
@@ -335,7 +335,7 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 		 const char *dest, unsigned flags, struct cap_xfer_result *res,
 		 struct cap_err *err)
 {
-	_cleanup_free_ char *shown = shown_path(root, path);
+	_cleanup_free_ char *shown = cap_xfer_shown_path(root, path);
 	char kind;
 	int r = cap_xfer_kind(sb, root, path, &kind, err);
 	if (r < 0)
@@ -368,7 +368,7 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 		return cap_err_set(err, ENOTDIR, "%s exists and is not a directory; %s is one", dest, shown);
 	} else {
 		last_component(dest, name, sizeof(name));
-		if (!component_ok(name))
+		if (!cap_xfer_component_ok(name))
 			return cap_err_set(err, EINVAL, "%s does not name a file to create", dest);
 		size_t plen = dlen - strlen(name);
 		while (plen > 1 && dest[plen - 1] == '/')
@@ -392,20 +392,20 @@ int cap_xfer_get(struct cap_sandbox *sb, const char *root, const char *path,
 		return r;
 	}
 	_cleanup_free_ char *what = xasprintf("copying %s out of the sandbox", shown);
-	if ((r = op_start(&g.rd.op, CAP_FILE_TAR_OUT, root, path, 0, err)) < 0 ||
-	    (r = pump(&g.rd.op, true, err)) < 0) {
+	if ((r = cap_xfer_op_start(&g.rd.op, CAP_FILE_TAR_OUT, root, path, 0, err)) < 0 ||
+	    (r = cap_xfer_pump(&g.rd.op, true, err)) < 0) {
 		reader_end(&g.rd);
 		return r;
 	}
 	reader_join(&g.rd);
 	/* The guest's own failure first: it explains an empty or cut stream. */
-	int gs = op_status(&g.rd.op, what, err);
+	int gs = cap_xfer_op_status(&g.rd.op, what, err);
 	if (gs >= 0 && g.rd.rc < 0) {
 		*err = g.rd.err;
 		gs = g.rd.rc;
 	}
 	if (gs >= 0) {
-		take_messages(&g.rd.op, res);
+		cap_xfer_take_messages(&g.rd.op, res);
 		if (res->nrefused)
 			gs = cap_err_set(err, EPERM, "%s: %zu path%s not copied (listed)", what, res->nrefused,
 					 res->nrefused == 1 ? " was" : "s were");
@@ -572,15 +572,15 @@ int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 		return r;
 	}
 	_cleanup_free_ char *what = xasprintf("fetching %zu file%s from %s", n, n == 1 ? "" : "s", root);
-	if ((r = op_start(&f.rd.op, CAP_FILE_TAR_OUT, root, "", CAP_TAR_PATHS_STDIN | (o->prefix ? CAP_TAR_PREFIX : 0),
-			  err)) < 0)
+	if ((r = cap_xfer_op_start(&f.rd.op, CAP_FILE_TAR_OUT, root, "", CAP_TAR_PATHS_STDIN | (o->prefix ? CAP_TAR_PREFIX : 0),
+				   err)) < 0)
 		goto out;
 	struct cap_buf batch;
 	cap_buf_init(&batch);
 	for (size_t i = 0; i < n && r == 0 && !f.rd.op.done; i++) {
 		cap_buf_append(&batch, paths[i], strlen(paths[i]) + 1);
 		if (cap_buf_used(&batch) >= 64 * 1024 || i + 1 == n) {
-			r = feed(&f.rd.op, cap_buf_head(&batch), cap_buf_used(&batch), err);
+			r = cap_xfer_feed(&f.rd.op, cap_buf_head(&batch), cap_buf_used(&batch), err);
 			cap_buf_consume(&batch, cap_buf_used(&batch));
 		}
 	}
@@ -589,7 +589,7 @@ int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 		goto out;
 	if (!f.rd.op.done)
 		cap_sandbox_stdin(sb, f.rd.op.id, NULL, 0);
-	if ((r = pump(&f.rd.op, true, err)) < 0)
+	if ((r = cap_xfer_pump(&f.rd.op, true, err)) < 0)
 		goto out;
 	reader_join(&f.rd);
 	/* A path gone from the guest is the reader's -ESTALE naming it
@@ -599,13 +599,13 @@ int cap_xfer_fetch(struct cap_sandbox *sb, const char *root,
 		r = f.rd.rc;
 		goto out;
 	}
-	r = op_status(&f.rd.op, what, err);
+	r = cap_xfer_op_status(&f.rd.op, what, err);
 	if (r >= 0 && f.rd.rc < 0) {
 		*err = f.rd.err;
 		r = f.rd.rc;
 	} else if (r == 1) {
 		char msg[700];
-		messages(&f.rd.op, msg, sizeof(msg));
+		cap_xfer_messages(&f.rd.op, msg, sizeof(msg));
 		r = cap_err_set(err, ESTALE, "%s: %s", what, *msg ? msg : "the sandbox reported a failure without naming a path");
 	}
 out:

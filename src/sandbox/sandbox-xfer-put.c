@@ -39,7 +39,7 @@ struct hent {
 };
 
 struct put {
-	struct op op;	/* first */
+	struct cap_xfer_op op;	/* first */
 	const char *src;
 	unsigned flags;
 	struct cap_xfer_result *res;
@@ -93,7 +93,7 @@ static int walk(struct put *p, int fd, const char *rel, unsigned depth)
 	errno = 0;
 	while ((e = readdir(d))) {
 		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			push(&names, &nn, xstrdup(e->d_name));
+			cap_xfer_push(&names, &nn, xstrdup(e->d_name));
 		errno = 0;
 	}
 	if (errno) {
@@ -152,17 +152,17 @@ static int walk(struct put *p, int fd, const char *rel, unsigned depth)
 			}
 			target[k] = 0;
 			if (p->flags & CAP_XFER_NO_LINKS) {
-				refuse(p->res, "%s: a symbolic link (links are not copied)", hp);
+				cap_xfer_refuse(p->res, "%s: a symbolic link (links are not copied)", hp);
 			} else if (k == 0 || !cap_tree_link_inside(crel, target)) {
-				refuse(p->res, "%s: a symbolic link to %s, which leaves the copied tree", hp, target);
+				cap_xfer_refuse(p->res, "%s: a symbolic link to %s, which leaves the copied tree", hp, target);
 				p->escaping++;
 			} else {
 				add(p, crel, CAP_TREE_LINK, xstrdup(target));
 			}
 		} else {
 			_cleanup_free_ char *hp = host_path(p, crel);
-			refuse(p->res, "%s: a %s, not copied (only files, directories and symbolic links are)", hp,
-			       S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" : "device");
+			cap_xfer_refuse(p->res, "%s: a %s, not copied (only files, directories and symbolic links are)", hp,
+					S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" : "device");
 		}
 	}
 out:
@@ -184,7 +184,7 @@ static la_ssize_t put_write(struct archive *a, void *ud, const void *buf, size_t
 		archive_set_error(a, EPIPE, "the sandbox ended the transfer");
 		return -1;
 	}
-	int r = feed(&p->op, buf, n, p->err);
+	int r = cap_xfer_feed(&p->op, buf, n, p->err);
 	if (r < 0) {
 		p->failed = r;
 		archive_set_error(a, -r, "%s", p->err->msg);
@@ -203,7 +203,7 @@ static void on_conflict(void *ud, const char *s, size_t n)
 	if (n > sizeof(word) - 1 && memcmp(s, word, sizeof(word) - 1) == 0 &&
 	    cap_tree_unescape(s + sizeof(word) - 1, n - (sizeof(word) - 1), &path) == 0 &&
 	    cap_tree_path_ok(path) && p->res->nconflicts < p->n) {
-		push(&p->res->conflicts, &p->res->nconflicts, path);
+		cap_xfer_push(&p->res->conflicts, &p->res->nconflicts, path);
 		return;
 	}
 	free(path);
@@ -219,11 +219,11 @@ static void on_conflict_long(void *ud)
 	on_conflict(ud, "(a line over the limit)", 23);
 }
 
-static int put_out(struct op *o, const uint8_t *b, size_t n)
+static int put_out(struct cap_xfer_op *o, const uint8_t *b, size_t n)
 {
 	struct put *p = (struct put *)o;
 	cap_buf_append(&p->lines, b, n);
-	cap_buf_lines(&p->lines, XFER_LINE_MAX, &p->linest, on_conflict, on_conflict_long, p);
+	cap_buf_lines(&p->lines, CAP_XFER_LINE_MAX, &p->linest, on_conflict, on_conflict_long, p);
 	return 0;
 }
 
@@ -269,18 +269,18 @@ static int put_entry(struct put *p, struct archive *a, struct archive_entry *ae,
 			fd = open_entry(topfd, h->rel);
 		if (fd < 0) {
 			int e = errno;
-			refuse(p->res, "%s: cannot open it: %s", hp, strerror(e));
+			cap_xfer_refuse(p->res, "%s: cannot open it: %s", hp, strerror(e));
 			return 1;
 		}
 		if (fstat(fd, &st) < 0) {
 			int e = errno;
-			refuse(p->res, "%s: cannot look at it: %s", hp, strerror(e));
+			cap_xfer_refuse(p->res, "%s: cannot look at it: %s", hp, strerror(e));
 			return 1;
 		}
 		if ((h->type == CAP_TREE_FILE && !S_ISREG(st.st_mode)) ||
 		    (h->type == CAP_TREE_DIR && !S_ISDIR(st.st_mode)) ||
 		    (!*h->rel && (st.st_dev != topst->st_dev || st.st_ino != topst->st_ino))) {
-			refuse(p->res, "%s: it was replaced while being copied; copy it again", hp);
+			cap_xfer_refuse(p->res, "%s: it was replaced while being copied; copy it again", hp);
 			return 1;
 		}
 		archive_entry_set_filetype(ae, h->type == CAP_TREE_DIR ? AE_IFDIR : AE_IFREG);
@@ -311,15 +311,15 @@ static int put_entry(struct put *p, struct archive *a, struct archive_entry *ae,
 		if (k < 0) {
 			/* The entry's size is promised: fill it, and say so. */
 			int e = errno;
-			refuse(p->res, "%s: reading it failed (%s); its copy in the sandbox is cut short (filled with zeros)",
-			       hp, strerror(e));
+			cap_xfer_refuse(p->res, "%s: reading it failed (%s); its copy in the sandbox is cut short (filled with zeros)",
+					hp, strerror(e));
 			shrank = true;
 			continue;
 		}
 		if (k == 0) {
 			if (!shrank)
-				refuse(p->res, "%s: it shrank while being copied; its copy in the sandbox is cut short (filled with zeros)",
-				       hp);
+				cap_xfer_refuse(p->res, "%s: it shrank while being copied; its copy in the sandbox is cut short (filled with zeros)",
+						hp);
 			shrank = true;
 			k = (ssize_t)want;
 			memset(buf, 0, want);
@@ -347,13 +347,13 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 	if (!cap_proto_file_path_ok(dest_dir))
 		return cap_err_set(err, EINVAL, "path '%s' is not allowed: it must be relative to %s, without '..'",
 				   dest_dir, root);
-	if (*dest_name && !component_ok(dest_name))
+	if (*dest_name && !cap_xfer_component_ok(dest_name))
 		return cap_err_set(err, EINVAL, "'%s' is not a file name (one path component, not '.' or '..')",
 				   dest_name);
-	_cleanup_free_ char *shown = shown_path(root, dest_dir);
+	_cleanup_free_ char *shown = cap_xfer_shown_path(root, dest_dir);
 	_cleanup_free_ char *what = xasprintf("copying %s to %s", src, shown);
 	struct put p = { .src = src, .flags = flags, .res = res, .err = err };
-	op_init(&p.op, sb, put_out);
+	cap_xfer_op_init(&p.op, sb, put_out);
 	cap_buf_init(&p.lines);
 	int r;
 	struct archive *a = NULL;
@@ -391,13 +391,13 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 	} else if (S_ISREG(st.st_mode)) {
 		add(&p, "", CAP_TREE_FILE, NULL);
 	} else if (S_ISLNK(st.st_mode)) {
-		refuse(res, "%s: a symbolic link (capsule cp copies what a link is in a tree, not what it points to; name its target)",
-		       src);
+		cap_xfer_refuse(res, "%s: a symbolic link (capsule cp copies what a link is in a tree, not what it points to; name its target)",
+				src);
 		if (!(flags & CAP_XFER_NO_LINKS))
 			p.escaping++;
 	} else {
-		refuse(res, "%s: a %s, not copied (only files, directories and symbolic links are)", src,
-		       S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" : "device");
+		cap_xfer_refuse(res, "%s: a %s, not copied (only files, directories and symbolic links are)", src,
+				S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" : "device");
 	}
 	if (p.escaping) {
 		r = cap_err_set(err, EPERM, "nothing was copied: %zu symbolic link%s in %s would lead outside what is copied (listed); remove %s, or copy what %s to",
@@ -411,8 +411,8 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 	}
 
 	/* Then the stream. */
-	if ((r = op_start(&p.op, CAP_FILE_TAR_IN, root, dest_dir,
-			  ((flags & CAP_XFER_NO_REPLACE) ? CAP_TAR_NO_REPLACE : 0) |
+	if ((r = cap_xfer_op_start(&p.op, CAP_FILE_TAR_IN, root, dest_dir,
+				   ((flags & CAP_XFER_NO_REPLACE) ? CAP_TAR_NO_REPLACE : 0) |
 				  ((flags & CAP_XFER_NO_SYNC) ? CAP_FILE_NO_SYNC : 0),
 			  err)) < 0)
 		goto out;
@@ -443,9 +443,9 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 		goto out;
 	if (!p.op.done)
 		cap_sandbox_stdin(sb, p.op.id, NULL, 0);
-	if ((r = pump(&p.op, true, err)) < 0)
+	if ((r = cap_xfer_pump(&p.op, true, err)) < 0)
 		goto out;
-	int st_guest = op_status(&p.op, what, err);
+	int st_guest = cap_xfer_op_status(&p.op, what, err);
 	if (st_guest < 0) {
 		r = st_guest;
 		goto out;
@@ -458,7 +458,7 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 		goto out;
 	}
 	bool guest_refused = p.op.nmsgs > 0 || p.op.dropped > 0;
-	take_messages(&p.op, res);
+	cap_xfer_take_messages(&p.op, res);
 	if (st_guest == 1 && !guest_refused && res->nconflicts == 0) {
 		r = cap_err_set(err, EIO, "%s: the sandbox reported a failure without naming a path", what);
 		goto out;
@@ -491,8 +491,8 @@ out:
 		archive_write_free(a);
 	if (ae)
 		archive_entry_free(ae);
-	op_abort(&p.op);
-	op_fini(&p.op);
+	cap_xfer_op_abort(&p.op);
+	cap_xfer_op_fini(&p.op);
 	cap_buf_fini(&p.lines);
 	for (size_t i = 0; i < p.n; i++) {
 		free(p.v[i].rel);

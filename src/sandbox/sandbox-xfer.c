@@ -50,15 +50,15 @@ void cap_xfer_result_fini(struct cap_xfer_result *r)
 	memset(r, 0, sizeof(*r));
 }
 
-void push(char ***v, size_t *n, char *s)
+void cap_xfer_push(char ***v, size_t *n, char *s)
 {
 	if ((*n & (*n - 1)) == 0)	/* 0, 1, 2, 4...: grow to the next power */
 		*v = xrealloc(*v, (*n ? *n * 2 : 1) * sizeof(char *));
 	(*v)[(*n)++] = s;
 }
 
-__attribute__((format(printf, 2, 3))) void refuse(struct cap_xfer_result *res,
-						  const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) void cap_xfer_refuse(struct cap_xfer_result *res,
+							   const char *fmt, ...)
 {
 	va_list ap;
 	char *s;
@@ -66,17 +66,17 @@ __attribute__((format(printf, 2, 3))) void refuse(struct cap_xfer_result *res,
 	if (vasprintf(&s, fmt, ap) < 0)
 		abort();
 	va_end(ap);
-	push(&res->refused, &res->nrefused, s);
+	cap_xfer_push(&res->refused, &res->nrefused, s);
 }
 
 /* "root/path", or root for the path "". New string. */
-char *shown_path(const char *root, const char *path)
+char *cap_xfer_shown_path(const char *root, const char *path)
 {
 	return *path ? xasprintf("%s/%s", root, path) : xstrdup(root);
 }
 
 /* Whether name is one path component we may give an entry. */
-bool component_ok(const char *name)
+bool cap_xfer_component_ok(const char *name)
 {
 	return *name && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") &&
 	       strlen(name) <= NAME_MAX;
@@ -84,8 +84,8 @@ bool component_ok(const char *name)
 
 /* --- one operation on the agent channel ------------------------------------ */
 
-void op_init(struct op *o, struct cap_sandbox *sb,
-	     int (*out)(struct op *, const uint8_t *, size_t))
+void cap_xfer_op_init(struct cap_xfer_op *o, struct cap_sandbox *sb,
+		      int (*out)(struct cap_xfer_op *, const uint8_t *, size_t))
 {
 	memset(o, 0, sizeof(*o));
 	o->sb = sb;
@@ -93,7 +93,7 @@ void op_init(struct op *o, struct cap_sandbox *sb,
 	cap_buf_init(&o->errbuf);
 }
 
-void op_fini(struct op *o)
+void cap_xfer_op_fini(struct cap_xfer_op *o)
 {
 	for (size_t i = 0; i < o->nmsgs; i++)
 		free(o->msgs[i]);
@@ -103,7 +103,7 @@ void op_fini(struct op *o)
 
 static void on_errline(void *ud, const char *p, size_t n)
 {
-	struct op *o = ud;
+	struct cap_xfer_op *o = ud;
 	static const char prefix[] = "capsule: ";
 	if (n >= sizeof(prefix) - 1 && memcmp(p, prefix, sizeof(prefix) - 1) == 0) {
 		p += sizeof(prefix) - 1;
@@ -119,7 +119,7 @@ static void on_errline(void *ud, const char *p, size_t n)
 	for (char *c = s; *c; c++)
 		if ((unsigned char)*c < 0x20 || *c == 0x7f)
 			*c = '?';
-	push(&o->msgs, &o->nmsgs, s);
+	cap_xfer_push(&o->msgs, &o->nmsgs, s);
 }
 
 static void on_errlong(void *ud)
@@ -129,11 +129,11 @@ static void on_errlong(void *ud)
 
 static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 {
-	struct op *o = ud;
+	struct cap_xfer_op *o = ud;
 	(void)id;
 	if (fd == 2) {
 		cap_buf_append(&o->errbuf, p, n);
-		cap_buf_lines(&o->errbuf, XFER_LINE_MAX, &o->errst, on_errline, on_errlong, o);
+		cap_buf_lines(&o->errbuf, CAP_XFER_LINE_MAX, &o->errst, on_errline, on_errlong, o);
 		return;
 	}
 	if (o->sink_err)
@@ -148,7 +148,7 @@ static void on_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
 static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum,
 		    const char *msg)
 {
-	struct op *o = ud;
+	struct cap_xfer_op *o = ud;
 	(void)id;
 	o->done = true;
 	if (ex) {
@@ -166,8 +166,8 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 
 static const struct cap_exec_events op_events = { on_output, on_done, NULL };
 
-int op_start(struct op *o, uint32_t file_op, const char *root, const char *path,
-	     uint32_t limit, struct cap_err *err)
+int cap_xfer_op_start(struct cap_xfer_op *o, uint32_t file_op, const char *root, const char *path,
+		      uint32_t limit, struct cap_err *err)
 {
 	struct cap_file_req req = { .op = file_op, .limit = limit, .root = root, .path = path };
 	int r = cap_sandbox_file(o->sb, &req, 0, &op_events, o, &o->id, err);
@@ -180,7 +180,7 @@ int op_start(struct op *o, uint32_t file_op, const char *root, const char *path,
 /* The one loop every transfer runs in: drive the agent channel until the
  * operation ends or, unless until_done, until what is queued for the
  * guest is down to XFER_BACKLOG (the flow control of STDIN). */
-int pump(struct op *o, bool until_done, struct cap_err *err)
+int cap_xfer_pump(struct cap_xfer_op *o, bool until_done, struct cap_err *err)
 {
 	while (!o->done && (until_done || cap_sandbox_backlog(o->sb) > XFER_BACKLOG)) {
 		struct pollfd pfd[CAP_SANDBOX_NPOLL];
@@ -199,17 +199,17 @@ int pump(struct op *o, bool until_done, struct cap_err *err)
 
 /* Queue bytes for the operation's STDIN, keeping the backlog bounded;
  * once the operation has ended they are dropped (its status says why). */
-int feed(struct op *o, const void *p, size_t n, struct cap_err *err)
+int cap_xfer_feed(struct cap_xfer_op *o, const void *p, size_t n, struct cap_err *err)
 {
 	if (o->done)
 		return 0;
 	if (cap_sandbox_stdin(o->sb, o->id, p, n) < 0)
 		return 0;	/* the stream is gone; done() follows */
-	return pump(o, false, err);
+	return cap_xfer_pump(o, false, err);
 }
 
 /* Up to a few of the guest's messages joined with "; " (for an error). */
-void messages(const struct op *o, char *buf, size_t len)
+void cap_xfer_messages(const struct cap_xfer_op *o, char *buf, size_t len)
 {
 	size_t used = 0;
 	buf[0] = 0;
@@ -226,10 +226,10 @@ void messages(const struct op *o, char *buf, size_t len)
 /* How the guest ended the operation: its exit code 0 or 1 (some paths
  * refused, in msgs), or -errno with err naming what (the path missing,
  * nothing could be done, a signal). */
-int op_status(const struct op *o, const char *what, struct cap_err *err)
+int cap_xfer_op_status(const struct cap_xfer_op *o, const char *what, struct cap_err *err)
 {
 	char msg[700];
-	messages(o, msg, sizeof(msg));
+	cap_xfer_messages(o, msg, sizeof(msg));
 	if (o->rejected)
 		return cap_err_set(err, o->rej_errno, "%s: the sandbox refused it: %s", what, o->rej_msg);
 	switch (o->ex.kind) {
@@ -249,24 +249,24 @@ int op_status(const struct op *o, const char *what, struct cap_err *err)
 }
 
 /* Move the guest's messages into res->refused. */
-void take_messages(struct op *o, struct cap_xfer_result *res)
+void cap_xfer_take_messages(struct cap_xfer_op *o, struct cap_xfer_result *res)
 {
 	for (size_t i = 0; i < o->nmsgs; i++)
-		push(&res->refused, &res->nrefused, o->msgs[i]);
+		cap_xfer_push(&res->refused, &res->nrefused, o->msgs[i]);
 	o->nmsgs = 0;
 	if (o->dropped)
-		refuse(res, "(%zu more paths not copied, not listed)", o->dropped);
+		cap_xfer_refuse(res, "(%zu more paths not copied, not listed)", o->dropped);
 }
 
 /* After an error of ours: make sure the operation is over (kill it if it
  * runs) so that the connection can serve the next call. */
-void op_abort(struct op *o)
+void cap_xfer_op_abort(struct cap_xfer_op *o)
 {
 	struct cap_err ignored = { 0 };
 	if (!o->started || o->done)
 		return;
 	cap_sandbox_signal(o->sb, o->id, SIGKILL);
-	pump(o, true, &ignored);
+	cap_xfer_pump(o, true, &ignored);
 }
 
 /* --- kind -------------------------------------------------------------------- */
@@ -283,15 +283,15 @@ int cap_xfer_kind(struct cap_sandbox *sb, const char *root, const char *path,
 	if (!cap_proto_file_path_ok(path))
 		return cap_err_set(err, EINVAL, "path '%s' is not allowed: it must be relative to %s, without '..'",
 				   path, root);
-	struct op o;
-	op_init(&o, sb, NULL);
-	_cleanup_free_ char *shown = shown_path(root, path);
+	struct cap_xfer_op o;
+	cap_xfer_op_init(&o, sb, NULL);
+	_cleanup_free_ char *shown = cap_xfer_shown_path(root, path);
 	struct cap_file_req req = { .op = CAP_FILE_READ, .root = root, .path = path };
 	int r = cap_sandbox_file(sb, &req, 0, &op_events, &o, &o.id, err);
 	if (r < 0)
 		goto out;
 	o.started = true;
-	if ((r = pump(&o, true, err)) < 0)
+	if ((r = cap_xfer_pump(&o, true, err)) < 0)
 		goto out;
 	if (o.rejected) {
 		r = cap_err_set(err, o.rej_errno, "%s: the sandbox refused to look at it: %s", shown, o.rej_msg);
@@ -310,26 +310,26 @@ int cap_xfer_kind(struct cap_sandbox *sb, const char *root, const char *path,
 		/* The agent's line names the path and the rule. */
 		r = cap_err_set(err, o.ex.value > 0 && o.ex.value < 4096 ? o.ex.value : EIO, "%s", o.msgs[0]);
 	} else {
-		r = op_status(&o, shown, err);
+		r = cap_xfer_op_status(&o, shown, err);
 		if (r >= 0)	/* an exit code READ does not give */
 			r = cap_err_set(err, EBADMSG, "%s: the sandbox answered with exit code %d", shown, o.ex.value);
 	}
 out:
-	op_abort(&o);
-	op_fini(&o);
+	cap_xfer_op_abort(&o);
+	cap_xfer_op_fini(&o);
 	return r < 0 ? r : 0;
 }
 
 /* --- manifest ---------------------------------------------------------------- */
 
 struct manifest_op {
-	struct op op;	/* first: the sink finds us from it */
+	struct cap_xfer_op op;	/* first: the sink finds us from it */
 	struct cap_tree_parser *parser;	/* parses the text as it comes */
 	uint64_t bytes;
 	struct cap_err perr;	/* the parser's refusal */
 };
 
-static int manifest_out(struct op *o, const uint8_t *p, size_t n)
+static int manifest_out(struct cap_xfer_op *o, const uint8_t *p, size_t n)
 {
 	struct manifest_op *m = (struct manifest_op *)o;
 	if (n > XFER_MANIFEST_MAX - m->bytes)
@@ -342,11 +342,11 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 		      struct cap_tree *out, struct cap_err *err)
 {
 	struct manifest_op m = { .parser = cap_tree_parser_new(0) };
-	op_init(&m.op, sb, manifest_out);
-	_cleanup_free_ char *shown = shown_path(root, path);
+	cap_xfer_op_init(&m.op, sb, manifest_out);
+	_cleanup_free_ char *shown = cap_xfer_shown_path(root, path);
 	_cleanup_free_ char *what = xasprintf("the manifest of %s", shown);
-	int r = op_start(&m.op, CAP_FILE_MANIFEST, root, path, 0, err);
-	if (r < 0 || (r = pump(&m.op, true, err)) < 0)
+	int r = cap_xfer_op_start(&m.op, CAP_FILE_MANIFEST, root, path, 0, err);
+	if (r < 0 || (r = cap_xfer_pump(&m.op, true, err)) < 0)
 		goto out;
 	if (m.op.sink_err == -EFBIG) {
 		r = cap_err_set(err, EFBIG, "%s is over %llu bytes; the sandbox's tree is too large to compare",
@@ -359,11 +359,11 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 		cap_err_prefix(err, "%s from the sandbox: ", what);
 		goto out;
 	}
-	if ((r = op_status(&m.op, what, err)) < 0)
+	if ((r = cap_xfer_op_status(&m.op, what, err)) < 0)
 		goto out;
 	if (r == 1) {
 		char msg[700];
-		messages(&m.op, msg, sizeof(msg));
+		cap_xfer_messages(&m.op, msg, sizeof(msg));
 		r = cap_err_set(err, EIO, "%s is incomplete: the sandbox could not read every path (%s)", what,
 				*msg ? msg : "no reason given");
 		goto out;
@@ -372,8 +372,8 @@ int cap_xfer_manifest(struct cap_sandbox *sb, const char *root, const char *path
 	if (r < 0)
 		cap_err_prefix(err, "%s from the sandbox: ", what);
 out:
-	op_abort(&m.op);
-	op_fini(&m.op);
+	cap_xfer_op_abort(&m.op);
+	cap_xfer_op_fini(&m.op);
 	cap_tree_parser_free(m.parser);
 	return r < 0 ? r : 0;
 }

@@ -33,10 +33,13 @@ import sys
 
 FRONT_ENDS = ['src/cli', 'src/mcp', 'src/serve', 'src/oci']
 OPEN = ['src/common', 'src/proto']
-# The library's public headers a front end may include, and what each is.
+# The library's public headers a front end may include, and what each is
+# (one not in the tree is skipped).
 PUBLIC = {
     'src/controller/controller.h': "the controller's API",
     'src/controller/lifecycle.h': "controller.h's types: a sandbox's states and the lifecycle's pure decisions",
+    'src/controller/controller-prepare.h': "preparation's phases and run (controller.h's prepare calls; capsule prepare runs it)",
+    'src/sandbox/workspace-types.h': "the workspace's types controller.h's results carry",
     'src/sandbox/sandbox.h': 'one sandbox: spec, options, boot, exec, files',
     'src/sandbox/named.h': 'named sandboxes: records, create, start, stop, remove',
     'src/sandbox/xfer.h': 'files in and out of a sandbox (capsule cp)',

@@ -1,10 +1,10 @@
 #!/bin/sh
-# The one test command (make test): unit tests, the same unit tests under
-# ASan+UBSan (gcc) and built by clang (with ASan, UBSan and libFuzzer's
-# instrumentation), the fuzz targets' corpora replayed and each target
-# run briefly, VM integration tests through the library, and black-box
-# CLI tests. Every suite speaks TAP; this script counts and prints one
-# closing line "N passed, N failed, N skipped".
+# The one test command (make test): the header fence, unit tests, the
+# same unit tests under ASan+UBSan (gcc) and built by clang (with ASan,
+# UBSan and libFuzzer's instrumentation), the fuzz targets' corpora
+# replayed and each target run briefly, VM integration tests through the
+# library, and black-box CLI tests. Every suite speaks TAP; this script
+# counts and prints one closing line "N passed, N failed, N skipped".
 #   tests/run.sh [BUILD [ASAN_BUILD [CLANG_BUILD]]]
 set -u
 build=${1:-build}
@@ -40,6 +40,10 @@ suite() {
 		}'
 	echo "# suite: $name took $(($(date +%s) - start)) s"
 }
+
+# The header fence: front ends include only the library's public
+# headers (tests/check-fence.py says which and why).
+suite "fence" python3 tests/check-fence.py
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
 units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template"

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "engine-probe.h"
 #include "jsonrpc.h"
-#include "engine.h"
 #include "paths.h"
 #include "store.h"
 #include "util.h"

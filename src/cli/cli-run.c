@@ -8,10 +8,11 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "engine-probe.h"
 #include "named.h"
 #include "paths.h"
+#include "policy.h"
 #include "sandbox.h"
-#include "secret.h"
 #include "store.h"
 #include "util.h"
 

@@ -11,44 +11,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "engine-probe.h"	/* what a front end may ask without a VM */
+#include "engine-types.h"
 #include "err.h"
-#include "jail.h"	/* cap_jail_probe and cap_jail_sweep are public */
-
-enum cap_accel { CAP_ACCEL_AUTO, CAP_ACCEL_KVM, CAP_ACCEL_TCG };
-
-struct cap_accel_choice {
-	enum cap_accel accel;	/* KVM or TCG, never AUTO */
-	char reason[1024];	/* why, in a sentence a user can act on */
-};
-
-/* Parse "auto", "kvm" or "tcg". -EINVAL otherwise. */
-int cap_engine_accel_parse(const char *s, enum cap_accel *out);
-const char *cap_engine_accel_name(enum cap_accel a);
-
-/* Resolve want (AUTO, or KVM/TCG) against this host, per
- * docs/architecture.md "Acceleration". CAPSULE_ACCEL overrides AUTO;
- * CAPSULE_REQUIRE_KVM=1 turns AUTO into KVM. KVM is usable when the CPU
- * has hardware virtualization and a VM's program could open /dev/kvm
- * (tried for real: the jail's user on the node the jail makes, or this
- * user without the jail). Asking for KVM on a host without usable KVM
- * fails with -ENODEV and the reason and what to do in err; nothing ever
- * falls back to running on the host. */
-int cap_engine_accel_choose(enum cap_accel want, struct cap_accel_choice *out,
-			    struct cap_err *err);
-
-/* An engine (engine-ops.h); opaque here. */
-struct cap_engine_ops;
-
-/* The engine called name; NULL: $CAPSULE_ENGINE, else the default
- * ("qemu"). -ENOENT with err listing the engines there are when none has
- * that name. The table is static: nothing to free. */
-int cap_engine_get(const char *name, const struct cap_engine_ops **out,
-		   struct cap_err *err);
-/* The default engine, whatever CAPSULE_ENGINE says (what a VM recorded
- * by an older version, without an engine's name, ran on). */
-const struct cap_engine_ops *cap_engine_default(void);
-/* Its name ("qemu"), as CAPSULE_ENGINE and runtime.json's "engine" give it. */
-const char *cap_engine_name(const struct cap_engine_ops *e);
+#include "jail.h"	/* cap_jail_sweep is public */
 
 /* What in the engine and its host shapes a VM's saved state under accel
  * (KVM or TCG), hashed into a template's key and recorded with the
@@ -60,32 +26,6 @@ const char *cap_engine_name(const struct cap_engine_ops *e);
  * under TCG the guest's TSC rate and clock. Identities of two engines or
  * two accelerators always differ. New string. */
 char *cap_engine_identity(const struct cap_engine_ops *e, enum cap_accel accel);
-
-/* The host's TSC rate in kHz, which a guest under TCG reads as its own
- * (QEMU's rdtsc is the host's counter): given to the guest kernel
- * (tsc_early_khz, tsc=reliable), whose calibration fails under TCG and
- * leaves it on the jiffies clock, whose tick never stops (about 5 % of a
- * core per idle VM). Measured against CLOCK_MONOTONIC_RAW once per host
- * boot (kept in the cache directory, keyed by the boot id). 0 when the
- * TSC is not constant and nonstop (constant_tsc, nonstop_tsc) or not the
- * host's own clock, or when CAPSULE_GUEST_TSC is set to anything but 1
- * ("0": no rate; "unstable": the guest is told its TSC is unstable, the
- * jiffies clock of before, to measure). Thread-safe. */
-unsigned cap_engine_tsc_khz(void);
-
-/* The engine's own version line ("QEMU emulator version 7.2.22 ..."), new
- * string; or -errno with err saying what to install. */
-int cap_engine_version(const struct cap_engine_ops *e, char **out, struct cap_err *err);
-
-/* A virtio-blk disk; the guest finds it by serial (a cap_proto_valid_name). */
-struct cap_vm_disk {
-	const char *path;
-	const char *serial;
-	bool readonly;
-	/* A disk of its own per sandbox (not shared like an image): a
-	 * template holds an empty placeholder in its slot. */
-	bool per_sandbox;
-};
 
 /* A NIC under a network policy (DESIGN §9, docs/network.md): a
  * virtio-net device on QEMU's user-mode stack inside the jail's network
@@ -213,17 +153,6 @@ int cap_vm_start(const struct cap_vm_config *cfg, struct cap_vm **out,
 		 struct cap_err *err);
 /* The engine vm was started with. */
 const struct cap_engine_ops *cap_vm_engine(const struct cap_vm *vm);
-
-/* An I/O error on a disk that QEMU passed to the guest (QMP
- * BLOCK_IO_ERROR). Every disk's policy is to report errors to the guest,
- * never to stop the VM: a full host file system becomes ENOSPC/EIO in the
- * guest, not a frozen sandbox. */
-struct cap_vm_io_error {
-	unsigned disk;	/* index in cfg.disks */
-	bool write;	/* a write failed (else a read) */
-	bool nospace;	/* the host's file system holding the disk is full */
-	char reason[128];	/* QEMU's words ("No space left on device") */
-};
 
 /* A descriptor that becomes readable when QEMU has events for us, for the
  * caller's poll (then call cap_vm_io_errors); -1 once QEMU's monitor has

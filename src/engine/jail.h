@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "engine-probe.h"	/* the jail's host checks: struct cap_jail_check */
 #include "err.h"
 
 /* A file bound read-only (nosuid, nodev) into a jail's root. */
@@ -88,37 +89,6 @@ struct cap_jail_spec {
 	const char *copy_at;
 	int sealed_fd;
 };
-
-/* One protection and whether this host gives it. */
-struct cap_jail_check {
-	const char *name;	/* static */
-	bool active;
-	char detail[600];	/* what it is, or why it is missing */
-};
-
-#define CAP_JAIL_NCHECKS 6
-
-/* Fill checks with each protection's state on this host, as a VM started
- * now would get it. Probes for real (a throwaway child in new namespaces,
- * a throwaway cgroup). Returns how many are missing. */
-int cap_jail_probe(struct cap_jail_check checks[CAP_JAIL_NCHECKS]);
-
-/* Whether a jailed restore can map one shared template RAM (spec.sealed_fd):
- * a memfd can be sealed against writes and a jail can mount a proc of its
- * own (subset=pid). 0 with what it is in detail, or -errno with why not. */
-int cap_jail_ram_probe(char *detail, size_t len);
-
-/* Whether the program of a jail made now could open device path (a host
- * path, as in spec.devices) read-write and use it, tried for real. When
- * the jail would confine (*confined true): a throwaway child in a mount
- * namespace of its own makes the node as cap_jail_spawn does and opens it
- * as a jail's UID without groups (in this process's cgroups, not a VM's).
- * Else this process opens the host's node, as the unconfined program
- * would. use, when not NULL, is then called with the descriptor (in the
- * child, as that user) and says whether the device answers as the
- * program needs: 0, or -errno. 0 with what was found in detail, or -errno
- * with the step that failed and why (-ENODEV: not a character device). */
-int cap_jail_device_probe(const char *path, int (*use)(int fd), bool *confined, char *detail, size_t len);
 
 struct cap_jail;
 

@@ -2,7 +2,13 @@
 #ifndef CAP_SANDBOX_INTERNAL_H
 #define CAP_SANDBOX_INTERNAL_H
 
+#include <jansson.h>
+
+#include "engine.h"
+#include "named.h"
 #include "sandbox.h"
+#include "tree.h"
+#include "xfer.h"
 
 /* The template cache (sandbox-template.c): it never starts a VM;
  * sandbox-vm.c boots one and saves it into a staging directory.
@@ -75,5 +81,109 @@ int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
  * on the host's 127.0.0.1, stop forwarding the gone ones (auto-publish). */
 int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,
 			      const uint16_t *ports, uint32_t nports, struct cap_err *err);
+
+/* Named sandboxes on disk, in parts: records (sandbox-named.c), disks
+ * (sandbox-named-disk.c), creation (sandbox-named-create.c) and running
+ * (sandbox-named-run.c). */
+/* The path of file in name's directory; new string. */
+char *cap_named_path(const char *name, const char *file);
+/* What SETUP takes of a tmpfs mount, for create and load alike. */
+int cap_named_tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, size_t i, int code,
+			  struct cap_err *err);
+/* Write rec's record.json (atomically). */
+int cap_named_write_record(const struct cap_record *rec, struct cap_err *err);
+/* The VM's engine and hypervisor process as the shim recorded them in
+ * runtime.json j ("engine", "vmm_pid"); a file from before engines has
+ * only "qemu_pid", of the one engine there was. */
+void cap_named_runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid);
+/* cap_named_check_size with the workspace's disk (ws_mib, 0: none)
+ * counted in the host-space check with the other two. */
+int cap_named_check_size_ws(unsigned cpus, unsigned memory_mib, unsigned root_mib,
+			    unsigned work_mib, unsigned ws_mib, bool force, struct cap_err *err);
+/* An ext4 disk of mib MiB at path (new, 0600): empty, or with a copy of
+ * the host directory from (mke2fs -d: no root needed) and room for at
+ * least inodes inodes (0: mke2fs's default). */
+int cap_named_make_disk(const char *path, unsigned mib, bool tool_owned, const char *label,
+			const char *from, uint64_t inodes, struct cap_err *err);
+/* Build source.erofs from rec->source (or an empty tree, so that every
+ * sandbox has the same devices) and note what it holds in rec. */
+int cap_named_project(struct cap_record *rec, cap_progress_fn progress, void *ud,
+		      struct cap_err *err);
+/* What one entry of the project looked like on the host (sandbox-named-disk.c). */
+struct cap_named_stamp;
+/* A new sandbox's workspace, prepared before anything is made. */
+struct cap_named_ws {
+	struct cap_tree tree;	/* the base manifest */
+	struct cap_named_stamp *st;	/* st[i] for tree.v[i], st[tree.n] for the root */
+	uint64_t inodes;	/* for mke2fs -N */
+	int dfd;	/* the project directory, O_PATH */
+};
+void cap_named_ws_fini(struct cap_named_ws *w);
+/* rec->workspace made canonical and scanned by the copy-in rules, the
+ * size of its disk chosen (or the one asked for checked), and every
+ * entry stamped. */
+int cap_named_ws_prepare(struct cap_record *rec, cap_progress_fn progress, void *ud,
+			 struct cap_named_ws *w, struct cap_err *err);
+/* Make workspace.ext4 holding a copy of the project, check that the
+ * project did not change meanwhile, and save the base manifest. */
+int cap_named_ws_make(const struct cap_record *rec, struct cap_named_ws *w, cap_progress_fn progress,
+		      void *ud, struct cap_err *err);
+
+/* Transfers over the agent channel, in parts: the FILE operation every
+ * transfer runs, kind and manifest (sandbox-xfer.c), put
+ * (sandbox-xfer-put.c), get and fetch (sandbox-xfer-get.c). */
+/* Longest line accepted from a guest: an escaped path and its reason. */
+#define CAP_XFER_LINE_MAX (3 * CAP_TREE_MAX_PATH + 1024)
+/* Append s (owned) to the array *v of *n strings. */
+void cap_xfer_push(char ***v, size_t *n, char *s);
+/* Add a formatted line to res->refused. */
+__attribute__((format(printf, 2, 3))) void cap_xfer_refuse(struct cap_xfer_result *res,
+							   const char *fmt, ...);
+/* "root/path", or root for the path "". New string. */
+char *cap_xfer_shown_path(const char *root, const char *path);
+/* Whether name is one path component we may give an entry. */
+bool cap_xfer_component_ok(const char *name);
+/* One FILE streaming operation: its stream, how it ended, its STDERR lines,
+ * and where its STDOUT goes (out). */
+struct cap_xfer_op {
+	struct cap_sandbox *sb;
+	uint32_t id;
+	bool started, done;
+	struct cap_exit ex;
+	bool rejected;	/* the agent or the shim refused the stream */
+	int rej_errno;
+	char rej_msg[512];
+	/* Takes the STDOUT bytes; < 0 stops the transfer: the stream is
+	 * killed, the error kept in sink_err. */
+	int (*out)(struct cap_xfer_op *o, const uint8_t *p, size_t n);
+	int sink_err;
+	struct cap_buf errbuf;
+	struct cap_lines errst;
+	char **msgs;	/* STDERR lines, "capsule: " taken off, sanitized */
+	size_t nmsgs, dropped;
+};
+void cap_xfer_op_init(struct cap_xfer_op *o, struct cap_sandbox *sb,
+		      int (*out)(struct cap_xfer_op *, const uint8_t *, size_t));
+void cap_xfer_op_fini(struct cap_xfer_op *o);
+int cap_xfer_op_start(struct cap_xfer_op *o, uint32_t file_op, const char *root, const char *path,
+		      uint32_t limit, struct cap_err *err);
+/* The one loop every transfer runs in: drive the agent channel until the
+ * operation ends or, unless until_done, until what is queued for the
+ * guest is down to XFER_BACKLOG (the flow control of STDIN). */
+int cap_xfer_pump(struct cap_xfer_op *o, bool until_done, struct cap_err *err);
+/* Queue bytes for the operation's STDIN, keeping the backlog bounded;
+ * once the operation has ended they are dropped (its status says why). */
+int cap_xfer_feed(struct cap_xfer_op *o, const void *p, size_t n, struct cap_err *err);
+/* Up to a few of the guest's messages joined with "; " (for an error). */
+void cap_xfer_messages(const struct cap_xfer_op *o, char *buf, size_t len);
+/* How the guest ended the operation: its exit code 0 or 1 (some paths
+ * refused, in msgs), or -errno with err naming what (the path missing,
+ * nothing could be done, a signal). */
+int cap_xfer_op_status(const struct cap_xfer_op *o, const char *what, struct cap_err *err);
+/* Move the guest's messages into res->refused. */
+void cap_xfer_take_messages(struct cap_xfer_op *o, struct cap_xfer_result *res);
+/* After an error of ours: make sure the operation is over (kill it if it
+ * runs) so that the connection can serve the next call. */
+void cap_xfer_op_abort(struct cap_xfer_op *o);
 
 #endif

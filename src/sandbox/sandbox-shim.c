@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "log.h"
 #include "named.h"
 #include "paths.h"

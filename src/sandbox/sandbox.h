@@ -7,9 +7,11 @@
 
 #include <poll.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "client.h"
-#include "engine.h"
+#include "engine-types.h"
 #include "err.h"
 #include "policy.h"
 

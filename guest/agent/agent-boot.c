@@ -162,6 +162,8 @@ void setup_priority(void)
 		          "timeouts", strerror(errno));
 }
 
+/* --- SHUTDOWN --------------------------------------------------------- */
+
 void do_shutdown(void)
 {
 	agent_log("shutdown requested: stopping commands and syncing");

@@ -32,6 +32,8 @@ static const char *const base_env[] = {
 	"LANG=C.UTF-8",
 };
 
+/* --- output ---------------------------------------------------------- */
+
 /* Send command output within the exec's cap; at the cap, append the
  * truncation marker once and drop the rest. */
 void send_output(struct exec *x, enum cap_msg type, const uint8_t *p,
@@ -55,7 +57,7 @@ void send_output(struct exec *x, enum cap_msg type, const uint8_t *p,
 	x->sent += n;
 }
 
-/* --- commands --------------------------------------------------------- */
+/* --- the slots --------------------------------------------------------- */
 
 struct exec *exec_find(uint32_t id)
 {
@@ -222,6 +224,8 @@ static char **make_env(const struct cap_exec_req *req, char **owned)
 	return env;
 }
 
+
+/* --- starting a child ------------------------------------------------- */
 
 /* In the child, as root: take a CAP_EXEC_USER request's rlimits (first:
  * raising a hard limit needs root), its stdio pipes, groups, gid, uid and
@@ -493,6 +497,8 @@ void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	free(home);
 	cap_exec_req_fini(&req);
 }
+
+/* --- the end of a command -------------------------------------------- */
 
 /* Whether a command or transfer other than except runs (or ends). */
 bool others_running(const struct exec *except)

@@ -17,8 +17,6 @@
 #include "proto.h"
 #include "util.h"
 
-/* --- FILE: one path inside /source, /work or /workspace ------------------ */
-
 /* Fail a FILE stream: a line on STDERR naming the path and the rule, then
  * EXIT "could not start" with the errno. */
 static void file_fail(uint32_t id, int e, const char *fmt, ...)
@@ -140,6 +138,8 @@ static void file_read(uint32_t id, int fd, const char *shown, uint32_t limit)
 	cap_proto_exit_encode(&A.out, id, &ex);
 }
 
+/* --- the streaming operations ------------------------------------------ */
+
 /* A streaming operation's run in the child: say it started, do it. */
 static void run_xfer(const void *ud, int errfd, struct start_failure *f)
 {
@@ -177,6 +177,8 @@ static void file_stream(uint32_t id, const struct cap_file_req *req, const char 
 	};
 	spawn(id, x, &sp);
 }
+
+/* --- FILE ------------------------------------------------------------ */
 
 void handle_file(uint32_t id, const uint8_t *p, size_t n)
 {

@@ -19,7 +19,7 @@
 #include "proto.h"
 #include "util.h"
 
-/* --- SETUP: disks and the root file system ---------------------------- */
+/* --- disks ----------------------------------------------------------- */
 
 /* Find /dev/vdX whose virtio-blk serial is serial. */
 static int find_disk(const char *serial, char *dev, size_t len)
@@ -80,6 +80,8 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 		agent_durable_add(dst, dev, shown);
 	return 0;
 }
+
+/* --- the final root: a container's tmpfs, /run, the tool user ---------- */
 
 /* One of SETUP's tmpfs mounts, in the final root: its destination
  * resolved in that root and made (mkdir -p, 0755 root's) where missing,
@@ -232,6 +234,8 @@ static void ensure_tool_user(void)
 		fclose(f);
 	}
 }
+
+/* --- SETUP ----------------------------------------------------------- */
 
 /* A VM restored from a template shares its random state and its clock
  * with every other clone: take the host's. */

@@ -1,4 +1,7 @@
-/* TAR */
+/* TAR_OUT and TAR_IN (docs/protocol.md), run by agent_xfer_run in the
+ * streaming child: a tar stream of a tree or of named paths out on fd 1,
+ * a tar stream from fd 0 written beneath the root (never through a link,
+ * each file named only once it is whole). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -1,10 +1,11 @@
-/* The streaming FILE operations (docs/protocol.md): MANIFEST, TAR_OUT and
- * TAR_IN, each run by agent_xfer_run in a child of the agent that is
- * already the tool user in its own cgroup, its fd 0-2 pipes to the agent
- * (which relays them as STDIN, STDOUT and STDERR frames). Every path is
- * resolved beneath its root with openat2 and never through a symbolic
- * link below it; every name is checked before use. And, at SETUP, the
- * workspace's one-time change of owner (agent_workspace_own). */
+/* The streaming FILE operations (docs/protocol.md): MANIFEST here,
+ * TAR_OUT and TAR_IN in agent-xfer-tar.c, each run by agent_xfer_run in
+ * a child of the agent that is already the tool user in its own cgroup,
+ * its fd 0-2 pipes to the agent (which relays them as STDIN, STDOUT and
+ * STDERR frames). Every path is resolved beneath its root with openat2
+ * and never through a symbolic link below it; every name is checked
+ * before use. And, at SETUP, the workspace's one-time change of owner
+ * (agent_workspace_own). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

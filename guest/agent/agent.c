@@ -12,7 +12,13 @@
  * placeholders' variables.
  *
  * One thread, one poll loop. The host is the only peer; a host that goes
- * away ends the commands it started. */
+ * away ends the commands it started.
+ *
+ * This file is that loop: the frames from the host, the output queued to
+ * it, the pipes of the running commands, and main. The rest of the core:
+ * agent-boot.c (PID 1's start and power-off), agent-cgroup.c,
+ * agent-exec.c (commands and their environment), agent-setup.c (SETUP),
+ * agent-file.c (FILE); agent-internal.h is what they share. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -72,6 +78,8 @@ void flush_out_wait(int timeout_ms)
 		flush_out();
 	}
 }
+
+/* --- the loop --------------------------------------------------------- */
 
 static void handle_frame(const struct cap_frame *f)
 {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "agent-internal.h"
+#include "layout.h"
 #include "proto.h"
 #include "util.h"
 
@@ -38,24 +39,30 @@ __attribute__((noreturn)) void power_off(void)
 		pause();
 }
 
-static void mount_one(const char *src, const char *dst, const char *type,
-		      unsigned long flags, const char *data)
+/* The layout's CAP_GUEST_AT_BOOT mounts (the source is named as the
+ * type), each on a directory made for it; an optional one's directory is
+ * removed where the kernel lacks it. */
+static void mount_boot(void)
 {
-	mkdir(dst, 0755);
-	if (mount(src, dst, type, flags, data) < 0 && errno != EBUSY)
-		agent_log("mount %s on %s: %s", type, dst, strerror(errno));
+	size_t n;
+	const struct cap_guest_mount *m = cap_guest_mounts(&n);
+	for (size_t i = 0; i < n; i++) {
+		if (!(m[i].attr & CAP_GUEST_AT_BOOT))
+			continue;
+		mkdir(m[i].path, 0755);
+		if (mount(m[i].fstype, m[i].path, m[i].fstype, m[i].flags, m[i].data) < 0 && errno != EBUSY) {
+			bool absent = (m[i].attr & CAP_GUEST_OPTIONAL) && errno == ENODEV;
+			if (!absent)
+				agent_log("mount %s on %s: %s", m[i].fstype, m[i].path, strerror(errno));
+			if (m[i].attr & CAP_GUEST_OPTIONAL)
+				rmdir(m[i].path);
+		}
+	}
 }
 
 void setup_system(void)
 {
-	const unsigned long nsx = MS_NOSUID | MS_NOEXEC | MS_NODEV;
-
-	mount_one("proc", "/proc", "proc", nsx, NULL);
-	mount_one("sysfs", "/sys", "sysfs", nsx, NULL);
-	mount_one("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
-	mount_one("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-		  "gid=5,mode=0620,ptmxmode=0666");
-	mount_one("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	mount_boot();
 	/* The links a container's /dev has (runc makes them too); devtmpfs
 	 * has none of them. */
 	static const char *const links[][2] = {
@@ -65,17 +72,6 @@ void setup_system(void)
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(links); i++)
 		if (symlink(links[i][0], links[i][1]) < 0 && errno != EEXIST)
 			agent_log("symlink %s: %s", links[i][1], strerror(errno));
-	/* POSIX message queues, which a container's root expects, when the
-	 * kernel has them (CONFIG_POSIX_MQUEUE); without, no directory. */
-	mkdir("/dev/mqueue", 0755);
-	if (mount("mqueue", "/dev/mqueue", "mqueue", nsx, NULL) < 0 && errno != EBUSY) {
-		if (errno != ENODEV)
-			agent_log("mount mqueue on /dev/mqueue: %s", strerror(errno));
-		rmdir("/dev/mqueue");
-	}
-	mount_one("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
-	mount_one("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
-	mount_one("cgroup2", "/sys/fs/cgroup", "cgroup2", nsx, NULL);
 
 	/* The kernel gave us /dev/console as 0-2 if the initramfs had it;
 	 * make sure they are open either way. */
@@ -94,10 +90,10 @@ void setup_system(void)
 	/* The initramfs root comes up world-writable; it is not the tool
 	 * user's to write. */
 	chmod("/", 0755);
-	/* Tool user's home; /work becomes a private disk in later versions. */
-	mkdir("/work", 0755);
-	if (chown("/work", TOOL_UID, TOOL_GID) < 0)
-		agent_log("chown /work: %s", strerror(errno));
+	/* The tool user's home, until SETUP mounts its disk there. */
+	mkdir(CAP_GUEST_WORK, 0755);
+	if (chown(CAP_GUEST_WORK, TOOL_UID, TOOL_GID) < 0)
+		agent_log("chown " CAP_GUEST_WORK ": %s", strerror(errno));
 	if (sethostname("capsule", 7) < 0)
 		agent_log("sethostname: %s", strerror(errno));
 }
@@ -176,11 +172,13 @@ void do_shutdown(void)
 	sync();
 	/* The disks' watches hold them open: closed before the unmount. */
 	agent_durable_shutdown(&A.out);
-	umount2("/source", 0);
-	static const char *const disks[] = { "/work", "/workspace" };
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(disks); i++)
-		if (umount2(disks[i], 0) < 0 && errno != EINVAL && errno != ENOENT)
-			agent_log("unmount %s: %s", disks[i], strerror(errno));
+	/* The data disks; only a writable one's failure matters. */
+	size_t n;
+	const struct cap_guest_mount *m = cap_guest_mounts(&n);
+	for (size_t i = 0; i < n; i++)
+		if ((m[i].attr & CAP_GUEST_FILE_ROOT) && umount2(m[i].path, 0) < 0 &&
+		    !(m[i].flags & MS_RDONLY) && errno != EINVAL && errno != ENOENT)
+			agent_log("unmount %s: %s", m[i].path, strerror(errno));
 	if (A.upper_fd >= 0) {
 		char p[64];
 		snprintf(p, sizeof(p), "/proc/self/fd/%d", A.upper_fd);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "agent-internal.h"
+#include "layout.h"
 #include "proto.h"
 #include "util.h"
 
@@ -28,7 +29,7 @@
 
 static const char *const base_env[] = {
 	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	"HOME=/work", "USER=user", "LOGNAME=user", "SHELL=/bin/sh",
+	"HOME=" CAP_GUEST_WORK, "USER=user", "LOGNAME=user", "SHELL=/bin/sh",
 	"LANG=C.UTF-8",
 };
 
@@ -313,13 +314,13 @@ struct exec_job {
 	char **env;
 };
 
-/* A command's directory: the request's, else /work for the tool user and
+/* A command's directory: the request's, else the tool user's home for it and
  * / for a CAP_EXEC_USER command. */
 static const char *exec_cwd(const struct cap_exec_req *req)
 {
 	if (req->cwd && req->cwd[0])
 		return req->cwd;
-	return req->flags & CAP_EXEC_USER ? "/" : "/work";
+	return req->flags & CAP_EXEC_USER ? "/" : CAP_GUEST_WORK;
 }
 
 /* A command's run: its directory, its environment, exec. */

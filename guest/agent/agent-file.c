@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "agent-internal.h"
+#include "layout.h"
 #include "proto.h"
 #include "util.h"
 
@@ -158,8 +159,8 @@ static void file_stream(uint32_t id, const struct cap_file_req *req, const char 
 		file_fail(id, EINVAL, "%s: unknown flags 0x%x for this file operation", shown, req->limit);
 		return;
 	}
-	if (req->op == CAP_FILE_TAR_IN && strcmp(req->root, "/source") == 0) {
-		file_fail(id, EROFS, "%s: only /work and /workspace can be written", shown);
+	if (req->op == CAP_FILE_TAR_IN && !(cap_guest_file_root(req->root)->attr & CAP_GUEST_WRITABLE)) {
+		file_fail(id, EROFS, "%s: only " CAP_GUEST_WORK " and " CAP_GUEST_WORKSPACE " can be written", shown);
 		return;
 	}
 	struct exec *x = free_slot();
@@ -189,7 +190,8 @@ void handle_file(uint32_t id, const uint8_t *p, size_t n)
 		return;
 	}
 	if (cap_proto_file_decode(p, n, &req, root, sizeof(root), path, sizeof(path)) < 0) {
-		send_error(id, EBADMSG, "malformed FILE request (the root must be /source, /work or /workspace, the path relative without '..')");
+		send_error(id, EBADMSG, "malformed FILE request (the root must be " CAP_GUEST_SOURCE ", " CAP_GUEST_WORK " or "
+			   CAP_GUEST_WORKSPACE ", the path relative without '..')");
 		return;
 	}
 	snprintf(shown, sizeof(shown), "%s/%s", root, path);
@@ -198,8 +200,8 @@ void handle_file(uint32_t id, const uint8_t *p, size_t n)
 		file_stream(id, &req, shown);
 		return;
 	}
-	if (req.op == CAP_FILE_WRITE && strcmp(root, "/work") != 0) {
-		file_fail(id, EROFS, "%s: only /work can be written", shown);
+	if (req.op == CAP_FILE_WRITE && !(cap_guest_file_root(root)->attr & CAP_GUEST_HOME)) {
+		file_fail(id, EROFS, "%s: only " CAP_GUEST_WORK " can be written", shown);
 		return;
 	}
 	int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);

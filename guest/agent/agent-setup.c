@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "agent-internal.h"
+#include "layout.h"
 #include "proto.h"
 #include "util.h"
 
@@ -116,13 +117,7 @@ static int mount_tmpfs(const struct cap_setup_tmpfs *t, char *msg, size_t mlen)
 	snprintf(target, sizeof(target), "%s%s", strcmp(real, "/") == 0 ? "" : real, rest);
 	if (!target[0])
 		snprintf(target, sizeof(target), "/");
-	static const char *const own[] = { "/proc", "/sys", "/dev", "/work", "/source", "/workspace" };
-	bool reserved = strcmp(target, "/") == 0;
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(own) && !reserved; i++) {
-		size_t n = strlen(own[i]);
-		reserved = strncmp(target, own[i], n) == 0 && (target[n] == '\0' || target[n] == '/');
-	}
-	if (reserved) {
+	if (cap_guest_path_reserved(target)) {
 		snprintf(msg, mlen, "tmpfs at %.120s (%.120s): the guest's own mount point, which a container's tmpfs cannot replace",
 			 t->destination, target);
 		return -EINVAL;
@@ -225,7 +220,7 @@ static void ensure_tool_user(void)
 		return;
 	FILE *f = fopen("/etc/passwd", "a");
 	if (f) {
-		fputs("user:x:1000:1000:user:/work:/bin/sh\n", f);
+		fputs("user:x:1000:1000:user:" CAP_GUEST_WORK ":/bin/sh\n", f);
 		fclose(f);
 	}
 	f = fopen("/etc/group", "a");
@@ -274,57 +269,53 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		 * above; then move into it, taking the pseudo file systems
 		 * along. */
 		mkdir("/.capsule", 0700);
-		/* nodev, nosuid as /work: an image's device nodes or setuid
-		 * files are not a way to more privilege (imports drop device
-		 * nodes too; /dev is the devtmpfs moved in below). */
-		if ((r = mount_disk(s->root_image, "/.capsule/lower", "erofs",
-				    MS_RDONLY | MS_NODEV | MS_NOSUID, NULL, msg, mlen)) < 0)
+		/* /dev is the devtmpfs moved in below; imports drop device
+		 * nodes too. */
+		const struct cap_guest_mount *lower = cap_guest_mount_at(CAP_GUEST_LOWER),
+					     *upper = cap_guest_mount_at(CAP_GUEST_UPPER),
+					     *top = cap_guest_mount_at(CAP_GUEST_NEWROOT);
+		if ((r = mount_disk(s->root_image, lower->path, lower->fstype, lower->flags, NULL, msg,
+				    mlen)) < 0)
 			return r;
-		const char *opts = "lowerdir=/.capsule/lower";
-		char buf[256];
+		const char *opts = "lowerdir=" CAP_GUEST_LOWER;
 		if (*s->root_upper) {
-			if ((r = mount_disk(s->root_upper, "/.capsule/upper", "ext4",
-					    MS_NODEV | MS_NOSUID, "the root's upper disk", msg, mlen)) < 0)
+			if ((r = mount_disk(s->root_upper, upper->path, upper->fstype, upper->flags,
+					    "the root's upper disk", msg, mlen)) < 0)
 				return r;
-			mkdir("/.capsule/upper/data", 0755);
-			mkdir("/.capsule/upper/work", 0755);
-			A.upper_fd = open("/.capsule/upper", O_PATH | O_CLOEXEC);
-			snprintf(buf, sizeof(buf), "lowerdir=/.capsule/lower,upperdir=/.capsule/upper/data,workdir=/.capsule/upper/work");
-			opts = buf;
+			mkdir(CAP_GUEST_UPPER_DATA, 0755);
+			mkdir(CAP_GUEST_UPPER_WORK, 0755);
+			A.upper_fd = open(CAP_GUEST_UPPER, O_PATH | O_CLOEXEC);
+			opts = "lowerdir=" CAP_GUEST_LOWER ",upperdir=" CAP_GUEST_UPPER_DATA
+			       ",workdir=" CAP_GUEST_UPPER_WORK;
 		}
-		mkdir("/.capsule/root", 0755);
-		if (mount("overlay", "/.capsule/root", "overlay", MS_NODEV | MS_NOSUID, opts) < 0) {
+		mkdir(top->path, 0755);
+		if (mount(top->fstype, top->path, top->fstype, top->flags, opts) < 0) {
 			r = -errno;
 			snprintf(msg, mlen, "cannot mount the overlay root: %s", strerror(-r));
 			return r;
 		}
 		if (*s->root_upper)
-			agent_durable_add_overlay("/.capsule/root", "/.capsule/upper");
-		root = "/.capsule/root";
+			agent_durable_add_overlay(top->path, upper->path);
+		root = top->path;
 	}
 
 	char path[256];
-	if (*s->work) {
-		snprintf(path, sizeof(path), "%s/work", root);
-		if ((r = mount_disk(s->work, path, "ext4", MS_NOSUID | MS_NODEV, "/work", msg, mlen)) < 0)
-			return r;
-	}
-	if (s->workspace && *s->workspace) {
-		snprintf(path, sizeof(path), "%s/workspace", root);
-		if ((r = mount_disk(s->workspace, path, "ext4", MS_NOSUID | MS_NODEV, "/workspace", msg, mlen)) < 0)
-			return r;
-	}
-	if (*s->source) {
-		snprintf(path, sizeof(path), "%s/source", root);
-		if ((r = mount_disk(s->source, path, "erofs",
-				    MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, msg, mlen)) < 0)
+	/* The data disks SETUP names, each where the layout has it. */
+	const struct { const char *serial, *at; } disks[] = {
+		{ s->work, CAP_GUEST_WORK }, { s->workspace, CAP_GUEST_WORKSPACE }, { s->source, CAP_GUEST_SOURCE },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(disks); i++) {
+		const struct cap_guest_mount *m = cap_guest_mount_at(disks[i].at);
+		if (!disks[i].serial || !*disks[i].serial)
+			continue;
+		snprintf(path, sizeof(path), "%s%s", root, m->path);
+		if ((r = mount_disk(disks[i].serial, path, m->fstype, m->flags, m->role, msg, mlen)) < 0)
 			return r;
 	}
 	if (*s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)
 		agent_log("sethostname %s: %s", s->hostname, strerror(errno));
 
 	if (strcmp(root, "/") != 0) {
-		static const char *const moved[] = { "/dev", "/proc", "/sys", "/tmp", "/run" };
 		/* The tmpfs /run covers the image's: what the image (or its
 		 * seeded upper layer) holds there is copied in first. */
 		snprintf(path, sizeof(path), "%s/run", root);
@@ -336,12 +327,16 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 			close(rsrc);
 		if (rdst >= 0)
 			close(rdst);
-		for (size_t i = 0; i < CAP_ARRAY_SIZE(moved); i++) {
-			snprintf(path, sizeof(path), "%s%s", root, moved[i]);
+		size_t n;
+		const struct cap_guest_mount *m = cap_guest_mounts(&n);
+		for (size_t i = 0; i < n; i++) {
+			if (!(m[i].attr & CAP_GUEST_MOVED))
+				continue;
+			snprintf(path, sizeof(path), "%s%s", root, m[i].path);
 			mkdir(path, 0755);
-			if (mount(moved[i], path, NULL, MS_MOVE, NULL) < 0) {
+			if (mount(m[i].path, path, NULL, MS_MOVE, NULL) < 0) {
 				r = -errno;
-				snprintf(msg, mlen, "cannot move %s into the new root: %s", moved[i], strerror(-r));
+				snprintf(msg, mlen, "cannot move %s into the new root: %s", m[i].path, strerror(-r));
 				return r;
 			}
 		}
@@ -353,13 +348,14 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		}
 		ensure_tool_user();
 	}
-	if (*s->work && chown("/work", TOOL_UID, TOOL_GID) < 0)
-		agent_log("chown /work: %s", strerror(errno));
+	if (*s->work && chown(CAP_GUEST_WORK, TOOL_UID, TOOL_GID) < 0)
+		agent_log("chown " CAP_GUEST_WORK ": %s", strerror(errno));
 	/* A new workspace disk holds the host user's files: the tool user's
 	 * from now on, once (its root directory says whether it is done). */
 	struct stat st;
-	if (s->workspace && *s->workspace && lstat("/workspace", &st) == 0 && st.st_uid != TOOL_UID)
-		agent_workspace_own("/workspace");
+	if (s->workspace && *s->workspace && lstat(CAP_GUEST_WORKSPACE, &st) == 0 &&
+	    st.st_uid != TOOL_UID)
+		agent_workspace_own(CAP_GUEST_WORKSPACE);
 	/* In the final root, so that /etc's files are the ones commands see. */
 	if (s->net_addr && (r = agent_net_setup(s, msg, mlen)) < 0)
 		return r;

@@ -19,8 +19,8 @@
 
 /* What the operation is working on, for messages; set once. */
 struct xfer {
-	const char *root;	/* "/work" */
-	char shown[MAX_PATH + 32];	/* "/work/dir", the path messages start from */
+	const char *root;	/* a FILE root (layout.h) */
+	char shown[MAX_PATH + 32];	/* root/path, the path messages start from */
 	int status;	/* 0, or 1 once something was refused or failed */
 	struct cap_buf out;	/* STDOUT, flushed at CHUNK */
 	bool prefix;	/* TAR_OUT with CAP_TAR_PREFIX: files cut to their start */

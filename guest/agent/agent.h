@@ -1,5 +1,6 @@
 /* What the parts of capsule-agent (PID 1 of the guest) share. agent.c is
- * the loop and the commands; agent-net.c configures a NIC under a policy
+ * the loop and the core around it (agent-internal.h: boot, cgroups,
+ * commands, SETUP, FILE); agent-net.c configures a NIC under a policy
  * and installs the sandbox's CA; agent-publish.c reports listeners and
  * relays loopback-only ones; agent-xfer.c runs the streaming FILE
  * operations (manifests and tar streams, with agent-sha256.c). */
@@ -24,7 +25,7 @@
 /* A line on the console, "capsule-agent: " first. */
 void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* --- the commands' environment (agent.c) --- */
+/* --- the commands' environment (agent-exec.c) --- */
 
 /* Every command's environment is one list of defaults, each replaced by a
  * request's variable of the same name. The list starts as the agent's

@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 
+#include "layout.h"
 #include "util.h"
 
 static const char *const msg_names[] = {
@@ -871,8 +872,7 @@ bool cap_proto_file_path_ok(const char *path)
 
 static bool file_root_ok(const char *root)
 {
-	return strcmp(root, "/source") == 0 || strcmp(root, "/work") == 0 ||
-	       strcmp(root, "/workspace") == 0;
+	return cap_guest_file_root(root) != NULL;
 }
 
 int cap_proto_file_encode(struct cap_buf *out, uint32_t stream,

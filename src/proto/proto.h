@@ -251,7 +251,8 @@ int cap_proto_error_decode(const uint8_t *p, size_t n, int *errnum,
  * With CAP_TAR_NO_REPLACE in limit, an existing path whose content
  * differs is left alone and reported on STDOUT as a line "conflict
  * PATH\n" (escaped as in MANIFEST), an identical one is skipped, and EXIT
- * is then 1. Only root "/work" and "/workspace" accept TAR_IN. */
+ * is then 1. Only the roots layout.h marks CAP_GUEST_WRITABLE (/work and
+ * /workspace) accept TAR_IN, only its CAP_GUEST_HOME (/work) WRITE. */
 enum cap_file_op {
 	CAP_FILE_READ = 1,
 	CAP_FILE_LIST = 2,
@@ -276,7 +277,7 @@ struct cap_file_req {
 			 * TAR_OUT/TAR_IN: CAP_TAR_* flags; WRITE, TAR_IN:
 			 * CAP_FILE_NO_SYNC */
 	uint32_t limit_entries;
-	const char *root;	/* "/source", "/work" or "/workspace" */
+	const char *root;	/* a CAP_GUEST_FILE_ROOT of layout.h */
 	const char *path;	/* relative, no ".." component; "" for the root */
 	const uint8_t *data;	/* WRITE: the content */
 	size_t len;

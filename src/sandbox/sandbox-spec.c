@@ -3,15 +3,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "layout.h"
 #include "sandbox.h"
 #include "util.h"
 
-/* The guest finds each disk by its serial (docs/protocol.md, SETUP). */
-#define SERIAL_ROOT "capsule-root"
-#define SERIAL_UPPER "capsule-upper"
-#define SERIAL_WORK "capsule-work"
-#define SERIAL_SOURCE "capsule-source"
-#define SERIAL_WORKSPACE "capsule-wspace"	/* a serial holds at most 20 bytes */
+/* The guest finds each disk by its serial (docs/protocol.md, SETUP); the
+ * serials are the layout's (layout.h). */
 
 void cap_sandbox_spec_init(struct cap_sandbox_spec *s)
 {
@@ -33,17 +30,17 @@ void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
 			    const char *source, const char *workspace, const char *hostname)
 {
 	cap_sandbox_spec_init(s);
-	add_disk(s, image, SERIAL_ROOT, true, false);
-	add_disk(s, upper, SERIAL_UPPER, false, true);
-	add_disk(s, work, SERIAL_WORK, false, true);
-	add_disk(s, source, SERIAL_SOURCE, true, true);
-	s->setup.root_image = SERIAL_ROOT;
-	s->setup.root_upper = SERIAL_UPPER;
-	s->setup.work = SERIAL_WORK;
-	s->setup.source = SERIAL_SOURCE;
+	add_disk(s, image, CAP_GUEST_SERIAL_ROOT, true, false);
+	add_disk(s, upper, CAP_GUEST_SERIAL_UPPER, false, true);
+	add_disk(s, work, CAP_GUEST_SERIAL_WORK, false, true);
+	add_disk(s, source, CAP_GUEST_SERIAL_SOURCE, true, true);
+	s->setup.root_image = CAP_GUEST_SERIAL_ROOT;
+	s->setup.root_upper = CAP_GUEST_SERIAL_UPPER;
+	s->setup.work = CAP_GUEST_SERIAL_WORK;
+	s->setup.source = CAP_GUEST_SERIAL_SOURCE;
 	if (workspace) {
-		add_disk(s, workspace, SERIAL_WORKSPACE, false, true);
-		s->setup.workspace = SERIAL_WORKSPACE;
+		add_disk(s, workspace, CAP_GUEST_SERIAL_WORKSPACE, false, true);
+		s->setup.workspace = CAP_GUEST_SERIAL_WORKSPACE;
 	}
 	snprintf(s->hostname, sizeof(s->hostname), "%s", hostname ? hostname : "");
 	if (!cap_proto_valid_name(s->hostname))
@@ -69,8 +66,8 @@ void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_ima
 {
 	cap_sandbox_spec_init(s);
 	if (source_image) {
-		add_disk(s, source_image, SERIAL_SOURCE, true, true);
-		s->setup.source = SERIAL_SOURCE;
+		add_disk(s, source_image, CAP_GUEST_SERIAL_SOURCE, true, true);
+		s->setup.source = CAP_GUEST_SERIAL_SOURCE;
 	}
 }
 
@@ -111,15 +108,6 @@ void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t 
 
 const char *cap_sandbox_disk_role(const char *serial)
 {
-	static const struct { const char *serial, *role; } roles[] = {
-		{ SERIAL_WORK, "/work" },
-		{ SERIAL_UPPER, "the root file system's writable layer" },
-		{ SERIAL_ROOT, "the image" },
-		{ SERIAL_SOURCE, "/source" },
-		{ SERIAL_WORKSPACE, "/workspace" },
-	};
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(roles); i++)
-		if (strcmp(serial, roles[i].serial) == 0)
-			return roles[i].role;
-	return serial;
+	const struct cap_guest_mount *m = cap_guest_mount_by_serial(serial);
+	return m ? m->role : serial;
 }

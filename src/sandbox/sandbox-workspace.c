@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "named.h"
 #include "paths.h"
 #include "util.h"
@@ -59,7 +60,7 @@ int cap_workspace_lock_dir(const char *dir, bool wait, struct cap_err *err)
 static int guest_manifest(const char *name, struct cap_sandbox *sb, struct cap_tree *out,
 			  struct cap_err *err)
 {
-	int r = cap_xfer_manifest(sb, "/workspace", "", out, err);
+	int r = cap_xfer_manifest(sb, CAP_GUEST_WORKSPACE, "", out, err);
 	if (r < 0)
 		cap_err_prefix(err, "reading sandbox '%s''s /workspace", name);
 	return r;
@@ -155,7 +156,7 @@ static int apply_ops(const char *name, struct cap_sandbox *sb, const struct cap_
 		}
 	/* Bounded by the project's free space (holes stay holes). */
 	struct cap_xfer_fetch_opts fo = { .where = m->dir };
-	if (p->nwrites && (r = cap_xfer_fetch(sb, "/workspace", paths, sizes, p->nwrites, sfd, &fo, err)) < 0) {
+	if (p->nwrites && (r = cap_xfer_fetch(sb, CAP_GUEST_WORKSPACE, paths, sizes, p->nwrites, sfd, &fo, err)) < 0) {
 		if (r == -ESTALE)
 			cap_err_prefix(err, "the sandbox changed /workspace during the merge; nothing was written; run it again");
 		goto out;
@@ -279,16 +280,16 @@ static int fetch_bundle(const char *name, const char *dir, struct cap_sandbox *s
 			const char *rel, struct cap_workspace_git *out, struct cap_err *err)
 {
 	_cleanup_free_ char *bundle = xasprintf("%s/capsule-merge.bundle", tmp);
-	_cleanup_free_ char *guest_path = xasprintf("/work/%s", rel);
+	_cleanup_free_ char *guest_path = xasprintf(CAP_GUEST_WORK "/%s", rel);
 	struct cap_xfer_result res = { 0 };
-	int r = cap_xfer_get(sb, "/work", rel, bundle, 0, &res, err);
+	int r = cap_xfer_get(sb, CAP_GUEST_WORK, rel, bundle, 0, &res, err);
 	cap_xfer_result_fini(&res);
 	char *rm_argv[] = { "rm", "-f", guest_path, NULL };
 	struct guest_cmd rmc = { 0 };
 	struct cap_err ignore = { 0 };
 	cap_buf_init(&rmc.out);
 	cap_buf_init(&rmc.err);
-	guest_run(sb, rm_argv, "/work", &rmc, &ignore);
+	guest_run(sb, rm_argv, CAP_GUEST_WORK, &rmc, &ignore);
 	cap_buf_fini(&rmc.out);
 	cap_buf_fini(&rmc.err);
 	if (r < 0) {
@@ -362,11 +363,11 @@ int cap_workspace_git(const char *name, struct cap_sandbox *sb, const char *dir,
 	 * transfer reaches /work, /workspace and /source only, and it must
 	 * not show in /workspace. */
 	static const char bundle_rel[] = ".capsule-merge.bundle";
-	char *bundle_argv[] = { "git", "bundle", "create", "/work/.capsule-merge.bundle", "--all", NULL };
+	char *bundle_argv[] = { "git", "bundle", "create", CAP_GUEST_WORK "/.capsule-merge.bundle", "--all", NULL };
 	struct guest_cmd g = { 0 };
 	cap_buf_init(&g.out);
 	cap_buf_init(&g.err);
-	r = guest_run(sb, bundle_argv, "/workspace", &g, err);
+	r = guest_run(sb, bundle_argv, CAP_GUEST_WORKSPACE, &g, err);
 	_cleanup_free_ char *gerr = cap_buf_text(&g.err);
 	cap_buf_fini(&g.out);
 	cap_buf_fini(&g.err);

@@ -56,10 +56,11 @@ void cap_xfer_result_fini(struct cap_xfer_result *r);
 
 /* What is at root/path in the guest: 'd', 'f', 'l', 'o', or '-' when
  * nothing is there (0), or -errno with err set (outside the root...).
- * root is "/work", "/workspace" or "/source". Asked with FILE READ of 0
- * bytes and 0 entries, which resolves the path as FILE does: a symbolic
- * link that stays inside the root answers for what it leads to (so 'l'
- * is not given), one that leaves it is -EXDEV, a dangling one '-'. */
+ * root is a FILE root of the guest's layout (layout.h). Asked with FILE
+ * READ of 0 bytes and 0 entries, which resolves the path as FILE does: a
+ * symbolic link that stays inside the root answers for what it leads to
+ * (so 'l' is not given), one that leaves it is -EXDEV, a dangling one
+ * '-'. */
 int cap_xfer_kind(struct cap_sandbox *sb, const char *root, const char *path,
 		  char *kind, struct cap_err *err);
 

@@ -8,9 +8,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <cmocka.h>
 
+#include "layout.h"
 #include "proto.h"
 #include "util.h"
 
@@ -1353,6 +1355,93 @@ static void setup_tmpfs(void **state)
 	cap_buf_fini(&b);
 }
 
+/* The guest's layout table: what each lookup finds, and the rules the
+ * agent, the FILE codec and the OCI mapping read from it. */
+static void guest_layout(void **state)
+{
+	(void)state;
+	const struct cap_guest_mount *m;
+
+	/* The data disks: path, file system, flags, serial, role. */
+	assert_non_null(m = cap_guest_mount_at("/work"));
+	assert_string_equal(m->fstype, "ext4");
+	assert_int_equal(m->flags, MS_NOSUID | MS_NODEV);
+	assert_string_equal(m->serial, "capsule-work");
+	assert_string_equal(m->role, "/work");
+	assert_int_equal(m->attr, CAP_GUEST_RESERVED | CAP_GUEST_FILE_ROOT | CAP_GUEST_WRITABLE | CAP_GUEST_HOME);
+	assert_non_null(m = cap_guest_mount_at("/workspace"));
+	assert_string_equal(m->fstype, "ext4");
+	assert_string_equal(m->serial, "capsule-wspace");
+	assert_true(m->attr & CAP_GUEST_WRITABLE);
+	assert_false(m->attr & CAP_GUEST_HOME);
+	assert_non_null(m = cap_guest_mount_at("/source"));
+	assert_string_equal(m->fstype, "erofs");
+	assert_int_equal(m->flags, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	assert_string_equal(m->serial, "capsule-source");
+	assert_false(m->attr & CAP_GUEST_WRITABLE);
+	assert_null(cap_guest_mount_at("/work/"));
+	assert_null(cap_guest_mount_at("/nope"));
+
+	/* Every serial is found, fits virtio-blk's 20 bytes, and is one
+	 * disk's. */
+	static const char *const serials[] = { "capsule-root", "capsule-upper", "capsule-work",
+						"capsule-source", "capsule-wspace" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(serials); i++) {
+		assert_non_null(m = cap_guest_mount_by_serial(serials[i]));
+		assert_string_equal(m->serial, serials[i]);
+		assert_true(strlen(m->serial) <= 20);
+		assert_non_null(m->role);
+	}
+	assert_string_equal(cap_guest_mount_by_serial("capsule-root")->role, "the image");
+	assert_string_equal(cap_guest_mount_by_serial("capsule-root")->path, "/.capsule/lower");
+	assert_null(cap_guest_mount_by_serial("capsule-other"));
+
+	/* FILE roots: exactly the three data disks. */
+	assert_non_null(cap_guest_file_root("/work"));
+	assert_non_null(cap_guest_file_root("/workspace"));
+	assert_non_null(cap_guest_file_root("/source"));
+	assert_null(cap_guest_file_root("/proc"));
+	assert_null(cap_guest_file_root("/work/a"));
+	assert_null(cap_guest_file_root("/"));
+	assert_null(cap_guest_file_root(""));
+
+	/* Reserved: the root, the data disks and /dev, /proc, /sys with
+	 * what is below them; not /tmp, /run or a name that only starts
+	 * like one. */
+	static const char *const reserved[] = { "/", "/work", "/work/a/b", "/workspace", "/source/x",
+						 "/dev", "/dev/shm", "/proc/1", "/sys/fs/cgroup" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(reserved); i++)
+		assert_true(cap_guest_path_reserved(reserved[i]));
+	static const char *const free_paths[] = { "/tmp", "/run", "/run/lock", "/var/tmp", "/workx",
+						   "/sources", "/devices", "/home" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(free_paths); i++)
+		assert_false(cap_guest_path_reserved(free_paths[i]));
+	assert_string_equal(cap_guest_mount_over("/dev/pts/0")->path, "/dev");
+	assert_string_equal(cap_guest_mount_over("/workspace/x")->path, "/workspace");
+	assert_null(cap_guest_mount_over("/tmp"));
+
+	/* The boot mounts and what moves into the final root. */
+	size_t n, boot = 0;
+	const struct cap_guest_mount *all = cap_guest_mounts(&n);
+	char moved[128] = "";
+	for (size_t i = 0; i < n; i++) {
+		assert_true(all[i].path[0] == '/');
+		boot += !!(all[i].attr & CAP_GUEST_AT_BOOT);
+		assert_false((all[i].attr & CAP_GUEST_AT_BOOT) && all[i].serial);
+		if (all[i].attr & CAP_GUEST_MOVED)
+			snprintf(moved + strlen(moved), sizeof(moved) - strlen(moved), "%s ", all[i].path);
+	}
+	assert_int_equal(boot, 9);
+	assert_string_equal(moved, "/proc /sys /dev /tmp /run ");
+	assert_true(cap_guest_mount_at("/dev/mqueue")->attr & CAP_GUEST_OPTIONAL);
+
+	/* The macros are the table's paths. */
+	assert_string_equal(CAP_GUEST_WORK, "/work");
+	assert_string_equal(CAP_GUEST_WORKSPACE, "/workspace");
+	assert_string_equal(CAP_GUEST_SOURCE, "/source");
+	assert_string_equal(CAP_GUEST_UPPER_WORK, "/.capsule/upper/work");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1382,6 +1471,7 @@ int main(void)
 		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),
 		cmocka_unit_test(clock_codec),
+		cmocka_unit_test(guest_layout),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

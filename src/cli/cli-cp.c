@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "layout.h"
 #include "named.h"
 #include "util.h"
 #include "xfer.h"
@@ -62,7 +63,7 @@ struct side {
 	bool guest;
 	const char *host;	/* !guest: the argument */
 	char name[64];	/* guest: the sandbox */
-	const char *root;	/* guest: "/work", "/workspace" or "/source" */
+	const char *root;	/* guest: a FILE root (layout.h) */
 	char *owned_rel;	/* guest: below root, "" for root itself */
 	bool slash;	/* guest: written with a trailing '/' */
 };
@@ -127,10 +128,12 @@ static int parse_side(const char *arg, struct side *s)
 		}
 		p = e;
 	}
-	static const char *const roots[] = { "/work", "/workspace", "/source" };
-	for (size_t i = 0; first && i < CAP_ARRAY_SIZE(roots); i++)
-		if (strlen(roots[i] + 1) == firstlen && memcmp(roots[i] + 1, first, firstlen) == 0)
-			s->root = roots[i];
+	size_t nm;
+	const struct cap_guest_mount *gm = cap_guest_mounts(&nm);
+	for (size_t i = 0; first && i < nm; i++)
+		if ((gm[i].attr & CAP_GUEST_FILE_ROOT) && strlen(gm[i].path + 1) == firstlen &&
+		    memcmp(gm[i].path + 1, first, firstlen) == 0)
+			s->root = gm[i].path;
 	if (!s->root) {
 		cap_buf_fini(&rel);
 		cap_cli_error("%s: only paths below /work, /workspace or /source (for reading) can be copied", arg);
@@ -278,7 +281,7 @@ int cap_cli_cp(int argc, char **argv)
 	const struct side *g = src.guest ? &src : &dst;
 	struct stat st;
 	if (dst.guest) {
-		if (strcmp(dst.root, "/source") == 0) {
+		if (!(cap_guest_file_root(dst.root)->attr & CAP_GUEST_WRITABLE)) {
 			cap_cli_error("cp: /source is read-only in the sandbox (the public data projection); copy into /work or /workspace");
 			rc = 1;
 			goto out;

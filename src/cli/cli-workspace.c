@@ -18,6 +18,7 @@
 
 #include "buf.h"
 #include "cli.h"
+#include "layout.h"
 #include "named.h"
 #include "paths.h"
 #include "proto.h"
@@ -375,7 +376,7 @@ static int fetch_into(struct patch_ctx *c, struct cap_sandbox *sb, const char *s
 	_cleanup_free_ char *where = xasprintf("%s/%s", c->tmp, sub);
 	struct cap_xfer_fetch_opts fo = { .where = where, .prefix = prefix,
 					  .max_bytes = prefix ? (uint64_t)n * CAP_TAR_PREFIX_BYTES : PATCH_FETCH_MAX };
-	int r = n ? cap_xfer_fetch(sb, "/workspace", paths, sizes, n, *fd, &fo, err) : 0;
+	int r = n ? cap_xfer_fetch(sb, CAP_GUEST_WORKSPACE, paths, sizes, n, *fd, &fo, err) : 0;
 	if (r == -ESTALE)
 		cap_err_prefix(err, "the sandbox changed /workspace while diff read it; run it again");
 	return r;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "jsonrpc.h"
+#include "layout.h"
 #include "mcp-server.h"
 #include "mcp.h"
 #include "utf8.h"
@@ -395,7 +396,7 @@ void mcp_tools_call(struct mcp *m, json_t *id, json_t *params)
 			free(mc);
 			return mcp_error(m, id, CAP_RPC_PARAMS, "root must be \"public\" or \"workspace\", not '%s'", root);
 		}
-		snprintf(mc->shown, sizeof(mc->shown), "%s/%s", workspace ? "/work" : "/source", path);
+		snprintf(mc->shown, sizeof(mc->shown), "%s/%s", workspace ? CAP_GUEST_WORK : CAP_GUEST_SOURCE, path);
 		problem = path_problem(path);
 	}
 	if ((v = json_object_get(args, "offset"))) {
@@ -465,13 +466,13 @@ void mcp_tools_call(struct mcp *m, json_t *id, json_t *params)
 			return;
 		}
 		req.op = CAP_FILE_WRITE;
-		req.root = "/work";
+		req.root = CAP_GUEST_WORK;
 		req.no_sync = no_sync;
 		req.data = json_string_value(content);
 		req.len = json_string_length(content);
 	} else {
 		req.op = t == CAP_TOOL_LIST_DIRECTORY ? CAP_FILE_LIST : CAP_FILE_READ;
-		req.root = workspace ? "/work" : "/source";
+		req.root = workspace ? CAP_GUEST_WORK : CAP_GUEST_SOURCE;
 		req.limit = m->cfg->read_max_bytes;
 	}
 	req.path = path;

@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "named.h"
 #include "oci.h"
 #include "util.h"
@@ -547,17 +548,11 @@ static void squeeze_slashes(char *d)
  * only, not made by the agent. */
 static bool guest_tmpfs(const char *d)
 {
-	static const char *const own[] = { "/tmp", "/run" };
-	static const char *const under[] = { "/dev", "/proc", "/sys" };
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(own); i++)
-		if (strcmp(d, own[i]) == 0)
-			return true;
-	for (size_t i = 0; i < CAP_ARRAY_SIZE(under); i++) {
-		size_t n = strlen(under[i]);
-		if (strncmp(d, under[i], n) == 0 && (d[n] == '\0' || d[n] == '/'))
-			return true;
-	}
-	return false;
+	/* The mounts moved into the final root (/proc, /sys, /dev, /tmp,
+	 * /run), and whatever is below the reserved ones that are not a disk
+	 * (/dev/pts, /proc/...). */
+	const struct cap_guest_mount *m = cap_guest_mount_at(d), *o = cap_guest_mount_over(d);
+	return (m && (m->attr & CAP_GUEST_MOVED)) || (o && !o->serial);
 }
 
 /* A tmpfs mount for the agent: its options as flags and mount data. */
@@ -575,7 +570,6 @@ static int add_tmpfs(struct ctx *x, json_t *m, size_t i, const char *d, struct c
 		{ "noatime", MS_NOATIME, 0 }, { "atime", 0, MS_NOATIME },
 	};
 	static const char *const data_keys[] = { "mode=", "size=", "nr_inodes=", "uid=", "gid=" };
-	static const char *const capsule_own[] = { "/", "/work", "/source", "/workspace" };
 	if (++*count > CAP_SETUP_MAX_TMPFS)
 		return 0;	/* refused once all are counted */
 	struct cap_setup_tmpfs t = { .flags = 0 };
@@ -583,10 +577,9 @@ static int add_tmpfs(struct ctx *x, json_t *m, size_t i, const char *d, struct c
 		return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %.64s...: the path is over 255 bytes; shorten it",
 				   x->file, i, d);
 	snprintf(t.destination, sizeof(t.destination), "%s", d);
-	for (size_t k = 0; k < CAP_ARRAY_SIZE(capsule_own); k++)
-		if (strcmp(d, capsule_own[k]) == 0)
-			return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %s: capsule's guest mounts its own file system there; choose another destination",
-					   x->file, i, d);
+	if (strcmp(d, "/") == 0 || cap_guest_file_root(d))
+		return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %s: capsule's guest mounts its own file system there; choose another destination",
+				   x->file, i, d);
 	size_t k, used = 0;
 	json_t *o;
 	json_array_foreach(json_object_get(m, "options"), k, o) {

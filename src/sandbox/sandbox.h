@@ -66,7 +66,7 @@ void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_p
 /* The shape, for the template key: serials, modes and ownership of the
  * disks in order, then "nic" when there is one. Never the paths. */
 void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t len);
-/* What a disk is to the guest, by its serial ("/work", "the image"). */
+/* What a disk is to the guest, by its serial: its layout role (layout.h). */
 const char *cap_sandbox_disk_role(const char *serial);
 
 struct cap_sandbox_opts {

@@ -12,6 +12,7 @@
 
 #include "controller.h"
 #include "jsonrpc.h"
+#include "layout.h"
 #include "serve.h"
 #include "util.h"
 
@@ -194,7 +195,7 @@ json_t *cap_rpc_request_params(const char *agent, const char *peer, const struct
 		method = "exec";
 	} else {
 		params = json_pack("{s:o, s:s, s:s}", "identity", identity_json(agent, peer), "root",
-				   strcmp(req->root, "/work") == 0 ? "workspace" : "public", "path", req->path);
+				   strcmp(req->root, CAP_GUEST_WORK) == 0 ? "workspace" : "public", "path", req->path);
 		if (req->op == CAP_FILE_WRITE) {
 			json_object_set_new(params, "content", json_stringn(req->data, req->len));
 			if (req->no_sync)

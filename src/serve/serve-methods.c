@@ -10,6 +10,7 @@
 #include "base64.h"
 #include "controller.h"
 #include "jsonrpc.h"
+#include "layout.h"
 #include "paths.h"
 #include "policy.h"
 #include "serve-conn.h"
@@ -171,7 +172,7 @@ static void m_file(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	    !identity(k, id, params, &agent, &peer))
 		return;
 	struct cap_ctl_req req = {
-		.kind = CAP_CTL_FILE, .op = op, .root = pub ? "/source" : "/work", .path = path,
+		.kind = CAP_CTL_FILE, .op = op, .root = pub ? CAP_GUEST_SOURCE : CAP_GUEST_WORK, .path = path,
 		.data = op == CAP_FILE_WRITE ? json_string_value(content) : NULL,
 		.len = op == CAP_FILE_WRITE ? json_string_length(content) : 0,
 		.limit = max ? (uint32_t)json_integer_value(max) : 0,
@@ -188,11 +189,11 @@ static const char *xfer_root(struct conn *k, json_t *id, json_t *params, bool do
 	json_t *v = json_object_get(params, "root");
 	const char *root = v ? json_string_value(v) : "workspace";
 	if (root && strcmp(root, "workspace") == 0)
-		return "/work";
+		return CAP_GUEST_WORK;
 	if (root && strcmp(root, "project") == 0)
-		return "/workspace";
+		return CAP_GUEST_WORKSPACE;
 	if (root && strcmp(root, "public") == 0 && download)
-		return "/source";
+		return CAP_GUEST_SOURCE;
 	if (root && strcmp(root, "public") == 0)
 		serve_error(k, id, CAP_RPC_PARAMS, "params.root: the public data is read-only; upload writes to root \"workspace\" (/work) or \"project\" (/workspace)");
 	else

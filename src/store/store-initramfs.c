@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "buf.h"
+#include "layout.h"
 #include "paths.h"
 #include "sha256.h"
 #include "store.h"
@@ -24,7 +25,7 @@
 
 const char cap_store_passwd[] =
 	"root:x:0:0:root:/root:/bin/sh\n"
-	"user:x:1000:1000:user:/work:/bin/sh\n"
+	"user:x:1000:1000:user:" CAP_GUEST_WORK ":/bin/sh\n"
 	"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
 const char cap_store_group[] = "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n";
 

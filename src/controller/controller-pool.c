@@ -1,0 +1,130 @@
+/* Capacity (evicting the VM idle the longest) and the warm pool of started
+ * sandboxes kept ready for identities that have none yet. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/random.h>
+
+#include "controller-state.h"
+#include "util.h"
+
+/* --- capacity and the warm pool ---------------------------------------------------- */
+
+static unsigned count_resident(struct cap_ctl *c)
+{
+	unsigned n = 0;
+	for (struct ident *i = c->idents; i; i = i->next)
+		n += cap_vm_state_resident(i->lc.state);
+	return n;
+}
+
+/* -1 room, 0 waiting for an eviction, -2 full of busy VMs. */
+int make_room(struct cap_ctl *c)
+{
+	size_t n = 0, cap = 16;
+	const struct cap_lc **v = xmalloc(cap * sizeof(*v));
+	struct ident **who = xmalloc(cap * sizeof(*who));
+	bool stopping = false;
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (n == cap) {
+			cap *= 2;
+			v = xrealloc(v, cap * sizeof(*v));
+			who = xrealloc(who, cap * sizeof(*who));
+		}
+		who[n] = i;
+		v[n++] = &i->lc;
+		stopping |= i->lc.state == CAP_VM_STOPPING;
+	}
+	int k = cap_lc_make_room(v, n, &c->cfg.lc);
+	int r = k;
+	if (k >= 0 && stopping) {
+		r = 0;	/* a slot is being freed already: wait for it */
+	} else if (k >= 0) {
+		cap_log(CAP_LOG_INFO, "at capacity (%u); stopping %s, idle the longest", c->cfg.lc.capacity,
+			who[k]->name);
+		begin_stop(c, who[k]);
+		r = 0;
+	} else if (k == -2 && stopping) {
+		r = 0;	/* an eviction is under way: wait for it */
+	}
+	free(v);
+	free(who);
+	return r;
+}
+
+struct ident *pool_ready(struct cap_ctl *c)
+{
+	for (struct ident *i = c->idents; i; i = i->next)
+		if (i->pool && i->vm && !i->job && i->op == OP_NONE &&
+		    (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED))
+			return i;
+	return NULL;
+}
+
+/* Give identity i (which has no sandbox) the ready pool VM p. */
+int take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
+{
+	int r = ctl_ws_write(c->home, i->agent, i->peer, p->name, err);	/* the mapping is the assignment */
+	if (r < 0)
+		return r;
+	snprintf(i->name, sizeof(i->name), "%s", p->name);
+	i->vm = p->vm;
+	i->lc.state = p->lc.state;
+	set_idle(c, &i->lc);
+	i->source = p->source;
+	i->checked = true;
+	unlink_ident(c, p);
+	free(p);
+	cap_log(CAP_LOG_INFO, "%s/%s gets warm sandbox %s", i->agent, i->peer, i->name);
+	return 0;
+}
+
+/* Keep cfg.warm_pool sandboxes starting or ready, within capacity. */
+void pool_fill(struct cap_ctl *c)
+{
+	if (c->shutting_down || !c->cfg.warm_pool || cap_now_ms() < c->pool_retry_at)
+		return;
+	if (!c->prepared) {
+		/* No warm sandbox before the kernel, image and template are
+		 * there: prepare first (the pool fills once that succeeded;
+		 * a failure waits like a failed start). */
+		struct cap_err err = { 0 };
+		if (!c->prep && prep_begin(c, &err) < 0) {
+			cap_log(CAP_LOG_WARN, "cannot prepare for the warm pool: %s", err.msg);
+			c->pool_retry_at = cap_now_ms() + 30000;
+		}
+		return;
+	}
+	unsigned members = 0;
+	for (struct ident *i = c->idents; i; i = i->next) {
+		if (!i->pool)
+			continue;
+		members++;
+		if (i->lc.state == CAP_VM_STOPPED && !i->job && count_resident(c) < c->cfg.lc.capacity) {
+			struct cap_err err = { 0 };
+			if (begin_start(c, i, &err) < 0) {
+				cap_log(CAP_LOG_WARN, "warm sandbox %s: %s", i->name, err.msg);
+				c->pool_retry_at = cap_now_ms() + 30000;
+				return;
+			}
+		}
+	}
+	while (members < c->cfg.warm_pool && count_resident(c) < c->cfg.lc.capacity) {
+		uint8_t rnd[8];
+		char name[CAP_NAME_MAX + 1];
+		struct cap_err err = { 0 };
+		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+			return;
+		snprintf(name, sizeof(name), "pool-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
+			 rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+		struct ident *i = ident_new(c, "", "", name);
+		i->pool = true;
+		if (begin_start(c, i, &err) < 0) {
+			cap_log(CAP_LOG_WARN, "cannot prepare a warm sandbox: %s", err.msg);
+			unlink_ident(c, i);
+			free(i);
+			c->pool_retry_at = cap_now_ms() + 30000;
+			return;
+		}
+		members++;
+	}
+}

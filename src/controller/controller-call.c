@@ -13,7 +13,7 @@
 
 /* --- calls ------------------------------------------------------------------------ */
 
-void call_free(struct cap_ctl_call *k)
+void ctl_call_free(struct cap_ctl_call *k)
 {
 	if (!k)
 		return;
@@ -41,7 +41,7 @@ static uint8_t *dup_bytes(const void *p, size_t n)
 	return d;
 }
 
-struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl_fe *fe, void *tag)
+struct cap_ctl_call *ctl_call_new(const struct cap_ctl_req *r, struct cap_ctl_fe *fe, void *tag)
 {
 	struct cap_ctl_call *k = xcalloc(1, sizeof(*k));
 	k->kind = r->kind;
@@ -93,7 +93,7 @@ struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl_fe *fe
 	return k;
 }
 
-void report_free(struct import_report *p)
+void ctl_report_free(struct import_report *p)
 {
 	if (!p)
 		return;
@@ -109,28 +109,28 @@ static bool is_ws(enum cap_ctl_kind kind)
 }
 
 /* A call that runs in a worker thread (struct task). */
-bool in_worker(enum cap_ctl_kind kind)
+bool ctl_in_worker(enum cap_ctl_kind kind)
 {
 	return kind == CAP_CTL_XFER || is_ws(kind);
 }
 
-bool is_tool(enum cap_ctl_kind kind)
+bool ctl_is_tool(enum cap_ctl_kind kind)
 {
-	return kind == CAP_CTL_EXEC || kind == CAP_CTL_FILE || in_worker(kind);
+	return kind == CAP_CTL_EXEC || kind == CAP_CTL_FILE || ctl_in_worker(kind);
 }
 
 /* Hand the result to the call's front end and free the call. */
-void deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r)
+void ctl_deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r)
 {
 	struct import_report *rep = NULL;
 	if (k->prep_wait)
-		prep_unwait(c, k);
-	if (is_tool(k->kind) && !r->prepared)
+		ctl_prep_unwait(c, k);
+	if (ctl_is_tool(k->kind) && !r->prepared)
 		r->prepared = k->prep_built;
 	r->kind = k->kind;
 	if (k->ident && !r->sandbox)
 		r->sandbox = k->ident->name;
-	if (k->ident && k->ident->report && is_tool(k->kind)) {
+	if (k->ident && k->ident->report && ctl_is_tool(k->kind)) {
 		/* The import that ran for this sandbox goes with the first
 		 * call to end after it: the one that made the sandbox. */
 		rep = k->ident->report;
@@ -138,18 +138,18 @@ void deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r
 		r->import = &rep->pub;
 	}
 	k->fe->ops->done(k->fe->fe, c, k->tag, r);
-	call_free(k);
-	report_free(rep);
+	ctl_call_free(k);
+	ctl_report_free(rep);
 }
 
-void fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
-	  const char *msg, int errnum)
+void ctl_fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
+	      const char *msg, int errnum)
 {
 	struct cap_ctl_result r = { .code = code, .msg = msg, .errnum = errnum };
-	deliver(c, k, &r);
+	ctl_deliver(c, k, &r);
 }
 
-void unqueue(struct ident *i, struct cap_ctl_call *k)
+void ctl_unqueue(struct ident *i, struct cap_ctl_call *k)
 {
 	for (struct cap_ctl_call **p = &i->queue; *p; p = &(*p)->next)
 		if (*p == k) {
@@ -160,36 +160,36 @@ void unqueue(struct ident *i, struct cap_ctl_call *k)
 }
 
 /* Fail everything queued for i with msg. */
-void fail_queue(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code, const char *msg)
+void ctl_fail_queue(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code, const char *msg)
 {
 	while (i->queue) {
 		struct cap_ctl_call *k = i->queue;
-		unqueue(i, k);
-		fail(c, k, code, msg, 0);
+		ctl_unqueue(i, k);
+		ctl_fail(c, k, code, msg, 0);
 	}
 }
 
 /* The active call ended: answer it and move the queue on. */
-void active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_result *r)
+void ctl_active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_result *r)
 {
 	struct cap_ctl_call *k = i->active;
 	i->active = NULL;
 	i->lc.active = 0;
-	set_idle(c, &i->lc);
+	ctl_set_idle(c, &i->lc);
 	c->kick = true;
 	if (k)
-		deliver(c, k, r);
+		ctl_deliver(c, k, r);
 }
 
-void active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code,
-		 const char *msg, int errnum)
+void ctl_active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code,
+		     const char *msg, int errnum)
 {
 	struct cap_ctl_result r = { .code = code, .msg = msg, .errnum = errnum };
-	active_done(c, i, &r);
+	ctl_active_done(c, i, &r);
 }
 
 /* What a buffer holds, "" when empty (its head is NULL then). */
-const uint8_t *bytes(const struct cap_buf *b)
+const uint8_t *ctl_bytes(const struct cap_buf *b)
 {
 	return cap_buf_used(b) ? cap_buf_head(b) : (const uint8_t *)"";
 }
@@ -253,12 +253,12 @@ static void file_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k
 		while (n > 0 && why[n - 1] == '\n')
 			n--;
 		why[n] = '\0';
-		active_fail(c, i, CAP_CTL_ETOOL, *why ? why : "the file operation failed", ex->value);
+		ctl_active_fail(c, i, CAP_CTL_ETOOL, *why ? why : "the file operation failed", ex->value);
 		return;
 	}
 	if (k->file.op == CAP_FILE_WRITE) {
 		r.written = k->file.len;
-		active_done(c, i, &r);
+		ctl_active_done(c, i, &r);
 		return;
 	}
 	if (ex->value == 1) {	/* a directory */
@@ -268,13 +268,13 @@ static void file_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k
 		r.is_dir = true;
 		r.entries = v;
 		r.entries_truncated = (ex->flags & CAP_EXIT_TRUNCATED) != 0;
-		active_done(c, i, &r);
+		ctl_active_done(c, i, &r);
 		free(v);
 		return;
 	}
-	r.content = bytes(&k->out);
+	r.content = ctl_bytes(&k->out);
 	r.content_len = cap_buf_used(&k->out);
-	active_done(c, i, &r);
+	ctl_active_done(c, i, &r);
 }
 
 static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
@@ -289,15 +289,15 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 				*p = k->next;
 				break;
 			}
-		call_free(k);
+		ctl_call_free(k);
 		return;
 	}
 	if (k->cancelled) {
-		active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
+		ctl_active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
 		return;
 	}
 	if (!ex) {
-		active_fail(c, i, CAP_CTL_ESANDBOX, msg, errnum);
+		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, msg, errnum);
 		return;
 	}
 	if (k->kind == CAP_CTL_FILE) {
@@ -306,12 +306,12 @@ static void on_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum
 	}
 	struct cap_ctl_result r = {
 		.exit = *ex,
-		.out = bytes(&k->out),
+		.out = ctl_bytes(&k->out),
 		.out_len = cap_buf_used(&k->out),
-		.err = bytes(&k->err),
+		.err = ctl_bytes(&k->err),
 		.err_len = cap_buf_used(&k->err),
 	};
-	active_done(c, i, &r);
+	ctl_active_done(c, i, &r);
 }
 
 /* The command ended and the guest is flushing its writes: the deadline
@@ -333,20 +333,20 @@ static const struct cap_exec_events events = { on_output, on_done, on_syncing };
 static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 {
 	struct cap_err err = { 0 };
-	unqueue(i, k);
+	ctl_unqueue(i, k);
 	i->active = k;
 	i->lc.active = 1;
 	i->checked = false;	/* the next call checks the public data again */
 	if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE) {
-		begin_stop(c, i);
+		ctl_begin_stop(c, i);
 		return;	/* finished when the VM is gone (stopped) */
 	}
 	if (k->kind == CAP_CTL_XFER) {
-		begin_xfer(c, i, k);
+		ctl_begin_xfer(c, i, k);
 		return;	/* finished when its worker ends (task_finished) */
 	}
 	if (is_ws(k->kind)) {
-		begin_ws(c, i, k);
+		ctl_begin_ws(c, i, k);
 		return;	/* likewise */
 	}
 	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms) {
@@ -358,7 +358,7 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 				      &k->stream, &err)
 			: c->be->exec(i->vm, &k->req, &events, k, &k->stream, &err);
 	if (r < 0) {
-		active_fail(c, i, err.code == EINVAL ? CAP_CTL_ETOOL : CAP_CTL_ESANDBOX, err.msg, err.code);
+		ctl_active_fail(c, i, err.code == EINVAL ? CAP_CTL_ETOOL : CAP_CTL_ESANDBOX, err.msg, err.code);
 		return;
 	}
 	if (k->owned_stdin && k->kind == CAP_CTL_EXEC) {
@@ -373,38 +373,38 @@ static void end_down(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 {
 	c->kick = true;
 	if (k->kind == CAP_CTL_REMOVE && i->lc.state != CAP_VM_NONE) {
-		unqueue(i, k);
+		ctl_unqueue(i, k);
 		i->active = k;
 		i->lc.active = 1;
 		i->remove_deadline = cap_now_ms() + 10000;
-		try_remove(c, i);
+		ctl_try_remove(c, i);
 		return;
 	}
-	unqueue(i, k);
+	ctl_unqueue(i, k);
 	if (k->kind == CAP_CTL_REMOVE)
 		ctl_ws_remove(c->home, i->agent, i->peer);
 	struct cap_ctl_result r = { .state = i->lc.state == CAP_VM_NONE ? "none" : "stopped" };
-	deliver(c, k, &r);
+	ctl_deliver(c, k, &r);
 }
 
 /* Move one identity's queue forward as far as its VM allows. */
-void pump(struct cap_ctl *c, struct ident *i)
+void ctl_pump(struct cap_ctl *c, struct ident *i)
 {
 	struct cap_err err = { 0 };
 	if (c->shutting_down) {
 		/* Tool calls are refused at once, whatever the VM is doing. */
 		for (struct cap_ctl_call *k = i->queue, *next; k; k = next) {
 			next = k->next;
-			if (is_tool(k->kind)) {
-				unqueue(i, k);
-				fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
+			if (ctl_is_tool(k->kind)) {
+				ctl_unqueue(i, k);
+				ctl_fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
 			}
 		}
 	}
 	if (i->active || !i->queue || i->job || i->op != OP_NONE || i->task)
 		return;
 	struct cap_ctl_call *k = i->queue;
-	bool tool = is_tool(k->kind);
+	bool tool = ctl_is_tool(k->kind);
 	if (is_ws(k->kind) && (!c->cfg.workspace || i->lc.state == CAP_VM_NONE)) {
 		/* Never a sandbox (or a workspace) made for a diff or merge. */
 		char msg[400];
@@ -415,8 +415,8 @@ void pump(struct cap_ctl *c, struct ident *i)
 		else
 			snprintf(msg, sizeof(msg), "identity %s/%s has no sandbox yet, so nothing to %s: its first tool call makes one, with its own copy of %s at /workspace",
 				 i->agent, i->peer, what, c->cfg.workspace);
-		unqueue(i, k);
-		fail(c, k, CAP_CTL_ETOOL, msg, ENOENT);
+		ctl_unqueue(i, k);
+		ctl_fail(c, k, CAP_CTL_ETOOL, msg, ENOENT);
 		c->kick = true;
 		return;
 	}
@@ -425,7 +425,7 @@ void pump(struct cap_ctl *c, struct ident *i)
 		 * (docs/serve.md); once it succeeded nothing is looked at
 		 * again here. */
 		if (!k->prep_wait)
-			prep_join(c, k);
+			ctl_prep_join(c, k);
 		return;
 	}
 	switch (i->lc.state) {
@@ -433,9 +433,9 @@ void pump(struct cap_ctl *c, struct ident *i)
 	case CAP_VM_PAUSED:
 		if (tool && i->source != 0 && !i->checked) {
 			/* Public data changed? Checked (and rebuilt) in a job. */
-			if (begin_job(c, i, CAP_CTL_JOB_CHECK, false, &err) < 0) {
-				unqueue(i, k);
-				fail(c, k, CAP_CTL_ESANDBOX, err.msg, err.code);
+			if (ctl_begin_job(c, i, CAP_CTL_JOB_CHECK, false, &err) < 0) {
+				ctl_unqueue(i, k);
+				ctl_fail(c, k, CAP_CTL_ESANDBOX, err.msg, err.code);
 				c->kick = true;
 			}
 			return;
@@ -445,8 +445,8 @@ void pump(struct cap_ctl *c, struct ident *i)
 			i->op = OP_RESUME;
 			return;
 		}
-		if (tool && import_due(c, i)) {
-			begin_import(c, i);	/* the call starts once it ended */
+		if (tool && ctl_import_due(c, i)) {
+			ctl_begin_import(c, i);	/* the call starts once it ended */
 			c->kick = true;
 			return;
 		}
@@ -459,33 +459,33 @@ void pump(struct cap_ctl *c, struct ident *i)
 			return;
 		}
 		if (c->shutting_down) {
-			unqueue(i, k);
-			fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
+			ctl_unqueue(i, k);
+			ctl_fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
 			return;
 		}
 		struct ident *warm;
 		enum cap_vm_state st;
 		bool serving, has_source;
-		if (i->lc.state == CAP_VM_NONE && (warm = pool_ready(c)) &&
+		if (i->lc.state == CAP_VM_NONE && (warm = ctl_pool_ready(c)) &&
 		    c->be->state(c->bud, i->name, &st, &serving, &has_source) == -ENOENT &&
-		    take_from_pool(c, i, warm, &err) == 0) {
+		    ctl_take_from_pool(c, i, warm, &err) == 0) {
 			c->kick = true;	/* running now: the call starts next round */
 			return;
 		}
-		switch (make_room(c)) {
+		switch (ctl_make_room(c)) {
 		case -1:
 			break;
 		case 0:
 			return;	/* wait for the eviction */
 		default:
-			unqueue(i, k);
-			fail(c, k, CAP_CTL_ECAPACITY, "every sandbox slot is busy with running calls; retry later", 0);
+			ctl_unqueue(i, k);
+			ctl_fail(c, k, CAP_CTL_ECAPACITY, "every sandbox slot is busy with running calls; retry later", 0);
 			c->kick = true;
 			return;
 		}
-		if (begin_start(c, i, &err) < 0) {
-			unqueue(i, k);
-			fail(c, k, CAP_CTL_ESANDBOX, err.msg, err.code);
+		if (ctl_begin_start(c, i, &err) < 0) {
+			ctl_unqueue(i, k);
+			ctl_fail(c, k, CAP_CTL_ESANDBOX, err.msg, err.code);
 			c->kick = true;
 		}
 		return;
@@ -495,7 +495,7 @@ void pump(struct cap_ctl *c, struct ident *i)
 }
 
 /* The shim answered a pause or resume. */
-void op_answered(struct cap_ctl *c, struct ident *i, int result)
+void ctl_op_answered(struct cap_ctl *c, struct ident *i, int result)
 {
 	enum vm_op op = i->op;
 	i->op = OP_NONE;
@@ -508,14 +508,14 @@ void op_answered(struct cap_ctl *c, struct ident *i, int result)
 		/* Refused (commands still run in it): try again after another
 		 * idle period. */
 		cap_log(CAP_LOG_INFO, "%s was not paused: %s", i->name, strerror(-result));
-		set_idle(c, &i->lc);
+		ctl_set_idle(c, &i->lc);
 		return;
 	}
 	cap_log(CAP_LOG_WARN, "%s could not be resumed: %s", i->name, strerror(-result));
 	if (i->queue) {
 		struct cap_ctl_call *k = i->queue;
-		unqueue(i, k);
-		fail(c, k, CAP_CTL_ESANDBOX, "the sandbox could not be resumed; see its shim.log", -result);
+		ctl_unqueue(i, k);
+		ctl_fail(c, k, CAP_CTL_ESANDBOX, "the sandbox could not be resumed; see its shim.log", -result);
 	}
 }
 
@@ -527,8 +527,8 @@ struct cap_ctl_call *cap_ctl_submit(struct cap_ctl *c, struct cap_ctl_fe *fe,
 {
 	/* Never answered from in here: the caller stores the handle first.
 	 * During a shutdown the loop fails it (pump). */
-	struct cap_ctl_call *k = call_new(req, fe, tag);
-	struct ident *i = ident_get(c, agent, peer);
+	struct cap_ctl_call *k = ctl_call_new(req, fe, tag);
+	struct ident *i = ctl_ident_get(c, agent, peer);
 	k->ident = i;
 	struct cap_ctl_call **p = &i->queue;
 	while (*p)
@@ -549,21 +549,21 @@ bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k)
 				*q = k->next;
 				break;
 			}
-		fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
+		ctl_fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
 		return true;
 	}
 	if (i->active == k) {
 		if (k->kind == CAP_CTL_STOP || k->kind == CAP_CTL_REMOVE)
 			return false;	/* a stop is not taken back */
 		k->cancelled = true;
-		if (in_worker(k->kind) && i->task)
-			task_abort(i->task);	/* answered once its worker ended */
+		if (ctl_in_worker(k->kind) && i->task)
+			ctl_task_abort(i->task);	/* answered once its worker ended */
 		else if (i->vm)
 			c->be->signal(i->vm, k->stream, SIGKILL);
 		return true;
 	}
-	unqueue(i, k);
-	fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
+	ctl_unqueue(i, k);
+	ctl_fail(c, k, CAP_CTL_ECANCELLED, "request cancelled", 0);
 	c->kick = true;
 	return true;
 }

@@ -41,8 +41,8 @@ static struct ident *find(struct cap_ctl *c, const char *agent, const char *peer
 	return NULL;
 }
 
-struct ident *ident_new(struct cap_ctl *c, const char *agent, const char *peer,
-			const char *name)
+struct ident *ctl_ident_new(struct cap_ctl *c, const char *agent, const char *peer,
+			    const char *name)
 {
 	struct ident *i = xcalloc(1, sizeof(*i));
 	snprintf(i->agent, sizeof(i->agent), "%s", agent);
@@ -50,7 +50,7 @@ struct ident *ident_new(struct cap_ctl *c, const char *agent, const char *peer,
 	snprintf(i->name, sizeof(i->name), "%s", name);
 	i->ctl = c;
 	i->lc.state = CAP_VM_NONE;
-	set_idle(c, &i->lc);
+	ctl_set_idle(c, &i->lc);
 	i->source = -1;
 	i->job_fd = -1;
 	i->next = c->idents;
@@ -59,7 +59,7 @@ struct ident *ident_new(struct cap_ctl *c, const char *agent, const char *peer,
 }
 
 /* In memory while it has a VM, work or a job; otherwise only on disk. */
-struct ident *ident_get(struct cap_ctl *c, const char *agent, const char *peer)
+struct ident *ctl_ident_get(struct cap_ctl *c, const char *agent, const char *peer)
 {
 	struct ident *i = find(c, agent, peer);
 	if (i)
@@ -68,20 +68,20 @@ struct ident *ident_get(struct cap_ctl *c, const char *agent, const char *peer)
 	enum cap_vm_state st;
 	bool serving, has_source;
 	name_of(c, agent, peer, name);
-	i = ident_new(c, agent, peer, name);
+	i = ctl_ident_new(c, agent, peer, name);
 	if (c->be->state(c->bud, name, &st, &serving, &has_source) == 0) {
 		i->lc.state = CAP_VM_STOPPED;
 		i->source = has_source;
 		struct cap_err err = { 0 };
 		/* Running though not ours yet (started by `capsule start`, or
 		 * its attachment failed): take it over, never report it stopped. */
-		if (st != CAP_VM_STOPPED && begin_job(c, i, CAP_CTL_JOB_WAIT, false, &err) == 0)
+		if (st != CAP_VM_STOPPED && ctl_begin_job(c, i, CAP_CTL_JOB_WAIT, false, &err) == 0)
 			i->lc.state = CAP_VM_STARTING;
 	}
 	return i;
 }
 
-void unlink_ident(struct cap_ctl *c, struct ident *x)
+void ctl_unlink_ident(struct cap_ctl *c, struct ident *x)
 {
 	for (struct ident **p = &c->idents; *p; p = &(*p)->next)
 		if (*p == x) {
@@ -98,7 +98,7 @@ static bool idle_and_down(const struct ident *i)
 }
 
 /* Identities with nothing resident and nothing to do live on disk only. */
-void sweep(struct cap_ctl *c)
+void ctl_idents_sweep(struct cap_ctl *c)
 {
 	for (struct ident **p = &c->idents; *p;) {
 		struct ident *i = *p;

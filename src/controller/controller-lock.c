@@ -67,7 +67,7 @@ static int write_holder(struct cap_ctl *c, const char *socket, struct cap_err *e
 	return 0;
 }
 
-int take_lock(struct cap_ctl *c, struct cap_err *err)
+int ctl_take_lock(struct cap_ctl *c, struct cap_err *err)
 {
 	_cleanup_free_ char *path = lock_path(c->home);
 	c->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);

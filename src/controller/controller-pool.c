@@ -18,7 +18,7 @@ static unsigned count_resident(struct cap_ctl *c)
 }
 
 /* -1 room, 0 waiting for an eviction, -2 full of busy VMs. */
-int make_room(struct cap_ctl *c)
+int ctl_make_room(struct cap_ctl *c)
 {
 	size_t n = 0, cap = 16;
 	const struct cap_lc **v = xmalloc(cap * sizeof(*v));
@@ -41,7 +41,7 @@ int make_room(struct cap_ctl *c)
 	} else if (k >= 0) {
 		cap_log(CAP_LOG_INFO, "at capacity (%u); stopping %s, idle the longest", c->cfg.lc.capacity,
 			who[k]->name);
-		begin_stop(c, who[k]);
+		ctl_begin_stop(c, who[k]);
 		r = 0;
 	} else if (k == -2 && stopping) {
 		r = 0;	/* an eviction is under way: wait for it */
@@ -51,7 +51,7 @@ int make_room(struct cap_ctl *c)
 	return r;
 }
 
-struct ident *pool_ready(struct cap_ctl *c)
+struct ident *ctl_pool_ready(struct cap_ctl *c)
 {
 	for (struct ident *i = c->idents; i; i = i->next)
 		if (i->pool && i->vm && !i->job && i->op == OP_NONE &&
@@ -61,7 +61,7 @@ struct ident *pool_ready(struct cap_ctl *c)
 }
 
 /* Give identity i (which has no sandbox) the ready pool VM p. */
-int take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
+int ctl_take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
 {
 	int r = ctl_ws_write(c->home, i->agent, i->peer, p->name, err);	/* the mapping is the assignment */
 	if (r < 0)
@@ -69,17 +69,17 @@ int take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct c
 	snprintf(i->name, sizeof(i->name), "%s", p->name);
 	i->vm = p->vm;
 	i->lc.state = p->lc.state;
-	set_idle(c, &i->lc);
+	ctl_set_idle(c, &i->lc);
 	i->source = p->source;
 	i->checked = true;
-	unlink_ident(c, p);
+	ctl_unlink_ident(c, p);
 	free(p);
 	cap_log(CAP_LOG_INFO, "%s/%s gets warm sandbox %s", i->agent, i->peer, i->name);
 	return 0;
 }
 
 /* Keep cfg.warm_pool sandboxes starting or ready, within capacity. */
-void pool_fill(struct cap_ctl *c)
+void ctl_pool_fill(struct cap_ctl *c)
 {
 	if (c->shutting_down || !c->cfg.warm_pool || cap_now_ms() < c->pool_retry_at)
 		return;
@@ -88,7 +88,7 @@ void pool_fill(struct cap_ctl *c)
 		 * there: prepare first (the pool fills once that succeeded;
 		 * a failure waits like a failed start). */
 		struct cap_err err = { 0 };
-		if (!c->prep && prep_begin(c, &err) < 0) {
+		if (!c->prep && ctl_prep_begin(c, &err) < 0) {
 			cap_log(CAP_LOG_WARN, "cannot prepare for the warm pool: %s", err.msg);
 			c->pool_retry_at = cap_now_ms() + 30000;
 		}
@@ -101,7 +101,7 @@ void pool_fill(struct cap_ctl *c)
 		members++;
 		if (i->lc.state == CAP_VM_STOPPED && !i->job && count_resident(c) < c->cfg.lc.capacity) {
 			struct cap_err err = { 0 };
-			if (begin_start(c, i, &err) < 0) {
+			if (ctl_begin_start(c, i, &err) < 0) {
 				cap_log(CAP_LOG_WARN, "warm sandbox %s: %s", i->name, err.msg);
 				c->pool_retry_at = cap_now_ms() + 30000;
 				return;
@@ -116,11 +116,11 @@ void pool_fill(struct cap_ctl *c)
 			return;
 		snprintf(name, sizeof(name), "pool-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
 			 rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-		struct ident *i = ident_new(c, "", "", name);
+		struct ident *i = ctl_ident_new(c, "", "", name);
 		i->pool = true;
-		if (begin_start(c, i, &err) < 0) {
+		if (ctl_begin_start(c, i, &err) < 0) {
 			cap_log(CAP_LOG_WARN, "cannot prepare a warm sandbox: %s", err.msg);
-			unlink_ident(c, i);
+			ctl_unlink_ident(c, i);
 			free(i);
 			c->pool_retry_at = cap_now_ms() + 30000;
 			return;

@@ -51,7 +51,7 @@ static void *prep_main(void *arg)
 	return NULL;
 }
 
-void prep_free(struct prep_run *p)
+void ctl_prep_free(struct prep_run *p)
 {
 	if (!p)
 		return;
@@ -72,7 +72,7 @@ static void prep_tell(struct cap_ctl *c, struct cap_ctl_call *k, const struct ca
 		k->fe->ops->progress(k->fe->fe, c, k->tag, ev);
 }
 
-void prep_unwait(struct cap_ctl *c, struct cap_ctl_call *k)
+void ctl_prep_unwait(struct cap_ctl *c, struct cap_ctl_call *k)
 {
 	for (struct cap_ctl_call **q = &c->prep_waiters; *q; q = &(*q)->prep_next)
 		if (*q == k) {
@@ -106,18 +106,18 @@ static void prep_finish(struct cap_ctl *c, struct prep_run *p)
 			r.errnum = -p->r;
 		}
 		if (k->kind == CAP_CTL_PREPARE) {
-			deliver(c, k, &r);
+			ctl_deliver(c, k, &r);
 		} else if (p->r == 0) {
 			k->prep_built = p->out.built;	/* it goes on; its result says so */
 		} else {
-			unqueue(k->ident, k);
-			deliver(c, k, &r);
+			ctl_unqueue(k->ident, k);
+			ctl_deliver(c, k, &r);
 		}
 	}
-	prep_free(p);
+	ctl_prep_free(p);
 }
 
-int prep_begin(struct cap_ctl *c, struct cap_err *err)
+int ctl_prep_begin(struct cap_ctl *c, struct cap_err *err)
 {
 	struct prep_run *p = xcalloc(1, sizeof(*p));
 	pthread_mutex_init(&p->lock, NULL);
@@ -133,7 +133,7 @@ int prep_begin(struct cap_ctl *c, struct cap_err *err)
 	p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	int e = p->efd < 0 ? errno : pthread_create(&p->thread, NULL, prep_main, p);
 	if (e) {
-		prep_free(p);
+		ctl_prep_free(p);
 		return cap_err_set(err, e, "cannot start the preparation's thread: %s", strerror(e));
 	}
 	c->prep = p;
@@ -142,7 +142,7 @@ int prep_begin(struct cap_ctl *c, struct cap_err *err)
 
 /* k waits for the preparation: the one under way (k is told what it
  * said so far), or a new one. */
-void prep_join(struct cap_ctl *c, struct cap_ctl_call *k)
+void ctl_prep_join(struct cap_ctl *c, struct cap_ctl_call *k)
 {
 	struct cap_err err = { 0 };
 	struct cap_ctl_call **q = &c->prep_waiters;
@@ -155,7 +155,7 @@ void prep_join(struct cap_ctl *c, struct cap_ctl_call *k)
 			prep_tell(c, k, &e->ev);
 		return;
 	}
-	if (prep_begin(c, &err) == 0)
+	if (ctl_prep_begin(c, &err) == 0)
 		return;
 	/* Answered as a failed preparation of its first phase. */
 	struct prep_run *p = xcalloc(1, sizeof(*p));
@@ -170,7 +170,7 @@ void prep_join(struct cap_ctl *c, struct cap_ctl_call *k)
 
 /* The worker said something: tell the waiting calls; once it ended,
  * answer them. */
-void prep_ready(struct cap_ctl *c)
+void ctl_prep_ready(struct cap_ctl *c)
 {
 	struct prep_run *p = c->prep;
 	uint64_t n;
@@ -205,7 +205,7 @@ struct cap_ctl_call *cap_ctl_prepare_submit(struct cap_ctl *c, struct cap_ctl_fe
 {
 	/* Never answered from in here: the loop takes it (prep_pump). */
 	struct cap_ctl_req req = { .kind = CAP_CTL_PREPARE };
-	struct cap_ctl_call *k = call_new(&req, fe, tag);
+	struct cap_ctl_call *k = ctl_call_new(&req, fe, tag);
 	struct cap_ctl_call **q = &c->prep_queue;
 	while (*q)
 		q = &(*q)->next;
@@ -216,20 +216,20 @@ struct cap_ctl_call *cap_ctl_prepare_submit(struct cap_ctl *c, struct cap_ctl_fe
 
 /* PREPARE calls submitted since the last round: each waits for the
  * preparation (a new one, or the one under way). */
-void prep_pump(struct cap_ctl *c)
+void ctl_prep_pump(struct cap_ctl *c)
 {
 	while (c->prep_queue) {
 		struct cap_ctl_call *k = c->prep_queue;
 		c->prep_queue = k->next;
 		k->next = NULL;
 		if (c->shutting_down) {
-			fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
+			ctl_fail(c, k, CAP_CTL_ESANDBOX, "the controller is shutting down", ESHUTDOWN);
 		} else if (!c->be->prepare) {
 			struct cap_prep_out none = { .template_on = true };
 			struct cap_ctl_result r = { .prep = &none };
-			deliver(c, k, &r);
+			ctl_deliver(c, k, &r);
 		} else {
-			prep_join(c, k);
+			ctl_prep_join(c, k);
 		}
 	}
 }

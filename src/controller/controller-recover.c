@@ -24,13 +24,13 @@ static void recover_one(struct cap_ctl *c, const char *agent, const char *peer, 
 		if (!pool)
 			return;	/* on disk only, until a call needs it */
 	}
-	struct ident *i = ident_new(c, agent, peer, name);
+	struct ident *i = ctl_ident_new(c, agent, peer, name);
 	i->pool = pool;
 	i->source = has_source;
 	i->lc.state = CAP_VM_STOPPED;
 	if (st == CAP_VM_STOPPED)
 		return;
-	if (serving && attach(c, i, &err) == 0) {
+	if (serving && ctl_attach(c, i, &err) == 0) {
 		cap_log(CAP_LOG_INFO, "reattached %s (%s%s%s, %s)", name, pool ? "warm pool" : agent,
 			pool ? "" : "/", peer, cap_vm_state_name(i->lc.state));
 		return;
@@ -38,7 +38,7 @@ static void recover_one(struct cap_ctl *c, const char *agent, const char *peer, 
 	/* Its shim is starting (a controller died while starting it) or
 	 * exiting (while stopping it): a job waits to see which; it never
 	 * starts one again. */
-	if (begin_job(c, i, CAP_CTL_JOB_WAIT, false, &err) < 0) {
+	if (ctl_begin_job(c, i, CAP_CTL_JOB_WAIT, false, &err) < 0) {
 		cap_log(CAP_LOG_WARN, "cannot take back %s: %s", name, err.msg);
 		return;
 	}
@@ -57,7 +57,7 @@ static void jail_found(void *ud, const char *what)
 	cap_log(CAP_LOG_INFO, "%s", what);
 }
 
-void recover(struct cap_ctl *c)
+void ctl_recover(struct cap_ctl *c)
 {
 	if (c->be == &ctl_named_backend)
 		cap_jail_sweep(jail_found, NULL);

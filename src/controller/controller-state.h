@@ -213,75 +213,75 @@ struct cap_ctl {
 };
 
 /* controller.c: the loop */
-void set_idle(struct cap_ctl *c, struct cap_lc *lc);
+void ctl_set_idle(struct cap_ctl *c, struct cap_lc *lc);
 
 /* controller-lock.c: the home lock */
-int take_lock(struct cap_ctl *c, struct cap_err *err);
+int ctl_take_lock(struct cap_ctl *c, struct cap_err *err);
 
 /* controller-ident.c: identities */
-struct ident *ident_new(struct cap_ctl *c, const char *agent, const char *peer,
-			const char *name);
-struct ident *ident_get(struct cap_ctl *c, const char *agent, const char *peer);
-void unlink_ident(struct cap_ctl *c, struct ident *x);
-void sweep(struct cap_ctl *c);
+struct ident *ctl_ident_new(struct cap_ctl *c, const char *agent, const char *peer,
+			    const char *name);
+struct ident *ctl_ident_get(struct cap_ctl *c, const char *agent, const char *peer);
+void ctl_unlink_ident(struct cap_ctl *c, struct ident *x);
+void ctl_idents_sweep(struct cap_ctl *c);
 
 /* controller-call.c: calls and their queues */
-void call_free(struct cap_ctl_call *k);
-struct cap_ctl_call *call_new(const struct cap_ctl_req *r, struct cap_ctl_fe *fe, void *tag);
-void report_free(struct import_report *p);
-bool in_worker(enum cap_ctl_kind kind);
-bool is_tool(enum cap_ctl_kind kind);
-void deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r);
-void fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
-	  const char *msg, int errnum);
-void unqueue(struct ident *i, struct cap_ctl_call *k);
-void fail_queue(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code, const char *msg);
-void active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_result *r);
-void active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code,
-		 const char *msg, int errnum);
-const uint8_t *bytes(const struct cap_buf *b);
-void pump(struct cap_ctl *c, struct ident *i);
-void op_answered(struct cap_ctl *c, struct ident *i, int result);
+void ctl_call_free(struct cap_ctl_call *k);
+struct cap_ctl_call *ctl_call_new(const struct cap_ctl_req *r, struct cap_ctl_fe *fe, void *tag);
+void ctl_report_free(struct import_report *p);
+bool ctl_in_worker(enum cap_ctl_kind kind);
+bool ctl_is_tool(enum cap_ctl_kind kind);
+void ctl_deliver(struct cap_ctl *c, struct cap_ctl_call *k, struct cap_ctl_result *r);
+void ctl_fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
+	      const char *msg, int errnum);
+void ctl_unqueue(struct ident *i, struct cap_ctl_call *k);
+void ctl_fail_queue(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code, const char *msg);
+void ctl_active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_result *r);
+void ctl_active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code,
+		     const char *msg, int errnum);
+const uint8_t *ctl_bytes(const struct cap_buf *b);
+void ctl_pump(struct cap_ctl *c, struct ident *i);
+void ctl_op_answered(struct cap_ctl *c, struct ident *i, int result);
 
 /* controller-task.c: worker-thread tasks */
-void task_abort(struct task *t);
-void task_free(struct task *t);
-struct task *task_join(struct ident *i);
-void task_finished(struct cap_ctl *c, struct ident *i);
-void begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k);
-void begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k);
-bool import_due(struct cap_ctl *c, struct ident *i);
-void begin_import(struct cap_ctl *c, struct ident *i);
+void ctl_task_abort(struct task *t);
+void ctl_task_free(struct task *t);
+struct task *ctl_task_join(struct ident *i);
+void ctl_task_finished(struct cap_ctl *c, struct ident *i);
+void ctl_begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k);
+void ctl_begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k);
+bool ctl_import_due(struct cap_ctl *c, struct ident *i);
+void ctl_begin_import(struct cap_ctl *c, struct ident *i);
 
 /* controller-prep.c: the preparation */
-void prep_free(struct prep_run *p);
-void prep_unwait(struct cap_ctl *c, struct cap_ctl_call *k);
-int prep_begin(struct cap_ctl *c, struct cap_err *err);
-void prep_join(struct cap_ctl *c, struct cap_ctl_call *k);
-void prep_ready(struct cap_ctl *c);
-void prep_pump(struct cap_ctl *c);
+void ctl_prep_free(struct prep_run *p);
+void ctl_prep_unwait(struct cap_ctl *c, struct cap_ctl_call *k);
+int ctl_prep_begin(struct cap_ctl *c, struct cap_err *err);
+void ctl_prep_join(struct cap_ctl *c, struct cap_ctl_call *k);
+void ctl_prep_ready(struct cap_ctl *c);
+void ctl_prep_pump(struct cap_ctl *c);
 
 /* controller-vm.c: the VM of an identity and its jobs */
-void free_abandoned(struct ident *i);
-void detach(struct cap_ctl *c, struct ident *i);
-int attach(struct cap_ctl *c, struct ident *i, struct cap_err *err);
-void begin_stop(struct cap_ctl *c, struct ident *i);
-void try_remove(struct cap_ctl *c, struct ident *i);
-void stopped(struct cap_ctl *c, struct ident *i);
-void vm_down(struct cap_ctl *c, struct ident *i);
-void vm_lost(struct cap_ctl *c, struct ident *i, const char *why);
-int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool create,
-	      struct cap_err *err);
-int begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err);
-void job_finished(struct cap_ctl *c, struct ident *i);
+void ctl_free_abandoned(struct ident *i);
+void ctl_detach(struct cap_ctl *c, struct ident *i);
+int ctl_attach(struct cap_ctl *c, struct ident *i, struct cap_err *err);
+void ctl_begin_stop(struct cap_ctl *c, struct ident *i);
+void ctl_try_remove(struct cap_ctl *c, struct ident *i);
+void ctl_stopped(struct cap_ctl *c, struct ident *i);
+void ctl_vm_down(struct cap_ctl *c, struct ident *i);
+void ctl_vm_lost(struct cap_ctl *c, struct ident *i, const char *why);
+int ctl_begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool create,
+		  struct cap_err *err);
+int ctl_begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err);
+void ctl_job_finished(struct cap_ctl *c, struct ident *i);
 
 /* controller-pool.c: capacity and the warm pool */
-int make_room(struct cap_ctl *c);
-struct ident *pool_ready(struct cap_ctl *c);
-int take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err);
-void pool_fill(struct cap_ctl *c);
+int ctl_make_room(struct cap_ctl *c);
+struct ident *ctl_pool_ready(struct cap_ctl *c);
+int ctl_take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err);
+void ctl_pool_fill(struct cap_ctl *c);
 
 /* controller-recover.c: recovery */
-void recover(struct cap_ctl *c);
+void ctl_recover(struct cap_ctl *c);
 
 #endif

@@ -39,7 +39,7 @@ void cap_ctl_xfer_unwatch(struct cap_ctl_xfer_watch *w)
 
 /* End a running task: its connection is shut down (the descriptor stays
  * the thread's to close), or it ends as soon as it has one. */
-void task_abort(struct task *t)
+void ctl_task_abort(struct task *t)
 {
 	pthread_mutex_lock(&t->w.lock);
 	t->w.cancelled = true;
@@ -48,7 +48,7 @@ void task_abort(struct task *t)
 	pthread_mutex_unlock(&t->w.lock);
 }
 
-void task_free(struct task *t)
+void ctl_task_free(struct task *t)
 {
 	if (!t)
 		return;
@@ -214,7 +214,7 @@ static int task_begin(struct ident *i, struct task *t, struct cap_err *err)
 }
 
 /* Wait for i's task to end (it was aborted, or is ending) and take it. */
-struct task *task_join(struct ident *i)
+struct task *ctl_task_join(struct ident *i)
 {
 	struct task *t = i->task;
 	i->task = NULL;
@@ -266,7 +266,7 @@ static void xfer_done(struct cap_ctl *c, struct ident *i, struct task *t)
 		r.msg = t->err.msg[0] ? t->err.msg : strerror(-t->r);
 		r.errnum = -t->r;
 	}
-	active_done(c, i, &r);
+	ctl_active_done(c, i, &r);
 }
 
 /* The private import's task ended: note it in the identity's record (so
@@ -316,7 +316,7 @@ static void import_done(struct cap_ctl *c, struct ident *i, struct task *t)
 	p->pub.r = r;
 	p->pub.msg = p->owned_msg;
 	xfer_out(&p->res, &p->pub.out);
-	report_free(i->report);
+	ctl_report_free(i->report);
 	i->report = p;
 }
 
@@ -362,15 +362,15 @@ static void ws_done(struct cap_ctl *c, struct ident *i, struct task *t)
 		r.code = sandbox_errno(-t->r) ? CAP_CTL_ESANDBOX : CAP_CTL_ETOOL;
 		r.errnum = -t->r;
 	}
-	active_done(c, i, &r);
+	ctl_active_done(c, i, &r);
 }
 
-void task_finished(struct cap_ctl *c, struct ident *i)
+void ctl_task_finished(struct cap_ctl *c, struct ident *i)
 {
 	uint64_t n;
 	if (read(i->task->efd, &n, sizeof(n)) != sizeof(n))
 		return;	/* not yet (a spurious wakeup) */
-	struct task *t = task_join(i);
+	struct task *t = ctl_task_join(i);
 	c->kick = true;
 	if (t->import)
 		import_done(c, i, t);
@@ -378,11 +378,11 @@ void task_finished(struct cap_ctl *c, struct ident *i)
 		ws_done(c, i, t);
 	else
 		xfer_done(c, i, t);
-	task_free(t);
+	ctl_task_free(t);
 }
 
 /* Start the active XFER call k in a worker. */
-void begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
+void ctl_begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 {
 	struct cap_err err = { 0 };
 	struct task *t = task_new(c, i);
@@ -395,13 +395,13 @@ void begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 	t->mode = k->mode;
 	t->no_sync = k->no_sync;
 	if (task_begin(i, t, &err) < 0) {
-		task_free(t);
-		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+		ctl_task_free(t);
+		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
 	}
 }
 
 /* Start the active DIFF or MERGE call k in a worker. */
-void begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
+void ctl_begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 {
 	struct cap_err err = { 0 };
 	struct task *t = task_new(c, i);
@@ -412,14 +412,14 @@ void begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 		.dry_run = k->dry_run,
 	};
 	if (task_begin(i, t, &err) < 0) {
-		task_free(t);
-		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+		ctl_task_free(t);
+		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
 	}
 }
 
 /* Whether the private import is due before i's next tool call: it is
  * configured, and i's record does not note that it ran. */
-bool import_due(struct cap_ctl *c, struct ident *i)
+bool ctl_import_due(struct cap_ctl *c, struct ident *i)
 {
 	if (!c->cfg.private_import || i->pool || i->import_checked)
 		return false;
@@ -433,7 +433,7 @@ bool import_due(struct cap_ctl *c, struct ident *i)
 
 /* Run the private import of i (its VM runs) in a worker; the queue waits
  * for it. A worker that cannot start is reported like a failed import. */
-void begin_import(struct cap_ctl *c, struct ident *i)
+void ctl_begin_import(struct cap_ctl *c, struct ident *i)
 {
 	struct cap_err err = { 0 };
 	struct task *t = task_new(c, i);
@@ -446,5 +446,5 @@ void begin_import(struct cap_ctl *c, struct ident *i)
 	t->r = err.code ? -err.code : -EIO;
 	t->err = err;
 	import_done(c, i, t);
-	task_free(t);
+	ctl_task_free(t);
 }

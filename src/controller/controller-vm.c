@@ -9,25 +9,25 @@
 
 /* --- the VM of an identity ----------------------------------------------------- */
 
-void free_abandoned(struct ident *i)
+void ctl_free_abandoned(struct ident *i)
 {
 	while (i->abandoned) {
 		struct cap_ctl_call *k = i->abandoned;
 		i->abandoned = k->next;
-		call_free(k);
+		ctl_call_free(k);
 	}
 }
 
-void detach(struct cap_ctl *c, struct ident *i)
+void ctl_detach(struct cap_ctl *c, struct ident *i)
 {
 	if (i->vm)
 		c->be->vm_free(i->vm);	/* no callback reaches a call after this */
 	i->vm = NULL;
 	i->op = OP_NONE;
-	free_abandoned(i);
+	ctl_free_abandoned(i);
 }
 
-int attach(struct cap_ctl *c, struct ident *i, struct cap_err *err)
+int ctl_attach(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 {
 	bool paused;
 	int r = c->be->attach(c->bud, i->name, &i->vm, &paused, err);
@@ -37,7 +37,7 @@ int attach(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 	return 0;
 }
 
-void begin_stop(struct cap_ctl *c, struct ident *i)
+void ctl_begin_stop(struct cap_ctl *c, struct ident *i)
 {
 	switch (i->lc.state) {
 	case CAP_VM_STARTING:
@@ -73,7 +73,7 @@ static int remove_sandbox(struct cap_ctl *c, struct ident *i, struct cap_err *er
 	i->lc.state = CAP_VM_NONE;
 	/* An import report not handed out yet was about the sandbox gone;
 	 * a new one imports again. */
-	report_free(i->report);
+	ctl_report_free(i->report);
 	i->report = NULL;
 	i->import_checked = false;
 	cap_log(CAP_LOG_INFO, "removed %s (%s/%s) and its disks", i->name, i->agent, i->peer);
@@ -82,7 +82,7 @@ static int remove_sandbox(struct cap_ctl *c, struct ident *i, struct cap_err *er
 
 /* The active remove: delete the sandbox once its shim has exited (it
  * may still be closing up when its VM is already gone). */
-void try_remove(struct cap_ctl *c, struct ident *i)
+void ctl_try_remove(struct cap_ctl *c, struct ident *i)
 {
 	struct cap_err err = { 0 };
 	i->remove_retry_at = 0;
@@ -92,77 +92,77 @@ void try_remove(struct cap_ctl *c, struct ident *i)
 		return;
 	}
 	if (r < 0) {
-		active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
 		return;
 	}
 	struct cap_ctl_result res = { .state = "removed" };
-	active_done(c, i, &res);
+	ctl_active_done(c, i, &res);
 }
 
 /* The VM of i is gone after a stop: finish a stop or remove under way. */
-void stopped(struct cap_ctl *c, struct ident *i)
+void ctl_stopped(struct cap_ctl *c, struct ident *i)
 {
-	detach(c, i);
+	ctl_detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
-	set_idle(c, &i->lc);
+	ctl_set_idle(c, &i->lc);
 	c->kick = true;
 	struct cap_ctl_call *k = i->active;
 	if (i->task) {
 		/* A transfer, diff, merge or import ends with its connection;
 		 * its call is answered when its worker has let go. */
-		if (k && in_worker(k->kind) && !k->why[0])
+		if (k && ctl_in_worker(k->kind) && !k->why[0])
 			snprintf(k->why, sizeof(k->why), "the sandbox was stopped while the %s ran",
 				 k->kind == CAP_CTL_XFER ? "transfer" : k->kind == CAP_CTL_DIFF ? "diff" : "merge");
-		task_abort(i->task);
+		ctl_task_abort(i->task);
 	} else if (k && (k->kind == CAP_CTL_EXEC || k->kind == CAP_CTL_FILE)) {
 		if (k->cancelled)
-			active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
+			ctl_active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
 		else
-			active_fail(c, i, CAP_CTL_ESANDBOX, "the sandbox was stopped while the call ran", 0);
+			ctl_active_fail(c, i, CAP_CTL_ESANDBOX, "the sandbox was stopped while the call ran", 0);
 	} else if (k && k->kind == CAP_CTL_STOP) {
 		struct cap_ctl_result r = { .state = "stopped" };
-		active_done(c, i, &r);
+		ctl_active_done(c, i, &r);
 	} else if (k && k->kind == CAP_CTL_REMOVE) {
 		i->remove_deadline = cap_now_ms() + 10000;
-		try_remove(c, i);
+		ctl_try_remove(c, i);
 	}
 }
 
 /* A stopping VM is gone: its shim exits next (it reaps QEMU, then lets go
  * of its lock); stopped once it has, so that nothing sees a stopped
  * sandbox whose shim still runs. */
-void vm_down(struct cap_ctl *c, struct ident *i)
+void ctl_vm_down(struct cap_ctl *c, struct ident *i)
 {
-	detach(c, i);
+	ctl_detach(c, i);
 	i->exit_wait_until = cap_now_ms() + 10000;
 	c->kick = true;
 }
 
 /* The VM went away unasked (crash, kill, a stop by the source check). */
-void vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
+void ctl_vm_lost(struct cap_ctl *c, struct ident *i, const char *why)
 {
 	bool expected = i->job && i->job_kind == CAP_CTL_JOB_CHECK;
 	if (!expected)
 		cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s) went away: %s", i->name, i->agent, i->peer, why);
-	detach(c, i);
+	ctl_detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
-	set_idle(c, &i->lc);
+	ctl_set_idle(c, &i->lc);
 	if (i->task) {
 		if (i->active && !i->active->why[0])
 			snprintf(i->active->why, sizeof(i->active->why), "%s", why);
-		task_abort(i->task);	/* answered when its worker ends */
+		ctl_task_abort(i->task);	/* answered when its worker ends */
 	} else if (i->active && i->active->cancelled) {
-		active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
+		ctl_active_fail(c, i, CAP_CTL_ECANCELLED, "request cancelled", 0);
 	} else if (i->active) {
-		active_fail(c, i, CAP_CTL_ESANDBOX, why, 0);
+		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, why, 0);
 	}
 	c->kick = true;
 }
 
 /* --- jobs ----------------------------------------------------------------------------- */
 
-int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool create,
-	      struct cap_err *err)
+int ctl_begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool create,
+		  struct cap_err *err)
 {
 	struct cap_ctl_job_req j = {
 		.kind = kind, .name = i->name, .create = create,
@@ -180,13 +180,13 @@ int begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, bool cr
 /* Start i's sandbox: create it first when it has none (the mapping is
  * written first: a crash after it leaves a known sandbox, never an orphan
  * disk), refresh its public data, start its shim. */
-int begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
+int ctl_begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 {
 	int r;
 	if (i->lc.state == CAP_VM_NONE && !i->pool &&
 	    (r = ctl_ws_write(c->home, i->agent, i->peer, i->name, err)) < 0)
 		return r;
-	if ((r = begin_job(c, i, CAP_CTL_JOB_START, true, err)) < 0)
+	if ((r = ctl_begin_job(c, i, CAP_CTL_JOB_START, true, err)) < 0)
 		return r;
 	i->lc.state = CAP_VM_STARTING;
 	i->import_checked = false;	/* a crash before its note: it runs again */
@@ -196,7 +196,7 @@ int begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_job_out *out)
 {
 	struct cap_err err = { 0 };
-	set_idle(c, &i->lc);
+	ctl_set_idle(c, &i->lc);
 	if (out->r == 0)
 		i->source = out->has_source;
 	if (out->r == 0 && out->stopped) {
@@ -205,7 +205,7 @@ static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		i->stop_after_start = false;
 		return;
 	}
-	if (out->r == 0 && attach(c, i, &err) < 0) {
+	if (out->r == 0 && ctl_attach(c, i, &err) < 0) {
 		/* The shim runs and serves, but would not take us: never leave
 		 * it running unowned. Stop it (its disks stay). */
 		cap_log(CAP_LOG_WARN, "sandbox %s started but cannot be attached (%s); stopping its shim", i->name,
@@ -214,7 +214,7 @@ static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		i->lc.state = CAP_VM_STOPPING;
 		i->killed = true;
 		i->exit_wait_until = cap_now_ms() + 10000;
-		fail_queue(c, i, CAP_CTL_ESANDBOX, err.msg);
+		ctl_fail_queue(c, i, CAP_CTL_ESANDBOX, err.msg);
 		return;
 	}
 	if (out->r < 0) {
@@ -227,13 +227,13 @@ static void start_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		} else {
 			cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s) did not start: %s", i->name, i->agent, i->peer, why);
 		}
-		fail_queue(c, i, CAP_CTL_ESANDBOX, why);
+		ctl_fail_queue(c, i, CAP_CTL_ESANDBOX, why);
 		return;
 	}
 	i->checked = true;	/* the start refreshed the public data */
 	if (i->stop_after_start || c->shutting_down) {
 		i->stop_after_start = false;
-		begin_stop(c, i);
+		ctl_begin_stop(c, i);
 	}
 }
 
@@ -244,9 +244,9 @@ static void check_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		 * sandbox and its disks are untouched. */
 		i->checked = false;
 		struct cap_ctl_call *k = i->queue;
-		if (k && is_tool(k->kind)) {
-			unqueue(i, k);
-			fail(c, k, CAP_CTL_ESANDBOX, out->msg, -out->r);
+		if (k && ctl_is_tool(k->kind)) {
+			ctl_unqueue(i, k);
+			ctl_fail(c, k, CAP_CTL_ESANDBOX, out->msg, -out->r);
 		}
 		return;
 	}
@@ -255,7 +255,7 @@ static void check_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 		/* The job stopped the VM to rebuild its public data: start
 		 * again with the same disks. */
 		cap_log(CAP_LOG_INFO, "public data of %s changed: restarted with the new copy", i->name);
-		detach(c, i);
+		ctl_detach(c, i);
 		i->lc.state = CAP_VM_STOPPED;
 		i->checked = false;
 		return;
@@ -263,7 +263,7 @@ static void check_done(struct cap_ctl *c, struct ident *i, const struct cap_ctl_
 	i->checked = true;
 }
 
-void job_finished(struct cap_ctl *c, struct ident *i)
+void ctl_job_finished(struct cap_ctl *c, struct ident *i)
 {
 	struct cap_ctl_job_out out;
 	c->be->job_end(c->bud, i->job_fd, i->job_pid, &out);

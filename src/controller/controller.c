@@ -69,7 +69,7 @@ int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now)
 }
 
 /* i is idle from now on. */
-void set_idle(struct cap_ctl *c, struct cap_lc *lc)
+void ctl_set_idle(struct cap_ctl *c, struct cap_lc *lc)
 {
 	lc->idle_since = cap_ctl_now(c);
 	lc->seq = ++c->seq;
@@ -94,7 +94,7 @@ static void lifecycle(struct cap_ctl *c)
 			}
 			break;
 		case CAP_LC_STOP:
-			begin_stop(c, i);
+			ctl_begin_stop(c, i);
 			break;
 		case CAP_LC_NONE:
 			break;
@@ -126,9 +126,9 @@ static void deadlines(struct cap_ctl *c)
 		struct cap_ctl_result r = {
 			.exit = { .kind = CAP_EXIT_SIGNAL, .value = SIGKILL, .flags = CAP_EXIT_TIMED_OUT,
 				  .duration_ms = (uint32_t)(real - k->sent_ms) },
-			.out = bytes(&k->out),
+			.out = ctl_bytes(&k->out),
 			.out_len = cap_buf_used(&k->out),
-			.err = bytes(&k->err),
+			.err = ctl_bytes(&k->err),
 			.err_len = cap_buf_used(&k->err),
 			.note = note,
 			.kind = k->kind,
@@ -140,13 +140,13 @@ static void deadlines(struct cap_ctl *c)
 		i->abandoned = k;
 		i->active = NULL;
 		i->lc.active = 0;
-		set_idle(c, &i->lc);
+		ctl_set_idle(c, &i->lc);
 		/* The guest no longer answers: asking it to stop would wait
 		 * on it for nothing. Its shim is killed; its disks stay. */
 		c->be->kill(c->bud, i->name);
 		i->killed = true;
 		i->lc.state = CAP_VM_STOPPING;
-		vm_down(c, i);
+		ctl_vm_down(c, i);
 	}
 }
 
@@ -155,7 +155,7 @@ static void retry_removes(struct cap_ctl *c)
 	int64_t real = cap_now_ms();
 	for (struct ident *i = c->idents; i; i = i->next)
 		if (i->remove_retry_at && real >= i->remove_retry_at)
-			try_remove(c, i);
+			ctl_try_remove(c, i);
 }
 
 /* Stopping takes too long: kill the shim (its QEMU dies with it). */
@@ -168,7 +168,7 @@ static void stop_overdue(struct cap_ctl *c)
 		cap_log(CAP_LOG_WARN, "%s did not stop in time; killing its shim", i->name);
 		c->be->kill(c->bud, i->name);
 		i->killed = true;
-		vm_down(c, i);
+		ctl_vm_down(c, i);
 	}
 }
 
@@ -195,7 +195,7 @@ static void check_exits(struct cap_ctl *c)
 			cap_log(CAP_LOG_WARN, "the shim of %s is still there after SIGKILL; taken as stopped", i->name);
 		i->exit_wait_until = 0;
 		i->killed = false;
-		stopped(c, i);
+		ctl_stopped(c, i);
 	}
 }
 
@@ -244,11 +244,11 @@ void cap_ctl_shutdown(struct cap_ctl *c, const char *why)
 	if (c->prep)
 		cap_prep_cancel_request(&c->prep->cancel);	/* its waiters are answered when it ends */
 	for (struct ident *i = c->idents; i; i = i->next) {
-		fail_queue(c, i, CAP_CTL_ESANDBOX, "the controller is shutting down");
+		ctl_fail_queue(c, i, CAP_CTL_ESANDBOX, "the controller is shutting down");
 		if (i->task)
-			task_abort(i->task);	/* transfers end now, imports too */
+			ctl_task_abort(i->task);	/* transfers end now, imports too */
 		if (cap_vm_state_resident(i->lc.state))
-			begin_stop(c, i);
+			ctl_begin_stop(c, i);
 	}
 	c->kick = true;
 }
@@ -279,21 +279,21 @@ static void step_vm(struct cap_ctl *c, struct ident *i, const struct pollfd *pfd
 	int r = c->be->dispatch(i->vm, pfd, &err);
 	if (i->lc.state == CAP_VM_STOPPING) {
 		if (r < 0 || c->be->dead(i->vm))
-			vm_down(c, i);
+			ctl_vm_down(c, i);
 		return;
 	}
 	if (r < 0) {
-		vm_lost(c, i, err.msg);
+		ctl_vm_lost(c, i, err.msg);
 		return;
 	}
 	int result;
 	if (i->op != OP_NONE && c->be->vm_op_done(i->vm, &result))
-		op_answered(c, i, result);
+		ctl_op_answered(c, i, result);
 }
 
 void cap_ctl_start(struct cap_ctl *c)
 {
-	recover(c);
+	ctl_recover(c);
 	cap_log(CAP_LOG_INFO, "ready (capacity %u, idle pause %lld ms, idle stop %lld ms%s)",
 		c->cfg.lc.capacity, (long long)c->cfg.lc.idle_pause_ms, (long long)c->cfg.lc.idle_stop_ms,
 		c->cfg.manual_clock ? ", manual clock" : "");
@@ -305,18 +305,18 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 	for (;;) {
 		while (c->kick) {
 			c->kick = false;
-			prep_pump(c);
+			ctl_prep_pump(c);
 			for (struct ident *i = c->idents; i; i = i->next)
-				pump(c, i);
+				ctl_pump(c, i);
 		}
-		pool_fill(c);
+		ctl_pool_fill(c);
 		if (!c->shutting_down)
 			lifecycle(c);
 		deadlines(c);
 		stop_overdue(c);
 		check_exits(c);
 		retry_removes(c);
-		sweep(c);
+		ctl_idents_sweep(c);
 		if (!c->kick)
 			break;
 	}
@@ -373,14 +373,14 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 			struct cap_ctl_fe *f = s->p;
 			f->ops->ready(f->fe, c, s->tag, rev);
 		} else if (s->kind == SLOT_JOB) {
-			job_finished(c, s->p);
+			ctl_job_finished(c, s->p);
 		} else if (s->kind == SLOT_TASK) {
 			struct ident *i = s->p;
 			if (i->task)
-				task_finished(c, i);
+				ctl_task_finished(c, i);
 		} else if (s->kind == SLOT_PREP) {
 			if (c->prep)
-				prep_ready(c);
+				ctl_prep_ready(c);
 		}
 	}
 	for (struct cap_ctl_fe *f = c->fes; f; f = f->next)
@@ -415,7 +415,7 @@ int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out, stru
 		r = cap_err_set(err, -r, "cannot create %s: %s", c->home, strerror(-r));
 		goto fail;
 	}
-	if ((r = take_lock(c, err)) < 0)
+	if ((r = ctl_take_lock(c, err)) < 0)
 		goto fail;
 	static const int stops[] = { SIGTERM, SIGINT, SIGHUP };
 	sigset_t sigs;
@@ -451,37 +451,37 @@ void cap_ctl_free(struct cap_ctl *c)
 	if (c->prep) {	/* only when the loop did not run to its end */
 		cap_prep_cancel_request(&c->prep->cancel);
 		pthread_join(c->prep->thread, NULL);
-		prep_free(c->prep);
+		ctl_prep_free(c->prep);
 	}
 	/* Waiting PREPARE calls are freed here; tool calls with their queue. */
 	for (struct cap_ctl_call *k = c->prep_waiters, *next; k; k = next) {
 		next = k->prep_next;
 		if (k->kind == CAP_CTL_PREPARE)
-			call_free(k);
+			ctl_call_free(k);
 	}
 	while (c->prep_queue) {
 		struct cap_ctl_call *k = c->prep_queue;
 		c->prep_queue = k->next;
-		call_free(k);
+		ctl_call_free(k);
 	}
 	while (c->idents) {
 		struct ident *i = c->idents;
 		c->idents = i->next;
 		if (i->task) {	/* only when the loop did not run to its end */
-			task_abort(i->task);
-			task_free(task_join(i));
+			ctl_task_abort(i->task);
+			ctl_task_free(ctl_task_join(i));
 		}
-		report_free(i->report);
-		detach(c, i);
+		ctl_report_free(i->report);
+		ctl_detach(c, i);
 		if (i->job)
 			close(i->job_fd);	/* the child finishes on its own */
 		while (i->queue) {
 			struct cap_ctl_call *k = i->queue;
 			i->queue = k->next;
-			call_free(k);
+			ctl_call_free(k);
 		}
-		call_free(i->active);
-		free_abandoned(i);
+		ctl_call_free(i->active);
+		ctl_free_abandoned(i);
 		free(i);
 	}
 	while (c->fes) {

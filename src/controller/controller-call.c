@@ -382,7 +382,7 @@ static void end_down(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 	}
 	ctl_unqueue(i, k);
 	if (k->kind == CAP_CTL_REMOVE)
-		ctl_ws_remove(c->home, i->agent, i->peer);
+		ctl_idrec_remove(c->home, i->agent, i->peer);
 	struct cap_ctl_result r = { .state = i->lc.state == CAP_VM_NONE ? "none" : "stopped" };
 	ctl_deliver(c, k, &r);
 }

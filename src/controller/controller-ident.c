@@ -29,7 +29,7 @@ static void sandbox_name(const char *agent, const char *peer, char out[CAP_NAME_
 static void name_of(struct cap_ctl *c, const char *agent, const char *peer,
 		    char out[CAP_NAME_MAX + 1])
 {
-	if (ctl_ws_read(c->home, agent, peer, out) < 0)
+	if (ctl_idrec_read(c->home, agent, peer, out) < 0)
 		sandbox_name(agent, peer, out);
 }
 
@@ -116,8 +116,8 @@ void ctl_idents_sweep(struct cap_ctl *c)
 /* When the private import ran for an identity (0: not, or none set). */
 static int64_t imported(struct cap_ctl *c, const char *agent, const char *peer)
 {
-	struct ctl_ws_import note;
-	if (!c->cfg.private_import || !agent[0] || ctl_ws_read_import(c->home, agent, peer, &note) < 0)
+	struct ctl_idrec_import note;
+	if (!c->cfg.private_import || !agent[0] || ctl_idrec_read_import(c->home, agent, peer, &note) < 0)
 		return 0;
 	return note.when;
 }
@@ -196,7 +196,7 @@ void cap_ctl_list(struct cap_ctl *c, void (*each)(void *ud, const struct cap_ctl
 		}
 	}
 	struct list_ctx l = { c, each, ud };
-	ctl_ws_each(c->home, list_one, &l);
+	ctl_idrec_each(c->home, list_one, &l);
 	if (pool)
 		*pool = p;
 }
@@ -226,6 +226,6 @@ int cap_ctl_identity_of(struct cap_ctl *c, const char *sandbox, char agent[65], 
 			return 0;
 		}
 	struct owner_ctx o = { sandbox, agent, peer, false };
-	ctl_ws_each(c->home, owner_one, &o);
+	ctl_idrec_each(c->home, owner_one, &o);
 	return o.found ? 0 : -ENOENT;
 }

@@ -108,6 +108,6 @@ int cap_ctl_owner_of(const char *sandbox, struct cap_ctl_holder *out)
 		return held;
 	_cleanup_free_ char *home = cap_home_dir();
 	struct mapped_ctx m = { sandbox, false };
-	ctl_ws_each(home, mapped_one, &m);
+	ctl_idrec_each(home, mapped_one, &m);
 	return m.found;
 }

@@ -63,7 +63,7 @@ struct ident *ctl_pool_ready(struct cap_ctl *c)
 /* Give identity i (which has no sandbox) the ready pool VM p. */
 int ctl_take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err)
 {
-	int r = ctl_ws_write(c->home, i->agent, i->peer, p->name, err);	/* the mapping is the assignment */
+	int r = ctl_idrec_write(c->home, i->agent, i->peer, p->name, err);	/* the mapping is the assignment */
 	if (r < 0)
 		return r;
 	snprintf(i->name, sizeof(i->name), "%s", p->name);

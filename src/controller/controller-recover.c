@@ -61,7 +61,7 @@ void ctl_recover(struct cap_ctl *c)
 {
 	if (c->be == &ctl_named_backend)
 		cap_jail_sweep(jail_found, NULL);
-	ctl_ws_each(c->home, recover_ws, c);
+	ctl_idrec_each(c->home, recover_ws, c);
 
 	/* Warm-pool sandboxes nobody was given: members again. */
 	char **names;

@@ -278,12 +278,12 @@ static void import_done(struct cap_ctl *c, struct ident *i, struct task *t)
 	int r = t->r == -EPERM ? 0 : t->r;
 	struct cap_err err = { 0 };
 	if (r == 0) {
-		struct ctl_ws_import note = {
+		struct ctl_idrec_import note = {
 			.when = (int64_t)time(NULL), .files = t->res.files, .dirs = t->res.dirs,
 			.bytes = t->res.bytes, .conflicts = t->res.nconflicts, .refused = t->res.nrefused,
 			.absent = t->absent,
 		};
-		if (ctl_ws_note_import(c->home, i->agent, i->peer, &note, &err) < 0)
+		if (ctl_idrec_note_import(c->home, i->agent, i->peer, &note, &err) < 0)
 			cap_log(CAP_LOG_WARN, "%s/%s: the private import is not noted (it runs again at the next start, keeping what it copied): %s",
 				i->agent, i->peer, err.msg);
 	}
@@ -423,8 +423,8 @@ bool ctl_import_due(struct cap_ctl *c, struct ident *i)
 {
 	if (!c->cfg.private_import || i->pool || i->import_checked)
 		return false;
-	struct ctl_ws_import note;
-	if (ctl_ws_read_import(c->home, i->agent, i->peer, &note) == 0 && note.when > 0) {
+	struct ctl_idrec_import note;
+	if (ctl_idrec_read_import(c->home, i->agent, i->peer, &note) == 0 && note.when > 0) {
 		i->import_checked = true;
 		return false;
 	}

@@ -69,7 +69,7 @@ static int remove_sandbox(struct cap_ctl *c, struct ident *i, struct cap_err *er
 		if (r < 0)
 			return r;
 	}
-	ctl_ws_remove(c->home, i->agent, i->peer);
+	ctl_idrec_remove(c->home, i->agent, i->peer);
 	i->lc.state = CAP_VM_NONE;
 	/* An import report not handed out yet was about the sandbox gone;
 	 * a new one imports again. */
@@ -184,7 +184,7 @@ int ctl_begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 {
 	int r;
 	if (i->lc.state == CAP_VM_NONE && !i->pool &&
-	    (r = ctl_ws_write(c->home, i->agent, i->peer, i->name, err)) < 0)
+	    (r = ctl_idrec_write(c->home, i->agent, i->peer, i->name, err)) < 0)
 		return r;
 	if ((r = ctl_begin_job(c, i, CAP_CTL_JOB_START, true, err)) < 0)
 		return r;

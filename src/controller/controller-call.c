@@ -17,17 +17,29 @@ void ctl_call_free(struct cap_ctl_call *k)
 {
 	if (!k)
 		return;
-	for (uint32_t a = 0; a < k->req.argc; a++)
-		free(k->req.argv[a]);
-	free(k->req.argv);
-	for (uint32_t a = 0; a < k->req.envc; a++)
-		free(k->req.env[a]);
-	free(k->req.env);
-	free(k->req.cwd);
-	free(k->owned_stdin);
-	free(k->owned_path);
-	free(k->owned_data);
-	free(k->owned_host);
+	switch (k->kind) {
+	case CAP_CTL_EXEC:
+		for (uint32_t a = 0; a < k->exec.req.argc; a++)
+			free(k->exec.req.argv[a]);
+		free(k->exec.req.argv);
+		for (uint32_t a = 0; a < k->exec.req.envc; a++)
+			free(k->exec.req.env[a]);
+		free(k->exec.req.env);
+		free(k->exec.req.cwd);
+		free(k->exec.owned_stdin);
+		break;
+	case CAP_CTL_FILE:
+		free(k->file.owned_path);
+		free(k->file.owned_data);
+		break;
+	case CAP_CTL_XFER:
+		free(k->xfer.owned_path);
+		free(k->xfer.owned_data);
+		free(k->xfer.owned_host);
+		break;
+	default:
+		break;
+	}
 	cap_buf_fini(&k->out);
 	cap_buf_fini(&k->err);
 	free(k);
@@ -51,44 +63,44 @@ struct cap_ctl_call *ctl_call_new(const struct cap_ctl_req *r, struct cap_ctl_fe
 	cap_buf_init(&k->err);
 	if (r->kind == CAP_CTL_EXEC) {
 		const struct cap_exec_req *e = r->exec;
-		k->req = *e;
-		k->req.argv = xcalloc(e->argc + 1, sizeof(char *));
+		k->exec.req = *e;
+		k->exec.req.argv = xcalloc(e->argc + 1, sizeof(char *));
 		for (uint32_t a = 0; a < e->argc; a++)
-			k->req.argv[a] = xstrdup(e->argv[a]);
-		k->req.env = xcalloc(e->envc + 1, sizeof(char *));
+			k->exec.req.argv[a] = xstrdup(e->argv[a]);
+		k->exec.req.env = xcalloc(e->envc + 1, sizeof(char *));
 		for (uint32_t a = 0; a < e->envc; a++)
-			k->req.env[a] = xstrdup(e->env[a]);
-		k->req.cwd = e->cwd ? xstrdup(e->cwd) : NULL;
+			k->exec.req.env[a] = xstrdup(e->env[a]);
+		k->exec.req.cwd = e->cwd ? xstrdup(e->cwd) : NULL;
 		if (r->stdin_data) {
-			k->owned_stdin = dup_bytes(r->stdin_data, r->stdin_len);
-			k->stdin_len = r->stdin_len;
-			k->req.flags |= CAP_EXEC_STDIN;
+			k->exec.owned_stdin = dup_bytes(r->stdin_data, r->stdin_len);
+			k->exec.stdin_len = r->stdin_len;
+			k->exec.req.flags |= CAP_EXEC_STDIN;
 		}
 	} else if (r->kind == CAP_CTL_FILE) {
-		snprintf(k->root, sizeof(k->root), "%s", r->root);
-		k->owned_path = xstrdup(r->path);
-		k->owned_data = dup_bytes(r->data, r->len);
-		k->file = (struct cap_file_req){
+		snprintf(k->file.root, sizeof(k->file.root), "%s", r->root);
+		k->file.owned_path = xstrdup(r->path);
+		k->file.owned_data = dup_bytes(r->data, r->len);
+		k->file.req = (struct cap_file_req){
 			.op = r->op, .limit = r->limit ? r->limit : CAP_CTL_READ_MAX,
-			.limit_entries = CAP_CTL_LIST_MAX, .root = k->root, .path = k->owned_path,
-			.data = k->owned_data, .len = r->len,
+			.limit_entries = CAP_CTL_LIST_MAX, .root = k->file.root, .path = k->file.owned_path,
+			.data = k->file.owned_data, .len = r->len,
 		};
 		if (r->op == CAP_FILE_WRITE && r->no_sync)
-			k->file.limit |= CAP_FILE_NO_SYNC;
+			k->file.req.limit |= CAP_FILE_NO_SYNC;
 	} else if (r->kind == CAP_CTL_XFER) {
-		snprintf(k->root, sizeof(k->root), "%s", r->root);
-		k->owned_path = xstrdup(r->path);
-		k->put = r->put;
-		k->no_sync = r->put && r->no_sync;
-		k->owned_host = r->host ? xstrdup(r->host) : NULL;
+		snprintf(k->xfer.root, sizeof(k->xfer.root), "%s", r->root);
+		k->xfer.owned_path = xstrdup(r->path);
+		k->xfer.put = r->put;
+		k->xfer.no_sync = r->put && r->no_sync;
+		k->xfer.owned_host = r->host ? xstrdup(r->host) : NULL;
 		if (r->put && !r->host) {
-			k->owned_data = dup_bytes(r->data, r->len);
-			k->len = r->len;
-			k->mode = r->mode & 07777;
+			k->xfer.owned_data = dup_bytes(r->data, r->len);
+			k->xfer.len = r->len;
+			k->xfer.mode = r->mode & 07777;
 		}
 	} else if (r->kind == CAP_CTL_MERGE) {
-		k->pick = r->pick;
-		k->dry_run = r->dry_run;
+		k->merge.pick = r->pick;
+		k->merge.dry_run = r->dry_run;
 	}
 	return k;
 }
@@ -256,8 +268,8 @@ static void file_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k
 		ctl_active_fail(c, i, CAP_CTL_ETOOL, *why ? why : "the file operation failed", ex->value);
 		return;
 	}
-	if (k->file.op == CAP_FILE_WRITE) {
-		r.written = k->file.len;
+	if (k->file.req.op == CAP_FILE_WRITE) {
+		r.written = k->file.req.len;
 		ctl_active_done(c, i, &r);
 		return;
 	}
@@ -349,20 +361,20 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 		ctl_begin_ws(c, i, k);
 		return;	/* likewise */
 	}
-	if (k->kind == CAP_CTL_EXEC && k->req.timeout_ms) {
+	if (k->kind == CAP_CTL_EXEC && k->exec.req.timeout_ms) {
 		k->sent_ms = cap_now_ms();
-		k->deadline = k->sent_ms + k->req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
+		k->deadline = k->sent_ms + k->exec.req.timeout_ms + CAP_SANDBOX_EXEC_GRACE_MS;
 	}
 	int r = k->kind == CAP_CTL_FILE
-			? c->be->file(i->vm, &k->file, (k->file.limit & ~CAP_FILE_NO_SYNC) + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
+			? c->be->file(i->vm, &k->file.req, (k->file.req.limit & ~CAP_FILE_NO_SYNC) + CAP_CTL_LIST_MAX * 700 + 4096, &events, k,
 				      &k->stream, &err)
-			: c->be->exec(i->vm, &k->req, &events, k, &k->stream, &err);
+			: c->be->exec(i->vm, &k->exec.req, &events, k, &k->stream, &err);
 	if (r < 0) {
 		ctl_active_fail(c, i, err.code == EINVAL ? CAP_CTL_ETOOL : CAP_CTL_ESANDBOX, err.msg, err.code);
 		return;
 	}
-	if (k->owned_stdin && k->kind == CAP_CTL_EXEC) {
-		c->be->input(i->vm, k->stream, k->owned_stdin, k->stdin_len);
+	if (k->kind == CAP_CTL_EXEC && k->exec.owned_stdin) {
+		c->be->input(i->vm, k->stream, k->exec.owned_stdin, k->exec.stdin_len);
 		c->be->input(i->vm, k->stream, NULL, 0);
 	}
 }

@@ -69,29 +69,51 @@ struct cap_ctl_fe {
 
 struct ident;
 
+/* What a call of each kind keeps of its request (struct cap_ctl_call's
+ * union, chosen by its kind; STOP, REMOVE, DIFF and PREPARE keep none). */
+struct ctl_exec_call {
+	struct cap_exec_req req;	/* owned strings */
+	uint8_t *owned_stdin;
+	size_t stdin_len;
+};
+
+struct ctl_file_call {
+	struct cap_file_req req;	/* root, path and data point into the fields below */
+	char root[16];
+	char *owned_path;
+	uint8_t *owned_data;
+};
+
+struct ctl_xfer_call {
+	bool put;
+	char root[16];
+	char *owned_path;
+	char *owned_host;
+	uint8_t *owned_data;	/* a put of data */
+	size_t len;
+	unsigned mode;
+	bool no_sync;	/* put: CAP_XFER_NO_SYNC */
+};
+
+struct ctl_merge_call {
+	enum cap_merge_pick pick;
+	bool dry_run;
+};
+
 struct cap_ctl_call {
 	enum cap_ctl_kind kind;
 	struct cap_ctl_fe *fe;
 	void *tag;
 	struct ident *ident;
-	struct cap_exec_req req;	/* owned strings */
-	uint8_t *owned_stdin;
-	size_t stdin_len;
-	struct cap_file_req file;	/* root, path and data point into the fields below */
-	char root[16];
-	char *owned_path;
-	uint8_t *owned_data;
+	union {	/* by kind */
+		struct ctl_exec_call exec;	/* EXEC */
+		struct ctl_file_call file;	/* FILE */
+		struct ctl_xfer_call xfer;	/* XFER */
+		struct ctl_merge_call merge;	/* MERGE (a DIFF's stays zero) */
+	};
+	/* EXEC and FILE: the guest's stream */
 	uint32_t stream;
 	bool cancelled;
-	/* XFER */
-	bool put;
-	char *owned_host;
-	size_t len;
-	unsigned mode;
-	bool no_sync;	/* put: CAP_XFER_NO_SYNC */
-	/* MERGE */
-	enum cap_merge_pick pick;
-	bool dry_run;
 	char why[1024];	/* the sandbox went away under it: what to answer */
 	/* Answered by the host's deadline while the guest still holds the
 	 * stream: kept (on ident->abandoned) until the guest or its VM lets

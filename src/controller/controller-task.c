@@ -386,14 +386,14 @@ void ctl_begin_xfer(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 {
 	struct cap_err err = { 0 };
 	struct task *t = task_new(c, i);
-	t->put = k->put;
-	snprintf(t->root, sizeof(t->root), "%s", k->root);
-	t->owned_path = xstrdup(k->owned_path);
-	t->owned_host = k->owned_host ? xstrdup(k->owned_host) : NULL;
-	t->data = k->owned_data;
-	t->len = k->len;
-	t->mode = k->mode;
-	t->no_sync = k->no_sync;
+	t->put = k->xfer.put;
+	snprintf(t->root, sizeof(t->root), "%s", k->xfer.root);
+	t->owned_path = xstrdup(k->xfer.owned_path);
+	t->owned_host = k->xfer.owned_host ? xstrdup(k->xfer.owned_host) : NULL;
+	t->data = k->xfer.owned_data;
+	t->len = k->xfer.len;
+	t->mode = k->xfer.mode;
+	t->no_sync = k->xfer.no_sync;
 	if (task_begin(i, t, &err) < 0) {
 		ctl_task_free(t);
 		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
@@ -408,8 +408,8 @@ void ctl_begin_ws(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
 	t->ws = true;
 	t->owned_host = xstrdup(c->cfg.workspace);
 	t->ws_req = (struct cap_ctl_ws){
-		.name = t->name, .merge = k->kind == CAP_CTL_MERGE, .into = t->owned_host, .pick = k->pick,
-		.dry_run = k->dry_run,
+		.name = t->name, .merge = k->kind == CAP_CTL_MERGE, .into = t->owned_host, .pick = k->merge.pick,
+		.dry_run = k->merge.dry_run,
 	};
 	if (task_begin(i, t, &err) < 0) {
 		ctl_task_free(t);

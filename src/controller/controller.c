@@ -121,7 +121,7 @@ static void deadlines(struct cap_ctl *c)
 		else
 			snprintf(note, sizeof(note),
 				 "the guest did not end the command within its timeout (%u s) and %d s more; its VM was killed (disks kept) and starts again on the next call",
-				 k->req.timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
+				 k->exec.req.timeout_ms / 1000, CAP_SANDBOX_EXEC_GRACE_MS / 1000);
 		cap_log(CAP_LOG_WARN, "sandbox %s (%s/%s): %s", i->name, i->agent, i->peer, note);
 		struct cap_ctl_result r = {
 			.exit = { .kind = CAP_EXIT_SIGNAL, .value = SIGKILL, .flags = CAP_EXIT_TIMED_OUT,

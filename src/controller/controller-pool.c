@@ -81,34 +81,39 @@ int ctl_take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, stru
 /* Keep cfg.warm_pool sandboxes starting or ready, within capacity. */
 void ctl_pool_fill(struct cap_ctl *c)
 {
-	if (c->shutting_down || !c->cfg.warm_pool || cap_now_ms() < c->pool_retry_at)
-		return;
-	if (!c->prepared) {
+	struct cap_pool_in in = {
+		.size = c->cfg.warm_pool, .resident = count_resident(c), .capacity = c->cfg.lc.capacity,
+		.shutting_down = c->shutting_down, .prepared = c->prepared, .preparing = c->prep != NULL,
+		.retry_at = c->pool_retry_at,
+	};
+	for (struct ident *i = c->idents; i; i = i->next) {
+		in.members += i->pool;
+		in.stopped += i->pool && i->lc.state == CAP_VM_STOPPED && !i->job;
+	}
+	struct cap_pool_plan plan = cap_pool_decide(&in, cap_now_ms());
+	if (plan.prepare) {
 		/* No warm sandbox before the kernel, image and template are
 		 * there: prepare first (the pool fills once that succeeded;
 		 * a failure waits like a failed start). */
 		struct cap_err err = { 0 };
-		if (!c->prep && ctl_prep_begin(c, &err) < 0) {
+		if (ctl_prep_begin(c, &err) < 0) {
 			cap_log(CAP_LOG_WARN, "cannot prepare for the warm pool: %s", err.msg);
 			c->pool_retry_at = cap_now_ms() + 30000;
 		}
 		return;
 	}
-	unsigned members = 0;
-	for (struct ident *i = c->idents; i; i = i->next) {
-		if (!i->pool)
+	for (struct ident *i = c->idents; i && plan.restart; i = i->next) {
+		if (!i->pool || i->lc.state != CAP_VM_STOPPED || i->job)
 			continue;
-		members++;
-		if (i->lc.state == CAP_VM_STOPPED && !i->job && count_resident(c) < c->cfg.lc.capacity) {
-			struct cap_err err = { 0 };
-			if (ctl_begin_start(c, i, &err) < 0) {
-				cap_log(CAP_LOG_WARN, "warm sandbox %s: %s", i->name, err.msg);
-				c->pool_retry_at = cap_now_ms() + 30000;
-				return;
-			}
+		struct cap_err err = { 0 };
+		if (ctl_begin_start(c, i, &err) < 0) {
+			cap_log(CAP_LOG_WARN, "warm sandbox %s: %s", i->name, err.msg);
+			c->pool_retry_at = cap_now_ms() + 30000;
+			return;
 		}
+		plan.restart--;
 	}
-	while (members < c->cfg.warm_pool && count_resident(c) < c->cfg.lc.capacity) {
+	for (; plan.create; plan.create--) {
 		uint8_t rnd[8];
 		char name[CAP_NAME_MAX + 1];
 		struct cap_err err = { 0 };
@@ -125,6 +130,5 @@ void ctl_pool_fill(struct cap_ctl *c)
 			c->pool_retry_at = cap_now_ms() + 30000;
 			return;
 		}
-		members++;
 	}
 }

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "controller-state.h"
-#include "engine.h"
 
 /* --- recovery -------------------------------------------------------------------------- */
 
@@ -51,24 +50,17 @@ static void recover_ws(void *ud, const char *agent, const char *peer, const char
 	recover_one(ud, agent, peer, sandbox, false);
 }
 
-static void jail_found(void *ud, const char *what)
-{
-	(void)ud;
-	cap_log(CAP_LOG_INFO, "%s", what);
-}
-
 void ctl_recover(struct cap_ctl *c)
 {
-	if (c->be == &ctl_named_backend)
-		cap_jail_sweep(jail_found, NULL);
+	if (c->be->sweep)
+		c->be->sweep(c->bud);
 	ctl_idrec_each(c->home, recover_ws, c);
 
 	/* Warm-pool sandboxes nobody was given: members again. */
 	char **names;
 	size_t n;
-	if (c->be != &ctl_named_backend)
+	if (!c->be->list || c->be->list(c->bud, &names, &n) < 0)
 		return;
-	cap_named_list(&names, &n);
 	for (size_t k = 0; k < n; k++) {
 		bool taken = strncmp(names[k], "pool-", 5) != 0;
 		char agent[65], peer[65];

@@ -603,6 +603,15 @@ struct cap_ctl_backend {
 	 * prepared; a PREPARE call answers at once). */
 	int (*prepare)(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, void *fud,
 		       struct cap_prep_cancel *cancel, struct cap_prep_out *out, struct cap_err *err);
+	/* Recovery, before the records are read: clean what dead sandboxes
+	 * left behind (the real one sweeps the jails' leftovers, saying what
+	 * it found through cap_log). NULL: nothing to clean. */
+	void (*sweep)(void *ud);
+	/* Recovery: every sandbox there is, so that warm-pool ones nobody was
+	 * given become members again. *names is a new array of n new
+	 * strings (the caller frees each and it). 0 or -errno. NULL: none
+	 * are listed (no warm-pool sandbox is recovered). */
+	int (*list)(void *ud, char ***names, size_t *n);
 };
 
 #endif

@@ -2,6 +2,7 @@
 #ifndef CAP_CONTROLLER_INTERNAL_H
 #define CAP_CONTROLLER_INTERNAL_H
 
+#include "controller-backend.h"
 #include "controller.h"
 #include "err.h"
 #include "log.h"

@@ -15,7 +15,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "controller-internal.h"
+#include "controller.h"
+#include "log.h"
 #include "jsonrpc.h"
 #include "policy.h"
 #include "paths.h"

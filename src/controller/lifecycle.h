@@ -1,6 +1,6 @@
-/* The idle lifecycle and capacity rules of DESIGN §5, as pure functions
- * of a state and a time, so that they are tested with an injected clock
- * and the controller only carries out what they decide. */
+/* The idle lifecycle, capacity and warm-pool rules of DESIGN §5, as pure
+ * functions of a state and a time, so that they are tested with an
+ * injected clock and the controller only carries out what they decide. */
 #ifndef CAP_LIFECYCLE_H
 #define CAP_LIFECYCLE_H
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "controller-internal.h"
+#include "engine.h"
 #include "named.h"
 #include "sandbox.h"
 #include "util.h"
@@ -438,6 +439,24 @@ static int prepare_(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, vo
 	return cap_ctl_prepare(req, fn, fud, cancel, out, err);
 }
 
+static void jail_found(void *ud, const char *what)
+{
+	(void)ud;
+	cap_log(CAP_LOG_INFO, "%s", what);
+}
+
+static void sweep(void *ud)
+{
+	(void)ud;
+	cap_jail_sweep(jail_found, NULL);
+}
+
+static int list(void *ud, char ***names, size_t *n)
+{
+	(void)ud;
+	return cap_named_list(names, n);
+}
+
 const struct cap_ctl_backend ctl_named_backend = {
 	.job_begin = job_begin,
 	.job_end = job_end,
@@ -460,4 +479,6 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.xfer = xfer_,
 	.workspace = workspace_,
 	.prepare = prepare_,
+	.sweep = sweep,
+	.list = list,
 };

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "controller.h"
+#include "controller-prepare.h"
 #include "named.h"
 #include "paths.h"
 #include "policy.h"

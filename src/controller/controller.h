@@ -14,7 +14,6 @@
 #define CAP_CONTROLLER_H
 
 #include <poll.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -22,12 +21,13 @@
 #include "err.h"
 #include "lifecycle.h"
 #include "client.h"
-#include "workspace.h"	/* diff and merge of a sandbox's /workspace */
+#include "controller-prepare.h"
+#include "tree.h"	/* enum cap_merge_pick */
+#include "workspace-types.h"
 
-struct cap_ctl_backend;
+struct cap_ctl_backend;	/* controller-backend.h */
 
 struct cap_net_policy;
-struct cap_xfer_result;	/* src/sandbox/xfer.h */
 
 struct cap_controller_cfg {
 	struct cap_lifecycle_cfg lc;
@@ -63,7 +63,7 @@ struct cap_controller_cfg {
 	 * off. Borrowed. */
 	const char *private_import;
 	/* Host directories that upload's `from` and download's `to` may
-	 * name (absolute, resolved: cap_ctl_transfer_dirs_resolve); none:
+	 * name (absolute, resolved: cap_transfer_dirs_resolve, paths.h); none:
 	 * both are refused. Borrowed. */
 	const char *const *transfer_dirs;
 	size_t ntransfer_dirs;
@@ -193,86 +193,6 @@ struct cap_ctl_entry {
 	uint64_t size;	/* files */
 	const char *name;
 };
-
-/* --- preparation (docs/serve.md, "prepare") --------------------------------- */
-
-/* The four things a first sandbox needs, made sure of in this order.
- * CAP_PREP_LOCK is no phase of those: taking the cache's lock before
- * them, named only when that fails ("lock"; the wait for another
- * process's preparation is a line of the kernel phase). */
-enum cap_prep_phase {
-	CAP_PREP_KERNEL, CAP_PREP_INITRAMFS, CAP_PREP_IMAGE, CAP_PREP_TEMPLATE,
-	CAP_PREP_LOCK,
-};
-#define CAP_PREP_NPHASES 4
-
-enum cap_prep_status {
-	CAP_PREP_BUILDING,	/* work on the phase started */
-	CAP_PREP_LINE,	/* a line of the phase's build, in message */
-	CAP_PREP_READY,	/* the phase is there (message: built now or already there) */
-	CAP_PREP_FAILED,
-};
-
-/* One progress event; message borrowed for the callback. done: phases
- * ready so far (never goes down), of CAP_PREP_NPHASES. */
-struct cap_prep_event {
-	enum cap_prep_phase phase;
-	enum cap_prep_status status;
-	unsigned done;
-	const char *message;
-};
-typedef void (*cap_prep_fn)(void *ud, const struct cap_prep_event *ev);
-
-/* "kernel"... ("lock" for CAP_PREP_LOCK); "building"... */
-const char *cap_prep_phase_name(enum cap_prep_phase p);
-const char *cap_prep_status_name(enum cap_prep_status s);
-
-/* What to prepare for: the image and the shape of new sandboxes (the
- * template's key depends on it). Borrowed for the call. */
-struct cap_prep_req {
-	const char *image;	/* NULL: "base" */
-	bool workspace;	/* sandboxes carry a /workspace disk */
-	const struct cap_net_policy *network;	/* NULL: no NIC */
-};
-
-/* What a preparation found or made (also filled as far as it got when
- * it failed). Finish with cap_prep_out_fini. */
-struct cap_prep_out {
-	unsigned built;	/* bit (1u << phase) for each phase built by this call */
-	char *owned_kernel, *owned_initramfs;
-	char *owned_image_name;	/* NULL: the image has no name */
-	char image_digest[72];	/* "" until the image phase is ready */
-	bool template_on;	/* false: templates are off (CAPSULE_TEMPLATES=0) */
-	int64_t duration_ms;
-	enum cap_prep_phase failed;	/* on failure: the phase that failed (or CAP_PREP_LOCK) */
-};
-void cap_prep_out_fini(struct cap_prep_out *o);
-
-/* A preparation's link to cancellation, shared between the thread that
- * runs it and the one that cancels it (cap_prep_cancel_init first). */
-struct cap_prep_cancel {
-	pthread_mutex_t lock;
-	bool cancelled;
-	pid_t pid;	/* the kernel builder running (its process group), or 0 */
-};
-void cap_prep_cancel_init(struct cap_prep_cancel *x);
-void cap_prep_cancel_fini(struct cap_prep_cancel *x);
-/* Ask it to end: the kernel builder's process group gets SIGTERM (and
- * SIGKILL 5 s later if it is still there), no further phase starts. */
-void cap_prep_cancel_request(struct cap_prep_cancel *x);
-
-/* Make sure of kernel, initramfs, image and template, building what is
- * missing, in that order, reporting each step through fn (may be NULL;
- * called from this thread). The kernel is built by the script
- * cap_store_kernel_builder names (its output as CAP_PREP_LINE events);
- * every builder writes its result atomically, so a failed or cancelled
- * run leaves nothing taken for made and a new run retries from the
- * phase that failed. One preparation at a time per cache (a lock in
- * it: a second caller waits). cancel may be NULL. 0, or -errno with err
- * saying what failed and what to do, and out->failed naming the phase. */
-int cap_ctl_prepare(const struct cap_prep_req *req, cap_prep_fn fn, void *ud,
-		    struct cap_prep_cancel *cancel, struct cap_prep_out *out,
-		    struct cap_err *err);
 
 /* What a call came to; borrowed for the done() call only. */
 struct cap_ctl_result {
@@ -435,142 +355,5 @@ int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now);
 /* The lifecycle clock (ms). */
 int64_t cap_ctl_now(const struct cap_ctl *c);
 
-/* --- sandboxes, behind a table (the real one drives named sandboxes;
- * unit tests give a fake) ----------------------------------------------------- */
-
-/* A job runs in a child process (the real backend forks): make the
- * sandbox if it does not exist, bring its public data up to date, start
- * its shim; or only check whether the public data changed (a changed one
- * stops the VM and is rebuilt). */
-enum cap_ctl_job {
-	CAP_CTL_JOB_START,
-	CAP_CTL_JOB_CHECK,
-	/* Wait for a shim that is starting or exiting to serve or go
-	 * (recovery); never starts one. */
-	CAP_CTL_JOB_WAIT,
-};
-
-struct cap_ctl_job_req {
-	enum cap_ctl_job kind;
-	const char *name;
-	bool create;	/* START: create it first when missing */
-	const char *image, *source;	/* of a new sandbox */
-	const char *workspace;	/* of a new sandbox: its /workspace, or NULL */
-	const struct cap_net_policy *network;	/* of every sandbox, NULL: none */
-};
-
-struct cap_ctl_job_out {
-	int r;	/* 0 or -errno, with msg */
-	char msg[1024];
-	bool changed;	/* CHECK: the public data changed (the VM was stopped) */
-	bool stopped;	/* WAIT: the shim went away instead of serving */
-	bool has_source;	/* whether the sandbox projects public data */
-};
-
-#define CAP_CTL_VM_NPOLL 2
-
-/* One transfer, as the backend's xfer gets it (everything borrowed for
- * the call). put: host (a file or directory) goes to root/dest_dir as
- * dest_name ("" with a directory: its contents go directly there); get:
- * root/path goes to host. flags: CAP_XFER_* (src/sandbox/xfer.h). */
-struct cap_ctl_xfer {
-	const char *name;	/* the sandbox, running */
-	bool put;
-	const char *root;
-	const char *path;	/* get */
-	const char *dest_dir, *dest_name;	/* put */
-	const char *host;
-	unsigned flags;
-};
-
-/* A running transfer's link to cancellation: the backend names the
- * descriptor that carries it (the shim connection) once it has one, and
- * a cancel (or the controller's shutdown) shuts that descriptor down
- * (shutdown(2), from the loop's thread), which ends the transfer with an
- * error. */
-struct cap_ctl_xfer_watch;
-/* 0, or -ECANCELED when it was cancelled already (end the transfer). */
-int cap_ctl_xfer_watch_fd(struct cap_ctl_xfer_watch *w, int fd);
-/* Before the descriptor is closed. */
-void cap_ctl_xfer_unwatch(struct cap_ctl_xfer_watch *w);
-
-/* One diff or merge of a sandbox's workspace, as the backend's
- * workspace op gets it (borrowed for the call). */
-struct cap_ctl_ws {
-	const char *name;	/* the sandbox, running */
-	bool merge;
-	const char *into;	/* MERGE: the host directory (resolved) */
-	enum cap_merge_pick pick;
-	bool dry_run;
-};
-
-/* What it came to, filled by the op (the caller zeroes it first and
- * finishes it with cap_ctl_ws_out_fini, also after a failure). */
-struct cap_ctl_ws_out {
-	/* DIFF: the base, the guest's manifest and the changes between them
-	 * (pointing into both). */
-	struct cap_tree base, now;
-	struct cap_tree_change *changes;
-	size_t nchanges;
-	/* MERGE: the three sides and the plan (merge.planned); applied when
-	 * it had no conflicts and !dry_run. */
-	struct cap_workspace_merge merge;
-};
-void cap_ctl_ws_out_fini(struct cap_ctl_ws_out *o);
-
-struct cap_ctl_backend {
-	int (*job_begin)(void *ud, const struct cap_ctl_job_req *j, int *fd,
-			 pid_t *pid, struct cap_err *err);
-	/* fd became readable: collect the outcome, close fd, reap pid. */
-	void (*job_end)(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out);
-	/* What the sandbox is doing: -ENOENT when it does not exist. */
-	int (*state)(void *ud, const char *name, enum cap_vm_state *st,
-		     bool *serving, bool *has_source);
-	/* Attach to a serving shim; *vm is owned by the caller (vm_free). */
-	int (*attach)(void *ud, const char *name, void **vm, bool *paused,
-		      struct cap_err *err);
-	/* Leftovers of a dead shim: cleaned; disks stay. */
-	void (*reap)(void *ud, const char *name);
-	/* Delete a stopped sandbox and its disks. */
-	int (*remove)(void *ud, const char *name, struct cap_err *err);
-	/* Kill the shim of a sandbox that would not stop. */
-	void (*kill)(void *ud, const char *name);
-
-	int (*exec)(void *vm, const struct cap_exec_req *req,
-		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
-		    struct cap_err *err);
-	int (*file)(void *vm, const struct cap_file_req *req, uint32_t cap,
-		    const struct cap_exec_events *ev, void *ud, uint32_t *id,
-		    struct cap_err *err);
-	int (*input)(void *vm, uint32_t id, const void *p, size_t n);
-	int (*signal)(void *vm, uint32_t id, int sig);
-	/* Ask to pause or resume; vm_op_done says when the shim answered. */
-	void (*vm_op)(void *vm, bool pause);
-	bool (*vm_op_done)(void *vm, int *result);
-	void (*stop)(void *vm);
-	bool (*dead)(void *vm);
-	void (*pollfds)(void *vm, struct pollfd *pfd);	/* CAP_CTL_VM_NPOLL */
-	int (*dispatch)(void *vm, const struct pollfd *pfd, struct cap_err *err);
-	void (*vm_free)(void *vm);
-	/* Run a transfer to its end: called in a worker thread, it must
-	 * touch nothing but its arguments (and what the sandbox layer
-	 * does). *res (zeroed by the caller, who finishes it with
-	 * cap_xfer_result_fini) may be filled on failure too. 0, -EPERM
-	 * when some paths were refused (listed; the rest copied), other
-	 * -errno with err set. NULL: transfers are refused. */
-	int (*xfer)(void *ud, const struct cap_ctl_xfer *x, struct cap_ctl_xfer_watch *w,
-		    struct cap_xfer_result *res, struct cap_err *err);
-	/* Run a diff or merge (holding the sandbox's workspace lock; one
-	 * held elsewhere is -EWOULDBLOCK), in a worker thread like xfer.
-	 * 0 also for a merge its conflicts refused (out says so, nothing
-	 * written); -errno with err set. NULL: both are refused. */
-	int (*workspace)(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
-			 struct cap_ctl_ws_out *out, struct cap_err *err);
-	/* Prepare (cap_ctl_prepare for the real one), in a worker thread
-	 * like xfer. NULL: nothing to prepare (the controller starts
-	 * prepared; a PREPARE call answers at once). */
-	int (*prepare)(void *ud, const struct cap_prep_req *req, cap_prep_fn fn, void *fud,
-		       struct cap_prep_cancel *cancel, struct cap_prep_out *out, struct cap_err *err);
-};
 
 #endif

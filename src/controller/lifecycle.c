@@ -71,3 +71,20 @@ int cap_lc_make_room(const struct cap_lc *const *v, size_t n,
 		return -1;
 	return victim >= 0 ? victim : -2;
 }
+
+struct cap_pool_plan cap_pool_decide(const struct cap_pool_in *s, int64_t now)
+{
+	struct cap_pool_plan p = { 0 };
+	if (s->shutting_down || !s->size || now < s->retry_at)
+		return p;
+	if (!s->prepared) {
+		p.prepare = !s->preparing;
+		return p;
+	}
+	unsigned room = s->capacity > s->resident ? s->capacity - s->resident : 0;
+	p.restart = s->stopped < room ? s->stopped : room;
+	room -= p.restart;
+	unsigned want = s->size > s->members ? s->size - s->members : 0;
+	p.create = want < room ? want : room;
+	return p;
+}

@@ -1,6 +1,6 @@
-/* The idle lifecycle and capacity rules of DESIGN §5, as pure functions
- * of a state and a time, so that they are tested with an injected clock
- * and the controller only carries out what they decide. */
+/* The idle lifecycle, capacity and warm-pool rules of DESIGN §5, as pure
+ * functions of a state and a time, so that they are tested with an
+ * injected clock and the controller only carries out what they decide. */
 #ifndef CAP_LIFECYCLE_H
 #define CAP_LIFECYCLE_H
 
@@ -59,5 +59,34 @@ int64_t cap_lc_next(const struct cap_lc *s, const struct cap_lifecycle_cfg *c);
  * already stopping), which the caller reports as a retryable error. */
 int cap_lc_make_room(const struct cap_lc *const *v, size_t n,
 		     const struct cap_lifecycle_cfg *c);
+
+/* What the warm pool's decision needs to know: how many spares are
+ * wanted (cfg warm_pool; 0: off) and there, the capacity they share, the
+ * controller's preparation, and when a failed start allows the next try
+ * (real clock ms; 0: at once). */
+struct cap_pool_in {
+	unsigned size;	/* spares wanted */
+	unsigned members;	/* warm-pool sandboxes there, in any state */
+	unsigned stopped;	/* of them: stopped with no job, to start again */
+	unsigned resident;	/* resident VMs, the pool's and the identities' */
+	unsigned capacity;
+	bool shutting_down;
+	bool prepared;	/* the controller's preparation succeeded */
+	bool preparing;	/* a preparation runs */
+	int64_t retry_at;
+};
+
+struct cap_pool_plan {
+	bool prepare;	/* start the preparation (nothing else before it succeeded) */
+	unsigned restart;	/* stopped members to start again */
+	unsigned create;	/* new members to make and start */
+};
+
+/* What the warm pool does at now: nothing while shutting down, off, or
+ * before retry_at; the preparation first (unless one runs); then its
+ * stopped members started again and new ones made up to size, within
+ * the room capacity leaves (restarts first). Spares are never stopped
+ * here: they count as resident VMs, which cap_lc_make_room may evict. */
+struct cap_pool_plan cap_pool_decide(const struct cap_pool_in *s, int64_t now);
 
 #endif

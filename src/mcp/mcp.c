@@ -18,6 +18,7 @@
 #include "mcp-server.h"
 #include "mcp.h"
 #include "paths.h"
+#include "policy.h"
 #include "serve.h"
 #include "util.h"
 

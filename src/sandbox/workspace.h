@@ -20,6 +20,7 @@
 #include "named.h"
 #include "sandbox.h"
 #include "tree.h"
+#include "workspace-types.h"
 
 /* Hold the sandbox's workspace lock (workspace.lock in its directory) so
  * that two diffs or merges of one sandbox never run at once. wait: block
@@ -83,11 +84,7 @@ int cap_workspace_apply(const char *name, struct cap_sandbox *sb,
 
 void cap_workspace_merge_fini(struct cap_workspace_merge *m);
 
-/* A plan's ops counted by what they do. */
-struct cap_workspace_counts {
-	size_t written, removed, links, created, chmod;	/* WRITE, REMOVE, LINK, MKDIR, CHMOD */
-	size_t git;	/* changes inside .git or other repositories, left out (cap_merge_plan's ngit) */
-};
+/* A plan's ops counted by what they do (struct cap_workspace_counts). */
 void cap_workspace_count(const struct cap_merge_plan *p, struct cap_workspace_counts *out);
 
 /* merge --git: what was fetched. */

@@ -1060,8 +1060,8 @@ static struct fsb *premade(struct t *t, const char *agent, const char *name,
 			   enum cap_vm_state st, bool serving, bool has_source)
 {
 	struct cap_err err = { 0 };
-	if (ctl_ws_write(t->home, agent, "p", name, &err) < 0)
-		fail_msg("ctl_ws_write: %s", err.msg);
+	if (ctl_idrec_write(t->home, agent, "p", name, &err) < 0)
+		fail_msg("ctl_idrec_write: %s", err.msg);
 	struct fsb *s = sb_get(&t->f, name);
 	s->exists = true;
 	s->st = st;
@@ -2395,8 +2395,8 @@ static void private_import_runs_once(void **state)
 	assert_int_equal(g->import_r, 0);
 	assert_int_equal(g->import_files, 1);
 	assert_string_equal(g->import_refused, "fifo: a FIFO, not copied");
-	struct ctl_ws_import note;
-	assert_int_equal(ctl_ws_read_import(t->home, "a", "p", &note), 0);
+	struct ctl_idrec_import note;
+	assert_int_equal(ctl_idrec_read_import(t->home, "a", "p", &note), 0);
 	assert_true(note.when > 0);
 	assert_int_equal(note.refused, 1);
 	assert_true(status(t, "a").imported > 0);
@@ -2417,7 +2417,7 @@ static void private_import_runs_once(void **state)
 	run_one(t, "b", 5);
 	assert_int_equal(xfer_calls(&t->f), 1);
 	assert_false(must_get(&t->fe1, 5)->import);
-	assert_int_equal(ctl_ws_read_import(t->home, "b", "p", &note), 0);
+	assert_int_equal(ctl_idrec_read_import(t->home, "b", "p", &note), 0);
 	assert_true(note.when > 0 && note.absent);
 	free(dir);
 }
@@ -2439,8 +2439,8 @@ static void failed_import_runs_again(void **state)
 	assert_true(g->import);
 	assert_int_equal(g->import_r, -ELOOP);
 	assert_int_equal(xfer_calls(&t->f), 0);	/* nothing was read through the link */
-	struct ctl_ws_import note;
-	assert_int_equal(ctl_ws_read_import(t->home, "a", "p", &note), 0);
+	struct ctl_idrec_import note;
+	assert_int_equal(ctl_idrec_read_import(t->home, "a", "p", &note), 0);
 	assert_int_equal(note.when, 0);
 	run_one(t, "a", 2);	/* same start: tried once per start */
 	assert_false(must_get(&t->fe1, 2)->import);

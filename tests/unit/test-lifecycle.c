@@ -81,6 +81,68 @@ static void room_evicts_the_oldest_idle(void **state)
 	assert_int_equal(cap_lc_make_room(v, 5, &cfg), -2);	/* all busy */
 }
 
+/* The warm pool's decision at an injected time. */
+static void pool_fills_within_capacity(void **state)
+{
+	(void)state;
+	struct cap_pool_in in = { .size = 2, .capacity = 4, .prepared = true };
+	struct cap_pool_plan p = cap_pool_decide(&in, 1000);
+	assert_false(p.prepare);
+	assert_int_equal(p.restart, 0);
+	assert_int_equal(p.create, 2);
+	/* Three identities' VMs resident: room for one spare. */
+	in.resident = 3;
+	p = cap_pool_decide(&in, 1000);
+	assert_int_equal(p.create, 1);
+	/* Full: none. */
+	in.resident = 4;
+	p = cap_pool_decide(&in, 1000);
+	assert_int_equal(p.create, 0);
+	/* Both there, one of them stopped: started again, none made. */
+	in = (struct cap_pool_in){ .size = 2, .members = 2, .stopped = 1, .resident = 1, .capacity = 4,
+				   .prepared = true };
+	p = cap_pool_decide(&in, 1000);
+	assert_int_equal(p.restart, 1);
+	assert_int_equal(p.create, 0);
+	/* Restarts take the room first. */
+	in = (struct cap_pool_in){ .size = 3, .members = 2, .stopped = 2, .resident = 2, .capacity = 4,
+				   .prepared = true };
+	p = cap_pool_decide(&in, 1000);
+	assert_int_equal(p.restart, 2);
+	assert_int_equal(p.create, 0);
+	/* More members than wanted (a smaller pool after a restart): none
+	 * made, none stopped. */
+	in = (struct cap_pool_in){ .size = 1, .members = 3, .resident = 3, .capacity = 4, .prepared = true };
+	p = cap_pool_decide(&in, 1000);
+	assert_int_equal(p.restart, 0);
+	assert_int_equal(p.create, 0);
+}
+
+static void pool_waits_for_retry_preparation_and_shutdown(void **state)
+{
+	(void)state;
+	struct cap_pool_in in = { .size = 2, .capacity = 4, .retry_at = 31000 };
+	struct cap_pool_plan p = cap_pool_decide(&in, 30999);
+	assert_false(p.prepare);	/* a failure waits its time */
+	p = cap_pool_decide(&in, 31000);
+	assert_true(p.prepare);	/* then the preparation first */
+	assert_int_equal(p.create, 0);
+	in.preparing = true;
+	p = cap_pool_decide(&in, 31000);
+	assert_false(p.prepare);	/* one runs already */
+	assert_int_equal(p.create, 0);
+	in.preparing = false;
+	in.prepared = true;
+	in.shutting_down = true;
+	p = cap_pool_decide(&in, 31000);
+	assert_int_equal(p.create, 0);
+	in.shutting_down = false;
+	in.size = 0;	/* off */
+	p = cap_pool_decide(&in, 31000);
+	assert_false(p.prepare);
+	assert_int_equal(p.create, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -89,6 +151,8 @@ int main(void)
 		cmocka_unit_test_setup(work_prevents_transitions, setup),
 		cmocka_unit_test_setup(other_states_do_nothing, setup),
 		cmocka_unit_test_setup(room_evicts_the_oldest_idle, setup),
+		cmocka_unit_test_setup(pool_fills_within_capacity, setup),
+		cmocka_unit_test_setup(pool_waits_for_retry_preparation_and_shutdown, setup),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,8 +20,8 @@ static char *record_path(const char *home, const char *agent, const char *peer)
 	return xasprintf("%s/workspaces/%s/%s/record.json", home, agent, peer);
 }
 
-int ctl_ws_write(const char *home, const char *agent, const char *peer,
-		 const char *sandbox, struct cap_err *err)
+int ctl_idrec_write(const char *home, const char *agent, const char *peer,
+		    const char *sandbox, struct cap_err *err)
 {
 	_cleanup_free_ char *path = record_path(home, agent, peer);
 	_cleanup_free_ char *dir = xstrdup(path);
@@ -38,8 +38,8 @@ int ctl_ws_write(const char *home, const char *agent, const char *peer,
 	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
 }
 
-int ctl_ws_read(const char *home, const char *agent, const char *peer,
-		char name[CAP_NAME_MAX + 1])
+int ctl_idrec_read(const char *home, const char *agent, const char *peer,
+		   char name[CAP_NAME_MAX + 1])
 {
 	_cleanup_free_ char *path = record_path(home, agent, peer);
 	json_t *j = json_load_file(path, 0, NULL);
@@ -53,8 +53,8 @@ int ctl_ws_read(const char *home, const char *agent, const char *peer,
 	return r;
 }
 
-int ctl_ws_note_import(const char *home, const char *agent, const char *peer,
-		       const struct ctl_ws_import *note, struct cap_err *err)
+int ctl_idrec_note_import(const char *home, const char *agent, const char *peer,
+			  const struct ctl_idrec_import *note, struct cap_err *err)
 {
 	_cleanup_free_ char *path = record_path(home, agent, peer);
 	json_error_t je;
@@ -76,8 +76,8 @@ int ctl_ws_note_import(const char *home, const char *agent, const char *peer,
 	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
 }
 
-int ctl_ws_read_import(const char *home, const char *agent, const char *peer,
-		       struct ctl_ws_import *out)
+int ctl_idrec_read_import(const char *home, const char *agent, const char *peer,
+			  struct ctl_idrec_import *out)
 {
 	_cleanup_free_ char *path = record_path(home, agent, peer);
 	json_t *j = json_load_file(path, 0, NULL);
@@ -101,7 +101,7 @@ int ctl_ws_read_import(const char *home, const char *agent, const char *peer,
 	return 0;
 }
 
-void ctl_ws_remove(const char *home, const char *agent, const char *peer)
+void ctl_idrec_remove(const char *home, const char *agent, const char *peer)
 {
 	_cleanup_free_ char *path = record_path(home, agent, peer);
 	unlink(path);
@@ -111,9 +111,9 @@ void ctl_ws_remove(const char *home, const char *agent, const char *peer)
 	rmdir(path);	/* the agent's, when empty */
 }
 
-void ctl_ws_each(const char *home,
-		 void (*fn)(void *ud, const char *agent, const char *peer, const char *sandbox),
-		 void *ud)
+void ctl_idrec_each(const char *home,
+		    void (*fn)(void *ud, const char *agent, const char *peer, const char *sandbox),
+		    void *ud)
 {
 	_cleanup_free_ char *ws = xasprintf("%s/workspaces", home);
 	DIR *da = opendir(ws);
@@ -127,7 +127,7 @@ void ctl_ws_each(const char *home,
 		while (dp && (p = readdir(dp))) {
 			char name[CAP_NAME_MAX + 1];
 			if (cap_controller_id_valid(p->d_name) &&
-			    ctl_ws_read(home, a->d_name, p->d_name, name) == 0)
+			    ctl_idrec_read(home, a->d_name, p->d_name, name) == 0)
 				fn(ud, a->d_name, p->d_name, name);
 		}
 		if (dp)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "controller-state.h"
+#include "layout.h"
 #include "paths.h"
 #include "util.h"
 #include "xfer.h"
@@ -166,7 +167,7 @@ static int run_import(struct task *t)
 		return r;
 	}
 	struct cap_ctl_xfer x = {
-		.name = t->name, .put = true, .root = "/work", .dest_dir = "", .dest_name = "",
+		.name = t->name, .put = true, .root = CAP_GUEST_WORK, .dest_dir = "", .dest_name = "",
 		.host = t->owned_host,
 		.flags = CAP_XFER_RECURSIVE | CAP_XFER_NO_REPLACE | CAP_XFER_NO_LINKS,
 	};
@@ -439,7 +440,7 @@ void ctl_begin_import(struct cap_ctl *c, struct ident *i)
 	struct task *t = task_new(c, i);
 	t->import = true;
 	t->put = true;
-	snprintf(t->root, sizeof(t->root), "/work");
+	snprintf(t->root, sizeof(t->root), CAP_GUEST_WORK);
 	t->owned_host = xasprintf("%s/%s/%s", c->cfg.private_import, i->agent, i->peer);
 	if (task_begin(i, t, &err) == 0)
 		return;

@@ -127,14 +127,14 @@ struct cap_ctl_req {
 	const void *stdin_data;	/* EXEC: all of stdin, or NULL */
 	size_t stdin_len;
 	enum cap_file_op op;	/* FILE */
-	const char *root;	/* "/source" or "/work" */
+	const char *root;	/* a FILE root (layout.h): CAP_GUEST_SOURCE or CAP_GUEST_WORK */
 	const char *path;	/* relative, checked by the front end */
 	const void *data;	/* WRITE; XFER put without host: the file's bytes */
 	size_t len;
 	uint32_t limit;	/* READ: most bytes (0: CAP_CTL_READ_MAX) */
 	/* XFER: put copies host (or data) to root/path, get copies
-	 * root/path to host. root is "/work" or "/workspace" for put, and
-	 * "/source" too for get; path is relative ("" only for a put of a
+	 * root/path to host. root is a FILE root (layout.h): a writable one
+	 * for put, any for get; path is relative ("" only for a put of a
 	 * directory: its contents go directly beneath root). */
 	bool put;
 	/* XFER: put: the host file or directory (resolved, inside a

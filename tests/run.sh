@@ -44,6 +44,9 @@ suite() {
 # The header fence: front ends include only the library's public
 # headers (tests/check-fence.py says which and why).
 suite "fence" python3 tests/check-fence.py
+# The guest's layout in one table: no C file spells one of its paths
+# (tests/check-layout.py).
+suite "layout" python3 tests/check-layout.py
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
 units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template"

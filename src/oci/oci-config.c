@@ -576,10 +576,10 @@ static int add_tmpfs(struct ctx *x, json_t *m, size_t i, const char *d, struct c
 	if (strlen(d) >= sizeof(t.destination))
 		return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %.64s...: the path is over 255 bytes; shorten it",
 				   x->file, i, d);
-	snprintf(t.destination, sizeof(t.destination), "%s", d);
 	if (strcmp(d, "/") == 0 || cap_guest_file_root(d))
 		return cap_err_set(x->err, EINVAL, "%s: mounts[%zu]: a tmpfs at %s: capsule's guest mounts its own file system there; choose another destination",
 				   x->file, i, d);
+	snprintf(t.destination, sizeof(t.destination), "%s", d);
 	size_t k, used = 0;
 	json_t *o;
 	json_array_foreach(json_object_get(m, "options"), k, o) {

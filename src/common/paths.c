@@ -254,14 +254,25 @@ static bool within_any(const char *const *dirs, size_t n, const char *path)
 	return false;
 }
 
+/* The transfer directories as a list for messages into list; false with
+ * err set when path is not absolute. */
+static bool absolute_or_say(const char *const *dirs, size_t n, const char *path, char *list,
+			    size_t len, struct cap_err *err)
+{
+	dirs_list(dirs, n, list, len);
+	if (path[0] == '/')
+		return true;
+	cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
+		    path, list);
+	return false;
+}
+
 int cap_transfer_source(const char *const *dirs, size_t n, const char *path, char **out,
 			struct cap_err *err)
 {
 	char list[2048];
-	dirs_list(dirs, n, list, sizeof(list));
-	if (path[0] != '/')
-		return cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
-				   path, list);
+	if (!absolute_or_say(dirs, n, path, list, sizeof(list), err))
+		return -EINVAL;
 	char *real = realpath(path, NULL);
 	if (!real)
 		return cap_err_set(err, errno, "cannot resolve %s: %s", path, strerror(errno));
@@ -282,10 +293,8 @@ int cap_transfer_dest(const char *const *dirs, size_t n, const char *path, char 
 		      struct cap_err *err)
 {
 	char list[2048];
-	dirs_list(dirs, n, list, sizeof(list));
-	if (path[0] != '/')
-		return cap_err_set(err, EINVAL, "%s is not an absolute path; give a host path inside a transfer directory (%s)",
-				   path, list);
+	if (!absolute_or_say(dirs, n, path, list, sizeof(list), err))
+		return -EINVAL;
 	_cleanup_free_ char *copy = xstrdup(path);
 	size_t len = strlen(copy);
 	while (len > 1 && copy[len - 1] == '/')

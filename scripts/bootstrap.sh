@@ -14,6 +14,8 @@ PACKAGES="
   skopeo docker-registry curl dpkg-dev fakeroot lintian man-db systemd file
   podman conmon runc containerd
   clang-14 libclang-rt-14-dev llvm-14
+  protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev golang-github-containerd-containerd-dev
+  containernetworking-plugins python3-grpcio python3-grpc-tools
 "
 
 missing=""

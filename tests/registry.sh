@@ -16,6 +16,8 @@
 #
 # CAPSULE_REGISTRY_FORMAT=v2s2 makes push-* store a Docker v2 schema 2
 # manifest instead of an OCI one (skopeo copy --format v2s2).
+# CAPSULE_REGISTRY_CMD='["/bin/sleep", "infinity"]' (a JSON array) is the
+# image's Cmd for push-dir and layout (default ["/bin/sh"]).
 #
 # State lives in ${CAPSULE_REGISTRY_DIR:-/tmp/capsule-registry-PORT}
 # (config.yml, storage/, pid, log). push-* print the pushed manifest digest.
@@ -79,9 +81,9 @@ stop() {
 # DIR (owners root, times fixed: the same tree gives the same digests).
 layout() {
 	[ -d "$1" ] || die "$1 is not a directory"
-	python3 - "$1" "$2" <<'EOF'
+	python3 - "$1" "$2" "${CAPSULE_REGISTRY_CMD:-[\"/bin/sh\"]}" <<'EOF'
 import gzip, hashlib, io, json, os, sys, tarfile
-src, out = sys.argv[1], sys.argv[2]
+src, out, cmd = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 os.makedirs(out + "/blobs/sha256", exist_ok=True)
 def blob(data):
     d = hashlib.sha256(data).hexdigest()
@@ -107,7 +109,7 @@ tar = raw.getvalue()
 gz = gzip.compress(tar, mtime=0)
 layer, lsize = blob(gz)
 config = {"architecture": "amd64", "os": "linux",
-          "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"], "Cmd": ["/bin/sh"]},
+          "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"], "Cmd": cmd},
           "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]}}
 cdig, csize = blob(json.dumps(config, sort_keys=True).encode())
 manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",

@@ -205,6 +205,14 @@ echo "bench: OCI runtime: podman run --rm true with capsule-oci, runc and runsc.
 "$top/bench/bench-oci.sh" "$capsule" "$runs" >"$bench_home/oci"
 oci_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/oci"; }
 
+# (r) Kubernetes pods through containerd's CRI: RunPodSandbox +
+# CreateContainer + StartContainer to the container's first output, and
+# host memory held per idle pod, BENCH_CRI_RUNTIME (capsule) against
+# BENCH_CRI_BASELINE (runc) in the same run (bench/bench-cri.sh).
+echo "bench: CRI: pod to first output and memory per idle pod, ${BENCH_CRI_RUNTIME:-capsule} vs ${BENCH_CRI_BASELINE:-runc}..." >&2
+"$top/bench/bench-cri.sh" "$capsule" "$runs" >"$bench_home/cri"
+cri_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/cri"; }
+
 echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." >&2
 "$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
 net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
@@ -343,6 +351,13 @@ for n in 1 10; do
 		if (a != "" && b != "") printf "%-59s %11.2f%% %11.2f%% %7.2fx\n", m, a + s, b + t, (b + t > 0) ? (a + s) / (b + t) : 0
 		else printf "%-59s %12s %12s %8s\n", m, (a != "") ? sprintf("%11.2f%%", a + s) : "failed", (b != "") ? sprintf("%11.2f%%", b + t) : "failed", "-" }'
 done
+cri_h=${BENCH_CRI_RUNTIME:-capsule} cri_b=${BENCH_CRI_BASELINE:-runc}
+awk -v a="$(cri_row first_output 2)" -v b="$(cri_row first_output 3)" -v h="$cri_h" -v r="$cri_b" 'BEGIN {
+	m = "(r) CRI pod (RunPodSandbox..Start) to output: " h " vs " r
+	if (a > 0 && b > 0) printf "%-59s %10.0fms %10.0fms %7.2fx\n", m, a / 1e6, b / 1e6, a / b
+	else printf "%-59s %12s %12s %8s\n", m, (a > 0) ? sprintf("%10.0fms", a / 1e6) : "failed", (b > 0) ? sprintf("%10.0fms", b / 1e6) : "failed", "-" }'
+dn_mib "(r) CRI: held per idle pod, N=${BENCH_CRI_PODS:-3}: $cri_h vs $cri_b" \
+	"$(cri_row pod_memory 2)" "$(cri_row pod_memory 3)"
 cat "$bench_home/kvm"
 if [ -s "$bench_home/fullhost" ]; then
 	awk -v a="$(fh_row answered 2)" -v b="$(fh_row answered 3)" -v n="$fullhost_n" 'BEGIN {

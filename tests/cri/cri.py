@@ -52,7 +52,6 @@ import hashlib
 import json
 import os
 import re
-import select
 import shutil
 import socket
 import struct

@@ -163,6 +163,10 @@ suite "integration/oci" tests/integration/test-oci.sh "$build/capsule"
 # the kubelet. CAPSULE_CRI_RUNTIME=runc runs them on containerd's runc
 # shim until containerd-shim-capsule-v2 is merged; without it, capsule.
 CAPSULE_CRI_RUNTIME=runc suite "integration/cri" tests/integration/test-cri.sh "$build/capsule"
+suite "integration/pod" tests/integration/test-pod.sh "$build/capsule"
+suite "integration/podnet" tests/integration/test-podnet.sh "$build/capsule"
+suite "integration/shim" tests/integration/test-shim.sh "$build/capsule"
+suite "integration/shim-runc" env CAPSULE_SHIM_TEST_RUNTIME=runc tests/integration/test-shim.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/serve-durable" python3 tests/integration/test-durable.py "$build/capsule"
 # A full host, small (issue 20): 8 identities at --capacity 8, paused, resumed, none lost.

@@ -436,10 +436,15 @@ int cap_jail_device_probe(const char *path, int (*use)(int fd), bool *confined, 
 		if (mount("capsule-probe", ROOT_MNT, "tmpfs", MS_NOSUID | MS_NODEV, "size=16k,nr_inodes=64,mode=0755") < 0)
 			jail_die(&c, "mounting a jail's root", errno);
 		make_nodes(&c, &n, 1, uid, (gid_t)uid);
+		/* From the root's descriptor, as the program finds it after
+		 * pivot_root: the user need not search the host's directories
+		 * above ROOT_MNT (a umask of 077 makes /run/capsule 0700). */
+		int rootfd = open(ROOT_MNT, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (rootfd < 0)
+			jail_die(&c, "opening the jail's root", errno);
 		jail_user_become(&c, uid, (gid_t)uid, "a jail's user");
 		char at[PATH_MAX + 64];
-		snprintf(at, sizeof(at), ROOT_MNT "%s", path);
-		int fd = open(at, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		int fd = openat(rootfd, path + strspn(path, "/"), O_RDWR | O_NOCTTY | O_CLOEXEC);
 		if (fd < 0)
 			jail_die(&c, "opening it as a jail's user", errno);
 		int u = use ? use(fd) : 0;

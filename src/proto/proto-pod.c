@@ -118,6 +118,11 @@ static int rd_limits(struct rd *r, struct cap_limits *l)
 	if (rd_u32(r, &l->set) < 0 || rd_u64(r, &l->memory_max) < 0 || rd_u64(r, &l->cpu_quota) < 0 ||
 	    rd_u64(r, &l->cpu_period) < 0 || rd_u64(r, &l->cpu_weight) < 0 || rd_u64(r, &l->pids_max) < 0)
 		return -EBADMSG;
+	/* One spelling per value: a limit not set is sent as 0. */
+	if ((!(l->set & CAP_LIMIT_MEMORY) && l->memory_max) ||
+	    (!(l->set & CAP_LIMIT_CPU) && (l->cpu_quota || l->cpu_period)) ||
+	    (!(l->set & CAP_LIMIT_CPU_WEIGHT) && l->cpu_weight) || (!(l->set & CAP_LIMIT_PIDS) && l->pids_max))
+		return -EBADMSG;
 	return cap_proto_limits_ok(l) ? 0 : -EBADMSG;
 }
 

@@ -129,7 +129,7 @@ check "events --stats reports c1's memory limit from its config (128 MiB)" '[ "$
 echo '{"memory": {"limit": 100663296}, "pids": {"limit": 64}}' | O update --resources - c1 >"$out" 2>"$err"
 rc=$?
 check "update --resources - sets c1's memory and pids (exit $rc)" '[ "$rc" -eq 0 ]'
-got=$(stat_of c1 "d[\"memory\"][\"usage\"][\"limit\"], d[\"pids\"][\"limit\"]")
+got=$(stat_of c1 "(d[\"memory\"][\"usage\"][\"limit\"], d[\"pids\"][\"limit\"])")
 check "... which events --stats reads back from the guest's cgroup ($got)" '[ "$got" = "(100663296, 64)" ]'
 check "events --stats has CPU time and memory in use" '[ "$(stat_of c1 "d[\"cpu\"][\"usage\"][\"total\"] > 0 and d[\"memory\"][\"usage\"][\"usage\"] > 0")" = True ]'
 echo '{"cpu": {"quota": 50000, "period": 100000}}' | O update --resources - c1 >"$out" 2>"$err"

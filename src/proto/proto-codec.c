@@ -77,17 +77,6 @@ void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
 
 /* --- EXEC ------------------------------------------------------------ */
 
-static size_t str_size(const char *s) { return 4 + (s ? strlen(s) : 0); }
-
-static uint8_t *put_str(uint8_t *p, const char *s)
-{
-	size_t n = s ? strlen(s) : 0;
-	cap_put_u32(p, (uint32_t)n);
-	if (n)
-		memcpy(p + 4, s, n);
-	return p + 4 + n;
-}
-
 /* Whether a CAP_EXEC_USER request's user section is one the decoder
  * takes: counts within their bounds, known resources, soft <= hard, a
  * umask of permission bits only. */
@@ -109,13 +98,6 @@ static bool user_ok(const struct cap_exec_req *req)
 static size_t user_size(const struct cap_exec_req *req)
 {
 	return 4 * 3 + 4 * (size_t)req->ngroups + 4 + 20 * (size_t)req->nrlimits + 4;
-}
-
-static uint8_t *put_u64(uint8_t *p, uint64_t v)
-{
-	cap_put_u32(p, (uint32_t)(v & 0xffffffffu));
-	cap_put_u32(p + 4, (uint32_t)(v >> 32));
-	return p + 8;
 }
 
 int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
@@ -185,21 +167,6 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 	return 0;
 }
 
-struct reader {
-	const uint8_t *p;
-	size_t left;
-};
-
-static int rd_u32(struct reader *r, uint32_t *v)
-{
-	if (r->left < 4)
-		return -EBADMSG;
-	*v = cap_get_u32(r->p);
-	r->p += 4;
-	r->left -= 4;
-	return 0;
-}
-
 /* Read one length-prefixed string into a new NUL-terminated copy. */
 static int rd_str(struct reader *r, char **out)
 {
@@ -211,17 +178,6 @@ static int rd_str(struct reader *r, char **out)
 	*out = xstrndup((const char *)r->p, n);
 	r->p += n;
 	r->left -= n;
-	return 0;
-}
-
-static int rd_u64(struct reader *r, uint64_t *v)
-{
-	uint32_t lo, hi;
-	if (r->left < 8)
-		return -EBADMSG;
-	rd_u32(r, &lo);
-	rd_u32(r, &hi);
-	*v = ((uint64_t)hi << 32) | lo;
 	return 0;
 }
 
@@ -738,8 +694,6 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 	return 0;
 }
 
-static int rd_str_into(struct reader *r, char *buf, size_t len);
-
 /* The options section's tmpfs list: u32 n (1 to CAP_SETUP_MAX_TMPFS),
  * then n of (destination, data, u32 flags), each one
  * cap_proto_setup_tmpfs_ok takes. *out is new (free it). */
@@ -1006,18 +960,6 @@ int cap_proto_file_encode(struct cap_buf *out, uint32_t stream,
 	if (req->len)
 		memcpy(p, req->data, req->len);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
-	return 0;
-}
-
-static int rd_str_into(struct reader *r, char *buf, size_t len)
-{
-	uint32_t n;
-	if (rd_u32(r, &n) < 0 || n > r->left || n >= len || memchr(r->p, '\0', n))
-		return -EBADMSG;
-	memcpy(buf, r->p, n);
-	buf[n] = '\0';
-	r->p += n;
-	r->left -= n;
 	return 0;
 }
 

@@ -43,61 +43,6 @@ bool cap_proto_limits_ok(const struct cap_limits *l)
 
 /* --- the bytes ----------------------------------------------------------- */
 
-static size_t sz_str(const char *s) { return 4 + strlen(s); }
-
-static uint8_t *wr_str(uint8_t *p, const char *s)
-{
-	size_t n = strlen(s);
-	cap_put_u32(p, (uint32_t)n);
-	memcpy(p + 4, s, n);
-	return p + 4 + n;
-}
-
-static uint8_t *wr_u64(uint8_t *p, uint64_t v)
-{
-	cap_put_u32(p, (uint32_t)(v & 0xffffffffu));
-	cap_put_u32(p + 4, (uint32_t)(v >> 32));
-	return p + 8;
-}
-
-struct rd {
-	const uint8_t *p;
-	size_t left;
-};
-
-static int rd_u32(struct rd *r, uint32_t *v)
-{
-	if (r->left < 4)
-		return -EBADMSG;
-	*v = cap_get_u32(r->p);
-	r->p += 4;
-	r->left -= 4;
-	return 0;
-}
-
-static int rd_u64(struct rd *r, uint64_t *v)
-{
-	uint32_t lo, hi;
-	if (rd_u32(r, &lo) < 0 || rd_u32(r, &hi) < 0)
-		return -EBADMSG;
-	*v = ((uint64_t)hi << 32) | lo;
-	return 0;
-}
-
-/* A string into buf (len bytes with its NUL): -EBADMSG when it does not
- * fit, holds a NUL or overruns the bytes left. */
-static int rd_str(struct rd *r, char *buf, size_t len)
-{
-	uint32_t n;
-	if (rd_u32(r, &n) < 0 || n > r->left || n >= len || memchr(r->p, '\0', n))
-		return -EBADMSG;
-	memcpy(buf, r->p, n);
-	buf[n] = '\0';
-	r->p += n;
-	r->left -= n;
-	return 0;
-}
-
 /* limits: u32 set, then five u64: memory_max, cpu_quota, cpu_period,
  * cpu_weight, pids_max (0 when not set). */
 #define LIMITS_SIZE (4 + 5 * 8)
@@ -105,14 +50,14 @@ static int rd_str(struct rd *r, char *buf, size_t len)
 static uint8_t *wr_limits(uint8_t *p, const struct cap_limits *l)
 {
 	cap_put_u32(p, l->set);
-	p = wr_u64(p + 4, l->set & CAP_LIMIT_MEMORY ? l->memory_max : 0);
-	p = wr_u64(p, l->set & CAP_LIMIT_CPU ? l->cpu_quota : 0);
-	p = wr_u64(p, l->set & CAP_LIMIT_CPU ? l->cpu_period : 0);
-	p = wr_u64(p, l->set & CAP_LIMIT_CPU_WEIGHT ? l->cpu_weight : 0);
-	return wr_u64(p, l->set & CAP_LIMIT_PIDS ? l->pids_max : 0);
+	p = put_u64(p + 4, l->set & CAP_LIMIT_MEMORY ? l->memory_max : 0);
+	p = put_u64(p, l->set & CAP_LIMIT_CPU ? l->cpu_quota : 0);
+	p = put_u64(p, l->set & CAP_LIMIT_CPU ? l->cpu_period : 0);
+	p = put_u64(p, l->set & CAP_LIMIT_CPU_WEIGHT ? l->cpu_weight : 0);
+	return put_u64(p, l->set & CAP_LIMIT_PIDS ? l->pids_max : 0);
 }
 
-static int rd_limits(struct rd *r, struct cap_limits *l)
+static int rd_limits(struct reader *r, struct cap_limits *l)
 {
 	memset(l, 0, sizeof(*l));
 	if (rd_u32(r, &l->set) < 0 || rd_u64(r, &l->memory_max) < 0 || rd_u64(r, &l->cpu_quota) < 0 ||
@@ -161,23 +106,23 @@ size_t cap_proto_ctr_size(const struct cap_exec_container *c)
 {
 	if (!ctr_ok(c))
 		return 0;
-	size_t n = sz_str(c->name) + 4 + LIMITS_SIZE + 4;
+	size_t n = str_size(c->name) + 4 + LIMITS_SIZE + 4;
 	for (uint32_t i = 0; i < c->nmounts; i++)
-		n += 4 + sz_str(c->mounts[i].destination) + sz_str(c->mounts[i].data) + 4;
+		n += 4 + str_size(c->mounts[i].destination) + str_size(c->mounts[i].data) + 4;
 	return n;
 }
 
 uint8_t *cap_proto_ctr_put(uint8_t *p, const struct cap_exec_container *c)
 {
-	p = wr_str(p, c->name);
+	p = put_str(p, c->name);
 	cap_put_u32(p, c->options);
 	p = wr_limits(p + 4, &c->limits);
 	cap_put_u32(p, c->nmounts);
 	p += 4;
 	for (uint32_t i = 0; i < c->nmounts; i++) {
 		cap_put_u32(p, c->mounts[i].kind);
-		p = wr_str(p + 4, c->mounts[i].destination);
-		p = wr_str(p, c->mounts[i].data);
+		p = put_str(p + 4, c->mounts[i].destination);
+		p = put_str(p, c->mounts[i].data);
 		cap_put_u32(p, c->mounts[i].flags);
 		p += 4;
 	}
@@ -187,9 +132,9 @@ uint8_t *cap_proto_ctr_put(uint8_t *p, const struct cap_exec_container *c)
 int cap_proto_ctr_read(const uint8_t *p, size_t n, struct cap_exec_container *out, size_t *used,
 		       struct cap_err *err)
 {
-	struct rd r = { p, n };
+	struct reader r = { p, n };
 	memset(out, 0, sizeof(*out));
-	if (rd_str(&r, out->name, sizeof(out->name)) < 0 || rd_u32(&r, &out->options) < 0)
+	if (rd_str_into(&r, out->name, sizeof(out->name)) < 0 || rd_u32(&r, &out->options) < 0)
 		return cap_err_set(err, EBADMSG, "exec request's container section lacks its name or options");
 	if (rd_limits(&r, &out->limits) < 0)
 		return cap_err_set(err, EBADMSG, "exec request's container section has malformed limits");
@@ -198,8 +143,8 @@ int cap_proto_ctr_read(const uint8_t *p, size_t n, struct cap_exec_container *ou
 				   CAP_CTR_MAX_MOUNTS);
 	for (uint32_t i = 0; i < out->nmounts; i++) {
 		struct cap_ctr_mount *m = &out->mounts[i];
-		if (rd_u32(&r, &m->kind) < 0 || rd_str(&r, m->destination, sizeof(m->destination)) < 0 ||
-		    rd_str(&r, m->data, sizeof(m->data)) < 0 || rd_u32(&r, &m->flags) < 0)
+		if (rd_u32(&r, &m->kind) < 0 || rd_str_into(&r, m->destination, sizeof(m->destination)) < 0 ||
+		    rd_str_into(&r, m->data, sizeof(m->data)) < 0 || rd_u32(&r, &m->flags) < 0)
 			return cap_err_set(err, EBADMSG, "exec request's container mount %u is malformed", i);
 	}
 	if (!ctr_ok(out))
@@ -215,7 +160,7 @@ int cap_proto_update_encode(struct cap_buf *out, uint32_t stream, const struct c
 	if ((u->op != CAP_UPDATE_LIMITS && u->op != CAP_UPDATE_REMOVE) || !cap_proto_ctr_name_ok(u->name) ||
 	    !cap_proto_limits_ok(&u->limits) || (u->op == CAP_UPDATE_REMOVE && u->limits.set))
 		return -EINVAL;
-	size_t size = 4 + sz_str(u->name) + LIMITS_SIZE;
+	size_t size = 4 + str_size(u->name) + LIMITS_SIZE;
 	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + size);
 	cap_put_u32(h, (uint32_t)size);
 	cap_put_u16(h + 4, CAP_MSG_UPDATE);
@@ -223,7 +168,7 @@ int cap_proto_update_encode(struct cap_buf *out, uint32_t stream, const struct c
 	cap_put_u32(h + 8, stream);
 	uint8_t *p = h + CAP_PROTO_HEADER;
 	cap_put_u32(p, u->op);
-	p = wr_str(p + 4, u->name);
+	p = put_str(p + 4, u->name);
 	p = wr_limits(p, &u->limits);
 	CAP_BUG_ON((size_t)(p - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
@@ -232,10 +177,10 @@ int cap_proto_update_encode(struct cap_buf *out, uint32_t stream, const struct c
 
 int cap_proto_update_decode(const uint8_t *p, size_t n, struct cap_update *out)
 {
-	struct rd r = { p, n };
+	struct reader r = { p, n };
 	struct cap_update u;
 	memset(&u, 0, sizeof(u));
-	if (rd_u32(&r, &u.op) < 0 || rd_str(&r, u.name, sizeof(u.name)) < 0 || rd_limits(&r, &u.limits) < 0 ||
+	if (rd_u32(&r, &u.op) < 0 || rd_str_into(&r, u.name, sizeof(u.name)) < 0 || rd_limits(&r, &u.limits) < 0 ||
 	    r.left != 0)
 		return -EBADMSG;
 	if ((u.op != CAP_UPDATE_LIMITS && u.op != CAP_UPDATE_REMOVE) || !cap_proto_ctr_name_ok(u.name) ||
@@ -251,21 +196,21 @@ int cap_proto_stats_req_encode(struct cap_buf *out, uint32_t stream, const char 
 {
 	if (*name && !cap_proto_ctr_name_ok(name))
 		return -EINVAL;
-	size_t size = sz_str(name);
+	size_t size = str_size(name);
 	uint8_t *h = cap_buf_reserve(out, CAP_PROTO_HEADER + size);
 	cap_put_u32(h, (uint32_t)size);
 	cap_put_u16(h + 4, CAP_MSG_STATS);
 	cap_put_u16(h + 6, 0);
 	cap_put_u32(h + 8, stream);
-	wr_str(h + CAP_PROTO_HEADER, name);
+	put_str(h + CAP_PROTO_HEADER, name);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
 	return 0;
 }
 
 int cap_proto_stats_req_decode(const uint8_t *p, size_t n, char *name, size_t len)
 {
-	struct rd r = { p, n };
-	if (len < CAP_CTR_NAME_MAX + 1 || rd_str(&r, name, CAP_CTR_NAME_MAX + 1) < 0 || r.left != 0 ||
+	struct reader r = { p, n };
+	if (len < CAP_CTR_NAME_MAX + 1 || rd_str_into(&r, name, CAP_CTR_NAME_MAX + 1) < 0 || r.left != 0 ||
 	    (*name && !cap_proto_ctr_name_ok(name)))
 		return -EBADMSG;
 	return 0;
@@ -311,13 +256,13 @@ void cap_proto_stats_encode(struct cap_buf *out, const struct cap_stats *s)
 {
 	size_t size = 4;
 	for (uint32_t i = 0; i < s->n; i++)
-		size += sz_str(s->v[i].key) + 8;
+		size += str_size(s->v[i].key) + 8;
 	uint8_t *p = cap_buf_reserve(out, size), *start = p;
 	cap_put_u32(p, s->n);
 	p += 4;
 	for (uint32_t i = 0; i < s->n; i++) {
-		p = wr_str(p, s->v[i].key);
-		p = wr_u64(p, s->v[i].value);
+		p = put_str(p, s->v[i].key);
+		p = put_u64(p, s->v[i].value);
 	}
 	CAP_BUG_ON((size_t)(p - start) != size);
 	cap_buf_commit(out, size);
@@ -325,7 +270,7 @@ void cap_proto_stats_encode(struct cap_buf *out, const struct cap_stats *s)
 
 int cap_proto_stats_decode(const uint8_t *p, size_t n, struct cap_stats *out)
 {
-	struct rd r = { p, n };
+	struct reader r = { p, n };
 	uint32_t count;
 	/* Each pair takes at least 13 bytes: a 1-byte key and its value. */
 	if (rd_u32(&r, &count) < 0 || count > CAP_STATS_MAX || count > r.left / 13)
@@ -334,7 +279,7 @@ int cap_proto_stats_decode(const uint8_t *p, size_t n, struct cap_stats *out)
 	for (uint32_t i = 0; i < count; i++) {
 		char key[CAP_STATS_KEY_MAX + 1];
 		uint64_t v;
-		if (rd_str(&r, key, sizeof(key)) < 0 || rd_u64(&r, &v) < 0 || !key_ok(key) || cap_stats_get(out, key))
+		if (rd_str_into(&r, key, sizeof(key)) < 0 || rd_u64(&r, &v) < 0 || !key_ok(key) || cap_stats_get(out, key))
 			return -EBADMSG;
 		cap_stats_put(out, key, v);
 	}

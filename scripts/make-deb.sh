@@ -86,6 +86,8 @@ find "$doc" -name '*.md' -size +4k -exec gzip -9n {} +
 
 # Man pages from the help texts.
 "$top/scripts/gen-man.sh" "$build/capsule" "$root/usr/share/man/man1" >/dev/null
+# The shim's (containerd runs it, it has no help text of its own).
+install -m 0644 "$pkg/containerd-shim-capsule-v2.1" "$root/usr/share/man/man1/"
 gzip -9n "$root"/usr/share/man/man1/*.1
 
 # Maintainer script, and lintian's overrides (each with its reason).

@@ -54,21 +54,22 @@ static void *copy_run(void *arg)
 	char buf[32768];
 	bool stopping = false;
 	for (;;) {
+		/* Once stopped, the source alone, without waiting: the stop
+		 * event stays readable, and polling it again would never let
+		 * a source that is open but quiet (a stdin FIFO whose client
+		 * still holds it) end the copy. */
 		struct pollfd p[2] = { { .fd = cp->src, .events = POLLIN }, { .fd = cp->stop, .events = POLLIN } };
-		int r = poll(p, 2, stopping ? 0 : -1);
+		int r = poll(p, stopping ? 1 : 2, stopping ? 0 : -1);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
 			break;
 		if (r == 0)
 			break; /* stopping and nothing more to read */
-		if (p[1].revents & POLLIN)
+		if (!stopping && (p[1].revents & POLLIN))
 			stopping = true;
-		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-			if (stopping)
-				continue;
-			break;
-		}
+		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+			continue; /* the stop alone: drain what is there */
 		ssize_t n = read(cp->src, buf, sizeof(buf));
 		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;

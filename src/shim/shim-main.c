@@ -225,8 +225,10 @@ static int cmd_start(const char *id, const char *argv0)
 	return 0;
 }
 
-/* After a dead shim: the runtime's delete --force, the rootfs unmounted,
- * a DeleteResponse on stdout (the runc manager's Stop). */
+/* After a dead shim (containerd's cleanup, which gives it 5 s): the
+ * runtime's delete --force (which kills what is left of the container),
+ * the rootfs unmounted, the dead shim's socket removed, a DeleteResponse
+ * on stdout (the runc manager's Stop). Run in the bundle. */
 static int cmd_delete(const char *id)
 {
 	char *runtime = NULL, *root = NULL;
@@ -253,6 +255,13 @@ static int cmd_delete(const char *id)
 		.runtime = runtime ? runtime : shim_runtime_binary(NULL),
 		.root = root ? root : shim_runtime_root(NULL),
 	};
+	/* shim_runtime waits for the runtime's exit through the reaper,
+	 * which takes SIGCHLD with sigwait: blocked here as in serve, or
+	 * the signal is discarded and the wait never ends. */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	shim_reaper_start();
 	struct shim_status st = { 0 };
 	const char *args[] = { "delete", "--force", id, NULL };
@@ -261,6 +270,20 @@ static int cmd_delete(const char *id)
 	char *rootfs = xasprintf("%s/rootfs", cwd);
 	shim_unmount_all(rootfs);
 	free(rootfs);
+	/* The shim's socket, when nobody answers on it: the shim of a pod
+	 * still serving its other containers keeps it. */
+	char *addr = NULL;
+	if (cap_read_file("address", 4096, &addr) > 0) {
+		char *nl = strchr(addr, '\n');
+		if (nl)
+			*nl = 0;
+		const char *path = sock_path(addr);
+		struct stat sb;
+		if (stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode) && !can_connect(path) && unlink(path) < 0)
+			fprintf(stderr, "containerd-shim-capsule-v2: cannot remove the dead shim's socket %s: %s\n", path,
+				strerror(errno));
+	}
+	free(addr);
 	int pid = shim_read_pid("init.pid");
 	Containerd__Task__V2__DeleteResponse resp = CONTAINERD__TASK__V2__DELETE_RESPONSE__INIT;
 	Google__Protobuf__Timestamp ts = GOOGLE__PROTOBUF__TIMESTAMP__INIT;

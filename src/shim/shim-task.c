@@ -1,5 +1,6 @@
-/* containerd.task.v2.Task: one handler per method, behind one table,
- * each as the runc v2 shim's service does it (runtime/v2/runc/task). */
+/* containerd.task.v2.Task: one handler per method, each as the runc v2
+ * shim's service does it (runtime/v2/runc/task), behind one table that
+ * decodes each method's request and frees it (shim_task_call). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -171,13 +172,9 @@ static void write_record(const struct shim_container *c)
 
 static int start_proc(struct shim_container *c, struct shim_proc *p, struct shim_status *st);
 
-static void task_create(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_create(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__CreateTaskRequest *r = containerd__task__v2__create_task_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Create: the request is not a CreateTaskRequest");
-		return;
-	}
+	const Containerd__Task__V2__CreateTaskRequest *r = req;
 	Containerd__Runc__V1__Options *opts = NULL;
 	if (r->checkpoint && *r->checkpoint) {
 		shim_fail(st, CAP_GRPC_UNIMPLEMENTED, "Create %s: restoring a checkpoint is not supported by capsule", r->id);
@@ -255,7 +252,6 @@ static void task_create(const uint8_t *in, size_t in_len, uint8_t **out, size_t 
 out:
 	if (opts)
 		containerd__runc__v1__options__free_unpacked(opts, NULL);
-	containerd__task__v2__create_task_request__free_unpacked(r, NULL);
 }
 
 /* Create the init (runtime create) or start an exec (runtime exec
@@ -345,13 +341,9 @@ fail:
 	return -1;
 }
 
-static void task_start(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_start(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__StartRequest *r = containerd__task__v2__start_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Start: the request is not a StartRequest");
-		return;
-	}
+	const Containerd__Task__V2__StartRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -413,7 +405,6 @@ static void task_start(const uint8_t *in, size_t in_len, uint8_t **out, size_t *
 out:
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__start_request__free_unpacked(r, NULL);
 }
 
 static void answer_delete(struct shim_proc *p, uint8_t **out, size_t *out_len)
@@ -427,13 +418,9 @@ static void answer_delete(struct shim_proc *p, uint8_t **out, size_t *out_len)
 	pack(&resp.base, out, out_len);
 }
 
-static void task_delete(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_delete(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__DeleteRequest *r = containerd__task__v2__delete_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Delete: the request is not a DeleteRequest");
-		return;
-	}
+	const Containerd__Task__V2__DeleteRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -515,23 +502,18 @@ static void task_delete(const uint8_t *in, size_t in_len, uint8_t **out, size_t 
 out:
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__delete_request__free_unpacked(r, NULL);
 }
 
-static void task_exec(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_exec(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__ExecProcessRequest *r = containerd__task__v2__exec_process_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Exec: the request is not an ExecProcessRequest");
-		return;
-	}
+	const Containerd__Task__V2__ExecProcessRequest *r = req;
 	if (!r->spec || !r->spec->value.len) {
 		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Exec %s %s: no process spec", r->id, r->exec_id);
-		goto out;
+		return;
 	}
 	if (!*r->exec_id) {
 		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Exec %s: an empty exec id", r->id);
-		goto out;
+		return;
 	}
 	pthread_mutex_lock(&shim.mu);
 	struct shim_container *c = find(r->id);
@@ -556,17 +538,11 @@ static void task_exec(const uint8_t *in, size_t in_len, uint8_t **out, size_t *o
 		EMPTY_OUT;
 	}
 	pthread_mutex_unlock(&shim.mu);
-out:
-	containerd__task__v2__exec_process_request__free_unpacked(r, NULL);
 }
 
-static void task_state(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_state(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__StateRequest *r = containerd__task__v2__state_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "State: the request is not a StateRequest");
-		return;
-	}
+	const Containerd__Task__V2__StateRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -597,16 +573,11 @@ static void task_state(const uint8_t *in, size_t in_len, uint8_t **out, size_t *
 	pthread_mutex_unlock(&shim.mu);
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__state_request__free_unpacked(r, NULL);
 }
 
-static void task_kill(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_kill(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__KillRequest *r = containerd__task__v2__kill_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Kill: the request is not a KillRequest");
-		return;
-	}
+	const Containerd__Task__V2__KillRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -649,16 +620,11 @@ static void task_kill(const uint8_t *in, size_t in_len, uint8_t **out, size_t *o
 out:
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__kill_request__free_unpacked(r, NULL);
 }
 
-static void task_wait(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_wait(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__WaitRequest *r = containerd__task__v2__wait_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Wait: the request is not a WaitRequest");
-		return;
-	}
+	const Containerd__Task__V2__WaitRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -679,16 +645,11 @@ static void task_wait(const uint8_t *in, size_t in_len, uint8_t **out, size_t *o
 	pthread_mutex_unlock(&shim.mu);
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__wait_request__free_unpacked(r, NULL);
 }
 
-static void task_pids(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_pids(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__PidsRequest *r = containerd__task__v2__pids_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Pids: the request is not a PidsRequest");
-		return;
-	}
+	const Containerd__Task__V2__PidsRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, "", &c, st);
@@ -723,16 +684,11 @@ static void task_pids(const uint8_t *in, size_t in_len, uint8_t **out, size_t *o
 	free(text);
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__pids_request__free_unpacked(r, NULL);
 }
 
-static void task_resize(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_resize(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__ResizePtyRequest *r = containerd__task__v2__resize_pty_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "ResizePty: the request is not a ResizePtyRequest");
-		return;
-	}
+	const Containerd__Task__V2__ResizePtyRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -750,16 +706,11 @@ static void task_resize(const uint8_t *in, size_t in_len, uint8_t **out, size_t 
 	pthread_mutex_unlock(&shim.mu);
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__resize_pty_request__free_unpacked(r, NULL);
 }
 
-static void task_closeio(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_closeio(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__CloseIORequest *r = containerd__task__v2__close_iorequest__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "CloseIO: the request is not a CloseIORequest");
-		return;
-	}
+	const Containerd__Task__V2__CloseIORequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, r->exec_id, &c, st);
@@ -772,16 +723,11 @@ static void task_closeio(const uint8_t *in, size_t in_len, uint8_t **out, size_t
 	if (held)
 		release(c);
 	pthread_mutex_unlock(&shim.mu);
-	containerd__task__v2__close_iorequest__free_unpacked(r, NULL);
 }
 
-static void task_update(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_update(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__UpdateTaskRequest *r = containerd__task__v2__update_task_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Update: the request is not an UpdateTaskRequest");
-		return;
-	}
+	const Containerd__Task__V2__UpdateTaskRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, "", &c, st);
@@ -799,16 +745,11 @@ static void task_update(const uint8_t *in, size_t in_len, uint8_t **out, size_t 
 	}
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__update_task_request__free_unpacked(r, NULL);
 }
 
-static void task_stats(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_stats(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__StatsRequest *r = containerd__task__v2__stats_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Stats: the request is not a StatsRequest");
-		return;
-	}
+	const Containerd__Task__V2__StatsRequest *r = req;
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_proc *p = lookup(r->id, "", &c, st);
@@ -833,16 +774,12 @@ static void task_stats(const uint8_t *in, size_t in_len, uint8_t **out, size_t *
 	free(text);
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__stats_request__free_unpacked(r, NULL);
 }
 
-static void task_connect(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_connect(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__ConnectRequest *r = containerd__task__v2__connect_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Connect: the request is not a ConnectRequest");
-		return;
-	}
+	const Containerd__Task__V2__ConnectRequest *r = req;
+	(void)st;
 	Containerd__Task__V2__ConnectResponse resp = CONTAINERD__TASK__V2__CONNECT_RESPONSE__INIT;
 	pthread_mutex_lock(&shim.mu);
 	struct shim_container *c = find(r->id);
@@ -851,13 +788,11 @@ static void task_connect(const uint8_t *in, size_t in_len, uint8_t **out, size_t
 	resp.version = CAPSULE_VERSION;
 	pack(&resp.base, out, out_len);
 	pthread_mutex_unlock(&shim.mu);
-	containerd__task__v2__connect_request__free_unpacked(r, NULL);
 }
 
-static void task_shutdown(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_shutdown(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	(void)in;
-	(void)in_len;
+	(void)req;
 	(void)st;
 	pthread_mutex_lock(&shim.mu);
 	if (!shim.containers) {
@@ -869,21 +804,14 @@ static void task_shutdown(const uint8_t *in, size_t in_len, uint8_t **out, size_
 }
 
 /* Pause and Resume: the runtime's pause / resume, with their events. */
-static void pause_resume(bool pause, const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len,
-			 struct shim_status *st)
+static void pause_resume(bool pause, const char *id, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	Containerd__Task__V2__PauseRequest *r = containerd__task__v2__pause_request__unpack(NULL, in_len, in);
-	if (!r) {
-		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "%s: the request is not a %sRequest", pause ? "Pause" : "Resume",
-			  pause ? "Pause" : "Resume");
-		return;
-	}
 	struct shim_container *c;
 	pthread_mutex_lock(&shim.mu);
-	struct shim_proc *p = lookup(r->id, "", &c, st);
+	struct shim_proc *p = lookup(id, "", &c, st);
 	bool held = p != NULL;
 	pthread_mutex_unlock(&shim.mu);
-	const char *args[] = { pause ? "pause" : "resume", r->id, NULL };
+	const char *args[] = { pause ? "pause" : "resume", id, NULL };
 	if (p && shim_runtime(c, args, -1, -1, -1, NULL, 0, NULL, st) == 0) {
 		pthread_mutex_lock(&shim.mu);
 		if (!p->exited)
@@ -891,41 +819,59 @@ static void pause_resume(bool pause, const uint8_t *in, size_t in_len, uint8_t *
 		pthread_mutex_unlock(&shim.mu);
 		if (pause) {
 			Containerd__Events__TaskPaused ev = CONTAINERD__EVENTS__TASK_PAUSED__INIT;
-			ev.container_id = r->id;
+			ev.container_id = (char *)id;
 			shim_publish("/tasks/paused", &ev.base);
 		} else {
 			Containerd__Events__TaskResumed ev = CONTAINERD__EVENTS__TASK_RESUMED__INIT;
-			ev.container_id = r->id;
+			ev.container_id = (char *)id;
 			shim_publish("/tasks/resumed", &ev.base);
 		}
 		EMPTY_OUT;
 	}
 	if (held)
 		RELEASE(c);
-	containerd__task__v2__pause_request__free_unpacked(r, NULL);
 }
 
-static void task_pause(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_pause(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	pause_resume(true, in, in_len, out, out_len, st);
+	const Containerd__Task__V2__PauseRequest *r = req;
+	pause_resume(true, r->id, out, out_len, st);
 }
 
-static void task_resume(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st)
+static void task_resume(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
-	pause_resume(false, in, in_len, out, out_len, st);
+	const Containerd__Task__V2__ResumeRequest *r = req;
+	pause_resume(false, r->id, out, out_len, st);
 }
 
+/* The methods: each one's request message, decoded here (a request
+ * that is not one is refused with INVALID_ARGUMENT) and freed after its
+ * handler, which answers in *out (left empty for google.protobuf.Empty)
+ * or fills st. */
+#define TASK_MSG(m) &containerd__task__v2__##m##__descriptor
 static const struct {
 	const char *name;
-	void (*fn)(const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len, struct shim_status *st);
+	const ProtobufCMessageDescriptor *request;
+	void (*fn)(const void *req, uint8_t **out, size_t *out_len, struct shim_status *st);
 } methods[] = {
-	{ "Create", task_create }, { "Start", task_start },	  { "Delete", task_delete },
-	{ "Exec", task_exec },	   { "State", task_state },	  { "Kill", task_kill },
-	{ "Wait", task_wait },	   { "Pids", task_pids },	  { "ResizePty", task_resize },
-	{ "CloseIO", task_closeio }, { "Update", task_update },	  { "Stats", task_stats },
-	{ "Connect", task_connect }, { "Shutdown", task_shutdown }, { "Pause", task_pause },
-	{ "Resume", task_resume },
+	{ "Create", TASK_MSG(create_task_request), task_create },
+	{ "Start", TASK_MSG(start_request), task_start },
+	{ "Delete", TASK_MSG(delete_request), task_delete },
+	{ "Exec", TASK_MSG(exec_process_request), task_exec },
+	{ "State", TASK_MSG(state_request), task_state },
+	{ "Kill", TASK_MSG(kill_request), task_kill },
+	{ "Wait", TASK_MSG(wait_request), task_wait },
+	{ "Pids", TASK_MSG(pids_request), task_pids },
+	{ "ResizePty", TASK_MSG(resize_pty_request), task_resize },
+	{ "CloseIO", TASK_MSG(close_iorequest), task_closeio },
+	{ "Update", TASK_MSG(update_task_request), task_update },
+	{ "Stats", TASK_MSG(stats_request), task_stats },
+	{ "Connect", TASK_MSG(connect_request), task_connect },
+	{ "Shutdown", TASK_MSG(shutdown_request), task_shutdown },
+	{ "Pause", TASK_MSG(pause_request), task_pause },
+	{ "Resume", TASK_MSG(resume_request), task_resume },
 };
+#undef TASK_MSG
 
 void shim_task_call(const char *method, const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len,
 		    struct shim_status *st)
@@ -933,10 +879,17 @@ void shim_task_call(const char *method, const uint8_t *in, size_t in_len, uint8_
 	*out = NULL;
 	*out_len = 0;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(methods); i++) {
-		if (strcmp(methods[i].name, method) == 0) {
-			methods[i].fn(in, in_len, out, out_len, st);
+		if (strcmp(methods[i].name, method) != 0)
+			continue;
+		ProtobufCMessage *req = protobuf_c_message_unpack(methods[i].request, NULL, in_len, in);
+		if (!req) {
+			shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "%s: the request is not a %s", method,
+				  methods[i].request->name);
 			return;
 		}
+		methods[i].fn(req, out, out_len, st);
+		protobuf_c_message_free_unpacked(req, NULL);
+		return;
 	}
 	shim_fail(st, CAP_GRPC_UNIMPLEMENTED, "containerd.task.v2.Task/%s is not implemented by containerd-shim-capsule-v2",
 		  method);

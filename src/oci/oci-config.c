@@ -883,12 +883,48 @@ static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config
 	return 0;
 }
 
+/* A pod's sandbox or container (CRI's container-type): the host's PID or
+ * IPC namespace (hostPID, hostIPC: CRI leaves that namespace out of
+ * linux.namespaces) and user mappings are refused, naming the field;
+ * the pod's processes run in its VM, which shares nothing of the host's. */
+static int pod_namespaces(struct ctx *x, json_t *linux_)
+{
+	static const struct { const char *type, *field; } needed[] = {
+		{ "pid", "hostPID" }, { "ipc", "hostIPC" },
+	};
+	json_t *um = json_object_get(linux_, "uidMappings");
+	json_t *gm = json_object_get(linux_, "gidMappings");
+	if (json_array_size(um) || json_array_size(gm))
+		return cap_err_set(x->err, EINVAL, "%s: linux.uidMappings/gidMappings: user namespaces are not supported in capsule's pods (the VM is the boundary; root in a container is root only in its pod's VM); run the pod without hostUsers: false",
+				   x->file);
+	json_t *ns = json_object_get(linux_, "namespaces");
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(needed); k++) {
+		bool found = false;
+		size_t i;
+		json_t *n;
+		json_array_foreach(ns, i, n) {
+			const char *type = json_string_value(json_object_get(n, "type"));
+			found = found || (type && strcmp(type, needed[k].type) == 0);
+		}
+		if (!found)
+			return cap_err_set(x->err, EINVAL, "%s: %s pods are not supported: linux.namespaces has no %s namespace, which means the host's, and the pod's processes run in its VM, which never shares the host's; run the pod without %s",
+					   x->file, needed[k].field, needed[k].type, needed[k].field);
+	}
+	return 0;
+}
+
+/* Whether config's CRI container-type is type. */
+static bool cri_type_is(json_t *config, const char *type)
+{
+	json_t *a = json_object_get(config, "annotations");
+	const char *t = json_string_value(json_object_get(a, CAP_OCI_ANN_CONTAINER_TYPE));
+	return t && strcmp(t, type) == 0;
+}
+
 /* A pod's container (oci-pod.c reads the rest of its config). */
 bool cap_oci_pod_member_json(json_t *config)
 {
-	json_t *a = json_object_get(config, "annotations");
-	const char *t = json_string_value(json_object_get(a, "io.kubernetes.cri.container-type"));
-	return t && strcmp(t, "container") == 0;
+	return cri_type_is(config, "container");
 }
 
 int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
@@ -969,6 +1005,7 @@ int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
 	    (r = parse_cgroups_path(&x, cp, systemd_cgroup, &c)) < 0 ||
 	    (r = member ? 0 : parse_mounts(&x, json_object_get(j, "mounts"), &c)) < 0 ||
 	    (r = member ? 0 : parse_namespaces(&x, linux_, &c)) < 0 ||
+	    (r = member || cri_type_is(j, "sandbox") ? pod_namespaces(&x, linux_) : 0) < 0 ||
 	    (r = refuse_hooks(&x, json_object_get(j, "hooks"))) < 0)
 		goto fail;
 	json_decref(j);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -54,6 +55,9 @@ static void ns_leave(int saved)
 
 /* ---- rtnetlink ---------------------------------------------------------- */
 
+/* How long the kernel has to answer one request. */
+#define RTNL_TIMEOUT_S 5
+
 struct rtnl {
 	struct mnl_socket *nl;
 	unsigned seq;
@@ -71,6 +75,15 @@ static int rtnl_open(struct rtnl *r, struct cap_err *err)
 		r->nl = NULL;
 		return cap_err_set(err, e, "cannot bind a netlink socket: %s", strerror(e));
 	}
+	/* A request the kernel never answers becomes ETIMEDOUT (rtnl_talk),
+	 * not a sandbox that hangs before its VM starts. */
+	struct timeval tv = { .tv_sec = RTNL_TIMEOUT_S };
+	if (setsockopt(mnl_socket_get_fd(r->nl), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+		int e = errno;
+		mnl_socket_close(r->nl);
+		r->nl = NULL;
+		return cap_err_set(err, e, "cannot set a receive timeout on a netlink socket: %s", strerror(e));
+	}
 	return 0;
 }
 
@@ -82,19 +95,24 @@ static void rtnl_close(struct rtnl *r)
 }
 
 /* Send nlh and run cb on every answer until the ACK or the dump's end:
- * 0 or -errno (the kernel's refusal). */
+ * 0 or -errno (the kernel's refusal; -ETIMEDOUT when no answer came in
+ * RTNL_TIMEOUT_S). */
 static int rtnl_talk(struct rtnl *r, struct nlmsghdr *nlh, mnl_cb_t cb, void *ud)
 {
 	static char buf[32768];
 	nlh->nlmsg_seq = ++r->seq;
-	if (!(nlh->nlmsg_flags & NLM_F_DUMP))
-		nlh->nlmsg_flags |= NLM_F_ACK;
+	/* Asked of every request, not only of those without NLM_F_DUMP's
+	 * bits: NLM_F_EXCL is NLM_F_MATCH's bit and NLM_F_REPLACE
+	 * NLM_F_ROOT's, so a NEW with NLM_F_EXCL looked like a dump and went
+	 * unanswered. A dump is never ACKed (the kernel ends it with
+	 * NLMSG_DONE whatever the flags). */
+	nlh->nlmsg_flags |= NLM_F_ACK;
 	if (mnl_socket_sendto(r->nl, nlh, nlh->nlmsg_len) < 0)
 		return -errno;
 	for (;;) {
 		ssize_t n = mnl_socket_recvfrom(r->nl, buf, sizeof(buf));
 		if (n < 0)
-			return -errno;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
 		int k = mnl_cb_run(buf, (size_t)n, r->seq, mnl_socket_get_portid(r->nl), cb, ud);
 		if (k < 0)
 			return -errno;

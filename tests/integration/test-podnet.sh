@@ -163,9 +163,10 @@ refused() { # refused NETNS_PATH WHAT
 	o delete --force bad >/dev/null 2>&1
 	[ "$rc" -ne 0 ] && grep -q "$2" "$err" && [ -z "$(ls "$CAPSULE_HOME/sandboxes" 2>/dev/null)" ]
 }
+# In the kernel's order (the peer, made first, is listed first): either.
 in_ns "$nsx" ip link add v1 type veth peer name v2
 check "a namespace with two interfaces is refused, naming it and them" \
-	'refused /run/netns/$nsx "/run/netns/$nsx holds v1 (veth), v2 (veth)"'
+	'refused /run/netns/$nsx "/run/netns/$nsx holds v1 (veth), v2 (veth)\\|/run/netns/$nsx holds v2 (veth), v1 (veth)"'
 in_ns "$nsx" ip link del v1
 in_ns "$nsx" ip link add eth0 type veth peer name peer0 netns "$nsn"
 in_ns "$nsx" ip link set eth0 up

@@ -23,6 +23,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "engine-podnet.h"
 #include "engine.h"
 #include "util.h"
 
@@ -94,19 +95,24 @@ static void rtnl_close(struct rtnl *r)
 	r->nl = NULL;
 }
 
+void cap_podnet_request(struct nlmsghdr *nlh, unsigned seq)
+{
+	nlh->nlmsg_seq = seq;
+	/* Asked of every request, not only of those without NLM_F_DUMP's
+	 * bits: NLM_F_EXCL is NLM_F_MATCH's bit and NLM_F_REPLACE
+	 * NLM_F_ROOT's, so a NEW with NLM_F_EXCL looked like a dump and went
+	 * unanswered. A dump is never ACKed (the kernel ends it with
+	 * NLMSG_DONE whatever the flags). */
+	nlh->nlmsg_flags |= NLM_F_REQUEST | NLM_F_ACK;
+}
+
 /* Send nlh and run cb on every answer until the ACK or the dump's end:
  * 0 or -errno (the kernel's refusal; -ETIMEDOUT when no answer came in
  * RTNL_TIMEOUT_S). */
 static int rtnl_talk(struct rtnl *r, struct nlmsghdr *nlh, mnl_cb_t cb, void *ud)
 {
 	static char buf[32768];
-	nlh->nlmsg_seq = ++r->seq;
-	/* Asked of every request, not only of those without NLM_F_DUMP's
-	 * bits: NLM_F_EXCL is NLM_F_MATCH's bit and NLM_F_REPLACE
-	 * NLM_F_ROOT's, so a NEW with NLM_F_EXCL looked like a dump and went
-	 * unanswered. A dump is never ACKed (the kernel ends it with
-	 * NLMSG_DONE whatever the flags). */
-	nlh->nlmsg_flags |= NLM_F_ACK;
+	cap_podnet_request(nlh, ++r->seq);
 	if (mnl_socket_sendto(r->nl, nlh, nlh->nlmsg_len) < 0)
 		return -errno;
 	for (;;) {
@@ -215,12 +221,11 @@ struct routes {
 	int e;	/* -E2BIG: too many */
 };
 
-static int each_route(const struct nlmsghdr *nlh, void *ud)
+int cap_podnet_route(struct cap_pod_net *p, const struct nlmsghdr *nlh)
 {
-	struct routes *x = ud;
-	struct rtmsg *rtm = mnl_nlmsg_get_payload(nlh);
+	const struct rtmsg *rtm = mnl_nlmsg_get_payload(nlh);
 	if (rtm->rtm_family != AF_INET || rtm->rtm_table != RT_TABLE_MAIN || rtm->rtm_type != RTN_UNICAST)
-		return MNL_CB_OK;
+		return 0;
 	uint32_t dst = 0, gw = 0;
 	int oif = 0;
 	struct nlattr *a;
@@ -237,23 +242,28 @@ static int each_route(const struct nlmsghdr *nlh, void *ud)
 			break;
 		}
 	}
-	struct cap_pod_net *p = x->p;
 	if (oif != p->ifindex)
-		return MNL_CB_OK;
+		return 0;
 	if (rtm->rtm_dst_len == 0) {
 		p->gateway = gw;
-		return MNL_CB_OK;
+		return 0;
 	}
 	/* The address's own subnet: the guest's kernel makes it. */
 	uint32_t mask = p->prefix ? ~(0xffffffffu >> p->prefix) : 0;
 	if (rtm->rtm_protocol == RTPROT_KERNEL && rtm->rtm_dst_len == p->prefix &&
 	    dst == (p->addr & mask) && !gw)
-		return MNL_CB_OK;
-	if (p->nroutes >= CAP_POD_MAX_ROUTES) {
-		x->e = -E2BIG;
-		return MNL_CB_OK;
-	}
+		return 0;
+	if (p->nroutes >= CAP_POD_MAX_ROUTES)
+		return -E2BIG;
 	p->routes[p->nroutes++] = (struct cap_pod_route){ dst, rtm->rtm_dst_len, gw };
+	return 0;
+}
+
+static int each_route(const struct nlmsghdr *nlh, void *ud)
+{
+	struct routes *x = ud;
+	if (cap_podnet_route(x->p, nlh) < 0)
+		x->e = -E2BIG;
 	return MNL_CB_OK;
 }
 
@@ -359,10 +369,8 @@ static int link_up_mtu(struct rtnl *r, int ifindex, unsigned mtu)
 	return rtnl_talk(r, nlh, NULL, NULL);
 }
 
-/* The ingress qdisc of ifindex: added (add) or deleted. */
-static int ingress(struct rtnl *r, int ifindex, bool add)
+struct nlmsghdr *cap_podnet_ingress_msg(void *buf, int ifindex, bool add)
 {
-	char buf[MNL_SOCKET_BUFFER_SIZE];
 	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
 	nlh->nlmsg_type = add ? RTM_NEWQDISC : RTM_DELQDISC;
 	nlh->nlmsg_flags = NLM_F_REQUEST | (add ? NLM_F_CREATE | NLM_F_EXCL : 0);
@@ -372,16 +380,18 @@ static int ingress(struct rtnl *r, int ifindex, bool add)
 	t->tcm_parent = TC_H_INGRESS;
 	t->tcm_handle = TC_H_MAKE(TC_H_INGRESS, 0);	/* ffff: */
 	mnl_attr_put_strz(nlh, TCA_KIND, "ingress");
-	return rtnl_talk(r, nlh, NULL, NULL);
+	return nlh;
 }
 
-/* On from's ingress: every packet (u32, one key matching anything)
- * redirected to to's egress (mirred), as `tc filter add dev FROM parent
- * ffff: protocol all u32 match u8 0 0 action mirred egress redirect dev
- * TO` does. */
-static int redirect(struct rtnl *r, int from, int to)
+/* The ingress qdisc of ifindex: added (add) or deleted. */
+static int ingress(struct rtnl *r, int ifindex, bool add)
 {
 	char buf[MNL_SOCKET_BUFFER_SIZE];
+	return rtnl_talk(r, cap_podnet_ingress_msg(buf, ifindex, add), NULL, NULL);
+}
+
+struct nlmsghdr *cap_podnet_redirect_msg(void *buf, int from, int to)
+{
 	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
 	nlh->nlmsg_type = RTM_NEWTFILTER;
 	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL;
@@ -414,7 +424,14 @@ static int redirect(struct rtnl *r, int from, int to)
 	mnl_attr_nest_end(nlh, act);
 	mnl_attr_nest_end(nlh, acts);
 	mnl_attr_nest_end(nlh, opts);
-	return rtnl_talk(r, nlh, NULL, NULL);
+	return nlh;
+}
+
+/* On from's ingress: everything to to's egress (cap_podnet_redirect_msg). */
+static int redirect(struct rtnl *r, int from, int to)
+{
+	char buf[MNL_SOCKET_BUFFER_SIZE];
+	return rtnl_talk(r, cap_podnet_redirect_msg(buf, from, to), NULL, NULL);
 }
 
 /* In the namespace: the tap, its MTU and state, and the filters. */

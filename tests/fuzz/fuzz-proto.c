@@ -300,6 +300,9 @@ int main(int argc, char **argv)
 	setup.ca_pem = NULL;
 	setup.envc = 0;
 	cap_proto_setup_encode(&seed, &setup);	/* an empty secrets section before it */
+	struct cap_file_req freq = { .op = CAP_FILE_TAR_OUT, .limit = CAP_TAR_PATHS_STDIN,
+				     .root = "/workspace", .path = "src/a b" };
+	cap_proto_file_encode(&seed, 5, &freq);
 	/* A pod's: the options section's static network (no DNS, no proxy). */
 	struct cap_setup pod = { .root_image = "root", .hostname = "pod", .net_addr = 0x0ae14b02,
 				 .net_gateway = 0x0ae14b01, .net_prefix = 24, .net_static = true,
@@ -309,9 +312,6 @@ int main(int argc, char **argv)
 	if (cap_proto_setup_encode(&seed, &pod) < 0)
 		abort();
 	cap_proto_connect_encode(&seed, 11, 8080);
-	struct cap_file_req freq = { .op = CAP_FILE_TAR_OUT, .limit = CAP_TAR_PATHS_STDIN,
-				     .root = "/workspace", .path = "src/a b" };
-	cap_proto_file_encode(&seed, 5, &freq);
 
 	/* Where each seed frame's payload starts, and its length. */
 	struct {
@@ -358,6 +358,8 @@ int main(int argc, char **argv)
 			snprintf(name, sizeof(name), "payload-%02zu", k);
 			write_seed(seeds, name, all + frames[k].off, frames[k].len);
 		}
+		cap_buf_fini(&seed);
+		cap_buf_fini(&tar);
 		return 0;
 	}
 	uint8_t *buf = xmalloc(CAP_MAX(n, cap_buf_used(&tar)) + 64);

@@ -58,6 +58,8 @@ static void ns_leave(int saved)
 
 /* How long the kernel has to answer one request. */
 #define RTNL_TIMEOUT_S 5
+#define RTNL_STR_(x) #x
+#define RTNL_STR(x) RTNL_STR_(x)
 
 struct rtnl {
 	struct mnl_socket *nl;
@@ -104,6 +106,12 @@ void cap_podnet_request(struct nlmsghdr *nlh, unsigned seq)
 	 * unanswered. A dump is never ACKed (the kernel ends it with
 	 * NLMSG_DONE whatever the flags). */
 	nlh->nlmsg_flags |= NLM_F_REQUEST | NLM_F_ACK;
+}
+
+/* rtnl_talk's -errno e for a message: a timeout says what it means. */
+static const char *rtnl_why(int e)
+{
+	return e == -ETIMEDOUT ? "the kernel did not answer within " RTNL_STR(RTNL_TIMEOUT_S) " s" : strerror(-e);
 }
 
 /* Send nlh and run cb on every answer until the ACK or the dump's end:
@@ -287,7 +295,7 @@ static int read_here(const char *shown, struct cap_pod_net *p, struct cap_err *e
 		return e;
 	struct links l = { .p = p };
 	if ((e = rtnl_talk(&r, dump_req(buf, RTM_GETLINK, AF_UNSPEC, sizeof(struct ifinfomsg)), each_link, &l)) < 0) {
-		e = cap_err_set(err, -e, "cannot list the interfaces of the network namespace %s: %s", shown, strerror(-e));
+		e = cap_err_set(err, -e, "cannot list the interfaces of the network namespace %s: %s", shown, rtnl_why(e));
 		goto out;
 	}
 	if (l.n == 0) {
@@ -303,7 +311,7 @@ static int read_here(const char *shown, struct cap_pod_net *p, struct cap_err *e
 	struct addrs x = { .ifindex = p->ifindex };
 	if ((e = rtnl_talk(&r, dump_req(buf, RTM_GETADDR, AF_UNSPEC, sizeof(struct ifaddrmsg)), each_addr, &x)) < 0) {
 		e = cap_err_set(err, -e, "cannot list the addresses of %s in the network namespace %s: %s", p->ifname,
-				shown, strerror(-e));
+				shown, rtnl_why(e));
 		goto out;
 	}
 	if (x.n4 != 1) {
@@ -320,7 +328,7 @@ static int read_here(const char *shown, struct cap_pod_net *p, struct cap_err *e
 	p->prefix = x.prefix;
 	struct routes rt = { .p = p };
 	if ((e = rtnl_talk(&r, dump_req(buf, RTM_GETROUTE, AF_INET, sizeof(struct rtmsg)), each_route, &rt)) < 0) {
-		e = cap_err_set(err, -e, "cannot list the routes of the network namespace %s: %s", shown, strerror(-e));
+		e = cap_err_set(err, -e, "cannot list the routes of the network namespace %s: %s", shown, rtnl_why(e));
 		goto out;
 	}
 	if (rt.e < 0) {
@@ -465,21 +473,26 @@ static int tap_here(const struct cap_pod_net *p, int *tap_fd, struct cap_err *er
 	if ((e = rtnl_open(&r, err)) < 0)
 		goto fail;
 	if ((e = link_up_mtu(&r, tap, p->mtu)) < 0) {
-		e = cap_err_set(err, -e, "cannot bring the tap %s up with MTU %u: %s", CAP_POD_TAP_NAME, p->mtu, strerror(-e));
+		e = cap_err_set(err, -e, "cannot bring the tap %s up with MTU %u: %s", CAP_POD_TAP_NAME, p->mtu, rtnl_why(e));
 		goto fail;
 	}
 	/* A qdisc left by an owner that was killed goes first (its filter
 	 * names a tap that is gone). */
 	ingress(&r, p->ifindex, false);
-	if ((e = ingress(&r, p->ifindex, true)) < 0 || (e = ingress(&r, tap, true)) < 0) {
-		e = cap_err_set(err, -e, "cannot add an ingress qdisc to %s or %s in the pod's network namespace: %s%s",
-				p->ifname, CAP_POD_TAP_NAME, strerror(-e),
+	const char *on = p->ifname;
+	if ((e = ingress(&r, p->ifindex, true)) < 0 || (on = CAP_POD_TAP_NAME, e = ingress(&r, tap, true)) < 0) {
+		e = cap_err_set(err, -e, "cannot add an ingress qdisc to %s in the pod's network namespace: %s%s", on,
+				rtnl_why(e),
 				e == -ENOENT || e == -EOPNOTSUPP ? " (the host kernel needs sch_ingress, cls_u32 and act_mirred)" : "");
+		ingress(&r, p->ifindex, false);	/* when the tap's failed */
 		goto fail;
 	}
-	if ((e = redirect(&r, p->ifindex, tap)) < 0 || (e = redirect(&r, tap, p->ifindex)) < 0) {
-		e = cap_err_set(err, -e, "cannot join %s and %s with tc (u32 and mirred) in the pod's network namespace: %s%s",
-				p->ifname, CAP_POD_TAP_NAME, strerror(-e),
+	const char *to = CAP_POD_TAP_NAME;
+	on = p->ifname;
+	if ((e = redirect(&r, p->ifindex, tap)) < 0 ||
+	    (on = CAP_POD_TAP_NAME, to = p->ifname, e = redirect(&r, tap, p->ifindex)) < 0) {
+		e = cap_err_set(err, -e, "cannot redirect %s's ingress to %s with tc (u32 and mirred) in the pod's network "
+				"namespace: %s%s", on, to, rtnl_why(e),
 				e == -ENOENT || e == -EOPNOTSUPP ? " (the host kernel needs cls_u32 and act_mirred)" : "");
 		ingress(&r, p->ifindex, false);
 		goto fail;

@@ -20,8 +20,10 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include "engine-podnet.h"
 #include "engine.h"
 #include "util.h"
 
@@ -54,6 +56,11 @@ static void ns_leave(int saved)
 
 /* ---- rtnetlink ---------------------------------------------------------- */
 
+/* How long the kernel has to answer one request. */
+#define RTNL_TIMEOUT_S 5
+#define RTNL_STR_(x) #x
+#define RTNL_STR(x) RTNL_STR_(x)
+
 struct rtnl {
 	struct mnl_socket *nl;
 	unsigned seq;
@@ -71,6 +78,15 @@ static int rtnl_open(struct rtnl *r, struct cap_err *err)
 		r->nl = NULL;
 		return cap_err_set(err, e, "cannot bind a netlink socket: %s", strerror(e));
 	}
+	/* A request the kernel never answers becomes ETIMEDOUT (rtnl_talk),
+	 * not a sandbox that hangs before its VM starts. */
+	struct timeval tv = { .tv_sec = RTNL_TIMEOUT_S };
+	if (setsockopt(mnl_socket_get_fd(r->nl), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+		int e = errno;
+		mnl_socket_close(r->nl);
+		r->nl = NULL;
+		return cap_err_set(err, e, "cannot set a receive timeout on a netlink socket: %s", strerror(e));
+	}
 	return 0;
 }
 
@@ -81,20 +97,36 @@ static void rtnl_close(struct rtnl *r)
 	r->nl = NULL;
 }
 
+void cap_podnet_request(struct nlmsghdr *nlh, unsigned seq)
+{
+	nlh->nlmsg_seq = seq;
+	/* Asked of every request, not only of those without NLM_F_DUMP's
+	 * bits: NLM_F_EXCL is NLM_F_MATCH's bit and NLM_F_REPLACE
+	 * NLM_F_ROOT's, so a NEW with NLM_F_EXCL looked like a dump and went
+	 * unanswered. A dump is never ACKed (the kernel ends it with
+	 * NLMSG_DONE whatever the flags). */
+	nlh->nlmsg_flags |= NLM_F_REQUEST | NLM_F_ACK;
+}
+
+/* rtnl_talk's -errno e for a message: a timeout says what it means. */
+static const char *rtnl_why(int e)
+{
+	return e == -ETIMEDOUT ? "the kernel did not answer within " RTNL_STR(RTNL_TIMEOUT_S) " s" : strerror(-e);
+}
+
 /* Send nlh and run cb on every answer until the ACK or the dump's end:
- * 0 or -errno (the kernel's refusal). */
+ * 0 or -errno (the kernel's refusal; -ETIMEDOUT when no answer came in
+ * RTNL_TIMEOUT_S). */
 static int rtnl_talk(struct rtnl *r, struct nlmsghdr *nlh, mnl_cb_t cb, void *ud)
 {
 	static char buf[32768];
-	nlh->nlmsg_seq = ++r->seq;
-	if (!(nlh->nlmsg_flags & NLM_F_DUMP))
-		nlh->nlmsg_flags |= NLM_F_ACK;
+	cap_podnet_request(nlh, ++r->seq);
 	if (mnl_socket_sendto(r->nl, nlh, nlh->nlmsg_len) < 0)
 		return -errno;
 	for (;;) {
 		ssize_t n = mnl_socket_recvfrom(r->nl, buf, sizeof(buf));
 		if (n < 0)
-			return -errno;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
 		int k = mnl_cb_run(buf, (size_t)n, r->seq, mnl_socket_get_portid(r->nl), cb, ud);
 		if (k < 0)
 			return -errno;
@@ -197,12 +229,11 @@ struct routes {
 	int e;	/* -E2BIG: too many */
 };
 
-static int each_route(const struct nlmsghdr *nlh, void *ud)
+int cap_podnet_route(struct cap_pod_net *p, const struct nlmsghdr *nlh)
 {
-	struct routes *x = ud;
-	struct rtmsg *rtm = mnl_nlmsg_get_payload(nlh);
+	const struct rtmsg *rtm = mnl_nlmsg_get_payload(nlh);
 	if (rtm->rtm_family != AF_INET || rtm->rtm_table != RT_TABLE_MAIN || rtm->rtm_type != RTN_UNICAST)
-		return MNL_CB_OK;
+		return 0;
 	uint32_t dst = 0, gw = 0;
 	int oif = 0;
 	struct nlattr *a;
@@ -219,23 +250,28 @@ static int each_route(const struct nlmsghdr *nlh, void *ud)
 			break;
 		}
 	}
-	struct cap_pod_net *p = x->p;
 	if (oif != p->ifindex)
-		return MNL_CB_OK;
+		return 0;
 	if (rtm->rtm_dst_len == 0) {
 		p->gateway = gw;
-		return MNL_CB_OK;
+		return 0;
 	}
 	/* The address's own subnet: the guest's kernel makes it. */
 	uint32_t mask = p->prefix ? ~(0xffffffffu >> p->prefix) : 0;
 	if (rtm->rtm_protocol == RTPROT_KERNEL && rtm->rtm_dst_len == p->prefix &&
 	    dst == (p->addr & mask) && !gw)
-		return MNL_CB_OK;
-	if (p->nroutes >= CAP_POD_MAX_ROUTES) {
-		x->e = -E2BIG;
-		return MNL_CB_OK;
-	}
+		return 0;
+	if (p->nroutes >= CAP_POD_MAX_ROUTES)
+		return -E2BIG;
 	p->routes[p->nroutes++] = (struct cap_pod_route){ dst, rtm->rtm_dst_len, gw };
+	return 0;
+}
+
+static int each_route(const struct nlmsghdr *nlh, void *ud)
+{
+	struct routes *x = ud;
+	if (cap_podnet_route(x->p, nlh) < 0)
+		x->e = -E2BIG;
 	return MNL_CB_OK;
 }
 
@@ -259,7 +295,7 @@ static int read_here(const char *shown, struct cap_pod_net *p, struct cap_err *e
 		return e;
 	struct links l = { .p = p };
 	if ((e = rtnl_talk(&r, dump_req(buf, RTM_GETLINK, AF_UNSPEC, sizeof(struct ifinfomsg)), each_link, &l)) < 0) {
-		e = cap_err_set(err, -e, "cannot list the interfaces of the network namespace %s: %s", shown, strerror(-e));
+		e = cap_err_set(err, -e, "cannot list the interfaces of the network namespace %s: %s", shown, rtnl_why(e));
 		goto out;
 	}
 	if (l.n == 0) {
@@ -275,7 +311,7 @@ static int read_here(const char *shown, struct cap_pod_net *p, struct cap_err *e
 	struct addrs x = { .ifindex = p->ifindex };
 	if ((e = rtnl_talk(&r, dump_req(buf, RTM_GETADDR, AF_UNSPEC, sizeof(struct ifaddrmsg)), each_addr, &x)) < 0) {
 		e = cap_err_set(err, -e, "cannot list the addresses of %s in the network namespace %s: %s", p->ifname,
-				shown, strerror(-e));
+				shown, rtnl_why(e));
 		goto out;
 	}
 	if (x.n4 != 1) {
@@ -292,7 +328,7 @@ static int read_here(const char *shown, struct cap_pod_net *p, struct cap_err *e
 	p->prefix = x.prefix;
 	struct routes rt = { .p = p };
 	if ((e = rtnl_talk(&r, dump_req(buf, RTM_GETROUTE, AF_INET, sizeof(struct rtmsg)), each_route, &rt)) < 0) {
-		e = cap_err_set(err, -e, "cannot list the routes of the network namespace %s: %s", shown, strerror(-e));
+		e = cap_err_set(err, -e, "cannot list the routes of the network namespace %s: %s", shown, rtnl_why(e));
 		goto out;
 	}
 	if (rt.e < 0) {
@@ -341,10 +377,8 @@ static int link_up_mtu(struct rtnl *r, int ifindex, unsigned mtu)
 	return rtnl_talk(r, nlh, NULL, NULL);
 }
 
-/* The ingress qdisc of ifindex: added (add) or deleted. */
-static int ingress(struct rtnl *r, int ifindex, bool add)
+struct nlmsghdr *cap_podnet_ingress_msg(void *buf, int ifindex, bool add)
 {
-	char buf[MNL_SOCKET_BUFFER_SIZE];
 	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
 	nlh->nlmsg_type = add ? RTM_NEWQDISC : RTM_DELQDISC;
 	nlh->nlmsg_flags = NLM_F_REQUEST | (add ? NLM_F_CREATE | NLM_F_EXCL : 0);
@@ -354,16 +388,18 @@ static int ingress(struct rtnl *r, int ifindex, bool add)
 	t->tcm_parent = TC_H_INGRESS;
 	t->tcm_handle = TC_H_MAKE(TC_H_INGRESS, 0);	/* ffff: */
 	mnl_attr_put_strz(nlh, TCA_KIND, "ingress");
-	return rtnl_talk(r, nlh, NULL, NULL);
+	return nlh;
 }
 
-/* On from's ingress: every packet (u32, one key matching anything)
- * redirected to to's egress (mirred), as `tc filter add dev FROM parent
- * ffff: protocol all u32 match u8 0 0 action mirred egress redirect dev
- * TO` does. */
-static int redirect(struct rtnl *r, int from, int to)
+/* The ingress qdisc of ifindex: added (add) or deleted. */
+static int ingress(struct rtnl *r, int ifindex, bool add)
 {
 	char buf[MNL_SOCKET_BUFFER_SIZE];
+	return rtnl_talk(r, cap_podnet_ingress_msg(buf, ifindex, add), NULL, NULL);
+}
+
+struct nlmsghdr *cap_podnet_redirect_msg(void *buf, int from, int to)
+{
 	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
 	nlh->nlmsg_type = RTM_NEWTFILTER;
 	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL;
@@ -396,7 +432,14 @@ static int redirect(struct rtnl *r, int from, int to)
 	mnl_attr_nest_end(nlh, act);
 	mnl_attr_nest_end(nlh, acts);
 	mnl_attr_nest_end(nlh, opts);
-	return rtnl_talk(r, nlh, NULL, NULL);
+	return nlh;
+}
+
+/* On from's ingress: everything to to's egress (cap_podnet_redirect_msg). */
+static int redirect(struct rtnl *r, int from, int to)
+{
+	char buf[MNL_SOCKET_BUFFER_SIZE];
+	return rtnl_talk(r, cap_podnet_redirect_msg(buf, from, to), NULL, NULL);
 }
 
 /* In the namespace: the tap, its MTU and state, and the filters. */
@@ -430,21 +473,26 @@ static int tap_here(const struct cap_pod_net *p, int *tap_fd, struct cap_err *er
 	if ((e = rtnl_open(&r, err)) < 0)
 		goto fail;
 	if ((e = link_up_mtu(&r, tap, p->mtu)) < 0) {
-		e = cap_err_set(err, -e, "cannot bring the tap %s up with MTU %u: %s", CAP_POD_TAP_NAME, p->mtu, strerror(-e));
+		e = cap_err_set(err, -e, "cannot bring the tap %s up with MTU %u: %s", CAP_POD_TAP_NAME, p->mtu, rtnl_why(e));
 		goto fail;
 	}
 	/* A qdisc left by an owner that was killed goes first (its filter
 	 * names a tap that is gone). */
 	ingress(&r, p->ifindex, false);
-	if ((e = ingress(&r, p->ifindex, true)) < 0 || (e = ingress(&r, tap, true)) < 0) {
-		e = cap_err_set(err, -e, "cannot add an ingress qdisc to %s or %s in the pod's network namespace: %s%s",
-				p->ifname, CAP_POD_TAP_NAME, strerror(-e),
+	const char *on = p->ifname;
+	if ((e = ingress(&r, p->ifindex, true)) < 0 || (on = CAP_POD_TAP_NAME, e = ingress(&r, tap, true)) < 0) {
+		e = cap_err_set(err, -e, "cannot add an ingress qdisc to %s in the pod's network namespace: %s%s", on,
+				rtnl_why(e),
 				e == -ENOENT || e == -EOPNOTSUPP ? " (the host kernel needs sch_ingress, cls_u32 and act_mirred)" : "");
+		ingress(&r, p->ifindex, false);	/* when the tap's failed */
 		goto fail;
 	}
-	if ((e = redirect(&r, p->ifindex, tap)) < 0 || (e = redirect(&r, tap, p->ifindex)) < 0) {
-		e = cap_err_set(err, -e, "cannot join %s and %s with tc (u32 and mirred) in the pod's network namespace: %s%s",
-				p->ifname, CAP_POD_TAP_NAME, strerror(-e),
+	const char *to = CAP_POD_TAP_NAME;
+	on = p->ifname;
+	if ((e = redirect(&r, p->ifindex, tap)) < 0 ||
+	    (on = CAP_POD_TAP_NAME, to = p->ifname, e = redirect(&r, tap, p->ifindex)) < 0) {
+		e = cap_err_set(err, -e, "cannot redirect %s's ingress to %s with tc (u32 and mirred) in the pod's network "
+				"namespace: %s%s", on, to, rtnl_why(e),
 				e == -ENOENT || e == -EOPNOTSUPP ? " (the host kernel needs cls_u32 and act_mirred)" : "");
 		ingress(&r, p->ifindex, false);
 		goto fail;

@@ -93,8 +93,9 @@ static int listen_in(int netns, uint16_t port, struct cap_err *err)
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 128) < 0) {
 		e = errno;
 		close(fd);
-		return cap_err_set(err, e, "cannot listen on 127.0.0.1:%u in the pod's network namespace: %s", port,
-				   strerror(e));
+		return cap_err_set(err, e, "cannot listen on 127.0.0.1:%u in the pod's network namespace: %s%s", port,
+				   strerror(e), e == EADDRNOTAVAIL ? " (its lo is down: CNI's loopback plugin, "
+				   "which containerd's CRI runs for every pod, brings it up)" : "");
 	}
 	return fd;
 }

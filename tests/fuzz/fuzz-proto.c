@@ -104,6 +104,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (uint32_t i = 0; i < setup.envc; i++)
 			if (!strchr(setup.env[i], '=') || setup.env[i][0] == '=')
 				abort();
+		if (setup.net_static && !cap_proto_setup_static_ok(&setup))
+			abort();
 		/* What the decoder accepts, the encoder takes back unchanged. */
 		struct cap_buf again;
 		cap_buf_init(&again);
@@ -174,6 +176,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		cap_buf_fini(&again);
 		free(ports);
+	}
+
+	/* A PortForward's CONNECT: what the decoder accepts, the encoder
+	 * takes back unchanged. */
+	uint16_t port;
+	if (cap_proto_connect_decode(data, size, &port) == 0) {
+		struct cap_buf again;
+		cap_buf_init(&again);
+		cap_proto_connect_encode(&again, 1, port);
+		if (port == 0 || cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
 	}
 	return 0;
 }
@@ -288,6 +303,15 @@ int main(int argc, char **argv)
 	struct cap_file_req freq = { .op = CAP_FILE_TAR_OUT, .limit = CAP_TAR_PATHS_STDIN,
 				     .root = "/workspace", .path = "src/a b" };
 	cap_proto_file_encode(&seed, 5, &freq);
+	/* A pod's: the options section's static network (no DNS, no proxy). */
+	struct cap_setup pod = { .root_image = "root", .hostname = "pod", .net_addr = 0x0ae14b02,
+				 .net_gateway = 0x0ae14b01, .net_prefix = 24, .net_static = true,
+				 .net_mac = { 0x16, 0x8d, 0x35, 0x82, 0xb7, 0x3c }, .net_mtu = 1450, .nroutes = 2 };
+	pod.routes[0] = (struct cap_setup_route){ .dst = 0x0a000000, .dst_len = 8 };
+	pod.routes[1] = (struct cap_setup_route){ .dst = 0xc0a80000, .dst_len = 16, .gateway = 0x0ae14b01 };
+	if (cap_proto_setup_encode(&seed, &pod) < 0)
+		abort();
+	cap_proto_connect_encode(&seed, 11, 8080);
 
 	/* Where each seed frame's payload starts, and its length. */
 	struct {
@@ -334,6 +358,8 @@ int main(int argc, char **argv)
 			snprintf(name, sizeof(name), "payload-%02zu", k);
 			write_seed(seeds, name, all + frames[k].off, frames[k].len);
 		}
+		cap_buf_fini(&seed);
+		cap_buf_fini(&tar);
 		return 0;
 	}
 	uint8_t *buf = xmalloc(CAP_MAX(n, cap_buf_used(&tar)) + 64);
@@ -353,7 +379,7 @@ int main(int argc, char **argv)
 	free(buf);
 	cap_buf_fini(&seed);
 	cap_buf_fini(&tar);
-	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP, LISTENERS, FILE, UPDATE and STATS decoders and the tar reader without a crash\n", iters);
+	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP, LISTENERS, FILE, UPDATE, STATS and CONNECT decoders and the tar reader without a crash\n", iters);
 	return 0;
 }
 #endif

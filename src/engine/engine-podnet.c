@@ -410,14 +410,13 @@ struct nlmsghdr *cap_podnet_redirect_msg(void *buf, int from, int to)
 	t->tcm_info = TC_H_MAKE(FILTER_PRIO << 16, htons(ETH_P_ALL));
 	mnl_attr_put_strz(nlh, TCA_KIND, "u32");
 	struct nlattr *opts = mnl_attr_nest_start(nlh, TCA_OPTIONS);
-	struct {
-		struct tc_u32_sel sel;
-		struct tc_u32_key key;
-	} sel;
-	memset(&sel, 0, sizeof(sel));
-	sel.sel.flags = TC_U32_TERMINAL;
-	sel.sel.nkeys = 1;	/* mask 0, value 0 at offset 0: anything */
-	mnl_attr_put(nlh, TCA_U32_SEL, sizeof(sel), &sel);
+	/* The selector and its one key (keys[] is a flexible array). */
+	_Alignas(struct tc_u32_sel) uint8_t selbuf[sizeof(struct tc_u32_sel) + sizeof(struct tc_u32_key)];
+	memset(selbuf, 0, sizeof(selbuf));
+	struct tc_u32_sel *sel = (struct tc_u32_sel *)selbuf;
+	sel->flags = TC_U32_TERMINAL;
+	sel->nkeys = 1;	/* mask 0, value 0 at offset 0: anything */
+	mnl_attr_put(nlh, TCA_U32_SEL, sizeof(selbuf), selbuf);
 	struct nlattr *acts = mnl_attr_nest_start(nlh, TCA_U32_ACT);
 	struct nlattr *act = mnl_attr_nest_start(nlh, 1);
 	mnl_attr_put_strz(nlh, TCA_ACT_KIND, "mirred");

@@ -469,7 +469,7 @@ static void network_namespaces(void **state)
 /* A pod's sandbox or container of CRI type t with namespaces ns (taken)
  * and, when um, user mappings: refused, the message holding each of the
  * NULL-ended words; or, with no word, accepted. */
-static void pod_config(const char *t, json_t *ns, bool um, ...)
+static void pod_config(const char *t, json_t *ns, int um, ...)
 {
 	json_t *j = base_config();
 	json_object_set_new(at(j, "annotations"), CAP_OCI_ANN_CONTAINER_TYPE, json_string(t));
@@ -508,13 +508,13 @@ static void pod_host_namespaces(void **state)
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(types); i++) {
 		const char *t = types[i];
 		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}, {s:s}]", "type", "pid", "type", "ipc", "type", "uts",
-					"type", "network"), false, NULL);
-		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}]", "type", "ipc", "type", "uts", "type", "network"), false,
+					"type", "network"), 0, NULL);
+		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}]", "type", "ipc", "type", "uts", "type", "network"), 0,
 			   "hostPID pods are not supported", "no pid namespace", "without hostPID", NULL);
-		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}]", "type", "pid", "type", "uts", "type", "network"), false,
+		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}]", "type", "pid", "type", "uts", "type", "network"), 0,
 			   "hostIPC pods are not supported", "no ipc namespace", NULL);
 		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}, {s:s}, {s:s}]", "type", "pid", "type", "ipc", "type", "uts",
-					"type", "network", "type", "user"), true, "uidMappings", "not supported", NULL);
+					"type", "network", "type", "user"), 1, "uidMappings", "not supported", NULL);
 	}
 }
 

@@ -265,7 +265,7 @@ def run(capsule, tmp):
         md = f.read()
     m = re.search(r"^## JSON output\n(.*?)(?=^## )", md, re.S | re.M)
     sec = m.group(1) if m else ""
-    lm = re.search(r"`--json` is taken by (.*?)\.(?:\s|$)", sec, re.S)
+    lm = re.search(r"`--json` is taken by (.*?)[.;](?:\s|$)", sec, re.S)
     in_doc_list = set(re.findall(r"`([^`]+)`", lm.group(1))) if lm else set()
     in_doc_shapes = set()
     for span in re.findall(r"`([^`]*--json[^`]*)`", sec):

@@ -33,7 +33,7 @@ def ok(cond, name, detail=()):
     print(f"{'ok' if cond else 'not ok'} {n} - {name}", flush=True)
     if not cond:
         failed += 1
-        for line in list(detail)[:20]:
+        for line in [x for x in detail if x][:20]:
             print(f"# {line}", flush=True)
     return cond
 
@@ -237,7 +237,7 @@ def run(capsule, tmp):
         except ValueError as e:
             doc, why = None, f"not JSON ({e}): {out[:200]!r}"
         ok(why is None and (want_rc is None or rc == want_rc),
-           f"{name} --json prints JSON{'' if why else ' of its documented shape'}",
+           f"{name} --json prints JSON of its documented shape",
            [why or "", f"exit {rc} (wanted {want_rc}); stderr {err[:300]!r}"])
 
     def is_(cond, why):
@@ -293,7 +293,7 @@ def run(capsule, tmp):
         man_why.append(str(e))
 
     def same(name, got, why=()):
-        ok(got == accepted and not why, f"{name} names the verbs that take --json",
+        ok(got == accepted and not why, f"{name}: the verbs that take --json are the binary's",
            list(why) + [f"missing: {', '.join(sorted(accepted - got))}" if accepted - got else "",
                         f"not taking it: {', '.join(sorted(got - accepted))}" if got - accepted else ""])
 

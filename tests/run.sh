@@ -56,6 +56,9 @@ done
 # The serve method table (capsule serve --schema) against the Python
 # client's methods; no VM.
 suite "integration/serve-schema" python3 tests/integration/test-serve-schema.py "$build/capsule"
+# Which verbs take --json, as the binary, the help texts, docs/cli.md and
+# the generated man pages each say; no VM.
+suite "integration/cli-json" python3 tests/integration/test-cli-json.py "$build/capsule"
 # The fuzz targets: one per directory of seeds.
 fuzz_targets=$(ls tests/fuzz/corpus)
 

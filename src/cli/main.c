@@ -12,6 +12,8 @@
 #include "log.h"
 #include "oci.h"
 
+/* The help, in two parts around its "Output:" paragraph, which
+ * print_usage makes from the verb table. */
 static const char usage[] =
 	"Usage: capsule COMMAND [OPTIONS]\n"
 	"\n"
@@ -52,8 +54,8 @@ static const char usage[] =
 	"  CAPSULE_KERNEL, CAPSULE_AGENT  Override the guest kernel / agent binary\n"
 	"  CAPSULE_TEMPLATES=0         Always cold-boot (no template snapshots)\n"
 	"\n"
-	"Output: ls, inspect, template ls, doctor and diff take --json; exit codes\n"
-	"and JSON shapes are in docs/cli.md. No colour is used.\n"
+	"\n";
+static const char usage_tail[] =
 	"\n"
 	"Durability: what exec, run and cp into a sandbox wrote is on the host's\n"
 	"disk when they return; their --no-sync gives that up for a faster return.\n"
@@ -140,6 +142,97 @@ static int ram_holder(int argc, char **argv)
 	return cap_ramhold_serve(argv[1], 3);
 }
 
+/* The verbs, in the order of the help's "Commands:". json says which
+ * take --json: "" the verb itself, else those of its sub-verbs that do,
+ * separated by spaces; NULL none. The help's "Output:" paragraph is made
+ * from it; tests/integration/test-cli-json.py checks it against each
+ * verb's --help, what the verb accepts, docs/cli.md and the man pages. */
+static const struct {
+	const char *name;
+	int (*fn)(int, char **);
+	const char *json;
+} verbs[] = {
+	{ "run", cap_cli_run, NULL }, { "create", cap_cli_create, NULL },
+	{ "start", cap_cli_start, NULL }, { "stop", cap_cli_stop, NULL },
+	{ "exec", cap_cli_exec, NULL }, { "shell", cap_cli_shell, NULL },
+	{ "ls", cap_cli_ls, "" }, { "inspect", cap_cli_inspect, "" },
+	{ "logs", cap_cli_logs, NULL }, { "rm", cap_cli_rm, NULL },
+	{ "cp", cap_cli_cp, NULL }, { "diff", cap_cli_diff, "" },
+	{ "merge", cap_cli_merge, NULL }, { "net", cap_cli_net, NULL },
+	{ "image", cap_cli_image, "ls inspect" },
+	{ "template", cap_cli_template, "ls inspect" },
+	{ "source", cap_cli_source, NULL }, { "serve", cap_cli_serve, NULL },
+	{ "mcp", cap_cli_mcp, NULL }, { "prepare", cap_cli_prepare, "" },
+	{ "oci", cap_cli_oci, NULL }, { "doctor", cap_cli_doctor, "" },
+	/* Internal: not in the help. */
+	{ "shim", cap_cli_shim, NULL }, { "ram-holder", ram_holder, NULL },
+};
+#define NVERBS (sizeof(verbs) / sizeof(verbs[0]))
+
+/* Append word (of len bytes) to the paragraph being printed on f, at
+ * column *col, breaking the line before it would pass 75 columns. */
+static void wrap_word(FILE *f, int *col, const char *word, int len)
+{
+	if (*col > 0 && *col + 1 + len > 75) {
+		fputc('\n', f);
+		*col = 0;
+	} else if (*col > 0) {
+		fputc(' ', f);
+		(*col)++;
+	}
+	fprintf(f, "%.*s", len, word);
+	*col += len;
+}
+
+static void wrap_text(FILE *f, int *col, const char *text)
+{
+	for (const char *p = text; *p;) {
+		size_t n = strcspn(p, " ");
+		if (n)
+			wrap_word(f, col, p, (int)n);
+		p += n + strspn(p + n, " ");
+	}
+}
+
+/* The help: the "Output:" paragraph names every verb of the table that
+ * takes --json ("image ls" for a sub-verb), so that it cannot drift. */
+static void print_usage(FILE *f)
+{
+	const char *names[2 * NVERBS];
+	char owned[2 * NVERBS][64];
+	size_t n = 0;
+	for (size_t i = 0; i < NVERBS && n < 2 * NVERBS; i++) {
+		const char *j = verbs[i].json;
+		if (!j)
+			continue;
+		if (!*j) {
+			names[n++] = verbs[i].name;
+			continue;
+		}
+		while (*j && n < 2 * NVERBS) {
+			size_t len = strcspn(j, " ");
+			snprintf(owned[n], sizeof(owned[n]), "%s %.*s", verbs[i].name, (int)len, j);
+			names[n] = owned[n];
+			n++;
+			j += len + strspn(j + len, " ");
+		}
+	}
+	fputs(usage, f);
+	int col = 0;
+	wrap_text(f, &col, "Output:");
+	for (size_t i = 0; i < n; i++) {
+		/* "a, b and c", a sub-verb's two words kept on one line. */
+		char item[80];
+		if (i + 1 == n && n > 1)
+			wrap_word(f, &col, "and", 3);
+		int len = snprintf(item, sizeof(item), "%s%s", names[i], i + 2 < n ? "," : "");
+		wrap_word(f, &col, item, len);
+	}
+	wrap_text(f, &col, "take --json; exit codes and JSON shapes are in docs/cli.md. No colour is used.");
+	fputc('\n', f);
+	fputs(usage_tail, f);
+}
+
 int main(int argc, char **argv)
 {
 	guard_stdio();
@@ -150,35 +243,19 @@ int main(int argc, char **argv)
 	if (strcmp(base ? base + 1 : argv[0], "capsule-oci") == 0)
 		return cap_cli_oci(argc, argv);
 	if (argc < 2) {
-		fputs(usage, stderr);
+		print_usage(stderr);
 		return 2;
 	}
 	const char *cmd = argv[1];
 	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
-		fputs(usage, stdout);
+		print_usage(stdout);
 		return 0;
 	}
 	if (strcmp(cmd, "-V") == 0 || strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
 		printf("capsule %s (protocol v1)\n", CAPSULE_VERSION);
 		return 0;
 	}
-	static const struct {
-		const char *name;
-		int (*fn)(int, char **);
-	} verbs[] = {
-		{ "run", cap_cli_run }, { "doctor", cap_cli_doctor },
-		{ "create", cap_cli_create }, { "start", cap_cli_start },
-		{ "stop", cap_cli_stop }, { "exec", cap_cli_exec },
-		{ "shell", cap_cli_shell }, { "inspect", cap_cli_inspect },
-		{ "rm", cap_cli_rm }, { "ls", cap_cli_ls }, { "image", cap_cli_image },
-		{ "source", cap_cli_source }, { "serve", cap_cli_serve },
-		{ "shim", cap_cli_shim }, { "mcp", cap_cli_mcp },
-		{ "template", cap_cli_template }, { "net", cap_cli_net },
-		{ "cp", cap_cli_cp }, { "diff", cap_cli_diff }, { "merge", cap_cli_merge },
-		{ "logs", cap_cli_logs }, { "prepare", cap_cli_prepare },
-		{ "oci", cap_cli_oci }, { "ram-holder", ram_holder },
-	};
-	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+	for (size_t i = 0; i < NVERBS; i++)
 		if (strcmp(cmd, verbs[i].name) == 0)
 			return verbs[i].fn(argc - 1, argv + 1);
 	cap_cli_error("unknown command '%s'; see `capsule --help`", cmd);

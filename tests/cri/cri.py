@@ -319,6 +319,16 @@ def exit_code_of(status):
     return 1
 
 
+def channel_frames(ws):
+    """The (channel, data) of each message until the server closes."""
+    while True:
+        m = ws.recv()
+        if m is None:
+            return
+        if m:
+            yield m[0], m[1:]
+
+
 def do_exec(c, a):
     r = c.Exec(pb.ExecRequest(container_id=a.id, cmd=a.args, tty=a.tty, stdin=a.stdin,
                               stdout=True, stderr=not a.tty))
@@ -331,13 +341,7 @@ def do_exec(c, a):
     later = a.resize_when.rsplit(":", 1) if a.resize_when else None
     seen, status = b"", b""
     out = sys.stdout.buffer
-    while True:
-        m = ws.recv()
-        if m is None:
-            break
-        if not m:
-            continue
-        ch, data = m[0], m[1:]
+    for ch, data in channel_frames(ws):
         if ch == 1:
             out.write(data)
             out.flush()
@@ -366,13 +370,7 @@ def do_port_forward(c, a):
     err = b""
     pump_stdin(ws, 0)
     out = sys.stdout.buffer
-    while True:
-        m = ws.recv()
-        if m is None:
-            break
-        if not m:
-            continue
-        ch, data = m[0], m[1:]
+    for ch, data in channel_frames(ws):
         if ch in first and first[ch]:	# each channel opens with the port
             first[ch] = False
             if len(data) < 2 or struct.unpack("<H", data[:2])[0] != a.port:

@@ -93,6 +93,21 @@ context() {
 checkc() { # checkc NAME 'CONDITION': check, with containerd's errors on failure
 	if eval "$2"; then ok "$1"; else not_ok "$1" "failed: $2"; context; fi
 }
+# sleeper_pod NAME: a pod NAME running one container "sleeper"; sets
+# $pod, $ctr and $rc (0 when both calls succeeded).
+sleeper_pod() {
+	pod=$(cri runp "$1" --cgroup-parent "$cri_cgroup/$1" 2>"$err")
+	ctr=$(cri create "$pod" sleeper "$B" -- sleep 100000 2>>"$err") && cri start "$ctr" 2>>"$err"
+	rc=$?
+}
+# remove_pod POD CASE: StopPodSandbox and RemovePodSandbox of POD, checked,
+# then nothing of CASE is left.
+remove_pod() {
+	cri stopp "$1" >"$out" 2>"$err" && cri rmp "$1" >>"$out" 2>>"$err"
+	rc=$?
+	checkc "the pod stops and is removed after it ($rc)" '[ "$rc" -eq 0 ] && [ -z "$(cri pods -q)" ]'
+	clean_case "$2"
+}
 # field JSON-FILE EXPRESSION: a value of cri.py's JSON (j is the object).
 field() { /usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2" 2>/dev/null; }
 state() { cri state "$1" 2>/dev/null; }
@@ -285,15 +300,12 @@ checkc "a container that fills more than its 32 MiB ends OOMKilled ($rc; reason 
 checkc "... while its pod stays READY and the pod's other container runs and execs" \
 	'[ "$(podstate "$p3")" = SANDBOX_READY ] && [ "$(state "$kp")" = CONTAINER_RUNNING ] && [ "$(cri exec-sync "$kp" -- echo alive 2>/dev/null)" = alive ]'
 vmcheck "... in its VM, which runs on" '[ "$(ours)" -eq 1 ]'
-cri stopp "$p3" >"$out" 2>"$err" && cri rmp "$p3" >>"$out" 2>>"$err"
-checkc "the pod stops and is removed ($?)" '[ -z "$(cri pods -q)" ]'
-clean_case "the OOM pod"
+remove_pod "$p3" "the OOM pod"
 elapsed "OOM"
 
 # --- kill -9 of the pod's QEMU -------------------------------------------------
-p4=$(cri runp vmkill --cgroup-parent "$cri_cgroup/vmkill" 2>"$err")
-c4=$(cri create "$p4" sleeper "$B" -- sleep 100000 2>>"$err") && cri start "$c4" 2>>"$err"
-rc=$?
+sleeper_pod vmkill
+p4=$pod c4=$ctr
 checkc "a pod to kill runs ($rc)" '[ "$rc" -eq 0 ] && [ "$(state "$c4")" = CONTAINER_RUNNING ]'
 if [ "$vm" -eq 1 ]; then
 	q=$(pgrep -f "qemu-system.*$rt/" | head -1)
@@ -303,16 +315,12 @@ if [ "$vm" -eq 1 ]; then
 else
 	skip "kill -9 of its QEMU: the pod's container reports EXITED" "$novm"
 fi
-cri stopp "$p4" >"$out" 2>"$err" && cri rmp "$p4" >>"$out" 2>>"$err"
-rc=$?
-checkc "the pod stops and is removed after it ($rc)" '[ "$rc" -eq 0 ] && [ -z "$(cri pods -q)" ]'
-clean_case "the pod whose QEMU was killed"
+remove_pod "$p4" "the pod whose QEMU was killed"
 elapsed "kill -9 of QEMU"
 
 # --- kill -9 of the pod's shim --------------------------------------------------
-p5=$(cri runp shimkill --cgroup-parent "$cri_cgroup/shimkill" 2>"$err")
-c5=$(cri create "$p5" sleeper "$B" -- sleep 100000 2>>"$err") && cri start "$c5" 2>>"$err"
-rc=$?
+sleeper_pod shimkill
+p5=$pod c5=$ctr
 sh5=$(pgrep -f "containerd-shim-$runtime-v2 .*-id $p5 " | head -1)
 checkc "a pod runs with one shim ($rc; shim ${sh5:-none})" \
 	'[ "$rc" -eq 0 ] && [ -n "$sh5" ] && [ "$(cri_shims | wc -l)" -eq 1 ] && [ "$(state "$c5")" = CONTAINER_RUNNING ]'
@@ -321,10 +329,7 @@ wait_for '[ "$(state "$c5")" = CONTAINER_EXITED ] && [ "$(podstate "$p5")" = SAN
 checkc "kill -9 of the shim: containerd reports the container EXITED and the pod NOTREADY" \
 	'[ "$(state "$c5")" = CONTAINER_EXITED ] && [ "$(podstate "$p5")" = SANDBOX_NOTREADY ]'
 vmcheck "... and the pod's VM is gone (containerd's shim delete)" 'wait_for "[ \$(ours) -eq 0 ]" 300'
-cri stopp "$p5" >"$out" 2>"$err" && cri rmp "$p5" >>"$out" 2>>"$err"
-rc=$?
-checkc "the pod stops and is removed after it ($rc)" '[ "$rc" -eq 0 ] && [ -z "$(cri pods -q)" ]'
-clean_case "the pod whose shim was killed"
+remove_pod "$p5" "the pod whose shim was killed"
 elapsed "kill -9 of the shim"
 
 # --- the end -----------------------------------------------------------------------

@@ -309,16 +309,18 @@ static void fill_dev(int devfd)
 
 static int fail_at(struct start_failure *f, int stage)
 {
-	*f = (struct start_failure){ .stage = stage, .errnum = errno ? errno : EIO };
+	f->stage = stage;	/* f->what kept: the mount's destination */
+	f->errnum = errno ? errno : EIO;
 	return -1;
 }
 
-/* One mount of the config in the container's namespace. */
-static int one_mount(int rootfd, const struct cap_ctr_mount *m, bool *dev_done)
+/* One mount of the config in the container's namespace; cg is the
+ * container's cgroup (relative to the agent's, A.cg_fd). */
+static int one_mount(int rootfd, const struct cap_ctr_mount *m, const char *cg, bool *dev_done)
 {
 	static const char *const types[] = {
 		[CAP_CTR_PROC] = "proc", [CAP_CTR_SYSFS] = "sysfs", [CAP_CTR_TMPFS] = "tmpfs",
-		[CAP_CTR_DEVPTS] = "devpts", [CAP_CTR_MQUEUE] = "mqueue", [CAP_CTR_CGROUP] = "cgroup2",
+		[CAP_CTR_DEVPTS] = "devpts", [CAP_CTR_MQUEUE] = "mqueue",
 	};
 	int fd = open_in_root(rootfd, m->destination, true);
 	if (fd < 0)
@@ -326,6 +328,15 @@ static int one_mount(int rootfd, const struct cap_ctr_mount *m, bool *dev_done)
 	int r;
 	if (m->kind == CAP_CTR_SHM) {
 		r = mount_on(fd, "/dev/shm", NULL, MS_BIND, NULL);
+	} else if (m->kind == CAP_CTR_CGROUP) {
+		/* The container's own cgroup at its root, as runc's cgroup
+		 * namespace shows it: its memory.max, cpu.max, pids.max and
+		 * the cgroups of its processes below. By path: a bind's
+		 * source must be a mount of this namespace, which A.cg_fd's
+		 * (opened before the unshare) is not. */
+		char src[CAP_CTR_NAME_MAX + 64];
+		snprintf(src, sizeof(src), "/sys/fs/cgroup/%s", cg);
+		r = mount_on(fd, src, NULL, MS_BIND, NULL);
 	} else if (m->kind == CAP_CTR_VOLUME) {
 		char src[300];
 		snprintf(src, sizeof(src), CAP_GUEST_VOLUMES "/%s", m->data);
@@ -333,8 +344,7 @@ static int one_mount(int rootfd, const struct cap_ctr_mount *m, bool *dev_done)
 		chmod(src, 0777);
 		r = mount_on(fd, src, NULL, MS_BIND, NULL);
 	} else {
-		r = mount_on(fd, m->kind == CAP_CTR_CGROUP ? "cgroup" : types[m->kind], types[m->kind],
-			     m->flags, m->data);
+		r = mount_on(fd, types[m->kind], types[m->kind], m->flags, m->data);
 		if (r < 0 && m->kind == CAP_CTR_MQUEUE && errno == ENODEV)
 			r = 0;	/* a kernel without POSIX message queues (docs/oci.md) */
 	}
@@ -352,9 +362,14 @@ static int one_mount(int rootfd, const struct cap_ctr_mount *m, bool *dev_done)
 			*dev_done = true;
 		}
 	}
-	/* A bind keeps its source's flags; read-only asks for a remount. */
-	if (r == 0 && (m->kind == CAP_CTR_VOLUME || m->kind == CAP_CTR_SHM) && (m->flags & MS_RDONLY))
-		r = mount_on(fd, NULL, NULL, MS_REMOUNT | MS_BIND | (m->flags & CAP_SETUP_TMPFS_FLAGS), NULL);
+	/* A bind keeps its source's flags; read-only asks for a remount, of
+	 * the new mount (fd is the directory under it). */
+	if (r == 0 && (m->kind == CAP_CTR_VOLUME || m->kind == CAP_CTR_SHM || m->kind == CAP_CTR_CGROUP) &&
+	    (m->flags & MS_RDONLY)) {
+		close(fd);
+		fd = open_in_root(rootfd, m->destination, true);
+		r = fd < 0 ? -1 : mount_on(fd, NULL, NULL, MS_REMOUNT | MS_BIND | (m->flags & CAP_SETUP_TMPFS_FLAGS), NULL);
+	}
 	int e = errno;
 	if (fd >= 0)
 		close(fd);
@@ -390,11 +405,11 @@ int ctr_enter(const struct ctr_start *cs, const char *cwd, struct start_failure 
 		 * on a nodev disk): the usual nodes, nothing of the VM's. */
 		struct cap_ctr_mount dev = { .kind = CAP_CTR_TMPFS, .destination = "/dev",
 					     .data = "mode=755,size=65536k", .flags = MS_NOSUID };
-		if (one_mount(rootfd, &dev, &dev_done) < 0)
+		if (one_mount(rootfd, &dev, cs->cg, &dev_done) < 0)
 			return fail_at(f, 6);
 	}
 	for (uint32_t i = 0; i < c->nmounts; i++) {
-		if (one_mount(rootfd, &c->mounts[i], &dev_done) < 0) {
+		if (one_mount(rootfd, &c->mounts[i], cs->cg, &dev_done) < 0) {
 			int e = errno;
 			/* The failing mount's destination, for the message. */
 			snprintf(f->what, sizeof(f->what), "%s", c->mounts[i].destination);

@@ -84,8 +84,27 @@ static bool take_exit(pid_t pid, int *status, struct timespec *at)
 	return false;
 }
 
+/* capsule-oci's monitor leaves an "oom" file in the container's state
+ * directory when the guest's OOM killer ended its process (docs/oci.md,
+ * "Pods"), before that process's exit: TaskOOM then, once, ahead of the
+ * TaskExit, as the runc shim sends it from its cgroup's OOM events (CRI
+ * makes the container's reason OOMKilled of it). */
+static void publish_oom(struct shim_container *c)
+{
+	if (c->oom_sent || !c->root)
+		return;
+	_cleanup_free_ char *path = xasprintf("%s/%s/oom", c->root, c->id);
+	if (access(path, F_OK) < 0)
+		return;
+	c->oom_sent = true;
+	Containerd__Events__TaskOOM ev = CONTAINERD__EVENTS__TASK_OOM__INIT;
+	ev.container_id = c->id;
+	shim_publish("/tasks/oom", &ev.base);
+}
+
 void shim_publish_exit(struct shim_container *c, struct shim_proc *p)
 {
+	publish_oom(c);
 	Containerd__Events__TaskExit ev = CONTAINERD__EVENTS__TASK_EXIT__INIT;
 	Google__Protobuf__Timestamp ts = GOOGLE__PROTOBUF__TIMESTAMP__INIT;
 	shim_timestamp(&ts, &p->exited_at);

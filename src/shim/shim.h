@@ -57,6 +57,7 @@ struct shim_container {
 	bool no_pivot;
 	bool mounted;  /* rootfs mounts made by us under bundle/rootfs */
 	bool busy;     /* a create or delete running: not found */
+	bool oom_sent; /* TaskOOM published */
 	int refs;      /* handlers using it outside mu (Delete waits for them) */
 	struct shim_proc init;
 	struct shim_proc *execs;

@@ -64,8 +64,11 @@ install -m 0755 "$build/capsule-agent" "$root/usr/lib/capsule/capsule-agent"
 # (it acts as `capsule oci` when called capsule-oci); its man page is
 # capsule-oci.1, the verb's.
 ln -s capsule "$root/usr/bin/capsule-oci"
+# containerd's shim v2 (docs/oci.md): containerd finds it on PATH by the
+# runtime's name, io.containerd.capsule.v2.
+install -m 0755 "$build/src/shim/containerd-shim-capsule-v2" "$root/usr/bin/containerd-shim-capsule-v2"
 strip --remove-section=.comment --remove-section=.note --strip-unneeded \
-	"$root/usr/bin/capsule" "$root/usr/lib/capsule/capsule-agent"
+	"$root/usr/bin/capsule" "$root/usr/lib/capsule/capsule-agent" "$root/usr/bin/containerd-shim-capsule-v2"
 install -m 0755 "$top/guest/build-kernel.sh" "$root/usr/share/capsule/guest/build-kernel.sh"
 install -m 0644 "$top/guest/kernel.config" "$root/usr/share/capsule/guest/kernel.config"
 install -m 0644 "$pkg/bash-completion/capsule" "$root/usr/share/bash-completion/completions/capsule"
@@ -83,6 +86,8 @@ find "$doc" -name '*.md' -size +4k -exec gzip -9n {} +
 
 # Man pages from the help texts.
 "$top/scripts/gen-man.sh" "$build/capsule" "$root/usr/share/man/man1" >/dev/null
+# The shim's (containerd runs it, it has no help text of its own).
+install -m 0644 "$pkg/containerd-shim-capsule-v2.1" "$root/usr/share/man/man1/"
 gzip -9n "$root"/usr/share/man/man1/*.1
 
 # Maintainer script, and lintian's overrides (each with its reason).

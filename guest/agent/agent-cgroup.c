@@ -40,17 +40,23 @@ void setup_cgroups(void)
 			close(fd);
 		return;
 	}
+	/* A pod's containers' limits (agent-ctr.c): memory.max, cpu.max. */
+	static const char *const more[] = { "+memory", "+cpu" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(more); i++)
+		if ((r = write_at(fd, "cgroup.subtree_control", more[i])) < 0)
+			agent_log("cannot enable the %s controller: %s; containers' limits on it will fail",
+				  more[i] + 1, strerror(-r));
 	A.cg_fd = fd;
 }
 
 /* Make a new cgroup for one command with its pids.max; its name goes to
  * name and an open directory fd (for the child to enter) to *dirfd. */
-int cg_create(uint32_t pids_max, char *name, size_t len, int *dirfd)
+int cg_create(const char *parent, uint32_t pids_max, char *name, size_t len, int *dirfd)
 {
 	char num[16];
 	int r;
 
-	snprintf(name, len, "cmd-%llu", (unsigned long long)++A.cg_seq);
+	snprintf(name, len, "%s%scmd-%llu", parent, *parent ? "/" : "", (unsigned long long)++A.cg_seq);
 	if (mkdirat(A.cg_fd, name, 0755) < 0)
 		return -errno;
 	int fd = openat(A.cg_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -71,7 +77,7 @@ int cg_create(uint32_t pids_max, char *name, size_t len, int *dirfd)
  * a cgroup that does not empty is killed again (CG_REKILL_MS). */
 void cg_kill(const char *name)
 {
-	char path[48];
+	char path[CG_NAME_MAX + 24];
 	snprintf(path, sizeof(path), "%s/cgroup.kill", name);
 	int r = write_at(A.cg_fd, path, "1");
 	if (r < 0 && r != -ENOENT)
@@ -143,7 +149,7 @@ void cg_sweep(int64_t now)
 /* Send sig to every process in the cgroup name (its cgroup.procs). */
 void cg_signal(const char *name, int sig)
 {
-	char path[48];
+	char path[CG_NAME_MAX + 24];
 	snprintf(path, sizeof(path), "%s/cgroup.procs", name);
 	int fd = openat(A.cg_fd, path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {

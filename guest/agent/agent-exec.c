@@ -237,7 +237,7 @@ static int take_user(const struct cap_exec_req *req, struct start_failure *f)
 		const struct cap_exec_rlimit *l = &req->rlimits[i];
 		struct rlimit rl = { .rlim_cur = (rlim_t)l->soft, .rlim_max = (rlim_t)l->hard };
 		if (setrlimit((int)l->resource, &rl) < 0) {
-			*f = (struct start_failure){ 4, errno };
+			*f = (struct start_failure){ .stage = 4, .errnum = errno };
 			return -1;
 		}
 	}
@@ -246,7 +246,7 @@ static int take_user(const struct cap_exec_req *req, struct start_failure *f)
 	for (int fd = 0; fd <= 2; fd++) {
 		struct stat st;
 		if (fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && fchown(fd, req->uid, req->gid) < 0) {
-			*f = (struct start_failure){ 2, errno };
+			*f = (struct start_failure){ .stage = 2, .errnum = errno };
 			return -1;
 		}
 	}
@@ -254,7 +254,7 @@ static int take_user(const struct cap_exec_req *req, struct start_failure *f)
 	for (uint32_t i = 0; i < req->ngroups; i++)
 		groups[i] = req->groups[i];
 	if (setgroups(req->ngroups, groups) < 0 || setgid(req->gid) < 0 || setuid(req->uid) < 0) {
-		*f = (struct start_failure){ 2, errno };
+		*f = (struct start_failure){ .stage = 2, .errnum = errno };
 		return -1;
 	}
 	umask(req->umask);
@@ -267,7 +267,7 @@ static int take_user(const struct cap_exec_req *req, struct start_failure *f)
 __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int out,
 					     int err, int errfd, const char *pty, int cgfd)
 {
-	struct start_failure f = { 2, 0 };
+	struct start_failure f = { .stage = 2 };
 	sigset_t none;
 
 	if (cgfd >= 0 && (f.errnum = -write_at(cgfd, "cgroup.procs", "0")) != 0) {
@@ -293,6 +293,8 @@ __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int 
 	dup2(in, 0);
 	dup2(out, 1);
 	dup2(err, 2);
+	if (sp->ctr && ctr_enter(sp->ctr, sp->cwd, &f) < 0)
+		goto fail;
 	if (sp->user) {
 		if (take_user(sp->user, &f) < 0)
 			goto fail;
@@ -330,12 +332,12 @@ static void run_exec(const void *ud, int errfd, struct start_failure *f)
 	(void)errfd;	/* close-on-exec: a successful exec closes it */
 	const char *cwd = exec_cwd(j->req);
 	if (chdir(cwd) < 0) {
-		*f = (struct start_failure){ 0, errno };
+		*f = (struct start_failure){ .stage = 0, .errnum = errno };
 		return;
 	}
 	environ = j->env;
 	execvp(j->req->argv[0], j->req->argv);
-	*f = (struct start_failure){ 1, errno };
+	*f = (struct start_failure){ .stage = 1, .errnum = errno };
 }
 
 static void close_fds(int *fds, size_t n)
@@ -376,9 +378,9 @@ void spawn(uint32_t id, struct exec *x, const struct spawn *sp)
 		return;
 	}
 
-	char cg[24] = "";
+	char cg[CG_NAME_MAX] = "";
 	int cgfd = -1;
-	if (A.cg_fd >= 0 && (ok = cg_create(sp->pids_max, cg, sizeof(cg), &cgfd)) < 0) {
+	if (A.cg_fd >= 0 && (ok = cg_create(sp->ctr ? sp->ctr->cg : "", sp->pids_max, cg, sizeof(cg), &cgfd)) < 0) {
 		send_error(id, -ok, "cannot create the command's cgroup %s: %s", cg, strerror(-ok));
 		close_fds(fds, CAP_ARRAY_SIZE(fds));
 		return;
@@ -404,12 +406,15 @@ void spawn(uint32_t id, struct exec *x, const struct spawn *sp)
 				   f.stage == 1 ? "cannot run" :
 				   f.stage == 3 ? "cannot enter the cgroup for" :
 				   f.stage == 4 ? "cannot set the rlimits of" :
+				   f.stage == 5 ? "cannot enter the container's root for" :
+				   f.stage == 6 ? "cannot make a mount of the container for" :
 				   sp->user ? "cannot take the requested uid, gid and groups for" :
 				   "cannot switch to the tool user for";
 		const char *arg = f.stage == 0 ? sp->cwd : sp->name;
 		char msg[600];
-		int m = snprintf(msg, sizeof(msg), "capsule: %s '%s': %s\n", what,
-				 pid < 0 ? "" : arg, strerror(e));
+		int m = snprintf(msg, sizeof(msg), "capsule: %s '%s'%s%.128s: %s\n", what,
+				 pid < 0 ? "" : arg, f.stage == 6 && pid > 0 ? " at " : "",
+				 f.stage == 6 && pid > 0 ? f.what : "", strerror(e));
 		x->id = id;	/* borrow the slot to reuse send_output */
 		x->cap = 0;
 		send_output(x, CAP_MSG_STDERR, (const uint8_t *)msg, (size_t)CAP_MIN(m, (int)sizeof(msg) - 1));
@@ -466,6 +471,7 @@ void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 	struct cap_exec_req req;
 	struct cap_err err = { 0 };
 	struct exec *x;
+	int ok;
 
 	if (id == 0 || exec_find(id) || agent_durable_waiting(id)) {
 		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
@@ -480,9 +486,18 @@ void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		return;
 	}
 	bool user = req.flags & CAP_EXEC_USER;
+	struct ctr_start cs;
+	char cmsg[400];
+	if ((req.flags & CAP_EXEC_CONTAINER) && (ok = ctr_prepare(&req, &cs, cmsg, sizeof(cmsg))) < 0) {
+		send_error(id, -ok, "%s", cmsg);
+		cap_exec_req_fini(&req);
+		return;
+	}
+	bool own_root = (req.flags & CAP_EXEC_CONTAINER) && (req.ctr->options & (CAP_CTR_ROOT | CAP_CTR_JOIN));
 	/* A container's directory is made when missing, as root, as runc
-	 * does; a chdir failure is then reported as for any command. */
-	if (user && req.cwd && req.cwd[0])
+	 * does (in its own root: by the child, agent-ctr.c); a chdir failure
+	 * is then reported as for any command. */
+	if (user && !own_root && req.cwd && req.cwd[0])
 		make_dirs(req.cwd);
 	char *home;
 	struct exec_job job = { &req, make_env(&req, &home) };
@@ -492,8 +507,16 @@ void handle_exec(uint32_t id, const uint8_t *p, size_t n)
 		.output_cap = req.output_cap, .timeout_ms = req.timeout_ms,
 		.name = req.argv[0], .cwd = exec_cwd(&req), .user = user ? &req : NULL,
 		.no_sync = req.flags & CAP_EXEC_NO_SYNC, .run = run_exec, .ud = &job,
+		.ctr = (req.flags & CAP_EXEC_CONTAINER) ? &cs : NULL,
 	};
+	uint64_t oom = sp.ctr ? ctr_oom_kills(cs.slot) : 0;
 	spawn(id, x, &sp);
+	if (sp.ctr && x->id == id) {
+		x->ctr = cs.slot;
+		x->ctr_init = cs.init;
+		x->oom_base = oom;
+		ctr_started(&cs, x->pid);
+	}
 	free(job.env);
 	free(home);
 	cap_exec_req_fini(&req);
@@ -550,6 +573,9 @@ void finish_if_done(struct exec *x, int64_t now, bool reading)
 		ex.flags |= CAP_EXIT_TIMED_OUT;
 	if (x->truncated)
 		ex.flags |= CAP_EXIT_TRUNCATED;
+	/* Killed by the OOM killer of its container's memory.max. */
+	if (x->ctr && ex.kind == CAP_EXIT_SIGNAL && ex.value == SIGKILL && ctr_oom_kills(x->ctr) > x->oom_base)
+		ex.flags |= CAP_EXIT_OOM;
 	/* What it wrote is on the host's disks before its end is told. */
 	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync, others_running(x), x->flush_seq);
 	exec_release(x);
@@ -578,6 +604,8 @@ void reap(void)
 				x->exited = true;
 				x->wstatus = status;
 				x->exit_ms = x->drain_ms = cap_now_ms();
+				if (x->ctr_init)
+					ctr_ended(x->ctr, pid);
 				/* Nothing it started outlives it. */
 				exec_kill(x);
 			}

@@ -154,9 +154,19 @@ static void run_xfer(const void *ud, int errfd, struct start_failure *f)
 static void file_stream(uint32_t id, const struct cap_file_req *req, const char *shown)
 {
 	uint32_t known = req->op == CAP_FILE_TAR_OUT ? CAP_TAR_PATHS_STDIN | CAP_TAR_PREFIX :
-			 req->op == CAP_FILE_TAR_IN ? CAP_TAR_NO_REPLACE | CAP_FILE_NO_SYNC : 0;
+			 req->op == CAP_FILE_TAR_IN ? CAP_TAR_NO_REPLACE | CAP_FILE_NO_SYNC | CAP_TAR_OWNERS : 0;
 	if (req->limit & ~known) {
 		file_fail(id, EINVAL, "%s: unknown flags 0x%x for this file operation", shown, req->limit);
+		return;
+	}
+	/* The containers' roots take only an upload that keeps owners (as
+	 * root), and nothing else does. */
+	bool roots = cap_guest_file_root(req->root)->attr & CAP_GUEST_ROOTS;
+	bool owners = req->op == CAP_FILE_TAR_IN && (req->limit & CAP_TAR_OWNERS);
+	if (roots != owners) {
+		file_fail(id, EPERM, "%s: %s", shown,
+			  roots ? "a pod's container roots take only TAR_IN with CAP_TAR_OWNERS"
+				: "CAP_TAR_OWNERS is for the container roots only (" CAP_GUEST_CONTAINERS ")");
 		return;
 	}
 	if (req->op == CAP_FILE_TAR_IN && !(cap_guest_file_root(req->root)->attr & CAP_GUEST_WRITABLE)) {
@@ -169,7 +179,9 @@ static void file_stream(uint32_t id, const struct cap_file_req *req, const char 
 			  CAP_PROTO_MAX_STREAMS);
 		return;
 	}
+	static const struct cap_exec_req root_user = { .flags = CAP_EXEC_USER };
 	struct spawn sp = {
+		.user = owners ? &root_user : NULL,
 		.stdin_pipe = req->op == CAP_FILE_TAR_IN ||
 			      (req->op == CAP_FILE_TAR_OUT && (req->limit & CAP_TAR_PATHS_STDIN)),
 		.name = shown, .cwd = "/", .run = run_xfer, .ud = req,
@@ -184,7 +196,7 @@ static void file_stream(uint32_t id, const struct cap_file_req *req, const char 
 void handle_file(uint32_t id, const uint8_t *p, size_t n)
 {
 	struct cap_file_req req;
-	char root[16], path[4100], shown[4200];
+	char root[32], path[4100], shown[4200];
 	if (id == 0 || exec_find(id) || agent_durable_waiting(id)) {
 		send_error(id, EINVAL, "stream id %u is zero or already in use", id);
 		return;
@@ -198,6 +210,10 @@ void handle_file(uint32_t id, const uint8_t *p, size_t n)
 	if (req.op >= CAP_FILE_MANIFEST) {
 		snprintf(shown, sizeof(shown), "%s%s%s", root, *path ? "/" : "", path);
 		file_stream(id, &req, shown);
+		return;
+	}
+	if (cap_guest_file_root(root)->attr & CAP_GUEST_ROOTS) {
+		file_fail(id, EPERM, "%s: a pod's container roots take only TAR_IN with CAP_TAR_OWNERS", shown);
 		return;
 	}
 	if (req.op == CAP_FILE_WRITE && !(cap_guest_file_root(root)->attr & CAP_GUEST_HOME)) {

@@ -23,6 +23,9 @@
 #define CG_PENDING_MAX 256
 /* Kill a cgroup that has not emptied again after this long. */
 #define CG_REKILL_MS 200
+/* A cgroup's name below /sys/fs/cgroup: "cmd-N", or "ctr-NAME/cmd-N" for
+ * a command of a container (NAME: CAP_CTR_NAME_MAX bytes). */
+#define CG_NAME_MAX (CAP_CTR_NAME_MAX + 32)
 
 struct exec {
 	uint32_t id;	/* 0: free slot */
@@ -39,7 +42,10 @@ struct exec {
 	bool no_sync;	/* report the end without flushing the disks */
 	uint64_t flush_seq;	/* agent_durable_seq() when it started */
 	int wstatus;
-	char cg[24];	/* its cgroup under /sys/fs/cgroup, "" once removed */
+	char cg[CG_NAME_MAX];	/* its cgroup under /sys/fs/cgroup, "" once removed */
+	int ctr;	/* the container it runs in (agent-ctr.c's slot + 1), 0: none */
+	bool ctr_init;	/* it is that container's first process */
+	uint64_t oom_base;	/* the container's oom_kill count when it started */
 	int64_t cg_kill_ms;	/* when it was last killed, 0: not yet */
 };
 
@@ -54,15 +60,26 @@ struct agent {
 	int upper_fd;	/* O_PATH of the root's upper disk mount, -1 if none */
 	int cg_fd;	/* /sys/fs/cgroup with +pids for children; -1: no containment */
 	uint64_t cg_seq;	/* names cmd-<seq>, never reused in one boot */
-	char cg_pending[CG_PENDING_MAX][24];	/* killed, to be removed */
+	char cg_pending[CG_PENDING_MAX][CG_NAME_MAX];	/* killed, to be removed */
 	size_t cg_npending;
 	int64_t cg_kill_ms;	/* last time the pending ones were killed again */
 };
 extern struct agent A;
 
 struct start_failure {
-	int stage;	/* 0 chdir, 1 exec, 2 credentials, 3 cgroup, 4 rlimits */
+	int stage;	/* 0 chdir, 1 exec, 2 credentials, 3 cgroup, 4 rlimits,
+			 * 5 the container's root, 6 a mount of the container */
 	int errnum;
+	char what[128];	/* stage 6: the mount's destination */
+};
+
+/* A command of a container, as ctr_prepare sets it up for spawn. */
+struct ctr_start {
+	const struct cap_exec_container *ctr;	/* the request's section, borrowed */
+	int nsfd;	/* CAP_CTR_JOIN: the namespace to enter, -1: none */
+	char cg[CAP_CTR_NAME_MAX + 8];	/* its cgroup, ctr-NAME: the command's goes below */
+	int slot;	/* agent-ctr.c's slot + 1 */
+	bool init;	/* the container's first process */
 };
 
 /* How a child starts: what commands and the streaming FILE operations
@@ -78,6 +95,8 @@ struct spawn {
 	/* A CAP_EXEC_USER command's request: its uid, gid, groups, rlimits
 	 * and umask; NULL: the tool user. */
 	const struct cap_exec_req *user;
+	/* A container's command (agent-ctr.c), NULL: none. */
+	const struct ctr_start *ctr;
 	/* In the child, as its user in its cgroup with fds 0-2 set:
 	 * exec or run. Returns only when that failed, with *f set; errfd
 	 * (close-on-exec) reports that, or closes to say all went well. */
@@ -103,7 +122,8 @@ void flush_out_wait(int timeout_ms);
 
 int write_at(int dirfd, const char *name, const char *text);
 void setup_cgroups(void);
-int cg_create(uint32_t pids_max, char *name, size_t len, int *dirfd);
+/* parent: "" for /sys/fs/cgroup itself, else a cgroup below it. */
+int cg_create(const char *parent, uint32_t pids_max, char *name, size_t len, int *dirfd);
 void cg_kill(const char *name);
 pid_t fork_into(int cgfd, bool *placed);
 int cg_remove(const char *name);
@@ -126,6 +146,25 @@ bool others_running(const struct exec *except);
 void finish_if_done(struct exec *x, int64_t now, bool reading);
 void kill_all_execs(void);
 void reap(void);
+
+/* --- a pod's containers (agent-ctr.c) --- */
+
+/* Before spawn of an EXEC with a container section: its container made
+ * (the first process: cgroup and limits) or found (CAP_CTR_JOIN). 0, or
+ * -errno with msg saying why. */
+int ctr_prepare(const struct cap_exec_req *req, struct ctr_start *cs, char *msg, size_t mlen);
+/* The first process of cs's container started as pid. */
+void ctr_started(const struct ctr_start *cs, pid_t pid);
+/* A process of container slot (struct exec's ctr) ended. */
+void ctr_ended(int slot, pid_t pid);
+/* The container's memory.events oom_kill count (0 when unknown). */
+uint64_t ctr_oom_kills(int slot);
+/* In the child, as root, before it takes its user: the container's
+ * namespace (a new one rooted at its folder, or the one it joins) and
+ * cwd made in it. 0, or -1 with *f set. */
+int ctr_enter(const struct ctr_start *cs, const char *cwd, struct start_failure *f);
+void handle_update(uint32_t id, const uint8_t *p, size_t n);
+void handle_stats(uint32_t id, const uint8_t *p, size_t n);
 
 /* --- SETUP (agent-setup.c) --- */
 

@@ -214,13 +214,65 @@ static int add_default_route(struct nl *nl, int ifindex, uint32_t gateway)
 	return nl_talk(nl, &r);
 }
 
+/* A pod's interface: its MAC and MTU (set while it is down). */
+static int link_set(struct nl *nl, int ifindex, const uint8_t mac[6], uint32_t mtu)
+{
+	struct nl_req r;
+	nl_req_init(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
+	r.link = (struct ifinfomsg){ .ifi_family = AF_UNSPEC, .ifi_index = ifindex };
+	nl_attr(&r, IFLA_ADDRESS, mac, 6);
+	nl_attr(&r, IFLA_MTU, &mtu, sizeof(mtu));
+	return nl_talk(nl, &r);
+}
+
+/* A route to dst/len on ifindex: on-link when gateway is 0. */
+static int add_route(struct nl *nl, int ifindex, uint32_t dst, uint8_t len, uint32_t gateway)
+{
+	struct nl_req r;
+	uint32_t d = htonl(dst), g = htonl(gateway), oif = (uint32_t)ifindex;
+	nl_req_init(&r, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, sizeof(struct rtmsg));
+	r.route = (struct rtmsg){ .rtm_family = AF_INET, .rtm_dst_len = len, .rtm_table = RT_TABLE_MAIN,
+				  .rtm_protocol = RTPROT_BOOT,
+				  .rtm_scope = gateway ? RT_SCOPE_UNIVERSE : RT_SCOPE_LINK,
+				  .rtm_type = RTN_UNICAST };
+	nl_attr(&r, RTA_DST, &d, sizeof(d));
+	if (gateway)
+		nl_attr(&r, RTA_GATEWAY, &g, sizeof(g));
+	nl_attr(&r, RTA_OIF, &oif, sizeof(oif));
+	return nl_talk(nl, &r);
+}
+
 static const char *ip(uint32_t addr, char *buf)
 {
 	struct in_addr a = { htonl(addr) };
 	return inet_ntop(AF_INET, &a, buf, INET_ADDRSTRLEN);
 }
 
-/* lo up; the Ethernet interface addressed, up, and the default route. */
+/* The static network's routes, on-link ones first (a gateway must be
+ * reachable before a route through it is added), then the default. */
+static int add_static_routes(struct nl *nl, int eth, const char *name, const struct cap_setup *s,
+			     char *msg, size_t mlen)
+{
+	char d[INET_ADDRSTRLEN], g[INET_ADDRSTRLEN];
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < s->nroutes; i++) {
+			const struct cap_setup_route *rt = &s->routes[i];
+			if ((pass == 0) != (rt->gateway == 0))
+				continue;
+			int e = add_route(nl, eth, rt->dst, rt->dst_len, rt->gateway);
+			if (e < 0) {
+				snprintf(msg, mlen, "cannot add the route %s/%u%s%s on %s: %s", ip(rt->dst, d),
+					 rt->dst_len, rt->gateway ? " via " : "", rt->gateway ? ip(rt->gateway, g) : "",
+					 name, strerror(-e));
+				return e;
+			}
+		}
+	}
+	return 0;
+}
+
+/* lo up; the Ethernet interface addressed (with a static network: its
+ * MAC and MTU first, then its routes), up, and the default route. */
 static int configure_links(const struct cap_setup *s, char *msg, size_t mlen)
 {
 	struct nl nl;
@@ -246,6 +298,12 @@ static int configure_links(const struct cap_setup *s, char *msg, size_t mlen)
 		snprintf(msg, mlen, "cannot bring lo up: %s", strerror(-e));
 		goto out;
 	}
+	if (s->net_static && (e = link_set(&nl, eth, s->net_mac, s->net_mtu)) < 0) {
+		snprintf(msg, mlen, "cannot give %s the pod's MAC %02x:%02x:%02x:%02x:%02x:%02x and MTU %u: %s",
+			 name, s->net_mac[0], s->net_mac[1], s->net_mac[2], s->net_mac[3], s->net_mac[4],
+			 s->net_mac[5], s->net_mtu, strerror(-e));
+		goto out;
+	}
 	if ((e = add_address(&nl, eth, s->net_addr, s->net_prefix)) < 0) {
 		snprintf(msg, mlen, "cannot add address %s/%u to %s: %s", ip(s->net_addr, a),
 			 s->net_prefix, name, strerror(-e));
@@ -255,7 +313,9 @@ static int configure_links(const struct cap_setup *s, char *msg, size_t mlen)
 		snprintf(msg, mlen, "cannot bring %s up: %s", name, strerror(-e));
 		goto out;
 	}
-	if ((e = add_default_route(&nl, eth, s->net_gateway)) < 0) {
+	if (s->net_static && (e = add_static_routes(&nl, eth, name, s, msg, mlen)) < 0)
+		goto out;
+	if (s->net_gateway && (e = add_default_route(&nl, eth, s->net_gateway)) < 0) {
 		snprintf(msg, mlen, "cannot add the default route via %s on %s: %s",
 			 ip(s->net_gateway, g), name, strerror(-e));
 		goto out;
@@ -428,6 +488,9 @@ void agent_net_boot(void)
 int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen)
 {
 	char a[INET_ADDRSTRLEN];
+	/* A pod's network: the engine's /etc files, no proxy. */
+	if (s->net_static)
+		return configure_links(s, msg, mlen);
 	if (!s->net_gateway) {
 		snprintf(msg, mlen, "SETUP gives the address %s but no gateway", ip(s->net_addr, a));
 		return -EINVAL;

@@ -431,7 +431,10 @@ void agent_publish_tick(int64_t now, struct cap_buf *out)
 	for (uint32_t port = 1; port <= 0xffff; port++) {
 		if (!P.seen[port])
 			continue;
-		if (P.seen[port] == SEEN_LOOPBACK)
+		/* Address 0 (a pod's static network): no relay; the host
+		 * reaches loopback-only servers with CONNECT instead, and a
+		 * relay would open them to the pod's network. */
+		if (P.seen[port] == SEEN_LOOPBACK && P.addr)
 			relay_want((uint16_t)port);
 		if (n < CAP_ARRAY_SIZE(ports))
 			ports[n++] = (uint16_t)port;

@@ -350,6 +350,11 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	}
 	if (*s->work && chown(CAP_GUEST_WORK, TOOL_UID, TOOL_GID) < 0)
 		agent_log("chown " CAP_GUEST_WORK ": %s", strerror(errno));
+	/* A pod's container roots and volumes (root's alone: the tool user
+	 * never reaches into them). */
+	if (*s->work && ((mkdir(CAP_GUEST_CONTAINERS, 0700) < 0 && errno != EEXIST) ||
+			 (mkdir(CAP_GUEST_VOLUMES, 0700) < 0 && errno != EEXIST)))
+		agent_log("cannot make " CAP_GUEST_CONTAINERS " or " CAP_GUEST_VOLUMES ": %s", strerror(errno));
 	/* A new workspace disk holds the host user's files: the tool user's
 	 * from now on, once (its root directory says whether it is done). */
 	struct stat st;
@@ -403,7 +408,7 @@ void handle_setup(const uint8_t *p, size_t n)
 		if (r < 0)
 			agent_env_reset();	/* nothing half set up */
 		if (r == 0 && s.net_addr && s.auto_publish)
-			agent_publish_start(s.net_addr);
+			agent_publish_start(s.net_static ? 0 : s.net_addr);
 		cap_setup_fini(&s);
 	}
 	if (r < 0)

@@ -273,11 +273,13 @@ struct dir_fix {
 	char *rel;
 	uint32_t mode;
 	int64_t mtime;
+	uint32_t uid, gid;
 };
 
 struct tar_in {
 	int topfd;
 	bool no_replace;
+	bool owners;	/* CAP_TAR_OWNERS: the entries' owners and set-id bits; hard links */
 	struct cap_tar_reader rd;
 	/* The last parent directory opened, kept for the next entry. */
 	char last_dir[MAX_PATH + 1];
@@ -463,7 +465,10 @@ static void put_file(struct tar_in *t, int dirfd, const char *base, const char *
 			unlinkat(dirfd, tmp, 0);
 		give_up("", "%s", err.msg);
 	}
-	if (!werr && fchmod(fd, e->mode & 01777) < 0)
+	/* The owner first: a chown clears the set-id bits. */
+	if (!werr && t->owners && fchown(fd, e->uid, e->gid) < 0)
+		werr = errno;
+	if (!werr && fchmod(fd, e->mode & (t->owners ? 07777 : 01777)) < 0)
 		werr = errno;
 	if (!werr)
 		set_time_fd(fd, e->mtime);
@@ -496,6 +501,8 @@ static void put_symlink(struct tar_in *t, int dirfd, const char *base, const cha
 		return;
 	}
 	set_time_at(dirfd, tmp, e->mtime);
+	if (t->owners)
+		fchownat(dirfd, tmp, e->uid, e->gid, AT_SYMLINK_NOFOLLOW);
 	if (renameat(dirfd, tmp, dirfd, base) < 0) {
 		int en = errno;
 		unlinkat(dirfd, tmp, 0);
@@ -503,11 +510,49 @@ static void put_symlink(struct tar_in *t, int dirfd, const char *base, const cha
 	}
 }
 
-static void add_fix(struct tar_in *t, const char *rel, uint32_t mode, int64_t mtime)
+static void add_fix(struct tar_in *t, const char *rel, uint32_t mode, int64_t mtime, uint32_t uid,
+		    uint32_t gid)
 {
 	if (t->nfix == t->capfix)
 		t->fix = xrealloc(t->fix, (t->capfix = t->capfix ? 2 * t->capfix : 64) * sizeof(*t->fix));
-	t->fix[t->nfix++] = (struct dir_fix){ xstrdup(rel), mode, mtime };
+	t->fix[t->nfix++] = (struct dir_fix){ xstrdup(rel), mode, mtime, uid, gid };
+}
+
+/* A hard link ('1', CAP_TAR_OWNERS only) to an entry of the stream
+ * already written: linked under a temporary name, then renamed over
+ * base. Neither end is reached through a symbolic link. */
+static void put_hardlink(struct tar_in *t, int dirfd, const char *base, const char *rel,
+			 const struct cap_tar_entry *e)
+{
+	char trel[MAX_PATH + 1], tdir[MAX_PATH + 1], tmp[64];
+	if (norm_path(e->linkname, trel, sizeof(trel)) < 0 || !*trel) {
+		refuse(rel, "a hard link to '%.200s', which is not a path below the target; skipped", e->linkname);
+		return;
+	}
+	const char *tbase = split_last(trel, tdir, sizeof(tdir));
+	int tfd = *tdir ? open_dir_below(t->topfd, tdir) : fcntl(t->topfd, F_DUPFD_CLOEXEC, 0);
+	if (tfd < 0) {
+		refuse(rel, "a hard link to %.200s, whose directory cannot be opened: %s", trel, why_open(-tfd));
+		return;
+	}
+	int r = -1;
+	for (int tries = 0; tries < 100 && r < 0; tries++) {
+		tmp_name(t, tmp, sizeof(tmp));
+		r = linkat(tfd, tbase, dirfd, tmp, 0);
+		if (r < 0 && errno != EEXIST)
+			break;
+	}
+	int en = errno;
+	close(tfd);
+	if (r < 0) {
+		refuse(rel, "cannot make the hard link to %.200s: %s", trel, strerror(en));
+		return;
+	}
+	if (renameat(dirfd, tmp, dirfd, base) < 0) {
+		en = errno;
+		unlinkat(dirfd, tmp, 0);
+		refuse(rel, "cannot make the hard link to %.200s: %s", trel, strerror(en));
+	}
 }
 
 static const char *kind_of(char typeflag)
@@ -539,7 +584,7 @@ static void tar_in_entry(struct tar_in *t, const struct cap_tar_entry *e)
 		drain(t);
 		return;
 	}
-	if (e->type == CAP_TAR_OTHER) {
+	if (e->type == CAP_TAR_OTHER && !(t->owners && e->typeflag == '1')) {
 		refuse(rel, "%s (tar type '%c'); only files, directories and symbolic links are copied",
 		       kind_of(e->typeflag), e->typeflag >= 0x21 && e->typeflag < 0x7f ? e->typeflag : '?');
 		drain(t);
@@ -582,7 +627,7 @@ static void tar_in_entry(struct tar_in *t, const struct cap_tar_entry *e)
 		}
 		/* An existing directory keeps its mode with NO_REPLACE. */
 		if (!exists || !t->no_replace)
-			add_fix(t, rel, e->mode & 01777, e->mtime);
+			add_fix(t, rel, e->mode & (t->owners ? 07777 : 01777), e->mtime, e->uid, e->gid);
 		return;
 	case CAP_TAR_FILE:
 		if (exists && S_ISDIR(st.st_mode)) {
@@ -626,6 +671,14 @@ static void tar_in_entry(struct tar_in *t, const struct cap_tar_entry *e)
 		}
 		put_symlink(t, dirfd, base, rel, e);
 		return;
+	case CAP_TAR_OTHER:	/* a hard link, with CAP_TAR_OWNERS */
+		if (exists && S_ISDIR(st.st_mode)) {
+			refuse(rel, "a directory is where the hard link would be; it is not replaced");
+			return;
+		}
+		put_hardlink(t, dirfd, base, rel, e);
+		drain(t);
+		return;
 	default:
 		CAP_BUG_ON(1);
 	}
@@ -641,6 +694,8 @@ static void fix_dirs(void)
 	for (size_t i = t->nfix; i-- > 0;) {
 		struct dir_fix *f = &t->fix[i];
 		int fd = open_dir_below(t->topfd, f->rel);
+		if (fd >= 0 && t->owners && fchown(fd, f->uid, f->gid) < 0)
+			refuse(f->rel, "cannot give the directory its owner: %s", strerror(errno));
 		if (fd < 0 || fchmod(fd, f->mode) < 0)
 			refuse(f->rel, "cannot set the directory's mode: %s",
 			       fd < 0 ? why_open(-fd) : strerror(errno));
@@ -653,9 +708,9 @@ static void fix_dirs(void)
 	t->nfix = 0;
 }
 
-void tar_in(int topfd, bool no_replace)
+void tar_in(int topfd, bool no_replace, bool owners)
 {
-	struct tar_in t = { .topfd = topfd, .no_replace = no_replace, .last_fd = -1 };
+	struct tar_in t = { .topfd = topfd, .no_replace = no_replace, .owners = owners, .last_fd = -1 };
 	struct cap_tar_entry e;
 	struct cap_err err = { 0 };
 	int r;

@@ -521,7 +521,7 @@ void agent_xfer_run(const struct cap_file_req *req)
 		flush();
 		break;
 	case CAP_FILE_TAR_IN:
-		tar_in(top, req->limit & CAP_TAR_NO_REPLACE);
+		tar_in(top, req->limit & CAP_TAR_NO_REPLACE, req->limit & CAP_TAR_OWNERS);
 		break;
 	default:
 		give_up("", "not a streaming file operation (%u)", req->op);

@@ -71,6 +71,8 @@ char *read_link(int dirfd, const char *name);
 
 void tar_out_tree(int rootfd, const char *path);
 void tar_out_paths(int topfd);
-void tar_in(int topfd, bool no_replace);
+/* owners: CAP_TAR_OWNERS (the entries' uid, gid and set-id bits; hard
+ * links), run as root. */
+void tar_in(int topfd, bool no_replace, bool owners);
 
 #endif

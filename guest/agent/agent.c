@@ -90,6 +90,7 @@ static void handle_frame(const struct cap_frame *f)
 		/* A host opening a session; what an earlier one started ends
 		 * (a VM restored from a template may not have seen it go). */
 		kill_all_execs();
+		agent_connect_reset();
 		agent_durable_forget();
 		A.out.off = A.out.len = 0;
 		cap_proto_hello_encode(&A.out, AGENT_VERSION);
@@ -101,7 +102,21 @@ static void handle_frame(const struct cap_frame *f)
 	case CAP_MSG_FILE:
 		handle_file(f->stream, f->payload, f->len);
 		return;
+	case CAP_MSG_UPDATE:
+		handle_update(f->stream, f->payload, f->len);
+		return;
+	case CAP_MSG_STATS:
+		handle_stats(f->stream, f->payload, f->len);
+		return;
+	case CAP_MSG_CONNECT:
+		if (exec_find(f->stream))
+			send_error(f->stream, EINVAL, "CONNECT on a stream in use");
+		else
+			agent_connect_open(f->stream, f->payload, f->len, &A.out);
+		return;
 	case CAP_MSG_STDIN:
+		if (agent_connect_stdin(f->stream, f->payload, f->len))
+			return;
 		x = exec_find(f->stream);
 		if (!x || x->in_fd < 0 || x->in_close)
 			return;	/* stdin already closed or command gone: drop */
@@ -117,6 +132,8 @@ static void handle_frame(const struct cap_frame *f)
 			return;
 		}
 		uint32_t sig = cap_get_u32(f->payload);
+		if (agent_connect_signal(f->stream, &A.out))
+			return;
 		uint32_t scope = f->len == 8 ? cap_get_u32(f->payload + 4) : CAP_SIGNAL_GROUP;
 		if (scope > CAP_SIGNAL_ALL) {
 			send_error(0, EINVAL, "SIGNAL for stream %u has unknown scope %u (0 group, 1 process, 2 all)",
@@ -229,6 +246,7 @@ static void host_gone(void)
 		agent_log("host disconnected; ending its commands");
 	A.connected = false;
 	kill_all_execs();
+	agent_connect_reset();
 	agent_durable_forget();
 	A.in.off = A.in.len = 0;
 	A.out.off = A.out.len = 0;
@@ -236,7 +254,7 @@ static void host_gone(void)
 
 static void serve(void)
 {
-	enum { MAXFD = 3 + 3 * CAP_PROTO_MAX_STREAMS };
+	enum { MAXFD = 3 + 4 * CAP_PROTO_MAX_STREAMS };
 	struct pollfd pfd[MAXFD];
 	struct {
 		struct exec *x;
@@ -249,7 +267,10 @@ static void serve(void)
 		int n = 0;
 
 		pfd[n++] = (struct pollfd){ .fd = A.sigfd, .events = POLLIN };
-		short pe = POLLIN;
+		/* A guest server slower than the host's sender: the host waits
+		 * (its frames stay in the channel) rather than the agent
+		 * buffering without bound. */
+		short pe = agent_connect_busy() ? 0 : POLLIN;
 		if (cap_buf_used(&A.out) > 0)
 			pe |= POLLOUT;
 		pfd[n++] = (struct pollfd){ .fd = A.port, .events = pe };
@@ -292,6 +313,10 @@ static void serve(void)
 				pfd[n++] = (struct pollfd){ .fd = fds[k], .events = ev };
 			}
 		}
+		int conn0 = n;
+		uint32_t conn_ids[MAXFD];
+		n += agent_connect_poll(pfd + n, conn_ids, MAXFD - n, backlog);
+		int nconn = n - conn0;
 		/* While the host is not connected the port reports POLLHUP at
 		 * once; poll it gently until the host arrives. */
 		if (!A.connected && (timeout < 0 || timeout > 50))
@@ -321,7 +346,7 @@ static void serve(void)
 		if (pfd[2].revents)
 			agent_durable_ready(&A.out);
 
-		for (int i = 3; i < n; i++) {
+		for (int i = 3; i < conn0; i++) {
 			if (!pfd[i].revents)
 				continue;
 			struct exec *x = owner[i].x;
@@ -334,6 +359,8 @@ static void serve(void)
 			else
 				pump_stdin(x);
 		}
+		if (A.connected)
+			agent_connect_events(pfd + conn0, conn_ids, nconn, &A.out);
 
 		now = cap_now_ms();
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <poll.h>
 #include <sys/types.h>
 
 #include "buf.h"
@@ -77,7 +78,9 @@ void agent_durable_forget(void);
 
 /* Configure the guest's side of the NIC that SETUP describes (s->net_addr
  * != 0): lo and the Ethernet interface over rtnetlink, a default route,
- * /etc/resolv.conf and /etc/hosts, and the proxy variables commands get.
+ * /etc/resolv.conf and /etc/hosts, and the proxy variables commands get;
+ * with a static network (a pod's) the MAC, MTU and routes, and no /etc
+ * file or variable.
  * Run in the final root. On failure returns -errno with msg naming the
  * step. */
 int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen);
@@ -98,8 +101,9 @@ int agent_ca_setup(const struct cap_setup *s, char *msg, size_t mlen);
 /* --- agent-publish.c --- */
 
 /* Start reporting the guest's TCP listeners (auto-publish) and relaying
- * loopback-only ones from addr (host order); the first set goes out at
- * the next agent_publish_tick. */
+ * loopback-only ones from addr (host order; 0: no relays, a pod's static
+ * network, whose host uses CONNECT); the first set goes out at the next
+ * agent_publish_tick. */
 void agent_publish_start(uint32_t addr);
 /* Milliseconds until agent_publish_tick has work, -1 when not publishing
  * (the loop must not wake for it). */
@@ -111,6 +115,31 @@ void agent_publish_tick(int64_t now, struct cap_buf *out);
 void agent_publish_resend(void);
 /* A child was reaped; true when it was a relay. */
 bool agent_publish_reaped(pid_t pid, int status);
+
+/* --- agent-connect.c: CONNECT, the host's TCP streams to the guest's
+ * 127.0.0.1 (PortForward) --- */
+
+/* Open stream id's connection to 127.0.0.1:PORT (the CONNECT payload p);
+ * a refusal or a failure goes out as ERROR on out. */
+void agent_connect_open(uint32_t id, const uint8_t *p, size_t n, struct cap_buf *out);
+/* Whether stream id is a connection. */
+bool agent_connect_has(uint32_t id);
+/* STDIN for stream id: true when it is a connection's (n 0: the host's
+ * half-close). */
+bool agent_connect_stdin(uint32_t id, const uint8_t *p, size_t n);
+/* SIGNAL for stream id: true when it is a connection's, which is then
+ * reset (ERROR ECONNABORTED on out). */
+bool agent_connect_signal(uint32_t id, struct cap_buf *out);
+/* Whether a connection holds so much from the host that the loop should
+ * stop reading the host for now. */
+bool agent_connect_busy(void);
+/* The connections' descriptors to poll, at most max, with their stream
+ * ids in ids; backlog: do not read the guest's sockets now. */
+int agent_connect_poll(struct pollfd *pfd, uint32_t *ids, int max, bool backlog);
+/* Handle the revents of those n pollfds, output on out. */
+void agent_connect_events(const struct pollfd *pfd, const uint32_t *ids, int n, struct cap_buf *out);
+/* A new host session, or the host gone: every connection closed. */
+void agent_connect_reset(void);
 
 /* --- agent-xfer.c: FILE MANIFEST, TAR_OUT, TAR_IN; the workspace --- */
 

@@ -62,6 +62,7 @@ struct qemu_vm {
 	struct cap_jail_net *net;	/* a VM with a NIC: its namespace and policy process */
 	uint16_t *owned_forwards;	/* guest ports QEMU forwards (hostfwd) */
 	unsigned nforwards;
+	int tap_slot;	/* a pod's NIC: the tap's descriptor slot, -1: none */
 };
 
 /* Descriptors QEMU gets, in this order, from 3 up (docs/architecture.md,
@@ -368,6 +369,16 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		cap_buf_fini(&nd);
 		arg(a, xstrdup("-device"));
 		arg(a, xstrdup("virtio-net-device,netdev=net0"));
+	}
+	/* A pod's NIC: the tap made in the pod's namespace is QEMU's only
+	 * path out (its jail's namespace is empty). */
+	if (cfg->tap && vm->tap_slot >= 0) {
+		const uint8_t *m = cfg->tap->mac;
+		arg(a, xstrdup("-netdev"));
+		arg(a, xasprintf("tap,id=net0,fd=%d", FD_NUM(vm->tap_slot)));
+		arg(a, xstrdup("-device"));
+		arg(a, xasprintf("virtio-net-device,netdev=net0,mac=%02x:%02x:%02x:%02x:%02x:%02x",
+				 m[0], m[1], m[2], m[3], m[4], m[5]));
 	}
 }
 
@@ -1227,12 +1238,13 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	vm->base.ops = &cap_engine_qemu;
 	struct argv a = { 0 };
 	unsigned nfds = fd_count(cfg);
-	int fds[nfds + 1], logfd = -1;	/* + the shared RAM */
-	for (unsigned i = 0; i <= nfds; i++)
+	int fds[nfds + 2], logfd = -1;	/* + the shared RAM, the tap */
+	for (unsigned i = 0; i < nfds + 2; i++)
 		fds[i] = -1;
 	int r;
 
 	vm->pid = -1;
+	vm->tap_slot = -1;
 	vm->pidfd = vm->qmp_fd = vm->agent_fd = -1;
 	cap_buf_init(&vm->qmp_in);
 	vm->owned_dir = xstrdup(cfg->dir);
@@ -1295,6 +1307,22 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 			goto fail;
 		}
 		nfds++;
+	}
+	if (cfg->tap && cfg->net) {
+		r = cap_err_set(err, EINVAL, "a VM has one NIC: a pod's or one under a policy");
+		goto fail;
+	}
+	if (cfg->tap) {
+		if (!cap_jail_confined(vm->jail)) {
+			r = cap_err_set(err, EPERM, "a pod's network needs the jail (capsule running as root, CAPSULE_JAIL not 0), which this VM lacks: %s",
+					*cap_jail_note(vm->jail) ? cap_jail_note(vm->jail) : "not confined");
+			goto fail;
+		}
+		if ((fds[nfds] = fcntl(cfg->tap->fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+			r = cap_err_set(err, errno, "cannot pass the pod's tap: %s", strerror(errno));
+			goto fail;
+		}
+		vm->tap_slot = (int)nfds++;
 	}
 	if ((logfd = open(vm->owned_qemu_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		r = cap_err_set(err, errno, "cannot create %s: %s", vm->owned_qemu_log, strerror(errno));

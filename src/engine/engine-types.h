@@ -39,4 +39,24 @@ struct cap_vm_io_error {
 };
 
 
+/* A pod's network namespace as CNI left it (cap_pod_net_read): its one
+ * veth, its IPv4 address and routes. Addresses in host order. */
+#define CAP_POD_MAX_ROUTES 16
+#define CAP_POD_TAP_NAME "tap0_capsule"
+struct cap_pod_net {
+	char ifname[16];	/* the veth ("eth0") */
+	int ifindex;
+	unsigned char mac[6];
+	unsigned mtu;
+	unsigned addr;	/* uint32_t */
+	unsigned char prefix;
+	unsigned gateway;	/* the default route's, 0: none */
+	struct cap_pod_route {
+		unsigned dst;
+		unsigned char len;	/* 1 to 32 */
+		unsigned gateway;	/* 0: on-link */
+	} routes[CAP_POD_MAX_ROUTES];	/* the others, not the address's own subnet */
+	unsigned nroutes;
+};
+
 #endif

@@ -78,6 +78,33 @@ struct cap_vm_net {
 	unsigned nkeep;
 };
 
+/* A pod's NIC (docs/oci.md, "The pod's network"): a virtio-net device
+ * whose backend is a tap the caller made in the pod's network namespace
+ * (cap_pod_net_tap) and passes by descriptor: QEMU keeps its jail's own
+ * empty namespace, and the tap is its only path. The guest's MAC is the
+ * pod's (the veth's). */
+struct cap_vm_tap {
+	int fd;	/* borrowed for cap_vm_start (QEMU gets its own copy) */
+	uint8_t mac[6];
+};
+
+/* The pod network's host side (engine-podnet.c), in the network
+ * namespace netns (an open descriptor): what its one veth holds
+ * (struct cap_pod_net, engine-types.h: refused, with a message naming
+ * the namespace path shown and what was found, unless it is one veth
+ * with one IPv4 address), a tap joined to the veth by tc (an ingress
+ * qdisc on each and a u32 match-all filter redirecting to the other's
+ * egress: Kata's "tcfilter"), and its undoing. The calling thread
+ * enters netns and comes back; root only. */
+int cap_pod_net_read(int netns, const char *shown, struct cap_pod_net *out, struct cap_err *err);
+/* The tap (CAP_POD_TAP_NAME, with the veth's MTU, up, IFF_VNET_HDR) and
+ * the filters both ways: *tap_fd is its descriptor (close-on-exec; the
+ * tap goes when its last descriptor closes). */
+int cap_pod_net_tap(int netns, const struct cap_pod_net *p, int *tap_fd, struct cap_err *err);
+/* Remove the veth's ingress qdisc (and so its filter): after the tap is
+ * closed. Errors are ignored (the veth may be gone: CNI's DEL). */
+void cap_pod_net_untap(int netns, const struct cap_pod_net *p);
+
 /* When cap_vm_start reached each step (cap_now_ns), for start-up
  * timings; 0 for a step not reached or not taken. */
 struct cap_vm_times {
@@ -105,6 +132,8 @@ struct cap_vm_config {
 	/* NULL: no NIC at all. A VM with one has it after its disks, so a
 	 * template's layout is "disks, then the NIC". */
 	const struct cap_vm_net *net;
+	/* NULL: none; else a pod's NIC (never with net), after the disks. */
+	const struct cap_vm_tap *tap;
 	/* Remove the socket files once connected, so that nothing is left
 	 * behind even if this process is killed (nothing connects to them
 	 * later: the VM is reached only through cap_vm_agent_fd and QMP). */

@@ -28,6 +28,7 @@
 #include "layout.h"
 #include "named.h"
 #include "oci.h"
+#include "sandbox.h"
 #include "util.h"
 
 /* The file being read, for messages ("BUNDLE/config.json"). */
@@ -796,6 +797,32 @@ static int refuse_hooks(struct ctx *x, json_t *hooks)
 	return 0;
 }
 
+/* The value of annotation key, NULL when absent. */
+static const char *annotation(const struct cap_oci_config *c, const char *key)
+{
+	for (size_t i = 0; i < c->nann; i++)
+		if (strcmp(c->ann_keys[i], key) == 0)
+			return c->ann_values[i];
+	return NULL;
+}
+
+/* A pod's sandbox container (CRI's container-type "sandbox") with the
+ * network namespace CNI made at path: its one veth and IPv4 address are
+ * carried into the VM (docs/oci.md, "The pod's network"); anything else
+ * there is refused, naming the namespace and what it holds. */
+static int pod_netns(struct ctx *x, const char *path, struct cap_oci_config *c)
+{
+	struct cap_pod_net p;
+	int r = cap_sandbox_pod_net_read(path, &p, x->err);
+	if (r < 0) {
+		cap_err_prefix(x->err, "%s: linux.namespaces network path of the pod's sandbox", x->file);
+		return r;
+	}
+	c->netns_path = xstrdup(path);
+	c->pod_network = true;
+	return 0;
+}
+
 static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config *c)
 {
 	json_t *um = json_object_get(linux_, "uidMappings");
@@ -803,6 +830,9 @@ static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config
 	if (json_array_size(um) || json_array_size(gm))
 		return cap_err_set(x->err, EINVAL, "%s: linux.uidMappings/gidMappings: user namespaces are not supported by capsule (the VM is the boundary; root in the container is root only in its VM); run without --userns or uid mappings",
 				   x->file);
+	const char *ctype = annotation(c, CAP_OCI_ANN_CONTAINER_TYPE);
+	bool sandbox = ctype && strcmp(ctype, "sandbox") == 0;
+	bool in_pod = ctype && strcmp(ctype, "container") == 0;
 	json_t *ns = json_object_get(linux_, "namespaces");
 	size_t i;
 	json_t *n;
@@ -821,6 +851,17 @@ static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config
 		if (r < 0 && why)
 			return cap_err_set(x->err, -r, "%s: linux.namespaces network path %s: %s; give a network namespace's path, or none for a new one",
 					   x->file, path, why);
+		if (r >= 0 && sandbox) {
+			close(r);
+			return pod_netns(x, path, c);
+		}
+		if (r >= 0 && in_pod) {
+			/* A container of a pod: the pod's namespace, whose
+			 * network is the sandbox's VM's. */
+			close(r);
+			c->netns_path = xstrdup(path);
+			continue;
+		}
 		if (r >= 0) {
 			int ns = r;
 			r = netns_interfaces(ns, ifs, sizeof(ifs));
@@ -833,10 +874,57 @@ static int parse_namespaces(struct ctx *x, json_t *linux_, struct cap_oci_config
 					   x->file, path, ifs);
 		c->netns_path = xstrdup(path);
 	}
+	if (!net && (sandbox || in_pod))
+		return cap_err_set(x->err, EINVAL, "%s: hostNetwork pods are not supported: the pod has no network namespace of its own (linux.namespaces has none: the host's network), and capsule's VM never shares the host's; run the pod without hostNetwork",
+				   x->file);
 	if (!net)
 		return cap_err_set(x->err, EINVAL, "%s: linux.namespaces has no network namespace, which means the host's network: capsule gives containers no network yet: use --network none",
 				   x->file);
 	return 0;
+}
+
+/* A pod's sandbox or container (CRI's container-type): the host's PID or
+ * IPC namespace (hostPID, hostIPC: CRI leaves that namespace out of
+ * linux.namespaces) and user mappings are refused, naming the field;
+ * the pod's processes run in its VM, which shares nothing of the host's. */
+static int pod_namespaces(struct ctx *x, json_t *linux_)
+{
+	static const struct { const char *type, *field; } needed[] = {
+		{ "pid", "hostPID" }, { "ipc", "hostIPC" },
+	};
+	json_t *um = json_object_get(linux_, "uidMappings");
+	json_t *gm = json_object_get(linux_, "gidMappings");
+	if (json_array_size(um) || json_array_size(gm))
+		return cap_err_set(x->err, EINVAL, "%s: linux.uidMappings/gidMappings: user namespaces are not supported in capsule's pods (the VM is the boundary; root in a container is root only in its pod's VM); run the pod without hostUsers: false",
+				   x->file);
+	json_t *ns = json_object_get(linux_, "namespaces");
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(needed); k++) {
+		bool found = false;
+		size_t i;
+		json_t *n;
+		json_array_foreach(ns, i, n) {
+			const char *type = json_string_value(json_object_get(n, "type"));
+			found = found || (type && strcmp(type, needed[k].type) == 0);
+		}
+		if (!found)
+			return cap_err_set(x->err, EINVAL, "%s: %s pods are not supported: linux.namespaces has no %s namespace, which means the host's, and the pod's processes run in its VM, which never shares the host's; run the pod without %s",
+					   x->file, needed[k].field, needed[k].type, needed[k].field);
+	}
+	return 0;
+}
+
+/* Whether config's CRI container-type is type. */
+static bool cri_type_is(json_t *config, const char *type)
+{
+	json_t *a = json_object_get(config, "annotations");
+	const char *t = json_string_value(json_object_get(a, CAP_OCI_ANN_CONTAINER_TYPE));
+	return t && strcmp(t, type) == 0;
+}
+
+/* A pod's container (oci-pod.c reads the rest of its config). */
+bool cap_oci_pod_member_json(json_t *config)
+{
+	return cri_type_is(config, "container");
 }
 
 int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
@@ -856,6 +944,7 @@ int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
 	}
 	struct ctx x = { .file = file, .err = err };
 	int r = 0;
+	bool member = cap_oci_pod_member_json(j);
 	json_t *root = json_object_get(j, "root");
 	const char *rp = NULL;
 	if ((r = get_str(&x, root, "path", "root.path", &rp)) < 0)
@@ -881,7 +970,7 @@ int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
 	const char *h = NULL;
 	if ((r = get_str(&x, j, "hostname", "hostname", &h)) < 0)
 		goto fail;
-	if (h && *h) {
+	if (h && *h && !member) {
 		if (!hostname_ok(h)) {
 			r = cap_err_set(err, EINVAL, "%s: hostname \"%s\" cannot be the VM's: give 1 to 20 of A-Z, a-z, 0-9, '.', '_', '-' (--hostname)", file, h);
 			goto fail;
@@ -909,13 +998,14 @@ int cap_oci_config_load(const char *bundle, bool systemd_cgroup,
 		}
 	}
 	json_t *linux_ = json_object_get(j, "linux");
-	if ((r = parse_resources(&x, json_object_get(linux_, "resources"), &c)) < 0)
+	if ((r = member ? 0 : parse_resources(&x, json_object_get(linux_, "resources"), &c)) < 0)
 		goto fail;
 	const char *cp = NULL;
 	if ((r = get_str(&x, linux_, "cgroupsPath", "linux.cgroupsPath", &cp)) < 0 ||
 	    (r = parse_cgroups_path(&x, cp, systemd_cgroup, &c)) < 0 ||
-	    (r = parse_mounts(&x, json_object_get(j, "mounts"), &c)) < 0 ||
-	    (r = parse_namespaces(&x, linux_, &c)) < 0 ||
+	    (r = member ? 0 : parse_mounts(&x, json_object_get(j, "mounts"), &c)) < 0 ||
+	    (r = member ? 0 : parse_namespaces(&x, linux_, &c)) < 0 ||
+	    (r = member || cri_type_is(j, "sandbox") ? pod_namespaces(&x, linux_) : 0) < 0 ||
 	    (r = refuse_hooks(&x, json_object_get(j, "hooks"))) < 0)
 		goto fail;
 	json_decref(j);

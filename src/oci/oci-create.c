@@ -206,6 +206,12 @@ int cap_oci_cmd_create(int argc, char **argv)
 	memset(&cfg, 0, sizeof(cfg));
 	if (cap_oci_config_load(bundle, cap_oci_flags.systemd_cgroup, &cfg, &err) < 0)
 		return cap_oci_fail(&err);
+	struct cap_oci_pod pod;
+	if (cap_oci_pod_load(bundle, id, &pod, &err) < 0) {
+		cap_oci_config_fini(&cfg);
+		return cap_oci_fail(&err);
+	}
+	bool member = pod.role == CAP_OCI_POD_CONTAINER;
 	int rc = 1;
 	bool made_dir = false;
 	char name[CAP_NAME_MAX + 1];
@@ -232,6 +238,31 @@ int cap_oci_cmd_create(int argc, char **argv)
 	}
 	made_dir = true;
 	cap_oci_sandbox_name(id, name);
+	if (member) {
+		/* Its VM is its pod's: the sandbox container's, in this root. */
+		struct cap_oci_state sst;
+		struct cap_err e2 = { 0 };
+		const char *pod_shown = pod.pod[0] ? pod.pod : "(unnamed)";
+		if (cap_oci_state_load(pod.sandbox_id, &sst, &e2) < 0) {
+			cap_err_set(&err, ENOENT, "the pod %s's sandbox container %s does not exist in %s: create the pod's sandbox (pause) container first",
+				    pod_shown, pod.sandbox_id, cap_oci_flags.root);
+			name[0] = '\0';
+			goto out;
+		}
+		bool up = strcmp(sst.status, "running") == 0 || strcmp(sst.status, "created") == 0;
+		if (!up)
+			cap_err_set(&err, ESRCH, "the pod %s's sandbox container %s is %s: its VM is gone; a container cannot join it",
+				    pod_shown, pod.sandbox_id, sst.status);
+		else if (strcmp(cap_oci_jstr(sst.j, "podRole"), "sandbox") != 0)
+			cap_err_set(&err, EINVAL, "container %s, named as the pod %s's sandbox, is not a pod's sandbox container (its config lacks io.kubernetes.cri.container-type sandbox)",
+				    pod.sandbox_id, pod_shown);
+		snprintf(name, sizeof(name), "%s", sst.sandbox);
+		cap_oci_state_fini(&sst);
+		if (err.code) {
+			name[0] = '\0';
+			goto out;
+		}
+	}
 	/* The cgroups it will make or take, or a refusal of a cgroup that
 	 * holds someone else's processes, before anything is made. */
 	if (cap_oci_cgroup_plan(cfg.cgroups_path, &cg, &err) < 0)
@@ -255,8 +286,19 @@ int cap_oci_cmd_create(int argc, char **argv)
 		json_object_set_new(ann, cfg.ann_keys[i], json_string(cfg.ann_values[i]));
 	json_object_set_new(st, "annotations", ann);
 	json_object_set_new(st, "cgroups", cgroups_json(&cg));
+	json_object_set_new(st, "podRole", json_string(member ? "container" : pod.role == CAP_OCI_POD_SANDBOX ? "sandbox" : ""));
+	json_object_set_new(st, "ctrName", json_string(pod.ctr.name));
+	if (member)
+		json_object_set_new(st, "podSandboxId", json_string(pod.sandbox_id));
 	if (cap_oci_state_write(dir, st, &err) < 0)
 		goto out;
+	if (member) {
+		/* Into the pod's VM: its root and files, then its monitor. */
+		if (cap_oci_pod_copy_in(name, &pod, cfg.rootfs, seed, &err) < 0)
+			goto out;
+		cap_remove_tree(seed);
+		goto cgroups;
+	}
 
 	/* The rootfs as an image, without what the engine mounts over it. */
 	size_t nskip = 0;
@@ -289,6 +331,8 @@ int cap_oci_cmd_create(int argc, char **argv)
 	memcpy(rec.tmpfs, cfg.tmpfs, cfg.ntmpfs * sizeof(cfg.tmpfs[0]));
 	rec.ntmpfs = cfg.ntmpfs;
 	rec.root_seed = seed;
+	if (cfg.pod_network)
+		snprintf(rec.pod_netns, sizeof(rec.pod_netns), "%s", cfg.netns_path);
 	if ((r = cap_named_create(&rec, NULL, NULL, &err)) == -EEXIST) {
 		/* Left by a create of the same id that died half-way (its state
 		 * directory is gone, so nothing else knows it): replace it. */
@@ -300,6 +344,7 @@ int cap_oci_cmd_create(int argc, char **argv)
 	if (r < 0)
 		goto out;
 	cap_remove_tree(seed);
+cgroups:
 	r = cap_oci_cgroup_create(&cfg, &cg, &err);
 	/* What it made, with the inodes that tell it from a folder made
 	 * again by someone else, before any process joins it. */
@@ -326,7 +371,15 @@ int cap_oci_cmd_create(int argc, char **argv)
 			.dir = dir, .sandbox = name, .cgroups_path = cfg.cgroups_path, .proc = &cfg.process,
 			.pids_max = cfg.pids_limit > 0 ? (uint32_t)CAP_MIN(cfg.pids_limit, 1 << 22) : CAP_OCI_PIDS_MAX_DEFAULT,
 			.gate = true, .detached = true, .console_socket = o.console_socket, .ready_fd = pipefd[1],
+			.ctr = &pod.ctr, .pod_member = member,
 		};
+		/* A plain container's (and a pod's sandbox's) process gets a
+		 * named cgroup too, with its pids limit: what update and
+		 * events --stats address. */
+		if (!member && cfg.pids_limit > 0) {
+			pod.ctr.limits.set = CAP_LIMIT_PIDS;
+			pod.ctr.limits.pids_max = (uint64_t)cfg.pids_limit;
+		}
 		_exit(cap_oci_monitor_run(&m));
 	}
 	close(pipefd[1]);
@@ -355,10 +408,13 @@ out:
 		cap_oci_error("%s", err.msg);
 		if (made_dir) {
 			struct cap_err e2 = { 0 };
-			cap_oci_destroy(dir, name, &cg, &e2);
+			if (member && name[0])
+				cap_oci_pod_remove(name, pod.ctr.name, &e2);
+			cap_oci_destroy(dir, member ? NULL : name, &cg, &e2);
 		}
 	}
 	cap_oci_cgroups_fini(&cg);
+	cap_oci_pod_fini(&pod);
 	json_decref(st);
 	free(skip);
 	cap_image_fini(&img);

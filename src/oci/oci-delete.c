@@ -80,6 +80,8 @@ int cap_oci_cmd_delete(int argc, char **argv)
 		return 0;
 	}
 	bool creating = strcmp(st.status, "creating") == 0;
+	/* A pod's container: its VM is the pod's, which stays. */
+	bool member = strcmp(cap_oci_jstr(st.j, "podRole"), "container") == 0;
 	if (!force && (creating || strcmp(st.status, "running") == 0 || strcmp(st.status, "paused") == 0)) {
 		cap_err_set(&err, EBUSY, "cannot delete container %s that is not stopped: %s", id, st.status);
 		cap_oci_state_fini(&st);
@@ -96,7 +98,7 @@ int cap_oci_cmd_delete(int argc, char **argv)
 		end_process(st.pid, st.start, 0);
 	} else if (strcmp(st.status, "stopped") != 0) {
 		struct cap_err e2 = { 0 };
-		if (strcmp(st.status, "paused") == 0) {
+		if (strcmp(st.status, "paused") == 0 && !member) {
 			/* A frozen guest cannot die: the sandbox goes as a whole. */
 			cap_named_kill(st.sandbox, &e2);
 		} else if (cap_oci_call(st.dir, NULL, CAP_OCI_MONITOR_SOCK, "signal 9 all", ans, sizeof(ans),
@@ -105,7 +107,8 @@ int cap_oci_cmd_delete(int argc, char **argv)
 			/* A monitor that does not answer (stopped, stuck) is not
 			 * waited for: it and the sandbox it serves are killed. */
 			kill(st.pid, SIGKILL);
-			cap_named_kill(st.sandbox, &e2);
+			if (!member)
+				cap_named_kill(st.sandbox, &e2);
 		}
 		end_process(st.pid, st.start, 3000);
 	} else {
@@ -117,7 +120,14 @@ int cap_oci_cmd_delete(int argc, char **argv)
 		end_process(pids[i], starts[i], 0);
 	struct cap_oci_cgroups cg;
 	cgroups_load(st.j, &cg);
-	rc = cap_oci_destroy(st.dir, st.sandbox, &cg, &err) < 0 ? cap_oci_fail(&err) : 0;
+	if (member) {
+		/* Its processes, cgroup and root in the pod's VM, when that
+		 * still runs (it went with them otherwise). */
+		struct cap_err e3 = { 0 };
+		if (cap_oci_pod_remove(st.sandbox, cap_oci_jstr(st.j, "ctrName"), &e3) < 0)
+			cap_oci_log_only("warning", e3.msg);
+	}
+	rc = cap_oci_destroy(st.dir, member ? NULL : st.sandbox, &cg, &err) < 0 ? cap_oci_fail(&err) : 0;
 	cap_oci_cgroups_fini(&cg);
 	cap_oci_state_fini(&st);
 	return rc;

@@ -196,9 +196,14 @@ int cap_oci_cmd_exec(int argc, char **argv)
 		cap_oci_fail(&err);
 		goto out;
 	}
+	/* In a pod's container: its namespace and cgroup in the pod's VM. */
+	struct cap_exec_container join = { .options = CAP_CTR_JOIN };
+	bool member = strcmp(cap_oci_jstr(st.j, "podRole"), "container") == 0;
+	snprintf(join.name, sizeof(join.name), "%s", cap_oci_jstr(st.j, "ctrName"));
 	struct cap_oci_monitor m = {
 		.dir = st.dir, .sandbox = st.sandbox, .proc = &p, .pids_max = CAP_OCI_PIDS_MAX_DEFAULT,
 		.console_socket = o.console_socket, .ready_fd = -1,
+		.ctr = member ? &join : NULL, .pod_member = member,
 	};
 	if (!o.detach) {
 		rc = cap_oci_monitor_run(&m);

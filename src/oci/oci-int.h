@@ -48,6 +48,9 @@ extern struct cap_oci_flags cap_oci_flags;
 #define CAP_OCI_STARTED "started"
 #define CAP_OCI_EXIT "exit"
 #define CAP_OCI_EXEC_DIR "exec"
+/* Written by a container's monitor when the guest's OOM killer ended its
+ * process (its exit status is then 137): "1\n". */
+#define CAP_OCI_OOM "oom"
 
 /* Report an error as runc does: "capsule-oci: MSG" on stderr and, with
  * --log, a line in the log file in its --log-format. */
@@ -98,6 +101,13 @@ struct cap_oci_monitor {
 	const char *cgroups_path;	/* joined when not NULL or "" */
 	const struct cap_oci_process *proc;
 	uint32_t pids_max;	/* the guest cgroup's pids.max, 0: the agent's */
+	/* The EXEC's container section (the container's name and cgroup; a
+	 * pod's container: its root, mounts and limits; an exec: JOIN),
+	 * NULL: none. Borrowed. */
+	const struct cap_exec_container *ctr;
+	/* A container of a pod: the VM is the pod's (its sandbox
+	 * container's), never started or stopped by this monitor. */
+	bool pod_member;
 	bool gate;	/* create's monitor: wait for "start" on monitor.sock */
 	/* A monitor forked away from its caller (create, exec --detach):
 	 * every descriptor but 0-2 and ready_fd closed, its own session. */
@@ -116,6 +126,48 @@ struct cap_oci_monitor {
  * the sandbox died under it), or 1 when it never got ready (the error
  * then went to ready_fd, else to cap_oci_error). */
 int cap_oci_monitor_run(const struct cap_oci_monitor *m);
+
+/* ---- pods (oci-pod.c; docs/oci.md, "Pods") ---------------------------- */
+
+enum cap_oci_pod_role { CAP_OCI_POD_NONE, CAP_OCI_POD_SANDBOX, CAP_OCI_POD_CONTAINER };
+/* What config.json's CRI annotations make of a container. */
+struct cap_oci_pod {
+	enum cap_oci_pod_role role;
+	char sandbox_id[1100];	/* io.kubernetes.cri.sandbox-id */
+	char pod[300];	/* "namespace/name", for messages ("" when not given) */
+	/* The guest's container: its name (always); for a pod's container
+	 * its root, mounts and limits. */
+	struct cap_exec_container ctr;
+	/* A pod's container's bind-mounted files, copied in; owned. */
+	struct cap_oci_file *files;
+	size_t nfiles;
+};
+/* Read BUNDLE/config.json's role (container id, for the guest's name);
+ * for a pod's container also its mounts (refusing a directory volume
+ * other than emptyDir and a device) and its limits. 0 or -errno. */
+int cap_oci_pod_load(const char *bundle, const char *id, struct cap_oci_pod *out, struct cap_err *err);
+void cap_oci_pod_fini(struct cap_oci_pod *p);
+/* The guest's name of container id: id itself when it is one
+ * (cap_proto_ctr_name_ok), else "c" and 40 hex digits of its hash. */
+void cap_oci_ctr_name(const char *id, char out[CAP_CTR_NAME_MAX + 1]);
+/* runc's linux.resources JSON (config.json's, or update --resources)
+ * into guest limits: memory.limit, cpu.quota/period/shares, pids.limit. */
+int cap_oci_limits_json(json_t *res, const char *file, struct cap_limits *out, struct cap_err *err);
+/* Copy a pod's container's rootfs, then its bind-mounted files (through
+ * a tree at seed, made here), into the running pod VM sandbox. */
+int cap_oci_pod_copy_in(const char *sandbox, const struct cap_oci_pod *p, const char *rootfs,
+			const char *seed, struct cap_err *err);
+/* Remove container name (its processes, cgroup and folder) from the pod
+ * VM sandbox; nothing to do when that VM is not running. */
+int cap_oci_pod_remove(const char *sandbox, const char *name, struct cap_err *err);
+
+/* The guest's name of container st: "" for a pod's sandbox (its VM). */
+struct cap_oci_state;
+const char *cap_oci_guest_name(struct cap_oci_state *st);
+/* STATS of st's cgroup in its running VM (oci-update.c). */
+int cap_oci_guest_stats(struct cap_oci_state *st, struct cap_stats *out, struct cap_err *err);
+/* runc's events.Stats object of them, a new reference (oci-events.c). */
+json_t *cap_oci_stats_json(const struct cap_stats *s);
 
 /* ---- the verbs (oci-common.c) ----------------------------------------- */
 
@@ -210,5 +262,7 @@ int cap_oci_cmd_exec(int argc, char **argv);
 int cap_oci_cmd_ps(int argc, char **argv);
 int cap_oci_cmd_list(int argc, char **argv);
 int cap_oci_cmd_features(int argc, char **argv);
+int cap_oci_cmd_update(int argc, char **argv);
+int cap_oci_cmd_events(int argc, char **argv);
 
 #endif

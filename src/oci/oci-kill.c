@@ -40,7 +40,8 @@ int cap_oci_cmd_kill(int argc, char **argv)
 		/* Its monitor is gone; a sandbox left running is stopped by
 		 * SIGKILL (its VM must not outlive the container). */
 		struct cap_named_status ns;
-		if (sig == SIGKILL && cap_named_status(st.sandbox, &ns, &err) == 0 &&
+		bool member = strcmp(cap_oci_jstr(st.j, "podRole"), "container") == 0;
+		if (sig == SIGKILL && !member && cap_named_status(st.sandbox, &ns, &err) == 0 &&
 		    ns.state != CAP_NAMED_STOPPED && !cap_oci_exists_at(st.dir, CAP_OCI_EXIT))
 			cap_named_kill(st.sandbox, &err);
 		else
@@ -77,7 +78,8 @@ int cap_oci_cmd_kill(int argc, char **argv)
 	 * so that the process dies and its status comes back. */
 	if (paused && sig == SIGKILL) {
 		struct cap_err e2 = { 0 };
-		if (cap_oci_vm_op(st.sandbox, false, &e2) < 0 && cap_named_kill(st.sandbox, &err) < 0)
+		if (cap_oci_vm_op(st.sandbox, false, &e2) < 0 &&
+		    strcmp(cap_oci_jstr(st.j, "podRole"), "container") != 0 && cap_named_kill(st.sandbox, &err) < 0)
 			cap_err_prefix(&err, "cannot resume the paused container for SIGKILL (%.200s), nor stop "
 				       "its sandbox", e2.msg);
 	}

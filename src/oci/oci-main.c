@@ -29,7 +29,7 @@ static const char usage[] =
 	"own capsule VM. See docs/oci.md for Podman and containerd.\n"
 	"\n"
 	"Commands: create, start, state, kill, delete, exec, ps, pause, resume, list,\n"
-	"features. Global flags:\n"
+	"features, update, events. Global flags:\n"
 	"  --root DIR          where container state is kept (default " DEFAULT_ROOT ")\n"
 	"  --log FILE          append errors to FILE too (runc's --log)\n"
 	"  --log-format F      text (default) or json\n"
@@ -108,6 +108,7 @@ int cap_cli_oci(int argc, char **argv)
 		{ "kill", cap_oci_cmd_kill }, { "delete", cap_oci_cmd_delete }, { "exec", cap_oci_cmd_exec },
 		{ "ps", cap_oci_cmd_ps }, { "pause", cap_oci_cmd_pause }, { "resume", cap_oci_cmd_resume },
 		{ "list", cap_oci_cmd_list }, { "features", cap_oci_cmd_features },
+		{ "update", cap_oci_cmd_update }, { "events", cap_oci_cmd_events },
 	};
 	const char *verb = argv[optind];
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(verbs); i++)
@@ -118,6 +119,6 @@ int cap_cli_oci(int argc, char **argv)
 		return 0;
 	}
 	cap_oci_error("unknown command '%s' (capsule-oci runs create, start, state, kill, delete, exec, "
-		      "ps, pause, resume, list and features)", verb);
+		      "ps, pause, resume, list, features, update and events)", verb);
 	return 1;
 }

@@ -383,6 +383,10 @@ static int start_process(struct mon *s, struct cap_err *err)
 	req.nrlimits = CAP_MIN(p->nrlimits, (uint32_t)CAP_EXEC_MAX_RLIMITS);
 	memcpy(req.rlimits, p->rlimits, req.nrlimits * sizeof(req.rlimits[0]));
 	req.umask = p->umask;
+	if (s->m->ctr) {
+		req.flags |= CAP_EXEC_CONTAINER;
+		req.ctr = (struct cap_exec_container *)s->m->ctr;
+	}
 	if (p->terminal || !stdin_is_null())
 		req.flags |= CAP_EXEC_STDIN;
 	if (p->terminal) {
@@ -686,13 +690,14 @@ static int setup(struct mon *s, struct cap_err *err)
 		if ((r = cap_oci_cgroup_join(m->cgroups_path, err)) < 0)
 			return r;
 	}
-	if (m->gate && (r = cap_named_start(m->sandbox, err)) < 0)
+	if (m->gate && !m->pod_member && (r = cap_named_start(m->sandbox, err)) < 0)
 		return r;
 	struct cap_named_status st;
 	if ((r = cap_named_status(m->sandbox, &st, err)) < 0)
 		return r;
 	if (st.state == CAP_NAMED_STOPPED)
-		return cap_err_set(err, ESRCH, "container not running (its sandbox %s is stopped)", m->sandbox);
+		return cap_err_set(err, ESRCH, "container not running (its %s %s is stopped)",
+				   m->pod_member ? "pod's VM, sandbox" : "sandbox", m->sandbox);
 	if ((r = cap_sandbox_attach(st.control, &s->sb, err)) < 0)
 		return r;
 	if (m->proc->terminal && (r = setup_tty(s, err)) < 0)
@@ -875,7 +880,7 @@ int cap_oci_monitor_run(const struct cap_oci_monitor *m)
 			restore_tty(s);
 			cap_oci_error("the process did not end within 10 s of SIGKILL; stopping its sandbox %s",
 				      m->sandbox);
-			if (m->gate && cap_named_kill(m->sandbox, &err) < 0)
+			if (m->gate && !m->pod_member && cap_named_kill(m->sandbox, &err) < 0)
 				cap_oci_log_only("error", err.msg);
 			status = 137;
 			goto out;
@@ -891,10 +896,15 @@ out:
 	out_restore(s);
 	if (m->gate) {
 		char buf[16];
+		/* The guest's OOM killer: said before the exit, which the
+		 * engine waits for. */
+		if (s->done && !s->rejected && (s->ex.flags & CAP_EXIT_OOM))
+			touch_at(s, CAP_OCI_OOM, "1\n");
 		snprintf(buf, sizeof(buf), "%d\n", status);
 		touch_at(s, CAP_OCI_EXIT, buf);
-		/* The VM does not outlive its container. */
-		if (s->sb && !cap_sandbox_is_dead(s->sb))
+		/* The VM does not outlive its container (a pod's outlives each
+		 * of its containers but the sandbox). */
+		if (s->sb && !cap_sandbox_is_dead(s->sb) && !m->pod_member)
 			stop_sandbox(s);
 		end_execs(m->dir);
 	} else if (s->dirfd >= 0) {
@@ -911,7 +921,7 @@ fail:
 		cap_oci_error("%s", err.msg);
 	if (!m->gate && s->dirfd >= 0 && s->sock_name[0])
 		unlinkat(s->dirfd, s->sock_name, 0);
-	if (m->gate && s->sb)
+	if (m->gate && s->sb && !m->pod_member)
 		stop_sandbox(s);
 	mon_free(s);
 	return 1;

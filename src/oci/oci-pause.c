@@ -17,7 +17,9 @@ static int pause_resume(int argc, char **argv, bool pause)
 		return rc;
 	if (cap_oci_state_load(id, &st, &err) < 0)
 		return cap_oci_fail(&err);
-	if (pause && strcmp(st.status, "running") != 0)
+	if (strcmp(cap_oci_jstr(st.j, "podRole"), "container") == 0)
+		cap_err_set(&err, EOPNOTSUPP, "container %s is a pod's: its VM is the pod's, paused and resumed only as a whole (pause the pod's sandbox container)", id);
+	else if (pause && strcmp(st.status, "running") != 0)
 		cap_err_set(&err, EINVAL, strcmp(st.status, "paused") == 0 ? "container already paused" : "container not running");
 	else if (!pause && strcmp(st.status, "paused") != 0)
 		cap_err_set(&err, EINVAL, "container not paused");

@@ -108,15 +108,32 @@ struct cap_oci_config {
 	struct cap_setup_tmpfs tmpfs[CAP_SETUP_MAX_TMPFS];
 	uint32_t ntmpfs;
 	/* linux.namespaces "network": a path to join (checked to hold
-	 * nothing but loopback) or NULL for a new empty one. */
+	 * nothing but loopback) or NULL for a new empty one. For a pod's
+	 * sandbox container (annotation CAP_OCI_ANN_CONTAINER_TYPE
+	 * "sandbox"), the pod's namespace, checked to hold one veth with
+	 * one IPv4 address (pod_network: the VM's NIC is carried from it);
+	 * for a pod's other containers ("container"), the pod's, unchecked
+	 * (their network is the sandbox's VM's). */
 	char *netns_path;
+	bool pod_network;
 };
+/* CRI's annotation naming a container's role in its pod. */
+#define CAP_OCI_ANN_CONTAINER_TYPE "io.kubernetes.cri.container-type"
 void cap_oci_config_fini(struct cap_oci_config *c);
+
+/* Whether a config (jansson's json_t) is a container of a pod
+ * (io.kubernetes.cri.container-type "container", oci-pod.c): its VM is
+ * its pod's, so the checks of a VM's size, its network namespace (the
+ * pod's) and its mounts (oci-pod.c reads those) are not made here. */
+struct json_t;
+bool cap_oci_pod_member_json(struct json_t *config);
 
 /* Read BUNDLE/config.json and check everything this runtime cannot honour,
  * each refusal naming the field, the value and what to do: a bind mount of
  * a directory (file sharing is not designed yet), a network namespace
- * absent (the host's network) or holding an interface other than lo,
+ * absent (the host's network: for a pod, "hostNetwork pods are not
+ * supported") or holding an interface other than lo (a pod's sandbox:
+ * anything but one veth with one IPv4 address),
  * a memory limit that leaves the guest less than CAP_MEMORY_MIN_MIB, more
  * vCPUs than the host has, a hostname the guest cannot take (1 to 20 of
  * [A-Za-z0-9._-]), a process without args, more than CAP_SETUP_MAX_TMPFS

@@ -38,6 +38,7 @@ struct cap_client_stream {
 	uint32_t cap;	/* output cap asked for, 0 for none */
 	uint64_t out_bytes;
 	bool truncated;	/* the host dropped bytes over the cap */
+	bool connect;	/* a CONNECT stream: an empty STDOUT reaches output (n 0) */
 	const struct cap_exec_events *ev;
 	void *ud;
 };
@@ -88,6 +89,24 @@ int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
 int cap_client_file(struct cap_client *c, const struct cap_file_req *req,
 		    uint32_t cap, const struct cap_exec_events *ev, void *ud,
 		    uint32_t *id, struct cap_err *err);
+/* Queue an UPDATE (a container's limits, or its removal) or a STATS
+ * request (a container, or "" for the VM); answered like a FILE op
+ * (STATS: its record on STDOUT, cap_proto_stats_decode). */
+int cap_client_update(struct cap_client *c, const struct cap_update *u,
+		      const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		      struct cap_err *err);
+int cap_client_stats(struct cap_client *c, const char *name,
+		     const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		     struct cap_err *err);
+/* Queue a CONNECT to the guest's 127.0.0.1:port (docs/protocol.md):
+ * the guest's bytes arrive through ev->output (fd 1; n 0 once the guest
+ * side has half-closed), the end through ev->done (an EXIT of code 0
+ * once both ways ended, else errnum: the connection was refused or
+ * broke); bytes for the guest go with cap_client_stdin (n 0: half-close)
+ * and cap_client_signal aborts it (reset). Like cap_client_exec
+ * otherwise. */
+int cap_client_connect(struct cap_client *c, uint16_t port, const struct cap_exec_events *ev,
+		       void *ud, uint32_t *id, struct cap_err *err);
 /* Queue stdin bytes for a stream (split into frames); n == 0 closes its
  * stdin. -ENOENT for a stream that is not open. */
 int cap_client_stdin(struct cap_client *c, uint32_t id, const void *p,

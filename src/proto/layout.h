@@ -26,6 +26,14 @@
 #define CAP_GUEST_WORK "/work"	/* the tool user's home and private disk */
 #define CAP_GUEST_WORKSPACE "/workspace"	/* the host's project, diffed and merged back */
 #define CAP_GUEST_SOURCE "/source"	/* a source image, read-only */
+/* A pod's containers (docs/oci.md, "Pods"): CAP_GUEST_CONTAINERS/NAME is
+ * the root of the pod's container NAME, copied in by the host (FILE
+ * TAR_IN with CAP_TAR_OWNERS, the one root that keeps the entries'
+ * owners), on the /work disk; its emptyDir volumes are directories of
+ * CAP_GUEST_VOLUMES, shared by the containers that name them. Made by
+ * the agent at SETUP when there is a /work disk, root's, 0700. */
+#define CAP_GUEST_CONTAINERS CAP_GUEST_WORK "/.containers"
+#define CAP_GUEST_VOLUMES CAP_GUEST_WORK "/.volumes"
 /* Where the overlay root is put together at SETUP before the guest moves
  * into it (the image below, the upper disk above). */
 #define CAP_GUEST_LOWER "/.capsule/lower"
@@ -55,6 +63,9 @@
 /* The tool user's home: its HOME, a command's default directory, and the
  * one FILE root that WRITE writes to. */
 #define CAP_GUEST_HOME 0x40u
+/* A FILE root whose TAR_IN runs as root and may keep the entries' owners
+ * (CAP_TAR_OWNERS): the containers' roots. Not a mount of its own. */
+#define CAP_GUEST_ROOTS 0x80u
 
 struct cap_guest_mount {
 	const char *path;	/* absolute, in the final root */

@@ -58,7 +58,8 @@ static void deliver(struct cap_client_stream *s, int fd, const uint8_t *p,
 		}
 	}
 	s->out_bytes += n;
-	if (n && s->ev->output)
+	/* A CONNECT stream's empty STDOUT is the guest side's half-close. */
+	if ((n || s->connect) && s->ev->output)
 		s->ev->output(s->ud, s->id, fd, p, n);
 }
 
@@ -251,6 +252,22 @@ int cap_client_exec(struct cap_client *c, const struct cap_exec_req *req,
 	return 0;
 }
 
+int cap_client_connect(struct cap_client *c, uint16_t port, const struct cap_exec_events *ev,
+		       void *ud, uint32_t *id, struct cap_err *err)
+{
+	uint32_t sid;
+	int rc;
+	if (port == 0)
+		return cap_err_set(err, EINVAL, "port 0 cannot be connected to");
+	struct cap_client_stream *slot = new_stream(c, &sid, &rc, err);
+	if (!slot)
+		return rc;
+	cap_proto_connect_encode(&c->out, sid, port);
+	open_stream(c, slot, sid, 0, ev, ud, id);
+	slot->connect = true;
+	return 0;
+}
+
 int cap_client_file(struct cap_client *c, const struct cap_file_req *req,
 		    uint32_t cap, const struct cap_exec_events *ev, void *ud,
 		    uint32_t *id, struct cap_err *err)
@@ -267,6 +284,37 @@ int cap_client_file(struct cap_client *c, const struct cap_file_req *req,
 		return cap_err_set(err, EINVAL, "path '%s' is not allowed: it must be relative to its root, without '..'",
 				   req->path);
 	open_stream(c, slot, sid, cap, ev, ud, id);
+	return 0;
+}
+
+int cap_client_update(struct cap_client *c, const struct cap_update *u,
+		      const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		      struct cap_err *err)
+{
+	uint32_t sid;
+	int rc;
+	struct cap_client_stream *slot = new_stream(c, &sid, &rc, err);
+	if (!slot)
+		return rc;
+	if (cap_proto_update_encode(&c->out, sid, u) < 0)
+		return cap_err_set(err, EINVAL, "the update of container '%s' cannot be sent: a bad name or limit", u->name);
+	open_stream(c, slot, sid, 4096, ev, ud, id);
+	return 0;
+}
+
+int cap_client_stats(struct cap_client *c, const char *name,
+		     const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		     struct cap_err *err)
+{
+	uint32_t sid;
+	int rc;
+	struct cap_client_stream *slot = new_stream(c, &sid, &rc, err);
+	if (!slot)
+		return rc;
+	if (cap_proto_stats_req_encode(&c->out, sid, name) < 0)
+		return cap_err_set(err, EINVAL, "'%s' is not a container's name", name);
+	/* The record and a message: at most this much. */
+	open_stream(c, slot, sid, 4 + CAP_STATS_MAX * (4 + CAP_STATS_KEY_MAX + 8) + 1024, ev, ud, id);
 	return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include "layout.h"
+#include "proto-int.h"
 #include "util.h"
 
 static const char *const msg_names[] = {
@@ -19,6 +20,8 @@ static const char *const msg_names[] = {
 	[CAP_MSG_RESUME] = "RESUME",	 [CAP_MSG_FILE] = "FILE",
 	[CAP_MSG_LISTENERS] = "LISTENERS",
 	[CAP_MSG_SYNCING] = "SYNCING",	 [CAP_MSG_CLOCK] = "CLOCK",
+	[CAP_MSG_UPDATE] = "UPDATE",	 [CAP_MSG_STATS] = "STATS",
+	[CAP_MSG_CONNECT] = "CONNECT",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -74,17 +77,6 @@ void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
 
 /* --- EXEC ------------------------------------------------------------ */
 
-static size_t str_size(const char *s) { return 4 + (s ? strlen(s) : 0); }
-
-static uint8_t *put_str(uint8_t *p, const char *s)
-{
-	size_t n = s ? strlen(s) : 0;
-	cap_put_u32(p, (uint32_t)n);
-	if (n)
-		memcpy(p + 4, s, n);
-	return p + 4 + n;
-}
-
 /* Whether a CAP_EXEC_USER request's user section is one the decoder
  * takes: counts within their bounds, known resources, soft <= hard, a
  * umask of permission bits only. */
@@ -108,25 +100,21 @@ static size_t user_size(const struct cap_exec_req *req)
 	return 4 * 3 + 4 * (size_t)req->ngroups + 4 + 20 * (size_t)req->nrlimits + 4;
 }
 
-static uint8_t *put_u64(uint8_t *p, uint64_t v)
-{
-	cap_put_u32(p, (uint32_t)(v & 0xffffffffu));
-	cap_put_u32(p + 4, (uint32_t)(v >> 32));
-	return p + 8;
-}
-
 int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 			  const struct cap_exec_req *req)
 {
 	bool user = req->flags & CAP_EXEC_USER;
+	bool ctr = req->flags & CAP_EXEC_CONTAINER;
+	size_t ctr_size = ctr && req->ctr ? cap_proto_ctr_size(req->ctr) : 0;
 	if (req->argc == 0 || req->argc > CAP_PROTO_MAX_ARGS ||
-	    req->envc > CAP_PROTO_MAX_ARGS || (user && !user_ok(req)))
+	    req->envc > CAP_PROTO_MAX_ARGS || (user && !user_ok(req)) ||
+	    (ctr && (!user || ctr_size == 0)))
 		return -EINVAL;
 	/* With the user section pids_max is always sent (it comes first);
 	 * without it, only when nonzero, byte for byte what older agents
 	 * parse. */
 	size_t size = 4 * 6 + str_size(req->cwd) + (req->pids_max || user ? 4 : 0) +
-		      (user ? user_size(req) : 0);
+		      (user ? user_size(req) : 0) + ctr_size;
 	for (uint32_t i = 0; i < req->argc; i++)
 		size += str_size(req->argv[i]);
 	for (uint32_t i = 0; i < req->envc; i++)
@@ -172,23 +160,10 @@ int cap_proto_exec_encode(struct cap_buf *out, uint32_t stream,
 		cap_put_u32(p, req->umask);
 		p += 4;
 	}
+	if (ctr)
+		p = cap_proto_ctr_put(p, req->ctr);
 	CAP_BUG_ON((size_t)(p - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
-	return 0;
-}
-
-struct reader {
-	const uint8_t *p;
-	size_t left;
-};
-
-static int rd_u32(struct reader *r, uint32_t *v)
-{
-	if (r->left < 4)
-		return -EBADMSG;
-	*v = cap_get_u32(r->p);
-	r->p += 4;
-	r->left -= 4;
 	return 0;
 }
 
@@ -203,17 +178,6 @@ static int rd_str(struct reader *r, char **out)
 	*out = xstrndup((const char *)r->p, n);
 	r->p += n;
 	r->left -= n;
-	return 0;
-}
-
-static int rd_u64(struct reader *r, uint64_t *v)
-{
-	uint32_t lo, hi;
-	if (r->left < 8)
-		return -EBADMSG;
-	rd_u32(r, &lo);
-	rd_u32(r, &hi);
-	*v = ((uint64_t)hi << 32) | lo;
 	return 0;
 }
 
@@ -294,8 +258,10 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 		return cap_err_set(err, EBADMSG, "exec request shorter than its fixed fields (%zu bytes)", n);
 	req.rows = (uint16_t)(winsize & 0xffff);
 	req.cols = (uint16_t)(winsize >> 16);
-	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY | CAP_EXEC_USER | CAP_EXEC_NO_SYNC))
+	if (req.flags & ~(CAP_EXEC_STDIN | CAP_EXEC_PTY | CAP_EXEC_USER | CAP_EXEC_NO_SYNC | CAP_EXEC_CONTAINER))
 		return cap_err_set(err, EBADMSG, "exec request has unknown flags 0x%x", req.flags);
+	if ((req.flags & CAP_EXEC_CONTAINER) && !(req.flags & CAP_EXEC_USER))
+		return cap_err_set(err, EBADMSG, "exec request has a container section without CAP_EXEC_USER");
 	if (rd_strv(&r, CAP_PROTO_MAX_ARGS, &req.argv, &req.argc) < 0)
 		return cap_err_set(err, EBADMSG, "exec request has a malformed argument list");
 	if (req.argc == 0) {
@@ -323,6 +289,13 @@ int cap_proto_exec_decode(const uint8_t *p, size_t n,
 			e = cap_err_set(err, EBADMSG, "exec request with CAP_EXEC_USER lacks its pids_max and user section");
 		else
 			e = rd_user(&r, &req, err);
+		if (e == 0 && (req.flags & CAP_EXEC_CONTAINER)) {
+			size_t used = 0;
+			req.ctr = xmalloc(sizeof(*req.ctr));
+			e = cap_proto_ctr_read(r.p, r.left, req.ctr, &used, err);
+			r.p += used;
+			r.left -= used;
+		}
 	} else if (r.left == 4) {
 		rd_u32(&r, &req.pids_max);
 	}
@@ -341,6 +314,7 @@ void cap_exec_req_fini(struct cap_exec_req *req)
 	free_strv(req->argv, req->argc);
 	free_strv(req->env, req->envc);
 	free(req->cwd);
+	free(req->ctr);
 	memset(req, 0, sizeof(*req));
 }
 
@@ -369,7 +343,7 @@ int cap_proto_exit_decode(const uint8_t *p, size_t n, struct cap_exit *out)
 		.duration_ms = cap_get_u32(p + 8),
 		.sync_ms = cap_get_u16(p + 2),
 	};
-	if (ex.flags & ~(CAP_EXIT_TIMED_OUT | CAP_EXIT_TRUNCATED | CAP_EXIT_DURABLE))
+	if (ex.flags & ~(CAP_EXIT_TIMED_OUT | CAP_EXIT_TRUNCATED | CAP_EXIT_DURABLE | CAP_EXIT_OOM))
 		return -EBADMSG;
 	switch (ex.kind) {
 	case CAP_EXIT_CODE:
@@ -563,6 +537,52 @@ bool cap_proto_setup_tmpfs_ok(const struct cap_setup_tmpfs *t)
 
 /* The tmpfs list's size on the wire: u32 n, then per mount two strings
  * and u32 flags; 0 when a mount is not one the decoder takes. */
+/* The static network on the wire: mac, u32 mtu, u32 n, then per route
+ * u32 dst, u8 dst_len, u32 gateway. */
+#define STATIC_FIXED 14
+#define ROUTE_SIZE 9
+
+bool cap_proto_setup_static_ok(const struct cap_setup *s)
+{
+	static const uint8_t zero[6];
+	if (!s->net_addr || s->net_dns || s->proxy_port || s->net_prefix == 0 ||
+	    s->net_prefix > 32 || (s->net_mac[0] & 1) || !memcmp(s->net_mac, zero, 6) ||
+	    s->net_mtu < 68 || s->net_mtu > 65535 || s->nroutes > CAP_SETUP_MAX_ROUTES)
+		return false;
+	for (uint32_t i = 0; i < s->nroutes; i++) {
+		const struct cap_setup_route *r = &s->routes[i];
+		uint32_t mask = r->dst_len >= 32 ? 0xffffffffu : ~(0xffffffffu >> r->dst_len);
+		if (r->dst_len == 0 || r->dst_len > 32 || (r->dst & ~mask))
+			return false;
+	}
+	return true;
+}
+
+/* The options section's static network into out (bit 2 of its flags). */
+static int rd_static(struct reader *r, struct cap_setup *out)
+{
+	uint32_t n;
+	if (r->left < STATIC_FIXED)
+		return -EBADMSG;
+	memcpy(out->net_mac, r->p, 6);
+	out->net_mtu = cap_get_u32(r->p + 6);
+	n = cap_get_u32(r->p + 10);
+	r->p += STATIC_FIXED;
+	r->left -= STATIC_FIXED;
+	if (n > CAP_SETUP_MAX_ROUTES || r->left < (size_t)n * ROUTE_SIZE)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < n; i++) {
+		out->routes[i].dst = cap_get_u32(r->p);
+		out->routes[i].dst_len = r->p[4];
+		out->routes[i].gateway = cap_get_u32(r->p + 5);
+		r->p += ROUTE_SIZE;
+		r->left -= ROUTE_SIZE;
+	}
+	out->nroutes = n;
+	out->net_static = true;
+	return 0;
+}
+
 static size_t tmpfs_size(const struct cap_setup *s)
 {
 	size_t size = 4;
@@ -580,7 +600,7 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
 	uint32_t flags = (s->root_readonly ? CAP_SETUP_ROOT_READONLY : 0) |
-			 (s->ntmpfs ? CAP_SETUP_TMPFS : 0);
+			 (s->ntmpfs ? CAP_SETUP_TMPFS : 0) | (s->net_static ? CAP_SETUP_STATIC_NET : 0);
 	size_t tmpfs = s->ntmpfs ? tmpfs_size(s) : 0;
 	bool has_ws = s->workspace && *s->workspace;
 	bool workspace = has_ws || flags;	/* the section, its serial "" without one */
@@ -590,6 +610,8 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 	if (has_ws && !cap_proto_valid_name(s->workspace))
 		return -EINVAL;
 	if (s->ntmpfs && !tmpfs)
+		return -EINVAL;
+	if (s->net_static && !cap_proto_setup_static_ok(s))
 		return -EINVAL;
 	size_t size = 8 + sizeof(s->seed) + SETUP_NET_SIZE;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(v); i++) {
@@ -611,6 +633,8 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 		size += str_size(has_ws ? s->workspace : "");
 	if (flags)
 		size += 4 + tmpfs;
+	if (s->net_static)
+		size += STATIC_FIXED + ROUTE_SIZE * (size_t)s->nroutes;
 	if (size > CAP_PROTO_MAX_PAYLOAD)
 		return -E2BIG;
 
@@ -653,12 +677,22 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 			q += 4;
 		}
 	}
+	if (s->net_static) {
+		memcpy(q, s->net_mac, 6);
+		cap_put_u32(q + 6, s->net_mtu);
+		cap_put_u32(q + 10, s->nroutes);
+		q += STATIC_FIXED;
+		for (uint32_t i = 0; i < s->nroutes; i++) {
+			cap_put_u32(q, s->routes[i].dst);
+			q[4] = s->routes[i].dst_len;
+			cap_put_u32(q + 5, s->routes[i].gateway);
+			q += ROUTE_SIZE;
+		}
+	}
 	CAP_BUG_ON((size_t)(q - h) != CAP_PROTO_HEADER + size);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
 	return 0;
 }
-
-static int rd_str_into(struct reader *r, char *buf, size_t len);
 
 /* The options section's tmpfs list: u32 n (1 to CAP_SETUP_MAX_TMPFS),
  * then n of (destination, data, u32 flags), each one
@@ -691,7 +725,7 @@ static int rd_tmpfs(struct reader *r, struct cap_setup_tmpfs **out, uint32_t *co
  * does. */
 static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *envc,
 		       char **workspace, uint32_t *flags, struct cap_setup_tmpfs **tmpfs,
-		       uint32_t *ntmpfs)
+		       uint32_t *ntmpfs, struct cap_setup *st)
 {
 	char *ca = NULL, *ws = NULL;
 	char **v = NULL;
@@ -707,9 +741,11 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 	if (r->left > 0 && (rd_str(r, &ws) < 0 || (*ws && !cap_proto_valid_name(ws))))
 		goto bad;
 	if (r->left > 0 && (rd_u32(r, &fl) < 0 || fl == 0 ||
-			    (fl & ~(CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS))))
+			    (fl & ~(CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS | CAP_SETUP_STATIC_NET))))
 		goto bad;	/* an empty options section is never sent */
 	if ((fl & CAP_SETUP_TMPFS) && rd_tmpfs(r, &t, &nt) < 0)
+		goto bad;
+	if ((fl & CAP_SETUP_STATIC_NET) && rd_static(r, st) < 0)
 		goto bad;
 	if (r->left != 0)
 		goto bad;
@@ -761,6 +797,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 	char *ca_pem = NULL, **env = NULL, *workspace = NULL;
 	struct cap_setup_tmpfs *tmpfs = NULL;
 	uint32_t envc = 0, flags = 0, ntmpfs = 0;
+	struct cap_setup st = { 0 };
 	if (rd_u32(&r, &lo) == 0 && rd_u32(&r, &hi) == 0 &&
 	    r.left >= sizeof(out->seed) + SETUP_NET_SIZE) {
 		seed = r.p;
@@ -770,7 +807,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 	}
 	if (!net || net[12] > 32 || net[15] > 1 ||
 	    (r.left > 0 && rd_sections(&r, &ca_pem, &env, &envc, &workspace, &flags, &tmpfs,
-						&ntmpfs) < 0)) {
+						&ntmpfs, &st) < 0)) {
 		for (size_t j = 0; j < CAP_ARRAY_SIZE(v); j++)
 			free(v[j]);
 		return -EBADMSG;
@@ -789,6 +826,17 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .root_readonly = flags & CAP_SETUP_ROOT_READONLY,
 				   .tmpfs = tmpfs, .ntmpfs = ntmpfs };
 	memcpy(out->seed, seed, sizeof(out->seed));
+	if (st.net_static) {
+		out->net_static = true;
+		memcpy(out->net_mac, st.net_mac, 6);
+		out->net_mtu = st.net_mtu;
+		memcpy(out->routes, st.routes, sizeof(st.routes));
+		out->nroutes = st.nroutes;
+		if (!cap_proto_setup_static_ok(out)) {
+			cap_setup_fini(out);
+			return -EBADMSG;
+		}
+	}
 	return 0;
 }
 
@@ -852,6 +900,23 @@ int cap_proto_listeners_decode(const uint8_t *p, size_t n, uint16_t **ports, uin
 	return 0;
 }
 
+/* --- CONNECT -------------------------------------------------------- */
+
+void cap_proto_connect_encode(struct cap_buf *out, uint32_t stream, uint16_t port)
+{
+	uint8_t b[2];
+	cap_put_u16(b, port);
+	cap_proto_put(out, CAP_MSG_CONNECT, stream, b, sizeof(b));
+}
+
+int cap_proto_connect_decode(const uint8_t *p, size_t n, uint16_t *port)
+{
+	if (n != 2 || cap_get_u16(p) == 0)
+		return -EBADMSG;
+	*port = cap_get_u16(p);
+	return 0;
+}
+
 /* --- FILE ------------------------------------------------------------ */
 
 bool cap_proto_file_path_ok(const char *path)
@@ -895,18 +960,6 @@ int cap_proto_file_encode(struct cap_buf *out, uint32_t stream,
 	if (req->len)
 		memcpy(p, req->data, req->len);
 	cap_buf_commit(out, CAP_PROTO_HEADER + size);
-	return 0;
-}
-
-static int rd_str_into(struct reader *r, char *buf, size_t len)
-{
-	uint32_t n;
-	if (rd_u32(r, &n) < 0 || n > r->left || n >= len || memchr(r->p, '\0', n))
-		return -EBADMSG;
-	memcpy(buf, r->p, n);
-	buf[n] = '\0';
-	r->p += n;
-	r->left -= n;
 	return 0;
 }
 

@@ -51,7 +51,18 @@ enum cap_msg {
 				 * flushed, EXIT follows (the host's deadline allows for it) */
 	CAP_MSG_CLOCK = 17,	/* h->g stream 0: u64 realtime_ns, the host's wall clock after a
 				 * resume (a paused guest's clock stood still); no answer */
-	CAP_MSG_MAX_ = CAP_MSG_CLOCK,
+	CAP_MSG_UPDATE = 18,	/* h->g, a new stream: change a container of the VM (struct
+				 * cap_update: its limits, or remove it); answered like a
+				 * FILE op: EXIT 0, or a STDERR line and EXIT start-failed */
+	CAP_MSG_STATS = 19,	/* h->g, a new stream: string name, a container or "" for the
+				 * VM; answered with STDOUT (a stats record) and EXIT 0, or
+				 * a STDERR line and EXIT start-failed */
+	CAP_MSG_CONNECT = 20,	/* h->g: u16 port, on a new stream: a TCP connection to
+				 * 127.0.0.1:port in the guest (PortForward); its bytes
+				 * are STDIN (to the guest) and STDOUT (from it), an
+				 * empty one a half-close each way; EXIT code 0 once both
+				 * ways ended, ERROR (errno) when it failed or broke */
+	CAP_MSG_MAX_ = CAP_MSG_CONNECT,
 };
 
 /* Whom a SIGNAL reaches: the command's process group (the default, and
@@ -97,6 +108,12 @@ void cap_proto_put(struct cap_buf *out, enum cap_msg type, uint32_t stream,
  * root's upper disk) to the host's disk files before EXIT, when they
  * hold anything unflushed (docs/protocol.md, "Durable results"). */
 #define CAP_EXEC_NO_SYNC 0x8u
+/* With CAP_EXEC_USER: a container section follows the user section
+ * (struct cap_exec_container): the process is a container's of a pod (or
+ * the init of a plain OCI container), in that container's cgroup, and,
+ * with CAP_CTR_ROOT, in its own mount namespace rooted at the
+ * container's folder (docs/protocol.md, "Containers"). */
+#define CAP_EXEC_CONTAINER 0x10u
 
 #define CAP_EXEC_MAX_GROUPS 32
 #define CAP_EXEC_MAX_RLIMITS 16
@@ -133,7 +150,126 @@ struct cap_exec_req {
 	struct cap_exec_rlimit rlimits[CAP_EXEC_MAX_RLIMITS];
 	uint32_t nrlimits;
 	uint32_t umask;
+	/* With CAP_EXEC_CONTAINER only (then not NULL): borrowed for
+	 * encoding, owned after decoding (freed by cap_exec_req_fini). */
+	struct cap_exec_container *ctr;
 };
+
+/* --- containers of a pod (proto-pod.c; docs/protocol.md, "Containers") --- */
+
+/* A container's name: its folder below CAP_GUEST_CONTAINERS and its
+ * cgroup. 1 to 64 of [A-Za-z0-9_.+-], the first a letter or digit. */
+#define CAP_CTR_NAME_MAX 64
+bool cap_proto_ctr_name_ok(const char *s);
+
+/* Which of a cap_limits' values are given (the others stay as they are;
+ * at a container's start, the kernel's default, "max"). */
+#define CAP_LIMIT_MEMORY 0x1u	/* memory.max */
+#define CAP_LIMIT_CPU 0x2u	/* cpu.max: quota and period */
+#define CAP_LIMIT_CPU_WEIGHT 0x4u	/* cpu.weight */
+#define CAP_LIMIT_PIDS 0x8u	/* pids.max */
+#define CAP_LIMIT_ALL 0xfu
+/* A value meaning no limit ("max"). */
+#define CAP_LIMIT_NONE UINT64_MAX
+struct cap_limits {
+	uint32_t set;	/* CAP_LIMIT_* */
+	uint64_t memory_max;	/* bytes, at least 4096, or CAP_LIMIT_NONE */
+	uint64_t cpu_quota;	/* microseconds per period, 1000 or more, or CAP_LIMIT_NONE */
+	uint64_t cpu_period;	/* microseconds, 1000 to 1000000 */
+	uint64_t cpu_weight;	/* 1 to 10000 */
+	uint64_t pids_max;	/* 1 or more, or CAP_LIMIT_NONE */
+};
+/* Whether l is one the decoder takes: known bits, each set value in its
+ * range. */
+bool cap_proto_limits_ok(const struct cap_limits *l);
+
+/* A mount of the container's root, made by the agent in the container's
+ * mount namespace, in order, before it switches into the root. */
+enum cap_ctr_mount_kind {
+	CAP_CTR_PROC = 1,	/* proc */
+	CAP_CTR_SYSFS = 2,	/* sysfs */
+	CAP_CTR_TMPFS = 3,	/* tmpfs with data (at /dev: filled with the usual nodes) */
+	CAP_CTR_DEVPTS = 4,	/* a new devpts instance with data */
+	CAP_CTR_MQUEUE = 5,	/* mqueue (skipped when the kernel has none) */
+	CAP_CTR_CGROUP = 6,	/* cgroup2, the container's own subtree */
+	CAP_CTR_SHM = 7,	/* the pod's /dev/shm, shared by its containers */
+	CAP_CTR_VOLUME = 8,	/* a directory of the pod (emptyDir): data is its name
+				 * (cap_proto_ctr_name_ok), shared by the containers
+				 * that name it, not with the host */
+	CAP_CTR_MOUNT_MAX_ = CAP_CTR_VOLUME,
+};
+#define CAP_CTR_MAX_MOUNTS 32
+struct cap_ctr_mount {
+	uint32_t kind;	/* enum cap_ctr_mount_kind */
+	char destination[256];	/* as a SETUP tmpfs's (cap_proto_setup_tmpfs_ok) */
+	char data[256];	/* mount data, "" for none */
+	uint32_t flags;	/* within CAP_SETUP_TMPFS_FLAGS */
+};
+
+/* options of a container section. */
+#define CAP_CTR_ROOT 0x1u	/* its own root, CAP_GUEST_CONTAINERS/NAME, in a new
+				 * mount namespace (pivot_root); else the VM's root */
+#define CAP_CTR_READONLY 0x2u	/* with CAP_CTR_ROOT: that root read-only */
+/* Not the container's first process: a process in the running
+ * container (its mount namespace and cgroup); no limits, no mounts. */
+#define CAP_CTR_JOIN 0x4u
+
+/* An EXEC's container section. The first process of a name (without
+ * CAP_CTR_JOIN) makes the container's cgroup, CAP_GUEST_CONTAINERS'
+ * sibling in the agent's tree, with the limits; later ones join it. */
+struct cap_exec_container {
+	char name[CAP_CTR_NAME_MAX + 1];
+	uint32_t options;	/* CAP_CTR_* */
+	struct cap_limits limits;
+	struct cap_ctr_mount mounts[CAP_CTR_MAX_MOUNTS];
+	uint32_t nmounts;
+};
+
+/* UPDATE: change a container (proto.h's CAP_MSG_UPDATE). */
+enum cap_update_op {
+	CAP_UPDATE_LIMITS = 1,	/* write the limits given (a container's name; "" refused) */
+	CAP_UPDATE_REMOVE = 2,	/* kill its processes, remove its cgroup and its folder */
+};
+struct cap_update {
+	uint32_t op;	/* enum cap_update_op */
+	char name[CAP_CTR_NAME_MAX + 1];
+	struct cap_limits limits;	/* LIMITS only */
+};
+/* -EINVAL for an op, name or limits the decoder would refuse. */
+int cap_proto_update_encode(struct cap_buf *out, uint32_t stream, const struct cap_update *u);
+/* -EBADMSG when malformed. */
+int cap_proto_update_decode(const uint8_t *p, size_t n, struct cap_update *out);
+
+/* STATS: the request names a container, or "" for the whole VM. */
+int cap_proto_stats_req_encode(struct cap_buf *out, uint32_t stream, const char *name);
+/* name: at least CAP_CTR_NAME_MAX + 1 bytes. -EBADMSG when malformed. */
+int cap_proto_stats_req_decode(const uint8_t *p, size_t n, char *name, size_t len);
+
+/* The answer: counters of the container's cgroup as (key, value) pairs,
+ * keys of 1 to 63 of [a-z0-9_.] ("cpu.usage_usec", "memory.current",
+ * "memory.stat.anon", "pids.current"...), at most CAP_STATS_MAX, each
+ * key once. */
+#define CAP_STATS_MAX 128
+#define CAP_STATS_KEY_MAX 63
+struct cap_stat {
+	char key[CAP_STATS_KEY_MAX + 1];
+	uint64_t value;
+};
+struct cap_stats {
+	struct cap_stat v[CAP_STATS_MAX];
+	uint32_t n;
+};
+/* Add key = value (a key already there is replaced; past CAP_STATS_MAX
+ * or with a bad key, dropped): whether it was kept. */
+bool cap_stats_put(struct cap_stats *s, const char *key, uint64_t value);
+/* The value of key, or NULL. */
+const uint64_t *cap_stats_get(const struct cap_stats *s, const char *key);
+/* The record's bytes (u32 n, then per pair a string and a u64) appended
+ * to out, for a STDOUT payload. */
+void cap_proto_stats_encode(struct cap_buf *out, const struct cap_stats *s);
+/* -EBADMSG for a record that is not exactly that, a bad or repeated key,
+ * or n over CAP_STATS_MAX. */
+int cap_proto_stats_decode(const uint8_t *p, size_t n, struct cap_stats *out);
 
 /* The agent's pids.max for a command whose request leaves pids_max 0. */
 #define CAP_EXEC_PIDS_MAX_DEFAULT 1024u
@@ -162,6 +298,9 @@ enum cap_exit_kind {
  * agent flushed the writable disks (or found nothing to flush) before
  * this EXIT. Absent with CAP_EXEC_NO_SYNC / CAP_FILE_NO_SYNC. */
 #define CAP_EXIT_DURABLE 0x4u
+/* The process was killed by the kernel's OOM killer: its container's
+ * memory.max was reached (memory.events oom_kill went up while it ran). */
+#define CAP_EXIT_OOM 0x8u
 
 struct cap_exit {
 	uint8_t kind;	/* enum cap_exit_kind */
@@ -267,6 +406,10 @@ enum cap_file_op {
 /* What a NUL is looked for in to call a file binary (git looks at 8000). */
 #define CAP_TAR_PREFIX_BYTES 8192u
 #define CAP_TAR_NO_REPLACE 0x1u	/* TAR_IN: keep differing paths, report them */
+/* TAR_IN into a CAP_GUEST_ROOTS root (a pod container's root), and only
+ * there: run as root, give each entry the header's uid, gid and all of
+ * its mode bits, and make hard links ('1') within the stream. */
+#define CAP_TAR_OWNERS 0x2u
 /* limit flag of WRITE and TAR_IN: report without flushing (as
  * CAP_EXEC_NO_SYNC). */
 #define CAP_FILE_NO_SYNC 0x80000000u
@@ -379,10 +522,33 @@ struct cap_setup {
 	 * only when ntmpfs > 0. Borrowed for encoding, owned after decoding. */
 	struct cap_setup_tmpfs *tmpfs;
 	uint32_t ntmpfs;
+	/* A static network (a pod's, docs/oci.md): eth0 takes net_mac,
+	 * net_mtu, net_addr/net_prefix, the routes in routes[] (each on-link
+	 * first, then those via a gateway) and a default route via
+	 * net_gateway when it is not 0; the agent writes neither
+	 * /etc/resolv.conf nor /etc/hosts (the engine's files are the
+	 * container's) and gives no proxy variables. Sent in the options
+	 * section (flags bit 2, after a tmpfs list) only when set; then
+	 * net_addr must be set and net_dns and proxy_port 0. Inline: nothing
+	 * to free. */
+	bool net_static;
+	uint8_t net_mac[6];
+	uint32_t net_mtu;	/* 68 to 65535 */
+	struct cap_setup_route {
+		uint32_t dst;	/* host order, its host bits 0 */
+		uint8_t dst_len;	/* 1 to 32: the default route is net_gateway */
+		uint32_t gateway;	/* 0: on-link */
+	} routes[16];
+	uint32_t nroutes;	/* at most CAP_SETUP_MAX_ROUTES */
 };
+#define CAP_SETUP_MAX_ROUTES 16
 #define CAP_SETUP_MAX_ENV 64
 #define CAP_SETUP_ROOT_READONLY 0x1u	/* options section: flags bit 0 */
 #define CAP_SETUP_TMPFS 0x2u	/* options section: flags bit 1, a tmpfs list follows */
+#define CAP_SETUP_STATIC_NET 0x4u	/* options section: flags bit 2, a static network follows */
+/* Whether s's static network is one the decoder takes (the rules above
+ * struct cap_setup's net_static). */
+bool cap_proto_setup_static_ok(const struct cap_setup *s);
 int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s);
 int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out);
 void cap_setup_fini(struct cap_setup *s);
@@ -392,6 +558,11 @@ void cap_setup_fini(struct cap_setup *s);
 int cap_proto_listeners_encode(struct cap_buf *out, const uint16_t *ports, uint32_t n);
 /* *ports is new (free it); -EBADMSG when malformed or unsorted. */
 int cap_proto_listeners_decode(const uint8_t *p, size_t n, uint16_t **ports, uint32_t *count);
+
+/* CONNECT: the guest's TCP port (not 0). -EBADMSG unless 2 bytes and
+ * a port. */
+void cap_proto_connect_encode(struct cap_buf *out, uint32_t stream, uint16_t port);
+int cap_proto_connect_decode(const uint8_t *p, size_t n, uint16_t *port);
 
 /* A disk serial or hostname: 1 to 20 of [A-Za-z0-9._-]. */
 bool cap_proto_valid_name(const char *s);

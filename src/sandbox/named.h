@@ -57,6 +57,11 @@ struct cap_record {
 	 * refuses an entry cap_proto_setup_tmpfs_ok does not take. */
 	struct cap_setup_tmpfs tmpfs[CAP_SETUP_MAX_TMPFS];
 	uint32_t ntmpfs;
+	/* A pod's network namespace (docs/oci.md, "The pod's network"):
+	 * the VM's NIC is a tap there joined to its veth, made at each start
+	 * from what the namespace holds then; "" for none. Recorded as
+	 * "pod_netns" only when set, an absolute path. */
+	char pod_netns[4096];
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;

@@ -82,6 +82,30 @@ int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
 int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,
 			      const uint16_t *ports, uint32_t nports, struct cap_err *err);
 
+/* PortForward for a VM with a pod's NIC (sandbox-podnet.c): the shim
+ * listens on 127.0.0.1:PORT in the pod's network namespace for each
+ * port the guest listens on, and relays each connection to the guest's
+ * 127.0.0.1:PORT (CONNECT). Driven from the shim's poll loop. */
+struct cap_portfwd;
+struct cap_portfwd *cap_portfwd_new(void);
+/* The guest's listeners are now ports[0..n) (cap_sandbox_take_listeners):
+ * listen for the new ones, stop the gone ones (their connections go
+ * on). sb is the VM they are relayed to (borrowed, kept). */
+void cap_portfwd_listeners(struct cap_portfwd *pf, struct cap_sandbox *sb, const uint16_t *ports,
+			   uint32_t n);
+/* How many pollfds it wants; fill them (read_ok: the agent channel has
+ * room, the clients may be read); handle their revents. */
+size_t cap_portfwd_npoll(const struct cap_portfwd *pf);
+void cap_portfwd_pollfds(const struct cap_portfwd *pf, struct pollfd *pfd, bool read_ok);
+void cap_portfwd_dispatch(struct cap_portfwd *pf, const struct pollfd *pfd);
+/* Whether a connection holds so much of the guest's output that the
+ * agent channel should not be read for now. */
+bool cap_portfwd_full(const struct cap_portfwd *pf);
+/* Close every listener and connection (the VM is going: no callback
+ * comes any more). */
+void cap_portfwd_reset(struct cap_portfwd *pf);
+void cap_portfwd_free(struct cap_portfwd *pf);
+
 /* Named sandboxes on disk, in parts: records (sandbox-named.c), disks
  * (sandbox-named-disk.c), creation (sandbox-named-create.c) and running
  * (sandbox-named-run.c). */

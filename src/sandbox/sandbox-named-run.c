@@ -80,6 +80,28 @@ static void unlink_noted(const char *name, const char *file, char *list, size_t 
 		snprintf(list + used, size - used, "%s%s", used ? ", " : "", file);
 }
 
+/* What a dead shim of a pod's sandbox left in the pod's namespace: its
+ * tap went with the last of its descriptors, but the veth's ingress
+ * qdisc and the filter redirecting to the tap stay (cap_pod_net_untap
+ * never ran), and would drop what the veth receives. Nothing when the
+ * namespace is gone (CNI's DEL came first). */
+static void pod_net_leftover(const char *name)
+{
+	struct cap_record rec;
+	if (cap_named_load(name, &rec, NULL) < 0 || !rec.pod_netns[0])
+		return;
+	int ns = open(rec.pod_netns, O_RDONLY | O_CLOEXEC);
+	if (ns < 0)
+		return;
+	struct cap_pod_net pod;
+	struct cap_err e = { 0 };
+	if (cap_pod_net_read(ns, rec.pod_netns, &pod, &e) == 0)
+		cap_pod_net_untap(ns, &pod);
+	else
+		cap_log(CAP_LOG_INFO, "sandbox %s: its pod's network namespace left as it is: %s", name, e.msg);
+	close(ns);
+}
+
 int cap_named_reap(const char *name, struct cap_err *err)
 {
 	int r;
@@ -124,8 +146,10 @@ int cap_named_reap(const char *name, struct cap_err *err)
 	r = cap_engine_end_leftover(engine, sockdir ? sockdir : dir, vmm);
 	if (r > 0)
 		cap_log(CAP_LOG_INFO, "sandbox %s: killed VM process %d left running by its dead shim", name, (int)vmm);
-	if (r >= 0)
+	if (r >= 0) {
 		unlink_noted(name, "runtime.json", removed, sizeof(removed));
+		pod_net_leftover(name);
+	}
 	if (*removed)
 		cap_log(CAP_LOG_INFO, "sandbox %s: removed %s left by its dead shim", name, removed);
 	if (r < 0)

@@ -93,6 +93,8 @@ int cap_named_write_record(const struct cap_record *rec, struct cap_err *err)
 		json_object_set_new(j, "hostname", json_string(rec->hostname));
 	if (rec->root_readonly)
 		json_object_set_new(j, "root_readonly", json_true());
+	if (rec->pod_netns[0])
+		json_object_set_new(j, "pod_netns", json_string(rec->pod_netns));
 	if (rec->ntmpfs) {
 		json_t *list = json_array();
 		for (uint32_t i = 0; i < rec->ntmpfs && i < CAP_SETUP_MAX_TMPFS; i++)
@@ -201,6 +203,13 @@ int cap_named_load(const char *name, struct cap_record *out,
 		return cap_err_set(err, EBADMSG, "%s: \"root_readonly\" must be true or false", path);
 	}
 	out->root_readonly = json_is_true(ro);
+	if ((s = json_string_value(json_object_get(j, "pod_netns")))) {
+		if (s[0] != '/' || strlen(s) >= sizeof(out->pod_netns)) {
+			json_decref(j);
+			return cap_err_set(err, EBADMSG, "%s: \"pod_netns\" must be an absolute path", path);
+		}
+		snprintf(out->pod_netns, sizeof(out->pod_netns), "%s", s);
+	}
 	if ((r = load_tmpfs(json_object_get(j, "tmpfs"), path, out, err)) < 0) {
 		json_decref(j);
 		return r;

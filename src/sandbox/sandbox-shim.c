@@ -26,6 +26,7 @@
 #include "log.h"
 #include "named.h"
 #include "paths.h"
+#include "sandbox-internal.h"
 #include "sandbox.h"
 #include "secret.h"
 #include "sock.h"
@@ -110,6 +111,7 @@ struct shim {
 	char *owned_secrets;
 	int netd_fd;	/* pidfd of the policy process, -1: none or gone */
 	bool netd_dead;
+	struct cap_portfwd *pf;	/* a pod's NIC: PortForward, else NULL */
 };
 
 /* waitid on a pidfd (linux/wait.h; glibc 2.36 does not name it). */
@@ -337,6 +339,8 @@ static bool recover_disks(struct shim *s)
 	struct cap_err err = { 0 };
 	if (cap_sandbox_shutdown(s->sb, 10000, &err) < 0)
 		cap_log(CAP_LOG_WARN, "%s", err.msg);
+	if (s->pf)
+		cap_portfwd_reset(s->pf);
 	cap_sandbox_free(s->sb);
 	s->sb = NULL;
 	s->disk_failed = false;
@@ -416,7 +420,7 @@ static void client_file(struct shim *s, struct conn *c, const struct cap_frame *
 {
 	struct cap_file_req req;
 	struct cap_err err = { .code = EBADMSG, .msg = "malformed FILE request" };
-	char root[16], path[4100];
+	char root[32], path[4100];
 	struct route *r = route_open(s, c, f->stream);
 	if (!r)
 		return;
@@ -431,6 +435,35 @@ static void client_file(struct shim *s, struct conn *c, const struct cap_frame *
 	if (req.op == CAP_FILE_MANIFEST || req.op == CAP_FILE_TAR_OUT || req.op == CAP_FILE_TAR_IN)
 		cap = 0;
 	if (cap_sandbox_file(s->sb, &req, (uint32_t)CAP_MIN(cap, (uint64_t)UINT32_MAX), &events, r, &r->aid, &err) < 0)
+		route_failed(c, r, &err);
+}
+
+/* UPDATE and STATS of a pod's containers: checked, then relayed like a
+ * FILE op (their answer is output and an end). */
+static void client_ctl(struct shim *s, struct conn *c, const struct cap_frame *f)
+{
+	struct cap_err err = { .code = EBADMSG };
+	struct route *r = route_open(s, c, f->stream);
+	if (!r)
+		return;
+	if (f->type == CAP_MSG_UPDATE) {
+		struct cap_update u;
+		if (cap_proto_update_decode(f->payload, f->len, &u) < 0) {
+			snprintf(err.msg, sizeof(err.msg), "malformed UPDATE");
+			route_failed(c, r, &err);
+			return;
+		}
+		if (cap_sandbox_update(s->sb, &u, &events, r, &r->aid, &err) < 0)
+			route_failed(c, r, &err);
+		return;
+	}
+	char name[CAP_CTR_NAME_MAX + 1];
+	if (cap_proto_stats_req_decode(f->payload, f->len, name, sizeof(name)) < 0) {
+		snprintf(err.msg, sizeof(err.msg), "malformed STATS");
+		route_failed(c, r, &err);
+		return;
+	}
+	if (cap_sandbox_stats(s->sb, name, &events, r, &r->aid, &err) < 0)
 		route_failed(c, r, &err);
 }
 
@@ -450,6 +483,10 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 		return true;
 	case CAP_MSG_FILE:
 		client_file(s, c, f);
+		return true;
+	case CAP_MSG_UPDATE:
+	case CAP_MSG_STATS:
+		client_ctl(s, c, f);
 		return true;
 	case CAP_MSG_STDIN:
 		if ((r = route_by_client(s, c, f->stream)))
@@ -658,8 +695,9 @@ static void serve(struct shim *s, int lfd, int sfd)
 	struct cap_err err = { 0 };
 
 	while (!s->stop) {
-		if (cap < FIXED + s->nconns) {
-			cap = FIXED + s->nconns + 16;
+		size_t npf = s->pf ? cap_portfwd_npoll(s->pf) : 0;
+		if (cap < FIXED + s->nconns + npf) {
+			cap = FIXED + s->nconns + npf + 16;
 			pfd = xrealloc(pfd, cap * sizeof(*pfd));
 			owner = xrealloc(owner, cap * sizeof(*owner));
 		}
@@ -668,6 +706,7 @@ static void serve(struct shim *s, int lfd, int sfd)
 		bool full = false;
 		for (size_t i = 0; i < s->nconns; i++)
 			full |= s->conns[i]->full_since != 0;
+		full |= s->pf && cap_portfwd_full(s->pf);
 		if (full)
 			pfd[0].events &= (short)~POLLIN;	/* the agent channel */
 		pfd[SIG] = (struct pollfd){ .fd = sfd, .events = POLLIN };
@@ -681,6 +720,11 @@ static void serve(struct shim *s, int lfd, int sfd)
 			pfd[n++] = (struct pollfd){ .fd = c->fd, .events = (short)((clients_in || !c->feeds ? POLLIN : 0) |
 									(cap_buf_used(&c->out) ? POLLOUT : 0)) };
 		}
+		size_t pf0 = n;
+		if (s->pf) {
+			cap_portfwd_pollfds(s->pf, pfd + n, clients_in);
+			n += npf;
+		}
 		if (poll(pfd, (nfds_t)n, s->runtime_stale || full ? 1000 : -1) < 0 && errno != EINTR)
 			break;
 		/* Before the agent's news: QEMU reported an I/O error before
@@ -690,6 +734,7 @@ static void serve(struct shim *s, int lfd, int sfd)
 			cap_log(CAP_LOG_ERROR, "%s", err.msg);
 			break;
 		}
+
 		if (pfd[SIG].revents) {
 			struct signalfd_siginfo si;
 			while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
@@ -703,7 +748,15 @@ static void serve(struct shim *s, int lfd, int sfd)
 			netd_died(s);
 		if (pfd[LISTEN].revents & POLLIN)
 			accept_clients(s, lfd);
-		for (size_t i = FIXED; i < n; i++) {
+		if (s->pf) {
+			const uint16_t *lports;
+			uint32_t nlports;
+			cap_portfwd_dispatch(s->pf, pfd + pf0);
+			/* After its pollfds' round: the set of listeners may change. */
+			if (cap_sandbox_take_listeners(s->sb, &lports, &nlports))
+				cap_portfwd_listeners(s->pf, s->sb, lports, nlports);
+		}
+		for (size_t i = FIXED; i < pf0; i++) {
 			struct conn *c = owner[i];
 			if (c->fd < 0 || !pfd[i].revents)
 				continue;
@@ -859,6 +912,18 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	cap_named_shape(&rec, img.owned_path, upper, work, source, rec.workspace[0] ? workspace : NULL,
 			name, net, spec, &o);
 	s.spec = spec;
+	/* A pod's NIC: what its namespace holds now (CNI made it before the
+	 * sandbox container's create). */
+	struct cap_pod_net pod;
+	if (rec.pod_netns[0]) {
+		if (net->enabled) {
+			r = cap_err_set(err, EINVAL, "sandbox '%s' has both a pod's network and a network policy", name);
+			goto out;
+		}
+		if ((r = cap_sandbox_pod_net_read(rec.pod_netns, &pod, err)) < 0)
+			goto out;
+		cap_sandbox_spec_pod(spec, rec.pod_netns, &pod);
+	}
 	if (net->enabled && (netlog = open(netlog_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
 		r = cap_err_set(err, errno, "cannot open %s: %s", netlog_path, strerror(errno));
 		goto out;
@@ -896,6 +961,8 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	watch_netd(&s);
 	s.disks = spec->disks;
 	s.ndisks = spec->ndisks;
+	if (spec->has_pod)
+		s.pf = cap_portfwd_new();
 	raise_nofile();
 	s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if ((r = write_runtime(&s, err)) < 0)
@@ -937,6 +1004,7 @@ out:
 			conn_close(&s, s.conns[i]);
 	conns_sweep(&s);
 	free(s.conns);
+	cap_portfwd_free(s.pf);
 	free(s.owned_secrets);
 	if (s.spare_fd >= 0)
 		close(s.spare_fd);

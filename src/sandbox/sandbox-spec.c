@@ -93,6 +93,28 @@ void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_p
 		 s->setup.net_prefix, cap_net_addr_str(s->setup.net_gateway, g));
 }
 
+void cap_sandbox_spec_pod(struct cap_sandbox_spec *s, const char *netns, const struct cap_pod_net *p)
+{
+	CAP_BUG_ON(p->nroutes > CAP_SETUP_MAX_ROUTES);
+	s->has_pod = true;
+	s->pod_netns = netns;
+	s->pod = *p;
+	s->append[0] = '\0';
+	struct cap_setup *u = &s->setup;
+	u->net_addr = p->addr;
+	u->net_prefix = p->prefix;
+	u->net_gateway = p->gateway;
+	u->net_dns = 0;
+	u->proxy_port = 0;
+	u->auto_publish = true;
+	u->net_static = true;
+	memcpy(u->net_mac, p->mac, 6);
+	u->net_mtu = p->mtu;
+	u->nroutes = p->nroutes;
+	for (unsigned i = 0; i < p->nroutes; i++)
+		u->routes[i] = (struct cap_setup_route){ p->routes[i].dst, p->routes[i].len, p->routes[i].gateway };
+}
+
 void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t len)
 {
 	size_t used = 0;
@@ -103,7 +125,7 @@ void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t 
 					 d->readonly ? "ro" : "rw", d->per_sandbox ? "own" : "shared");
 	}
 	if (used < len)
-		snprintf(buf + used, len - used, "%s", s->net.enabled ? "nic" : "no-nic");
+		snprintf(buf + used, len - used, "%s", s->net.enabled ? "nic" : s->has_pod ? "pod-nic" : "no-nic");
 }
 
 const char *cap_sandbox_disk_role(const char *serial)

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -30,6 +31,11 @@ struct cap_sandbox {
 	struct cap_vm_times vm_times;	/* of the last start_vm */
 	int64_t ready_ns;	/* when start_vm last got its answers */
 	struct cap_sandbox_times times;
+	/* A pod's NIC: its namespace, the tap QEMU is given, what the veth
+	 * is (to undo the filters); -1 when none. */
+	int pod_ns, tap_fd;
+	struct cap_vm_tap tap;
+	struct cap_pod_net pod;
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
@@ -308,6 +314,7 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	sb->fd = fd;
 	sb->ram_conn = -1;
+	sb->pod_ns = sb->tap_fd = -1;
 	cap_client_init(&sb->client);
 	int r = wait_hello(sb, 10000, err);
 	if (r < 0) {
@@ -405,6 +412,7 @@ static int snapshot(const struct cap_vm_config *cfg, int timeout_ms, const char 
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	sb->fd = -1;
 	sb->ram_conn = -1;
+	sb->pod_ns = sb->tap_fd = -1;
 	cap_client_init(&sb->client);
 	int r = start_vm(sb, cfg, NULL, timeout_ms, err);
 	if (r == 0)
@@ -566,7 +574,29 @@ const struct cap_sandbox_times *cap_sandbox_times(const struct cap_sandbox *sb)
 static bool templates_enabled(const struct cap_sandbox_opts *o)
 {
 	const char *env = getenv("CAPSULE_TEMPLATES");
+	/* A pod's NIC cold-boots (docs/architecture.md, "A pod's network"). */
+	if (o->spec && o->spec->has_pod)
+		return false;
 	return o->use_template && !(env && strcmp(env, "0") == 0);
+}
+
+/* A pod's NIC: the tap in its namespace, for every QEMU this boot tries. */
+static int pod_up(struct cap_sandbox *sb, const struct cap_sandbox_spec *spec, struct cap_vm_config *cfg,
+		  struct cap_err *err)
+{
+	sb->pod_ns = open(spec->pod_netns, O_RDONLY | O_CLOEXEC);
+	if (sb->pod_ns < 0)
+		return cap_err_set(err, errno, "the pod's network namespace %s: %s", spec->pod_netns, strerror(errno));
+	int r = cap_pod_net_tap(sb->pod_ns, &spec->pod, &sb->tap_fd, err);
+	if (r < 0) {
+		cap_err_prefix(err, "the pod's network namespace %s", spec->pod_netns);
+		return r;
+	}
+	sb->pod = spec->pod;
+	sb->tap.fd = sb->tap_fd;
+	memcpy(sb->tap.mac, spec->pod.mac, 6);
+	cfg->tap = &sb->tap;
+	return 0;
 }
 
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
@@ -580,8 +610,11 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 
 	sb->fd = -1;
 	sb->ram_conn = -1;
+	sb->pod_ns = sb->tap_fd = -1;
 	cap_client_init(&sb->client);
 	if ((r = prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
+		goto fail;
+	if (o->spec && o->spec->has_pod && (r = pod_up(sb, o->spec, &cfg, err)) < 0)
 		goto fail;
 	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
 		goto fail;
@@ -690,6 +723,29 @@ pid_t cap_sandbox_net_pid(const struct cap_sandbox *sb)
 	return sb->vm ? cap_vm_net_pid(sb->vm) : -1;
 }
 
+bool cap_sandbox_take_listeners(struct cap_sandbox *sb, const uint16_t **ports, uint32_t *n)
+{
+	if (sb->net || !sb->client.listeners_changed)
+		return false;
+	sb->client.listeners_changed = false;
+	*ports = sb->client.listeners;
+	*n = sb->client.nlisteners;
+	return true;
+}
+
+int cap_sandbox_pod_netns(const struct cap_sandbox *sb)
+{
+	return sb->vm ? sb->pod_ns : -1;
+}
+
+int cap_sandbox_connect(struct cap_sandbox *sb, uint16_t port, const struct cap_exec_events *ev,
+			void *ud, uint32_t *id, struct cap_err *err)
+{
+	if (sb->dead)
+		return cap_err_set(err, EPIPE, "the VM has stopped");
+	return cap_client_connect(&sb->client, port, ev, ud, id, err);
+}
+
 bool cap_sandbox_restored(const struct cap_sandbox *sb)
 {
 	return sb->restored;
@@ -711,6 +767,128 @@ int cap_sandbox_file(struct cap_sandbox *sb, const struct cap_file_req *req,
 	if (sb->dead)
 		return cap_err_set(err, EPIPE, "the VM has stopped");
 	return cap_client_file(&sb->client, req, cap, ev, ud, id, err);
+}
+
+int cap_sandbox_update(struct cap_sandbox *sb, const struct cap_update *u,
+		       const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		       struct cap_err *err)
+{
+	if (sb->dead)
+		return cap_err_set(err, EPIPE, "the VM has stopped");
+	return cap_client_update(&sb->client, u, ev, ud, id, err);
+}
+
+int cap_sandbox_stats(struct cap_sandbox *sb, const char *name,
+		      const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		      struct cap_err *err)
+{
+	if (sb->dead)
+		return cap_err_set(err, EPIPE, "the VM has stopped");
+	return cap_client_stats(&sb->client, name, ev, ud, id, err);
+}
+
+/* One UPDATE or STATS waited for: its output and end. */
+struct ctl_wait {
+	struct cap_buf out, errtext;
+	bool done;
+	struct cap_exit ex;
+	int errnum;
+	char msg[256];
+};
+
+static void ctl_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	struct ctl_wait *w = ud;
+	(void)id;
+	cap_buf_append(fd == 1 ? &w->out : &w->errtext, p, n);
+}
+
+static void ctl_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
+{
+	struct ctl_wait *w = ud;
+	(void)id;
+	w->done = true;
+	if (ex)
+		w->ex = *ex;
+	else {
+		w->errnum = errnum;
+		snprintf(w->msg, sizeof(w->msg), "%s", msg ? msg : strerror(errnum));
+	}
+}
+
+static const struct cap_exec_events ctl_events = { ctl_output, ctl_done, NULL };
+
+/* Drive sb until w is done: 0, or -errno with err set (the guest's
+ * refusal: its STDERR line). */
+static int ctl_pump(struct cap_sandbox *sb, struct ctl_wait *w, const char *what, int timeout_ms,
+		    struct cap_err *err)
+{
+	int64_t until = cap_now_ms() + timeout_ms;
+	while (!w->done) {
+		struct pollfd pfd[CAP_SANDBOX_NPOLL];
+		int64_t left = until - cap_now_ms();
+		if (left <= 0)
+			return cap_err_set(err, ETIMEDOUT, "%s: the VM did not answer within %d ms", what, timeout_ms);
+		cap_sandbox_pollfds(sb, pfd);
+		if (poll(pfd, CAP_SANDBOX_NPOLL, (int)CAP_MIN(left, 1000)) < 0 && errno != EINTR)
+			return cap_err_set(err, errno, "poll: %s", strerror(errno));
+		int r = cap_sandbox_dispatch(sb, pfd, err);
+		if (r < 0)
+			return r;
+	}
+	if (w->errnum)
+		return cap_err_set(err, w->errnum, "%s: %s", what, w->msg);
+	if (w->ex.kind != CAP_EXIT_CODE || w->ex.value != 0) {
+		_cleanup_free_ char *text = xstrndup((const char *)cap_buf_head(&w->errtext),
+						     CAP_MIN(cap_buf_used(&w->errtext), (size_t)400));
+		text[strcspn(text, "\n")] = '\0';
+		for (char *c = text; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				*c = '?';
+		const char *t = strncmp(text, "capsule: ", 9) == 0 ? text + 9 : text;
+		int e = w->ex.kind == CAP_EXIT_START_FAILED ? w->ex.value : EIO;
+		return cap_err_set(err, e, "%s: %s", what, *t ? t : "the guest refused it");
+	}
+	return 0;
+}
+
+int cap_sandbox_update_wait(struct cap_sandbox *sb, const struct cap_update *u, int timeout_ms,
+			    struct cap_err *err)
+{
+	struct ctl_wait w;
+	memset(&w, 0, sizeof(w));
+	cap_buf_init(&w.out);
+	cap_buf_init(&w.errtext);
+	uint32_t id;
+	_cleanup_free_ char *what = xasprintf("%s of container %s in the VM",
+					     u->op == CAP_UPDATE_REMOVE ? "removal" : "update", u->name);
+	int r = cap_sandbox_update(sb, u, &ctl_events, &w, &id, err);
+	if (r == 0)
+		r = ctl_pump(sb, &w, what, timeout_ms, err);
+	cap_buf_fini(&w.out);
+	cap_buf_fini(&w.errtext);
+	return r;
+}
+
+int cap_sandbox_stats_wait(struct cap_sandbox *sb, const char *name, struct cap_stats *stats,
+			   int timeout_ms, struct cap_err *err)
+{
+	struct ctl_wait w;
+	memset(&w, 0, sizeof(w));
+	cap_buf_init(&w.out);
+	cap_buf_init(&w.errtext);
+	uint32_t id;
+	_cleanup_free_ char *what = *name ? xasprintf("the stats of container %s", name)
+					  : xstrdup("the stats of the VM");
+	int r = cap_sandbox_stats(sb, name, &ctl_events, &w, &id, err);
+	if (r == 0)
+		r = ctl_pump(sb, &w, what, timeout_ms, err);
+	if (r == 0 && cap_proto_stats_decode(cap_buf_head(&w.out), cap_buf_used(&w.out), stats) < 0)
+		r = cap_err_set(err, EBADMSG, "%s: the guest sent a malformed record (%zu bytes)", what,
+				cap_buf_used(&w.out));
+	cap_buf_fini(&w.out);
+	cap_buf_fini(&w.errtext);
+	return r;
 }
 
 int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
@@ -798,6 +976,14 @@ void cap_sandbox_free(struct cap_sandbox *sb)
 		close(sb->fd);
 	if (sb->ram_conn >= 0)
 		close(sb->ram_conn);
+	/* The tap goes with its last descriptor (QEMU's is closed), then
+	 * the veth's filter. */
+	if (sb->tap_fd >= 0)
+		close(sb->tap_fd);
+	if (sb->pod_ns >= 0) {
+		cap_pod_net_untap(sb->pod_ns, &sb->pod);
+		close(sb->pod_ns);
+	}
 	cap_sandbox_net_free(sb->net);
 	cap_client_fini(&sb->client);
 	if (sb->owned_run_dir)

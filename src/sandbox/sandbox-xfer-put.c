@@ -36,6 +36,10 @@ struct hent {
 	char type;	/* enum cap_tree_type */
 	bool sent;
 	uint64_t size;	/* a file's, as sent */
+	uint32_t uid, gid;	/* with CAP_XFER_OWNERS */
+	dev_t dev;	/* a file with more than one link: where the others point */
+	ino_t ino;
+	bool multi;
 };
 
 struct put {
@@ -61,6 +65,20 @@ static void add(struct put *p, const char *rel, char type, char *target)
 		p->v = xrealloc(p->v, p->cap * sizeof(*p->v));
 	}
 	p->v[p->n++] = (struct hent){ .rel = xstrdup(rel), .target = target, .type = type };
+}
+
+/* With CAP_XFER_OWNERS: the last entry's owner and, for a file of more
+ * than one link, its identity. */
+static void add_meta(struct put *p, const struct stat *st)
+{
+	struct hent *h = &p->v[p->n - 1];
+	h->uid = st->st_uid;
+	h->gid = st->st_gid;
+	if (S_ISREG(st->st_mode) && st->st_nlink > 1) {
+		h->multi = true;
+		h->dev = st->st_dev;
+		h->ino = st->st_ino;
+	}
 }
 
 static int cmp_name(const void *a, const void *b)
@@ -126,6 +144,7 @@ static int walk(struct put *p, int fd, const char *rel, unsigned depth)
 		}
 		if (S_ISDIR(st.st_mode)) {
 			add(p, crel, CAP_TREE_DIR, NULL);
+			add_meta(p, &st);
 			int cfd = openat(dirfd(d), names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (cfd < 0) {
 				int k = errno;
@@ -136,6 +155,7 @@ static int walk(struct put *p, int fd, const char *rel, unsigned depth)
 			r = walk(p, cfd, crel, depth + 1);
 		} else if (S_ISREG(st.st_mode)) {
 			add(p, crel, CAP_TREE_FILE, NULL);
+			add_meta(p, &st);
 		} else if (S_ISLNK(st.st_mode)) {
 			char target[CAP_TREE_MAX_PATH + 1];
 			ssize_t k = readlinkat(dirfd(d), names[i], target, sizeof(target));
@@ -151,7 +171,12 @@ static int walk(struct put *p, int fd, const char *rel, unsigned depth)
 				break;
 			}
 			target[k] = 0;
-			if (p->flags & CAP_XFER_NO_LINKS) {
+			if (p->flags & CAP_XFER_OWNERS) {
+				/* Resolved in the container's root, where it
+				 * cannot lead out. */
+				add(p, crel, CAP_TREE_LINK, xstrdup(target));
+				add_meta(p, &st);
+			} else if (p->flags & CAP_XFER_NO_LINKS) {
 				cap_xfer_refuse(p->res, "%s: a symbolic link (links are not copied)", hp);
 			} else if (k == 0 || !cap_tree_link_inside(crel, target)) {
 				cap_xfer_refuse(p->res, "%s: a symbolic link to %s, which leaves the copied tree", hp, target);
@@ -248,7 +273,7 @@ static int open_entry(int topfd, const char *rel)
 /* Write one entry (and a file's content) to the stream. 0, 1 when the
  * entry was skipped (listed in res), or -errno (the stream is over). */
 static int put_entry(struct put *p, struct archive *a, struct archive_entry *ae, int topfd,
-		     struct hent *h, const char *name, const struct stat *topst)
+		     struct hent *h, const char *name, const struct stat *topst, const char *hardlink)
 {
 	_cleanup_free_ char *hp = host_path(p, h->rel);
 	_cleanup_free_ uint8_t *buf = NULL;
@@ -256,6 +281,22 @@ static int put_entry(struct put *p, struct archive *a, struct archive_entry *ae,
 	struct stat st;
 	archive_entry_clear(ae);
 	archive_entry_set_pathname(ae, name);
+	if (p->flags & CAP_XFER_OWNERS) {
+		archive_entry_set_uid(ae, h->uid);
+		archive_entry_set_gid(ae, h->gid);
+	}
+	if (hardlink) {
+		/* Another name of a file already sent. */
+		archive_entry_set_filetype(ae, AE_IFREG);
+		archive_entry_set_perm(ae, 0644);
+		archive_entry_set_hardlink(ae, hardlink);
+		archive_entry_set_size(ae, 0);
+		if (archive_write_header(a, ae) < ARCHIVE_WARN)
+			goto broken;
+		h->sent = true;
+		p->res->files++;
+		return 0;
+	}
 	if (h->type == CAP_TREE_LINK) {
 		archive_entry_set_filetype(ae, AE_IFLNK);
 		archive_entry_set_perm(ae, 0777);
@@ -406,13 +447,14 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 		goto out;
 	}
 	if (p.n == 0 && res->nrefused) {
-		r = (flags & CAP_XFER_NO_LINKS) ? 0 : cap_err_set(err, EPERM, "nothing was copied from %s (listed)", src);
+		r = (flags & (CAP_XFER_NO_LINKS | CAP_XFER_OWNERS)) ? 0 : cap_err_set(err, EPERM, "nothing was copied from %s (listed)", src);
 		goto out;
 	}
 
 	/* Then the stream. */
 	if ((r = cap_xfer_op_start(&p.op, CAP_FILE_TAR_IN, root, dest_dir,
 				   ((flags & CAP_XFER_NO_REPLACE) ? CAP_TAR_NO_REPLACE : 0) |
+				   ((flags & CAP_XFER_OWNERS) ? CAP_TAR_OWNERS : 0) |
 				  ((flags & CAP_XFER_NO_SYNC) ? CAP_FILE_NO_SYNC : 0),
 			  err)) < 0)
 		goto out;
@@ -432,7 +474,13 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 	}
 	for (size_t i = 0; i < p.n && !p.op.done; i++) {
 		_cleanup_free_ char *name = entry_name(dest_name, p.v[i].rel);
-		if ((r = put_entry(&p, a, ae, topdir >= 0 ? topdir : top, &p.v[i], name, &st)) < 0)
+		_cleanup_free_ char *first = NULL;
+		/* A file's other names are links to its first (a busybox
+		 * image's applets: one binary, hundreds of names). */
+		for (size_t j = 0; p.v[i].multi && j < i && !first; j++)
+			if (p.v[j].multi && p.v[j].sent && p.v[j].dev == p.v[i].dev && p.v[j].ino == p.v[i].ino)
+				first = entry_name(dest_name, p.v[j].rel);
+		if ((r = put_entry(&p, a, ae, topdir >= 0 ? topdir : top, &p.v[i], name, &st, first)) < 0)
 			break;
 	}
 	if (r >= 0 && !p.op.done && archive_write_close(a) != ARCHIVE_OK && p.failed == 0 && !p.op.done)
@@ -481,7 +529,7 @@ int cap_xfer_put(struct cap_sandbox *sb, const char *src, const char *root,
 			}
 		}
 	}
-	if (res->nrefused && !(flags & CAP_XFER_NO_LINKS))
+	if (res->nrefused && !(flags & (CAP_XFER_NO_LINKS | CAP_XFER_OWNERS)))
 		r = cap_err_set(err, EPERM, "%s: %zu path%s not copied (listed)", what, res->nrefused,
 				res->nrefused == 1 ? " was" : "s were");
 	else

@@ -33,6 +33,11 @@ struct cap_sandbox_spec {
 	 * agent to configure at boot ("capsule.net=10.0.2.15/24,10.0.2.2"),
 	 * so that a template holds it ready. "" otherwise. */
 	char append[64];
+	/* A pod's NIC (cap_sandbox_spec_pod), never with net.enabled: the
+	 * pod's namespace (borrowed path) and what its veth holds. */
+	bool has_pod;
+	const char *pod_netns;
+	struct cap_pod_net pod;
 };
 
 /* The bare initramfs root: no disk, no NIC. */
@@ -63,6 +68,17 @@ void cap_sandbox_spec_oneshot(struct cap_sandbox_spec *s, const char *source_ima
 /* Give the sandbox this network policy (copied): a NIC when p->enabled,
  * eth0 and the proxy in SETUP. */
 void cap_sandbox_spec_network(struct cap_sandbox_spec *s, const struct cap_net_policy *p);
+/* Give the sandbox a pod's NIC (docs/oci.md, "The pod's network"): a
+ * tap in the network namespace at netns (borrowed; made at each boot and
+ * joined to the veth with tc), and SETUP's static network with the
+ * veth's MAC, MTU, address and routes, listeners reported (PortForward),
+ * no /etc file and no proxy. Such a VM always cold-boots (the device's
+ * MAC is in a template's saved state). */
+void cap_sandbox_spec_pod(struct cap_sandbox_spec *s, const char *netns, const struct cap_pod_net *p);
+/* What the network namespace at path holds for a pod (one veth, one
+ * IPv4 address: cap_pod_net_read's rules), refused with err naming path
+ * and what was found; root only. */
+int cap_sandbox_pod_net_read(const char *path, struct cap_pod_net *out, struct cap_err *err);
 /* The shape, for the template key: serials, modes and ownership of the
  * disks in order, then "nic" when there is one. Never the paths. */
 void cap_sandbox_spec_shape(const struct cap_sandbox_spec *s, char *buf, size_t len);
@@ -199,6 +215,17 @@ pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb);
 /* The engine running the VM ("qemu"); NULL when sb is attached to a shim. */
 const char *cap_sandbox_engine(const struct cap_sandbox *sb);
 
+/* The guest's TCP listeners when they changed since the last call
+ * (true; *ports borrowed until the next dispatch), for a VM with a pod's
+ * NIC (a NIC under a policy publishes its own). */
+bool cap_sandbox_take_listeners(struct cap_sandbox *sb, const uint16_t **ports, uint32_t *n);
+/* The pod's network namespace of an owned VM with a pod's NIC (borrowed
+ * descriptor), else -1. */
+int cap_sandbox_pod_netns(const struct cap_sandbox *sb);
+/* Open a TCP stream to the guest's 127.0.0.1:port (cap_client_connect). */
+int cap_sandbox_connect(struct cap_sandbox *sb, uint16_t port, const struct cap_exec_events *ev,
+			void *ud, uint32_t *id, struct cap_err *err);
+
 /* Start a command; see cap_client_exec for the callbacks' lifetimes. */
 int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
 		     const struct cap_exec_events *ev, void *ud, uint32_t *id,
@@ -208,6 +235,21 @@ int cap_sandbox_exec(struct cap_sandbox *sb, const struct cap_exec_req *req,
 int cap_sandbox_file(struct cap_sandbox *sb, const struct cap_file_req *req,
 		     uint32_t cap, const struct cap_exec_events *ev, void *ud,
 		     uint32_t *id, struct cap_err *err);
+/* UPDATE and STATS of a pod's container (cap_client_update,
+ * cap_client_stats); answered through ev like a FILE op. */
+int cap_sandbox_update(struct cap_sandbox *sb, const struct cap_update *u,
+		       const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		       struct cap_err *err);
+int cap_sandbox_stats(struct cap_sandbox *sb, const char *name,
+		      const struct cap_exec_events *ev, void *ud, uint32_t *id,
+		      struct cap_err *err);
+/* The same, blocking (driving sb until the answer, at most timeout_ms):
+ * 0, or -errno with err saying what the guest said. stats: filled on
+ * success. For a caller with no other stream of sb waiting. */
+int cap_sandbox_update_wait(struct cap_sandbox *sb, const struct cap_update *u, int timeout_ms,
+			    struct cap_err *err);
+int cap_sandbox_stats_wait(struct cap_sandbox *sb, const char *name, struct cap_stats *stats,
+			   int timeout_ms, struct cap_err *err);
 int cap_sandbox_stdin(struct cap_sandbox *sb, uint32_t id, const void *p,
 		      size_t n);
 int cap_sandbox_signal(struct cap_sandbox *sb, uint32_t id, int sig);

@@ -34,6 +34,13 @@
  * (TAR_IN's CAP_FILE_NO_SYNC): not durable until something else flushes
  * it (docs/cli.md, "Durable results"). */
 #define CAP_XFER_NO_SYNC 0x8u
+/* put: a container's root into CAP_GUEST_CONTAINERS (TAR_IN's
+ * CAP_TAR_OWNERS): every entry keeps its owner and all of its mode
+ * bits, every symbolic link is copied as it is (it is resolved in the
+ * container's root, never on the host or in the VM's), hard links stay
+ * links, and what cannot be copied (devices, FIFOs, sockets) is listed
+ * in refused without failing the put. */
+#define CAP_XFER_OWNERS 0x10u
 
 struct cap_xfer_result {
 	uint64_t files, dirs, links, bytes;	/* what was written */

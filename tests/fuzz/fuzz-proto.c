@@ -1,6 +1,7 @@
 /* Fuzz target for the protocol decoder: the host-side client fed arbitrary
- * guest bytes (after a valid HELLO, with a few open streams), the exec,
- * SETUP, LISTENERS and FILE decoders fed arbitrary payloads, and the
+ * guest bytes (after a valid HELLO, with a few open streams), the exec
+ * (with its container section), SETUP, LISTENERS, FILE, UPDATE, STATS
+ * and stats-record decoders fed arbitrary payloads, and the
  * guest's tar reader (src/proto/tar.c) fed arbitrary streams.
  *
  * Built three ways (tests/fuzz/meson.build): as a libFuzzer target
@@ -103,6 +104,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (uint32_t i = 0; i < setup.envc; i++)
 			if (!strchr(setup.env[i], '=') || setup.env[i][0] == '=')
 				abort();
+		if (setup.net_static && !cap_proto_setup_static_ok(&setup))
+			abort();
 		/* What the decoder accepts, the encoder takes back unchanged. */
 		struct cap_buf again;
 		cap_buf_init(&again);
@@ -115,7 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 
 	struct cap_file_req file;
-	char root[16], path[4100];
+	char root[32], path[4100];
 	if (cap_proto_file_decode(data, size, &file, root, sizeof(root), path, sizeof(path)) == 0) {
 		/* What the decoder accepts, the encoder takes back unchanged. */
 		struct cap_buf again;
@@ -123,6 +126,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (!cap_proto_file_path_ok(file.path) || cap_proto_file_encode(&again, 1, &file) < 0 ||
 		    cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
 		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
+	}
+
+	/* A pod's containers: UPDATE, STATS and the stats record. */
+	struct cap_update upd;
+	if (cap_proto_update_decode(data, size, &upd) == 0) {
+		struct cap_buf again;
+		cap_buf_init(&again);
+		if (!cap_proto_ctr_name_ok(upd.name) || !cap_proto_limits_ok(&upd.limits) ||
+		    cap_proto_update_encode(&again, 1, &upd) < 0 || cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
+	}
+	char cname[CAP_CTR_NAME_MAX + 1];
+	if (cap_proto_stats_req_decode(data, size, cname, sizeof(cname)) == 0) {
+		struct cap_buf again;
+		cap_buf_init(&again);
+		if (cap_proto_stats_req_encode(&again, 1, cname) < 0 || cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
+	}
+	static struct cap_stats stats;
+	if (cap_proto_stats_decode(data, size, &stats) == 0) {
+		struct cap_buf again;
+		cap_buf_init(&again);
+		cap_proto_stats_encode(&again, &stats);
+		if (stats.n > CAP_STATS_MAX || cap_buf_used(&again) != size || memcmp(cap_buf_head(&again), data, size) != 0)
 			abort();
 		cap_buf_fini(&again);
 	}
@@ -143,6 +176,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		cap_buf_fini(&again);
 		free(ports);
+	}
+
+	/* A PortForward's CONNECT: what the decoder accepts, the encoder
+	 * takes back unchanged. */
+	uint16_t port;
+	if (cap_proto_connect_decode(data, size, &port) == 0) {
+		struct cap_buf again;
+		cap_buf_init(&again);
+		cap_proto_connect_encode(&again, 1, port);
+		if (port == 0 || cap_buf_used(&again) != CAP_PROTO_HEADER + size ||
+		    memcmp(cap_buf_head(&again) + CAP_PROTO_HEADER, data, size) != 0)
+			abort();
+		cap_buf_fini(&again);
 	}
 	return 0;
 }
@@ -209,6 +255,34 @@ int main(int argc, char **argv)
 				     .groups = { 10 }, .nrlimits = 1, .umask = 022 };
 	ureq.rlimits[0] = (struct cap_exec_rlimit){ .resource = 7, .soft = 1024, .hard = 4096 };
 	cap_proto_exec_encode(&seed, 6, &ureq);
+	/* A pod's container: the container section after the user section. */
+	static struct cap_exec_container ctr = {
+		.name = "c1", .options = CAP_CTR_ROOT | CAP_CTR_READONLY,
+		.limits = { .set = CAP_LIMIT_ALL, .memory_max = 1 << 26, .cpu_quota = 50000, .cpu_period = 100000,
+			    .cpu_weight = 100, .pids_max = 64 },
+		.mounts = { { .kind = CAP_CTR_PROC, .destination = "/proc" },
+			    { .kind = CAP_CTR_TMPFS, .destination = "/dev", .data = "mode=755", .flags = 2 },
+			    { .kind = CAP_CTR_VOLUME, .destination = "/data", .data = "v0123" } },
+		.nmounts = 3,
+	};
+	ureq.flags |= CAP_EXEC_CONTAINER;
+	ureq.ctr = &ctr;
+	cap_proto_exec_encode(&seed, 7, &ureq);
+	struct cap_update upd = { .op = CAP_UPDATE_LIMITS, .name = "c1",
+				  .limits = { .set = CAP_LIMIT_MEMORY | CAP_LIMIT_PIDS, .memory_max = 1 << 27,
+					      .pids_max = CAP_LIMIT_NONE } };
+	cap_proto_update_encode(&seed, 8, &upd);
+	cap_proto_stats_req_encode(&seed, 9, "c1");
+	cap_proto_stats_req_encode(&seed, 10, "");
+	static struct cap_stats st;
+	cap_stats_put(&st, "cpu.usage_usec", 1234);
+	cap_stats_put(&st, "memory.max", CAP_LIMIT_NONE);
+	cap_stats_put(&st, "memory.stat.anon", 4096);
+	struct cap_buf rec;
+	cap_buf_init(&rec);
+	cap_proto_stats_encode(&rec, &st);
+	cap_proto_put(&seed, CAP_MSG_STDOUT, 9, cap_buf_head(&rec), cap_buf_used(&rec));
+	cap_buf_fini(&rec);
 	const uint16_t ports[] = { 22, 80, 8080 };
 	cap_proto_listeners_encode(&seed, ports, 3);
 	cap_proto_listeners_encode(&seed, NULL, 0);
@@ -229,11 +303,20 @@ int main(int argc, char **argv)
 	struct cap_file_req freq = { .op = CAP_FILE_TAR_OUT, .limit = CAP_TAR_PATHS_STDIN,
 				     .root = "/workspace", .path = "src/a b" };
 	cap_proto_file_encode(&seed, 5, &freq);
+	/* A pod's: the options section's static network (no DNS, no proxy). */
+	struct cap_setup pod = { .root_image = "root", .hostname = "pod", .net_addr = 0x0ae14b02,
+				 .net_gateway = 0x0ae14b01, .net_prefix = 24, .net_static = true,
+				 .net_mac = { 0x16, 0x8d, 0x35, 0x82, 0xb7, 0x3c }, .net_mtu = 1450, .nroutes = 2 };
+	pod.routes[0] = (struct cap_setup_route){ .dst = 0x0a000000, .dst_len = 8 };
+	pod.routes[1] = (struct cap_setup_route){ .dst = 0xc0a80000, .dst_len = 16, .gateway = 0x0ae14b01 };
+	if (cap_proto_setup_encode(&seed, &pod) < 0)
+		abort();
+	cap_proto_connect_encode(&seed, 11, 8080);
 
 	/* Where each seed frame's payload starts, and its length. */
 	struct {
 		size_t off, len;
-	} frames[24];
+	} frames[32];
 	size_t nframes = 0;
 	const uint8_t *all = cap_buf_head(&seed);
 	size_t n = cap_buf_used(&seed);
@@ -275,6 +358,8 @@ int main(int argc, char **argv)
 			snprintf(name, sizeof(name), "payload-%02zu", k);
 			write_seed(seeds, name, all + frames[k].off, frames[k].len);
 		}
+		cap_buf_fini(&seed);
+		cap_buf_fini(&tar);
 		return 0;
 	}
 	uint8_t *buf = xmalloc(CAP_MAX(n, cap_buf_used(&tar)) + 64);
@@ -294,7 +379,7 @@ int main(int argc, char **argv)
 	free(buf);
 	cap_buf_fini(&seed);
 	cap_buf_fini(&tar);
-	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP, LISTENERS and FILE decoders and the tar reader without a crash\n", iters);
+	printf("1..1\nok 1 - %ld mutated inputs through the client and the exec, SETUP, LISTENERS, FILE, UPDATE, STATS and CONNECT decoders and the tar reader without a crash\n", iters);
 	return 0;
 }
 #endif

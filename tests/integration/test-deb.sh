@@ -16,7 +16,7 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 . "$(dirname "$0")/lib.sh"
 start=$(date +%s)
 
-echo "1..32"
+echo "1..33"
 
 dist="$rt/dist"
 root="$rt/root"
@@ -99,6 +99,7 @@ ic="$root/usr/bin/capsule"
 check "the installed capsule --version says $version" 'grep -qx "capsule $version .*" "$out"'
 check "capsule-oci is installed as a link to capsule ($(readlink "$root/usr/bin/capsule-oci"))" \
 	'[ "$(readlink "$root/usr/bin/capsule-oci")" = capsule ] && [ -x "$root/usr/bin/capsule-oci" ]'
+check "containerd-shim-capsule-v2 is installed in /usr/bin" '[ -x "$root/usr/bin/containerd-shim-capsule-v2" ]'
 
 export CAPSULE_CACHE="$rt/cache"
 # The installed binary finds its own agent: make test points CAPSULE_AGENT

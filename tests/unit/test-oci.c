@@ -466,6 +466,58 @@ static void network_namespaces(void **state)
 	free(path);
 }
 
+/* A pod's sandbox or container of CRI type t with namespaces ns (taken)
+ * and, when um, user mappings: refused, the message holding each of the
+ * NULL-ended words; or, with no word, accepted. */
+static void pod_config(const char *t, json_t *ns, int um, ...)
+{
+	json_t *j = base_config();
+	json_object_set_new(at(j, "annotations"), CAP_OCI_ANN_CONTAINER_TYPE, json_string(t));
+	json_object_set_new(at(j, "annotations"), "io.kubernetes.cri.sandbox-id", json_string("sb1"));
+	json_object_set_new(at(j, "linux"), "namespaces", ns);
+	if (um)
+		json_object_set_new(at(j, "linux"), "uidMappings",
+				    json_pack("[{s:i, s:i, s:i}]", "containerID", 0, "hostID", 100000, "size", 65536));
+	struct cap_oci_config c;
+	struct cap_err err;
+	int r = load(j, false, &c, &err);
+	va_list ap;
+	va_start(ap, um);
+	const char *first = va_arg(ap, const char *);
+	if (!first) {
+		if (r < 0)
+			fail_msg("%s pod config refused: %s", t, err.msg);
+		cap_oci_config_fini(&c);
+	} else if (r == 0) {
+		fail_msg("%s pod config accepted (expected \"%s\")", t, first);
+	} else {
+		for (const char *w = first; w; w = va_arg(ap, const char *))
+			if (!strstr(err.msg, w))
+				fail_msg("%s pod config: \"%s\" lacks \"%s\"", t, err.msg, w);
+	}
+	va_end(ap);
+}
+
+/* hostPID and hostIPC pods (CRI leaves the namespace out) and user
+ * mappings are refused, for the sandbox and for the pod's containers;
+ * with all their namespaces, both load. */
+static void pod_host_namespaces(void **state)
+{
+	(void)state;
+	static const char *const types[] = { "sandbox", "container" };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(types); i++) {
+		const char *t = types[i];
+		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}, {s:s}]", "type", "pid", "type", "ipc", "type", "uts",
+					"type", "network"), 0, NULL);
+		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}]", "type", "ipc", "type", "uts", "type", "network"), 0,
+			   "hostPID pods are not supported", "no pid namespace", "without hostPID", NULL);
+		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}]", "type", "pid", "type", "uts", "type", "network"), 0,
+			   "hostIPC pods are not supported", "no ipc namespace", NULL);
+		pod_config(t, json_pack("[{s:s}, {s:s}, {s:s}, {s:s}, {s:s}]", "type", "pid", "type", "ipc", "type", "uts",
+					"type", "network", "type", "user"), 1, "uidMappings", "not supported", NULL);
+	}
+}
+
 static void systemd_paths(void **state)
 {
 	(void)state;
@@ -1218,6 +1270,7 @@ int main(void)
 		cmocka_unit_test(config_refusals),
 		cmocka_unit_test(tmpfs_mounts),
 		cmocka_unit_test(network_namespaces),
+		cmocka_unit_test(pod_host_namespaces),
 		cmocka_unit_test(systemd_paths),
 		cmocka_unit_test(process_file),
 		cmocka_unit_test(signals),

@@ -1442,6 +1442,532 @@ static void guest_layout(void **state)
 	assert_string_equal(CAP_GUEST_UPPER_WORK, "/.capsule/upper/work");
 }
 
+/* --- a pod's containers: the container section, UPDATE, STATS ----------- */
+
+/* A CAP_EXEC_USER request with c as its container section (c NULL: no
+ * section, no CAP_EXEC_CONTAINER), encoded into b; its payload through
+ * p and n. Returns the encoder's result. */
+static int encode_ctr(struct cap_buf *b, struct cap_exec_container *c, const uint8_t **p, size_t *n)
+{
+	char *argv[] = { "/pause", NULL };
+	struct cap_exec_req req = {
+		.argv = argv, .argc = 1, .cwd = "/",
+		.flags = CAP_EXEC_USER | (c ? CAP_EXEC_CONTAINER : 0), .gid = 5, .umask = 022,
+		.ctr = c,
+	};
+	cap_buf_init(b);
+	int r = cap_proto_exec_encode(b, 3, &req);
+	if (r == 0) {
+		struct cap_frame f;
+		assert_true(cap_proto_parse(cap_buf_head(b), cap_buf_used(b), &f) > 0);
+		*p = f.payload;
+		*n = f.len;
+	}
+	return r;
+}
+
+/* The section's bytes written by hand, as docs/protocol.md spells them. */
+struct wr {
+	uint8_t b[4096];
+	size_t n;
+};
+static void w32(struct wr *w, uint32_t v)
+{
+	cap_put_u32(w->b + w->n, v);
+	w->n += 4;
+}
+static void w64(struct wr *w, uint64_t v)
+{
+	w32(w, (uint32_t)v);
+	w32(w, (uint32_t)(v >> 32));
+}
+static void wstr(struct wr *w, const char *s)
+{
+	w32(w, (uint32_t)strlen(s));
+	memcpy(w->b + w->n, s, strlen(s));
+	w->n += strlen(s);
+}
+/* name, options, limits (set and the five values), nm mounts each a
+ * proc at /proc (mount kind, destination and data taken from kinds). */
+struct hand_ctr {
+	const char *name;
+	uint32_t options, set;
+	uint64_t v[5];	/* memory_max, cpu_quota, cpu_period, cpu_weight, pids_max */
+	uint32_t nmounts;	/* the count sent */
+	uint32_t nwritten;	/* the mounts written (<= nmounts, or more) */
+	uint32_t kind;
+	const char *dest, *data;
+	uint32_t flags;
+};
+static void wctr(struct wr *w, const struct hand_ctr *h)
+{
+	wstr(w, h->name);
+	w32(w, h->options);
+	w32(w, h->set);
+	for (int i = 0; i < 5; i++)
+		w64(w, h->v[i]);
+	w32(w, h->nmounts);
+	for (uint32_t i = 0; i < h->nwritten; i++) {
+		w32(w, h->kind);
+		wstr(w, h->dest);
+		wstr(w, h->data);
+		w32(w, h->flags);
+	}
+}
+
+/* Decode the user request of encode_ctr(NULL) with the section h
+ * appended and CAP_EXEC_CONTAINER set. */
+static int decode_hand(const struct hand_ctr *h, struct cap_exec_req *out, struct cap_err *err)
+{
+	struct cap_buf b;
+	const uint8_t *p;
+	size_t n;
+	assert_int_equal(encode_ctr(&b, NULL, &p, &n), 0);
+	static struct wr w;
+	memset(&w, 0, sizeof(w));
+	memcpy(w.b, p, n);
+	w.n = n;
+	cap_put_u32(w.b + 8, CAP_EXEC_USER | CAP_EXEC_CONTAINER);
+	wctr(&w, h);
+	cap_buf_fini(&b);
+	memset(err, 0, sizeof(*err));
+	int r = cap_proto_exec_decode(w.b, w.n, out, err);
+	if (r < 0)
+		assert_true(err->msg[0] != '\0');
+	return r;
+}
+
+/* A section that decodes: ROOT, memory and pids set, one volume. */
+static struct hand_ctr good_hand(void)
+{
+	return (struct hand_ctr){
+		.name = "web-1", .options = CAP_CTR_ROOT, .set = CAP_LIMIT_MEMORY | CAP_LIMIT_PIDS,
+		.v = { 1 << 20, 0, 0, 0, 64 }, .nmounts = 1, .nwritten = 1,
+		.kind = CAP_CTR_VOLUME, .dest = "/data", .data = "vabc", .flags = MS_NOSUID,
+	};
+}
+
+static void ctr_roundtrip(void **state)
+{
+	(void)state;
+	struct cap_exec_container c = {
+		.name = "app.v2+x_y-z",
+		.options = CAP_CTR_ROOT | CAP_CTR_READONLY,
+		.limits = { .set = CAP_LIMIT_ALL, .memory_max = 64 << 20, .cpu_quota = 50000,
+			    .cpu_period = 100000, .cpu_weight = 100, .pids_max = CAP_LIMIT_NONE },
+		.nmounts = 3,
+	};
+	c.mounts[0] = (struct cap_ctr_mount){ .kind = CAP_CTR_PROC, .destination = "/proc",
+					      .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC };
+	c.mounts[1] = (struct cap_ctr_mount){ .kind = CAP_CTR_TMPFS, .destination = "/dev",
+					      .data = "mode=755,size=65536k", .flags = MS_NOSUID };
+	c.mounts[2] = (struct cap_ctr_mount){ .kind = CAP_CTR_VOLUME, .destination = "/cache",
+					      .data = "v0123abcd", .flags = MS_RDONLY };
+	struct cap_buf b, plain;
+	const uint8_t *p, *q;
+	size_t n, m;
+	assert_int_equal(encode_ctr(&plain, NULL, &q, &m), 0);
+	assert_int_equal(encode_ctr(&b, &c, &p, &n), 0);
+	/* name, options, limits (4 + 5 x 8), nmounts, each mount */
+	size_t section = 4 + strlen(c.name) + 4 + 44 + 4 + (4 + 4 + 5 + 4 + 0 + 4) +
+			 (4 + 4 + 4 + 4 + 20 + 4) + (4 + 4 + 6 + 4 + 9 + 4);
+	assert_int_equal(n, m + section);
+	/* the section follows the user section, byte for byte the plain request */
+	assert_memory_equal(p + 12, q + 12, m - 12);
+	const uint8_t *s = p + m;
+	assert_int_equal(s[0], strlen(c.name));
+	assert_memory_equal(s + 4, c.name, strlen(c.name));
+	s += 4 + strlen(c.name);
+	assert_int_equal(s[0], CAP_CTR_ROOT | CAP_CTR_READONLY);
+	assert_int_equal(s[4], CAP_LIMIT_ALL);
+	/* pids_max "max" is ~0, low word first */
+	assert_memory_equal(s + 8 + 32, "\xff\xff\xff\xff\xff\xff\xff\xff", 8);
+	assert_int_equal(s[48], 3);
+
+	struct cap_exec_req out;
+	struct cap_err err = { 0 };
+	assert_int_equal(cap_proto_exec_decode(p, n, &out, &err), 0);
+	assert_non_null(out.ctr);
+	assert_int_equal(out.flags, CAP_EXEC_USER | CAP_EXEC_CONTAINER);
+	assert_string_equal(out.ctr->name, c.name);
+	assert_int_equal(out.ctr->options, c.options);
+	assert_memory_equal(&out.ctr->limits, &c.limits, sizeof(c.limits));
+	assert_int_equal(out.ctr->nmounts, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(out.ctr->mounts[i].kind, c.mounts[i].kind);
+		assert_string_equal(out.ctr->mounts[i].destination, c.mounts[i].destination);
+		assert_string_equal(out.ctr->mounts[i].data, c.mounts[i].data);
+		assert_int_equal(out.ctr->mounts[i].flags, c.mounts[i].flags);
+	}
+	cap_exec_req_fini(&out);
+	/* every prefix is refused with a message, and so is a trailing byte */
+	for (size_t cut = m; cut < n; cut++) {
+		memset(&err, 0, sizeof(err));
+		assert_int_equal(cap_proto_exec_decode(p, cut, &out, &err), -EBADMSG);
+		assert_true(err.msg[0] != '\0');
+	}
+	uint8_t longer[1024];
+	memcpy(longer, p, n);
+	longer[n] = 0;
+	assert_int_equal(cap_proto_exec_decode(longer, n + 1, &out, &err), -EBADMSG);
+	cap_buf_fini(&b);
+	cap_buf_fini(&plain);
+
+	/* a limit not set goes as 0 whatever the struct holds, and comes back 0 */
+	struct cap_exec_container j = { .name = "web", .options = CAP_CTR_ROOT,
+					.limits = { .set = CAP_LIMIT_PIDS, .memory_max = 12345, .pids_max = 9 } };
+	assert_int_equal(encode_ctr(&b, &j, &p, &n), 0);
+	assert_int_equal(cap_proto_exec_decode(p, n, &out, &err), 0);
+	assert_int_equal(out.ctr->limits.set, CAP_LIMIT_PIDS);
+	assert_true(out.ctr->limits.memory_max == 0);
+	assert_true(out.ctr->limits.pids_max == 9);
+	assert_int_equal(out.ctr->nmounts, 0);
+	cap_exec_req_fini(&out);
+	cap_buf_fini(&b);
+
+	/* a process joining a running container: no limits, no mounts */
+	struct cap_exec_container k = { .name = "web", .options = CAP_CTR_JOIN | CAP_CTR_ROOT };
+	assert_int_equal(encode_ctr(&b, &k, &p, &n), 0);
+	assert_int_equal(cap_proto_exec_decode(p, n, &out, &err), 0);
+	assert_int_equal(out.ctr->options, CAP_CTR_JOIN | CAP_CTR_ROOT);
+	cap_exec_req_fini(&out);
+	cap_buf_fini(&b);
+}
+
+/* What the encoder refuses (-EINVAL, nothing written). */
+static void ctr_encode_refused(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	const uint8_t *p;
+	size_t n;
+	struct cap_exec_container ok = { .name = "web", .options = CAP_CTR_ROOT };
+	assert_int_equal(encode_ctr(&b, &ok, &p, &n), 0);
+	cap_buf_fini(&b);
+	struct cap_exec_container c;
+#define REFUSED(...)                                                   \
+	do {                                                           \
+		c = ok;                                                \
+		__VA_ARGS__;                                           \
+		assert_int_equal(encode_ctr(&b, &c, &p, &n), -EINVAL); \
+		assert_int_equal(cap_buf_used(&b), 0);                 \
+		cap_buf_fini(&b);                                      \
+	} while (0)
+	REFUSED(c.name[0] = '\0');
+	REFUSED(snprintf(c.name, sizeof(c.name), "-web"));
+	REFUSED(c.options |= 0x8);
+	REFUSED(c.options = CAP_CTR_READONLY);
+	REFUSED(c.options |= CAP_CTR_JOIN; c.limits = (struct cap_limits){ .set = CAP_LIMIT_PIDS, .pids_max = 5 });
+	REFUSED(c.limits = (struct cap_limits){ .set = CAP_LIMIT_MEMORY, .memory_max = 4095 });
+	REFUSED(c.nmounts = CAP_CTR_MAX_MOUNTS + 1);
+	REFUSED(c.nmounts = 1; c.mounts[0] = (struct cap_ctr_mount){ .kind = CAP_CTR_VOLUME, .destination = "/v",
+								     .data = "../x" });
+#undef REFUSED
+	/* a container section without CAP_EXEC_USER */
+	char *argv[] = { "true", NULL };
+	struct cap_exec_req req = { .argv = argv, .argc = 1, .flags = CAP_EXEC_CONTAINER, .ctr = &ok };
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_exec_encode(&b, 3, &req), -EINVAL);
+	cap_buf_fini(&b);
+}
+
+/* What the decoder refuses, in bytes written by hand. */
+static void ctr_decode_refused(void **state)
+{
+	(void)state;
+	struct cap_exec_req out;
+	struct cap_err err;
+	struct hand_ctr h = good_hand();
+	/* the unchanged section decodes: the cases below fail for their change */
+	assert_int_equal(decode_hand(&h, &out, &err), 0);
+	assert_string_equal(out.ctr->name, "web-1");
+	assert_string_equal(out.ctr->mounts[0].data, "vabc");
+	assert_true(out.ctr->limits.memory_max == 1 << 20);
+	cap_exec_req_fini(&out);
+	char long_name[CAP_CTR_NAME_MAX + 2];
+	memset(long_name, 'a', sizeof(long_name) - 1);
+	long_name[CAP_CTR_NAME_MAX + 1] = '\0';
+	long_name[CAP_CTR_NAME_MAX] = '\0';
+	h.name = long_name;	/* 64 bytes: the longest taken */
+	assert_int_equal(decode_hand(&h, &out, &err), 0);
+	cap_exec_req_fini(&out);
+#define REFUSED(...)                                                    \
+	do {                                                            \
+		h = good_hand();                                        \
+		__VA_ARGS__;                                            \
+		assert_int_equal(decode_hand(&h, &out, &err), -EBADMSG); \
+	} while (0)
+	/* names */
+	REFUSED(h.name = "");
+	REFUSED(h.name = ".web");
+	REFUSED(h.name = "a/b");
+	REFUSED(h.name = "we b");
+	REFUSED(long_name[CAP_CTR_NAME_MAX] = 'a'; h.name = long_name);	/* 65 bytes */
+	/* options */
+	REFUSED(h.options |= 0x8);
+	REFUSED(h.options = CAP_CTR_READONLY; h.nmounts = h.nwritten = 0);	/* READONLY without ROOT */
+	REFUSED(h.options = 0);	/* mounts without ROOT */
+	REFUSED(h.options |= CAP_CTR_JOIN; h.nmounts = h.nwritten = 0);	/* JOIN with limits */
+	REFUSED(h.options |= CAP_CTR_JOIN; h.set = 0; memset(h.v, 0, sizeof(h.v)));	/* JOIN with mounts */
+	REFUSED(h.options |= CAP_CTR_JOIN | CAP_CTR_READONLY; h.set = 0; memset(h.v, 0, sizeof(h.v));
+		h.nmounts = h.nwritten = 0);
+	/* limits */
+	REFUSED(h.set |= 0x10);	/* an unknown limit bit */
+	REFUSED(h.v[0] = 4095);	/* memory below a page */
+	REFUSED(h.v[0] = 0);
+	REFUSED(h.set |= CAP_LIMIT_CPU; h.v[1] = 50000; h.v[2] = 999);	/* period out of range */
+	REFUSED(h.set |= CAP_LIMIT_CPU; h.v[1] = 50000; h.v[2] = 1000001);
+	REFUSED(h.set |= CAP_LIMIT_CPU; h.v[1] = 999; h.v[2] = 100000);	/* quota under 1000 */
+	REFUSED(h.set |= CAP_LIMIT_CPU_WEIGHT; h.v[3] = 0);
+	REFUSED(h.set |= CAP_LIMIT_CPU_WEIGHT; h.v[3] = 10001);
+	REFUSED(h.v[4] = 0);	/* pids_max 0 */
+	/* a nonzero value for a limit not set: one spelling per value */
+	REFUSED(h.v[1] = 50000);
+	REFUSED(h.v[2] = 100000);
+	REFUSED(h.v[3] = 100);
+	REFUSED(h.set = CAP_LIMIT_PIDS);	/* memory_max is still 1 MiB */
+	REFUSED(h.set = CAP_LIMIT_MEMORY);	/* pids_max is still 64 */
+	/* mounts */
+	REFUSED(h.nmounts = h.nwritten = CAP_CTR_MAX_MOUNTS + 1);	/* too many */
+	REFUSED(h.nmounts = 0xffffffffu);	/* far more than the bytes */
+	REFUSED(h.nmounts = 2);	/* one more than written */
+	REFUSED(h.kind = 0);
+	REFUSED(h.kind = CAP_CTR_MOUNT_MAX_ + 1);
+	REFUSED(h.data = "../v");	/* a volume with a bad name */
+	REFUSED(h.data = "");
+	REFUSED(h.dest = "/");
+	REFUSED(h.dest = "data");
+	REFUSED(h.dest = "/a/../b");
+	REFUSED(h.flags = MS_BIND);
+#undef REFUSED
+	/* the most mounts are taken */
+	h = good_hand();
+	h.nmounts = h.nwritten = CAP_CTR_MAX_MOUNTS;
+	assert_int_equal(decode_hand(&h, &out, &err), 0);
+	assert_int_equal(out.ctr->nmounts, CAP_CTR_MAX_MOUNTS);
+	cap_exec_req_fini(&out);
+}
+
+static void update_codec(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	struct cap_update u = { .op = CAP_UPDATE_LIMITS, .name = "web",
+				.limits = { .set = CAP_LIMIT_MEMORY | CAP_LIMIT_CPU, .memory_max = CAP_LIMIT_NONE,
+					    .cpu_quota = 20000, .cpu_period = 100000 } }, out;
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_update_encode(&b, 9, &u), 0);
+	assert_int_equal(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f), (int)cap_buf_used(&b));
+	assert_int_equal(f.type, CAP_MSG_UPDATE);
+	assert_int_equal(f.stream, 9);
+	/* u32 op, string name, limits */
+	assert_int_equal(f.len, 4 + 4 + 3 + 44);
+	assert_int_equal(f.payload[0], CAP_UPDATE_LIMITS);
+	assert_memory_equal(f.payload + 8, "web", 3);
+	assert_int_equal(cap_proto_update_decode(f.payload, f.len, &out), 0);
+	assert_int_equal(out.op, CAP_UPDATE_LIMITS);
+	assert_string_equal(out.name, "web");
+	assert_memory_equal(&out.limits, &u.limits, sizeof(u.limits));
+	for (size_t cut = 0; cut < f.len; cut++)
+		assert_int_equal(cap_proto_update_decode(f.payload, cut, &out), -EBADMSG);
+	uint8_t p[256];
+	size_t n = f.len;
+	memcpy(p, f.payload, n);
+	p[n] = 0;
+	assert_int_equal(cap_proto_update_decode(p, n + 1, &out), -EBADMSG);	/* a trailing byte */
+	p[0] = 3;	/* an unknown op */
+	assert_int_equal(cap_proto_update_decode(p, n, &out), -EBADMSG);
+	p[0] = 0;
+	assert_int_equal(cap_proto_update_decode(p, n, &out), -EBADMSG);
+	p[0] = CAP_UPDATE_REMOVE;	/* REMOVE with limits */
+	assert_int_equal(cap_proto_update_decode(p, n, &out), -EBADMSG);
+	p[0] = CAP_UPDATE_LIMITS;
+	p[8] = '/';	/* a bad name */
+	assert_int_equal(cap_proto_update_decode(p, n, &out), -EBADMSG);
+	p[8] = 'w';
+	p[11] = 0x10;	/* an unknown limit bit */
+	assert_int_equal(cap_proto_update_decode(p, n, &out), -EBADMSG);
+	p[11] = CAP_LIMIT_MEMORY;	/* cpu values sent for cpu not set */
+	assert_int_equal(cap_proto_update_decode(p, n, &out), -EBADMSG);
+	p[11] = CAP_LIMIT_MEMORY | CAP_LIMIT_CPU;
+	assert_int_equal(cap_proto_update_decode(p, n, &out), 0);	/* patched back: taken */
+	cap_buf_fini(&b);
+
+	/* REMOVE: a name and no limits */
+	struct cap_update rm = { .op = CAP_UPDATE_REMOVE, .name = "web" };
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_update_encode(&b, 2, &rm), 0);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_update_decode(f.payload, f.len, &out), 0);
+	assert_int_equal(out.op, CAP_UPDATE_REMOVE);
+	assert_int_equal(out.limits.set, 0);
+	cap_buf_fini(&b);
+
+	/* the encoder refuses what the decoder would */
+	struct cap_update bad[] = {
+		{ .op = 3, .name = "web" },
+		{ .op = CAP_UPDATE_LIMITS, .name = "" },
+		{ .op = CAP_UPDATE_LIMITS, .name = "a b" },
+		{ .op = CAP_UPDATE_REMOVE, .name = "web", .limits = { .set = CAP_LIMIT_PIDS, .pids_max = 3 } },
+		{ .op = CAP_UPDATE_LIMITS, .name = "web", .limits = { .set = CAP_LIMIT_MEMORY, .memory_max = 100 } },
+		{ .op = CAP_UPDATE_LIMITS, .name = "web",
+		  .limits = { .set = CAP_LIMIT_CPU, .cpu_quota = 5000, .cpu_period = 2000000 } },
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		cap_buf_init(&b);
+		assert_int_equal(cap_proto_update_encode(&b, 2, &bad[i]), -EINVAL);
+		assert_int_equal(cap_buf_used(&b), 0);
+		cap_buf_fini(&b);
+	}
+}
+
+static void stats_request_codec(void **state)
+{
+	(void)state;
+	const char *names[] = { "", "web", "c0123456789" };
+	char name[CAP_CTR_NAME_MAX + 1];
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(names); i++) {
+		struct cap_buf b;
+		struct cap_frame f;
+		cap_buf_init(&b);
+		assert_int_equal(cap_proto_stats_req_encode(&b, 4, names[i]), 0);
+		assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+		assert_int_equal(f.type, CAP_MSG_STATS);
+		assert_int_equal(f.len, 4 + strlen(names[i]));
+		memset(name, 'x', sizeof(name));
+		assert_int_equal(cap_proto_stats_req_decode(f.payload, f.len, name, sizeof(name)), 0);
+		assert_string_equal(name, names[i]);
+		/* too small a buffer, a trailing byte, a prefix */
+		assert_int_equal(cap_proto_stats_req_decode(f.payload, f.len, name, CAP_CTR_NAME_MAX), -EBADMSG);
+		uint8_t p[128];
+		memcpy(p, f.payload, f.len);
+		p[f.len] = 'a';
+		assert_int_equal(cap_proto_stats_req_decode(p, f.len + 1, name, sizeof(name)), -EBADMSG);
+		assert_int_equal(cap_proto_stats_req_decode(p, f.len - 1, name, sizeof(name)), -EBADMSG);
+		cap_buf_fini(&b);
+	}
+	struct cap_buf b;
+	cap_buf_init(&b);
+	assert_int_equal(cap_proto_stats_req_encode(&b, 4, "-web"), -EINVAL);
+	assert_int_equal(cap_proto_stats_req_encode(&b, 4, "a/b"), -EINVAL);
+	assert_int_equal(cap_buf_used(&b), 0);
+	cap_buf_fini(&b);
+	/* a bad name in the bytes */
+	uint8_t p[] = { 3, 0, 0, 0, 'a', '/', 'b' };
+	assert_int_equal(cap_proto_stats_req_decode(p, sizeof(p), name, sizeof(name)), -EBADMSG);
+	p[5] = '-';
+	assert_int_equal(cap_proto_stats_req_decode(p, sizeof(p), name, sizeof(name)), 0);
+}
+
+static void stats_put_get(void **state)
+{
+	(void)state;
+	static struct cap_stats s;
+	memset(&s, 0, sizeof(s));
+	assert_null(cap_stats_get(&s, "memory.current"));
+	assert_true(cap_stats_put(&s, "memory.current", 4096));
+	assert_true(cap_stats_put(&s, "cpu.usage_usec", 17));
+	assert_int_equal(s.n, 2);
+	assert_true(*cap_stats_get(&s, "memory.current") == 4096);
+	/* the same key replaces its value */
+	assert_true(cap_stats_put(&s, "memory.current", 8192));
+	assert_int_equal(s.n, 2);
+	assert_true(*cap_stats_get(&s, "memory.current") == 8192);
+	assert_true(*cap_stats_get(&s, "cpu.usage_usec") == 17);
+	/* bad keys are dropped */
+	char k64[CAP_STATS_KEY_MAX + 2];
+	memset(k64, 'k', sizeof(k64) - 1);
+	k64[sizeof(k64) - 1] = '\0';
+	const char *bad[] = { "", "Memory", "memory-current", "a b", k64 };
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++)
+		assert_false(cap_stats_put(&s, bad[i], 1));
+	assert_int_equal(s.n, 2);
+	k64[CAP_STATS_KEY_MAX] = '\0';	/* 63 bytes: taken */
+	assert_true(cap_stats_put(&s, k64, 63));
+	assert_int_equal(s.n, 3);
+	/* fill it up: past CAP_STATS_MAX a new key is dropped, an old one still replaced */
+	for (uint32_t i = 0; s.n < CAP_STATS_MAX; i++) {
+		char k[32];
+		snprintf(k, sizeof(k), "memory.stat.k%u", i);
+		assert_true(cap_stats_put(&s, k, i));
+	}
+	assert_false(cap_stats_put(&s, "pids.current", 3));
+	assert_null(cap_stats_get(&s, "pids.current"));
+	assert_int_equal(s.n, CAP_STATS_MAX);
+	assert_true(cap_stats_put(&s, "cpu.usage_usec", 18));
+	assert_true(*cap_stats_get(&s, "cpu.usage_usec") == 18);
+}
+
+static void stats_record_codec(void **state)
+{
+	(void)state;
+	static struct cap_stats s, out;
+	memset(&s, 0, sizeof(s));
+	assert_true(cap_stats_put(&s, "memory.current", 1ull << 40));
+	assert_true(cap_stats_put(&s, "pids.current", 3));
+	assert_true(cap_stats_put(&s, "memory.events.oom_kill", 0));
+	struct cap_buf b;
+	cap_buf_init(&b);
+	cap_proto_stats_encode(&b, &s);
+	const uint8_t *p = cap_buf_head(&b);
+	size_t n = cap_buf_used(&b);
+	/* u32 n, then per pair a string and a u64 */
+	assert_int_equal(n, 4 + (4 + 14 + 8) + (4 + 12 + 8) + (4 + 22 + 8));
+	assert_int_equal(p[0], 3);
+	assert_memory_equal(p + 8, "memory.current", 14);
+	assert_int_equal(p[8 + 14 + 5], 1);	/* 2^40: byte 5 of the low-first u64 */
+	assert_int_equal(cap_proto_stats_decode(p, n, &out), 0);
+	assert_int_equal(out.n, 3);
+	for (uint32_t i = 0; i < s.n; i++) {
+		assert_string_equal(out.v[i].key, s.v[i].key);
+		assert_true(out.v[i].value == s.v[i].value);
+	}
+	for (size_t cut = 0; cut < n; cut++)
+		assert_int_equal(cap_proto_stats_decode(p, cut, &out), -EBADMSG);
+	uint8_t q[256];
+	memcpy(q, p, n);
+	q[n] = 0;
+	assert_int_equal(cap_proto_stats_decode(q, n + 1, &out), -EBADMSG);	/* a trailing byte */
+	q[8] = 'M';	/* a bad key */
+	assert_int_equal(cap_proto_stats_decode(q, n, &out), -EBADMSG);
+	q[8] = 'm';
+	assert_int_equal(cap_proto_stats_decode(q, n, &out), 0);
+	cap_buf_fini(&b);
+
+	/* a repeated key */
+	uint8_t rep[] = { 2, 0, 0, 0, 1, 0, 0, 0, 'a', 1, 0, 0, 0, 0, 0, 0, 0,
+			  1, 0, 0, 0, 'a', 2, 0, 0, 0, 0, 0, 0, 0 };
+	assert_int_equal(cap_proto_stats_decode(rep, sizeof(rep), &out), -EBADMSG);
+	rep[21] = 'b';
+	assert_int_equal(cap_proto_stats_decode(rep, sizeof(rep), &out), 0);
+	assert_int_equal(out.n, 2);
+	/* n over CAP_STATS_MAX, and n more than the bytes hold */
+	uint8_t big[4 + 13 * (CAP_STATS_MAX + 1)];
+	memset(big, 0, sizeof(big));
+	cap_put_u32(big, CAP_STATS_MAX + 1);
+	assert_int_equal(cap_proto_stats_decode(big, sizeof(big), &out), -EBADMSG);
+	cap_put_u32(big, 0xffffffffu);
+	assert_int_equal(cap_proto_stats_decode(big, 4, &out), -EBADMSG);
+	/* an empty record */
+	uint8_t empty[4] = { 0 };
+	assert_int_equal(cap_proto_stats_decode(empty, 4, &out), 0);
+	assert_int_equal(out.n, 0);
+	/* the fullest record round-trips */
+	memset(&s, 0, sizeof(s));
+	for (uint32_t i = 0; i < CAP_STATS_MAX; i++) {
+		char k[32];
+		snprintf(k, sizeof(k), "k%u", i);
+		assert_true(cap_stats_put(&s, k, i));
+	}
+	cap_buf_init(&b);
+	cap_proto_stats_encode(&b, &s);
+	assert_int_equal(cap_proto_stats_decode(cap_buf_head(&b), cap_buf_used(&b), &out), 0);
+	assert_int_equal(out.n, CAP_STATS_MAX);
+	assert_true(*cap_stats_get(&out, "k127") == 127);
+	cap_buf_fini(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1472,6 +1998,13 @@ int main(void)
 		cmocka_unit_test(listeners_codec),
 		cmocka_unit_test(clock_codec),
 		cmocka_unit_test(guest_layout),
+		cmocka_unit_test(ctr_roundtrip),
+		cmocka_unit_test(ctr_encode_refused),
+		cmocka_unit_test(ctr_decode_refused),
+		cmocka_unit_test(update_codec),
+		cmocka_unit_test(stats_request_codec),
+		cmocka_unit_test(stats_put_get),
+		cmocka_unit_test(stats_record_codec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,16 @@ static void release(struct shim_container *c)
 	pthread_cond_broadcast(&shim.cond);
 }
 
+/* Not under mu: lookup of a container's init for a handler that runs
+ * the runtime without holding mu; RELEASE(*cp) when not NULL. */
+static struct shim_proc *hold_init(const char *id, struct shim_container **cp, struct shim_status *st)
+{
+	pthread_mutex_lock(&shim.mu);
+	struct shim_proc *p = lookup(id, "", cp, st);
+	pthread_mutex_unlock(&shim.mu);
+	return p;
+}
+
 #define RELEASE(c)                                                                                                     \
 	do {                                                                                                           \
 		pthread_mutex_lock(&shim.mu);                                                                          \
@@ -651,10 +661,7 @@ static void task_pids(const void *req, uint8_t **out, size_t *out_len, struct sh
 {
 	const Containerd__Task__V2__PidsRequest *r = req;
 	struct shim_container *c;
-	pthread_mutex_lock(&shim.mu);
-	struct shim_proc *p = lookup(r->id, "", &c, st);
-	bool held = p != NULL;
-	pthread_mutex_unlock(&shim.mu);
+	struct shim_proc *p = hold_init(r->id, &c, st);
 	char *text = NULL;
 	const char *args[] = { "ps", "--format", "json", r->id, NULL };
 	if (p && shim_runtime(c, args, -1, -1, -1, NULL, 0, &text, st) == 0) {
@@ -682,7 +689,7 @@ static void task_pids(const void *req, uint8_t **out, size_t *out_len, struct sh
 		json_decref(a);
 	}
 	free(text);
-	if (held)
+	if (p)
 		RELEASE(c);
 }
 
@@ -729,10 +736,7 @@ static void task_update(const void *req, uint8_t **out, size_t *out_len, struct 
 {
 	const Containerd__Task__V2__UpdateTaskRequest *r = req;
 	struct shim_container *c;
-	pthread_mutex_lock(&shim.mu);
-	struct shim_proc *p = lookup(r->id, "", &c, st);
-	bool held = p != NULL;
-	pthread_mutex_unlock(&shim.mu);
+	struct shim_proc *p = hold_init(r->id, &c, st);
 	if (p && (!r->resources || !r->resources->value.len)) {
 		shim_fail(st, CAP_GRPC_INVALID_ARGUMENT, "Update %s: no resources", r->id);
 	} else if (p) {
@@ -743,7 +747,7 @@ static void task_update(const void *req, uint8_t **out, size_t *out_len, struct 
 				 NULL, st) == 0)
 			EMPTY_OUT;
 	}
-	if (held)
+	if (p)
 		RELEASE(c);
 }
 
@@ -751,10 +755,7 @@ static void task_stats(const void *req, uint8_t **out, size_t *out_len, struct s
 {
 	const Containerd__Task__V2__StatsRequest *r = req;
 	struct shim_container *c;
-	pthread_mutex_lock(&shim.mu);
-	struct shim_proc *p = lookup(r->id, "", &c, st);
-	bool held = p != NULL;
-	pthread_mutex_unlock(&shim.mu);
+	struct shim_proc *p = hold_init(r->id, &c, st);
 	char *text = NULL;
 	const char *args[] = { "events", "--stats", r->id, NULL };
 	if (p && shim_runtime(c, args, -1, -1, -1, NULL, 0, &text, st) == 0) {
@@ -772,7 +773,7 @@ static void task_stats(const void *req, uint8_t **out, size_t *out_len, struct s
 		}
 	}
 	free(text);
-	if (held)
+	if (p)
 		RELEASE(c);
 }
 
@@ -807,10 +808,7 @@ static void task_shutdown(const void *req, uint8_t **out, size_t *out_len, struc
 static void pause_resume(bool pause, const char *id, uint8_t **out, size_t *out_len, struct shim_status *st)
 {
 	struct shim_container *c;
-	pthread_mutex_lock(&shim.mu);
-	struct shim_proc *p = lookup(id, "", &c, st);
-	bool held = p != NULL;
-	pthread_mutex_unlock(&shim.mu);
+	struct shim_proc *p = hold_init(id, &c, st);
 	const char *args[] = { pause ? "pause" : "resume", id, NULL };
 	if (p && shim_runtime(c, args, -1, -1, -1, NULL, 0, NULL, st) == 0) {
 		pthread_mutex_lock(&shim.mu);
@@ -828,7 +826,7 @@ static void pause_resume(bool pause, const char *id, uint8_t **out, size_t *out_
 		}
 		EMPTY_OUT;
 	}
-	if (held)
+	if (p)
 		RELEASE(c);
 }
 

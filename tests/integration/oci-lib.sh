@@ -80,3 +80,21 @@ c = {"ociVersion": "1.0.2",
 json.dump(c, open(d + "/config.json", "w"), indent=1)
 PY
 }
+
+# containerd_config DIR [DEBUG-LEVEL]: DIR/config.toml for a private
+# containerd (its root, state and sockets under DIR; no CRI plugin).
+containerd_config() {
+	cat >"$1/config.toml" <<EOF
+version = 2
+root = "$1/root"
+state = "$1/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$1/sock"
+[ttrpc]
+  address = "$1/sock.ttrpc"
+[debug]
+  address = "$1/debug.sock"
+EOF
+	[ -z "${2:-}" ] || echo "  level = \"$2\"" >>"$1/config.toml"
+}

@@ -445,18 +445,7 @@ elapsed "the runtime alone"
 # A private instance (its own root, state, sockets; no CRI); the shim it
 # starts passes its environment (CAPSULE_HOME) on to the runtime.
 mkdir -p "$rt/c"
-cat >"$rt/c/config.toml" <<EOF
-version = 2
-root = "$rt/c/root"
-state = "$rt/c/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$rt/c/sock"
-[ttrpc]
-  address = "$rt/c/sock.ttrpc"
-[debug]
-  address = "$rt/c/debug.sock"
-EOF
+containerd_config "$rt/c"
 containerd --config "$rt/c/config.toml" >"$rt/c/log" 2>&1 &
 cpid=$!
 c() { ctr -a "$rt/c/sock" "$@"; }

@@ -84,19 +84,7 @@ checkr() { # checkr NAME 'CONDITION': with the logs on failure
 	if eval "$2"; then ok "$1"; else not_ok "$1" "failed: $2" "left: $(left)"; clog; fi
 }
 
-cat >"$rt/c/config.toml" <<EOF2
-version = 2
-root = "$rt/c/root"
-state = "$rt/c/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$rt/c/sock"
-[ttrpc]
-  address = "$rt/c/sock.ttrpc"
-[debug]
-  address = "$rt/c/debug.sock"
-  level = "info"
-EOF2
+containerd_config "$rt/c" info
 PATH="$bindir:$PATH" CAPSULE_SHIM_RUNTIME="$runtime" CAPSULE_SHIM_ROOT="$shim_root" \
 	CAPSULE_SHIM_SOCKET_DIR="$sockdir" containerd --config "$rt/c/config.toml" >"$rt/c/log" 2>&1 &
 cpid=$!

@@ -15,6 +15,20 @@
 #include "proto.h"
 #include "util.h"
 
+ssize_t read_at(int dirfd, const char *name, char *buf, size_t len)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t n = read(fd, buf, len - 1);
+	int e = errno;
+	close(fd);
+	if (n < 0)
+		return -e;
+	buf[n] = '\0';
+	return n;
+}
+
 int write_at(int dirfd, const char *name, const char *text)
 {
 	int fd = openat(dirfd, name, O_WRONLY | O_CLOEXEC);

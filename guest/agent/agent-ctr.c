@@ -211,15 +211,9 @@ uint64_t ctr_oom_kills(int slot)
 		return 0;
 	char path[CAP_CTR_NAME_MAX + 32], *s = NULL;
 	snprintf(path, sizeof(path), "%s/memory.events", ctrs[slot - 1].cg);
-	int fd = openat(A.cg_fd, path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
 	char buf[512];
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
+	if (read_at(A.cg_fd, path, buf, sizeof(buf)) <= 0)
 		return 0;
-	buf[n] = '\0';
 	s = strstr(buf, "oom_kill ");
 	return s ? strtoull(s + 9, NULL, 10) : 0;
 }
@@ -552,15 +546,9 @@ void handle_update(uint32_t id, const uint8_t *p, size_t n)
  * memory.events) into s as PREFIX.key. */
 static void put_kv_file(struct cap_stats *s, int dirfd, const char *file, const char *prefix)
 {
-	int fd = openat(dirfd, file, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
 	char buf[8192];
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
+	if (read_at(dirfd, file, buf, sizeof(buf)) <= 0)
 		return;
-	buf[n] = '\0';
 	for (char *line = buf, *next; *line; line = next) {
 		next = strchr(line, '\n');
 		if (next)
@@ -580,15 +568,9 @@ static void put_kv_file(struct cap_stats *s, int dirfd, const char *file, const 
 /* A one-value cgroup file ("max" is CAP_LIMIT_NONE) as key. */
 static void put_value_file(struct cap_stats *s, int dirfd, const char *file)
 {
-	int fd = openat(dirfd, file, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
 	char buf[64];
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
+	if (read_at(dirfd, file, buf, sizeof(buf)) <= 0)
 		return;
-	buf[n] = '\0';
 	cap_stats_put(s, file, strncmp(buf, "max", 3) == 0 ? CAP_LIMIT_NONE : strtoull(buf, NULL, 10));
 }
 

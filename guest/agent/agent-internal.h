@@ -121,6 +121,9 @@ void flush_out_wait(int timeout_ms);
 /* --- cgroups (agent-cgroup.c) --- */
 
 int write_at(int dirfd, const char *name, const char *text);
+/* One read of a small file at dirfd into buf (len bytes with its NUL):
+ * the bytes read, or -errno. */
+ssize_t read_at(int dirfd, const char *name, char *buf, size_t len);
 void setup_cgroups(void);
 /* parent: "" for /sys/fs/cgroup itself, else a cgroup below it. */
 int cg_create(const char *parent, uint32_t pids_max, char *name, size_t len, int *dirfd);

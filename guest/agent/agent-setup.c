@@ -60,9 +60,11 @@ static void flush_disk(const char *dev)
 	}
 }
 
-/* shown: what commands call a writable disk (its end flushes it). */
-static int mount_disk(const char *serial, const char *dst, const char *type,
-		      unsigned long flags, const char *shown, char *msg, size_t mlen)
+/* The disk with this serial at dst, as the layout's entry m mounts it
+ * (type, flags, data). shown: what commands call a writable disk (its
+ * end flushes it). */
+static int mount_disk(const char *serial, const char *dst, const struct cap_guest_mount *m,
+		      const char *shown, char *msg, size_t mlen)
 {
 	char dev[64];
 	if (find_disk(serial, dev, sizeof(dev)) < 0) {
@@ -71,13 +73,13 @@ static int mount_disk(const char *serial, const char *dst, const char *type,
 	}
 	mkdir(dst, 0755);
 	flush_disk(dev);
-	if (mount(dev, dst, type, flags, NULL) < 0) {
+	if (mount(dev, dst, m->fstype, m->flags, m->data) < 0) {
 		int e = errno;
 		snprintf(msg, mlen, "cannot mount %s (%s, serial %s) on %s: %s",
-			 dev, type, serial, dst, strerror(e));
+			 dev, m->fstype, serial, dst, strerror(e));
 		return -e;
 	}
-	if (!(flags & MS_RDONLY))
+	if (!(m->flags & MS_RDONLY))
 		agent_durable_add(dst, dev, shown);
 	return 0;
 }
@@ -274,13 +276,12 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		const struct cap_guest_mount *lower = cap_guest_mount_at(CAP_GUEST_LOWER),
 					     *upper = cap_guest_mount_at(CAP_GUEST_UPPER),
 					     *top = cap_guest_mount_at(CAP_GUEST_NEWROOT);
-		if ((r = mount_disk(s->root_image, lower->path, lower->fstype, lower->flags, NULL, msg,
-				    mlen)) < 0)
+		if ((r = mount_disk(s->root_image, lower->path, lower, NULL, msg, mlen)) < 0)
 			return r;
 		const char *opts = "lowerdir=" CAP_GUEST_LOWER;
 		if (*s->root_upper) {
-			if ((r = mount_disk(s->root_upper, upper->path, upper->fstype, upper->flags,
-					    "the root's upper disk", msg, mlen)) < 0)
+			if ((r = mount_disk(s->root_upper, upper->path, upper, "the root's upper disk", msg,
+					    mlen)) < 0)
 				return r;
 			mkdir(CAP_GUEST_UPPER_DATA, 0755);
 			mkdir(CAP_GUEST_UPPER_WORK, 0755);
@@ -309,7 +310,7 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 		if (!disks[i].serial || !*disks[i].serial)
 			continue;
 		snprintf(path, sizeof(path), "%s%s", root, m->path);
-		if ((r = mount_disk(disks[i].serial, path, m->fstype, m->flags, m->role, msg, mlen)) < 0)
+		if ((r = mount_disk(disks[i].serial, path, m, m->role, msg, mlen)) < 0)
 			return r;
 	}
 	if (*s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)

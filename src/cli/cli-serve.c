@@ -1,5 +1,6 @@
 /* capsule serve: the controller behind a JSON-RPC 2.0 unix socket. */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,15 @@ static const char usage[] =
 	"                      (they count against --capacity; default 0, off)\n"
 	"  --test-clock        Lifecycle time moves only by the _test.advance method\n"
 	"\n"
+	"Sizes (docs/serve.md, \"Sizes\"): every identity's sandbox gets\n"
+	"  --cpus N --memory MIB --root-size MIB --work-size MIB\n"
+	"                      unless it was given its own (set_size, or exec's\n"
+	"                      size); defaults 1 vCPU, 512 MiB, 256 MiB root, 512 MiB\n"
+	"                      /work\n"
+	"  --max-cpus N --max-memory MIB --max-root-size MIB --max-work-size MIB\n"
+	"                      The most an identity may ask for (default: what the\n"
+	"                      host has); a size beyond is refused at that call\n"
+	"\n"
 	CAP_CLI_NET_HELP
 	"  The policy is every sandbox's: one made under another follows it from\n"
 	"  its next start. Refusals go to each sandbox's net.log.\n";
@@ -73,7 +83,7 @@ static int seconds(const char *opt, const char *arg, double *out)
 int cap_cli_serve(int argc, char **argv)
 {
 	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL, O_WORKSPACE, O_IMPORT,
-	       O_TRANSFER, O_SCHEMA };
+	       O_TRANSFER, O_SCHEMA, O_MAX_CPUS, O_MAX_MEMORY, O_MAX_ROOT, O_MAX_WORK };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
@@ -87,6 +97,14 @@ int cap_cli_serve(int argc, char **argv)
 		{ "workspace", required_argument, NULL, O_WORKSPACE },
 		{ "private-import", required_argument, NULL, O_IMPORT },
 		{ "transfer-dir", required_argument, NULL, O_TRANSFER },
+		{ "cpus", required_argument, NULL, CAP_OPT_CPUS },
+		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
+		{ "root-size", required_argument, NULL, CAP_OPT_ROOT_SIZE },
+		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
+		{ "max-cpus", required_argument, NULL, O_MAX_CPUS },
+		{ "max-memory", required_argument, NULL, O_MAX_MEMORY },
+		{ "max-root-size", required_argument, NULL, O_MAX_ROOT },
+		{ "max-work-size", required_argument, NULL, O_MAX_WORK },
 		{ "schema", no_argument, NULL, O_SCHEMA },	/* not in usage: for clients' checks */
 		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
@@ -103,6 +121,21 @@ int cap_cli_serve(int argc, char **argv)
 	unsigned long v;
 	double s;
 	int c, k, rc = 2;
+	/* The size options: which option sets which field. */
+	const struct {
+		int opt;
+		const char *name;
+		unsigned *field;
+	} sizes[] = {
+		{ CAP_OPT_CPUS, "--cpus", &cfg.size.cpus },
+		{ CAP_OPT_MEMORY, "--memory", &cfg.size.memory_mib },
+		{ CAP_OPT_ROOT_SIZE, "--root-size", &cfg.size.root_mib },
+		{ CAP_OPT_WORK_SIZE, "--work-size", &cfg.size.work_mib },
+		{ O_MAX_CPUS, "--max-cpus", &cfg.size_max.cpus },
+		{ O_MAX_MEMORY, "--max-memory", &cfg.size_max.memory_mib },
+		{ O_MAX_ROOT, "--max-root-size", &cfg.size_max.root_mib },
+		{ O_MAX_WORK, "--max-work-size", &cfg.size_max.work_mib },
+	};
 
 	cap_controller_cfg_init(&cfg);
 	cap_net_policy_init(net);
@@ -112,6 +145,17 @@ int cap_cli_serve(int argc, char **argv)
 			return 2;
 		if (k > 0)
 			continue;
+		for (k = 0; k < (int)CAP_ARRAY_SIZE(sizes) && sizes[k].opt != c; k++)
+			;
+		if (k < (int)CAP_ARRAY_SIZE(sizes)) {
+			/* The bounds are checked below, all together. */
+			if (cap_cli_parse_uint(optarg, 1, UINT_MAX, &v) < 0) {
+				cap_cli_error("%s '%s' is not a positive number", sizes[k].name, optarg);
+				return 2;
+			}
+			*sizes[k].field = (unsigned)v;
+			continue;
+		}
 		switch (c) {
 		case O_SOCKET: socket_path = optarg; break;
 		case O_WORKSPACE:
@@ -176,6 +220,10 @@ int cap_cli_serve(int argc, char **argv)
 	}
 	if (optind != argc) {
 		fputs(usage, stderr);
+		return 2;
+	}
+	if (cap_ctl_size_cfg_check(&cfg, &err) < 0) {
+		cap_cli_error("%s", err.msg);
 		return 2;
 	}
 	if (net->enabled)

@@ -36,6 +36,10 @@ struct cap_ctl_job_req {
 	const char *image, *source;	/* of a new sandbox */
 	const char *workspace;	/* of a new sandbox: its /workspace, or NULL */
 	const struct cap_net_policy *network;	/* of every sandbox, NULL: none */
+	/* START: the sizes of a new sandbox; for one that exists, the vCPUs
+	 * and memory it starts with from now on (its record changed first).
+	 * Every field set. */
+	struct cap_ctl_size size;
 };
 
 struct cap_ctl_job_out {
@@ -102,6 +106,9 @@ struct cap_ctl_backend {
 			 pid_t *pid, struct cap_err *err);
 	/* fd became readable: collect the outcome, close fd, reap pid. */
 	void (*job_end)(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out);
+	/* The sizes a sandbox's record holds (those of its last start):
+	 * -ENOENT when it does not exist. NULL: not known. */
+	int (*sizes)(void *ud, const char *name, struct cap_ctl_size *out);
 	/* What the sandbox is doing: -ENOENT when it does not exist. */
 	int (*state)(void *ud, const char *name, enum cap_vm_state *st,
 		     bool *serving, bool *has_source);

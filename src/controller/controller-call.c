@@ -478,7 +478,9 @@ void ctl_pump(struct cap_ctl *c, struct ident *i)
 		struct ident *warm;
 		enum cap_vm_state st;
 		bool serving, has_source;
-		if (i->lc.state == CAP_VM_NONE && (warm = ctl_pool_ready(c)) &&
+		/* A warm VM has the defaults' sizes: not one for an
+		 * identity that asked for others. */
+		if (i->lc.state == CAP_VM_NONE && ctl_size_is_default(c, i) && (warm = ctl_pool_ready(c)) &&
 		    c->be->state(c->bud, i->name, &st, &serving, &has_source) == -ENOENT &&
 		    ctl_take_from_pool(c, i, warm, &err) == 0) {
 			c->kick = true;	/* running now: the call starts next round */

@@ -33,6 +33,18 @@ static void name_of(struct cap_ctl *c, const char *agent, const char *peer,
 		sandbox_name(agent, peer, out);
 }
 
+static struct ident *find(struct cap_ctl *c, const char *agent, const char *peer);
+
+void ctl_ident_name(struct cap_ctl *c, const char *agent, const char *peer,
+		    char out[CAP_NAME_MAX + 1])
+{
+	struct ident *i = find(c, agent, peer);
+	if (i)
+		snprintf(out, CAP_NAME_MAX + 1, "%s", i->name);
+	else
+		name_of(c, agent, peer, out);
+}
+
 static struct ident *find(struct cap_ctl *c, const char *agent, const char *peer)
 {
 	for (struct ident *i = c->idents; i; i = i->next)

@@ -1,10 +1,13 @@
 /* The identity → sandbox mapping: CAPSULE_HOME/workspaces/<agent>/<peer>/
  * record.json, written atomically before the sandbox it names is made, so
  * that a crash leaves a known sandbox and never an orphan disk. It also
- * notes the private import once it ran ("imported", "import"). */
+ * notes the private import once it ran ("imported", "import"), and the
+ * identity's own sizes ("size": cpus, memory_mib, root_mib, work_mib),
+ * which may come before its sandbox. */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -20,22 +23,102 @@ static char *record_path(const char *home, const char *agent, const char *peer)
 	return xasprintf("%s/workspaces/%s/%s/record.json", home, agent, peer);
 }
 
-int ctl_idrec_write(const char *home, const char *agent, const char *peer,
-		    const char *sandbox, struct cap_err *err)
+/* The record at path as an object (a new one when there is none or it
+ * does not parse: a record is only ever written whole, atomically). */
+static json_t *record_load(const char *path)
 {
-	_cleanup_free_ char *path = record_path(home, agent, peer);
+	json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, NULL);
+	if (json_is_object(j))
+		return j;
+	json_decref(j);
+	return json_object();
+}
+
+static int record_save(const char *path, json_t *j, struct cap_err *err)
+{
 	_cleanup_free_ char *dir = xstrdup(path);
 	*strrchr(dir, '/') = '\0';
 	int r = cap_mkdir_p(dir, 0700);
 	if (r < 0)
 		return cap_err_set(err, -r, "cannot create %s: %s", dir, strerror(-r));
-	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:I}", "schema", 1, "agent", agent, "peer", peer,
-			      "sandbox", sandbox, "created", (json_int_t)time(NULL));
 	char *text = json_dumps(j, JSON_INDENT(2));
-	json_decref(j);
 	r = cap_write_file_atomic(path, text, strlen(text), 0600);
 	free(text);
 	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
+}
+
+int ctl_idrec_write(const char *home, const char *agent, const char *peer,
+		    const char *sandbox, struct cap_err *err)
+{
+	_cleanup_free_ char *path = record_path(home, agent, peer);
+	/* A new mapping: of an earlier record (one whose sandbox was never
+	 * made, or went away) only the identity's size override stays. */
+	json_t *old = record_load(path);
+	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:I}", "schema", 1, "agent", agent, "peer", peer,
+			      "sandbox", sandbox, "created", (json_int_t)time(NULL));
+	json_t *size = json_object_get(old, "size");
+	if (json_is_object(size))
+		json_object_set(j, "size", size);
+	json_decref(old);
+	int r = record_save(path, j, err);
+	json_decref(j);
+	return r;
+}
+
+static const struct {
+	const char *key;
+	size_t off;
+} size_keys[] = {
+	{ "cpus", offsetof(struct cap_ctl_size, cpus) },
+	{ "memory_mib", offsetof(struct cap_ctl_size, memory_mib) },
+	{ "root_mib", offsetof(struct cap_ctl_size, root_mib) },
+	{ "work_mib", offsetof(struct cap_ctl_size, work_mib) },
+};
+
+int ctl_idrec_set_size(const char *home, const char *agent, const char *peer,
+		       const char *sandbox, const struct cap_ctl_size *over, struct cap_err *err)
+{
+	_cleanup_free_ char *path = record_path(home, agent, peer);
+	json_t *j = record_load(path);
+	if (!json_object_get(j, "sandbox")) {
+		/* No sandbox yet: the record names the one it will have. */
+		json_object_set_new(j, "schema", json_integer(1));
+		json_object_set_new(j, "agent", json_string(agent));
+		json_object_set_new(j, "peer", json_string(peer));
+		json_object_set_new(j, "sandbox", json_string(sandbox));
+	}
+	json_t *size = json_object();
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(size_keys); k++) {
+		unsigned v = *(const unsigned *)((const char *)over + size_keys[k].off);
+		if (v)
+			json_object_set_new(size, size_keys[k].key, json_integer(v));
+	}
+	json_object_set_new(j, "size", size);
+	int r = record_save(path, j, err);
+	json_decref(j);
+	return r;
+}
+
+int ctl_idrec_read_size(const char *home, const char *agent, const char *peer,
+			struct cap_ctl_size *out)
+{
+	_cleanup_free_ char *path = record_path(home, agent, peer);
+	json_t *j = json_load_file(path, 0, NULL);
+	memset(out, 0, sizeof(*out));
+	if (!json_is_object(j)) {
+		json_decref(j);
+		return -ENOENT;
+	}
+	json_t *size = json_object_get(j, "size");
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(size_keys); k++) {
+		json_t *v = json_object_get(size, size_keys[k].key);
+		/* What cap_ctl_set_size checked; anything else reads as not
+		 * given (the default), never as a size of its own. */
+		if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) <= CAP_DISK_MAX_MIB)
+			*(unsigned *)((char *)out + size_keys[k].off) = (unsigned)json_integer_value(v);
+	}
+	json_decref(j);
+	return 0;
 }
 
 int ctl_idrec_read(const char *home, const char *agent, const char *peer,
@@ -69,11 +152,9 @@ int ctl_idrec_note_import(const char *home, const char *agent, const char *peer,
 						   "bytes", (json_int_t)note->bytes,
 						   "conflicts", (json_int_t)note->conflicts,
 						   "refused", (json_int_t)note->refused, "absent", note->absent));
-	char *text = json_dumps(j, JSON_INDENT(2));
+	int r = record_save(path, j, err);
 	json_decref(j);
-	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
-	free(text);
-	return r < 0 ? cap_err_set(err, -r, "cannot write %s: %s", path, strerror(-r)) : 0;
+	return r;
 }
 
 int ctl_idrec_read_import(const char *home, const char *agent, const char *peer,

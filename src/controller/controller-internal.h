@@ -16,6 +16,14 @@ int ctl_idrec_write(const char *home, const char *agent, const char *peer,
 int ctl_idrec_read(const char *home, const char *agent, const char *peer,
 		   char name[CAP_NAME_MAX + 1]);
 void ctl_idrec_remove(const char *home, const char *agent, const char *peer);
+/* The identity's size override ("size"; fields 0: not given), kept
+ * across new mappings; written with the record's sandbox name (sandbox:
+ * the one it will have, when the record names none yet). */
+int ctl_idrec_set_size(const char *home, const char *agent, const char *peer,
+		       const char *sandbox, const struct cap_ctl_size *over, struct cap_err *err);
+/* 0 with *out (zeroed fields: none), -ENOENT without a record. */
+int ctl_idrec_read_size(const char *home, const char *agent, const char *peer,
+			struct cap_ctl_size *out);
 
 /* The private import's note in the record: when it ran (Unix time; 0:
  * it has not) and what it did. */

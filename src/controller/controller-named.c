@@ -42,6 +42,10 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		if (strlen(j->image) >= sizeof(rec.image_ref))
 			r = cap_err_set(&err, ENAMETOOLONG, "the image reference %.40s... is too long", j->image);
 		snprintf(rec.image_ref, sizeof(rec.image_ref), "%s", j->image);
+		rec.cpus = j->size.cpus;
+		rec.memory_mib = j->size.memory_mib;
+		rec.root_size_mib = j->size.root_mib;
+		rec.work_size_mib = j->size.work_mib;
 		if (j->source)
 			snprintf(rec.source, sizeof(rec.source), "%s", j->source);
 		if (j->workspace && strlen(j->workspace) >= sizeof(rec.workspace))
@@ -84,6 +88,15 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		if (r == 0 && restart)
 			r = cap_named_stop(j->name, 10000, &err);
 		free(none);
+	}
+	/* The identity's vCPUs and memory as they are now (its disks keep
+	 * the sizes they were made with). */
+	if (r == 0) {
+		r = cap_named_set_size(j->name, j->size.cpus, j->size.memory_mib, &err);
+		if (r == -EBUSY) {	/* running already (a recovery): it keeps them */
+			cap_log(CAP_LOG_INFO, "%s", err.msg);
+			r = 0;
+		}
 	}
 	bool changed;
 	if (r == 0)
@@ -207,6 +220,18 @@ static void job_end(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out)
 			 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
 	}
 	out->msg[sizeof(out->msg) - 1] = '\0';
+}
+
+static int sizes(void *ud, const char *name, struct cap_ctl_size *out)
+{
+	(void)ud;
+	struct cap_record *rec = xmalloc(sizeof(*rec));
+	int r = cap_named_load(name, rec, NULL);
+	if (r == 0)
+		*out = (struct cap_ctl_size){ rec->cpus, rec->memory_mib, rec->root_size_mib,
+					      rec->work_size_mib };
+	free(rec);
+	return r;
 }
 
 static int state(void *ud, const char *name, enum cap_vm_state *st, bool *serving,
@@ -460,6 +485,7 @@ static int list(void *ud, char ***names, size_t *n)
 const struct cap_ctl_backend ctl_named_backend = {
 	.job_begin = job_begin,
 	.job_end = job_end,
+	.sizes = sizes,
 	.state = state,
 	.attach = attach,
 	.reap = reap,

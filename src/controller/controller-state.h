@@ -246,6 +246,15 @@ struct ident *ctl_ident_new(struct cap_ctl *c, const char *agent, const char *pe
 struct ident *ctl_ident_get(struct cap_ctl *c, const char *agent, const char *peer);
 void ctl_unlink_ident(struct cap_ctl *c, struct ident *x);
 void ctl_idents_sweep(struct cap_ctl *c);
+/* The sandbox an identity has or will have. */
+void ctl_ident_name(struct cap_ctl *c, const char *agent, const char *peer,
+		    char out[CAP_NAME_MAX + 1]);
+
+/* controller-size.c: sizes */
+/* What i's sandbox starts with: the defaults under its override. */
+void ctl_size_want(struct cap_ctl *c, const struct ident *i, struct cap_ctl_size *out);
+/* Whether that is the defaults (a warm-pool VM is the defaults' shape). */
+bool ctl_size_is_default(struct cap_ctl *c, const struct ident *i);
 
 /* controller-call.c: calls and their queues */
 void ctl_call_free(struct cap_ctl_call *k);

@@ -169,6 +169,7 @@ int ctl_begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, boo
 		.image = c->cfg.image, .source = c->cfg.source, .network = c->cfg.network,
 		.workspace = c->cfg.workspace,
 	};
+	ctl_size_want(c, i, &j.size);
 	int r = c->be->job_begin(c->bud, &j, &i->job_fd, &i->job_pid, err);
 	if (r < 0)
 		return r;

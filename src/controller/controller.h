@@ -29,6 +29,14 @@ struct cap_ctl_backend;	/* controller-backend.h */
 
 struct cap_net_policy;
 
+/* A sandbox's sizes (DESIGN §5): vCPUs, memory, and its two disks (the
+ * root's writable layer and /work). A field 0 is not given: the next
+ * level's value holds (an identity's override, then the server's
+ * default, then the record's default, cap_record_init). */
+struct cap_ctl_size {
+	unsigned cpus, memory_mib, root_mib, work_mib;
+};
+
 struct cap_controller_cfg {
 	struct cap_lifecycle_cfg lc;
 	const char *image;	/* image of new sandboxes, default "base" */
@@ -67,6 +75,10 @@ struct cap_controller_cfg {
 	 * both are refused. Borrowed. */
 	const char *const *transfer_dirs;
 	size_t ntransfer_dirs;
+	/* The size of every identity's sandbox that sets none of its own,
+	 * and the most an identity may ask for (a field 0: the record's
+	 * default; no bound but the host's). */
+	struct cap_ctl_size size, size_max;
 };
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c);
@@ -250,6 +262,16 @@ struct cap_ctl_status {
 	int64_t imported;
 };
 
+/* What an identity's size is (cap_ctl_set_size, cap_ctl_size_of). */
+struct cap_ctl_size_out {
+	struct cap_ctl_size size;	/* what its next start gets (every field set) */
+	struct cap_ctl_size over;	/* its own override (fields 0: none) */
+	/* The VM that runs now, when one does (cpus 0: none or unknown):
+	 * its sizes differ from size only until its next start. */
+	struct cap_ctl_size running;
+	bool pending;	/* running differs from size in vCPUs or memory */
+};
+
 struct cap_ctl_pool_info {
 	unsigned size, members, ready;
 };
@@ -338,6 +360,26 @@ bool cap_ctl_prepared(const struct cap_ctl *c);
  * is killed and it ends when the guest says so (ECANCELLED either way). A
  * stop or remove under way is not taken back: false. */
 bool cap_ctl_cancel(struct cap_ctl *c, struct cap_ctl_call *k);
+
+/* Give (agent, peer) an override of its sizes: want's fields that are
+ * not 0 replace the recorded override's. It is checked now, against the
+ * server's bounds (cfg.size_max) and the host's — -ERANGE with err naming
+ * the field, the value and the bound, and nothing recorded — then kept
+ * with the identity (its record, also before it has a sandbox) and
+ * applied at its sandbox's next start: a running VM is not resized.
+ * Disks are made once, at the sandbox's creation: a disk size other than
+ * an existing sandbox's is refused (-EEXIST, naming both). out: what the
+ * identity is now. No sandbox is created. */
+int cap_ctl_set_size(struct cap_ctl *c, const char *agent, const char *peer,
+		     const struct cap_ctl_size *want, struct cap_ctl_size_out *out,
+		     struct cap_err *err);
+/* An identity's sizes, as cap_ctl_set_size reports them; creates nothing. */
+void cap_ctl_size_of(struct cap_ctl *c, const char *agent, const char *peer,
+		     struct cap_ctl_size_out *out);
+/* Check server defaults and bounds (capsule serve's --cpus, --max-cpus...):
+ * within the host's fixed bounds, defaults within the maxima. -ERANGE
+ * with err naming the option. */
+int cap_ctl_size_cfg_check(const struct cap_controller_cfg *cfg, struct cap_err *err);
 
 /* The state of an identity; creates nothing. */
 void cap_ctl_status(struct cap_ctl *c, const char *agent, const char *peer,

@@ -97,6 +97,13 @@ void cap_named_shape(const struct cap_record *rec, const char *image, const char
 		     const char *name, const struct cap_net_policy *p,
 		     struct cap_sandbox_spec *spec, struct cap_sandbox_opts *o);
 
+/* Give a stopped sandbox these vCPUs and memory from its next start on
+ * (its record; nothing when they are its own already). -EBUSY while it
+ * runs: a running VM is never resized. -ERANGE (err) beyond the fixed
+ * bounds. */
+int cap_named_set_size(const char *name, unsigned cpus, unsigned memory_mib,
+		       struct cap_err *err);
+
 /* Replace a sandbox's network policy in its record. When it runs with a
  * NIC, its shim applies the new one to new connections without a
  * restart (this call waits up to 5 s for it to confirm) — a policy with
@@ -120,6 +127,15 @@ int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 #define CAP_MEMORY_RESERVE_MIB 512
 #define CAP_DISK_MIN_MIB 16
 #define CAP_DISK_MAX_MIB 1048576
+
+/* The host's bounds, for checks with messages of their own (an
+ * identity's size in capsule serve): its online CPUs (0: unknown); the
+ * most memory a sandbox may have (MemTotal less the reserve), -errno when
+ * it cannot be read; the MiB free on the file system holding
+ * CAPSULE_HOME (*home: a new string, that directory). */
+int cap_named_host_cpus(void);
+int cap_named_host_memory(uint64_t *most, uint64_t *total, uint64_t *reserve);
+int cap_named_host_disk(uint64_t *avail, char **home, struct cap_err *err);
 
 /* Check a sandbox's sizes against those bounds (root_mib and work_mib 0:
  * no disks, as for capsule run). -ERANGE with err naming the value, the

@@ -44,6 +44,32 @@ static int free_mib(const char *path, uint64_t *out)
 	return 0;
 }
 
+int cap_named_host_cpus(void)
+{
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	return online > 0 ? (int)CAP_MIN(online, (long)INT32_MAX) : 0;
+}
+
+int cap_named_host_memory(uint64_t *most, uint64_t *total, uint64_t *reserve)
+{
+	struct sysinfo si;
+	if (sysinfo(&si) < 0)
+		return -errno;
+	*total = (uint64_t)si.totalram * si.mem_unit >> 20;
+	*reserve = CAP_MAX((uint64_t)CAP_MEMORY_RESERVE_MIB, *total / 10);
+	*most = *total > *reserve ? *total - *reserve : 0;
+	return 0;
+}
+
+int cap_named_host_disk(uint64_t *avail, char **home, struct cap_err *err)
+{
+	*home = cap_home_dir();
+	int r = free_mib(*home, avail);
+	if (r < 0)
+		return cap_err_set(err, -r, "cannot tell the free space of %s: %s", *home, strerror(-r));
+	return 0;
+}
+
 /* cap_named_check_size with the workspace's disk (ws_mib, 0: none)
  * counted in the host-space check with the other two. */
 int cap_named_check_size_ws(unsigned cpus, unsigned memory_mib, unsigned root_mib,
@@ -51,22 +77,17 @@ int cap_named_check_size_ws(unsigned cpus, unsigned memory_mib, unsigned root_mi
 {
 	if (cpus < 1 || cpus > CAP_CPUS_MAX)
 		return cap_err_set(err, ERANGE, "--cpus %u is out of range: 1 to %d vCPUs", cpus, CAP_CPUS_MAX);
-	long online = sysconf(_SC_NPROCESSORS_ONLN);
-	if (!force && online > 0 && cpus > (unsigned long)online)
-		return cap_err_set(err, ERANGE, "--cpus %u is more than this host's %ld online CPUs; ask for at most %ld, or add --force-size to overcommit",
+	int online = cap_named_host_cpus();
+	if (!force && online > 0 && cpus > (unsigned)online)
+		return cap_err_set(err, ERANGE, "--cpus %u is more than this host's %d online CPUs; ask for at most %d, or add --force-size to overcommit",
 				   cpus, online, online);
 	if (memory_mib < CAP_MEMORY_MIN_MIB || memory_mib > CAP_MEMORY_MAX_MIB)
 		return cap_err_set(err, ERANGE, "--memory %u MiB is out of range: %d to %d MiB", memory_mib,
 				   CAP_MEMORY_MIN_MIB, CAP_MEMORY_MAX_MIB);
-	struct sysinfo si;
-	if (!force && sysinfo(&si) == 0) {
-		uint64_t total = (uint64_t)si.totalram * si.mem_unit >> 20;
-		uint64_t reserve = CAP_MAX((uint64_t)CAP_MEMORY_RESERVE_MIB, total / 10);
-		uint64_t most = total > reserve ? total - reserve : 0;
-		if (memory_mib > most)
-			return cap_err_set(err, ERANGE, "--memory %u MiB is more than this host can give: at most %" PRIu64 " MiB (its %" PRIu64 " MiB less a reserve of %" PRIu64 " MiB, the larger of %d MiB and a tenth); ask for less, or add --force-size",
-					   memory_mib, most, total, reserve, CAP_MEMORY_RESERVE_MIB);
-	}
+	uint64_t most, total, reserve;
+	if (!force && cap_named_host_memory(&most, &total, &reserve) == 0 && memory_mib > most)
+		return cap_err_set(err, ERANGE, "--memory %u MiB is more than this host can give: at most %" PRIu64 " MiB (its %" PRIu64 " MiB less a reserve of %" PRIu64 " MiB, the larger of %d MiB and a tenth); ask for less, or add --force-size",
+				   memory_mib, most, total, reserve, CAP_MEMORY_RESERVE_MIB);
 	if (!root_mib && !work_mib)
 		return 0;
 	if (root_mib < CAP_DISK_MIN_MIB || root_mib > CAP_DISK_MAX_MIB)
@@ -80,11 +101,11 @@ int cap_named_check_size_ws(unsigned cpus, unsigned memory_mib, unsigned root_mi
 				   CAP_DISK_MIN_MIB, CAP_DISK_MAX_MIB);
 	if (force)
 		return 0;
-	_cleanup_free_ char *home = cap_home_dir();
+	_cleanup_free_ char *home = NULL;
 	uint64_t avail = 0;
-	int r = free_mib(home, &avail);
+	int r = cap_named_host_disk(&avail, &home, err);
 	if (r < 0)
-		return cap_err_set(err, -r, "cannot tell the free space of %s: %s", home, strerror(-r));
+		return r;
 	uint64_t want = (uint64_t)root_mib + work_mib + ws_mib;
 	if (want > avail && ws_mib)
 		return cap_err_set(err, ERANGE, "--root-size %u MiB, --work-size %u MiB and the workspace's %u MiB (%" PRIu64 " MiB together) are more than the %" PRIu64 " MiB free on the file system holding %s; the disks are sparse, but a guest that fills them would fill it: ask for less (--workspace-size), free space, or add --force-size",

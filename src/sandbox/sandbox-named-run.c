@@ -487,3 +487,29 @@ int cap_named_set_network(const char *name, const struct cap_net_policy *p,
 	return cap_err_set(err, ETIMEDOUT, "sandbox '%s' did not confirm its new network policy within 5 s; see shim.log in its directory",
 			   name);
 }
+
+int cap_named_set_size(const char *name, unsigned cpus, unsigned memory_mib,
+		       struct cap_err *err)
+{
+	struct cap_named_status st;
+	_cleanup_free_ struct cap_record *rec = xmalloc(sizeof(*rec));
+	int r;
+	if ((r = cap_named_load(name, rec, err)) < 0)
+		return r;
+	if (rec->cpus == cpus && rec->memory_mib == memory_mib)
+		return 0;
+	if (cpus < 1 || cpus > CAP_CPUS_MAX || memory_mib < CAP_MEMORY_MIN_MIB ||
+	    memory_mib > CAP_MEMORY_MAX_MIB)
+		return cap_err_set(err, ERANGE, "%u vCPUs and %u MiB are out of range for sandbox '%s' (1 to %d vCPUs, %d to %d MiB)",
+				   cpus, memory_mib, name, CAP_CPUS_MAX, CAP_MEMORY_MIN_MIB, CAP_MEMORY_MAX_MIB);
+	if ((r = cap_named_status(name, &st, err)) < 0)
+		return r;
+	if (st.state != CAP_NAMED_STOPPED)
+		return cap_err_set(err, EBUSY, "sandbox '%s' runs with %u vCPUs and %u MiB; it gets %u and %u MiB at its next start, not now",
+				   name, rec->cpus, rec->memory_mib, cpus, memory_mib);
+	cap_log(CAP_LOG_INFO, "sandbox %s: %u vCPUs and %u MiB from this start (were %u and %u MiB)", name,
+		cpus, memory_mib, rec->cpus, rec->memory_mib);
+	rec->cpus = cpus;
+	rec->memory_mib = memory_mib;
+	return cap_named_write_record(rec, err);
+}

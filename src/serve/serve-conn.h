@@ -31,6 +31,7 @@ struct pending {
 	char path[4200];	/* FILE, XFER: as asked */
 	enum method method;
 	char *owned_to;	/* download: where the copy went (resolved) */
+	json_t *size;	/* exec given a size: what it came to, for the answer */
 	enum cap_file_op op;
 	struct cap_ctl_call *call;
 	struct pending *next;	/* in conn->calls */
@@ -70,6 +71,9 @@ void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, si
 void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
 /* v[0..n) as a JSON array of strings. A new reference. */
 json_t *serve_strings(const char *const *v, size_t n);
+/* An identity's sizes as set_size, exec and status answer them. A new
+ * reference. */
+json_t *serve_size_json(const struct cap_ctl_size_out *o);
 /* One identity's status as status and list answer it. A new reference. */
 json_t *serve_status_json(const struct cap_ctl_status *st);
 

@@ -209,6 +209,8 @@ void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_
 		durable_json(res, ex);
 		if (r->note)
 			json_object_set_new(res, "note", cap_json_text(r->note));
+		if (p->size)
+			json_object_set(res, "size", p->size);
 	} else if (r->kind == CAP_CTL_FILE && p->method == M_DOWNLOAD) {
 		if (r->is_dir) {
 			code = CAP_RPC_TOOL;
@@ -305,6 +307,35 @@ void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_
 		json_object_set_new(data, "import", cap_rpc_import_json(r->import));
 	}
 	cap_rpc_put_error(&k->out, p->id, code, msg, data);
+}
+
+static json_t *size_fields(const struct cap_ctl_size *z, bool disks)
+{
+	json_t *j = json_object();
+	const struct {
+		const char *key;
+		unsigned v;
+	} f[] = { { "cpus", z->cpus }, { "memory_mib", z->memory_mib }, { "root_mib", z->root_mib },
+		  { "work_mib", z->work_mib } };
+	for (size_t i = 0; i < (disks ? 4u : 2u); i++)
+		if (f[i].v)
+			json_object_set_new(j, f[i].key, json_integer(f[i].v));
+	return j;
+}
+
+json_t *serve_size_json(const struct cap_ctl_size_out *o)
+{
+	json_t *j = size_fields(&o->size, true);
+	json_object_set_new(j, "override", size_fields(&o->over, true));
+	json_object_set_new(j, "running", o->running.cpus ? size_fields(&o->running, false) : json_null());
+	json_object_set_new(j, "pending", json_boolean(o->pending));
+	if (o->pending) {
+		char note[256];
+		snprintf(note, sizeof(note), "the sandbox runs with %u vCPUs and %u MiB until its next start; then %u vCPUs and %u MiB (a running VM is not resized: stop it to apply them sooner)",
+			 o->running.cpus, o->running.memory_mib, o->size.cpus, o->size.memory_mib);
+		json_object_set_new(j, "note", json_string(note));
+	}
+	return j;
 }
 
 json_t *serve_status_json(const struct cap_ctl_status *st)

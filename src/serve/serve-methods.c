@@ -38,9 +38,9 @@ static bool identity(struct conn *k, json_t *id, json_t *params, const char **ag
 
 /* Queue req for the identity; owned_to (a download's resolved
  * destination, or NULL) is stolen. */
-static void submit_as(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *agent,
-		      const char *peer, const struct cap_ctl_req *req, const char *path,
-		      enum method method, char *owned_to)
+static struct pending *submit_as(struct cap_rpc_server *s, struct conn *k, json_t *id,
+				  const char *agent, const char *peer, const struct cap_ctl_req *req,
+				  const char *path, enum method method, char *owned_to)
 {
 	struct pending *p = xcalloc(1, sizeof(*p));
 	p->conn = k;
@@ -53,12 +53,14 @@ static void submit_as(struct cap_rpc_server *s, struct conn *k, json_t *id, cons
 	p->next = k->calls;
 	k->calls = p;
 	p->call = cap_ctl_submit(s->ctl, s->fe, agent, peer, req, p);
+	return p;
 }
 
-static void submit(struct cap_rpc_server *s, struct conn *k, json_t *id, const char *agent,
-		   const char *peer, const struct cap_ctl_req *req, const char *path)
+static struct pending *submit(struct cap_rpc_server *s, struct conn *k, json_t *id,
+			      const char *agent, const char *peer, const struct cap_ctl_req *req,
+			      const char *path)
 {
-	submit_as(s, k, id, agent, peer, req, path, M_TOOL, NULL);
+	return submit_as(s, k, id, agent, peer, req, path, M_TOOL, NULL);
 }
 
 /* params.durable: absent or true, the call returns once what it wrote is
@@ -74,6 +76,81 @@ static bool durable_param(struct conn *k, json_t *id, json_t *params, bool *no_s
 	}
 	*no_sync = json_is_false(v);
 	return true;
+}
+
+/* params.size: absent (*given false), or {cpus, memory_mib, root_mib,
+ * work_mib}, each a positive integer and at least one; false with an
+ * error sent otherwise. The bounds are the controller's (set_size). */
+static bool size_param(struct conn *k, json_t *id, json_t *params, struct cap_ctl_size *out,
+		       bool *given)
+{
+	json_t *v = json_object_get(params, "size");
+	memset(out, 0, sizeof(*out));
+	*given = v != NULL;
+	if (!v)
+		return true;
+	const struct {
+		const char *key;
+		unsigned *field;
+	} f[] = { { "cpus", &out->cpus }, { "memory_mib", &out->memory_mib }, { "root_mib", &out->root_mib },
+		  { "work_mib", &out->work_mib } };
+	const char *key;
+	json_t *val;
+	if (!json_is_object(v) || json_object_size(v) == 0)
+		goto bad;
+	json_object_foreach(v, key, val) {
+		size_t i;
+		for (i = 0; i < CAP_ARRAY_SIZE(f) && strcmp(f[i].key, key) != 0; i++)
+			;
+		if (i == CAP_ARRAY_SIZE(f)) {
+			serve_error(k, id, CAP_RPC_PARAMS, "params.size.%s is not a size: give cpus, memory_mib, root_mib or work_mib", key);
+			return false;
+		}
+		if (!json_is_integer(val) || json_integer_value(val) < 1 || json_integer_value(val) > (1 << 30)) {
+			serve_error(k, id, CAP_RPC_PARAMS, "params.size.%s must be a positive integer", key);
+			return false;
+		}
+		*f[i].field = (unsigned)json_integer_value(val);
+	}
+	return true;
+bad:
+	serve_error(k, id, CAP_RPC_PARAMS, "params.size must be an object of cpus, memory_mib, root_mib and work_mib (positive integers; at least one)");
+	return false;
+}
+
+/* The identity's sizes set from params.size, when given: *out the
+ * answer's "size" (NULL when not given). False with the refusal sent. */
+static bool apply_size(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params,
+		       const char *agent, const char *peer, json_t **out)
+{
+	struct cap_ctl_size want;
+	struct cap_ctl_size_out got;
+	struct cap_err err = { 0 };
+	bool given;
+	*out = NULL;
+	if (!size_param(k, id, params, &want, &given))
+		return false;
+	if (!given)
+		return true;
+	if (cap_ctl_set_size(s->ctl, agent, peer, &want, &got, &err) < 0) {
+		serve_error(k, id, CAP_RPC_PARAMS, "%s", err.msg);
+		return false;
+	}
+	*out = serve_size_json(&got);
+	return true;
+}
+
+/* set_size: an identity's own sizes, checked now, applied at its next
+ * start (docs/serve.md, "Sizes"). */
+static void m_set_size(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const char *agent, *peer;
+	json_t *size;
+	if (!json_object_get(params, "size"))
+		return serve_error(k, id, CAP_RPC_PARAMS, "set_size needs params.size: {cpus, memory_mib, root_mib, work_mib}, at least one");
+	if (!identity(k, id, params, &agent, &peer) || !apply_size(s, k, id, params, agent, peer, &size))
+		return;
+	serve_result(k, id, json_pack("{s:s, s:s, s:o}", "agent", agent, "peer", peer, "size", size));
 }
 
 static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
@@ -105,7 +182,9 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 	json_object_foreach(env, key, val)
 		if (!json_is_string(val) || !*key || strchr(key, '='))
 			return serve_error(k, id, CAP_RPC_PARAMS, "env.%s must be a string value with a name without '='", key);
-	if (!durable_param(k, id, params, &no_sync) || !identity(k, id, params, &agent, &peer))
+	json_t *size;
+	if (!durable_param(k, id, params, &no_sync) || !identity(k, id, params, &agent, &peer) ||
+	    !apply_size(s, k, id, params, agent, peer, &size))
 		return;
 
 	size_t ne = json_object_size(env);
@@ -128,7 +207,7 @@ static void m_exec(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t 
 		req.stdin_data = json_string_value(in);
 		req.stdin_len = json_string_length(in);
 	}
-	submit(s, k, id, agent, peer, &req, NULL);
+	submit(s, k, id, agent, peer, &req, NULL)->size = size;
 	for (uint32_t e = 0; e < envc; e++)
 		free(ev[e]);
 	free(ev);
@@ -412,8 +491,12 @@ static void m_status(struct cap_rpc_server *s, struct conn *k, json_t *id, json_
 	struct cap_ctl_status st;
 	if (!identity(k, id, params, &agent, &peer))
 		return;
+	struct cap_ctl_size_out size;
 	cap_ctl_status(s->ctl, agent, peer, &st);	/* creates nothing */
-	serve_result(k, id, serve_status_json(&st));
+	cap_ctl_size_of(s->ctl, agent, peer, &size);
+	json_t *j = serve_status_json(&st);
+	json_object_set_new(j, "size", serve_size_json(&size));
+	serve_result(k, id, j);
 }
 
 static void list_one(void *ud, const struct cap_ctl_status *st)
@@ -571,11 +654,12 @@ struct method_def {
 	void (*run)(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params);
 	bool test_only;	/* served only under --test-clock */
 	const char *one_of;
-	struct param_def params[9];	/* up to the first without a name */
+	struct param_def params[10];	/* up to the first without a name */
 };
 
 #define P_IDENTITY { "identity", "object", true, false }	/* {"agent", "peer"} */
 #define P_DURABLE { "durable", "boolean", false, false }
+#define P_SIZE { "size", "object", false, false }	/* {cpus, memory_mib, root_mib, work_mib} */
 
 /* The serve protocol's methods, written once: serve_handle dispatches by
  * it, and `capsule serve --schema` prints it (cap_serve_schema), which
@@ -585,7 +669,8 @@ static const struct method_def methods[] = {
 	{ .name = "exec", .run = m_exec,
 	  .params = { P_IDENTITY, { "argv", "array", true, false }, { "env", "object", false, false },
 		      { "cwd", "string", false, false }, { "timeout", "number", false, false },
-		      { "stdin", "string", false, false }, { "pids_max", "integer", false, false }, P_DURABLE } },
+		      { "stdin", "string", false, false }, { "pids_max", "integer", false, false }, P_DURABLE,
+		      P_SIZE } },
 	{ .name = "read_file", .run = m_read_file,
 	  .params = { P_IDENTITY, { "path", "string", true, false }, { "root", "string", false, false },
 		      { "max_bytes", "integer", false, false } } },
@@ -606,6 +691,7 @@ static const struct method_def methods[] = {
 	{ .name = "merge", .run = m_merge,
 	  .params = { P_IDENTITY, { "pick", "string", false, false }, { "dry_run", "boolean", false, false } } },
 	{ .name = "status", .run = m_status, .params = { P_IDENTITY } },
+	{ .name = "set_size", .run = m_set_size, .params = { P_IDENTITY, { "size", "object", true, false } } },
 	{ .name = "list", .run = m_list },
 	{ .name = "info", .run = m_info },
 	{ .name = "stop", .run = m_stop, .one_of = "identity|sandbox",

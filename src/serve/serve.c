@@ -87,6 +87,7 @@ static void rpc_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ct
 			}
 	json_decref(p->id);
 	free(p->owned_to);
+	json_decref(p->size);
 	free(p);
 }
 
@@ -271,6 +272,8 @@ void cap_rpc_server_free(struct cap_rpc_server *s)
 			next = p->next;	/* the core is gone: nothing will answer */
 			json_decref(p->id);
 			free(p->owned_to);
+			json_decref(p->size);
+	json_decref(p->size);
 			free(p);
 		}
 		close(k->fd);

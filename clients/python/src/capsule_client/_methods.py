@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from .errors import InvalidParams
 from .types import (DiffResult, DirectoryListing, ExecResult, FileResult, IdentityLike,
                     LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList,
-                    ServerInfo, Status, TransferResult, WriteResult, identity_json)
+                    ServerInfo, SizeResult, Status, TransferResult, WriteResult, identity_json)
 
 INLINE_MAX = 16 * 1024 * 1024        # an inline upload or download (docs/serve.md)
 LINE_MAX = 24 * 1024 * 1024          # a request line the server reads
@@ -54,15 +54,17 @@ class Methods:
 
     def exec(self, identity: IdentityLike, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
              cwd: Optional[str] = None, timeout: Optional[float] = None, stdin: Optional[str] = None,
-             pids_max: Optional[int] = None, durable: bool = True, **opts: Any) -> ExecResult:
+             pids_max: Optional[int] = None, durable: bool = True,
+             size: Optional[Dict[str, int]] = None, **opts: Any) -> ExecResult:
         """Run argv in the identity's sandbox (timeout: the command's, in
         seconds, default 30 on the server). The answer comes once what the
         command wrote is on the host's disk; durable=False returns sooner
-        and gives that up (result.durable says which)."""
+        and gives that up (result.durable says which). size: as set_size's,
+        checked and kept before the command runs (result.size)."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of strings, e.g. ['sh', '-c', 'echo hi']")
         p = _put({"identity": identity_json(identity), "argv": list(argv)},
-                 env=env, cwd=cwd, timeout=timeout, stdin=stdin, pids_max=pids_max)
+                 env=env, cwd=cwd, timeout=timeout, stdin=stdin, pids_max=pids_max, size=size)
         _durable(p, durable)
         return self._invoke("exec", p, ExecResult.from_json, **opts)
 
@@ -134,6 +136,17 @@ class Methods:
         return self._invoke("merge", p, MergeResult.from_json, **opts)
 
     # -- lifecycle and the controller -----------------------------------------
+
+    def set_size(self, identity: IdentityLike, size: Dict[str, int], **opts: Any) -> SizeResult:
+        """The identity's own sizes ({"cpus", "memory_mib", "root_mib",
+        "work_mib"}, any of them): refused now (InvalidParams naming the
+        bound) when beyond the server's or the host's bounds, else kept and
+        applied at its sandbox's next start; a running VM is not resized
+        (result.size.pending says so)."""
+        if not isinstance(size, dict) or not size:
+            raise TypeError("size must be a dict such as {'cpus': 2, 'memory_mib': 2048}")
+        return self._invoke("set_size", {"identity": identity_json(identity), "size": dict(size)},
+                            SizeResult.from_json, **opts)
 
     def status(self, identity: IdentityLike, **opts: Any) -> Status:
         """The identity's sandbox state; creates nothing."""

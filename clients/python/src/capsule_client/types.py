@@ -88,6 +88,7 @@ class ExecResult(_Result):
     note: Optional[str] = None
     import_: Optional[Dict[str, Any]] = None     # the private import's outcome ("import")
     prepared: Optional[List[str]] = None         # phases this call had to build first
+    size: Optional[Dict[str, Any]] = None        # given a size: what it came to (as SizeResult.size)
     raw: Dict[str, Any] = _raw()
 
     @property
@@ -209,11 +210,26 @@ class Status(_Result):
     queued: int = 0
     idle_ms: Optional[int] = None
     imported: Optional[int] = None
+    # status: the sizes its next start gets (cpus, memory_mib, root_mib,
+    # work_mib), its own "override", the "running" VM's, "pending".
+    size: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = _raw()
 
     @property
     def identity(self) -> Optional[Identity]:
         return Identity(self.agent, self.peer) if self.agent is not None and self.peer is not None else None
+
+
+@dataclass
+class SizeResult(_Result):
+    """`set_size`: size holds cpus, memory_mib, root_mib and work_mib (what
+    the next start gets), "override" (the identity's own), "running" (the
+    VM's now, or None), "pending" (they differ until its next start) and,
+    then, a "note" saying so."""
+    agent: Optional[str] = None
+    peer: Optional[str] = None
+    size: Dict[str, Any] = field(default_factory=dict)
+    raw: Dict[str, Any] = _raw()
 
 
 @dataclass

@@ -173,6 +173,8 @@ suite "integration/shim" tests/integration/test-shim.sh "$build/capsule"
 suite "integration/shim-runc" env CAPSULE_SHIM_TEST_RUNTIME=runc tests/integration/test-shim.sh "$build/capsule"
 suite "integration/serve" python3 tests/integration/test-serve.py "$build/capsule"
 suite "integration/serve-durable" python3 tests/integration/test-durable.py "$build/capsule"
+# Sizes per identity (issue 34): checked at the call, applied at the next start.
+suite "integration/serve-size" python3 tests/integration/test-serve-size.py "$build/capsule"
 # A full host, small (issue 20): 8 identities at --capacity 8, paused, resumed, none lost.
 suite "integration/fullhost" python3 tests/integration/test-fullhost.py "$build/capsule"
 suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"

@@ -1,5 +1,6 @@
 /* capsule mcp: the MCP server on stdio. */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,9 @@ static const char usage[] =
 	"  --idle-stop S      Stop it after S seconds (default 600)\n"
 	"  --capacity N       Resident VMs (default 4)\n"
 	"  --test-clock       Lifecycle time moves only by _test.advance (tests)\n"
+	"  --cpus N --memory MIB --root-size MIB --work-size MIB\n"
+	"                     Every sandbox's size (config \"size\"; default 1 vCPU,\n"
+	"                     512 MiB, 256 MiB root, 512 MiB /work)\n"
 	"\n"
 	CAP_CLI_NET_HELP
 	"  Flags replace the configuration's \"network\" as a whole. Refusals go to\n"
@@ -57,6 +61,10 @@ int cap_cli_mcp(int argc, char **argv)
 		{ "idle-stop", required_argument, NULL, O_STOP },
 		{ "capacity", required_argument, NULL, O_CAP },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
+		{ "cpus", required_argument, NULL, CAP_OPT_CPUS },
+		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
+		{ "root-size", required_argument, NULL, CAP_OPT_ROOT_SIZE },
+		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
 		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -123,6 +131,18 @@ int cap_cli_mcp(int argc, char **argv)
 			cfg.ctl.lc.capacity = (unsigned)v;
 			break;
 		case O_CLOCK: cfg.ctl.manual_clock = true; break;
+		case CAP_OPT_CPUS:
+		case CAP_OPT_MEMORY:
+		case CAP_OPT_ROOT_SIZE:
+		case CAP_OPT_WORK_SIZE:
+			/* The bounds are checked below, with the file's. */
+			if (cap_cli_parse_uint(optarg, 1, UINT_MAX, &v) < 0) {
+				cap_cli_error("'%s' is not a positive number (--cpus, --memory, --root-size, --work-size)", optarg);
+				goto out;
+			}
+			*(c == CAP_OPT_CPUS ? &cfg.ctl.size.cpus : c == CAP_OPT_MEMORY ? &cfg.ctl.size.memory_mib
+				: c == CAP_OPT_ROOT_SIZE ? &cfg.ctl.size.root_mib : &cfg.ctl.size.work_mib) = (unsigned)v;
+			break;
 		default:
 			if (!net_flags)
 				cap_net_policy_init(net);
@@ -131,6 +151,10 @@ int cap_cli_mcp(int argc, char **argv)
 			net_flags |= k > 0;
 			break;
 		}
+	}
+	if (cap_ctl_size_cfg_check(&cfg.ctl, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		goto out;
 	}
 	if (net_flags) {
 		free(cfg.owned_network);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "mcp.h"
+#include "named.h"	/* the size bounds */
 #include "policy.h"
 #include "util.h"
 
@@ -155,7 +156,7 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 	if (!j)
 		return cap_err_set(err, EINVAL, "%s: %s (line %d)", path, je.text, je.line);
 	static const char *const top[] = { "agent", "peer", "image", "source", "workspace", "private_import",
-					   "tools", "limits", "lifecycle", "network", NULL };
+					   "tools", "limits", "lifecycle", "network", "size", NULL };
 	static const char *const lim[] = { "read_max_bytes", "read_max_chars", "read_max_lines", "run_timeout_s", NULL };
 	static const char *const life[] = { "idle_pause_s", "idle_stop_s", "capacity", "warm_pool", NULL };
 	int r = 0;
@@ -163,6 +164,7 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 	json_t *tools = json_object_get(j, "tools");
 	json_t *limits = json_object_get(j, "limits");
 	json_t *lc = json_object_get(j, "lifecycle");
+	json_t *size = json_object_get(j, "size");
 	if (!json_is_object(j))
 		r = cap_err_set(err, EINVAL, "%s: the configuration must be a JSON object", path);
 	if (r == 0)
@@ -213,6 +215,20 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 		v = c->run_timeout_s;
 		if (r == 0 && (r = cfg_uint(limits, "run_timeout_s", "limits", 86400, &v, err)) == 0)
 			c->run_timeout_s = (uint32_t)v;
+	}
+	if (r == 0 && size) {
+		/* Every sandbox's sizes (the bounds are checked with the flags',
+		 * cap_ctl_size_cfg_check). */
+		static const char *const sz[] = { "cpus", "memory_mib", "root_mib", "work_mib", NULL };
+		unsigned *field[] = { &c->ctl.size.cpus, &c->ctl.size.memory_mib, &c->ctl.size.root_mib,
+				      &c->ctl.size.work_mib };
+		r = json_is_object(size) ? only_keys(size, "size", sz, err)
+					 : cap_err_set(err, EINVAL, "\"size\" must be an object of cpus, memory_mib, root_mib and work_mib");
+		for (size_t i = 0; r == 0 && sz[i]; i++) {
+			v = *field[i];
+			if ((r = cfg_uint(size, sz[i], "size", CAP_DISK_MAX_MIB, &v, err)) == 0)
+				*field[i] = (unsigned)v;
+		}
 	}
 	if (r == 0 && lc) {
 		r = json_is_object(lc) ? only_keys(lc, "lifecycle", life, err)

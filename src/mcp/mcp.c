@@ -318,6 +318,10 @@ int cap_mcp_run(struct cap_mcp_cfg *cfg, struct cap_err *err)
 		if (held < 0) {
 			r = cap_err_set(err, -held, "cannot read the home's controller lock: %s", strerror(-held));
 		} else if (held == 1 && m.holder.socket[0]) {
+			if (cfg->ctl.size.cpus || cfg->ctl.size.memory_mib || cfg->ctl.size.root_mib ||
+			    cfg->ctl.size.work_mib)
+				cap_log(CAP_LOG_WARN, "joining capsule %s (pid %d): its sizes hold for the sandboxes, not this configuration's \"size\"",
+					m.holder.frontend, (int)m.holder.pid);
 			r = mcp_run_remote(&m, err);
 		} else if (held == 1) {
 			r = cap_err_set(err, EBUSY, "capsule %s (pid %d) owns this CAPSULE_HOME and listens on no socket; stop it or use another CAPSULE_HOME",

@@ -14,7 +14,7 @@ ping() { printf '{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' "$1"; }
 resp() { grep "\"id\":$1[,}]" "$out"; }
 mcp() { "$capsule" mcp --agent a --peer p1 --source "$rt/pub" 2>"$err" >"$out"; }
 
-echo "1..32"
+echo "1..34"
 
 { printf '%s\n' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt"}}}'; ping 8; } | mcp
 check "a call before initialize is refused, ping still answered" 'resp 7 | grep -q "\"code\":-32600" && resp 7 | grep -q "not initialized" && resp 8 | grep -q "\"result\":{}"'
@@ -54,6 +54,22 @@ printf '%s\n' '{"tools": {"run_command": true}}' >"$rt/run.json"
 	"$capsule" mcp --agent a --peer p1 --source "$rt/pub" --config "$rt/run.json" 2>"$err" >"$out"
 check "without a capsule serve, mcp runs its own VM and stops it when stdin closes" \
 	'resp 12 | grep -q "standalone\\\\nhi\\\\n" && [ "$(ours)" -eq 0 ]'
+
+# The configuration's "size" is every sandbox's (docs/mcp.md); out of
+# bounds, it is refused before anything runs.
+printf '%s\n' '{"tools": {"run_command": true}, "size": {"cpus": 2, "memory_mib": 640}}' >"$rt/size.json"
+{ echo "$init"; printf '%s\n' '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
+	'{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"echo cpus=$(nproc) mem=$(awk \"/^MemTotal:/ { print int(\\$2 / 1024) }\" /proc/meminfo)"}}}'
+	wait_for 'resp 21 >/dev/null' 900; } |
+	"$capsule" mcp --agent a --peer p3 --config "$rt/size.json" 2>"$err" >"$out"
+got=$(resp 21 | grep -o 'cpus=[0-9]* mem=[0-9]*' | head -1)
+check "config size cpus 2, memory_mib 640: the sandbox has 2 vCPUs and ~640 MiB ($got)" \
+	'[ "${got%% *}" = cpus=2 ] && m=${got#*mem=} && [ "$m" -gt 512 ] && [ "$m" -le 640 ]'
+printf '%s\n' '{"size": {"cpus": 99}}' >"$rt/bigsize.json"
+"$capsule" mcp --agent a --peer p3 --config "$rt/bigsize.json" </dev/null 2>"$err" >"$out"
+rc=$?
+check "config size cpus 99 exits 2 naming the bound, nothing on stdout (exit $rc: $(head -c 200 "$err"))" \
+	'[ "$rc" -eq 2 ] && grep -q "cpus 99 is out of range: 1 to 16" "$err" && [ ! -s "$out" ]'
 
 # A run_command's own timeout is the one reported; write_file refuses the
 # read-only public root instead of writing to /work.

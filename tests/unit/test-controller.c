@@ -57,6 +57,7 @@ struct fjob {
 	enum cap_ctl_job kind;
 	char name[CAP_NAME_MAX + 1];
 	bool create;
+	struct cap_ctl_size size;	/* what a START asked for */
 	int rfd;	/* the core's: job_end closes it */
 	int wfd;	/* the fake's, until the job reports */
 	bool reported, ended;
@@ -207,6 +208,7 @@ static int f_job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t
 	x->kind = j->kind;
 	snprintf(x->name, sizeof(x->name), "%s", j->name);
 	x->create = j->create;
+	x->size = j->size;
 	x->rfd = p[0];
 	x->wfd = p[1];
 	*fd = p[0];
@@ -1969,6 +1971,57 @@ static void warm_pool_hands_over_a_started_vm(void **state)
 	assert_int_equal(must_get(&t->fe1, 1)->code, CAP_CTL_OK);
 }
 
+/* Sizes per identity: a refused override keeps nothing; a good one is
+ * kept in the identity's record before it has a sandbox, reaches its
+ * start job over the server's defaults, and keeps it from the warm pool
+ * (whose VM has the defaults' shape). */
+static void sized_identity_starts_with_its_size(void **state)
+{
+	struct t *t = *state;
+	struct cap_ctl_size_out out;
+	struct cap_err err = { 0 };
+	t->cfg.warm_pool = 1;
+	t->cfg.size.memory_mib = 384;
+	t->cfg.size_max.cpus = 4;
+	open_ctl(t);
+	UNTIL(t, t->f.njobs == 1);
+	struct fjob *pool = &t->f.jobs[0];
+	assert_int_equal(pool->size.memory_mib, 384);	/* the server's default */
+	assert_int_equal(pool->size.cpus, 1);	/* the record's */
+	report(t, pool, 0, "", false, false);
+	UNTIL(t, t->f.attaches == 1);
+
+	struct cap_ctl_size bad = { .cpus = 9 };
+	assert_int_equal(cap_ctl_set_size(t->c, "a", "p", &bad, &out, &err), -ERANGE);
+	assert_non_null(strstr(err.msg, "size.cpus 9"));
+	assert_non_null(strstr(err.msg, "--max-cpus"));
+	cap_ctl_size_of(t->c, "a", "p", &out);
+	assert_int_equal(out.over.cpus, 0);
+	assert_int_equal(out.size.memory_mib, 384);
+
+	struct cap_ctl_size want = { .memory_mib = 256 };
+	assert_int_equal(cap_ctl_set_size(t->c, "a", "p", &want, &out, &err), 0);
+	assert_int_equal(out.size.memory_mib, 256);
+	assert_int_equal(out.over.memory_mib, 256);
+	assert_false(out.pending);
+	_cleanup_free_ char *rec = xasprintf("%s/workspaces/a/p/record.json", t->home);
+	assert_int_equal(access(rec, F_OK), 0);
+
+	/* Not the warm VM: a start of its own, with its size. */
+	assert_non_null(submit_exec(t->c, &t->fe1, "a", "one", 1));
+	UNTIL(t, t->f.njobs == 2);
+	struct fjob *own = &t->f.jobs[1];
+	assert_string_equal(own->name, sbname(t, "a").s);
+	assert_int_not_equal(strncmp(own->name, "pool-", 5), 0);
+	assert_int_equal(own->size.memory_mib, 256);
+	assert_int_equal(own->size.work_mib, 512);
+	job_report(t, "a", 0, "", false, false);
+	UNTIL(t, t->f.nstarted == 1);
+	finish(t, "a", 0, "");
+	UNTIL(t, got(&t->fe1, 1));
+	assert_int_equal(must_get(&t->fe1, 1)->code, CAP_CTL_OK);
+}
+
 /* --- two front ends ---------------------------------------------------------------------- */
 
 static void results_go_to_the_submitting_front_end(void **state)
@@ -2828,6 +2881,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(lost_vm_fails_the_running_call, setup, teardown),
 		cmocka_unit_test_setup_teardown(call_during_a_pause_waits_for_the_answer, setup, teardown),
 		cmocka_unit_test_setup_teardown(warm_pool_hands_over_a_started_vm, setup, teardown),
+		cmocka_unit_test_setup_teardown(sized_identity_starts_with_its_size, setup, teardown),
 		cmocka_unit_test_setup_teardown(results_go_to_the_submitting_front_end, setup, teardown),
 		cmocka_unit_test_setup_teardown(file_calls_give_typed_results, setup, teardown),
 		cmocka_unit_test_setup_teardown(serve_durable_param, setup, teardown),

@@ -196,6 +196,7 @@ bool cap_store_ref_loopback(const char *host)
 
 struct watch;
 static void watch_line(struct watch *w, const char *line);
+static bool watching(const struct watch *w);
 
 /* skopeo's lines: passed on as progress, the last ones kept for errors. */
 struct lines {
@@ -237,8 +238,15 @@ static void on_line(void *ud, const char *line)
 	l->n++;
 	if (l->watch)
 		watch_line(l->watch, line);
-	if (l->progress && strncmp(line, "time=", 5) != 0)
-		l->progress(l->ud, line);
+	if (l->progress && strncmp(line, "time=", 5) != 0) {
+		if (l->watch && watching(l->watch)) {
+			/* The layers' bytes say more: skopeo's lines are details. */
+			_cleanup_free_ char *d = xasprintf(CAP_PROGRESS_DETAIL "%s", line);
+			l->progress(l->ud, d);
+		} else {
+			l->progress(l->ud, line);
+		}
+	}
 }
 
 static bool tail_has(const struct lines *l, const char *what)
@@ -458,6 +466,11 @@ struct watch {
 	char last[1024];
 };
 
+static bool watching(const struct watch *w)
+{
+	return w->order != NULL;
+}
+
 static void watch_init(struct watch *w)
 {
 	size_t n = w->m.n_layers;
@@ -563,8 +576,8 @@ static void watch_tick(void *ud)
 		char got[32], all[32];
 		human(w->bytes[i], got, sizeof(got));
 		human(size, all, sizeof(all));
-		used += (size_t)snprintf(line + used, sizeof(line) - used, "%slayer %zu/%zu %.19s: %s of %s (%u%%)",
-					 used ? "; " : "", i + 1, w->m.n_layers, w->m.owned_layers[i].digest, got, all,
+		used += (size_t)snprintf(line + used, sizeof(line) - used, "%slayer %zu/%zu %.12s %s of %s %u%%",
+					 used ? "; " : "", i + 1, w->m.n_layers, w->m.owned_layers[i].digest + 7, got, all,
 					 size ? (unsigned)(w->bytes[i] * 100 / size) : 100u);
 		if (w->done[i])
 			w->told[i] = true;
@@ -752,20 +765,22 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 	argv[k++] = dst;
 	argv[k] = NULL;
 
-	watch_init(&watch);
+	if (watch.m.n_layers && !watch.m.index) {
+		watch_init(&watch);
+		if (o->progress) {
+			char all[32];
+			human(watch.m.layers_size, all, sizeof(all));
+			_cleanup_free_ char *msg = xasprintf("fetching %zu layer%s, %s", watch.m.n_layers,
+							     watch.m.n_layers == 1 ? "" : "s", all);
+			o->progress(o->ud, msg);
+		}
+	}
 	r = cap_run_tick((char *const *)argv, on_line, &lines, watch_tick, &watch, 100, &rerr);
 	if (r < 0) {
 		r = skopeo_failed(&lines, &pr, o->insecure, &rerr, what, err);
 		goto out;
 	}
 	watch_tick(&watch);
-	if (o->progress && watch.m.n_layers) {
-		char all[32];
-		human(watch.m.layers_size, all, sizeof(all));
-		_cleanup_free_ char *msg = xasprintf("fetched %zu layer%s, %s", watch.m.n_layers,
-						     watch.m.n_layers == 1 ? "" : "s", all);
-		o->progress(o->ud, msg);
-	}
 	if ((r = layout_manifest(layout, os, arch, &oci_digest, err)) < 0) {
 		cap_err_prefix(err, "pulled %s, but", pr.owned_full);
 		goto out;

@@ -103,7 +103,7 @@ int cap_store_image_check(const char *ref, const struct cap_check_opts *o,
 	rd = cap_store_bytes_digest(&raw);
 	snprintf(c.registry_digest, sizeof(c.registry_digest), "%s", rd);
 	struct cap_reg_manifest top;
-	if ((r = decode(&raw, what, "what the registry serves for it: ", &top, err)) < 0)
+	if ((r = decode(&raw, what, "what the registry serves for it", &top, err)) < 0)
 		goto out;
 	c.owned_registry_media_type = xstrdup(top.owned_media_type);
 	if (top.index) {
@@ -122,14 +122,14 @@ int cap_store_image_check(const char *ref, const struct cap_check_opts *o,
 			snprintf(c.platform_digest, sizeof(c.platform_digest), "%s", top.owned_entries[which].digest);
 		cap_reg_manifest_fini(&top);
 		if (r < 0) {
-			cap_err_prefix(err, "%s:", what);
+			cap_err_prefix(err, "%s", what);
 			goto out;
 		}
 		_cleanup_free_ char *psrc = xasprintf("docker://%s@%s", pr.owned_repo, c.platform_digest);
 		cap_buf_fini(&raw);
 		cap_buf_init(&raw);
 		if ((r = fetch(&pr, psrc, false, c.platform_digest, plain, o, deadline, what, &raw, err)) < 0 ||
-		    (r = decode(&raw, what, "the platform's manifest: ", &c.manifest, err)) < 0)
+		    (r = decode(&raw, what, "the platform's manifest", &c.manifest, err)) < 0)
 			goto out;
 		if (c.manifest.index) {
 			r = cap_err_set(err, EMEDIUMTYPE, "%s: the index names another index (%s) for %s; capsule takes an index of image manifests",
@@ -141,7 +141,7 @@ int cap_store_image_check(const char *ref, const struct cap_check_opts *o,
 		snprintf(c.platform_digest, sizeof(c.platform_digest), "%s", c.registry_digest);
 	}
 	if ((r = cap_reg_manifest_media_ok(&c.manifest, err)) < 0) {
-		cap_err_prefix(err, "%s:", what);
+		cap_err_prefix(err, "%s", what);
 		goto out;
 	}
 
@@ -153,7 +153,7 @@ int cap_store_image_check(const char *ref, const struct cap_check_opts *o,
 	if ((r = fetch(&pr, csrc, true, c.config_digest, plain, o, deadline, what, &raw, err)) < 0)
 		goto out;
 	if ((r = cap_reg_config_parse(cap_buf_head(&raw), cap_buf_used(&raw), &c.config, err)) < 0) {
-		cap_err_prefix(err, "%s:", what);
+		cap_err_prefix(err, "%s", what);
 		goto out;
 	}
 	if (strcmp(c.config.owned_os, os) != 0 || strcmp(c.config.owned_arch, arch) != 0) {

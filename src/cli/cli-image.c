@@ -38,7 +38,7 @@ static const char usage[] =
 	"                             platform (through an index), media types,\n"
 	"                             layers and their size, entrypoint, cmd, env\n"
 	"                             (--timeout defaults to 10 s)\n"
-	"  outdated [IMAGE] [--timeout S] [--json]\n"
+	"  outdated [IMAGE] [--insecure] [--timeout S] [--json]\n"
 	"                             For each pulled tag (or IMAGE's), whether the\n"
 	"                             registry's manifest for the platform moved on:\n"
 	"                             up to date, outdated, or unknown and why; all\n"
@@ -377,8 +377,10 @@ static int image_outdated(int argc, char **argv)
 		cap_outdated_fini(&v[i]);
 	}
 	free(v);
-	if (n == 0 && !json)
-		cap_cli_error("%s was pulled from a registry tag: nothing to compare", image ? image : "no image");
+	if (n == 0 && !json && image)
+		cap_cli_error("%s answers to no registry tag (pulled by digest, imported, built, or its tags moved to other images): nothing to compare", image);
+	else if (n == 0 && !json)
+		cap_cli_error("no image answers to a registry tag (none pulled by tag, or their tags moved to other images): nothing to compare");
 	return json ? cap_cli_json_out(arr) : 0;
 }
 

@@ -92,7 +92,9 @@ int cap_store_image_check(const char *ref, const struct cap_check_opts *o,
 					  : cap_monotonic_ms() + 1000 * (int64_t)(o->timeout_s ? o->timeout_s : CAP_CHECK_TIMEOUT_S);
 	bool plain = o->insecure || cap_store_ref_loopback(pr.owned_host);
 	_cleanup_free_ char *what = xasprintf("cannot check %s", pr.owned_full);
-	_cleanup_free_ char *src = xasprintf("docker://%s", pr.owned_full);
+	/* skopeo takes a tag or a digest, not both: the digest then. */
+	_cleanup_free_ char *src = pr.owned_digest ? xasprintf("docker://%s@%s", pr.owned_repo, pr.owned_digest)
+						   : xasprintf("docker://%s", pr.owned_full);
 	_cleanup_free_ char *rd = NULL, *csrc = NULL;
 	c.owned_reference = xstrdup(pr.owned_full);
 	snprintf(c.platform, sizeof(c.platform), "%s/%s%s%s", os, arch, *variant ? "/" : "", variant);

@@ -710,7 +710,9 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 	_cleanup_free_ char *what = xasprintf("cannot pull %s", pr.owned_full);
 	struct cap_buf raw;
 	cap_buf_init(&raw);
-	_cleanup_free_ char *tagged = xasprintf("docker://%s", pr.owned_full);
+	/* skopeo takes a tag or a digest, not both: the digest then. */
+	_cleanup_free_ char *tagged = pr.owned_digest ? xasprintf("docker://%s@%s", pr.owned_repo, pr.owned_digest)
+						      : xasprintf("docker://%s", pr.owned_full);
 	r = cap_store_skopeo_raw(&pr, tagged, false, plain, o->insecure, o->timeout_s ? o->timeout_s : PULL_TIMEOUT_S, 0,
 				 what, &raw, err);
 	if (r == 0 && pr.owned_digest) {

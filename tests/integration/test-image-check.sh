@@ -15,7 +15,7 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top="$(cd "$(dirname "$0")/../.." && pwd)"
 registry="$top/tests/registry.sh"
 c() { "$capsule" "$@"; }
-plan=33
+plan=34
 suite="image check suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -111,6 +111,9 @@ assert j["config"]["digest"] == sys.argv[4] and j["config"]["os"] == "linux" and
 assert j["config"]["cmd"] == ["/bin/sh"] and j["config"]["entrypoint"] is None and j["config"]["env"], j
 assert j["platform"] == "linux/amd64" and j["media_type"] == j["manifest_media_type"] == "application/vnd.oci.image.manifest.v1+json"
 EOF'
+
+c image check "$reg/t/box@$d1" >"$out" 2>"$err" && c image check "$reg/t/box:v1@$d1" >>"$out" 2>>"$err"
+check "image check by REPO@DIGEST and REPO:TAG@DIGEST" '[ $? -eq 0 ] && [ "$(grep -c "^manifest digest: $d1 " "$out")" -eq 2 ]'
 
 # --- refusals ------------------------------------------------------------------------
 c image check "$reg/t/box:nope" >"$out" 2>"$err"

@@ -6,7 +6,8 @@
 # an index for arm64 only, an index wrapping the same manifest). Layers
 # not downloaded by a check (the registry's access log); a tag re-pushed
 # with a new manifest outdated, the same manifest under a new index not;
-# an offline registry and one that never answers "unknown" within the
+# a registry wanting credentials refused, saying how to log in; an
+# offline registry and one that never answers "unknown" within the
 # timeout; bytes and percentages per layer on a pty, none in a pipe. No
 # VM. TAP output.
 set -u
@@ -15,7 +16,7 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top="$(cd "$(dirname "$0")/../.." && pwd)"
 registry="$top/tests/registry.sh"
 c() { "$capsule" "$@"; }
-plan=34
+plan=35
 suite="image check suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -157,6 +158,34 @@ assert j["index"] is True and j["registry_digest"] == sys.argv[3] != sys.argv[2]
 assert j["platforms"] == ["linux/amd64", "linux/arm64"] and j["media_type"] == "application/vnd.oci.image.index.v1+json", j
 assert j["layer_count"] == 1, j
 EOF'
+
+# A registry that wants credentials (htpasswd; the password does not matter).
+port3=$(freeport)
+mkdir -p "$rt/registry3/storage"
+python3 -W ignore -c 'import crypt; print("u:" + crypt.crypt("p", crypt.mksalt(crypt.METHOD_BLOWFISH)))' >"$rt/registry3/htpasswd"
+cat >"$rt/registry3/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $rt/registry3/storage
+auth:
+  htpasswd:
+    realm: capsule-test
+    path: $rt/registry3/htpasswd
+http:
+  addr: 127.0.0.1:$port3
+EOF
+docker-registry serve "$rt/registry3/config.yml" >"$rt/registry3/log" 2>&1 &
+authpid=$!
+i=0
+until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port3/v2/")" = 401 ] || [ $i -gt 50 ]; do sleep 0.1; i=$((i + 1)); done
+c image check "127.0.0.1:$port3/t/x:1" >"$out" 2>"$err"
+rc=$?
+kill "$authpid" 2>/dev/null
+wait "$authpid" 2>/dev/null
+check "a registry that wants credentials: refused, saying how to log in" '[ "$rc" -eq 125 ] && grep -q "cannot check 127.0.0.1:$port3/t/x:1: the registry wants credentials, or the repository does not exist: log in with .skopeo login HOST." "$err"'
 
 # --- unreachable and silent registries ------------------------------------------------
 dead=$(freeport)

@@ -98,6 +98,7 @@ static json_t *image_json(const struct cap_image *img)
 		json_object_set_new(x, "registry_digest", g->owned_registry_digest ? json_string(g->owned_registry_digest) : json_null());
 		json_object_set_new(x, "pinned_digest", g->owned_pinned_digest ? json_string(g->owned_pinned_digest) : json_null());
 		json_object_set_new(x, "platform_digest", g->owned_platform_digest ? json_string(g->owned_platform_digest) : json_null());
+		json_object_set_new(x, "platform", g->owned_platform ? cap_json_text(g->owned_platform) : json_null());
 		json_object_set_new(x, "pulled", json_integer((json_int_t)g->pulled));
 		json_object_set_new(x, "current", json_boolean(g->current));
 		json_array_append_new(origins, x);

@@ -187,12 +187,13 @@ void cap_outdated_fini(struct cap_outdated *o)
 	free(o->owned_recorded);
 	free(o->owned_current);
 	free(o->owned_message);
+	free(o->owned_platform);
 	memset(o, 0, sizeof(*o));
 }
 
 struct job {
 	struct cap_outdated *o;
-	const struct cap_check_opts *opts;
+	struct cap_check_opts opts;	/* with the platform pulled for */
 	pthread_t thread;
 	bool started;
 };
@@ -209,7 +210,7 @@ static void *compare(void *arg)
 		o->owned_message = xstrdup("pulled before digests were recorded: pull it again to record one");
 		return NULL;
 	}
-	int r = cap_store_image_check(o->owned_reference, j->opts, &c, &err);
+	int r = cap_store_image_check(o->owned_reference, &j->opts, &c, &err);
 	if (r < 0) {
 		o->state = CAP_OUTDATED_UNKNOWN;
 		o->reason = cap_store_check_reason(r);
@@ -235,6 +236,7 @@ static void tags_of(const struct cap_image *img, struct cap_outdated **v, size_t
 			.owned_name = img->owned_name ? xstrdup(img->owned_name) : NULL,
 			.owned_reference = xstrdup(g->owned_reference),
 			.owned_recorded = g->owned_platform_digest ? xstrdup(g->owned_platform_digest) : NULL,
+			.owned_platform = g->owned_platform ? xstrdup(g->owned_platform) : NULL,
 		};
 		snprintf(o->image, sizeof(o->image), "%s", img->digest);
 	}
@@ -271,7 +273,8 @@ int cap_store_image_outdated(const char *image, const struct cap_check_opts *o,
 	for (size_t start = 0; start < k; start += OUTDATED_PARALLEL) {
 		size_t end = CAP_MIN(k, start + OUTDATED_PARALLEL);
 		for (size_t i = start; i < end; i++) {
-			jobs[i] = (struct job){ .o = &v[i], .opts = &co };
+			jobs[i] = (struct job){ .o = &v[i], .opts = co };
+			jobs[i].opts.platform = v[i].owned_platform;
 			if (cap_monotonic_ms() >= co.deadline_ms) {
 				v[i].state = CAP_OUTDATED_UNKNOWN;
 				v[i].reason = "timeout";

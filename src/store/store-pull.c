@@ -688,7 +688,7 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 	_cleanup_free_ char *policy = xasprintf("%s/policy.json", work);
 	_cleanup_free_ char *timeout = xasprintf("%us", o->timeout_s ? o->timeout_s : PULL_TIMEOUT_S);
 	_cleanup_free_ char *registry_digest = NULL, *src = NULL, *oci_digest = NULL, *source = NULL;
-	_cleanup_free_ char *platform_digest = NULL;
+	_cleanup_free_ char *platform_digest = NULL, *platform = NULL;
 	struct watch watch = { .layout = layout, .progress = o->progress, .ud = o->ud };
 	_cleanup_free_ char *dst = xasprintf("oci:%s:capsule", layout);
 	bool plain = o->insecure || cap_store_ref_loopback(pr.owned_host);
@@ -790,12 +790,12 @@ int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 	/* What the reference pinned, when that is not the manifest stored:
 	 * an index, or a Docker manifest skopeo converted to OCI. */
 	const char *pinned = pr.owned_digest && strcmp(pr.owned_digest, oci_digest) != 0 ? pr.owned_digest : NULL;
-	source = xasprintf("pull of %s (%s/%s%s%s)", pr.owned_full, os, arch,
-						*variant ? "/" : "", variant);
+	platform = xasprintf("%s/%s%s%s", os, arch, *variant ? "/" : "", variant);
+	source = xasprintf("pull of %s (%s)", pr.owned_full, platform);
 	struct cap_import_opts io = {
 		.name = o->name, .source = source, .reference = pr.owned_full,
 		.oci_digest = oci_digest, .registry_digest = registry_digest, .pinned_digest = pinned,
-		.platform_digest = platform_digest,
+		.platform_digest = platform_digest, .platform = platform,
 		.progress = o->progress, .ud = o->ud,
 	};
 	r = cap_store_image_import_with(layout, &io, out, report, err);

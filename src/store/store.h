@@ -60,6 +60,7 @@ struct cap_image_origin {
 	 * itself, or the manifest an index named for the platform; NULL for
 	 * pulls by a capsule that did not record it */
 	char *owned_platform_digest;
+	char *owned_platform;	/* "os/arch[/variant]" pulled for; NULL: not recorded (linux/amd64) */
 	int64_t pulled;	/* Unix time of the last pull as this reference */
 	bool current;	/* the reference's link still points at this image */
 };
@@ -130,6 +131,7 @@ struct cap_import_opts {
 	const char *registry_digest;
 	const char *pinned_digest;
 	const char *platform_digest;
+	const char *platform;	/* "os/arch[/variant]" of a pull */
 	cap_progress_fn progress;
 	void *ud;
 };
@@ -380,6 +382,7 @@ struct cap_outdated {
 	char *owned_current;	/* the registry's now, or NULL when unknown */
 	const char *reason;	/* UNKNOWN: cap_store_check_reason's word, or "not_recorded" */
 	char *owned_message;	/* UNKNOWN: what happened, for people */
+	char *owned_platform;	/* pulled for (compared for); NULL: linux/amd64 */
 };
 void cap_outdated_fini(struct cap_outdated *o);
 
@@ -387,7 +390,7 @@ void cap_outdated_fini(struct cap_outdated *o);
  * pulled image, or only image's when image is not NULL (found as
  * cap_store_image_find finds it; -ENOENT, -EINVAL as it), compare the
  * platform manifest digest recorded at pull with the registry's for that
- * tag now: the checks run side by side and all end by one deadline (now
+ * tag and the platform pulled for (o->platform is not used) now: the checks run side by side and all end by one deadline (now
  * plus o->timeout_s), so an offline host answers UNKNOWN within the
  * timeout however many tags there are. A re-push of the same manifest
  * under another index is not outdated. *out is an array of n the caller

@@ -16,7 +16,7 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top="$(cd "$(dirname "$0")/../.." && pwd)"
 registry="$top/tests/registry.sh"
 c() { "$capsule" "$@"; }
-plan=35
+plan=36
 suite="image check suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -239,6 +239,34 @@ check "... and so says --json" 'python3 -c "import json, sys; j = json.load(open
 c image pull -q "$reg/t/box:v1" >/dev/null 2>"$err"
 c image outdated "$reg/t/box:v1" >"$out" 2>"$err"
 check "pulled again, it is up to date" 'grep -qx "$reg/t/box:v1: up to date ($d2)" "$out"'
+
+# A tag pulled for another platform is compared for that platform.
+curl -fsS "http://$reg/v2/t/box/blobs/$cdigest" >"$rt/c1.json"
+python3 - "$rt/c1.json" "$rt/m1.json" "$rt/armc.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["architecture"] = "arm64"
+open(sys.argv[3], "w").write(json.dumps(c))
+EOF
+ac=$(regput t/box blob "$rt/armc.json")
+python3 - "$rt/m1.json" "$ac" "$(wc -c <"$rt/armc.json")" >"$rt/armm.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["config"]["digest"], m["config"]["size"] = sys.argv[2], int(sys.argv[3])
+print(json.dumps(m))
+EOF
+da=$(regput t/box manifest armonly application/vnd.oci.image.manifest.v1+json "$rt/armm.json")
+printf '%s %s linux/amd64\n%s %s linux/arm64\n' "$d2" "$(manifest_of t/box "$d2" | wc -c)" "$da" "$(wc -c <"$rt/armm.json")" |
+	index_json both >"$rt/both.json"
+regput t/box manifest both application/vnd.oci.image.index.v1+json "$rt/both.json" >/dev/null
+c image pull -q --platform linux/arm64 "$reg/t/box:both" >/dev/null 2>"$err"
+c image outdated --json "$reg/t/box:both" >"$out" 2>&1
+check "a tag pulled for linux/arm64 is compared for linux/arm64 (up to date), its platform recorded" 'python3 - "$out" "$da" <<EOF
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert [(x["state"], x["recorded_digest"], x["current_digest"]) for x in j] == [("up_to_date", sys.argv[2], sys.argv[2])], j
+EOF
+[ $? -eq 0 ] && c image inspect --json "$reg/t/box:both" | python3 -c "import json, sys; o = [x for x in json.load(sys.stdin)[\"origins\"] if x[\"reference\"].endswith(\"/t/box:both\")]; assert o[0][\"platform\"] == \"linux/arm64\", o"'
 
 # An image pulled before digests were recorded.
 c image pull -q "$reg/t/box:multi" >/dev/null 2>"$err"

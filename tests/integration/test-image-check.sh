@@ -16,7 +16,7 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 top="$(cd "$(dirname "$0")/../.." && pwd)"
 registry="$top/tests/registry.sh"
 c() { "$capsule" "$@"; }
-plan=36
+plan=37
 suite="image check suite"
 start=$(date +%s)
 echo "1..$plan"
@@ -333,6 +333,45 @@ check "... rewritten in place (a carriage return and erase before each)" 'grep -
 c image rm "$reg/t/big:1" >/dev/null 2>&1
 c image pull "$reg/t/big:1" >"$out" 2>"$err"
 check "pull in a pipe: one line for the layers, no bytes, no percentage" '[ $? -eq 0 ] && grep -qx "image pull: fetching 1 layer, $human" "$err" && ! grep -q "%\|Copying blob" "$err"'
+
+# Three layers, fetched side by side: each told with its own bytes.
+python3 - "$rt/three" >"$rt/want" <<'EOF'
+import gzip, hashlib, io, json, os, sys, tarfile
+out = sys.argv[1]
+os.makedirs(out)
+layers, diffs = [], []
+for i, size in enumerate((3000000, 5000000, 2000000)):
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as t:
+        info = tarfile.TarInfo(f"noise{i}")
+        info.size = size
+        t.addfile(info, io.BytesIO(os.urandom(size)))
+    tar = raw.getvalue()
+    gz = gzip.compress(tar, compresslevel=1, mtime=0)
+    d = "sha256:" + hashlib.sha256(gz).hexdigest()
+    open(f"{out}/layer{i}", "wb").write(gz)
+    layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d, "size": len(gz)})
+    diffs.append("sha256:" + hashlib.sha256(tar).hexdigest())
+config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/sh"]},
+                     "rootfs": {"type": "layers", "diff_ids": diffs}}).encode()
+open(f"{out}/config", "wb").write(config)
+m = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+     "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": "sha256:" + hashlib.sha256(config).hexdigest(), "size": len(config)},
+     "layers": layers}
+open(f"{out}/manifest", "w").write(json.dumps(m))
+# What progress must end with, for each layer and in all.
+mib = lambda b: "%.1f MiB" % (b / 1048576)
+for i, l in enumerate(layers):
+    print(f"layer {i + 1}/3 {l['digest'][7:19]} {mib(l['size'])} of {mib(l['size'])} 100%")
+print("fetching 3 layers, " + mib(sum(l["size"] for l in layers)))
+EOF
+for f in config layer0 layer1 layer2; do regput t/three blob "$rt/three/$f" >/dev/null; done
+regput t/three manifest 1 application/vnd.oci.image.manifest.v1+json "$rt/three/manifest" >/dev/null
+script -qec "stty cols 250; '$capsule' image pull '$reg/t/three:1'" /dev/null >"$rt/pty" 2>&1
+rc=$?
+tr '\r' '\n' <"$rt/pty" | sed 's/; /\n/g' >"$out"
+check "three layers on a terminal: each one's bytes to 100%, under their total" '[ "$rc" -eq 0 ] && [ "$(wc -l <"$rt/want")" -eq 4 ] && miss=0 && while read -r line; do grep -qF "$line" "$out" || miss=1; done <"$rt/want" && [ "$miss" -eq 0 ]'
 
 # --- serve's image_check ------------------------------------------------------------
 sock="$rt/serve.sock"

@@ -253,7 +253,10 @@ static void print_check(const struct cap_image_check *c)
 	print_list("cmd:", g->has_cmd, g->owned_cmd, g->n_cmd);
 	printf("%-16s %s\n", "working dir:", g->owned_workdir ? g->owned_workdir : "(none)");
 	printf("%-16s %s\n", "user:", g->owned_user ? g->owned_user : "(none)");
-	printf("%-16s %s\n", "env:", g->n_env ? "" : "(none)");
+	if (g->n_env)
+		puts("env:");
+	else
+		printf("%-16s (none)\n", "env:");
 	for (size_t i = 0; i < g->n_env; i++)
 		printf("  %s\n", g->owned_env[i]);
 }

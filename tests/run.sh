@@ -161,6 +161,9 @@ suite "integration/secret" tests/integration/test-secret.sh "$build/capsule"
 suite "integration/workspace" tests/integration/test-workspace.sh "$build/capsule"
 suite "integration/cp" tests/integration/test-cp.sh "$build/capsule"
 suite "integration/pull" tests/integration/test-pull.sh "$build/capsule"
+# image check, image outdated, serve's image_check, pull's progress: the
+# loopback registry, no VM.
+suite "integration/image-check" tests/integration/test-image-check.sh "$build/capsule"
 suite "integration/oci" tests/integration/test-oci.sh "$build/capsule"
 # Kubernetes pods through containerd's CRI (issue 33), the suite playing
 # the kubelet, over containerd-shim-capsule-v2: one VM per pod.

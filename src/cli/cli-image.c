@@ -1,4 +1,4 @@
-/* capsule image: build, pull, import, ls, inspect, rm, prune. */
+/* capsule image: build, pull, check, outdated, import, ls, inspect, rm, prune. */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "jsonrpc.h"
+#include "serve.h"
 #include "named.h"
 #include "store.h"
 #include "util.h"
@@ -30,6 +32,17 @@ static const char usage[] =
 	"                             Import a directory, a tar archive (plain, gzip,\n"
 	"                             zstd), an OCI image layout or a `docker save`\n"
 	"                             archive; layer whiteouts are applied\n"
+	"  check REF [--platform OS/ARCH] [--insecure] [--timeout S] [--json]\n"
+	"                             Resolve REF and read its manifest and config\n"
+	"                             from the registry without pulling a layer:\n"
+	"                             platform (through an index), media types,\n"
+	"                             layers and their size, entrypoint, cmd, env\n"
+	"                             (--timeout defaults to 10 s)\n"
+	"  outdated [IMAGE] [--insecure] [--timeout S] [--json]\n"
+	"                             For each pulled tag (or IMAGE's), whether the\n"
+	"                             registry's manifest for the platform moved on:\n"
+	"                             up to date, outdated, or unknown and why; all\n"
+	"                             within --timeout (default 10 s)\n"
 	"  ls [--json]                List images\n"
 	"  inspect IMAGE [--json]     Show an image's manifest and check its digest\n"
 	"  rm IMAGE                   Remove an image no sandbox uses\n"
@@ -84,6 +97,8 @@ static json_t *image_json(const struct cap_image *img)
 		json_object_set_new(x, "oci_digest", g->owned_oci_digest ? json_string(g->owned_oci_digest) : json_null());
 		json_object_set_new(x, "registry_digest", g->owned_registry_digest ? json_string(g->owned_registry_digest) : json_null());
 		json_object_set_new(x, "pinned_digest", g->owned_pinned_digest ? json_string(g->owned_pinned_digest) : json_null());
+		json_object_set_new(x, "platform_digest", g->owned_platform_digest ? json_string(g->owned_platform_digest) : json_null());
+		json_object_set_new(x, "platform", g->owned_platform ? cap_json_text(g->owned_platform) : json_null());
 		json_object_set_new(x, "pulled", json_integer((json_int_t)g->pulled));
 		json_object_set_new(x, "current", json_boolean(g->current));
 		json_array_append_new(origins, x);
@@ -178,6 +193,201 @@ static int image_pull(int argc, char **argv)
 	return done(r, &err, &img, "pulled", &rep);
 }
 
+/* "--timeout S": 1 to 3600 seconds; false with the error said. */
+static bool timeout_arg(const char *arg, unsigned *out)
+{
+	unsigned long secs;
+	if (cap_cli_parse_uint(arg, 1, 3600, &secs) < 0) {
+		cap_cli_error("--timeout takes seconds, 1 to 3600, not '%s'", arg);
+		return false;
+	}
+	*out = (unsigned)secs;
+	return true;
+}
+
+static void print_list(const char *label, bool has, char *const *v, size_t n)
+{
+	printf("%-16s ", label);
+	if (!has) {
+		puts("(none)");
+		return;
+	}
+	json_t *a = json_array();
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(a, cap_json_text(v[i]));
+	char *t = json_dumps(a, JSON_COMPACT);
+	puts(t ? t : "?");
+	free(t);
+	json_decref(a);
+}
+
+static void print_bytes(uint64_t b)
+{
+	if (b >= 1048576)
+		printf("%.1f MiB (%llu bytes)", (double)b / 1048576.0, (unsigned long long)b);
+	else
+		printf("%llu bytes", (unsigned long long)b);
+}
+
+static void print_check(const struct cap_image_check *c)
+{
+	const struct cap_reg_manifest *m = &c->manifest;
+	const struct cap_reg_config *g = &c->config;
+	printf("%-16s %s\n", "reference:", c->owned_reference);
+	printf("%-16s %s (%s)\n", "registry digest:", c->registry_digest, c->owned_registry_media_type);
+	if (c->index) {
+		printf("%-16s ", "platforms:");
+		for (size_t i = 0; i < c->n_platforms; i++)
+			printf("%s%s", i ? ", " : "", c->owned_platforms[i]);
+		putchar('\n');
+	}
+	printf("%-16s %s\n", "platform:", c->platform);
+	printf("%-16s %s (%s)\n", "manifest digest:", c->platform_digest, m->owned_media_type);
+	printf("%-16s %s (%s)\n", "config digest:", c->config_digest, m->owned_config_media_type);
+	printf("%-16s %s/%s%s%s\n", "os/arch:", g->owned_os, g->owned_arch, g->owned_variant ? "/" : "",
+	       g->owned_variant ? g->owned_variant : "");
+	printf("%-16s %zu, ", "layers:", m->n_layers);
+	print_bytes(m->layers_size);
+	puts(" compressed");
+	print_list("entrypoint:", g->has_entrypoint, g->owned_entrypoint, g->n_entrypoint);
+	print_list("cmd:", g->has_cmd, g->owned_cmd, g->n_cmd);
+	printf("%-16s %s\n", "working dir:", g->owned_workdir ? g->owned_workdir : "(none)");
+	printf("%-16s %s\n", "user:", g->owned_user ? g->owned_user : "(none)");
+	if (g->n_env)
+		puts("env:");
+	else
+		printf("%-16s (none)\n", "env:");
+	for (size_t i = 0; i < g->n_env; i++)
+		printf("  %s\n", g->owned_env[i]);
+}
+
+static int image_check(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "platform", required_argument, NULL, OPT_PLATFORM },
+		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	struct cap_check_opts co = { 0 };
+	struct cap_image_check c;
+	struct cap_err err = { 0 };
+	bool json = false;
+	int k;
+	optind = 2;
+	while ((k = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (k) {
+		case OPT_PLATFORM: co.platform = optarg; break;
+		case OPT_INSECURE: co.insecure = true; break;
+		case OPT_JSON: json = true; break;
+		case OPT_TIMEOUT:
+			if (!timeout_arg(optarg, &co.timeout_s))
+				return CAP_EXIT_USAGE;
+			break;
+		default: return bad_usage();
+		}
+	}
+	if (optind != argc - 1)
+		return bad_usage();
+	int r = cap_store_image_check(argv[optind], &co, &c, &err);
+	if (r < 0) {
+		cap_cli_error("%s", err.msg);
+		return r == -EINVAL ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
+	}
+	if (json) {
+		r = cap_cli_json_out(cap_rpc_image_check_json(&c));
+	} else {
+		print_check(&c);
+		r = 0;
+	}
+	cap_image_check_fini(&c);
+	return r;
+}
+
+static const char *state_word(enum cap_outdated_state s)
+{
+	return s == CAP_OUTDATED_UP_TO_DATE ? "up_to_date" : s == CAP_OUTDATED_OUTDATED ? "outdated" : "unknown";
+}
+
+static json_t *outdated_json(const struct cap_outdated *o)
+{
+	return json_pack("{s:o, s:s, s:o, s:s, s:o, s:o, s:o, s:o}", "reference", cap_json_text(o->owned_reference),
+			 "image", o->image, "name", o->owned_name ? cap_json_text(o->owned_name) : json_null(),
+			 "state", state_word(o->state),
+			 "recorded_digest", o->owned_recorded ? json_string(o->owned_recorded) : json_null(),
+			 "current_digest", o->owned_current ? json_string(o->owned_current) : json_null(),
+			 "reason", o->reason ? json_string(o->reason) : json_null(),
+			 "message", o->owned_message ? cap_json_text(o->owned_message) : json_null());
+}
+
+static void print_outdated(const struct cap_outdated *o)
+{
+	printf("%s: ", o->owned_reference);
+	if (o->state == CAP_OUTDATED_UP_TO_DATE) {
+		printf("up to date (%s)\n", o->owned_current);
+	} else if (o->state == CAP_OUTDATED_OUTDATED) {
+		printf("outdated: pulled %s, the registry now has %s; `capsule image pull %s` gets it\n",
+		       o->owned_recorded, o->owned_current, o->owned_reference);
+	} else if (strcmp(o->reason, "not_recorded") == 0) {
+		puts("unknown (pulled before digests were recorded): pull it again to record one");
+	} else {
+		/* The first line of the reason: the rest is skopeo's. */
+		const char *nl = strchr(o->owned_message, '\n');
+		printf("unknown (%s): %.*s\n", o->reason, nl ? (int)(nl - o->owned_message) : (int)strlen(o->owned_message),
+		       o->owned_message);
+	}
+}
+
+static int image_outdated(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	struct cap_check_opts co = { 0 };
+	struct cap_err err = { 0 };
+	bool json = false;
+	int k;
+	optind = 2;
+	while ((k = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (k) {
+		case OPT_INSECURE: co.insecure = true; break;
+		case OPT_JSON: json = true; break;
+		case OPT_TIMEOUT:
+			if (!timeout_arg(optarg, &co.timeout_s))
+				return CAP_EXIT_USAGE;
+			break;
+		default: return bad_usage();
+		}
+	}
+	if (optind < argc - 1)
+		return bad_usage();
+	const char *image = optind == argc - 1 ? argv[optind] : NULL;
+	struct cap_outdated *v;
+	size_t n;
+	if (cap_store_image_outdated(image, &co, &v, &n, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return CAP_EXIT_FAILURE;
+	}
+	json_t *arr = json ? json_array() : NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (json)
+			json_array_append_new(arr, outdated_json(&v[i]));
+		else
+			print_outdated(&v[i]);
+		cap_outdated_fini(&v[i]);
+	}
+	free(v);
+	if (n == 0 && !json && image)
+		cap_cli_error("%s answers to no registry tag (pulled by digest, imported, built, or its tags moved to other images): nothing to compare", image);
+	else if (n == 0 && !json)
+		cap_cli_error("no image answers to a registry tag (none pulled by tag, or their tags moved to other images): nothing to compare");
+	return json ? cap_cli_json_out(arr) : 0;
+}
+
 /* Parse "[--json] [-q]" and the given number of operands after the verb. */
 static int verb_args(int argc, char **argv, int operands, bool *json)
 {
@@ -222,6 +432,10 @@ int cap_cli_image(int argc, char **argv)
 	}
 	if (strcmp(verb, "pull") == 0)
 		return image_pull(argc, argv);
+	if (strcmp(verb, "check") == 0)
+		return image_check(argc, argv);
+	if (strcmp(verb, "outdated") == 0)
+		return image_outdated(argc, argv);
 	if (strcmp(verb, "import") == 0 && argc >= 3) {
 		static const struct option opts[] = {
 			{ "name", required_argument, NULL, 'n' },

@@ -159,7 +159,7 @@ static const struct {
 	{ "logs", cap_cli_logs, NULL }, { "rm", cap_cli_rm, NULL },
 	{ "cp", cap_cli_cp, NULL }, { "diff", cap_cli_diff, "" },
 	{ "merge", cap_cli_merge, NULL }, { "net", cap_cli_net, NULL },
-	{ "image", cap_cli_image, "ls inspect" },
+	{ "image", cap_cli_image, "check outdated ls inspect" },
 	{ "template", cap_cli_template, "ls inspect" },
 	{ "source", cap_cli_source, NULL }, { "serve", cap_cli_serve, NULL },
 	{ "mcp", cap_cli_mcp, NULL }, { "prepare", cap_cli_prepare, "" },

@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -27,8 +29,22 @@ char *cap_find_program(const char *name)
 	return NULL;
 }
 
+int64_t cap_monotonic_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 	    struct cap_err *err)
+{
+	return cap_run_tick(argv, progress, ud, NULL, NULL, 0, err);
+}
+
+int cap_run_tick(char *const argv[], cap_progress_fn progress, void *ud,
+		 void (*tick)(void *tick_ud), void *tick_ud, int tick_ms,
+		 struct cap_err *err)
 {
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0)
@@ -58,7 +74,21 @@ int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 	size_t len = 0;
 	char buf[4096];
 	ssize_t n;
+	int64_t next = tick ? cap_monotonic_ms() + tick_ms : 0;
 	for (;;) {
+		if (tick) {
+			/* Between lines: the caller's look at the work, every
+			 * tick_ms while the program runs. */
+			int64_t now = cap_monotonic_ms();
+			if (now >= next) {
+				tick(tick_ud);
+				next = now + tick_ms;
+			}
+			struct pollfd pfd = { .fd = p[0], .events = POLLIN };
+			int k = poll(&pfd, 1, (int)(next - now > 0 ? next - now : 0));
+			if (k == 0 || (k < 0 && errno == EINTR))
+				continue;
+		}
 		n = read(p[0], buf, sizeof(buf));
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -132,6 +162,13 @@ void cap_child_keep_fd3(int fd)
 int cap_run_capture(char *const argv[], struct cap_buf *out, size_t max,
 		    struct cap_buf *errout, int *status, struct cap_err *err)
 {
+	return cap_run_capture_until(argv, out, max, errout, status, 0, err);
+}
+
+int cap_run_capture_until(char *const argv[], struct cap_buf *out, size_t max,
+			  struct cap_buf *errout, int *status, int64_t deadline_ms,
+			  struct cap_err *err)
+{
 	int po[2] = { -1, -1 }, pe[2] = { -1, -1 };
 	posix_spawn_file_actions_t fa;
 	pid_t pid;
@@ -158,12 +195,28 @@ int cap_run_capture(char *const argv[], struct cap_buf *out, size_t max,
 	close(pe[1]);
 	pe[1] = -1;
 	struct pollfd pfd[2] = { { .fd = pe[0], .events = POLLIN }, { .fd = out ? po[0] : -1, .events = POLLIN } };
+	bool late = false;
 	while (pfd[0].fd >= 0 || pfd[1].fd >= 0) {
-		if (poll(pfd, 2, -1) < 0) {
+		int wait = -1;
+		if (deadline_ms && !late) {
+			int64_t left = deadline_ms - cap_monotonic_ms();
+			if (left <= 0) {
+				/* Its descriptors close with it (a grandchild
+				 * holding them is its own business: stop reading). */
+				kill(pid, SIGKILL);
+				late = true;
+				break;
+			}
+			wait = (int)CAP_MIN(left, 60000);
+		}
+		int k = poll(pfd, 2, wait);
+		if (k < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
+		if (k == 0)
+			continue;
 		for (int i = 0; i < 2; i++) {
 			if (pfd[i].fd < 0 || !pfd[i].revents)
 				continue;
@@ -183,7 +236,7 @@ int cap_run_capture(char *const argv[], struct cap_buf *out, size_t max,
 	}
 	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
 		;
-	r = 0;
+	r = late ? cap_err_set(err, ETIMEDOUT, "%s did not end in time; it was killed", argv[0]) : 0;
 close:
 	for (int i = 0; i < 2; i++) {
 		if (po[i] >= 0)

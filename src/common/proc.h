@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "buf.h"
 #include "err.h"
@@ -50,6 +51,16 @@ void cap_progress_relay_line(void *relay, const char *line);
 int cap_run(char *const argv[], cap_progress_fn progress, void *ud,
 	    struct cap_err *err);
 
+/* cap_run, calling tick(tick_ud) every tick_ms while the program runs
+ * (between its lines, never during a progress call): a caller watching
+ * what the program makes (files growing) reports it from there. */
+int cap_run_tick(char *const argv[], cap_progress_fn progress, void *ud,
+		 void (*tick)(void *tick_ud), void *tick_ud, int tick_ms,
+		 struct cap_err *err);
+
+/* CLOCK_MONOTONIC in milliseconds: what deadlines are given in. */
+int64_t cap_monotonic_ms(void);
+
 /* The program name would run as, looked up in PATH like execvp: its
  * real path, a new string; NULL when it is not there. */
 char *cap_find_program(const char *name);
@@ -66,5 +77,12 @@ void cap_child_keep_fd3(int fd);
  * with err set when it could not be run. */
 int cap_run_capture(char *const argv[], struct cap_buf *out, size_t max,
 		    struct cap_buf *errout, int *status, struct cap_err *err);
+
+/* The same, the program killed (SIGKILL) once cap_monotonic_ms() reaches
+ * deadline_ms (0: never): -ETIMEDOUT then, with what it printed so far
+ * in out and errout. */
+int cap_run_capture_until(char *const argv[], struct cap_buf *out, size_t max,
+			  struct cap_buf *errout, int *status, int64_t deadline_ms,
+			  struct cap_err *err);
 
 #endif

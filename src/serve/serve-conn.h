@@ -56,7 +56,18 @@ struct cap_rpc_server {
 	int spare_fd;	/* held for refusing a connection when out of descriptors */
 	struct conn *conns;
 	int nconns;
+	struct check_job *checks;	/* image_check calls under way (serve-image.c) */
+	int check_efd;	/* their threads say they are done here; -1 */
 };
+
+struct check_job;
+/* serve-image.c: image_check, in a thread; its answer once the loop sees
+ * check_efd ready (serve_checks_ready); a connection's checks forgotten
+ * when it closes (answered to no one); every one waited for at the end. */
+void serve_image_check(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params);
+void serve_checks_ready(struct cap_rpc_server *s);
+void serve_checks_forget(struct cap_rpc_server *s, struct conn *k);
+void serve_checks_fini(struct cap_rpc_server *s);
 
 /* An error answer to request id (none to a notification). */
 void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)

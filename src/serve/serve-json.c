@@ -11,6 +11,7 @@
 #include "jsonrpc.h"
 #include "serve-conn.h"
 #include "serve.h"
+#include "store.h"
 #include "tree.h"
 #include "utf8.h"
 #include "util.h"
@@ -347,4 +348,45 @@ json_t *serve_status_json(const struct cap_ctl_status *st)
 	json_object_set_new(j, "idle_ms", st->idle_ms >= 0 ? json_integer(st->idle_ms) : json_null());
 	json_object_set_new(j, "imported", st->imported > 0 ? json_integer(st->imported) : json_null());
 	return j;
+}
+
+/* v[0..n) as a JSON array of strings, or null when has is false. */
+static json_t *strings_or_null(bool has, char *const *v, size_t n)
+{
+	return has ? serve_strings((const char *const *)v, n) : json_null();
+}
+
+json_t *cap_rpc_image_check_json(const struct cap_image_check *c)
+{
+	const struct cap_reg_manifest *m = &c->manifest;
+	const struct cap_reg_config *g = &c->config;
+	json_t *layers = json_array();
+	for (size_t i = 0; i < m->n_layers; i++)
+		json_array_append_new(layers, json_pack("{s:s, s:o, s:I}", "digest", m->owned_layers[i].digest,
+							"media_type", cap_json_text(m->owned_layers[i].owned_media_type),
+							"size_bytes", (json_int_t)m->owned_layers[i].size));
+	json_t *config = json_pack("{s:s, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "digest", c->config_digest,
+				   "media_type", cap_json_text(m->owned_config_media_type),
+				   "size_bytes", (json_int_t)m->config_size, "os", cap_json_text(g->owned_os),
+				   "architecture", cap_json_text(g->owned_arch),
+				   "variant", g->owned_variant ? cap_json_text(g->owned_variant) : json_null(),
+				   "entrypoint", strings_or_null(g->has_entrypoint, g->owned_entrypoint, g->n_entrypoint),
+				   "cmd", strings_or_null(g->has_cmd, g->owned_cmd, g->n_cmd),
+				   "env", strings_or_null(g->has_env, g->owned_env, g->n_env),
+				   "working_dir", g->owned_workdir ? cap_json_text(g->owned_workdir) : json_null(),
+				   "user", g->owned_user ? cap_json_text(g->owned_user) : json_null());
+	return json_pack("{s:o, s:s, s:o, s:b, s:o, s:s, s:s, s:o, s:o, s:i, s:I, s:o}", "reference",
+			 cap_json_text(c->owned_reference), "registry_digest", c->registry_digest, "media_type",
+			 cap_json_text(c->owned_registry_media_type), "index", c->index, "platforms",
+			 c->index ? serve_strings((const char *const *)c->owned_platforms, c->n_platforms) : json_array(),
+			 "platform", c->platform, "platform_digest", c->platform_digest, "manifest_media_type",
+			 cap_json_text(m->owned_media_type), "config", config, "layer_count", (int)m->n_layers,
+			 "compressed_bytes", (json_int_t)m->layers_size, "layers", layers);
+}
+
+json_t *cap_rpc_check_error_data(int r, const char *ref)
+{
+	bool retry = r == -EHOSTUNREACH || r == -ETIMEDOUT;
+	return json_pack("{s:o, s:s, s:i, s:b}", "reference", cap_json_text(ref), "reason", cap_store_check_reason(r),
+			 "errno", -r, "retryable", retry);
 }

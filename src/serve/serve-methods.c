@@ -700,6 +700,8 @@ static const struct method_def methods[] = {
 	  .params = { { "identity", "object", false, false }, { "sandbox", "string", false, false } } },
 	{ .name = "cancel", .run = m_cancel, .params = { { "id", "string|integer", true, false } } },
 	{ .name = "prepare", .run = m_prepare },
+	{ .name = "image_check", .run = serve_image_check,
+	  .params = { { "ref", "string", true, false }, { "timeout", "number", false, false } } },
 	{ .name = "_test.advance", .run = m_advance, .test_only = true,
 	  .params = { { "ms", "integer", true, false } } },
 };

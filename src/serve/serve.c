@@ -31,6 +31,7 @@ static void conn_free(struct cap_rpc_server *s, struct conn *k)
 	 * them), running ones when the guest says so, without an answer. */
 	for (struct pending *p = k->calls; p; p = p->next)
 		p->conn = NULL;
+	serve_checks_forget(s, k);
 	struct pending *p = k->calls;
 	k->calls = NULL;
 	while (p) {
@@ -134,6 +135,8 @@ static void rpc_pollfds(void *fe, struct cap_ctl *c, struct cap_ctl_poll *p)
 	(void)c;
 	if (!s->stopped)
 		cap_ctl_poll_add(p, s->listen_fd, POLLIN, NULL);
+	if (s->check_efd >= 0)
+		cap_ctl_poll_add(p, s->check_efd, POLLIN, &s->check_efd);
 	for (struct conn *k = s->conns; k; k = k->next)
 		if (!k->closing)
 			cap_ctl_poll_add(p, k->fd, (short)(POLLIN | (cap_buf_used(&k->out) ? POLLOUT : 0)), k);
@@ -144,6 +147,10 @@ static void rpc_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
 	struct cap_rpc_server *s = fe;
 	struct conn *k = tag;
 	(void)c;
+	if (tag == &s->check_efd) {
+		serve_checks_ready(s);
+		return;
+	}
 	if (!k) {
 		int fd;
 		while ((fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
@@ -228,6 +235,7 @@ static int server_new(struct cap_ctl *c, const char *path, int fd, struct cap_rp
 	s->listen_fd = fd;
 	s->adopted = fd >= 0;
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	s->check_efd = -1;
 	s->path = xstrdup(path);
 	/* One server per socket (two homes could name the same one). A
 	 * service manager that hands the socket over makes sure of that
@@ -265,6 +273,7 @@ void cap_rpc_server_free(struct cap_rpc_server *s)
 {
 	if (!s)
 		return;
+	serve_checks_fini(s);
 	while (s->conns) {
 		struct conn *k = s->conns;
 		s->conns = k->next;

@@ -64,6 +64,20 @@ json_t *cap_rpc_diff_json(const char *sandbox, const struct cap_tree_change *ch,
  * "template", "duration_ms"}. A new reference. */
 json_t *cap_rpc_prepare_json(const struct cap_prep_out *o);
 
+struct cap_image_check;	/* src/store/store.h */
+/* What `capsule image check --json` prints and serve's image_check
+ * answers (docs/images.md, "Checking a reference"): {"reference",
+ * "registry_digest", "media_type", "index", "platforms", "platform",
+ * "platform_digest", "manifest_media_type", "config": {"digest",
+ * "media_type", "size_bytes", "os", "architecture", "variant",
+ * "entrypoint", "cmd", "env", "working_dir", "user"}, "layer_count",
+ * "compressed_bytes", "layers": [{"digest", "media_type",
+ * "size_bytes"}]}. A new reference. */
+json_t *cap_rpc_image_check_json(const struct cap_image_check *c);
+/* The data of a failed check's error: {"reference", "reason" (the word
+ * of cap_store_check_reason), "errno", "retryable"}. A new reference. */
+json_t *cap_rpc_check_error_data(int r, const char *ref);
+
 /* A tool call for the core (exec, or a FILE read, list or write) as the
  * serve request that asks a controller in another process for the same
  * (capsule mcp's remote mode): *method the method's name (static), the

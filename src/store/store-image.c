@@ -114,6 +114,8 @@ void cap_image_fini(struct cap_image *img)
 		free(o->owned_oci_digest);
 		free(o->owned_registry_digest);
 		free(o->owned_pinned_digest);
+		free(o->owned_platform_digest);
+		free(o->owned_platform);
 	}
 	free(img->owned_origins);
 	memset(img, 0, sizeof(*img));
@@ -284,7 +286,7 @@ static bool origin_has_digest(json_t *o, const char *repo, const char *digest)
 	if (!same)
 		return false;
 	size_t dl = strlen(digest);
-	const char *keys[] = { "registry_digest", "oci_digest", "pinned_digest" };
+	const char *keys[] = { "registry_digest", "oci_digest", "pinned_digest", "platform_digest" };
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(keys); i++) {
 		const char *d = json_string_value(json_object_get(o, keys[i]));
 		if (d && strncmp(d, digest, dl) == 0)
@@ -342,6 +344,8 @@ static int load(const char *images, const char *hex, const struct pick *pick,
 			.owned_oci_digest = json_dup(o, "oci_digest"),
 			.owned_registry_digest = json_dup(o, "registry_digest"),
 			.owned_pinned_digest = json_dup(o, "pinned_digest"),
+			.owned_platform_digest = json_dup(o, "platform_digest"),
+			.owned_platform = json_dup(o, "platform"),
 			.pulled = json_integer_value(json_object_get(o, "pulled")),
 			.current = cap_store_link_hex(link, h) && strcmp(h, hex) == 0,
 		};
@@ -698,8 +702,10 @@ static void add_origin(json_t *m, const struct cap_import_opts *o)
 	}
 	json_decref(origins);
 	g = json_object();
-	const char *keys[] = { "reference", "oci_digest", "registry_digest", "pinned_digest" };
-	const char *vals[] = { o->reference, o->oci_digest, o->registry_digest, o->pinned_digest };
+	const char *keys[] = { "reference", "oci_digest", "registry_digest", "pinned_digest", "platform_digest",
+			       "platform" };
+	const char *vals[] = { o->reference, o->oci_digest, o->registry_digest, o->pinned_digest,
+			       o->platform_digest, o->platform };
 	for (i = 0; i < CAP_ARRAY_SIZE(keys); i++) {
 		if (vals[i]) {
 			json_object_set_new(g, keys[i], json_string(vals[i]));

@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include "err.h"
 
 /* busybox --list-full output in a new NUL-terminated string. */
@@ -65,5 +66,21 @@ int cap_store_oci_layers(const char *dir, char ***layers, size_t *n, struct cap_
 int cap_store_docker_layers(const char *dir, char ***layers, size_t *n, struct cap_err *err);
 int cap_store_layout_manifest(const char *layout, const char *os, const char *arch, char **out,
 			      struct cap_err *err);
+
+/* skopeo inspect --raw (with config, --config) of src ("docker://...")
+ * for the reference pr: its stdout into out (at most CAP_REG_DOC_MAX
+ * bytes: more is -E2BIG). plain: --tls-verify=false. skopeo gets
+ * timeout_s, or with deadline_ms (cap_monotonic_ms) the time left, and
+ * is killed just after it. A failure is -errno with err "WHAT: what to
+ * do" and skopeo's last lines (-ETIMEDOUT, -EHOSTUNREACH, -ENOENT,
+ * -EACCES, -EPROTO, -EIO as its reason says). */
+struct cap_buf;
+struct cap_image_ref;
+int cap_store_skopeo_raw(const struct cap_image_ref *pr, const char *src, bool config, bool plain,
+			 bool insecure, unsigned timeout_s, int64_t deadline_ms, const char *what,
+			 struct cap_buf *out, struct cap_err *err);
+/* "sha256:<hex>" of b's bytes (new string); whether it is digest. */
+char *cap_store_bytes_digest(const struct cap_buf *b);
+bool cap_store_bytes_match(const struct cap_buf *b, const char *digest);
 
 #endif

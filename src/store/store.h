@@ -56,6 +56,11 @@ struct cap_image_origin {
 	char *owned_oci_digest;	/* the platform's OCI manifest skopeo wrote */
 	char *owned_registry_digest;	/* what the registry served for the reference (manifest or index) */
 	char *owned_pinned_digest;	/* the digest the reference named, when not oci_digest; or NULL */
+	/* the registry's manifest for the platform pulled: registry_digest
+	 * itself, or the manifest an index named for the platform; NULL for
+	 * pulls by a capsule that did not record it */
+	char *owned_platform_digest;
+	char *owned_platform;	/* "os/arch[/variant]" pulled for; NULL: not recorded (linux/amd64) */
 	int64_t pulled;	/* Unix time of the last pull as this reference */
 	bool current;	/* the reference's link still points at this image */
 };
@@ -125,6 +130,8 @@ struct cap_import_opts {
 	const char *oci_digest;	/* recorded in the manifest (an origin) */
 	const char *registry_digest;
 	const char *pinned_digest;
+	const char *platform_digest;
+	const char *platform;	/* "os/arch[/variant]" of a pull */
 	cap_progress_fn progress;
 	void *ud;
 };
@@ -241,6 +248,155 @@ struct cap_pull_opts {
 int cap_store_image_pull(const char *ref, const struct cap_pull_opts *o,
 			 struct cap_image *out, struct cap_import_report *report,
 			 struct cap_err *err);
+
+/* --- a registry's documents (store-registry.c: pure decoders) ------------- */
+
+#define CAP_REG_DOC_MAX (4 << 20)	/* bytes of a manifest, index or config (skopeo's limit) */
+#define CAP_REG_LAYERS_MAX 1000
+#define CAP_REG_ENTRIES_MAX 1000
+#define CAP_REG_STRINGS_MAX 10000	/* of Entrypoint, Cmd, Env each */
+
+struct cap_reg_layer {
+	char digest[72];
+	char *owned_media_type;
+	uint64_t size;	/* compressed, as the manifest says */
+};
+
+/* An entry of an index: a manifest for a platform. */
+struct cap_reg_entry {
+	char digest[72];
+	char *owned_media_type;
+	uint64_t size;
+	char *owned_os, *owned_arch, *owned_variant;	/* NULL when not said */
+};
+
+/* An image manifest (index false: config and layers) or an index (OCI
+ * image index, Docker manifest list: entries). */
+struct cap_reg_manifest {
+	bool index;
+	char *owned_media_type;	/* the document's, or the one its fields imply */
+	char config_digest[72];
+	uint64_t config_size;
+	char *owned_config_media_type;
+	struct cap_reg_layer *owned_layers;
+	size_t n_layers;
+	uint64_t layers_size;	/* the sum of the layers' sizes */
+	struct cap_reg_entry *owned_entries;
+	size_t n_entries;
+};
+
+/* Decode a manifest or an index (at most CAP_REG_DOC_MAX bytes, JSON,
+ * schemaVersion 2, every descriptor with a media type, a sha256 digest
+ * and a size of 0 to 2^53; at most CAP_REG_LAYERS_MAX layers or
+ * CAP_REG_ENTRIES_MAX entries). A media type other than OCI's and
+ * Docker v2 schema 2's manifest and index is -EMEDIUMTYPE naming it;
+ * other faults -EBADMSG or -E2BIG naming the field. *out (freed with
+ * cap_reg_manifest_fini) is written only on success. */
+int cap_reg_manifest_parse(const void *data, size_t len, struct cap_reg_manifest *out,
+			   struct cap_err *err);
+void cap_reg_manifest_fini(struct cap_reg_manifest *m);
+/* An image manifest's config and layer media types are a container
+ * image's (not an artifact's): 0 or -EMEDIUMTYPE naming the one. */
+int cap_reg_manifest_media_ok(const struct cap_reg_manifest *m, struct cap_err *err);
+/* The entry of index m for os/arch (and variant when not NULL or ""):
+ * the first image manifest listed for it. -ENOEXEC naming the
+ * platforms the index offers when none is. */
+int cap_reg_index_pick(const struct cap_reg_manifest *m, const char *os, const char *arch,
+		       const char *variant, size_t *which, struct cap_err *err);
+
+/* What an image config says that a check reports. */
+struct cap_reg_config {
+	char *owned_os, *owned_arch, *owned_variant;	/* variant may be NULL */
+	bool has_entrypoint, has_cmd, has_env;	/* false: absent or null */
+	char **owned_entrypoint, **owned_cmd, **owned_env;
+	size_t n_entrypoint, n_cmd, n_env;
+	char *owned_workdir, *owned_user;	/* NULL when absent or "" */
+	size_t n_diff_ids;	/* rootfs.diff_ids: one per layer */
+};
+
+/* Decode an image config (at most CAP_REG_DOC_MAX bytes): os and
+ * architecture required, config.Entrypoint, Cmd and Env arrays of
+ * strings or null, rootfs.diff_ids an array. -EBADMSG or -E2BIG naming
+ * the field; *out (cap_reg_config_fini) written only on success. */
+int cap_reg_config_parse(const void *data, size_t len, struct cap_reg_config *out,
+			 struct cap_err *err);
+void cap_reg_config_fini(struct cap_reg_config *c);
+
+/* --- checking references against their registry (store-check.c) ------ */
+
+#define CAP_CHECK_TIMEOUT_S 10
+
+struct cap_check_opts {
+	const char *platform;	/* "OS/ARCH[/VARIANT]"; NULL: linux/amd64 */
+	bool insecure;	/* as cap_pull_opts */
+	unsigned timeout_s;	/* the whole check; 0: CAP_CHECK_TIMEOUT_S */
+	int64_t deadline_ms;	/* cap_monotonic_ms() to end by; 0: from timeout_s */
+};
+
+/* What a registry says of a reference, without a layer downloaded. */
+struct cap_image_check {
+	char *owned_reference;	/* normalized */
+	char registry_digest[72];	/* of what the reference names: a manifest or an index */
+	char *owned_registry_media_type;
+	bool index;	/* the reference names an index */
+	size_t n_platforms;	/* an index's entries */
+	char **owned_platforms;	/* each "os/arch[/variant]" (or "?"), in its order */
+	char platform_digest[72];	/* the platform's manifest (registry_digest when no index) */
+	char platform[100];	/* "os/arch[/variant]" asked for */
+	struct cap_reg_manifest manifest;	/* the platform's */
+	char config_digest[72];
+	struct cap_reg_config config;
+};
+void cap_image_check_fini(struct cap_image_check *c);
+
+/* Resolve ref with skopeo (`inspect --raw`), fetch the platform's
+ * manifest (through an index: the one for the platform, by digest) and
+ * its config (`inspect --raw --config`), each checked against its
+ * digest and decoded; no layer is fetched. Within the timeout: skopeo
+ * gets the time left and is killed at the end of it. -EINVAL a
+ * malformed reference or platform; -ENOENT no such repository, tag or
+ * digest; -EHOSTUNREACH unreachable; -ETIMEDOUT no answer in time;
+ * -EACCES credentials wanted; -EMEDIUMTYPE a media type capsule does
+ * not take (named); -ENOEXEC no manifest for the platform (the
+ * platforms offered named), or a config for another; -EBADMSG bytes
+ * that do not decode or match their digest. err names the reference
+ * and what to do. *out written only on success. */
+int cap_store_image_check(const char *ref, const struct cap_check_opts *o,
+			  struct cap_image_check *out, struct cap_err *err);
+
+/* A word for the kind of failure -errno of cap_store_image_check is,
+ * for programs: "offline" (unreachable), "timeout", "auth", "not_found",
+ * "media_type", "platform", "bad_reference", "invalid" (bytes), or
+ * "error". Static. */
+const char *cap_store_check_reason(int r);
+
+enum cap_outdated_state { CAP_OUTDATED_UP_TO_DATE, CAP_OUTDATED_OUTDATED, CAP_OUTDATED_UNKNOWN };
+
+/* One pulled tag of an image, compared with its registry. */
+struct cap_outdated {
+	char image[72];	/* erofs digest */
+	char *owned_name;	/* the image's name, or NULL */
+	char *owned_reference;	/* the tag as pulled */
+	enum cap_outdated_state state;
+	char *owned_recorded;	/* the platform digest recorded at pull, or NULL */
+	char *owned_current;	/* the registry's now, or NULL when unknown */
+	const char *reason;	/* UNKNOWN: cap_store_check_reason's word, or "not_recorded" */
+	char *owned_message;	/* UNKNOWN: what happened, for people */
+	char *owned_platform;	/* pulled for (compared for); NULL: linux/amd64 */
+};
+void cap_outdated_fini(struct cap_outdated *o);
+
+/* For every tag (a reference without a digest) that still points at a
+ * pulled image, or only image's when image is not NULL (found as
+ * cap_store_image_find finds it; -ENOENT, -EINVAL as it), compare the
+ * platform manifest digest recorded at pull with the registry's for that
+ * tag and the platform pulled for (o->platform is not used) now: the checks run side by side and all end by one deadline (now
+ * plus o->timeout_s), so an offline host answers UNKNOWN within the
+ * timeout however many tags there are. A re-push of the same manifest
+ * under another index is not outdated. *out is an array of n the caller
+ * frees with cap_outdated_fini on each and free. */
+int cap_store_image_outdated(const char *image, const struct cap_check_opts *o,
+			     struct cap_outdated **out, size_t *n, struct cap_err *err);
 
 /* Callback telling whether an image digest is used by a sandbox. */
 typedef bool (*cap_image_in_use_fn)(void *ud, const char *digest);

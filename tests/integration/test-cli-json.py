@@ -6,8 +6,8 @@ sub-command list), the "Output:" paragraph of `capsule --help` (made from
 the verb table in src/cli/main.c), docs/cli.md ("JSON output": its list
 and the documented shapes) and the man pages scripts/gen-man.sh makes.
 All must name the same verbs. Where --json needs no VM and no network
-(ls, inspect, image ls, image inspect, template ls, doctor, prepare
-with its kernel builder missing), its output must parse as JSON of the
+(ls, inspect, image ls, image inspect, image outdated, template ls,
+doctor, prepare with its kernel builder missing), its output must parse as JSON of the
 documented kind. A throwaway CAPSULE_HOME and CAPSULE_CACHE; a tiny
 imported image and a created (never started) sandbox. TAP output.
 
@@ -207,6 +207,7 @@ def run(capsule, tmp):
         "cp": ["cp", "--json", f"{tmp}/root/bin/hello", "nosuch:/tmp/x"],
         "image build": ["image", "build", "base", "--json"],
         "image pull": ["image", "pull", "127.0.0.1:1/nosuch:x", "--json", "--timeout", "1"],
+        "image check": ["image", "check", "127.0.0.1:1/nosuch:x", "--json", "--timeout", "1"],
         "image import": ["image", "import", f"{tmp}/nosuch", "--json"],
         "source build": ["source", "build", f"{tmp}/nosuch", f"{tmp}/nosuch.img", "--json"],
     }
@@ -251,6 +252,7 @@ def run(capsule, tmp):
                                            f"not an array of image tiny: {d!r:.200}"))
     shape("image inspect", 0, lambda d, rc: is_(isinstance(d, dict) and d.get("name") == "tiny"
                                                 and d.get("verified") is True, f"not image tiny, verified: {d!r:.200}"))
+    shape("image outdated", 0, lambda d, rc: is_(d == [], f"not an empty array (no image pulled): {d!r:.200}"))
     shape("template ls", 0, lambda d, rc: is_(d == [], f"not an empty array: {d!r:.200}"))
     shape("doctor", None, lambda d, rc: is_(isinstance(d, dict) and isinstance(d.get("ok"), bool)
                                             and rc == (0 if d["ok"] else 1),

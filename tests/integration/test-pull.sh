@@ -44,7 +44,7 @@ check "a locally built image is pushed to the registry with skopeo" 'echo "$d1" 
 c image pull "$reg/t/box:v1" >"$out" 2>"$err"
 rc=$?
 check "pull by tag succeeds" '[ "$rc" -eq 0 ] && grep -q "^pulled $reg/t/box:v1 sha256:[0-9a-f]\{64\}$" "$out"'
-check "progress in a pipe: skopeo's per-layer lines, one per line" 'grep -q "^image pull: Copying blob sha256:" "$err" && ! grep -q "$(printf "\r")" "$err"'
+check "progress in a pipe: one line for the layers, none with bytes" 'grep -q "^image pull: fetching 1 layer, [0-9.]* [KM]i\?B$" "$err" && ! grep -q "%" "$err" && ! grep -q "$(printf "\r")" "$err"'
 img1=$(c image inspect "$reg/t/box:v1" | sed -n 's/^digest: *//p')
 c image inspect "$reg/t/box:v1" >"$out" 2>"$err"
 check "image inspect shows the reference and the OCI manifest digest" 'grep -qx "reference: $reg/t/box:v1" "$out" && grep -qx "oci digest: $d1" "$out" && grep -q "^verified: yes" "$out"'

@@ -618,6 +618,107 @@ static void tmp_dirs_swept(void **state)
 	close(fd);
 }
 
+/* --- a registry's documents (store-registry.c) --- */
+
+#define D64A "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define D64B "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+
+static int parse_text(const char *text, struct cap_reg_manifest *m, struct cap_err *err)
+{
+	memset(err, 0, sizeof(*err));
+	return cap_reg_manifest_parse(text, strlen(text), m, err);
+}
+
+static void registry_manifests(void **state)
+{
+	(void)state;
+	struct cap_reg_manifest m;
+	struct cap_err err;
+	/* An OCI manifest: sizes added up; its media types a container image's. */
+	assert_int_equal(parse_text("{\"schemaVersion\": 2, \"mediaType\": \"application/vnd.oci.image.manifest.v1+json\", \"config\": {\"mediaType\": \"application/vnd.oci.image.config.v1+json\", \"digest\": \"" D64A "\", \"size\": 7}, \"layers\": [{\"mediaType\": \"application/vnd.oci.image.layer.v1.tar+gzip\", \"digest\": \"" D64B "\", \"size\": 100}, {\"mediaType\": \"application/vnd.oci.image.layer.v1.tar+zstd\", \"digest\": \"" D64A "\", \"size\": 23}]}",
+				    &m, &err), 0);
+	assert_false(m.index);
+	assert_int_equal(m.n_layers, 2);
+	assert_int_equal(m.layers_size, 123);
+	assert_int_equal(m.config_size, 7);
+	assert_string_equal(m.config_digest, D64A);
+	assert_int_equal(cap_reg_manifest_media_ok(&m, &err), 0);
+	cap_reg_manifest_fini(&m);
+	/* Without a mediaType, a manifest by its fields. */
+	assert_int_equal(parse_text("{\"schemaVersion\": 2, \"config\": {\"mediaType\": \"x\", \"digest\": \"" D64A "\", \"size\": 1}, \"layers\": []}", &m, &err), 0);
+	assert_string_equal(m.owned_media_type, "application/vnd.oci.image.manifest.v1+json");
+	/* An artifact's config is refused, named. */
+	assert_int_equal(cap_reg_manifest_media_ok(&m, &err), -EMEDIUMTYPE);
+	assert_non_null(strstr(err.msg, "config's media type is x"));
+	cap_reg_manifest_fini(&m);
+	/* Schema 1 and other media types are refused, named. */
+	assert_int_equal(parse_text("{\"schemaVersion\": 1, \"name\": \"x\"}", &m, &err), -EMEDIUMTYPE);
+	assert_non_null(strstr(err.msg, "application/vnd.docker.distribution.manifest.v1+json"));
+	assert_int_equal(parse_text("{\"schemaVersion\": 2, \"mediaType\": \"text/plain\"}", &m, &err), -EMEDIUMTYPE);
+	assert_non_null(strstr(err.msg, "text/plain"));
+	/* Faults name the field. */
+	assert_int_equal(parse_text("{\"schemaVersion\": 2, \"config\": {\"mediaType\": \"x\", \"digest\": \"sha256:AB\", \"size\": 1}, \"layers\": []}", &m, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "config's digest sha256:AB"));
+	assert_int_equal(parse_text("{\"schemaVersion\": 2, \"config\": {\"mediaType\": \"x\", \"digest\": \"" D64A "\", \"size\": -1}, \"layers\": []}", &m, &err), -EBADMSG);
+	assert_non_null(strstr(err.msg, "size"));
+	assert_int_equal(parse_text("[1, 2", &m, &err), -EBADMSG);
+	assert_int_equal(parse_text("{\"schemaVersion\": 3, \"manifests\": []}", &m, &err), -EBADMSG);
+}
+
+static void registry_index_pick(void **state)
+{
+	(void)state;
+	struct cap_reg_manifest m;
+	struct cap_err err;
+	size_t w = 99;
+	assert_int_equal(parse_text("{\"schemaVersion\": 2, \"mediaType\": \"application/vnd.docker.distribution.manifest.list.v2+json\", \"manifests\": ["
+				    "{\"mediaType\": \"application/vnd.docker.distribution.manifest.v2+json\", \"digest\": \"" D64A "\", \"size\": 1, \"platform\": {\"os\": \"linux\", \"architecture\": \"arm64\", \"variant\": \"v8\"}},"
+				    "{\"mediaType\": \"application/vnd.oci.image.index.v1+json\", \"digest\": \"" D64B "\", \"size\": 1, \"platform\": {\"os\": \"linux\", \"architecture\": \"amd64\"}},"
+				    "{\"mediaType\": \"application/vnd.oci.image.manifest.v1+json\", \"digest\": \"" D64B "\", \"size\": 1, \"platform\": {\"os\": \"unknown\", \"architecture\": \"unknown\"}},"
+				    "{\"mediaType\": \"application/vnd.oci.image.manifest.v1+json\", \"digest\": \"" D64B "\", \"size\": 1, \"platform\": {\"os\": \"linux\", \"architecture\": \"amd64\"}}]}",
+				    &m, &err), 0);
+	assert_true(m.index);
+	assert_int_equal(m.n_entries, 4);
+	/* The first image manifest for the platform: not a nested index. */
+	assert_int_equal(cap_reg_index_pick(&m, "linux", "amd64", NULL, &w, &err), 0);
+	assert_int_equal(w, 3);
+	assert_int_equal(cap_reg_index_pick(&m, "linux", "arm64", "v8", &w, &err), 0);
+	assert_int_equal(w, 0);
+	/* None: the platforms offered named, attestations left out. */
+	assert_int_equal(cap_reg_index_pick(&m, "linux", "s390x", NULL, &w, &err), -ENOEXEC);
+	assert_non_null(strstr(err.msg, "it offers linux/arm64/v8, linux/amd64"));
+	assert_null(strstr(err.msg, "unknown"));
+	cap_reg_manifest_fini(&m);
+}
+
+static void registry_config(void **state)
+{
+	(void)state;
+	struct cap_reg_config c;
+	struct cap_err err = { 0 };
+	const char *good = "{\"os\": \"linux\", \"architecture\": \"amd64\", \"config\": {\"Entrypoint\": null, \"Cmd\": [\"/bin/sh\", \"-c\"], \"Env\": [\"A=1\"], \"WorkingDir\": \"\", \"User\": \"1000\"}, \"rootfs\": {\"diff_ids\": [\"" D64A "\"]}}";
+	assert_int_equal(cap_reg_config_parse(good, strlen(good), &c, &err), 0);
+	assert_false(c.has_entrypoint);
+	assert_true(c.has_cmd && c.n_cmd == 2);
+	assert_string_equal(c.owned_cmd[1], "-c");
+	assert_true(c.has_env && c.n_env == 1);
+	assert_null(c.owned_workdir);
+	assert_string_equal(c.owned_user, "1000");
+	assert_int_equal(c.n_diff_ids, 1);
+	cap_reg_config_fini(&c);
+	const char *bad[] = {
+		"{\"architecture\": \"amd64\", \"rootfs\": {\"diff_ids\": []}}",
+		"{\"os\": \"linux\", \"architecture\": \"amd64\", \"config\": {\"Cmd\": [1]}, \"rootfs\": {\"diff_ids\": []}}",
+		"{\"os\": \"linux\", \"architecture\": \"amd64\", \"config\": {}}",
+		"{\"os\": \"linux\", \"os\": \"linux\", \"architecture\": \"amd64\", \"rootfs\": {\"diff_ids\": []}}",
+	};
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(bad); i++) {
+		memset(&err, 0, sizeof(err));
+		assert_int_equal(cap_reg_config_parse(bad[i], strlen(bad[i]), &c, &err), -EBADMSG);
+		assert_true(err.msg[0]);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -637,6 +738,9 @@ int main(void)
 		cmocka_unit_test(hard_link_to_dropped_node),
 		cmocka_unit_test(hard_link_to_node_dropped_below),
 		cmocka_unit_test(dropped_names_escaped),
+		cmocka_unit_test(registry_manifests),
+		cmocka_unit_test(registry_index_pick),
+		cmocka_unit_test(registry_config),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,14 +14,15 @@ from .errors import (Busy, CallTimeout, CapsuleError, Cancelled, ConnectionLost,
                      InvalidRequest, MethodNotFound, ParseError, SandboxFailed, ToolRefused, error_from)
 from .raw import Connection
 from .types import (DiffResult, DirectoryListing, DirEntry, ExecResult, FileResult, Identity,
-                    LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList, ServerInfo, SizeResult,
+                    ImageCheck, LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList, ServerInfo,
+                    SizeResult,
                     Status, TransferResult, WriteResult)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "Busy", "Call", "CallTimeout", "CapsuleError", "Cancelled", "Client", "Connection",
-    "ConnectionLost", "DiffResult", "DirEntry", "DirectoryListing", "ExecResult", "FileResult", "Identity",
+    "ConnectionLost", "DiffResult", "DirEntry", "DirectoryListing", "ExecResult", "FileResult", "Identity", "ImageCheck",
     "InvalidParams", "InvalidRequest", "LifecycleResult", "MergeResult", "MethodNotFound", "ParseError",
     "PrepareResult", "PrepareStream", "Progress", "SandboxFailed", "SandboxList", "ServerInfo", "SizeResult", "Status",
     "ToolRefused", "TransferResult", "WriteResult", "error_from",

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .errors import InvalidParams
 from .types import (DiffResult, DirectoryListing, ExecResult, FileResult, IdentityLike,
-                    LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList,
+                    ImageCheck, LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList,
                     ServerInfo, SizeResult, Status, TransferResult, WriteResult, identity_json)
 
 INLINE_MAX = 16 * 1024 * 1024        # an inline upload or download (docs/serve.md)
@@ -181,6 +181,15 @@ class Methods:
         Progress notification in order. A failure raises SandboxFailed with
         .phase and retryable True: calling prepare again resumes there."""
         return self._invoke("prepare", {}, PrepareResult.from_json, on_progress=on_progress, **opts)
+
+    def image_check(self, ref: str, *, timeout: Optional[float] = None, **opts: Any) -> ImageCheck:
+        """Resolve a registry reference and read its manifest and config
+        for linux/amd64 without pulling a layer (timeout: the check's, in
+        seconds, default 10 on the server). A reference the registry
+        lacks, an unreachable registry, a media type or platform capsule
+        does not take raise ToolRefused; its .data["reason"] says which
+        (docs/serve.md, "image_check")."""
+        return self._invoke("image_check", _put({"ref": ref}, timeout=timeout), ImageCheck.from_json, **opts)
 
     @staticmethod
     def _who(identity: Optional[IdentityLike], sandbox: Optional[str]) -> Dict[str, Any]:

@@ -291,6 +291,28 @@ class Progress(_Result):
 
 
 @dataclass
+class ImageCheck(_Result):
+    """`image_check`: what the registry says of a reference (docs/images.md,
+    "Checking a reference"). platform_digest is the manifest for the
+    platform (through an index when index is True: registry_digest is
+    then the index's); config holds os, architecture, entrypoint, cmd,
+    env; compressed_bytes is the layers' total."""
+    reference: Optional[str] = None
+    registry_digest: Optional[str] = None
+    media_type: Optional[str] = None
+    index: bool = False
+    platforms: List[str] = field(default_factory=list)
+    platform: Optional[str] = None
+    platform_digest: Optional[str] = None
+    manifest_media_type: Optional[str] = None
+    config: Optional[Dict[str, Any]] = None
+    layer_count: int = 0
+    compressed_bytes: int = 0
+    layers: List[Dict[str, Any]] = field(default_factory=list)
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
 class PrepareResult(_Result):
     """`prepare`: built lists the phases this call built (empty when all
     were there); template is False when templates are off."""

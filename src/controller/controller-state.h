@@ -165,6 +165,9 @@ struct ident {
 	 * for a call to carry it. */
 	bool import_checked;
 	struct import_report *report;
+	/* The policy process's counters as last read (cap_ctl_metrics),
+	 * to add what moved since to the controller's totals. */
+	uint64_t net_seen[3];
 	struct ident *next;
 };
 
@@ -232,6 +235,11 @@ struct cap_ctl {
 	struct prep_run *prep;
 	struct cap_ctl_call *prep_waiters;
 	struct cap_ctl_call *prep_queue;	/* PREPARE calls not taken yet (by next) */
+	/* Figures (cap_ctl_metrics): counted where they happen. */
+	int64_t start_unix_ms;
+	uint64_t n_prepares[CAP_CTL_PREP_NOUTCOMES];
+	uint64_t n_evictions[CAP_CTL_NEVICT];
+	uint64_t n_net[3];	/* refused, bytes out, bytes in */
 };
 
 /* controller.c: the loop */
@@ -302,6 +310,11 @@ int ctl_make_room(struct cap_ctl *c);
 struct ident *ctl_pool_ready(struct cap_ctl *c);
 int ctl_take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err);
 void ctl_pool_fill(struct cap_ctl *c);
+
+/* controller-metrics.c: figures */
+/* Add what i's policy process counted since the last look to the
+ * totals (before a start, which sets its counters back to zero). */
+void ctl_usage_take(struct cap_ctl *c, struct ident *i, bool restarting);
 
 /* controller-recover.c: recovery */
 void ctl_recover(struct cap_ctl *c);

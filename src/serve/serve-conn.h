@@ -10,6 +10,7 @@
 
 #include "controller.h"
 #include "jsonrpc.h"
+#include "serve-metrics.h"
 #include "serve.h"
 
 #define WRITE_MAX 60000	/* one FILE frame */
@@ -33,10 +34,13 @@ struct pending {
 	char *owned_to;	/* download: where the copy went (resolved) */
 	enum cap_file_op op;
 	struct cap_ctl_call *call;
+	size_t mi;	/* the method's index in the table, for the figures */
+	int64_t start_ns;	/* when its request arrived (cap_now_ns) */
 	struct pending *next;	/* in conn->calls */
 };
 
 struct conn {
+	struct cap_rpc_server *srv;
 	int fd;
 	struct cap_rpc_reader rd;
 	struct cap_buf out;
@@ -55,7 +59,32 @@ struct cap_rpc_server {
 	int spare_fd;	/* held for refusing a connection when out of descriptors */
 	struct conn *conns;
 	int nconns;
+	/* Figures (serve-metrics.h), and the request being run: its answer,
+	 * given while it runs, is counted for it; a call it submits takes
+	 * it over (serve_pending_begin). */
+	struct serve_stats stats;
+	struct {
+		bool open;
+		size_t mi;
+		int64_t start_ns;
+	} cur;
+	struct serve_metrics *metrics;	/* --metrics, or NULL */
 };
+
+/* The request being run answered with code (0: a result). */
+void serve_noted(struct cap_rpc_server *s, int code);
+/* p is the call the request being run submitted: it is counted when it
+ * is answered. */
+void serve_pending_begin(struct cap_rpc_server *s, struct pending *p);
+/* The method table's names for the figures: *names (a new array, free
+ * it; the strings static) with NULL for a method this server does not
+ * serve; returns how many. */
+size_t serve_method_names(const struct cap_rpc_server *s, const char ***names);
+size_t serve_method_count(void);
+static inline const struct serve_stats *serve_stats_of(const struct cap_rpc_server *s)
+{
+	return &s->stats;
+}
 
 /* An error answer to request id (none to a notification). */
 void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)
@@ -66,8 +95,10 @@ void serve_result(struct conn *k, json_t *id, json_t *result);
 /* serve-methods.c: one request line of connection k, decoded and run. */
 void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len);
 
-/* serve-json.c: the answer to p's tool method, r its result. */
-void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
+/* serve-json.c: the answer to p's tool method, r its result; returns its
+ * JSON-RPC error code (0: a result), also when none was sent (a
+ * notification, a client gone). */
+int serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
 /* v[0..n) as a JSON array of strings. A new reference. */
 json_t *serve_strings(const char *const *v, size_t n);
 /* One identity's status as status and list answer it. A new reference. */

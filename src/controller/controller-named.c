@@ -266,9 +266,17 @@ static int usage(void *ud, const char *name, struct cap_ctl_usage *out)
 	(void)ud;
 	memset(out, 0, sizeof(*out));
 	int r = cap_named_status(name, &st, NULL);
-	if (r < 0 || st.state == CAP_NAMED_STOPPED)
+	if (r < 0)
 		return r;
-	out->memory_bytes = held_by(st.shim_pid) + held_by(st.vmm_pid) + held_by(st.netd_pid);
+	if (st.state != CAP_NAMED_STOPPED)
+		out->memory_bytes = held_by(st.shim_pid) + held_by(st.vmm_pid) + held_by(st.netd_pid);
+	struct cap_named_net_counts n;
+	if (cap_named_net_counts(name, &n) == 0) {
+		out->net = true;
+		out->net_refused = n.refused;
+		out->net_bytes_out = n.bytes_out;
+		out->net_bytes_in = n.bytes_in;
+	}
 	return 0;
 }
 

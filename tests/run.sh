@@ -49,7 +49,7 @@ suite "fence" python3 tests/check-fence.py
 suite "layout" python3 tests/check-layout.py
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template ttrpc"
+units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template ttrpc serve"
 for t in $units; do
 	suite "unit/$t" "$build/tests/test-$t"
 done

@@ -63,18 +63,27 @@ int serve_http_parse(const char *buf, size_t len, struct serve_http_req *out)
 {
 	struct cap_http_head h;
 	memset(out, 0, sizeof(*out));
+	/* A bare LF would wait for a CRLF CRLF that never comes: refused
+	 * now rather than at the timeout (in the head only: what follows
+	 * it is not read). */
+	size_t n = len < SERVE_HTTP_MAX ? len : SERVE_HTTP_MAX;
+	const char *end = memmem(buf, n, "\r\n\r\n", 4);
+	if (end)
+		n = (size_t)(end - buf) + 4;
+	for (size_t i = 0; i < n; i++)
+		if (buf[i] == '\n' && (i == 0 || buf[i - 1] != '\r'))
+			return answer(out, 400, "request lines end in CRLF, not a bare LF");
 	int r = cap_http_head_parse(buf, len, SERVE_HTTP_MAX, &h);
 	if (r == 0)
 		return 0;
 	if (r == -E2BIG)
 		return answer(out, 431, "the request head is over 8192 bytes");
 	if (r < 0)
-		return answer(out, 400, "the request head is not HTTP/1.x (request line, fields, CRLF line ends)");
+		return answer(out, 400, "the request head is not HTTP/1.0 or HTTP/1.1 (request line, fields, CRLF line ends)");
 	out->len = h.len;
-	char minor = buf[h.version.off + 7];
-	if (minor != '0' && minor != '1')
-		return answer(out, 505, "only HTTP/1.0 and HTTP/1.1 are served");
-	if (minor == '1' && !h.has_host)
+	/* The head parser takes HTTP/1.0 and HTTP/1.1 only (others are
+	 * malformed to it). */
+	if (buf[h.version.off + 7] == '1' && !h.has_host)
 		return answer(out, 400, "an HTTP/1.1 request needs a Host field");
 	const char *body = body_problem(buf, &h);
 	if (body)

@@ -13,11 +13,11 @@
 
 struct serve_http_req {
 	/* 200 for GET or HEAD of /metrics (a query is ignored); else the
-	 * error to answer: 400 malformed (a bad head, an HTTP/1.1 request
-	 * without Host, a request with a body, a target that is neither a
-	 * path nor an http:// URL), 404 another path, 405 another method on
-	 * /metrics, 431 no head within SERVE_HTTP_MAX bytes, 505 an HTTP
-	 * version other than 1.0 and 1.1. */
+	 * error to answer: 400 malformed (a bad head, a bare LF, a version
+	 * other than HTTP/1.0 and HTTP/1.1, an HTTP/1.1 request without
+	 * Host, a request with a body, a target that is neither a path nor
+	 * an http:// URL), 404 another path, 405 another method on
+	 * /metrics, 431 no head within SERVE_HTTP_MAX bytes. */
 	int status;
 	bool head;	/* HEAD: the answer without its body */
 	size_t len;	/* bytes of the head (0 with 431) */

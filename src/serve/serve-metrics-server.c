@@ -185,7 +185,6 @@ static const char *reason(int status)
 	case 408: return "Request Timeout";
 	case 431: return "Request Header Fields Too Large";
 	case 503: return "Service Unavailable";
-	case 505: return "HTTP Version Not Supported";
 	default: return "Error";
 	}
 }

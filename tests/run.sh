@@ -177,6 +177,10 @@ suite "integration/serve-durable" python3 tests/integration/test-durable.py "$bu
 suite "integration/fullhost" python3 tests/integration/test-fullhost.py "$build/capsule"
 suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"
 suite "integration/prepare" python3 tests/integration/test-prepare.py "$build/capsule"
+# serve --metrics (issue 34): /metrics parsed strictly, calls counted exactly,
+# the policy process's refusals and bytes; Debian's python3 for its
+# prometheus_client (scripts/bootstrap.sh), as the CRI suite does for grpc.
+suite "integration/metrics" /usr/bin/python3 tests/integration/test-metrics.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 	suite "integration/mcp-sdk" node --test --test-reporter=tap tests/mcp/sdk.test.mjs

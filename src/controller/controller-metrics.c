@@ -54,18 +54,27 @@ void ctl_usage_take(struct cap_ctl *c, struct ident *i, bool restarting)
 		memset(i->net_seen, 0, sizeof(i->net_seen));
 }
 
+static void count_one(void *ud, const struct cap_ctl_status *st)
+{
+	struct cap_ctl_metrics *out = ud;
+	if ((unsigned)st->state < CAP_VM_NSTATES)
+		out->sandboxes[st->state]++;
+	out->identities++;
+}
+
 void cap_ctl_metrics(struct cap_ctl *c, struct cap_ctl_metrics *out)
 {
 	memset(out, 0, sizeof(*out));
 	out->start_unix_ms = c->start_unix_ms;
 	out->capacity = c->cfg.lc.capacity;
+	/* The identities' sandboxes as list says them (a stopped one may
+	 * be known from its record only), the warm pool's from memory. */
+	cap_ctl_list(c, count_one, out, NULL);
 	for (struct ident *i = c->idents; i; i = i->next) {
-		if ((unsigned)i->lc.state < CAP_VM_NSTATES)
+		if (i->pool && (unsigned)i->lc.state < CAP_VM_NSTATES)
 			out->sandboxes[i->lc.state]++;
-		if (!i->pool)
-			out->identities++;
-		else if (i->vm && !i->job && i->op == OP_NONE &&
-			 (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED))
+		if (i->pool && i->vm && !i->job && i->op == OP_NONE &&
+		    (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED))
 			out->pool_ready++;
 		if (!cap_vm_state_resident(i->lc.state))
 			continue;

@@ -384,8 +384,10 @@ struct cap_ctl_usage {
  * add up each sandbox's across its restarts. */
 struct cap_ctl_metrics {
 	int64_t start_unix_ms;	/* when the controller started */
-	unsigned sandboxes[CAP_VM_NSTATES];	/* identities' and warm-pool sandboxes by state (NONE: unused) */
-	unsigned identities;	/* identities known */
+	/* Identities' sandboxes (as cap_ctl_list says them: from memory
+	 * and records) and warm-pool ones, by state (NONE: unused). */
+	unsigned sandboxes[CAP_VM_NSTATES];
+	unsigned identities;	/* identities with a sandbox */
 	unsigned pool_ready;	/* warm-pool sandboxes ready to be given */
 	unsigned capacity;
 	uint64_t prepares[CAP_CTL_PREP_NOUTCOMES];	/* preparation runs, by outcome */
@@ -395,8 +397,9 @@ struct cap_ctl_metrics {
 	uint64_t net_refused, net_bytes_out, net_bytes_in;
 };
 
-/* Fill *out, reading each resident sandbox's usage now (a few /proc and
- * state files per sandbox: meant for a scrape, not for every round). */
+/* Fill *out, reading each resident sandbox's usage now and every
+ * identity's record (a few /proc and state files per sandbox: meant for
+ * a scrape, not for every round). */
 void cap_ctl_metrics(struct cap_ctl *c, struct cap_ctl_metrics *out);
 
 /* The manual clock: move it by ms. -EPERM without manual_clock. */

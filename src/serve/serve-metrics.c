@@ -186,7 +186,7 @@ static void controller(struct cap_buf *out, const struct cap_ctl_metrics *c)
 	family(out, "capsule_sandboxes", "gauge", "Sandboxes this controller holds (identities' and the warm pool's), by lifecycle state.");
 	for (unsigned s = CAP_VM_STOPPED; s < CAP_VM_NSTATES; s++)
 		sample1(out, "capsule_sandboxes", "state", cap_vm_state_name((enum cap_vm_state)s), c->sandboxes[s]);
-	gauge(out, "capsule_identities", "Identities known to this controller, with or without a sandbox.", c->identities);
+	gauge(out, "capsule_identities", "Identities with a sandbox (in any state) in this controller's home.", c->identities);
 	gauge(out, "capsule_capacity", "Resident VMs allowed at once (--capacity).", c->capacity);
 	gauge(out, "capsule_warm_pool_ready", "Warm-pool sandboxes started and ready to be given to an identity.", c->pool_ready);
 	family(out, "capsule_prepares_total", "counter", "Preparation runs (kernel, initramfs, image, template), by outcome.");

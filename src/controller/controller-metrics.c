@@ -45,13 +45,20 @@ static void take(struct cap_ctl *c, struct ident *i, struct cap_ctl_usage *u)
 	c->n_net[2] += moved(u->net_bytes_in, &i->net_seen[2]);
 }
 
-void ctl_usage_take(struct cap_ctl *c, struct ident *i, bool restarting)
+void ctl_usage_take(struct cap_ctl *c, struct ident *i)
 {
 	struct cap_ctl_usage u;
-	if (i->lc.state != CAP_VM_NONE)
-		take(c, i, &u);
-	if (restarting)
-		memset(i->net_seen, 0, sizeof(i->net_seen));
+	take(c, i, &u);
+}
+
+void ctl_usage_baseline(struct cap_ctl *c, struct ident *i)
+{
+	struct cap_ctl_usage u;
+	if (c->be->usage && c->be->usage(c->bud, i->name, &u) == 0 && u.net) {
+		i->net_seen[0] = u.net_refused;
+		i->net_seen[1] = u.net_bytes_out;
+		i->net_seen[2] = u.net_bytes_in;
+	}
 }
 
 static void count_one(void *ud, const struct cap_ctl_status *st)

@@ -313,8 +313,11 @@ void ctl_pool_fill(struct cap_ctl *c);
 
 /* controller-metrics.c: figures */
 /* Add what i's policy process counted since the last look to the
- * totals (before a start, which sets its counters back to zero). */
-void ctl_usage_take(struct cap_ctl *c, struct ident *i, bool restarting);
+ * totals (at each scrape, and once its VM stopped). */
+void ctl_usage_take(struct cap_ctl *c, struct ident *i);
+/* The counters of a sandbox a predecessor started, taken as the point
+ * this controller counts from. */
+void ctl_usage_baseline(struct cap_ctl *c, struct ident *i);
 
 /* controller-recover.c: recovery */
 void ctl_recover(struct cap_ctl *c);

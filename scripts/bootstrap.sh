@@ -15,7 +15,7 @@ PACKAGES="
   podman conmon runc containerd
   clang-14 libclang-rt-14-dev llvm-14
   protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev golang-github-containerd-containerd-dev
-  containernetworking-plugins python3-grpcio python3-grpc-tools
+  containernetworking-plugins python3-grpcio python3-grpc-tools python3-prometheus-client
 "
 
 missing=""

@@ -49,6 +49,7 @@ PUBLIC = {
     'src/store/store.h': "the store's API: images, pulls, the kernel's and initramfs's paths",
     'src/tree/tree.h': 'manifests, diff and merge (pure)',
     'src/net/policy.h': 'the network policy: parse, describe (pure)',
+    'src/net/sniff.h': "HTTP/1.x request heads and TLS ClientHellos read from bytes (pure; serve's metrics endpoint reads its requests with the head parser)",
 }
 # Other front ends' headers a front end may include, by folder.
 ENTRY = {

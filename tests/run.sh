@@ -49,7 +49,7 @@ suite "fence" python3 tests/check-fence.py
 suite "layout" python3 tests/check-layout.py
 
 export CMOCKA_MESSAGE_OUTPUT=TAP
-units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template ttrpc"
+units="proto client common store projection lifecycle jsonrpc controller net netd nflog spec rewrite secret tree tar oci engine template ttrpc serve"
 for t in $units; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
@@ -182,6 +182,10 @@ suite "integration/serve-size" python3 tests/integration/test-serve-size.py "$bu
 suite "integration/fullhost" python3 tests/integration/test-fullhost.py "$build/capsule"
 suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"
 suite "integration/prepare" python3 tests/integration/test-prepare.py "$build/capsule"
+# serve --metrics (issue 34): /metrics parsed strictly, calls counted exactly,
+# the policy process's refusals and bytes; Debian's python3 for its
+# prometheus_client (scripts/bootstrap.sh), as the CRI suite does for grpc.
+suite "integration/metrics" /usr/bin/python3 tests/integration/test-metrics.py "$build/capsule"
 suite "integration/mcp-raw" tests/integration/test-mcp.sh "$build/capsule"
 CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 	suite "integration/mcp-sdk" node --test --test-reporter=tap tests/mcp/sdk.test.mjs

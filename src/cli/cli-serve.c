@@ -41,6 +41,9 @@ static const char usage[] =
 	"  --stop-grace S      Seconds a stopping guest gets to sync (default 10)\n"
 	"  --warm-pool N       Keep N started sandboxes ready for new identities\n"
 	"                      (they count against --capacity; default 0, off)\n"
+	"  --metrics ADDR      Serve Prometheus metrics (GET /metrics) on ADDR:\n"
+	"                      127.0.0.1:PORT, [::1]:PORT, HOST:PORT, or a unix\n"
+	"                      socket path holding a '/' (mode 0600)\n"
 	"  --test-clock        Lifecycle time moves only by the _test.advance method\n"
 	"\n"
 	"Sizes (docs/serve.md, \"Sizes\"): every identity's sandbox gets\n"
@@ -83,7 +86,7 @@ static int seconds(const char *opt, const char *arg, double *out)
 int cap_cli_serve(int argc, char **argv)
 {
 	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL, O_WORKSPACE, O_IMPORT,
-	       O_TRANSFER, O_SCHEMA, O_MAX_CPUS, O_MAX_MEMORY, O_MAX_ROOT, O_MAX_WORK };
+	       O_TRANSFER, O_SCHEMA, O_MAX_CPUS, O_MAX_MEMORY, O_MAX_ROOT, O_MAX_WORK, O_METRICS };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
@@ -105,13 +108,14 @@ int cap_cli_serve(int argc, char **argv)
 		{ "max-memory", required_argument, NULL, O_MAX_MEMORY },
 		{ "max-root-size", required_argument, NULL, O_MAX_ROOT },
 		{ "max-work-size", required_argument, NULL, O_MAX_WORK },
+		{ "metrics", required_argument, NULL, O_METRICS },
 		{ "schema", no_argument, NULL, O_SCHEMA },	/* not in usage: for clients' checks */
 		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct cap_controller_cfg cfg;
-	const char *socket_path = NULL;
+	const char *socket_path = NULL, *metrics = NULL;
 	struct cap_err err = { 0 };
 	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
 	_cleanup_free_ char *workspace = NULL, *import = NULL;
@@ -158,6 +162,7 @@ int cap_cli_serve(int argc, char **argv)
 		}
 		switch (c) {
 		case O_SOCKET: socket_path = optarg; break;
+		case O_METRICS: metrics = optarg; break;
 		case O_WORKSPACE:
 			free(workspace);
 			if (!(workspace = existing_dir("--workspace", optarg)))
@@ -238,7 +243,7 @@ int cap_cli_serve(int argc, char **argv)
 	cfg.ntransfer_dirs = ngiven;
 	cap_log_set(cap_log_stderr, "serve");
 	rc = 0;
-	if (cap_serve_run(&cfg, socket_path, &err) < 0) {
+	if (cap_serve_run(&cfg, socket_path, metrics, &err) < 0) {
 		cap_cli_error("%s", err.msg);
 		rc = CAP_EXIT_FAILURE;
 	}

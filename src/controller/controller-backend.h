@@ -166,6 +166,11 @@ struct cap_ctl_backend {
 	 * strings (the caller frees each and it). 0 or -errno. NULL: none
 	 * are listed (no warm-pool sandbox is recovered). */
 	int (*list)(void *ud, char ***names, size_t *n);
+	/* What the host holds for the sandbox and its policy process's
+	 * counters (since its VM last started), for cap_ctl_metrics; from
+	 * the loop, so quick (no waiting on the sandbox). 0 or -errno
+	 * (*out zeroed). NULL: none known. */
+	int (*usage)(void *ud, const char *name, struct cap_ctl_usage *out);
 };
 
 #endif

@@ -260,6 +260,51 @@ static int state(void *ud, const char *name, enum cap_vm_state *st, bool *servin
 	return 0;
 }
 
+/* What process pid holds of the host's memory, bytes: its proportional
+ * share (Pss in smaps_rollup, shared pages split among their users),
+ * else its resident set when smaps_rollup cannot be read; 0 when gone. */
+static uint64_t held_by(pid_t pid)
+{
+	static const struct { const char *file, *key; } src[] = {
+		{ "smaps_rollup", "\nPss:" }, { "status", "\nVmRSS:" },
+	};
+	if (pid <= 0)
+		return 0;
+	for (size_t k = 0; k < CAP_ARRAY_SIZE(src); k++) {
+		char path[64], *text = NULL;
+		snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, src[k].file);
+		if (cap_read_file(path, 1 << 16, &text) < 0)
+			continue;
+		const char *at = strstr(text, src[k].key);
+		unsigned long long kib;
+		bool ok = at && sscanf(at + strlen(src[k].key), " %llu kB", &kib) == 1;
+		free(text);
+		if (ok)
+			return (uint64_t)kib * 1024;
+	}
+	return 0;
+}
+
+static int usage(void *ud, const char *name, struct cap_ctl_usage *out)
+{
+	struct cap_named_status st;
+	(void)ud;
+	memset(out, 0, sizeof(*out));
+	int r = cap_named_status(name, &st, NULL);
+	if (r < 0)
+		return r;
+	if (st.state != CAP_NAMED_STOPPED)
+		out->memory_bytes = held_by(st.shim_pid) + held_by(st.vmm_pid) + held_by(st.netd_pid);
+	struct cap_named_net_counts n;
+	if (cap_named_net_counts(name, &n) == 0) {
+		out->net = true;
+		out->net_refused = n.refused;
+		out->net_bytes_out = n.bytes_out;
+		out->net_bytes_in = n.bytes_in;
+	}
+	return 0;
+}
+
 static int attach(void *ud, const char *name, void **vm, bool *paused, struct cap_err *err)
 {
 	struct cap_named_status st;
@@ -507,4 +552,5 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.prepare = prepare_,
 	.sweep = sweep,
 	.list = list,
+	.usage = usage,
 };

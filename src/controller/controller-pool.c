@@ -42,6 +42,7 @@ int ctl_make_room(struct cap_ctl *c)
 		cap_log(CAP_LOG_INFO, "at capacity (%u); stopping %s, idle the longest", c->cfg.lc.capacity,
 			who[k]->name);
 		ctl_begin_stop(c, who[k]);
+		c->n_evictions[CAP_CTL_EVICT_CAPACITY]++;
 		r = 0;
 	} else if (k == -2 && stopping) {
 		r = 0;	/* an eviction is under way: wait for it */

@@ -90,6 +90,7 @@ static void prep_finish(struct cap_ctl *c, struct prep_run *p)
 	c->prep_waiters = NULL;
 	c->prep = NULL;
 	c->kick = true;
+	c->n_prepares[p->r == 0 ? CAP_CTL_PREP_OK : p->cancel.cancelled ? CAP_CTL_PREP_CANCELLED : CAP_CTL_PREP_FAILED]++;
 	if (p->r == 0)
 		c->prepared = true;
 	else if (c->cfg.warm_pool)

@@ -29,6 +29,7 @@ static void recover_one(struct cap_ctl *c, const char *agent, const char *peer, 
 	i->lc.state = CAP_VM_STOPPED;
 	if (st == CAP_VM_STOPPED)
 		return;
+	ctl_usage_baseline(c, i);	/* what it counted before us is not ours */
 	if (serving && ctl_attach(c, i, &err) == 0) {
 		cap_log(CAP_LOG_INFO, "reattached %s (%s%s%s, %s)", name, pool ? "warm pool" : agent,
 			pool ? "" : "/", peer, cap_vm_state_name(i->lc.state));

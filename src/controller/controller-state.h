@@ -165,6 +165,9 @@ struct ident {
 	 * for a call to carry it. */
 	bool import_checked;
 	struct import_report *report;
+	/* The policy process's counters as last read (cap_ctl_metrics),
+	 * to add what moved since to the controller's totals. */
+	uint64_t net_seen[3];
 	struct ident *next;
 };
 
@@ -232,6 +235,11 @@ struct cap_ctl {
 	struct prep_run *prep;
 	struct cap_ctl_call *prep_waiters;
 	struct cap_ctl_call *prep_queue;	/* PREPARE calls not taken yet (by next) */
+	/* Figures (cap_ctl_metrics): counted where they happen. */
+	int64_t start_unix_ms;
+	uint64_t n_prepares[CAP_CTL_PREP_NOUTCOMES];
+	uint64_t n_evictions[CAP_CTL_NEVICT];
+	uint64_t n_net[3];	/* refused, bytes out, bytes in */
 };
 
 /* controller.c: the loop */
@@ -311,6 +319,14 @@ int ctl_make_room(struct cap_ctl *c);
 struct ident *ctl_pool_ready(struct cap_ctl *c);
 int ctl_take_from_pool(struct cap_ctl *c, struct ident *i, struct ident *p, struct cap_err *err);
 void ctl_pool_fill(struct cap_ctl *c);
+
+/* controller-metrics.c: figures */
+/* Add what i's policy process counted since the last look to the
+ * totals (at each scrape, and once its VM stopped). */
+void ctl_usage_take(struct cap_ctl *c, struct ident *i);
+/* The counters of a sandbox a predecessor started, taken as the point
+ * this controller counts from. */
+void ctl_usage_baseline(struct cap_ctl *c, struct ident *i);
 
 /* controller-recover.c: recovery */
 void ctl_recover(struct cap_ctl *c);

@@ -3,6 +3,7 @@
  * for its sandbox. */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "controller-state.h"
 #include "util.h"
@@ -104,6 +105,7 @@ void ctl_stopped(struct cap_ctl *c, struct ident *i)
 {
 	ctl_detach(c, i);
 	i->lc.state = CAP_VM_STOPPED;
+	ctl_usage_take(c, i);	/* its last counts, before a start or a remove */
 	ctl_set_idle(c, &i->lc);
 	c->kick = true;
 	struct cap_ctl_call *k = i->active;
@@ -187,6 +189,9 @@ int ctl_begin_start(struct cap_ctl *c, struct ident *i, struct cap_err *err)
 	if (i->lc.state == CAP_VM_NONE && !i->pool &&
 	    (r = ctl_idrec_write(c->home, i->agent, i->peer, i->name, err)) < 0)
 		return r;
+	/* The start sets its policy process's counters back to zero; what
+	 * they held was taken when it stopped (or was a predecessor's). */
+	memset(i->net_seen, 0, sizeof(i->net_seen));
 	if ((r = ctl_begin_job(c, i, CAP_CTL_JOB_START, true, err)) < 0)
 		return r;
 	i->lc.state = CAP_VM_STARTING;

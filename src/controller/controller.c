@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "controller-state.h"
@@ -91,9 +92,12 @@ static void lifecycle(struct cap_ctl *c)
 			if (i->vm && i->lc.state == CAP_VM_RUNNING) {
 				c->be->vm_op(i->vm, true);	/* PAUSED once the shim says so */
 				i->op = OP_PAUSE;
+				c->n_evictions[CAP_CTL_EVICT_IDLE_PAUSE]++;
 			}
 			break;
 		case CAP_LC_STOP:
+			if (i->lc.state == CAP_VM_RUNNING || i->lc.state == CAP_VM_PAUSED)
+				c->n_evictions[CAP_CTL_EVICT_IDLE_STOP]++;
 			ctl_begin_stop(c, i);
 			break;
 		case CAP_LC_NONE:
@@ -144,6 +148,7 @@ static void deadlines(struct cap_ctl *c)
 		/* The guest no longer answers: asking it to stop would wait
 		 * on it for nothing. Its shim is killed; its disks stay. */
 		c->be->kill(c->bud, i->name);
+		c->n_evictions[CAP_CTL_EVICT_UNRESPONSIVE]++;
 		i->killed = true;
 		i->lc.state = CAP_VM_STOPPING;
 		ctl_vm_down(c, i);
@@ -400,6 +405,13 @@ int cap_ctl_run(struct cap_ctl *c, struct cap_err *err)
 	return r;
 }
 
+static int64_t unix_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out, struct cap_err *err)
 {
 	struct cap_ctl *c = xcalloc(1, sizeof(*c));
@@ -409,6 +421,7 @@ int cap_ctl_new(const struct cap_controller_cfg *cfg, struct cap_ctl **out, stru
 	c->bud = cfg->backend_ud;
 	c->lock_fd = c->signal_fd = -1;
 	c->manual_now = cap_now_ms();
+	c->start_unix_ms = unix_ms();
 	c->prepared = !c->be->prepare;
 	c->home = cap_home_dir();
 	if ((r = cap_mkdir_p(c->home, 0700)) < 0) {

@@ -392,6 +392,58 @@ void cap_ctl_list(struct cap_ctl *c,
  * an unassigned warm-pool one). */
 int cap_ctl_identity_of(struct cap_ctl *c, const char *sandbox,
 			char agent[65], char peer[65]);
+/* --- figures (docs/serve.md, "Metrics") ------------------------------------------ */
+
+/* How a preparation run ended. */
+enum cap_ctl_prep_outcome { CAP_CTL_PREP_OK, CAP_CTL_PREP_FAILED, CAP_CTL_PREP_CANCELLED };
+#define CAP_CTL_PREP_NOUTCOMES 3
+const char *cap_ctl_prep_outcome_name(enum cap_ctl_prep_outcome o);	/* "ok", "failed", "cancelled" */
+
+/* Why the controller took a VM out of running on its own: idle for
+ * idle_pause_ms (paused) or idle_stop_ms (stopped), stopped to make
+ * room at capacity, killed for not ending a command in time. */
+enum cap_ctl_evict {
+	CAP_CTL_EVICT_IDLE_PAUSE, CAP_CTL_EVICT_IDLE_STOP, CAP_CTL_EVICT_CAPACITY,
+	CAP_CTL_EVICT_UNRESPONSIVE,
+};
+#define CAP_CTL_NEVICT 4
+/* "idle_pause", "idle_stop", "capacity", "unresponsive". */
+const char *cap_ctl_evict_name(enum cap_ctl_evict e);
+
+/* What the host holds for one sandbox and what its policy process saw
+ * (the backend's usage; zero when it has none). Counters are since the
+ * sandbox's VM last started. */
+struct cap_ctl_usage {
+	uint64_t memory_bytes;	/* PSS of its shim, hypervisor and policy process */
+	bool net;	/* it has a policy process whose counters were read */
+	uint64_t net_refused;	/* connections, queries and packets refused */
+	uint64_t net_bytes_out;	/* from the guest to the outside */
+	uint64_t net_bytes_in;	/* from the outside to the guest */
+};
+
+/* The controller's figures as plain numbers (the front end formats
+ * them). Counters count from the controller's start; the net counters
+ * add up each sandbox's across its restarts. */
+struct cap_ctl_metrics {
+	int64_t start_unix_ms;	/* when the controller started */
+	/* Identities' sandboxes (as cap_ctl_list says them: from memory
+	 * and records) and warm-pool ones, by state (NONE: unused). */
+	unsigned sandboxes[CAP_VM_NSTATES];
+	unsigned identities;	/* identities with a sandbox */
+	unsigned pool_ready;	/* warm-pool sandboxes ready to be given */
+	unsigned capacity;
+	uint64_t prepares[CAP_CTL_PREP_NOUTCOMES];	/* preparation runs, by outcome */
+	uint64_t evictions[CAP_CTL_NEVICT];
+	uint64_t memory_bytes;	/* resident sandboxes' usage summed */
+	unsigned memory_sandboxes;	/* how many of them it was read for */
+	uint64_t net_refused, net_bytes_out, net_bytes_in;
+};
+
+/* Fill *out, reading each resident sandbox's usage now and every
+ * identity's record (a few /proc and state files per sandbox: meant for
+ * a scrape, not for every round). */
+void cap_ctl_metrics(struct cap_ctl *c, struct cap_ctl_metrics *out);
+
 /* The manual clock: move it by ms. -EPERM without manual_clock. */
 int cap_ctl_advance(struct cap_ctl *c, int64_t ms, int64_t *now);
 /* The lifecycle clock (ms). */

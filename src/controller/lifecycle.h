@@ -16,6 +16,7 @@ enum cap_vm_state {
 	CAP_VM_PAUSED,
 	CAP_VM_STOPPING,
 };
+#define CAP_VM_NSTATES (CAP_VM_STOPPING + 1)
 
 const char *cap_vm_state_name(enum cap_vm_state s);
 

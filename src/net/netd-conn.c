@@ -568,6 +568,16 @@ static void moved(struct conn *c, ssize_t r)
 	}
 }
 
+/* n bytes forwarded a to b (up) or b to a, counted by their direction
+ * for the guest: a is the guest, but a published port's client. */
+static void forwarded(struct netd *d, const struct conn *c, bool up, ssize_t n)
+{
+	if (n <= 0)
+		return;
+	bool out = up != (c->kind == CONN_PUBLISH);
+	__atomic_fetch_add(out ? &d->counters->bytes_out : &d->counters->bytes_in, (uint64_t)n, __ATOMIC_RELAXED);
+}
+
 static void splice(struct netd *d, struct conn *c, short ra, short rb)
 {
 	ssize_t r;
@@ -594,10 +604,12 @@ static void splice(struct netd *d, struct conn *c, short ra, short rb)
 		if ((r = nbuf_write(c->b, &c->up)) < 0)
 			goto abort;
 		moved(c, r);
+		forwarded(d, c, true, r);
 	}
 	if ((r = nbuf_write(c->a, &c->down)) < 0)
 		goto abort;
 	moved(c, r);
+	forwarded(d, c, false, r);
 	if (c->a_eof && !used(&c->up) && !c->sniff && !c->b_shut) {
 		shutdown(c->b, SHUT_WR);
 		c->b_shut = true;

@@ -168,6 +168,9 @@ struct netd_logger {
 struct netd {
 	const struct cap_netd_config *cfg;
 	struct netd_logger log;
+	/* The counters: the shared file's mapping, else local. */
+	struct cap_netd_counters *counters;
+	struct cap_netd_counters local_counters;
 	struct cap_net_policy *owned_policy;	/* in force */
 
 	struct conn *conns[NETD_MAX_CONNS];

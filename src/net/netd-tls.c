@@ -637,7 +637,7 @@ static void from_guest(struct netd *d, struct conn *c)
 }
 
 /* The rewritten request to the server's TLS, wiping what was sent. */
-static int to_server(struct conn *c)
+static int to_server(struct netd *d, struct conn *c)
 {
 	struct icpt *i = c->owned_icpt;
 
@@ -653,6 +653,7 @@ static int to_server(struct conn *c)
 				return 0;
 			return -1;
 		}
+		__atomic_fetch_add(&d->counters->bytes_out, (uint64_t)w, __ATOMIC_RELAXED);
 		explicit_bzero(p, (size_t)w);
 		cap_buf_consume(&i->req_out, (size_t)w);
 	}
@@ -723,7 +724,7 @@ static void from_server(struct netd *d, struct conn *c)
 
 /* Our 100 Continue, then the response as rewritten (or our answer), to
  * the guest's TLS; then close_notify. */
-static int to_guest(struct conn *c)
+static int to_guest(struct netd *d, struct conn *c)
 {
 	struct icpt *i = c->owned_icpt;
 
@@ -750,6 +751,7 @@ static int to_guest(struct conn *c)
 				return 0;
 			return -1;
 		}
+		__atomic_fetch_add(&d->counters->bytes_in, (uint64_t)w, __ATOMIC_RELAXED);
 		cap_buf_consume(&i->resp_out, (size_t)w);
 		if (!i->answered)
 			i->began = true;
@@ -873,14 +875,14 @@ void intercept_events(struct netd *d, struct conn *c, short ra, short rb)
 		unsigned flags = i->g_done + 2 * i->u_done + 4 * i->req_done + 8 * i->resp_done + 16 * i->notified;
 		handshakes(d, c);
 		from_guest(d, c);
-		if (to_server(c) < 0) {
+		if (to_server(d, c) < 0) {
 			char e[200];
 			netd_log(d, "cannot reach %s:%u over tls: %s", i->name, c->port,
 				 ssl_why(e, sizeof(e), "write failed"));
 			answer(d, c, 502, "the connection to the server failed");
 		}
 		from_server(d, c);
-		if (i->cut || to_guest(c) < 0)
+		if (i->cut || to_guest(d, c) < 0)
 			goto abort;
 		bio_to_queue(i->g_out, &c->down);
 		if (!i->u_gone)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -138,6 +139,10 @@ void netd_log(struct netd *d, const char *fmt, ...)
 		return;
 	size_t len = CAP_MIN((size_t)n + (size_t)m, sizeof(line) - 2);
 	line[len++] = '\n';
+	/* Every refusal is one such line (netd.h): counted here, before
+	 * the log's rate limit may suppress it. */
+	if (!strncmp(line + n, "refused ", 8) || !strncmp(line + n, "dropped ", 8))
+		__atomic_fetch_add(&d->counters->refused, 1, __ATOMIC_RELAXED);
 	netd_log_line(d, cap_now_ms(), line, len);
 }
 
@@ -631,7 +636,45 @@ static void netd_free(struct netd *d)
 	cap_buf_fini(&d->control);
 	free(d->proxy.owned_no_proxy);
 	free(d->owned_policy);
+	if (d->counters != &d->local_counters)
+		munmap(d->counters, sizeof(*d->counters));
 	free(d);
+}
+
+/* The shared counters file, mapped (before the system call filter),
+ * else counters of its own. */
+static void counters_map(struct netd *d)
+{
+	int fd = d->cfg->counters_fd;
+	struct stat sb;
+	void *p = MAP_FAILED;
+	d->counters = &d->local_counters;
+	if (fd <= STDERR_FILENO)
+		return;
+	if (fstat(fd, &sb) == 0 && (size_t)sb.st_size >= sizeof(*d->counters))
+		p = mmap(NULL, sizeof(*d->counters), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		netd_log(d, "cannot map the counters file (descriptor %d): %s; capsule serve's network figures stay at 0",
+			 fd, strerror(errno));
+		return;
+	}
+	d->counters = p;
+	memset(d->counters, 0, sizeof(*d->counters));
+	__atomic_store_n(&d->counters->magic, CAP_NETD_COUNTERS_MAGIC, __ATOMIC_RELEASE);
+}
+
+int cap_netd_counters_read(const char *path, struct cap_netd_counters *out)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t n = pread(fd, out, sizeof(*out), 0);
+	close(fd);
+	if (n != (ssize_t)sizeof(*out) || out->magic != CAP_NETD_COUNTERS_MAGIC) {
+		memset(out, 0, sizeof(*out));
+		return -EBADMSG;
+	}
+	return 0;
 }
 
 int cap_netd_main(const struct cap_netd_config *cfg)
@@ -640,7 +683,9 @@ int cap_netd_main(const struct cap_netd_config *cfg)
 	int rc = 0;
 
 	d->cfg = cfg;
+	d->counters = &d->local_counters;
 	netd_log_init(d, cap_now_ms());
+	counters_map(d);
 	signal(SIGPIPE, SIG_IGN);
 	/* It may hold secrets' values and a CA key: no core dump, and no
 	 * other process of its user may read its memory or trace it. */

@@ -79,6 +79,10 @@ struct cap_netd_config {
 	 * the standard streams, as a config leaving it unset has it). */
 	int nflog;
 	int log_fd;
+	/* A file of at least sizeof(struct cap_netd_counters) bytes, open
+	 * read-write, that the process maps shared and counts in (above);
+	 * -1 (or 0-2, unset): counted in memory only. */
+	int counters_fd;
 	bool verbose;	/* also log each allowed connection and its route */
 	const char *resolv_conf;	/* NULL: /etc/resolv.conf */
 	/* The host's proxy settings (the owner's environment), NULL when unset. */
@@ -122,6 +126,21 @@ struct cap_netd_config {
 	const char *trust_pem;
 	size_t trust_len;
 };
+
+/* What the policy process counts, in a shared file its owner reads
+ * (cap_netd_config.counters_fd): from the process's start, each field
+ * written by it alone with relaxed atomic adds. */
+#define CAP_NETD_COUNTERS_MAGIC 0x31746e63706163ull	/* "capcnt1" */
+struct cap_netd_counters {
+	uint64_t magic;	/* CAP_NETD_COUNTERS_MAGIC once the process has it mapped */
+	uint64_t refused;	/* every "refused" or "dropped" log line, suppressed ones too */
+	uint64_t bytes_out;	/* TCP bytes from the guest (a published port's: to its client) */
+	uint64_t bytes_in;	/* TCP bytes to the guest */
+};
+
+/* Read the counters a policy process keeps in the file at path. 0,
+ * -ENOENT (none there), -EBADMSG (not, or not yet, a counters file). */
+int cap_netd_counters_read(const char *path, struct cap_netd_counters *out);
 
 struct cap_netd_secret {
 	const struct cap_net_secret *decl;	/* name, hosts, body */

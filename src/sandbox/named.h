@@ -210,6 +210,16 @@ struct cap_named_status {
 int cap_named_status(const char *name, struct cap_named_status *out,
 		     struct cap_err *err);
 
+/* What the sandbox's policy process counted since its VM last started
+ * (kept after a stop, set to zero by the next start): refusals (its
+ * net.log's "refused" and "dropped" lines) and TCP bytes each way. 0,
+ * -ENOENT for a sandbox without a network or never started with one,
+ * -EBADMSG while the process sets it up. */
+struct cap_named_net_counts {
+	uint64_t refused, bytes_out, bytes_in;
+};
+int cap_named_net_counts(const char *name, struct cap_named_net_counts *out);
+
 /* Start the sandbox's shim (and so its VM) unless it runs already, after
  * cleaning up what a dead shim left (cap_named_reap); returns when the
  * guest is ready for commands. */

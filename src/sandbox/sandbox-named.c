@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "named.h"
+#include "netd.h"
 #include "sandbox-internal.h"
 #include "policy.h"
 #include "sandbox.h"
@@ -317,6 +318,21 @@ void cap_named_runtime_vmm(json_t *j, char *engine, size_t len, pid_t *pid)
 	}
 	snprintf(engine, len, "%s", e);
 	*pid = (pid_t)json_integer_value(p);
+}
+
+int cap_named_net_counts(const char *name, struct cap_named_net_counts *out)
+{
+	_cleanup_free_ char *dir = cap_named_dir(name);
+	_cleanup_free_ char *path = xasprintf("%s/net.counters", dir);
+	struct cap_netd_counters n;
+	memset(out, 0, sizeof(*out));
+	int r = cap_netd_counters_read(path, &n);
+	if (r < 0)
+		return r;
+	out->refused = n.refused;
+	out->bytes_out = n.bytes_out;
+	out->bytes_in = n.bytes_in;
+	return 0;
 }
 
 int cap_named_status(const char *name, struct cap_named_status *out,

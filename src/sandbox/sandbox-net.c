@@ -25,13 +25,14 @@ struct cap_sandbox_net {
 	struct cap_net_policy policy;	/* in force */
 	char name[64];
 	int log_fd;	/* -1: stderr */
+	int counters_fd;	/* -1: none */
 	bool verbose;
 	int publish_fds[CAP_NET_MAX_PUBLISH];
 	unsigned npublish;
 	uint16_t forward[CAP_NET_MAX_PUBLISH];	/* distinct guest ports */
 	unsigned nforward;
 	uint32_t deny[MAX_DENY][2];
-	int keep[CAP_NET_MAX_PUBLISH + 1];
+	int keep[CAP_NET_MAX_PUBLISH + 2];
 	struct cap_vm_net vmnet;
 	uint16_t autos[MAX_AUTO];	/* guest ports auto-published now */
 	unsigned nauto;
@@ -76,6 +77,7 @@ static int policy_main(void *ud, const struct cap_vm_net_fds *fds)
 		.publish_fds = n->publish_fds,
 		.npublish = n->npublish,
 		.log_fd = n->log_fd >= 0 ? n->log_fd : STDERR_FILENO,
+		.counters_fd = n->counters_fd,
 		.verbose = n->verbose,
 		.head_timeout_ms = env_timeout_ms("CAPSULE_NET_HEAD_TIMEOUT_S"),
 		.idle_timeout_ms = env_timeout_ms("CAPSULE_NET_IDLE_TIMEOUT_S"),
@@ -196,6 +198,7 @@ int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net
 	n->policy = *p;
 	snprintf(n->name, sizeof(n->name), "%s", o->name ? o->name : "run");
 	n->log_fd = o->net_log_fd;
+	n->counters_fd = o->net_counters_fd;
 	n->verbose = o->net_verbose;
 	for (unsigned i = 0; i < p->npublish; i++) {
 		int fd = bind_publish(&p->publish[i], err);
@@ -214,6 +217,8 @@ int cap_sandbox_net_new(const struct cap_sandbox_opts *o, struct cap_sandbox_net
 	unsigned nkeep = n->npublish;
 	if (n->log_fd >= 0)
 		n->keep[nkeep++] = n->log_fd;
+	if (n->counters_fd >= 0)
+		n->keep[nkeep++] = n->counters_fd;
 	compute_deny(n);
 	n->vmnet.forward = n->forward;
 	n->vmnet.nforward = n->nforward;

@@ -25,6 +25,7 @@
 #include "engine.h"
 #include "log.h"
 #include "named.h"
+#include "netd.h"
 #include "paths.h"
 #include "sandbox-internal.h"
 #include "sandbox.h"
@@ -862,10 +863,11 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
 	_cleanup_free_ char *workspace = xasprintf("%s/workspace.ext4", dir);
 	_cleanup_free_ char *netlog_path = xasprintf("%s/net.log", dir);
+	_cleanup_free_ char *counters_path = xasprintf("%s/net.counters", dir);
 	_cleanup_free_ char *rundir = NULL, *control = NULL;
 	_cleanup_free_ struct cap_sandbox_spec *spec = NULL;
 	_cleanup_free_ struct cap_net_policy *net = NULL;
-	int lock = -1, lfd = -1, sfd = -1, netlog = -1, r;
+	int lock = -1, lfd = -1, sfd = -1, netlog = -1, counters = -1, r;
 	bool owner = false;
 
 	s.spare_fd = -1;
@@ -928,6 +930,14 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 		r = cap_err_set(err, errno, "cannot open %s: %s", netlog_path, strerror(errno));
 		goto out;
 	}
+	/* The policy process's counters, from zero at each start (the
+	 * controller adds them up across starts: cap_ctl_metrics). */
+	if (net->enabled && ((counters = open(counters_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0 ||
+			     ftruncate(counters, sizeof(struct cap_netd_counters)) < 0)) {
+		r = cap_err_set(err, errno, "cannot make %s: %s", counters_path, strerror(errno));
+		goto out;
+	}
+	o.net_counters_fd = counters;
 	/* Both logs next to the disks, kept after stop, wherever the
 	 * sockets are. */
 	o.console_log = console;
@@ -1021,6 +1031,8 @@ out:
 		cap_remove_run_dir(rundir);
 	if (netlog >= 0)
 		close(netlog);
+	if (counters >= 0)
+		close(counters);
 	if (s.netd_fd >= 0)
 		close(s.netd_fd);
 	cap_image_fini(&img);

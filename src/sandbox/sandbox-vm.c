@@ -44,6 +44,7 @@ void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
 		.cpus = 1,
 		.memory_mib = 512,
 		.net_log_fd = -1,
+		.net_counters_fd = -1,
 		.accel = CAP_ACCEL_AUTO,
 		.boot_timeout_ms = 60000,
 		.use_template = true,

@@ -100,6 +100,9 @@ struct cap_sandbox_opts {
 	 * logged too. */
 	const char *name;
 	int net_log_fd;
+	/* A file the policy process keeps its counters in (netd.h,
+	 * cap_netd_counters), open read-write; -1: none. */
+	int net_counters_fd;
 	bool net_verbose;
 	/* With secrets in spec->net: where the sandbox's CA is kept
 	 * (ca.key 0600 and ca.pem, made on first use: ca.h); NULL: a CA in

@@ -10,6 +10,7 @@
 
 #include "controller.h"
 #include "jsonrpc.h"
+#include "serve-metrics.h"
 #include "serve.h"
 
 #define WRITE_MAX 60000	/* one FILE frame */
@@ -34,10 +35,13 @@ struct pending {
 	json_t *size;	/* exec given a size: what it came to, for the answer */
 	enum cap_file_op op;
 	struct cap_ctl_call *call;
+	size_t mi;	/* the method's index in the table, for the figures */
+	int64_t start_ns;	/* when its request arrived (cap_now_ns) */
 	struct pending *next;	/* in conn->calls */
 };
 
 struct conn {
+	struct cap_rpc_server *srv;
 	int fd;
 	struct cap_rpc_reader rd;
 	struct cap_buf out;
@@ -58,6 +62,16 @@ struct cap_rpc_server {
 	int nconns;
 	struct check_job *checks;	/* image_check calls under way (serve-image.c) */
 	int check_efd;	/* their threads say they are done here; -1 */
+	/* Figures (serve-metrics.h), and the request being run: its answer,
+	 * given while it runs, is counted for it; a call it submits takes
+	 * it over (serve_pending_begin). */
+	struct serve_stats stats;
+	struct {
+		bool open;
+		size_t mi;
+		int64_t start_ns;
+	} cur;
+	struct serve_metrics *metrics;	/* --metrics, or NULL */
 };
 
 struct check_job;
@@ -69,6 +83,21 @@ void serve_checks_ready(struct cap_rpc_server *s);
 void serve_checks_forget(struct cap_rpc_server *s, struct conn *k);
 void serve_checks_fini(struct cap_rpc_server *s);
 
+/* The request being run answered with code (0: a result). */
+void serve_noted(struct cap_rpc_server *s, int code);
+/* p is the call the request being run submitted: it is counted when it
+ * is answered. */
+void serve_pending_begin(struct cap_rpc_server *s, struct pending *p);
+/* The method table's names for the figures: *names (a new array, free
+ * it; the strings static) with NULL for a method this server does not
+ * serve; returns how many. */
+size_t serve_method_names(const struct cap_rpc_server *s, const char ***names);
+size_t serve_method_count(void);
+static inline const struct serve_stats *serve_stats_of(const struct cap_rpc_server *s)
+{
+	return &s->stats;
+}
+
 /* An error answer to request id (none to a notification). */
 void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -78,8 +107,10 @@ void serve_result(struct conn *k, json_t *id, json_t *result);
 /* serve-methods.c: one request line of connection k, decoded and run. */
 void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len);
 
-/* serve-json.c: the answer to p's tool method, r its result. */
-void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
+/* serve-json.c: the answer to p's tool method, r its result; returns its
+ * JSON-RPC error code (0: a result), also when none was sent (a
+ * notification, a client gone). */
+int serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r);
 /* v[0..n) as a JSON array of strings. A new reference. */
 json_t *serve_strings(const char *const *v, size_t n);
 /* An identity's sizes as set_size, exec and status answer them. A new

@@ -23,6 +23,8 @@ struct check_job {
 	char *owned_ref;
 	struct cap_check_opts o;
 	int efd;
+	size_t mi;	/* its method's figures (serve_pending_begin), SIZE_MAX: none */
+	int64_t start_ns;
 	pthread_t thread;
 	/* Written by the thread before it signals; read by the loop after. */
 	int r;
@@ -62,6 +64,7 @@ void serve_image_check(struct cap_rpc_server *s, struct conn *k, json_t *id, jso
 	j->owned_ref = xstrdup(ref);
 	j->o.timeout_s = t ? (unsigned)(json_number_value(t) + 0.999) : CAP_CHECK_TIMEOUT_S;
 	j->efd = s->check_efd;
+	j->mi = SIZE_MAX;
 	if (pthread_create(&j->thread, NULL, run, j) != 0) {
 		serve_error(k, id, CAP_RPC_INTERNAL, "cannot start a thread for the check");
 		json_decref(j->id);
@@ -69,20 +72,25 @@ void serve_image_check(struct cap_rpc_server *s, struct conn *k, json_t *id, jso
 		free(j);
 		return;
 	}
+	/* Counted when answered, as a call submitted to the controller is. */
+	j->mi = s->cur.open ? s->cur.mi : SIZE_MAX;
+	j->start_ns = s->cur.start_ns;
+	s->cur.open = false;
 	j->next = s->checks;
 	s->checks = j;
 }
 
-static void answer(struct check_job *j)
+static void answer(struct cap_rpc_server *s, struct check_job *j)
 {
 	struct conn *k = j->conn;
+	int code = j->r == 0 ? 0 : j->r == -EINVAL ? CAP_RPC_PARAMS : CAP_RPC_TOOL;
+	serve_stats_note(&s->stats, j->mi, code, cap_now_ns() - j->start_ns);
 	if (!k || k->closing || !j->id)
 		return;
 	if (j->r == 0) {
 		serve_result(k, j->id, cap_rpc_image_check_json(&j->c));
 		return;
 	}
-	int code = j->r == -EINVAL ? CAP_RPC_PARAMS : CAP_RPC_TOOL;
 	cap_rpc_put_error(&k->out, j->id, code, j->err.msg, cap_rpc_check_error_data(j->r, j->owned_ref));
 }
 
@@ -108,7 +116,7 @@ void serve_checks_ready(struct cap_rpc_server *s)
 			continue;
 		}
 		*q = j->next;
-		answer(j);
+		answer(s, j);
 		job_free(j);
 	}
 }

@@ -183,11 +183,11 @@ static void durable_json(json_t *o, const struct cap_exit *ex)
 
 /* The answer to a tool method: a result, or an error whose data carries
  * errno, refused paths and the private import when there are. */
-void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
+int serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_ctl_result *r)
 {
 	struct conn *k = p->conn;
 	if (!k || !p->id)
-		return;
+		return r->code == CAP_CTL_OK ? 0 : code_of(r->code);
 	json_t *res = NULL;
 	int code = code_of(r->code);
 	char msg[5400] = "";
@@ -279,7 +279,7 @@ void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_
 		if (r->prepared && r->kind != CAP_CTL_PREPARE)
 			json_object_set_new(res, "prepared", phases_json(r->prepared));
 		serve_result(k, p->id, res);
-		return;
+		return 0;
 	}
 	json_t *data = NULL;
 	if (r->code == CAP_CTL_ECAPACITY)
@@ -308,6 +308,7 @@ void serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_
 		json_object_set_new(data, "import", cap_rpc_import_json(r->import));
 	}
 	cap_rpc_put_error(&k->out, p->id, code, msg, data);
+	return code;
 }
 
 static json_t *size_fields(const struct cap_ctl_size *z, bool disks)

@@ -52,6 +52,7 @@ static struct pending *submit_as(struct cap_rpc_server *s, struct conn *k, json_
 		snprintf(p->path, sizeof(p->path), "%s", path);
 	p->next = k->calls;
 	k->calls = p;
+	serve_pending_begin(s, p);
 	p->call = cap_ctl_submit(s->ctl, s->fe, agent, peer, req, p);
 	return p;
 }
@@ -312,6 +313,7 @@ static void refuse_host(struct cap_rpc_server *s, struct conn *k, json_t *id, co
 	const struct cap_controller_cfg *cfg = cap_ctl_cfg(s->ctl);
 	char msg[1200];
 	snprintf(msg, sizeof(msg), "params.%s: %s", field, err->msg);
+	serve_noted(s, CAP_RPC_PARAMS);
 	if (id)
 		cap_rpc_put_error(&k->out, id, CAP_RPC_PARAMS, msg,
 				  json_pack("{s:[o], s:o, s:i}", "refused", cap_json_text(path), "transfer_dirs",
@@ -579,6 +581,7 @@ static void m_prepare(struct cap_rpc_server *s, struct conn *k, json_t *id, json
 	p->method = M_PREPARE;
 	p->next = k->calls;
 	k->calls = p;
+	serve_pending_begin(s, p);
 	p->call = cap_ctl_prepare_submit(s->ctl, s->fe, p);
 }
 
@@ -752,8 +755,22 @@ json_t *cap_serve_schema(void)
 	return json_pack("{s:s, s:o}", "protocol", "JSON-RPC 2.0, one message per line (docs/serve.md)", "methods", all);
 }
 
+size_t serve_method_count(void)
+{
+	return CAP_ARRAY_SIZE(methods);
+}
+
+size_t serve_method_names(const struct cap_rpc_server *s, const char ***names)
+{
+	*names = xcalloc(CAP_ARRAY_SIZE(methods), sizeof(**names));
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(methods); i++)
+		(*names)[i] = method_find(s, methods[i].name) ? methods[i].name : NULL;
+	return CAP_ARRAY_SIZE(methods);
+}
+
 void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, size_t len)
 {
+	int64_t start_ns = cap_now_ns();
 	struct cap_rpc_msg m;
 	json_t *bad_id;
 	char msg[600];
@@ -761,6 +778,7 @@ void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, si
 	if (code != 0 || !m.method) {
 		if (code == 0)
 			snprintf(msg, sizeof(msg), "this server takes requests only; it sent none that a response could answer");
+		s->stats.rejected[code == CAP_RPC_PARSE ? SERVE_REJECT_PARSE : SERVE_REJECT_INVALID]++;
 		cap_rpc_put_error(&k->out, bad_id, code ? code : CAP_RPC_INVALID, msg, NULL);
 		cap_rpc_msg_fini(&m);
 		return;
@@ -769,12 +787,18 @@ void serve_handle(struct cap_rpc_server *s, struct conn *k, const char *line, si
 	json_t *id = m.id;
 	const struct method_def *e = s->stopped ? NULL : method_find(s, m.method);
 	if (s->stopped) {
+		s->stats.rejected[SERVE_REJECT_SHUTDOWN]++;
 		serve_error(k, id, CAP_RPC_SANDBOX, "the controller is shutting down");
 	} else if (!e) {
+		s->stats.rejected[SERVE_REJECT_METHOD]++;
 		serve_error(k, id, CAP_RPC_METHOD, "method '%s' not found", m.method);
 	} else {
 		json_t *params = declared(e, m.params);
+		s->cur.open = true;
+		s->cur.mi = (size_t)(e - methods);
+		s->cur.start_ns = start_ns;
 		e->run(s, k, id, params);
+		s->cur.open = false;	/* answered, submitted, or neither (nothing to count) */
 		json_decref(params);
 	}
 	cap_rpc_msg_fini(&m);

@@ -51,12 +51,29 @@ static void conn_free(struct cap_rpc_server *s, struct conn *k)
 	cap_buf_fini(&k->out);
 	free(k);
 	s->nconns--;
+	s->stats.connections = (unsigned)s->nconns;
+}
+
+void serve_noted(struct cap_rpc_server *s, int code)
+{
+	if (!s->cur.open)
+		return;
+	s->cur.open = false;
+	serve_stats_note(&s->stats, s->cur.mi, code, cap_now_ns() - s->cur.start_ns);
+}
+
+void serve_pending_begin(struct cap_rpc_server *s, struct pending *p)
+{
+	p->mi = s->cur.open ? s->cur.mi : SIZE_MAX;	/* SIZE_MAX: not counted */
+	p->start_ns = s->cur.start_ns;
+	s->cur.open = false;
 }
 
 void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)
 {
 	char msg[700];
 	va_list ap;
+	serve_noted(k->srv, code);
 	if (!id)
 		return;	/* a notification is never answered */
 	va_start(ap, fmt);
@@ -68,6 +85,7 @@ void serve_error(struct conn *k, json_t *id, int code, const char *fmt, ...)
 /* The answer to a request (none to a notification); result is stolen. */
 void serve_result(struct conn *k, json_t *id, json_t *result)
 {
+	serve_noted(k->srv, 0);
 	if (id)
 		cap_rpc_put_result(&k->out, id, result);
 	else
@@ -79,7 +97,13 @@ static void rpc_done(void *fe, struct cap_ctl *c, void *tag, const struct cap_ct
 	struct cap_rpc_server *s = fe;
 	struct pending *p = tag;
 	(void)c;
-	serve_answer(s, p, r);
+	/* Counted for p's method, not for a request being run (a cancel
+	 * that ended p at once). */
+	bool open = s->cur.open;
+	s->cur.open = false;
+	int code = serve_answer(s, p, r);
+	s->cur.open = open;
+	serve_stats_note(&s->stats, p->mi, code, cap_now_ns() - p->start_ns);
 	if (p->conn)
 		for (struct pending **q = &p->conn->calls; *q; q = &(*q)->next)
 			if (*q == p) {
@@ -168,6 +192,7 @@ static void rpc_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
 				continue;
 			}
 			k = xcalloc(1, sizeof(*k));
+			k->srv = s;
 			k->fd = fd;
 			cap_rpc_reader_init(&k->rd);
 			k->rd.max = REQUEST_MAX;	/* an inline upload */
@@ -175,6 +200,7 @@ static void rpc_ready(void *fe, struct cap_ctl *c, void *tag, short revents)
 			k->next = s->conns;
 			s->conns = k;
 			s->nconns++;
+			s->stats.connections = (unsigned)s->nconns;
 		}
 		if ((errno == EMFILE || errno == ENFILE) && s->spare_fd >= 0) {
 			/* Out of descriptors: the pending connection would wake
@@ -237,6 +263,7 @@ static int server_new(struct cap_ctl *c, const char *path, int fd, struct cap_rp
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->check_efd = -1;
 	s->path = xstrdup(path);
+	serve_stats_init(&s->stats, serve_method_count());
 	/* One server per socket (two homes could name the same one). A
 	 * service manager that hands the socket over makes sure of that
 	 * itself: a lock that cannot be made beside it is not needed. */
@@ -299,11 +326,14 @@ void cap_rpc_server_free(struct cap_rpc_server *s)
 		close(s->lock_fd);
 	if (s->spare_fd >= 0)
 		close(s->spare_fd);
+	serve_metrics_free(s->metrics);
+	serve_stats_fini(&s->stats);
 	free(s->path);
 	free(s);
 }
 
-int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, struct cap_err *err)
+int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, const char *metrics_addr,
+		  struct cap_err *err)
 {
 	struct cap_ctl *c = NULL;
 	struct cap_rpc_server *s = NULL;
@@ -326,14 +356,43 @@ int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path, struc
 		free(path);
 		path = apath;
 	}
+	/* The metrics address before anything slow: a bad one fails now. */
+	char *bound = NULL, *unlink_path = NULL;
+	int mfd = -1, r = 0;
+	if (metrics_addr) {
+		_cleanup_free_ char *mpath = metrics_addr[0] == '/' || !getcwd(cwd, sizeof(cwd))
+						     ? xstrdup(metrics_addr)
+						     : xasprintf("%s/%s", cwd, metrics_addr);
+		if (strchr(metrics_addr, '/') && strcmp(mpath, path) == 0)
+			mfd = cap_err_set(err, EINVAL, "--metrics %s is the JSON-RPC socket; give the metrics a path of their own",
+					  metrics_addr);
+		else
+			mfd = serve_metrics_listen(metrics_addr, &bound, &unlink_path, err);
+		if (mfd < 0) {
+			if (afd >= 0)
+				close(afd);
+			return mfd;
+		}
+	}
 	cap_ctl_check_image(cfg);
-	int r = cap_ctl_new(cfg, &c, err);
+	r = cap_ctl_new(cfg, &c, err);
 	if (r < 0 && afd >= 0)
 		close(afd);
 	if (r == 0)
 		r = afd >= 0 ? cap_rpc_server_adopt(c, afd, path, &s, err) : cap_rpc_server_new(c, path, &s, err);
+	if (mfd >= 0 && r < 0) {
+		close(mfd);
+		if (unlink_path)
+			unlink(unlink_path);
+		free(bound);
+		free(unlink_path);
+	} else if (mfd >= 0) {
+		r = serve_metrics_new(c, s, mfd, bound, unlink_path, &s->metrics, err);
+	}
 	if (r == 0 && (r = cap_ctl_set_socket(c, path, err)) == 0) {
 		cap_log(CAP_LOG_INFO, "listening on %s%s", path, afd >= 0 ? " (passed by the service manager)" : "");
+		if (s->metrics)
+			cap_log(CAP_LOG_INFO, "metrics on %s (GET /metrics)", serve_metrics_addr(s->metrics));
 		r = cap_ctl_run(c, err);
 	}
 	cap_ctl_free(c);

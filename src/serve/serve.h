@@ -15,10 +15,12 @@
 
 /* `capsule serve`: take the home, listen on socket_path (NULL:
  * CAPSULE_HOME/serve.sock) or on the socket a service manager passed
- * (LISTEN_PID, LISTEN_FDS: cap_unix_activated), serve until SIGTERM or
- * SIGINT. */
+ * (LISTEN_PID, LISTEN_FDS: cap_unix_activated), and with metrics_addr
+ * (NULL: none) serve GET /metrics there (docs/serve.md, "Metrics"; the
+ * address is checked and bound first, so a bad one fails at once);
+ * serve until SIGTERM or SIGINT. */
 int cap_serve_run(struct cap_controller_cfg *cfg, const char *socket_path,
-		  struct cap_err *err);
+		  const char *metrics_addr, struct cap_err *err);
 
 /* The method table as JSON, for `capsule serve --schema` and the clients
  * checked against it (docs/serve.md, "The method table"): {"protocol",

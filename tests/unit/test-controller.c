@@ -132,6 +132,8 @@ struct fake {
 	int exec_fails;	/* exec answers -exec_fails when set */
 	int remove_busy;	/* remove answers -EBUSY this many times */
 	bool die_on_stop;	/* a stopped VM is dead at once */
+	struct cap_ctl_usage usage;	/* what usage() says of every sandbox */
+	unsigned usages;	/* usage() calls */
 	char bad[256];	/* a broken contract the fake saw */
 };
 
@@ -620,6 +622,15 @@ static unsigned xfer_calls(struct fake *f)
 	return n;
 }
 
+static int f_usage(void *ud, const char *name, struct cap_ctl_usage *out)
+{
+	struct fake *f = ud;
+	(void)name;
+	f->usages++;
+	*out = f->usage;
+	return 0;
+}
+
 static const struct cap_ctl_backend fake_backend = {
 	.job_begin = f_job_begin,
 	.job_end = f_job_end,
@@ -641,6 +652,7 @@ static const struct cap_ctl_backend fake_backend = {
 	.vm_free = f_vm_free,
 	.xfer = f_xfer,
 	.workspace = f_workspace,
+	.usage = f_usage,
 };
 
 /* --- the fake front ends ------------------------------------------------------------ */
@@ -1333,6 +1345,13 @@ static void idle_pause_waits_for_the_shim(void **state)
 	assert_int_equal(t->f.pauses, 1);
 	assert_int_equal(t->f.resumes, 0);
 	assert_int_equal(status(t, "a").idle_ms, 1000);
+	struct cap_ctl_metrics m;
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.evictions[CAP_CTL_EVICT_IDLE_PAUSE], 1);	/* asked once, counted once */
+	assert_int_equal(m.evictions[CAP_CTL_EVICT_IDLE_STOP], 0);
+	assert_int_equal(m.sandboxes[CAP_VM_PAUSED], 1);
+	assert_int_equal(m.sandboxes[CAP_VM_RUNNING], 0);
+	assert_int_equal(m.identities, 1);
 }
 
 static void pause_refused_stays_running(void **state)
@@ -1470,6 +1489,52 @@ static void capacity_evicts_the_idle_longest(void **state)
 	assert_int_equal(t->f.stops, 1);
 	assert_string_equal(state_of(t, "b"), "running");
 	assert_string_equal(state_of(t, "a"), "stopped");
+	struct cap_ctl_metrics m;
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.evictions[CAP_CTL_EVICT_CAPACITY], 1);
+	assert_int_equal(m.evictions[CAP_CTL_EVICT_IDLE_STOP], 0);
+	assert_int_equal(m.sandboxes[CAP_VM_RUNNING], 2);
+	assert_int_equal(m.sandboxes[CAP_VM_STOPPED], 1);
+	assert_int_equal(m.identities, 3);
+	assert_int_equal(m.capacity, 2);
+}
+
+/* The figures add up what each sandbox's policy process counted: what
+ * moved since the last look, and all of a counter that went back (its
+ * VM started again unseen); memory is the resident ones' sum. */
+static void metrics_add_up_usage(void **state)
+{
+	struct t *t = *state;
+	struct cap_ctl_metrics m;
+	open_ctl(t);
+	run_one(t, "a", 1);
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.net_refused, 0);
+	assert_int_equal(m.memory_bytes, 0);
+	assert_int_equal(m.sandboxes[CAP_VM_RUNNING], 1);
+	t->f.usage = (struct cap_ctl_usage){ .memory_bytes = 1000, .net = true, .net_refused = 3,
+					     .net_bytes_out = 10, .net_bytes_in = 20 };
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.net_refused, 3);
+	assert_int_equal(m.net_bytes_out, 10);
+	assert_int_equal(m.net_bytes_in, 20);
+	assert_int_equal(m.memory_bytes, 1000);
+	assert_int_equal(m.memory_sandboxes, 1);
+	t->f.usage.net_refused = 5;
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.net_refused, 5);	/* 3 + 2 */
+	assert_int_equal(m.net_bytes_in, 20);	/* nothing moved */
+	t->f.usage.net_refused = 2;	/* set back to zero since, then 2 */
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.net_refused, 7);
+	t->f.usage.net = false;	/* unreadable now: nothing added, nothing lost */
+	t->f.usage.net_refused = 100;
+	cap_ctl_metrics(t->c, &m);
+	assert_int_equal(m.net_refused, 7);
+	assert_int_equal(m.prepares[CAP_CTL_PREP_OK] + m.prepares[CAP_CTL_PREP_FAILED], 0);	/* nothing to prepare */
+	assert_true(m.start_unix_ms > 0);
+	assert_string_equal(cap_ctl_evict_name(CAP_CTL_EVICT_UNRESPONSIVE), "unresponsive");
+	assert_string_equal(cap_ctl_prep_outcome_name(CAP_CTL_PREP_CANCELLED), "cancelled");
 }
 
 /* While one eviction is under way, the loop moving on (the clock, other
@@ -2865,6 +2930,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(pause_refused_stays_running, setup, teardown),
 		cmocka_unit_test_setup_teardown(call_to_paused_vm_resumes_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(idle_stop_frees_the_identity, setup, teardown),
+		cmocka_unit_test_setup_teardown(metrics_add_up_usage, setup, teardown),
 		cmocka_unit_test_setup_teardown(capacity_evicts_the_idle_longest, setup, teardown),
 		cmocka_unit_test_setup_teardown(one_eviction_per_newcomer, setup, teardown),
 		cmocka_unit_test_setup_teardown(capacity_full_of_busy_fails_at_once, setup, teardown),

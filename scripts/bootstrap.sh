@@ -61,3 +61,13 @@ if [ ! -f "$top/tests/mcp/node_modules/@modelcontextprotocol/sdk/package.json" ]
 	echo "bootstrap: npm ci in tests/mcp (the MCP SDK for the client test)"
 	(cd "$top/tests/mcp" && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The TypeScript client (clients/typescript) is built with tsc and typed
+# against @types/node, both dev dependencies pinned in its package-lock.json
+# (it has no runtime dependency); its tests use Node's own node:test.
+# Installed again when the pinned typescript is not the one installed.
+ts_pin=$(cd "$top/clients/typescript" && node -p 'require("./package.json").devDependencies.typescript')
+ts_have=$(cd "$top/clients/typescript" && node -p 'require("./node_modules/typescript/package.json").version' 2>/dev/null || true)
+if [ "$ts_pin" != "$ts_have" ]; then
+	echo "bootstrap: npm ci in clients/typescript (typescript $ts_pin and @types/node, to build the client)"
+	(cd "$top/clients/typescript" && npm ci --no-audit --no-fund --loglevel=error)
+fi

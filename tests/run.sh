@@ -54,7 +54,7 @@ for t in $units; do
 	suite "unit/$t" "$build/tests/test-$t"
 done
 # The serve method table (capsule serve --schema) against the Python
-# client's methods; no VM.
+# and the TypeScript clients' methods (the latter built with tsc); no VM.
 suite "integration/serve-schema" python3 tests/integration/test-serve-schema.py "$build/capsule"
 # Which verbs take --json, as the binary, the help texts, docs/cli.md and
 # the generated man pages each say; no VM.

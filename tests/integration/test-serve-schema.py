@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""The Python client's methods (clients/python, _methods.py) against the
-serve method table (`capsule serve --schema`, src/serve/serve-methods.c):
-the same methods; each method's params only ones the table declares, of
-the declared JSON types, the required ones always, exactly one of a
-one_of pair; and every parameter the table offers a client reachable
-from the Python method. Each Python method is called with its required
-arguments and every one or two of its optional ones, its params
-recorded instead of sent. No VM, no server. TAP output.
+"""The clients' methods against the serve method table (`capsule serve
+--schema`, src/serve/serve-methods.c): the Python client's (clients/python,
+_methods.py) and the TypeScript client's (clients/typescript, the METHODS
+table of src/methods.ts and its Methods class, built with tsc first). For
+each: the same methods; each method's params only ones the table
+declares, of the declared JSON types, the required ones always, exactly
+one of a one_of pair; and every parameter the table offers a client
+reachable from the client's method. Each method is called with its
+required arguments and every one or two of its optional ones, its params
+recorded instead of sent (for TypeScript by
+tests/integration/serve-schema-ts.mjs). No VM, no server. TAP output.
 
     python3 tests/integration/test-serve-schema.py build/capsule"""
 import inspect
@@ -89,23 +92,15 @@ def calls(name, fn):
     return out, unknown
 
 
-def main():
-    try:
-        schema = json.loads(subprocess.run([sys.argv[1], "serve", "--schema"], check=True,
-                                           capture_output=True, text=True, timeout=30).stdout)
-        table = schema["methods"]
-        ok(isinstance(table, dict) and table, "capsule serve --schema prints the method table")
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
-        ok(False, "capsule serve --schema prints the method table", [str(e)])
-        print(f"1..{n}")
-        return 1
-    served = {m for m, d in table.items() if not d.get("test_only")}
-    ours = {m for m, f in inspect.getmembers(Methods, inspect.isfunction) if not m.startswith("_")}
-    ok(served == ours, "the Python client has a method for each served method, and no other",
-       [f"served only: {sorted(served - ours)}", f"Python only: {sorted(ours - served)}"])
+def check_methods(client, table, served, ours, variants_of):
+    """ours: the client's methods (wire names); variants_of(name): the
+    (kwargs, method, params) of each way of calling it, and the arguments
+    it takes that have no sample value."""
+    ok(served == ours, f"the {client} client has a method for each served method, and no other",
+       [f"served only: {sorted(served - ours)}", f"{client} only: {sorted(ours - served)}"])
     for name in sorted(ours & served):
         decl = table[name]["params"]
-        variants, unknown = calls(name, getattr(Methods, name))
+        variants, unknown = variants_of(name)
         why = [f"argument {a} has no sample value in this test" for a in unknown]
         seen = set()
         if not variants:
@@ -128,8 +123,65 @@ def main():
                 why.append(f"{where} sends {sum(k in params for k in pair)} of {pair}, not exactly one")
         for key, d in decl.items():
             if key not in seen and not d.get("tolerated"):
-                why.append(f"params.{key} (in the table) cannot be sent by the Python method")
-        ok(not why, f"{name}: the Python method agrees with the table", why)
+                why.append(f"params.{key} (in the table) cannot be sent by the {client} method")
+        ok(not why, f"{name}: the {client} method agrees with the table", why)
+
+
+def typescript():
+    """The TypeScript client built, then its methods recorded: the output
+    of serve-schema-ts.mjs, or None with a failure reported."""
+    pkg = os.path.join(TOP, "clients", "typescript")
+    if not os.path.isdir(os.path.join(pkg, "node_modules", "typescript")):
+        ok(False, "the TypeScript client builds (tsc)",
+           ["clients/typescript/node_modules has no typescript: run scripts/bootstrap.sh (npm ci there)"])
+        return None
+    try:
+        b = subprocess.run(["npm", "run", "--silent", "build"], cwd=pkg, capture_output=True, text=True,
+                           timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        ok(False, "the TypeScript client builds (tsc)", [str(e)])
+        return None
+    ok(b.returncode == 0, "the TypeScript client builds (tsc)", (b.stdout + b.stderr).splitlines())
+    if b.returncode:
+        return None
+    try:
+        r = subprocess.run(["node", os.path.join(TOP, "tests", "integration", "serve-schema-ts.mjs"),
+                            os.path.join(pkg, "dist", "esm", "index.js")], capture_output=True, text=True,
+                           timeout=60)
+        out = json.loads(r.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        ok(False, "the TypeScript client's methods can be recorded", [str(e), *(locals().get("r") and
+                                                                          r.stderr.splitlines() or [])])
+        return None
+    ok(True, "the TypeScript client's methods can be recorded")
+    return out
+
+
+def main():
+    try:
+        schema = json.loads(subprocess.run([sys.argv[1], "serve", "--schema"], check=True,
+                                           capture_output=True, text=True, timeout=30).stdout)
+        table = schema["methods"]
+        ok(isinstance(table, dict) and table, "capsule serve --schema prints the method table")
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
+        ok(False, "capsule serve --schema prints the method table", [str(e)])
+        print(f"1..{n}")
+        return 1
+    served = {m for m, d in table.items() if not d.get("test_only")}
+    ours = {m for m, f in inspect.getmembers(Methods, inspect.isfunction) if not m.startswith("_")}
+    check_methods("Python", table, served, ours, lambda name: calls(name, getattr(Methods, name)))
+
+    ts = typescript()
+    if ts is not None:
+        # The table names each method's TypeScript method; the class has
+        # no other.
+        named = set(ts["table"].values())
+        proto = set(ts["prototype"])
+        ok(named == proto, "every method of the TypeScript Methods class is in its METHODS table, and back",
+           [f"class only: {sorted(proto - named)}", f"table only: {sorted(named - proto)}"])
+        check_methods("TypeScript", table, served, set(ts["table"]),
+                      lambda name: ([(v["kw"], v["method"], v["params"]) for v in ts["variants"][name]],
+                                    ts["unknown"][name]))
     print(f"1..{n}")
     return 1 if failed else 0
 

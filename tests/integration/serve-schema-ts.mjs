@@ -31,6 +31,8 @@ const SAMPLES = {
   to: ["/tmp/y"],
   pick: ["ours"],
   dry_run: [true],
+  size: [{ cpus: 1, memory_mib: 256 }],
+  ref: ["registry.example/a:b"],
 };
 
 class Recorder extends Methods {

@@ -18,12 +18,15 @@ import {
   type ExecResult,
   type FileResult,
   type IdentityLike,
+  type ImageCheck,
   type LifecycleResult,
   type MergeResult,
   type PrepareResult,
   type Progress,
   type SandboxList,
   type ServerInfo,
+  type Size,
+  type SizeResult,
   type Status,
   type UploadResult,
   type WriteResult,
@@ -42,7 +45,7 @@ export const LINE_MAX = 24 * 1024 * 1024;
  * its options object that it sends as params (by these names, the wire's).
  */
 export const METHODS = {
-  exec: { call: "exec", args: ["identity", "argv"], options: ["env", "cwd", "timeout", "stdin", "pids_max", "durable"] },
+  exec: { call: "exec", args: ["identity", "argv"], options: ["env", "cwd", "timeout", "stdin", "pids_max", "durable", "size"] },
   read_file: { call: "readFile", args: ["identity", "path"], options: ["root", "max_bytes"] },
   list_directory: { call: "listDirectory", args: ["identity"], options: ["path", "root"] },
   write_file: { call: "writeFile", args: ["identity", "path", "content"], options: ["durable"] },
@@ -51,12 +54,14 @@ export const METHODS = {
   diff: { call: "diff", args: ["identity"], options: [] },
   merge: { call: "merge", args: ["identity"], options: ["pick", "dry_run"] },
   status: { call: "status", args: ["identity"], options: [] },
+  set_size: { call: "setSize", args: ["identity", "size"], options: [] },
   list: { call: "list", args: [], options: [] },
   info: { call: "info", args: [], options: [] },
   stop: { call: "stop", args: ["target"], options: [] },
   remove: { call: "remove", args: ["target"], options: [] },
   cancel: { call: "cancel", args: ["id"], options: [] },
   prepare: { call: "prepare", args: [], options: [] },
+  image_check: { call: "imageCheck", args: ["ref"], options: ["timeout"] },
 } as const;
 
 export type MethodName = keyof typeof METHODS;
@@ -95,6 +100,18 @@ export interface ExecOptions {
   pids_max?: number;
   /** false: answer before what it wrote is on the host's disk (default true). */
   durable?: boolean;
+  /**
+   * The identity's sizes, as setSize takes them: checked (a bad one
+   * rejects with InvalidParams naming the bound, the command not run)
+   * and kept before the command runs; the answer's `size` says whether
+   * they wait for the next start.
+   */
+  size?: Size;
+}
+
+export interface ImageCheckOptions {
+  /** Seconds the check may take, 1 to 3600 (server default 10). */
+  timeout?: number;
 }
 
 export interface ReadFileOptions {
@@ -162,12 +179,14 @@ const agree: {
   diff: true satisfies Same<None, Listed<"diff">>,
   merge: true satisfies Same<MergeOptions, Listed<"merge">>,
   status: true satisfies Same<None, Listed<"status">>,
+  set_size: true satisfies Same<None, Listed<"set_size">>,
   list: true satisfies Same<None, Listed<"list">>,
   info: true satisfies Same<None, Listed<"info">>,
   stop: true satisfies Same<None, Listed<"stop">>,
   remove: true satisfies Same<None, Listed<"remove">>,
   cancel: true satisfies Same<None, Listed<"cancel">>,
   prepare: true satisfies Same<None, Listed<"prepare">>,
+  image_check: true satisfies Same<ImageCheckOptions, Listed<"image_check">>,
 };
 void agree;
 
@@ -287,6 +306,20 @@ export abstract class Methods {
     return this.call("status", put("status", { identity: identityJson(identity) }, opts), opts);
   }
 
+  /**
+   * The identity's own sizes (any of cpus, memory_mib, root_mib,
+   * work_mib): rejected now with InvalidParams naming the bound when
+   * beyond the server's or the host's, else kept with the identity and
+   * applied at its sandbox's next start. A running VM is not resized:
+   * the answer's size.pending and size.note say so.
+   */
+  async setSize(identity: IdentityLike, size: Size, opts?: CallOptions): Promise<SizeResult> {
+    if (size === null || typeof size !== "object" || Array.isArray(size) || Object.keys(size).length === 0) {
+      throw new TypeError(`size must be an object such as {cpus: 2, memory_mib: 2048}, not ${JSON.stringify(size)}`);
+    }
+    return this.call("set_size", put("set_size", { identity: identityJson(identity), size: { ...size } }, opts), opts);
+  }
+
   async list(opts?: CallOptions): Promise<SandboxList> {
     return this.call("list", undefined, opts);
   }
@@ -323,6 +356,20 @@ export abstract class Methods {
    */
   async prepare(opts?: CallOptions): Promise<PrepareResult> {
     return this.call("prepare", put("prepare", {}, opts), opts);
+  }
+
+  // -- images ----------------------------------------------------------------
+
+  /**
+   * Resolve a registry reference and read its linux/amd64 manifest and
+   * config without pulling a layer. A reference the registry lacks, an
+   * unreachable registry, a media type or platform capsule does not take
+   * reject with ToolRefused; its data.reason says which (offline and
+   * timeout are retryable).
+   */
+  async imageCheck(ref: string, opts?: ImageCheckOptions & CallOptions): Promise<ImageCheck> {
+    if (typeof ref !== "string") throw new TypeError(`ref must be a registry reference (a string), not ${JSON.stringify(ref)}`);
+    return this.call("image_check", put("image_check", { ref }, opts), opts);
   }
 }
 

@@ -85,6 +85,8 @@ export interface ExecResult extends ToolResult {
   sync_ms?: number;
   /** Set when the host had to step in (a guest that did not end the command). */
   note?: string;
+  /** With exec's `size`: the identity's sizes as set_size answers them. */
+  size?: SizeState;
 }
 
 /** An entry of a directory listing. */
@@ -194,6 +196,46 @@ export interface Status {
   idle_ms: number | null;
   /** With --private-import: when the import ran (Unix time), else null. */
   imported?: number | null;
+  /** `status` only: its sizes. */
+  size?: SizeState;
+}
+
+/**
+ * Sizes of an identity's VM (docs/serve.md, "Sizes"): vCPUs, memory and
+ * disk sizes in MiB. Any of them may be given to set_size or exec's
+ * `size`; what is not given keeps the identity's own or the server's
+ * default.
+ */
+export interface Size {
+  cpus?: number;
+  memory_mib?: number;
+  root_mib?: number;
+  work_mib?: number;
+}
+
+/**
+ * An identity's sizes as `status`, `set_size` and exec's `size` answer
+ * them: what its next start gets, `override` (the identity's own, {}
+ * when none), `running` (the VM's now, or null), `pending` (they differ
+ * until the next start: a running VM is not resized) and then a `note`
+ * saying so.
+ */
+export interface SizeState {
+  cpus: number;
+  memory_mib: number;
+  root_mib: number;
+  work_mib: number;
+  override: Size;
+  running: { cpus: number; memory_mib: number } | null;
+  pending: boolean;
+  note?: string;
+}
+
+/** `set_size`. */
+export interface SizeResult {
+  agent: string;
+  peer: string;
+  size: SizeState;
 }
 
 /** `list`: every identity's sandbox, stopped ones included. */
@@ -238,4 +280,45 @@ export interface PrepareResult {
   /** False when templates are off (CAPSULE_TEMPLATES=0). */
   template: boolean;
   duration_ms: number;
+}
+
+/** One layer of an image_check: its digest, media type and compressed size. */
+export interface ImageLayer {
+  digest: string;
+  media_type: string;
+  size_bytes: number;
+}
+
+/**
+ * `image_check`: what the registry says of a reference, no layer pulled
+ * (docs/images.md, "Checking a reference"). `platform_digest` is the
+ * manifest for the platform (through an index when `index` is true:
+ * `registry_digest` is then the index's, `platforms` what it lists);
+ * `compressed_bytes` is the layers' total.
+ */
+export interface ImageCheck {
+  reference: string;
+  registry_digest: string;
+  media_type: string;
+  index: boolean;
+  platforms: string[];
+  platform: string;
+  platform_digest: string;
+  manifest_media_type: string;
+  config: {
+    digest: string;
+    media_type: string;
+    size_bytes: number;
+    os: string;
+    architecture: string;
+    variant: string | null;
+    entrypoint: string[] | null;
+    cmd: string[] | null;
+    env: string[] | null;
+    working_dir: string | null;
+    user: string | null;
+  };
+  layer_count: number;
+  compressed_bytes: number;
+  layers: ImageLayer[];
 }

@@ -181,6 +181,10 @@ suite "integration/serve-size" python3 tests/integration/test-serve-size.py "$bu
 # A full host, small (issue 20): 8 identities at --capacity 8, paused, resumed, none lost.
 suite "integration/fullhost" python3 tests/integration/test-fullhost.py "$build/capsule"
 suite "integration/pyclient" python3 tests/integration/test-pyclient.py "$build/capsule"
+# The TypeScript client (issue 34) against a real capsule serve, built
+# first with its pinned tsc (npm ci in scripts/bootstrap.sh); node:test.
+CAPSULE_BIN_UNDER_TEST="$build/capsule" \
+	suite "integration/ts-client" sh -c 'cd clients/typescript && npm run --silent build && exec node --test --test-reporter=tap test/'
 suite "integration/prepare" python3 tests/integration/test-prepare.py "$build/capsule"
 # serve --metrics (issue 34): /metrics parsed strictly, calls counted exactly,
 # the policy process's refusals and bytes; Debian's python3 for its

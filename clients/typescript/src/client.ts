@@ -291,6 +291,9 @@ export class Client extends Methods {
     return new Promise((resolve) => {
       if (this.sock.destroyed) return resolve();
       this.sock.once("close", () => resolve());
+      // Held while it closes: an unref'd socket would let the process
+      // end with this promise unsettled (a top-level await's exit 13).
+      (this.sock as Partial<net.Socket>).ref?.();
       this.sock.end();
       setTimeout(() => this.sock.destroy(), 1000).unref();
     });

@@ -23,6 +23,19 @@ static char *record_path(const char *home, const char *agent, const char *peer)
 	return xasprintf("%s/workspaces/%s/%s/record.json", home, agent, peer);
 }
 
+/* The identity's record, or NULL when it has none that parses as an
+ * object (the readers: absent and unreadable both read as no record). */
+static json_t *record_read(const char *home, const char *agent, const char *peer)
+{
+	_cleanup_free_ char *path = record_path(home, agent, peer);
+	json_t *j = json_load_file(path, 0, NULL);
+	if (!json_is_object(j)) {
+		json_decref(j);
+		return NULL;
+	}
+	return j;
+}
+
 /* The record at path as an object (a new one when there is none or it
  * does not parse: a record is only ever written whole, atomically). */
 static json_t *record_load(const char *path)
@@ -102,13 +115,10 @@ int ctl_idrec_set_size(const char *home, const char *agent, const char *peer,
 int ctl_idrec_read_size(const char *home, const char *agent, const char *peer,
 			struct cap_ctl_size *out)
 {
-	_cleanup_free_ char *path = record_path(home, agent, peer);
-	json_t *j = json_load_file(path, 0, NULL);
+	json_t *j = record_read(home, agent, peer);
 	memset(out, 0, sizeof(*out));
-	if (!json_is_object(j)) {
-		json_decref(j);
+	if (!j)
 		return -ENOENT;
-	}
 	json_t *size = json_object_get(j, "size");
 	for (size_t k = 0; k < CAP_ARRAY_SIZE(size_keys); k++) {
 		json_t *v = json_object_get(size, size_keys[k].key);
@@ -124,8 +134,7 @@ int ctl_idrec_read_size(const char *home, const char *agent, const char *peer,
 int ctl_idrec_read(const char *home, const char *agent, const char *peer,
 		   char name[CAP_NAME_MAX + 1])
 {
-	_cleanup_free_ char *path = record_path(home, agent, peer);
-	json_t *j = json_load_file(path, 0, NULL);
+	json_t *j = record_read(home, agent, peer);
 	const char *s = json_string_value(json_object_get(j, "sandbox"));
 	int r = -ENOENT;
 	if (s && cap_named_check_name(s, NULL) == 0) {
@@ -160,13 +169,10 @@ int ctl_idrec_note_import(const char *home, const char *agent, const char *peer,
 int ctl_idrec_read_import(const char *home, const char *agent, const char *peer,
 			  struct ctl_idrec_import *out)
 {
-	_cleanup_free_ char *path = record_path(home, agent, peer);
-	json_t *j = json_load_file(path, 0, NULL);
+	json_t *j = record_read(home, agent, peer);
 	memset(out, 0, sizeof(*out));
-	if (!json_is_object(j)) {
-		json_decref(j);
+	if (!j)
 		return -ENOENT;
-	}
 	json_t *when = json_object_get(j, "imported");
 	json_t *what = json_object_get(j, "import");
 	if (json_is_integer(when) && json_integer_value(when) > 0) {

@@ -137,15 +137,15 @@ static int print_json(const char *name, const struct cap_tree_change *ch, size_t
 	return cap_cli_json_out(cap_rpc_diff_json(name, ch, n));
 }
 
-static void print_lines(const struct cap_tree_change *ch, size_t n)
+static void print_lines(FILE *to, const struct cap_tree_change *ch, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		const struct cap_tree_entry *cur = ch[i].to ? ch[i].to : ch[i].from;
 		_cleanup_free_ char *q = quote_path(cur->path);
 		if (ch[i].kind == CAP_TREE_MODE)
-			printf("m %s (%04o -> %04o)\n", q, ch[i].from->mode & 07777, ch[i].to->mode & 07777);
+			fprintf(to, "m %s (%04o -> %04o)\n", q, ch[i].from->mode & 07777, ch[i].to->mode & 07777);
 		else
-			printf("%c %s\n", change_letter(ch[i].kind), q);
+			fprintf(to, "%c %s\n", change_letter(ch[i].kind), q);
 	}
 }
 
@@ -161,6 +161,32 @@ static void print_summary(const char *name, const struct cap_tree_change *ch, si
 	fprintf(stderr, "sandbox %s: %zu change%s in /workspace: %zu added, %zu modified, %zu deleted, %zu mode, %zu type\n",
 		name, n, n == 1 ? "" : "s", count[CAP_TREE_ADDED], count[CAP_TREE_MODIFIED], count[CAP_TREE_DELETED],
 		count[CAP_TREE_MODE], count[CAP_TREE_TYPE]);
+}
+
+int cap_cli_workspace_report(const char *name, struct cap_sandbox *sb, size_t most)
+{
+	struct cap_err err = { 0 };
+	struct cap_tree base, now;
+	struct cap_tree_change *ch = NULL;
+	size_t n = 0;
+	int r;
+	cap_tree_init(&base);
+	cap_tree_init(&now);
+	_cleanup_close_ int lock = lock_workspace(name, &err);
+	if (lock < 0 || (r = cap_workspace_diff(name, sb, &base, &now, &ch, &n, &err)) < 0) {
+		cap_cli_error("%s", err.msg);
+		r = -1;
+	} else {
+		print_lines(stderr, ch, n < most ? n : most);
+		if (n > most)
+			fprintf(stderr, "... and %zu more (`capsule diff %s` lists them all)\n", n - most, name);
+		print_summary(name, ch, n);
+		r = n > INT_MAX ? INT_MAX : (int)n;
+	}
+	free(ch);
+	cap_tree_fini(&base);
+	cap_tree_fini(&now);
+	return r;
 }
 
 /* A patch shows a file's text up to this size (each side), and fetches
@@ -515,7 +541,7 @@ int cap_cli_diff(int argc, char **argv)
 	} else if (patch && print_patch(name, &rec, sb, ch, n, &err) < 0) {
 		goto out;
 	} else if (!patch) {
-		print_lines(ch, n);
+		print_lines(stdout, ch, n);
 	}
 	print_summary(name, ch, n);
 	rc = 0;

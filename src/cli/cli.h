@@ -28,6 +28,11 @@ int cap_cli_template(int argc, char **argv);
 int cap_cli_cp(int argc, char **argv);	/* cli-cp.c */
 int cap_cli_diff(int argc, char **argv);	/* cli-workspace.c */
 int cap_cli_merge(int argc, char **argv);
+/* What the sandbox NAME (attached as sb) changed in /workspace, on
+ * stderr: at most `most` paths, then diff's summary line. The number of
+ * changes, or -1 (said). */
+int cap_cli_workspace_report(const char *name, struct cap_sandbox *sb, size_t most);
+int cap_cli_code(int argc, char **argv);	/* cli-code.c */
 int cap_cli_logs(int argc, char **argv);	/* cli-logs.c */
 int cap_cli_prepare(int argc, char **argv);	/* cli-prepare.c */
 

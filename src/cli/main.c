@@ -25,6 +25,7 @@ static const char usage[] =
 	"  start     Start a sandbox            stop      Stop a sandbox (disks kept)\n"
 	"  exec      Run a command in a sandbox\n"
 	"  shell     Open an interactive shell in a sandbox\n"
+	"  code      A project's sandbox for a coding agent: its copy, its state kept\n"
 	"  ls        List sandboxes             inspect   Show a sandbox\n"
 	"  logs      Print (or follow) a sandbox's console and shim logs\n"
 	"  rm        Delete a sandbox and its disks\n"
@@ -155,6 +156,7 @@ static const struct {
 	{ "run", cap_cli_run, NULL }, { "create", cap_cli_create, NULL },
 	{ "start", cap_cli_start, NULL }, { "stop", cap_cli_stop, NULL },
 	{ "exec", cap_cli_exec, NULL }, { "shell", cap_cli_shell, NULL },
+	{ "code", cap_cli_code, NULL },
 	{ "ls", cap_cli_ls, "" }, { "inspect", cap_cli_inspect, "" },
 	{ "logs", cap_cli_logs, NULL }, { "rm", cap_cli_rm, NULL },
 	{ "cp", cap_cli_cp, NULL }, { "diff", cap_cli_diff, "" },

@@ -23,6 +23,7 @@
 
 #include "cli.h"
 #include "code-preset.h"
+#include "layout.h"
 #include "named.h"
 #include "paths.h"
 #include "policy.h"
@@ -412,7 +413,7 @@ int cap_cli_code(int argc, char **argv)
 		x.req.argv = l->preset.owned_argv;
 		x.req.argc = (uint32_t)l->preset.argc;
 	}
-	x.req.cwd = (char *)"/workspace";
+	x.req.cwd = (char *)CAP_GUEST_WORKSPACE;
 	x.req.timeout_ms = 0;
 	x.req.output_cap = 0;
 	x.pty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);

@@ -447,7 +447,7 @@ int cap_cli_code(int argc, char **argv)
 		cap_code_preset_fini(&l->preset);
 		return m != 0 ? m : status;
 	}
-	int n = cap_cli_workspace_report(l->name, sb, 20);
+	int n = cap_cli_quiet ? 0 : cap_cli_workspace_report(l->name, sb, 20);
 	cap_sandbox_free(sb);
 	if (n > 0)
 		fprintf(stderr, "capsule code: %s is unchanged; `capsule diff %s -p` shows the changes, `capsule code --merge -- true` (or `capsule merge %s`) applies them\n",

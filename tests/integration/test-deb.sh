@@ -56,7 +56,7 @@ for f in usr/bin/capsule usr/lib/capsule/capsule-agent \
 done
 check "dpkg-deb -c lists the binary, the agent, the kernel builder, the docs, the units, the completion${missing:+ (missing:$missing)}" '[ -z "$missing" ]'
 grep -qE '^usr/share/doc/capsule/README\.md(\.gz)?$' "$rt/list" &&
-	[ "$(grep -cE '^usr/share/doc/capsule/docs/[a-z]+\.md(\.gz)?$' "$rt/list")" -eq "$(ls "$top"/docs/*.md | wc -l)" ]
+	[ "$(grep -cE '^usr/share/doc/capsule/docs/[a-z-]+\.md(\.gz)?$' "$rt/list")" -eq "$(ls "$top"/docs/*.md | wc -l)" ]
 check "README.md and every docs/*.md are in /usr/share/doc/capsule" '[ $? -eq 0 ]'
 nopage=""
 for v in $verbs; do grep -qx "usr/share/man/man1/capsule-$v.1.gz" "$rt/list" || nopage="$nopage $v"; done

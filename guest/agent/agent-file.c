@@ -3,6 +3,7 @@
  * and TAR_IN started as a child (agent-xfer.c). */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,6 +36,72 @@ static void file_fail(uint32_t id, int e, const char *fmt, ...)
 	cap_proto_put(&A.out, CAP_MSG_STDERR, id, msg, (size_t)m);
 	struct cap_exit ex = { .kind = CAP_EXIT_START_FAILED, .value = e > 0 && e < 4096 ? e : EIO };
 	cap_proto_exit_encode(&A.out, id, &ex);
+}
+
+/* WRITE with CAP_FILE_PRIVATE, as the tool user: each missing directory
+ * of path made 0700 and opened beneath rootfd (no symlink followed), the
+ * content written to a temporary name beside the file, made 0600 and
+ * renamed over it. 0 or an errno. */
+static int write_private(int rootfd, const char *path, const uint8_t *data, size_t len)
+{
+	char part[PATH_MAX];
+	int dir = dup(rootfd), e = 0;
+	const char *p = path;
+	setfsgid(TOOL_GID);
+	setfsuid(TOOL_UID);
+	for (const char *slash; dir >= 0 && (slash = strchr(p, '/'));) {
+		size_t n = (size_t)(slash - p);
+		if (n == 0 || n >= sizeof(part)) {
+			e = EINVAL;
+			break;
+		}
+		memcpy(part, p, n);
+		part[n] = '\0';
+		if (mkdirat(dir, part, 0700) < 0 && errno != EEXIST) {
+			e = errno;
+			break;
+		}
+		struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+					.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+		int next = (int)syscall(SYS_openat2, dir, part, &how, sizeof(how));
+		if (next < 0) {
+			e = errno == ELOOP ? EXDEV : errno;
+			break;
+		}
+		close(dir);
+		dir = next;
+		p = slash + 1;
+	}
+	if (dir < 0 && !e)
+		e = errno;
+	char tmp[PATH_MAX + 32];
+	if (!e && (!*p || strlen(p) + 20 >= sizeof(tmp)))
+		e = EINVAL;
+	if (!e) {
+		snprintf(tmp, sizeof(tmp), ".%s.capsule-%d", p, (int)getpid());
+		int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0) {
+			e = errno;
+		} else {
+			int r = cap_write_all(fd, data, len);
+			if (r == 0 && fchmod(fd, 0600) < 0)
+				r = -errno;
+			if (r == 0 && fsync(fd) < 0)
+				r = -errno;
+			close(fd);
+			if (r == 0 && renameat(dir, tmp, dir, p) < 0)
+				r = -errno;
+			if (r < 0) {
+				unlinkat(dir, tmp, 0);
+				e = -r;
+			}
+		}
+	}
+	setfsuid(0);
+	setfsgid(0);
+	if (dir >= 0)
+		close(dir);
+	return e;
 }
 
 static void put_chunked(uint32_t id, const uint8_t *p, size_t n)
@@ -226,6 +293,18 @@ void handle_file(uint32_t id, const uint8_t *p, size_t n)
 		return;
 	}
 	uint64_t since = agent_durable_seq();	/* a WRITE's writes come after this */
+	if (req.op == CAP_FILE_WRITE && (req.limit & CAP_FILE_PRIVATE)) {
+		int e = write_private(rootfd, path, req.data, req.len);
+		close(rootfd);
+		if (e) {
+			file_fail(id, e, e == EXDEV ? "%s resolves outside its root (through '..' or a symbolic link)"
+						    : "cannot write %s: %s", shown, strerror(e));
+			return;
+		}
+		struct cap_exit ex = { .kind = CAP_EXIT_CODE, .value = 0 };
+		agent_durable_exit(&A.out, id, &ex, !(req.limit & CAP_FILE_NO_SYNC), others_running(NULL), since);
+		return;
+	}
 	/* Resolve beneath the root, as the tool user: no "..", no absolute
 	 * or out-of-root symlink, no magic links, the user's permissions. */
 	struct open_how how = {

@@ -28,13 +28,29 @@ static char *secret_abs_path(const char *arg)
 	return xasprintf("%.*s%s/%s", (int)(eq + 6 - arg), arg, cwd, eq + 6);
 }
 
+/* GUESTPATH=HOSTFILE...@HOSTS with HOSTFILE relative: the same with it
+ * made absolute (a leading "~/" is $HOME's); NULL when it is not. */
+static char *secret_file_abs_path(const char *arg)
+{
+	const char *eq = strchr(arg, '='), *at = strrchr(arg, '@');
+	if (!eq || !at || at < eq || eq[1] == '/' || eq + 1 >= at)
+		return NULL;
+	const char *home = getenv("HOME");
+	if (eq[1] == '~' && eq[2] == '/' && home && *home == '/')
+		return xasprintf("%.*s%s/%s", (int)(eq + 1 - arg), arg, home, eq + 3);
+	_cleanup_free_ char *cwd = getcwd(NULL, 0);
+	if (!cwd)
+		return NULL;
+	return xasprintf("%.*s%s/%s", (int)(eq + 1 - arg), arg, cwd, eq + 1);
+}
+
 int cap_cli_net_opt(struct cap_net_policy *p, int c, const char *arg)
 {
 	static const struct { int opt; const char *flag; } flags[] = {
 		{ CAP_OPT_ALLOW_EGRESS, "allow-egress" }, { CAP_OPT_ALLOW_PUBLIC, "allow-public" },
 		{ CAP_OPT_ALLOW_LAN, "allow-lan" }, { CAP_OPT_ALLOW_HOST, "allow-host" },
 		{ CAP_OPT_PUBLISH, "publish" }, { CAP_OPT_AUTO_PUBLISH, "auto-publish" },
-		{ CAP_OPT_SECRET, "secret" },
+		{ CAP_OPT_SECRET, "secret" }, { CAP_OPT_SECRET_FILE, "secret-file" },
 	};
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(flags); i++) {
 		if (flags[i].opt != c)
@@ -44,6 +60,8 @@ int cap_cli_net_opt(struct cap_net_policy *p, int c, const char *arg)
 		/* A secret's file is named as the user sees it from here: made
 		 * absolute now, since the sandbox starts elsewhere, later. */
 		if (c == CAP_OPT_SECRET && arg && (abs = secret_abs_path(arg)))
+			arg = abs;
+		if (c == CAP_OPT_SECRET_FILE && arg && (abs = secret_file_abs_path(arg)))
 			arg = abs;
 		/* The policy's messages quote the flag and its value. */
 		if (cap_net_policy_apply(p, flags[i].flag, arg, &err) < 0) {

@@ -49,6 +49,7 @@ enum {
 	/* The network flags (cap_cli_net_opt). */
 	CAP_OPT_ALLOW_EGRESS, CAP_OPT_ALLOW_PUBLIC, CAP_OPT_ALLOW_LAN,
 	CAP_OPT_ALLOW_HOST, CAP_OPT_PUBLISH, CAP_OPT_AUTO_PUBLISH, CAP_OPT_SECRET,
+	CAP_OPT_SECRET_FILE,
 	CAP_OPT_NO_SYNC,	/* exec, run, cp: the result without the flush */
 };
 
@@ -61,7 +62,8 @@ enum {
 	{ "allow-host", no_argument, NULL, CAP_OPT_ALLOW_HOST }, \
 	{ "publish", required_argument, NULL, CAP_OPT_PUBLISH }, \
 	{ "auto-publish", no_argument, NULL, CAP_OPT_AUTO_PUBLISH }, \
-	{ "secret", required_argument, NULL, CAP_OPT_SECRET }
+	{ "secret", required_argument, NULL, CAP_OPT_SECRET }, \
+	{ "secret-file", required_argument, NULL, CAP_OPT_SECRET_FILE }
 
 /* Their help lines, the same on every verb. */
 #define CAP_CLI_NET_HELP \
@@ -86,6 +88,14 @@ enum {
 	"                      at each start from SOURCE on the host: env:VAR or\n" \
 	"                      file:PATH (\":body\": request bodies too). Opens\n" \
 	"                      HOST:443. The value never enters the VM (repeatable)\n" \
+	"  --secret-file GUESTPATH=HOSTFILE[:FIELD,...]@HOST[,HOST...]\n" \
+	"                      The guest gets at GUESTPATH (under /work) a copy of\n" \
+	"                      the JSON file HOSTFILE with each FIELD (a dotted path\n" \
+	"                      such as claudeAiOauth.accessToken; none: every member\n" \
+	"                      named like a token, key or secret) a placeholder;\n" \
+	"                      HTTPS request headers to HOST carry the real values,\n" \
+	"                      re-read when HOSTFILE changes. Opens HOST:443\n" \
+	"                      (repeatable; docs/coding-agents.md)\n" \
 	"  Link-local and cloud metadata (169.254.0.0/16) stay closed unless named\n" \
 	"  exactly by --allow-egress; the host's loopback opens only with --allow-host.\n"
 

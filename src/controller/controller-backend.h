@@ -50,7 +50,7 @@ struct cap_ctl_job_out {
 	bool has_source;	/* whether the sandbox projects public data */
 };
 
-#define CAP_CTL_VM_NPOLL 2
+#define CAP_CTL_VM_NPOLL 3
 
 /* One transfer, as the backend's xfer gets it (everything borrowed for
  * the call). put: host (a file or directory) goes to root/dest_dir as

@@ -361,9 +361,11 @@ int cap_ctl_step(struct cap_ctl *c, int max_wait_ms, struct cap_err *err)
 		struct slot *s = &p->slot[k];
 		short rev = p->pfd[k].revents;
 		if (s->kind == SLOT_VM) {
-			/* Both of a VM's descriptors go to it at once. */
+			/* All of a VM's descriptors go to it at once. */
 			struct ident *i = s->p;
-			if (rev || p->pfd[k + 1].revents)
+			for (int j = 1; j < CAP_CTL_VM_NPOLL; j++)
+				rev |= p->pfd[k + (size_t)j].revents;
+			if (rev)
 				step_vm(c, i, &p->pfd[k]);
 			k += CAP_CTL_VM_NPOLL - 1;
 			continue;

@@ -206,7 +206,13 @@ struct netd {
 	struct upstream_proxy proxy;
 	struct netd_tls *owned_tls;	/* with secrets: what interception needs, else NULL */
 
-	/* Control lines. */
+	/* Secrets' values given since the start by "secret K HEX" control
+	 * lines (a credential file changed on the host), in place of cfg's;
+	 * NULL: cfg's. Each intercepted connection takes a copy. */
+	char *owned_values[CAP_NET_MAX_SECRETS];
+	size_t value_lens[CAP_NET_MAX_SECRETS];
+
+	/* Control lines (wiped: a "secret" line holds a value). */
 	struct cap_buf control;
 	struct cap_lines control_lines;
 	bool stop;

@@ -48,6 +48,7 @@ struct icpt {
 	BIO *g_in, *g_out, *u_in, *u_out;	/* owned by g and u */
 	struct nbuf to_b;
 	struct cap_http_secret hs[CAP_HTTP_MAX_SECRETS];
+	char *owned_values[CAP_HTTP_MAX_SECRETS];	/* hs[k].value */
 	unsigned nhs;
 	struct cap_http_req *req;
 	struct cap_http_resp *resp;
@@ -301,6 +302,11 @@ void intercept_free(struct conn *c)
 	SSL_free(i->u);
 	cap_http_req_free(i->req);
 	cap_http_resp_free(i->resp);
+	for (unsigned k = 0; k < i->nhs; k++)
+		if (i->owned_values[k]) {
+			explicit_bzero(i->owned_values[k], i->hs[k].value_len);
+			free(i->owned_values[k]);
+		}
 	cap_buf_fini(&i->req_out);
 	cap_buf_fini(&i->resp_out);
 	free(i->to_b.owned_data);
@@ -347,9 +353,16 @@ bool intercept_start(struct netd *d, struct conn *c, const char *name)
 	i->nhs = CAP_MIN(cfg->nsecrets, CAP_HTTP_MAX_SECRETS);
 	for (unsigned k = 0; k < i->nhs; k++) {
 		const struct cap_netd_secret *s = &cfg->secrets[k];
+		/* The value as of now, the connection's own: a later "secret"
+		 * line changes the next connection's, never this one's. */
+		const char *v = d->owned_values[k] ? d->owned_values[k] : s->value;
+		size_t vl = d->owned_values[k] ? d->value_lens[k] : s->value_len;
+		i->owned_values[k] = xmalloc(vl + 1);
+		memcpy(i->owned_values[k], v, vl);
+		i->owned_values[k][vl] = '\0';
 		i->hs[k] = (struct cap_http_secret){
-			.name = s->decl->name, .placeholder = s->placeholder, .value = s->value,
-			.value_len = s->value_len, .body = s->decl->body,
+			.name = s->decl->name, .placeholder = s->placeholder, .value = i->owned_values[k],
+			.value_len = vl, .body = s->decl->body,
 			.applies = cap_net_secret_host_match(s->decl, name),
 		};
 	}

@@ -444,6 +444,54 @@ static void control_policy(struct netd *d, char *words)
 	}
 }
 
+static int unhex(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* "secret K HEX": secret K's value from now on (its credential file
+ * changed on the host). Checked as at start; the log names the secret,
+ * never the line. */
+static void control_secret(struct netd *d, const char *arg)
+{
+	const struct cap_netd_config *cfg = d->cfg;
+	char *end = NULL;
+	unsigned long k = strtoul(arg, &end, 10);
+	if (end == arg || *end != ' ' || k >= cfg->nsecrets || k >= CAP_NET_MAX_SECRETS) {
+		netd_log(d, "control: a secret line for no secret of this sandbox; ignored");
+		return;
+	}
+	const char *hex = end + 1;
+	size_t hl = strlen(hex), n = hl / 2;
+	const char *name = cfg->secrets[k].decl->name;
+	if (hl % 2 || n < CAP_NET_SECRET_VALUE_MIN || n > CAP_NET_SECRET_VALUE_MAX) {
+		netd_log(d, "control: secret %s: not a value of %d to %d bytes in hex; ignored", name,
+			 CAP_NET_SECRET_VALUE_MIN, CAP_NET_SECRET_VALUE_MAX);
+		return;
+	}
+	char *v = xmalloc(n + 1);
+	for (size_t i = 0; i < n; i++) {
+		int hi = unhex(hex[2 * i]), lo = unhex(hex[2 * i + 1]);
+		unsigned char c = (unsigned char)(hi << 4 | lo);
+		if (hi < 0 || lo < 0 || c < 0x20 || c == 0x7f) {
+			explicit_bzero(v, n + 1);
+			free(v);
+			netd_log(d, "control: secret %s: not a value (hex digits of bytes 0x20 to 0x7e and beyond); ignored",
+				 name);
+			return;
+		}
+		v[i] = (char)c;
+	}
+	v[n] = '\0';
+	if (d->owned_values[k]) {
+		explicit_bzero(d->owned_values[k], d->value_lens[k]);
+		free(d->owned_values[k]);
+	}
+	d->owned_values[k] = v;
+	d->value_lens[k] = n;
+	netd_log(d, "secret %s: a new value for the next connections", name);
+}
+
 static void control_line(void *ud, const char *p, size_t n)
 {
 	struct netd *d = ud;
@@ -455,7 +503,9 @@ static void control_line(void *ud, const char *p, size_t n)
 	char b[32], hp[16], gp[16], extra[2];
 	uint32_t bind_addr;
 	uint16_t host_port, guest_port;
-	if (!strcmp(line, "policy") || !strncmp(line, "policy ", 7)) {
+	if (!strncmp(line, "secret ", 7)) {
+		control_secret(d, line + 7);
+	} else if (!strcmp(line, "policy") || !strncmp(line, "policy ", 7)) {
 		control_policy(d, line + 6);
 	} else if (!strncmp(line, "publish ", 8) &&
 		   sscanf(line + 8, "%31s %15s %15s %1s", b, hp, gp, extra) == 3 &&
@@ -468,6 +518,7 @@ static void control_line(void *ud, const char *p, size_t n)
 	} else {
 		netd_log(d, "control: cannot apply %s; ignored", cap_sniff_quote(line, n, q, sizeof(q)));
 	}
+	explicit_bzero(line, n);
 	free(line);
 }
 
@@ -634,6 +685,11 @@ static void netd_free(struct netd *d)
 	dns_fini(d);
 	intercept_fini(d);
 	cap_buf_fini(&d->control);
+	for (unsigned k = 0; k < CAP_NET_MAX_SECRETS; k++)
+		if (d->owned_values[k]) {
+			explicit_bzero(d->owned_values[k], d->value_lens[k]);
+			free(d->owned_values[k]);
+		}
 	free(d->proxy.owned_no_proxy);
 	free(d->owned_policy);
 	if (d->counters != &d->local_counters)
@@ -694,6 +750,7 @@ int cap_netd_main(const struct cap_netd_config *cfg)
 	d->owned_policy = xmalloc(sizeof(*d->owned_policy));
 	*d->owned_policy = *cfg->policy;
 	cap_buf_init(&d->control);
+	d->control.wipe = true;
 	int fds[] = { cfg->control, cfg->dns, cfg->tcp_listen, cfg->connector,
 		      cfg->nflog > STDERR_FILENO ? cfg->nflog : -1 };
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(fds); i++)

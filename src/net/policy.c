@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layout.h"
 #include "util.h"
 
 /* The address space in order, one group per span (policy.h). */
@@ -629,6 +630,167 @@ void cap_net_secret_text(const struct cap_net_secret *s, char *buf, size_t len)
 		snprintf(buf + o, len - o, ":body");
 }
 
+/* --- credential files ------------------------------------------------------------ */
+
+#define SECRET_FILE_FORM "--secret-file GUESTPATH=HOSTFILE[:FIELD,...]@HOST[,HOST...]"
+
+/* GUESTPATH as the guest sees it: absolute under /work, "~/x" or "x"
+ * relative to it; no "." or ".." component, no empty one, not /work. */
+static bool guest_file_path(const char *s, size_t len, char out[256])
+{
+	static const char home[] = CAP_GUEST_WORK "/";
+	size_t o = 0;
+	if (len >= 2 && s[0] == '~' && s[1] == '/') {
+		s += 2;
+		len -= 2;
+	} else if (len >= sizeof(home) - 1 && !strncmp(s, home, sizeof(home) - 1)) {
+		s += sizeof(home) - 1;
+		len -= sizeof(home) - 1;
+	} else if (len && s[0] == '/') {
+		return false;
+	}
+	if (len == 0 || len + sizeof(home) > 256)
+		return false;
+	memcpy(out, home, sizeof(home) - 1);
+	o = sizeof(home) - 1;
+	for (size_t at = 0; at < len;) {
+		const char *e = memchr(s + at, '/', len - at);
+		size_t end = e ? (size_t)(e - s) : len, cl = end - at;
+		if (cl == 0 || (cl == 1 && s[at] == '.') || (cl == 2 && s[at] == '.' && s[at + 1] == '.'))
+			return false;
+		if (o > sizeof(home) - 1)
+			out[o++] = '/';
+		memcpy(out + o, s + at, cl);
+		o += cl;
+		at = end + 1;
+		if (e && at == len)
+			return false;	/* a trailing '/' */
+	}
+	out[o] = '\0';
+	return true;
+}
+
+/* A FIELD: dotted names of [A-Za-z0-9_-], none empty. */
+static bool field_path(const char *s, size_t len)
+{
+	if (len == 0 || len >= sizeof(((struct cap_net_secret_file *)0)->fields[0]) || s[0] == '.' ||
+	    s[len - 1] == '.')
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if (c == '.' ? s[i + 1] == '.' :
+		    !((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+int cap_net_secret_file_add(struct cap_net_policy *p, const char *text, struct cap_err *err)
+{
+	const char *eq, *at, *why;
+	char q[160];
+
+	if (!text || !*text)
+		return cap_err_set(err, EINVAL, "--secret-file needs %s", SECRET_FILE_FORM);
+	quote(text, q, sizeof(q));
+	if ((why = bad_bytes(text)))
+		return cap_err_set(err, EINVAL, "--secret-file %s: %s", q, why);
+	eq = strchr(text, '=');
+	at = strrchr(text, '@');
+	if (!eq || !at || at < eq)
+		return cap_err_set(err, EINVAL, "--secret-file %s: write it as %s", q, SECRET_FILE_FORM);
+	struct cap_net_secret_file *f = xcalloc(1, sizeof(*f));
+	int r = 0;
+	if (!guest_file_path(text, (size_t)(eq - text), f->guest)) {
+		r = cap_err_set(err, EINVAL,
+				"--secret-file %s: GUESTPATH is a file under " CAP_GUEST_WORK
+				" (the tool user's home): " CAP_GUEST_WORK "/PATH, ~/PATH or PATH, no '.' or '..' component, at most 250 characters", q);
+		goto out;
+	}
+	/* HOSTFILE[:FIELDS]: the fields after the last ':' that is followed
+	 * by no '/', so that a host path may hold a ':'. */
+	const char *host = eq + 1, *colon = NULL;
+	for (const char *c = host; c < at; c++)
+		if (*c == ':')
+			colon = c;
+	if (colon && memchr(colon, '/', (size_t)(at - colon)))
+		colon = NULL;
+	const char *hend = colon ? colon : at;
+	if (hend == host || host[0] != '/') {
+		r = cap_err_set(err, EINVAL,
+				"--secret-file %s: HOSTFILE needs an absolute path here (the command line makes a relative one absolute)", q);
+		goto out;
+	}
+	if ((size_t)(hend - host) >= sizeof(f->host)) {
+		r = cap_err_set(err, EINVAL, "--secret-file %s: HOSTFILE is longer than %zu characters", q,
+				sizeof(f->host) - 1);
+		goto out;
+	}
+	memcpy(f->host, host, (size_t)(hend - host));
+	for (const char *c = colon ? colon + 1 : at; c < at;) {
+		const char *e = memchr(c, ',', (size_t)(at - c));
+		size_t fl = (size_t)((e ? e : at) - c);
+		if (!field_path(c, fl)) {
+			r = cap_err_set(err, EINVAL,
+					"--secret-file %s: a FIELD is a dotted path of JSON member names (letters, digits, '_' and '-', such as claudeAiOauth.accessToken), at most 127 characters",
+					q);
+			goto out;
+		}
+		if (f->nfields >= CAP_NET_SECRET_FILE_FIELDS) {
+			r = cap_err_set(err, E2BIG, "--secret-file %s: more than %d fields", q, CAP_NET_SECRET_FILE_FIELDS);
+			goto out;
+		}
+		memcpy(f->fields[f->nfields++], c, fl);
+		c += fl + 1;
+		if (e && c == at) {
+			r = cap_err_set(err, EINVAL, "--secret-file %s: an empty FIELD in the list", q);
+			goto out;
+		}
+	}
+	if (colon && f->nfields == 0) {
+		r = cap_err_set(err, EINVAL, "--secret-file %s: an empty FIELD list after ':'", q);
+		goto out;
+	}
+	if ((r = secret_hosts(at + 1, &f->hosts, q, err)) < 0) {
+		/* Its messages say --secret: this flag's name instead. */
+		char msg[sizeof(err->msg)];
+		snprintf(msg, sizeof(msg), "%s", err->msg);
+		if (!strncmp(msg, "--secret ", 9))
+			cap_err_set(err, -r, "--secret-file %s", msg + 9);
+		goto out;
+	}
+	if (f->hosts.body) {
+		r = cap_err_set(err, EINVAL,
+				"--secret-file %s: a credential file's values go in request headers only (no :body: a refresh token sent in a body would mint tokens the guest could read)", q);
+		goto out;
+	}
+	for (unsigned i = 0; i < p->nsecret_files; i++)
+		if (!strcmp(p->secret_files[i].guest, f->guest)) {
+			r = cap_err_set(err, EEXIST, "--secret-file %s: %s is given twice", q, f->guest);
+			goto out;
+		}
+	if (p->nsecret_files >= CAP_NET_MAX_SECRET_FILES) {
+		r = cap_err_set(err, E2BIG, "--secret-file: more than %d credential files", CAP_NET_MAX_SECRET_FILES);
+		goto out;
+	}
+	p->secret_files[p->nsecret_files++] = *f;
+	p->enabled = true;
+out:
+	free(f);
+	return r < 0 ? r : 0;
+}
+
+void cap_net_secret_file_text(const struct cap_net_secret_file *f, char *buf, size_t len)
+{
+	size_t o = (size_t)snprintf(buf, len, "%s=%s", f->guest, f->host);
+	for (unsigned i = 0; i < f->nfields && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%c%s", i ? ',' : ':', f->fields[i]);
+	for (unsigned i = 0; i < f->hosts.nhosts && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%c%s%s", i ? ',' : '@',
+				      f->hosts.hosts[i].kind == CAP_NET_SECRET_DOMAIN ? "*." : "",
+				      f->hosts.hosts[i].name);
+}
+
 /* Whether one of s's hosts is name (folded). */
 static bool secret_matches(const struct cap_net_secret *s, const char *name)
 {
@@ -655,7 +817,7 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 			 const char *value, struct cap_err *err)
 {
 	static const char known[] = "known: allow-egress, allow-public, allow-lan, "
-				    "allow-host, publish, auto-publish, secret";
+				    "allow-host, publish, auto-publish, secret, secret-file";
 	char name[32], q[160];
 	const char *eq;
 	size_t len;
@@ -691,6 +853,11 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 			return cap_err_set(err, EINVAL, "--secret needs %s", SECRET_FORM);
 		return cap_net_secret_add(p, value, err);
 	}
+	if (!strcmp(name, "secret-file")) {
+		if (!value)
+			return cap_err_set(err, EINVAL, "--secret-file needs %s", SECRET_FILE_FORM);
+		return cap_net_secret_file_add(p, value, err);
+	}
 	bool *on = !strcmp(name, "allow-public") ? &p->allow_public :
 		   !strcmp(name, "allow-lan")    ? &p->allow_lan :
 		   !strcmp(name, "allow-host")   ? &p->allow_host :
@@ -710,9 +877,9 @@ int cap_net_policy_apply(struct cap_net_policy *p, const char *flag,
 
 void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)
 {
-	size_t k = 0, max = 4 + p->nrules + p->npublish + p->nsecrets;
+	size_t k = 0, max = 4 + p->nrules + p->npublish + p->nsecrets + p->nsecret_files;
 	char **w = xcalloc(max, sizeof(*w));
-	char b[16], s[sizeof(p->secrets[0].source) + CAP_NET_SECRET_MAX_HOSTS * 256 + 80];
+	char b[16], s[sizeof(p->secret_files[0]) + CAP_NET_SECRET_MAX_HOSTS * 256 + 80];
 
 	if (p->enabled) {
 		if (p->allow_public)
@@ -730,8 +897,14 @@ void cap_net_policy_words(const struct cap_net_policy *p, char ***v, size_t *n)
 					   cap_net_addr_str(p->publish[i].bind, b),
 					   p->publish[i].host_port, p->publish[i].guest_port);
 		for (unsigned i = 0; i < p->nsecrets; i++) {
+			if (p->secrets[i].from_file)
+				continue;	/* a start's own, from a secret-file */
 			cap_net_secret_text(&p->secrets[i], s, sizeof(s));
 			w[k++] = xasprintf("secret=%s", s);
+		}
+		for (unsigned i = 0; i < p->nsecret_files; i++) {
+			cap_net_secret_file_text(&p->secret_files[i], s, sizeof(s));
+			w[k++] = xasprintf("secret-file=%s", s);
 		}
 	}
 	*v = w;
@@ -762,6 +935,8 @@ char *cap_net_policy_secrets_line(const struct cap_net_policy *p)
 	only->enabled = p->enabled;
 	only->nsecrets = p->nsecrets;
 	memcpy(only->secrets, p->secrets, p->nsecrets * sizeof(p->secrets[0]));
+	only->nsecret_files = p->nsecret_files;
+	memcpy(only->secret_files, p->secret_files, p->nsecret_files * sizeof(p->secret_files[0]));
 	char *line = cap_net_policy_line(only);
 	free(only);
 	return line;
@@ -938,6 +1113,16 @@ void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port
 		}
 		secret_other_port = secret_other_port ? secret_other_port : &p->secrets[i];
 	}
+	const struct cap_net_secret_file *sfile = NULL, *sfile_other_port = NULL;
+	for (unsigned i = 0; have_name && !named && !secret && i < p->nsecret_files; i++) {
+		if (!secret_matches(&p->secret_files[i].hosts, n))
+			continue;
+		if (port == CAP_NET_SECRET_PORT) {
+			sfile = &p->secret_files[i];
+			break;
+		}
+		sfile_other_port = sfile_other_port ? sfile_other_port : &p->secret_files[i];
+	}
 	if (named && g == CAP_NET_PUBLIC) {
 		verdict(v, true, "--allow-egress %s (name %s)", named->text, n);
 		return;
@@ -946,7 +1131,11 @@ void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port
 		verdict(v, true, "--secret %s (its host %s)", secret->name, n);
 		return;
 	}
-	if (named || secret) {
+	if (sfile && g == CAP_NET_PUBLIC) {
+		verdict(v, true, "--secret-file %s (its host %s)", sfile->guest, n);
+		return;
+	}
+	if (named || secret || sfile) {
 		verdict(v, false,
 			"%s resolves to %s (%s), which the policy does not open "
 			"(DNS rebinding guard)", n, a, cap_net_group_name(g));
@@ -980,6 +1169,11 @@ void cap_net_decide(const struct cap_net_policy *p, uint32_t addr, uint16_t port
 			"no rule allows %s:%u (name %s): --secret %s opens port %d only "
 			"(add --allow-egress %s:%u to open this one)", a, port, n,
 			secret_other_port->name, CAP_NET_SECRET_PORT, n, port);
+	else if (sfile_other_port)
+		verdict(v, false,
+			"no rule allows %s:%u (name %s): --secret-file %s opens port %d only "
+			"(add --allow-egress %s:%u to open this one)", a, port, n,
+			sfile_other_port->guest, CAP_NET_SECRET_PORT, n, port);
 	else if (have_name)
 		verdict(v, false,
 			"no rule allows %s:%u (name %s; add --allow-egress %s or %s "
@@ -1015,6 +1209,12 @@ void cap_net_decide_name(const struct cap_net_policy *p, const char *name,
 			return;
 		}
 	}
+	for (unsigned i = 0; i < p->nsecret_files; i++) {
+		if (secret_matches(&p->secret_files[i].hosts, n)) {
+			verdict(v, true, "--secret-file %s", p->secret_files[i].guest);
+			return;
+		}
+	}
 	verdict(v, false, "no rule names it (add --allow-egress %s to open it)", n);
 }
 
@@ -1028,7 +1228,7 @@ static bool openable(const struct cap_net_policy *p, uint32_t addr)
 		return false;
 	if (group_open(p, g))
 		return true;
-	if (g == CAP_NET_PUBLIC && p->nsecrets > 0)
+	if (g == CAP_NET_PUBLIC && (p->nsecrets > 0 || p->nsecret_files > 0))
 		return true;
 	for (unsigned i = 0; i < p->nrules; i++) {
 		if (cidr_opens(&p->rules[i], addr, g))

@@ -81,6 +81,30 @@ struct cap_net_secret {
 	} hosts[CAP_NET_SECRET_MAX_HOSTS];
 	unsigned nhosts;
 	bool body;		/* ":body": also in request bodies */
+	/* Set only in the secrets a sandbox's start derives from a
+	 * --secret-file (sandbox-net.c), never parsed or recorded: source
+	 * "json:/HOSTFILE", field the dotted path of the string member the
+	 * value is, no guest variable. */
+	char field[128];
+	bool from_file;
+};
+
+/* One --secret-file GUESTPATH=HOSTFILE[:FIELD,...]@HOST[,HOST...]
+ * (docs/coding-agents.md, "Credential files"). The guest gets, at
+ * GUESTPATH (under /work), a copy of the JSON file HOSTFILE in which each
+ * FIELD's string value is a placeholder (without FIELDs: every string
+ * member whose name says it is a credential, found at each start); each
+ * value is a secret sent to HOST in request headers only, re-read when
+ * the host file changes. Only the declaration is here. */
+#define CAP_NET_MAX_SECRET_FILES 4
+#define CAP_NET_SECRET_FILE_FIELDS 8
+struct cap_net_secret_file {
+	char guest[256];	/* absolute, under /work, normalised */
+	char host[512];		/* absolute */
+	char fields[CAP_NET_SECRET_FILE_FIELDS][128];	/* dotted paths */
+	unsigned nfields;	/* 0: discovered at each start */
+	/* Its hosts, as a secret's (name and source unused). */
+	struct cap_net_secret hosts;
 };
 
 struct cap_net_policy {
@@ -95,6 +119,8 @@ struct cap_net_policy {
 	unsigned npublish;
 	struct cap_net_secret secrets[CAP_NET_MAX_SECRETS];
 	unsigned nsecrets;
+	struct cap_net_secret_file secret_files[CAP_NET_MAX_SECRET_FILES];
+	unsigned nsecret_files;
 };
 
 /* No NIC. */
@@ -118,6 +144,15 @@ int cap_net_publish_add(struct cap_net_policy *p, const char *text, struct cap_e
 int cap_net_secret_add(struct cap_net_policy *p, const char *text, struct cap_err *err);
 /* Its text form, as cap_net_secret_add reads it back. */
 void cap_net_secret_text(const struct cap_net_secret *s, char *buf, size_t len);
+/* Parse one --secret-file GUESTPATH=HOSTFILE[:FIELD,...]@HOST[,HOST...]
+ * into p (and set p->enabled). GUESTPATH is absolute under /work, or
+ * relative to it ("~/" is /work/); HOSTFILE absolute (the CLI makes a
+ * relative one absolute); FIELD a dotted path of JSON object members
+ * (a.b.c: letters, digits, '_' and '-'). Nothing is read here. -EINVAL
+ * naming the part at fault; -EEXIST for a GUESTPATH given twice; -E2BIG
+ * past the bounds. */
+int cap_net_secret_file_add(struct cap_net_policy *p, const char *text, struct cap_err *err);
+void cap_net_secret_file_text(const struct cap_net_secret_file *f, char *buf, size_t len);
 /* Whether name (lowercase, no port) is one of s's hosts. */
 bool cap_net_secret_host_match(const struct cap_net_secret *s, const char *name);
 

@@ -31,6 +31,10 @@
  * or a value holding a placeholder (-EINVAL). */
 int cap_net_secret_value(const struct cap_net_secret *s, char **value, size_t *len,
 			 struct cap_err *err);
+/* The checks of cap_net_secret_value on a value read elsewhere (what
+ * names where, for messages): 0, -E2BIG or -EINVAL. */
+int cap_net_secret_check(const struct cap_net_secret *s, const char *what, const char *v, size_t n,
+			 struct cap_err *err);
 /* Zero and free a value. */
 void cap_net_secret_wipe(char *value, size_t len);
 /* Wipe the variable s's env:VAR source names from this process's

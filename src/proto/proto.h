@@ -413,6 +413,11 @@ enum cap_file_op {
 /* limit flag of WRITE and TAR_IN: report without flushing (as
  * CAP_EXEC_NO_SYNC). */
 #define CAP_FILE_NO_SYNC 0x80000000u
+/* limit flag of WRITE: a private file (a credential file's copy,
+ * --secret-file): the missing directories above it made (0700), the file
+ * written beside it and renamed over it (never seen half-written), mode
+ * 0600. */
+#define CAP_FILE_PRIVATE 0x40000000u
 
 struct cap_file_req {
 	uint32_t op;	/* enum cap_file_op */

@@ -77,6 +77,23 @@ void cap_sandbox_net_free(struct cap_sandbox_net *n);
  * NIC stay as they were. */
 int cap_sandbox_net_set_policy(struct cap_sandbox_net *n, struct cap_vm *vm,
 			       const struct cap_net_policy *p, struct cap_err *err);
+/* Credential files (--secret-file). The descriptor to poll for a change
+ * of a host file (inotify; -1 when there are none or it cannot be
+ * watched). Then the guest's copies to write (path under /work, text
+ * with placeholders, owned_text to free): at start all of them (all:
+ * their values were read just before, for the policy process), later
+ * those whose host file changed, after their new values were given to
+ * the policy process. A file that cannot be read or checked later is
+ * logged and keeps its values; at start it fails the start. */
+struct cap_sandbox_cred_copy {
+	char path[256];
+	char *owned_text;
+	size_t len;
+};
+int cap_sandbox_net_watch_fd(struct cap_sandbox_net *n);
+int cap_sandbox_net_cred_copies(struct cap_sandbox_net *n, struct cap_vm *vm, bool all,
+				struct cap_sandbox_cred_copy out[CAP_NET_MAX_SECRET_FILES], unsigned *nout,
+				struct cap_err *err);
 /* The guest's listeners changed: forward the new ones to the same port
  * on the host's 127.0.0.1, stop forwarding the gone ones (auto-publish). */
 int cap_sandbox_net_listeners(struct cap_sandbox_net *n, struct cap_vm *vm,

@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "paths.h"
+#include "layout.h"
 #include "sandbox-internal.h"
 #include "sandbox.h"
 #include "store.h"
@@ -34,6 +35,7 @@ struct cap_sandbox {
 	/* A pod's NIC: its namespace, the tap QEMU is given, what the veth
 	 * is (to undo the filters); -1 when none. */
 	int pod_ns, tap_fd;
+	int cred_fd;	/* the credential files' watch (sandbox-net.c), -1 */
 	struct cap_vm_tap tap;
 	struct cap_pod_net pod;
 };
@@ -128,6 +130,58 @@ void cap_sandbox_pollfds(const struct cap_sandbox *sb, struct pollfd *pfd)
 		ev |= POLLOUT;
 	pfd[0] = (struct pollfd){ .fd = sb->fd, .events = ev };
 	pfd[1] = (struct pollfd){ .fd = sb->vm ? cap_vm_exit_fd(sb->vm) : -1, .events = POLLIN };
+	pfd[2] = (struct pollfd){ .fd = sb->vm && sb->net ? sb->cred_fd : -1, .events = POLLIN };
+}
+
+/* A credential file's copy written: a failure is logged (the guest keeps
+ * the copy it had). */
+static void cred_written(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
+{
+	(void)ud;
+	(void)id;
+	if (!ex || ex->kind != CAP_EXIT_CODE || ex->value != 0)
+		cap_log(CAP_LOG_WARN, "credential file: the guest's copy was not written: %s",
+			msg ? msg : errnum ? strerror(errnum) : "the agent refused it");
+}
+
+static void cred_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
+{
+	(void)ud;
+	(void)id;
+	(void)fd;
+	(void)p;
+	(void)n;
+}
+
+static const struct cap_exec_events cred_events = { .output = cred_output, .done = cred_written };
+
+/* Write the guest's copies of the credential files (all at start, else
+ * those whose host file changed): private files under /work. */
+static int write_creds(struct cap_sandbox *sb, bool all, struct cap_err *err)
+{
+	struct cap_sandbox_cred_copy copies[CAP_NET_MAX_SECRET_FILES];
+	unsigned n = 0;
+	int r = cap_sandbox_net_cred_copies(sb->net, sb->vm, all, copies, &n, err);
+	for (unsigned i = 0; i < n; i++) {
+		static const char home[] = CAP_GUEST_WORK "/";
+		struct cap_file_req req = {
+			.op = CAP_FILE_WRITE, .limit = CAP_FILE_PRIVATE, .root = CAP_GUEST_WORK,
+			.path = copies[i].path + sizeof(home) - 1,
+			.data = (const uint8_t *)copies[i].owned_text, .len = copies[i].len,
+		};
+		uint32_t id;
+		struct cap_err e = { 0 };
+		if (r == 0 && cap_sandbox_file(sb, &req, 0, &cred_events, NULL, &id, &e) < 0) {
+			if (all)
+				r = cap_err_set(err, e.code, "--secret-file %s: %s", copies[i].path, e.msg);
+			else
+				cap_log(CAP_LOG_WARN, "--secret-file %s: %s", copies[i].path, e.msg);
+		}
+		free(copies[i].owned_text);
+	}
+	if (r == 0 && all && n > 0 && (r = cap_sandbox_wait(sb, 30000, err)) < 0)
+		cap_err_prefix(err, "--secret-file: writing the guest's copies: ");
+	return r;
 }
 
 /* The VM is gone or unusable: say why, with the end of its logs. */
@@ -218,6 +272,10 @@ int cap_sandbox_dispatch(struct cap_sandbox *sb, const struct pollfd *pfd,
 	}
 	if (sb->vm && (pfd[1].revents & POLLIN))
 		return dead(sb, err, ECHILD, "the VM stopped unexpectedly");
+	if (sb->vm && sb->net && (pfd[2].revents & POLLIN)) {
+		struct cap_err cerr = { 0 };
+		write_creds(sb, false, &cerr);
+	}
 	return flush(sb, err);
 }
 
@@ -316,6 +374,7 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	sb->fd = fd;
 	sb->ram_conn = -1;
 	sb->pod_ns = sb->tap_fd = -1;
+	sb->cred_fd = -1;
 	cap_client_init(&sb->client);
 	int r = wait_hello(sb, 10000, err);
 	if (r < 0) {
@@ -688,8 +747,12 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		}
 		goto fail;
 	}
-	if (sb->net)
+	if (sb->net) {
 		cap_sandbox_net_started(sb->net);
+		sb->cred_fd = cap_sandbox_net_watch_fd(sb->net);
+		if ((r = write_creds(sb, true, err)) < 0)
+			goto fail;
+	}
 	set_times(sb, t0);
 	*out = sb;
 	return 0;

@@ -277,7 +277,7 @@ bool cap_sandbox_is_dead(const struct cap_sandbox *sb);
 /* Number of commands still running. */
 unsigned cap_sandbox_running(const struct cap_sandbox *sb);
 
-#define CAP_SANDBOX_NPOLL 2
+#define CAP_SANDBOX_NPOLL 3
 /* Fill CAP_SANDBOX_NPOLL pollfds for the caller's poll(). */
 void cap_sandbox_pollfds(const struct cap_sandbox *sb, struct pollfd *pfd);
 /* Handle the revents of those pollfds: read and write the agent channel

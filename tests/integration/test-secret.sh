@@ -28,7 +28,7 @@ export CAPSULE_RAM_HOLDER_IDLE_S=1
 . "$top/scripts/fake-internet.sh"
 client="$tests/net/guest-https.py"
 
-plan=44
+plan=51
 suite="secrets suite"
 net_suite_start ip nsenter unshare openssl
 
@@ -342,6 +342,62 @@ check "restart: OTHER's file was read again (else.test gets the new value)" \
 	'[ "$(req else.test "$e0" "h.get(\"x-other\")")" = "['"'"'$OTHER2'"'"']" ]'
 OTHER="$OTHER2"
 
+# --- a credential file (--secret-file, docs/coding-agents.md) ------------------
+# The host's file as an agent keeps it; its two tokens are values.
+CRED_AT="ata-$(rnd 16)"
+CRED_RT="rtr-$(rnd 16)"
+CRED_AT2="atb-$(rnd 16)"
+has_cred() { grep -qF -e "$CRED_AT" -e "$CRED_RT" -e "$CRED_AT2" "$1"; }
+cred="$rt/agent/credentials.json"
+mkdir -p "$rt/agent"
+printf '{"oauth": {"accessToken": "%s", "refreshToken": "%s", "expiresAt": 1000}, "account": "me@example.test"}\n' \
+	"$CRED_AT" "$CRED_RT" >"$cred"
+sandboxes="$sandboxes cf"
+c create cf --image python --secret-file "~/.agent/credentials.json=$cred:oauth.accessToken,oauth.refreshToken@api.test" \
+	>"$out" 2>"$err" && c start cf >>"$out" 2>>"$err"
+check "create with --secret-file and start" '[ "$?" -eq 0 ] && grep -q "secret-file /work/.agent/credentials.json=$cred:oauth.accessToken,oauth.refreshToken@api.test" "$out"'
+c exec cf -- sh -c 'cat >/tmp/h.py' <"$client" >/dev/null 2>&1
+gf() { c exec --timeout 90 cf -- sh -c "$1" >"$out" 2>"$err"; }
+gf 'stat -c "%a %u" ~/.agent/credentials.json; cat ~/.agent/credentials.json'
+cph=$(sed -n 's/.*"accessToken": "\([^"]*\)".*/\1/p' "$out")
+crph=$(sed -n 's/.*"refreshToken": "\([^"]*\)".*/\1/p' "$out")
+check "the guest's copy (0600, the tool user's) holds placeholders for the two fields and the rest as it was" \
+	'grep -qx "600 1000" "$out" && echo "$cph" | grep -qx "capsule-ph-[0-9a-f]\{40\}" && echo "$crph" | grep -qx "capsule-ph-[0-9a-f]\{40\}" && [ "$cph" != "$crph" ] && grep -q "\"expiresAt\": 1000" "$out" && grep -q "\"account\": \"me@example.test\"" "$out" && ! has_cred "$out"'
+# The guest reads its token from the file, as an agent does.
+AUTH='"GET /cred HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer $(sed -n "s/.*\"accessToken\": \"\([^\"]*\)\".*/\1/p" /work/.agent/credentials.json)\r\n\r\n"'
+a0=$(lines "$logs/https-api.test.log")
+gf "python3 /tmp/h.py api.test $AUTH"
+check "a request with the file's placeholder: api.test received the real access token; the guest never sees it" \
+	'grep -q "^hello from api.test /cred " "$out" && [ "$(req api.test "$a0" "h.get(\"authorization\")")" = "['"'"'Bearer $CRED_AT'"'"']" ] && ! has_cred "$out"'
+# An OAuth refresh on the host: the file replaced by a rename, as agents
+# write it.
+printf '{"oauth": {"accessToken": "%s", "refreshToken": "%s", "expiresAt": 2000}, "account": "me@example.test"}\n' \
+	"$CRED_AT2" "$CRED_RT" >"$cred.new" && mv "$cred.new" "$cred"
+wait_for "c exec cf -- cat /work/.agent/credentials.json 2>/dev/null | grep -q '\"expiresAt\": 2000'" 100
+a0=$(lines "$logs/https-api.test.log")
+gf "cat ~/.agent/credentials.json; python3 /tmp/h.py api.test $AUTH"
+check "a change of the host file reaches the next request without a restart (the new token), and the guest's copy (expiresAt 2000, same placeholders)" \
+	'grep -q "^hello from api.test /cred " "$out" && [ "$(req api.test "$a0" "h.get(\"authorization\")")" = "['"'"'Bearer $CRED_AT2'"'"']" ] && grep -q "\"expiresAt\": 2000" "$out" && grep -q "$cph" "$out" && ! has_cred "$out"'
+# A refresh by the guest: the refresh token goes in the body, where a
+# credential file's values are never put: the token endpoint gets the
+# placeholder, so it can mint nothing; and what comes back holds no value.
+a0=$(lines "$logs/https-api.test.log")
+gf "python3 /tmp/h.py api.test \"POST /oauth/token HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: \$(printf 'grant_type=refresh_token&refresh_token=%s' '$crph' | wc -c)\r\n\r\ngrant_type=refresh_token&refresh_token=$crph\""
+check "a guest-side refresh: the token endpoint receives the placeholder, never the refresh token, and the guest gets no real token" \
+	'grep -q "^hello from api.test /oauth/token " "$out" && [ "$(req api.test "$a0" "r.get(\"body\", \"\")" | grep -c "$crph")" -ge 1 ] && ! req api.test "$a0" "r.get(\"body\", \"\")" | grep -qF "$CRED_RT" && ! has_cred "$out"'
+c create cf2 --secret-file "~/x.json=$rt/agent/none.json@api.test" >/dev/null 2>&1
+c start cf2 >"$out" 2>"$err"
+rc=$?
+sandboxes="$sandboxes cf2"
+check "a credential file that is not there fails the start (exit $rc), naming it" \
+	'[ "$rc" -ne 0 ] && grep -q "secret-file /work/x.json" "$err" && grep -q "$rt/agent/none.json" "$err"'
+c create cf3 --secret-file "~/x.json=$cred:oauth.accessToken@api.test:body" >"$out" 2>"$err"
+rc=$?
+check "a credential file's values in request bodies is refused at creation, saying why (exit $rc)" \
+	'[ "$rc" -eq 2 ] && grep -q "request headers only" "$err"'
+c rm -f cf >/dev/null 2>&1
+c rm -f cf2 >/dev/null 2>&1
+
 # A named sandbox whose variable is missing at start.
 sandboxes="$sandboxes miss"
 c create miss --secret GONE=env:CAPSULE_TEST_UNSET_VAR@api.test >/dev/null 2>&1
@@ -353,10 +409,10 @@ check "a named sandbox whose secret's variable is unset does not start (exit $rc
 # Every file capsule wrote (records, runtime, logs, disks, consoles):
 # never a value. The suite's own stdout/stderr of every command were
 # checked case by case above.
-$py "$fake" scan-files "$TOKEN" "$OTHER1" "$BODYTOK" "$BADTOK" "$OTHER2" -- "$CAPSULE_HOME" >"$out" 2>"$err"
+$py "$fake" scan-files "$TOKEN" "$OTHER1" "$BODYTOK" "$BADTOK" "$OTHER2" "$CRED_AT" "$CRED_RT" "$CRED_AT2" -- "$CAPSULE_HOME" >"$out" 2>"$err"
 grep "^needle\|^read" "$out" | sed 's/^/# CAPSULE_HOME: /'
 check "nothing under CAPSULE_HOME (net.log, records, logs, disks) holds a value" \
-	'grep -q "^read [1-9]" "$out" && [ "$(grep -c "^needle [1-5]: 0 " "$out")" -eq 5 ]'
+	'grep -q "^read [1-9]" "$out" && [ "$(grep -c "^needle [1-8]: 0 " "$out")" -eq 8 ]'
 c net log "$sb" >"$out" 2>"$err"
 check "net log names the secrets (by name) and never a value" \
 	'grep -q "TOKEN" "$out" && ! has_value "$out"'

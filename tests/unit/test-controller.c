@@ -444,7 +444,8 @@ static void f_pollfds(void *vm, struct pollfd *pfd)
 {
 	struct fvm *v = vm;
 	pfd[0] = (struct pollfd){ .fd = v->efd, .events = POLLIN };
-	pfd[1] = (struct pollfd){ .fd = -1 };
+	for (int k = 1; k < CAP_CTL_VM_NPOLL; k++)
+		pfd[k] = (struct pollfd){ .fd = -1 };
 }
 
 /* Deliver what the test scheduled: output, then done(). */

@@ -1,7 +1,8 @@
 /* capsule code's presets, read (code-preset.h). A preset is JSON:
  *
  *   {"description": "...", "command": ["claude"],
- *    "allow": ["api.anthropic.com:443"], "env": {"NAME": "value"}}
+ *    "allow": ["api.anthropic.com:443"], "env": {"NAME": "value"},
+ *    "secret_files": ["~/.x/auth.json=~/.x/auth.json:token@api.x.com"]}
  *
  * "command" is required; every other member is optional; any member not
  * named here is refused, so that a misspelt one is not silently ignored. */
@@ -89,6 +90,14 @@ static int strings_of(json_t *v, const char *where, const char *what, size_t max
 	return 0;
 }
 
+char *cap_code_preset_home(const char *decl, const char *home)
+{
+	const char *eq = strchr(decl, '=');
+	if (eq && eq[1] == '~' && eq[2] == '/')
+		return xasprintf("%.*s%s/%s", (int)(eq + 1 - decl), decl, home, eq + 3);
+	return xstrdup(decl);
+}
+
 void cap_code_preset_fini(struct cap_code_preset *p)
 {
 	free(p->owned_description);
@@ -101,12 +110,15 @@ void cap_code_preset_fini(struct cap_code_preset *p)
 	for (size_t i = 0; i < p->nenv; i++)
 		free(p->owned_env[i]);
 	free(p->owned_env);
+	for (size_t i = 0; i < p->nsecret_files; i++)
+		free(p->owned_secret_files[i]);
+	free(p->owned_secret_files);
 	memset(p, 0, sizeof(*p));
 }
 
 static int parse(struct cap_code_preset *p, json_t *j, const char *where, struct cap_err *err)
 {
-	static const char *const members[] = { "description", "command", "allow", "env" };
+	static const char *const members[] = { "description", "command", "allow", "env", "secret_files" };
 	const char *key;
 	json_t *v;
 	if (!json_is_object(j))
@@ -116,7 +128,7 @@ static int parse(struct cap_code_preset *p, json_t *j, const char *where, struct
 		for (size_t i = 0; i < CAP_ARRAY_SIZE(members); i++)
 			known = known || strcmp(key, members[i]) == 0;
 		if (!known)
-			return cap_err_set(err, EINVAL, "preset %s: unknown member \"%.64s\" (a preset has description, command, allow and env)",
+			return cap_err_set(err, EINVAL, "preset %s: unknown member \"%.64s\" (a preset has description, command, allow, env and secret_files)",
 					   where, key);
 	}
 	json_t *d = json_object_get(j, "description");
@@ -141,6 +153,21 @@ static int parse(struct cap_code_preset *p, json_t *j, const char *where, struct
 			struct cap_err e = { 0 };
 			if (cap_net_policy_apply(scratch, "allow-egress", p->owned_allow[i], &e) < 0)
 				return cap_err_set(err, EINVAL, "preset %s: allow[%zu]: %s", where, i, e.msg);
+		}
+	}
+	json_t *sf = json_object_get(j, "secret_files");
+	if (sf) {
+		if (strings_of(sf, where, "secret_files", CAP_PRESET_SECRET_FILES_MAX, true, &p->owned_secret_files,
+			       &p->nsecret_files, err) < 0)
+			return -EINVAL;
+		/* As --secret-file reads it, "~/" as a home would be. */
+		_cleanup_free_ struct cap_net_policy *scratch = xmalloc(sizeof(*scratch));
+		cap_net_policy_init(scratch);
+		for (size_t i = 0; i < p->nsecret_files; i++) {
+			struct cap_err e = { 0 };
+			_cleanup_free_ char *t = cap_code_preset_home(p->owned_secret_files[i], "/home/user");
+			if (cap_net_secret_file_add(scratch, t, &e) < 0)
+				return cap_err_set(err, EINVAL, "preset %s: secret_files[%zu]: %s", where, i, e.msg);
 		}
 	}
 	json_t *env = json_object_get(j, "env");

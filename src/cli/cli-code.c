@@ -257,6 +257,26 @@ static int project_sandbox(struct launch *l, struct cap_sandbox **sb, struct cap
 	for (size_t i = 0; i < l->preset.nallow; i++)
 		if (cap_net_policy_apply(want, "allow-egress", l->preset.owned_allow[i], err) < 0)
 			return -EINVAL;
+	/* The agent's credential files that this host has: given as
+	 * placeholders (docs/coding-agents.md); without one, the agent logs
+	 * in inside and its login stays in /work. */
+	const char *home = getenv("HOME");
+	for (size_t i = 0; i < l->preset.nsecret_files; i++) {
+		_cleanup_free_ char *t = cap_code_preset_home(l->preset.owned_secret_files[i], home && *home == '/' ? home : "/root");
+		const char *eq = strchr(t, '='), *at = strrchr(t, '@');
+		_cleanup_free_ char *file = eq && at > eq ? xstrndup(eq + 1, (size_t)(at - eq - 1)) : xstrdup("");
+		char *colon = strrchr(file, ':');
+		if (colon && !strchr(colon, '/'))
+			*colon = '\0';
+		if (access(file, R_OK) != 0) {
+			if (!cap_cli_quiet)
+				fprintf(stderr, "capsule code: agent %s: no %s on this host (%s): the agent logs in inside the sandbox, and its login stays there\n",
+					l->preset.name, file, strerror(errno));
+			continue;
+		}
+		if (cap_net_policy_apply(want, "secret-file", t, err) < 0)
+			return -EINVAL;
+	}
 	if (policy_add(want, l->flags, &grew, err) < 0)
 		return -EINVAL;
 	_cleanup_close_ int lock = code_lock(err);

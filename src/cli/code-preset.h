@@ -18,6 +18,7 @@
 #define CAP_PRESET_ALLOW_MAX 32
 #define CAP_PRESET_ENV_MAX 64
 #define CAP_PRESET_STRING_MAX 4096
+#define CAP_PRESET_SECRET_FILES_MAX 4
 
 struct cap_code_preset {
 	char name[CAP_PRESET_NAME_MAX + 1];
@@ -30,6 +31,11 @@ struct cap_code_preset {
 	size_t nallow;
 	char **owned_env;	/* "NAME=value", NULL-terminated */
 	size_t nenv;
+	/* The agent's credential files, each as --secret-file reads it
+	 * (GUESTPATH=HOSTFILE[:FIELD,...]@HOST,...), HOSTFILE absolute or
+	 * "~/..." (the user's home); checked by the policy's own reader. */
+	char **owned_secret_files;
+	size_t nsecret_files;
 };
 
 /* The compiled-in presets (code-presets.c, generated from share/agents). */
@@ -50,5 +56,7 @@ bool cap_code_preset_name_ok(const char *name);
 int cap_code_preset_parse(struct cap_code_preset *p, const char *name, const char *where,
 			  const char *text, size_t len, struct cap_err *err);
 void cap_code_preset_fini(struct cap_code_preset *p);
+/* A secret_files entry with its HOSTFILE's leading "~/" as home's: new. */
+char *cap_code_preset_home(const char *decl, const char *home);
 
 #endif

@@ -6,7 +6,8 @@
  * every string (the description, arguments, hosts, environment) is
  * NUL-free, control-free but for tab, and within CAP_PRESET_STRING_MAX;
  * each allow rule is one the network policy takes as --allow-egress;
- * each env entry is NAME=value with NAME [A-Za-z_][A-Za-z0-9_]*. A
+ * each env entry is NAME=value with NAME [A-Za-z_][A-Za-z0-9_]*; each
+ * secret_files entry one --secret-file takes ("~/" as a home). A
  * refusal says why, and leaves the preset empty. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -67,6 +68,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				   "env name %.*s", (int)(eq - e), e);
 		check_text(eq + 1, "env value");
 	}
+	FUZZ_CHECK(p.nsecret_files <= CAP_PRESET_SECRET_FILES_MAX, "%zu secret files", p.nsecret_files);
+	struct cap_net_policy *files = xmalloc(sizeof(*files));
+	cap_net_policy_init(files);
+	for (size_t i = 0; i < p.nsecret_files; i++) {
+		char *t = cap_code_preset_home(p.owned_secret_files[i], "/home/user");
+		struct cap_err e = { 0 };
+		FUZZ_CHECK(cap_net_secret_file_add(files, t, &e) == 0, "secret_files[%zu] %s not one: %s", i, t, e.msg);
+		free(t);
+	}
+	free(files);
 	cap_code_preset_fini(&p);
 	return 0;
 }

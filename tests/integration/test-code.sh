@@ -11,12 +11,14 @@ capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 c() { "$capsule" "$@"; }
 start=$(date +%s)
 export XDG_CONFIG_HOME="$rt/config"
+# The cache (kernel, images) stays where it is when a case changes HOME.
+export CAPSULE_CACHE="${CAPSULE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capsule}"
 # Every entry of a tree but one, with its content's hash: what a merge
 # must leave as it was.
 tree() { (cd "$1" && find . -type f ! -name "${2:-.none}" -exec sha256sum {} + | LC_ALL=C sort -k2); }
 codes() { c ls | awk '$1 ~ /^code-/' | wc -l; }
 
-echo "1..31"
+echo "1..33"
 
 proj="$rt/my Project"
 mkdir -p "$proj/src"
@@ -120,6 +122,24 @@ check "a preset with a bad host is refused before any VM starts, naming it (exit
 (cd "$proj2" && c code --agent nosuch) >"$out" 2>"$err"
 rc=$?
 check "an unknown agent is refused, listing the built-in ones and where a file would go (exit 2)" '[ "$rc" -eq 2 ] && grep -q "no agent preset .nosuch.: the built-in ones are claude, codex, gemini, shell; a file $XDG_CONFIG_HOME/capsule/agents/nosuch.json adds it" "$err"'
+
+# A preset's credential file: given as a copy with placeholders when this
+# host has it, a note when it does not.
+REALTOK="realtok-$(od -An -tx1 -N12 /dev/urandom | tr -d ' \n')"
+mkdir -p "$rt/fakehome/.agent"
+printf '{"auth": {"token": "%s", "user": "me"}}\n' "$REALTOK" >"$rt/fakehome/.agent/auth.json"
+cat >"$XDG_CONFIG_HOME/capsule/agents/withcred.json" <<'EOF'
+{ "command": ["sh", "-c", "cat ~/.agent/auth.json"],
+  "secret_files": ["~/.agent/auth.json=~/.agent/auth.json:auth.token@api.agent.test"] }
+EOF
+mkdir -p "$rt/three"
+(cd "$rt/three" && HOME="$rt/fakehome" c code --agent withcred) >"$out" 2>"$err"
+rc=$?
+c net show "$(c ls | awk '$1 ~ /^code-three-/ { print $1 }')" >"$rt/net3" 2>&1
+check "a preset's credential file reaches the guest as a copy with a placeholder, never the token" '[ "$rc" -eq 0 ] && grep -q "\"token\": \"capsule-ph-[0-9a-f]\{40\}\"" "$out" && grep -q "\"user\": \"me\"" "$out" && ! grep -qF "$REALTOK" "$out" && ! grep -qF "$REALTOK" "$err" && grep -q "secret-file /work/.agent/auth.json=$rt/fakehome/.agent/auth.json:auth.token@api.agent.test" "$rt/net3"'
+mkdir -p "$rt/four"
+(cd "$rt/four" && HOME="$rt/nohome" c code --agent withcred) >"$out" 2>"$err"
+check "without the file on this host the launch says the agent logs in inside, and runs" 'grep -q "agent withcred: no $rt/nohome/.agent/auth.json on this host" "$err" && grep -q "No such file" "$err"'
 
 # --- bad input ---------------------------------------------------------------------------
 c code "$rt/nonexistent" -- true >"$out" 2>"$err"

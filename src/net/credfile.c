@@ -237,6 +237,18 @@ static char *replace_all(const char *s, size_t len, const char *const *values, c
 	return cur;
 }
 
+/* The string m with the values replaced, in place (the old bytes wiped). */
+static void replace_in(json_t *m, const char *const *values, const size_t *lens, const char *const *ph, unsigned n)
+{
+	size_t nl;
+	char *s = replace_all(json_string_value(m), json_string_length(m), values, lens, ph, n, &nl);
+	if (s) {
+		explicit_bzero((char *)json_string_value(m), json_string_length(m));
+		json_string_setn_nocheck(m, s, nl);
+		free(s);
+	}
+}
+
 static int render(json_t *v, const char *const *values, const size_t *lens, const char *const *ph, unsigned n,
 		  const char *where, struct cap_err *err)
 {
@@ -252,27 +264,17 @@ static int render(json_t *v, const char *const *values, const size_t *lens, cons
 				return cap_err_set(err, EINVAL, "credential file %s: a member's name holds a credential's value",
 						   where);
 			}
-			if (json_is_string(m)) {
-				char *s = replace_all(json_string_value(m), json_string_length(m), values, lens, ph, n, &nl);
-				if (s) {
-					explicit_bzero((char *)json_string_value(m), json_string_length(m));
-					json_object_set_new(v, k, json_stringn_nocheck(s, nl));
-					free(s);
-				}
-			} else if (render(m, values, lens, ph, n, where, err) < 0) {
+			if (json_is_string(m))
+				replace_in(m, values, lens, ph, n);
+			else if (render(m, values, lens, ph, n, where, err) < 0) {
 				return -EINVAL;
 			}
 		}
 	} else if (json_is_array(v)) {
 		json_array_foreach(v, i, m) {
-			if (json_is_string(m)) {
-				char *s = replace_all(json_string_value(m), json_string_length(m), values, lens, ph, n, &nl);
-				if (s) {
-					explicit_bzero((char *)json_string_value(m), json_string_length(m));
-					json_array_set_new(v, i, json_stringn_nocheck(s, nl));
-					free(s);
-				}
-			} else if (render(m, values, lens, ph, n, where, err) < 0) {
+			if (json_is_string(m))
+				replace_in(m, values, lens, ph, n);
+			else if (render(m, values, lens, ph, n, where, err) < 0) {
 				return -EINVAL;
 			}
 		}

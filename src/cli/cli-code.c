@@ -85,22 +85,14 @@ static int preset_load(const char *name, struct cap_code_preset *p, struct cap_e
 				   name, CAP_PRESET_NAME_MAX);
 	_cleanup_free_ char *dir = user_preset_dir();
 	_cleanup_free_ char *path = xasprintf("%s/%s.json", dir, name);
-	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd >= 0) {
-		struct stat st;
-		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
-			return cap_err_set(err, EINVAL, "preset %s: not a regular file", path);
-		if (st.st_size > CAP_PRESET_FILE_MAX)
-			return cap_err_set(err, EINVAL, "preset %s: %lld bytes, over the limit of %u", path,
-					   (long long)st.st_size, CAP_PRESET_FILE_MAX);
-		_cleanup_free_ char *text = xmalloc((size_t)st.st_size + 1);
-		ssize_t n = read(fd, text, (size_t)st.st_size);
-		if (n < 0)
-			return cap_err_set(err, errno, "preset %s: %s", path, strerror(errno));
+	_cleanup_free_ char *text = NULL;
+	ssize_t n = cap_read_file(path, CAP_PRESET_FILE_MAX, &text);
+	if (n >= 0)
 		return cap_code_preset_parse(p, name, path, text, (size_t)n, err);
-	}
-	if (errno != ENOENT)
-		return cap_err_set(err, errno, "preset %s: %s", path, strerror(errno));
+	if (n == -EFBIG)
+		return cap_err_set(err, EINVAL, "preset %s: over the limit of %u bytes", path, CAP_PRESET_FILE_MAX);
+	if (n != -ENOENT)
+		return cap_err_set(err, (int)-n, "preset %s: %s", path, strerror((int)-n));
 	for (size_t i = 0; i < cap_code_nbuiltins; i++)
 		if (strcmp(cap_code_builtins[i].name, name) == 0)
 			return cap_code_preset_parse(p, name, "built-in", cap_code_builtins[i].json,
@@ -263,11 +255,12 @@ static int project_sandbox(struct launch *l, struct cap_sandbox **sb, struct cap
 	const char *home = getenv("HOME");
 	for (size_t i = 0; i < l->preset.nsecret_files; i++) {
 		_cleanup_free_ char *t = cap_code_preset_home(l->preset.owned_secret_files[i], home && *home == '/' ? home : "/root");
-		const char *eq = strchr(t, '='), *at = strrchr(t, '@');
-		_cleanup_free_ char *file = eq && at > eq ? xstrndup(eq + 1, (size_t)(at - eq - 1)) : xstrdup("");
-		char *colon = strrchr(file, ':');
-		if (colon && !strchr(colon, '/'))
-			*colon = '\0';
+		/* Its HOSTFILE as the policy's reader finds it. */
+		_cleanup_free_ struct cap_net_policy *one = xmalloc(sizeof(*one));
+		cap_net_policy_init(one);
+		if (cap_net_policy_apply(one, "secret-file", t, err) < 0)
+			return -EINVAL;
+		const char *file = one->secret_files[0].host;
 		if (access(file, R_OK) != 0) {
 			if (!cap_cli_quiet)
 				fprintf(stderr, "capsule code: agent %s: no %s on this host (%s): the agent logs in inside the sandbox, and its login stays there\n",

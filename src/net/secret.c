@@ -99,37 +99,32 @@ int cap_net_secret_check(const struct cap_net_secret *s, const char *what, const
 			 struct cap_err *err)
 {
 	char decl[CAP_NET_SECRET_MAX_HOSTS * 256 + 640];
-	int r;
 
 	cap_net_secret_text(s, decl, sizeof(decl));
 	if (n > CAP_NET_SECRET_VALUE_MAX) {
-		r = cap_err_set(err, E2BIG, "secret %s: the value in %s is longer than %d bytes (--secret %s)", s->name,
+		return cap_err_set(err, E2BIG, "secret %s: the value in %s is longer than %d bytes (--secret %s)", s->name,
 				what, CAP_NET_SECRET_VALUE_MAX, decl);
-		return r;
 	}
 	if (n < CAP_NET_SECRET_VALUE_MIN) {
-		r = cap_err_set(err, EINVAL,
-				"secret %s: the value in %s is %s; a secret is at least %d bytes (--secret %s)",
-				s->name, what, n == 0 ? "empty" : "too short", CAP_NET_SECRET_VALUE_MIN, decl);
-		return r;
+		return cap_err_set(err, EINVAL,
+				   "secret %s: the value in %s is %s; a secret is at least %d bytes (--secret %s)",
+				   s->name, what, n == 0 ? "empty" : "too short", CAP_NET_SECRET_VALUE_MIN, decl);
 	}
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)v[i];
 		if (c < 0x20 || c == 0x7f) {
 			/* Its position, never the byte's neighbours. */
-			r = cap_err_set(err, EINVAL,
+			return cap_err_set(err, EINVAL,
 					"secret %s: the value in %s has a control character at byte %zu (a value "
 					"goes into HTTP header lines: no tabs, line ends inside, or NUL) (--secret %s)",
 					s->name, what, i + 1, decl);
-			return r;
 		}
 	}
 	if (memmem(v, n, CAP_NET_PLACEHOLDER_PREFIX, strlen(CAP_NET_PLACEHOLDER_PREFIX))) {
-		r = cap_err_set(err, EINVAL,
+		return cap_err_set(err, EINVAL,
 				"secret %s: the value in %s holds a capsule placeholder (\"" CAP_NET_PLACEHOLDER_PREFIX
 				"...\"), not a real value: was it taken from inside a sandbox? (--secret %s)",
 				s->name, what, decl);
-		return r;
 	}
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -103,9 +104,16 @@ int cap_copy_sparse(int in, int out, off_t end)
 int cap_write_all(int fd, const void *buf, size_t len)
 {
 	const char *p = buf;
+	bool sock = true;	/* until send says otherwise */
 
 	while (len > 0) {
-		ssize_t n = write(fd, p, len);
+		/* A socket whose peer is gone (QEMU's QMP after QEMU died)
+		 * answers EPIPE here, not a SIGPIPE that kills the caller. */
+		ssize_t n = sock ? send(fd, p, len, MSG_NOSIGNAL) : write(fd, p, len);
+		if (n < 0 && sock && errno == ENOTSOCK) {
+			sock = false;
+			continue;
+		}
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;

@@ -58,7 +58,8 @@ static inline void cap_closep(int *fd)
 #define _cleanup_free_ __attribute__((cleanup(cap_freep)))
 #define _cleanup_close_ __attribute__((cleanup(cap_closep)))
 
-/* Write all of buf, retrying on EINTR and short writes. 0 or -errno. */
+/* Write all of buf, retrying on EINTR and short writes. 0 or -errno;
+ * a socket whose peer has gone gives -EPIPE, never a SIGPIPE. */
 int cap_write_all(int fd, const void *buf, size_t len);
 /* Copy the data parts of in's first end bytes into out at the same
  * offsets (sendfile: once, in the kernel); holes stay holes. out's size

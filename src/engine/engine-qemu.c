@@ -650,12 +650,17 @@ static int qmp_handshake(struct qemu_vm *vm, struct cap_err *err)
 	/* The socket was listening before QEMU started: the greeting comes
 	 * once QEMU has set the machine up. */
 	int r = qmp_read(vm, line, sizeof(line), CONNECT_TIMEOUT_MS);
-	if (r < 0)
-		return cap_err_set(err, -r, "QMP greeting: %s", r == -EPIPE || r == -ECONNRESET
-				   ? "QEMU closed its monitor" : strerror(-r));
-	if (!strstr(line, "\"QMP\""))
+	if (r >= 0 && !strstr(line, "\"QMP\""))
 		return cap_err_set(err, EPROTO, "QMP greeting not recognised");
-	return qmp_execute(vm, "qmp_capabilities", err);
+	if (r >= 0)
+		r = qmp_execute(vm, "qmp_capabilities", err);
+	else if (r != -EPIPE && r != -ECONNRESET)
+		return cap_err_set(err, -r, "QMP greeting: %s", strerror(-r));
+	/* Greeted or not, a monitor that goes away here is QEMU exiting
+	 * while it set the machine up; what it said follows. */
+	if (r == -EPIPE || r == -ECONNRESET)
+		return cap_err_set(err, -r, "QEMU exited while setting the machine up");
+	return r;
 }
 
 static int ignore_shared(struct qemu_vm *vm, struct cap_err *err)

@@ -388,6 +388,18 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 /* Start QEMU with cfg and wait for the agent's HELLO; with setup, send it
  * right behind our HELLO (one round trip fewer) and wait for it too. On
  * failure the VM is gone and sb can start again. */
+/* Whether the template's failure, as the boot note gives it on one line,
+ * already says what the cold boot's error says: then it is not repeated. */
+static bool same_cause(const char *note, const char *msg)
+{
+	char flat[sizeof(((struct cap_err *)0)->msg)];
+	snprintf(flat, sizeof(flat), "%s", msg);
+	for (char *p = flat; *p; p++)
+		if (*p == '\n')
+			*p = ';';
+	return *flat && strstr(note, flat) != NULL;
+}
+
 static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 		    const struct cap_setup *setup, int timeout_ms, struct cap_err *err)
 {
@@ -741,7 +753,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	}
 	if (!sb->restored && (r = start_vm(sb, &cfg, setup, o->boot_timeout_ms, err)) < 0) {
 		/* Whatever stopped the template too, never lost. */
-		if (err && strncmp(sb->boot_note, "cold boot (", 11) == 0) {
+		if (err && strncmp(sb->boot_note, "cold boot (", 11) == 0 && !same_cause(sb->boot_note, err->msg)) {
 			size_t used = strlen(err->msg);
 			snprintf(err->msg + used, sizeof(err->msg) - used, "\n(before it: %s)", sb->boot_note);
 		}

@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..131"
+echo "1..132"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -104,7 +104,8 @@ rm -rf "$rt"/capsule-*	# a SIGKILLed process cannot clean its run dir
 printf 'not a kernel' >"$rt/bad-vmlinux"
 CAPSULE_KERNEL="$rt/bad-vmlinux" "$capsule" run -q -- true >"$out" 2>"$err"
 rc=$?
-check "a broken kernel fails with 125 and QEMU's words" '[ "$rc" -eq 125 ] && grep -q "QEMU" "$err"'
+check "a broken kernel fails with 125 and QEMU's words" '[ "$rc" -eq 125 ] && grep -q "QEMU exited while setting the machine up" "$err" && grep -q "^QEMU said:" "$err"'
+check "QEMU's words are given once, not again for the template" '[ "$(grep -c "^qemu" "$err")" -eq 1 ] && ! grep -q "before it:" "$err"'
 rm -f "$rt/bad-vmlinux"
 clean_after "failed boot"
 

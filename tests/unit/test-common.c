@@ -8,7 +8,10 @@
 #include <string.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -151,6 +154,29 @@ static void read_file_limits(void **state)
 	assert_int_equal(cap_read_file(path, 100, &s), -ENOENT);
 }
 
+/* A write to a socket whose peer has gone (QEMU's QMP after QEMU died
+ * under a boot that failed) is -EPIPE for the caller, not a SIGPIPE
+ * that kills it: the child keeps SIGPIPE at its default. */
+static void write_all_closed_socket(void **state)
+{
+	(void)state;
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		signal(SIGPIPE, SIG_DFL);
+		int sv[2];
+		if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+			_exit(3);
+		close(sv[1]);
+		_exit(cap_write_all(sv[0], "x", 1) == -EPIPE ? 0 : 4);
+	}
+	int st = 0;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_false(WIFSIGNALED(st));
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static void sha256_known_vector(void **state)
 {
 	(void)state;
@@ -248,6 +274,7 @@ int main(void)
 		cmocka_unit_test(buf_empty),
 		cmocka_unit_test(err_set_and_prefix),
 		cmocka_unit_test(read_file_limits),
+		cmocka_unit_test(write_all_closed_socket),
 		cmocka_unit_test(sha256_known_vector),
 		cmocka_unit_test(dir_names_sorted),
 		cmocka_unit_test(path_last),

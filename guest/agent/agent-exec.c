@@ -153,6 +153,10 @@ void agent_env_reset(void)
 	defaults.n = 0;
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(base_env); i++)
 		agent_env_put(base_env[i]);
+	if (A.cmd_uid == 0) {
+		agent_env_put("USER=root");
+		agent_env_put("LOGNAME=root");
+	}
 }
 
 /* uid's home directory in the guest's /etc/passwd (a copy), or NULL. */
@@ -283,7 +287,7 @@ __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int 
 		 * controlling one; the command's user owns it, as after
 		 * login. */
 		int t = open(pty, O_RDWR);
-		uid_t owner = sp->user ? sp->user->uid : TOOL_UID;
+		uid_t owner = sp->user ? sp->user->uid : A.cmd_uid;
 		if (t < 0 || ioctl(t, TIOCSCTTY, 0) < 0 || fchown(t, owner, 5) < 0) {
 			f.errnum = errno;
 			goto fail;
@@ -298,8 +302,8 @@ __attribute__((noreturn)) static void child(const struct spawn *sp, int in, int 
 	if (sp->user) {
 		if (take_user(sp->user, &f) < 0)
 			goto fail;
-	} else if (setgroups(0, NULL) < 0 || setgid(TOOL_GID) < 0 ||
-		   setuid(TOOL_UID) < 0) {
+	} else if (setgroups(0, NULL) < 0 || setgid(A.cmd_gid) < 0 ||
+		   setuid(A.cmd_uid) < 0) {
 		f.errnum = errno;
 		goto fail;
 	}

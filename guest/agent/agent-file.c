@@ -47,8 +47,8 @@ static int write_private(int rootfd, const char *path, const uint8_t *data, size
 	char part[PATH_MAX];
 	int dir = dup(rootfd), e = 0;
 	const char *p = path;
-	setfsgid(TOOL_GID);
-	setfsuid(TOOL_UID);
+	setfsgid(A.cmd_gid);
+	setfsuid(A.cmd_uid);
 	for (const char *slash; dir >= 0 && (slash = strchr(p, '/'));) {
 		size_t n = (size_t)(slash - p);
 		if (n == 0 || n >= sizeof(part)) {
@@ -313,8 +313,8 @@ void handle_file(uint32_t id, const uint8_t *p, size_t n)
 		.mode = req.op == CAP_FILE_WRITE ? 0644 : 0,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
 	};
-	setfsgid(TOOL_GID);
-	setfsuid(TOOL_UID);
+	setfsgid(A.cmd_gid);
+	setfsuid(A.cmd_uid);
 	int fd = (int)syscall(SYS_openat2, rootfd, *path ? path : ".", &how, sizeof(how));
 	int e = errno;
 	setfsuid(0);

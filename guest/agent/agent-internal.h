@@ -63,6 +63,10 @@ struct agent {
 	char cg_pending[CG_PENDING_MAX][CG_NAME_MAX];	/* killed, to be removed */
 	size_t cg_npending;
 	int64_t cg_kill_ms;	/* last time the pending ones were killed again */
+	/* Whom commands and file operations run as: the tool user, or root
+	 * in a sandbox made with --root (SETUP's tools_root). */
+	uid_t cmd_uid;
+	gid_t cmd_gid;
 };
 extern struct agent A;
 

@@ -260,6 +260,8 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	int r;
 
 	fresh_start(s);
+	A.cmd_uid = s->tools_root ? 0 : TOOL_UID;
+	A.cmd_gid = s->tools_root ? 0 : TOOL_GID;
 	agent_env_reset();
 	agent_durable_close();	/* a SETUP tried again starts over */
 	if (s->root_readonly && !*s->root_image) {

@@ -39,7 +39,7 @@
 /* Stop reading command output while this much waits for the host. */
 #define OUT_HIGH_WATER (1024 * 1024)
 
-struct agent A = { .port = -1, .sigfd = -1, .upper_fd = -1, .cg_fd = -1 };
+struct agent A = { .port = -1, .sigfd = -1, .upper_fd = -1, .cg_fd = -1, .cmd_uid = TOOL_UID, .cmd_gid = TOOL_GID };
 
 /* --- output to the host --------------------------------------------- */
 

@@ -33,7 +33,7 @@
 static const char code_usage[] =
 	"Usage: capsule code [DIR] [--agent NAME] [--merge] [-q] [--image IMAGE]\n"
 	"                    [--cpus N] [--memory MIB] [--work-size MIB]\n"
-	"                    [--workspace-size MIB] [NETWORK FLAGS] [-- COMMAND [ARG...]]\n"
+	"                    [--workspace-size MIB] [--root] [NETWORK FLAGS] [-- COMMAND [ARG...]]\n"
 	"       capsule code --agents\n"
 	"\n"
 	"A sandbox for the project DIR (default: the current directory), found\n"
@@ -54,8 +54,9 @@ static const char code_usage[] =
 	"  --merge       after the command, merge /workspace into DIR as `capsule\n"
 	"                merge` does: a path changed on both sides refuses the\n"
 	"                whole merge, naming it (exit 1), and nothing is written\n"
-	"  --image, --cpus, --memory, --work-size, --workspace-size: as on\n"
-	"                `capsule create`, when the sandbox is created\n"
+	"  --image, --cpus, --memory, --work-size, --workspace-size, --root: as\n"
+	"                on `capsule create`, when the sandbox is created (--root:\n"
+	"                commands as root in the guest, for Docker inside)\n"
 	"Network flags (see `capsule create --help`) and a preset's hosts are\n"
 	"added to the sandbox's policy at each launch; none is ever removed\n"
 	"(`capsule net set NAME` replaces it). Two launches in one project at\n"
@@ -300,6 +301,9 @@ static int project_sandbox(struct launch *l, struct cap_sandbox **sb, struct cap
 		if (strcmp(rec.workspace, l->real) != 0)
 			return cap_err_set(err, EEXIST, "sandbox %s is not this project's (its workspace is %s, not %s): `capsule rm %s` if it is not wanted",
 					   l->name, rec.workspace[0] ? rec.workspace : "none", l->real, l->name);
+		if (l->rec.tools_root && !rec.tools_root)
+			return cap_err_set(err, EEXIST, "sandbox %s was made without --root, and a sandbox keeps whom its commands run as: `capsule rm %s` to make it again with --root (its /work goes with it)",
+					   l->name, l->name);
 		if (l->sized && !cap_cli_quiet)
 			fprintf(stderr, "capsule code: sandbox %s exists: --image and the sizes apply only when it is created (`capsule rm %s` to start over)\n",
 				l->name, l->name);
@@ -335,6 +339,7 @@ int cap_cli_code(int argc, char **argv)
 		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
 		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
 		{ "workspace-size", required_argument, NULL, OPT_WS_SIZE },
+		{ "root", no_argument, NULL, CAP_OPT_ROOT },
 		CAP_CLI_NET_OPTS,
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -370,6 +375,7 @@ int cap_cli_code(int argc, char **argv)
 		case OPT_AGENT: agent = optarg; continue;
 		case OPT_AGENTS: return list_presets();
 		case OPT_MERGE: merge = true; continue;
+		case CAP_OPT_ROOT: l->rec.tools_root = true; continue;
 		case 'q': cap_cli_quiet = true; continue;
 		case 'h': fputs(code_usage, stdout); return 0;
 		case CAP_OPT_IMAGE:

@@ -34,6 +34,8 @@ static const char usage[] =
 	"  --idle-pause S     Pause an idle VM after S seconds (default 30)\n"
 	"  --idle-stop S      Stop it after S seconds (default 600)\n"
 	"  --capacity N       Resident VMs (default 4)\n"
+	"  --root             Commands run as root in the guest, not UID 1000 (config\n"
+	"                     \"root\"; Docker inside: the VM is the only boundary)\n"
 	"  --test-clock       Lifecycle time moves only by _test.advance (tests)\n"
 	"  --cpus N --memory MIB --root-size MIB --work-size MIB\n"
 	"                     Every sandbox's size (config \"size\"; default 1 vCPU,\n"
@@ -46,7 +48,7 @@ static const char usage[] =
 int cap_cli_mcp(int argc, char **argv)
 {
 	enum { O_CONFIG = 400, O_AGENT, O_PEER, O_ENABLE, O_DISABLE, O_PAUSE, O_STOP, O_CAP, O_CLOCK,
-	       O_WORKSPACE, O_IMPORT };
+	       O_WORKSPACE, O_IMPORT, O_ROOT };
 	static const struct option opts[] = {
 		{ "config", required_argument, NULL, O_CONFIG },
 		{ "agent", required_argument, NULL, O_AGENT },
@@ -61,6 +63,7 @@ int cap_cli_mcp(int argc, char **argv)
 		{ "idle-stop", required_argument, NULL, O_STOP },
 		{ "capacity", required_argument, NULL, O_CAP },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
+		{ "root", no_argument, NULL, O_ROOT },
 		{ "cpus", required_argument, NULL, CAP_OPT_CPUS },
 		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
 		{ "root-size", required_argument, NULL, CAP_OPT_ROOT_SIZE },
@@ -131,6 +134,7 @@ int cap_cli_mcp(int argc, char **argv)
 			cfg.ctl.lc.capacity = (unsigned)v;
 			break;
 		case O_CLOCK: cfg.ctl.manual_clock = true; break;
+		case O_ROOT: cfg.ctl.tools_root = true; break;
 		case CAP_OPT_CPUS:
 		case CAP_OPT_MEMORY:
 		case CAP_OPT_ROOT_SIZE:

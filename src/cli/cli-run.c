@@ -32,6 +32,8 @@ static const char usage[] =
 	"  --memory MIB        Guest memory in MiB, 128 up to the host's less a reserve\n"
 	"                      (the larger of 512 MiB and a tenth; default 512)\n"
 	"  --force-size        Allow more vCPUs or memory than the host has\n"
+	"  --root              Run COMMAND as root in the guest, not UID 1000 (the VM\n"
+	"                      is then the only boundary)\n"
 	"  --timeout S         Wall-clock limit in seconds, 0 for none (default 30);\n"
 	"                      the whole process group is killed when it expires\n"
 	"  --output-cap BYTES  Limit on stdout+stderr (default 262144); the rest is\n"
@@ -85,6 +87,7 @@ int cap_cli_run(int argc, char **argv)
 		{ "console-log", required_argument, NULL, CAP_OPT_CONSOLE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
+		{ "root", no_argument, NULL, CAP_OPT_ROOT },
 		{ "no-sync", no_argument, NULL, CAP_OPT_NO_SYNC },
 		CAP_CLI_NET_OPTS,
 		{ "env", required_argument, NULL, 'e' },
@@ -100,7 +103,7 @@ int cap_cli_run(int argc, char **argv)
 	static struct cap_sandbox_spec spec;	/* large: not on the stack */
 	struct cap_net_policy *net = xmalloc(sizeof(*net));
 	const char *source = NULL;
-	bool verbose = false, force_size = false;
+	bool verbose = false, force_size = false, root = false;
 	unsigned long v;
 	int c, k;
 
@@ -138,6 +141,9 @@ int cap_cli_run(int argc, char **argv)
 			break;
 		case CAP_OPT_FORCE_SIZE:
 			force_size = true;
+			break;
+		case CAP_OPT_ROOT:
+			root = true;
 			break;
 		case CAP_OPT_ACCEL:
 			if (cap_engine_accel_parse(optarg, &so.accel) < 0) {
@@ -205,6 +211,7 @@ int cap_cli_run(int argc, char **argv)
 		}
 	}
 	cap_sandbox_spec_oneshot(&spec, projimg);
+	cap_sandbox_spec_tools_root(&spec, root);
 	cap_sandbox_spec_network(&spec, net);
 	free(net);
 	so.spec = &spec;

@@ -45,7 +45,7 @@ static const char create_usage[] =
 	"Usage: capsule create NAME [--image IMAGE] [--source DIR] [--cpus N]\n"
 	"                           [--memory MIB] [--root-size MIB] [--work-size MIB]\n"
 	"                           [--workspace DIR [--workspace-size MIB]]\n"
-	"                           [--force-size] [-q] [NETWORK FLAGS]\n"
+	"                           [--force-size] [--root] [-q] [NETWORK FLAGS]\n"
 	"\n"
 	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
 	"sha256:digest, default base) and a private /work disk that keeps its\n"
@@ -68,6 +68,10 @@ static const char create_usage[] =
 	"tenth); disks of 16 MiB to 1 TiB, together at most the space free where\n"
 	"CAPSULE_HOME is (they are sparse). --force-size lifts the host's bounds.\n"
 	"A value out of bounds exits 2, naming the value and the bound.\n"
+	"With --root, commands and file operations run as root in the guest,\n"
+	"not as the tool user (UID 1000), so that a daemon such as dockerd can\n"
+	"run there: the VM is then the only boundary (docs/coding-agents.md,\n"
+	"\"Docker inside\"). It is the sandbox's for good: recreate it to change.\n"
 	"The network policy is recorded; `capsule net set NAME` changes it.\n"
 	"Progress (building the base image on first use, copying a project) goes\n"
 	"to stderr: one updating line on a terminal, one line per phase elsewhere;\n"
@@ -91,6 +95,7 @@ int cap_cli_create(int argc, char **argv)
 		{ "work-size", required_argument, NULL, CAP_OPT_WORK_SIZE },
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
+		{ "root", no_argument, NULL, CAP_OPT_ROOT },
 		CAP_CLI_NET_OPTS,
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -148,6 +153,9 @@ int cap_cli_create(int argc, char **argv)
 		case CAP_OPT_FORCE_SIZE:
 			rec.force_size = true;
 			continue;
+		case CAP_OPT_ROOT:
+			rec.tools_root = true;
+			continue;
 		case 'q':
 			cap_cli_quiet = true;
 			continue;
@@ -199,6 +207,8 @@ int cap_cli_create(int argc, char **argv)
 		_cleanup_free_ char *d = cap_net_policy_describe(net);
 		printf("network: %s\n", d);
 	}
+	if (rec.tools_root)
+		printf("commands run as root in the guest: the VM is the only boundary\n");
 	return 0;
 }
 
@@ -552,6 +562,7 @@ static json_t *shown_json(const struct shown *s)
 	json_object_set_new(o, "memory_mib", json_integer(r->memory_mib));
 	json_object_set_new(o, "root_size_mib", json_integer(r->root_size_mib));
 	json_object_set_new(o, "work_size_mib", json_integer(r->work_size_mib));
+	json_object_set_new(o, "user", json_string(r->tools_root ? "root" : "user"));
 	json_object_set_new(o, "disk_bytes", json_integer((json_int_t)st->disk_bytes));
 	json_object_set_new(o, "source", r->source[0] ? json_pack("{s:o, s:I, s:I, s:s}", "path", cap_json_text(r->source),
 			    "entries", (json_int_t)r->source_entries, "bytes", (json_int_t)r->source_bytes,
@@ -628,6 +639,7 @@ int cap_cli_inspect(int argc, char **argv)
 	printf("memory:     %u MiB\n", r->memory_mib);
 	printf("root disk:  %u MiB (writable layer over the image)\n", r->root_size_mib);
 	printf("work disk:  %u MiB (/work)\n", r->work_size_mib);
+	printf("user:       %s\n", r->tools_root ? "root (--root: the VM is the only boundary)" : "user (UID 1000)");
 	printf("disk use:   %s on the host\n", used);
 	if (r->source[0]) {
 		printf("source:     %s\n", r->source);

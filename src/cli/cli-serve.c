@@ -44,6 +44,9 @@ static const char usage[] =
 	"  --metrics ADDR      Serve Prometheus metrics (GET /metrics) on ADDR:\n"
 	"                      127.0.0.1:PORT, [::1]:PORT, HOST:PORT, or a unix\n"
 	"                      socket path holding a '/' (mode 0600)\n"
+	"  --root              Every sandbox's commands run as root in its guest, not\n"
+	"                      as UID 1000 (Docker inside; the VM is then the only\n"
+	"                      boundary): the server's choice, never an identity's\n"
 	"  --test-clock        Lifecycle time moves only by the _test.advance method\n"
 	"\n"
 	"Sizes (docs/serve.md, \"Sizes\"): every identity's sandbox gets\n"
@@ -86,7 +89,7 @@ static int seconds(const char *opt, const char *arg, double *out)
 int cap_cli_serve(int argc, char **argv)
 {
 	enum { O_SOCKET = 300, O_PAUSE, O_STOP, O_CAP, O_GRACE, O_CLOCK, O_POOL, O_WORKSPACE, O_IMPORT,
-	       O_TRANSFER, O_SCHEMA, O_MAX_CPUS, O_MAX_MEMORY, O_MAX_ROOT, O_MAX_WORK, O_METRICS };
+	       O_TRANSFER, O_SCHEMA, O_MAX_CPUS, O_MAX_MEMORY, O_MAX_ROOT, O_MAX_WORK, O_METRICS, O_ROOT };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "image", required_argument, NULL, CAP_OPT_IMAGE },
@@ -109,6 +112,7 @@ int cap_cli_serve(int argc, char **argv)
 		{ "max-root-size", required_argument, NULL, O_MAX_ROOT },
 		{ "max-work-size", required_argument, NULL, O_MAX_WORK },
 		{ "metrics", required_argument, NULL, O_METRICS },
+		{ "root", no_argument, NULL, O_ROOT },
 		{ "schema", no_argument, NULL, O_SCHEMA },	/* not in usage: for clients' checks */
 		CAP_CLI_NET_OPTS,
 		{ "help", no_argument, NULL, 'h' },
@@ -163,6 +167,7 @@ int cap_cli_serve(int argc, char **argv)
 		switch (c) {
 		case O_SOCKET: socket_path = optarg; break;
 		case O_METRICS: metrics = optarg; break;
+		case O_ROOT: cfg.tools_root = true; break;
 		case O_WORKSPACE:
 			free(workspace);
 			if (!(workspace = existing_dir("--workspace", optarg)))

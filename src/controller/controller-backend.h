@@ -36,6 +36,7 @@ struct cap_ctl_job_req {
 	const char *image, *source;	/* of a new sandbox */
 	const char *workspace;	/* of a new sandbox: its /workspace, or NULL */
 	const struct cap_net_policy *network;	/* of every sandbox, NULL: none */
+	bool tools_root;	/* every sandbox's commands as root (serve --root) */
 	/* START: the sizes of a new sandbox; for one that exists, the vCPUs
 	 * and memory it starts with from now on (its record changed first).
 	 * Every field set. */

@@ -46,6 +46,7 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		rec.memory_mib = j->size.memory_mib;
 		rec.root_size_mib = j->size.root_mib;
 		rec.work_size_mib = j->size.work_mib;
+		rec.tools_root = j->tools_root;
 		if (j->source)
 			snprintf(rec.source, sizeof(rec.source), "%s", j->source);
 		if (j->workspace && strlen(j->workspace) >= sizeof(rec.workspace))
@@ -97,6 +98,11 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 			cap_log(CAP_LOG_INFO, "%s", err.msg);
 			r = 0;
 		}
+	}
+	/* Whom commands run as: the server's, as its network is. */
+	if (r == 0 && (r = cap_named_set_tools_root(j->name, j->tools_root, &err)) == -EBUSY) {
+		cap_log(CAP_LOG_INFO, "%s", err.msg);
+		r = 0;
 	}
 	bool changed;
 	if (r == 0)

@@ -79,6 +79,11 @@ struct cap_controller_cfg {
 	 * and the most an identity may ask for (a field 0: the record's
 	 * default; no bound but the host's). */
 	struct cap_ctl_size size, size_max;
+	/* Every sandbox's commands run as root in its guest (`capsule serve
+	 * --root`, `capsule mcp --root`: Docker inside); the operator's choice,
+	 * never an identity's. Recorded when a sandbox is made, and again at a
+	 * start when its record says otherwise. */
+	bool tools_root;
 };
 
 void cap_controller_cfg_init(struct cap_controller_cfg *c);

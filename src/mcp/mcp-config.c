@@ -156,7 +156,7 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 	if (!j)
 		return cap_err_set(err, EINVAL, "%s: %s (line %d)", path, je.text, je.line);
 	static const char *const top[] = { "agent", "peer", "image", "source", "workspace", "private_import",
-					   "tools", "limits", "lifecycle", "network", "size", NULL };
+					   "tools", "limits", "lifecycle", "network", "size", "root", NULL };
 	static const char *const lim[] = { "read_max_bytes", "read_max_chars", "read_max_lines", "run_timeout_s", NULL };
 	static const char *const life[] = { "idle_pause_s", "idle_stop_s", "capacity", "warm_pool", NULL };
 	int r = 0;
@@ -181,6 +181,11 @@ int cap_mcp_cfg_load(struct cap_mcp_cfg *c, const char *path, struct cap_err *er
 		r = cfg_str(j, "workspace", &c->owned_workspace, err);
 	if (r == 0)
 		r = cfg_str(j, "private_import", &c->owned_private_import, err);
+	json_t *root = json_object_get(j, "root");
+	if (r == 0 && root && !json_is_boolean(root))
+		r = cap_err_set(err, EINVAL, "\"root\" must be true or false (true: commands run as root in the guest)");
+	if (r == 0 && root)
+		c->ctl.tools_root = json_is_true(root);
 	if (r == 0 && json_object_get(j, "network"))
 		r = cfg_network(c, json_object_get(j, "network"), err);
 	if (r == 0 && tools) {

@@ -600,7 +600,8 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 {
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
 	uint32_t flags = (s->root_readonly ? CAP_SETUP_ROOT_READONLY : 0) |
-			 (s->ntmpfs ? CAP_SETUP_TMPFS : 0) | (s->net_static ? CAP_SETUP_STATIC_NET : 0);
+			 (s->ntmpfs ? CAP_SETUP_TMPFS : 0) | (s->net_static ? CAP_SETUP_STATIC_NET : 0) |
+			 (s->tools_root ? CAP_SETUP_TOOLS_ROOT : 0);
 	size_t tmpfs = s->ntmpfs ? tmpfs_size(s) : 0;
 	bool has_ws = s->workspace && *s->workspace;
 	bool workspace = has_ws || flags;	/* the section, its serial "" without one */
@@ -741,7 +742,8 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 	if (r->left > 0 && (rd_str(r, &ws) < 0 || (*ws && !cap_proto_valid_name(ws))))
 		goto bad;
 	if (r->left > 0 && (rd_u32(r, &fl) < 0 || fl == 0 ||
-			    (fl & ~(CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS | CAP_SETUP_STATIC_NET))))
+			    (fl & ~(CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS | CAP_SETUP_STATIC_NET |
+				    CAP_SETUP_TOOLS_ROOT))))
 		goto bad;	/* an empty options section is never sent */
 	if ((fl & CAP_SETUP_TMPFS) && rd_tmpfs(r, &t, &nt) < 0)
 		goto bad;
@@ -824,6 +826,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .ca_pem = ca_pem, .env = env, .envc = envc,
 				   .workspace = workspace ? workspace : xstrdup(""),
 				   .root_readonly = flags & CAP_SETUP_ROOT_READONLY,
+				   .tools_root = flags & CAP_SETUP_TOOLS_ROOT,
 				   .tmpfs = tmpfs, .ntmpfs = ntmpfs };
 	memcpy(out->seed, seed, sizeof(out->seed));
 	if (st.net_static) {

@@ -517,6 +517,12 @@ struct cap_setup {
 	 * it is byte for byte what older agents take, and one with it is
 	 * refused by them rather than half applied. */
 	bool root_readonly;
+	/* Commands and file operations run as root (UID 0, GID 0) rather
+	 * than as the tool user (UID 1000): a sandbox made with --root
+	 * (docs/coding-agents.md, "Docker inside"), where the VM is the only
+	 * boundary. Sent in the options section (flags bit 3, no data) only
+	 * when set, so older agents refuse it rather than run as 1000. */
+	bool tools_root;
 	/* tmpfs mounts of the container (an OCI config's "mounts" of type
 	 * tmpfs), made in the final root in order, before the read-only
 	 * remount: each destination is made (mkdir -p, 0755 root's) unless
@@ -551,6 +557,7 @@ struct cap_setup {
 #define CAP_SETUP_ROOT_READONLY 0x1u	/* options section: flags bit 0 */
 #define CAP_SETUP_TMPFS 0x2u	/* options section: flags bit 1, a tmpfs list follows */
 #define CAP_SETUP_STATIC_NET 0x4u	/* options section: flags bit 2, a static network follows */
+#define CAP_SETUP_TOOLS_ROOT 0x8u	/* options section: flags bit 3, commands as root */
 /* Whether s's static network is one the decoder takes (the rules above
  * struct cap_setup's net_static). */
 bool cap_proto_setup_static_ok(const struct cap_setup *s);

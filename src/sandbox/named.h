@@ -50,6 +50,11 @@ struct cap_record {
 	 * /sys, /tmp, /run, /work) and the seeded /etc files are in place.
 	 * Recorded as "root_readonly": true only when set. */
 	bool root_readonly;
+	/* Commands and file operations run as root in the guest, not as
+	 * the tool user (`capsule create --root`: Docker inside; the VM is
+	 * then the only boundary). Recorded as "tools_root": true only when
+	 * set; SETUP's tools_root at every start. */
+	bool tools_root;
 	/* tmpfs mounts the agent makes at every start, in order, before a
 	 * read-only root's remount (an OCI config's tmpfs mounts, Podman's
 	 * --tmpfs; SETUP's tmpfs list). Recorded as "tmpfs": [{"destination",
@@ -101,6 +106,10 @@ void cap_named_shape(const struct cap_record *rec, const char *image, const char
  * (its record; nothing when they are its own already). -EBUSY while it
  * runs: a running VM is never resized. -ERANGE (err) beyond the fixed
  * bounds. */
+/* Whether a stopped sandbox's commands run as root from its next start
+ * (its record's tools_root; nothing when it is so already). -EBUSY while
+ * it runs: whom a running VM's commands run as never changes. */
+int cap_named_set_tools_root(const char *name, bool root, struct cap_err *err);
 int cap_named_set_size(const char *name, unsigned cpus, unsigned memory_mib,
 		       struct cap_err *err);
 

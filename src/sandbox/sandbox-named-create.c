@@ -160,6 +160,7 @@ void cap_named_shape(const struct cap_record *rec, const char *image, const char
 	cap_sandbox_spec_named(spec, image, upper, work, source, workspace,
 			       rec->hostname[0] ? rec->hostname : name);
 	cap_sandbox_spec_root_readonly(spec, rec->root_readonly);
+	cap_sandbox_spec_tools_root(spec, rec->tools_root);
 	cap_sandbox_spec_tmpfs(spec, rec->tmpfs, rec->ntmpfs);
 	cap_sandbox_spec_network(spec, p);
 	cap_sandbox_opts_init(o);

@@ -513,3 +513,22 @@ int cap_named_set_size(const char *name, unsigned cpus, unsigned memory_mib,
 	rec->memory_mib = memory_mib;
 	return cap_named_write_record(rec, err);
 }
+
+int cap_named_set_tools_root(const char *name, bool root, struct cap_err *err)
+{
+	struct cap_named_status st;
+	_cleanup_free_ struct cap_record *rec = xmalloc(sizeof(*rec));
+	int r;
+	if ((r = cap_named_load(name, rec, err)) < 0)
+		return r;
+	if (rec->tools_root == root)
+		return 0;
+	if ((r = cap_named_status(name, &st, err)) < 0)
+		return r;
+	if (st.state != CAP_NAMED_STOPPED)
+		return cap_err_set(err, EBUSY, "sandbox '%s' runs its commands as %s; they run as %s from its next start, not now",
+				   name, rec->tools_root ? "root" : "the tool user", root ? "root" : "the tool user");
+	cap_log(CAP_LOG_INFO, "sandbox %s: commands as %s from this start", name, root ? "root" : "the tool user");
+	rec->tools_root = root;
+	return cap_named_write_record(rec, err);
+}

@@ -94,6 +94,8 @@ int cap_named_write_record(const struct cap_record *rec, struct cap_err *err)
 		json_object_set_new(j, "hostname", json_string(rec->hostname));
 	if (rec->root_readonly)
 		json_object_set_new(j, "root_readonly", json_true());
+	if (rec->tools_root)
+		json_object_set_new(j, "tools_root", json_true());
 	if (rec->pod_netns[0])
 		json_object_set_new(j, "pod_netns", json_string(rec->pod_netns));
 	if (rec->ntmpfs) {
@@ -204,6 +206,13 @@ int cap_named_load(const char *name, struct cap_record *out,
 		return cap_err_set(err, EBADMSG, "%s: \"root_readonly\" must be true or false", path);
 	}
 	out->root_readonly = json_is_true(ro);
+	/* Nor this: commands as the tool user. */
+	json_t *tr = json_object_get(j, "tools_root");
+	if (tr && !json_is_boolean(tr)) {
+		json_decref(j);
+		return cap_err_set(err, EBADMSG, "%s: \"tools_root\" must be true or false", path);
+	}
+	out->tools_root = json_is_true(tr);
 	if ((s = json_string_value(json_object_get(j, "pod_netns")))) {
 		if (s[0] != '/' || strlen(s) >= sizeof(out->pod_netns)) {
 			json_decref(j);

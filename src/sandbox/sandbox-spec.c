@@ -52,6 +52,11 @@ void cap_sandbox_spec_root_readonly(struct cap_sandbox_spec *s, bool readonly)
 	s->setup.root_readonly = readonly;
 }
 
+void cap_sandbox_spec_tools_root(struct cap_sandbox_spec *s, bool root)
+{
+	s->setup.tools_root = root;
+}
+
 void cap_sandbox_spec_tmpfs(struct cap_sandbox_spec *s, const struct cap_setup_tmpfs *t,
 			    uint32_t n)
 {

@@ -56,6 +56,10 @@ void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,
  * set up. Not part of the shape: SETUP reaches a VM after its restore,
  * so a template serves sandboxes with either. */
 void cap_sandbox_spec_root_readonly(struct cap_sandbox_spec *s, bool readonly);
+/* Run commands and file operations as root in the guest (SETUP's
+ * tools_root): the VM is then the only boundary. Not part of the shape
+ * either. */
+void cap_sandbox_spec_tools_root(struct cap_sandbox_spec *s, bool root);
 /* Ask the agent for these tmpfs mounts (SETUP's tmpfs list, copied; n at
  * most CAP_SETUP_MAX_TMPFS, each one cap_proto_setup_tmpfs_ok takes, or
  * the SETUP will not encode), made before a read-only root's remount.

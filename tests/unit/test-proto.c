@@ -909,6 +909,47 @@ static void setup_workspace_section(void **state)
 	cap_buf_fini(&b);
 }
 
+/* tools_root: flags bit 3 of the options section, no data; with
+ * root_readonly both bits; never sent when unset. */
+static void setup_tools_root(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f, plain;
+	struct cap_setup out;
+	struct cap_setup in = { .root_image = "capsule-root", .root_upper = "capsule-upper",
+				.work = "w", .source = "", .hostname = "h" };
+	cap_buf_init(&b);
+	assert_int_equal(setup_roundtrip(&in, &b, &plain, &out), 0);
+	assert_false(out.tools_root);
+	cap_setup_fini(&out);
+	size_t plain_len = plain.len;
+
+	struct cap_setup root = in;
+	root.tools_root = true;
+	assert_int_equal(setup_roundtrip(&root, &b, &f, &out), 0);
+	assert_int_equal(f.len, plain_len + 8 + 4 + 4);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12), CAP_SETUP_TOOLS_ROOT);
+	assert_true(out.tools_root);
+	assert_false(out.root_readonly);
+	cap_setup_fini(&out);
+
+	root.root_readonly = true;
+	assert_int_equal(setup_roundtrip(&root, &b, &f, &out), 0);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12),
+			 CAP_SETUP_TOOLS_ROOT | CAP_SETUP_ROOT_READONLY);
+	assert_true(out.tools_root);
+	assert_true(out.root_readonly);
+	cap_setup_fini(&out);
+	/* The next bit is still unknown, and refused. */
+	uint8_t buf[256];
+	assert_true(f.len <= sizeof(buf));
+	memcpy(buf, f.payload, f.len);
+	cap_put_u32(buf + f.len - 4, CAP_SETUP_TOOLS_ROOT << 1);
+	assert_int_equal(cap_proto_setup_decode(buf, f.len, &out), -EBADMSG);
+	cap_buf_fini(&b);
+}
+
 /* root_readonly: the options section (u32 flags) after the workspace
  * section, sent only when set; older encodings unchanged without it. */
 static void setup_root_readonly(void **state)
@@ -1993,6 +2034,7 @@ int main(void)
 		cmocka_unit_test(setup_secrets_refused),
 		cmocka_unit_test(setup_workspace_section),
 		cmocka_unit_test(setup_root_readonly),
+		cmocka_unit_test(setup_tools_root),
 		cmocka_unit_test(setup_tmpfs),
 		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),

@@ -1,5 +1,6 @@
 /* Building the named images: "base" (the busybox root capsule boots into
- * by default) and "python" (Debian minbase with python3-minimal). */
+ * by default), and from this machine's Debian mirror "python" (minbase
+ * with python3-minimal) and "docker" (minbase with Debian's docker.io). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -180,20 +181,74 @@ static int apt_mirror(char **mirror, char **suite, struct cap_err *err)
 	return cap_err_set(err, ENOENT, "no Debian mirror for '%s' in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list", codename);
 }
 
-static int stage_python(const char *root, cap_progress_fn progress, void *ud,
-			char **source, struct cap_err *err)
+/* The images debootstrap makes: minbase and the packages named, then the
+ * files the image needs of capsule's own. */
+struct recipe {
+	const char *name;
+	const char *include;	/* debootstrap --include= */
+	const char *takes;	/* for the progress line */
+	int (*finish)(const char *root, struct cap_err *err);
+};
+
+/* dockerd keeps its images and containers on /work (ext4: an overlay2
+ * upper layer cannot be on the overlay root), so they stay from one start
+ * to the next; capsule-dockerd starts it in a --root sandbox's session. */
+static const char docker_daemon_json[] = "{\n  \"data-root\": \"/work/.docker\"\n}\n";
+static const char docker_start_sh[] =
+	"#!/bin/sh\n"
+	"# capsule-dockerd: start dockerd for this session unless one answers\n"
+	"# already, and wait until it does (docs/coding-agents.md, \"Docker inside\").\n"
+	"# Its log is /tmp/dockerd.log; it ends with the command that started it.\n"
+	"if docker info >/dev/null 2>&1; then exit 0; fi\n"
+	"if [ \"$(id -u)\" != 0 ]; then\n"
+	"\techo 'capsule-dockerd: dockerd needs root in the guest: make the sandbox with --root' >&2\n"
+	"\texit 1\n"
+	"fi\n"
+	"dockerd >/tmp/dockerd.log 2>&1 &\n"
+	"pid=$!\n"
+	"i=0\n"
+	"until docker info >/dev/null 2>&1; do\n"
+	"\tif ! kill -0 \"$pid\" 2>/dev/null || [ \"$i\" -ge 600 ]; then\n"
+	"\t\techo 'capsule-dockerd: dockerd did not start; the end of /tmp/dockerd.log:' >&2\n"
+	"\t\ttail -n 15 /tmp/dockerd.log >&2\n"
+	"\t\texit 1\n"
+	"\tfi\n"
+	"\ti=$((i + 1))\n"
+	"\tsleep 0.2\n"
+	"done\n";
+
+static int finish_docker(const char *root, struct cap_err *err)
+{
+	_cleanup_free_ char *etc = xasprintf("%s/etc/docker", root);
+	int r = cap_mkdir_p(etc, 0755);
+	if (r == 0)
+		r = put_file(root, "etc/docker/daemon.json", docker_daemon_json, sizeof(docker_daemon_json) - 1, 0644);
+	if (r == 0)
+		r = put_file(root, "usr/local/bin/capsule-dockerd", docker_start_sh, sizeof(docker_start_sh) - 1, 0755);
+	return r < 0 ? cap_err_set(err, -r, "cannot write the docker image's files into %s: %s", root, strerror(-r)) : 0;
+}
+
+static const struct recipe recipes[] = {
+	{ "python", "python3-minimal", "about a minute", NULL },
+	{ "docker", "docker.io,iptables,ca-certificates", "a few minutes", finish_docker },
+};
+
+static int stage_debootstrap(const struct recipe *rc, const char *root, cap_progress_fn progress, void *ud,
+			     char **source, struct cap_err *err)
 {
 	_cleanup_free_ char *mirror = NULL, *suite = NULL;
 	int r;
 	if (geteuid() != 0)
-		return cap_err_set(err, EPERM, "building the python image runs debootstrap, which needs root; run `sudo capsule image build python`");
+		return cap_err_set(err, EPERM, "building the %s image runs debootstrap, which needs root; run `sudo capsule image build %s`",
+				   rc->name, rc->name);
 	if ((r = apt_mirror(&mirror, &suite, err)) < 0)
 		return r;
-	char *argv[] = { "debootstrap", "--variant=minbase", "--include=python3-minimal",
-			 suite, (char *)root, mirror, NULL };
+	_cleanup_free_ char *include = xasprintf("--include=%s", rc->include);
+	char *argv[] = { "debootstrap", "--variant=minbase", include, suite, (char *)root, mirror, NULL };
 	if (progress) {
 		char msg[700];
-		snprintf(msg, sizeof(msg), "debootstrap --variant=minbase %s from %s (about a minute)", suite, mirror);
+		snprintf(msg, sizeof(msg), "debootstrap --variant=minbase %s %s from %s (%s)", include, suite, mirror,
+			 rc->takes);
 		progress(ud, msg);
 	}
 	/* debootstrap's own lines are details of this one phase. */
@@ -217,16 +272,22 @@ static int stage_python(const char *root, cap_progress_fn progress, void *ud,
 		_cleanup_free_ char *d = xasprintf("%s/%s", root, mnt[i]);
 		mkdir(d, 0755);
 	}
-	*source = xasprintf("debootstrap --variant=minbase --include=python3-minimal %s", suite);
+	if (rc->finish && (r = rc->finish(root, err)) < 0)
+		return r;
+	*source = xasprintf("debootstrap --variant=minbase %s %s", include, suite);
 	return 0;
 }
 
 int cap_store_image_build(const char *which, cap_progress_fn progress,
 			  void *ud, struct cap_image *out, struct cap_err *err)
 {
-	bool base = strcmp(which, "base") == 0, python = strcmp(which, "python") == 0;
-	if (!base && !python)
-		return cap_err_set(err, EINVAL, "no recipe for image '%s'; capsule can build 'base' and 'python' (or use `capsule image import`)", which);
+	bool base = strcmp(which, "base") == 0;
+	const struct recipe *rc = NULL;
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(recipes) && !rc; i++)
+		if (strcmp(which, recipes[i].name) == 0)
+			rc = &recipes[i];
+	if (!base && !rc)
+		return cap_err_set(err, EINVAL, "no recipe for image '%s'; capsule can build 'base', 'python' and 'docker' (or use `capsule image import`)", which);
 
 	_cleanup_free_ char *images = cap_store_images_dir();
 	int r = cap_mkdir_p(images, 0755);
@@ -253,7 +314,7 @@ int cap_store_image_build(const char *which, cap_progress_fn progress,
 		r = stage_base(stage, err);
 		source = xstrdup("capsule image build base (busybox-static)");
 	} else {
-		r = stage_python(stage, progress, ud, &source, err);
+		r = stage_debootstrap(rc, stage, progress, ud, &source, err);
 	}
 	if (r == 0)
 		r = cap_store_image_from_dir(stage, which, source, progress, ud, out, err);

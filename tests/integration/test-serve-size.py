@@ -5,7 +5,8 @@ start; an identity's size refused at the call that gives it (naming the
 field and the bound, nothing kept), a good one kept, applied at the
 sandbox's next start (the guest's CPUs and memory), never to a running
 VM (the answer says so, and the guest keeps its size), shown by status,
-kept across a restart of serve; a disk sized once, at creation. TAP.
+kept across a restart of serve; a disk sized once, at creation; and
+serve --root, which an identity's sandbox follows from its next start. TAP.
 
     python3 tests/integration/test-serve-size.py build/capsule"""
 import json
@@ -18,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from servelib import Connection, Home, Server, Tap, call  # noqa: E402
 
 CAPSULE = os.path.abspath(sys.argv[1])
-PLAN = 28
+PLAN = 31
 A = {"agent": "sizer", "peer": "alice"}
 B = {"agent": "sizer", "peer": "bob"}
 C = {"agent": "sizer", "peer": "carol"}
@@ -168,9 +169,26 @@ try:
          f"a new serve shows the identity's sizes, nothing running ({sz})")
     r, got = probe(c, A)
     t.ok(got is not None and got[0] == 2 and near(got[1], 1024), f"... and starts it with them (guest: {got})")
+    r = call(c, "exec", {"identity": A, "argv": ["id", "-u"], "timeout": 60}, timeout=300)
+    t.ok((r.get("result") or {}).get("stdout") == "1000\n", f"without --root, commands run as the tool user ({r})")
     c.close()
     rc = servers[-1].term()
     t.ok(rc == 0 and not home.qemu_pids(), f"serve stops every VM (exit {rc}, QEMU left: {home.qemu_pids()})")
+
+    # --- serve --root: the server's choice, which its sandboxes follow --------------------------
+    servers.append(Server(CAPSULE, home, "--root", "--idle-pause", "600", "--idle-stop", "3600"))
+    c = Connection(home.sock, timeout=300)
+    r = call(c, "exec", {"identity": A, "argv": ["sh", "-c", "id -u; echo $USER"], "timeout": 60}, timeout=300)
+    with open(os.path.join(home.home, "workspaces", "sizer", "alice", "record.json")) as f:
+        name_a = json.load(f).get("sandbox", "?")
+    with open(os.path.join(home.home, "sandboxes", name_a, "record.json")) as f:
+        rec = json.load(f)
+    t.ok((r.get("result") or {}).get("stdout") == "0\nroot\n" and rec.get("tools_root") is True,
+         f"under serve --root an identity's sandbox made before runs its commands as root from its next start "
+         f"({r}; record tools_root {rec.get('tools_root')})")
+    c.close()
+    rc = servers[-1].term()
+    t.ok(rc == 0 and not home.qemu_pids(), f"serve --root stops every VM (exit {rc}, QEMU left: {home.qemu_pids()})")
 except Exception as e:  # a crash of the suite is a failure, with what it was
     t.ok(False, f"the suite ran to its end ({e!r})", home.log_tail())
 finally:

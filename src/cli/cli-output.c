@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -111,4 +112,27 @@ int cap_cli_json_out(struct json_t *v)
 		return CAP_EXIT_FAILURE;
 	}
 	return 0;
+}
+
+void cap_cli_human(uint64_t bytes, char *buf, size_t len)
+{
+	if (bytes >= (1ull << 30))
+		snprintf(buf, len, "%.1fG", bytes / (double)(1ull << 30));
+	else if (bytes >= (1ull << 20))
+		snprintf(buf, len, "%.1fM", bytes / (double)(1ull << 20));
+	else
+		snprintf(buf, len, "%lluK", (unsigned long long)(bytes >> 10));
+}
+
+void cap_cli_age(int64_t created, char *buf, size_t len)
+{
+	int64_t s = time(NULL) - created;
+	if (s < 120)
+		snprintf(buf, len, "%llds", (long long)s);
+	else if (s < 7200)
+		snprintf(buf, len, "%lldm", (long long)(s / 60));
+	else if (s < 172800)
+		snprintf(buf, len, "%lldh", (long long)(s / 3600));
+	else
+		snprintf(buf, len, "%lldd", (long long)(s / 86400));
 }

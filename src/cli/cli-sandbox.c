@@ -420,29 +420,6 @@ static int exec_or_shell(int argc, char **argv, bool shell)
 int cap_cli_exec(int argc, char **argv) { return exec_or_shell(argc, argv, false); }
 int cap_cli_shell(int argc, char **argv) { return exec_or_shell(argc, argv, true); }
 
-static void human(uint64_t bytes, char *buf, size_t len)
-{
-	if (bytes >= (1ull << 30))
-		snprintf(buf, len, "%.1fG", bytes / (double)(1ull << 30));
-	else if (bytes >= (1ull << 20))
-		snprintf(buf, len, "%.1fM", bytes / (double)(1ull << 20));
-	else
-		snprintf(buf, len, "%lluK", (unsigned long long)(bytes >> 10));
-}
-
-static void age(int64_t created, char *buf, size_t len)
-{
-	int64_t s = time(NULL) - created;
-	if (s < 120)
-		snprintf(buf, len, "%llds", (long long)s);
-	else if (s < 7200)
-		snprintf(buf, len, "%lldm", (long long)(s / 60));
-	else if (s < 172800)
-		snprintf(buf, len, "%lldh", (long long)(s / 3600));
-	else
-		snprintf(buf, len, "%lldd", (long long)(s / 86400));
-}
-
 /* Where a running VM's hypervisor process is confined, read from /proc:
  * its user and its memory cgroup. false when it cannot tell. */
 static bool read_jail(pid_t vmm, char *uid, size_t ulen, char *cgroup, size_t clen)
@@ -626,7 +603,7 @@ int cap_cli_inspect(int argc, char **argv)
 	}
 	const struct cap_record *r = &s.rec;
 	char used[32];
-	human(s.st.disk_bytes, used, sizeof(used));
+	cap_cli_human(s.st.disk_bytes, used, sizeof(used));
 	printf("name:       %s\n", r->name);
 	printf("state:      %s\n", state_name(s.st.state));
 	if (s.st.state != CAP_NAMED_STOPPED) {
@@ -726,8 +703,8 @@ int cap_cli_ls(int argc, char **argv)
 				json_array_append_new(all, shown_json(&s));
 			} else {
 				char used[32], a[32];
-				human(s.st.disk_bytes, used, sizeof(used));
-				age(s.rec.created, a, sizeof(a));
+				cap_cli_human(s.st.disk_bytes, used, sizeof(used));
+				cap_cli_age(s.rec.created, a, sizeof(a));
 				printf("%-24s %-16s %-8s %8s %6s\n", s.rec.name, s.rec.image_ref, state_name(s.st.state),
 				       used, a);
 			}

@@ -185,6 +185,11 @@ __attribute__((format(printf, 1, 2))) void cap_cli_error(const char *fmt, ...);
 int cap_cli_one_flag(int argc, char **argv, const char *usage, const char *flag,
 		     char shortc, bool *set);
 
+/* A size as "1.5G", "12.0M" or "300K"; an age from a Unix time as
+ * "90s", "5m", "3h" or "2d". */
+void cap_cli_human(uint64_t bytes, char *buf, size_t len);
+void cap_cli_age(int64_t created, char *buf, size_t len);
+
 /* Parse a decimal unsigned number in [min, max]; -EINVAL otherwise. */
 int cap_cli_parse_uint(const char *s, unsigned long min, unsigned long max,
 		       unsigned long *out);

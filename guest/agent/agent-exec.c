@@ -42,6 +42,10 @@ void send_output(struct exec *x, enum cap_msg type, const uint8_t *p,
 {
 	if (x->truncated)
 		return;
+	if (x->detached) {
+		x->sent += n;	/* its host is gone */
+		return;
+	}
 	if (x->cap && x->sent + n > x->cap) {
 		size_t room = (size_t)(x->cap - x->sent);
 		if (room)
@@ -581,7 +585,8 @@ void finish_if_done(struct exec *x, int64_t now, bool reading)
 	if (x->ctr && ex.kind == CAP_EXIT_SIGNAL && ex.value == SIGKILL && ctr_oom_kills(x->ctr) > x->oom_base)
 		ex.flags |= CAP_EXIT_OOM;
 	/* What it wrote is on the host's disks before its end is told. */
-	agent_durable_exit(&A.out, x->id, &ex, !x->no_sync, others_running(x), x->flush_seq);
+	if (!x->detached)
+		agent_durable_exit(&A.out, x->id, &ex, !x->no_sync, others_running(x), x->flush_seq);
 	exec_release(x);
 }
 
@@ -590,6 +595,20 @@ void kill_all_execs(void)
 	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++)
 		if (A.execs[i].id)
 			exec_kill(&A.execs[i]);
+}
+
+void detach_all_execs(void)
+{
+	for (size_t i = 0; i < CAP_ARRAY_SIZE(A.execs); i++) {
+		struct exec *x = &A.execs[i];
+		if (!x->id)
+			continue;
+		x->detached = true;
+		x->id = CAP_DETACHED_ID + (uint32_t)i;
+		/* What the old host sent is not the new one's to give. */
+		cap_buf_fini(&x->in_pending);
+		cap_buf_init(&x->in_pending);
+	}
 }
 
 void reap(void)

@@ -47,7 +47,13 @@ struct exec {
 	bool ctr_init;	/* it is that container's first process */
 	uint64_t oom_base;	/* the container's oom_kill count when it started */
 	int64_t cg_kill_ms;	/* when it was last killed, 0: not yet */
+	/* Started by a host before a snapshot was restored (HELLO's
+	 * CAP_HELLO_KEEP): it runs on, its output is read and dropped, its
+	 * end is told to nobody; id is then CAP_DETACHED_ID + its slot,
+	 * never a host's. */
+	bool detached;
 };
+#define CAP_DETACHED_ID 0x80000000u
 
 /* The agent's state (agent.c). */
 struct agent {
@@ -152,6 +158,9 @@ void handle_exec(uint32_t id, const uint8_t *p, size_t n);
 bool others_running(const struct exec *except);
 void finish_if_done(struct exec *x, int64_t now, bool reading);
 void kill_all_execs(void);
+/* A restored snapshot's new host (HELLO's CAP_HELLO_KEEP): every command
+ * goes on, detached. */
+void detach_all_execs(void);
 void reap(void);
 
 /* --- a pod's containers (agent-ctr.c) --- */

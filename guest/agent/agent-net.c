@@ -422,6 +422,13 @@ static int write_etc(const struct cap_setup *s, char *msg, size_t mlen)
 	return e;
 }
 
+int agent_net_rename(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	if (!s->net_addr || s->net_static)
+		return 0;
+	return write_etc(s, msg, mlen);
+}
+
 /* --- the commands' environment ----------------------------------------- */
 
 /* The proxy variables among the commands' defaults (agent.h). */

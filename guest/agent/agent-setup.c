@@ -393,25 +393,51 @@ static int do_setup(const struct cap_setup *s, char *msg, size_t mlen)
 	return 0;
 }
 
+/* A restored snapshot's re-identification (SETUP's forked): its own
+ * clock, entropy and hostname, the new sandbox's CA and variables (its
+ * placeholders); the mounts are the snapshot's, and so is everything
+ * else the first SETUP set. */
+static int do_forked(const struct cap_setup *s, char *msg, size_t mlen)
+{
+	fresh_start(s);
+	if (*s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)
+		agent_log("sethostname %s: %s", s->hostname, strerror(errno));
+	int r;
+	if (!s->root_readonly && (r = agent_net_rename(s, msg, mlen)) < 0)
+		return r;
+	if ((r = agent_ca_setup(s, msg, mlen)) < 0)
+		return r;
+	for (uint32_t i = 0; i < s->envc; i++)
+		agent_env_put(s->env[i]);
+	return 0;
+}
+
 void handle_setup(const uint8_t *p, size_t n)
 {
 	struct cap_setup s;
 	char msg[512] = "";
 	int r;
 
-	if (A.setup_done) {
-		r = -EALREADY;
-		snprintf(msg, sizeof(msg), "SETUP was already done in this VM");
-	} else if (cap_proto_setup_decode(p, n, &s) < 0) {
+	if (cap_proto_setup_decode(p, n, &s) < 0) {
 		r = -EBADMSG;
 		snprintf(msg, sizeof(msg), "malformed SETUP");
 	} else {
-		r = do_setup(&s, msg, sizeof(msg));
-		A.setup_done = r == 0;
-		if (r < 0)
-			agent_env_reset();	/* nothing half set up */
-		if (r == 0 && s.net_addr && s.auto_publish)
-			agent_publish_start(s.net_static ? 0 : s.net_addr);
+		if (s.forked && !A.setup_done) {
+			r = -EINVAL;
+			snprintf(msg, sizeof(msg), "a fork's SETUP reached a VM that was never set up");
+		} else if (s.forked) {
+			r = do_forked(&s, msg, sizeof(msg));
+		} else if (A.setup_done) {
+			r = -EALREADY;
+			snprintf(msg, sizeof(msg), "SETUP was already done in this VM");
+		} else {
+			r = do_setup(&s, msg, sizeof(msg));
+			A.setup_done = r == 0;
+			if (r < 0)
+				agent_env_reset();	/* nothing half set up */
+			if (r == 0 && s.net_addr && s.auto_publish)
+				agent_publish_start(s.net_static ? 0 : s.net_addr);
+		}
 		cap_setup_fini(&s);
 	}
 	if (r < 0)

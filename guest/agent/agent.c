@@ -86,16 +86,24 @@ static void handle_frame(const struct cap_frame *f)
 	struct exec *x;
 
 	switch (f->type) {
-	case CAP_MSG_HELLO:
+	case CAP_MSG_HELLO: {
 		/* A host opening a session; what an earlier one started ends
-		 * (a VM restored from a template may not have seen it go). */
-		kill_all_execs();
+		 * (a VM restored from a template may not have seen it go),
+		 * unless this host resumes a snapshot: a fork continues the
+		 * parent's commands, detached. */
+		uint32_t flags = 0;
+		cap_proto_hello_flags(f->payload, f->len, &flags);
+		if (flags & CAP_HELLO_KEEP)
+			detach_all_execs();
+		else
+			kill_all_execs();
 		agent_connect_reset();
 		agent_durable_forget();
 		A.out.off = A.out.len = 0;
 		cap_proto_hello_encode(&A.out, AGENT_VERSION);
 		agent_publish_resend();
 		return;
+	}
 	case CAP_MSG_EXEC:
 		handle_exec(f->stream, f->payload, f->len);
 		return;
@@ -243,9 +251,12 @@ static void pump_stdin(struct exec *x)
 static void host_gone(void)
 {
 	if (A.connected)
-		agent_log("host disconnected; ending its commands");
+		agent_log("host disconnected; its commands go on, detached, until a host says HELLO");
 	A.connected = false;
-	kill_all_execs();
+	/* A restored VM sees its channel close and open again: what ran
+	 * in a snapshot must still be there for a fork's host (HELLO with
+	 * CAP_HELLO_KEEP); any other host's HELLO ends it. */
+	detach_all_execs();
 	agent_connect_reset();
 	agent_durable_forget();
 	A.in.off = A.in.len = 0;

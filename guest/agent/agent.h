@@ -84,6 +84,8 @@ void agent_durable_forget(void);
  * Run in the final root. On failure returns -errno with msg naming the
  * step. */
 int agent_net_setup(const struct cap_setup *s, char *msg, size_t mlen);
+/* A fork's new hostname in /etc/hosts (with a NIC not a pod's). */
+int agent_net_rename(const struct cap_setup *s, char *msg, size_t mlen);
 /* At boot, before HELLO: configure the NIC from "capsule.net=ADDR/N,GW"
  * on the kernel command line (the host puts it there for a VM with a
  * NIC), so that a template holds it ready and a SETUP with the same

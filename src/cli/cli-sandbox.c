@@ -46,6 +46,7 @@ static const char create_usage[] =
 	"                           [--memory MIB] [--root-size MIB] [--work-size MIB]\n"
 	"                           [--workspace DIR [--workspace-size MIB]]\n"
 	"                           [--force-size] [--root] [-q] [NETWORK FLAGS]\n"
+	"       capsule create NAME --from SNAPSHOT\n"
 	"\n"
 	"Create a persistent sandbox: a writable root over IMAGE (a name or\n"
 	"sha256:digest, default base) and a private /work disk that keeps its\n"
@@ -77,11 +78,15 @@ static const char create_usage[] =
 	"to stderr: one updating line on a terminal, one line per phase elsewhere;\n"
 	"-q, --quiet prints none. Docker's -v HOST:GUEST is refused: capsule has\n"
 	"no bind mounts (use --source, --workspace or `capsule cp`).\n"
+	"With --from, the sandbox is made from a snapshot (`capsule snapshot`):\n"
+	"its settings, and its disks copy-on-write over the snapshot's; its first\n"
+	"start resumes what ran in it, with its own hostname, clock and entropy\n"
+	"(docs/cli.md, \"Snapshots and forks\"). It takes no other option.\n"
 	"\n"
 	CAP_CLI_NET_HELP;
 
 /* Options of create only. */
-enum { OPT_WORKSPACE = 0x1000, OPT_WORKSPACE_SIZE };
+enum { OPT_WORKSPACE = 0x1000, OPT_WORKSPACE_SIZE, OPT_FROM };
 
 int cap_cli_create(int argc, char **argv)
 {
@@ -96,11 +101,14 @@ int cap_cli_create(int argc, char **argv)
 		{ "source", required_argument, NULL, CAP_OPT_SOURCE },
 		{ "force-size", no_argument, NULL, CAP_OPT_FORCE_SIZE },
 		{ "root", no_argument, NULL, CAP_OPT_ROOT },
+		{ "from", required_argument, NULL, OPT_FROM },
 		CAP_CLI_NET_OPTS,
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
+	const char *from = NULL;
+	int others = 0;
 	struct cap_record rec;
 	struct cap_err err = { 0 };
 	_cleanup_free_ struct cap_net_policy *net = xmalloc(sizeof(*net));
@@ -117,9 +125,13 @@ int cap_cli_create(int argc, char **argv)
 		unsigned *field = NULL;
 		if ((k = cap_cli_net_opt(net, c, optarg)) < 0)
 			return CAP_EXIT_USAGE;
+		others += c != OPT_FROM && c != 'q' && c != 'h';
 		if (k > 0)
 			continue;
 		switch (c) {
+		case OPT_FROM:
+			from = optarg;
+			continue;
 		case CAP_OPT_IMAGE:
 			if (strlen(optarg) >= sizeof(rec.image_ref)) {
 				cap_cli_error("--image '%.40s...' is %zu bytes: a name, sha256:DIGEST or a reference of at most 255",
@@ -184,6 +196,19 @@ int cap_cli_create(int argc, char **argv)
 				return CAP_EXIT_USAGE;
 		fputs(create_usage, stderr);
 		return 2;
+	}
+	if (from && others) {
+		cap_cli_error("--from %s takes the snapshot's settings: it takes no other option but -q", from);
+		return CAP_EXIT_USAGE;
+	}
+	if (from) {
+		if (cap_named_create_from(argv[optind], from, &err) < 0) {
+			cap_cli_error("%s", err.msg);
+			return err.code == EINVAL ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
+		}
+		if (!cap_cli_quiet)
+			printf("created sandbox %s from snapshot %s (its first start resumes it)\n", argv[optind], from);
+		return 0;
 	}
 	snprintf(rec.name, sizeof(rec.name), "%s", argv[optind]);
 	if (cap_record_set_net(&rec, net, &err) < 0) {

@@ -26,6 +26,9 @@ static const char usage[] =
 	"  exec      Run a command in a sandbox\n"
 	"  shell     Open an interactive shell in a sandbox\n"
 	"  code      A project's sandbox for a coding agent: its copy, its state kept\n"
+	"  pause     Freeze a running sandbox   resume    Continue a paused one\n"
+	"  snapshot  Save a running sandbox (memory, processes, disks); list, remove\n"
+	"  fork      Branch a running sandbox N ways, processes and all\n"
 	"  ls        List sandboxes             inspect   Show a sandbox\n"
 	"  logs      Print (or follow) a sandbox's console and shim logs\n"
 	"  rm        Delete a sandbox and its disks\n"
@@ -157,6 +160,8 @@ static const struct {
 	{ "start", cap_cli_start, NULL }, { "stop", cap_cli_stop, NULL },
 	{ "exec", cap_cli_exec, NULL }, { "shell", cap_cli_shell, NULL },
 	{ "code", cap_cli_code, NULL },
+	{ "pause", cap_cli_pause, NULL }, { "resume", cap_cli_resume, NULL },
+	{ "snapshot", cap_cli_snapshot, "ls inspect" }, { "fork", cap_cli_fork, "" },
 	{ "ls", cap_cli_ls, "" }, { "inspect", cap_cli_inspect, "" },
 	{ "logs", cap_cli_logs, NULL }, { "rm", cap_cli_rm, NULL },
 	{ "cp", cap_cli_cp, NULL }, { "diff", cap_cli_diff, "" },

@@ -46,6 +46,7 @@ struct cap_engine_ops {
 	int (*pause)(struct cap_vm *vm, struct cap_err *err);
 	int (*resume)(struct cap_vm *vm, struct cap_err *err);
 	int (*save)(struct cap_vm *vm, const char *state_path, struct cap_err *err);
+	int (*save_full)(struct cap_vm *vm, const char *state_path, struct cap_err *err);
 	int (*quit)(struct cap_vm *vm);
 	void (*kill)(struct cap_vm *vm);
 	char *(*logs_tail)(const struct cap_vm *vm, int lines);

@@ -221,10 +221,19 @@ static unsigned twin_slot(const struct cap_vm_config *cfg, unsigned disk)
 	return k;
 }
 
-/* The shared RAM's memfd comes last, after the twins. */
+/* Then the read-only base of each qcow2 overlay (a fork's disk). */
+static unsigned backing_slot(const struct cap_vm_config *cfg, unsigned disk)
+{
+	unsigned k = twin_slot(cfg, cfg->ndisks);
+	for (unsigned i = 0; i < disk; i++)
+		k += cfg->disks[i].backing != NULL;
+	return k;
+}
+
+/* The shared RAM's memfd comes last, after the bases. */
 static unsigned ram_slot(const struct cap_vm_config *cfg)
 {
-	return twin_slot(cfg, cfg->ndisks);
+	return backing_slot(cfg, cfg->ndisks);
 }
 
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
@@ -258,7 +267,7 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		 * descriptor set): its descriptor through the jail's proc. */
 		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=/proc/self/fd/%d,share=off",
 				 cfg->memory_mib, FD_NUM(ram_slot(cfg))));
-	} else if (cfg->restore_state && !jailed) {
+	} else if (cfg->restore_state && !cfg->restore_full && !jailed) {
 		/* Unconfined, a restored VM maps the template's RAM file
 		 * privately: pages are shared with the template until the
 		 * guest writes them, and the template is never changed. */
@@ -266,9 +275,10 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=off",
 				 cfg->memory_mib, ram));
 	} else if (cfg->restore_state || vm->owned_ram_path) {
-		/* A template being built shares its RAM file; a confined
-		 * restore gets the jail's own copy of the template's (QEMU
-		 * 7.2 opens a RAM file read-write even to map it privately). */
+		/* A template being built shares its RAM file, and so does a
+		 * snapshot being sealed; a confined restore gets the jail's
+		 * own copy of the template's (QEMU 7.2 opens a RAM file
+		 * read-write even to map it privately). */
 		_cleanup_free_ char *ram = esc(jailed ? JAIL_RAM : vm->owned_ram_path);
 		arg(a, xasprintf("memory-backend-file,id=ram,size=%uM,mem-path=%s,share=on",
 				 cfg->memory_mib, ram));
@@ -345,10 +355,26 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		 * it: QEMU's default for writes stops the VM on ENOSPC, which
 		 * froze a sandbox whose host disk filled up (the shim hears of
 		 * each error through QMP, cap_vm_io_errors). */
+		/* A fork's disk: a qcow2 overlay over its snapshot's copy,
+		 * which QEMU opens read-only through its own set. */
+		char format[96] = "format=raw";
+		if (d->backing) {
+			unsigned b = backing_slot(cfg, i);
+			arg(a, xstrdup("-add-fd"));
+			arg(a, xasprintf("fd=%d,set=%u", FD_NUM(b), b + 1));
+			snprintf(format, sizeof(format),
+				 "format=qcow2,backing.driver=raw,backing.file.driver=file,backing.file.filename=/dev/fdset/%u",
+				 b + 1);
+		}
+		/* No image locking: after a snapshot's save (cap_vm_save_full)
+		 * QEMU hands the disks back to itself, and 7.2 then fails on
+		 * the locks its own two descriptors of the set hold ("Failed
+		 * to get "write" lock"), leaving the VM stopped. One VM per
+		 * sandbox is the shim's lock's to keep (shim.lock). */
 		arg(a, xstrdup("-drive"));
-		arg(a, xasprintf("id=disk%u,file=/dev/fdset/%d,format=raw,if=none,readonly=%s,discard=unmap,"
+		arg(a, xasprintf("id=disk%u,file=/dev/fdset/%d,%s,file.locking=off,if=none,readonly=%s,discard=unmap,"
 				 "werror=report,rerror=report",
-				 i, slot + 1, d->readonly ? "on" : "off"));
+				 i, slot + 1, format, d->readonly ? "on" : "off"));
 		arg(a, xstrdup("-device"));
 		arg(a, xasprintf("virtio-blk-device,drive=disk%u,serial=%s", i, d->serial));
 	}
@@ -721,6 +747,38 @@ out:
 	return r;
 }
 
+/* A whole state, RAM included: every RAM block is sent (x-ignore-shared
+ * off, whatever an earlier restore set), at no bandwidth limit (QEMU's
+ * default is 32 MiB/s, meant for a network; this is a local file, the
+ * guest already stopped). */
+static int save_full(struct cap_vm *v, const char *state_path, struct cap_err *err)
+{
+	struct qemu_vm *vm = QVM(v);
+	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
+	int r;
+
+	if ((r = qmp_execute(vm, "stop", err)) < 0 ||
+	    (r = qmp_call(vm, "migrate-set-capabilities",
+			  json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 0),
+			  NULL, err)) < 0 ||
+	    (r = qmp_call(vm, "migrate-set-parameters", json_pack("{s:I}", "max-bandwidth", (json_int_t)1 << 40),
+			  NULL, err)) < 0)
+		return r;
+	int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (out < 0)
+		return cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
+	if ((r = qmp_call_fd(vm, "getfd", json_pack("{s:s}", "fdname", "capsule-save"), NULL, out, err)) < 0 ||
+	    (r = qmp_call(vm, "migrate", json_pack("{s:s}", "uri", "fd:capsule-save"), NULL, err)) < 0 ||
+	    (r = migration_done(vm, 120000, err)) < 0)
+		goto out;
+	if (fsync(out) < 0 || rename(tmp, state_path) < 0)
+		r = cap_err_set(err, errno, "cannot store %s: %s", state_path, strerror(errno));
+out:
+	close(out);
+	unlink(tmp);
+	return r;
+}
+
 /* Feed the saved state (passed to QEMU as a descriptor at start) into a
  * QEMU started with -incoming defer; the guest stays paused until `cont`. */
 static int restore(struct qemu_vm *vm, const struct cap_vm_config *cfg, struct cap_err *err)
@@ -728,10 +786,10 @@ static int restore(struct qemu_vm *vm, const struct cap_vm_config *cfg, struct c
 	_cleanup_free_ char *uri = xasprintf("fd:%d", FD_NUM(state_slot(cfg)));
 	int r;
 	if ((r = cap_jail_ready(vm->jail, err)) < 0 ||
-	    (r = ignore_shared(vm, err)) < 0 ||
+	    (!cfg->restore_full && (r = ignore_shared(vm, err)) < 0) ||
 	    (r = qmp_call(vm, "migrate-incoming", json_pack("{s:s}", "uri", uri), NULL, err)) < 0)
 		return r;
-	return migration_done(vm, 10000, err);
+	return migration_done(vm, cfg->restore_full ? 120000 : 10000, err);
 }
 
 static int pause_vm(struct cap_vm *v, struct cap_err *err)
@@ -996,7 +1054,7 @@ static const char *jail_note(const struct cap_vm *v)
 /* How many descriptors QEMU is handed: the twins come last. */
 static unsigned fd_count(const struct cap_vm_config *cfg)
 {
-	return twin_slot(cfg, cfg->ndisks);
+	return ram_slot(cfg);
 }
 
 static int open_disk(const struct cap_vm_disk *d, int flags, struct cap_err *err)
@@ -1025,6 +1083,9 @@ static int open_fds(const struct cap_vm_config *cfg, struct qemu_vm *vm, int *fd
 			return fds[FD_DISK0 + i];
 		if (!d->readonly && (fds[twin_slot(cfg, i)] = open_disk(d, O_RDONLY, err)) < 0)
 			return fds[twin_slot(cfg, i)];
+		if (d->backing && (fds[backing_slot(cfg, i)] = open(d->backing, O_RDONLY | O_CLOEXEC)) < 0)
+			return cap_err_set(err, errno, "cannot open %s, the base of disk %s (%s): %s", d->backing,
+					   d->path, d->serial, strerror(errno));
 	}
 	if (cfg->restore_state &&
 	    (fds[state_slot(cfg)] = open(cfg->restore_state, O_RDONLY | O_CLOEXEC)) < 0)
@@ -1278,7 +1339,7 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 	jail_fini(&qj);
 	if (r < 0)
 		goto fail;
-	if (cfg->restore_state) {
+	if (cfg->restore_state && !cfg->restore_full) {
 		bool jailed = cap_jail_confined(vm->jail);
 		vm->ram_shared = jailed && cfg->restore_ram_fd > 0;
 		vm->ram_note = vm->ram_shared ? "shared RAM" : jailed ? "RAM copied" : "template file mapped privately";
@@ -1356,11 +1417,12 @@ static int start(const struct cap_vm_config *cfg, struct cap_vm **out,
 			goto fail;
 		t->restored = cap_now_ns();
 	}
-	if ((r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
+	/* A snapshot being sealed never runs: no agent, no cont. */
+	if (!cfg->restore_full && (r = connect_unix(vm->owned_agent_path, vm, &vm->agent_fd, err)) < 0)
 		goto fail;
 	/* A restored guest runs only once the agent's channel is connected,
 	 * so it never sees its host missing. */
-	if (cfg->restore_state && (r = qmp_execute(vm, "cont", err)) < 0)
+	if (cfg->restore_state && !cfg->restore_full && (r = qmp_execute(vm, "cont", err)) < 0)
 		goto fail;
 	t->running = cap_now_ns();
 	if (cfg->unlink_sockets) {
@@ -1419,6 +1481,7 @@ const struct cap_engine_ops cap_engine_qemu = {
 	.pause = pause_vm,
 	.resume = resume,
 	.save = save,
+	.save_full = save_full,
 	.quit = quit,
 	.kill = vm_kill,
 	.logs_tail = logs_tail,

@@ -24,6 +24,11 @@ struct cap_vm_disk {
 	/* A disk of its own per sandbox (not shared like an image): a
 	 * template holds an empty placeholder in its slot. */
 	bool per_sandbox;
+	/* NULL: path is a raw disk file. Else path is a qcow2 overlay whose
+	 * base is this raw file, opened read-only: a fork's disk
+	 * (docs/architecture.md, "Snapshots and forks"), copy-on-write over
+	 * its snapshot's copy of the parent's. */
+	const char *backing;
 };
 
 

@@ -86,6 +86,11 @@ int cap_vm_save(struct cap_vm *vm, const char *state_path, struct cap_err *err)
 	return vm->ops->save(vm, state_path, err);
 }
 
+int cap_vm_save_full(struct cap_vm *vm, const char *state_path, struct cap_err *err)
+{
+	return vm->ops->save_full(vm, state_path, err);
+}
+
 void cap_vm_free(struct cap_vm *vm)
 {
 	if (vm)

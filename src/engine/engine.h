@@ -151,6 +151,12 @@ struct cap_vm_config {
 	 * template. A jailed QEMU maps it privately instead of a copy of its
 	 * own; borrowed for the call. <= 0: none (a jailed restore copies). */
 	int restore_ram_fd;
+	/* With restore_state and ram_file: restore_state holds the guest's
+	 * RAM too (cap_vm_save_full), loaded into ram_file (shared, kept),
+	 * and the guest is left paused with no agent channel: a snapshot
+	 * being sealed into a template's form (cap_vm_save then writes its
+	 * device state alone). */
+	bool restore_full;
 	/* The engine that runs it (cap_engine_get); NULL: cap_engine_get(NULL). */
 	const struct cap_engine_ops *engine;
 	/* NULL, or filled in by cap_vm_start as it goes (borrowed). */
@@ -235,6 +241,11 @@ int cap_vm_resume(struct cap_vm *vm, struct cap_err *err);
  * the shared RAM file, which must be a kept one: cfg.ram_file). The VM is
  * left paused. */
 int cap_vm_save(struct cap_vm *vm, const char *state_path, struct cap_err *err);
+
+/* Stop the guest and save its whole state, RAM included, to state_path:
+ * a running sandbox's snapshot, whatever its RAM is mapped from. The VM
+ * is left paused (cap_vm_resume continues it). */
+int cap_vm_save_full(struct cap_vm *vm, const char *state_path, struct cap_err *err);
 
 /* Ask QEMU to quit through QMP (no guest cooperation). */
 int cap_vm_quit(struct cap_vm *vm);

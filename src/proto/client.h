@@ -129,6 +129,14 @@ void cap_client_clock(struct cap_client *c);
 /* Queue PAUSE or RESUME (control socket of a shim only); vm_ops_pending
  * counts them until the shim answers. */
 void cap_client_vm_op(struct cap_client *c, enum cap_msg op);
+/* Queue SNAPSHOT (control socket of a shim only): save the VM into the
+ * directory dir (flags CAP_SNAPSHOT_*); counted in vm_ops_pending, its
+ * answer in vm_op_errno like PAUSE's. */
+void cap_client_snapshot(struct cap_client *c, const char *dir, uint32_t flags);
+/* Right after cap_client_init, before anything else is queued: the
+ * HELLO asks the agent to keep what runs (CAP_HELLO_KEEP: a restored
+ * snapshot). */
+void cap_client_keep(struct cap_client *c);
 /* Queue the shutdown request; shutdown_acked becomes true when the guest
  * confirms that its file systems are synced. */
 void cap_client_shutdown(struct cap_client *c);

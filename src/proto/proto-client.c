@@ -144,7 +144,8 @@ static int dispatch(struct cap_client *c, const struct cap_frame *f,
 		return 0;
 	}
 	case CAP_MSG_PAUSE:
-	case CAP_MSG_RESUME: {
+	case CAP_MSG_RESUME:
+	case CAP_MSG_SNAPSHOT: {
 		int errnum;
 		char msg[256];
 		if (f->stream != 0 || c->vm_ops_pending == 0 ||
@@ -391,6 +392,24 @@ void cap_client_vm_op(struct cap_client *c, enum cap_msg op)
 	CAP_BUG_ON(op != CAP_MSG_PAUSE && op != CAP_MSG_RESUME);
 	cap_proto_put(&c->out, op, 0, NULL, 0);
 	c->vm_ops_pending++;
+}
+
+void cap_client_snapshot(struct cap_client *c, const char *dir, uint32_t flags)
+{
+	size_t n = strlen(dir);
+	uint8_t *p = xmalloc(4 + n);
+	cap_put_u32(p, flags);
+	memcpy(p + 4, dir, n);
+	cap_proto_put(&c->out, CAP_MSG_SNAPSHOT, 0, p, 4 + n);
+	free(p);
+	c->vm_ops_pending++;
+}
+
+void cap_client_keep(struct cap_client *c)
+{
+	CAP_BUG_ON(c->hello);
+	c->out.off = c->out.len = 0;
+	cap_proto_hello_encode_flags(&c->out, "capsule host " CAPSULE_VERSION, CAP_HELLO_KEEP);
 }
 
 void cap_client_shutdown(struct cap_client *c)

@@ -21,7 +21,7 @@ static const char *const msg_names[] = {
 	[CAP_MSG_LISTENERS] = "LISTENERS",
 	[CAP_MSG_SYNCING] = "SYNCING",	 [CAP_MSG_CLOCK] = "CLOCK",
 	[CAP_MSG_UPDATE] = "UPDATE",	 [CAP_MSG_STATS] = "STATS",
-	[CAP_MSG_CONNECT] = "CONNECT",
+	[CAP_MSG_CONNECT] = "CONNECT",	 [CAP_MSG_SNAPSHOT] = "SNAPSHOT",
 };
 
 const char *cap_msg_name(unsigned type)
@@ -381,14 +381,27 @@ int cap_exit_status(const struct cap_exit *ex)
 
 /* --- HELLO, CLOCK, ERROR ---------------------------------------------------- */
 
-void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version)
+void cap_proto_hello_encode_flags(struct cap_buf *out, const char *version, uint32_t flags)
 {
-	size_t vn = CAP_MIN(strlen(agent_version), (size_t)CAP_PROTO_MAX_STRING);
+	size_t vn = CAP_MIN(strlen(version), (size_t)CAP_PROTO_MAX_STRING);
 	uint8_t p[8 + CAP_PROTO_MAX_STRING];
 	cap_put_u32(p, CAP_PROTO_VERSION);
-	cap_put_u32(p + 4, 0);
-	memcpy(p + 8, agent_version, vn);
+	cap_put_u32(p + 4, flags);
+	memcpy(p + 8, version, vn);
 	cap_proto_put(out, CAP_MSG_HELLO, 0, p, 8 + vn);
+}
+
+void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version)
+{
+	cap_proto_hello_encode_flags(out, agent_version, 0);
+}
+
+int cap_proto_hello_flags(const uint8_t *p, size_t n, uint32_t *flags)
+{
+	if (n < 8)
+		return -EBADMSG;
+	*flags = cap_get_u32(p + 4);
+	return 0;
 }
 
 void cap_proto_clock_encode(struct cap_buf *out, int64_t realtime_ns)
@@ -601,7 +614,7 @@ int cap_proto_setup_encode(struct cap_buf *out, const struct cap_setup *s)
 	const char *v[] = { s->root_image, s->root_upper, s->work, s->source, s->hostname };
 	uint32_t flags = (s->root_readonly ? CAP_SETUP_ROOT_READONLY : 0) |
 			 (s->ntmpfs ? CAP_SETUP_TMPFS : 0) | (s->net_static ? CAP_SETUP_STATIC_NET : 0) |
-			 (s->tools_root ? CAP_SETUP_TOOLS_ROOT : 0);
+			 (s->tools_root ? CAP_SETUP_TOOLS_ROOT : 0) | (s->forked ? CAP_SETUP_FORKED : 0);
 	size_t tmpfs = s->ntmpfs ? tmpfs_size(s) : 0;
 	bool has_ws = s->workspace && *s->workspace;
 	bool workspace = has_ws || flags;	/* the section, its serial "" without one */
@@ -743,7 +756,7 @@ static int rd_sections(struct reader *r, char **ca_pem, char ***env, uint32_t *e
 		goto bad;
 	if (r->left > 0 && (rd_u32(r, &fl) < 0 || fl == 0 ||
 			    (fl & ~(CAP_SETUP_ROOT_READONLY | CAP_SETUP_TMPFS | CAP_SETUP_STATIC_NET |
-				    CAP_SETUP_TOOLS_ROOT))))
+				    CAP_SETUP_TOOLS_ROOT | CAP_SETUP_FORKED))))
 		goto bad;	/* an empty options section is never sent */
 	if ((fl & CAP_SETUP_TMPFS) && rd_tmpfs(r, &t, &nt) < 0)
 		goto bad;
@@ -827,6 +840,7 @@ int cap_proto_setup_decode(const uint8_t *p, size_t n, struct cap_setup *out)
 				   .workspace = workspace ? workspace : xstrdup(""),
 				   .root_readonly = flags & CAP_SETUP_ROOT_READONLY,
 				   .tools_root = flags & CAP_SETUP_TOOLS_ROOT,
+				   .forked = flags & CAP_SETUP_FORKED,
 				   .tmpfs = tmpfs, .ntmpfs = ntmpfs };
 	memcpy(out->seed, seed, sizeof(out->seed));
 	if (st.net_static) {

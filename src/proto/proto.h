@@ -32,7 +32,8 @@
 #define CAP_TRUNCATION_MARKER "\n[capsule: output truncated at %u bytes]\n"
 
 enum cap_msg {
-	CAP_MSG_HELLO = 1,	/* both ways, stream 0: u32 version, u32 0, version text; the host first */
+	CAP_MSG_HELLO = 1,	/* both ways, stream 0: u32 version, u32 flags (CAP_HELLO_*; 0 from the
+			 * agent), version text; the host first */
 	CAP_MSG_EXEC = 2,	/* h->g: start a process (struct cap_exec_req) */
 	CAP_MSG_STDIN = 3,	/* h->g: bytes for stdin; empty payload closes it */
 	CAP_MSG_STDOUT = 4,	/* g->h: bytes the process wrote to stdout */
@@ -62,7 +63,9 @@ enum cap_msg {
 				 * are STDIN (to the guest) and STDOUT (from it), an
 				 * empty one a half-close each way; EXIT code 0 once both
 				 * ways ended, ERROR (errno) when it failed or broke */
-	CAP_MSG_MAX_ = CAP_MSG_CONNECT,
+	CAP_MSG_SNAPSHOT = 21,	/* client->shim stream 0: u32 flags (CAP_SNAPSHOT_*), the path of
+				 * a directory to save the VM into; shim->client: i32 errno, text */
+	CAP_MSG_MAX_ = CAP_MSG_SNAPSHOT,
 };
 
 /* Whom a SIGNAL reaches: the command's process group (the default, and
@@ -323,6 +326,17 @@ int cap_exit_status(const struct cap_exit *ex);
 /* HELLO: version and the sender's version text (copied, NUL-terminated, cut to
  * vlen-1 bytes). -EBADMSG when shorter than 8 bytes. */
 void cap_proto_hello_encode(struct cap_buf *out, const char *agent_version);
+/* The host's HELLO with flags: CAP_HELLO_KEEP, from a host resuming a
+ * snapshot, asks the agent to keep the commands an earlier host started
+ * running, detached (their output dropped, their ends untold), rather
+ * than end them. */
+#define CAP_HELLO_KEEP 0x1u
+void cap_proto_hello_encode_flags(struct cap_buf *out, const char *version, uint32_t flags);
+/* The flags of a HELLO (0 when it has none); -EBADMSG when too short. */
+int cap_proto_hello_flags(const uint8_t *p, size_t n, uint32_t *flags);
+/* SNAPSHOT's flags: leave the VM paused once saved (else it goes on as
+ * it was). */
+#define CAP_SNAPSHOT_PAUSED 0x1u
 int cap_proto_hello_decode(const uint8_t *p, size_t n, uint32_t *version,
 			   char *agent_version, size_t vlen);
 
@@ -523,6 +537,13 @@ struct cap_setup {
 	 * boundary. Sent in the options section (flags bit 3, no data) only
 	 * when set, so older agents refuse it rather than run as 1000. */
 	bool tools_root;
+	/* The VM was restored from a running sandbox's snapshot (a fork, or
+	 * `create --from`): it was set up already, and this SETUP is its
+	 * re-identification. The agent takes its clock, entropy, hostname,
+	 * CA and variables (a new sandbox's placeholders) and touches no
+	 * mount; refused (EINVAL) by an agent not set up yet. Sent in the
+	 * options section (flags bit 4, no data) only when set. */
+	bool forked;
 	/* tmpfs mounts of the container (an OCI config's "mounts" of type
 	 * tmpfs), made in the final root in order, before the read-only
 	 * remount: each destination is made (mkdir -p, 0755 root's) unless
@@ -558,6 +579,7 @@ struct cap_setup {
 #define CAP_SETUP_TMPFS 0x2u	/* options section: flags bit 1, a tmpfs list follows */
 #define CAP_SETUP_STATIC_NET 0x4u	/* options section: flags bit 2, a static network follows */
 #define CAP_SETUP_TOOLS_ROOT 0x8u	/* options section: flags bit 3, commands as root */
+#define CAP_SETUP_FORKED 0x10u	/* options section: flags bit 4, a restored snapshot's re-identification */
 /* Whether s's static network is one the decoder takes (the rules above
  * struct cap_setup's net_static). */
 bool cap_proto_setup_static_ok(const struct cap_setup *s);

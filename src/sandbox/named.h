@@ -67,6 +67,16 @@ struct cap_record {
 	 * from what the namespace holds then; "" for none. Recorded as
 	 * "pod_netns" only when set, an absolute path. */
 	char pod_netns[4096];
+	/* Made from a snapshot (`create --from`, `fork`: docs/architecture.md,
+	 * "Snapshots and forks"): its name, "" for none. Its root, /work
+	 * and /workspace disks are then qcow2 overlays (root-upper.qcow2,
+	 * private.qcow2, workspace.qcow2) over that snapshot's copies,
+	 * which it depends on. Recorded as "snapshot" only when set. */
+	char snapshot[CAP_NAME_MAX + 1];
+	/* Its next start resumes the snapshot (what ran in it goes on)
+	 * rather than booting; cleared once it has started. Recorded as
+	 * "resume": true only when set. */
+	bool resume;
 	/* For cap_named_create only, never recorded: lift the host bounds
 	 * of cap_named_check_size. */
 	bool force_size;
@@ -195,6 +205,16 @@ int cap_named_workspace_set_base(const char *name, const struct cap_tree *t,
 				 struct cap_err *err);
 
 /* Read record.json. -ENOENT naming the sandbox when it does not exist. */
+/* Load or write a record at path (a snapshot's copy); name NULL keeps
+ * the recorded one. */
+int cap_record_load_file(const char *path, const char *name, struct cap_record *out,
+			 struct cap_err *err);
+int cap_record_write_file(const struct cap_record *rec, const char *path, struct cap_err *err);
+/* The file of a sandbox's disk called file ("private.ext4", ...) in its
+ * directory: its qcow2 overlay for one made from a snapshot, whose base
+ * is then *backing (a new string; NULL otherwise or when backing is
+ * NULL). New string. */
+char *cap_named_disk_path(const struct cap_record *rec, const char *file, char **backing);
 int cap_named_load(const char *name, struct cap_record *out,
 		   struct cap_err *err);
 
@@ -274,5 +294,52 @@ bool cap_named_uses_image(void *ud, const char *digest);
  * stop. Writes "ok\n" or an error message to ready_fd once the guest is
  * ready (or failed), then closes it. Returns when the VM has stopped. */
 int cap_named_shim(const char *name, int ready_fd, struct cap_err *err);
+
+/* --- pause, snapshots and forks (sandbox-snapshot.c) --- */
+
+/* Freeze or continue a running sandbox's VM (its memory kept). A paused
+ * sandbox's next command resumes it. -ESRCH when it is stopped. */
+int cap_named_pause(const char *name, bool pause, struct cap_err *err);
+/* Snapshot names: as sandboxes'. */
+int cap_snapshot_check_name(const char *name, struct cap_err *err);
+char *cap_snapshot_root(void);
+char *cap_snapshot_dir(const char *snap);
+/* "<parent>-snapN" for the first N naming no snapshot. */
+void cap_snapshot_default_name(const char *parent, char out[CAP_NAME_MAX + 1]);
+/* Save running sandbox name as snapshot snap: its memory, device state
+ * and disks at one instant, the VM paused only for the save (and left
+ * paused when leave_paused, or when it was), then sealed into a
+ * template's form children share. -ESRCH when it is stopped, -EEXIST
+ * when snap exists; nothing is left of a snapshot that failed. */
+int cap_named_snapshot(const char *name, const char *snap, bool leave_paused, struct cap_err *err);
+/* A new stopped sandbox name from snapshot snap: the snapshot's record
+ * under the new name (its own hostname), qcow2 overlays over the
+ * snapshot's disks; its first start resumes the snapshot. */
+int cap_named_create_from(const char *name, const char *snap, struct cap_err *err);
+/* Snapshot name (snap: "<name>-forkN", filled in) and start count
+ * children from it, named prefix + N for the first free N from 1
+ * (prefix NULL: "<name>-"), filled into children[0..count). */
+#define CAP_FORK_MAX 64
+int cap_named_fork(const char *name, unsigned count, const char *prefix, bool leave_paused,
+		   char (*children)[CAP_NAME_MAX + 1], char snap[CAP_NAME_MAX + 1], struct cap_err *err);
+struct cap_snapshot_info {
+	char name[CAP_NAME_MAX + 1];
+	char parent[CAP_NAME_MAX + 1];
+	char image[72];
+	int64_t created;	/* Unix time */
+	int64_t save_ms;	/* from the request to the parent going on */
+	unsigned cpus, memory_mib;
+	bool has_nic;
+	uint64_t ram_bytes, disk_bytes;	/* allocated on the host */
+	char **children;	/* sandboxes made from it, by name */
+	size_t nchildren;
+};
+/* The complete snapshots, sorted (free each, then the array). */
+int cap_snapshot_list(char ***names, size_t *n);
+int cap_snapshot_inspect(const char *snap, struct cap_snapshot_info *out, struct cap_err *err);
+void cap_snapshot_info_fini(struct cap_snapshot_info *i);
+/* Remove a snapshot: -EBUSY naming them while sandboxes are made from
+ * it. */
+int cap_snapshot_remove(const char *snap, struct cap_err *err);
 
 #endif

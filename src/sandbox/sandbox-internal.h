@@ -38,6 +38,12 @@ int cap_template_store(const char *tmp, const char *key, const char *desc,
 /* Remove a staging directory, or a template that failed to restore. */
 void cap_template_discard(const char *dir);
 
+/* Snapshots (sandbox-snapshot.c): the file a sandbox's own disk of
+ * this serial has in a snapshot ("private.ext4"), NULL for none; and
+ * the copy of such a disk (a qcow2 overlay flattened) at dst. */
+const char *cap_snapshot_disk_file(const char *serial);
+int cap_snapshot_copy_disk(const char *src, bool qcow2, const char *dst, struct cap_err *err);
+
 /* Shared template RAM (sandbox-ramhold.c, docs/architecture.md "Shared
  * template RAM"). A descriptor of the sealed memfd holding the RAM of the
  * template in directory tdir, from its holder (started now if there is

@@ -80,6 +80,12 @@ int cap_named_tmpfs_check(const struct cap_setup_tmpfs *t, const char *where, si
 
 int cap_named_write_record(const struct cap_record *rec, struct cap_err *err)
 {
+	_cleanup_free_ char *path = cap_named_path(rec->name, "record.json");
+	return cap_record_write_file(rec, path, err);
+}
+
+int cap_record_write_file(const struct cap_record *rec, const char *path, struct cap_err *err)
+{
 	json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:I}",
 			      "schema", 1, "name", rec->name, "image", rec->image,
 			      "image_ref", rec->image_ref, "cpus", rec->cpus,
@@ -98,6 +104,10 @@ int cap_named_write_record(const struct cap_record *rec, struct cap_err *err)
 		json_object_set_new(j, "tools_root", json_true());
 	if (rec->pod_netns[0])
 		json_object_set_new(j, "pod_netns", json_string(rec->pod_netns));
+	if (rec->snapshot[0])
+		json_object_set_new(j, "snapshot", json_string(rec->snapshot));
+	if (rec->resume)
+		json_object_set_new(j, "resume", json_true());
 	if (rec->ntmpfs) {
 		json_t *list = json_array();
 		for (uint32_t i = 0; i < rec->ntmpfs && i < CAP_SETUP_MAX_TMPFS; i++)
@@ -121,7 +131,6 @@ int cap_named_write_record(const struct cap_record *rec, struct cap_err *err)
 	}
 	char *text = json_dumps(j, JSON_INDENT(2));
 	json_decref(j);
-	_cleanup_free_ char *path = cap_named_path(rec->name, "record.json");
 	int r = cap_write_file_atomic(path, text, strlen(text), 0600);
 	free(text);
 	if (r < 0)
@@ -167,16 +176,28 @@ int cap_named_load(const char *name, struct cap_record *out,
 	if ((r = cap_named_check_name(name, err)) < 0)
 		return r;
 	_cleanup_free_ char *path = cap_named_path(name, "record.json");
+	if (access(path, F_OK) != 0)
+		return cap_err_set(err, ENOENT, "no sandbox named '%s'; `capsule ls` lists them, `capsule create %s` makes it",
+				   name, name);
+	return cap_record_load_file(path, name, out, err);
+}
+
+int cap_record_load_file(const char *path, const char *name, struct cap_record *out,
+			 struct cap_err *err)
+{
+	int r;
 	json_error_t je;
 	json_t *j = json_load_file(path, 0, &je);
-	if (!j) {
-		if (access(path, F_OK) != 0)
-			return cap_err_set(err, ENOENT, "no sandbox named '%s'; `capsule ls` lists them, `capsule create %s` makes it",
-					   name, name);
+	if (!j)
 		return cap_err_set(err, EBADMSG, "%s is unreadable: %s", path, je.text);
-	}
 	cap_record_init(out);
 	const char *s;
+	if (!name)
+		name = json_string_value(json_object_get(j, "name"));
+	if (!name || cap_named_check_name(name, NULL) < 0) {
+		json_decref(j);
+		return cap_err_set(err, EBADMSG, "%s: \"name\" is not a sandbox's name", path);
+	}
 	snprintf(out->name, sizeof(out->name), "%s", name);
 	if ((s = json_string_value(json_object_get(j, "image"))))
 		snprintf(out->image, sizeof(out->image), "%s", s);
@@ -220,6 +241,14 @@ int cap_named_load(const char *name, struct cap_record *out,
 		}
 		snprintf(out->pod_netns, sizeof(out->pod_netns), "%s", s);
 	}
+	if ((s = json_string_value(json_object_get(j, "snapshot")))) {
+		if (cap_named_check_name(s, NULL) < 0) {
+			json_decref(j);
+			return cap_err_set(err, EBADMSG, "%s: \"snapshot\" is not a snapshot's name", path);
+		}
+		snprintf(out->snapshot, sizeof(out->snapshot), "%s", s);
+	}
+	out->resume = json_is_true(json_object_get(j, "resume")) && out->snapshot[0];
 	if ((r = load_tmpfs(json_object_get(j, "tmpfs"), path, out, err)) < 0) {
 		json_decref(j);
 		return r;
@@ -352,9 +381,9 @@ int cap_named_status(const char *name, struct cap_named_status *out,
 	if (r < 0)
 		return r;
 	memset(out, 0, sizeof(*out));
-	_cleanup_free_ char *upper = cap_named_path(name, "root-upper.ext4");
-	_cleanup_free_ char *work = cap_named_path(name, "private.ext4");
-	_cleanup_free_ char *ws = cap_named_path(name, "workspace.ext4");
+	_cleanup_free_ char *upper = cap_named_disk_path(&rec, "root-upper.ext4", NULL);
+	_cleanup_free_ char *work = cap_named_disk_path(&rec, "private.ext4", NULL);
+	_cleanup_free_ char *ws = cap_named_disk_path(&rec, "workspace.ext4", NULL);
 	out->disk_bytes = used_bytes(upper) + used_bytes(work) + used_bytes(ws);
 	out->has_source = rec.source[0] != '\0';
 

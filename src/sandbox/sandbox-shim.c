@@ -232,6 +232,47 @@ static void vm_op(struct shim *s, struct conn *c, enum cap_msg op)
 	cap_proto_put(&c->out, op, 0, buf, 4 + mn);
 }
 
+/* Save the VM into the staging directory a client named (under the
+ * snapshots' folder): paused for the save and the disks' copies, then
+ * going on as it was unless asked to stay paused. */
+static void snapshot_op(struct shim *s, struct conn *c, const uint8_t *p, size_t n)
+{
+	struct cap_err err = { 0 };
+	int r = 0;
+	uint32_t flags = cap_get_u32(p);
+	_cleanup_free_ char *dir = xstrndup((const char *)p + 4, n - 4);
+	_cleanup_free_ char *root = cap_snapshot_root();
+	size_t rl = strlen(root);
+	if (strlen(dir) != n - 4 || strncmp(dir, root, rl) != 0 || strncmp(dir + rl, "/.tmp-", 6) != 0 ||
+	    strstr(dir + rl, "/.."))
+		r = cap_err_set(&err, EINVAL, "a snapshot goes into a staging directory under %s", root);
+	else if (s->spec->has_pod)
+		r = cap_err_set(&err, EOPNOTSUPP, "a pod's sandbox is not snapshotted");
+	bool was_paused = s->paused;
+	int64_t t0 = cap_now_ms();
+	if (r == 0 && (r = cap_sandbox_snapshot(s->sb, s->spec, dir, &err)) == 0) {
+		if (flags & CAP_SNAPSHOT_PAUSED) {
+			s->paused = true;
+		} else if (!was_paused) {
+			struct cap_err rerr = { 0 };
+			if (cap_sandbox_pause(s->sb, false, &rerr) < 0)
+				cap_log(CAP_LOG_ERROR, "after the snapshot: %s", rerr.msg);
+		}
+		write_runtime(s, NULL);
+		cap_log(CAP_LOG_INFO, "snapshot saved in %s (paused %lld ms)", dir, (long long)(cap_now_ms() - t0));
+	} else if (!was_paused) {
+		struct cap_err rerr = { 0 };
+		cap_sandbox_pause(s->sb, false, &rerr);	/* a failed save stopped it too */
+	}
+	if (r < 0)
+		cap_log(CAP_LOG_WARN, "snapshot into %s failed: %s", dir, err.msg);
+	uint8_t buf[4 + 256];
+	size_t mn = r < 0 ? CAP_MIN(strlen(err.msg), (size_t)256) : 0;
+	cap_put_u32(buf, (uint32_t)(r < 0 ? -r : 0));
+	memcpy(buf + 4, err.msg, mn);
+	cap_proto_put(&c->out, CAP_MSG_SNAPSHOT, 0, buf, 4 + mn);
+}
+
 static void write_runtime_log(struct shim *s);
 
 /* Whether policy p is the one recorded as line. */
@@ -513,6 +554,11 @@ static bool client_frame(struct shim *s, struct conn *c, const struct cap_frame 
 		if (f->stream != 0 || f->len != 0)
 			return false;
 		vm_op(s, c, (enum cap_msg)f->type);
+		return true;
+	case CAP_MSG_SNAPSHOT:
+		if (f->stream != 0 || f->len < 5)
+			return false;
+		snapshot_op(s, c, f->payload, f->len);
 		return true;
 	case CAP_MSG_SHUTDOWN:
 		s->stop = true;
@@ -858,10 +904,10 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	_cleanup_free_ char *runtime = xasprintf("%s/runtime.json", dir);
 	_cleanup_free_ char *console = xasprintf("%s/console.log", dir);
 	_cleanup_free_ char *vmm_log = NULL;
-	_cleanup_free_ char *upper = xasprintf("%s/root-upper.ext4", dir);
-	_cleanup_free_ char *work = xasprintf("%s/private.ext4", dir);
+	_cleanup_free_ char *upper = NULL, *work = NULL, *workspace = NULL;
+	_cleanup_free_ char *upper_base = NULL, *work_base = NULL, *workspace_base = NULL;
 	_cleanup_free_ char *source = xasprintf("%s/source.erofs", dir);
-	_cleanup_free_ char *workspace = xasprintf("%s/workspace.ext4", dir);
+	_cleanup_free_ char *resume = NULL;
 	_cleanup_free_ char *netlog_path = xasprintf("%s/net.log", dir);
 	_cleanup_free_ char *counters_path = xasprintf("%s/net.counters", dir);
 	_cleanup_free_ char *rundir = NULL, *control = NULL;
@@ -874,6 +920,10 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	s.netd_fd = -1;
 	if ((r = cap_named_load(name, &rec, err)) < 0)
 		goto out;
+	/* One made from a snapshot has overlays over the snapshot's disks. */
+	upper = cap_named_disk_path(&rec, "root-upper.ext4", &upper_base);
+	work = cap_named_disk_path(&rec, "private.ext4", &work_base);
+	workspace = cap_named_disk_path(&rec, "workspace.ext4", &workspace_base);
 	lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	/* cap_named_reap holds the lock for a moment while it cleans up
 	 * after a dead shim: retry briefly before giving up. */
@@ -913,6 +963,16 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 	struct cap_sandbox_opts o;
 	cap_named_shape(&rec, img.owned_path, upper, work, source, rec.workspace[0] ? workspace : NULL,
 			name, net, spec, &o);
+	for (unsigned i = 0; i < spec->ndisks; i++) {
+		struct cap_vm_disk *d = &spec->disks[i];
+		d->backing = d->path == upper ? upper_base : d->path == work ? work_base
+			   : d->path == workspace ? workspace_base : NULL;
+	}
+	/* Its first start goes on from the snapshot. */
+	if (rec.resume) {
+		resume = cap_snapshot_dir(rec.snapshot);
+		o.resume_dir = resume;
+	}
 	s.spec = spec;
 	/* A pod's NIC: what its namespace holds now (CNI made it before the
 	 * sandbox container's create). */
@@ -959,6 +1019,14 @@ int cap_named_shim(const char *name, int ready_fd, struct cap_err *err)
 
 	if ((r = cap_sandbox_boot(&o, &s.sb, err)) < 0)
 		goto out;
+	if (rec.resume) {
+		/* Resumed once: from now on its disks are its own state. */
+		struct cap_record cur;
+		struct cap_err rerr = { 0 };
+		o.resume_dir = NULL;
+		if (cap_named_load(name, &cur, &rerr) < 0 || (cur.resume = false, cap_named_write_record(&cur, &rerr)) < 0)
+			cap_log(CAP_LOG_WARN, "%s", rerr.msg);
+	}
 	s.owned_secrets = cap_net_policy_secrets_line(&spec->net);
 	if ((lfd = cap_unix_listen(control, err)) < 0) {
 		r = lfd;

@@ -22,7 +22,7 @@ static void add_disk(struct cap_sandbox_spec *s, const char *path, const char *s
 		     bool readonly, bool per_sandbox)
 {
 	CAP_BUG_ON(s->ndisks >= CAP_SPEC_MAX_DISKS);
-	s->disks[s->ndisks++] = (struct cap_vm_disk){ path, serial, readonly, per_sandbox };
+	s->disks[s->ndisks++] = (struct cap_vm_disk){ path, serial, readonly, per_sandbox, NULL };
 }
 
 void cap_sandbox_spec_named(struct cap_sandbox_spec *s, const char *image,

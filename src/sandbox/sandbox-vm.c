@@ -23,8 +23,11 @@ struct cap_sandbox {
 	struct cap_accel_choice accel;
 	char *owned_run_dir;	/* temporary directory to remove, or NULL */
 	bool dead;	/* VM or agent gone: only free is valid */
-	bool restored;	/* from a template */
-	char boot_note[512];
+	bool restored;	/* from a template or a snapshot */
+	/* Resuming a snapshot: every start_vm's HELLO keeps what runs
+	 * (cap_client_keep). */
+	bool keep;
+	char boot_note[720];
 	struct cap_sandbox_net *net;	/* owner of a VM with a NIC, else NULL */
 	/* Connection to the RAM holder of the template this VM maps
 	 * (sandbox-ramhold.c), kept while the VM runs; -1 when none. */
@@ -91,6 +94,11 @@ int cap_sandbox_pause(struct cap_sandbox *sb, bool pause, struct cap_err *err)
 void cap_sandbox_vm_op(struct cap_sandbox *sb, bool pause)
 {
 	cap_client_vm_op(&sb->client, pause ? CAP_MSG_PAUSE : CAP_MSG_RESUME);
+}
+
+void cap_sandbox_snapshot_op(struct cap_sandbox *sb, const char *dir, bool paused)
+{
+	cap_client_snapshot(&sb->client, dir, paused ? CAP_SNAPSHOT_PAUSED : 0);
 }
 
 unsigned cap_sandbox_vm_op_pending(const struct cap_sandbox *sb)
@@ -400,6 +408,15 @@ static bool same_cause(const char *note, const char *msg)
 	return *flat && strstr(note, flat) != NULL;
 }
 
+/* A fresh channel for the next start_vm (a failed one's is spent). */
+static void client_reset(struct cap_sandbox *sb)
+{
+	cap_client_fini(&sb->client);
+	cap_client_init(&sb->client);
+	if (sb->keep)
+		cap_client_keep(&sb->client);
+}
+
 static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 		    const struct cap_setup *setup, int timeout_ms, struct cap_err *err)
 {
@@ -410,8 +427,7 @@ static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 	c.times = &sb->vm_times;
 	if ((r = cap_vm_start(&c, &sb->vm, err)) < 0) {
 		cap_err_prefix(err, "starting the VM");
-		cap_client_fini(&sb->client);
-		cap_client_init(&sb->client);
+		client_reset(sb);
 		return r;
 	}
 	sb->fd = cap_vm_agent_fd(sb->vm);
@@ -427,8 +443,7 @@ static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 		sb->vm = NULL;
 		sb->fd = -1;
 		sb->dead = false;
-		cap_client_fini(&sb->client);
-		cap_client_init(&sb->client);
+		client_reset(sb);
 	}
 	return r;
 }
@@ -715,7 +730,39 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		goto fail;
 	setup = &full;
 	snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot");
-	if (templates_enabled(o)) {
+	char snap_note[600] = "";
+	if (o->resume_dir) {
+		/* A snapshot: its guest goes on, re-identified. Should it not
+		 * restore, the sandbox's disks boot: what ran is lost, never
+		 * what they hold. */
+		struct cap_err serr = { 0 };
+		_cleanup_free_ char *state = xasprintf("%s/state", o->resume_dir);
+		_cleanup_free_ char *ram = xasprintf("%s/ram", o->resume_dir);
+		struct cap_vm_config rc = cfg;
+		rc.restore_state = state;
+		rc.restore_ram = ram;
+		struct cap_setup forked = *setup;
+		forked.forked = true;
+		char why[300] = "";
+		sb->keep = true;
+		client_reset(sb);
+		if (restore(sb, &rc, o->resume_dir, &forked, o->boot_timeout_ms, why, sizeof(why), &serr) == 0) {
+			sb->restored = true;
+			const char *how = cap_vm_ram_note(sb->vm);
+			snprintf(sb->boot_note, sizeof(sb->boot_note), "resumed from snapshot %.200s (%s%s%.300s)",
+				 o->resume_dir, how, *why && strcmp(how, "RAM copied") == 0 ? ": " : "",
+				 strcmp(how, "RAM copied") == 0 ? why : "");
+		} else {
+			for (char *p = serr.msg; *p; p++)
+				if (*p == '\n')
+					*p = ';';
+			snprintf(snap_note, sizeof(snap_note), "snapshot %.200s did not restore, what ran in it is not kept: %.300s",
+				 o->resume_dir, serr.msg);
+			sb->keep = false;
+			client_reset(sb);
+		}
+	}
+	if (!sb->restored && templates_enabled(o)) {
 		/* A template restore, and whatever goes wrong with it, a cold
 		 * boot: never worse than booting. */
 		struct cap_err terr = { 0 };
@@ -759,6 +806,11 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		}
 		goto fail;
 	}
+	if (*snap_note) {
+		char note[sizeof(sb->boot_note)];
+		snprintf(note, sizeof(note), "%.100s; %s", sb->boot_note, snap_note);
+		memcpy(sb->boot_note, note, sizeof(note));
+	}
 	if (sb->net) {
 		cap_sandbox_net_started(sb->net);
 		sb->cred_fd = cap_sandbox_net_watch_fd(sb->net);
@@ -771,6 +823,75 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 
 fail:
 	cap_sandbox_free(sb);
+	return r;
+}
+
+int cap_sandbox_snapshot(struct cap_sandbox *sb, const struct cap_sandbox_spec *spec, const char *dir,
+			 struct cap_err *err)
+{
+	if (!sb->vm)
+		return cap_err_set(err, EINVAL, "only the owner of a VM can save it");
+	_cleanup_free_ char *full = xasprintf("%s/full", dir);
+	int r = cap_vm_save_full(sb->vm, full, err);
+	if (r < 0) {
+		cap_err_prefix(err, "saving the VM");
+		return r;
+	}
+	/* QEMU flushed every disk as it stopped the guest: the copies are
+	 * the disks at the instant of the RAM's. */
+	for (unsigned i = 0; i < spec->ndisks; i++) {
+		const struct cap_vm_disk *d = &spec->disks[i];
+		const char *file = cap_snapshot_disk_file(d->serial);
+		if (!d->per_sandbox || !file)
+			continue;
+		_cleanup_free_ char *to = xasprintf("%s/%s", dir, file);
+		if ((r = cap_snapshot_copy_disk(d->path, d->backing != NULL, to, err)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+int cap_sandbox_seal(const struct cap_sandbox_opts *o, const char *dir, struct cap_err *err)
+{
+	struct cap_vm_config cfg;
+	struct cap_accel_choice accel;
+	_cleanup_free_ char *kernel = NULL, *initrd = NULL, *rundir = NULL;
+	_cleanup_free_ char *full = xasprintf("%s/full", dir);
+	_cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+	_cleanup_free_ char *state = xasprintf("%s/state", dir);
+	_cleanup_free_ char *console = xasprintf("%s/seal-console.log", dir);
+	struct cap_vm *vm = NULL;
+	int r;
+
+	if ((r = prepare(o, &cfg, &accel, &kernel, &initrd, err)) < 0 ||
+	    (r = cap_make_run_dir(&rundir, err)) < 0)
+		return r;
+	/* The same devices as the VM saved: a NIC (the template's, nothing
+	 * gets out: this VM never runs) when it had one. */
+	if (o->spec && o->spec->net.enabled)
+		cfg.net = cap_sandbox_net_template();
+	cfg.dir = rundir;
+	cfg.console_log = console;
+	cfg.ram_file = ram;
+	cfg.restore_state = full;
+	cfg.restore_full = true;
+	cfg.restore_ram_fd = -1;
+	int fd = open(ram, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)cfg.memory_mib << 20) < 0) {
+		r = cap_err_set(err, errno, "cannot make %s: %s", ram, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		goto out;
+	}
+	close(fd);
+	if ((r = cap_vm_start(&cfg, &vm, err)) < 0 || (r = cap_vm_save(vm, state, err)) < 0)
+		cap_err_prefix(err, "sealing the snapshot in %s", dir);
+	cap_vm_free(vm);
+	if (r == 0)
+		unlink(full);
+	unlink(console);
+out:
+	cap_remove_run_dir(rundir);
 	return r;
 }
 

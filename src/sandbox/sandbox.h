@@ -121,6 +121,13 @@ struct cap_sandbox_opts {
 	 * than booting; any problem with it falls back to a cold boot. On by
 	 * default; CAPSULE_TEMPLATES=0 turns it off. */
 	bool use_template;
+	/* A snapshot's directory (state, ram: docs/architecture.md,
+	 * "Snapshots and forks") to resume from instead: the guest goes on
+	 * from the snapshot's instant, running commands included, and is
+	 * re-identified (clock, entropy, hostname, CA, placeholders) before
+	 * anything runs. Should it not restore, a cold boot with the
+	 * sandbox's disks follows, and the boot note says why. NULL: none. */
+	const char *resume_dir;
 };
 
 /* Templates: CAPSULE_HOME/templates/<key>/{state, ram, meta.json}, one per
@@ -176,6 +183,23 @@ struct cap_sandbox;
  * disk, and err names the cause with the end of the guest console. */
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		     struct cap_err *err);
+
+/* Save an owned VM into dir, an existing empty directory: its whole
+ * state (RAM included) as dir/full, and a copy of each of its own disks
+ * of spec (the spec it was booted with) named after its role
+ * (cap_snapshot_disk_file), made at the same instant. The VM is left
+ * paused (cap_sandbox_pause continues it). */
+int cap_sandbox_snapshot(struct cap_sandbox *sb, const struct cap_sandbox_spec *spec, const char *dir,
+			 struct cap_err *err);
+/* Queue SNAPSHOT to an attached sandbox's shim: save the VM into dir
+ * (cap_sandbox_snapshot there), left paused when paused; answered like
+ * cap_sandbox_vm_op. */
+void cap_sandbox_snapshot_op(struct cap_sandbox *sb, const char *dir, bool paused);
+/* Seal the snapshot in dir for o (its shape, its disks the snapshot's
+ * copies): dir/full loaded once into dir/ram by a VM that never runs,
+ * whose device state alone is then saved as dir/state, as a template's
+ * is; dir/full is removed. Children map dir/ram copy-on-write. */
+int cap_sandbox_seal(const struct cap_sandbox_opts *o, const char *dir, struct cap_err *err);
 
 /* Connect to a running sandbox's shim at its control socket and wait for
  * its HELLO. The result speaks the same calls as a booted sandbox, except

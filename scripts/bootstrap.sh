@@ -7,7 +7,7 @@ set -eu
 PACKAGES="
   build-essential pkg-config meson ninja-build
   libjansson-dev libarchive-dev libssl-dev libcmocka-dev
-  qemu-system-x86 busybox-static cpio gzip e2fsprogs erofs-utils debootstrap
+  qemu-system-x86 qemu-utils busybox-static cpio gzip e2fsprogs erofs-utils debootstrap
   linux-source-6.1 bc bison flex libelf-dev xz-utils
   python3 procps util-linux tmux zstd runsc git
   libnftables-dev libmnl-dev iproute2 nftables wget

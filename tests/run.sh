@@ -161,6 +161,7 @@ suite "integration/secret" tests/integration/test-secret.sh "$build/capsule"
 suite "integration/workspace" tests/integration/test-workspace.sh "$build/capsule"
 suite "integration/code" tests/integration/test-code.sh "$build/capsule"
 suite "integration/docker" tests/integration/test-docker.sh "$build/capsule"
+suite "integration/fork" tests/integration/test-fork.sh "$build/capsule"
 suite "integration/cp" tests/integration/test-cp.sh "$build/capsule"
 suite "integration/pull" tests/integration/test-pull.sh "$build/capsule"
 # image check, image outdated, serve's image_check, pull's progress: the

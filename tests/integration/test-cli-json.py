@@ -202,6 +202,8 @@ def run(capsule, tmp):
         "inspect": ["inspect", "--json", "sb"],
         "image inspect": ["image", "inspect", "tiny", "--json"],
         "template inspect": ["template", "inspect", "nosuch", "--json"],
+        "snapshot inspect": ["snapshot", "inspect", "nosuch", "--json"],
+        "fork": ["fork", "nosuch", "--json"],
         "diff": ["diff", "sb", "--json"],
         "mcp": ["mcp", "--agent", "a", "--json"],
         "cp": ["cp", "--json", f"{tmp}/root/bin/hello", "nosuch:/tmp/x"],

@@ -941,12 +941,55 @@ static void setup_tools_root(void **state)
 	assert_true(out.tools_root);
 	assert_true(out.root_readonly);
 	cap_setup_fini(&out);
-	/* The next bit is still unknown, and refused. */
+	/* A fork's re-identification is bit 4; the next bit is still
+	 * unknown, and refused. */
+	root.forked = true;
+	assert_int_equal(setup_roundtrip(&root, &b, &f, &out), 0);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12),
+			 CAP_SETUP_TOOLS_ROOT | CAP_SETUP_ROOT_READONLY | CAP_SETUP_FORKED);
+	assert_true(out.forked);
+	cap_setup_fini(&out);
+	root.forked = root.tools_root = root.root_readonly = false;
+	assert_int_equal(setup_roundtrip(&root, &b, &f, &out), 0);
+	assert_false(out.forked);
+	cap_setup_fini(&out);
+	root.forked = true;
+	assert_int_equal(setup_roundtrip(&root, &b, &f, &out), 0);
+	assert_int_equal(cap_get_u32(f.payload + plain_len + 12), CAP_SETUP_FORKED);
+	assert_true(out.forked && !out.tools_root);
+	cap_setup_fini(&out);
 	uint8_t buf[256];
 	assert_true(f.len <= sizeof(buf));
 	memcpy(buf, f.payload, f.len);
-	cap_put_u32(buf + f.len - 4, CAP_SETUP_TOOLS_ROOT << 1);
+	cap_put_u32(buf + f.len - 4, CAP_SETUP_FORKED << 1);
 	assert_int_equal(cap_proto_setup_decode(buf, f.len, &out), -EBADMSG);
+	cap_buf_fini(&b);
+}
+
+/* HELLO's second word: the host's flags (CAP_HELLO_KEEP from a host
+ * resuming a snapshot), 0 in a plain HELLO, and the SNAPSHOT request's
+ * name. */
+static void hello_flags(void **state)
+{
+	(void)state;
+	struct cap_buf b;
+	struct cap_frame f;
+	uint32_t flags = 7, ver;
+	char v[64];
+	cap_buf_init(&b);
+	cap_proto_hello_encode(&b, "host 1");
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_hello_flags(f.payload, f.len, &flags), 0);
+	assert_int_equal(flags, 0);
+	cap_buf_consume(&b, cap_buf_used(&b));
+	cap_proto_hello_encode_flags(&b, "host 1", CAP_HELLO_KEEP);
+	assert_true(cap_proto_parse(cap_buf_head(&b), cap_buf_used(&b), &f) > 0);
+	assert_int_equal(cap_proto_hello_flags(f.payload, f.len, &flags), 0);
+	assert_int_equal(flags, CAP_HELLO_KEEP);
+	assert_int_equal(cap_proto_hello_decode(f.payload, f.len, &ver, v, sizeof(v)), 0);
+	assert_string_equal(v, "host 1");
+	assert_int_equal(cap_proto_hello_flags(f.payload, 7, &flags), -EBADMSG);
+	assert_string_equal(cap_msg_name(CAP_MSG_SNAPSHOT), "SNAPSHOT");
 	cap_buf_fini(&b);
 }
 
@@ -2035,6 +2078,7 @@ int main(void)
 		cmocka_unit_test(setup_workspace_section),
 		cmocka_unit_test(setup_root_readonly),
 		cmocka_unit_test(setup_tools_root),
+		cmocka_unit_test(hello_flags),
 		cmocka_unit_test(setup_tmpfs),
 		cmocka_unit_test(file_ops_and_roots),
 		cmocka_unit_test(listeners_codec),

@@ -348,6 +348,15 @@ int cap_named_create_from(const char *name, const char *snap, struct cap_err *er
 	snprintf(rec.name, sizeof(rec.name), "%s", name);
 	snprintf(rec.snapshot, sizeof(rec.snapshot), "%s", snap);
 	rec.hostname[0] = '\0';	/* its own: the new name */
+	/* The parent's published host ports stay the parent's: two VMs
+	 * cannot listen on one (the rest of the policy is the child's too). */
+	char words[sizeof(rec.net)], *save = NULL;
+	size_t used = 0;
+	snprintf(words, sizeof(words), "%s", rec.net);
+	rec.net[0] = '\0';
+	for (char *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save))
+		if (strncmp(w, "publish=", 8) != 0)
+			used += (size_t)snprintf(rec.net + used, sizeof(rec.net) - used, "%s%s", used ? " " : "", w);
 	rec.resume = true;
 	rec.created = time(NULL);
 

@@ -28,7 +28,7 @@ tests=$(cd "$(dirname "$0")/.." && pwd)
 # the last check waits for it to end).
 export CAPSULE_RAM_HOLDER_IDLE_S=1
 
-plan=71
+plan=74
 suite="network suite"
 net_suite_start ip nft nsenter unshare setpriv curl wget busybox
 
@@ -291,6 +291,24 @@ check "DNS: a name outside the policy is NXDOMAIN and wget by it fails" \
 	'grep -q "NXDOMAIN" "$out" && ! grep -q "203.0.113.11" "$out" && grep -q "^wget=[1-9]" "$out" && logged "^capsule net: refused dns other.test: ."'
 g 'nslookup allowed.test; wget -Y off -qO- http://allowed.test/'
 check "DNS: an allowed name resolves and wget by name works" 'grep -q "203.0.113.10" "$out" && grep -qx "hello from 203.0.113.10" "$out"'
+# A fork of it: every child reaches the allowed host through a policy
+# process of its own, and is refused the rest.
+c fork "$web" --count 2 --prefix fk >"$out" 2>"$err"
+rc=$?
+sandboxes="$sandboxes fk1 fk2"
+h10=$(lines "$logs/http-203.0.113.10.log")
+c exec fk1 -- wget -Y off -qO- http://allowed.test/ >"$out" 2>"$err"
+c exec fk2 -- wget -Y off -qO- http://203.0.113.10/ >>"$out" 2>>"$err"
+check "fork of a sandbox with a policy: each child reaches the allowed host (exit $rc)" \
+	'[ "$rc" -eq 0 ] && [ "$(grep -cx "hello from 203.0.113.10" "$out")" -eq 2 ] && [ "$(lines "$logs/http-203.0.113.10.log")" -eq $((h10 + 2)) ]'
+check "... each through a policy process of its own" \
+	'p0=$(rtv "$web" netd_pid); p1=$(rtv fk1 netd_pid); p2=$(rtv fk2 netd_pid); [ -n "$p1" ] && [ -n "$p2" ] && [ "$p1" != "$p0" ] && [ "$p2" != "$p0" ] && [ "$p1" != "$p2" ]'
+c exec fk2 -- sh -c 'timeout 15 wget -Y off -q -O- http://198.51.100.7/; echo "wget=$?"' >"$out" 2>"$err"
+check "... refused the rest, in its own net.log, without the parent's published port" \
+	'grep -q "^wget=[1-9]" "$out" && grep -q "refused tcp 198.51.100.7:80" "$CAPSULE_HOME/sandboxes/fk2/net.log" && ! c inspect fk2 | grep -q -- "--publish"'
+c rm -f fk1 >/dev/null 2>&1
+c rm -f fk2 >/dev/null 2>&1
+c snapshot rm "$web-fork1" >/dev/null 2>&1
 
 reset_counters
 mark

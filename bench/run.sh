@@ -213,6 +213,13 @@ echo "bench: CRI: pod to first output and memory per idle pod, ${BENCH_CRI_RUNTI
 "$top/bench/bench-cri.sh" "$capsule" "$runs" >"$bench_home/cri"
 cri_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/cri"; }
 
+# (s) snapshots and forks: fork latency (N = 1, 8) against fresh
+# sandboxes, memory held by 8 children against 8 fresh ones, a snapshot
+# and a resume from one against a cold boot (bench/bench-fork.sh).
+echo "bench: snapshots and forks: fork N=1 and 8 vs fresh, held memory, snapshot and resume vs cold boot..." >&2
+"$top/bench/bench-fork.sh" "$capsule" "$runs" >"$bench_home/fork" || : >"$bench_home/fork"
+fk_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fork"; }
+
 echo "bench: network: connect+first byte, 10 MB downloads, start with a NIC..." >&2
 "$top/bench/bench-net.sh" "$capsule" "$runs" >"$bench_home/net"
 net_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/net"; }
@@ -358,6 +365,15 @@ awk -v a="$(cri_row first_output 2)" -v b="$(cri_row first_output 3)" -v h="$cri
 	else printf "%-59s %12s %12s %8s\n", m, (a > 0) ? sprintf("%10.0fms", a / 1e6) : "failed", (b > 0) ? sprintf("%10.0fms", b / 1e6) : "failed", "-" }'
 dn_mib "(r) CRI: held per idle pod, N=${BENCH_CRI_PODS:-3}: $cri_h vs $cri_b" \
 	"$(cri_row pod_memory 2)" "$(cri_row pod_memory 3)"
+for r in "fork1:(s) fork, 1 child, to running vs create+start fresh" \
+	 "fork8:(s) fork --count 8 vs 8 fresh made and started" \
+	 "snapshot:(s) snapshot (save, disks, seal) vs cold boot to running" \
+	 "resume:(s) start from a snapshot vs cold boot to running"; do
+	awk -v m="${r#*:}" -v a="$(fk_row "${r%%:*}" 2)" -v b="$(fk_row "${r%%:*}" 3)" 'BEGIN {
+		if (a > 0 && b > 0) printf "%-59s %10.0fms %10.0fms %7.2fx\n", m, a, b, a / b
+		else printf "%-59s %12s %12s %8s\n", m, "failed", "-", "-" }'
+done
+dn_mib "(s) held by 8 idle children vs 8 fresh sandboxes" "$(fk_row held8 2)" "$(fk_row held8 3)"
 cat "$bench_home/kvm"
 if [ -s "$bench_home/fullhost" ]; then
 	awk -v a="$(fh_row answered 2)" -v b="$(fh_row answered 3)" -v n="$fullhost_n" 'BEGIN {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Bench rows for `capsule serve` (issues 5 and 12), each against a baseline
 taken in the same run: resume-from-pause to first result vs a warm call,
-restart-from-stopped vs a fresh identity's first call, calls per second of
+restart-from-stopped vs a fresh identity's first call, a new identity's
+first call given a warmed spare (--spares 1) vs without, calls per second of
 four identities at once vs one, and one identity's exec latency while
 another identity's 10000-file public data is refreshed (its VM stopped, the
 projection rebuilt, the VM restarted) vs the same identity's latency idle.
@@ -197,6 +198,23 @@ try:
     four = 4 * m / (time.perf_counter() - t)
     print(f"throughput {four:.1f} {one:.1f}")
     timed(c, "quiet")       # no public data: this server has no --source
+    c.close()
+
+    # Spares: a server with a warm pool of 1 (each VM warmed by one
+    # command); a new identity's first result, the pool refilled between
+    # calls, against a new identity's first result without one (above).
+    stop_server(proc)
+    proc = start_server("--spares", "1")
+    c = Connection(sock)
+    spare = []
+    for i in range(runs):
+        for _ in range(1200):
+            if c.call("list")["result"]["warm_pool"]["ready"] >= 1:
+                break
+            time.sleep(0.05)
+        spare.append(timed(c, f"spare{i}"))
+        c.call("remove", {"identity": who(f"spare{i}")})
+    print(f"spare {statistics.median(spare):.1f} {statistics.median(fresh):.1f}")
     c.close()
 
     # Refresh: a sandbox keeps the source recorded at its creation, so

@@ -266,6 +266,11 @@ awk -v a="$(start_row restore)" -v b="$(start_row cold)" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox to result: template vs cold", a, b, a / b }'
 awk -v a="$(start_row restore)" -v b="$runsc_ms" 'BEGIN {
 	printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) new sandbox: template vs runsc do true", a, b, a / b }'
+awk -v a="$(serve_row spare 2)" -v b="$runsc_ms" 'BEGIN {
+	if (a > 0) printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) serve: new identity to result, spare vs runsc do true", a, b, a / b
+	else printf "%-59s %12s %10.1fms %8s\n", "(h) serve: new identity to result, spare vs runsc do true", "failed", b, "-" }'
+awk -v a="$(serve_row spare 2)" -v b="$(serve_row spare 3)" 'BEGIN {
+	if (a > 0) printf "%-59s %10.1fms %10.1fms %7.3fx\n", "(h) serve: new identity to result, spare vs no spare", a, b, a / b }'
 # Where a restore's time goes (bench-start's medians, ms): the first exec
 # is TCG translating the guest's kernel paths for the first time.
 awk '$1 == "phases_restore" { printf "%-59s %s\n", "(h) restore phases, medians (ms):", substr($0, 16) }' "$bench_home/start"

@@ -39,8 +39,9 @@ static const char usage[] =
 	"  --idle-stop S       Stop it S seconds after its last call (default 600)\n"
 	"  --capacity N        Resident VMs, paused ones included (default 4)\n"
 	"  --stop-grace S      Seconds a stopping guest gets to sync (default 10)\n"
-	"  --warm-pool N       Keep N started sandboxes ready for new identities\n"
-	"                      (they count against --capacity; default 0, off)\n"
+	"  --warm-pool N       Keep N started sandboxes ready for new identities,\n"
+	"                      each warmed by one command (they count against\n"
+	"                      --capacity; default 0, off); --spares N is the same\n"
 	"  --metrics ADDR      Serve Prometheus metrics (GET /metrics) on ADDR:\n"
 	"                      127.0.0.1:PORT, [::1]:PORT, HOST:PORT, or a unix\n"
 	"                      socket path holding a '/' (mode 0600)\n"
@@ -100,6 +101,7 @@ int cap_cli_serve(int argc, char **argv)
 		{ "stop-grace", required_argument, NULL, O_GRACE },
 		{ "test-clock", no_argument, NULL, O_CLOCK },
 		{ "warm-pool", required_argument, NULL, O_POOL },
+		{ "spares", required_argument, NULL, O_POOL },
 		{ "workspace", required_argument, NULL, O_WORKSPACE },
 		{ "private-import", required_argument, NULL, O_IMPORT },
 		{ "transfer-dir", required_argument, NULL, O_TRANSFER },

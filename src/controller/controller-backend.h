@@ -37,6 +37,10 @@ struct cap_ctl_job_req {
 	const char *workspace;	/* of a new sandbox: its /workspace, or NULL */
 	const struct cap_net_policy *network;	/* of every sandbox, NULL: none */
 	bool tools_root;	/* every sandbox's commands as root (serve --root) */
+	/* START of a warm-pool VM: once started, one command (`true`) runs
+	 * in it, so that what a first command goes through is done before
+	 * an identity's (TCG translates it once: cap_named_warm). */
+	bool warm;
 	/* START: the sizes of a new sandbox; for one that exists, the vCPUs
 	 * and memory it starts with from now on (its record changed first).
 	 * Every field set. */

@@ -116,6 +116,12 @@ static void run_start(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		usleep(100000);
 		r = 0;
 	}
+	/* A spare is warmed before it is ready: never worse than cold. */
+	if (r == 0 && j->warm) {
+		struct cap_err werr = { 0 };
+		if (cap_named_warm(j->name, &werr) < 0)
+			cap_log(CAP_LOG_WARN, "warming sandbox %s: %s", j->name, werr.msg);
+	}
 	out->r = r;
 	if (r < 0)
 		snprintf(out->msg, sizeof(out->msg), "%s", err.msg);

@@ -170,6 +170,7 @@ int ctl_begin_job(struct cap_ctl *c, struct ident *i, enum cap_ctl_job kind, boo
 		.kind = kind, .name = i->name, .create = create,
 		.image = c->cfg.image, .source = c->cfg.source, .network = c->cfg.network,
 		.workspace = c->cfg.workspace, .tools_root = c->cfg.tools_root,
+		.warm = i->pool,
 	};
 	ctl_size_want(c, i, &j.size);
 	int r = c->be->job_begin(c->bud, &j, &i->job_fd, &i->job_pid, err);

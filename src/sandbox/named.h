@@ -295,6 +295,13 @@ bool cap_named_uses_image(void *ud, const char *digest);
  * ready (or failed), then closes it. Returns when the VM has stopped. */
 int cap_named_shim(const char *name, int ready_fd, struct cap_err *err);
 
+/* Run `true` once in running sandbox name (no flush, its output
+ * dropped) and wait for its end: a spare's warming, so that an
+ * identity's first command finds what a first command goes through in
+ * the guest already done (under TCG, translated: docs/architecture.md,
+ * "Where a restore's time goes"). */
+int cap_named_warm(const char *name, struct cap_err *err);
+
 /* --- pause, snapshots and forks (sandbox-snapshot.c) --- */
 
 /* Freeze or continue a running sandbox's VM (its memory kept). A paused

@@ -37,7 +37,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 111
+PLAN = 112
 LINE_MAX = 24 * 1024 * 1024   # a request line (docs/serve.md): room for a 16 MiB upload in base64
 INLINE_MAX = 16 * 1024 * 1024
 
@@ -820,10 +820,14 @@ def main():
     wp = call(c, "list")["result"]["warm_pool"]
     ok(wp == {"size": 1, "members": 1, "ready": 1} and qemu_count() == 1,
        "a warm pool of 1 keeps one VM started before any call", wp)
-    r = exec_(c, "w1", "echo warm > /work/w; hostname")
+    r = exec_(c, "w1", "echo warm > /work/w; hostname; cat /proc/self/cgroup")
     got = r.get("result", {}).get("sandbox", "")
     ok(got.startswith("pool-") and r["result"]["exit_code"] == 0,
        "a new identity is given the warm VM", r)
+    # A sandbox's first command runs in cgroup cmd-1 (the agent numbers
+    # them from 1 in each boot): the spare ran one before.
+    ok("0::/cmd-2" in r.get("result", {}).get("stdout", "").split("\n"),
+       "the warm VM was warmed by one command before it was given", r)
     wait_until(lambda: call(c, "list")["result"]["warm_pool"]["ready"] >= 1, 60, step=0.1)
     ok(call(c, "list")["result"]["warm_pool"]["ready"] == 1 and qemu_count() == 2,
        "the pool refills; pool VMs count as resident")

@@ -157,6 +157,12 @@ struct cap_ctl_backend {
 	 * written); -errno with err set. NULL: both are refused. */
 	int (*workspace)(void *ud, const struct cap_ctl_ws *ws, struct cap_ctl_xfer_watch *w,
 			 struct cap_ctl_ws_out *out, struct cap_err *err);
+	/* Snapshot running sandbox name as snap (filled in when "": the
+	 * default), and with count > 0 start count children of it named
+	 * children[0..count) (filled in), in a worker thread like xfer.
+	 * NULL: refused. */
+	int (*fork)(void *ud, const char *name, unsigned count, char (*children)[CAP_NAME_MAX + 1],
+		    char snap[CAP_NAME_MAX + 1], struct cap_err *err);
 	/* Prepare (cap_ctl_prepare for the real one), in a worker thread
 	 * like xfer. NULL: nothing to prepare (the controller starts
 	 * prepared; a PREPARE call answers at once). */

@@ -37,6 +37,11 @@ void ctl_call_free(struct cap_ctl_call *k)
 		free(k->xfer.owned_data);
 		free(k->xfer.owned_host);
 		break;
+	case CAP_CTL_SNAPSHOT:
+	case CAP_CTL_FORK:
+		free(k->fork.owned_peers);
+		free(k->fork.owned_children);
+		break;
 	default:
 		break;
 	}
@@ -101,6 +106,14 @@ struct cap_ctl_call *ctl_call_new(const struct cap_ctl_req *r, struct cap_ctl_fe
 	} else if (r->kind == CAP_CTL_MERGE) {
 		k->merge.pick = r->pick;
 		k->merge.dry_run = r->dry_run;
+	} else if (r->kind == CAP_CTL_SNAPSHOT || r->kind == CAP_CTL_FORK) {
+		snprintf(k->fork.snap, sizeof(k->fork.snap), "%s", r->snapshot ? r->snapshot : "");
+		k->fork.count = r->kind == CAP_CTL_FORK ? r->count : 0;
+		if (r->peers) {
+			k->fork.owned_peers = xcalloc(r->count, sizeof(*k->fork.owned_peers));
+			for (unsigned a = 0; a < r->count; a++)
+				snprintf(k->fork.owned_peers[a], sizeof(k->fork.owned_peers[a]), "%s", r->peers[a]);
+		}
 	}
 	return k;
 }
@@ -123,7 +136,7 @@ static bool is_ws(enum cap_ctl_kind kind)
 /* A call that runs in a worker thread (struct task). */
 bool ctl_in_worker(enum cap_ctl_kind kind)
 {
-	return kind == CAP_CTL_XFER || is_ws(kind);
+	return kind == CAP_CTL_XFER || is_ws(kind) || kind == CAP_CTL_SNAPSHOT || kind == CAP_CTL_FORK;
 }
 
 bool ctl_is_tool(enum cap_ctl_kind kind)
@@ -359,6 +372,10 @@ static void start_call(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *
 	}
 	if (is_ws(k->kind)) {
 		ctl_begin_ws(c, i, k);
+		return;	/* likewise */
+	}
+	if (k->kind == CAP_CTL_SNAPSHOT || k->kind == CAP_CTL_FORK) {
+		ctl_begin_fork(c, i, k);
 		return;	/* likewise */
 	}
 	if (k->kind == CAP_CTL_EXEC && k->exec.req.timeout_ms) {

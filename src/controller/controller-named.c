@@ -539,6 +539,82 @@ static int list(void *ud, char ***names, size_t *n)
 	return cap_named_list(names, n);
 }
 
+/* What a fork's worker process reports. */
+struct fork_out {
+	int r;
+	char msg[1024];
+	char snap[CAP_NAME_MAX + 1];
+	char children[CAP_FORK_MAX][CAP_NAME_MAX + 1];
+};
+
+/* In a worker thread: the snapshot, and a fork's children started, in a
+ * process of its own as a START job's (it starts QEMU and shims: no
+ * blocked signals, nothing of the controller's kept). */
+static int fork_(void *ud, const char *name, unsigned count, char (*children)[CAP_NAME_MAX + 1],
+		 char snap[CAP_NAME_MAX + 1], struct cap_err *err)
+{
+	(void)ud;
+	int p[2];
+	if (count > CAP_FORK_MAX)
+		return cap_err_set(err, ERANGE, "count %u is out of range (1 to %d)", count, CAP_FORK_MAX);
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
+	pid_t child = fork();
+	if (child < 0) {
+		int e = errno;
+		close(p[0]);
+		close(p[1]);
+		return cap_err_set(err, e, "fork: %s", strerror(e));
+	}
+	if (child == 0) {
+		cap_child_keep_fd3(p[1]);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		signal(SIGPIPE, SIG_DFL);
+		static struct fork_out o;
+		struct cap_err e = { 0 };
+		snprintf(o.snap, sizeof(o.snap), "%s", snap);
+		if (count == 0) {
+			if (!o.snap[0])
+				cap_snapshot_default_name(name, o.snap);
+			o.r = cap_named_snapshot(name, o.snap, false, &e);
+		} else {
+			_cleanup_free_ char *prefix = xasprintf("%.40s-", name);
+			o.r = cap_named_fork(name, count, prefix, false, o.children, o.snap, &e);
+		}
+		snprintf(o.msg, sizeof(o.msg), "%s", e.msg);
+		ssize_t n = write(3, &o, sizeof(o));
+		_exit(n == (ssize_t)sizeof(o) ? 0 : 1);
+	}
+	close(p[1]);
+	struct fork_out *o = xcalloc(1, sizeof(*o));
+	size_t got = 0;
+	while (got < sizeof(*o)) {
+		ssize_t n = read(p[0], (char *)o + got, sizeof(*o) - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	close(p[0]);
+	while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+		;
+	int r = o->r;
+	if (got != sizeof(*o))
+		r = cap_err_set(err, EIO, "the fork's worker process died before it reported");
+	else if (r < 0)
+		cap_err_set(err, -r, "%s", o->msg);
+	if (got == sizeof(*o)) {
+		snprintf(snap, CAP_NAME_MAX + 1, "%s", o->snap);
+		for (unsigned k = 0; k < count; k++)
+			memcpy(children[k], o->children[k], CAP_NAME_MAX + 1);
+	}
+	free(o);
+	return r;
+}
+
 const struct cap_ctl_backend ctl_named_backend = {
 	.job_begin = job_begin,
 	.job_end = job_end,
@@ -561,6 +637,7 @@ const struct cap_ctl_backend ctl_named_backend = {
 	.vm_free = vm_free,
 	.xfer = xfer_,
 	.workspace = workspace_,
+	.fork = fork_,
 	.prepare = prepare_,
 	.sweep = sweep,
 	.list = list,

@@ -46,6 +46,10 @@ struct task {
 	size_t len;
 	unsigned mode;
 	bool no_sync;	/* put: CAP_XFER_NO_SYNC */
+	bool fork;	/* SNAPSHOT (count 0) or FORK */
+	unsigned count;
+	char snap[CAP_NAME_MAX + 1];	/* in: as asked ("": default); out: taken */
+	char (*children)[CAP_NAME_MAX + 1];	/* out, count of them; borrowed from the call */
 	/* outputs */
 	int r;
 	bool absent;	/* import: the host directory does not exist */
@@ -68,6 +72,15 @@ struct cap_ctl_fe {
 };
 
 struct ident;
+
+/* SNAPSHOT and FORK: the snapshot's name ("" for the default), and a
+ * fork's children (their peers chosen when it starts). */
+struct ctl_fork_call {
+	char snap[CAP_NAME_MAX + 1];
+	unsigned count;
+	char (*owned_peers)[65];	/* as asked, or NULL */
+	struct cap_ctl_child *owned_children;	/* count of them, once started */
+};
 
 /* What a call of each kind keeps of its request (struct cap_ctl_call's
  * union, chosen by its kind; STOP, REMOVE, DIFF and PREPARE keep none). */
@@ -110,6 +123,7 @@ struct cap_ctl_call {
 		struct ctl_file_call file;	/* FILE */
 		struct ctl_xfer_call xfer;	/* XFER */
 		struct ctl_merge_call merge;	/* MERGE (a DIFF's stays zero) */
+		struct ctl_fork_call fork;	/* SNAPSHOT, FORK */
 	};
 	/* EXEC and FILE: the guest's stream */
 	uint32_t stream;
@@ -276,6 +290,8 @@ void ctl_fail(struct cap_ctl *c, struct cap_ctl_call *k, enum cap_ctl_code code,
 void ctl_unqueue(struct ident *i, struct cap_ctl_call *k);
 void ctl_fail_queue(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code, const char *msg);
 void ctl_active_done(struct cap_ctl *c, struct ident *i, struct cap_ctl_result *r);
+/* Start the active SNAPSHOT or FORK call k in a worker (controller-task.c). */
+void ctl_begin_fork(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k);
 void ctl_active_fail(struct cap_ctl *c, struct ident *i, enum cap_ctl_code code,
 		     const char *msg, int errnum);
 const uint8_t *ctl_bytes(const struct cap_buf *b);

@@ -58,6 +58,7 @@ void ctl_task_free(struct task *t)
 	pthread_mutex_destroy(&t->w.lock);
 	free(t->owned_path);
 	free(t->owned_host);
+	free(t->children);
 	cap_xfer_result_fini(&t->res);
 	cap_ctl_ws_out_fini(&t->ws_out);
 	free(t);
@@ -191,6 +192,10 @@ static void *task_main(void *arg)
 		t->r = cap_err_set(&t->err, ENOTSUP, "this controller's sandboxes have no workspace diff or merge");
 	else if (t->ws)
 		t->r = t->be->workspace(t->bud, &t->ws_req, &t->w, &t->ws_out, &t->err);
+	else if (t->fork && !t->be->fork)
+		t->r = cap_err_set(&t->err, ENOTSUP, "this controller's sandboxes are not snapshotted");
+	else if (t->fork)
+		t->r = t->be->fork(t->bud, t->name, t->count, t->children, t->snap, &t->err);
 	else if (!t->be->xfer)
 		t->r = cap_err_set(&t->err, ENOTSUP, "this controller's sandboxes take no transfers");
 	else
@@ -366,6 +371,92 @@ static void ws_done(struct cap_ctl *c, struct ident *i, struct task *t)
 	ctl_active_done(c, i, &r);
 }
 
+/* The active SNAPSHOT or FORK call's task ended: each child's identity
+ * is recorded with its sandbox and taken over (its shim serves already:
+ * a WAIT job attaches it), then the call is answered. */
+static void fork_done(struct cap_ctl *c, struct ident *i, struct task *t)
+{
+	struct cap_ctl_call *k = i->active;
+	struct cap_ctl_result r = { .snapshot = t->snap, .sandbox = i->name };
+	struct cap_ctl_child *kids = k->fork.owned_children;
+	char msg[1200];
+	for (unsigned n = 0; t->r == 0 && n < k->fork.count; n++) {
+		snprintf(kids[n].sandbox, sizeof(kids[n].sandbox), "%s", t->children[n]);
+		struct cap_err err = { 0 };
+		if (ctl_idrec_write(c->home, kids[n].agent, kids[n].peer, kids[n].sandbox, &err) < 0) {
+			t->r = -err.code;
+			snprintf(t->err.msg, sizeof(t->err.msg), "%s", err.msg);
+			break;
+		}
+		ctl_ident_get(c, kids[n].agent, kids[n].peer);
+	}
+	if (t->r == 0) {
+		r.children = kids;
+		r.nchildren = k->fork.count;
+	} else if (k->cancelled) {
+		r.code = CAP_CTL_ECANCELLED;
+		r.msg = "request cancelled";
+	} else {
+		snprintf(msg, sizeof(msg), "%s", t->err.msg[0] ? t->err.msg : strerror(-t->r));
+		r.code = sandbox_errno(-t->r) ? CAP_CTL_ESANDBOX : CAP_CTL_ETOOL;
+		r.msg = msg;
+		r.errnum = -t->r;
+	}
+	ctl_active_done(c, i, &r);
+}
+
+/* Whether an identity of agent called peer has or had a sandbox. */
+static bool peer_taken(struct cap_ctl *c, const char *agent, const char *peer)
+{
+	char name[CAP_NAME_MAX + 1];
+	for (struct ident *j = c->idents; j; j = j->next)
+		if (!j->pool && strcmp(j->agent, agent) == 0 && strcmp(j->peer, peer) == 0)
+			return true;
+	return ctl_idrec_read(c->home, agent, peer, name) == 0;
+}
+
+void ctl_begin_fork(struct cap_ctl *c, struct ident *i, struct cap_ctl_call *k)
+{
+	struct cap_err err = { 0 };
+	unsigned count = k->fork.count;
+	k->fork.owned_children = xcalloc(count ? count : 1, sizeof(*k->fork.owned_children));
+	/* The children's identities, chosen here (the loop's thread owns
+	 * the identities): as asked, else "<peer>-<k>" for the first free k. */
+	unsigned next = 1;
+	for (unsigned n = 0; n < count; n++) {
+		struct cap_ctl_child *ch = &k->fork.owned_children[n];
+		snprintf(ch->agent, sizeof(ch->agent), "%s", i->agent);
+		if (k->fork.owned_peers) {
+			snprintf(ch->peer, sizeof(ch->peer), "%s", k->fork.owned_peers[n]);
+			if (peer_taken(c, ch->agent, ch->peer)) {
+				char msg[300];
+				snprintf(msg, sizeof(msg), "identity %s/%s exists already: a fork's child is a new identity",
+					 ch->agent, ch->peer);
+				ctl_active_fail(c, i, CAP_CTL_ETOOL, msg, EEXIST);
+				return;
+			}
+			continue;
+		}
+		for (;; next++) {
+			char tail[16];
+			int tl = snprintf(tail, sizeof(tail), "-%u", next);
+			snprintf(ch->peer, sizeof(ch->peer), "%.*s%s", 64 - tl, i->peer, tail);
+			if (!peer_taken(c, ch->agent, ch->peer))
+				break;
+		}
+		next++;
+	}
+	struct task *t = task_new(c, i);
+	t->fork = true;
+	t->count = count;
+	snprintf(t->snap, sizeof(t->snap), "%s", k->fork.snap);
+	t->children = xcalloc(count ? count : 1, sizeof(*t->children));
+	if (task_begin(i, t, &err) < 0) {
+		ctl_task_free(t);
+		ctl_active_fail(c, i, CAP_CTL_ESANDBOX, err.msg, err.code);
+	}
+}
+
 void ctl_task_finished(struct cap_ctl *c, struct ident *i)
 {
 	uint64_t n;
@@ -377,6 +468,8 @@ void ctl_task_finished(struct cap_ctl *c, struct ident *i)
 		import_done(c, i, t);
 	else if (t->ws)
 		ws_done(c, i, t);
+	else if (t->fork)
+		fork_done(c, i, t);
 	else
 		xfer_done(c, i, t);
 	ctl_task_free(t);

@@ -20,6 +20,7 @@
 
 #include "err.h"
 #include "lifecycle.h"
+#include "named.h"	/* CAP_NAME_MAX, CAP_FORK_MAX */
 #include "client.h"
 #include "controller-prepare.h"
 #include "tree.h"	/* enum cap_merge_pick */
@@ -121,6 +122,12 @@ enum cap_ctl_kind {
 	CAP_CTL_EXEC, CAP_CTL_FILE, CAP_CTL_STOP, CAP_CTL_REMOVE, CAP_CTL_XFER,
 	CAP_CTL_DIFF, CAP_CTL_MERGE,
 	CAP_CTL_PREPARE,	/* cap_ctl_prepare_submit: no identity */
+	/* SNAPSHOT: the identity's running sandbox saved (cap_named_snapshot);
+	 * FORK: that, and count new identities (the same agent) given a
+	 * sandbox each that goes on from it (cap_named_fork). Both in a
+	 * worker, after the identity's earlier calls: what they answered is
+	 * in the snapshot. */
+	CAP_CTL_SNAPSHOT, CAP_CTL_FORK,
 };
 
 enum cap_ctl_code {
@@ -167,6 +174,19 @@ struct cap_ctl_req {
 	 * (CAP_FILE_NO_SYNC; an EXEC says it with CAP_EXEC_NO_SYNC in
 	 * exec->flags): the result is then not durable. */
 	bool no_sync;
+	/* FORK: how many (1 to CAP_FORK_MAX), and their peers (count of
+	 * them), or NULL for "<peer>-<k>", the first k from 1 that names no
+	 * identity with a sandbox. SNAPSHOT: its name, or NULL for the
+	 * default (cap_snapshot_default_name). */
+	unsigned count;
+	const char *const *peers;
+	const char *snapshot;
+};
+
+/* A fork's child: its identity and sandbox. */
+struct cap_ctl_child {
+	char agent[65], peer[65];
+	char sandbox[CAP_NAME_MAX + 1];
 };
 
 /* What a transfer copied (also when it failed part way): counts and the
@@ -232,6 +252,10 @@ struct cap_ctl_result {
 	uint64_t written;	/* WRITE */
 	/* STOP, REMOVE: "stopped", "removed", "none" */
 	const char *state;
+	/* SNAPSHOT, FORK: the snapshot taken; FORK: the children. */
+	const char *snapshot;
+	const struct cap_ctl_child *children;
+	size_t nchildren;
 	/* What the host did beyond the guest's answer (a command the guest
 	 * did not end in time), or NULL. */
 	const char *note;

@@ -387,7 +387,16 @@ int cap_named_create_from(const char *name, const char *snap, struct cap_err *er
 		return r;
 	snprintf(rec.name, sizeof(rec.name), "%s", name);
 	snprintf(rec.snapshot, sizeof(rec.snapshot), "%s", snap);
-	rec.hostname[0] = '\0';	/* its own: the new name */
+	/* Its own hostname: its name, or the end of a long one (a hostname
+	 * is 20 characters at most; the end is what tells siblings apart). */
+	rec.hostname[0] = '\0';
+	size_t nl = strlen(name);
+	if (nl >= sizeof(rec.hostname)) {
+		const char *tail = name + nl - (sizeof(rec.hostname) - 1);
+		while (*tail == '-' || *tail == '_')
+			tail++;
+		snprintf(rec.hostname, sizeof(rec.hostname), "%s", tail);
+	}
 	/* The parent's published host ports stay the parent's: two VMs
 	 * cannot listen on one (the rest of the policy is the child's too). */
 	char words[sizeof(rec.net)], *save = NULL;

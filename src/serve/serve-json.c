@@ -251,6 +251,15 @@ int serve_answer(struct cap_rpc_server *s, struct pending *p, const struct cap_c
 	} else if (r->kind == CAP_CTL_FILE) {
 		res = json_pack("{s:s, s:s, s:s%}", "sandbox", r->sandbox, "kind", "file", "content",
 				(const char *)r->content, r->content_len);
+	} else if (r->kind == CAP_CTL_SNAPSHOT) {
+		res = json_pack("{s:s, s:s}", "sandbox", r->sandbox, "snapshot", r->snapshot);
+	} else if (r->kind == CAP_CTL_FORK) {
+		json_t *a = json_array();
+		for (size_t c = 0; c < r->nchildren; c++)
+			json_array_append_new(a, json_pack("{s:{s:s, s:s}, s:s}", "identity", "agent",
+							   r->children[c].agent, "peer", r->children[c].peer,
+							   "sandbox", r->children[c].sandbox));
+		res = json_pack("{s:s, s:s, s:o}", "sandbox", r->sandbox, "snapshot", r->snapshot, "children", a);
 	} else if (r->kind == CAP_CTL_DIFF) {
 		res = cap_rpc_diff_json(r->sandbox, r->changes, r->nchanges);
 	} else if (r->kind == CAP_CTL_MERGE && r->merge) {

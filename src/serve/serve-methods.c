@@ -487,6 +487,51 @@ static void m_merge(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t
 	submit(s, k, id, agent, peer, &req, NULL);
 }
 
+/* snapshot: {identity [, name]}: the identity's sandbox saved, running
+ * (docs/serve.md, "Snapshots and forks"); after its earlier calls. */
+static void m_snapshot(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const char *agent, *peer;
+	if (!identity(k, id, params, &agent, &peer))
+		return;
+	const char *name = json_string_value(json_object_get(params, "name"));
+	struct cap_err err = { 0 };
+	if (name && cap_snapshot_check_name(name, &err) < 0)
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.name: %s", err.msg);
+	struct cap_ctl_req req = { .kind = CAP_CTL_SNAPSHOT, .snapshot = name };
+	submit(s, k, id, agent, peer, &req, NULL);
+}
+
+/* fork: {identity [, count] [, peers]}: count new identities of the same
+ * agent (peers as given, else "<peer>-N"), each with a sandbox that goes
+ * on from the identity's, running processes included. */
+static void m_fork(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
+{
+	const char *agent, *peer;
+	if (!identity(k, id, params, &agent, &peer))
+		return;
+	json_t *count = json_object_get(params, "count"), *peers = json_object_get(params, "peers");
+	json_int_t n = count ? json_integer_value(count) : peers ? (json_int_t)json_array_size(peers) : 1;
+	if (n < 1 || n > CAP_FORK_MAX)
+		return serve_error(k, id, CAP_RPC_PARAMS, "params.count must be 1 to %d", CAP_FORK_MAX);
+	const char *list[CAP_FORK_MAX];
+	if (peers) {
+		if ((json_int_t)json_array_size(peers) != n)
+			return serve_error(k, id, CAP_RPC_PARAMS, "params.peers must hold params.count names");
+		for (json_int_t i = 0; i < n; i++) {
+			list[i] = json_string_value(json_array_get(peers, (size_t)i));
+			if (!list[i] || !cap_controller_id_valid(list[i]))
+				return serve_error(k, id, CAP_RPC_PARAMS, "params.peers[%d]: identity parts must be 1 to 64 of A-Z a-z 0-9 . _ @ + = : - and not start with '.'",
+						   (int)i);
+			for (json_int_t j = 0; j < i; j++)
+				if (strcmp(list[j], list[i]) == 0)
+					return serve_error(k, id, CAP_RPC_PARAMS, "params.peers names '%s' twice", list[i]);
+		}
+	}
+	struct cap_ctl_req req = { .kind = CAP_CTL_FORK, .count = (unsigned)n, .peers = peers ? list : NULL };
+	submit(s, k, id, agent, peer, &req, NULL);
+}
+
 static void m_status(struct cap_rpc_server *s, struct conn *k, json_t *id, json_t *params)
 {
 	const char *agent, *peer;
@@ -694,6 +739,9 @@ static const struct method_def methods[] = {
 	{ .name = "merge", .run = m_merge,
 	  .params = { P_IDENTITY, { "pick", "string", false, false }, { "dry_run", "boolean", false, false } } },
 	{ .name = "status", .run = m_status, .params = { P_IDENTITY } },
+	{ .name = "snapshot", .run = m_snapshot, .params = { P_IDENTITY, { "name", "string", false, false } } },
+	{ .name = "fork", .run = m_fork,
+	  .params = { P_IDENTITY, { "count", "integer", false, false }, { "peers", "array", false, false } } },
 	{ .name = "set_size", .run = m_set_size, .params = { P_IDENTITY, { "size", "object", true, false } } },
 	{ .name = "list", .run = m_list },
 	{ .name = "info", .run = m_info },

@@ -33,6 +33,9 @@ const SAMPLES = {
   dry_run: [true],
   size: [{ cpus: 1, memory_mib: 256 }],
   ref: ["registry.example/a:b"],
+  name: ["snap"],
+  count: [2],
+  peers: [["p1", "p2"]],
 };
 
 class Recorder extends Methods {

@@ -30,6 +30,7 @@ SAMPLES = {
     "stdin": "x", "pids_max": 8, "durable": False, "path": "f", "root": "workspace", "max_bytes": 10,
     "content": "x", "from_path": "/tmp/x", "mode": 0o755, "to": "/tmp/y", "pick": "ours",
     "dry_run": True, "sandbox": "v-0", "request_id": 7, "size": {"cpus": 2}, "ref": "127.0.0.1:5000/x:1",
+    "name": "snap", "count": 2, "peers": ["p1", "p2"],
 }
 NOT_PARAMS = {"on_progress"}  # call options (docs in Methods), not params
 JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),

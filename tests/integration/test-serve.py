@@ -37,7 +37,7 @@ SOCK = os.path.join(RT, "serve.sock")
 LOG = os.path.join(RT, "serve.log")
 WALL = os.environ.get("CAPSULE_WALLCLOCK") == "1"
 BIGROOT = tempfile.mkdtemp(prefix="cs-big.", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else RT
-PLAN = 112
+PLAN = 119
 LINE_MAX = 24 * 1024 * 1024   # a request line (docs/serve.md): room for a 16 MiB upload in base64
 INLINE_MAX = 16 * 1024 * 1024
 
@@ -843,6 +843,7 @@ def main():
     network_policy()
     transfers()
     workspace()
+    forks()
 
 
 def b64(data):
@@ -1008,6 +1009,49 @@ def tree_bytes(d):
             else:
                 got[rel] = (oct(st.st_mode & 0o7777), open(p, "rb").read())
     return got
+
+
+def forks():
+    """snapshot and fork (docs/serve.md, "Snapshots and forks"): a fork
+    after an identity's write gives new identities of the same agent whose
+    sandboxes read it, write apart and are their own machines; peers as
+    asked; an existing identity is refused as a child; snapshot names the
+    snapshot taken."""
+    s = Server("--test-clock", "--capacity", "6")
+    c = s.client()
+    exec_(c, "fp", "echo 1 > /work/x")
+    r = call(c, "fork", {"identity": ident("fp"), "count": 2}, 120)
+    kids = r.get("result", {}).get("children", [])
+    ok(len(kids) == 2 and [k["identity"] for k in kids] == [ident("fp-1"), ident("fp-2")] and
+       r["result"]["snapshot"] == sandbox_name("fp") + "-fork1",
+       "fork gives new identities fp-1 and fp-2 after the identity's acknowledged write", r)
+    for k in kids:
+        NAMES.add(k["sandbox"])
+    a = exec_(c, "fp-1", "cat /work/x; echo one > /work/y; hostname; head -c 8 /dev/urandom | od -An -tx1")
+    b = exec_(c, "fp-2", "cat /work/x; echo two > /work/y; hostname; head -c 8 /dev/urandom | od -An -tx1")
+    la = a.get("result", {}).get("stdout", "").split("\n")
+    lb = b.get("result", {}).get("stdout", "").split("\n")
+    ok(la[:1] == ["1"] and lb[:1] == ["1"] and la[1] != lb[1] and la[2] != lb[2] and
+       a["result"]["sandbox"] == kids[0]["sandbox"],
+       "each child has the parent's file, a hostname and entropy of its own", (a, b))
+    p = exec_(c, "fp", "cat /work/y 2>/dev/null || echo none")
+    ok(p.get("result", {}).get("stdout") == "none\n" and
+       exec_(c, "fp-2", "cat /work/y").get("result", {}).get("stdout") == "two\n",
+       "the children's writes are their own; the parent's disk is unchanged", p)
+    r = call(c, "fork", {"identity": ident("fp"), "peers": ["fx"]}, 120)
+    ok([k["identity"] for k in r.get("result", {}).get("children", [])] == [ident("fx")],
+       "fork with peers names the children as asked", r)
+    for k in r.get("result", {}).get("children", []):
+        NAMES.add(k["sandbox"])
+    r = call(c, "fork", {"identity": ident("fp"), "peers": ["fp-1"]}, 60)
+    ok(r.get("error", {}).get("code") == -32002 and "exists already" in r["error"]["message"],
+       "an identity that exists is refused as a fork's child", r)
+    r = call(c, "snapshot", {"identity": ident("fp"), "name": "fp-snap"}, 60)
+    ok(r.get("result", {}).get("snapshot") == "fp-snap" and
+       os.path.isfile(os.path.join(HOME, "snapshots", "fp-snap", "state")),
+       "snapshot saves the identity's sandbox under the name asked", r)
+    c.close()
+    ok(s.term() == 0 and qemu_count() == 0, "serve stops the forks' VMs too")
 
 
 def workspace():

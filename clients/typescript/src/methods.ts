@@ -27,6 +27,8 @@ import {
   type ServerInfo,
   type Size,
   type SizeResult,
+  type ForkResult,
+  type SnapshotResult,
   type Status,
   type UploadResult,
   type WriteResult,
@@ -54,6 +56,8 @@ export const METHODS = {
   diff: { call: "diff", args: ["identity"], options: [] },
   merge: { call: "merge", args: ["identity"], options: ["pick", "dry_run"] },
   status: { call: "status", args: ["identity"], options: [] },
+  snapshot: { call: "snapshot", args: ["identity"], options: ["name"] },
+  fork: { call: "fork", args: ["identity"], options: ["count", "peers"] },
   set_size: { call: "setSize", args: ["identity", "size"], options: [] },
   list: { call: "list", args: [], options: [] },
   info: { call: "info", args: [], options: [] },
@@ -159,6 +163,18 @@ export interface MergeOptions {
   dry_run?: boolean;
 }
 
+export interface SnapshotOptions {
+  /** The snapshot's name (default: the server's choice). */
+  name?: string;
+}
+
+export interface ForkOptions {
+  /** How many children (1 to 64; default 1, or as many as peers). */
+  count?: number;
+  /** The children's peers (default "<peer>-N" for the first free N). */
+  peers?: string[];
+}
+
 /** Who stop and remove act on: an identity, or a sandbox this controller owns (the administrative form). */
 export type Target = IdentityLike | { sandbox: string };
 
@@ -179,6 +195,8 @@ const agree: {
   diff: true satisfies Same<None, Listed<"diff">>,
   merge: true satisfies Same<MergeOptions, Listed<"merge">>,
   status: true satisfies Same<None, Listed<"status">>,
+  snapshot: true satisfies Same<SnapshotOptions, Listed<"snapshot">>,
+  fork: true satisfies Same<ForkOptions, Listed<"fork">>,
   set_size: true satisfies Same<None, Listed<"set_size">>,
   list: true satisfies Same<None, Listed<"list">>,
   info: true satisfies Same<None, Listed<"info">>,
@@ -300,6 +318,16 @@ export abstract class Methods {
   }
 
   // -- lifecycle and the controller ------------------------------------------
+
+  /** Save the identity's running sandbox (memory, processes, disks), after its earlier calls. */
+  async snapshot(identity: IdentityLike, opts?: SnapshotOptions & CallOptions): Promise<SnapshotResult> {
+    return this.call("snapshot", put("snapshot", { identity: identityJson(identity) }, opts), opts);
+  }
+
+  /** Branch the identity's sandbox: new identities of the same agent, each going on from its state. */
+  async fork(identity: IdentityLike, opts?: ForkOptions & CallOptions): Promise<ForkResult> {
+    return this.call("fork", put("fork", { identity: identityJson(identity) }, opts), opts);
+  }
 
   /** The identity's sandbox state; creates nothing. */
   async status(identity: IdentityLike, opts?: CallOptions): Promise<Status> {

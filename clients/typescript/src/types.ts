@@ -181,6 +181,19 @@ export interface MergeResult {
   git_left_out: number;
 }
 
+/** `snapshot`: the identity's sandbox and the snapshot taken of it. */
+export interface SnapshotResult {
+  sandbox: string;
+  snapshot: string;
+}
+
+/** `fork`: the snapshot taken, and each child: an identity to address from now on, and its sandbox. */
+export interface ForkResult {
+  sandbox: string;
+  snapshot: string;
+  children: { identity: Identity; sandbox: string }[];
+}
+
 /** A sandbox's state. */
 export type SandboxState = "none" | "stopped" | "starting" | "running" | "paused" | "stopping";
 

@@ -13,17 +13,19 @@ from .client import Call, Client
 from .errors import (Busy, CallTimeout, CapsuleError, Cancelled, ConnectionLost, InvalidParams,
                      InvalidRequest, MethodNotFound, ParseError, SandboxFailed, ToolRefused, error_from)
 from .raw import Connection
-from .types import (DiffResult, DirectoryListing, DirEntry, ExecResult, FileResult, Identity,
-                    ImageCheck, LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList, ServerInfo,
-                    SizeResult,
+from .types import (DiffResult, DirectoryListing, DirEntry, ExecResult, FileResult, ForkChild, ForkResult,
+                    Identity, ImageCheck, LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList,
+                    ServerInfo, SizeResult, SnapshotResult,
                     Status, TransferResult, WriteResult)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "Busy", "Call", "CallTimeout", "CapsuleError", "Cancelled", "Client", "Connection",
-    "ConnectionLost", "DiffResult", "DirEntry", "DirectoryListing", "ExecResult", "FileResult", "Identity", "ImageCheck",
+    "ConnectionLost", "DiffResult", "DirEntry", "DirectoryListing", "ExecResult", "FileResult", "ForkChild",
+    "ForkResult", "Identity", "ImageCheck",
     "InvalidParams", "InvalidRequest", "LifecycleResult", "MergeResult", "MethodNotFound", "ParseError",
-    "PrepareResult", "PrepareStream", "Progress", "SandboxFailed", "SandboxList", "ServerInfo", "SizeResult", "Status",
+    "PrepareResult", "PrepareStream", "Progress", "SandboxFailed", "SandboxList", "ServerInfo", "SizeResult",
+    "SnapshotResult", "Status",
     "ToolRefused", "TransferResult", "WriteResult", "error_from",
 ]

@@ -7,9 +7,9 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .errors import InvalidParams
-from .types import (DiffResult, DirectoryListing, ExecResult, FileResult, IdentityLike,
+from .types import (DiffResult, DirectoryListing, ExecResult, FileResult, ForkResult, IdentityLike,
                     ImageCheck, LifecycleResult, MergeResult, PrepareResult, Progress, SandboxList,
-                    ServerInfo, SizeResult, Status, TransferResult, WriteResult, identity_json)
+                    ServerInfo, SizeResult, SnapshotResult, Status, TransferResult, WriteResult, identity_json)
 
 INLINE_MAX = 16 * 1024 * 1024        # an inline upload or download (docs/serve.md)
 LINE_MAX = 24 * 1024 * 1024          # a request line the server reads
@@ -147,6 +147,21 @@ class Methods:
             raise TypeError("size must be a dict such as {'cpus': 2, 'memory_mib': 2048}")
         return self._invoke("set_size", {"identity": identity_json(identity), "size": dict(size)},
                             SizeResult.from_json, **opts)
+
+    def snapshot(self, identity: IdentityLike, *, name: Optional[str] = None, **opts: Any) -> SnapshotResult:
+        """Save the identity's running sandbox (memory, processes, disks)
+        after its earlier calls; name defaults to the server's choice."""
+        return self._invoke("snapshot", _put({"identity": identity_json(identity)}, name=name),
+                            SnapshotResult.from_json, **opts)
+
+    def fork(self, identity: IdentityLike, count: Optional[int] = None, *,
+             peers: Optional[Sequence[str]] = None, **opts: Any) -> ForkResult:
+        """Branch the identity's sandbox: count new identities of the same
+        agent (peers as given, else "<peer>-N"), each a sandbox that goes
+        on from this one's state, processes included."""
+        p = _put({"identity": identity_json(identity)}, count=count,
+                 peers=list(peers) if peers is not None else None)
+        return self._invoke("fork", p, ForkResult.from_json, **opts)
 
     def status(self, identity: IdentityLike, **opts: Any) -> Status:
         """The identity's sandbox state; creates nothing."""

@@ -277,6 +277,37 @@ class LifecycleResult(_Result):
 
 
 @dataclass
+class SnapshotResult(_Result):
+    """`snapshot`: the identity's sandbox and the snapshot taken of it."""
+    sandbox: Optional[str] = None
+    snapshot: Optional[str] = None
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class ForkResult(_Result):
+    """`fork`: the snapshot taken and the children, each an Identity the
+    caller addresses from now on, with its sandbox's name."""
+    sandbox: Optional[str] = None
+    snapshot: Optional[str] = None
+    children: List["ForkChild"] = field(default_factory=list)
+    raw: Dict[str, Any] = _raw()
+
+    @classmethod
+    def _convert(cls, name: str, value: Any) -> Any:
+        if name != "children":
+            return value
+        return [ForkChild(Identity(c["identity"]["agent"], c["identity"]["peer"]), c.get("sandbox"))
+                for c in value or []]
+
+
+@dataclass(frozen=True)
+class ForkChild:
+    identity: Identity
+    sandbox: Optional[str] = None
+
+
+@dataclass
 class Progress(_Result):
     """One `progress` notification: request is the id of the call it belongs
     to; phase kernel | initramfs | image | template; status building |

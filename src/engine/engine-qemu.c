@@ -236,6 +236,18 @@ static unsigned ram_slot(const struct cap_vm_config *cfg)
 	return backing_slot(cfg, cfg->ndisks);
 }
 
+/* TCG's translation buffer in MiB: 128, or CAPSULE_TCG_TB_MIB (8 to
+ * 1024; `make bench` row (t) measures what it costs and saves). Its
+ * touched pages are the largest part of an idle TCG VM's own memory;
+ * once full, TCG flushes it and translates again what runs. */
+static unsigned tb_mib(void)
+{
+	const char *e = getenv("CAPSULE_TCG_TB_MIB");
+	char *end;
+	unsigned long v = e && *e ? strtoul(e, &end, 10) : 0;
+	return e && *e && !*end && v >= 8 && v <= 1024 ? (unsigned)v : 128;
+}
+
 static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 		       const struct qemu_vm *vm)
 {
@@ -252,7 +264,7 @@ static void build_argv(struct argv *a, const struct cap_vm_config *cfg,
 	arg(a, xstrdup("-accel"));
 	/* TCG's translation cache is bounded so that QEMU stays under its
 	 * cgroup's memory ceiling (guest RAM + a fixed overhead). */
-	arg(a, xstrdup(kvm ? "kvm" : "tcg,tb-size=128"));
+	arg(a, kvm ? xstrdup("kvm") : xasprintf("tcg,tb-size=%u", tb_mib()));
 	arg(a, xstrdup("-cpu"));
 	arg(a, xstrdup(kvm ? "host" : "max"));
 	arg(a, xstrdup("-smp"));

@@ -28,7 +28,7 @@ export CAPSULE_RAM_HOLDER_IDLE_S=1
 . "$top/scripts/fake-internet.sh"
 client="$tests/net/guest-https.py"
 
-plan=51
+plan=53
 suite="secrets suite"
 net_suite_start ip nsenter unshare openssl
 
@@ -210,6 +210,21 @@ a0=$(lines "$logs/https-api.test.log")
 h '--direct api.test "GET /direct HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer $TOKEN\r\n\r\n"'
 check "direct (DNS, SNI): verified, answered, and api.test received the real value" \
 	'grep -q "^issuer: capsule CA" "$out" && grep -q "^hello from api.test /direct " "$out" && [ "$(req api.test "$a0" "h.get(\"authorization\")")" = "$(printf "%s" "['"'"'Bearer $TOKEN'"'"']")" ]'
+
+# A fork of it: the child's placeholders are its own (its own CA), and
+# its policy process swaps them for the real value.
+c fork "$sb" --prefix fs >"$out" 2>"$err"
+rc=$?
+c exec fs1 -- sh -c 'echo "TOKEN=$TOKEN"' >"$out" 2>"$err"
+ph1=$(sed -n 's/^TOKEN=//p' "$out")
+check "fork: the child's TOKEN is a placeholder of its own ($ph1, the parent's $ph; exit $rc)" \
+	'[ "$rc" -eq 0 ] && echo "$ph1" | grep -qx "capsule-ph-[0-9a-f]\{40\}" && [ "$ph1" != "$ph" ]'
+a0=$(lines "$logs/https-api.test.log")
+c exec --timeout 90 fs1 -- sh -c 'python3 /tmp/h.py --direct api.test "GET /child HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer $TOKEN\r\n\r\n"' >"$out" 2>"$err"
+check "... the child verifies its own capsule CA and api.test receives the real value for its placeholder" \
+	'grep -q "^issuer: capsule CA" "$out" && grep -q "^hello from api.test /child " "$out" && [ "$(req api.test "$a0" "h.get(\"authorization\")")" = "$(printf "%s" "['"'"'Bearer $TOKEN'"'"']")" ]'
+c rm -f fs1 >/dev/null 2>&1
+c snapshot rm "$sb-fork1" >/dev/null 2>&1
 
 e0=$(lines "$logs/https-else.test.log")
 h 'else.test "GET /else HTTP/1.1\r\nHost: else.test\r\nAuthorization: Bearer $TOKEN\r\nX-Other: $OTHER\r\n\r\n"'

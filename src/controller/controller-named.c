@@ -159,11 +159,16 @@ static void run_check(const struct cap_ctl_job_req *j, struct cap_ctl_job_out *o
 		snprintf(out->msg, sizeof(out->msg), "%s", err.msg);
 }
 
-static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *pid,
-		     struct cap_err *err)
+/* A worker process for a job or a fork: 0 in the child, which keeps
+ * nothing of the controller's (not its home lock, which a controller
+ * started after this one dies must get; not the MCP client's stdio) but
+ * the pipe's write end as descriptor 3, and has what the tools it runs
+ * (mke2fs, mkfs.erofs, QEMU, shims) expect: no blocked signals, SIGPIPE
+ * at its default (its log lines go to the controller's stderr, under the
+ * same name); its pid in the parent, with *fd the read end; -errno. */
+static pid_t worker_fork(int *fd, struct cap_err *err)
 {
 	int p[2];
-	(void)ud;
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
 	pid_t child = fork();
@@ -174,9 +179,6 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 		return cap_err_set(err, e, "fork: %s", strerror(e));
 	}
 	if (child == 0) {
-		/* Keep nothing of the controller's: not its home lock (a
-		 * controller started after this one dies must get it), not
-		 * the MCP client's stdio. */
 		cap_child_keep_fd3(p[1]);
 		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 		if (null >= 0) {
@@ -184,13 +186,45 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 			dup2(null, 1);
 			close(null);
 		}
-		/* What the tools it runs (mke2fs, mkfs.erofs) expect: no
-		 * blocked signals, SIGPIPE at its default. Its log lines go to
-		 * the controller's stderr, under the same name. */
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		signal(SIGPIPE, SIG_DFL);
+		return 0;
+	}
+	close(p[1]);
+	*fd = p[0];
+	return child;
+}
+
+/* Read a worker's report of len bytes from fd (closed), and reap it: the
+ * bytes read. */
+static size_t worker_end(int fd, pid_t pid, void *buf, size_t len, int *status)
+{
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = read(fd, (char *)buf + got, len - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	close(fd);
+	*status = 0;
+	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+		;
+	return got;
+}
+
+static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *pid,
+		     struct cap_err *err)
+{
+	(void)ud;
+	pid_t child = worker_fork(fd, err);
+	if (child < 0)
+		return child;
+	if (child == 0) {
 		struct cap_ctl_job_out out = { 0 };
 		if (j->kind == CAP_CTL_JOB_START)
 			run_start(j, &out);
@@ -201,8 +235,6 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 		ssize_t n = write(3, &out, sizeof(out));
 		_exit(n == (ssize_t)sizeof(out) ? 0 : 1);
 	}
-	close(p[1]);
-	*fd = p[0];
 	*pid = child;
 	return 0;
 }
@@ -210,21 +242,9 @@ static int job_begin(void *ud, const struct cap_ctl_job_req *j, int *fd, pid_t *
 static void job_end(void *ud, int fd, pid_t pid, struct cap_ctl_job_out *out)
 {
 	(void)ud;
-	size_t got = 0;
+	int status;
 	memset(out, 0, sizeof(*out));
-	while (got < sizeof(*out)) {
-		ssize_t n = read(fd, (char *)out + got, sizeof(*out) - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		got += (size_t)n;
-	}
-	close(fd);
-	int status = 0;
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	if (got != sizeof(*out)) {
+	if (worker_end(fd, pid, out, sizeof(*out), &status) != sizeof(*out)) {
 		memset(out, 0, sizeof(*out));
 		out->r = -EIO;
 		snprintf(out->msg, sizeof(out->msg), "the controller's worker process died (%s %d) before it reported",
@@ -554,24 +574,13 @@ static int fork_(void *ud, const char *name, unsigned count, char (*children)[CA
 		 char snap[CAP_NAME_MAX + 1], struct cap_err *err)
 {
 	(void)ud;
-	int p[2];
+	int fd, status;
 	if (count > CAP_FORK_MAX)
 		return cap_err_set(err, ERANGE, "count %u is out of range (1 to %d)", count, CAP_FORK_MAX);
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return cap_err_set(err, errno, "pipe: %s", strerror(errno));
-	pid_t child = fork();
-	if (child < 0) {
-		int e = errno;
-		close(p[0]);
-		close(p[1]);
-		return cap_err_set(err, e, "fork: %s", strerror(e));
-	}
+	pid_t child = worker_fork(&fd, err);
+	if (child < 0)
+		return child;
 	if (child == 0) {
-		cap_child_keep_fd3(p[1]);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		signal(SIGPIPE, SIG_DFL);
 		static struct fork_out o;
 		struct cap_err e = { 0 };
 		snprintf(o.snap, sizeof(o.snap), "%s", snap);
@@ -587,26 +596,14 @@ static int fork_(void *ud, const char *name, unsigned count, char (*children)[CA
 		ssize_t n = write(3, &o, sizeof(o));
 		_exit(n == (ssize_t)sizeof(o) ? 0 : 1);
 	}
-	close(p[1]);
 	struct fork_out *o = xcalloc(1, sizeof(*o));
-	size_t got = 0;
-	while (got < sizeof(*o)) {
-		ssize_t n = read(p[0], (char *)o + got, sizeof(*o) - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		got += (size_t)n;
-	}
-	close(p[0]);
-	while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
-		;
 	int r = o->r;
-	if (got != sizeof(*o))
+	if (worker_end(fd, child, o, sizeof(*o), &status) != sizeof(*o)) {
 		r = cap_err_set(err, EIO, "the fork's worker process died before it reported");
-	else if (r < 0)
-		cap_err_set(err, -r, "%s", o->msg);
-	if (got == sizeof(*o)) {
+	} else {
+		r = o->r;
+		if (r < 0)
+			cap_err_set(err, -r, "%s", o->msg);
 		snprintf(snap, CAP_NAME_MAX + 1, "%s", o->snap);
 		for (unsigned k = 0; k < count; k++)
 			memcpy(children[k], o->children[k], CAP_NAME_MAX + 1);

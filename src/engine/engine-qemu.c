@@ -734,13 +734,25 @@ static int migration_done(struct qemu_vm *vm, int timeout_ms, struct cap_err *er
 	}
 }
 
-static int save(struct cap_vm *v, const char *state_path, struct cap_err *err)
+/* Stop the guest and save its state into state_path. full: every RAM
+ * block is sent (x-ignore-shared off, whatever an earlier restore set), at
+ * no bandwidth limit (QEMU's default is 32 MiB/s, meant for a network;
+ * this is a local file, the guest already stopped); else the device state
+ * alone, the RAM being the shared file's. */
+static int save_state(struct qemu_vm *vm, const char *state_path, bool full, struct cap_err *err)
 {
-	struct qemu_vm *vm = QVM(v);
 	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
 	int r;
 
-	if ((r = qmp_execute(vm, "stop", err)) < 0 || (r = ignore_shared(vm, err)) < 0)
+	if ((r = qmp_execute(vm, "stop", err)) < 0)
+		return r;
+	if (!full && (r = ignore_shared(vm, err)) < 0)
+		return r;
+	if (full && ((r = qmp_call(vm, "migrate-set-capabilities",
+				   json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 0),
+				   NULL, err)) < 0 ||
+		     (r = qmp_call(vm, "migrate-set-parameters",
+				   json_pack("{s:I}", "max-bandwidth", (json_int_t)1 << 40), NULL, err)) < 0))
 		return r;
 	/* QEMU writes the state straight into a file we open: it sees no
 	 * path of ours. */
@@ -749,7 +761,7 @@ static int save(struct cap_vm *v, const char *state_path, struct cap_err *err)
 		return cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
 	if ((r = qmp_call_fd(vm, "getfd", json_pack("{s:s}", "fdname", "capsule-save"), NULL, out, err)) < 0 ||
 	    (r = qmp_call(vm, "migrate", json_pack("{s:s}", "uri", "fd:capsule-save"), NULL, err)) < 0 ||
-	    (r = migration_done(vm, 10000, err)) < 0)
+	    (r = migration_done(vm, full ? 120000 : 10000, err)) < 0)
 		goto out;
 	if (fsync(out) < 0 || rename(tmp, state_path) < 0)
 		r = cap_err_set(err, errno, "cannot store %s: %s", state_path, strerror(errno));
@@ -759,36 +771,14 @@ out:
 	return r;
 }
 
-/* A whole state, RAM included: every RAM block is sent (x-ignore-shared
- * off, whatever an earlier restore set), at no bandwidth limit (QEMU's
- * default is 32 MiB/s, meant for a network; this is a local file, the
- * guest already stopped). */
+static int save(struct cap_vm *v, const char *state_path, struct cap_err *err)
+{
+	return save_state(QVM(v), state_path, false, err);
+}
+
 static int save_full(struct cap_vm *v, const char *state_path, struct cap_err *err)
 {
-	struct qemu_vm *vm = QVM(v);
-	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
-	int r;
-
-	if ((r = qmp_execute(vm, "stop", err)) < 0 ||
-	    (r = qmp_call(vm, "migrate-set-capabilities",
-			  json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 0),
-			  NULL, err)) < 0 ||
-	    (r = qmp_call(vm, "migrate-set-parameters", json_pack("{s:I}", "max-bandwidth", (json_int_t)1 << 40),
-			  NULL, err)) < 0)
-		return r;
-	int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (out < 0)
-		return cap_err_set(err, errno, "cannot create %s: %s", tmp, strerror(errno));
-	if ((r = qmp_call_fd(vm, "getfd", json_pack("{s:s}", "fdname", "capsule-save"), NULL, out, err)) < 0 ||
-	    (r = qmp_call(vm, "migrate", json_pack("{s:s}", "uri", "fd:capsule-save"), NULL, err)) < 0 ||
-	    (r = migration_done(vm, 120000, err)) < 0)
-		goto out;
-	if (fsync(out) < 0 || rename(tmp, state_path) < 0)
-		r = cap_err_set(err, errno, "cannot store %s: %s", state_path, strerror(errno));
-out:
-	close(out);
-	unlink(tmp);
-	return r;
+	return save_state(QVM(v), state_path, true, err);
 }
 
 /* Feed the saved state (passed to QEMU as a descriptor at start) into a

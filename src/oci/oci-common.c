@@ -334,34 +334,12 @@ int cap_oci_destroy(const char *dir, const char *sandbox, const struct cap_oci_c
 int cap_oci_vm_op(const char *sandbox, bool pause, struct cap_err *err)
 {
 	struct cap_named_status ns;
-	struct cap_sandbox *sb = NULL;
 	int r;
 	if ((r = cap_named_status(sandbox, &ns, err)) < 0)
 		return r;
 	if (ns.state == CAP_NAMED_STOPPED)
 		return cap_err_set(err, ESRCH, "container not running");
-	if ((r = cap_sandbox_attach(ns.control, &sb, err)) < 0)
-		return r;
-	cap_sandbox_vm_op(sb, pause);
-	int64_t until = cap_now_ms() + 30000;
-	while (cap_sandbox_vm_op_pending(sb) > 0) {
-		struct pollfd pfd[CAP_SANDBOX_NPOLL];
-		cap_sandbox_pollfds(sb, pfd);
-		if (cap_now_ms() > until) {
-			r = cap_err_set(err, ETIMEDOUT, "the sandbox %s did not answer %s within 30 s", sandbox,
-					pause ? "pause" : "resume");
-			break;
-		}
-		if (poll(pfd, CAP_SANDBOX_NPOLL, 1000) < 0 && errno != EINTR) {
-			r = cap_err_set(err, errno, "poll: %s", strerror(errno));
-			break;
-		}
-		if ((r = cap_sandbox_dispatch(sb, pfd, err)) < 0)
-			break;
-	}
-	if (r >= 0 && (r = cap_sandbox_vm_op_result(sb)) < 0)
-		cap_err_set(err, -r, "cannot %s the container's sandbox %s: %s", pause ? "pause" : "resume",
-			    sandbox, strerror(-r));
-	cap_sandbox_free(sb);
+	if ((r = cap_named_pause(sandbox, pause, err)) < 0)
+		cap_err_prefix(err, "cannot %s the container's sandbox %s", pause ? "pause" : "resume", sandbox);
 	return r;
 }

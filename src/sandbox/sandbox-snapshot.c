@@ -512,31 +512,26 @@ int cap_named_fork(const char *name, unsigned count, const char *prefix, bool le
 
 /* --- listing and removing ------------------------------------------------------ */
 
-static int cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 int cap_snapshot_list(char ***names, size_t *n)
 {
 	*names = NULL;
 	*n = 0;
 	_cleanup_free_ char *root = cap_snapshot_root();
-	DIR *d = opendir(root);
-	if (!d)
+	_cleanup_close_ int dfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	char **all;
+	size_t k;
+	if (dfd < 0 || cap_dir_names(dfd, &all, &k) < 0)
 		return 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.' || cap_named_check_name(e->d_name, NULL) < 0)
-			continue;
-		_cleanup_free_ char *state = xasprintf("%s/%s/state", root, e->d_name);
-		if (!exists(state))
-			continue;
-		*names = xrealloc(*names, (*n + 1) * sizeof(char *));
-		(*names)[(*n)++] = xstrdup(e->d_name);
+	for (size_t i = 0; i < k; i++) {
+		_cleanup_free_ char *state = xasprintf("%s/%s/state", root, all[i]);
+		if (all[i][0] != '.' && cap_named_check_name(all[i], NULL) == 0 && exists(state)) {
+			*names = xrealloc(*names, (*n + 1) * sizeof(char *));
+			(*names)[(*n)++] = all[i];
+		} else {
+			free(all[i]);
+		}
 	}
-	closedir(d);
-	qsort(*names, *n, sizeof(char *), cmp_str);
+	free(all);
 	return 0;
 }
 

@@ -845,6 +845,10 @@ int cap_sandbox_snapshot(struct cap_sandbox *sb, const struct cap_sandbox_spec *
 		if (!d->per_sandbox || !file)
 			continue;
 		_cleanup_free_ char *to = xasprintf("%s/%s", dir, file);
+		/* A read-only one (/source's image, only ever replaced by a
+		 * rename) is linked. */
+		if (d->readonly && link(d->path, to) == 0)
+			continue;
 		if ((r = cap_snapshot_copy_disk(d->path, d->backing != NULL, to, err)) < 0)
 			return r;
 	}

@@ -604,8 +604,8 @@ int cap_snapshot_remove(const char *snap, struct cap_err *err)
 			size_t used = strlen(list);
 			snprintf(list + used, sizeof(list) - used, "%s%s", k ? " " : "", info.children[k]);
 		}
-		r = cap_err_set(err, EBUSY, "snapshot '%s' has %zu sandbox%s made from it, whose disks are over its own: %s; remove them first (`capsule rm %s`)",
-				snap, info.nchildren, info.nchildren == 1 ? "" : "es", list, list);
+		r = cap_err_set(err, EBUSY, "snapshot '%s' has %zu sandbox%s made from it, whose disks are over its own: %s; remove %s first (`capsule rm NAME`)",
+				snap, info.nchildren, info.nchildren == 1 ? "" : "es", list, info.nchildren == 1 ? "it" : "each");
 		cap_snapshot_info_fini(&info);
 		return r;
 	}

@@ -96,35 +96,31 @@ static json_t *info_json(const struct cap_snapshot_info *i)
 
 static int snapshot_ls(bool json)
 {
-	char **names;
+	struct cap_snapshot_info *v;
 	size_t n;
-	cap_snapshot_list(&names, &n);
+	cap_snapshot_inspect_all(&v, &n);
 	json_t *all = json ? json_array() : NULL;
 	if (!json)
 		printf("%-24s %-24s %8s %8s %6s %s\n", "SNAPSHOT", "PARENT", "RAM", "DISKS", "AGE", "CHILDREN");
 	for (size_t i = 0; i < n; i++) {
-		struct cap_snapshot_info info;
-		struct cap_err err = { 0 };
-		if (cap_snapshot_inspect(names[i], &info, &err) == 0) {
-			if (json) {
-				json_array_append_new(all, info_json(&info));
-			} else {
-				char ram[32], disks[32], a[32];
-				cap_cli_human(info.ram_bytes, ram, sizeof(ram));
-				cap_cli_human(info.disk_bytes, disks, sizeof(disks));
-				cap_cli_age(info.created, a, sizeof(a));
-				printf("%-24s %-24s %8s %8s %6s %zu\n", info.name, info.parent, ram, disks, a, info.nchildren);
-			}
-			cap_snapshot_info_fini(&info);
+		const struct cap_snapshot_info *info = &v[i];
+		if (info->error[0] && json) {
+			json_array_append_new(all, json_pack("{s:o, s:o}", "name", cap_json_text(info->name), "error",
+							     cap_json_text(info->error)));
+		} else if (info->error[0]) {
+			printf("%-24s %s\n", info->name, info->error);
 		} else if (json) {
-			json_array_append_new(all, json_pack("{s:o, s:o}", "name", cap_json_text(names[i]), "error",
-							     cap_json_text(err.msg)));
+			json_array_append_new(all, info_json(info));
 		} else {
-			printf("%-24s %s\n", names[i], err.msg);
+			char ram[32], disks[32], a[32];
+			cap_cli_human(info->ram_bytes, ram, sizeof(ram));
+			cap_cli_human(info->disk_bytes, disks, sizeof(disks));
+			cap_cli_age(info->created, a, sizeof(a));
+			printf("%-24s %-24s %8s %8s %6s %zu\n", info->name, info->parent, ram, disks, a, info->nchildren);
 		}
-		free(names[i]);
+		cap_snapshot_info_fini(&v[i]);
 	}
-	free(names);
+	free(v);
 	return json ? cap_cli_json_out(all) : 0;
 }
 

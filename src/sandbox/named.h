@@ -340,10 +340,15 @@ struct cap_snapshot_info {
 	uint64_t ram_bytes, disk_bytes;	/* allocated on the host */
 	char **children;	/* sandboxes made from it, by name */
 	size_t nchildren;
+	char error[sizeof(((struct cap_err *)0)->msg)];	/* cap_snapshot_inspect_all: why it cannot be read, "" */
 };
 /* The complete snapshots, sorted (free each, then the array). */
 int cap_snapshot_list(char ***names, size_t *n);
 int cap_snapshot_inspect(const char *snap, struct cap_snapshot_info *out, struct cap_err *err);
+/* Every complete snapshot's, sorted, *out a new array of *n (fini each,
+ * then free); the records read once for all. One that cannot be read
+ * has only its name and error. 0. */
+int cap_snapshot_inspect_all(struct cap_snapshot_info **out, size_t *n);
 void cap_snapshot_info_fini(struct cap_snapshot_info *i);
 /* Remove a snapshot: -EBUSY naming them while sandboxes are made from
  * it. */

@@ -541,7 +541,31 @@ static uint64_t allocated(const char *path)
 	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
 
-int cap_snapshot_inspect(const char *snap, struct cap_snapshot_info *out, struct cap_err *err)
+/* The sandboxes made from each of v[0..n), from one read of the records. */
+static void add_children(struct cap_snapshot_info *v, size_t n)
+{
+	char **names;
+	size_t k;
+	cap_named_list(&names, &k);
+	for (size_t i = 0; i < k; i++) {
+		struct cap_record c;
+		struct cap_snapshot_info *to = NULL;
+		if (cap_named_load(names[i], &c, NULL) == 0)
+			for (size_t j = 0; j < n && !to && c.snapshot[0]; j++)
+				if (strcmp(c.snapshot, v[j].name) == 0)
+					to = &v[j];
+		if (to) {
+			to->children = xrealloc(to->children, (to->nchildren + 1) * sizeof(char *));
+			to->children[to->nchildren++] = names[i];
+		} else {
+			free(names[i]);
+		}
+	}
+	free(names);
+}
+
+/* What inspect shows but the children. */
+static int inspect_one(const char *snap, struct cap_snapshot_info *out, struct cap_err *err)
 {
 	struct cap_record rec;
 	int r;
@@ -567,19 +591,36 @@ int cap_snapshot_inspect(const char *snap, struct cap_snapshot_info *out, struct
 		_cleanup_free_ char *p = xasprintf("%s/%s", dir, disk_files[i].file);
 		out->disk_bytes += allocated(p);
 	}
+	return 0;
+}
+
+int cap_snapshot_inspect(const char *snap, struct cap_snapshot_info *out, struct cap_err *err)
+{
+	int r = inspect_one(snap, out, err);
+	if (r == 0)
+		add_children(out, 1);
+	return r;
+}
+
+int cap_snapshot_inspect_all(struct cap_snapshot_info **out, size_t *n)
+{
 	char **names;
-	size_t n;
-	cap_named_list(&names, &n);
-	for (size_t i = 0; i < n; i++) {
-		struct cap_record c;
-		if (cap_named_load(names[i], &c, NULL) == 0 && strcmp(c.snapshot, snap) == 0) {
-			out->children = xrealloc(out->children, (out->nchildren + 1) * sizeof(char *));
-			out->children[out->nchildren++] = names[i];
-		} else {
-			free(names[i]);
+	size_t k;
+	cap_snapshot_list(&names, &k);
+	*out = xcalloc(k ? k : 1, sizeof(**out));
+	*n = 0;
+	for (size_t i = 0; i < k; i++) {
+		struct cap_err err = { 0 };
+		struct cap_snapshot_info *o = &(*out)[(*n)++];
+		if (inspect_one(names[i], o, &err) < 0) {
+			memset(o, 0, sizeof(*o));
+			snprintf(o->name, sizeof(o->name), "%s", names[i]);
+			snprintf(o->error, sizeof(o->error), "%s", err.msg);
 		}
+		free(names[i]);
 	}
 	free(names);
+	add_children(*out, *n);	/* every record read once for all of them */
 	return 0;
 }
 

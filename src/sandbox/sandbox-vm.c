@@ -393,18 +393,21 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	return 0;
 }
 
-/* Start QEMU with cfg and wait for the agent's HELLO; with setup, send it
- * right behind our HELLO (one round trip fewer) and wait for it too. On
- * failure the VM is gone and sb can start again. */
+/* A message made one line (QEMU's words span several). */
+static void one_line(char *s)
+{
+	for (; *s; s++)
+		if (*s == '\n')
+			*s = ';';
+}
+
 /* Whether the template's failure, as the boot note gives it on one line,
  * already says what the cold boot's error says: then it is not repeated. */
 static bool same_cause(const char *note, const char *msg)
 {
 	char flat[sizeof(((struct cap_err *)0)->msg)];
 	snprintf(flat, sizeof(flat), "%s", msg);
-	for (char *p = flat; *p; p++)
-		if (*p == '\n')
-			*p = ';';
+	one_line(flat);
 	return *flat && strstr(note, flat) != NULL;
 }
 
@@ -417,6 +420,9 @@ static void client_reset(struct cap_sandbox *sb)
 		cap_client_keep(&sb->client);
 }
 
+/* Start QEMU with cfg and wait for the agent's HELLO; with setup, send it
+ * right behind our HELLO (one round trip fewer) and wait for it too. On
+ * failure the VM is gone and sb can start again. */
 static int start_vm(struct cap_sandbox *sb, const struct cap_vm_config *cfg,
 		    const struct cap_setup *setup, int timeout_ms, struct cap_err *err)
 {
@@ -628,13 +634,33 @@ static int restore(struct cap_sandbox *sb, struct cap_vm_config *rc, const char 
 	if (r == 0 || mfd < 0)
 		return r;
 	snprintf(why, len, "the restore from the shared RAM failed: %.250s", err->msg);
-	for (char *p = why; *p; p++)
-		if (*p == '\n')
-			*p = ';';
+	one_line(why);
 	cap_log(CAP_LOG_WARN, "template %s: %s; trying a copy of its RAM", tdir, why);
 	*err = (struct cap_err){ 0 };
 	rc->restore_ram_fd = -1;
 	return start_vm(sb, rc, setup, timeout_ms, err);
+}
+
+/* Restore cfg from dir (a template's or a snapshot's: state, ram) with
+ * setup; on success the boot note is "WHAT (how its RAM came)". */
+static int restore_from(struct cap_sandbox *sb, const struct cap_vm_config *cfg, const char *dir,
+			const struct cap_setup *setup, int timeout_ms, const char *what, struct cap_err *err)
+{
+	_cleanup_free_ char *state = xasprintf("%s/state", dir);
+	_cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+	struct cap_vm_config rc = *cfg;
+	rc.restore_state = state;
+	rc.restore_ram = ram;
+	char why[300] = "";
+	int r = restore(sb, &rc, dir, setup, timeout_ms, why, sizeof(why), err);
+	if (r < 0)
+		return r;
+	sb->restored = true;
+	const char *how = cap_vm_ram_note(sb->vm);
+	bool copied = strcmp(how, "RAM copied") == 0;
+	snprintf(sb->boot_note, sizeof(sb->boot_note), "%.250s (%s%s%.300s)", what, how, *why && copied ? ": " : "",
+		 copied ? why : "");
+	return 0;
 }
 
 /* The phases of the start that began at t0 and just ended, from the
@@ -736,26 +762,13 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		 * restore, the sandbox's disks boot: what ran is lost, never
 		 * what they hold. */
 		struct cap_err serr = { 0 };
-		_cleanup_free_ char *state = xasprintf("%s/state", o->resume_dir);
-		_cleanup_free_ char *ram = xasprintf("%s/ram", o->resume_dir);
-		struct cap_vm_config rc = cfg;
-		rc.restore_state = state;
-		rc.restore_ram = ram;
 		struct cap_setup forked = *setup;
 		forked.forked = true;
-		char why[300] = "";
+		_cleanup_free_ char *what = xasprintf("resumed from snapshot %.200s", o->resume_dir);
 		sb->keep = true;
 		client_reset(sb);
-		if (restore(sb, &rc, o->resume_dir, &forked, o->boot_timeout_ms, why, sizeof(why), &serr) == 0) {
-			sb->restored = true;
-			const char *how = cap_vm_ram_note(sb->vm);
-			snprintf(sb->boot_note, sizeof(sb->boot_note), "resumed from snapshot %.200s (%s%s%.300s)",
-				 o->resume_dir, how, *why && strcmp(how, "RAM copied") == 0 ? ": " : "",
-				 strcmp(how, "RAM copied") == 0 ? why : "");
-		} else {
-			for (char *p = serr.msg; *p; p++)
-				if (*p == '\n')
-					*p = ';';
+		if (restore_from(sb, &cfg, o->resume_dir, &forked, o->boot_timeout_ms, what, &serr) < 0) {
+			one_line(serr.msg);
 			snprintf(snap_note, sizeof(snap_note), "snapshot %.200s did not restore, what ran in it is not kept: %.300s",
 				 o->resume_dir, serr.msg);
 			sb->keep = false;
@@ -770,19 +783,9 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		_cleanup_free_ char *tdir = NULL;
 		bool removed = false;
 		if (template_for(o, &tcfg, key, &tdir, &terr) == 0) {
-			_cleanup_free_ char *state = xasprintf("%s/state", tdir);
-			_cleanup_free_ char *ram = xasprintf("%s/ram", tdir);
-			struct cap_vm_config rc = cfg;
-			rc.restore_state = state;
-			rc.restore_ram = ram;
-			char why[300] = "";
-			if (restore(sb, &rc, tdir, setup, o->boot_timeout_ms, why, sizeof(why), &terr) == 0) {
-				sb->restored = true;
-				const char *how = cap_vm_ram_note(sb->vm);
-				snprintf(sb->boot_note, sizeof(sb->boot_note), "restored from template %.16s (%s%s%.300s)", key,
-					 how, *why && strcmp(how, "RAM copied") == 0 ? ": " : "",
-					 strcmp(how, "RAM copied") == 0 ? why : "");
-			} else {
+			char what[48];
+			snprintf(what, sizeof(what), "restored from template %.16s", key);
+			if (restore_from(sb, &cfg, tdir, setup, o->boot_timeout_ms, what, &terr) < 0) {
 				/* Its state did not load, or the guest did not
 				 * come back: rebuilt on next use. */
 				cap_template_discard(tdir);
@@ -790,10 +793,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 			}
 		}
 		if (!sb->restored) {
-			/* One line, whatever QEMU said. */
-			for (char *p = terr.msg; *p; p++)
-				if (*p == '\n')
-					*p = ';';
+			one_line(terr.msg);	/* whatever QEMU said */
 			snprintf(sb->boot_note, sizeof(sb->boot_note), "cold boot (template %.16s unusable%s: %.380s)",
 				 *key ? key : "-", removed ? ", removed and built again at the next start" : "", terr.msg);
 		}

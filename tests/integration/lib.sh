@@ -59,6 +59,35 @@ fail_all() {
 	while [ "$n" -lt "$plan" ]; do n=$((n + 1)); nfail=$((nfail + 1)); echo "not ok $n - $suite: $1"; done
 	exit 1
 }
+# fakenet_suite PREFIX [RM_TIMEOUT]: a fake-internet suite's namespaces
+# ($inet PREFIXinet-PID, $capns PREFIXns-PID; the suite builds them with
+# scripts/fake-internet.sh), $logs, an empty $holder and $sandboxes, and
+# the teardown on exit: the sandboxes removed from capsule's place
+# (RM_TIMEOUT s each, default 30), everything in both namespaces killed,
+# both gone with CAPNS's resolv.conf. cn runs a command in capsule's
+# place (the holder's mount and network namespaces), c capsule there.
+fakenet_suite() {
+	inet=$1inet-$$
+	capns=$1ns-$$
+	fakenet_rm_timeout=${2:-30}
+	logs="$rt/fakenet"
+	mkdir -p "$logs"
+	holder=
+	sandboxes=
+	trap 'fakenet_teardown; cleanup' EXIT
+	trap 'exit 130' INT TERM HUP PIPE
+}
+fakenet_teardown() {
+	[ -n "$holder" ] && for s in $sandboxes; do cn timeout "$fakenet_rm_timeout" "$capsule" rm -f "$s" >/dev/null 2>&1; done
+	for ns in "$capns" "$inet"; do
+		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+	done
+	[ -n "$holder" ] && kill -KILL "$holder" 2>/dev/null
+	fake_internet_down "$inet" "$capns"
+	rm -rf "/etc/netns/$capns"
+}
+cn() { nsenter -t "$holder" -m -n -- "$@"; }
+c() { cn "$capsule" "$@"; }
 # net_suite_start TOOL...: the start of a suite on a fake internet, with
 # $tests, $plan and $suite set: $fake and $py, none of the host's proxy
 # settings (they must not reach the policy process), the plan printed

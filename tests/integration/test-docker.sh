@@ -27,26 +27,7 @@ plan=16
 suite="docker suite"
 net_suite_start ip nsenter unshare
 
-inet=cdinet-$$
-capns=cdns-$$
-logs="$rt/fakenet"
-mkdir -p "$logs"
-holder=
-sandboxes=
-teardown() {
-	[ -n "$holder" ] && for s in $sandboxes; do cn timeout 60 "$capsule" rm -f "$s" >/dev/null 2>&1; done
-	for ns in "$capns" "$inet"; do
-		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-	done
-	[ -n "$holder" ] && kill -KILL "$holder" 2>/dev/null
-	fake_internet_down "$inet" "$capns"
-	rm -rf "/etc/netns/$capns"
-}
-trap 'teardown; cleanup' EXIT
-trap 'exit 130' INT TERM HUP PIPE
-
-cn() { nsenter -t "$holder" -m -n -- "$@"; }
-c() { cn "$capsule" "$@"; }
+fakenet_suite cd 60
 lines() { cat "$1" 2>/dev/null | wc -l; }
 
 # --- the image and the archive, outside the fake internet -------------------

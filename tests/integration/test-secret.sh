@@ -32,24 +32,8 @@ plan=53
 suite="secrets suite"
 net_suite_start ip nsenter unshare openssl
 
-inet=csinet-$$
-capns=csns-$$
-logs="$rt/fakenet"
+fakenet_suite cs
 certs="$rt/certs"
-mkdir -p "$logs"
-holder=
-sandboxes=
-teardown() {
-	[ -n "$holder" ] && for s in $sandboxes; do cn timeout 30 "$capsule" rm -f "$s" >/dev/null 2>&1; done
-	for ns in "$capns" "$inet"; do
-		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-	done
-	[ -n "$holder" ] && kill -KILL "$holder" 2>/dev/null
-	fake_internet_down "$inet" "$capns"
-	rm -rf "/etc/netns/$capns"
-}
-trap 'teardown; cleanup' EXIT
-trap 'exit 130' INT TERM HUP PIPE
 
 # The secrets' values: random, so that finding one anywhere means a leak.
 rnd() { od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'; }
@@ -62,8 +46,6 @@ OTHER1=$OTHER
 export TOKEN BODYTOK BADTOK
 export CAPSULE_CA_FILE="$certs/ca.pem"
 
-cn() { nsenter -t "$holder" -m -n -- "$@"; }
-c() { cn "$capsule" "$@"; }
 lines() { cat "$1" 2>/dev/null | wc -l; }
 # api LOG FROM: the JSON requests a fake API logged after line FROM, one a line
 api() { tail -n +$(($2 + 1)) "$logs/https-$1.log" 2>/dev/null; }

@@ -482,20 +482,19 @@ int cap_named_fork(const char *name, unsigned count, const char *prefix, bool le
 	if (count < 1 || count > CAP_FORK_MAX)
 		return cap_err_set(err, ERANGE, "--count %u is out of range (1 to %d)", count, CAP_FORK_MAX);
 	_cleanup_free_ char *pre = prefix ? xstrdup(prefix) : xasprintf("%s-", name);
-	/* Every child's name is checked before anything is made. */
-	for (unsigned i = 0; i < count; i++) {
-		char *p = (char *)pre;
-		for (unsigned k = 1;; k++) {
-			snprintf(children[i], CAP_NAME_MAX + 1, "%s%u", p, k);
-			bool taken = false;
-			for (unsigned j = 0; j < i && !taken; j++)
-				taken = strcmp(children[j], children[i]) == 0;
+	/* Every child's name is checked before anything is made: the next
+	 * free numbers after the prefix. */
+	unsigned k = 1;
+	for (unsigned i = 0; i < count; i++, k++) {
+		for (;; k++) {
+			if (snprintf(children[i], CAP_NAME_MAX + 1, "%s%u", pre, k) > CAP_NAME_MAX)
+				return cap_err_set(err, EINVAL, "--prefix '%s' leaves no room for a number", pre);
 			_cleanup_free_ char *d = cap_named_dir(children[i]);
-			if (!taken && !exists(d))
+			if (!exists(d))
 				break;
 		}
-		if (strlen(p) + 1 > CAP_NAME_MAX || (r = cap_named_check_name(children[i], err)) < 0)
-			return r < 0 ? r : cap_err_set(err, EINVAL, "--prefix '%s' leaves no room for a number", p);
+		if ((r = cap_named_check_name(children[i], err)) < 0)
+			return r;
 	}
 	first_free(name, "-fork", true, snap);
 	if ((r = cap_named_snapshot(name, snap, leave_paused, err)) < 0)

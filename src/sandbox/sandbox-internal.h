@@ -56,6 +56,10 @@ int cap_ramhold_get(const char *tdir, int *conn, struct cap_err *err);
 /* False when CAPSULE_SHARED_RAM=0 asks for a per-VM copy. */
 bool cap_ramhold_enabled(void);
 
+/* Run `true` in sb's guest once and wait for it to end: the guest's
+ * first command's translation done ahead (cap_named_warm, spares). */
+int cap_sandbox_warm(struct cap_sandbox *sb, struct cap_err *err);
+
 /* The owner's side of a sandbox's NIC (sandbox-net.c). */
 struct cap_sandbox_net;
 /* For o->spec's policy: bind the published ports on the host, compute

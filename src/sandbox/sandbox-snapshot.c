@@ -223,44 +223,15 @@ int cap_named_pause(const char *name, bool pause, struct cap_err *err)
 	return r;
 }
 
-struct warm_wait {
-	bool done;
-	int errnum;
-	char msg[256];
-};
-
-static void warm_output(void *ud, uint32_t id, int fd, const uint8_t *p, size_t n)
-{
-	(void)ud, (void)id, (void)fd, (void)p, (void)n;
-}
-
-static void warm_done(void *ud, uint32_t id, const struct cap_exit *ex, int errnum, const char *msg)
-{
-	(void)id;
-	struct warm_wait *w = ud;
-	w->done = true;
-	w->errnum = ex ? 0 : errnum ? errnum : EIO;
-	snprintf(w->msg, sizeof(w->msg), "%s", msg ? msg : "");
-}
-
 int cap_named_warm(const char *name, struct cap_err *err)
 {
-	static const struct cap_exec_events ev = { warm_output, warm_done, NULL };
-	char *argv[] = { "true", NULL };
-	struct cap_exec_req req = { .argv = argv, .argc = 1, .timeout_ms = 60000, .flags = CAP_EXEC_NO_SYNC };
 	struct cap_sandbox *sb = NULL;
-	struct warm_wait w = { 0 };
-	uint32_t id;
 	int r = attach(name, &sb, err);
 	if (r < 0)
 		return r;
-	if ((r = cap_sandbox_exec(sb, &req, &ev, &w, &id, err)) == 0 &&
-	    (r = cap_sandbox_wait(sb, 60000, err)) == 0 && !w.done)
-		r = cap_err_set(err, EIO, "`true` never ended");
-	if (r >= 0 && w.errnum)
-		r = cap_err_set(err, w.errnum, "`true` did not run: %s", w.msg);
+	r = cap_sandbox_warm(sb, err);
 	cap_sandbox_free(sb);
-	return r < 0 ? r : 0;
+	return r;
 }
 
 /* --- making one ----------------------------------------------------------- */

@@ -4,11 +4,13 @@
 #include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "engine-probe.h"
+#include "log.h"
 #include "named.h"
 #include "paths.h"
 #include "policy.h"
@@ -25,6 +27,8 @@ static const char usage[] =
 	"capsule itself fails, 126/127 when the command cannot run or is not found,\n"
 	"2 for a usage error such as a size out of bounds).\n"
 	"Standard input is forwarded when it is not a terminal, or with -i.\n"
+	"A VM kept ready by `capsule spares` is taken when it has this run's shape\n"
+	"(-v says so; CAPSULE_SPARES=0: never).\n"
 	"\n"
 	"Options:\n"
 	"  --cpus N            Virtual CPUs, 1 to 16 and at most the host's online\n"
@@ -67,6 +71,11 @@ static const char usage[] =
 static void timings(const struct cap_sandbox_times *t, int64_t command_ns,
 		    int64_t teardown_ns)
 {
+	if (t->spare) {
+		cap_cli_error("start %.1f ms: prepare %.1f, spare %.1f; command %.1f ms; teardown %.1f ms", t->total / 1e3,
+			      t->prepare / 1e3, t->spare / 1e3, command_ns / 1e6, teardown_ns / 1e6);
+		return;
+	}
 	char restore[32] = "";
 	if (t->restore)
 		snprintf(restore, sizeof(restore), ", restore %.1f", t->restore / 1e3);
@@ -216,6 +225,7 @@ int cap_cli_run(int argc, char **argv)
 	free(net);
 	so.spec = &spec;
 	so.net_verbose = verbose;
+	so.use_spare = true;	/* when `capsule spares` keeps one of this shape */
 	/* A one-shot VM keeps nothing: its CA, for secrets, is made in
 	 * memory for this run (so its placeholders are this run's). */
 	so.ca_dir = NULL;
@@ -257,4 +267,103 @@ int cap_cli_run(int argc, char **argv)
 	if (verbose)
 		timings(&st, t_down - t_cmd, cap_now_ns() - t_down);
 	return status;
+}
+
+static const char spares_usage[] =
+	"Usage: capsule spares [--count K] [--cpus N] [--memory MIB] [--accel MODE]\n"
+	"\n"
+	"Keep K VMs ready for `capsule run`, each restored from its template and\n"
+	"warmed by one `true`, so that a run's command starts at once. A run takes\n"
+	"a spare when it needs nothing a spare lacks: no --source, no network, not\n"
+	"--root, no --console-log, and the --cpus, --memory and --accel given here.\n"
+	"Each spare serves one run, then its VM goes and another is started.\n"
+	"Runs in the foreground until SIGINT or SIGTERM, then ends every spare's\n"
+	"VM (those in use too). One per CAPSULE_HOME (its spares/ directory holds\n"
+	"the socket runs ask). What it does is logged on stderr.\n"
+	"\n"
+	"Options:\n"
+	"  --count K      Spares kept ready, 1 to 64 (default 1); each holds what an\n"
+	"                 idle VM holds (`make bench` row (p))\n"
+	"  --cpus N       vCPUs of the spares (default 1, as capsule run's)\n"
+	"  --memory MIB   Memory of the spares (default 512, as capsule run's)\n"
+	"  --accel MODE   auto, kvm or tcg (default auto)\n"
+	"  -h, --help     Show this help\n"
+	"\n"
+	"Environment: CAPSULE_SPARES=0 makes capsule run never take one.\n";
+
+int cap_cli_spares(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "count", required_argument, NULL, 'k' },
+		{ "cpus", required_argument, NULL, CAP_OPT_CPUS },
+		{ "memory", required_argument, NULL, CAP_OPT_MEMORY },
+		{ "accel", required_argument, NULL, CAP_OPT_ACCEL },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct cap_sandbox_opts so;
+	unsigned long v, count = 1;
+	int c;
+	cap_sandbox_opts_init(&so);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'k':
+			if (cap_cli_parse_uint(optarg, 1, 64, &count) < 0) {
+				cap_cli_error("--count '%s' is not a number from 1 to 64", optarg);
+				return CAP_EXIT_USAGE;
+			}
+			break;
+		case CAP_OPT_CPUS:
+		case CAP_OPT_MEMORY:
+			if (cap_cli_parse_uint(optarg, 0, UINT_MAX, &v) < 0) {
+				cap_cli_error("--%s '%s' is not a number", c == CAP_OPT_CPUS ? "cpus" : "memory", optarg);
+				return CAP_EXIT_USAGE;
+			}
+			*(c == CAP_OPT_CPUS ? &so.cpus : &so.memory_mib) = (unsigned)v;
+			break;
+		case CAP_OPT_ACCEL:
+			if (cap_engine_accel_parse(optarg, &so.accel) < 0) {
+				cap_cli_error("--accel '%s' is not one of auto, kvm, tcg", optarg);
+				return CAP_EXIT_USAGE;
+			}
+			break;
+		case 'h':
+			fputs(spares_usage, stdout);
+			return 0;
+		default:
+			fputs(spares_usage, stderr);
+			return CAP_EXIT_USAGE;
+		}
+	}
+	if (optind < argc) {
+		cap_cli_error("spares takes no arguments ('%s'): capsule spares [--count K]", argv[optind]);
+		return CAP_EXIT_USAGE;
+	}
+	struct cap_err err = { 0 };
+	if (cap_named_check_size(so.cpus, so.memory_mib, 0, 0, false, &err) < 0) {
+		cap_cli_error("%s", err.msg);
+		return err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
+	}
+	/* The shape capsule run has without options (cap_cli_run). */
+	static struct cap_sandbox_spec spec;
+	cap_sandbox_spec_oneshot(&spec, NULL);
+	so.spec = &spec;
+	so.ca_dir = NULL;
+	static const int handled[] = { SIGINT, SIGTERM, SIGHUP };
+	sigset_t sigs;
+	int sfd = cap_signalfd(handled, CAP_ARRAY_SIZE(handled), &sigs);
+	if (sfd < 0) {
+		sigprocmask(SIG_UNBLOCK, &sigs, NULL);
+		cap_cli_error("spares: signalfd: %s", strerror(-sfd));
+		return CAP_EXIT_FAILURE;
+	}
+	cap_log_set(cap_log_stderr, "spares");
+	int r = cap_spare_serve(&so, (unsigned)count, sfd, &err);
+	close(sfd);
+	if (r < 0) {
+		cap_cli_error("%s", err.msg);
+		return CAP_EXIT_FAILURE;
+	}
+	return 0;
 }

@@ -26,6 +26,7 @@ int cap_cli_ls(int argc, char **argv);
 int cap_cli_image(int argc, char **argv);
 int cap_cli_source(int argc, char **argv);
 int cap_cli_serve(int argc, char **argv);
+int cap_cli_spares(int argc, char **argv);
 int cap_cli_shim(int argc, char **argv);
 int cap_cli_mcp(int argc, char **argv);
 int cap_cli_template(int argc, char **argv);

@@ -40,6 +40,7 @@ static const char usage[] =
 	"  template  List, inspect, build and prune the snapshots new VMs start from\n"
 	"  source    Check or build a public data projection by hand\n"
 	"  serve     Serve per-identity sandboxes over JSON-RPC on a unix socket\n"
+	"  spares    Keep VMs restored and warmed for capsule run to start at once\n"
 	"  mcp       Model Context Protocol server on stdio (bounded file tools)\n"
 	"  prepare   Make sure the kernel, initramfs, image and template are ready\n"
 	"  oci       The OCI runtime (runc's command line) for Podman and containerd\n"
@@ -169,7 +170,7 @@ static const struct {
 	{ "image", cap_cli_image, "check outdated ls inspect" },
 	{ "template", cap_cli_template, "ls inspect" },
 	{ "source", cap_cli_source, NULL }, { "serve", cap_cli_serve, NULL },
-	{ "mcp", cap_cli_mcp, NULL }, { "prepare", cap_cli_prepare, "" },
+	{ "spares", cap_cli_spares, NULL }, { "mcp", cap_cli_mcp, NULL }, { "prepare", cap_cli_prepare, "" },
 	{ "oci", cap_cli_oci, NULL }, { "doctor", cap_cli_doctor, "" },
 	/* Internal: not in the help. */
 	{ "shim", cap_cli_shim, NULL }, { "ram-holder", ram_holder, NULL },

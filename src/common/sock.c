@@ -101,3 +101,35 @@ ssize_t cap_send_fd(int sock, int fd, const void *p, size_t len, int flags)
 		;
 	return n < 0 ? -errno : n;
 }
+
+ssize_t cap_recv_fd(int sock, void *p, size_t len, int *fd)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct iovec iov = { p, len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf) };
+	ssize_t n;
+	*fd = -1;
+	while ((n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL)) < 0 && errno == EINTR)
+		;
+	if (n < 0)
+		return -errno;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+		memcpy(fd, CMSG_DATA(c), sizeof(int));
+	else if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+		/* More than one: none is taken, none is left open. */
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int x;
+			memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			close(x);
+		}
+		return -EPROTO;
+	}
+	return n;
+}

@@ -28,4 +28,10 @@ int cap_unix_activated(char **path, struct cap_err *err);
  * -errno. */
 ssize_t cap_send_fd(int sock, int fd, const void *p, size_t len, int flags);
 
+/* recvmsg of up to len bytes into p (MSG_WAITALL) and at most one
+ * descriptor (*fd, close-on-exec; -1 when none came), retried on EINTR.
+ * The bytes received, or -errno (-EPROTO when more than one descriptor
+ * came; the kernel closes what it cannot deliver). */
+ssize_t cap_recv_fd(int sock, void *p, size_t len, int *fd);
+
 #endif

@@ -69,6 +69,10 @@ struct cap_client {
 
 void cap_client_init(struct cap_client *c);
 void cap_client_fini(struct cap_client *c);
+/* c (initialised) becomes the client of a channel another client took
+ * past HELLO and SETUP (a spare of `capsule spares`): nothing queued,
+ * the agent's version as that HELLO gave it, stream ids from next_id. */
+void cap_client_adopt(struct cap_client *c, uint32_t version, const char *agent_version, uint32_t next_id);
 
 /* Feed bytes received from the guest; complete frames are dispatched to
  * the callbacks of their streams. Returns 0, or a negative errno with err

@@ -17,6 +17,19 @@ void cap_client_init(struct cap_client *c)
 	cap_proto_hello_encode(&c->out, "capsule host " CAPSULE_VERSION);
 }
 
+void cap_client_adopt(struct cap_client *c, uint32_t version, const char *agent_version, uint32_t next_id)
+{
+	cap_client_fini(c);
+	memset(c, 0, sizeof(*c));
+	cap_buf_init(&c->in);
+	cap_buf_init(&c->out);
+	c->hello = true;
+	c->version = version;
+	snprintf(c->agent_version, sizeof(c->agent_version), "%s", agent_version);
+	c->setup_state = CAP_SETUP_DONE;
+	c->next_id = next_id ? next_id : 1;
+}
+
 void cap_client_fini(struct cap_client *c)
 {
 	cap_buf_fini(&c->in);

@@ -60,6 +60,31 @@ bool cap_ramhold_enabled(void);
  * first command's translation done ahead (cap_named_warm, spares). */
 int cap_sandbox_warm(struct cap_sandbox *sb, struct cap_err *err);
 
+/* Spares for `capsule run` (sandbox-spare.c; docs/architecture.md,
+ * "Spares for capsule run"): what a spare's holder gives the caller it
+ * gives the VM to, with the agent channel's descriptor. */
+struct cap_spare_given {
+	char key[65];	/* the template it was restored from */
+	uint32_t version, next_id;	/* its agent's protocol version; the next stream id */
+	char agent_version[128];
+	struct cap_accel_choice accel;
+	char boot_note[720];
+	char jail_note[512];
+	int32_t vmm_pid, holder_pid;
+};
+/* What sb, booted and warmed, is to the caller that takes it over. */
+void cap_sandbox_spare_fill(const struct cap_sandbox *sb, struct cap_spare_given *g);
+/* sb's agent channel (borrowed). */
+int cap_sandbox_agent_channel(const struct cap_sandbox *sb);
+/* The template key a VM for o restores from (cap_template_key). */
+int cap_sandbox_spare_key(const struct cap_sandbox_opts *o, char key[65], struct cap_err *err);
+/* A spare of template key from the holder: 0 with *g, *agent (the VM's
+ * agent channel, past HELLO and SETUP) and *conn (the holder's
+ * connection: its close ends the VM), all the caller's; -ENOENT, with
+ * nothing said, when no holder listens; another -errno with err saying
+ * why no spare was taken (none ready, another template, ...). */
+int cap_spare_take(const char *key, struct cap_spare_given *g, int *agent, int *conn, struct cap_err *err);
+
 /* The owner's side of a sandbox's NIC (sandbox-net.c). */
 struct cap_sandbox_net;
 /* For o->spec's policy: bind the published ports on the host, compute

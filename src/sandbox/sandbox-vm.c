@@ -41,6 +41,13 @@ struct cap_sandbox {
 	int cred_fd;	/* the credential files' watch (sandbox-net.c), -1 */
 	struct cap_vm_tap tap;
 	struct cap_pod_net pod;
+	/* The template key a restore used ("" for none), and for a spare
+	 * taken from `capsule spares` (vm NULL): the holder's connection
+	 * (its close ends the VM), the VM's pid and its jail's note. */
+	char template_key[65];
+	int spare_conn;
+	pid_t spare_vmm_pid;
+	char spare_jail_note[512];
 };
 
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
@@ -68,7 +75,7 @@ const char *cap_sandbox_agent_version(const struct cap_sandbox *sb)
 
 pid_t cap_sandbox_vmm_pid(const struct cap_sandbox *sb)
 {
-	return sb->vm ? cap_vm_pid(sb->vm) : -1;
+	return sb->vm ? cap_vm_pid(sb->vm) : sb->spare_conn >= 0 ? sb->spare_vmm_pid : -1;
 }
 
 const char *cap_sandbox_engine(const struct cap_sandbox *sb)
@@ -197,6 +204,9 @@ static int dead(struct cap_sandbox *sb, struct cap_err *err, int code,
 		const char *what)
 {
 	sb->dead = true;
+	if (!sb->vm && sb->spare_conn >= 0)
+		return cap_err_set(err, code, "%s (the spare's VM, pid %d, is gone: see the log of `capsule spares`)", what,
+				   (int)sb->spare_vmm_pid);
 	if (!sb->vm)
 		return cap_err_set(err, code, "%s (the sandbox's shim closed the connection; see shim.log and console.log in its directory)", what);
 	cap_vm_wait(sb->vm, 100);
@@ -380,7 +390,7 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 	}
 	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
 	sb->fd = fd;
-	sb->ram_conn = -1;
+	sb->ram_conn = sb->spare_conn = -1;
 	sb->pod_ns = sb->tap_fd = -1;
 	sb->cred_fd = -1;
 	cap_client_init(&sb->client);
@@ -712,6 +722,93 @@ static int pod_up(struct cap_sandbox *sb, const struct cap_sandbox_spec *spec, s
 	return 0;
 }
 
+/* Whether two SETUPs make the same guest, their clock and entropy
+ * aside: their encodings are the same. */
+static bool setup_same(const struct cap_setup *a, const struct cap_setup *b)
+{
+	struct cap_setup x = *a, y = *b;
+	x.realtime_ns = y.realtime_ns = 0;
+	memset(x.seed, 0, sizeof(x.seed));
+	memset(y.seed, 0, sizeof(y.seed));
+	struct cap_buf bx, by;
+	cap_buf_init(&bx);
+	cap_buf_init(&by);
+	bool same = cap_proto_setup_encode(&bx, &x) == 0 && cap_proto_setup_encode(&by, &y) == 0 &&
+		    cap_buf_used(&bx) == cap_buf_used(&by) && memcmp(cap_buf_head(&bx), cap_buf_head(&by), cap_buf_used(&bx)) == 0;
+	cap_buf_fini(&bx);
+	cap_buf_fini(&by);
+	return same;
+}
+
+/* Whether o may take a spare of `capsule spares`: it asks for one, and
+ * for the shape spares have (no disk, no NIC, nothing SETUP would make
+ * differ from a bare VM's, no log of its own, a template restore). */
+static bool spare_shape(const struct cap_sandbox_opts *o)
+{
+	const char *env = getenv("CAPSULE_SPARES");
+	if (!o->use_spare || (env && strcmp(env, "0") == 0) || !templates_enabled(o) || o->resume_dir ||
+	    o->console_log || o->vmm_log || o->dir)
+		return false;
+	if (!o->spec)
+		return true;
+	const struct cap_sandbox_spec *s = o->spec;
+	if (s->ndisks || s->net.enabled || s->has_pod || s->append[0])
+		return false;
+	struct cap_sandbox_spec bare;
+	cap_sandbox_spec_init(&bare);
+	return setup_same(&s->setup, &bare.setup);
+}
+
+/* sb becomes the spare g describes: its agent channel agent, already
+ * past HELLO and SETUP, and the holder's connection conn. The guest
+ * takes the host's clock before the first command: it may have waited
+ * long. Its entropy is its own already (SETUP's, at its restore). */
+static void adopt_spare(struct cap_sandbox *sb, const struct cap_spare_given *g, int agent, int conn)
+{
+	sb->fd = agent;
+	cap_set_nonblock(agent, 1);
+	sb->spare_conn = conn;
+	sb->spare_vmm_pid = g->vmm_pid;
+	snprintf(sb->spare_jail_note, sizeof(sb->spare_jail_note), "%s", g->jail_note);
+	memcpy(sb->template_key, g->key, sizeof(sb->template_key));
+	cap_client_adopt(&sb->client, g->version, g->agent_version, g->next_id);
+	sb->accel = g->accel;
+	sb->restored = true;
+	snprintf(sb->boot_note, sizeof(sb->boot_note), "a spare of `capsule spares` (pid %d): VM pid %d, %.500s, warmed",
+		 (int)g->holder_pid, (int)g->vmm_pid, g->boot_note);
+	cap_client_clock(&sb->client);
+}
+
+void cap_sandbox_spare_fill(const struct cap_sandbox *sb, struct cap_spare_given *g)
+{
+	memset(g, 0, sizeof(*g));
+	memcpy(g->key, sb->template_key, sizeof(g->key));
+	g->version = sb->client.version;
+	g->next_id = sb->client.next_id;
+	snprintf(g->agent_version, sizeof(g->agent_version), "%s", sb->client.agent_version);
+	g->accel = sb->accel;
+	snprintf(g->boot_note, sizeof(g->boot_note), "%s", sb->boot_note);
+	snprintf(g->jail_note, sizeof(g->jail_note), "%s", cap_sandbox_jail_note(sb));
+	g->vmm_pid = (int32_t)cap_sandbox_vmm_pid(sb);
+}
+
+int cap_sandbox_agent_channel(const struct cap_sandbox *sb)
+{
+	return sb->fd;
+}
+
+int cap_sandbox_spare_key(const struct cap_sandbox_opts *o, char key[65], struct cap_err *err)
+{
+	struct cap_vm_config cfg;
+	struct cap_accel_choice accel;
+	_cleanup_free_ char *kernel = NULL, *initrd = NULL;
+	int r = prepare(o, &cfg, &accel, &kernel, &initrd, err);
+	if (r < 0)
+		return r;
+	cap_template_key(o, &cfg, key);
+	return 0;
+}
+
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		     struct cap_err *err)
 {
@@ -722,11 +819,37 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	int r;
 
 	sb->fd = -1;
-	sb->ram_conn = -1;
+	sb->ram_conn = sb->spare_conn = -1;
 	sb->pod_ns = sb->tap_fd = -1;
 	cap_client_init(&sb->client);
 	if ((r = prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
 		goto fail;
+	char spare_note[400] = "";
+	if (spare_shape(o)) {
+		/* A spare of `capsule spares`, when one of this template is
+		 * ready; else what follows, and the boot note says why not. */
+		char key[65];
+		struct cap_spare_given *g = xmalloc(sizeof(*g));
+		struct cap_err serr = { 0 };
+		int afd, conn;
+		int64_t t1 = cap_now_ns();
+		cap_template_key(o, &cfg, key);
+		int sr = cap_spare_take(key, g, &afd, &conn, &serr);
+		if (sr == 0) {
+			adopt_spare(sb, g, afd, conn);
+			free(g);
+			int64_t now = cap_now_ns();
+			sb->times = (struct cap_sandbox_times){ .total = (now - t0) / 1000, .prepare = (t1 - t0) / 1000,
+								.spare = (now - t1) / 1000 };
+			*out = sb;
+			return 0;
+		}
+		free(g);
+		if (sr != -ENOENT) {
+			one_line(serr.msg);
+			snprintf(spare_note, sizeof(spare_note), "no spare: %.380s", serr.msg);
+		}
+	}
 	if (o->spec && o->spec->has_pod && (r = pod_up(sb, o->spec, &cfg, err)) < 0)
 		goto fail;
 	if (!o->dir && (r = cap_make_run_dir(&sb->owned_run_dir, err)) < 0)
@@ -783,6 +906,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		_cleanup_free_ char *tdir = NULL;
 		bool removed = false;
 		if (template_for(o, &tcfg, key, &tdir, &terr) == 0) {
+			memcpy(sb->template_key, key, sizeof(key));
 			char what[48];
 			snprintf(what, sizeof(what), "restored from template %.16s", key);
 			if (restore_from(sb, &cfg, tdir, setup, o->boot_timeout_ms, what, &terr) < 0) {
@@ -790,6 +914,7 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 				 * come back: rebuilt on next use. */
 				cap_template_discard(tdir);
 				removed = true;
+				sb->template_key[0] = '\0';
 			}
 		}
 		if (!sb->restored) {
@@ -809,6 +934,11 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	if (*snap_note) {
 		char note[sizeof(sb->boot_note)];
 		snprintf(note, sizeof(note), "%.100s; %s", sb->boot_note, snap_note);
+		memcpy(sb->boot_note, note, sizeof(note));
+	}
+	if (*spare_note) {
+		char note[sizeof(sb->boot_note)];
+		snprintf(note, sizeof(note), "%.300s; %s", sb->boot_note, spare_note);
 		memcpy(sb->boot_note, note, sizeof(note));
 	}
 	if (sb->net) {
@@ -906,7 +1036,7 @@ const char *cap_sandbox_boot_note(const struct cap_sandbox *sb)
 
 const char *cap_sandbox_jail_note(const struct cap_sandbox *sb)
 {
-	return sb->vm ? cap_vm_jail_note(sb->vm) : "";
+	return sb->vm ? cap_vm_jail_note(sb->vm) : sb->spare_conn >= 0 ? sb->spare_jail_note : "";
 }
 
 int cap_sandbox_set_network(struct cap_sandbox *sb, const struct cap_net_policy *p,
@@ -1214,6 +1344,8 @@ void cap_sandbox_free(struct cap_sandbox *sb)
 		close(sb->fd);
 	if (sb->ram_conn >= 0)
 		close(sb->ram_conn);
+	if (sb->spare_conn >= 0)
+		close(sb->spare_conn);	/* the holder ends the VM */
 	/* The tap goes with its last descriptor (QEMU's is closed), then
 	 * the veth's filter. */
 	if (sb->tap_fd >= 0)

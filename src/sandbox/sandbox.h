@@ -128,7 +128,20 @@ struct cap_sandbox_opts {
 	 * anything runs. Should it not restore, a cold boot with the
 	 * sandbox's disks follows, and the boot note says why. NULL: none. */
 	const char *resume_dir;
+	/* Take a spare of `capsule spares` when it keeps one of this
+	 * shape's template (the plain shape of capsule run: no disk, no
+	 * NIC, no log of its own); CAPSULE_SPARES=0 turns it off. Off by
+	 * default. */
+	bool use_spare;
 };
+
+/* Keep count spares of o's shape ready for capsule run (sandbox-spare.c,
+ * docs/architecture.md "Spares for capsule run"): each restored from
+ * the template, warmed by one `true`, given to one caller and replaced.
+ * Listens on CAPSULE_HOME/spares/run.sock; one holder per CAPSULE_HOME.
+ * Runs until stop_fd is readable, then ends every spare's VM (given
+ * ones too). Logs with cap_log. 0, or -errno with err set. */
+int cap_spare_serve(const struct cap_sandbox_opts *o, unsigned count, int stop_fd, struct cap_err *err);
 
 /* Templates: CAPSULE_HOME/templates/<key>/{state, ram, meta.json}, one per
  * combination of kernel, initramfs, engine and its host (QEMU, the
@@ -233,6 +246,8 @@ struct cap_sandbox_times {
 	int64_t restore;	/* the template's device state loaded; 0 for a cold boot */
 	int64_t agent;	/* guest running to the agent's HELLO and SETUP answered
 			 * (a cold boot's whole boot) */
+	int64_t spare;	/* a spare taken from `capsule spares`: its hand-over (jail,
+			 * qemu, restore and agent are then 0) */
 };
 /* Borrowed from sb. */
 const struct cap_sandbox_times *cap_sandbox_times(const struct cap_sandbox *sb);

@@ -162,6 +162,7 @@ suite "integration/workspace" tests/integration/test-workspace.sh "$build/capsul
 suite "integration/code" tests/integration/test-code.sh "$build/capsule"
 suite "integration/docker" tests/integration/test-docker.sh "$build/capsule"
 suite "integration/fork" tests/integration/test-fork.sh "$build/capsule"
+suite "integration/spare" tests/integration/test-spare.sh "$build/capsule"
 suite "integration/cp" tests/integration/test-cp.sh "$build/capsule"
 suite "integration/pull" tests/integration/test-pull.sh "$build/capsule"
 # image check, image outdated, serve's image_check, pull's progress: the

@@ -72,7 +72,7 @@ strip --remove-section=.comment --remove-section=.note --strip-unneeded \
 install -m 0755 "$top/guest/build-kernel.sh" "$root/usr/share/capsule/guest/build-kernel.sh"
 install -m 0644 "$top/guest/kernel.config" "$root/usr/share/capsule/guest/kernel.config"
 install -m 0644 "$pkg/bash-completion/capsule" "$root/usr/share/bash-completion/completions/capsule"
-install -m 0644 "$pkg/systemd/capsule.service" "$pkg/systemd/capsule.socket" "$root/usr/lib/systemd/user/"
+install -m 0644 "$pkg/systemd/capsule.service" "$pkg/systemd/capsule.socket" "$pkg/systemd/capsule-spares.service" "$root/usr/lib/systemd/user/"
 
 # Documentation: README.md and docs/*.md. Debian compresses what is over
 # 4 KiB (policy 12.3, as dh_compress does), so README.md's links to the

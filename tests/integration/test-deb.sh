@@ -50,7 +50,7 @@ for f in usr/bin/capsule usr/lib/capsule/capsule-agent \
 	usr/share/capsule/guest/build-kernel.sh usr/share/capsule/guest/kernel.config \
 	usr/share/doc/capsule/copyright usr/share/doc/capsule/changelog.gz \
 	usr/share/man/man1/capsule.1.gz usr/share/bash-completion/completions/capsule \
-	usr/lib/systemd/user/capsule.service usr/lib/systemd/user/capsule.socket \
+	usr/lib/systemd/user/capsule.service usr/lib/systemd/user/capsule.socket usr/lib/systemd/user/capsule-spares.service \
 	usr/share/lintian/overrides/capsule; do
 	grep -qx "$f" "$rt/list" || missing="$missing $f"
 done
@@ -193,8 +193,9 @@ check "completing flags after r* or an unknown verb runs nothing but capsule --h
 # descriptor 3 on the first connection.
 mkdir -p "$rt/units" "$rt/run/capsule"
 sed "s|/usr/bin/capsule|$ic|" "$root/usr/lib/systemd/user/capsule.service" >"$rt/units/capsule.service"
+sed "s|/usr/bin/capsule|$ic|" "$root/usr/lib/systemd/user/capsule-spares.service" >"$rt/units/capsule-spares.service"
 cp "$root/usr/lib/systemd/user/capsule.socket" "$rt/units/"
-systemd-analyze --user verify --man=no "$rt/units/capsule.socket" "$rt/units/capsule.service" >"$out" 2>"$err"
+systemd-analyze --user verify --man=no "$rt/units/capsule.socket" "$rt/units/capsule.service" "$rt/units/capsule-spares.service" >"$out" 2>"$err"
 rc=$?
 check "systemd-analyze --user verify: the units are clean (exit $rc)" '[ "$rc" -eq 0 ] && [ ! -s "$err" ]'
 sock="$rt/run/capsule/serve.sock"

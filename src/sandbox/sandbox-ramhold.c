@@ -322,27 +322,13 @@ int cap_ramhold_get(const char *tdir, int *conn, struct cap_err *err)
 	struct timeval tv = { RECV_TIMEOUT_S, 0 };
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	struct hello id = { 0 };
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	memset(&u, 0, sizeof(u));
-	struct iovec iov = { &id, sizeof(id) };
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			    .msg_controllen = sizeof(u.buf) };
-	ssize_t n;
-	while ((n = recvmsg(c, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL)) < 0 && errno == EINTR)
-		;
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
 	int fd = -1;
-	if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-	    cm->cmsg_len == CMSG_LEN(sizeof(int)))
-		memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+	ssize_t n = cap_recv_fd(c, &id, sizeof(id), &fd);
 	if (n != (ssize_t)sizeof(id) || fd < 0 || id.magic != MAGIC) {
 		if (fd >= 0)
 			close(fd);
-		return cap_err_set(err, n < 0 ? errno : EIO, "the RAM holder of %s gave no memfd (%s; see %s/ram-holder.log)",
-				   tdir, n < 0 ? strerror(errno) : "it ended", tdir);
+		return cap_err_set(err, n < 0 ? (int)-n : EIO, "the RAM holder of %s gave no memfd (%s; see %s/ram-holder.log)",
+				   tdir, n < 0 ? strerror((int)-n) : "it ended", tdir);
 	}
 	/* Never trust a descriptor to be read-only without looking: all
 	 * four seals, the size and the file it was made from. */

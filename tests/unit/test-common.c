@@ -18,6 +18,7 @@
 #include "buf.h"
 #include "err.h"
 #include "sha256.h"
+#include "sock.h"
 #include "utf8.h"
 #include "util.h"
 
@@ -266,6 +267,50 @@ static void utf8_visible(void **state)
 	}
 }
 
+/* cap_recv_fd: one descriptor taken; none, the bytes alone; two
+ * refused with -EPROTO and neither left open in the receiver. */
+static void recv_fd_one_none_two(void **state)
+{
+	(void)state;
+	int sp[2], pipefd[2], fd = -2;
+	char buf[8];
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp), 0);
+	assert_int_equal(pipe(pipefd), 0);
+	assert_int_equal(cap_send_fd(sp[0], pipefd[1], "one", 3, 0), 3);
+	assert_int_equal(cap_recv_fd(sp[1], buf, 3, &fd), 3);
+	assert_true(fd >= 0 && fd != pipefd[1]);
+	assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	close(fd);
+	assert_int_equal(send(sp[0], "two", 3, 0), 3);
+	assert_int_equal(cap_recv_fd(sp[1], buf, 3, &fd), 3);
+	assert_int_equal(fd, -1);
+	/* Two descriptors in one message. */
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(2 * sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct iovec iov = { "xyz", 3 };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+	memcpy(CMSG_DATA(c), pipefd, 2 * sizeof(int));
+	assert_int_equal(sendmsg(sp[0], &m, 0), 3);
+	int before = open("/dev/null", O_RDONLY);
+	close(before);
+	assert_int_equal(cap_recv_fd(sp[1], buf, 3, &fd), -EPROTO);
+	assert_int_equal(fd, -1);
+	int after = open("/dev/null", O_RDONLY);
+	assert_int_equal(after, before);	/* the lowest free descriptor did not move: none kept */
+	close(after);
+	close(pipefd[0]);
+	close(pipefd[1]);
+	close(sp[0]);
+	close(sp[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -279,6 +324,7 @@ int main(void)
 		cmocka_unit_test(dir_names_sorted),
 		cmocka_unit_test(path_last),
 		cmocka_unit_test(utf8_visible),
+		cmocka_unit_test(recv_fd_one_none_two),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

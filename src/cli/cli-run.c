@@ -345,6 +345,11 @@ int cap_cli_spares(int argc, char **argv)
 		cap_cli_error("%s", err.msg);
 		return err.code == ERANGE ? CAP_EXIT_USAGE : CAP_EXIT_FAILURE;
 	}
+	const char *templates = getenv("CAPSULE_TEMPLATES");
+	if (templates && strcmp(templates, "0") == 0) {
+		cap_cli_error("spares are restored from templates, and CAPSULE_TEMPLATES=0 turns them off: unset it");
+		return CAP_EXIT_USAGE;
+	}
 	/* The shape capsule run has without options (cap_cli_run). */
 	static struct cap_sandbox_spec spec;
 	cap_sandbox_spec_oneshot(&spec, NULL);

@@ -22,7 +22,7 @@ readies() { cat "$log" 2>/dev/null | grep -c "spare ready"; }
 spare_pid() { sed -n 's/.*a spare of `capsule spares` (pid [0-9]*): VM pid \([0-9]*\),.*/\1/p' "$err" | head -1; }
 gone() { ! kill -0 "$1" 2>/dev/null; }
 
-echo "1..23"
+echo "1..24"
 
 c run -v -- true >"$out" 2>"$err"
 check "without a holder a run restores as always (and the template is made)" '! grep -q "spare" "$err" && grep -q "restored from template" "$err"'
@@ -93,6 +93,9 @@ check "--count 0 is refused (2), by value" '[ "$rc" -eq 2 ] && grep -q "\-\-coun
 c spares extra >"$out" 2>"$err"
 rc=$?
 check "an argument is refused (2), by value" '[ "$rc" -eq 2 ] && grep -q "extra" "$err"'
+CAPSULE_TEMPLATES=0 c spares >"$out" 2>"$err"
+rc=$?
+check "CAPSULE_TEMPLATES=0 is refused (2): spares are template restores" '[ "$rc" -eq 2 ] && grep -q "CAPSULE_TEMPLATES=0" "$err"'
 
 ready_pid=$(sed -n 's/.*spare ready: VM pid \([0-9]*\),.*/\1/p' "$log" | tail -1)
 pid=$holder

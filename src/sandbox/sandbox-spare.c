@@ -84,11 +84,14 @@ int cap_spare_take(const char *key, struct cap_spare_given *g, int *agent, int *
 	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return cap_err_set(err, errno, "socket: %s", strerror(errno));
+	/* The whole ask, connect included (a holder whose backlog is full
+	 * makes connect wait), is bounded: then a run starts as usual. */
+	struct timeval tv = { ASK_MS / 1000, (ASK_MS % 1000) * 1000 };
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return errno == ENOENT || errno == ECONNREFUSED ? -ENOENT
 								: cap_err_set(err, errno, "cannot connect to %s: %s", path, strerror(errno));
-	struct timeval tv = { ASK_MS / 1000, (ASK_MS % 1000) * 1000 };
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	struct request q = { .magic = MAGIC, .size = sizeof(struct answer) };
 	snprintf(q.key, sizeof(q.key), "%s", key);
 	if (send(fd, &q, sizeof(q), MSG_NOSIGNAL) != (ssize_t)sizeof(q))

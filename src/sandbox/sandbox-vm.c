@@ -50,6 +50,18 @@ struct cap_sandbox {
 	char spare_jail_note[512];
 };
 
+/* A sandbox with nothing yet: every descriptor -1, a fresh client. */
+static struct cap_sandbox *sb_new(void)
+{
+	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	sb->fd = -1;
+	sb->ram_conn = sb->spare_conn = -1;
+	sb->pod_ns = sb->tap_fd = -1;
+	sb->cred_fd = -1;
+	cap_client_init(&sb->client);
+	return sb;
+}
+
 void cap_sandbox_opts_init(struct cap_sandbox_opts *o)
 {
 	*o = (struct cap_sandbox_opts){
@@ -388,12 +400,8 @@ int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 		close(fd);
 		return cap_err_set(err, e, "cannot connect to the sandbox at %s: %s", control, strerror(e));
 	}
-	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	struct cap_sandbox *sb = sb_new();
 	sb->fd = fd;
-	sb->ram_conn = sb->spare_conn = -1;
-	sb->pod_ns = sb->tap_fd = -1;
-	sb->cred_fd = -1;
-	cap_client_init(&sb->client);
 	int r = wait_hello(sb, 10000, err);
 	if (r < 0) {
 		cap_sandbox_free(sb);
@@ -512,11 +520,7 @@ static int prepare(const struct cap_sandbox_opts *o, struct cap_vm_config *cfg,
 static int snapshot(const struct cap_vm_config *cfg, int timeout_ms, const char *state,
 		    struct cap_err *err)
 {
-	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
-	sb->fd = -1;
-	sb->ram_conn = -1;
-	sb->pod_ns = sb->tap_fd = -1;
-	cap_client_init(&sb->client);
+	struct cap_sandbox *sb = sb_new();
 	int r = start_vm(sb, cfg, NULL, timeout_ms, err);
 	if (r == 0)
 		r = cap_vm_save(sb->vm, state, err);
@@ -812,16 +816,12 @@ int cap_sandbox_spare_key(const struct cap_sandbox_opts *o, char key[65], struct
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		     struct cap_err *err)
 {
-	struct cap_sandbox *sb = xcalloc(1, sizeof(*sb));
+	struct cap_sandbox *sb = sb_new();
 	_cleanup_free_ char *kernel = NULL, *initrd = NULL;
 	struct cap_vm_config cfg;
 	int64_t t0 = cap_now_ns();
 	int r;
 
-	sb->fd = -1;
-	sb->ram_conn = sb->spare_conn = -1;
-	sb->pod_ns = sb->tap_fd = -1;
-	cap_client_init(&sb->client);
 	if ((r = prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
 		goto fail;
 	char spare_note[400] = "";

@@ -76,8 +76,6 @@ struct cap_spare_given {
 void cap_sandbox_spare_fill(const struct cap_sandbox *sb, struct cap_spare_given *g);
 /* sb's agent channel (borrowed). */
 int cap_sandbox_agent_channel(const struct cap_sandbox *sb);
-/* The template key a VM for o restores from (cap_template_key). */
-int cap_sandbox_spare_key(const struct cap_sandbox_opts *o, char key[65], struct cap_err *err);
 /* A spare of template key from the holder: 0 with *g, *agent (the VM's
  * agent channel, past HELLO and SETUP) and *conn (the holder's
  * connection: its close ends the VM), all the caller's; -ENOENT, with

@@ -346,7 +346,9 @@ int cap_spare_serve(const struct cap_sandbox_opts *o, unsigned count, int stop_f
 	_cleanup_free_ char *dir = spare_dir();
 	_cleanup_free_ char *path = xasprintf("%s/run.sock", dir);
 	_cleanup_free_ char *lockp = xasprintf("%s/lock", dir);
-	int r = cap_sandbox_spare_key(o, h.key, err);
+	/* The template's key, the template made now if need be (else every
+	 * worker would make it at once). */
+	int r = cap_template_ensure(o, h.key, err);
 	if (r < 0)
 		return r;
 	if (cap_mkdir_p(dir, 0700) < 0)

@@ -591,12 +591,13 @@ out:
 	return r;
 }
 
-/* The template for cfg, built now if the cache has none: its key and
- * directory (*dir a new string). */
+/* The template for cfg, built now if the cache has none: its key (made
+ * here unless key holds it already) and directory (*dir a new string). */
 static int template_for(const struct cap_sandbox_opts *o, const struct cap_vm_config *cfg,
 			char key[65], char **dir, struct cap_err *err)
 {
-	cap_template_key(o, cfg, key);
+	if (!*key)
+		cap_template_key(o, cfg, key);
 	char *found = cap_template_lookup(key);
 	if (found) {
 		*dir = found;
@@ -614,6 +615,7 @@ int cap_template_ensure(const struct cap_sandbox_opts *o, char *key_out,
 	int r = prepare(o, &cfg, &accel, &kernel, &initrd, err);
 	if (r < 0)
 		return r;
+	*key_out = '\0';
 	/* As cap_sandbox_boot builds one: a shape with a NIC gets the
 	 * template's NIC, else its restores would not match. */
 	if (o->spec && o->spec->net.enabled)
@@ -801,18 +803,6 @@ int cap_sandbox_agent_channel(const struct cap_sandbox *sb)
 	return sb->fd;
 }
 
-int cap_sandbox_spare_key(const struct cap_sandbox_opts *o, char key[65], struct cap_err *err)
-{
-	struct cap_vm_config cfg;
-	struct cap_accel_choice accel;
-	_cleanup_free_ char *kernel = NULL, *initrd = NULL;
-	int r = prepare(o, &cfg, &accel, &kernel, &initrd, err);
-	if (r < 0)
-		return r;
-	cap_template_key(o, &cfg, key);
-	return 0;
-}
-
 int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		     struct cap_err *err)
 {
@@ -833,10 +823,11 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 	if ((r = prepare(o, &cfg, &sb->accel, &kernel, &initrd, err)) < 0)
 		goto fail;
 	char spare_note[400] = "";
+	char key[65] = "";	/* the template's, once made (by the spare's ask or template_for) */
 	if (spare_shape(o)) {
 		/* A spare of `capsule spares`, when one of this template is
-		 * ready; else what follows, and the boot note says why not. */
-		char key[65];
+		 * ready; else what follows, and the boot note says why not.
+		 * Its shape has no NIC: the key is the template's below. */
 		struct cap_spare_given *g = xmalloc(sizeof(*g));
 		struct cap_err serr = { 0 };
 		int afd, conn;
@@ -910,7 +901,6 @@ int cap_sandbox_boot(const struct cap_sandbox_opts *o, struct cap_sandbox **out,
 		/* A template restore, and whatever goes wrong with it, a cold
 		 * boot: never worse than booting. */
 		struct cap_err terr = { 0 };
-		char key[65] = "";
 		_cleanup_free_ char *tdir = NULL;
 		bool removed = false;
 		if (template_for(o, &tcfg, key, &tdir, &terr) == 0) {

@@ -25,7 +25,9 @@ c pause p >/dev/null 2>&1
 check "a paused sandbox's next command wakes it" '[ "$(c exec p -- cat /work/x)" = 1 ] && [ "$(state p)" = running ]'
 
 # --- a background process, then the fork ---------------------------------------------------
-c exec p -- sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.2; done' >/dev/null 2>&1 &
+# No time limit: exec's default 30 s would end it part way through a
+# slow run, and the checks below would read a file no process writes.
+c exec --timeout 0 p -- sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.2; done' >/dev/null 2>&1 &
 loop=$!
 sleep 3
 c fork p --count 3 >"$out" 2>"$err"
@@ -61,7 +63,9 @@ c snapshot inspect p-fork1 --json >"$out" 2>"$err"
 check "snapshot inspect --json names its parent and children" 'python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"parent\"]==\"p\" and d[\"children\"]==[\"p-1\",\"p-2\",\"p-3\"] and d[\"ram_bytes\"]>0" "$out"'
 c snapshot p s1 >"$out" 2>"$err" && c create q --from s1 >"$out" 2>"$err"
 check "create --from makes a stopped sandbox" '[ "$(state q)" = stopped ]'
-check "its first start resumes the snapshot: the file, the process, its own name" '[ "$(c exec q -- cat /work/x)" = 1 ] && [ -n "$(tick q)" ] && [ "$(c exec q -- hostname)" = q ]'
+qx=$(c exec q -- cat /work/x 2>"$err"); qt=$(c exec q -- cat /tmp/tick 2>>"$err"); qh=$(c exec q -- hostname 2>>"$err")
+grep "running (" "$CAPSULE_HOME/sandboxes/q/shim.log" >"$out" 2>&1	# how it started, should the check fail
+check "its first start resumes the snapshot: the file, the process, its own name (x $qx, tick $qt, $qh)" '[ "$qx" = 1 ] && [ -n "$qt" ] && [ "$qh" = q ]'
 c stop p-2 >/dev/null 2>&1
 check "a child stopped and started again keeps what it wrote" '[ "$(c exec p-2 -- cat /work/y)" = child2 ] && c exec p-2 -- test -s /work/big'
 c fork p-1 --prefix g >"$out" 2>"$err"

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -30,6 +31,32 @@ int cap_unix_listen(const char *path, struct cap_err *err)
 		int e = errno;
 		close(fd);
 		return cap_err_set(err, e, "cannot listen on %s: %s", path, strerror(e));
+	}
+	return fd;
+}
+
+int cap_unix_connect(const char *path, int flags, int timeout_ms)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (flags & SOCK_NONBLOCK), 0);
+	if (fd < 0)
+		return -errno;
+	if (timeout_ms > 0) {
+		struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+		    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+			int e = errno;
+			close(fd);
+			return -e;
+		}
+	}
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
 	}
 	return fd;
 }

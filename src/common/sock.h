@@ -11,6 +11,14 @@
  * err naming the path. */
 int cap_unix_listen(const char *path, struct cap_err *err);
 
+/* A stream socket connected to the one listening at path, close-on-exec;
+ * flags may add SOCK_NONBLOCK (then a full backlog is -EAGAIN). With
+ * timeout_ms > 0 its sends and receives, and the connect itself, give
+ * up after that long. Returns the descriptor or -errno (-ENAMETOOLONG
+ * when path does not fit in sun_path); the caller words the error, it
+ * knows what listens there. */
+int cap_unix_connect(const char *path, int flags, int timeout_ms);
+
 /* A listening socket handed over by a service manager (systemd's socket
  * activation, sd_listen_fds semantics without libsystemd): when
  * LISTEN_PID is this process and LISTEN_FDS is 1, descriptor 3 must be a

@@ -63,15 +63,7 @@ static int try_connect(int dirfd)
 	struct sockaddr_un sa;
 	if (sock_addr(dirfd, "ram.sock", &sa) < 0)
 		return -ENAMETOOLONG;
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = errno;
-		close(fd);
-		return -e;
-	}
-	return fd;
+	return cap_unix_connect(sa.sun_path, 0, 0);
 }
 
 /* The template's RAM in a new sealed memfd; *id says which file it was. */

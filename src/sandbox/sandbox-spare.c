@@ -27,7 +27,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,21 +76,15 @@ int cap_spare_take(const char *key, struct cap_spare_given *g, int *agent, int *
 {
 	_cleanup_free_ char *dir = spare_dir();
 	_cleanup_free_ char *path = xasprintf("%s/run.sock", dir);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENOENT;	/* cap_spare_serve refuses to listen there */
-	strcpy(sa.sun_path, path);
-	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return cap_err_set(err, errno, "socket: %s", strerror(errno));
 	/* The whole ask, connect included (a holder whose backlog is full
-	 * makes connect wait), is bounded: then a run starts as usual. */
-	struct timeval tv = { ASK_MS / 1000, (ASK_MS % 1000) * 1000 };
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return errno == ENOENT || errno == ECONNREFUSED ? -ENOENT
-								: cap_err_set(err, errno, "cannot connect to %s: %s", path, strerror(errno));
+	 * makes connect wait), is bounded: then a run starts as usual. A
+	 * path too long for a socket is one cap_spare_serve refuses to
+	 * listen on: no holder. */
+	_cleanup_close_ int fd = cap_unix_connect(path, 0, ASK_MS);
+	if (fd == -ENOENT || fd == -ECONNREFUSED || fd == -ENAMETOOLONG)
+		return -ENOENT;
+	if (fd < 0)
+		return cap_err_set(err, -fd, "cannot connect to %s: %s", path, strerror(-fd));
 	struct request q = { .magic = MAGIC, .size = sizeof(struct answer) };
 	snprintf(q.key, sizeof(q.key), "%s", key);
 	if (send(fd, &q, sizeof(q), MSG_NOSIGNAL) != (ssize_t)sizeof(q))

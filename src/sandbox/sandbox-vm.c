@@ -4,7 +4,6 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
-#include <sys/un.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +12,7 @@
 #include "layout.h"
 #include "sandbox-internal.h"
 #include "sandbox.h"
+#include "sock.h"
 #include "store.h"
 #include "util.h"
 
@@ -388,18 +388,11 @@ static int wait_setup(struct cap_sandbox *sb, int timeout_ms, struct cap_err *er
 int cap_sandbox_attach(const char *control, struct cap_sandbox **out,
 		       struct cap_err *err)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	if (strlen(control) >= sizeof(sa.sun_path))
+	int fd = cap_unix_connect(control, SOCK_NONBLOCK, 0);
+	if (fd == -ENAMETOOLONG)
 		return cap_err_set(err, ENAMETOOLONG, "control socket path %s is too long", control);
-	strcpy(sa.sun_path, control);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
-		return cap_err_set(err, errno, "socket: %s", strerror(errno));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = errno;
-		close(fd);
-		return cap_err_set(err, e, "cannot connect to the sandbox at %s: %s", control, strerror(e));
-	}
+		return cap_err_set(err, -fd, "cannot connect to the sandbox at %s: %s", control, strerror(-fd));
 	struct cap_sandbox *sb = sb_new();
 	sb->fd = fd;
 	int r = wait_hello(sb, 10000, err);

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -311,6 +312,49 @@ static void recv_fd_one_none_two(void **state)
 	close(sp[1]);
 }
 
+/* cap_unix_connect: a listener reached (non-blocking when asked, with
+ * its timeouts set); no listener -ECONNREFUSED, no file -ENOENT, a
+ * path longer than sun_path -ENAMETOOLONG; nothing left open on error. */
+static void unix_connect_cases(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/capsule-test-XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char path[64];
+	snprintf(path, sizeof(path), "%s/s.sock", dir);
+	struct cap_err err = { 0 };
+	int l = cap_unix_listen(path, &err);
+	assert_true(l >= 0);
+	int fd = cap_unix_connect(path, SOCK_NONBLOCK, 1500);
+	assert_true(fd >= 0);
+	assert_true(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	struct timeval tv;
+	socklen_t tl = sizeof(tv);
+	assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &tl), 0);
+	assert_true(tv.tv_sec == 1 && tv.tv_usec == 500000);
+	close(fd);
+	fd = cap_unix_connect(path, 0, 0);
+	assert_true(fd >= 0);
+	assert_false(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	close(fd);
+	close(l);
+	int before = open("/dev/null", O_RDONLY);
+	close(before);
+	assert_int_equal(cap_unix_connect(path, 0, 0), -ECONNREFUSED);
+	unlink(path);
+	assert_int_equal(cap_unix_connect(path, 0, 0), -ENOENT);
+	char longp[200];
+	memset(longp, 'a', sizeof(longp) - 1);
+	longp[0] = '/';
+	longp[sizeof(longp) - 1] = '\0';
+	assert_int_equal(cap_unix_connect(longp, 0, 0), -ENAMETOOLONG);
+	int after = open("/dev/null", O_RDONLY);
+	assert_int_equal(after, before);	/* no socket left open by a failure */
+	close(after);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -325,6 +369,7 @@ int main(void)
 		cmocka_unit_test(path_last),
 		cmocka_unit_test(utf8_visible),
 		cmocka_unit_test(recv_fd_one_none_two),
+		cmocka_unit_test(unix_connect_cases),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

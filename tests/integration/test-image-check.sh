@@ -196,10 +196,12 @@ check "nothing listening: refused at once, saying it cannot be reached" '[ "$rc"
 hang=$(freeport)
 python3 -c 'import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(64)
+open(sys.argv[2], "w").close()
 held = []
-while True: held.append(s.accept()[0])' "$hang" &
+while True: held.append(s.accept()[0])' "$hang" "$rt/silent-up" &
 hangpid=$!
-sleep 0.3
+wait_for '[ -e "$rt/silent-up" ]' 100
+rm -f "$rt/silent-up"
 t0=$(date +%s%N)
 c image check --timeout 2 "127.0.0.1:$hang/t/x:1" >"$out" 2>"$err"
 rc=$?
@@ -302,10 +304,12 @@ kill "$hangpid" 2>/dev/null
 wait "$hangpid" 2>/dev/null
 python3 -c 'import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(64)
+open(sys.argv[2], "w").close()
 held = []
-while True: held.append(s.accept()[0])' "$port2" &
+while True: held.append(s.accept()[0])' "$port2" "$rt/silent-up" &
 hangpid=$!
-sleep 0.3
+wait_for '[ -e "$rt/silent-up" ]' 100
+rm -f "$rt/silent-up"
 t0=$(date +%s%N)
 c image outdated --timeout 2 "127.0.0.1:$port2/t/off:1" >"$out" 2>"$err"
 ms=$((($(date +%s%N) - t0) / 1000000))

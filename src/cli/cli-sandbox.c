@@ -285,11 +285,12 @@ static int through_owner(const char *name, const char *cmd, const char *verb, co
 }
 
 static const char stop_usage[] =
-	"Usage: capsule stop [--force] NAME\n\n"
-	"Stop the sandbox NAME: its commands end, the guest syncs and powers off\n"
+	"Usage: capsule stop [--force] NAME...\n\n"
+	"Stop each sandbox NAME: its commands end, the guest syncs and powers off\n"
 	"(QEMU is stopped only after a grace period of 10 s). Disks are kept.\n"
 	"A sandbox that a running controller (capsule serve or mcp) owns is\n"
-	"stopped only with --force, through that controller.\n";
+	"stopped only with --force, through that controller. With several names\n"
+	"each is tried in turn; the exit status is the first failure's.\n";
 
 /* Parse "[--FLAG] NAME" (and -h): the name, or NULL after printing
  * with *rc set. */
@@ -310,19 +311,60 @@ static const char *flag_name(int argc, char **argv, const char *usage, const cha
 	return argv[optind];
 }
 
+/* Parse "[--FLAG] NAME..." (and -h): the index of the first name, or -1
+ * after printing with *rc set. */
+static int flag_names(int argc, char **argv, const char *usage, const char *flag, char shortc,
+		      bool *set, int *rc)
+{
+	int r = cap_cli_one_flag(argc, argv, usage, flag, shortc, set);
+	*rc = 0;
+	if (r >= 0) {
+		*rc = r;
+		return -1;
+	}
+	if (optind >= argc) {
+		fputs(usage, stderr);
+		*rc = CAP_EXIT_USAGE;
+		return -1;
+	}
+	return optind;
+}
+
+/* stop and rm of several names: each in turn, whatever the ones before
+ * did (as docker's do), each failure told by name; the first failure's
+ * status is the exit status. */
+static int each_name(int argc, char **argv, const char *usage, const char *cmd, const char *verb,
+		     int (*one)(const char *name, bool force, struct cap_err *err))
+{
+	bool force;
+	int rc, first = flag_names(argc, argv, usage, "force", 'f', &force, &rc);
+	if (first < 0)
+		return rc;
+	int worst = 0;
+	for (int i = first; i < argc; i++) {
+		const char *name = argv[i];
+		struct cap_err err = { 0 };
+		if (through_owner(name, cmd, verb, verb, force, &rc))
+			;
+		else if (one(name, force, &err) < 0)
+			rc = fail(&err);
+		else
+			rc = 0;
+		if (rc && !worst)
+			worst = rc;
+	}
+	return worst;
+}
+
+static int stop_one(const char *name, bool force, struct cap_err *err)
+{
+	(void)force;
+	return cap_named_stop(name, 10000, err);
+}
+
 int cap_cli_stop(int argc, char **argv)
 {
-	struct cap_err err = { 0 };
-	bool force;
-	int rc;
-	const char *name = flag_name(argc, argv, stop_usage, "force", 'f', &force, &rc);
-	if (!name)
-		return rc;
-	if (through_owner(name, "stop", "stop", "stop", force, &rc))
-		return rc;
-	if (cap_named_stop(name, 10000, &err) < 0)
-		return fail(&err);
-	return 0;
+	return each_name(argc, argv, stop_usage, "stop", "stop", stop_one);
 }
 
 /* Before a call: refresh the public data if it changed, start the
@@ -676,25 +718,17 @@ int cap_cli_inspect(int argc, char **argv)
 }
 
 static const char rm_usage[] =
-	"Usage: capsule rm [--force] NAME\n\n"
-	"Delete the sandbox NAME and its disks. A running sandbox is refused\n"
+	"Usage: capsule rm [--force] NAME...\n\n"
+	"Delete each sandbox NAME and its disks. A running sandbox is refused\n"
 	"unless --force, which stops it first. This is the only command that\n"
 	"deletes a sandbox's disks. A sandbox that a running controller (capsule\n"
-	"serve or mcp) owns is removed only with --force, through that controller.\n";
+	"serve or mcp) owns is removed only with --force, through that controller.\n"
+	"With several names each is tried in turn (`capsule rm p-1 p-2 p-3` after\n"
+	"a fork); the exit status is the first failure's.\n";
 
 int cap_cli_rm(int argc, char **argv)
 {
-	struct cap_err err = { 0 };
-	bool force;
-	int rc;
-	const char *name = flag_name(argc, argv, rm_usage, "force", 'f', &force, &rc);
-	if (!name)
-		return rc;
-	if (through_owner(name, "rm", "remove", "remove", force, &rc))
-		return rc;
-	if (cap_named_remove(name, force, &err) < 0)
-		return fail(&err);
-	return 0;
+	return each_name(argc, argv, rm_usage, "rm", "remove", cap_named_remove);
 }
 
 static const char ls_usage[] =

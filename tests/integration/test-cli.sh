@@ -6,7 +6,7 @@ set -u
 capsule=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 . "$(dirname "$0")/lib.sh"
 
-echo "1..132"
+echo "1..136"
 
 "$capsule" --version >"$out" 2>"$err"
 check "--version" 'grep -q '\''^capsule [0-9]'\'' "$out"'
@@ -165,6 +165,18 @@ check "a created sandbox's disk files are 0600 ($modes)" '[ "$modes" = "600 root
 "$capsule" exec sz -- true >"$out" 2>"$err"
 check "a sandbox with 0600 disks starts and runs a command" '[ $? -eq 0 ]'
 "$capsule" rm --force sz >/dev/null 2>&1
+
+# rm and stop take several names: each is tried, a failure is told by
+# name and does not stop the rest; the first failure's status is kept.
+"$capsule" create ma >/dev/null 2>&1 && "$capsule" create mb >/dev/null 2>&1
+"$capsule" stop ma mb >"$out" 2>"$err"
+check "stop of two stopped sandboxes succeeds" '[ $? -eq 0 ]'
+"$capsule" rm ma no-such-one mb >"$out" 2>"$err"
+rc=$?
+check "rm ma no-such-one mb: 125, naming the missing one (rc $rc)" '[ "$rc" -eq 125 ] && grep -q "no sandbox named '\''no-such-one'\''" "$err"'
+check "... and both others are removed all the same" '[ ! -e "$CAPSULE_HOME/sandboxes/ma" ] && [ ! -e "$CAPSULE_HOME/sandboxes/mb" ]'
+"$capsule" rm >"$out" 2>"$err"
+check "rm with no name is a usage error (2)" '[ $? -eq 2 ] && grep -q "NAME\.\.\." "$err"'
 
 
 # Network flags (docs/network.md): a bad value is refused when the flag is

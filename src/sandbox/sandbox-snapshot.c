@@ -446,6 +446,40 @@ void cap_snapshot_default_name(const char *parent, char out[CAP_NAME_MAX + 1])
 	first_free(parent, "-snap", true, out);
 }
 
+/* A fork that failed part way is undone: the n children it made are
+ * stopped and removed, then its snapshot (nothing else is made from it
+ * yet), so that the caller is left with the parent as it was, not with
+ * sandboxes it was never told of (serve's controller would not take
+ * them over). What is undone, and what could not be, ends err's text. */
+static void fork_undo(const char *parent, char (*children)[CAP_NAME_MAX + 1], unsigned n,
+		      const char *snap, struct cap_err *err)
+{
+	char done[512] = "", left[768] = "";
+	for (unsigned i = 0; i < n; i++) {
+		struct cap_err e = { 0 };
+		size_t u;
+		if (cap_named_remove(children[i], true, &e) == 0) {
+			u = strlen(done);
+			snprintf(done + u, sizeof(done) - u, "%s%s", done[0] ? ", " : "", children[i]);
+		} else {
+			u = strlen(left);
+			snprintf(left + u, sizeof(left) - u, "; %s was not removed (%.300s)", children[i], e.msg);
+		}
+	}
+	struct cap_err e = { 0 };
+	char fate[512];
+	if (left[0])
+		snprintf(fate, sizeof(fate), "kept: a child of it is left");
+	else if (cap_snapshot_remove(snap, &e) == 0)
+		snprintf(fate, sizeof(fate), "removed");
+	else
+		snprintf(fate, sizeof(fate), "kept (%.400s)", e.msg);
+	size_t u = strlen(err->msg);
+	snprintf(err->msg + u, sizeof(err->msg) - u,
+		 "; the fork was undone (children removed: %s; its snapshot '%s' %s), '%s' is kept%s",
+		 done[0] ? done : "none", snap, fate, parent, left);
+}
+
 int cap_named_fork(const char *name, unsigned count, const char *prefix, bool leave_paused,
 		   char (*children)[CAP_NAME_MAX + 1], char snap[CAP_NAME_MAX + 1], struct cap_err *err)
 {
@@ -471,9 +505,11 @@ int cap_named_fork(const char *name, unsigned count, const char *prefix, bool le
 	if ((r = cap_named_snapshot(name, snap, leave_paused, err)) < 0)
 		return r;
 	for (unsigned i = 0; i < count; i++) {
+		bool made = false;
 		if ((r = cap_named_create_from(children[i], snap, err)) < 0 ||
-		    (r = cap_named_start(children[i], err)) < 0) {
+		    ((made = true), (r = cap_named_start(children[i], err)) < 0)) {
 			cap_err_prefix(err, "fork %u of %u (%s)", i + 1, count, children[i]);
+			fork_undo(name, children, made ? i + 1 : i, snap, err);
 			return r;
 		}
 	}

@@ -12,7 +12,7 @@ c() { "$capsule" "$@"; }
 state() { c ls | awk -v n="$1" '$1 == n { print $3 }'; }
 tick() { c exec "$1" -- cat /tmp/tick 2>/dev/null; }
 
-echo "1..29"
+echo "1..31"
 
 # --- pause and resume ------------------------------------------------------------------
 c create p -q >"$out" 2>"$err" && c exec p -- sh -c 'echo 1 > /work/x' >"$out" 2>"$err"
@@ -91,10 +91,17 @@ rc1=$?
 c snapshot p 'Bad/Name' >"$out" 2>"$err"
 rc2=$?
 check "--count 0 and a bad snapshot name are usage errors (2)" '[ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && grep -q "not a valid snapshot name" "$err"'
+# A child that cannot start (no shim: CAPSULE_BIN is a program that
+# fails) undoes the fork: the child made and the snapshot are removed,
+# and the message says so; the parent is kept.
+CAPSULE_BIN=/bin/false c fork p --count 2 >"$out" 2>"$err"
+rc=$?
+check "a fork whose child cannot start fails (125) and is undone: no child, no snapshot left" '[ "$rc" -eq 125 ] && grep -q "fork 1 of 2 (p-5)" "$err" && grep -q "the fork was undone (children removed: p-5; its snapshot .p-fork3. removed)" "$err" && [ ! -e "$CAPSULE_HOME/sandboxes/p-5" ] && [ ! -e "$CAPSULE_HOME/sandboxes/p-6" ] && [ ! -e "$CAPSULE_HOME/snapshots/p-fork3" ] && [ "$(c exec p -- cat /work/x)" = 1 ]'
 
 # --- removal -------------------------------------------------------------------------------------
 kill "$loop" 2>/dev/null
-for s in p-1 p-2 p-3 p-4 g1 q; do c rm -f "$s" >/dev/null 2>&1; done
+c rm -f p-1 p-2 p-3 p-4 g1 q >"$out" 2>"$err"
+check "rm -f of the six children at once (running ones too)" '[ $? -eq 0 ] && [ -z "$(c ls | awk "NR > 1 && \$1 != \"p\"")" ]'
 c snapshot rm p-fork1 p-fork2 p-1-fork1 s1 >"$out" 2>"$err"
 rc=$?
 c snapshot ls >"$out" 2>/dev/null

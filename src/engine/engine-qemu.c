@@ -734,6 +734,28 @@ static int migration_done(struct qemu_vm *vm, int timeout_ms, struct cap_err *er
 	}
 }
 
+/* A VM an earlier migration left stopped (QEMU's run state
+ * "postmigrate": a snapshot taken --paused) has let go of its disks, and
+ * QEMU 7.2 refuses to migrate it again ("Can't migrate the vm that was
+ * paused due to previous migration"); only `cont` takes them back. So
+ * such a VM is continued and stopped again at once: its guest runs for
+ * the instant between the two. Any other state is left as it is. */
+static int take_back_disks(struct qemu_vm *vm, struct cap_err *err)
+{
+	json_t *ret = NULL;
+	int r = qmp_call(vm, "query-status", NULL, &ret, err);
+	if (r < 0)
+		return r;
+	const char *st = json_string_value(json_object_get(ret, "status"));
+	bool post = st && strcmp(st, "postmigrate") == 0;
+	json_decref(ret);
+	if (!post)
+		return 0;
+	if ((r = qmp_execute(vm, "cont", err)) < 0)
+		return r;
+	return qmp_execute(vm, "stop", err);
+}
+
 /* Stop the guest and save its state into state_path. full: every RAM
  * block is sent (x-ignore-shared off, whatever an earlier restore set), at
  * no bandwidth limit (QEMU's default is 32 MiB/s, meant for a network;
@@ -744,7 +766,7 @@ static int save_state(struct qemu_vm *vm, const char *state_path, bool full, str
 	_cleanup_free_ char *tmp = xasprintf("%s.tmp", state_path);
 	int r;
 
-	if ((r = qmp_execute(vm, "stop", err)) < 0)
+	if ((r = take_back_disks(vm, err)) < 0 || (r = qmp_execute(vm, "stop", err)) < 0)
 		return r;
 	if (!full && (r = ignore_shared(vm, err)) < 0)
 		return r;

@@ -75,7 +75,8 @@ check "fork --paused leaves the parent paused" '[ "$(cat "$out")" = p-4 ] && [ "
 # QEMU refuses to migrate a VM its last migration left stopped; the
 # shim takes its disks back first, and the sandbox stays paused.
 c snapshot p s2 >"$out" 2>"$err"
-check "a sandbox a snapshot left paused is snapshotted again, and stays paused" '[ $? -eq 0 ] && [ "$(state p)" = paused ] && [ -d "$CAPSULE_HOME/snapshots/s2" ]'
+rc=$?
+check "a sandbox a snapshot left paused is snapshotted again, and stays paused" '[ "$rc" -eq 0 ] && [ "$(state p)" = paused ] && [ -d "$CAPSULE_HOME/snapshots/s2" ]'
 
 # --- bad input ----------------------------------------------------------------------------------
 c stop q >/dev/null 2>&1

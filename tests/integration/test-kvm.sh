@@ -42,9 +42,32 @@ fi
 echo "# L1 kernel: $(cat "$dir/ready") ($dir)"
 run=$(mktemp -d /tmp/kvmrun.XXXXXX)
 trap 'rm -rf "$run"' EXIT
+
+# Boot L1 and run a command in it (l1.sh run's options and command),
+# its output and l1.sh's kept in $run/boot.out and printed when it is
+# done. When L1's own kernel hung (l1.sh left $run/hung: a CPU stuck in
+# L1's kernel for a minute, a fault of the emulated machine: it was seen
+# once in CI, both of L1's CPUs stuck for ten minutes), L1 is booted
+# again, once; what the hung boot printed is shown as comments, so its
+# partial plans are not counted. Any other failure, and a second hang,
+# are the result.
+l1_boot() {
+	for try in 1 2; do
+		"$l1" run --run "$run" "$@" >"$run/boot.out" 2>&1
+		rc=$?
+		if [ "$rc" -ne 0 ] && [ -f "$run/hung" ] && [ "$try" = 1 ]; then
+			echo "# L1's kernel stopped before the command finished ($(cat "$run/hung")); L1 is booted again. What that boot printed:"
+			sed 's/^/#   /' "$run/boot.out"
+			continue
+		fi
+		cat "$run/boot.out"
+		return "$rc"
+	done
+}
+
 # In L1: the parts, then the templates they made kept in $run as a
 # sparse tar for the second boot.
-"$l1" run --mem 6144 --smp 2 --run "$run" --timeout 900 -- \
+l1_boot --mem 6144 --smp 2 --timeout 900 -- \
 	"unset CAPSULE_TEST_SHARE; tests/kvm/parts.sh $capsule /tmp/templates; tar -C /tmp/templates -cSf $run/templates.tar ."
 rc=$?
 # The parts print their own plans and results; a boot that printed none
@@ -71,7 +94,13 @@ cpucheck='
 	$1 template ls --json >$0/templates.json
 	$1 template ls >$0/ls-after 2>&1
 '
-"$l1" run --cpu EPYC,+svm,+npt --mem 2048 --run "$run" --timeout 300 -- "sh -c '$cpucheck' $run $capsule"
+if [ ! -f "$run/templates.tar" ]; then
+	echo "1..2"
+	echo "not ok 1 - L1 with -cpu EPYC: a run works over the templates made with -cpu max (the first boot left no templates: see above)"
+	echo "not ok 2 - another CPU model makes another template (the first boot left no templates: see above)"
+	exit 1
+fi
+l1_boot --cpu EPYC,+svm,+npt --mem 2048 --timeout 300 -- "sh -c '$cpucheck' $run $capsule"
 echo "1..2"
 n() { python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))))' "$1" 2>/dev/null; }
 stale() { python3 -c 'import json, sys; print(sum(1 for t in json.load(open(sys.argv[1])) if "cpu" in t.get("host_mismatch", [])))' "$1" 2>/dev/null; }

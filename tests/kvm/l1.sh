@@ -23,6 +23,13 @@
 #                     `touch DIR/ask` makes L1 write its ps listing to DIR/ps
 #       --timeout S   power L1 off after S seconds (default 900)
 #
+# L1's kernel panics, and L1 powers off, when one of its CPUs is stuck
+# in the kernel for 60 s (softlockup_panic, watchdog_thresh=30): a
+# hung L1 is told in a minute, with every CPU's backtrace, not at
+# --timeout. Such a run, and one whose L1 panicked, exits 125 and leaves
+# RUN/hung (the kernel's first report); tests/integration/test-kvm.sh
+# boots L1 again once then.
+#
 # Environment: CAPSULE_CACHE_DIR (default ~/.cache/capsule) holds
 # kvm/<kernel version>/; CAPSULE_L1_KERNEL names a package to use instead
 # of the one linux-image-amd64 depends on.
@@ -127,7 +134,7 @@ run() {
 	fi
 	mkdir -p "$rundir"
 	rundir=$(cd "$rundir" && pwd)
-	rm -f "$rundir/rc" "$rundir/out" "$rundir/console" "$rundir/qemu.log"
+	rm -f "$rundir/rc" "$rundir/out" "$rundir/console" "$rundir/qemu.log" "$rundir/hung"
 	printf '%s\n' "$*" >"$rundir/cmd"
 	pwd >"$rundir/cwd"
 	# What the command sees of this environment: CAPSULE_* and a few more.
@@ -136,7 +143,7 @@ run() {
 	timeout "$timeout" "$qemu" -machine q35,accel=tcg -cpu "$cpu" -smp "$smp" -m "$mem" \
 		-nodefaults -no-user-config -display none -no-reboot \
 		-kernel "$dir/vmlinuz" -initrd "$dir/initrd" \
-		-append "console=ttyS0 quiet panic=-1 capsule.run=$rundir capsule.modules=$dir/modules" \
+		-append "console=ttyS0 loglevel=5 panic=-1 softlockup_panic=1 watchdog_thresh=30 softlockup_all_cpu_backtrace=1 capsule.run=$rundir capsule.modules=$dir/modules" \
 		-serial "file:$rundir/console" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs "local,path=$rundir,mount_tag=run,security_model=none,multidevs=remap" \
@@ -154,6 +161,14 @@ run() {
 	grep -v "warning: TCG doesn't support requested feature" "$rundir/qemu.log" >&2 || true
 	if [ -f "$rundir/rc" ]; then
 		rc=$(cat "$rundir/rc")
+	elif grep -qE 'soft lockup|Kernel panic' "$rundir/console"; then
+		# L1's kernel, not the command, stopped: the first report and
+		# the backtraces after it (softlockup_all_cpu_backtrace).
+		grep -m1 -E 'soft lockup|Kernel panic' "$rundir/console" | tr -d '\r' >"$rundir/hung"
+		echo "l1: L1's kernel stopped before the command finished: $(cat "$rundir/hung")" >&2
+		echo "l1: L1's console from there:" >&2
+		sed -n '/soft lockup\|Kernel panic/,$p' "$rundir/console" | tr -d '\r' | head -120 >&2
+		rc=125
 	else
 		echo "l1: the command left no exit status; L1's console ends:" >&2
 		tail -20 "$rundir/console" >&2

@@ -199,7 +199,7 @@ CAPSULE_BIN_UNDER_TEST="$build/capsule" \
 	suite "integration/mcp-sdk" node --test --test-reporter=tap tests/mcp/sdk.test.mjs
 # KVM (issue 31): on this host if it has usable KVM, otherwise in an L1
 # guest with nested SVM under TCG (tests/kvm/l1.sh); last, with the
-# host's other VM suites done, as it keeps both cores busy.
+# host's other VM suites done, as it keeps a core busy.
 suite "integration/kvm" tests/integration/test-kvm.sh "$build/capsule"
 
 # The ASan half: its build and fuzz drivers (beside the VM suites, above),

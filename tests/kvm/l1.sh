@@ -23,12 +23,17 @@
 #                     `touch DIR/ask` makes L1 write its ps listing to DIR/ps
 #       --timeout S   power L1 off after S seconds (default 900)
 #
-# L1's kernel panics, and L1 powers off, when one of its CPUs is stuck
-# in the kernel for 60 s (softlockup_panic, watchdog_thresh=30): a
-# hung L1 is told in a minute, with every CPU's backtrace, not at
-# --timeout. Such a run, and one whose L1 panicked, exits 125 and leaves
-# RUN/hung (the kernel's first report); tests/integration/test-kvm.sh
-# boots L1 again once then.
+# A hung L1 is told in a minute or two, not at --timeout:
+# - L1's kernel panics, and L1 powers off, when one of its CPUs is stuck
+#   in the kernel for 60 s (softlockup_panic, watchdog_thresh=30), with
+#   every CPU's backtrace on its console;
+# - L1 touches RUN/alive every 2 s from a shell loop; when it stops for
+#   120 s (L1's clock or all its CPUs stopped, where its kernel cannot
+#   tell), l1.sh asks QEMU for each vCPU's registers and local APIC
+#   (HMP over RUN/qmp; kept in RUN/frozen) and stops it.
+# Such a run, and one whose L1 panicked, exits 125 and leaves RUN/hung
+# (what was seen); tests/integration/test-kvm.sh boots L1 again once
+# then.
 #
 # Environment: CAPSULE_CACHE_DIR (default ~/.cache/capsule) holds
 # kvm/<kernel version>/; CAPSULE_L1_KERNEL names a package to use instead
@@ -112,6 +117,40 @@ initramfs() { # TMP VERSION
 	(cd "$t" && find . | cpio -o -H newc --quiet | gzip -1) >"$1/initrd"
 }
 
+# Stop L1 (QEMU, pid $1) when RUN ($2)/alive is 120 s old, first
+# asking QEMU for its vCPUs' state, into RUN/frozen.
+watchdog() {
+	while kill -0 "$1" 2>/dev/null; do
+		sleep 5
+		age=$(($(date +%s) - $(stat -c %Y "$2/alive" 2>/dev/null || date +%s)))
+		[ "$age" -ge 120 ] || continue
+		echo "L1 stopped touching $2/alive from inside: nothing there ran for $age s" >"$2/hung"
+		python3 - "$2/qmp" >"$2/frozen" 2>&1 <<-'EOF' || true
+		import json, socket, sys
+		s = socket.socket(socket.AF_UNIX)
+		s.settimeout(10)
+		s.connect(sys.argv[1])
+		f = s.makefile("rw")
+		def ask(cmd, **args):
+		    f.write(json.dumps({"execute": cmd, "arguments": args}) + "\n")
+		    f.flush()
+		    while True:
+		        r = json.loads(f.readline())
+		        if "return" in r or "error" in r:
+		            return r.get("return", r.get("error"))
+		f.readline()
+		ask("qmp_capabilities")
+		for c in ("info status", "info cpus", "info registers -a", "info lapic 0", "info lapic 1"):
+		    print("(qemu) " + c)
+		    r = ask("human-monitor-command", **{"command-line": c})
+		    # The vector and x87 registers say nothing of a hang.
+		    print("\n".join(l for l in str(r).splitlines() if l.strip() and not l.startswith(("YMM", "XMM", "FPR", "FCW"))))
+		EOF
+		kill "$1" 2>/dev/null || true
+		return
+	done
+}
+
 run() {
 	cpu=max mem=4096 smp=1 rundir="" timeout=900
 	while [ $# -gt 0 ]; do
@@ -134,7 +173,8 @@ run() {
 	fi
 	mkdir -p "$rundir"
 	rundir=$(cd "$rundir" && pwd)
-	rm -f "$rundir/rc" "$rundir/out" "$rundir/console" "$rundir/qemu.log" "$rundir/hung"
+	rm -f "$rundir/rc" "$rundir/out" "$rundir/console" "$rundir/qemu.log" "$rundir/hung" "$rundir/frozen" "$rundir/ktext"
+	touch "$rundir/alive"
 	printf '%s\n' "$*" >"$rundir/cmd"
 	pwd >"$rundir/cwd"
 	# What the command sees of this environment: CAPSULE_* and a few more.
@@ -147,20 +187,28 @@ run() {
 		-serial "file:$rundir/console" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs "local,path=$rundir,mount_tag=run,security_model=none,multidevs=remap" \
-		-device virtio-rng-pci 2>"$rundir/qemu.log" &
+		-device virtio-rng-pci -qmp "unix:$rundir/qmp,server=on,wait=off" 2>"$rundir/qemu.log" &
 	qpid=$!
+	watchdog "$qpid" "$rundir" &
+	wpid=$!
 	# Print the command's output while it runs.
 	tail -n +1 -f --pid="$qpid" "$rundir/out" &
 	lpid=$!
 	qrc=0
 	wait "$qpid" || qrc=$?
 	wait "$lpid" 2>/dev/null || true
+	kill "$wpid" 2>/dev/null || true
+	wait "$wpid" 2>/dev/null || true
 	[ "$qrc" -ne 124 ] || echo "l1: L1 was stopped after $timeout s (--timeout)" >&2
 	# QEMU's own warnings (features TCG lacks for a named CPU model) are
 	# kept in qemu.log; its errors are shown.
 	grep -v "warning: TCG doesn't support requested feature" "$rundir/qemu.log" >&2 || true
 	if [ -f "$rundir/rc" ]; then
 		rc=$(cat "$rundir/rc")
+	elif [ -f "$rundir/frozen" ]; then
+		echo "l1: $(cat "$rundir/hung"); L1's kernel text at $(cut -d' ' -f1 "$rundir/ktext" 2>/dev/null) (_text; 0xffffffff81000000 without KASLR); what QEMU said of its vCPUs:" >&2
+		cat "$rundir/frozen" >&2
+		rc=125
 	elif grep -qE 'soft lockup|Kernel panic' "$rundir/console"; then
 		# L1's kernel, not the command, stopped: the first report and
 		# the backtraces after it (softlockup_all_cpu_backtrace).

@@ -242,7 +242,7 @@ fk_row() { awk -v k="$1" '$1 == k { print $'"$2"' }' "$bench_home/fork"; }
 # (t) TCG's translation buffer per image class: 16 and 32 MiB against the
 # default 128, its resident pages and the class's steady workload time
 # (bench/bench-tb.sh; CAPSULE_TCG_TB_MIB sets it).
-echo "bench: translation buffer sizes per image class (base, python)..." >&2
+echo "bench: translation buffer sizes per image class (base, python, a compiler)..." >&2
 "$top/bench/bench-tb.sh" "$capsule" >"$bench_home/tb" || : >"$bench_home/tb"
 tb_row() { awk -v c="$1" -v m="$2" '$1 == "tb" && $2 == c && $3 == m { print $'"$3"' }' "$bench_home/tb"; }
 
@@ -412,7 +412,7 @@ for r in "fork1:(s) fork, 1 child, to running vs create+start fresh" \
 		else printf "%-59s %12s %12s %8s\n", m, "failed", "-", "-" }'
 done
 dn_mib "(s) held by 8 idle children vs 8 fresh sandboxes" "$(fk_row held8 2)" "$(fk_row held8 3)"
-for cls in base python; do
+for cls in base python cc; do
 	for mib in 16 32; do
 		dn_mib "(t) $cls: TB resident, tb-size $mib vs 128 MiB" "$(tb_row $cls $mib 4)" "$(tb_row $cls 128 4)"
 		awk -v m="(t) $cls: steady workload, tb-size $mib vs 128 MiB" -v a="$(tb_row $cls $mib 7)" -v b="$(tb_row $cls 128 7)" 'BEGIN {

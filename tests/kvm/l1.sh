@@ -49,6 +49,9 @@ early="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
 netfs fscache 9pnet 9pnet_virtio 9p overlay"
 
 die() { echo "l1: $*" >&2; exit 125; }
+# How L1's kernel tells on its console that it stopped (a soft lockup
+# made a panic by softlockup_panic, or any other panic).
+stopped='soft lockup|Kernel panic'
 
 # The kernel package to use: the one linux-image-amd64 depends on.
 package() {
@@ -118,14 +121,14 @@ initramfs() { # TMP VERSION
 }
 
 # Stop L1 (QEMU, pid $1) when RUN ($2)/alive is 120 s old, first
-# asking QEMU for its vCPUs' state, into RUN/frozen.
+# asking QEMU for the state of its $3 vCPUs, into RUN/frozen.
 watchdog() {
 	while kill -0 "$1" 2>/dev/null; do
 		sleep 5
 		age=$(($(date +%s) - $(stat -c %Y "$2/alive" 2>/dev/null || date +%s)))
 		[ "$age" -ge 120 ] || continue
 		echo "L1 stopped touching $2/alive from inside: nothing there ran for $age s" >"$2/hung"
-		python3 - "$2/qmp" >"$2/frozen" 2>&1 <<-'EOF' || true
+		python3 - "$2/qmp" "$3" >"$2/frozen" 2>&1 <<-'EOF' || true
 		import json, socket, sys
 		s = socket.socket(socket.AF_UNIX)
 		s.settimeout(10)
@@ -140,7 +143,7 @@ watchdog() {
 		            return r.get("return", r.get("error"))
 		f.readline()
 		ask("qmp_capabilities")
-		for c in ("info status", "info cpus", "info registers -a", "info lapic 0", "info lapic 1"):
+		for c in ["info status", "info cpus", "info registers -a"] + ["info lapic %d" % i for i in range(int(sys.argv[2]))]:
 		    print("(qemu) " + c)
 		    r = ask("human-monitor-command", **{"command-line": c})
 		    # The vector and x87 registers say nothing of a hang.
@@ -189,7 +192,7 @@ run() {
 		-virtfs "local,path=$rundir,mount_tag=run,security_model=none,multidevs=remap" \
 		-device virtio-rng-pci -qmp "unix:$rundir/qmp,server=on,wait=off" 2>"$rundir/qemu.log" &
 	qpid=$!
-	watchdog "$qpid" "$rundir" &
+	watchdog "$qpid" "$rundir" "$smp" &
 	wpid=$!
 	# Print the command's output while it runs.
 	tail -n +1 -f --pid="$qpid" "$rundir/out" &
@@ -209,13 +212,13 @@ run() {
 		echo "l1: $(cat "$rundir/hung"); L1's kernel text at $(cut -d' ' -f1 "$rundir/ktext" 2>/dev/null) (_text; 0xffffffff81000000 without KASLR); what QEMU said of its vCPUs:" >&2
 		cat "$rundir/frozen" >&2
 		rc=125
-	elif grep -qE 'soft lockup|Kernel panic' "$rundir/console"; then
+	elif grep -qE "$stopped" "$rundir/console"; then
 		# L1's kernel, not the command, stopped: the first report and
 		# the backtraces after it (softlockup_all_cpu_backtrace).
-		grep -m1 -E 'soft lockup|Kernel panic' "$rundir/console" | tr -d '\r' >"$rundir/hung"
+		grep -m1 -E "$stopped" "$rundir/console" | tr -d '\r' >"$rundir/hung"
 		echo "l1: L1's kernel stopped before the command finished: $(cat "$rundir/hung")" >&2
 		echo "l1: L1's console from there:" >&2
-		sed -n '/soft lockup\|Kernel panic/,$p' "$rundir/console" | tr -d '\r' | head -120 >&2
+		sed -n -E "/$stopped/,\$p" "$rundir/console" | tr -d '\r' | head -120 >&2
 		rc=125
 	else
 		echo "l1: the command left no exit status; L1's console ends:" >&2
